@@ -1,0 +1,51 @@
+"""detens: object-detection ensembling with learned fusion weights.
+
+Public API (imported lazily, so ``import detens`` stays light and never imports ultralytics):
+
+- ``Detections``: boxes (xyxy pixels), scores, labels, image size — the one currency.
+- ``match``, ``Clusters``: cross-model matching into per-object N×5 prediction matrices.
+- ``ThetaHead``, ``assign_targets``: the learned Θ fusion head (seed paper, corrected math).
+- ``fuse``, ``list_fusers``: every fusion method behind one call.
+- ``evaluate_coco``: COCO mAP with labelled keys.
+- ``Ensemble``, ``fuse_results``, ``TorchvisionFusion``: drop-in use inside existing pipelines.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "Detections": "detens.detections",
+    "Clusters": "detens.matching",
+    "match": "detens.matching",
+    "fuse": "detens.fusers",
+    "list_fusers": "detens.fusers",
+    "ThetaHead": "detens.heads.theta",
+    "assign_targets": "detens.targets",
+    "Targets": "detens.targets",
+    "evaluate_coco": "detens.coco",
+    "load_coco_results": "detens.coco",
+    "save_coco_results": "detens.coco",
+    "Ensemble": "detens.pipeline",
+    "fuse_results": "detens.pipeline",
+    "TorchvisionFusion": "detens.pipeline",
+    "load_head": "detens.heads",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'detens' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

@@ -1,0 +1,123 @@
+"""YAML configs mirrored by dataclasses; unknown keys are rejected with the nearest valid key suggested."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+__all__ = ["from_dict", "load_yaml_config", "to_dict", "save_yaml_config"]
+
+C = TypeVar("C")
+
+
+def _unknown_key_error(cls: type, key: str, where: str) -> ValueError:
+    valid = [f.name for f in dataclasses.fields(cls)]
+    close = difflib.get_close_matches(key, valid, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return ValueError(f"unknown key {key!r} in {where}; valid keys: {', '.join(valid)}.{hint}")
+
+
+def _convert(value: Any, annotation: Any, where: str) -> Any:
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if annotation is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(value, arg, where)
+            except (TypeError, ValueError) as err:
+                errors.append(str(err))
+        raise TypeError(f"{where}: {value!r} does not fit {annotation}: {'; '.join(errors)}")
+    if origin is typing.Literal:
+        if value not in args:
+            raise ValueError(f"{where}: {value!r} is not one of {', '.join(map(repr, args))}")
+        return value
+    if dataclasses.is_dataclass(annotation):
+        if isinstance(value, annotation):
+            return value
+        if not isinstance(value, dict):
+            raise TypeError(f"{where}: expected a mapping for {annotation.__name__}, got {type(value).__name__}")
+        return from_dict(annotation, value, where)
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise TypeError(f"{where}: expected a list, got {type(value).__name__} {value!r}")
+        item_type = args[0] if args else Any
+        items = [_convert(v, item_type, f"{where}[{i}]") for i, v in enumerate(value)]
+        return items if origin is list else tuple(items)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise TypeError(f"{where}: expected a mapping, got {type(value).__name__}")
+        key_type, value_type = args if args else (Any, Any)
+        return {_convert(k, key_type, where): _convert(v, value_type, f"{where}.{k}") for k, v in value.items()}
+    if annotation is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{where}: expected a number, got {type(value).__name__} {value!r}")
+        return float(value)
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{where}: expected an integer, got {type(value).__name__} {value!r}")
+        return value
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise TypeError(f"{where}: expected true/false, got {type(value).__name__} {value!r}")
+        return value
+    if annotation is str:
+        if not isinstance(value, str):
+            raise TypeError(f"{where}: expected a string, got {type(value).__name__} {value!r}")
+        return value
+    return value
+
+
+def from_dict(cls: type[C], data: dict[str, Any], where: str | None = None) -> C:
+    """Build dataclass ``cls`` from a mapping, rejecting unknown keys and values of the wrong type."""
+    where = where or cls.__name__
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise TypeError(f"{where}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    kwargs = {}
+    for key, value in data.items():
+        if key not in names:
+            raise _unknown_key_error(cls, str(key), where)
+        kwargs[key] = _convert(value, hints[key], f"{where}.{key}")
+    try:
+        return cls(**kwargs)
+    except TypeError as err:
+        raise ValueError(f"{where}: {err}") from err
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    return dataclasses.asdict(config)
+
+
+def load_yaml_config(cls: type[C], path: str | Path, overrides: dict[str, Any] | None = None) -> C:
+    """Read ``path`` (YAML) into ``cls``; ``overrides`` (e.g. CLI flags) win over the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file not found: {path}")
+    with path.open() as f:
+        data = yaml.safe_load(f) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
+    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    return from_dict(cls, data, where=str(path))
+
+
+def save_yaml_config(config: Any, path: str | Path) -> None:
+    from detens.io import atomic_write_text
+
+    atomic_write_text(path, yaml.safe_dump(to_dict(config), sort_keys=False))

@@ -1,0 +1,219 @@
+"""``Detections``: the one currency between detens modules.
+
+Dimension legend: K boxes in one image.
+
+Boxes are always xyxy in absolute pixels (float32); conversions happen only at I/O edges
+(COCO xywh, YOLO normalized cxcywh, the [0, 1] boxes of ensemble_boxes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = ["Detections"]
+
+
+def _as_tensor(value: Any, name: str, dtype: torch.dtype, device: torch.device | None = None) -> Tensor:
+    if isinstance(value, Tensor):
+        tensor = value
+    elif isinstance(value, (np.ndarray, list, tuple)):
+        try:
+            tensor = torch.as_tensor(np.asarray(value))
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"Detections.{name} must be numeric, got {type(value).__name__}: {err}") from err
+    else:
+        raise TypeError(
+            f"Detections.{name} must be a torch.Tensor, numpy array or list, got {type(value).__name__}"
+        )
+    if tensor.dtype == torch.bool or tensor.is_complex():
+        raise TypeError(f"Detections.{name} must be real-valued, got dtype {tensor.dtype}")
+    return tensor.to(device=device if device is not None else tensor.device, dtype=dtype)
+
+
+def _validate_image_size(image_size: Any) -> tuple[int, int]:
+    if isinstance(image_size, Tensor):
+        image_size = image_size.tolist()
+    if not isinstance(image_size, (tuple, list)) or len(image_size) != 2:
+        raise ValueError(f"Detections.image_size must be (height, width), got {image_size!r}")
+    height, width = image_size
+    if not all(isinstance(v, (int, np.integer)) or (isinstance(v, float) and v.is_integer()) for v in (height, width)):
+        raise TypeError(f"Detections.image_size must hold integers (height, width), got {image_size!r}")
+    height, width = int(height), int(width)
+    if height <= 0 or width <= 0:
+        raise ValueError(f"Detections.image_size must be positive (height, width), got ({height}, {width})")
+    return height, width
+
+
+@dataclass(eq=False)
+class Detections:
+    """Boxes found in one image by one detector (or fused from several).
+
+    Args:
+        boxes (Tensor[K, 4]): ``x1, y1, x2, y2`` in absolute pixels, ``x1 <= x2`` and ``y1 <= y2``, finite.
+            Boxes may extend past the image border (detectors and test-time views produce them);
+            :meth:`clip` bounds them and every fuser's output is clipped.
+        scores (Tensor[K]): confidences in ``[0, 1]``.
+        labels (Tensor[K]): int64 class ids in ONE label space (a dataset's category ids), ``>= 0``.
+        image_size (tuple[int, int]): ``(height, width)`` of the image in pixels.
+        source (str | None): where the detections came from (model name, ``"fused:wbf"``, ...).
+
+    Numpy arrays and lists are accepted and converted; tensors keep their device.
+    Inputs are never modified: converted tensors are fresh or read-only views of the caller's.
+    """
+
+    boxes: Tensor
+    scores: Tensor
+    labels: Tensor
+    image_size: tuple[int, int]
+    source: str | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        boxes = _as_tensor(self.boxes, "boxes", torch.float32)
+        device = boxes.device
+        scores = _as_tensor(self.scores, "scores", torch.float32, device)
+        labels_raw = self.labels
+        labels_float = _as_tensor(labels_raw, "labels", torch.float64, device)
+        self.image_size = _validate_image_size(self.image_size)
+
+        if boxes.ndim == 1 and boxes.numel() == 0:
+            boxes = boxes.reshape(0, 4)
+        if boxes.ndim != 2 or boxes.shape[1] != 4:
+            raise ValueError(f"Detections.boxes must have shape [K, 4], got {list(boxes.shape)}")
+        num_boxes = boxes.shape[0]
+        for name, tensor in (("scores", scores), ("labels", labels_float)):
+            if tensor.shape != (num_boxes,):
+                raise ValueError(
+                    f"Detections.{name} must have shape [K] = [{num_boxes}] to match boxes, got {list(tensor.shape)}"
+                )
+        if num_boxes:
+            bad = ~torch.isfinite(boxes).all(dim=1)
+            if bad.any():
+                i = int(bad.nonzero()[0])
+                raise ValueError(f"Detections.boxes[{i}] is not finite: {boxes[i].tolist()}")
+            inverted = (boxes[:, 2] < boxes[:, 0]) | (boxes[:, 3] < boxes[:, 1])
+            if inverted.any():
+                i = int(inverted.nonzero()[0])
+                raise ValueError(
+                    f"Detections.boxes[{i}] = {boxes[i].tolist()} has x2 < x1 or y2 < y1; "
+                    "boxes must be xyxy (convert xywh or cxcywh boxes with torchvision.ops.box_convert first)"
+                )
+            bad = ~torch.isfinite(scores) | (scores < 0) | (scores > 1)
+            if bad.any():
+                i = int(bad.nonzero()[0])
+                raise ValueError(f"Detections.scores[{i}] = {float(scores[i])} is outside [0, 1]")
+            bad = (labels_float != labels_float.round()) | (labels_float < 0)
+            if bad.any():
+                i = int(bad.nonzero()[0])
+                raise ValueError(
+                    f"Detections.labels[{i}] = {float(labels_float[i])} is not a non-negative integer class id"
+                )
+        self.boxes = boxes
+        self.scores = scores
+        self.labels = labels_float.to(torch.int64)
+
+    # ----------------------------------------------------------------------------------------- constructors
+    @classmethod
+    def empty(
+        cls, image_size: tuple[int, int], source: str | None = None, device: torch.device | str | None = None
+    ) -> Detections:
+        """No detections: the normal answer for an image where nothing was found."""
+        return cls(
+            torch.zeros((0, 4), device=device),
+            torch.zeros((0,), device=device),
+            torch.zeros((0,), dtype=torch.int64, device=device),
+            image_size,
+            source,
+        )
+
+    @classmethod
+    def concat(cls, items: Sequence[Detections], source: str | None = None) -> Detections:
+        """Stack detections of the SAME image (e.g. several models) into one."""
+        if not items:
+            raise ValueError("Detections.concat needs at least one Detections to know the image size")
+        sizes = {d.image_size for d in items}
+        if len(sizes) != 1:
+            raise ValueError(f"Detections.concat got different image sizes {sorted(sizes)}; they must be one image")
+        return cls(
+            torch.cat([d.boxes for d in items]),
+            torch.cat([d.scores for d in items]),
+            torch.cat([d.labels for d in items]),
+            items[0].image_size,
+            source,
+        )
+
+    # ------------------------------------------------------------------------------------------- protocol
+    def __len__(self) -> int:
+        return int(self.boxes.shape[0])
+
+    def __getitem__(self, index: int | slice | Tensor | np.ndarray | Sequence[int]) -> Detections:
+        """Select boxes by int, slice, boolean mask [K] or integer indices; always returns Detections."""
+        if isinstance(index, int):
+            index = slice(index, index + 1 if index != -1 else None)
+        elif isinstance(index, np.ndarray) or isinstance(index, (list, tuple)):
+            index = torch.as_tensor(np.asarray(index))
+        if isinstance(index, Tensor):
+            index = index.to(self.boxes.device)
+            if index.dtype == torch.bool and index.shape != (len(self),):
+                raise IndexError(f"boolean mask must have shape [{len(self)}], got {list(index.shape)}")
+        return Detections(self.boxes[index], self.scores[index], self.labels[index], self.image_size, self.source)
+
+    def __repr__(self) -> str:
+        return (
+            f"Detections(num_boxes={len(self)}, image_size={self.image_size}, source={self.source!r}, "
+            f"device={self.device})"
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return self.boxes.device
+
+    @property
+    def height(self) -> int:
+        return self.image_size[0]
+
+    @property
+    def width(self) -> int:
+        return self.image_size[1]
+
+    def to(self, device: torch.device | str) -> Detections:
+        return Detections(
+            self.boxes.to(device), self.scores.to(device), self.labels.to(device), self.image_size, self.source
+        )
+
+    def with_source(self, source: str | None) -> Detections:
+        return Detections(self.boxes, self.scores, self.labels, self.image_size, source)
+
+    def clip(self) -> Detections:
+        """Boxes clipped to the image; boxes left with zero area are kept (filter with ``area() > 0``)."""
+        height, width = self.image_size
+        boxes = self.boxes.clone()
+        boxes[:, 0::2] = boxes[:, 0::2].clamp(0, width)
+        boxes[:, 1::2] = boxes[:, 1::2].clamp(0, height)
+        return Detections(boxes, self.scores, self.labels, self.image_size, self.source)
+
+    def area(self) -> Tensor:
+        """Tensor[K]: box areas in square pixels."""
+        return (self.boxes[:, 2] - self.boxes[:, 0]) * (self.boxes[:, 3] - self.boxes[:, 1])
+
+    def sort_by_score(self) -> Detections:
+        order = torch.argsort(self.scores, descending=True, stable=True)
+        return self[order]
+
+    def normalized_boxes(self) -> Tensor:
+        """Tensor[K, 4]: boxes divided by (width, height, width, height)."""
+        height, width = self.image_size
+        scale = self.boxes.new_tensor([width, height, width, height])
+        return self.boxes / scale
+
+    def numpy(self) -> dict[str, np.ndarray]:
+        return {
+            "boxes": self.boxes.detach().cpu().numpy(),
+            "scores": self.scores.detach().cpu().numpy(),
+            "labels": self.labels.detach().cpu().numpy(),
+        }

@@ -1,0 +1,60 @@
+"""Matching-based fusers without learned parameters: unweighted average and consensus voting."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from detens.detections import Detections
+from detens.fusers._registry import FUSERS, check_weights
+from detens.matching import Clusters, match
+
+
+def average_clusters(clusters: Clusters, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weighted mean box of the present rows, and score Σ wᵢpᵢ / Σ wᵢ over ALL models.
+
+    An absent model counts with score 0, so an object seen by fewer models scores lower.
+
+    Returns:
+        boxes (Tensor[C, 4]) normalized, scores (Tensor[C]).
+    """
+    present_weight = clusters.present.to(weights.dtype) * weights  # [C, N]
+    boxes = (clusters.preds[..., :4] * present_weight[..., None]).sum(1) / present_weight.sum(1, keepdim=True)
+    scores = (clusters.preds[..., 4] * weights).sum(1) / weights.sum()
+    return boxes, scores
+
+
+@FUSERS.register("mean")
+def mean_fusion(
+    per_model: Sequence[Detections], iou_thr: float = 0.55, weights: Sequence[float] | None = None
+) -> Detections:
+    """Unweighted (or ``weights``-weighted) average of each matched object's boxes and scores."""
+    clusters = match(per_model, iou_thr=iou_thr)
+    w = check_weights(weights, len(per_model), clusters.device)
+    boxes, scores = average_clusters(clusters, w)
+    return clusters.to_detections(boxes, scores, source="fused:mean")
+
+
+@FUSERS.register("vote")
+def vote_fusion(
+    per_model: Sequence[Detections],
+    iou_thr: float = 0.55,
+    min_votes: int | None = None,
+    weights: Sequence[float] | None = None,
+) -> Detections:
+    """Consensus voting: keep the objects found by at least ``min_votes`` models (default: a majority).
+
+    Kept objects are averaged as in ``mean``.
+    """
+    num_models = len(per_model)
+    if min_votes is None:
+        min_votes = math.ceil(num_models / 2)
+    if not isinstance(min_votes, int) or not 1 <= min_votes <= num_models:
+        raise ValueError(f"min_votes must be an integer in [1, {num_models}] (the number of models), got {min_votes!r}")
+    clusters = match(per_model, iou_thr=iou_thr)
+    w = check_weights(weights, num_models, clusters.device)
+    boxes, scores = average_clusters(clusters, w)
+    keep = clusters.present.sum(1) >= min_votes
+    return clusters[keep].to_detections(boxes[keep], scores[keep], source="fused:vote")

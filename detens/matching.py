@@ -1,0 +1,256 @@
+"""Cross-model matching: boxes of N models → per-object N×5 prediction matrices.
+
+Dimension legend: N models, K boxes of all models together, C clusters (matched objects),
+S cluster seeds in one round.
+
+The matching is greedy and class-aware, in rounds:
+
+1. the boxes not yet placed are NMS-ed per class (``torchvision.ops.batched_nms``); the kept boxes
+   seed new clusters, in descending score order;
+2. every other box joins the same-class seed it overlaps most (NMS guarantees such a seed with
+   IoU > ``iou_thr`` exists);
+3. in each cluster each model keeps its best-scoring box; a model's other boxes there are left for the
+   next round, where they seed or join new clusters.
+
+So a cluster holds at most one box per model: ensemble_boxes lets one model put several boxes in one
+cluster, which its own author calls a bug (its PR #25, issues #40/#43).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from torchvision.ops import batched_nms
+
+from detens.detections import Detections
+
+__all__ = ["Clusters", "match", "check_per_model", "impute_absent_boxes"]
+
+# Upper bound on elements of the [chunk, S_max] IoU block computed at once, to bound memory.
+_IOU_BLOCK_ELEMENTS = 1 << 22
+
+
+@dataclass(eq=False)
+class Clusters:
+    """Matched objects of one image.
+
+    Args:
+        preds (Tensor[C, N, 5]): rows ``x1, y1, x2, y2, p`` with coordinates divided by the image
+            width/height. A model absent from a cluster has ``p = 0`` and its box imputed with the mean
+            of the present rows, so a linear fusion ŶᵀΘ stays a box.
+        present (Tensor[C, N] bool): whether model n has a box in cluster c.
+        labels (Tensor[C] int64): the class of each cluster.
+        source_index (Tensor[C, N] int64): index of the box in ``per_model[n]``, or -1 when absent.
+        image_size (tuple[int, int]): ``(height, width)``.
+    """
+
+    preds: Tensor
+    present: Tensor
+    labels: Tensor
+    source_index: Tensor
+    image_size: tuple[int, int]
+
+    def __len__(self) -> int:
+        return int(self.preds.shape[0])
+
+    @property
+    def num_models(self) -> int:
+        return int(self.preds.shape[1])
+
+    @property
+    def device(self) -> torch.device:
+        return self.preds.device
+
+    def __getitem__(self, index: Tensor | slice) -> Clusters:
+        """Select clusters by boolean mask [C], integer indices or slice."""
+        return Clusters(
+            self.preds[index], self.present[index], self.labels[index], self.source_index[index], self.image_size
+        )
+
+    def to(self, device: torch.device | str) -> Clusters:
+        return Clusters(
+            self.preds.to(device),
+            self.present.to(device),
+            self.labels.to(device),
+            self.source_index.to(device),
+            self.image_size,
+        )
+
+    def scale(self) -> Tensor:
+        """Tensor[4]: (width, height, width, height), the factor from normalized to pixel boxes."""
+        height, width = self.image_size
+        return self.preds.new_tensor([width, height, width, height])
+
+    def to_detections(self, boxes: Tensor, scores: Tensor, source: str | None = None) -> Detections:
+        """Fused normalized ``boxes (Tensor[C, 4])`` and ``scores (Tensor[C])`` → pixel Detections.
+
+        Boxes are clipped to the image, scores to [0, 1], and the result sorted by score.
+        """
+        pixel = boxes.detach() * self.scale()
+        # A fused box is a combination of valid boxes, but make the ordering robust to rounding.
+        x1 = torch.minimum(pixel[:, 0], pixel[:, 2])
+        x2 = torch.maximum(pixel[:, 0], pixel[:, 2])
+        y1 = torch.minimum(pixel[:, 1], pixel[:, 3])
+        y2 = torch.maximum(pixel[:, 1], pixel[:, 3])
+        pixel = torch.stack([x1, y1, x2, y2], dim=1)
+        fused = Detections(pixel, scores.detach().clamp(0, 1), self.labels, self.image_size, source).clip()
+        return fused.sort_by_score()
+
+    @classmethod
+    def empty(cls, num_models: int, image_size: tuple[int, int], device: torch.device | None = None) -> Clusters:
+        return cls(
+            torch.zeros((0, num_models, 5), device=device),
+            torch.zeros((0, num_models), dtype=torch.bool, device=device),
+            torch.zeros((0,), dtype=torch.int64, device=device),
+            torch.zeros((0, num_models), dtype=torch.int64, device=device),
+            image_size,
+        )
+
+
+def check_per_model(per_model: Sequence[Detections], what: str = "per_model") -> None:
+    """Raise a clear error unless ``per_model`` is a non-empty list of Detections of one image, one device."""
+    if isinstance(per_model, Detections) or not isinstance(per_model, Sequence):
+        raise TypeError(f"{what} must be a list with one Detections per model, got {type(per_model).__name__}")
+    if len(per_model) == 0:
+        raise ValueError(f"{what} is empty: pass one Detections per model (a model with no boxes is Detections.empty)")
+    for i, det in enumerate(per_model):
+        if not isinstance(det, Detections):
+            raise TypeError(f"{what}[{i}] must be Detections, got {type(det).__name__}")
+    sizes = [d.image_size for d in per_model]
+    if len(set(sizes)) != 1:
+        raise ValueError(f"{what}: models disagree on the image size {sizes}; they must describe one image")
+    devices = [d.device for d in per_model]
+    if len(set(devices)) != 1:
+        raise ValueError(f"{what}: Detections are on different devices {devices}; move them to one device")
+
+
+def _grouped_best_seed(boxes: Tensor, labels: Tensor, seed_boxes: Tensor, seed_labels: Tensor) -> Tensor:
+    """For each box the same-class seed of highest IoU.
+
+    Args:
+        boxes (Tensor[K, 4]), labels (Tensor[K]): boxes to place; each has at least one same-class seed.
+        seed_boxes (Tensor[S, 4]), seed_labels (Tensor[S]).
+
+    Returns:
+        Tensor[K] int64: index into the seeds.
+    """
+    classes, seed_group = torch.unique(seed_labels, return_inverse=True)  # [G], [S]
+    box_group = torch.searchsorted(classes, labels)  # [K]
+    order = torch.argsort(seed_group, stable=True)  # seeds grouped by class
+    counts = torch.bincount(seed_group, minlength=classes.numel())  # [G]
+    starts = torch.cumsum(counts, 0) - counts  # [G]
+    width = int(counts.max())
+    slot = torch.arange(width, device=boxes.device)  # [W]
+    padded_index = starts[:, None] + slot[None, :]  # [G, W]
+    valid = slot[None, :] < counts[:, None]  # [G, W]
+    padded_index = order[padded_index.clamp(max=order.numel() - 1)]  # [G, W] seed ids
+
+    best = torch.empty(boxes.shape[0], dtype=torch.int64, device=boxes.device)
+    chunk = max(1, _IOU_BLOCK_ELEMENTS // width)
+    for begin in range(0, boxes.shape[0], chunk):
+        group = box_group[begin : begin + chunk]  # [k]
+        candidates = padded_index[group]  # [k, W]
+        cand_boxes = seed_boxes[candidates]  # [k, W, 4]
+        box = boxes[begin : begin + chunk, None, :]  # [k, 1, 4]
+        lt = torch.maximum(box[..., :2], cand_boxes[..., :2])
+        rb = torch.minimum(box[..., 2:], cand_boxes[..., 2:])
+        inter = (rb - lt).clamp(min=0).prod(-1)  # [k, W]
+        area_box = (box[..., 2:] - box[..., :2]).prod(-1)
+        area_cand = (cand_boxes[..., 2:] - cand_boxes[..., :2]).prod(-1)
+        iou = inter / (area_box + area_cand - inter)
+        iou = iou.masked_fill(~valid[group], -1.0)
+        best[begin : begin + chunk] = candidates.gather(1, iou.argmax(1, keepdim=True)).squeeze(1)
+    return best
+
+
+def match(per_model: Sequence[Detections], iou_thr: float = 0.55) -> Clusters:
+    """Match the boxes of N models into clusters of at most one box per model.
+
+    Args:
+        per_model (list[Detections]): one Detections per model, all of the same image and device.
+            A model with no boxes is a normal case; so is every model being empty (C = 0).
+        iou_thr (float): boxes of one class overlapping by IoU > ``iou_thr`` describe one object.
+
+    Returns:
+        Clusters: ``preds (Tensor[C, N, 5])``, ``present (Tensor[C, N])``, ``labels (Tensor[C])``,
+        ``source_index (Tensor[C, N])``, clusters ordered by matching round, then by seed score.
+
+    Boxes are clipped to the image first; boxes of zero area after clipping (entirely outside the image,
+    or degenerate) match nothing and are dropped, as ``source_index`` shows.
+    """
+    check_per_model(per_model)
+    if not 0.0 <= float(iou_thr) < 1.0:
+        raise ValueError(f"iou_thr must be in [0, 1), got {iou_thr}")
+    num_models = len(per_model)
+    image_size = per_model[0].image_size
+    device = per_model[0].device
+
+    clipped = [d.clip() for d in per_model]
+    boxes = torch.cat([d.normalized_boxes() for d in clipped])  # [K, 4]
+    scores = torch.cat([d.scores for d in clipped])  # [K]
+    labels = torch.cat([d.labels for d in clipped])  # [K]
+    model_id = torch.cat(
+        [torch.full((len(d),), i, dtype=torch.int64, device=device) for i, d in enumerate(clipped)]
+    )  # [K]
+    box_id = torch.cat([torch.arange(len(d), device=device) for d in clipped])  # [K]
+
+    has_area = ((boxes[:, 2] - boxes[:, 0]) > 0) & ((boxes[:, 3] - boxes[:, 1]) > 0)
+    pending = has_area.nonzero().squeeze(1)  # [K'] indices into the concatenation
+
+    cluster_of_parts: list[Tensor] = []  # per round: cluster id of each chosen box
+    chosen_parts: list[Tensor] = []  # per round: indices of the chosen boxes
+    seed_label_parts: list[Tensor] = []
+    num_clusters = 0
+    while pending.numel():
+        p_boxes, p_scores, p_labels = boxes[pending], scores[pending], labels[pending]
+        seeds = batched_nms(p_boxes, p_scores, p_labels, iou_thr)  # [S] positions in pending, score-desc
+        seed_of = _grouped_best_seed(p_boxes, p_labels, p_boxes[seeds], p_labels[seeds])  # [K'] in [0, S)
+        seed_of[seeds] = torch.arange(seeds.numel(), device=device)
+
+        # In each (cluster, model) keep the best-scoring box: sort by score, then stably by key.
+        key = seed_of * num_models + model_id[pending]
+        by_score = torch.argsort(p_scores, descending=True, stable=True)
+        by_key = by_score[torch.argsort(key[by_score], stable=True)]
+        sorted_key = key[by_key]
+        first = torch.ones_like(sorted_key, dtype=torch.bool)
+        first[1:] = sorted_key[1:] != sorted_key[:-1]
+        winners = by_key[first]
+
+        chosen_parts.append(pending[winners])
+        cluster_of_parts.append(seed_of[winners] + num_clusters)
+        seed_label_parts.append(p_labels[seeds])
+        num_clusters += seeds.numel()
+        pending = pending[by_key[~first]]
+
+    if num_clusters == 0:
+        return Clusters.empty(num_models, image_size, device)
+
+    chosen = torch.cat(chosen_parts)
+    cluster_of = torch.cat(cluster_of_parts)
+    chosen_model = model_id[chosen]
+    preds = torch.zeros((num_clusters, num_models, 5), device=device)
+    preds[cluster_of, chosen_model, :4] = boxes[chosen]
+    preds[cluster_of, chosen_model, 4] = scores[chosen]
+    present = torch.zeros((num_clusters, num_models), dtype=torch.bool, device=device)
+    present[cluster_of, chosen_model] = True
+    source_index = torch.full((num_clusters, num_models), -1, dtype=torch.int64, device=device)
+    source_index[cluster_of, chosen_model] = box_id[chosen]
+
+    impute_absent_boxes(preds, present)
+    return Clusters(preds, present, torch.cat(seed_label_parts), source_index, image_size)
+
+
+def impute_absent_boxes(preds: Tensor, present: Tensor) -> None:
+    """In place: rows of absent models get the mean box of the present rows and score 0.
+
+    Args:
+        preds (Tensor[C, N, 5]), present (Tensor[C, N] bool): every cluster has at least one present row.
+    """
+    weight = present.to(preds.dtype)  # [C, N]
+    mean_box = (preds[..., :4] * weight[..., None]).sum(1) / weight.sum(1, keepdim=True).clamp(min=1)  # [C, 4]
+    absent = ~present
+    preds[..., :4] = torch.where(absent[..., None], mean_box[:, None, :], preds[..., :4])
+    preds[..., 4] = preds[..., 4].masked_fill(absent, 0.0)
