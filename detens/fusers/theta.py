@@ -1,1 +1,78 @@
-"""(being written)"""
+"""The ``theta`` fuser: cross-model matching, then a learned fusion head (by default the Θ head)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from detens.detections import Detections
+from detens.fusers._registry import FUSERS
+from detens.matching import match
+
+__all__ = ["theta_fusion"]
+
+logger = logging.getLogger(__name__)
+_warned_untrained = False
+
+
+@functools.lru_cache(maxsize=8)
+def _load_cached(path: str, mtime_ns: int, size: int) -> Any:
+    """A saved head, loaded once per (path, modification time, size): fusing image by image stays fast."""
+    from detens.heads import load_head
+
+    return load_head(path)
+
+
+def _resolve_head(head: Any, num_models: int) -> Any:
+    global _warned_untrained
+    from detens.heads.theta import ThetaHead
+
+    if head is None:
+        if not _warned_untrained:
+            logger.warning(
+                "theta fusion without head=: using an untrained Θ = 1/N (fuses like 'mean'); "
+                "pass a trained ThetaHead or the path of a saved head"
+            )
+            _warned_untrained = True
+        return ThetaHead([f"model{i}" for i in range(num_models)])
+    if isinstance(head, (str, Path)):
+        path = Path(head).resolve()
+        stat = path.stat() if path.is_file() else None
+        head = _load_cached(str(path), stat.st_mtime_ns if stat else -1, stat.st_size if stat else -1)
+    if not callable(getattr(head, "fuse", None)):
+        raise TypeError(
+            f"head must be a fusion head with .fuse(clusters) (e.g. detens.ThetaHead) or the path of a saved one, "
+            f"got {type(head).__name__}"
+        )
+    head_models = getattr(head, "num_models", None)
+    if head_models != num_models:
+        names = getattr(head, "model_names", None)
+        raise ValueError(
+            f"the head was trained for {head_models} models {names} but {num_models} models' detections were given; "
+            "pass one Detections per model, in the head's model order"
+        )
+    return head
+
+
+@FUSERS.register("theta")
+def theta_fusion(per_model: Sequence[Detections], head: Any = None, iou_thr: float = 0.55) -> Detections:
+    """Match the models' boxes into clusters, then fuse each cluster with a learned head.
+
+    Args:
+        per_model (list[Detections]): one per model, in the head's model order.
+        head (ThetaHead | str | Path | None): a head (any registered head type with ``.fuse(clusters)``
+            and ``num_models``), or the path of a saved one (``.json`` / ``.safetensors``, loaded with
+            :func:`detens.heads.load_head`). ``None`` uses an untrained Θ = 1/N, which fuses exactly
+            like ``mean`` (a warning is logged once).
+        iou_thr (float): the matching IoU threshold (see :func:`detens.match`).
+
+    Returns:
+        Detections: fused boxes, source ``"fused:theta"`` (or ``"fused:<head type>"`` for another head).
+    """
+    head = _resolve_head(head, len(per_model))
+    clusters = match(per_model, iou_thr=iou_thr)
+    fused = head.fuse(clusters)
+    return fused.with_source(f"fused:{getattr(head, 'type_name', 'theta')}")

@@ -1,0 +1,229 @@
+"""Lossless conversions between ``Detections`` and the objects of other pipelines.
+
+Dimension legend: K boxes in one image.
+
+- Ultralytics ``Results`` ↔ ``Detections``: ``Results.boxes.data`` is ``[K, 6]`` rows
+  ``x1, y1, x2, y2, conf, cls`` in original-image pixels, the same boxes detens uses. The class index
+  ``cls`` maps to a detens label through ``category_ids`` (index → label); ``None`` keeps the index.
+- torchvision detection output dicts ``{"boxes": Tensor[K, 4], "scores": Tensor[K], "labels": Tensor[K]}``
+  ↔ ``Detections``: torchvision's labels are already category ids (1..90 for COCO models), kept as they
+  are; the image size must be given, as torchvision's outputs do not carry it.
+
+Nothing is rounded: a round trip gives back the same boxes, scores, labels and image size (float32
+boxes and scores; class indices are small integers, exact in float32). Ultralytics is imported only
+when a ``Results`` is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from detens.detections import Detections
+from detens.labels import COCO_CATEGORY_IDS, COCO_NAMES
+
+if TYPE_CHECKING:
+    from ultralytics.engine.results import Results
+
+__all__ = [
+    "ClassMap",
+    "results_to_detections",
+    "detections_to_results",
+    "torchvision_to_detections",
+    "detections_to_torchvision",
+    "coco_category_ids_for",
+]
+
+#: Class index → detens label, as a sequence (``table[index]``) or a mapping.
+ClassMap = Sequence[int] | Mapping[int, int]
+
+
+def coco_category_ids_for(names: Mapping[int, str] | Sequence[str]) -> tuple[int, ...] | None:
+    """COCO category ids of an Ultralytics model's classes, if its names are COCO's 80 in COCO order.
+
+    Returns:
+        ``COCO_CATEGORY_IDS`` (index → category id) for a COCO-trained model, else ``None``.
+    """
+    if isinstance(names, Mapping):
+        if sorted(names) != list(range(len(names))):
+            return None
+        names = [names[i] for i in range(len(names))]
+    return COCO_CATEGORY_IDS if tuple(names) == COCO_NAMES else None
+
+
+def _class_table(category_ids: ClassMap, device: torch.device) -> tuple[Tensor, Tensor]:
+    """A lookup table [M] (index → label) and a validity mask [M] for vectorized mapping."""
+    if isinstance(category_ids, Mapping):
+        keys = [int(k) for k in category_ids]
+        if any(k < 0 for k in keys):
+            raise ValueError(f"category_ids keys must be class indices >= 0, got {sorted(keys)}")
+        size = max(keys, default=-1) + 1
+        table = torch.full((size,), -1, dtype=torch.int64)
+        for k, v in category_ids.items():
+            table[int(k)] = int(v)
+    else:
+        table = torch.as_tensor([int(v) for v in category_ids], dtype=torch.int64)
+    valid = table >= 0
+    return table.to(device), valid.to(device)
+
+
+def _map_classes(classes: Tensor, category_ids: ClassMap | None, what: str) -> Tensor:
+    """Class indices (Tensor[K] int64) → labels through ``category_ids``."""
+    if category_ids is None:
+        return classes
+    table, valid = _class_table(category_ids, classes.device)
+    inside = (classes >= 0) & (classes < table.numel())
+    ok = inside.clone()
+    ok[inside] = valid[classes[inside]]
+    if not bool(ok.all()):
+        bad = sorted(set(classes[~ok].tolist()))
+        raise ValueError(
+            f"{what}: class indices {bad} have no entry in category_ids ({table.numel()} entries)"
+        )
+    return table[classes]
+
+
+def _invert(category_ids: ClassMap) -> dict[int, int]:
+    """label → class index; an ambiguous map (two classes, one label) is an error."""
+    items = category_ids.items() if isinstance(category_ids, Mapping) else enumerate(category_ids)
+    inverse: dict[int, int] = {}
+    for index, label in items:
+        if int(label) in inverse:
+            raise ValueError(
+                f"category_ids maps classes {inverse[int(label)]} and {index} to one label {label}"
+            )
+        inverse[int(label)] = int(index)
+    return inverse
+
+
+# ------------------------------------------------------------------------------------ Ultralytics Results
+def results_to_detections(
+    result: Results, category_ids: ClassMap | None = None, source: str | None = None
+) -> Detections:
+    """An Ultralytics detection ``Results`` (one image) → ``Detections``, on the same device.
+
+    Args:
+        result (Results): from ``model(...)`` / ``model.predict(...)``; ``result.boxes`` must be set.
+        category_ids (Sequence[int] | Mapping[int, int] | None): the label of each class index, e.g.
+            ``COCO_CATEGORY_IDS`` (see :func:`coco_category_ids_for`); ``None`` keeps the class indices.
+        source (str | None): stored in ``Detections.source`` (e.g. the model name).
+
+    Returns:
+        Detections with ``image_size = result.orig_shape``. Track ids, if any, are not carried.
+    """
+    boxes = getattr(result, "boxes", None)
+    if boxes is None:
+        kind = "OBB" if getattr(result, "obb", None) is not None else "non-detection"
+        raise TypeError(f"results_to_detections needs a detection Results with .boxes; got a {kind} Results")
+    data = boxes.data
+    data = torch.as_tensor(data) if isinstance(data, np.ndarray) else data  # after Results.numpy()
+    if data.ndim != 2 or data.shape[1] not in (6, 7):
+        raise ValueError(f"Results.boxes.data must have shape [K, 6] or [K, 7], got {list(data.shape)}")
+    classes = data[:, -1].round().to(torch.int64)
+    labels = _map_classes(classes, category_ids, "results_to_detections")
+    height, width = (int(v) for v in result.orig_shape)
+    return Detections(data[:, :4], data[:, -2], labels, (height, width), source)
+
+
+def detections_to_results(
+    det: Detections, template: Results, category_ids: ClassMap | None = None
+) -> Results:
+    """``Detections`` → an Ultralytics ``Results`` with the image, path, class names and speed of ``template``.
+
+    Args:
+        det (Detections): of the image of ``template`` (same size).
+        template (Results): any Results of that image (e.g. one model's); it is not modified.
+        category_ids (Sequence[int] | Mapping[int, int] | None): the same index → label map used by
+            :func:`results_to_detections`; labels are mapped back to class indices. ``None``: labels are
+            the class indices.
+
+    Returns:
+        Results: ``.boxes.data`` ``[K, 6]`` on ``det``'s device; ``.plot()``, ``.save_txt()``, ``.to_json()``
+        work as on any Ultralytics Results.
+    """
+    from ultralytics.engine.results import Results
+
+    if not isinstance(det, Detections):
+        raise TypeError(f"det must be Detections, got {type(det).__name__}")
+    orig_shape = tuple(int(v) for v in template.orig_shape)
+    if det.image_size != orig_shape:
+        raise ValueError(
+            f"Detections of an image of size {det.image_size} cannot go into a Results of size {orig_shape}"
+        )
+    labels = det.labels
+    if category_ids is not None:
+        inverse = _invert(category_ids)
+        unknown = sorted(set(labels.tolist()) - set(inverse))
+        if unknown:
+            raise ValueError(f"labels {unknown} have no class index in category_ids")
+        keys = torch.tensor(sorted(inverse), dtype=torch.int64, device=labels.device)
+        values = torch.tensor([inverse[k] for k in sorted(inverse)], dtype=torch.int64, device=labels.device)
+        labels = values[torch.searchsorted(keys, labels)]
+    names = template.names
+    if len(labels) and names is not None:
+        unknown = sorted(set(labels.tolist()) - {int(k) for k in names})
+        if unknown:
+            raise ValueError(
+                f"class indices {unknown} are not in the Results' class names ({len(names)} classes)"
+            )
+    data = torch.cat([det.boxes, det.scores[:, None], labels[:, None].to(det.boxes.dtype)], dim=1)  # [K, 6]
+    speed = dict(template.speed) if isinstance(template.speed, Mapping) else None
+    return Results(orig_img=template.orig_img, path=template.path, names=names, boxes=data, speed=speed)
+
+
+# ------------------------------------------------------------------------------------ torchvision dicts
+def torchvision_to_detections(
+    output: Mapping[str, Tensor],
+    image_size: tuple[int, int] | Sequence[int] | Tensor,
+    source: str | None = None,
+) -> Detections:
+    """A torchvision detection output dict (one image) → ``Detections``, on the same device.
+
+    Args:
+        output (dict): ``boxes (Tensor[K, 4])`` xyxy pixels of the original image, ``scores (Tensor[K])``,
+            ``labels (Tensor[K])``; other keys (``masks``, ``keypoints``) are ignored.
+        image_size: ``(height, width)`` of the original image, e.g. ``image.shape[-2:]``.
+        source (str | None): stored in ``Detections.source``.
+    """
+    if not isinstance(output, Mapping):
+        raise TypeError(
+            f"a torchvision output must be a dict with boxes/scores/labels, got {type(output).__name__}"
+        )
+    missing = [k for k in ("boxes", "scores", "labels") if k not in output]
+    if missing:
+        raise ValueError(f"torchvision output lacks {missing}; got keys {sorted(output)}")
+    if isinstance(image_size, Tensor):
+        image_size = image_size.tolist()
+    return Detections(output["boxes"], output["scores"], output["labels"], tuple(image_size), source)
+
+
+def detections_to_torchvision(det: Detections, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
+    """``Detections`` → ``{"boxes": Tensor[K, 4], "scores": Tensor[K], "labels": Tensor[K] int64}``.
+
+    Args:
+        dtype: dtype of boxes and scores (float32 when ``None``). The device is ``det``'s.
+    """
+    boxes, scores = det.boxes, det.scores
+    if dtype is not None:
+        boxes, scores = boxes.to(dtype), scores.to(dtype)
+    return {"boxes": boxes, "scores": scores, "labels": det.labels}
+
+
+def _as_image_size(value: Any, index: int) -> tuple[int, int]:
+    """``(h, w)``, ``torch.Size``, a 1-D tensor of 2, or an image tensor ``[..., H, W]`` → ``(h, w)``."""
+    if isinstance(value, (Tensor, np.ndarray)) and value.ndim >= 2:
+        height, width = value.shape[-2:]
+        return int(height), int(width)
+    if isinstance(value, Tensor):
+        value = value.tolist()
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if not isinstance(value, Sequence) or len(value) != 2:
+        raise ValueError(
+            f"image_sizes[{index}] must be (height, width) or an image tensor [C, H, W], got {value!r}"
+        )
+    return int(value[0]), int(value[1])

@@ -1,0 +1,30 @@
+"""Cross-validation folds over images: fixed by a seed, identical for every method."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+__all__ = ["kfold_image_splits"]
+
+
+def kfold_image_splits(image_ids: Sequence[int], k: int = 2, seed: int = 0) -> list[tuple[list[int], list[int]]]:
+    """Split images into ``k`` folds; returns ``[(train_ids, test_ids)]`` for each held-out fold.
+
+    The split depends only on the SET of image ids, ``k`` and ``seed`` (ids are sorted before shuffling),
+    so every method sees identical folds. Every image is held out exactly once; no image is in both
+    the train and the test side of a split.
+    """
+    ids = sorted({int(i) for i in image_ids})
+    if len(ids) != len(image_ids):
+        raise ValueError(f"image_ids contains duplicates ({len(image_ids) - len(ids)} repeated)")
+    if not isinstance(k, int) or k < 2:
+        raise ValueError(f"k (the number of folds) must be an integer >= 2, got {k!r}")
+    if k > len(ids):
+        raise ValueError(f"cannot make {k} folds from {len(ids)} images")
+    random.Random(seed).shuffle(ids)
+    folds = [sorted(ids[i::k]) for i in range(k)]
+    return [
+        (sorted(i for j, fold in enumerate(folds) if j != held_out for i in fold), folds[held_out])
+        for held_out in range(k)
+    ]

@@ -1,0 +1,51 @@
+"""Fusion heads: learned maps from a cluster's N×5 prediction matrix to one fused box and score.
+
+Every head type is an ``nn.Module`` registered in :data:`HEADS` under the ``type`` it writes into its
+saved file, and offers
+
+- ``head(clusters) -> (boxes (Tensor[C, 4]) normalized, scores (Tensor[C]))``;
+- ``head.fuse(clusters) -> Detections`` (pixels, clipped, sorted by score);
+- ``head.num_models`` and ``head.model_names``;
+- ``head.save(path)`` and the classmethod ``load(path, model_names=None)`` (``.json`` or ``.safetensors``).
+
+:func:`load_head` reads any saved head and returns an instance of the right type.
+Head types: ``"theta"`` (:class:`~detens.heads.theta.ThetaHead`); more register themselves as they
+are added.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from detens.heads._io import HeadFileError, read_head_file
+from detens.heads._registry import HEADS
+
+# Importing the modules registers their head types.
+from detens.heads import theta  # noqa: E402,F401  isort: skip
+
+__all__ = ["HEADS", "HeadFileError", "list_heads", "load_head"]
+
+
+def list_heads() -> list[str]:
+    return HEADS.names()
+
+
+def load_head(path: str | Path, model_names: Sequence[str] | None = None) -> Any:
+    """Load a saved head of any registered type.
+
+    Args:
+        path (str | Path): a ``.json`` or ``.safetensors`` file written by ``head.save``.
+        model_names (list[str] | None): when given, the ensemble the head will fuse; a head trained
+            for other models (or another order) raises ``ValueError`` naming both lists.
+
+    Returns:
+        the head (an ``nn.Module`` on the CPU).
+    """
+    header = read_head_file(path)
+    try:
+        cls = HEADS.get(header.type)
+    except ValueError as err:
+        raise HeadFileError(f"{str(path)!r}: {err}") from None
+    return cls.load(path, model_names=model_names)

@@ -1,0 +1,214 @@
+"""Saved fusion heads: one file format for every head type, JSON or safetensors, never pickle.
+
+A head file carries:
+
+- ``format`` = ``"detens-head"`` and ``format_version``;
+- ``type``: the head type (``"theta"``, ...), which :func:`detens.heads.load_head` dispatches on;
+- ``model_names``: the ensemble the head was trained for, in order (one weight column per model);
+- ``config``: the head's constructor options (JSON-serializable);
+- ``tensors``: named tensors (the learned parameters).
+
+In ``.json`` files each tensor is ``{"dtype": "float32", "shape": [...], "data": [flat values]}``
+(Python floats round-trip float32 and float64 exactly). In ``.safetensors`` files the tensors are stored
+natively and the other fields go into the string metadata (``model_names`` and ``config`` JSON-encoded).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from detens.io import atomic_write_bytes, atomic_write_text
+
+__all__ = [
+    "HeadFile",
+    "HeadFileError",
+    "FORMAT",
+    "FORMAT_VERSION",
+    "SUFFIXES",
+    "read_head_file",
+    "write_head_file",
+]
+
+FORMAT = "detens-head"
+FORMAT_VERSION = 1
+SUFFIXES = (".json", ".safetensors")
+
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "int64": torch.int64,
+}
+_DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
+
+
+class HeadFileError(ValueError):
+    """A head file that is not a valid detens head (corrupt, truncated, wrong format or content)."""
+
+
+@dataclass
+class HeadFile:
+    """The parsed content of a saved head, before the head type interprets it."""
+
+    type: str
+    model_names: list[str]
+    config: dict[str, Any] = field(default_factory=dict)
+    tensors: dict[str, Tensor] = field(default_factory=dict)
+
+
+def _suffix(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix not in SUFFIXES:
+        raise ValueError(
+            f"head file {str(path)!r} must end in one of {', '.join(SUFFIXES)}, got {suffix or 'no suffix'!r}"
+        )
+    return suffix
+
+
+def check_model_names(model_names: Any, what: str = "model_names") -> list[str]:
+    """A fresh list of unique, non-empty model names; anything else is a clear error."""
+    if isinstance(model_names, str) or not isinstance(model_names, (list, tuple)):
+        raise TypeError(
+            f"{what} must be a list of model names, got {type(model_names).__name__}: {model_names!r}"
+        )
+    names = list(model_names)
+    if not names:
+        raise ValueError(f"{what} is empty: a head needs at least one model")
+    for i, name in enumerate(names):
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"{what}[{i}] must be a non-empty string, got {name!r}")
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"{what} must be unique, got duplicates {duplicates} in {names}")
+    return names
+
+
+def write_head_file(
+    path: str | Path,
+    head_type: str,
+    model_names: list[str],
+    config: dict[str, Any],
+    tensors: dict[str, Tensor],
+) -> None:
+    """Write a head atomically as ``.json`` or ``.safetensors`` (chosen by the suffix)."""
+    path = Path(path)
+    suffix = _suffix(path)
+    cpu = {}
+    for name, tensor in tensors.items():
+        if tensor.dtype not in _DTYPE_NAMES:
+            raise TypeError(f"tensor {name!r} has dtype {tensor.dtype}; head files hold {', '.join(_DTYPES)}")
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise ValueError(
+                f"tensor {name!r} holds NaN or inf; refusing to save a broken head to {str(path)!r}"
+            )
+        cpu[name] = tensor.detach().to("cpu").contiguous()
+    if suffix == ".json":
+        document = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "type": head_type,
+            "model_names": list(model_names),
+            "config": config,
+            "tensors": {
+                name: {"dtype": _DTYPE_NAMES[t.dtype], "shape": list(t.shape), "data": t.reshape(-1).tolist()}
+                for name, t in cpu.items()
+            },
+        }
+        atomic_write_text(path, json.dumps(document, indent=1, allow_nan=False) + "\n")
+    else:
+        from safetensors.torch import save
+
+        metadata = {
+            "format": FORMAT,
+            "format_version": str(FORMAT_VERSION),
+            "type": head_type,
+            "model_names": json.dumps(list(model_names)),
+            "config": json.dumps(config, allow_nan=False),
+        }
+        atomic_write_bytes(path, save(cpu, metadata=metadata))
+
+
+def _bad(path: Path, why: str) -> HeadFileError:
+    return HeadFileError(f"{str(path)!r} is not a valid detens head file: {why}")
+
+
+def _tensor_from_json(path: Path, name: str, entry: Any) -> Tensor:
+    if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data"}:
+        raise _bad(path, f"tensor {name!r} must be an object with keys dtype, shape, data")
+    dtype = _DTYPES.get(entry["dtype"])
+    if dtype is None:
+        raise _bad(
+            path, f"tensor {name!r} has dtype {entry['dtype']!r}; expected one of {', '.join(_DTYPES)}"
+        )
+    shape, data = entry["shape"], entry["data"]
+    if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
+        raise _bad(path, f"tensor {name!r} has an invalid shape {shape!r}")
+    if not isinstance(data, list) or len(data) != math.prod(shape):
+        raise _bad(path, f"tensor {name!r} of shape {shape} needs {math.prod(shape)} values")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in data):
+        raise _bad(path, f"tensor {name!r} holds non-numeric values")
+    return torch.tensor(data, dtype=dtype).reshape(shape)
+
+
+def read_head_file(path: str | Path) -> HeadFile:
+    """Read a ``.json`` or ``.safetensors`` head file; corrupt or foreign files raise :class:`HeadFileError`."""
+    path = Path(path)
+    suffix = _suffix(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"head file {str(path)!r} does not exist")
+    if suffix == ".json":
+        try:
+            document = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise _bad(path, f"cannot parse JSON ({err})") from err
+        if not isinstance(document, dict):
+            raise _bad(path, "the top level must be a JSON object")
+        fields = document
+        raw_tensors = document.get("tensors")
+        if not isinstance(raw_tensors, dict):
+            raise _bad(path, "missing the 'tensors' object")
+        tensors = {name: _tensor_from_json(path, name, entry) for name, entry in raw_tensors.items()}
+        model_names, config = fields.get("model_names"), fields.get("config")
+    else:
+        from safetensors import SafetensorError, safe_open
+
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                fields = dict(f.metadata() or {})
+                tensors = {name: f.get_tensor(name) for name in f.keys()}
+        except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+            raise _bad(path, f"cannot read safetensors ({err})") from err
+        try:
+            model_names = json.loads(fields.get("model_names", "null"))
+            config = json.loads(fields.get("config", "null"))
+        except json.JSONDecodeError as err:
+            raise _bad(path, f"metadata is not valid JSON ({err})") from err
+        if str(fields.get("format_version")) == str(FORMAT_VERSION):
+            fields["format_version"] = FORMAT_VERSION
+
+    if fields.get("format") != FORMAT:
+        raise _bad(path, f"'format' is {fields.get('format')!r}, expected {FORMAT!r}")
+    if fields.get("format_version") != FORMAT_VERSION:
+        raise _bad(
+            path,
+            f"format_version {fields.get('format_version')!r} is not supported (this detens reads {FORMAT_VERSION})",
+        )
+    head_type = fields.get("type")
+    if not isinstance(head_type, str) or not head_type:
+        raise _bad(path, f"'type' must name the head type, got {head_type!r}")
+    try:
+        model_names = check_model_names(model_names, "model_names")
+    except (TypeError, ValueError) as err:
+        raise _bad(path, str(err)) from err
+    if not isinstance(config, dict):
+        raise _bad(path, f"'config' must be an object, got {type(config).__name__}")
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise _bad(path, f"tensor {name!r} holds NaN or inf")
+    return HeadFile(head_type, model_names, config, tensors)

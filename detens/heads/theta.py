@@ -1,0 +1,619 @@
+"""The Θ fusion head of seed 000 ("Learnable Ensembling"), with the math written consistently.
+
+Dimension legend: N models, C clusters (matched objects, possibly of several images), K classes with
+their own Θ (per-class variant), 5 = ``x1, y1, x2, y2, p`` (normalized coordinates and score).
+
+For one cluster with predictions Ŷ ∈ R^{N×5}, weights Θ ∈ R^N and target y ∈ R^5 (the matched GT box
+and label 1, or label 0 and no box target for a false positive), the fused output is **A = ŶᵀΘ**
+(the score A₅ is clamped to [0, 1] when used as a detection score), and
+
+    J_reg  = ½ Σ_j w_j (A_j − y_j)²            w = (1,1,1,1,1) if matched, (0,0,0,0,1) if not
+    J_cls  = − Σ_{i present} [ y₅ log qᵢ + (1 − y₅) log(1 − qᵢ) ]     qᵢ = clamp(θᵢpᵢ, ε, 1 − ε)
+    J_cons = ½ (1 − Σᵢ θᵢ)²
+    J      = λ_reg J_reg + λ_cls J_cls + λ_cons J_cons
+
+with the analytic gradients
+
+    ∇J_reg  = Ŷ W (ŶᵀΘ − y)                                  W = diag(w)
+    ∇J_cls  = [ presentᵢ (θᵢpᵢ − y₅) / (θᵢ (1 − θᵢpᵢ)) ]ᵢ     zero where the clamp is active
+    ∇J_cons = −(1 − Σᵢ θᵢ) · 1
+
+(``∇J_cls`` is computed in the equivalent form ``pᵢ (qᵢ − y₅) / (qᵢ (1 − qᵢ))``, which needs no division
+by θᵢ.) The clamp follows ``torch.clamp``'s convention (scalar bounds): the gradient is zero where θᵢpᵢ
+lies outside the open interval (ε, 1 − ε), the bounds themselves included.
+
+**Normalized box variant** (``normalize_box=True``): A_box = Ŷ_boxᵀΘ / s with s = 1ᵀΘ (the score stays
+A₅ = Ŷ₅ᵀΘ). Then ∂A_box,j/∂θᵢ = (Ŷᵢⱼ − A_box,j) / s, so
+
+    ∇J_reg = (Ŷ_box − 1 A_boxᵀ) W_box (A_box − y_box) / s  +  Ŷ₅ w₅ (A₅ − y₅)
+
+The fused box is then a convex combination of the models' boxes whatever ΣΘ is.
+
+**Errata of seed 000** (DESIGN.md §2): the seed writes J_reg = ½Σᵢ(θᵢyᵢ − y)² but states the gradient
+of ½‖ŶᵀΘ − y‖² (implemented here); writes J_cls without the minus sign but states the gradient of the
+negative (binary cross-entropy, implemented here); and states ∇J_cons = Θ − 1, whereas the gradient of
+½(1 − ΣΘ)² is −(1 − ΣΘ)·1 (implemented here). ``tests/test_theta_gradients.py`` checks all three.
+
+Training averages J over all (non-ignored) clusters of all training images and, by default, follows the
+seed's rule Θ ← Θ − α∇J (plain gradient descent, :func:`make_optimizer` ``"gd"``; ``"adam"`` is an
+option), projecting θᵢ ≥ ε after each step so the logs stay finite.
+
+**Per-class Θ** (``per_class=True``): one Θ_k ∈ R^N per class id in ``class_ids`` (the category ids seen
+in training) next to the global Θ. A cluster of class k is fused with Θ_k; a cluster whose class is not
+in ``class_ids`` (unseen in training) falls back to the global Θ. The training loss is
+
+    J(Θ_class) + J(Θ_global) + shrinkage · Σ_k ‖Θ_k − Θ_global‖²
+
+so the global Θ is the pooled fit over all clusters (what unseen classes get), and each Θ_k is pulled
+toward it by an L2 penalty. Because each J is a *mean* over all clusters, class k's data weighs in
+proportion to its share of clusters n_k / C, while the pull does not depend on n_k: rare classes stay
+near the global Θ and frequent ones follow their own data. The two J terms use the analytic gradients;
+the penalty's gradient (not part of the seed's J) is left to autograd.
+"""
+
+from __future__ import annotations
+
+import logging
+import numbers
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+from torch.autograd.function import FunctionCtx, once_differentiable
+
+from detens.detections import Detections
+from detens.heads._io import HeadFileError, check_model_names, read_head_file, write_head_file
+from detens.heads._registry import HEADS
+from detens.matching import Clusters
+from detens.targets import Targets
+
+__all__ = ["ThetaLossFunction", "theta_loss", "ThetaHead", "make_optimizer", "OPTIMIZERS"]
+
+logger = logging.getLogger(__name__)
+
+OPTIMIZERS = ("gd", "adam")
+
+
+# ------------------------------------------------------------------------------------------ the objective
+def _forward_parts(theta: Tensor, preds: Tensor, normalize_box: bool) -> tuple[Tensor, Tensor]:
+    """A (Tensor[C, 5]) and s = 1ᵀΘ (Tensor[C])."""
+    fused = torch.einsum("cn,cnk->ck", theta, preds)  # [C, 5]
+    total = theta.sum(1)  # [C]
+    if normalize_box:
+        fused = torch.cat([fused[:, :4] / total[:, None], fused[:, 4:]], dim=1)
+    return fused, total
+
+
+class ThetaLossFunction(torch.autograd.Function):
+    """The scalar J of DESIGN.md §2, averaged over the non-ignored clusters, with the analytic gradient.
+
+    ``ThetaLossFunction.apply(theta, preds, present, y, w, valid, lambda_reg, lambda_cls, lambda_cons,
+    eps, normalize_box)``; prefer the validating wrapper :func:`theta_loss`.
+
+    Args:
+        theta (Tensor[C, N]): the weights used for each cluster (the global Θ expanded, or per-class
+            rows gathered; autograd carries the gradient back through the expand/gather).
+        preds (Tensor[C, N, 5]): Ŷ per cluster (cast to theta's dtype).
+        present (Tensor[C, N] bool): which rows are real predictions (absent rows skip J_cls).
+        y (Tensor[C, 5]): targets: GT box and label 1, or anything and label 0 (with w_box = 0).
+        w (Tensor[C, 5]): regression weights per coordinate.
+        valid (Tensor[C] bool): clusters that count; ignored ones (crowd matches) contribute nothing.
+        lambda_reg, lambda_cls, lambda_cons (float): term weights.
+        eps (float): the clamp of θᵢpᵢ to [ε, 1 − ε].
+        normalize_box (bool): A_box = ŶᵀΘ / 1ᵀΘ.
+
+    Returns:
+        Tensor[]: J = Σ_valid J_c / max(1, #valid). Only ``theta`` receives a gradient.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: FunctionCtx,
+        theta: Tensor,
+        preds: Tensor,
+        present: Tensor,
+        y: Tensor,
+        w: Tensor,
+        valid: Tensor,
+        lambda_reg: float,
+        lambda_cls: float,
+        lambda_cons: float,
+        eps: float,
+        normalize_box: bool,
+    ) -> Tensor:
+        dtype = theta.dtype
+        preds, y, w = preds.to(dtype), y.to(dtype), w.to(dtype)
+        present_f = present.to(dtype)
+        fused, total = _forward_parts(theta, preds, normalize_box)  # [C, 5], [C]
+        weighted_resid = w * (fused - y)  # [C, 5]
+        j_reg = 0.5 * (weighted_resid * (fused - y)).sum(1)  # [C]
+
+        scores = preds[..., 4]  # [C, N]
+        q = (theta * scores).clamp(eps, 1.0 - eps)  # [C, N]
+        y5 = y[:, 4:5]  # [C, 1]
+        j_cls = -(present_f * (y5 * q.log() + (1.0 - y5) * torch.log1p(-q))).sum(1)  # [C]
+
+        gap = 1.0 - total  # [C]
+        j_cons = 0.5 * gap * gap
+
+        per_cluster = lambda_reg * j_reg + lambda_cls * j_cls + lambda_cons * j_cons  # [C]
+        per_cluster = torch.where(valid, per_cluster, torch.zeros_like(per_cluster))
+        count = valid.sum().clamp(min=1).to(dtype)
+        ctx.save_for_backward(theta, preds, present_f, y, weighted_resid, fused, total, valid, count)
+        ctx.constants = (lambda_reg, lambda_cls, lambda_cons, eps, normalize_box)
+        return per_cluster.sum() / count
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, grad_output: Tensor) -> tuple[Tensor | None, ...]:
+        theta, preds, present_f, y, weighted_resid, fused, total, valid, count = ctx.saved_tensors
+        lambda_reg, lambda_cls, lambda_cons, eps, normalize_box = ctx.constants
+
+        if normalize_box:
+            # (Ŷ_box − 1 A_boxᵀ) W_box r_box / s  +  Ŷ₅ w₅ r₅
+            centered = preds[..., :4] - fused[:, None, :4]  # [C, N, 4]
+            grad_reg = torch.einsum("cnk,ck->cn", centered, weighted_resid[:, :4]) / total[:, None]
+            grad_reg = grad_reg + preds[..., 4] * weighted_resid[:, 4:5]
+        else:
+            grad_reg = torch.einsum("cnk,ck->cn", preds, weighted_resid)  # Ŷ W (ŶᵀΘ − y)
+
+        scores = preds[..., 4]  # [C, N]
+        scaled = theta * scores
+        inside = (scaled > eps) & (scaled < 1.0 - eps)  # as torch.clamp: no gradient at the bounds either
+        q = scaled.clamp(eps, 1.0 - eps)
+        grad_cls = present_f * inside * scores * (q - y[:, 4:5]) / (q * (1.0 - q))  # [C, N]
+
+        grad_cons = -(1.0 - total)[:, None].expand_as(theta)  # [C, N]
+
+        grad = lambda_reg * grad_reg + lambda_cls * grad_cls + lambda_cons * grad_cons
+        grad = torch.where(valid[:, None], grad, torch.zeros_like(grad))
+        grad = grad * (grad_output / count)
+        return (grad,) + (None,) * 10
+
+
+def theta_loss(
+    theta: Tensor,
+    preds: Tensor,
+    present: Tensor,
+    y: Tensor,
+    w: Tensor | None = None,
+    valid: Tensor | None = None,
+    *,
+    lambda_reg: float = 1.0,
+    lambda_cls: float = 1.0,
+    lambda_cons: float = 1.0,
+    eps: float = 1e-6,
+    normalize_box: bool = False,
+) -> Tensor:
+    """J of DESIGN.md §2 averaged over the valid clusters, back-propagated with the analytic gradient.
+
+    Args:
+        theta (Tensor[C, N]): per-cluster weights (may require grad).
+        preds (Tensor[C, N, 5]), present (Tensor[C, N] bool): the clusters.
+        y (Tensor[C, 5]): targets (``Targets.y()``).
+        w (Tensor[C, 5] | None): regression weights (``Targets.weights()``); by default
+            ``(1,1,1,1,1)`` where ``y[:, 4] == 1`` and ``(0,0,0,0,1)`` elsewhere.
+        valid (Tensor[C] bool | None): clusters that count (``~Targets.ignore``); default all.
+
+    Returns:
+        Tensor[]: the scalar J (0 when no cluster is valid, e.g. C = 0).
+    """
+    if theta.ndim != 2:
+        raise ValueError(f"theta must have shape [C, N], got {list(theta.shape)}")
+    num_clusters, num_models = theta.shape
+    if preds.shape != (num_clusters, num_models, 5):
+        raise ValueError(
+            f"preds must have shape [C, N, 5] = [{num_clusters}, {num_models}, 5], got {list(preds.shape)}"
+        )
+    if present.shape != (num_clusters, num_models):
+        raise ValueError(
+            f"present must have shape [C, N] = [{num_clusters}, {num_models}], got {list(present.shape)}"
+        )
+    if y.shape != (num_clusters, 5):
+        raise ValueError(f"y must have shape [C, 5] = [{num_clusters}, 5], got {list(y.shape)}")
+    if preds.requires_grad or y.requires_grad or (w is not None and w.requires_grad):
+        raise ValueError("theta_loss differentiates only with respect to theta; detach preds, y and w")
+    if not theta.is_floating_point():
+        raise TypeError(f"theta must be floating point, got {theta.dtype}")
+    if not 0.0 < float(eps) < 0.5:
+        raise ValueError(f"eps must be in (0, 0.5), got {eps}")
+    if w is None:
+        w = (y[:, 4:5] == 1).to(theta.dtype).expand(-1, 5).clone()
+        w[:, 4] = 1
+    elif w.shape != (num_clusters, 5):
+        raise ValueError(f"w must have shape [C, 5] = [{num_clusters}, 5], got {list(w.shape)}")
+    if valid is None:
+        valid = torch.ones(num_clusters, dtype=torch.bool, device=theta.device)
+    elif valid.shape != (num_clusters,) or valid.dtype != torch.bool:
+        raise ValueError(
+            f"valid must be a bool Tensor[C] = [{num_clusters}], got {valid.dtype} {list(valid.shape)}"
+        )
+    device = theta.device
+    return ThetaLossFunction.apply(
+        theta,
+        preds.to(device),
+        present.to(device=device, dtype=torch.bool),
+        y.to(device),
+        w.to(device),
+        valid.to(device),
+        float(lambda_reg),
+        float(lambda_cls),
+        float(lambda_cons),
+        float(eps),
+        bool(normalize_box),
+    )
+
+
+# ----------------------------------------------------------------------------------------------- the head
+_CONFIG_KEYS = (
+    "per_class",
+    "class_ids",
+    "normalize_box",
+    "eps",
+    "lambda_reg",
+    "lambda_cls",
+    "lambda_cons",
+    "shrinkage",
+)
+
+
+def _as_list(items: Clusters | Targets | Sequence[Any], kind: type, what: str) -> list[Any]:
+    if isinstance(items, kind):
+        return [items]
+    if isinstance(items, Sequence) and all(isinstance(item, kind) for item in items):
+        return list(items)
+    raise TypeError(f"{what} must be {kind.__name__} or a list of them, got {type(items).__name__}")
+
+
+def _number(value: Any, name: str, minimum: float = 0.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= minimum:
+        raise ValueError(f"{name} must be a number >= {minimum}, got {value!r}")
+    return float(value)
+
+
+@HEADS.register("theta")
+class ThetaHead(nn.Module):
+    """Learned linear fusion A = ŶᵀΘ (seed 000), global or per class. See the module docstring for the math.
+
+    Args:
+        model_names (list[str]): the ensemble's models, in the order of the clusters' N axis.
+        per_class (bool): one Θ per class id in ``class_ids`` (unseen classes fall back to the global Θ).
+        class_ids (list[int] | None): the category ids with their own Θ (the ids seen in training).
+        num_classes (int | None): shorthand for ``class_ids = range(num_classes)``.
+        normalize_box (bool): fuse boxes as ŶᵀΘ / 1ᵀΘ (the score stays ŶᵀΘ[4]).
+        eps (float): the clamp of θᵢpᵢ in J_cls and the lower bound of θᵢ after each optimizer step.
+        lambda_reg, lambda_cls, lambda_cons (float): weights of J_reg, J_cls, J_cons (the seed: all 1).
+        shrinkage (float): strength of the L2 pull of each per-class Θ toward the global Θ.
+
+    Parameters: ``theta (Tensor[N])`` and, when ``per_class``, ``class_theta (Tensor[K, N])``, all
+    initialized to 1/N (which fuses exactly like the ``mean`` fuser); buffer ``class_ids (Tensor[K])``.
+    """
+
+    type_name = "theta"
+
+    def __init__(
+        self,
+        model_names: Sequence[str],
+        per_class: bool = False,
+        class_ids: Sequence[int] | None = None,
+        num_classes: int | None = None,
+        normalize_box: bool = False,
+        eps: float = 1e-6,
+        lambda_reg: float = 1.0,
+        lambda_cls: float = 1.0,
+        lambda_cons: float = 1.0,
+        shrinkage: float = 0.01,
+    ) -> None:
+        super().__init__()
+        self.model_names = check_model_names(model_names)
+        if not isinstance(per_class, bool) or not isinstance(normalize_box, bool):
+            raise TypeError(
+                f"per_class and normalize_box must be bool, got {per_class!r} and {normalize_box!r}"
+            )
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 < eps < 0.5:
+            raise ValueError(f"eps must be in (0, 0.5), got {eps!r}")
+        self.per_class = per_class
+        self.normalize_box = normalize_box
+        self.eps = float(eps)
+        self.lambda_reg = _number(lambda_reg, "lambda_reg")
+        self.lambda_cls = _number(lambda_cls, "lambda_cls")
+        self.lambda_cons = _number(lambda_cons, "lambda_cons")
+        self.shrinkage = _number(shrinkage, "shrinkage")
+
+        if class_ids is not None and num_classes is not None:
+            raise ValueError("give class_ids or num_classes, not both")
+        if num_classes is not None:
+            if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
+                raise ValueError(f"num_classes must be a non-negative integer, got {num_classes!r}")
+            class_ids = list(range(num_classes))
+        if per_class and class_ids is None:
+            raise ValueError(
+                "per_class=True needs class_ids (the category ids seen in training) or num_classes"
+            )
+        if not per_class and class_ids is not None:
+            raise ValueError("class_ids / num_classes apply only with per_class=True")
+        if isinstance(class_ids, Tensor):
+            class_ids = class_ids.tolist()
+        ids = [] if class_ids is None else list(class_ids)
+        for i in ids:
+            if isinstance(i, bool) or not isinstance(i, numbers.Integral) or i < 0:
+                raise ValueError(f"class_ids must be non-negative integers, got {ids!r}")
+        ids = [int(i) for i in ids]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"class_ids must be unique, got {ids!r}")
+        ids = sorted(ids)
+
+        num_models = len(self.model_names)
+        self.theta = nn.Parameter(torch.full((num_models,), 1.0 / num_models))
+        self.register_buffer("class_ids", torch.tensor(ids, dtype=torch.int64).reshape(-1))
+        if per_class:
+            self.class_theta = nn.Parameter(torch.full((len(ids), num_models), 1.0 / num_models))
+        else:
+            self.register_parameter("class_theta", None)
+
+    # ---------------------------------------------------------------------------------------- properties
+    @property
+    def num_models(self) -> int:
+        return len(self.model_names)
+
+    def config(self) -> dict[str, Any]:
+        """The constructor options (JSON-serializable), as saved with the head."""
+        return {
+            "per_class": self.per_class,
+            "class_ids": self.class_ids.tolist() if self.per_class else None,
+            "normalize_box": self.normalize_box,
+            "eps": self.eps,
+            "lambda_reg": self.lambda_reg,
+            "lambda_cls": self.lambda_cls,
+            "lambda_cons": self.lambda_cons,
+            "shrinkage": self.shrinkage,
+        }
+
+    def extra_repr(self) -> str:
+        classes = f", classes={self.class_ids.numel()}" if self.per_class else ""
+        return f"model_names={self.model_names}, per_class={self.per_class}{classes}, normalize_box={self.normalize_box}"
+
+    def _check_clusters(self, clusters: Clusters) -> None:
+        if not isinstance(clusters, Clusters):
+            raise TypeError(f"expected Clusters, got {type(clusters).__name__}")
+        if clusters.num_models != self.num_models:
+            raise ValueError(
+                f"the clusters hold {clusters.num_models} models but this Θ head was built for "
+                f"{self.num_models}: {self.model_names}"
+            )
+
+    # ------------------------------------------------------------------------------------------ fusion
+    def class_rows(self, labels: Tensor) -> Tensor:
+        """Tensor[C] int64: the row of ``class_theta`` for each label, -1 for classes without their own Θ."""
+        labels = labels.to(self.class_ids.device)
+        if not self.per_class or self.class_ids.numel() == 0:
+            return torch.full_like(labels, -1)
+        pos = torch.searchsorted(self.class_ids, labels).clamp(max=self.class_ids.numel() - 1)
+        return torch.where(self.class_ids[pos] == labels, pos, torch.full_like(pos, -1))
+
+    def cluster_theta(self, labels: Tensor) -> Tensor:
+        """Tensor[C, N]: the Θ used for each cluster (its class's Θ, else the global Θ), on the head's device."""
+        num = labels.shape[0]
+        global_theta = self.theta[None, :].expand(num, -1)
+        if not self.per_class or self.class_ids.numel() == 0:
+            return global_theta
+        rows = self.class_rows(labels)
+        own = self.class_theta[rows.clamp(min=0)]  # [C, N]
+        return torch.where((rows >= 0)[:, None], own, global_theta)
+
+    def _fused(self, theta: Tensor, preds: Tensor) -> tuple[Tensor, Tensor]:
+        fused, _ = _forward_parts(theta, preds, self.normalize_box)  # [C, 5]
+        return fused[:, :4], fused[:, 4].clamp(0.0, 1.0)
+
+    def forward(self, clusters: Clusters) -> tuple[Tensor, Tensor]:
+        """Fuse each cluster: A = ŶᵀΘ.
+
+        Returns:
+            boxes (Tensor[C, 4]): fused normalized boxes (ŶᵀΘ[:4], or divided by 1ᵀΘ with ``normalize_box``).
+            scores (Tensor[C]): ŶᵀΘ[4] clamped to [0, 1].
+        Both on the clusters' device, in the promoted dtype of Θ and the predictions.
+        """
+        self._check_clusters(clusters)
+        dtype = torch.promote_types(self.theta.dtype, clusters.preds.dtype)
+        theta = self.cluster_theta(clusters.labels).to(device=clusters.device, dtype=dtype)
+        return self._fused(theta, clusters.preds.to(dtype))
+
+    @torch.no_grad()
+    def fuse(self, clusters: Clusters) -> Detections:
+        """Fused pixel Detections (clipped to the image, sorted by score), source ``"fused:theta"``."""
+        boxes, scores = self(clusters)
+        return clusters.to_detections(boxes, scores, source=f"fused:{self.type_name}")
+
+    # ----------------------------------------------------------------------------------------- training
+    def _stack(
+        self, clusters: Clusters | Sequence[Clusters], targets: Targets | Sequence[Targets]
+    ) -> tuple[Tensor, Tensor, Tensor, Targets]:
+        """Concatenate the clusters and targets of several images: preds, present, labels, targets."""
+        clusters_list = _as_list(clusters, Clusters, "clusters")
+        targets_list = _as_list(targets, Targets, "targets")
+        if len(clusters_list) != len(targets_list):
+            raise ValueError(
+                f"got {len(clusters_list)} Clusters but {len(targets_list)} Targets; one per image"
+            )
+        for i, (c, t) in enumerate(zip(clusters_list, targets_list, strict=True)):
+            self._check_clusters(c)
+            if len(c) != len(t):
+                raise ValueError(f"image {i}: {len(c)} clusters but {len(t)} targets")
+        device = clusters_list[0].device if clusters_list else self.theta.device
+        if not clusters_list:
+            n = self.num_models
+            empty = Clusters.empty(n, (1, 1), device)
+            return empty.preds, empty.present, empty.labels, Targets.empty(device)
+        preds = torch.cat([c.preds.to(device) for c in clusters_list])
+        present = torch.cat([c.present.to(device) for c in clusters_list])
+        labels = torch.cat([c.labels.to(device) for c in clusters_list])
+        return preds, present, labels, Targets.cat([t.to(device) for t in targets_list])
+
+    def _objective(self, theta: Tensor, preds: Tensor, present: Tensor, targets: Targets) -> Tensor:
+        dtype = theta.dtype
+        return theta_loss(
+            theta,
+            preds.to(dtype),
+            present,
+            targets.y(dtype),
+            targets.weights(dtype),
+            ~targets.ignore,
+            lambda_reg=self.lambda_reg,
+            lambda_cls=self.lambda_cls,
+            lambda_cons=self.lambda_cons,
+            eps=self.eps,
+            normalize_box=self.normalize_box,
+        )
+
+    def _loss_stacked(self, preds: Tensor, present: Tensor, labels: Tensor, targets: Targets) -> Tensor:
+        dtype = torch.promote_types(self.theta.dtype, preds.dtype)
+        theta = self.cluster_theta(labels).to(device=preds.device, dtype=dtype)
+        loss = self._objective(theta, preds, present, targets)
+        if self.per_class:
+            global_theta = self.theta[None, :].expand(preds.shape[0], -1).to(device=preds.device, dtype=dtype)
+            loss = loss + self._objective(global_theta, preds, present, targets)
+            pull = ((self.class_theta - self.theta[None, :]) ** 2).sum()
+            loss = loss + self.shrinkage * pull.to(device=preds.device, dtype=dtype)
+        return loss
+
+    def loss(self, clusters: Clusters | Sequence[Clusters], targets: Targets | Sequence[Targets]) -> Tensor:
+        """The training objective, a scalar whose backward uses the analytic gradients.
+
+        Args:
+            clusters (Clusters | list[Clusters]): the clusters of one image or of several.
+            targets (Targets | list[Targets]): their targets (``assign_targets``), in the same order.
+
+        Returns:
+            Tensor[]: J of DESIGN.md §2 summed over all clusters of all images and divided by the number
+            of clusters counted (crowd-ignored ones excluded). With ``per_class``:
+            ``J(Θ_class) + J(Θ_global) + shrinkage · Σ_k ‖Θ_k − Θ_global‖²``.
+        """
+        return self._loss_stacked(*self._stack(clusters, targets))
+
+    @torch.no_grad()
+    def project_(self) -> None:
+        """Keep every θᵢ ≥ ε (called after each optimizer step by :func:`make_optimizer`)."""
+        self.theta.clamp_(min=self.eps)
+        if self.class_theta is not None:
+            self.class_theta.clamp_(min=self.eps)
+
+    def fit(
+        self,
+        clusters: Clusters | Sequence[Clusters],
+        targets: Targets | Sequence[Targets],
+        steps: int = 300,
+        lr: float = 0.1,
+        optimizer: Literal["gd", "adam"] = "gd",
+    ) -> list[float]:
+        """Full-batch training for ``steps`` steps on fixed targets; returns J before each step."""
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise ValueError(f"steps must be a non-negative integer, got {steps!r}")
+        stacked = self._stack(clusters, targets)
+        opt = make_optimizer(self, optimizer, lr)
+        history = []
+        for step in range(steps):
+            opt.zero_grad()
+            loss = self._loss_stacked(*stacked)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(
+                    f"the Θ objective became {float(loss.detach())} at step {step} ({optimizer}, lr={lr}); "
+                    "lower the learning rate (or the shrinkage)"
+                )
+            loss.backward()
+            opt.step()
+            history.append(float(loss.detach()))
+            if step % 100 == 0:
+                logger.debug("theta fit step %d: J = %.6f", step, history[-1])
+        return history
+
+    # ----------------------------------------------------------------------------------------- files
+    def save(self, path: str | Path) -> None:
+        """Write the head as ``.json`` or ``.safetensors`` (by suffix), atomically; no pickle."""
+        tensors = {"theta": self.theta.detach()}
+        if self.per_class:
+            tensors["class_theta"] = self.class_theta.detach()
+        write_head_file(path, self.type_name, self.model_names, self.config(), tensors)
+
+    @classmethod
+    def load(cls, path: str | Path, model_names: Sequence[str] | None = None) -> ThetaHead:
+        """Load a head saved by :meth:`save` (on the CPU, in the saved dtype).
+
+        Args:
+            path (str | Path): ``.json`` or ``.safetensors``.
+            model_names (list[str] | None): the ensemble that will use the head; must equal the saved
+                names, in order (Θ's entries belong to those models), else ``ValueError`` naming both.
+        """
+        stored = read_head_file(path)
+        where = repr(str(path))
+        if stored.type != cls.type_name:
+            raise HeadFileError(
+                f"{where} holds a {stored.type!r} head, not {cls.type_name!r}; load it with detens.load_head"
+            )
+        if model_names is not None:
+            names = check_model_names(model_names)
+            if names != stored.model_names:
+                hint = (
+                    " (the same models in another order)"
+                    if sorted(names) == sorted(stored.model_names)
+                    else ""
+                )
+                raise ValueError(
+                    f"head {where} was trained for models {stored.model_names} but model_names={names}{hint}; "
+                    "a Θ head's weights belong to its models, in order"
+                )
+        unknown = sorted(set(stored.config) - set(_CONFIG_KEYS))
+        if unknown:
+            raise HeadFileError(
+                f"{where}: unknown config keys {unknown}; valid keys: {', '.join(_CONFIG_KEYS)}"
+            )
+        config = dict(stored.config)
+        if not config.get("per_class", False):
+            config.pop("class_ids", None)
+        try:
+            head = cls(stored.model_names, **config)
+        except (TypeError, ValueError) as err:
+            raise HeadFileError(f"{where}: invalid theta config: {err}") from err
+        expected = {"theta": tuple(head.theta.shape)}
+        if head.per_class:
+            expected["class_theta"] = tuple(head.class_theta.shape)
+        got = {name: tuple(t.shape) for name, t in stored.tensors.items()}
+        if got != expected:
+            raise HeadFileError(f"{where}: expected tensors {expected}, got {got}")
+        dtype = stored.tensors["theta"].dtype
+        if not dtype.is_floating_point:
+            raise HeadFileError(f"{where}: theta must be floating point, got {dtype}")
+        head = head.to(dtype)
+        with torch.no_grad():
+            head.theta.copy_(stored.tensors["theta"])
+            if head.per_class:
+                head.class_theta.copy_(stored.tensors["class_theta"])
+        return head
+
+
+def make_optimizer(
+    head: nn.Module, name: Literal["gd", "adam"] = "gd", lr: float = 0.1, **kwargs: Any
+) -> torch.optim.Optimizer:
+    """An optimizer over the head's parameters that projects θᵢ ≥ ε after every step.
+
+    Args:
+        head (ThetaHead): the head to train.
+        name (str): ``"gd"``: the seed's rule Θ ← Θ − α∇J (``torch.optim.SGD`` without momentum);
+            ``"adam"``: ``torch.optim.Adam``.
+        lr (float): the learning rate α.
+        **kwargs: passed to the torch optimizer (e.g. ``betas`` for Adam).
+    """
+    if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not lr > 0:
+        raise ValueError(f"lr must be a positive number, got {lr!r}")
+    params = [p for p in head.parameters() if p.requires_grad]
+    if name == "gd":
+        optimizer: torch.optim.Optimizer = torch.optim.SGD(params, lr=lr, **kwargs)
+    elif name == "adam":
+        optimizer = torch.optim.Adam(params, lr=lr, **kwargs)
+    else:
+        raise ValueError(f"unknown optimizer {name!r}; valid names: {', '.join(OPTIMIZERS)}")
+    project = getattr(head, "project_", None)
+    if project is not None:
+        optimizer.register_step_post_hook(lambda *_: project())
+    return optimizer

@@ -1,0 +1,403 @@
+"""detens inside existing pipelines: an ``Ensemble`` of detectors, Ultralytics ``Results`` fusion, and a
+torchvision post-processing module.
+
+Dimension legend: N models, B images, K boxes in one image.
+
+Every entry point fuses image by image with :func:`detens.fuse`, so the methods and their parameters
+(``method="wbf"``, ``iou_thr=...``, ``method="theta", head=...``) are the same everywhere.
+
+Label spaces:
+
+- ``Ensemble``: detectors return ``Detections`` already in detens' label space (COCO category ids for
+  detens' adapters).
+- ``fuse_results``: inside, a box's label is the COCO category id of its class when the first model's
+  class names are COCO's 80 classes in COCO order (so heads trained on detens' COCO predictions apply),
+  else the first model's class index. Other models' classes are matched to the first model's *by name*,
+  so models whose names are the same set in another order fuse correctly; different name sets are an error.
+- ``TorchvisionFusion``: torchvision's labels (category ids) are kept as they are.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from torch import Tensor, nn
+
+from detens.convert import (
+    _as_image_size,
+    coco_category_ids_for,
+    detections_to_results,
+    detections_to_torchvision,
+    results_to_detections,
+    torchvision_to_detections,
+)
+from detens.detections import Detections
+from detens.fusers import FUSERS, fuse
+
+if TYPE_CHECKING:
+    from ultralytics.engine.results import Results
+
+__all__ = ["Ensemble", "fuse_results", "TorchvisionFusion", "Detector"]
+
+logger = logging.getLogger(__name__)
+
+#: A detector: ``detector(images: list[path | BGR ndarray]) -> list[Detections]`` with a ``.name``.
+Detector = Callable[[Sequence[Any]], Sequence[Detections]]
+
+
+# ------------------------------------------------------------------------------------------------ shared
+def _fusion_params(method: str, head: Any, params: dict[str, Any], model_names: Sequence[str] | None) -> dict:
+    """Check ``method`` and its parameters once, up front; load a head given as a path.
+
+    Raises:
+        ValueError: unknown method (the error lists the valid ones).
+        TypeError: a parameter the method does not take (the error lists the ones it takes).
+    """
+    fuser = FUSERS.get(method)
+    params = dict(params)
+    if head is not None:
+        if isinstance(head, (str, Path)):
+            from detens.heads import load_head
+
+            head = load_head(head, model_names=list(model_names) if model_names is not None else None)
+        params["head"] = head
+    try:
+        signature = inspect.signature(fuser)
+    except (TypeError, ValueError):  # builtins or C callables: let the fuser check
+        return params
+    accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values())
+    if not accepts_any:
+        names = [
+            n
+            for n, p in list(signature.parameters.items())[1:]
+            if p.kind is not inspect.Parameter.VAR_POSITIONAL
+        ]
+        unknown = sorted(set(params) - set(names))
+        if unknown:
+            raise TypeError(f"fusion method {method!r} takes no parameter {unknown}; its parameters: {names}")
+    return params
+
+
+def _check_model_names(model_names: Sequence[str] | None, num_models: int) -> list[str]:
+    if model_names is None:
+        return [f"model{i}" for i in range(num_models)]
+    names = [str(n) for n in model_names]
+    if len(names) != num_models:
+        raise ValueError(f"model_names has {len(names)} names for {num_models} models: {names}")
+    return names
+
+
+# ---------------------------------------------------------------------------------------------- Ensemble
+class Ensemble:
+    """Run several detectors on the same images and fuse their boxes image by image.
+
+    Args:
+        detectors (list[Detector]): callables ``detector(images) -> list[Detections]`` (one per image, in
+            one label space), each with a ``.name`` — e.g. detens' adapters.
+        method (str): a fusion method of :func:`detens.fuse` (``"wbf"``, ``"theta"``, ...).
+        head: for ``method="theta"``: a head or the path of a saved one (checked against the detector names).
+        **params: the method's parameters (``iou_thr``, ``weights``, ...), checked here.
+
+    Example::
+
+        ens = Ensemble([yolo_a, yolo_b], method="wbf", iou_thr=0.55)
+        fused = ens(["bus.jpg"])              # list[Detections], one per image
+        fused = ens.predict("images/")        # a file, folder or glob, like Ultralytics' predict
+    """
+
+    def __init__(
+        self, detectors: Sequence[Detector], method: str = "wbf", head: Any = None, **params: Any
+    ) -> None:
+        if callable(detectors) or not isinstance(detectors, Sequence) or not detectors:
+            raise ValueError("Ensemble needs a non-empty list of detectors")
+        for i, detector in enumerate(detectors):
+            if not callable(detector):
+                raise TypeError(f"detectors[{i}] is not callable: {type(detector).__name__}")
+        self.detectors = list(detectors)
+        self.names = [str(getattr(d, "name", None) or type(d).__name__) for d in self.detectors]
+        if len(set(self.names)) != len(self.names):
+            raise ValueError(
+                f"detector names must be unique (they identify the ensemble's members), got {self.names}"
+            )
+        self.method = method
+        self.params = _fusion_params(method, head, params, self.names)
+
+    def __repr__(self) -> str:
+        return f"Ensemble(detectors={self.names}, method={self.method!r})"
+
+    def run_detectors(self, images: Sequence[Any]) -> list[list[Detections]]:
+        """Every detector on ``images``; returns ``per_model[n][b]``, checked for count and image size."""
+        per_model = []
+        for name, detector in zip(self.names, self.detectors, strict=True):
+            out = list(detector(images))
+            if len(out) != len(images):
+                raise ValueError(f"detector {name!r} returned {len(out)} Detections for {len(images)} images")
+            for b, det in enumerate(out):
+                if not isinstance(det, Detections):
+                    raise TypeError(
+                        f"detector {name!r} returned {type(det).__name__} for image {b}, not Detections"
+                    )
+            per_model.append([d if d.source is not None else d.with_source(name) for d in out])
+        for b in range(len(images)):
+            sizes = [per_model[n][b].image_size for n in range(len(self.detectors))]
+            if len(set(sizes)) != 1:
+                raise ValueError(
+                    f"image {b}: detectors disagree on its size {dict(zip(self.names, sizes, strict=True))}; "
+                    "each detector must report boxes in original-image pixels"
+                )
+        return per_model
+
+    def __call__(self, images: Sequence[Any] | str | Path | np.ndarray) -> list[Detections]:
+        """Detect and fuse.
+
+        Args:
+            images: a list of image paths or BGR ``uint8`` arrays ``[H, W, 3]`` (one path or array is
+                accepted too).
+
+        Returns:
+            list[Detections]: one fused Detections per image, in order.
+        """
+        if isinstance(images, (str, Path, np.ndarray)):
+            images = [images]
+        images = list(images)
+        if not images:
+            return []
+        per_model = self.run_detectors(images)
+        return [
+            fuse([per_model[n][b] for n in range(len(self.detectors))], method=self.method, **self.params)
+            for b in range(len(images))
+        ]
+
+    def predict(
+        self, source: str | Path | Sequence[str | Path], batch_size: int = 8, stream: bool = False
+    ) -> list[Detections] | Iterator[Detections]:
+        """Detect and fuse over a file, folder or glob (``detens.sources.list_images``).
+
+        Images are read once (``detens.sources.read_image``) and handed to every detector as BGR arrays.
+
+        Args:
+            source: an image path, a folder, a glob pattern or a list of paths.
+            batch_size: images per detector call.
+            stream: return a generator instead of a list (constant memory over large folders).
+
+        Returns:
+            one fused Detections per image, in the order of ``detens.sources.list_images(source)``.
+        """
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        from detens.sources import list_images
+
+        paths = list(list_images(source))
+        generator = self._predict_paths(paths, batch_size)
+        return generator if stream else list(generator)
+
+    def _predict_paths(self, paths: Sequence[Path], batch_size: int) -> Iterator[Detections]:
+        from detens.sources import read_image
+
+        for begin in range(0, len(paths), batch_size):
+            batch = paths[begin : begin + batch_size]
+            yield from self([read_image(p) for p in batch])
+
+
+# ---------------------------------------------------------------------------------------- Ultralytics
+def _class_maps(names_per_model: Sequence[Mapping[int, str]]) -> list[dict[int, int]]:
+    """For each model: class index → detens label (see the module docstring)."""
+    for n, names in enumerate(names_per_model):
+        if not isinstance(names, Mapping):
+            raise TypeError(
+                f"model {n}: Results.names must be a dict {{index: name}}, got {type(names).__name__}"
+            )
+        if len(set(names.values())) != len(names):
+            raise ValueError(
+                f"model {n}: duplicate class names in {dict(names)}; classes are matched by name"
+            )
+    reference = names_per_model[0]
+    for n, names in enumerate(names_per_model[1:], start=1):
+        if set(names.values()) != set(reference.values()):
+            only_first = sorted(set(reference.values()) - set(names.values()))
+            only_this = sorted(set(names.values()) - set(reference.values()))
+            raise ValueError(
+                f"models 0 and {n} have different class names: only in model 0: {only_first[:10]}, "
+                f"only in model {n}: {only_this[:10]}; fusion needs one label space"
+            )
+    coco_ids = coco_category_ids_for(reference)
+    label_of_name = {
+        name: (coco_ids[int(index)] if coco_ids is not None else int(index))
+        for index, name in reference.items()
+    }
+    return [{int(index): label_of_name[name] for index, name in names.items()} for names in names_per_model]
+
+
+def _add_speeds(per_model: Sequence[Results], fusion_ms: float) -> dict[str, float | None]:
+    speed: dict[str, float | None] = {}
+    for r in per_model:
+        for key, value in (r.speed or {}).items():
+            if value is not None:
+                speed[key] = (speed.get(key) or 0.0) + float(value)
+            else:
+                speed.setdefault(key, None)
+    speed["postprocess"] = (speed.get("postprocess") or 0.0) + fusion_ms
+    return speed
+
+
+def fuse_results(
+    per_model_results: Sequence[Sequence[Results]],
+    method: str = "wbf",
+    head: Any = None,
+    model_names: Sequence[str] | None = None,
+    **params: Any,
+) -> list[Results]:
+    """Fuse the Ultralytics ``Results`` of several models on the same images.
+
+    Args:
+        per_model_results (list[list[Results]]): ``per_model_results[n][b]``: model n on image b (what
+            ``model(images)`` returns, one list per model; same images in the same order).
+        method (str): a fusion method of :func:`detens.fuse`.
+        head: for ``method="theta"``: a head or the path of a saved one.
+        model_names (list[str] | None): names of the models (stored as ``Detections.source``; a head
+            given as a path is checked against them). Default ``model0, model1, ...``.
+        **params: the method's parameters (``iou_thr``, ``weights``, ...).
+
+    Returns:
+        list[Results]: one per image, with the image, path and class names of the first model's Results;
+        ``.boxes`` holds the fused boxes, so ``.plot()``, ``.save_txt()``, ``.to_json()`` work as usual.
+        ``speed`` sums the models' times, the fusion time added to ``postprocess``.
+
+    Raises:
+        ValueError: lists of different lengths, Results of different images (``orig_shape`` or ``path``
+            differ), different class-name sets, an unknown method.
+    """
+    if isinstance(per_model_results, (str, bytes)) or not isinstance(per_model_results, Sequence):
+        raise TypeError("per_model_results must be a list with one list of Results per model")
+    per_model = [list(results) for results in per_model_results]
+    if not per_model:
+        raise ValueError("per_model_results is empty: pass one list of Results per model")
+    counts = [len(results) for results in per_model]
+    if len(set(counts)) != 1:
+        raise ValueError(
+            f"models returned different numbers of Results {counts}; they must run on the same images"
+        )
+    names = _check_model_names(model_names, len(per_model))
+    # A head given as a path is checked against the model names only when the caller gave them.
+    params = _fusion_params(method, head, params, model_names)
+    if counts[0] == 0:
+        return []
+    for n, results in enumerate(per_model):
+        for b, r in enumerate(results):
+            if getattr(r, "boxes", None) is None or not hasattr(r, "orig_shape"):
+                raise TypeError(
+                    f"per_model_results[{n}][{b}] is not an Ultralytics detection Results: {type(r).__name__}"
+                )
+    class_maps = _class_maps([results[0].names for results in per_model])
+
+    fused_results = []
+    for b in range(counts[0]):
+        column = [per_model[n][b] for n in range(len(per_model))]
+        shapes = [tuple(int(v) for v in r.orig_shape) for r in column]
+        paths = [str(r.path) for r in column]
+        if len(set(shapes)) != 1 or len(set(paths)) != 1:
+            raise ValueError(
+                f"image {b}: the models' Results describe different images "
+                f"(orig_shape {shapes}, path {paths}); pass the same images in the same order to every model"
+            )
+        start = time.perf_counter()
+        per_image = [results_to_detections(r, class_maps[n], source=names[n]) for n, r in enumerate(column)]
+        fused = fuse(per_image, method=method, **params)
+        out = detections_to_results(fused, column[0], class_maps[0])
+        out.speed = _add_speeds(column, (time.perf_counter() - start) * 1000.0)
+        fused_results.append(out)
+    return fused_results
+
+
+# ------------------------------------------------------------------------------------------- torchvision
+class TorchvisionFusion(nn.Module):
+    """Fuse the outputs of several torchvision detection models, as a post-processing module.
+
+    Args:
+        method (str): a fusion method of :func:`detens.fuse`.
+        head: for ``method="theta"``: a head (registered as a submodule, so ``.to(device)`` moves it) or
+            the path of a saved one.
+        model_names (list[str] | None): names of the models (a head given as a path is checked against
+            them). Default ``model0, model1, ...``.
+        **params: the method's parameters (``iou_thr``, ``weights``, ...).
+
+    Example::
+
+        fusion = TorchvisionFusion(method="wbf", iou_thr=0.55)
+        with torch.no_grad():
+            outputs = [model(images) for model in models]          # each: list of B dicts
+            fused = fusion(outputs, [img.shape[-2:] for img in images])
+    """
+
+    def __init__(
+        self, method: str = "wbf", head: Any = None, model_names: Sequence[str] | None = None, **params: Any
+    ) -> None:
+        super().__init__()
+        self.method = method
+        self.model_names = list(model_names) if model_names is not None else None
+        params = _fusion_params(method, head, params, self.model_names)
+        self.head = params.pop("head", None)  # an nn.Module head becomes a submodule
+        self.params = params
+
+    def extra_repr(self) -> str:
+        return f"method={self.method!r}, params={self.params}"
+
+    def forward(
+        self, per_model_outputs: Sequence[Sequence[Mapping[str, Tensor]]], image_sizes: Sequence[Any]
+    ) -> list[dict[str, Tensor]]:
+        """Fuse image by image.
+
+        Args:
+            per_model_outputs: ``per_model_outputs[n][b]`` is model n's output dict for image b
+                (``boxes (Tensor[K, 4])`` xyxy pixels of the original image, ``scores (Tensor[K])``,
+                ``labels (Tensor[K])``), what a torchvision detection model returns in ``eval()``.
+            image_sizes: per image, ``(height, width)`` of the ORIGINAL image (torchvision's outputs
+                do not carry it): tuples, ``torch.Size``, or the image tensors ``[C, H, W]`` themselves.
+
+        Returns:
+            list[dict[str, Tensor]]: one ``{"boxes", "scores", "labels"}`` per image, on the input device,
+            boxes and scores in the dtype of the first model's boxes; other keys (masks, ...) are dropped.
+        """
+        if isinstance(per_model_outputs, Mapping) or not isinstance(per_model_outputs, Sequence):
+            raise TypeError("per_model_outputs must be a list with one list of output dicts per model")
+        per_model = [list(outputs) for outputs in per_model_outputs]
+        if not per_model:
+            raise ValueError("per_model_outputs is empty: pass one list of output dicts per model")
+        for n, outputs in enumerate(per_model):
+            if outputs and isinstance(outputs[0], Tensor):
+                raise TypeError(
+                    f"per_model_outputs[{n}] holds tensors; pass the list of output dicts of model {n}"
+                )
+        counts = [len(outputs) for outputs in per_model]
+        if len(set(counts)) != 1:
+            raise ValueError(
+                f"models returned different numbers of outputs {counts}; they must run on the same images"
+            )
+        if isinstance(image_sizes, Tensor) and image_sizes.ndim == 2 and image_sizes.shape[1] == 2:
+            image_sizes = image_sizes.tolist()  # [B, 2]
+        sizes = [_as_image_size(s, i) for i, s in enumerate(image_sizes)]
+        if len(sizes) != counts[0]:
+            raise ValueError(f"got {len(sizes)} image sizes for {counts[0]} images")
+        names = _check_model_names(self.model_names, len(per_model))
+        params = dict(self.params)
+        if self.head is not None:
+            params["head"] = self.head
+
+        fused_outputs = []
+        for b, size in enumerate(sizes):
+            per_image = [
+                torchvision_to_detections(per_model[n][b], size, source=names[n])
+                for n in range(len(per_model))
+            ]
+            dtype = per_model[0][b]["boxes"].dtype
+            fused = fuse(per_image, method=self.method, **params)
+            fused_outputs.append(
+                detections_to_torchvision(fused, dtype=dtype if dtype.is_floating_point else None)
+            )
+        return fused_outputs

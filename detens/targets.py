@@ -1,0 +1,223 @@
+"""Ground truth → per-cluster training targets for the fusion heads.
+
+Dimension legend: C clusters (matched objects of one image), G ground-truth boxes of that image.
+
+A cluster is matched to a ground-truth box of its class at IoU ≥ ``iou_thr`` (0.5), one-to-one, greedily
+in descending fused score, as COCO evaluation matches detections (``COCOeval.evaluateImg``):
+
+1. each cluster, in score order, takes the still-unmatched non-crowd GT box of its class with the
+   highest IoU ≥ ``iou_thr`` (ties: the lowest GT index);
+2. a cluster that finds none but overlaps a *crowd* GT box (``iscrowd=1``) of its class with
+   ``intersection / area(cluster box) ≥ iou_thr`` (COCO's crowd IoU) is **ignored**: COCO neither
+   rewards nor penalizes it, so it contributes no loss. Crowd boxes can absorb any number of clusters;
+3. every other cluster is unmatched (a false positive): label 0 and no box target.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from torchvision.ops import box_iou
+
+from detens.matching import Clusters
+
+__all__ = ["Targets", "assign_targets"]
+
+
+@dataclass(eq=False)
+class Targets:
+    """Per-cluster targets of one image (or of several, concatenated with :meth:`cat`).
+
+    Args:
+        boxes (Tensor[C, 4]): the matched GT box, normalized xyxy (divided by width/height); zeros when
+            the cluster is not matched.
+        matched (Tensor[C] bool): the cluster found a GT box (target label 1); otherwise label 0.
+        ignore (Tensor[C] bool): the cluster matched only a crowd GT box and contributes no loss.
+        gt_index (Tensor[C] int64 | None): index of the matched GT box, -1 when not matched
+            (filled with -1 when None).
+    """
+
+    boxes: Tensor
+    matched: Tensor
+    ignore: Tensor
+    gt_index: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.boxes.ndim != 2 or self.boxes.shape[1] != 4:
+            raise ValueError(f"Targets.boxes must have shape [C, 4], got {list(self.boxes.shape)}")
+        num = self.boxes.shape[0]
+        device = self.boxes.device
+        if self.gt_index is None:
+            self.gt_index = torch.full((num,), -1, dtype=torch.int64, device=device)
+        for name in ("matched", "ignore", "gt_index"):
+            tensor = getattr(self, name)
+            if not isinstance(tensor, Tensor) or tensor.shape != (num,):
+                shape = list(tensor.shape) if isinstance(tensor, Tensor) else type(tensor).__name__
+                raise ValueError(f"Targets.{name} must have shape [C] = [{num}] to match boxes, got {shape}")
+        if self.matched.dtype != torch.bool or self.ignore.dtype != torch.bool:
+            raise TypeError(
+                f"Targets.matched and Targets.ignore must be bool, got {self.matched.dtype} and {self.ignore.dtype}"
+            )
+        if (self.matched & self.ignore).any():
+            i = int((self.matched & self.ignore).nonzero()[0])
+            raise ValueError(f"Targets: cluster {i} is both matched and ignored")
+
+    def __len__(self) -> int:
+        return int(self.boxes.shape[0])
+
+    @property
+    def device(self) -> torch.device:
+        return self.boxes.device
+
+    def __getitem__(self, index: Tensor | slice) -> Targets:
+        return Targets(self.boxes[index], self.matched[index], self.ignore[index], self.gt_index[index])
+
+    def to(self, device: torch.device | str) -> Targets:
+        return Targets(
+            self.boxes.to(device), self.matched.to(device), self.ignore.to(device), self.gt_index.to(device)
+        )
+
+    @classmethod
+    def empty(cls, device: torch.device | str | None = None) -> Targets:
+        return cls(
+            torch.zeros((0, 4), device=device),
+            torch.zeros((0,), dtype=torch.bool, device=device),
+            torch.zeros((0,), dtype=torch.bool, device=device),
+        )
+
+    @classmethod
+    def cat(cls, items: Sequence[Targets]) -> Targets:
+        """Concatenate the targets of several images (in the same order as their clusters)."""
+        if not items:
+            return cls.empty()
+        return cls(
+            torch.cat([t.boxes for t in items]),
+            torch.cat([t.matched for t in items]),
+            torch.cat([t.ignore for t in items]),
+            torch.cat([t.gt_index for t in items]),
+        )
+
+    def y(self, dtype: torch.dtype | None = None) -> Tensor:
+        """Tensor[C, 5]: the target ``y`` of DESIGN.md §2: GT box (zeros if unmatched) and label 1 / 0."""
+        dtype = dtype or self.boxes.dtype
+        return torch.cat([self.boxes.to(dtype), self.matched.to(dtype)[:, None]], dim=1)
+
+    def weights(self, dtype: torch.dtype | None = None) -> Tensor:
+        """Tensor[C, 5]: the regression weights ``w``: ``(1,1,1,1,1)`` if matched, ``(0,0,0,0,1)`` if not."""
+        dtype = dtype or self.boxes.dtype
+        w = self.matched.to(dtype)[:, None].expand(-1, 5).clone()
+        w[:, 4] = 1
+        return w
+
+
+def _as_tensor(value: Any, dtype: torch.dtype, device: torch.device) -> Tensor:
+    if not isinstance(value, Tensor):
+        value = torch.as_tensor(np.asarray(value))
+    return value.detach().to(device=device, dtype=dtype)
+
+
+def assign_targets(
+    clusters: Clusters,
+    fused_boxes: Tensor,
+    fused_scores: Tensor,
+    gt_boxes: Tensor,
+    gt_labels: Tensor,
+    iou_thr: float = 0.5,
+    gt_iscrowd: Tensor | None = None,
+) -> Targets:
+    """Match the clusters of one image to its ground truth (COCO-style, see the module docstring).
+
+    Args:
+        clusters (Clusters): C clusters; their ``labels`` are in the same label space as ``gt_labels``.
+        fused_boxes (Tensor[C, 4]): the fused boxes, normalized xyxy (what a head returns).
+        fused_scores (Tensor[C]): the fused scores; they fix the greedy order.
+        gt_boxes (Tensor[G, 4]): ground-truth boxes, xyxy in absolute pixels.
+        gt_labels (Tensor[G]): their class ids.
+        iou_thr (float): minimum IoU for a match, in (0, 1].
+        gt_iscrowd (Tensor[G] bool | None): COCO ``iscrowd`` flags; crowd boxes only make clusters ignored.
+
+    Returns:
+        Targets with ``boxes`` normalized by ``clusters.image_size``, on the clusters' device.
+    """
+    if not 0.0 < float(iou_thr) <= 1.0:
+        raise ValueError(f"iou_thr must be in (0, 1], got {iou_thr}")
+    device = clusters.device
+    num_clusters = len(clusters)
+    dtype = (
+        fused_boxes.dtype
+        if isinstance(fused_boxes, Tensor) and fused_boxes.is_floating_point()
+        else torch.float32
+    )
+    fused_boxes = _as_tensor(fused_boxes, dtype, device)
+    fused_scores = _as_tensor(fused_scores, dtype, device)
+    if fused_boxes.shape != (num_clusters, 4):
+        raise ValueError(
+            f"fused_boxes must have shape [C, 4] = [{num_clusters}, 4], got {list(fused_boxes.shape)}"
+        )
+    if fused_scores.shape != (num_clusters,):
+        raise ValueError(
+            f"fused_scores must have shape [C] = [{num_clusters}], got {list(fused_scores.shape)}"
+        )
+    gt_boxes = _as_tensor(gt_boxes, dtype, device)
+    if gt_boxes.numel() == 0:
+        gt_boxes = gt_boxes.reshape(0, 4)
+    if gt_boxes.ndim != 2 or gt_boxes.shape[1] != 4:
+        raise ValueError(f"gt_boxes must have shape [G, 4], got {list(gt_boxes.shape)}")
+    num_gt = gt_boxes.shape[0]
+    gt_labels = _as_tensor(gt_labels, torch.int64, device).reshape(-1)
+    if gt_labels.shape != (num_gt,):
+        raise ValueError(
+            f"gt_labels must have shape [G] = [{num_gt}] to match gt_boxes, got {list(gt_labels.shape)}"
+        )
+    if gt_iscrowd is None:
+        crowd = torch.zeros(num_gt, dtype=torch.bool, device=device)
+    else:
+        crowd = _as_tensor(gt_iscrowd, torch.bool, device).reshape(-1)
+        if crowd.shape != (num_gt,):
+            raise ValueError(f"gt_iscrowd must have shape [G] = [{num_gt}], got {list(crowd.shape)}")
+    if num_gt and not torch.isfinite(gt_boxes).all():
+        raise ValueError("gt_boxes must be finite")
+
+    height, width = clusters.image_size
+    gt_norm = gt_boxes / gt_boxes.new_tensor([width, height, width, height])  # [G, 4]
+    matched = torch.zeros(num_clusters, dtype=torch.bool, device=device)
+    ignore = torch.zeros(num_clusters, dtype=torch.bool, device=device)
+    gt_index = torch.full((num_clusters,), -1, dtype=torch.int64, device=device)
+    if num_clusters == 0 or num_gt == 0:
+        return Targets(torch.zeros((num_clusters, 4), dtype=dtype, device=device), matched, ignore, gt_index)
+
+    same_class = clusters.labels[:, None] == gt_labels[None, :]  # [C, G]
+    iou = box_iou(fused_boxes, gt_norm)  # [C, G]
+    candidate = same_class & ~crowd[None, :] & (iou >= iou_thr)  # [C, G]
+
+    # Greedy one-to-one assignment in score order: sequential by nature, so it runs on the (few) clusters
+    # with at least one candidate, over numpy rows of the precomputed IoU matrix.
+    order = torch.argsort(fused_scores, descending=True, stable=True)
+    order = order[candidate[order].any(1)].cpu().numpy()
+    cand_np = candidate.cpu().numpy()
+    iou_np = np.where(cand_np, iou.detach().cpu().numpy(), -np.inf)  # [C, G]
+    taken = np.zeros(num_gt, dtype=bool)
+    assigned = np.full(num_clusters, -1, dtype=np.int64)
+    for c in order:
+        row = np.where(taken, -np.inf, iou_np[c])
+        g = int(row.argmax())
+        if row[g] > -np.inf:
+            assigned[c] = g
+            taken[g] = True
+    gt_index = torch.from_numpy(assigned).to(device)
+    matched = gt_index >= 0
+    boxes = torch.where(matched[:, None], gt_norm[gt_index.clamp(min=0)], torch.zeros_like(fused_boxes))
+
+    if crowd.any():
+        lt = torch.maximum(fused_boxes[:, None, :2], gt_norm[None, :, :2])  # [C, G, 2]
+        rb = torch.minimum(fused_boxes[:, None, 2:], gt_norm[None, :, 2:])
+        inter = (rb - lt).clamp(min=0).prod(-1)  # [C, G]
+        area = (fused_boxes[:, 2:] - fused_boxes[:, :2]).clamp(min=0).prod(-1)  # [C]
+        crowd_iou = inter / area[:, None].clamp(min=torch.finfo(dtype).tiny)
+        ignore = ~matched & (same_class & crowd[None, :] & (crowd_iou >= iou_thr)).any(1)
+    return Targets(boxes, matched, ignore, gt_index)

@@ -1,0 +1,275 @@
+"""COCO I/O and evaluation on the real 206-image val2017 annotation file in ../shared/data."""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from detens.coco import (
+    METRIC_KEYS,
+    coco_to_detections,
+    detections_to_coco,
+    evaluate_coco,
+    group_results_by_image,
+    load_coco_gt,
+    load_coco_results,
+    save_coco_results,
+)
+from detens.detections import Detections
+from detens.labels import COCO_CATEGORY_IDS
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data" / "coco_val2017_206"
+ANNOTATIONS = DATA / "instances_val2017.json"
+
+
+@pytest.fixture(scope="module")
+def gt():
+    assert ANNOTATIONS.is_file(), f"the shared COCO data must sit beside the repository: {ANNOTATIONS}"
+    return load_coco_gt(ANNOTATIONS, images_dir=DATA / "images")
+
+
+@pytest.fixture(scope="module")
+def raw():
+    return json.loads(ANNOTATIONS.read_text())
+
+
+def gt_as_predictions(gt, image_ids=None, include_crowd=False, shift=0.0):
+    """The ground truth written as COCO results with score 1, boxes shifted right by ``shift`` × width."""
+    results = []
+    for image_id in gt.image_ids if image_ids is None else image_ids:
+        det = gt.detections(image_id, include_crowd=include_crowd)
+        boxes = det.boxes.clone()
+        width = boxes[:, 2] - boxes[:, 0]
+        boxes[:, 0] += shift * width
+        boxes[:, 2] += shift * width
+        results += detections_to_coco(Detections(boxes, det.scores, det.labels, det.image_size), image_id)
+    return results
+
+
+def random_detections(seed: int, num_boxes: int, image_size=(480, 640)) -> Detections:
+    g = torch.Generator().manual_seed(seed)
+    height, width = image_size
+    xy = torch.rand(num_boxes, 2, generator=g) * torch.tensor([width, height])
+    wh = torch.rand(num_boxes, 2, generator=g) * 200
+    boxes = torch.cat([xy, xy + wh], dim=1)
+    scores = torch.rand(num_boxes, generator=g)
+    labels = torch.tensor(COCO_CATEGORY_IDS)[torch.randint(0, 80, (num_boxes,), generator=g)]
+    return Detections(boxes, scores, labels, image_size, source="random")
+
+
+class TestGroundTruth:
+    def test_matches_the_annotation_file(self, gt, raw):
+        assert len(gt) == len(raw["images"]) == 206
+        assert gt.image_ids == sorted(im["id"] for im in raw["images"])
+        assert gt.category_ids == sorted(COCO_CATEGORY_IDS)
+        image = raw["images"][0]
+        assert gt.image_size(image["id"]) == (image["height"], image["width"])
+        assert gt.file_name(image["id"]) == image["file_name"]
+        assert gt.image_path(image["id"]).is_file()
+        assert sum(int(gt.targets(i)[2].sum()) for i in gt.image_ids) == sum(
+            a["iscrowd"] for a in raw["annotations"]
+        )
+
+    def test_targets_are_xyxy_pixels(self, gt, raw):
+        ann = raw["annotations"][0]
+        anns = [a for a in raw["annotations"] if a["image_id"] == ann["image_id"]]
+        boxes, labels, iscrowd = gt.targets(ann["image_id"])
+        assert boxes.shape == (len(anns), 4) and boxes.dtype == torch.float32
+        assert labels.dtype == torch.int64 and iscrowd.dtype == torch.bool
+        x, y, w, h = ann["bbox"]
+        i = anns.index(ann)
+        torch.testing.assert_close(boxes[i], torch.tensor([x, y, x + w, y + h], dtype=torch.float32))
+        assert int(labels[i]) == ann["category_id"]
+
+    def test_image_without_annotations_gives_empty_targets(self, gt):
+        empty = [i for i in gt.image_ids if i not in set(gt.annotated_image_ids)]
+        assert empty, "the shared file has images without annotations"
+        boxes, labels, iscrowd = gt.targets(empty[0])
+        assert boxes.shape == (0, 4) and labels.shape == (0,) and iscrowd.shape == (0,)
+        assert len(gt.detections(empty[0])) == 0
+
+    def test_unknown_image_id(self, gt):
+        with pytest.raises(KeyError, match="not in the ground truth"):
+            gt.image_size(-5)
+
+    def test_accepts_dict_and_pycocotools(self, gt, raw):
+        from pycocotools.coco import COCO
+
+        assert load_coco_gt(raw).image_ids == gt.image_ids
+        assert load_coco_gt(gt.coco).image_ids == gt.image_ids
+        assert isinstance(gt.coco, COCO)
+
+    def test_rejects_results_and_junk(self, tmp_path):
+        path = tmp_path / "results.json"
+        path.write_text("[]")
+        with pytest.raises(ValueError, match="not a COCO annotation file"):
+            load_coco_gt(path)
+        with pytest.raises(ValueError, match="lacks"):
+            load_coco_gt({"images": []})
+        with pytest.raises(FileNotFoundError):
+            load_coco_gt(tmp_path / "missing.json")
+
+
+class TestEvaluate:
+    def test_ground_truth_as_predictions_scores_one(self, gt):
+        metrics = evaluate_coco(ANNOTATIONS, gt_as_predictions(gt, include_crowd=True))
+        assert list(metrics) == list(METRIC_KEYS)
+        for key in ("map", "map50", "map75", "map_small", "map_medium", "map_large", "mar_100"):
+            assert metrics[key] == pytest.approx(1.0), key
+
+    def test_shifted_boxes_score_lower_as_predicted(self, gt):
+        # Shifting every box by 10 % of its width gives IoU 0.9 / 1.1 = 0.818 with its own ground truth:
+        # a hit at the 7 thresholds 0.50 ... 0.80, a miss at 0.85 ... 0.95, so AP@[.5:.95] ≈ 0.7.
+        metrics = evaluate_coco(gt, gt_as_predictions(gt, shift=0.1))
+        assert metrics["map50"] == pytest.approx(1.0, abs=0.01)
+        assert metrics["map75"] == pytest.approx(1.0, abs=0.01)
+        assert metrics["map"] == pytest.approx(0.7, abs=0.02)
+
+    def test_image_ids_restrict_the_evaluation(self, gt):
+        fold = gt.annotated_image_ids[:40]
+        half, other = fold[:20], fold[20:]
+        predictions = gt_as_predictions(gt, image_ids=half)
+        assert evaluate_coco(gt, predictions, image_ids=half)["map"] == pytest.approx(1.0)
+        assert evaluate_coco(gt, predictions, image_ids=other)["map"] == 0.0
+        both = evaluate_coco(gt, predictions, image_ids=fold)["map"]
+        assert 0.0 < both < 0.9
+        with pytest.raises(ValueError, match="image_ids not in the ground truth"):
+            evaluate_coco(gt, predictions, image_ids=[half[0], 123456789])
+
+    def test_default_is_the_annotated_images(self, gt):
+        negatives = sorted(set(gt.image_ids) - set(gt.annotated_image_ids))
+        assert negatives, "the shared annotation file lists images without annotations"
+        predictions = gt_as_predictions(gt) + [
+            {"image_id": negatives[0], "category_id": gt.category_ids[0], "bbox": [1, 1, 5, 5], "score": 1.0}
+        ]
+        assert evaluate_coco(gt, predictions)["map"] == pytest.approx(1.0)
+        assert evaluate_coco(gt, predictions, image_ids=gt.image_ids)["map"] < 1.0
+
+    def test_faster_backend_agrees_with_pycocotools(self, gt):
+        predictions = gt_as_predictions(gt, shift=0.07)[::2]
+        reference = evaluate_coco(gt, predictions)
+        faster = evaluate_coco(gt, predictions, backend="faster")
+        assert faster == pytest.approx(reference, abs=1e-9)
+        with pytest.raises(ValueError, match="backend"):
+            evaluate_coco(gt, predictions, backend="fast")
+
+    def test_empty_predictions_give_zeros(self, gt):
+        metrics = evaluate_coco(gt, [])
+        assert metrics == {key: 0.0 for key in METRIC_KEYS}
+
+    def test_unknown_category_is_named(self, gt):
+        predictions = gt_as_predictions(gt, image_ids=gt.image_ids[:3])
+        predictions[0] = {**predictions[0], "category_id": 12}  # 12 is a gap in COCO's ids
+        predictions.append({**predictions[1], "category_id": 999})
+        with pytest.raises(ValueError, match=r"category ids \[12, 999\]"):
+            evaluate_coco(gt, predictions)
+
+    def test_predictions_on_unknown_images_are_dropped(self, gt, caplog):
+        image_id = gt.annotated_image_ids[0]
+        predictions = gt_as_predictions(gt, image_ids=[image_id])
+        stray = {**predictions[0], "image_id": 987654321}
+        with caplog.at_level(logging.WARNING, logger="detens.coco"):
+            metrics = evaluate_coco(gt, predictions + [stray], image_ids=[image_id])
+        assert metrics["map"] == pytest.approx(1.0)
+        assert "dropped 1 predictions" in caplog.text
+
+    def test_results_file_and_inputs_untouched(self, gt, raw, tmp_path):
+        image_ids = gt.annotated_image_ids[:20]
+        predictions = gt_as_predictions(gt, image_ids=image_ids, shift=0.05)
+        raw_copy, predictions_copy = copy.deepcopy(raw), copy.deepcopy(predictions)
+        path = save_coco_results(predictions, tmp_path / "out" / "results.json")
+        from_list = evaluate_coco(raw, predictions, image_ids=image_ids)
+        from_file = evaluate_coco(raw, path, image_ids=image_ids)
+        assert from_list == from_file
+        assert raw == raw_copy and predictions == predictions_copy
+
+    def test_nothing_is_printed(self, gt, capsys):
+        evaluate_coco(gt, gt_as_predictions(gt, image_ids=gt.image_ids[:5]), image_ids=gt.image_ids[:5])
+        assert capsys.readouterr().out == ""
+
+
+class TestConversions:
+    @pytest.mark.parametrize("seed", range(5))
+    def test_exact_round_trip_without_rounding(self, seed):
+        det = random_detections(seed, num_boxes=50)
+        results = detections_to_coco(det, image_id=7, decimals=None)
+        back = coco_to_detections(results, det.image_size, source="random")
+        assert torch.equal(back.boxes, det.boxes)
+        assert torch.equal(back.scores, det.scores)
+        assert torch.equal(back.labels, det.labels)
+        assert back.image_size == det.image_size and back.source == "random"
+
+    def test_round_trip_with_default_rounding(self):
+        det = random_detections(11, num_boxes=100)
+        results = detections_to_coco(det, image_id=7)
+        assert all(r["image_id"] == 7 and isinstance(r["category_id"], int) for r in results)
+        back = coco_to_detections(results, det.image_size)
+        torch.testing.assert_close(back.boxes, det.boxes, atol=1e-3, rtol=0)
+        torch.testing.assert_close(back.scores, det.scores, atol=1e-5, rtol=0)
+        assert torch.equal(back.labels, det.labels)
+
+    def test_xywh_layout(self):
+        det = Detections([[10.0, 20.0, 110.0, 70.0]], [0.5], [3], (100, 200))
+        assert detections_to_coco(det, 1) == [
+            {"image_id": 1, "category_id": 3, "bbox": [10.0, 20.0, 100.0, 50.0], "score": 0.5}
+        ]
+
+    def test_empty(self):
+        det = Detections.empty((10, 20))
+        assert detections_to_coco(det, 1) == []
+        back = coco_to_detections([], (10, 20))
+        assert len(back) == 0 and back.image_size == (10, 20)
+
+    def test_several_images(self):
+        results = detections_to_coco(random_detections(1, 4), 1) + detections_to_coco(
+            random_detections(2, 3), 2
+        )
+        with pytest.raises(ValueError, match="image_id="):
+            coco_to_detections(results, (480, 640))
+        assert len(coco_to_detections(results, (480, 640), image_id=2)) == 3
+        assert {k: len(v) for k, v in group_results_by_image(results).items()} == {1: 4, 2: 3}
+
+
+class TestResultsFiles:
+    def test_save_load_round_trip(self, tmp_path):
+        results = detections_to_coco(random_detections(3, 20), 5)
+        path = save_coco_results(results, tmp_path / "r.json")
+        assert load_coco_results(path) == results
+        assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no temporary file left
+
+    @pytest.mark.parametrize(
+        ("content", "message"),
+        [
+            ('{"images": [], "annotations": []}', "annotation file"),
+            ("[1, 2]", r"\[0\] must be a dict"),
+            ('[{"image_id": 1, "bbox": [0, 0, 1, 1], "score": 0.5}]', "lacks \\['category_id'\\]"),
+            ('[{"image_id": 1, "category_id": 1, "bbox": [0, 0, 1], "score": 0.5}]', "bbox must be 4 finite"),
+            ('[{"image_id": 1, "category_id": 1, "bbox": [0, 0, -1, 1], "score": 0.5}]', "negative width"),
+            ('[{"image_id": 1, "category_id": 1, "bbox": [0, 0, 1, 1], "score": "high"}]', "score must be"),
+            (
+                '[{"image_id": "a", "category_id": 1, "bbox": [0, 0, 1, 1], "score": 0.5}]',
+                "image_id must be an integer",
+            ),
+            ("[{", "not valid JSON"),
+        ],
+    )
+    def test_schema_errors(self, tmp_path, content, message):
+        path = tmp_path / "bad.json"
+        path.write_text(content)
+        with pytest.raises((ValueError, TypeError), match=message):
+            load_coco_results(path)
+
+    def test_missing_file(self, tmp_path):
+        with pytest.raises(FileNotFoundError, match="missing.json"):
+            load_coco_results(tmp_path / "missing.json")
+
+    def test_save_rejects_bad_results(self, tmp_path):
+        with pytest.raises(ValueError, match="lacks"):
+            save_coco_results([{"image_id": 1}], tmp_path / "r.json")
+        assert not (tmp_path / "r.json").exists()

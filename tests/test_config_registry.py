@@ -1,0 +1,74 @@
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pytest
+
+from detens.config import from_dict, load_yaml_config, save_yaml_config
+from detens.registry import Registry
+
+
+@dataclass
+class Inner:
+    lr: float = 0.1
+    optimizer: Literal["gd", "adam"] = "gd"
+
+
+@dataclass
+class Outer:
+    name: str = "x"
+    epochs: int = 3
+    weights: list[float] | None = None
+    inner: Inner = field(default_factory=Inner)
+
+
+class TestFromDict:
+    def test_nested_and_defaults(self):
+        cfg = from_dict(Outer, {"epochs": 5, "inner": {"lr": 1}, "weights": [1, 2]})
+        assert cfg.epochs == 5 and cfg.inner.lr == 1.0 and isinstance(cfg.inner.lr, float)
+        assert cfg.weights == [1.0, 2.0] and cfg.inner.optimizer == "gd"
+
+    def test_unknown_key_suggests_the_nearest(self):
+        with pytest.raises(ValueError, match=r"unknown key 'epoch'.*Did you mean 'epochs'"):
+            from_dict(Outer, {"epoch": 5})
+        with pytest.raises(ValueError, match=r"unknown key 'lrr' in Outer.inner.*Did you mean 'lr'"):
+            from_dict(Outer, {"inner": {"lrr": 5}})
+
+    @pytest.mark.parametrize(
+        "data, fragment",
+        [
+            ({"epochs": "five"}, "expected an integer"),
+            ({"epochs": 2.5}, "expected an integer"),
+            ({"inner": {"optimizer": "sgd"}}, "'sgd' is not one of 'gd', 'adam'"),
+            ({"weights": "1,2"}, "does not fit"),
+            ({"inner": 3}, "expected a mapping"),
+        ],
+    )
+    def test_wrong_types(self, data, fragment):
+        with pytest.raises((TypeError, ValueError), match=fragment):
+            from_dict(Outer, data)
+
+    def test_yaml_round_trip_and_overrides(self, tmp_path):
+        path = tmp_path / "c.yaml"
+        save_yaml_config(from_dict(Outer, {"epochs": 9}), path)
+        cfg = load_yaml_config(Outer, path, overrides={"name": "cli", "epochs": None})
+        assert cfg.epochs == 9 and cfg.name == "cli"
+
+    def test_missing_file(self, tmp_path):
+        with pytest.raises(FileNotFoundError, match="nope.yaml"):
+            load_yaml_config(Outer, tmp_path / "nope.yaml")
+
+
+class TestRegistry:
+    def test_unknown_name_lists_valid_names(self):
+        reg = Registry("fusion method")
+        reg.register("wbf")(len)
+        reg.register("nms")(len)
+        assert reg.get("wbf") is len and reg.names() == ["nms", "wbf"]
+        with pytest.raises(ValueError, match=r"unknown fusion method 'wfb'; valid names: nms, wbf\. Did you mean 'wbf'"):
+            reg.get("wfb")
+        with pytest.raises(ValueError, match="already registered"):
+            reg.register("wbf")(len)
+        with pytest.raises(TypeError):
+            reg.get(3)

@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from detens import Detections
+
+GOOD = dict(boxes=[[0, 0, 10, 10], [5, 5, 8, 9]], scores=[0.9, 0.1], labels=[1, 3], image_size=(20, 30))
+
+
+def make(**changes):
+    kwargs = dict(GOOD)
+    kwargs.update(changes)
+    return Detections(**kwargs)
+
+
+class TestConstruction:
+    def test_converts_lists_and_numpy(self):
+        det = make(boxes=np.array(GOOD["boxes"], dtype=np.float64), labels=np.array([1, 3], dtype=np.int32))
+        assert det.boxes.dtype == torch.float32
+        assert det.labels.dtype == torch.int64
+        assert det.image_size == (20, 30)
+        assert len(det) == 2
+
+    def test_does_not_modify_the_callers_tensor(self):
+        boxes = torch.tensor(GOOD["boxes"], dtype=torch.float64)
+        det = make(boxes=boxes)
+        det.clip().boxes.add_(1)
+        assert torch.equal(boxes, torch.tensor(GOOD["boxes"], dtype=torch.float64))
+
+    def test_empty(self):
+        det = Detections.empty((4, 5))
+        assert len(det) == 0 and det.boxes.shape == (0, 4) and det.labels.dtype == torch.int64
+        assert len(make(boxes=[], scores=[], labels=[])) == 0
+
+    @pytest.mark.parametrize(
+        "changes, error, fragment",
+        [
+            (dict(boxes=[[0, 0, 10]] * 2), ValueError, "boxes must have shape [K, 4]"),
+            (dict(scores=[0.9]), ValueError, "scores must have shape [K] = [2]"),
+            (dict(labels=[1, 2, 3]), ValueError, "labels must have shape"),
+            (dict(boxes=[[0, 0, 10, 10], [5, 5, float("nan"), 9]]), ValueError, "boxes[1] is not finite"),
+            (dict(boxes=[[0, 0, 10, 10], [5, 5, float("inf"), 9]]), ValueError, "boxes[1] is not finite"),
+            (dict(boxes=[[10, 0, 0, 10], [5, 5, 8, 9]]), ValueError, "boxes[0] = [10.0, 0.0, 0.0, 10.0] has x2 < x1"),
+            (dict(scores=[0.9, 1.2]), ValueError, "scores[1] = 1.2"),
+            (dict(scores=[-0.1, 0.5]), ValueError, "scores[0]"),
+            (dict(labels=[1, -1]), ValueError, "labels[1] = -1.0"),
+            (dict(labels=[1.5, 2]), ValueError, "labels[0] = 1.5"),
+            (dict(image_size=(0, 30)), ValueError, "image_size must be positive"),
+            (dict(image_size=(20,)), ValueError, "image_size must be (height, width)"),
+            (dict(boxes="abc"), TypeError, "boxes must be"),
+            (dict(labels=[True, False]), TypeError, "labels must be real-valued"),
+        ],
+    )
+    def test_bad_input_names_the_offender(self, changes, error, fragment):
+        with pytest.raises(error) as info:
+            make(**changes)
+        assert fragment in str(info.value)
+
+
+class TestProtocol:
+    def test_indexing(self):
+        det = make()
+        assert len(det[torch.tensor([False, True])]) == 1
+        assert det[1].scores.tolist() == pytest.approx([0.1])
+        assert det[-1].labels.tolist() == [3]
+        assert det[[1, 0]].labels.tolist() == [3, 1]
+        assert len(det[det.scores > 2]) == 0
+        with pytest.raises(IndexError):
+            det[torch.tensor([True])]
+
+    def test_clip_and_area(self):
+        det = make(boxes=[[-5, -5, 40, 10], [5, 5, 8, 9]]).clip()
+        assert det.boxes[0].tolist() == [0, 0, 30, 10]
+        assert det.area().tolist() == [300, 12]
+
+    def test_concat_and_sort(self):
+        det = Detections.concat([make(), make(scores=[0.2, 0.95])])
+        assert len(det) == 4
+        assert det.sort_by_score().scores.tolist() == pytest.approx([0.95, 0.9, 0.2, 0.1])
+        with pytest.raises(ValueError, match="different image sizes"):
+            Detections.concat([make(), make(image_size=(5, 5))])
+
+    def test_normalized_boxes(self):
+        torch.testing.assert_close(make().normalized_boxes()[0], torch.tensor([0, 0, 10 / 30, 10 / 20]))
+
+    @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+    def test_to_cuda(self):
+        det = make().to("cuda")
+        assert det.boxes.device.type == det.labels.device.type == "cuda"
+        assert det.device.type == "cuda"

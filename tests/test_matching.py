@@ -1,0 +1,218 @@
+"""``detens.match`` against a slow, obviously correct pure-Python reference."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from detens import Detections, match
+from detens.matching import Clusters
+
+
+def _iou(a, b):
+    iw = min(a[2], b[2]) - max(a[0], b[0])
+    ih = min(a[3], b[3]) - max(a[1], b[1])
+    inter = max(iw, 0.0) * max(ih, 0.0)
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return inter / union
+
+
+def reference_match(per_model, iou_thr):
+    """Returns a list of clusters, each (label, {model: box index}), in the order match() documents."""
+    height, width = per_model[0].image_size
+    boxes = []  # (model, index, box normalized, score, label)
+    for m, det in enumerate(per_model):
+        for i in range(len(det)):
+            x1, y1, x2, y2 = det.boxes[i].tolist()
+            x1, x2 = min(max(x1, 0), width), min(max(x2, 0), width)
+            y1, y2 = min(max(y1, 0), height), min(max(y2, 0), height)
+            if x2 - x1 <= 0 or y2 - y1 <= 0:
+                continue
+            boxes.append((m, i, (x1 / width, y1 / height, x2 / width, y2 / height), float(det.scores[i]), int(det.labels[i])))
+    clusters = []
+    pending = list(range(len(boxes)))
+    while pending:
+        by_score = sorted(pending, key=lambda k: -boxes[k][3])
+        seeds = []
+        for k in by_score:  # greedy NMS per class
+            if all(boxes[s][4] != boxes[k][4] or _iou(boxes[s][2], boxes[k][2]) <= iou_thr for s in seeds):
+                seeds.append(k)
+        members = {s: [] for s in seeds}
+        for k in pending:
+            if k in members:
+                members[k].append(k)
+                continue
+            same = [s for s in seeds if boxes[s][4] == boxes[k][4]]
+            best = max(same, key=lambda s: _iou(boxes[s][2], boxes[k][2]))
+            members[best].append(k)
+        leftover = []
+        for s in seeds:
+            chosen = {}
+            for k in sorted(members[s], key=lambda k: -boxes[k][3]):
+                m = boxes[k][0]
+                if m in chosen:
+                    leftover.append(k)
+                else:
+                    chosen[m] = k
+            clusters.append((boxes[s][4], {m: boxes[k][1] for m, k in chosen.items()}))
+        pending = leftover
+    return clusters
+
+
+def random_per_model(rng: random.Random, num_models: int, image_size=(120, 160), num_objects=12, num_classes=3):
+    height, width = image_size
+    objects = []
+    for _ in range(num_objects):
+        x, y = rng.uniform(-10, width - 10), rng.uniform(-10, height - 10)
+        w, h = rng.uniform(4, 60), rng.uniform(4, 60)
+        objects.append(((x, y, x + w, y + h), rng.randrange(num_classes)))
+    per_model = []
+    for _ in range(num_models):
+        boxes, scores, labels = [], [], []
+        if rng.random() < 0.15:
+            per_model.append(Detections.empty(image_size))
+            continue
+        for (x1, y1, x2, y2), label in objects:
+            for _ in range(rng.choice([0, 1, 1, 1, 2])):  # missed, found, or found twice
+                j = [rng.gauss(0, 3) for _ in range(4)]
+                bx = (x1 + j[0], y1 + j[1], x2 + j[2], y2 + j[3])
+                boxes.append((min(bx[0], bx[2]), min(bx[1], bx[3]), max(bx[0], bx[2]), max(bx[1], bx[3])))
+                scores.append(rng.random())
+                labels.append(label if rng.random() > 0.1 else rng.randrange(num_classes))
+        per_model.append(Detections(torch.tensor(boxes).reshape(-1, 4), scores, labels, image_size))
+    return per_model
+
+
+def as_reference_form(clusters: Clusters):
+    out = []
+    for c in range(len(clusters)):
+        rows = {m: int(clusters.source_index[c, m]) for m in range(clusters.num_models) if clusters.present[c, m]}
+        out.append((int(clusters.labels[c]), rows))
+    return out
+
+
+class TestMatchAgainstReference:
+    @pytest.mark.parametrize("seed", range(60))
+    @pytest.mark.parametrize("iou_thr", [0.3, 0.55, 0.75])
+    def test_same_clusters(self, seed, iou_thr):
+        rng = random.Random(seed)
+        per_model = random_per_model(rng, num_models=rng.randint(1, 5))
+        clusters = match(per_model, iou_thr=iou_thr)
+        assert as_reference_form(clusters) == reference_match(per_model, iou_thr)
+
+
+class TestMatchInvariants:
+    @pytest.mark.parametrize("seed", range(20))
+    def test_rows_copy_source_boxes_and_absent_rows_are_imputed(self, seed):
+        rng = random.Random(seed)
+        per_model = random_per_model(rng, num_models=3)
+        clusters = match(per_model)
+        height, width = per_model[0].image_size
+        scale = torch.tensor([width, height, width, height])
+        for c in range(len(clusters)):
+            present = clusters.present[c]
+            assert present.any()
+            for m in range(3):
+                row = clusters.preds[c, m]
+                if present[m]:
+                    det = per_model[m].clip()
+                    i = int(clusters.source_index[c, m])
+                    assert int(det.labels[i]) == int(clusters.labels[c])
+                    torch.testing.assert_close(row[:4] * scale, det.boxes[i])
+                    assert float(row[4]) == pytest.approx(float(det.scores[i]))
+                else:
+                    assert int(clusters.source_index[c, m]) == -1
+                    assert float(row[4]) == 0.0
+                    mean_box = clusters.preds[c, present, :4].mean(0)
+                    torch.testing.assert_close(row[:4], mean_box)
+
+    def test_every_box_with_area_lands_in_exactly_one_cluster(self):
+        per_model = random_per_model(random.Random(7), num_models=4, num_objects=30)
+        clusters = match(per_model)
+        for m, det in enumerate(per_model):
+            used = clusters.source_index[:, m]
+            used = used[used >= 0]
+            assert used.unique().numel() == used.numel()
+            assert used.numel() == int((det.clip().area() > 0).sum())
+
+    def test_one_model_two_overlapping_boxes_make_two_clusters(self):
+        a = Detections([[0, 0, 10, 10], [0, 0, 10, 11]], [0.9, 0.8], [1, 1], (20, 20))
+        b = Detections([[0, 0, 10, 10]], [0.7], [1], (20, 20))
+        clusters = match([a, b])
+        assert as_reference_form(clusters) == [(1, {0: 0, 1: 0}), (1, {0: 1})]
+
+    def test_classes_never_mix(self):
+        a = Detections([[0, 0, 10, 10]], [0.9], [1], (20, 20))
+        b = Detections([[0, 0, 10, 10]], [0.9], [2], (20, 20))
+        clusters = match([a, b])
+        assert len(clusters) == 2
+        assert clusters.present.sum(1).tolist() == [1, 1]
+
+    def test_threshold_is_strict(self):
+        # IoU exactly 0.5 (inter 100, union 200): matched only when the threshold is below it.
+        a = Detections([[0, 0, 10, 10]], [0.9], [0], (40, 40))
+        b = Detections([[0, 0, 20, 10]], [0.8], [0], (40, 40))
+        assert len(match([a, b], iou_thr=0.5)) == 2
+        assert len(match([a, b], iou_thr=0.49)) == 1
+
+    def test_model_order_permutes_columns_only(self):
+        per_model = random_per_model(random.Random(3), num_models=3)
+        forward = match(per_model)
+        backward = match(per_model[::-1])
+        key = lambda cl: sorted(  # noqa: E731
+            (lab, tuple(sorted(rows.items()))) for lab, rows in as_reference_form(cl)
+        )
+        flipped = [(lab, {2 - m: i for m, i in rows.items()}) for lab, rows in as_reference_form(backward)]
+        assert key(forward) == sorted((lab, tuple(sorted(rows.items()))) for lab, rows in flipped)
+
+
+class TestMatchEdgeCases:
+    def test_all_models_empty(self):
+        clusters = match([Detections.empty((10, 20)), Detections.empty((10, 20))])
+        assert len(clusters) == 0
+        assert clusters.preds.shape == (0, 2, 5)
+        assert clusters.present.dtype == torch.bool
+
+    def test_boxes_entirely_outside_the_image_are_dropped(self):
+        a = Detections([[30, 30, 40, 40], [1, 1, 5, 5]], [0.9, 0.5], [0, 0], (20, 20))
+        clusters = match([a])
+        assert clusters.source_index[:, 0].tolist() == [1]
+
+    def test_boxes_partly_outside_are_clipped(self):
+        a = Detections([[-5, -5, 10, 10]], [0.9], [0], (20, 20))
+        clusters = match([a])
+        torch.testing.assert_close(clusters.preds[0, 0, :4], torch.tensor([0.0, 0.0, 0.5, 0.5]))
+
+    @pytest.mark.parametrize(
+        "bad, error",
+        [
+            ([], ValueError),
+            (Detections.empty((5, 5)), TypeError),
+            ([Detections.empty((5, 5)), "boxes"], TypeError),
+            ([Detections.empty((5, 5)), Detections.empty((6, 5))], ValueError),
+        ],
+    )
+    def test_bad_input(self, bad, error):
+        with pytest.raises(error):
+            match(bad)
+
+    def test_bad_threshold(self):
+        with pytest.raises(ValueError, match="iou_thr"):
+            match([Detections.empty((5, 5))], iou_thr=1.5)
+
+    def test_inputs_not_mutated(self):
+        per_model = random_per_model(random.Random(1), num_models=2)
+        before = [(d.boxes.clone(), d.scores.clone(), d.labels.clone()) for d in per_model]
+        match(per_model)
+        for d, (b, s, lab) in zip(per_model, before):
+            assert torch.equal(d.boxes, b) and torch.equal(d.scores, s) and torch.equal(d.labels, lab)
+
+    @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+    def test_cuda_matches_cpu(self):
+        per_model = random_per_model(random.Random(2), num_models=3)
+        cpu = match(per_model)
+        gpu = match([d.to("cuda") for d in per_model])
+        assert gpu.preds.device.type == "cuda"
+        assert as_reference_form(gpu.to("cpu")) == as_reference_form(cpu)

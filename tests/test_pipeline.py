@@ -1,0 +1,412 @@
+"""detens inside existing pipelines: conversions, fuse_results (real Ultralytics models), TorchvisionFusion
+(real torchvision architectures) and Ensemble."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import detens
+from detens.convert import (
+    coco_category_ids_for,
+    detections_to_results,
+    detections_to_torchvision,
+    results_to_detections,
+    torchvision_to_detections,
+)
+from detens.detections import Detections
+from detens.labels import COCO_CATEGORY_IDS, COCO_NAMES
+from detens.pipeline import Ensemble, TorchvisionFusion, fuse_results
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+MODELS = {
+    "yolov8n_int8": SHARED / "models" / "yolov8n_int8_tflite" / "yolov8n_int8.tflite",
+    "yolo11n_int8": SHARED / "models" / "yolo11n_int8_openvino_model",
+}
+COCO_IMAGES = SHARED / "data" / "coco_val2017_206" / "images"
+COCO80 = dict(enumerate(COCO_NAMES))
+METHOD = "wbf"
+
+
+def make_results(boxes, conf, cls, shape=(480, 640), path="image0.jpg", names=None):
+    """A real Ultralytics Results built from tensors, as a model's postprocess builds it."""
+    from ultralytics.engine.results import Results
+
+    data = torch.cat(
+        [
+            torch.as_tensor(boxes, dtype=torch.float32).reshape(-1, 4),
+            torch.as_tensor(conf, dtype=torch.float32)[:, None],
+            torch.as_tensor(cls, dtype=torch.float32)[:, None],
+        ],
+        dim=1,
+    )
+    image = np.zeros((*shape, 3), dtype=np.uint8)
+    return Results(orig_img=image, path=path, names=COCO80 if names is None else names, boxes=data)
+
+
+def random_boxes(seed, k, shape=(480, 640)):
+    g = torch.Generator().manual_seed(seed)
+    height, width = shape
+    xy = torch.rand(k, 2, generator=g) * torch.tensor([width * 0.8, height * 0.8])
+    wh = torch.rand(k, 2, generator=g) * torch.tensor([width * 0.2, height * 0.2]) + 1
+    return torch.cat([xy, xy + wh], 1), torch.rand(k, generator=g), torch.randint(0, 80, (k,), generator=g)
+
+
+# ------------------------------------------------------------------------------------------ conversions
+class TestConversions:
+    @pytest.mark.parametrize("seed", range(4))
+    def test_results_round_trip_is_exact(self, seed):
+        boxes, conf, cls = random_boxes(seed, 30)
+        result = make_results(boxes, conf, cls)
+        det = results_to_detections(result, COCO_CATEGORY_IDS, source="m")
+        assert det.image_size == (480, 640) and det.source == "m"
+        assert torch.equal(det.boxes, boxes) and torch.equal(det.scores, conf)
+        assert torch.equal(det.labels, torch.tensor(COCO_CATEGORY_IDS)[cls])
+        back = detections_to_results(det, result, COCO_CATEGORY_IDS)
+        assert torch.equal(back.boxes.data, result.boxes.data)
+        assert (
+            back.orig_shape == result.orig_shape and back.path == result.path and back.names == result.names
+        )
+
+    def test_results_class_indices_kept_without_map(self):
+        boxes, conf, cls = random_boxes(9, 5)
+        det = results_to_detections(make_results(boxes, conf, cls))
+        assert torch.equal(det.labels, cls)
+
+    def test_results_empty(self):
+        result = make_results(torch.zeros(0, 4), torch.zeros(0), torch.zeros(0))
+        det = results_to_detections(result, COCO_CATEGORY_IDS)
+        assert len(det) == 0 and det.image_size == (480, 640)
+        assert detections_to_results(det, result, COCO_CATEGORY_IDS).boxes.data.shape == (0, 6)
+
+    def test_results_errors(self):
+        result = make_results(*random_boxes(1, 3))
+        with pytest.raises(ValueError, match="no entry in category_ids"):
+            results_to_detections(result, COCO_CATEGORY_IDS[:2])
+        det = Detections([[0.0, 0.0, 5.0, 5.0]], [0.5], [1], (10, 10))
+        with pytest.raises(ValueError, match="size"):
+            detections_to_results(det, result)
+        det = Detections([[0.0, 0.0, 5.0, 5.0]], [0.5], [12], (480, 640))  # 12 is not a COCO category id
+        with pytest.raises(ValueError, match=r"labels \[12\]"):
+            detections_to_results(det, result, COCO_CATEGORY_IDS)
+
+    def test_coco_category_ids_only_for_coco_names(self):
+        assert coco_category_ids_for(COCO80) == COCO_CATEGORY_IDS
+        assert coco_category_ids_for({0: "cat", 1: "dog"}) is None
+        assert coco_category_ids_for(dict(enumerate(reversed(COCO_NAMES)))) is None
+
+    @pytest.mark.parametrize("k", [0, 1, 57])
+    def test_torchvision_round_trip_is_exact(self, k):
+        boxes, scores, labels = random_boxes(k, k)
+        output = {"boxes": boxes, "scores": scores, "labels": labels + 1}
+        det = torchvision_to_detections(output, torch.Size([480, 640]), source="frcnn")
+        assert det.image_size == (480, 640) and det.source == "frcnn"
+        back = detections_to_torchvision(det)
+        assert set(back) == {"boxes", "scores", "labels"}
+        for key in back:
+            assert back[key].dtype == output[key].dtype and torch.equal(back[key], output[key]), key
+
+    def test_torchvision_errors(self):
+        with pytest.raises(ValueError, match=r"lacks \['labels'\]"):
+            torchvision_to_detections({"boxes": torch.zeros(0, 4), "scores": torch.zeros(0)}, (4, 4))
+
+
+# ---------------------------------------------------------------------------------------- Ultralytics
+@pytest.fixture(scope="module")
+def yolo_models():
+    from ultralytics import YOLO
+
+    for path in MODELS.values():
+        assert path.exists(), f"shared model missing: {path}"
+    return {name: YOLO(str(path), task="detect") for name, path in MODELS.items()}
+
+
+@pytest.fixture(scope="module")
+def yolo_results(yolo_models):
+    from ultralytics.utils import ASSETS
+
+    images = [str(ASSETS / "bus.jpg"), str(ASSETS / "zidane.jpg")]
+    return [model(images, verbose=False) for model in yolo_models.values()]
+
+
+@pytest.mark.slow
+class TestFuseResults:
+    def test_equals_detens_fuse_and_keeps_working(self, yolo_results, tmp_path):
+        fused = fuse_results(yolo_results, method=METHOD, iou_thr=0.55, model_names=list(MODELS))
+        assert len(fused) == 2
+        for b, result in enumerate(fused):
+            first = yolo_results[0][b]
+            per_model = [
+                results_to_detections(r[b], COCO_CATEGORY_IDS, source=n)
+                for r, n in zip(yolo_results, MODELS, strict=True)
+            ]
+            assert all(len(d) for d in per_model), "the models find objects in the bundled images"
+            expected = detens.fuse(per_model, method=METHOD, iou_thr=0.55)
+            assert len(expected) > 0
+            assert torch.equal(result.boxes.xyxy, expected.boxes)
+            assert torch.equal(result.boxes.conf, expected.scores)
+            expected_cls = torch.tensor(
+                [COCO_CATEGORY_IDS.index(int(c)) for c in expected.labels], dtype=torch.float32
+            )
+            assert torch.equal(result.boxes.cls, expected_cls)
+            assert (
+                result.names == first.names
+                and result.path == first.path
+                and result.orig_shape == first.orig_shape
+            )
+
+            image = result.plot()
+            assert (
+                isinstance(image, np.ndarray)
+                and image.shape == first.orig_img.shape
+                and image.dtype == np.uint8
+            )
+            assert not np.array_equal(image, first.orig_img)  # boxes were drawn
+            txt = Path(result.save_txt(tmp_path / f"{b}.txt", save_conf=True))
+            assert len(txt.read_text().splitlines()) == len(expected)
+            rows = json.loads(result.to_json())
+            assert [row["name"] for row in rows] == [first.names[int(c)] for c in expected_cls]
+
+        names = {fused[0].names[int(c)] for c in fused[0].boxes.cls}
+        assert {"bus", "person"} <= names  # bus.jpg: a bus and people
+
+    def test_errors(self, yolo_results):
+        a, b = yolo_results
+        with pytest.raises(ValueError, match=r"different numbers of Results \[2, 1\]"):
+            fuse_results([a, b[:1]], method=METHOD)
+        with pytest.raises(ValueError, match="different images"):
+            fuse_results([a, b[::-1]], method=METHOD)
+        with pytest.raises(ValueError, match="unknown fusion method 'wfb'"):
+            fuse_results([a, b], method="wfb")
+        with pytest.raises(TypeError, match="takes no parameter \\['iou_threshold'\\]"):
+            fuse_results([a, b], method=METHOD, iou_threshold=0.5)
+        with pytest.raises(ValueError, match="model_names has 1 names for 2 models"):
+            fuse_results([a, b], method=METHOD, model_names=["x"])
+        assert fuse_results([[], []], method=METHOD) == []
+
+
+class TestFuseResultsSynthetic:
+    def test_same_image_different_path(self):
+        r1 = make_results(*random_boxes(0, 3), path="a.jpg")
+        r2 = make_results(*random_boxes(1, 3), path="b.jpg")
+        with pytest.raises(ValueError, match=r"path \['a.jpg', 'b.jpg'\]"):
+            fuse_results([[r1], [r2]], method=METHOD)
+
+    def test_different_class_names(self):
+        r1 = make_results(*random_boxes(0, 3))
+        r2 = make_results(*random_boxes(1, 3), names={**COCO80, 0: "pedestrian"})
+        with pytest.raises(
+            ValueError,
+            match=r"different class names: only in model 0: \['person'\], only in model 1: \['pedestrian'\]",
+        ):
+            fuse_results([[r1], [r2]], method=METHOD)
+
+    def test_classes_are_matched_by_name(self):
+        # Model 2 numbers the same classes in reverse order: its class 79 is model 1's class 0.
+        boxes = torch.tensor([[10.0, 10.0, 100.0, 200.0], [300.0, 50.0, 400.0, 150.0]])
+        r1 = make_results(boxes, [0.9, 0.8], [0, 5])
+        reversed_names = {79 - i: name for i, name in COCO80.items()}
+        r2 = make_results(boxes + 2, [0.7, 0.6], [79, 74], names=reversed_names)
+        fused = fuse_results([[r1], [r2]], method=METHOD)[0]
+        assert len(fused) == 2  # each object matched across the models, none left alone
+        assert sorted(fused.boxes.cls.tolist()) == [0.0, 5.0]
+        assert fused.names == COCO80
+
+    def test_custom_class_names_use_indices(self):
+        names = {0: "cat", 1: "dog"}
+        r1 = make_results([[0.0, 0.0, 50.0, 50.0]], [0.9], [1], names=names)
+        r2 = make_results([[1.0, 1.0, 51.0, 51.0]], [0.8], [1], names=names)
+        fused = fuse_results([[r1], [r2]], method=METHOD)[0]
+        assert fused.boxes.cls.tolist() == [1.0] and fused.names == names
+
+
+# ---------------------------------------------------------------------------------------- torchvision
+@pytest.fixture(scope="module")
+def torchvision_outputs():
+    from torchvision.models.detection import (
+        fasterrcnn_mobilenet_v3_large_320_fpn,
+        ssdlite320_mobilenet_v3_large,
+    )
+
+    torch.manual_seed(0)
+    # Untrained weights: box_score_thresh=0 keeps Faster R-CNN's (near-uniform) detections.
+    models = [
+        fasterrcnn_mobilenet_v3_large_320_fpn(
+            weights=None, weights_backbone=None, box_score_thresh=0.0
+        ).eval(),
+        ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None).eval(),
+    ]
+    images = [torch.rand(3, 240, 320), torch.rand(3, 300, 200)]
+    with torch.no_grad():
+        outputs = [model(images) for model in models]
+    return outputs, images
+
+
+class TestTorchvisionFusion:
+    def test_real_architectures(self, torchvision_outputs):
+        outputs, images = torchvision_outputs
+        assert all(len(o["boxes"]) for model in outputs for o in model), "both models output boxes"
+        fusion = TorchvisionFusion(method=METHOD, iou_thr=0.55).eval()
+        with torch.no_grad():
+            fused = fusion(outputs, [img.shape[-2:] for img in images])
+        assert len(fused) == len(images)
+        for b, (out, image) in enumerate(zip(fused, images, strict=True)):
+            per_model = [torchvision_to_detections(model[b], image.shape[-2:]) for model in outputs]
+            expected = detens.fuse(per_model, method=METHOD, iou_thr=0.55)
+            assert set(out) == {"boxes", "scores", "labels"}
+            assert out["boxes"].dtype == torch.float32 and out["labels"].dtype == torch.int64
+            assert len(out["boxes"]) > 0
+            for key, value in detections_to_torchvision(expected).items():
+                assert torch.equal(out[key], value), key
+            height, width = image.shape[-2:]
+            assert (out["boxes"][:, 2] <= width).all() and (out["boxes"][:, 3] <= height).all()
+
+    def test_image_tensors_as_sizes(self, torchvision_outputs):
+        outputs, images = torchvision_outputs
+        fusion = TorchvisionFusion(method=METHOD)
+        by_size = fusion(outputs, [tuple(img.shape[-2:]) for img in images])
+        by_image = fusion(outputs, images)
+        by_tensor = fusion(outputs, torch.tensor([list(img.shape[-2:]) for img in images]))
+        for a, b, c in zip(by_size, by_image, by_tensor, strict=True):
+            assert all(torch.equal(a[k], b[k]) and torch.equal(a[k], c[k]) for k in a)
+
+    def test_empty_outputs(self):
+        empty = {
+            "boxes": torch.zeros(0, 4),
+            "scores": torch.zeros(0),
+            "labels": torch.zeros(0, dtype=torch.int64),
+        }
+        one = {
+            "boxes": torch.tensor([[1.0, 2.0, 30.0, 40.0]]),
+            "scores": torch.tensor([0.6]),
+            "labels": torch.tensor([3]),
+        }
+        fusion = TorchvisionFusion(method=METHOD).eval()
+        fused = fusion([[empty, empty], [empty, one]], [(50, 60), (50, 60)])
+        assert fused[0]["boxes"].shape == (0, 4) and fused[0]["scores"].shape == (0,)
+        assert fused[0]["labels"].dtype == torch.int64
+        assert fused[1]["labels"].tolist() == [3] and fused[1]["boxes"].shape == (1, 4)
+        assert fusion([[], []], []) == []
+
+    def test_errors(self, torchvision_outputs):
+        outputs, images = torchvision_outputs
+        fusion = TorchvisionFusion(method=METHOD)
+        with pytest.raises(ValueError, match=r"different numbers of outputs \[2, 1\]"):
+            fusion([outputs[0], outputs[1][:1]], images)
+        with pytest.raises(ValueError, match="got 1 image sizes for 2 images"):
+            fusion(outputs, images[:1])
+        with pytest.raises(ValueError, match="unknown fusion method"):
+            TorchvisionFusion(method="nope")
+        with pytest.raises(ValueError, match="image_sizes\\[0\\] must be \\(height, width\\)"):
+            fusion(outputs, [240, 320])
+        with pytest.raises(ValueError, match="must be positive"):
+            fusion(outputs, [(0, 320), (300, 200)])
+
+    def test_theta_head_is_a_submodule(self):
+        head = detens.ThetaHead(["frcnn", "ssd"])
+        fusion = TorchvisionFusion(method="theta", head=head)
+        assert any(m is head for m in fusion.modules())
+        one = {
+            "boxes": torch.tensor([[1.0, 2.0, 30.0, 40.0]]),
+            "scores": torch.tensor([0.6]),
+            "labels": torch.tensor([3]),
+        }
+        fused = fusion([[one], [one]], [(50, 60)])
+        torch.testing.assert_close(fused[0]["boxes"], one["boxes"])
+
+    @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+    def test_cuda_in_cuda_out(self, torchvision_outputs):
+        outputs, images = torchvision_outputs
+        cuda = [[{k: v.cuda() for k, v in o.items()} for o in model] for model in outputs]
+        fused = TorchvisionFusion(method=METHOD).cuda()(cuda, images)
+        cpu = TorchvisionFusion(method=METHOD)(outputs, images)
+        for a, b in zip(fused, cpu, strict=True):
+            assert all(v.is_cuda for v in a.values())
+            torch.testing.assert_close(a["boxes"].cpu(), b["boxes"], atol=1e-3, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------- Ensemble
+class FixedDetector:
+    """A detector that returns given Detections (the protocol: callable + name)."""
+
+    def __init__(self, name, detections):
+        self.name = name
+        self.detections = detections
+        self.calls = 0
+
+    def __call__(self, images):
+        self.calls += 1
+        return [self.detections[i % len(self.detections)] for i in range(len(images))]
+
+
+class YoloDetector:
+    """A real Ultralytics model as a detens detector (COCO class indices → COCO category ids)."""
+
+    def __init__(self, name, model):
+        self.name = name
+        self.model = model
+
+    def __call__(self, images):
+        return [
+            results_to_detections(r, COCO_CATEGORY_IDS, self.name)
+            for r in self.model(list(images), verbose=False)
+        ]
+
+
+class TestEnsemble:
+    def test_fuses_like_detens_fuse(self):
+        a = Detections(
+            *random_boxes(0, 20)[:2], torch.tensor(COCO_CATEGORY_IDS)[random_boxes(0, 20)[2]], (480, 640)
+        )
+        b = Detections(a.boxes + 3, a.scores * 0.9, a.labels, (480, 640))
+        ens = Ensemble([FixedDetector("a", [a]), FixedDetector("b", [b])], method=METHOD, iou_thr=0.6)
+        image = np.zeros((480, 640, 3), dtype=np.uint8)
+        fused = ens([image, image])
+        assert len(fused) == 2
+        expected = detens.fuse([a.with_source("a"), b.with_source("b")], method=METHOD, iou_thr=0.6)
+        for det in fused:
+            assert torch.equal(det.boxes, expected.boxes) and torch.equal(det.labels, expected.labels)
+        assert ens([]) == []
+
+    def test_errors(self):
+        a = Detections.empty((10, 10))
+        with pytest.raises(ValueError, match="unique"):
+            Ensemble([FixedDetector("a", [a]), FixedDetector("a", [a])])
+        with pytest.raises(ValueError, match="unknown fusion method"):
+            Ensemble([FixedDetector("a", [a])], method="wbff")
+        with pytest.raises(ValueError, match="non-empty list"):
+            Ensemble([])
+        ens = Ensemble(
+            [FixedDetector("a", [a]), FixedDetector("b", [Detections.empty((10, 12))])], method=METHOD
+        )
+        with pytest.raises(ValueError, match="disagree on its size"):
+            ens(["x.jpg"])
+
+        class Short(FixedDetector):
+            def __call__(self, images):
+                return []
+
+        with pytest.raises(ValueError, match="returned 0 Detections for 1 images"):
+            Ensemble([Short("s", [a])], method=METHOD)(["x.jpg"])
+
+    @pytest.mark.slow
+    def test_predict_over_a_glob_with_real_models(self, yolo_models):
+        from detens.sources import list_images, read_image
+
+        ens = Ensemble([YoloDetector(n, m) for n, m in yolo_models.items()], method=METHOD, iou_thr=0.55)
+        pattern = str(COCO_IMAGES / "00000000013*.jpg")
+        paths = list_images(pattern)
+        assert len(paths) >= 1
+        fused = ens.predict(pattern, batch_size=2)
+        assert len(fused) == len(paths)
+        direct = ens([read_image(p) for p in paths])
+        for det, ref, path in zip(fused, direct, paths, strict=True):
+            assert det.image_size == read_image(path).shape[:2]
+            assert torch.equal(det.boxes, ref.boxes) and torch.equal(det.scores, ref.scores)
+        streamed = list(ens.predict(paths, stream=True))
+        assert len(streamed) == len(paths)

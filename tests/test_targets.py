@@ -1,0 +1,316 @@
+"""``assign_targets``: COCO-style greedy one-to-one matching, against a slow pure-Python reference.
+
+Dimension legend: C clusters, G ground-truth boxes, N models.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from detens.matching import Clusters
+from detens.targets import Targets, assign_targets
+
+F64 = torch.float64
+
+
+def _iou(a, b):
+    iw = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    ih = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    inter = iw * ih
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return inter / union if union > 0 else 0.0
+
+
+def _crowd_iou(det, gt):
+    iw = max(0.0, min(det[2], gt[2]) - max(det[0], gt[0]))
+    ih = max(0.0, min(det[3], gt[3]) - max(det[1], gt[1]))
+    area = (det[2] - det[0]) * (det[3] - det[1])
+    return iw * ih / area if area > 0 else 0.0
+
+
+def reference_assign(boxes, scores, labels, gt_boxes, gt_labels, crowd, thr, image_size):
+    """Obvious loops: clusters by descending score (stable), best free non-crowd GT, then crowd check."""
+    height, width = image_size
+    gts = [[g[0] / width, g[1] / height, g[2] / width, g[3] / height] for g in gt_boxes]
+    order = sorted(range(len(scores)), key=lambda c: -scores[c])  # sorted() is stable
+    taken = [False] * len(gts)
+    gt_index = [-1] * len(scores)
+    ignore = [False] * len(scores)
+    for c in order:
+        best, best_iou = -1, -1.0
+        for g in range(len(gts)):
+            if taken[g] or crowd[g] or gt_labels[g] != labels[c]:
+                continue
+            iou = _iou(boxes[c], gts[g])
+            if iou >= thr and iou > best_iou:
+                best, best_iou = g, iou
+        if best >= 0:
+            gt_index[c] = best
+            taken[best] = True
+        else:
+            ignore[c] = any(
+                crowd[g] and gt_labels[g] == labels[c] and _crowd_iou(boxes[c], gts[g]) >= thr
+                for g in range(len(gts))
+            )
+    target_boxes = [gts[g] if g >= 0 else [0.0] * 4 for g in gt_index]
+    return gt_index, ignore, target_boxes
+
+
+def make_clusters(boxes_norm, labels, image_size=(64, 64), num_models=2):
+    num = boxes_norm.shape[0]
+    preds = torch.zeros(num, num_models, 5, dtype=boxes_norm.dtype)
+    preds[..., :4] = boxes_norm[:, None, :]
+    preds[..., 4] = 0.5
+    present = torch.ones(num, num_models, dtype=torch.bool)
+    return Clusters(
+        preds,
+        present,
+        torch.as_tensor(labels, dtype=torch.int64),
+        torch.zeros(num, num_models, dtype=torch.int64),
+        image_size,
+    )
+
+
+def random_case(seed):
+    g = torch.Generator().manual_seed(seed)
+    image_size = (
+        int(torch.randint(50, 500, (1,), generator=g)),
+        int(torch.randint(50, 500, (1,), generator=g)),
+    )
+    height, width = image_size
+    num_gt = int(torch.randint(0, 12, (1,), generator=g))
+    num_clusters = int(torch.randint(0, 30, (1,), generator=g))
+    num_classes = int(torch.randint(1, 4, (1,), generator=g))
+    scale = torch.tensor([width, height, width, height], dtype=F64)
+    xy = torch.rand(num_gt, 2, generator=g, dtype=F64) * 0.7
+    gt_norm = torch.cat([xy, xy + torch.rand(num_gt, 2, generator=g, dtype=F64) * 0.25 + 0.03], 1)
+    gt_boxes = gt_norm * scale
+    gt_labels = torch.randint(0, num_classes, (num_gt,), generator=g)
+    crowd = torch.rand(num_gt, generator=g) < 0.2
+    # clusters: jittered copies of GT boxes (so many match, some compete) plus random false positives
+    pick = torch.randint(0, max(num_gt, 1), (num_clusters,), generator=g)
+    near = torch.rand(num_clusters, generator=g) < 0.7
+    if num_gt:
+        base = gt_norm[pick] + torch.randn(num_clusters, 4, generator=g, dtype=F64) * 0.02
+        base_labels = torch.where(
+            torch.rand(num_clusters, generator=g) < 0.85,
+            gt_labels[pick],
+            torch.randint(0, num_classes, (num_clusters,), generator=g),
+        )
+    else:
+        base = torch.zeros(num_clusters, 4, dtype=F64)
+        base_labels = torch.zeros(num_clusters, dtype=torch.int64)
+    rxy = torch.rand(num_clusters, 2, generator=g, dtype=F64) * 0.7
+    rand_boxes = torch.cat([rxy, rxy + torch.rand(num_clusters, 2, generator=g, dtype=F64) * 0.3 + 0.01], 1)
+    boxes = torch.where(near[:, None] & (num_gt > 0), base, rand_boxes)
+    boxes = torch.cat(
+        [torch.minimum(boxes[:, :2], boxes[:, 2:]), torch.maximum(boxes[:, :2], boxes[:, 2:])], 1
+    )
+    labels = torch.where(
+        near & (num_gt > 0), base_labels, torch.randint(0, num_classes, (num_clusters,), generator=g)
+    )
+    scores = torch.rand(num_clusters, generator=g, dtype=F64)
+    return image_size, boxes, scores, labels, gt_boxes, gt_labels, crowd
+
+
+class TestAgainstReference:
+    @pytest.mark.parametrize("thr", [0.5, 0.3, 0.75])
+    @pytest.mark.parametrize("seed", range(60))
+    def test_random(self, seed, thr):
+        image_size, boxes, scores, labels, gt_boxes, gt_labels, crowd = random_case(seed)
+        clusters = make_clusters(boxes, labels, image_size)
+        targets = assign_targets(clusters, boxes, scores, gt_boxes, gt_labels, iou_thr=thr, gt_iscrowd=crowd)
+        gt_index, ignore, target_boxes = reference_assign(
+            boxes.tolist(),
+            scores.tolist(),
+            labels.tolist(),
+            gt_boxes.tolist(),
+            gt_labels.tolist(),
+            crowd.tolist(),
+            thr,
+            image_size,
+        )
+        assert targets.gt_index.tolist() == gt_index
+        assert targets.matched.tolist() == [g >= 0 for g in gt_index]
+        assert targets.ignore.tolist() == ignore
+        assert_close(targets.boxes, torch.tensor(target_boxes, dtype=F64).reshape(-1, 4))
+
+    def test_random_cases_exercise_every_branch(self):
+        matched = ignored = unmatched = 0
+        for seed in range(60):
+            image_size, boxes, scores, labels, gt_boxes, gt_labels, crowd = random_case(seed)
+            t = assign_targets(
+                make_clusters(boxes, labels, image_size), boxes, scores, gt_boxes, gt_labels, gt_iscrowd=crowd
+            )
+            matched += int(t.matched.sum())
+            ignored += int(t.ignore.sum())
+            unmatched += int((~t.matched & ~t.ignore).sum())
+        assert matched > 50 and ignored > 5 and unmatched > 50
+
+
+class TestFixtures:
+    def test_iou_exactly_at_threshold_matches(self):
+        # image 64×64: GT [0,0,16,16] → [0,0,.25,.25]; cluster [0,0,.5,.25]: IoU = .0625/.125 = 0.5 exactly
+        boxes = torch.tensor([[0.0, 0.0, 0.5, 0.25]])
+        clusters = make_clusters(boxes, [3])
+        t = assign_targets(
+            clusters, boxes, torch.tensor([0.9]), torch.tensor([[0.0, 0.0, 16.0, 16.0]]), torch.tensor([3])
+        )
+        assert t.matched.tolist() == [True]
+        assert_close(t.boxes, torch.tensor([[0.0, 0.0, 0.25, 0.25]]))
+        t = assign_targets(
+            clusters,
+            boxes,
+            torch.tensor([0.9]),
+            torch.tensor([[0.0, 0.0, 16.0, 16.0]]),
+            torch.tensor([3]),
+            iou_thr=0.5 + 1e-6,
+        )
+        assert t.matched.tolist() == [False]
+
+    def test_one_to_one_by_score(self):
+        boxes = torch.tensor([[0.0, 0.0, 0.25, 0.25], [0.0, 0.0, 0.26, 0.25]])
+        clusters = make_clusters(boxes, [1, 1])
+        gt = torch.tensor([[0.0, 0.0, 16.0, 16.0]])
+        t = assign_targets(clusters, boxes, torch.tensor([0.2, 0.8]), gt, torch.tensor([1]))
+        assert t.matched.tolist() == [False, True]  # the higher-scored cluster wins, though its IoU is lower
+        assert t.gt_index.tolist() == [-1, 0]
+
+    def test_greedy_not_optimal(self):
+        # cluster 0 (high score) takes GT 0 (IoU .96 > .83 with GT 1); cluster 1 then has only GT 1 at IoU .45:
+        # greedy leaves it unmatched although the pairing 0→GT1, 1→GT0 would match both (COCO is greedy too)
+        boxes = torch.tensor([[0.0, 0.0, 0.24, 0.25], [0.06, 0.0, 0.31, 0.25]])
+        gt = torch.tensor([[0.0, 0.0, 16.0, 16.0], [0.0, 0.0, 12.8, 16.0]])
+        clusters = make_clusters(boxes, [0, 0])
+        t = assign_targets(clusters, boxes, torch.tensor([0.9, 0.1]), gt, torch.tensor([0, 0]))
+        assert t.gt_index.tolist() == [0, -1]
+
+    def test_class_aware(self):
+        boxes = torch.tensor([[0.0, 0.0, 0.25, 0.25]])
+        clusters = make_clusters(boxes, [2])
+        t = assign_targets(
+            clusters, boxes, torch.tensor([0.9]), torch.tensor([[0.0, 0.0, 16.0, 16.0]]), torch.tensor([5])
+        )
+        assert t.matched.tolist() == [False] and t.ignore.tolist() == [False]
+
+    def test_crowd(self):
+        # a big crowd box absorbs any number of clusters inside it; a non-crowd GT is preferred when it fits
+        boxes = torch.tensor(
+            [[0.0, 0.0, 0.25, 0.25], [0.1, 0.1, 0.2, 0.2], [0.3, 0.3, 0.4, 0.4], [0.7, 0.7, 0.9, 0.9]]
+        )
+        clusters = make_clusters(boxes, [1, 1, 1, 1])
+        gt = torch.tensor([[0.0, 0.0, 16.0, 16.0], [0.0, 0.0, 32.0, 32.0]])
+        t = assign_targets(
+            clusters,
+            boxes,
+            torch.tensor([0.9, 0.8, 0.7, 0.6]),
+            gt,
+            torch.tensor([1, 1]),
+            gt_iscrowd=torch.tensor([False, True]),
+        )
+        assert t.matched.tolist() == [True, False, False, False]
+        assert t.ignore.tolist() == [False, True, True, False]
+
+    def test_empty(self):
+        clusters = Clusters.empty(3, (10, 10))
+        t = assign_targets(
+            clusters,
+            torch.zeros(0, 4),
+            torch.zeros(0),
+            torch.tensor([[0.0, 0.0, 5.0, 5.0]]),
+            torch.tensor([1]),
+        )
+        assert len(t) == 0 and t.boxes.shape == (0, 4)
+        boxes = torch.tensor([[0.0, 0.0, 0.5, 0.5]])
+        t = assign_targets(
+            make_clusters(boxes, [1]),
+            boxes,
+            torch.tensor([0.5]),
+            torch.zeros(0, 4),
+            torch.zeros(0, dtype=torch.int64),
+        )
+        assert t.matched.tolist() == [False] and t.ignore.tolist() == [False]
+
+    def test_numpy_and_lists_accepted(self):
+        boxes = torch.tensor([[0.0, 0.0, 0.25, 0.25]])
+        t = assign_targets(
+            make_clusters(boxes, [1]),
+            boxes,
+            torch.tensor([0.5]),
+            [[0.0, 0.0, 16.0, 16.0]],
+            [1],
+            gt_iscrowd=[0],
+        )
+        assert t.matched.tolist() == [True]
+
+    @pytest.mark.parametrize(
+        "kwargs, match",
+        [
+            ({"gt_boxes": torch.zeros(2, 3)}, "gt_boxes"),
+            ({"gt_labels": torch.zeros(3, dtype=torch.int64)}, "gt_labels"),
+            ({"fused_scores": torch.zeros(2)}, "fused_scores"),
+            ({"fused_boxes": torch.zeros(1, 5)}, "fused_boxes"),
+            ({"iou_thr": 0.0}, "iou_thr"),
+            ({"gt_iscrowd": torch.zeros(3, dtype=torch.bool)}, "gt_iscrowd"),
+        ],
+    )
+    def test_bad_input(self, kwargs, match):
+        boxes = torch.tensor([[0.0, 0.0, 0.25, 0.25]])
+        args = {
+            "fused_boxes": boxes,
+            "fused_scores": torch.tensor([0.5]),
+            "gt_boxes": torch.tensor([[0.0, 0.0, 16.0, 16.0], [1.0, 1.0, 5.0, 5.0]]),
+            "gt_labels": torch.tensor([1, 1]),
+        }
+        args.update(kwargs)
+        with pytest.raises(ValueError, match=match):
+            assign_targets(make_clusters(boxes, [1]), **args)
+
+
+class TestTargets:
+    def test_y_and_weights(self):
+        t = Targets(
+            torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.0, 0.0, 0.0, 0.0]]),
+            torch.tensor([True, False]),
+            torch.tensor([False, False]),
+        )
+        assert_close(t.y(), torch.tensor([[0.1, 0.2, 0.3, 0.4, 1.0], [0.0, 0.0, 0.0, 0.0, 0.0]]))
+        assert_close(t.weights(), torch.tensor([[1.0, 1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0, 1.0]]))
+        assert t.gt_index.tolist() == [-1, -1]
+
+    def test_cat_and_index(self):
+        a = Targets(torch.rand(2, 4), torch.tensor([True, False]), torch.tensor([False, True]))
+        b = Targets(torch.rand(1, 4), torch.tensor([True]), torch.tensor([False]))
+        c = Targets.cat([a, b])
+        assert len(c) == 3 and c.matched.tolist() == [True, False, True]
+        assert c[torch.tensor([False, True, False])].ignore.tolist() == [True]
+        assert len(Targets.cat([])) == 0
+
+    def test_validation(self):
+        with pytest.raises(ValueError, match="both matched and ignored"):
+            Targets(torch.zeros(1, 4), torch.tensor([True]), torch.tensor([True]))
+        with pytest.raises(ValueError, match="matched"):
+            Targets(torch.zeros(2, 4), torch.tensor([True]), torch.tensor([True, False]))
+        with pytest.raises(TypeError, match="bool"):
+            Targets(torch.zeros(1, 4), torch.tensor([1]), torch.tensor([False]))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu():
+    image_size, boxes, scores, labels, gt_boxes, gt_labels, crowd = random_case(3)
+    cpu = assign_targets(
+        make_clusters(boxes, labels, image_size), boxes, scores, gt_boxes, gt_labels, gt_iscrowd=crowd
+    )
+    gpu = assign_targets(
+        make_clusters(boxes, labels, image_size).to("cuda"),
+        boxes.cuda(),
+        scores.cuda(),
+        gt_boxes.cuda(),
+        gt_labels.cuda(),
+        gt_iscrowd=crowd.cuda(),
+    )
+    assert gpu.boxes.device.type == "cuda"
+    assert gpu.gt_index.cpu().tolist() == cpu.gt_index.tolist()
+    assert gpu.ignore.cpu().tolist() == cpu.ignore.tolist()
