@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) tools/fuse.py --config configs/ensembles/coco_yolo3.yaml --source ultralytics-assets --out runs/demo
+	$(PY) tools/fuse.py --config configs/ensembles/coco_yolo3.yaml --source ultralytics-assets --out runs/demo --overwrite
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -1,0 +1,210 @@
+"""Detector adapters: bring Ultralytics, torchvision or saved predictions into an ensemble.
+
+A detector is a callable ``detector(images) -> list[Detections]`` with a display ``name`` (see
+:class:`Detector`). Adapters, one module each (their heavy imports stay inside them, so importing
+``detens.adapters`` imports neither ultralytics nor torchvision's models):
+
+- :class:`~detens.adapters.ultralytics.UltralyticsDetector` — anything ``ultralytics.YOLO`` loads;
+- :class:`~detens.adapters.torchvision.TorchvisionDetector` — torchvision detection builders;
+- :class:`~detens.adapters.precomputed.PrecomputedDetector` — saved COCO results;
+- :class:`~detens.adapters.augmented.AugmentedDetector` — test-time views of any detector.
+
+:data:`ADAPTERS` maps the ``type`` of an ensemble YAML entry to a builder; :func:`build_ensemble` turns
+a whole config into its members.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from detens.adapters._base import BaseDetector, Detector, ImageInput, detect_loaded
+from detens.adapters.weights import WeightsNotFoundError, resolve_weights, weights_dirs
+from detens.registry import Registry
+
+if TYPE_CHECKING:
+    from detens.adapters.augmented import AugmentedDetector
+    from detens.ensemble_config import EnsembleConfig, ModelConfig
+
+__all__ = [
+    "ADAPTERS",
+    "Detector",
+    "BaseDetector",
+    "ImageInput",
+    "UltralyticsDetector",
+    "TorchvisionDetector",
+    "PrecomputedDetector",
+    "AugmentedDetector",
+    "View",
+    "WeightsNotFoundError",
+    "resolve_weights",
+    "weights_dirs",
+    "detect_loaded",
+    "build_detector",
+    "build_ensemble",
+    "member_weights",
+    "dataset_categories",
+]
+
+_LAZY = {
+    "UltralyticsDetector": "detens.adapters.ultralytics",
+    "TorchvisionDetector": "detens.adapters.torchvision",
+    "PrecomputedDetector": "detens.adapters.precomputed",
+    "AugmentedDetector": "detens.adapters.augmented",
+    "View": "detens.adapters.augmented",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'detens.adapters' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+#: ``type`` in an ensemble YAML → ``builder(model_config, ensemble_config, categories) -> Detector``.
+ADAPTERS: Registry[Callable[..., Detector]] = Registry("adapter type")
+
+
+@ADAPTERS.register("ultralytics")
+def _build_ultralytics(
+    model: ModelConfig, ensemble: EnsembleConfig, categories: Mapping[int, str] | None
+) -> Detector:
+    from detens.adapters.ultralytics import UltralyticsDetector
+
+    return UltralyticsDetector(
+        model.weights,  # type: ignore[arg-type]
+        conf=ensemble.setting(model, "conf"),
+        iou=ensemble.setting(model, "iou"),
+        imgsz=ensemble.setting(model, "imgsz"),
+        max_det=ensemble.setting(model, "max_det"),
+        device=ensemble.setting(model, "device"),
+        name=model.name,
+        categories=categories,
+        class_map=model.class_map,
+        batch=ensemble.setting(model, "batch"),
+        half=bool(model.half),
+        weights_dir=ensemble.weights_dir,
+        **model.options,
+    )
+
+
+@ADAPTERS.register("torchvision")
+def _build_torchvision(
+    model: ModelConfig, ensemble: EnsembleConfig, categories: Mapping[int, str] | None
+) -> Detector:
+    from detens.adapters.torchvision import TorchvisionDetector
+
+    return TorchvisionDetector(
+        model.arch,  # type: ignore[arg-type]
+        weights=model.weights if model.weights is not None else "DEFAULT",
+        conf=ensemble.setting(model, "conf"),
+        iou=model.iou,  # None keeps the architecture's own NMS threshold
+        imgsz=model.imgsz,  # None keeps the architecture's own input size
+        max_det=ensemble.setting(model, "max_det"),
+        device=ensemble.setting(model, "device"),
+        name=model.name,
+        categories=categories,
+        class_map=model.class_map,
+        batch=ensemble.setting(model, "batch"),
+        weights_dir=ensemble.weights_dir,
+        **model.options,
+    )
+
+
+@ADAPTERS.register("precomputed")
+def _build_precomputed(
+    model: ModelConfig, ensemble: EnsembleConfig, categories: Mapping[int, str] | None
+) -> Detector:
+    from detens.adapters.precomputed import PrecomputedDetector
+
+    return PrecomputedDetector(
+        model.results,  # type: ignore[arg-type]
+        model.images if model.images is not None else ensemble.dataset,
+        name=model.name,
+        conf=ensemble.setting(model, "conf"),
+        max_det=ensemble.setting(model, "max_det"),
+        class_map=model.class_map,  # type: ignore[arg-type]
+        categories=categories,
+        **model.options,
+    )
+
+
+def dataset_categories(config: EnsembleConfig) -> dict[int, str] | None:
+    """The label space's ``{category_id: name}`` from ``config.dataset``; None means COCO's 80 classes."""
+    if config.dataset is None:
+        return None
+    from detens.coco import load_coco_gt
+
+    return load_coco_gt(config.dataset).category_names
+
+
+def _as_config(config: EnsembleConfig | str | Path | Mapping[str, Any]) -> EnsembleConfig:
+    from detens.ensemble_config import EnsembleConfig, ensemble_config_from_dict, load_ensemble_config
+
+    if isinstance(config, EnsembleConfig):
+        return config
+    if isinstance(config, (str, Path)):
+        return load_ensemble_config(config)
+    if isinstance(config, Mapping):
+        return ensemble_config_from_dict(dict(config))
+    raise TypeError(f"config must be an EnsembleConfig, a YAML path or a dict, got {type(config).__name__}")
+
+
+def build_detector(
+    model: ModelConfig | Mapping[str, Any],
+    ensemble: EnsembleConfig | None = None,
+    categories: Mapping[int, str] | None = None,
+) -> Detector | AugmentedDetector:
+    """Build one YAML ``models`` entry: a detector, or an :class:`AugmentedDetector` when it has ``tta`` views.
+
+    Args:
+        model: the entry (a :class:`ModelConfig` or its dict).
+        ensemble: supplies the defaults (``conf``, ``imgsz``, ``weights_dir``, ...); None: the defaults of
+            :class:`EnsembleConfig`.
+        categories: the label space's ``{category_id: name}``; None: COCO.
+    """
+    from detens.config import from_dict
+    from detens.ensemble_config import EnsembleConfig, ModelConfig
+
+    if not isinstance(model, ModelConfig):
+        model = from_dict(ModelConfig, dict(model), "model")
+    if ensemble is None:
+        ensemble = EnsembleConfig(models=[model])
+    detector = ADAPTERS.get(model.type)(model, ensemble, categories)
+    if model.tta:
+        from detens.adapters.augmented import AugmentedDetector
+
+        return AugmentedDetector(detector, model.tta)
+    return detector
+
+
+def build_ensemble(config: EnsembleConfig | str | Path | Mapping[str, Any]) -> list[Detector]:
+    """All members of an ensemble config, in order (a model with ``tta`` views gives one member per view).
+
+    Raises:
+        ValueError: two members with the same name (set ``name`` in the YAML).
+    """
+    config = _as_config(config)
+    categories = dataset_categories(config)
+    members: list[Detector] = []
+    for model in config.models:
+        built = build_detector(model, config, categories)
+        members.extend(built.members if hasattr(built, "members") else [built])  # type: ignore[union-attr]
+    names = [m.name for m in members]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(
+            f"ensemble members must have different names, got {duplicates} twice; set 'name' in the config"
+        )
+    return members
+
+
+def member_weights(config: EnsembleConfig) -> list[float]:
+    """The fusion weight of each member of :func:`build_ensemble` (a model's ``weight`` for each of its views)."""
+    config = _as_config(config)
+    return [model.weight for model in config.models for _ in (model.tta or [None])]

@@ -1,0 +1,121 @@
+"""The detector protocol and the base class every adapter builds on.
+
+A detector is a callable ``detector(images) -> list[Detections]`` with a ``name`` (its display name):
+``images`` is a list of image paths or BGR ``uint8`` numpy arrays (one path or array is accepted too),
+and the answer holds one :class:`~detens.detections.Detections` per image, in order, with labels in the
+label space of the dataset (COCO category ids by default) and tensors on the CPU.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from detens.adapters._labels import category_names
+from detens.detections import Detections
+from detens.sources import as_bgr, read_image
+
+__all__ = ["ImageInput", "Detector", "BaseDetector", "as_image_list", "load_image", "detect_loaded"]
+
+ImageInput = str | os.PathLike | np.ndarray
+
+
+@runtime_checkable
+class Detector(Protocol):
+    """What an ensemble member is: ``detector(images) -> list[Detections]`` and a display ``name``."""
+
+    name: str
+
+    def __call__(self, images: Sequence[ImageInput]) -> list[Detections]: ...
+
+
+def as_image_list(images: ImageInput | Sequence[ImageInput]) -> list[ImageInput]:
+    """One image (path or array) or a sequence of them → a list."""
+    if isinstance(images, (str, os.PathLike, np.ndarray)):
+        return [images]
+    if not isinstance(images, Sequence):
+        raise TypeError(f"images must be a list of paths or BGR numpy arrays, got {type(images).__name__}")
+    return list(images)
+
+
+def load_image(image: ImageInput, index: int = 0) -> np.ndarray:
+    """A path is read with OpenCV (:func:`detens.sources.read_image`); an array is checked (BGR uint8)."""
+    if isinstance(image, (str, os.PathLike)):
+        return read_image(Path(image))
+    return as_bgr(image, where=f"images[{index}]")
+
+
+class BaseDetector:
+    """Reads the images, splits them into batches of ``batch``, and calls :meth:`_predict` on BGR arrays.
+
+    Subclasses set ``name``, ``categories`` (``{category_id: name}`` of the label space, for drawing)
+    and implement ``_predict(images: list[np.ndarray]) -> list[Detections]``.
+    """
+
+    name: str = "detector"
+    batch: int = 1
+    categories: dict[int, str]
+
+    def __init__(self, name: str, batch: int = 1, categories: dict[int, str] | None = None) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"detector name must be a non-empty string, got {name!r}")
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"batch must be a positive integer, got {batch!r}")
+        self.name = name
+        self.batch = batch
+        self.categories = category_names(categories)
+
+    def __call__(self, images: ImageInput | Sequence[ImageInput]) -> list[Detections]:
+        items = as_image_list(images)
+        out: list[Detections] = []
+        for start in range(0, len(items), self.batch):
+            chunk = items[start : start + self.batch]
+            arrays = [load_image(image, start + i) for i, image in enumerate(chunk)]
+            paths = [image if isinstance(image, (str, os.PathLike)) else None for image in chunk]
+            out.extend(self.predict_arrays(arrays, paths))
+        return out
+
+    def predict_arrays(
+        self, images: Sequence[np.ndarray], paths: Sequence[str | os.PathLike | None] | None = None
+    ) -> list[Detections]:
+        """Detections of images already read (BGR uint8 ``[H, W, 3]``), in batches of ``batch``.
+
+        ``paths`` (optional) name the images; detectors that find results by file name need them.
+        """
+        out: list[Detections] = []
+        for start in range(0, len(images), self.batch):
+            chunk = list(images[start : start + self.batch])
+            dets = self._predict(chunk)
+            if len(dets) != len(chunk):
+                raise RuntimeError(f"{self.name}: got {len(dets)} results for {len(chunk)} images")
+            out.extend(dets)
+        return out
+
+    def _predict(self, images: list[np.ndarray]) -> list[Detections]:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+
+def detect_loaded(
+    detector: Detector, images: Sequence[np.ndarray], paths: Sequence[Any] | None = None
+) -> list[Detections]:
+    """Run any detector on already-read images (``predict_arrays`` when it has one, else ``detector(images)``).
+
+    ``paths`` (optional) name the images, for detectors that replay saved predictions by file name.
+    """
+    predict_arrays = getattr(detector, "predict_arrays", None)
+    if predict_arrays is not None:
+        dets = predict_arrays(images, paths)
+    else:
+        dets = list(detector(list(images)))
+    if len(dets) != len(images):
+        raise RuntimeError(
+            f"{getattr(detector, 'name', detector)!r} returned {len(dets)} results for {len(images)} images"
+        )
+    return dets

@@ -1,0 +1,176 @@
+"""Mapping a detector's own class indices onto ONE label space (a dataset's category ids).
+
+Dimension legend: M classes of the detector.
+
+A lookup table ``Tensor[M]`` (int64) gives the category id of each detector class, or ``-1`` for a class
+that has no category in the label space (its boxes are dropped).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from detens.labels import COCO_CATEGORY_IDS, COCO_ID_TO_NAME, COCO_NAMES
+
+__all__ = ["normalize_class_name", "as_categories", "build_label_lookup", "apply_label_lookup"]
+
+logger = logging.getLogger(__name__)
+
+# Darknet / VOC spellings of COCO classes, and a few common variants.
+_ALIASES = {
+    "motorbike": "motorcycle",
+    "aeroplane": "airplane",
+    "sofa": "couch",
+    "pottedplant": "potted plant",
+    "diningtable": "dining table",
+    "tvmonitor": "tv",
+    "tv monitor": "tv",
+    "hair dryer": "hair drier",
+    "cellphone": "cell phone",
+    "mobile phone": "cell phone",
+}
+
+
+def normalize_class_name(name: str) -> str:
+    """Lower case, ``_``/``-`` as spaces, single spaces, known aliases resolved (``"motorbike"`` → ``"motorcycle"``)."""
+    text = re.sub(r"[\s_\-]+", " ", str(name).strip().lower())
+    return _ALIASES.get(text, text)
+
+
+def as_categories(categories: Any) -> dict[int, str]:
+    """``{category_id: name}`` from a mapping, a COCO ``categories`` list, or a COCO annotation dict."""
+    if isinstance(categories, Mapping) and "categories" in categories:
+        categories = categories["categories"]
+    if isinstance(categories, Mapping):
+        return {int(k): str(v) for k, v in categories.items()}
+    if isinstance(categories, Sequence) and not isinstance(categories, str):
+        out = {}
+        for i, entry in enumerate(categories):
+            if not isinstance(entry, Mapping) or "id" not in entry or "name" not in entry:
+                raise ValueError(
+                    f"categories[{i}] must be a COCO category {{'id': ..., 'name': ...}}, got {entry!r}"
+                )
+            out[int(entry["id"])] = str(entry["name"])
+        return out
+    raise TypeError(
+        f"categories must be {{id: name}}, a COCO 'categories' list or a COCO annotation dict, got {type(categories).__name__}"
+    )
+
+
+def _names_list(model_names: Mapping[int, str] | Sequence[str]) -> list[str]:
+    if isinstance(model_names, Mapping):
+        size = max((int(k) for k in model_names), default=-1) + 1
+        names = [str(i) for i in range(size)]
+        for k, v in model_names.items():
+            names[int(k)] = str(v)
+        return names
+    return [str(n) for n in model_names]
+
+
+def build_label_lookup(
+    model_names: Mapping[int, str] | Sequence[str],
+    *,
+    default: Literal["coco80", "identity"],
+    categories: Mapping[int, str] | None = None,
+    class_map: Mapping[int | str, int] | None = None,
+    where: str = "detector",
+) -> Tensor:
+    """Build the ``Tensor[M]`` lookup from detector class index to category id (``-1``: dropped).
+
+    Args:
+        model_names: the detector's class names by index.
+        default: what to do without ``categories``/``class_map``: ``"coco80"`` maps indices 0..79 to COCO
+            ids in the standard order (the detector must have 80 classes); ``"identity"`` keeps the index as
+            the id (torchvision COCO models already predict COCO ids).
+        categories: ``{category_id: name}`` of the target label space; detector classes are mapped onto it
+            by name (case, ``_`` and Darknet spellings ignored). Classes without a match are dropped.
+        class_map: explicit ``{detector index or class name: category id}``; wins over everything else,
+            and classes it does not list are dropped.
+        where: the detector's name, for messages.
+    """
+    names = _names_list(model_names)
+    num = len(names)
+    lookup = torch.full((num,), -1, dtype=torch.int64)
+    if class_map is not None:
+        by_name = {normalize_class_name(n): i for i, n in enumerate(names)}
+        for key, cat in class_map.items():
+            if isinstance(key, str) and not key.lstrip("-").isdigit():
+                index = by_name.get(normalize_class_name(key))
+                if index is None:
+                    raise ValueError(
+                        f"{where}: class_map names class {key!r}, which the model does not have ({names[:10]}...)"
+                    )
+            else:
+                index = int(key)
+            if not 0 <= index < num:
+                raise ValueError(f"{where}: class_map index {index} is outside the model's {num} classes")
+            lookup[index] = int(cat)
+        return lookup
+    if categories is not None:
+        target = {normalize_class_name(n): int(cid) for cid, n in categories.items()}
+        unmatched = []
+        for i, name in enumerate(names):
+            cid = target.get(normalize_class_name(name))
+            if cid is None:
+                unmatched.append(name)
+            else:
+                lookup[i] = cid
+        if (lookup < 0).all():
+            raise ValueError(
+                f"{where}: none of the model's classes ({names[:8]}...) matches a category name of the label space "
+                f"({list(categories.values())[:8]}...); pass class_map={{index: category_id}}"
+            )
+        meaningful = [
+            n for n in unmatched if normalize_class_name(n) not in {"n/a", "background", "__background__"}
+        ]
+        if meaningful:
+            logger.info(
+                "%s: %d classes have no category in the label space and are dropped: %s",
+                where,
+                len(meaningful),
+                meaningful,
+            )
+        return lookup
+    if default == "identity":
+        return torch.arange(num, dtype=torch.int64)
+    if num != len(COCO_CATEGORY_IDS):
+        raise ValueError(
+            f"{where}: the model has {num} classes ({names[:8]}{'...' if num > 8 else ''}), not the 80 COCO classes; "
+            "pass categories= (the dataset's categories, matched by name) or class_map={index: category_id}"
+        )
+    real_names = [n for n in names if not n.isdigit()]
+    if real_names:
+        differ = [
+            (n, c)
+            for n, c in zip(names, COCO_NAMES, strict=True)
+            if normalize_class_name(n) != normalize_class_name(c)
+        ]
+        if differ:
+            logger.warning(
+                "%s: 80 classes whose names differ from COCO's (e.g. %r vs %r); mapping them by index in COCO order",
+                where,
+                differ[0][0],
+                differ[0][1],
+            )
+    return torch.tensor(COCO_CATEGORY_IDS, dtype=torch.int64)
+
+
+def apply_label_lookup(lookup: Tensor, classes: Tensor) -> tuple[Tensor, Tensor]:
+    """``(labels, keep)`` for detector class indices ``classes`` (Tensor[K]); ``keep`` drops unmapped ones."""
+    classes = classes.to(torch.int64).cpu()
+    inside = (classes >= 0) & (classes < lookup.numel())
+    labels = torch.full_like(classes, -1)
+    labels[inside] = lookup[classes[inside]]
+    keep = labels >= 0
+    return labels, keep
+
+
+def category_names(categories: Mapping[int, str] | None) -> dict[int, str]:
+    """Names to draw: the label space's categories, COCO's by default."""
+    return dict(categories) if categories is not None else dict(COCO_ID_TO_NAME)

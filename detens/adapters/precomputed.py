@@ -1,0 +1,224 @@
+"""Saved predictions as an ensemble member: any detector a user already ran can join an ensemble.
+
+The predictions are COCO results (``[{"image_id", "category_id", "bbox": [x, y, w, h], "score"}, ...]``,
+``category_id`` in the dataset's label space). Images are matched to ``image_id`` by file name, through
+
+- a COCO annotation file (or dict / :class:`~detens.coco.CocoGroundTruth`) whose ``images`` list gives
+  ``id``, ``file_name``, ``height`` and ``width``;
+- a ``{file_name: image_id}`` mapping;
+- or nothing, when the results file itself carries the images: the ``predictions.json`` that
+  ``tools/fuse.py`` writes (``{"images": [...], "results": [...]}``).
+
+A path matches a ``file_name`` when it ends with it (``.../val2017/000000000139.jpg`` matches
+``000000000139.jpg`` and ``val2017/000000000139.jpg``); integers are taken as image ids.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from detens.adapters._base import BaseDetector, ImageInput, as_image_list
+from detens.coco import coco_to_detections, group_results_by_image, validate_coco_results
+from detens.detections import Detections
+from detens.sources import read_image
+
+__all__ = ["PrecomputedDetector"]
+
+
+def _read_json(path: Path, what: str) -> Any:
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} not found: {path}")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON: {err}") from err
+
+
+class PrecomputedDetector(BaseDetector):
+    """Replays saved COCO results.
+
+    Args:
+        results: a COCO results JSON file, the list of result dicts, or a ``predictions.json`` written by
+            ``tools/fuse.py`` (a dict with ``results`` and ``images``).
+        images: how to find an image's id: a COCO annotation file/dict/``CocoGroundTruth``, or a
+            ``{file_name: image_id}`` mapping; None when ``results`` carries the images.
+        name (str | None): display name; default: the results file's stem.
+        conf (float): drop results scored below it.
+        max_det (int | None): keep at most this many results per image (the best scored).
+        class_map (dict[int, int] | None): ``{saved category_id: category id}``; unlisted ids are dropped.
+            Default: the saved ``category_id`` is the label.
+        categories (dict[int, str] | None): names of the label space, for drawing.
+
+    Calling it with image paths (or image ids) returns their saved detections; an image without results
+    gets an empty ``Detections``; an image the map does not know is an error.
+    """
+
+    def __init__(
+        self,
+        results: str | os.PathLike[str] | Sequence[Mapping[str, Any]] | Mapping[str, Any],
+        images: Any = None,
+        *,
+        name: str | None = None,
+        conf: float = 0.0,
+        max_det: int | None = None,
+        class_map: Mapping[int, int] | None = None,
+        categories: Mapping[int, str] | None = None,
+    ) -> None:
+        where = "results"
+        default_name = "precomputed"
+        if isinstance(results, (str, os.PathLike)):
+            path = Path(results)
+            where, default_name = str(path), path.stem
+            results = _read_json(path, "COCO results file")
+        embedded_images = None
+        if isinstance(results, Mapping):
+            if "results" not in results:
+                raise ValueError(
+                    f"{where}: a dict of predictions must hold 'results' (COCO result dicts) and 'images'; "
+                    f"got keys {sorted(results)}"
+                )
+            embedded_images = results.get("images")
+            results = results["results"]
+        clean = validate_coco_results(results, where)
+        super().__init__(name or default_name, 1, categories)
+        if not 0.0 <= float(conf) <= 1.0:
+            raise ValueError(f"conf must be in [0, 1], got {conf!r}")
+        self.conf = float(conf)
+        self.max_det = max_det
+        self.class_map = None if class_map is None else {int(k): int(v) for k, v in class_map.items()}
+        self._by_image = group_results_by_image(clean)
+        self._records = self._image_records(images if images is not None else embedded_images, where)
+        self._by_file = {rec["file_name"]: rec for rec in self._records.values() if rec.get("file_name")}
+        self._by_base: dict[str, list[dict[str, Any]]] = {}
+        for rec in self._by_file.values():
+            self._by_base.setdefault(Path(rec["file_name"]).name, []).append(rec)
+
+    @staticmethod
+    def _image_records(images: Any, where: str) -> dict[int, dict[str, Any]]:
+        if images is None:
+            raise ValueError(
+                f"{where}: COCO results do not name their images; pass images= (a COCO annotation file, or a "
+                "{file_name: image_id} mapping)"
+            )
+        if isinstance(images, (str, os.PathLike)):
+            images = _read_json(Path(images), "COCO annotation file")
+        dataset = getattr(images, "dataset", None)  # CocoGroundTruth or pycocotools COCO
+        if dataset is not None:
+            images = dataset
+        if isinstance(images, Mapping) and "images" in images:
+            images = images["images"]
+        records: dict[int, dict[str, Any]] = {}
+        if isinstance(images, Mapping):  # {file_name: image_id}
+            for file_name, image_id in images.items():
+                records[int(image_id)] = {"id": int(image_id), "file_name": str(file_name)}
+            return records
+        if isinstance(images, Sequence) and not isinstance(images, str):
+            for i, rec in enumerate(images):
+                if not isinstance(rec, Mapping) or "id" not in rec:
+                    raise ValueError(
+                        f"images[{i}] must be a COCO image record with 'id' and 'file_name', got {rec!r}"
+                    )
+                records[int(rec["id"])] = dict(rec)
+            return records
+        raise TypeError(
+            f"images must be a COCO annotation file/dict or a {{file_name: image_id}} mapping, got {type(images).__name__}"
+        )
+
+    # --------------------------------------------------------------------------------------------- lookup
+    def image_record(self, image: ImageInput | int) -> dict[str, Any]:
+        """The image record (``id``, ``file_name``, maybe ``height``/``width``) of a path or an image id."""
+        if isinstance(image, (int, np.integer)) and not isinstance(image, bool):
+            record = self._records.get(int(image))
+            if record is None:
+                raise KeyError(
+                    f"{self.name}: image id {int(image)} is not among the {len(self._records)} known images"
+                )
+            return record
+        if not isinstance(image, (str, os.PathLike)):
+            raise TypeError(
+                f"{self.name}: saved predictions are found by image file name; pass image paths or ids, "
+                f"not {type(image).__name__}"
+            )
+        path = Path(image)
+        parts = path.as_posix().split("/")
+        for start in range(len(parts)):  # the longest file_name that the path ends with
+            record = self._by_file.get("/".join(parts[start:]))
+            if record is not None:
+                return record
+        candidates = self._by_base.get(path.name, [])
+        if len(candidates) == 1:
+            return candidates[0]
+        if len(candidates) > 1:
+            raise KeyError(
+                f"{self.name}: {str(path)!r} is ambiguous: several images are named {path.name!r} "
+                f"({[c['file_name'] for c in candidates[:5]]}); pass a path that ends with one of them"
+            )
+        examples = list(self._by_file)[:3]
+        raise KeyError(
+            f"{self.name}: no saved predictions for {str(path)!r}: not among the {len(self._by_file)} known images (e.g. {examples})"
+        )
+
+    def _detections(self, record: dict[str, Any], image_size: tuple[int, int]) -> Detections:
+        det = coco_to_detections(self._by_image.get(int(record["id"]), []), image_size, source=self.name)
+        if len(det) and self.class_map is not None:
+            mapped = torch.tensor(
+                [self.class_map.get(int(c), -1) for c in det.labels.tolist()], dtype=torch.int64
+            )
+            keep = mapped >= 0
+            det = Detections(det.boxes[keep], det.scores[keep], mapped[keep], image_size, self.name)
+        if len(det) and self.conf > 0:
+            det = det[det.scores >= self.conf]
+        det = det.sort_by_score()
+        if self.max_det is not None and len(det) > self.max_det:
+            det = det[: self.max_det]
+        return det
+
+    @staticmethod
+    def _record_size(record: Mapping[str, Any]) -> tuple[int, int] | None:
+        if "height" in record and "width" in record:
+            return int(record["height"]), int(record["width"])
+        return None
+
+    # --------------------------------------------------------------------------------------------- calls
+    def __call__(self, images: ImageInput | int | Sequence[ImageInput | int]) -> list[Detections]:
+        items = [images] if isinstance(images, (int, np.integer)) else as_image_list(images)  # type: ignore[arg-type]
+        out = []
+        for item in items:
+            record = self.image_record(item)
+            size = self._record_size(record)
+            if size is None:
+                if isinstance(item, (int, np.integer)):
+                    raise ValueError(
+                        f"{self.name}: image {record['id']} has no height/width; pass its path instead"
+                    )
+                size = read_image(item).shape[:2]  # type: ignore[arg-type]
+            out.append(self._detections(record, size))
+        return out
+
+    def predict_arrays(
+        self, images: Sequence[np.ndarray], paths: Sequence[str | os.PathLike | None] | None = None
+    ) -> list[Detections]:
+        """Detections of already-read images; ``paths`` name them (required: predictions are found by name)."""
+        if paths is None or len(paths) != len(images) or any(p is None for p in paths):
+            raise ValueError(
+                f"{self.name}: saved predictions are found by image file name; pass the images' paths"
+            )
+        out = []
+        for image, path in zip(images, paths, strict=True):
+            record = self.image_record(path)  # type: ignore[arg-type]
+            size = tuple(image.shape[:2])
+            saved = self._record_size(record)
+            if saved is not None and saved != size:
+                raise ValueError(
+                    f"{self.name}: {str(path)!r} is {size[0]}x{size[1]} (h x w) but its saved predictions are for "
+                    f"{saved[0]}x{saved[1]}; the predictions belong to another image"
+                )
+            out.append(self._detections(record, size))  # type: ignore[arg-type]
+        return out

@@ -1,0 +1,172 @@
+"""Ultralytics detectors: anything ``ultralytics.YOLO(path, task="detect")`` loads.
+
+``.pt`` checkpoints, ONNX files, OpenVINO folders, TFLite files, ... including NMS-free end-to-end heads
+(YOLO26, YOLOv10) and exports with NMS in the graph: Ultralytics reads the export's metadata (image size,
+class names, ``end2end``, ``nms``) and post-processes accordingly. Fixed-size exports always run at their
+own image size, whatever ``imgsz`` says.
+
+Offline use: weights found on disk never touch the network. ``YOLO_AUTOINSTALL`` defaults to ``false`` in
+this process when detens imports Ultralytics (the runtimes Ultralytics would pip-install at run time,
+``ai-edge-litert`` and ``openvino``, are detens dependencies); set the variable yourself to override.
+Upstream names (``yolo11n.pt``) are passed to Ultralytics, which downloads them when online.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from detens.adapters._base import BaseDetector
+from detens.adapters._labels import apply_label_lookup, build_label_lookup
+from detens.adapters.weights import ResolvedWeights, resolve_weights, upstream_failure
+from detens.detections import Detections
+
+__all__ = ["UltralyticsDetector", "load_yolo"]
+
+logger = logging.getLogger(__name__)
+
+_EXPORT_SUFFIXES = (
+    "_openvino_model",
+    "_saved_model",
+    "_ncnn_model",
+    "_paddle_model",
+    "_mnn_model",
+    "_web_model",
+)
+
+
+def _display_name(weights: str) -> str:
+    path = Path(weights.rstrip("/\\"))
+    name = path.name if path.suffix == "" else path.stem
+    for suffix in _EXPORT_SUFFIXES:
+        if name.endswith(suffix) and len(name) > len(suffix):
+            return name[: -len(suffix)]
+    return name or "ultralytics"
+
+
+def load_yolo(resolved: ResolvedWeights) -> Any:
+    """``ultralytics.YOLO(resolved.value, task="detect")``; download failures become WeightsNotFoundError."""
+    os.environ.setdefault("YOLO_AUTOINSTALL", "false")
+    from ultralytics import YOLO
+
+    try:
+        return YOLO(resolved.value, task="detect")
+    except (ConnectionError, OSError) as err:
+        if not resolved.local:
+            raise upstream_failure(resolved, err) from err
+        raise
+    except Exception as err:
+        if resolved.local:
+            raise RuntimeError(
+                f"ultralytics could not load {resolved.value!r}: {type(err).__name__}: {err}"
+            ) from err
+        raise
+
+
+class UltralyticsDetector(BaseDetector):
+    """An Ultralytics YOLO model as a detens detector.
+
+    Args:
+        weights (str | Path): a ``.pt``/``.onnx``/``.tflite`` file or an export folder (OpenVINO, ...), a name
+            relative to the weights folder (``$DETENS_WEIGHTS``, see :mod:`detens.adapters.weights`), or an
+            upstream name (``"yolo11n.pt"``) that Ultralytics downloads when online.
+        conf (float): minimum score kept.
+        iou (float): NMS IoU threshold (unused by NMS-free heads and exports with NMS in the graph).
+        imgsz (int): inference size (the longer side, letterboxed); fixed-size exports use their own.
+        max_det (int): maximum boxes per image.
+        device (str | None): ``"cpu"``, ``"cuda:0"``, ...; None lets Ultralytics choose.
+        name (str | None): display name; default from the weights (``"yolov8n_int8"``).
+        categories (dict[int, str] | None): the dataset's ``{category_id: name}``; model classes are mapped
+            onto it by name. Default: the model's 80 classes in COCO order → COCO category ids.
+        class_map (dict | None): explicit ``{class index or name: category_id}``; unlisted classes are dropped.
+        batch (int): images per ``predict`` call.
+        half (bool): FP16 inference (GPU ``.pt`` models).
+        agnostic_nms (bool): class-agnostic NMS.
+        weights_dir (str | Path | None): the default weights folder when ``$DETENS_WEIGHTS`` is unset.
+
+    Calling it returns one :class:`Detections` per image (CPU tensors, labels in the label space).
+    """
+
+    def __init__(
+        self,
+        weights: str | os.PathLike[str],
+        conf: float = 0.001,
+        iou: float = 0.7,
+        imgsz: int = 640,
+        max_det: int = 300,
+        device: str | None = None,
+        *,
+        name: str | None = None,
+        categories: Mapping[int, str] | None = None,
+        class_map: Mapping[int | str, int] | None = None,
+        batch: int = 1,
+        half: bool = False,
+        agnostic_nms: bool = False,
+        weights_dir: str | Path | None = None,
+    ) -> None:
+        if not 0.0 <= float(conf) <= 1.0:
+            raise ValueError(f"conf must be in [0, 1], got {conf!r}")
+        if not 0.0 < float(iou) <= 1.0:
+            raise ValueError(f"iou must be in (0, 1], got {iou!r}")
+        if isinstance(imgsz, bool) or not isinstance(imgsz, int) or imgsz < 32:
+            raise ValueError(f"imgsz must be an integer >= 32, got {imgsz!r}")
+        if isinstance(max_det, bool) or not isinstance(max_det, int) or max_det < 1:
+            raise ValueError(f"max_det must be a positive integer, got {max_det!r}")
+        self.resolved = resolve_weights(weights, "ultralytics", weights_dir)
+        super().__init__(name or _display_name(self.resolved.value), batch, categories)
+        self.model = load_yolo(self.resolved)
+        if self.resolved.value.endswith((".yaml", ".yml")):
+            logger.warning("%s: built from %s, the model is UNTRAINED", self.name, self.resolved.value)
+        self.predict_args: dict[str, Any] = {
+            "conf": float(conf),
+            "iou": float(iou),
+            "imgsz": imgsz,
+            "max_det": max_det,
+            "agnostic_nms": agnostic_nms,
+            "verbose": False,
+            "save": False,
+        }
+        if half:
+            self.predict_args["half"] = True
+        if device is not None:
+            self.predict_args["device"] = device
+        self.model_names: dict[int, str] = self._class_names()
+        self.lookup = build_label_lookup(
+            self.model_names, default="coco80", categories=categories, class_map=class_map, where=self.name
+        )
+        logger.debug(
+            "%s: %s (%d classes), %s",
+            self.name,
+            self.resolved.value,
+            len(self.model_names),
+            self.predict_args,
+        )
+
+    def _class_names(self) -> dict[int, str]:
+        inner = getattr(self.model, "model", None)
+        if isinstance(inner, torch.nn.Module) and hasattr(inner, "names"):  # .pt / YAML: already loaded
+            return dict(self.model.names)
+        # Exports: ``YOLO.names`` would load the file a second time in a throwaway predictor; a first
+        # (warm-up) prediction sets up the real predictor once, with our arguments, and gives the names.
+        self.model.predict(np.zeros((64, 64, 3), dtype=np.uint8), **self.predict_args)
+        return dict(self.model.predictor.model.names)
+
+    def _predict(self, images: list[np.ndarray]) -> list[Detections]:
+        results = self.model.predict(images, **self.predict_args)
+        out = []
+        for result, image in zip(results, images, strict=True):
+            boxes = result.boxes
+            xyxy = boxes.xyxy.detach().to("cpu", torch.float32)  # [K, 4]
+            scores = boxes.conf.detach().to("cpu", torch.float32).clamp(0.0, 1.0)  # [K]
+            labels, keep = apply_label_lookup(self.lookup, boxes.cls.detach())
+            out.append(Detections(xyxy[keep], scores[keep], labels[keep], image.shape[:2], self.name))
+        return out
+
+    def __repr__(self) -> str:
+        return f"UltralyticsDetector(name={self.name!r}, weights={self.resolved.value!r})"

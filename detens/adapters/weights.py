@@ -1,0 +1,181 @@
+"""Where detector weights come from.
+
+:func:`resolve_weights` looks, in this order:
+
+1. at the value as a path (absolute, or relative to the working directory; ``~`` expanded);
+2. at the value as a name relative to the weights folders: ``$DETENS_WEIGHTS`` (one folder, or several
+   separated by ``os.pathsep``) when it is set; otherwise the explicit default folder the caller passes
+   (e.g. ``weights_dir`` of an ensemble YAML); otherwise ``../shared/models`` next to the repository,
+   when that folder exists;
+3. at the value as an upstream name that Ultralytics or torchvision download when online
+   (``yolo11n.pt``, ``yolo26n``, a model YAML such as ``yolov8n.yaml``, a URL; torchvision ``"DEFAULT"``
+   or a weights enum name such as ``"COCO_V1"``): the name is returned unchanged for the upstream loader.
+
+Anything else is a :class:`WeightsNotFoundError` that lists every place it looked.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+__all__ = [
+    "ENV_VAR",
+    "WeightsNotFoundError",
+    "ResolvedWeights",
+    "repository_weights_dir",
+    "weights_dirs",
+    "resolve_weights",
+    "is_upstream_name",
+    "upstream_failure",
+]
+
+#: Environment variable naming the weights folder(s).
+ENV_VAR = "DETENS_WEIGHTS"
+
+Kind = Literal["ultralytics", "torchvision", "any"]
+
+
+class WeightsNotFoundError(FileNotFoundError):
+    """Weights that are neither a file, nor in a weights folder, nor an upstream name (or failed to download)."""
+
+
+@dataclass(frozen=True)
+class ResolvedWeights:
+    """The outcome of :func:`resolve_weights`.
+
+    Args:
+        value (str): a local path (as a string) or the upstream name, ready for the loader.
+        local (bool): True for a file or folder found on disk, False for an upstream name.
+        tried (tuple[str, ...]): the places looked at, for error messages.
+    """
+
+    value: str
+    local: bool
+    tried: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def path(self) -> Path | None:
+        return Path(self.value) if self.local else None
+
+
+def repository_weights_dir() -> Path:
+    """``../shared/models`` next to the repository that holds this package (it may not exist)."""
+    # detens/adapters/weights.py -> parents[2] is the repository root
+    return Path(__file__).resolve().parents[2].parent / "shared" / "models"
+
+
+def weights_dirs(default: str | Path | None = None) -> list[Path]:
+    """The folders that weight names are relative to, in search order.
+
+    ``$DETENS_WEIGHTS`` when set (``os.pathsep``-separated); otherwise ``default`` when given; otherwise
+    :func:`repository_weights_dir` when it exists.
+    """
+    env = os.environ.get(ENV_VAR, "").strip()
+    if env:
+        return [Path(p).expanduser() for p in env.split(os.pathsep) if p.strip()]
+    if default is not None:
+        return [Path(default).expanduser()]
+    repo_dir = repository_weights_dir()
+    return [repo_dir] if repo_dir.is_dir() else []
+
+
+def _ultralytics_upstream(name: str) -> bool:
+    if name.startswith(("http://", "https://")):
+        return True
+    if "/" in name or "\\" in name:
+        return False
+    if name.endswith((".yaml", ".yml")):  # model YAMLs ship inside the ultralytics package
+        return True
+    from ultralytics.utils.downloads import GITHUB_ASSETS_NAMES, GITHUB_ASSETS_STEMS
+
+    return name in GITHUB_ASSETS_NAMES or name in GITHUB_ASSETS_STEMS
+
+
+def _torchvision_upstream(name: str) -> bool:
+    # "DEFAULT", "COCO_V1", "FasterRCNN_ResNet50_FPN_Weights.COCO_V1": identifiers, never paths
+    if name.startswith(("http://", "https://")):
+        return False
+    parts = name.split(".")
+    return 1 <= len(parts) <= 2 and all(p.isidentifier() for p in parts) and parts[-1].upper() == parts[-1]
+
+
+def is_upstream_name(name: str, kind: Kind) -> bool:
+    """Whether ``name`` is something the upstream library downloads (or builds) itself."""
+    if kind == "ultralytics":
+        return _ultralytics_upstream(name)
+    if kind == "torchvision":
+        return _torchvision_upstream(name)
+    return _ultralytics_upstream(name) or _torchvision_upstream(name)
+
+
+def _env_note() -> str:
+    env = os.environ.get(ENV_VAR, "").strip()
+    return f"${ENV_VAR}={env!r}" if env else f"${ENV_VAR} unset"
+
+
+def resolve_weights(
+    weights: str | os.PathLike[str], kind: Kind = "any", weights_dir: str | Path | None = None
+) -> ResolvedWeights:
+    """Find ``weights`` (see the module docstring for the order).
+
+    Args:
+        weights: a path, a name relative to a weights folder, or an upstream name.
+        kind: whose upstream names are accepted: ``"ultralytics"``, ``"torchvision"`` or ``"any"``.
+        weights_dir: the default weights folder used when ``$DETENS_WEIGHTS`` is unset.
+
+    Raises:
+        WeightsNotFoundError: not found anywhere; the message lists where it looked.
+    """
+    if not isinstance(weights, (str, os.PathLike)):
+        raise TypeError(f"weights must be a path or a name, got {type(weights).__name__}: {weights!r}")
+    text = os.fspath(weights)
+    if not text.strip():
+        raise ValueError("weights must not be empty")
+    tried: list[str] = []
+    as_path = Path(text).expanduser()
+    tried.append(f"{as_path.resolve() if not as_path.is_absolute() else as_path} (as a path)")
+    if as_path.exists():
+        return ResolvedWeights(str(as_path.absolute()), True, tuple(tried))
+    if not as_path.is_absolute():
+        dirs = weights_dirs(weights_dir)
+        for folder in dirs:
+            candidate = folder / as_path
+            tried.append(f"{candidate} (weights folder)")
+            if candidate.exists():
+                return ResolvedWeights(str(candidate), True, tuple(tried))
+        if not dirs:
+            tried.append(
+                f"no weights folder ({_env_note()}, no default given, {repository_weights_dir()} does not exist)"
+            )
+    if is_upstream_name(text, kind):
+        tried.append(f"{text!r} as an upstream name ({kind}; downloaded when online)")
+        return ResolvedWeights(text, False, tuple(tried))
+    upstream_hint = {
+        "ultralytics": "an Ultralytics asset name such as 'yolo11n.pt'",
+        "torchvision": "a torchvision weights name such as 'DEFAULT' or 'COCO_V1'",
+        "any": "an Ultralytics asset name ('yolo11n.pt') or torchvision weights name ('DEFAULT')",
+    }[kind]
+    raise WeightsNotFoundError(
+        f"weights {text!r} not found. Looked at:\n  - "
+        + "\n  - ".join(tried)
+        + f"\nand it is not {upstream_hint}. Pass an existing path, a name relative to ${ENV_VAR} "
+        f"({_env_note()}), or an upstream name."
+    )
+
+
+def upstream_failure(
+    resolved: ResolvedWeights, err: BaseException, what: str | None = None
+) -> WeightsNotFoundError:
+    """The error to raise when the upstream loader could not fetch ``resolved`` (e.g. offline).
+
+    ``what`` names the model for the message (``"torchvision ssdlite320_mobilenet_v3_large"``).
+    """
+    name = f"{what} weights {resolved.value!r}" if what else f"weights {resolved.value!r}"
+    return WeightsNotFoundError(
+        f"{name} are not on disk and the upstream download failed ({type(err).__name__}: "
+        f"{err}). Looked at:\n  - " + "\n  - ".join(resolved.tried) + f"\nPut the file in a weights folder "
+        f"({_env_note()}) or pass its path."
+    )

@@ -1,0 +1,193 @@
+"""Ensemble YAML configs (``configs/ensembles/*.yaml``) mirrored by dataclasses.
+
+Unknown keys are rejected with the nearest valid key suggested (:mod:`detens.config`). Top-level
+``conf``, ``iou``, ``imgsz``, ``max_det``, ``device`` and ``batch`` are defaults for every model; a model's
+own value wins. See ``configs/ensembles/coco_yolo3.yaml`` for every key with its meaning.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from detens.config import from_dict, save_yaml_config
+
+__all__ = [
+    "ModelConfig",
+    "FusionConfig",
+    "OutputConfig",
+    "EnsembleConfig",
+    "load_ensemble_config",
+    "ensemble_config_from_dict",
+    "save_ensemble_config",
+    "apply_overrides",
+]
+
+# keys each adapter type uses besides the common ones
+_TYPE_KEYS = {
+    "ultralytics": {"weights", "half"},
+    "torchvision": {"weights", "arch"},
+    "precomputed": {"results", "images"},
+}
+_TYPE_ONLY_KEYS = {"weights", "arch", "results", "images", "half"}
+
+
+@dataclass
+class ModelConfig:
+    """One ensemble member (with ``tta``: one member per view)."""
+
+    type: str = "ultralytics"
+    weights: str | None = None
+    name: str | None = None
+    arch: str | None = None
+    results: str | None = None
+    images: str | None = None
+    conf: float | None = None
+    iou: float | None = None
+    imgsz: int | None = None
+    max_det: int | None = None
+    device: str | None = None
+    batch: int | None = None
+    half: bool | None = None
+    tta: list[str] = field(default_factory=list)
+    weight: float = 1.0
+    class_map: dict[int | str, int] | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from detens.adapters import ADAPTERS
+
+        ADAPTERS.get(self.type)  # unknown type: error listing the valid ones
+        label = f"model {self.name or self.weights or self.results or self.arch or self.type!r}"
+        used = _TYPE_KEYS.get(self.type)
+        if used is not None:
+            for key in sorted(_TYPE_ONLY_KEYS - used):
+                if getattr(self, key) is not None:
+                    raise ValueError(
+                        f"{label}: {key!r} is not used by type {self.type!r} (it uses {', '.join(sorted(used))})"
+                    )
+        if self.type == "ultralytics" and not self.weights:
+            raise ValueError(
+                f"{label}: type 'ultralytics' needs 'weights' (a path, a name in the weights folder, or yolo11n.pt)"
+            )
+        if self.type == "torchvision" and not self.arch:
+            raise ValueError(f"{label}: type 'torchvision' needs 'arch' (e.g. fasterrcnn_resnet50_fpn_v2)")
+        if self.type == "precomputed":
+            if not self.results:
+                raise ValueError(f"{label}: type 'precomputed' needs 'results' (a COCO results JSON file)")
+            if self.tta:
+                raise ValueError(f"{label}: saved predictions cannot be augmented; remove 'tta'")
+        if self.conf is not None and not 0.0 <= self.conf <= 1.0:
+            raise ValueError(f"{label}: conf must be in [0, 1], got {self.conf}")
+        if self.iou is not None and not 0.0 < self.iou <= 1.0:
+            raise ValueError(f"{label}: iou must be in (0, 1], got {self.iou}")
+        if self.weight < 0:
+            raise ValueError(f"{label}: weight must be >= 0, got {self.weight}")
+        if self.tta:
+            from detens.adapters.augmented import View
+
+            for view in self.tta:
+                View.parse(view)
+
+
+@dataclass
+class FusionConfig:
+    method: str = "wbf"
+    params: dict[str, Any] = field(default_factory=dict)
+    head: str | None = None
+
+
+@dataclass
+class OutputConfig:
+    vis: bool = True
+    labels: bool = True
+    vis_conf: float = 0.25
+    labels_conf: float = 0.25
+    save_per_model: bool = False
+
+    def __post_init__(self) -> None:
+        for key in ("vis_conf", "labels_conf"):
+            value = getattr(self, key)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"output.{key} must be in [0, 1], got {value}")
+
+
+@dataclass
+class EnsembleConfig:
+    name: str = "ensemble"
+    weights_dir: str | None = None
+    dataset: str | None = None
+    conf: float = 0.001
+    iou: float = 0.7
+    imgsz: int = 640
+    max_det: int = 300
+    device: str | None = None
+    batch: int = 1
+    models: list[ModelConfig] = field(default_factory=list)
+    fusion: FusionConfig = field(default_factory=FusionConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    def __post_init__(self) -> None:
+        if not self.models:
+            raise ValueError("an ensemble config needs at least one entry under 'models'")
+        if not 0.0 <= self.conf <= 1.0:
+            raise ValueError(f"conf must be in [0, 1], got {self.conf}")
+        if not 0.0 < self.iou <= 1.0:
+            raise ValueError(f"iou must be in (0, 1], got {self.iou}")
+        if self.batch < 1 or self.max_det < 1 or self.imgsz < 32:
+            raise ValueError(
+                f"batch and max_det must be >= 1 and imgsz >= 32, got {self.batch}, {self.max_det}, {self.imgsz}"
+            )
+        names = [m.name for m in self.models if m.name]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"model names must be unique, got {duplicates} more than once")
+
+    def setting(self, model: ModelConfig, key: str) -> Any:
+        """A model's value of ``key`` (``conf``, ``iou``, ``imgsz``, ``max_det``, ``device``, ``batch``), else the default."""
+        value = getattr(model, key)
+        return getattr(self, key) if value is None else value
+
+
+def apply_overrides(data: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
+    """A deep copy of ``data`` with dotted-key overrides (``{"fusion.method": "nms"}``); None values are skipped."""
+    data = copy.deepcopy(data)
+    for dotted, value in (overrides or {}).items():
+        if value is None:
+            continue
+        node = data
+        *parents, last = dotted.split(".")
+        for key in parents:
+            child = node.get(key)
+            if child is None:
+                child = node[key] = {}
+            if not isinstance(child, dict):
+                raise ValueError(f"override {dotted!r}: {key!r} is not a mapping")
+            node = child
+        node[last] = value
+    return data
+
+
+def ensemble_config_from_dict(data: dict[str, Any], where: str = "ensemble config") -> EnsembleConfig:
+    return from_dict(EnsembleConfig, data, where)
+
+
+def load_ensemble_config(path: str | Path, overrides: dict[str, Any] | None = None) -> EnsembleConfig:
+    """Read an ensemble YAML; ``overrides`` (dotted keys, e.g. from CLI flags) win over the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"ensemble config not found: {path}")
+    with path.open(encoding="utf-8") as f:
+        data = yaml.safe_load(f) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
+    return ensemble_config_from_dict(apply_overrides(data, overrides), where=str(path))
+
+
+def save_ensemble_config(config: EnsembleConfig, path: str | Path) -> None:
+    """Write the config as YAML (atomically)."""
+    save_yaml_config(config, path)

@@ -1,0 +1,164 @@
+"""Image sources: list the images of a file, folder or glob, and read them with OpenCV.
+
+Images are BGR ``uint8`` arrays ``[H, W, 3]`` (OpenCV's layout), which is what every detens detector
+takes. An unreadable or corrupt file raises :class:`ImageReadError` naming the file, so that a caller
+processing a folder can report it and go on.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+__all__ = ["IMAGE_EXTENSIONS", "ImageReadError", "list_images", "read_image", "as_bgr", "is_image_file"]
+
+logger = logging.getLogger(__name__)
+
+#: File extensions (lower case, with the dot) that OpenCV's ``imread`` decodes.
+IMAGE_EXTENSIONS: frozenset[str] = frozenset(
+    {
+        ".bmp",
+        ".dib",
+        ".jpg",
+        ".jpeg",
+        ".jpe",
+        ".jp2",
+        ".png",
+        ".webp",
+        ".avif",
+        ".pbm",
+        ".pgm",
+        ".ppm",
+        ".pxm",
+        ".pnm",
+        ".pfm",
+        ".sr",
+        ".ras",
+        ".tif",
+        ".tiff",
+        ".exr",
+        ".hdr",
+        ".pic",
+    }
+)
+
+_GLOB_CHARS = frozenset("*?[")
+
+
+class ImageReadError(OSError):
+    """An image file that is missing, unreadable or not decodable; the message names the file."""
+
+
+def is_image_file(path: str | Path) -> bool:
+    """Whether ``path`` has an extension OpenCV reads (the file itself is not opened)."""
+    return Path(path).suffix.lower() in IMAGE_EXTENSIONS
+
+
+def _is_glob(pattern: str) -> bool:
+    return any(c in _GLOB_CHARS for c in pattern)
+
+
+def list_images(source: str | Path | Iterable[str | Path], recursive: bool = True) -> list[Path]:
+    """The image files of ``source``, sorted.
+
+    Args:
+        source: an image file (kept whatever its extension, so a bad file is reported when read), a folder
+            (searched recursively for files with an :data:`IMAGE_EXTENSIONS` extension; hidden files and
+            folders are skipped), a glob pattern (``"data/**/*.jpg"``), or a list of these.
+        recursive (bool): search folders recursively and let ``**`` in a glob match any depth.
+
+    Returns:
+        list[Path]: sorted, without duplicates. An empty folder gives an empty list.
+
+    Raises:
+        FileNotFoundError: ``source`` is neither an existing file, a folder nor a glob.
+    """
+    if isinstance(source, (str, Path)):
+        sources = [source]
+    else:
+        sources = list(source)
+    found: set[Path] = set()
+    for item in sources:
+        path = Path(item).expanduser()
+        if path.is_file():
+            found.add(path)
+        elif path.is_dir():
+            pattern = "**/*" if recursive else "*"
+            for candidate in path.glob(pattern):
+                relative_parts = candidate.relative_to(path).parts
+                if any(part.startswith(".") for part in relative_parts):
+                    continue
+                if candidate.is_file() and is_image_file(candidate):
+                    found.add(candidate)
+        elif _is_glob(str(item)):
+            for match in glob.glob(os.path.expanduser(str(item)), recursive=recursive):
+                candidate = Path(match)
+                if candidate.is_file() and is_image_file(candidate):
+                    found.add(candidate)
+        else:
+            raise FileNotFoundError(
+                f"image source not found: {str(item)!r} is not a file, a folder or a glob pattern"
+            )
+    return sorted(found)
+
+
+def read_image(path: str | Path) -> np.ndarray:
+    """Read an image as BGR ``uint8`` ``[H, W, 3]``.
+
+    Grayscale and 16-bit images are converted; the alpha channel is dropped. Unlike ``cv2.imread`` this
+    reads paths with any characters (it decodes the bytes), and never returns ``None``.
+
+    Raises:
+        ImageReadError: the file is missing, unreadable, empty or not a decodable image.
+    """
+    path = Path(path)
+    try:
+        data = np.fromfile(path, dtype=np.uint8)
+    except OSError as err:
+        raise ImageReadError(f"cannot read image {str(path)!r}: {err.strerror or err}") from err
+    if data.size == 0:
+        raise ImageReadError(f"cannot read image {str(path)!r}: the file is empty")
+    image = cv2.imdecode(data, cv2.IMREAD_COLOR)
+    if image is None or image.size == 0:
+        raise ImageReadError(
+            f"cannot read image {str(path)!r}: OpenCV could not decode it (corrupt, truncated or not an image)"
+        )
+    return image
+
+
+def as_bgr(image: np.ndarray, where: str = "image") -> np.ndarray:
+    """Check a numpy image and bring it to BGR ``uint8`` ``[H, W, 3]`` (gray and BGRA are converted).
+
+    Raises:
+        TypeError, ValueError: not a numpy array, or a shape/dtype that is not an image.
+    """
+    if not isinstance(image, np.ndarray):
+        raise TypeError(
+            f"{where} must be a numpy array (BGR, as cv2.imread gives) or a path, got {type(image).__name__}"
+        )
+    if image.ndim == 3 and image.shape[2] == 1:
+        image = image[:, :, 0]
+    if image.ndim == 2:
+        image = cv2.cvtColor(image, cv2.COLOR_GRAY2BGR)
+    elif image.ndim == 3 and image.shape[2] == 4:
+        image = cv2.cvtColor(image, cv2.COLOR_BGRA2BGR)
+    if image.ndim != 3 or image.shape[2] != 3:
+        raise ValueError(f"{where} must have shape [H, W, 3] (BGR), got {list(image.shape)}")
+    if image.shape[0] == 0 or image.shape[1] == 0:
+        raise ValueError(f"{where} is empty: shape {list(image.shape)}")
+    if image.dtype != np.uint8:
+        if image.dtype == np.uint16:
+            image = (image // 257).astype(np.uint8)
+        elif np.issubdtype(image.dtype, np.floating):
+            raise TypeError(
+                f"{where} has dtype {image.dtype}; pass uint8 BGR in 0..255 (float images are ambiguous: 0..1 or 0..255)"
+            )
+        else:
+            raise TypeError(f"{where} must be uint8 BGR, got dtype {image.dtype}")
+    return image

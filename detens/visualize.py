@@ -1,0 +1,87 @@
+"""Draw detections on an image with OpenCV (no fonts to download, no matplotlib)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import cv2
+import numpy as np
+
+from detens.detections import Detections
+from detens.labels import COCO_ID_TO_NAME
+
+__all__ = ["draw_detections", "class_color"]
+
+# A fixed palette (BGR), so a class keeps its color across images and runs.
+_PALETTE = (
+    (56, 56, 255), (151, 157, 255), (31, 112, 255), (29, 178, 255), (49, 210, 207), (10, 249, 72),
+    (23, 204, 146), (134, 219, 61), (52, 147, 26), (187, 212, 0), (168, 153, 44), (255, 194, 0),
+    (147, 69, 52), (255, 115, 100), (236, 24, 0), (255, 56, 132), (133, 0, 82), (255, 56, 203),
+    (200, 149, 255), (199, 55, 255),
+)  # fmt: skip
+
+
+def class_color(label: int) -> tuple[int, int, int]:
+    """The BGR color of a class id."""
+    return _PALETTE[int(label) % len(_PALETTE)]
+
+
+def draw_detections(
+    image_bgr: np.ndarray,
+    det: Detections,
+    names: Mapping[int, str] | None = None,
+    conf: float = 0.0,
+    line_width: int | None = None,
+) -> np.ndarray:
+    """A copy of ``image_bgr`` with the boxes of ``det`` drawn, each labelled ``"<class name> <score>"``.
+
+    Args:
+        image_bgr (np.ndarray[H, W, 3] uint8): the image (not modified).
+        det (Detections): boxes in the image's pixels.
+        names (dict[int, str] | None): ``{label: class name}``; default the COCO names; unknown labels are
+            written as numbers.
+        conf (float): draw only boxes scored at least ``conf``.
+        line_width (int | None): box line width in pixels; default scales with the image size.
+
+    Returns:
+        np.ndarray[H, W, 3] uint8: the drawn image.
+    """
+    if not isinstance(image_bgr, np.ndarray) or image_bgr.ndim != 3 or image_bgr.shape[2] != 3:
+        raise ValueError(
+            f"image_bgr must be a BGR array [H, W, 3], got {getattr(image_bgr, 'shape', type(image_bgr))}"
+        )
+    if tuple(image_bgr.shape[:2]) != tuple(det.image_size):
+        raise ValueError(
+            f"image is {image_bgr.shape[0]}x{image_bgr.shape[1]} but the detections are for {det.image_size}"
+        )
+    names = COCO_ID_TO_NAME if names is None else names
+    canvas = np.ascontiguousarray(image_bgr.copy())
+    height, width = canvas.shape[:2]
+    lw = line_width or max(1, round((height + width) / 2 * 0.003))
+    font_scale = max(0.35, lw / 3)
+    font_thickness = max(1, lw - 1)
+    if len(det) == 0:
+        return canvas
+    det = det.clip()
+    keep = det.scores >= conf
+    order = det.scores[keep].argsort()  # draw the best last (on top)
+    boxes = det.boxes[keep][order].round().to(int).tolist()
+    scores = det.scores[keep][order].tolist()
+    labels = det.labels[keep][order].tolist()
+    for (x1, y1, x2, y2), score, label in zip(boxes, scores, labels, strict=True):
+        color = class_color(label)
+        cv2.rectangle(canvas, (x1, y1), (x2, y2), color, lw)
+        text = f"{names.get(label, str(label))} {score:.2f}"
+        (tw, th), baseline = cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, font_scale, font_thickness)
+        outside = y1 - th - baseline - 3 >= 0  # label above the box when it fits
+        ty1 = y1 - th - baseline - 3 if outside else y1
+        ty2 = y1 if outside else y1 + th + baseline + 3
+        tx2 = min(width - 1, x1 + tw + 2)
+        cv2.rectangle(canvas, (x1, ty1), (tx2, ty2), color, -1)
+        brightness = 0.114 * color[0] + 0.587 * color[1] + 0.299 * color[2]
+        text_color = (0, 0, 0) if brightness > 150 else (255, 255, 255)
+        cv2.putText(
+            canvas, text, (x1 + 1, ty2 - baseline - 1), cv2.FONT_HERSHEY_SIMPLEX, font_scale, text_color,
+            font_thickness, cv2.LINE_AA,
+        )  # fmt: skip
+    return canvas

@@ -1,0 +1,504 @@
+"""Detector adapters on real images: Ultralytics (every Ultralytics model in ../shared/models and a local
+.pt), torchvision (real architectures, state dicts saved and loaded by path), saved predictions, and
+test-time views."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+import yaml
+from torchvision.ops import box_iou
+
+from detens.adapters import AugmentedDetector, PrecomputedDetector, View, detect_loaded
+from detens.adapters.augmented import AugmentedView
+from detens.adapters.weights import repository_weights_dir
+from detens.coco import detections_to_coco
+from detens.detections import Detections
+from detens.labels import COCO_CATEGORY_IDS
+from detens.sources import ImageReadError, read_image
+
+ultralytics = pytest.importorskip("ultralytics")
+from ultralytics.utils import ASSETS  # noqa: E402
+
+BUS = Path(ASSETS) / "bus.jpg"
+ZIDANE = Path(ASSETS) / "zidane.jpg"
+SHARED_MODELS = repository_weights_dir()  # ../shared/models next to the repository, as detens finds it
+PERSON, BUS_ID = 1, 6  # COCO category ids
+# Objects in bus.jpg (xyxy pixels; the consensus of the models in ../shared/models and YOLOX's metadata).
+BUS_BOX = [13.0, 230.0, 800.0, 740.0]
+PERSON_BOXES = [[50.0, 397.0, 240.0, 903.0], [221.0, 405.0, 345.0, 858.0], [670.0, 390.0, 810.0, 878.0]]
+
+
+def ultralytics_models() -> list[Path]:
+    """Every Ultralytics export in ../shared/models (its metadata.yaml says author: Ultralytics)."""
+    found = []
+    if not SHARED_MODELS.is_dir():
+        return found
+    for folder in sorted(SHARED_MODELS.iterdir()):
+        meta = folder / "metadata.yaml"
+        if not meta.is_file() or yaml.safe_load(meta.read_text()).get("author") != "Ultralytics":
+            continue
+        if any(folder.glob("*.xml")):  # an OpenVINO export is the folder itself
+            found.append(folder)
+        else:
+            found.extend(
+                f for f in sorted(folder.iterdir()) if f.suffix in {".tflite", ".onnx", ".pt", ".engine"}
+            )
+    return found
+
+
+MODELS = ultralytics_models()
+
+
+def test_shared_models_are_there():
+    assert SHARED_MODELS.is_dir(), f"the tests need the real detectors in {SHARED_MODELS}"
+    assert len(MODELS) >= 4, MODELS
+
+
+def test_importing_detens_adapters_is_light():
+    code = (
+        "import sys, detens, detens.adapters, detens.adapters.ultralytics, detens.adapters.torchvision, "
+        "detens.adapters.precomputed, detens.adapters.augmented, detens.sources, detens.ensemble_config\n"
+        "heavy = [m for m in sys.modules if m.split('.')[0] in ('ultralytics', 'onnxruntime', 'openvino', 'albumentations')"
+        " or m.startswith('torchvision.models')]\n"
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def assert_valid(det: Detections, image_size: tuple[int, int]) -> None:
+    assert isinstance(det, Detections) and det.image_size == image_size and det.device.type == "cpu"
+    assert det.boxes.dtype == torch.float32 and det.labels.dtype == torch.int64
+    if len(det):
+        assert set(det.labels.tolist()) <= set(COCO_CATEGORY_IDS)
+        assert float(det.scores.min()) >= 0 and float(det.scores.max()) <= 1
+
+
+def assert_finds_bus_and_people(det: Detections) -> None:
+    """The bus and the three people standing in bus.jpg, each found with IoU >= 0.6."""
+    confident = det[det.scores >= 0.25]
+    buses = confident[confident.labels == BUS_ID]
+    people = confident[confident.labels == PERSON]
+    assert len(buses) >= 1, confident.labels.tolist()
+    assert float(box_iou(torch.tensor([BUS_BOX]), buses.boxes).max()) >= 0.6
+    assert len(people) >= 3
+    best = box_iou(torch.tensor(PERSON_BOXES), people.boxes).max(dim=1).values
+    assert (best >= 0.6).all(), best
+
+
+# ------------------------------------------------------------------------------------------- Ultralytics
+@pytest.fixture(scope="module", params=MODELS, ids=[p.name for p in MODELS])
+def yolo(request):
+    from detens.adapters.ultralytics import UltralyticsDetector
+
+    return UltralyticsDetector(request.param, conf=0.001)
+
+
+@pytest.mark.slow
+class TestUltralyticsSharedModels:
+    def test_bus_jpg(self, yolo):
+        det = yolo([BUS])[0]
+        assert_valid(det, (1080, 810))
+        assert_finds_bus_and_people(det)
+        assert det.source == yolo.name
+
+    def test_batch_of_path_and_array(self, yolo):
+        bus, zidane = yolo([BUS, cv2.imread(str(ZIDANE))])
+        assert_valid(bus, (1080, 810))
+        assert_valid(zidane, (720, 1280))
+        assert int((zidane[zidane.scores >= 0.25].labels == PERSON).sum()) >= 2
+        again = yolo([BUS])[0]  # batches give the same answer as single calls
+        torch.testing.assert_close(bus.boxes, again.boxes)
+
+    def test_blank_image_gives_valid_detections(self, yolo):
+        det = yolo(np.full((200, 300, 3), 114, np.uint8))[0]
+        assert_valid(det, (200, 300))
+        assert len(det) == 0 or float(det.scores.max()) < 0.25
+
+
+@pytest.fixture(scope="module")
+def v8():
+    from detens.adapters.ultralytics import UltralyticsDetector
+
+    return UltralyticsDetector("yolov8n_int8_tflite/yolov8n_int8.tflite", conf=0.25, batch=2)
+
+
+class TestUltralyticsOptions:
+    def test_name_weights_and_fixed_size_export(self, v8):
+        assert v8.name == "yolov8n_int8"
+        assert Path(v8.resolved.value) == SHARED_MODELS / "yolov8n_int8_tflite" / "yolov8n_int8.tflite"
+        assert len(v8.model_names) == 80 and v8.model_names[0] == "person"
+
+    def test_categories_map_by_name(self, v8):
+        from detens.adapters.ultralytics import UltralyticsDetector
+
+        mapped = UltralyticsDetector(
+            "yolov8n_int8_tflite/yolov8n_int8.tflite",
+            conf=0.25,
+            categories={10: "Person", 20: "bus", 30: "motorbike"},
+        )
+        det = mapped([BUS])[0]
+        assert set(det.labels.tolist()) == {10, 20}
+        plain = v8([BUS])[0]
+        assert len(det) == int(((plain.labels == PERSON) | (plain.labels == BUS_ID)).sum())
+
+    def test_class_map(self):
+        from detens.adapters.ultralytics import UltralyticsDetector
+
+        det = UltralyticsDetector("yolov8n_int8_tflite/yolov8n_int8.tflite", conf=0.25, class_map={"bus": 1})(
+            [BUS]
+        )[0]
+        assert det.labels.tolist() == [1]
+
+    def test_unreadable_image_names_the_file(self, v8, tmp_path):
+        bad = tmp_path / "corrupt image.jpg"
+        bad.write_bytes(b"not a jpeg")
+        with pytest.raises(ImageReadError, match="corrupt image.jpg"):
+            v8([BUS, bad])
+
+    @pytest.mark.parametrize(
+        "kwargs, fragment", [({"conf": 2.0}, "conf"), ({"imgsz": 0}, "imgsz"), ({"max_det": 0}, "max_det")]
+    )
+    def test_bad_arguments(self, kwargs, fragment):
+        from detens.adapters.ultralytics import UltralyticsDetector
+
+        with pytest.raises(ValueError, match=fragment):
+            UltralyticsDetector("yolov8n_int8_tflite/yolov8n_int8.tflite", **kwargs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_yaml", ["yolov8n.yaml", "yolo26n.yaml"])
+def test_ultralytics_pt_built_locally(tmp_path, model_yaml):
+    """The .pt path: an untrained model built from a model YAML (offline), saved, loaded back by path."""
+    from ultralytics import YOLO
+
+    from detens.adapters.ultralytics import UltralyticsDetector
+
+    path = tmp_path / f"{Path(model_yaml).stem}_untrained.pt"
+    YOLO(model_yaml).save(path)
+    detector = UltralyticsDetector(path, conf=0.0, imgsz=160, max_det=20, device="cpu")
+    assert detector.name == path.stem and len(detector.model_names) == 80
+    bus, zidane = detector([BUS, ZIDANE])
+    assert_valid(bus, (1080, 810))
+    assert_valid(zidane, (720, 1280))
+    assert 0 < len(bus) <= 20  # untrained scores are tiny but conf=0 keeps them
+    assert bool((bus.boxes[:, 2:] <= torch.tensor([810.0, 1080.0]) + 1e-3).all())
+
+
+# ------------------------------------------------------------------------------------------- torchvision
+def _reference_model(arch: str, conf: float, max_det: int, **kwargs):
+    """The torchvision model built directly, with the score threshold and max detections as builder arguments."""
+    from torchvision.models import get_model
+
+    if arch.startswith(("fasterrcnn", "maskrcnn", "keypointrcnn")):
+        kwargs.update(box_score_thresh=conf, box_detections_per_img=max_det)
+    else:
+        kwargs.update(score_thresh=conf, detections_per_img=max_det)
+    return get_model(arch, weights=None, weights_backbone=None, **kwargs).eval()
+
+
+TORCHVISION_ARCHS = [
+    pytest.param("fasterrcnn_mobilenet_v3_large_320_fpn", {}, id="fasterrcnn_mobilenet_v3_large_320_fpn"),
+    pytest.param("ssdlite320_mobilenet_v3_large", {}, id="ssdlite320_mobilenet_v3_large"),
+    pytest.param(
+        "retinanet_resnet50_fpn", {"imgsz": 320}, id="retinanet_resnet50_fpn", marks=pytest.mark.slow
+    ),
+    pytest.param("fcos_resnet50_fpn", {"imgsz": 320}, id="fcos_resnet50_fpn", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("arch, options", TORCHVISION_ARCHS)
+def test_torchvision_state_dict_by_path(tmp_path, arch, options):
+    """A real architecture (untrained), its state dict saved and loaded by path, gives the model's own output."""
+    from detens.adapters.torchvision import TorchvisionDetector
+
+    torch.manual_seed(0)
+    imgsz = options.get("imgsz")
+    size_kwargs = {"min_size": imgsz, "max_size": imgsz} if imgsz else {}
+    reference = _reference_model(arch, conf=0.001, max_det=100, **size_kwargs)
+    path = tmp_path / f"{arch}.pth"
+    torch.save(reference.state_dict(), path)
+
+    detector = TorchvisionDetector(arch, weights=path, conf=0.001, max_det=100, device="cpu", **options)
+    assert detector.name == arch and detector.weights_source == str(path)
+    if imgsz:  # the big ResNet-50 models: one image is enough
+        (bus,) = detector([BUS])
+    else:
+        bus, zidane = detector([BUS, ZIDANE])
+        assert_valid(zidane, (720, 1280))
+    assert_valid(bus, (1080, 810))
+    assert len(bus) > 0
+
+    rgb = torch.from_numpy(read_image(BUS)[:, :, ::-1].copy()).permute(2, 0, 1).float() / 255
+    with torch.inference_mode():
+        expected = reference([rgb])[0]
+    keep = torch.isin(expected["labels"], torch.tensor(COCO_CATEGORY_IDS))  # untrained: "N/A" ids are dropped
+    torch.testing.assert_close(bus.boxes, expected["boxes"][keep])
+    torch.testing.assert_close(bus.scores, expected["scores"][keep])
+    torch.testing.assert_close(bus.labels, expected["labels"][keep])
+
+
+@pytest.fixture(scope="module")
+def state():
+    """The state dict of an untrained SSDlite."""
+    torch.manual_seed(1)
+    return _reference_model(TestTorchvisionLoading.ARCH, 0.001, 50).state_dict()
+
+
+class TestTorchvisionLoading:
+    ARCH = "ssdlite320_mobilenet_v3_large"
+
+    def test_checkpoint_dict_and_safetensors(self, tmp_path, state):
+        from safetensors.torch import save_file
+
+        from detens.adapters.torchvision import TorchvisionDetector
+
+        torch.save({"model": state, "epoch": 3}, tmp_path / "ckpt.pth")
+        save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "w.safetensors"))
+        a = TorchvisionDetector(self.ARCH, weights=tmp_path / "ckpt.pth", max_det=50, device="cpu")([BUS])[0]
+        b = TorchvisionDetector(self.ARCH, weights=tmp_path / "w.safetensors", max_det=50, device="cpu")(
+            [BUS]
+        )[0]
+        torch.testing.assert_close(a.boxes, b.boxes)
+        assert len(a) > 0
+
+    def test_weights_relative_to_weights_dir(self, tmp_path, state, monkeypatch):
+        from detens.adapters.torchvision import TorchvisionDetector
+
+        monkeypatch.setenv("DETENS_WEIGHTS", str(tmp_path))
+        torch.save(state, tmp_path / "mine.pth")
+        assert TorchvisionDetector(self.ARCH, weights="mine.pth", device="cpu").weights_source == str(
+            tmp_path / "mine.pth"
+        )
+
+    def test_wrong_state_dict(self, tmp_path):
+        from detens.adapters.torchvision import TorchvisionDetector
+
+        torch.save({"backbone.weight": torch.zeros(3)}, tmp_path / "bad.pth")
+        with pytest.raises(ValueError, match="does not fit torchvision"):
+            TorchvisionDetector(self.ARCH, weights=tmp_path / "bad.pth", device="cpu")
+
+    def test_unknown_arch_suggests(self):
+        from detens.adapters.torchvision import TorchvisionDetector
+
+        with pytest.raises(ValueError, match="Did you mean 'fasterrcnn_resnet50_fpn'"):
+            TorchvisionDetector("fasterrcnn_resnet50", weights=None)
+
+    def test_unknown_weights_name(self):
+        from detens.adapters.torchvision import TorchvisionDetector
+
+        with pytest.raises(ValueError, match="not a torchvision weights name"):
+            TorchvisionDetector(self.ARCH, weights="IMAGENET_V7")
+
+    def test_missing_weights_file(self):
+        from detens.adapters.torchvision import TorchvisionDetector
+        from detens.adapters.weights import WeightsNotFoundError
+
+        with pytest.raises(WeightsNotFoundError, match="missing.pth"):
+            TorchvisionDetector(self.ARCH, weights="missing.pth")
+
+    def test_categories_by_name(self, tmp_path, state):
+        from detens.adapters.torchvision import TorchvisionDetector
+
+        torch.save(state, tmp_path / "w.pth")
+        det = TorchvisionDetector(
+            self.ARCH, weights=tmp_path / "w.pth", categories={7: "person", 8: "tv monitor"}, device="cpu"
+        )
+        assert set(det.lookup[det.lookup >= 0].tolist()) == {7, 8}
+        assert set(det([BUS])[0].labels.tolist()) <= {7, 8}
+
+
+# ------------------------------------------------------------------------------------------- precomputed
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """Real predictions of YOLOv8n on bus.jpg and zidane.jpg, saved as COCO results with a COCO image list."""
+    from detens.adapters.ultralytics import UltralyticsDetector
+
+    folder = tmp_path_factory.mktemp("saved")
+    detector = UltralyticsDetector("yolov8n_int8_tflite/yolov8n_int8.tflite", conf=0.05)
+    dets = detector([BUS, ZIDANE])
+    results = detections_to_coco(dets[0], 11, decimals=None) + detections_to_coco(dets[1], 22, decimals=None)
+    (folder / "yolov8n.json").write_text(json.dumps(results))
+    gt = {
+        "images": [
+            {"id": 11, "file_name": "assets/bus.jpg", "height": 1080, "width": 810},
+            {"id": 22, "file_name": "zidane.jpg", "height": 720, "width": 1280},
+            {"id": 33, "file_name": "empty.jpg", "height": 10, "width": 10},
+        ],
+        "annotations": [],
+        "categories": [{"id": 1, "name": "person"}],
+    }
+    (folder / "gt.json").write_text(json.dumps(gt))
+    return folder, dets
+
+
+class TestPrecomputed:
+    def test_replays_by_file_name(self, saved):
+        folder, dets = saved
+        replay = PrecomputedDetector(folder / "yolov8n.json", folder / "gt.json")
+        assert replay.name == "yolov8n"
+        bus, zidane = replay([BUS, ZIDANE])
+        for got, want in ((bus, dets[0]), (zidane, dets[1])):
+            want = want.sort_by_score()
+            torch.testing.assert_close(got.boxes, want.boxes)
+            torch.testing.assert_close(got.scores, want.scores)
+            assert got.labels.tolist() == want.labels.tolist() and got.image_size == want.image_size
+
+    def test_ids_mapping_and_filters(self, saved):
+        folder, dets = saved
+        results = json.loads((folder / "yolov8n.json").read_text())
+        replay = PrecomputedDetector(
+            results, {"bus.jpg": 11, "zidane.jpg": 22}, name="v8", conf=0.5, max_det=2
+        )
+        bus = replay([BUS])[0]  # size read from the image: the mapping has none
+        assert bus.image_size == (1080, 810) and len(bus) == 2 and float(bus.scores.min()) >= 0.5
+        assert replay.name == "v8"
+
+    def test_predictions_json_of_fuse_and_class_map(self, saved, tmp_path):
+        folder, _ = saved
+        predictions = {
+            "images": json.loads((folder / "gt.json").read_text())["images"],
+            "results": json.loads((folder / "yolov8n.json").read_text()),
+        }
+        (tmp_path / "predictions.json").write_text(json.dumps(predictions))
+        replay = PrecomputedDetector(tmp_path / "predictions.json", class_map={6: 60})
+        assert replay([BUS])[0].labels.tolist() == [60]
+        assert len(replay([33])[0]) == 0  # an image id; no results → empty
+
+    def test_arrays_need_paths(self, saved):
+        folder, _ = saved
+        replay = PrecomputedDetector(folder / "yolov8n.json", folder / "gt.json")
+        image = read_image(BUS)
+        with pytest.raises(TypeError, match="file name"):
+            replay([image])
+        assert len(detect_loaded(replay, [image], [BUS])[0]) > 0
+        with pytest.raises(ValueError, match="another image"):
+            detect_loaded(replay, [read_image(ZIDANE)], [BUS])
+
+    def test_unknown_image_and_missing_images(self, saved, tmp_path):
+        folder, _ = saved
+        replay = PrecomputedDetector(folder / "yolov8n.json", folder / "gt.json")
+        with pytest.raises(KeyError, match="no saved predictions for"):
+            replay([tmp_path / "other.jpg"])
+        with pytest.raises(ValueError, match="images="):
+            PrecomputedDetector(folder / "yolov8n.json")
+
+
+# ------------------------------------------------------------------------------------------- test-time views
+VIEWS = ["hflip", "vflip", "scale=0.5", "scale=1.7", "hflip+scale=0.83", "hflip+vflip+scale=0.6"]
+
+
+@pytest.mark.parametrize("spec", VIEWS)
+def test_view_inverse_undoes_albumentations(spec):
+    """Boxes moved by albumentations' own bbox transform come back exactly with View.invert_boxes."""
+    import albumentations as A
+
+    view = View.parse(spec)
+    size = (37, 53)
+    gen = torch.Generator().manual_seed(0)
+    xy1 = torch.rand(20, 2, generator=gen) * torch.tensor([40.0, 25.0])
+    wh = torch.rand(20, 2, generator=gen) * torch.tensor([12.0, 11.0]) + 1
+    boxes = torch.cat([xy1, xy1 + wh], 1)  # [20, 4], inside the 53 x 37 image
+    compose = A.Compose(
+        view.transform(size).transforms, bbox_params=A.BboxParams(format="pascal_voc", label_fields=["ids"])
+    )
+    image = np.zeros((*size, 3), np.uint8)
+    out = compose(image=image, bboxes=boxes.numpy(), ids=list(range(20)))
+    assert out["image"].shape[:2] == (view.apply(image).shape[:2])
+    moved = torch.as_tensor(np.asarray(out["bboxes"]), dtype=torch.float32)
+    assert moved.shape == (20, 4)
+    torch.testing.assert_close(view.invert_boxes(moved, size), boxes, atol=1e-3, rtol=0)
+
+
+def test_view_images():
+    image = np.random.default_rng(0).integers(0, 255, (20, 30, 3), dtype=np.uint8)
+    np.testing.assert_array_equal(View.parse("hflip").apply(image), image[:, ::-1])
+    np.testing.assert_array_equal(View.parse("vflip").apply(image), image[::-1])
+    small = View.parse("scale=0.5").apply(image)
+    assert small.shape == image.shape and (small[10:, :] == 114).all() and (small[:, 15:] == 114).all()
+    assert View.parse("identity").apply(image) is image
+
+
+@pytest.mark.parametrize(
+    "spec, fragment",
+    [
+        ("rotate", "unknown view 'rotate'"),
+        ("scale=0", "scale"),
+        ("", "non-empty"),
+        ({"flip": True}, "unknown view option"),
+    ],
+)
+def test_bad_views(spec, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        View.parse(spec)
+
+
+@pytest.mark.slow
+def test_flipped_view_agrees_with_plain_run():
+    """On bus.jpg, each confident box of the plain run has a same-class box in the flipped view (mapped back) with IoU > 0.9."""
+    from detens.adapters.ultralytics import UltralyticsDetector
+
+    detector = UltralyticsDetector("yolo26n_int8_tflite/yolo26n_int8.tflite", conf=0.05)
+    tta = AugmentedDetector(detector, ["identity", "hflip", "scale=0.83"])
+    assert [m.name for m in tta.members] == ["yolo26n_int8", "yolo26n_int8|hflip", "yolo26n_int8|scale=0.83"]
+    assert tta.members[0] is detector and isinstance(tta.members[1], AugmentedView)
+    ((plain, flipped, smaller),) = tta([BUS])
+    for det in (plain, flipped, smaller):
+        assert_valid(det, (1080, 810))
+    confident = plain[plain.scores >= 0.5]
+    assert len(confident) >= 4
+    for other, threshold in ((flipped, 0.9), (smaller, 0.8)):
+        for box, label in zip(confident.boxes, confident.labels, strict=True):
+            same = other[other.labels == label]
+            assert len(same), f"class {int(label)} missing in {other.source}"
+            iou = float(box_iou(box[None], same.boxes).max())
+            assert iou > threshold, (other.source, box.tolist(), iou)
+    # the flip really happened: the flipped view's raw boxes are mirrored
+    raw = detector([cv2.flip(read_image(BUS), 1)])[0]
+    mirrored = View.parse("hflip").invert_boxes(raw.boxes, (1080, 810))
+    torch.testing.assert_close(
+        Detections(mirrored, raw.scores, raw.labels, (1080, 810)).clip().boxes, flipped.boxes
+    )
+
+
+def test_augmented_detector_rejects():
+    class Fake:
+        name = "fake"
+
+        def __call__(self, images):
+            return [Detections.empty(im.shape[:2], "fake") for im in images]
+
+    with pytest.raises(ValueError, match="repeat"):
+        AugmentedDetector(Fake(), ["hflip", "hflip"])
+    tta = AugmentedDetector(Fake(), "vflip")
+    assert [m.name for m in tta] == ["fake|vflip"]
+    ((only,),) = tta([np.zeros((5, 6, 3), np.uint8)])
+    assert only.image_size == (5, 6) and only.source == "fake|vflip"
+
+
+@pytest.mark.slow
+def test_readme_bring_your_detectors_snippet(monkeypatch):
+    """The README's "Bring your detectors" Python snippet runs as written."""
+    import re
+
+    repo = Path(__file__).resolve().parents[1]
+    text = (repo / "README.md").read_text(encoding="utf-8")
+    section = re.split(r"^## ", text.split("## Bring your detectors", 1)[1], maxsplit=1, flags=re.MULTILINE)[
+        0
+    ]
+    snippets = re.findall(r"^```python\n(.*?)^```", section, flags=re.MULTILINE | re.DOTALL)
+    assert len(snippets) == 1
+    monkeypatch.chdir(repo)
+    namespace: dict = {"__name__": "readme_adapters"}
+    exec(compile(snippets[0], "README.md:bring-your-detectors", "exec"), namespace)
+    assert len(namespace["fused"]) == 2 and all(len(d) > 0 for d in namespace["fused"])
+    assert [len(d) for d in namespace["saved"](namespace["images"])] == [
+        len(d) for d in namespace["yolo"](namespace["images"])
+    ]

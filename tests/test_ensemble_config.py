@@ -1,0 +1,178 @@
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from detens.adapters import ADAPTERS, build_detector, build_ensemble, member_weights
+from detens.ensemble_config import (
+    EnsembleConfig,
+    FusionConfig,
+    ModelConfig,
+    OutputConfig,
+    ensemble_config_from_dict,
+    load_ensemble_config,
+    save_ensemble_config,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((REPO / "configs" / "ensembles").glob("*.yaml"))
+KEY_LINE = re.compile(r"^\s*#?\s*(?:-\s+)?([a-z_]+):(.*)$")
+
+
+def minimal(**extra):
+    return {"models": [{"weights": "yolov8n_int8_tflite/yolov8n_int8.tflite"}], **extra}
+
+
+def test_adapter_types():
+    assert ADAPTERS.names() == ["precomputed", "torchvision", "ultralytics"]
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_shipped_configs_load(path):
+    config = load_ensemble_config(path)
+    assert config.models and config.fusion.method
+    assert len(member_weights(config)) == sum(max(1, len(m.tta)) for m in config.models)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_every_key_is_documented(path):
+    """Each key used in a shipped YAML carries `# (type) meaning` at least once in that file."""
+    documented, used = set(), set()
+    for line in path.read_text().splitlines():
+        match = KEY_LINE.match(line)
+        if not match:
+            continue
+        key, rest = match.groups()
+        if not line.lstrip().startswith("#"):
+            used.add(key)
+        if re.search(r"#\s*\([^)]+\)\s*\S", rest):
+            documented.add(key)
+    assert used <= documented, sorted(used - documented)
+
+
+def test_reference_config_documents_every_field():
+    """coco_yolo3.yaml documents every key of every config dataclass (the others refer to it)."""
+    text = (REPO / "configs" / "ensembles" / "coco_yolo3.yaml").read_text()
+    documented = {
+        m.group(1) for line in text.splitlines() if (m := KEY_LINE.match(line)) and "# (" in m.group(2)
+    }
+    fields = {
+        f.name
+        for cls in (EnsembleConfig, ModelConfig, FusionConfig, OutputConfig)
+        for f in dataclasses.fields(cls)
+    }
+    assert fields <= documented, sorted(fields - documented)
+
+
+def test_tta_config_members():
+    config = load_ensemble_config(REPO / "configs" / "ensembles" / "coco_yolo4_tta.yaml")
+    assert [m.name for m in config.models] == ["yolov8n", "yolo11n", "yolo26n", "yolov5nu"]
+    assert member_weights(config) == [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.5]
+
+
+@pytest.mark.parametrize(
+    "data, fragment",
+    [
+        (minimal(imgszz=320), r"unknown key 'imgszz'.*Did you mean 'imgsz'"),
+        (
+            {"models": [{"wieghts": "x.pt"}]},
+            r"unknown key 'wieghts' in .*models\[0\].*Did you mean 'weights'",
+        ),
+        (minimal(fusion={"metod": "nms"}), r"unknown key 'metod'.*Did you mean 'method'"),
+        (minimal(output={"vis_cof": 0.3}), r"Did you mean 'vis_conf'"),
+        (
+            {"models": [{"type": "ultralytic", "weights": "x.pt"}]},
+            r"unknown adapter type 'ultralytic'.*Did you mean 'ultralytics'",
+        ),
+        (minimal(conf="high"), "expected a number"),
+        (minimal(conf=1.5), r"conf must be in \[0, 1\]"),
+        ({"models": []}, "at least one"),
+        ({"models": [{"type": "ultralytics"}]}, "needs 'weights'"),
+        (
+            {"models": [{"type": "ultralytics", "weights": "x.pt", "arch": "ssd300_vgg16"}]},
+            "'arch' is not used by type 'ultralytics'",
+        ),
+        ({"models": [{"type": "torchvision"}]}, "needs 'arch'"),
+        ({"models": [{"type": "precomputed", "results": "r.json", "tta": ["hflip"]}]}, "cannot be augmented"),
+        ({"models": [{"type": "precomputed", "results": "r.json", "half": True}]}, "'half' is not used"),
+        ({"models": [{"weights": "x.pt", "tta": ["rotate"]}]}, "unknown view 'rotate'"),
+        ({"models": [{"weights": "a.pt", "name": "m"}, {"weights": "b.pt", "name": "m"}]}, "unique"),
+        (minimal(output={"vis_conf": 2.0}), r"vis_conf must be in \[0, 1\]"),
+    ],
+)
+def test_invalid_configs(data, fragment):
+    with pytest.raises((ValueError, TypeError), match=fragment):
+        ensemble_config_from_dict(data)
+
+
+def test_overrides_and_round_trip(tmp_path):
+    path = REPO / "configs" / "ensembles" / "coco_yolo3.yaml"
+    config = load_ensemble_config(
+        path, {"fusion.method": "nms", "conf": 0.3, "output.vis": False, "device": None}
+    )
+    assert config.fusion.method == "nms" and config.conf == 0.3 and config.output.vis is False
+    assert config.fusion.params == {"iou_thr": 0.55}  # siblings kept
+    save_ensemble_config(config, tmp_path / "resolved.yaml")
+    assert load_ensemble_config(tmp_path / "resolved.yaml") == config
+    with pytest.raises(ValueError, match="Did you mean 'method'"):
+        load_ensemble_config(path, {"fusion.metod": "nms"})
+
+
+def test_model_settings_fall_back_to_the_defaults():
+    config = ensemble_config_from_dict(minimal(conf=0.2, imgsz=320))
+    model = config.models[0]
+    assert config.setting(model, "conf") == 0.2 and config.setting(model, "imgsz") == 320
+    model.conf = 0.5
+    assert config.setting(model, "conf") == 0.5
+
+
+def test_build_precomputed_ensemble(tmp_path):
+    """A whole ensemble from a dict, without running any detector: saved predictions of two 'models'."""
+    images = [{"id": 1, "file_name": "a.jpg", "height": 10, "width": 20}]
+    for name, score in (("one", 0.9), ("two", 0.6)):
+        results = [{"image_id": 1, "category_id": 3, "bbox": [1, 2, 5, 4], "score": score}]
+        (tmp_path / f"{name}.json").write_text(json.dumps({"images": images, "results": results}))
+    config = {
+        "models": [
+            {"type": "precomputed", "results": str(tmp_path / "one.json")},
+            {"type": "precomputed", "results": str(tmp_path / "two.json"), "name": "second", "weight": 2},
+        ]
+    }
+    members = build_ensemble(config)
+    assert [m.name for m in members] == ["one", "second"]
+    assert member_weights(ensemble_config_from_dict(config)) == [1.0, 2.0]
+    (a,), (b,) = (m([tmp_path / "a.jpg"]) for m in members)
+    assert (
+        a.boxes.tolist() == [[1.0, 2.0, 6.0, 6.0]]
+        and a.image_size == (10, 20)
+        and float(b.scores[0]) == pytest.approx(0.6)
+    )
+    single = build_detector({"type": "precomputed", "results": str(tmp_path / "two.json")})
+    assert single.name == "two"
+    same = dict(config, models=[config["models"][0], dict(config["models"][0])])
+    with pytest.raises(ValueError, match="different names"):
+        build_ensemble(same)
+
+
+@pytest.mark.slow
+def test_build_tta_ensemble_runs():
+    members = build_ensemble(REPO / "configs" / "ensembles" / "coco_yolo4_tta.yaml")
+    assert [m.name for m in members] == [
+        "yolov8n", "yolo11n", "yolo11n|hflip", "yolo26n", "yolo26n|hflip", "yolo26n|scale=0.83", "yolov5nu",
+    ]  # fmt: skip
+    from ultralytics.utils import ASSETS
+
+    for member in members:
+        (det,) = member([Path(ASSETS) / "bus.jpg"])
+        assert det.image_size == (1080, 810) and det.source == member.name
+        assert 6 in det[det.scores > 0.25].labels.tolist()  # everyone sees the bus
+
+
+def test_yaml_is_plain_yaml():
+    for path in CONFIGS:
+        assert isinstance(yaml.safe_load(path.read_text()), dict)

@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from detens.detections import Detections
+from detens.export import save_yolo_txt, yolo_lines
+from detens.visualize import class_color, draw_detections
+
+
+def dets():
+    # 200 x 100 image (h, w); the second box sticks out of the image and is clipped
+    return Detections(
+        [[10.0, 20.0, 30.0, 60.0], [90.0, 150.0, 120.0, 220.0], [0.0, 0.0, 5.0, 5.0]],
+        [0.5, 0.9, 0.1],
+        [1, 90, 6],
+        (200, 100),
+    )
+
+
+class TestYoloLines:
+    def test_values_order_and_clipping(self):
+        lines = yolo_lines(dets(), decimals=4)
+        # toothbrush (id 90) is YOLO class 79; its box is clipped to x <= 100, y <= 200
+        assert lines[0] == "79 0.9500 0.8750 0.1000 0.2500 0.9000"
+        # person: cx 20/100, cy 40/200, w 20/100, h 40/200
+        assert lines[1] == "0 0.2000 0.2000 0.2000 0.2000 0.5000"
+        assert lines[2].startswith("5 ")  # bus (id 6) is YOLO class 5
+
+    def test_conf_and_custom_label_space(self):
+        assert len(yolo_lines(dets(), conf=0.4)) == 2
+        lines = yolo_lines(dets()[[0]], category_ids=[7, 1])
+        assert lines[0].split()[0] == "1"
+        with pytest.raises(ValueError, match="label 90 is not in"):
+            yolo_lines(dets(), category_ids=[1, 6])
+
+    def test_empty_and_file(self, tmp_path):
+        assert yolo_lines(Detections.empty((5, 5))) == []
+        path = save_yolo_txt(tmp_path / "sub" / "a b.txt", Detections.empty((5, 5)))
+        assert path.read_text() == ""
+        save_yolo_txt(path, dets(), conf=0.4)
+        assert len(path.read_text().splitlines()) == 2
+
+
+class TestDraw:
+    def test_draws_a_copy(self):
+        image = np.zeros((200, 100, 3), np.uint8)
+        drawn = draw_detections(image, dets(), {1: "person", 90: "toothbrush", 6: "bus"}, line_width=1)
+        assert image.max() == 0 and drawn.shape == image.shape and drawn.dtype == np.uint8
+        assert tuple(int(v) for v in drawn[40, 10]) == class_color(1)  # left edge of the person box
+        assert drawn[100:199, 40:85].max() == 0  # empty area untouched
+
+    def test_conf_hides_boxes_and_empty(self):
+        image = np.zeros((200, 100, 3), np.uint8)
+        assert draw_detections(image, dets(), conf=0.95).max() == 0
+        np.testing.assert_array_equal(draw_detections(image, Detections.empty((200, 100))), image)
+
+    def test_size_mismatch(self):
+        with pytest.raises(ValueError, match="detections are for"):
+            draw_detections(np.zeros((10, 10, 3), np.uint8), dets())

@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+
+from detens.sources import ImageReadError, as_bgr, list_images, read_image
+
+
+def _write_png(path, shape=(12, 16, 3), value=100):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ok, data = cv2.imencode(".png", np.full(shape, value, dtype=np.uint8))
+    assert ok
+    path.write_bytes(data.tobytes())
+    return path
+
+
+@pytest.fixture
+def tree(tmp_path):
+    _write_png(tmp_path / "b.png")
+    _write_png(tmp_path / "a with space.PNG")
+    _write_png(tmp_path / "sub" / "deeper" / "c.jpg")
+    _write_png(tmp_path / ".hidden" / "d.png")
+    _write_png(tmp_path / ".e.png")
+    (tmp_path / "notes.txt").write_text("not an image")
+    return tmp_path
+
+
+class TestListImages:
+    def test_folder_is_recursive_sorted_and_filtered(self, tree):
+        found = list_images(tree)
+        assert [p.relative_to(tree).as_posix() for p in found] == [
+            "a with space.PNG",
+            "b.png",
+            "sub/deeper/c.jpg",
+        ]
+
+    def test_not_recursive(self, tree):
+        assert [p.name for p in list_images(tree, recursive=False)] == ["a with space.PNG", "b.png"]
+
+    def test_single_file_is_kept_whatever_its_extension(self, tree):
+        assert list_images(tree / "notes.txt") == [tree / "notes.txt"]
+
+    def test_glob(self, tree):
+        assert [p.name for p in list_images(str(tree / "**" / "*.jpg"))] == ["c.jpg"]
+        assert [p.name for p in list_images(str(tree / "*.png"))] == ["b.png"]  # glob is case-sensitive
+
+    def test_list_of_sources_without_duplicates(self, tree):
+        found = list_images([tree / "b.png", tree, str(tree / "*.png")])
+        assert len(found) == 3
+
+    def test_missing_source_is_an_error(self, tmp_path):
+        with pytest.raises(FileNotFoundError, match="nope"):
+            list_images(tmp_path / "nope")
+
+    def test_empty_folder_gives_empty_list(self, tmp_path):
+        assert list_images(tmp_path) == []
+
+
+class TestReadImage:
+    def test_reads_bgr_uint8_with_spaces_and_unicode(self, tmp_path):
+        path = _write_png(tmp_path / "ä b ç.png", shape=(5, 7, 3), value=9)
+        image = read_image(path)
+        assert image.shape == (5, 7, 3) and image.dtype == np.uint8 and int(image[0, 0, 0]) == 9
+
+    def test_gray_and_alpha_become_bgr(self, tmp_path):
+        assert read_image(_write_png(tmp_path / "g.png", shape=(4, 4))).shape == (4, 4, 3)
+        assert read_image(_write_png(tmp_path / "a.png", shape=(4, 4, 4))).shape == (4, 4, 3)
+
+    @pytest.mark.parametrize(
+        "content, fragment",
+        [
+            (b"", "empty"),
+            (b"\xff\xd8\xff\xe0 definitely not a jpeg", "could not decode"),
+            (None, "cannot read"),
+        ],
+    )
+    def test_unreadable_files_name_the_file(self, tmp_path, content, fragment):
+        path = tmp_path / "broken file.jpg"
+        if content is not None:
+            path.write_bytes(content)
+        with pytest.raises(ImageReadError, match=fragment) as info:
+            read_image(path)
+        assert "broken file.jpg" in str(info.value)
+
+    def test_truncated_png(self, tmp_path):
+        good = _write_png(tmp_path / "full.png", shape=(64, 64, 3))
+        cut = tmp_path / "cut.png"
+        cut.write_bytes(good.read_bytes()[:40])
+        with pytest.raises(ImageReadError, match="cut.png"):
+            read_image(cut)
+
+
+class TestAsBgr:
+    def test_conversions(self):
+        assert as_bgr(np.zeros((3, 4), np.uint8)).shape == (3, 4, 3)
+        assert as_bgr(np.zeros((3, 4, 1), np.uint8)).shape == (3, 4, 3)
+        assert as_bgr(np.zeros((3, 4, 4), np.uint8)).shape == (3, 4, 3)
+        sixteen = as_bgr(np.full((2, 2, 3), 65535, np.uint16))
+        assert sixteen.dtype == np.uint8 and int(sixteen.max()) == 255
+
+    @pytest.mark.parametrize(
+        "image, error, fragment",
+        [
+            ("x", TypeError, "numpy array"),
+            (np.zeros((3, 4, 2), np.uint8), ValueError, r"\[H, W, 3\]"),
+            (np.zeros((0, 4, 3), np.uint8), ValueError, "empty"),
+            (np.zeros((3, 4, 3), np.float32), TypeError, "float"),
+        ],
+    )
+    def test_rejects(self, image, error, fragment):
+        with pytest.raises(error, match=fragment):
+            as_bgr(image)

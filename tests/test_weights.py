@@ -1,0 +1,146 @@
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from detens.adapters.weights import (
+    ENV_VAR,
+    WeightsNotFoundError,
+    is_upstream_name,
+    repository_weights_dir,
+    resolve_weights,
+    weights_dirs,
+)
+
+
+@pytest.fixture
+def dirs(tmp_path, monkeypatch):
+    """Two weights folders holding model.onnx (different contents), and a working directory."""
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    a, b, cwd = tmp_path / "a", tmp_path / "b", tmp_path / "cwd"
+    for folder in (a, b, cwd):
+        folder.mkdir()
+    (a / "model.onnx").write_text("a")
+    (b / "model.onnx").write_text("b")
+    (b / "only_b.onnx").write_text("b")
+    (b / "export_openvino_model").mkdir()
+    monkeypatch.chdir(cwd)
+    return a, b, cwd
+
+
+class TestResolutionOrder:
+    def test_an_existing_path_comes_first(self, dirs, monkeypatch):
+        a, b, cwd = dirs
+        (cwd / "model.onnx").write_text("cwd")
+        monkeypatch.setenv(ENV_VAR, str(a))
+        resolved = resolve_weights("model.onnx", "ultralytics")
+        assert resolved.local and resolved.value == str(cwd / "model.onnx")
+        assert resolve_weights(str(b / "model.onnx")).value == str(b / "model.onnx")
+
+    def test_then_the_env_folders_in_order(self, dirs, monkeypatch):
+        a, b, _ = dirs
+        monkeypatch.setenv(ENV_VAR, f"{a}{os.pathsep}{b}")
+        assert resolve_weights("model.onnx").value == str(a / "model.onnx")
+        assert resolve_weights("only_b.onnx").value == str(b / "only_b.onnx")
+        assert resolve_weights("export_openvino_model").value == str(
+            b / "export_openvino_model"
+        )  # folders too
+
+    def test_env_wins_over_the_explicit_default(self, dirs, monkeypatch):
+        a, b, _ = dirs
+        monkeypatch.setenv(ENV_VAR, str(a))
+        assert weights_dirs(default=b) == [a]
+        assert resolve_weights("model.onnx", weights_dir=b).value == str(a / "model.onnx")
+
+    def test_explicit_default_when_env_unset(self, dirs):
+        _, b, _ = dirs
+        assert weights_dirs(default=b) == [b]
+        assert resolve_weights("model.onnx", weights_dir=b).value == str(b / "model.onnx")
+
+    def test_repository_default(self, monkeypatch):
+        monkeypatch.delenv(ENV_VAR, raising=False)
+        repo_dir = repository_weights_dir()
+        assert repo_dir.parent.name == "shared"
+        assert weights_dirs() == ([repo_dir] if repo_dir.is_dir() else [])
+
+    @pytest.mark.parametrize(
+        "name, kind",
+        [
+            ("yolo11n.pt", "ultralytics"),
+            ("yolo26n", "ultralytics"),
+            ("yolov8n.yaml", "ultralytics"),
+            ("https://example.com/w.pt", "ultralytics"),
+            ("DEFAULT", "torchvision"),
+            ("COCO_V1", "torchvision"),
+            ("FasterRCNN_ResNet50_FPN_Weights.COCO_V1", "torchvision"),
+        ],
+    )
+    def test_upstream_names_pass_through_unchanged(self, dirs, name, kind):
+        resolved = resolve_weights(name, kind)
+        assert not resolved.local and resolved.value == name and resolved.path is None
+
+    @pytest.mark.parametrize(
+        "name, kind",
+        [
+            ("sub/yolo11n.pt", "ultralytics"),
+            ("my_model.pt", "ultralytics"),
+            ("model.pth", "torchvision"),
+            ("yolo11n.pt", "torchvision"),
+        ],
+    )
+    def test_not_upstream(self, name, kind):
+        assert not is_upstream_name(name, kind)
+
+    def test_a_local_file_shadows_the_upstream_name(self, dirs, monkeypatch):
+        a, _, _ = dirs
+        (a / "yolo11n.pt").write_text("local")
+        monkeypatch.setenv(ENV_VAR, str(a))
+        resolved = resolve_weights("yolo11n.pt", "ultralytics")
+        assert resolved.local and resolved.value == str(a / "yolo11n.pt")
+
+
+class TestMissing:
+    def test_error_lists_where_it_looked(self, dirs, monkeypatch):
+        a, b, cwd = dirs
+        monkeypatch.setenv(ENV_VAR, f"{a}{os.pathsep}{b}")
+        with pytest.raises(WeightsNotFoundError) as info:
+            resolve_weights("missing.tflite", "ultralytics")
+        message = str(info.value)
+        assert "'missing.tflite' not found" in message
+        for place in (cwd / "missing.tflite", a / "missing.tflite", b / "missing.tflite"):
+            assert str(place) in message
+        assert "yolo11n.pt" in message and ENV_VAR in message
+        assert isinstance(info.value, FileNotFoundError)
+
+    def test_error_without_any_weights_folder(self, dirs, monkeypatch):
+        monkeypatch.setattr("detens.adapters.weights.repository_weights_dir", lambda: dirs[2] / "no_such_dir")
+        with pytest.raises(WeightsNotFoundError, match="no weights folder"):
+            resolve_weights("missing.pth", "torchvision")
+
+    def test_absolute_missing_path(self, dirs):
+        with pytest.raises(WeightsNotFoundError, match="as a path"):
+            resolve_weights(dirs[0] / "nope.pt")
+
+    @pytest.mark.parametrize("bad, error", [("", ValueError), (3, TypeError), (None, TypeError)])
+    def test_bad_values(self, bad, error):
+        with pytest.raises(error):
+            resolve_weights(bad)
+
+    def test_upstream_download_failure_is_a_clear_error(self, monkeypatch):
+        """Offline, an upstream name fails inside Ultralytics; the adapter says what it tried."""
+        pytest.importorskip("ultralytics")
+        import ultralytics
+
+        from detens.adapters.ultralytics import UltralyticsDetector
+
+        def offline(*args, **kwargs):
+            raise ConnectionError(
+                "Download failure for https://github.com/.../yolo11n.pt. Environment may be offline."
+            )
+
+        monkeypatch.setattr(ultralytics, "YOLO", offline)
+        with pytest.raises(
+            WeightsNotFoundError, match=r"(?s)upstream download failed.*yolo11n.pt.*as a path"
+        ):
+            UltralyticsDetector("yolo11n.pt")
