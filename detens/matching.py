@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from torchvision.ops import batched_nms
+from torchvision.ops import batched_nms, box_iou
 
 from detens.detections import Detections
 
@@ -137,6 +137,10 @@ def _grouped_best_seed(boxes: Tensor, labels: Tensor, seed_boxes: Tensor, seed_l
     Returns:
         Tensor[K] int64: index into the seeds.
     """
+    if boxes.shape[0] * seed_boxes.shape[0] <= _IOU_BLOCK_ELEMENTS:
+        # Small enough for one dense [K, S] block: cheaper than grouping by class.
+        iou = box_iou(boxes, seed_boxes).masked_fill(labels[:, None] != seed_labels[None, :], -1.0)  # [K, S]
+        return iou.argmax(1)
     classes, seed_group = torch.unique(seed_labels, return_inverse=True)  # [G], [S]
     box_group = torch.searchsorted(classes, labels)  # [K]
     order = torch.argsort(seed_group, stable=True)  # seeds grouped by class

@@ -131,11 +131,22 @@ class Ensemble:
     def __repr__(self) -> str:
         return f"Ensemble(detectors={self.names}, method={self.method!r})"
 
-    def run_detectors(self, images: Sequence[Any]) -> list[list[Detections]]:
-        """Every detector on ``images``; returns ``per_model[n][b]``, checked for count and image size."""
+    def run_detectors(
+        self, images: Sequence[Any], paths: Sequence[Any] | None = None
+    ) -> list[list[Detections]]:
+        """Every detector on ``images``; returns ``per_model[n][b]``, checked for count and image size.
+
+        ``paths`` (optional) name the files that ``images`` (BGR arrays already read) came from; detectors
+        that find saved predictions by file name (``PrecomputedDetector``) need them. With ``paths`` each
+        detector gets the arrays through :func:`detens.adapters.detect_loaded`.
+        """
+        from detens.adapters import detect_loaded
+
+        if paths is not None and len(paths) != len(images):
+            raise ValueError(f"got {len(paths)} paths for {len(images)} images")
         per_model = []
         for name, detector in zip(self.names, self.detectors, strict=True):
-            out = list(detector(images))
+            out = list(detector(images)) if paths is None else detect_loaded(detector, images, paths)
             if len(out) != len(images):
                 raise ValueError(f"detector {name!r} returned {len(out)} Detections for {len(images)} images")
             for b, det in enumerate(out):
@@ -165,10 +176,12 @@ class Ensemble:
         """
         if isinstance(images, (str, Path, np.ndarray)):
             images = [images]
-        images = list(images)
+        return self._detect_and_fuse(list(images))
+
+    def _detect_and_fuse(self, images: list[Any], paths: Sequence[Any] | None = None) -> list[Detections]:
         if not images:
             return []
-        per_model = self.run_detectors(images)
+        per_model = self.run_detectors(images, paths)
         return [
             fuse([per_model[n][b] for n in range(len(self.detectors))], method=self.method, **self.params)
             for b in range(len(images))
@@ -179,7 +192,8 @@ class Ensemble:
     ) -> list[Detections] | Iterator[Detections]:
         """Detect and fuse over a file, folder or glob (``detens.sources.list_images``).
 
-        Images are read once (``detens.sources.read_image``) and handed to every detector as BGR arrays.
+        Images are read once (``detens.sources.read_image``) and handed to every detector as BGR arrays
+        with their paths (so ``PrecomputedDetector`` members find their saved predictions).
 
         Args:
             source: an image path, a folder, a glob pattern or a list of paths.
@@ -201,8 +215,8 @@ class Ensemble:
         from detens.sources import read_image
 
         for begin in range(0, len(paths), batch_size):
-            batch = paths[begin : begin + batch_size]
-            yield from self([read_image(p) for p in batch])
+            batch = list(paths[begin : begin + batch_size])
+            yield from self._detect_and_fuse([read_image(p) for p in batch], batch)
 
 
 # ---------------------------------------------------------------------------------------- Ultralytics

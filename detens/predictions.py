@@ -10,10 +10,15 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
+from torch import Tensor
+
 from detens.coco import CocoGroundTruth, coco_to_detections, load_coco_results
 from detens.detections import Detections
 
-__all__ = ["EnsemblePredictions"]
+__all__ = ["EnsemblePredictions", "NOT_RESULTS"]
+
+#: JSON files of a prediction folder that are not a model's results (``tools/cache.py``'s summary).
+NOT_RESULTS: frozenset[str] = frozenset({"cache_summary.json"})
 
 
 class EnsemblePredictions:
@@ -33,8 +38,10 @@ class EnsemblePredictions:
         self.model_names = list(model_names)
         self.gt = gt
         known = set(gt.image_ids)
-        self._by_image: list[dict[int, list[dict]]] = []
-        for name, model_results in zip(self.model_names, results):
+        # Per model: image id → (boxes Tensor[K, 4] xyxy, scores Tensor[K], labels Tensor[K]), converted
+        # once: far smaller than the result dicts, and per_model() then costs one validation.
+        self._by_image: list[dict[int, tuple[Tensor, Tensor, Tensor]]] = []
+        for name, model_results in zip(self.model_names, results, strict=True):
             grouped: dict[int, list[dict]] = defaultdict(list)
             for r in model_results:
                 grouped[int(r["image_id"])].append(r)
@@ -44,7 +51,11 @@ class EnsemblePredictions:
                     f"predictions of {name!r} refer to {len(unknown)} image ids that are not in the ground truth, "
                     f"e.g. {unknown[:5]}; cache predictions on the same annotation file"
                 )
-            self._by_image.append(dict(grouped))
+            by_image = {}
+            for image_id, image_results in grouped.items():
+                det = coco_to_detections(image_results, gt.image_size(image_id), source=name)
+                by_image[image_id] = (det.boxes, det.scores, det.labels)
+            self._by_image.append(by_image)
 
     @classmethod
     def from_folder(
@@ -54,7 +65,8 @@ class EnsemblePredictions:
         folder = Path(folder)
         if not folder.is_dir():
             raise FileNotFoundError(f"prediction folder not found: {folder}")
-        available = sorted(p.stem for p in folder.glob("*.json"))
+        # cache_summary.json is tools/cache.py's report, not a model's results
+        available = sorted(p.stem for p in folder.glob("*.json") if p.name not in NOT_RESULTS)
         if models is None:
             models = available
         missing = [m for m in models if m not in available]
@@ -78,10 +90,13 @@ class EnsemblePredictions:
     def per_model(self, image_id: int) -> list[Detections]:
         """One Detections per model for ``image_id`` (empty where a model found nothing)."""
         image_size = self.gt.image_size(image_id)
-        return [
-            coco_to_detections(by_image.get(image_id, []), image_size, source=name)
-            for name, by_image in zip(self.model_names, self._by_image)
-        ]
+        per_model = []
+        for name, by_image in zip(self.model_names, self._by_image, strict=True):
+            arrays = by_image.get(image_id)
+            per_model.append(
+                Detections.empty(image_size, name) if arrays is None else Detections(*arrays, image_size, name)
+            )
+        return per_model
 
     def select(self, models: Sequence[str]) -> EnsemblePredictions:
         """The same predictions restricted to (and ordered as) ``models``."""

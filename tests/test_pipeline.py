@@ -410,3 +410,37 @@ class TestEnsemble:
             assert torch.equal(det.boxes, ref.boxes) and torch.equal(det.scores, ref.scores)
         streamed = list(ens.predict(paths, stream=True))
         assert len(streamed) == len(paths)
+
+
+def test_ensemble_predict_with_precomputed_detectors(tmp_path):
+    """``Ensemble.predict`` reads each image once and still gives saved-prediction members its path."""
+    import cv2
+
+    from detens.adapters import PrecomputedDetector
+
+    (tmp_path / "images").mkdir()
+    sizes = {"a.jpg": (48, 64), "b.png": (30, 40)}
+    for file_name, (height, width) in sizes.items():
+        cv2.imwrite(str(tmp_path / "images" / file_name), np.full((height, width, 3), 90, dtype=np.uint8))
+    images = {"a.jpg": 1, "b.png": 2}
+    first = [
+        {"image_id": 1, "category_id": 1, "bbox": [2.0, 3.0, 20.0, 10.0], "score": 0.9},
+        {"image_id": 2, "category_id": 3, "bbox": [1.0, 1.0, 8.0, 8.0], "score": 0.6},
+    ]
+    second = [{"image_id": 1, "category_id": 1, "bbox": [3.0, 3.0, 20.0, 11.0], "score": 0.7}]
+    members = [
+        PrecomputedDetector(first, images, name="first"),
+        PrecomputedDetector(second, images, name="second"),
+    ]
+    ens = Ensemble(members, method=METHOD, iou_thr=0.55)
+    fused = ens.predict(tmp_path / "images")  # a.jpg, b.png
+    assert [det.image_size for det in fused] == [sizes["a.jpg"], sizes["b.png"]]
+    paths = [tmp_path / "images" / "a.jpg", tmp_path / "images" / "b.png"]
+    expected = ens(paths)  # the detectors read the files themselves
+    for det, ref in zip(fused, expected, strict=True):
+        assert torch.equal(det.boxes, ref.boxes) and torch.equal(det.scores, ref.scores)
+    assert len(fused[0]) == 1 and len(fused[1]) == 1  # the two boxes on a.jpg fused into one
+    per_model = ens.run_detectors([np.zeros((48, 64, 3), np.uint8)], [paths[0]])
+    assert [len(per_model[n][0]) for n in range(2)] == [1, 1]
+    with pytest.raises(ValueError, match="got 2 paths for 1 images"):
+        ens.run_detectors([np.zeros((48, 64, 3), np.uint8)], paths)

@@ -1,1 +1,244 @@
-"""(being written)"""
+"""Selection fusers: class-wise NMS and Soft-NMS over the boxes of all models (ensemble_boxes semantics).
+
+Dimension legend: N models, K boxes of all models together, G box groups, T boxes in the largest group.
+
+Both follow ``ensemble_boxes.nms_method`` (1.0.9): with ``weights``, model n's scores are multiplied
+by ``w_n / Σw``; boxes are clipped to the image and zero-area boxes dropped; each class is processed
+independently. IoUs are computed on normalized float64 boxes, as the reference does. Unlike the
+reference, Soft-NMS returns the DECAYED scores (ensemble_boxes returns the original ones, so its
+Soft-NMS only ever removes boxes), the output is sorted by score, and the caller's lists are never
+modified.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+import torch
+from torch import Tensor
+from torchvision.ops import batched_nms
+
+from detens.detections import Detections
+from detens.fusers._lockstep import compute_device, disjoint_groups, lockstep_layout
+from detens.fusers._registry import FUSERS, check_weights
+from detens.matching import check_per_model
+
+__all__ = ["nms_fusion", "soft_nms_fusion"]
+
+
+def _weighted_boxes(
+    per_model: Sequence[Detections], weights: Sequence[float] | Tensor | None, device: torch.device
+) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+    """All models' boxes, prepared as ensemble_boxes' ``nms_method`` does.
+
+    Returns:
+        pixel boxes clipped to the image (Tensor[K, 4] float32), normalized boxes (Tensor[K, 4] float64),
+        weighted scores (Tensor[K] float64), labels (Tensor[K]); zero-area boxes dropped. None if no box is left.
+    """
+    check_weights(weights, len(per_model), device)
+    height, width = per_model[0].image_size
+    pixel = torch.cat([d.boxes for d in per_model]).to(device)  # [K, 4]
+    scale = torch.tensor([width, height, width, height], dtype=torch.float64, device=device)
+    normalized = (pixel.double() / scale).clamp(0.0, 1.0)
+    scores = torch.cat([d.scores for d in per_model]).to(device, torch.float64)  # [K]
+    labels = torch.cat([d.labels for d in per_model]).to(device)
+    if weights is not None:
+        w = torch.as_tensor(weights, dtype=torch.float64).detach().to(device)  # [N]
+        model = torch.cat([torch.full((len(d),), i, device=device) for i, d in enumerate(per_model)]).long()
+        scores = scores * w[model] / w.sum()
+    area = (normalized[:, 2] - normalized[:, 0]) * (normalized[:, 3] - normalized[:, 1])
+    keep = (area > 0).nonzero().squeeze(1)
+    if keep.numel() == 0:
+        return None
+    pixel = torch.stack(
+        [pixel[:, 0].clamp(0, width), pixel[:, 1].clamp(0, height), pixel[:, 2].clamp(0, width), pixel[:, 3].clamp(0, height)],
+        dim=1,
+    )
+    return pixel[keep], normalized[keep], scores[keep], labels[keep]
+
+
+@FUSERS.register("nms")
+def nms_fusion(
+    per_model: Sequence[Detections], weights: Sequence[float] | Tensor | None = None, iou_thr: float = 0.5
+) -> Detections:
+    """Class-wise NMS over the boxes of all models.
+
+    Args:
+        per_model (list[Detections]): one per model, same image and device.
+        weights (Sequence[float] | Tensor[N] | None): model n's scores are multiplied by ``w_n / Σw``
+            (as ensemble_boxes does); None leaves the scores as they are.
+        iou_thr (float): a box is suppressed by a higher-scoring box of its class at IoU > ``iou_thr``.
+
+    Returns:
+        Detections: the kept boxes, clipped to the image, sorted by score, source ``"fused:nms"``.
+    """
+    check_per_model(per_model)
+    if not 0.0 <= float(iou_thr) <= 1.0:
+        raise ValueError(f"iou_thr must be in [0, 1], got {iou_thr}")
+    image_size, device = per_model[0].image_size, per_model[0].device
+    prepared = _weighted_boxes(per_model, weights, compute_device(device))
+    if prepared is None:
+        return Detections.empty(image_size, source="fused:nms", device=device)
+    pixel, normalized, scores, labels = prepared
+    keep = batched_nms(normalized, scores, labels, float(iou_thr))  # sorted by decreasing score
+    return Detections(
+        pixel[keep].to(device), scores[keep].float().to(device), labels[keep].to(device), image_size, "fused:nms"
+    )
+
+
+def _soft_nms_lockstep(
+    normalized: Tensor, scores: Tensor, labels: Tensor, iou_thr: float, sigma: float, thresh: float, linear: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """Soft-NMS of every class at once; within a class, spatially separated groups too.
+
+    A box only decays the boxes it overlaps (IoU > 0), so separated groups are independent and advance
+    in lockstep: at step t every group selects its best remaining box and decays the rest of the group.
+    Groups of similar size share one lockstep (a tier), so small groups are not padded to the largest.
+
+    Returns:
+        kept (ndarray[k] int64): indices of the kept boxes, decayed (ndarray[k] float64): their scores.
+    """
+    # Within a group, boxes by descending score: the first of equal scores is selected first.
+    order = torch.argsort(scores, descending=True, stable=True)
+    layout = lockstep_layout(disjoint_groups(normalized[order], labels[order], margin=0.0))
+    row, col = layout.row.numpy(), layout.col.numpy()
+    by_row = np.argsort(row, kind="stable")  # boxes row by row
+    sizes = np.bincount(row, minlength=layout.num_groups)  # [G] descending
+    row_start = np.concatenate([[0], np.cumsum(sizes)])
+    data = np.concatenate([normalized[order].numpy(), scores[order].numpy()[:, None]], axis=1)  # [K, 5]
+    index = order.numpy()
+
+    kept: list[np.ndarray] = []
+    decayed: list[np.ndarray] = []
+    first = 0
+    while first < layout.num_groups:
+        width = int(sizes[first])
+        last = first + int(np.count_nonzero(sizes[first:] > width // 2))  # rows [first, last): one tier
+        members = by_row[row_start[first] : row_start[last]]
+        tier_row, tier_col = row[members] - first, col[members]
+        tier_sizes = sizes[first:last]
+        active = [int(a) for a in np.count_nonzero(tier_sizes[None, :] > np.arange(width)[:, None], axis=1)]
+        _soft_nms_tier(data[members], index[members], tier_row, tier_col, last - first, width, active,
+                       iou_thr, sigma, thresh, linear, kept, decayed)
+        first = last
+    if not kept:
+        return np.zeros(0, dtype=np.int64), np.zeros(0)
+    return np.concatenate(kept), np.concatenate(decayed)
+
+
+@np.errstate(divide="ignore", invalid="ignore")
+def _soft_nms_tier(
+    data: np.ndarray,
+    index: np.ndarray,
+    row: np.ndarray,
+    col: np.ndarray,
+    num_rows: int,
+    width: int,
+    active: list[int],
+    iou_thr: float,
+    sigma: float,
+    thresh: float,
+    linear: bool,
+    kept: list[np.ndarray],
+    decayed: list[np.ndarray],
+) -> None:
+    """Lockstep Soft-NMS of one tier of groups (rows ordered by size); appends to ``kept`` and ``decayed``.
+
+    Args:
+        data (ndarray[k, 5]): normalized box and score of the tier's boxes; index (ndarray[k]): their ids.
+        row, col (ndarray[k]): their group (row) in the tier and position in the group.
+        active (list[int]): ``active[t]`` = number of rows with more than t boxes.
+    """
+    boxes = np.zeros((4, num_rows, width))  # [4, R, T], padding is never selected
+    boxes[:, row, col] = data[:, :4].T
+    remaining = np.full((num_rows, width), -1.0)  # [R, T] current score; -1 = padding or selected
+    remaining[row, col] = data[:, 4]
+    ids = np.zeros((num_rows, width), dtype=np.int64)
+    ids[row, col] = index
+    areas = (boxes[2] - boxes[0]) * (boxes[3] - boxes[1])  # [R, T]
+    rows = np.arange(num_rows)
+    for step_rows in active:
+        r = rows[:step_rows]
+        current = remaining[:step_rows]  # [A, T] a view: updates below write through
+        best = current.argmax(1)  # [A]
+        best_score = current[r, best]
+        alive = best_score > thresh  # [A] a group whose best is below thresh is finished for good
+        if not alive.any():
+            break
+        kept.append(ids[r[alive], best[alive]])
+        decayed.append(best_score[alive])
+        current[r, best] = -1.0
+        chosen = boxes[:, r, best]  # [4, A]
+        # IoU as the reference computes it.
+        top_left = np.maximum(boxes[0:2, :step_rows], chosen[0:2, :, None])  # [2, A, T]
+        extent = np.minimum(boxes[2:4, :step_rows], chosen[2:4, :, None])
+        extent -= top_left
+        np.maximum(extent, 0.0, out=extent)
+        inter = extent[0] * extent[1]  # [A, T]
+        iou = inter / (areas[r, best][:, None] + areas[:step_rows] - inter)
+        if linear:
+            decay = np.where(iou > iou_thr, 1.0 - iou, 1.0)
+        else:
+            decay = np.exp(-(iou * iou) / sigma)
+        np.multiply(current, decay, out=current, where=(current >= 0) & alive[:, None])
+
+
+@FUSERS.register("soft_nms")
+def soft_nms_fusion(
+    per_model: Sequence[Detections],
+    weights: Sequence[float] | Tensor | None = None,
+    iou_thr: float = 0.3,
+    sigma: float = 0.5,
+    thresh: float = 0.001,
+    decay: Literal["gaussian", "linear"] = "gaussian",
+) -> Detections:
+    """Class-wise Soft-NMS over the boxes of all models, returning the decayed scores.
+
+    Repeatedly keeps the best remaining box of a class and decays the others by their IoU u with it:
+    ``decay="gaussian"`` multiplies by exp(−u²/σ) (``iou_thr`` unused), ``"linear"`` by (1 − u) where
+    u > ``iou_thr``. Boxes whose decayed score falls to ``thresh`` or below are dropped.
+
+    The decay is chosen with ``decay``, not ``method`` (ensemble_boxes' name, ``method=1|2``): ``method``
+    is ``detens.fuse``'s own argument, so ``fuse(per_model, "soft_nms", decay="linear")`` works.
+
+    Args:
+        per_model (list[Detections]): one per model, same image and device.
+        weights (Sequence[float] | Tensor[N] | None): model n's scores are multiplied by ``w_n / Σw``
+            (as ensemble_boxes does); None leaves the scores as they are.
+        iou_thr (float): the linear method's overlap threshold.
+        sigma (float): the Gaussian method's width.
+        thresh (float): minimum decayed score to keep a box.
+        decay (str): ``"gaussian"`` or ``"linear"``.
+
+    Returns:
+        Detections: kept boxes with their decayed scores, clipped to the image, sorted by score,
+        source ``"fused:soft_nms"``.
+    """
+    check_per_model(per_model)
+    if decay not in ("gaussian", "linear"):
+        raise ValueError(f"decay must be 'gaussian' or 'linear', got {decay!r}")
+    if not 0.0 <= float(iou_thr) <= 1.0:
+        raise ValueError(f"iou_thr must be in [0, 1], got {iou_thr}")
+    if not (math.isfinite(float(sigma)) and float(sigma) > 0):
+        raise ValueError(f"sigma must be a positive number, got {sigma}")
+    if not 0.0 <= float(thresh) < 1.0:
+        raise ValueError(f"thresh must be in [0, 1), got {thresh}")
+    image_size, device = per_model[0].image_size, per_model[0].device
+    # Sequential within a group, like WBF: numpy on the CPU, then back to the input device.
+    prepared = _weighted_boxes(per_model, weights, torch.device("cpu"))
+    if prepared is None:
+        return Detections.empty(image_size, source="fused:soft_nms", device=device)
+    pixel, normalized, scores, labels = prepared
+    kept, decayed = _soft_nms_lockstep(
+        normalized, scores, labels, float(iou_thr), float(sigma), float(thresh), decay == "linear"
+    )
+    kept_t = torch.from_numpy(kept)
+    decayed_t = torch.from_numpy(decayed)
+    by_score = torch.argsort(decayed_t, descending=True, stable=True)
+    kept_t, decayed_t = kept_t[by_score], decayed_t[by_score]
+    return Detections(
+        pixel[kept_t].to(device), decayed_t.float().to(device), labels[kept_t].to(device), image_size, "fused:soft_nms"
+    )

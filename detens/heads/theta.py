@@ -427,10 +427,14 @@ class ThetaHead(nn.Module):
         return clusters.to_detections(boxes, scores, source=f"fused:{self.type_name}")
 
     # ----------------------------------------------------------------------------------------- training
-    def _stack(
+    def stack_batch(
         self, clusters: Clusters | Sequence[Clusters], targets: Targets | Sequence[Targets]
     ) -> tuple[Tensor, Tensor, Tensor, Targets]:
-        """Concatenate the clusters and targets of several images: preds, present, labels, targets."""
+        """Concatenate the clusters and targets of several images into one batch for :meth:`loss_on_batch`.
+
+        Returns:
+            preds (Tensor[C, N, 5]), present (Tensor[C, N]), labels (Tensor[C]), Targets of C clusters.
+        """
         clusters_list = _as_list(clusters, Clusters, "clusters")
         targets_list = _as_list(targets, Targets, "targets")
         if len(clusters_list) != len(targets_list):
@@ -467,7 +471,7 @@ class ThetaHead(nn.Module):
             normalize_box=self.normalize_box,
         )
 
-    def _loss_stacked(self, preds: Tensor, present: Tensor, labels: Tensor, targets: Targets) -> Tensor:
+    def loss_on_batch(self, preds: Tensor, present: Tensor, labels: Tensor, targets: Targets) -> Tensor:
         dtype = torch.promote_types(self.theta.dtype, preds.dtype)
         theta = self.cluster_theta(labels).to(device=preds.device, dtype=dtype)
         loss = self._objective(theta, preds, present, targets)
@@ -490,7 +494,7 @@ class ThetaHead(nn.Module):
             of clusters counted (crowd-ignored ones excluded). With ``per_class``:
             ``J(Θ_class) + J(Θ_global) + shrinkage · Σ_k ‖Θ_k − Θ_global‖²``.
         """
-        return self._loss_stacked(*self._stack(clusters, targets))
+        return self.loss_on_batch(*self.stack_batch(clusters, targets))
 
     @torch.no_grad()
     def project_(self) -> None:
@@ -510,12 +514,12 @@ class ThetaHead(nn.Module):
         """Full-batch training for ``steps`` steps on fixed targets; returns J before each step."""
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
             raise ValueError(f"steps must be a non-negative integer, got {steps!r}")
-        stacked = self._stack(clusters, targets)
+        stacked = self.stack_batch(clusters, targets)
         opt = make_optimizer(self, optimizer, lr)
         history = []
         for step in range(steps):
             opt.zero_grad()
-            loss = self._loss_stacked(*stacked)
+            loss = self.loss_on_batch(*stacked)
             if not torch.isfinite(loss):
                 raise FloatingPointError(
                     f"the Θ objective became {float(loss.detach())} at step {step} ({optimizer}, lr={lr}); "

@@ -1,0 +1,203 @@
+"""Per-cluster features shared by the network heads (selection, deep ensemble, Super Learner).
+
+Dimension legend: C clusters of one image, N models, F features, P = N(N−1)/2 model pairs.
+
+Everything here is computed from one image's :class:`~detens.matching.Clusters` alone (no ground truth),
+so the heads see the same features at training and at fusion time:
+
+- per model n (N blocks): presence, score pᵢ, log(pᵢ + 10⁻³), the box's offsets from the mean present box
+  (in units of the mean box's width/height), and the IoU of the box with that mean box;
+- cluster-level: the fraction of models present, the mean score over all N models (what ``mean`` fusion
+  scores), the max and the spread of the present scores, the mean box's log width, log height, log
+  aspect ratio, centre;
+- agreement: the IoU of every pair of present models (0 where one of them is absent);
+- context within the image (the "duplicate" signals a rescoring head needs): the largest IoU with a
+  same-class cluster of higher mean score, that cluster's score margin, the number of overlapping
+  same-class clusters, the cluster's rank by mean score within its class, its score relative to the best
+  same-class score, the largest IoU with a higher-scoring cluster of *another* class, and how the score
+  compares with those of other-class clusters at the same place (IoU > 0.7): the best one's share
+  s_other / (s_other + s), and this cluster's share of the total s / (s + Σ s_other).
+
+The class enters the networks separately (a learned embedding, see :class:`ClassIndex`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+from torchvision.ops import box_iou
+
+from detens.matching import Clusters
+
+__all__ = ["feature_names", "num_features", "cluster_features", "present_mean_box", "pairwise_iou", "ClassIndex"]
+
+_PER_MODEL = ("present", "score", "log_score", "dx1", "dy1", "dx2", "dy2", "iou_mean")
+_CLUSTER = ("frac_present", "mean_score", "max_score", "score_spread", "log_w", "log_h", "log_aspect", "cx", "cy")
+_CONTEXT = (
+    "dup_iou",
+    "dup_margin",
+    "log_overlaps",
+    "log_class_rank",
+    "rel_class_score",
+    "other_class_iou",
+    "other_class_score",
+    "other_class_mass",
+)
+# Clusters of more than this many boxes compute their C×C context IoUs in row blocks.
+_BLOCK = 2048
+
+
+def feature_names(num_models: int) -> list[str]:
+    """The names of the F feature columns, in order."""
+    names = [f"{name}[{n}]" for n in range(num_models) for name in _PER_MODEL]
+    names += list(_CLUSTER)
+    names += [f"iou[{i},{j}]" for i in range(num_models) for j in range(i + 1, num_models)]
+    names += list(_CONTEXT)
+    return names
+
+
+def num_features(num_models: int) -> int:
+    return len(feature_names(num_models))
+
+
+def present_mean_box(preds: Tensor, present: Tensor) -> Tensor:
+    """Tensor[C, 4]: the mean box of the present rows of ``preds (Tensor[C, N, 5])``."""
+    weight = present.to(preds.dtype)  # [C, N]
+    return (preds[..., :4] * weight[..., None]).sum(1) / weight.sum(1, keepdim=True).clamp(min=1)
+
+
+def _paired_iou(a: Tensor, b: Tensor) -> Tensor:
+    """IoU of matching rows: a, b (Tensor[..., 4]) → Tensor[...]."""
+    lt = torch.maximum(a[..., :2], b[..., :2])
+    rb = torch.minimum(a[..., 2:], b[..., 2:])
+    inter = (rb - lt).clamp(min=0).prod(-1)
+    area_a = (a[..., 2:] - a[..., :2]).clamp(min=0).prod(-1)
+    area_b = (b[..., 2:] - b[..., :2]).clamp(min=0).prod(-1)
+    union = area_a + area_b - inter
+    return inter / union.clamp(min=torch.finfo(a.dtype).tiny)
+
+
+def pairwise_iou(preds: Tensor, present: Tensor) -> Tensor:
+    """Tensor[C, P]: IoU of every model pair (i < j) in each cluster, 0 where either is absent."""
+    num_models = preds.shape[1]
+    i, j = torch.triu_indices(num_models, num_models, offset=1, device=preds.device)
+    iou = _paired_iou(preds[:, i, :4], preds[:, j, :4])  # [C, P]
+    return iou * (present[:, i] & present[:, j]).to(preds.dtype)
+
+
+def _context(boxes: Tensor, scores: Tensor, labels: Tensor) -> Tensor:
+    """Tensor[C, 8]: the within-image context features of the module docstring."""
+    num = boxes.shape[0]
+    out = boxes.new_zeros((num, len(_CONTEXT)))
+    if num == 0:
+        return out
+    for begin in range(0, num, _BLOCK):
+        rows = slice(begin, begin + _BLOCK)
+        iou = box_iou(boxes[rows], boxes)  # [b, C]
+        same = labels[rows, None] == labels[None, :]  # [b, C]
+        higher = (scores[None, :] > scores[rows, None]) | (
+            (scores[None, :] == scores[rows, None])
+            & (torch.arange(num, device=boxes.device)[None, :] < torch.arange(begin, begin + iou.shape[0], device=boxes.device)[:, None])
+        )  # [b, C]: ranked before this cluster (ties: lower index)
+        dup = torch.where(same & higher, iou, torch.zeros_like(iou))
+        dup_iou, dup_at = dup.max(1)
+        margin = torch.where(dup_iou > 0, scores[dup_at] - scores[rows], torch.zeros_like(dup_iou))
+        overlaps = (same & (iou > 0.3)).sum(1).to(boxes.dtype) - 1  # minus itself
+        rank = (same & higher).sum(1).to(boxes.dtype)
+        best = torch.where(same, scores[None, :], torch.zeros_like(iou)).max(1).values
+        other = torch.where(~same & higher, iou, torch.zeros_like(iou)).max(1).values
+        colocated = ~same & (iou > 0.7)  # [b, C]: the same place, another class
+        other_scores = torch.where(colocated, scores[None, :], torch.zeros_like(iou))
+        other_best = other_scores.max(1).values
+        other_mass = other_scores.sum(1)
+        out[rows] = torch.stack(
+            [
+                dup_iou,
+                margin,
+                torch.log1p(overlaps.clamp(min=0)),
+                torch.log1p(rank),
+                scores[rows] / best.clamp(min=1e-6),
+                other,
+                other_best / (other_best + scores[rows]).clamp(min=1e-6),
+                scores[rows] / (other_mass + scores[rows]).clamp(min=1e-6),
+            ],
+            dim=1,
+        )
+    return out
+
+
+def cluster_features(clusters: Clusters, dtype: torch.dtype | None = None) -> Tensor:
+    """The F features of every cluster of ONE image (see the module docstring).
+
+    Args:
+        clusters (Clusters): ``preds (Tensor[C, N, 5])``, ``present (Tensor[C, N])``, ``labels (Tensor[C])``.
+        dtype (torch.dtype | None): output dtype (default: the predictions' floating dtype).
+
+    Returns:
+        Tensor[C, F] on the clusters' device, F = :func:`num_features` (N). C = 0 gives ``[0, F]``.
+    """
+    dtype = dtype or (clusters.preds.dtype if clusters.preds.is_floating_point() else torch.float32)
+    preds = clusters.preds.to(dtype)
+    present = clusters.present
+    num, num_models = present.shape
+    pres = present.to(dtype)  # [C, N]
+    scores = preds[..., 4] * pres  # [C, N]
+    mean_box = present_mean_box(preds, present)  # [C, 4]
+    size = (mean_box[:, 2:] - mean_box[:, :2]).clamp(min=1e-6)  # [C, 2] width, height
+    scale = torch.cat([size, size], 1)  # [C, 4]
+    offsets = (preds[..., :4] - mean_box[:, None, :]) / scale[:, None, :] * pres[..., None]  # [C, N, 4]
+    iou_mean = _paired_iou(preds[..., :4], mean_box[:, None, :].expand(-1, num_models, -1)) * pres  # [C, N]
+    per_model = torch.cat(
+        [pres[..., None], scores[..., None], torch.log(scores + 1e-3)[..., None], offsets, iou_mean[..., None]], dim=2
+    )  # [C, N, 8]
+
+    count = pres.sum(1).clamp(min=1)  # [C]
+    mean_score = scores.sum(1) / num_models
+    max_score = scores.max(1).values if num_models else scores.new_zeros(num)
+    present_mean = scores.sum(1) / count
+    spread = torch.sqrt((((scores - present_mean[:, None]) ** 2) * pres).sum(1) / count)
+    log_size = torch.log(size)
+    center = (mean_box[:, :2] + mean_box[:, 2:]) / 2
+    cluster = torch.stack(
+        [
+            count / num_models,
+            mean_score,
+            max_score,
+            spread,
+            log_size[:, 0],
+            log_size[:, 1],
+            log_size[:, 0] - log_size[:, 1],
+            center[:, 0],
+            center[:, 1],
+        ],
+        dim=1,
+    )  # [C, 9]
+    agreement = pairwise_iou(preds, present)  # [C, P]
+    context = _context(mean_box, mean_score, clusters.labels.to(preds.device))  # [C, 8]
+    return torch.cat([per_model.reshape(num, -1), cluster, agreement, context], dim=1)
+
+
+class ClassIndex:
+    """Maps category ids to rows of a class embedding: row 0 for ids not seen in training, 1.. for the others.
+
+    Args:
+        class_ids (list[int]): the category ids seen in training (sorted, unique).
+    """
+
+    def __init__(self, class_ids: Sequence[int]) -> None:
+        ids = sorted({int(i) for i in class_ids})
+        self.class_ids = ids
+        self._ids = torch.tensor(ids, dtype=torch.int64)
+
+    def __len__(self) -> int:
+        return len(self.class_ids)
+
+    def rows(self, labels: Tensor) -> Tensor:
+        """Tensor[C] int64: 1 + position of each label in ``class_ids``, 0 for unseen ids."""
+        ids = self._ids.to(labels.device)
+        if ids.numel() == 0:
+            return torch.zeros_like(labels, dtype=torch.int64)
+        pos = torch.searchsorted(ids, labels).clamp(max=ids.numel() - 1)
+        return torch.where(ids[pos] == labels, pos + 1, torch.zeros_like(pos))

@@ -1,0 +1,351 @@
+"""tools/cache.py on a slice of coco_val2017_206: COCO results per member, resume, shards + merge,
+unreadable images, refused setting changes.
+
+The real-model tests run YOLO26n (INT8 TFLite, the fastest to load) on three images; the bookkeeping
+tests replay saved predictions through ``type: precomputed`` members, which go through the same code
+path (config → build_detector → detect_loaded on the images read from disk → partial files → outputs).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from detens.coco import evaluate_coco, load_coco_gt, validate_coco_results
+from detens.predictions import EnsemblePredictions
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data" / "coco_val2017_206"
+YOLO26N = REPO.parent / "shared" / "models" / "yolo26n_int8_tflite" / "yolo26n_int8.tflite"
+NUM_IMAGES = 3
+
+pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason="needs ../shared/data/coco_val2017_206")
+
+
+def _load_tool():
+    spec = importlib.util.spec_from_file_location("detens_tool_cache", REPO / "tools" / "cache.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+cache_tool = _load_tool()
+
+
+# ------------------------------------------------------------------------------------------------ fixtures
+@pytest.fixture(scope="module")
+def slice_(tmp_path_factory):
+    """The first images of coco_val2017_206 (by id) copied to a folder, with their ground truth."""
+    root = tmp_path_factory.mktemp("cache")
+    full = json.loads((DATA / "instances_val2017.json").read_text())
+    images = sorted(full["images"], key=lambda im: im["id"])[:NUM_IMAGES]
+    ids = {im["id"] for im in images}
+    gt = {
+        "info": full.get("info", {}),
+        "images": images,
+        "annotations": [a for a in full["annotations"] if a["image_id"] in ids],
+        "categories": full["categories"],
+    }
+    (root / "images").mkdir()
+    for im in images:
+        shutil.copy(DATA / "images" / im["file_name"], root / "images" / im["file_name"])
+    (root / "gt.json").write_text(json.dumps(gt))
+
+    real = {
+        "name": "slice_real",
+        "conf": 0.001,
+        "max_det": 300,
+        "models": [
+            {"type": "ultralytics", "weights": str(YOLO26N), "name": "yolo26n", "tta": ["identity", "hflip"]}
+        ],
+    }
+    (root / "real.yaml").write_text(yaml.safe_dump(real, sort_keys=False))
+
+    # saved predictions of two "models": a few boxes per image, none at all on the last image
+    saved = {"a": [], "b": []}
+    for k, im in enumerate(images[:-1]):
+        for j in range(3):
+            box = [10.0 + 7 * j + k, 20.0 + 5 * j, 30.0 + j, 40.0]
+            saved["a"].append(
+                {"image_id": im["id"], "category_id": 1 + j, "bbox": box, "score": 0.875 - 0.125 * j}
+            )
+        saved["b"].append(
+            {"image_id": im["id"], "category_id": 18, "bbox": [5.0, 6.0, 50.0, 60.0], "score": 0.5}
+        )
+    saved["b"].append({"image_id": images[0]["id"], "category_id": 1, "bbox": [1, 2, 3, 4], "score": 0.0005})
+    for name, results in saved.items():
+        (root / f"saved_{name}.json").write_text(json.dumps(results))
+    replay = {
+        "name": "slice_replay",
+        "models": [
+            {"type": "precomputed", "results": str(root / f"saved_{name}.json"), "name": name}
+            for name in saved
+        ],
+    }
+    (root / "replay.yaml").write_text(yaml.safe_dump(replay, sort_keys=False))
+    return root
+
+
+def run(root: Path, out: Path, *extra: str, config: str = "replay.yaml", images: Path | None = None) -> int:
+    return cache_tool.main(
+        [
+            "--config",
+            str(root / config),
+            "--images",
+            str(images or root / "images"),
+            "--gt",
+            str(root / "gt.json"),
+            "--out",
+            str(out),
+            "--quiet",
+            *extra,
+        ]
+    )
+
+
+def summary_of(out: Path, name: str = "cache_summary.json") -> dict:
+    return json.loads((out / name).read_text())
+
+
+@pytest.fixture(scope="module")
+def real_run(slice_):
+    """YOLO26n with two test-time views, uninterrupted."""
+    out = slice_ / "real_full"
+    assert run(slice_, out, config="real.yaml") == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def replay_run(slice_):
+    out = slice_ / "replay_full"
+    assert run(slice_, out) == 0
+    return out
+
+
+def gt_ids(root: Path) -> list[int]:
+    return load_coco_gt(root / "gt.json").image_ids
+
+
+# ------------------------------------------------------------------------------------------ real model
+@pytest.mark.slow
+class TestRealModel:
+    def test_each_view_is_a_valid_coco_results_file(self, slice_, real_run):
+        gt = load_coco_gt(slice_ / "gt.json")
+        outputs = {}
+        for member in ("yolo26n", "yolo26n|hflip"):
+            raw = json.loads((real_run / f"{member}.json").read_text())
+            assert isinstance(raw, list)  # a plain COCO results list
+            results = validate_coco_results(raw, member)
+            assert {r["image_id"] for r in results} == set(gt.image_ids)
+            assert [r["image_id"] for r in results] == sorted(r["image_id"] for r in results)
+            assert {r["category_id"] for r in results} <= set(gt.category_ids)
+            assert min(r["score"] for r in results) >= 0.001
+            for image_id in gt.image_ids:
+                mine = [r for r in results if r["image_id"] == image_id]
+                height, width = gt.image_size(image_id)
+                assert 0 < len(mine) <= 300
+                for r in mine:
+                    x, y, w, h = r["bbox"]
+                    assert x >= -0.01 and y >= -0.01 and x + w <= width + 0.01 and y + h <= height + 0.01
+            outputs[member] = results
+        assert outputs["yolo26n"] != outputs["yolo26n|hflip"]  # two members, two different files
+        metrics = evaluate_coco(gt, outputs["yolo26n"])
+        assert metrics["map50"] > 0.4, metrics  # YOLO26n finds these objects (0.42 mAP on all 206 images)
+
+    def test_summary_config_and_prediction_folder(self, slice_, real_run):
+        summary = summary_of(real_run)
+        assert summary["images"] == NUM_IMAGES and summary["unreadable"] == {}
+        for member in ("yolo26n", "yolo26n|hflip"):
+            entry = summary["models"][member]
+            results = json.loads((real_run / f"{member}.json").read_text())
+            assert entry["status"] == "complete" and entry["images"] == NUM_IMAGES
+            assert entry["boxes"] == len(results) and entry["seconds"] > 0
+            assert entry["settings"]["conf"] == 0.001 and entry["settings"]["max_det"] == 300
+        assert summary["models"]["yolo26n|hflip"]["settings"]["view"] == "hflip"
+        config = yaml.safe_load((real_run / "config.yaml").read_text())
+        assert config["dataset"] == str((slice_ / "gt.json").absolute()) and config["conf"] == 0.001
+        # the folder is what tools/train.py and tools/evaluate.py read (cache_summary.json is not a model)
+        predictions = EnsemblePredictions.from_folder(real_run, load_coco_gt(slice_ / "gt.json"))
+        assert predictions.model_names == ["yolo26n", "yolo26n|hflip"]
+
+    def test_resume_skips_finished_images_and_equals_an_uninterrupted_run(self, slice_, real_run):
+        out = slice_ / "real_resume"
+        assert run(slice_, out, "--models", "yolo26n", "--max-images", "2", config="real.yaml") == 0
+        assert not (out / "yolo26n.json").exists()  # stopped early: no final file yet
+        first = summary_of(out)["models"]["yolo26n"]
+        assert first["status"] == "incomplete" and first["images_left"] == NUM_IMAGES - 2
+        done = sorted((out / ".partial" / "yolo26n").glob("[0-9]*.json"))
+        assert [int(p.stem) for p in done] == gt_ids(slice_)[:2]
+        stamps = {p: p.stat().st_mtime_ns for p in done}
+
+        assert run(slice_, out, "--models", "yolo26n", config="real.yaml") == 0
+        second = summary_of(out)["models"]["yolo26n"]
+        assert second["processed_this_run"] == NUM_IMAGES - 2 and second["resumed"] == 2
+        assert {p: p.stat().st_mtime_ns for p in done} == stamps  # finished images were not redone
+        assert (out / "yolo26n.json").read_bytes() == (real_run / "yolo26n.json").read_bytes()
+        assert not (out / "yolo26n|hflip.json").exists()  # --models left the other view alone
+
+    def test_two_shards_merged_equal_the_unsharded_run(self, slice_, real_run):
+        out = slice_ / "real_shards"
+        for shard in ("0/2", "1/2"):
+            assert run(slice_, out, "--models", "yolo26n", "--shard", shard, config="real.yaml") == 0
+        assert not (out / "yolo26n.json").exists()
+        shard0 = json.loads((out / "shards" / "yolo26n.shard-0-of-2.json").read_text())
+        ids = gt_ids(slice_)
+        assert shard0["image_ids"] == ids[0::2] and shard0["shard"] == [0, 2]
+        assert cache_tool.main(["merge", "--out", str(out), "--gt", str(slice_ / "gt.json"), "--quiet"]) == 0
+        assert (out / "yolo26n.json").read_bytes() == (real_run / "yolo26n.json").read_bytes()
+        merged = summary_of(out)["models"]["yolo26n"]
+        assert merged["images"] == NUM_IMAGES and merged["shards"] == 2 and merged["status"] == "complete"
+
+
+# --------------------------------------------------------------------------------- saved predictions
+def test_replay_outputs(slice_, replay_run):
+    ids = gt_ids(slice_)
+    a = validate_coco_results(json.loads((replay_run / "a.json").read_text()))
+    saved_a = json.loads((slice_ / "saved_a.json").read_text())
+    assert [(r["image_id"], r["category_id"], r["score"]) for r in a] == [
+        (r["image_id"], r["category_id"], r["score"]) for r in saved_a
+    ]
+    b = json.loads((replay_run / "b.json").read_text())
+    assert all(r["score"] >= 0.001 for r in b) and len(b) == NUM_IMAGES - 1  # conf 0.001 dropped one
+    # the last image has no box, yet it is finished: a partial file with an empty list
+    record = json.loads((replay_run / ".partial" / "a" / f"{ids[-1]}.json").read_text())
+    assert record["results"] == [] and record["image_id"] == ids[-1]
+    summary = summary_of(replay_run)
+    assert summary["models"]["a"]["images"] == NUM_IMAGES and summary["models"]["a"]["boxes"] == len(a)
+
+
+def test_rerun_of_a_finished_run_processes_nothing(slice_, replay_run):
+    before = (replay_run / "a.json").read_bytes()
+    assert run(slice_, replay_run) == 0
+    summary = summary_of(replay_run)
+    for member in ("a", "b"):
+        assert summary["models"][member]["processed_this_run"] == 0
+        assert summary["models"][member]["resumed"] == NUM_IMAGES
+    assert (replay_run / "a.json").read_bytes() == before
+
+
+def test_interrupted_run_resumes(slice_, replay_run, monkeypatch):
+    """Ctrl-C in the middle of a model: finished images are kept, the re-run completes the same file."""
+    out = slice_ / "replay_interrupted"
+    real_detect = cache_tool.detect_loaded
+    calls = []
+
+    def interrupt_on_second_call(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_detect(*args, **kwargs)
+
+    monkeypatch.setattr(cache_tool, "detect_loaded", interrupt_on_second_call)
+    assert run(slice_, out) == 130
+    assert not (out / "a.json").exists() and not (out / "b.json").exists()
+    assert len(list((out / ".partial" / "a").glob("[0-9]*.json"))) == 1
+    assert summary_of(out)["models"]["a"]["status"] == "incomplete"
+    # a leftover temporary file and a damaged record are not taken for finished images
+    (out / ".partial" / "a" / ".123.json.tmp").write_text('{"image_id": 1')
+    (out / ".partial" / "b" / f"{gt_ids(slice_)[1]}.json").write_text('{"image_id": ')
+    monkeypatch.setattr(cache_tool, "detect_loaded", real_detect)
+    assert run(slice_, out) == 0
+    summary = summary_of(out)
+    assert summary["models"]["a"]["processed_this_run"] == NUM_IMAGES - 1
+    assert summary["models"]["b"]["processed_this_run"] == NUM_IMAGES
+    for member in ("a", "b"):
+        assert (out / f"{member}.json").read_bytes() == (replay_run / f"{member}.json").read_bytes()
+
+
+def test_merge_of_three_shards_and_subcommand_forms(slice_, replay_run):
+    out = slice_ / "replay_shards3"
+    for index in range(3):
+        assert run(slice_, out, "--shard", f"{index}/3") == 0
+    assert cache_tool.main(["--merge", "--out", str(out), "--quiet"]) == 0  # no --gt needed
+    for member in ("a", "b"):
+        assert (out / f"{member}.json").read_bytes() == (replay_run / f"{member}.json").read_bytes()
+    assert summary_of(out)["images"] == NUM_IMAGES
+
+
+def test_merge_with_a_missing_shard_fails_clearly(slice_, capsys):
+    out = slice_ / "replay_missing"
+    assert run(slice_, out, "--shard", "0/3") == 0
+    assert run(slice_, out, "--shard", "2/3") == 0
+    capsys.readouterr()
+    assert cache_tool.main(["merge", "--out", str(out), "--gt", str(slice_ / "gt.json"), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    missing_id = gt_ids(slice_)[1]
+    assert "a: shard 1/3 is missing (1 images: " + str(missing_id) + ")" in err
+    assert "b: shard 1/3 is missing" in err and "--shard 1/3" in err
+    assert not (out / "a.json").exists() and not (out / "b.json").exists()
+    # the same images split two ways cannot be mixed either
+    assert run(slice_, out, "--shard", "0/2", "--models", "a") == 0
+    assert cache_tool.main(["merge", "--out", str(out), "--quiet"]) == 1
+    assert "a: shards of different splits (n=2, n=3)" in capsys.readouterr().err
+
+
+def test_merge_with_nothing_to_merge(slice_, capsys):
+    assert cache_tool.main(["merge", "--out", str(slice_ / "nowhere"), "--quiet"]) == 2
+    assert "no shard files" in capsys.readouterr().err
+
+
+def test_unreadable_image_is_skipped_and_reported(slice_, replay_run):
+    ids = gt_ids(slice_)
+    gt = load_coco_gt(slice_ / "gt.json")
+    broken = slice_ / "images_broken"
+    shutil.copytree(slice_ / "images", broken)
+    bad_name = gt.file_name(ids[0])
+    (broken / bad_name).write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg" * 8)
+    out = slice_ / "replay_broken"
+    assert run(slice_, out, images=broken) == 0
+    summary = summary_of(out)
+    assert list(summary["unreadable"]) == [bad_name] and "could not decode" in summary["unreadable"][bad_name]
+    assert summary["models"]["a"]["unreadable"] == summary["unreadable"]
+    assert (
+        summary["models"]["a"]["status"] == "complete" and summary["models"]["a"]["images"] == NUM_IMAGES - 1
+    )
+    results = json.loads((out / "a.json").read_text())
+    assert ids[0] not in {r["image_id"] for r in results} and results
+    # sharded: the unreadable image counts as covered, and the merge reports it
+    out_shards = slice_ / "replay_broken_shards"
+    for index in range(2):
+        assert run(slice_, out_shards, "--shard", f"{index}/2", images=broken) == 0
+    assert (
+        cache_tool.main(["merge", "--out", str(out_shards), "--gt", str(slice_ / "gt.json"), "--quiet"]) == 0
+    )
+    assert list(summary_of(out_shards)["unreadable"]) == [bad_name]
+    assert (out_shards / "a.json").read_bytes() == (out / "a.json").read_bytes()
+    # repaired, the image is processed on the next run and the output is complete
+    assert run(slice_, out) == 0
+    summary = summary_of(out)
+    assert summary["unreadable"] == {} and summary["models"]["a"]["processed_this_run"] == 1
+    assert (out / "a.json").read_bytes() == (replay_run / "a.json").read_bytes()
+
+
+def test_changed_settings_are_refused_unless_overwrite(slice_, replay_run):
+    out = slice_ / "replay_settings"
+    assert run(slice_, out, "--models", "b") == 0
+    with pytest.raises(SystemExit, match=r"other settings \(conf: 0.001 -> 0.4\).*--overwrite"):
+        run(slice_, out, "--models", "b", "--conf", "0.4")
+    assert yaml.safe_load((out / "config.yaml").read_text())["conf"] == 0.001  # a refused run changes nothing
+    assert run(slice_, out, "--models", "b", "--conf", "0.4", "--overwrite") == 0
+    b = json.loads((out / "b.json").read_text())
+    assert len(b) == NUM_IMAGES - 1 and all(r["score"] >= 0.4 for r in b)
+    assert summary_of(out)["models"]["b"]["settings"]["conf"] == 0.4
+    assert yaml.safe_load((out / "config.yaml").read_text())["conf"] == 0.4
+
+
+def test_bad_arguments(slice_, tmp_path):
+    with pytest.raises(SystemExit, match=r"--models 'c' matches no member; the members are a, b"):
+        run(slice_, tmp_path / "x", "--models", "c")
+    with pytest.raises(SystemExit, match=r"matches no member.*Did you mean 'a'"):
+        run(slice_, tmp_path / "x", "--models", "a,aa")
+    with pytest.raises(SystemExit):  # argparse: i/n
+        run(slice_, tmp_path / "x", "--shard", "2/2")
+    with pytest.raises(SystemExit, match="none of the 3 images"):
+        run(slice_, tmp_path / "x", images=tmp_path)

@@ -1,0 +1,264 @@
+"""Training and cross-validated evaluation on a small slice of the real COCO annotations.
+
+Per-model predictions are synthesized from the ground truth (jittered boxes, misses, false positives,
+a different noise level per model), so the tests exercise the real tools without running detectors.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from detens.coco import METRIC_KEYS, load_coco_gt
+from detens.evaluation import METHODS, EvalMethod, FixedFusion, TunedWBF, _weight_grid, cross_validate
+from detens.folds import kfold_image_splits
+from detens.heads import load_head
+from detens.predictions import EnsemblePredictions
+from detens.training import ThetaTrainConfig, build_samples, fit_theta, train_theta
+
+REPO = Path(__file__).resolve().parents[1]
+ANNOTATIONS = REPO.parent / "shared" / "data" / "coco_val2017_206" / "instances_val2017.json"
+sys.path.insert(0, str(REPO / "tools"))
+
+import evaluate as evaluate_cli  # noqa: E402
+import train as train_cli  # noqa: E402
+
+MODELS = {"sharp": 0.02, "blurry": 0.08, "noisy": 0.15}  # box jitter relative to the box size
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """12 annotated images of the real annotation file and three synthetic models' predictions."""
+    root = tmp_path_factory.mktemp("slice")
+    full = json.loads(ANNOTATIONS.read_text())
+    annotated = sorted({a["image_id"] for a in full["annotations"]})[:12]
+    keep = set(annotated)
+    subset = {
+        "images": [im for im in full["images"] if im["id"] in keep],
+        "annotations": [a for a in full["annotations"] if a["image_id"] in keep],
+        "categories": full["categories"],
+    }
+    gt_path = root / "instances.json"
+    gt_path.write_text(json.dumps(subset))
+    predictions = root / "predictions"
+    predictions.mkdir()
+    category_ids = [c["id"] for c in full["categories"]]
+    for index, (name, jitter) in enumerate(MODELS.items()):
+        rng = random.Random(index)
+        results = []
+        for ann in subset["annotations"]:
+            if ann["iscrowd"] or rng.random() < 0.15:
+                continue
+            x, y, w, h = ann["bbox"]
+            box = [x + rng.gauss(0, jitter * w), y + rng.gauss(0, jitter * h), w * (1 + rng.gauss(0, jitter)),
+                   h * (1 + rng.gauss(0, jitter))]
+            box[2], box[3] = max(box[2], 1.0), max(box[3], 1.0)
+            score = min(1.0, max(0.01, rng.gauss(0.8 - jitter * 2, 0.15)))
+            results.append({"image_id": ann["image_id"], "category_id": ann["category_id"], "bbox": box, "score": score})
+        for image in subset["images"]:
+            for _ in range(5):  # false positives
+                w, h = rng.uniform(10, 100), rng.uniform(10, 100)
+                x, y = rng.uniform(0, image["width"] - w), rng.uniform(0, image["height"] - h)
+                results.append({"image_id": image["id"], "category_id": rng.choice(category_ids),
+                                "bbox": [x, y, w, h], "score": rng.uniform(0.01, 0.5)})
+        (predictions / f"{name}.json").write_text(json.dumps(results))
+    return gt_path, predictions
+
+
+@pytest.fixture(scope="module")
+def ensemble(dataset):
+    gt_path, predictions = dataset
+    return EnsemblePredictions.from_folder(predictions, load_coco_gt(gt_path))
+
+
+class TestFolds:
+    @pytest.mark.parametrize("k", [2, 3, 5])
+    def test_partition_without_overlap(self, k):
+        ids = list(range(100, 137))
+        splits = kfold_image_splits(ids, k, seed=4)
+        assert len(splits) == k
+        held_out = [i for _, test in splits for i in test]
+        assert sorted(held_out) == ids
+        for train, test in splits:
+            assert not set(train) & set(test)
+            assert sorted(train + test) == ids
+
+    def test_fixed_by_seed_and_order_independent(self):
+        ids = list(range(50))
+        assert kfold_image_splits(ids, 2, 0) == kfold_image_splits(ids[::-1], 2, 0)
+        assert kfold_image_splits(ids, 2, 0) != kfold_image_splits(ids, 2, 1)
+
+    @pytest.mark.parametrize("ids, k, message", [([1, 2, 3], 1, "k"), ([1, 2], 3, "cannot make 3 folds"),
+                                                 ([1, 1, 2], 2, "duplicates")])
+    def test_bad_input(self, ids, k, message):
+        with pytest.raises(ValueError, match=message):
+            kfold_image_splits(ids, k)
+
+
+class TestTraining:
+    def test_deterministic_and_loss_decreases(self, ensemble):
+        samples = build_samples(ensemble, ensemble.gt.annotated_image_ids)
+        config = ThetaTrainConfig(epochs=30, normalize_box=True, lr=0.05)
+        head_a, history_a = train_theta(samples, ensemble.model_names, config)
+        head_b, history_b = train_theta(samples, ensemble.model_names, config)
+        assert torch.equal(head_a.theta, head_b.theta)
+        assert history_a.loss == history_b.loss
+        assert len(history_a.loss) == 30
+        assert history_a.loss[-1] < history_a.loss[0]
+
+    def test_minibatches_are_deterministic_for_a_seed(self, ensemble):
+        samples = build_samples(ensemble, ensemble.gt.annotated_image_ids)
+        runs = [train_theta(samples, ensemble.model_names, ThetaTrainConfig(epochs=5, batch_images=3, seed=s))[0].theta
+                for s in (0, 0, 1)]
+        assert torch.equal(runs[0], runs[1])
+        assert not torch.equal(runs[0], runs[2])
+
+    def test_learns_to_trust_the_sharp_model(self, ensemble):
+        samples = build_samples(ensemble, ensemble.gt.annotated_image_ids)
+        config = ThetaTrainConfig(epochs=150, normalize_box=True, lr=0.2)
+        head, _ = train_theta(samples, ensemble.model_names, config)
+        theta = dict(zip(ensemble.model_names, head.theta.tolist(), strict=True))
+        assert theta["sharp"] > theta["noisy"]
+
+    def test_match_iou_grid_picks_from_the_grid(self, ensemble):
+        config = ThetaTrainConfig(epochs=5, normalize_box=True, match_iou_grid=[0.4, 0.7])
+        head, _, fitted = fit_theta(ensemble, ensemble.gt.annotated_image_ids, config)
+        assert fitted.match_iou in (0.4, 0.7) and fitted.match_iou_grid == []
+
+    def test_no_samples_is_an_error(self, ensemble):
+        with pytest.raises(ValueError, match="no training images"):
+            train_theta([], ensemble.model_names, ThetaTrainConfig())
+
+    @pytest.mark.parametrize("changes", [{"match_iou": 1.2}, {"epochs": -1}, {"lr": 0}, {"match_iou_grid": [0.5, 1.0]}])
+    def test_bad_config(self, changes):
+        with pytest.raises(ValueError):
+            ThetaTrainConfig(**changes)
+
+
+class RecordingMethod(EvalMethod):
+    """A learned method that records what it was fitted on and asked to predict."""
+
+    learned = True
+    log: list[tuple[str, list[int]]] = []
+
+    def __init__(self, model_names):
+        self.inner = FixedFusion("mean")
+
+    def fit(self, data, train_ids):
+        RecordingMethod.log.append(("fit", list(train_ids)))
+
+    def predict(self, data, image_id):
+        RecordingMethod.log.append(("predict", [image_id]))
+        return self.inner.predict(data, image_id)
+
+
+class TestCrossValidation:
+    def test_no_image_is_scored_by_a_method_fitted_on_it(self, ensemble):
+        if "recording" not in METHODS:
+            METHODS.register("recording")(RecordingMethod)
+        RecordingMethod.log.clear()
+        report = cross_validate(ensemble, ["recording"], k=3, seed=0, backend="faster")
+        fitted_on: list[int] = []
+        predicted: set[int] = set()
+        for kind, ids in RecordingMethod.log:
+            if kind == "fit":
+                fitted_on = ids
+            else:
+                assert ids[0] not in fitted_on
+                predicted.add(ids[0])
+        assert predicted == set(ensemble.gt.annotated_image_ids)
+        assert sum(kind == "fit" for kind, _ in RecordingMethod.log) == 3
+        assert 0.0 < report["recording"].metrics["map"] <= 1.0
+
+    def test_fixed_methods_predict_every_image_once(self, ensemble):
+        report = cross_validate(ensemble, ["mean", "single"], k=2, backend="faster")
+        assert list(report) == ["mean", "single:blurry", "single:noisy", "single:sharp"]
+        for result in report.values():
+            assert set(result.metrics) == set(METRIC_KEYS) | {"fusion_ms"}
+            assert result.fitted == []
+        # The ensemble of three noisy copies should beat its noisiest member.
+        assert report["mean"].metrics["map"] > report["single:noisy"].metrics["map"]
+
+    def test_wbf_tuned_fits_per_fold(self, ensemble):
+        options = {"wbf_tuned": {"iou_grid": [0.5, 0.7], "weight_values": [1.0, 2.0]}}
+        report = cross_validate(ensemble, ["wbf_tuned"], k=2, backend="faster", method_options=options)
+        fitted = report["wbf_tuned"].fitted
+        assert len(fitted) == 2
+        for fold in fitted:
+            assert fold["iou_thr"] in (0.5, 0.7) and set(fold["weights"]) <= {1.0, 2.0}
+            assert fold["configs_searched"] == 2 * 7  # {1,2}^3 has 8 points, 7 directions
+
+    def test_weight_grid_drops_scaled_copies(self):
+        grid = _weight_grid(3, [1.0, 2.0, 3.0])
+        assert len(grid) == 27 - 2  # (2,2,2) and (3,3,3) repeat (1,1,1)
+        assert len(_weight_grid(2, [1.0, 2.0])) == 3
+
+    def test_coordinate_descent_beyond_max_configs(self, ensemble):
+        method = TunedWBF(ensemble.model_names, iou_grid=[0.55], weight_values=[1.0, 2.0], max_configs=2)
+        from detens.evaluation import EvaluationData
+
+        method.fit(EvaluationData(ensemble), ensemble.gt.annotated_image_ids[:6])
+        assert method.searched == 1 + 3 * 2
+
+    def test_unknown_method(self, ensemble):
+        with pytest.raises(ValueError, match="unknown evaluation method 'wbf_tunned'.*Did you mean 'wbf_tuned'"):
+            cross_validate(ensemble, ["wbf_tunned"])
+
+
+class TestTools:
+    def test_train_cli_writes_a_loadable_head_and_is_deterministic(self, dataset, tmp_path):
+        gt_path, predictions = dataset
+        outs = []
+        for run in ("a", "b"):
+            out = tmp_path / run / "head.json"
+            assert train_cli.main(["--gt", str(gt_path), "--predictions", str(predictions), "--out", str(out),
+                                   "--epochs", "10", "--set", "match_iou_grid=[]", "--quiet"]) == 0
+            outs.append(out)
+        assert outs[0].read_bytes() == outs[1].read_bytes()
+        head = load_head(outs[0])
+        assert head.model_names == sorted(MODELS)
+        log = json.loads((outs[0].parent / "head.json.log.json").read_text())
+        assert len(log["loss"]) == 10 and log["models"] == sorted(MODELS)
+        assert (outs[0].parent / "head.json.loss.png").stat().st_size > 1000
+        assert "normalize_box: true" in (outs[0].parent / "head.json.config.yaml").read_text()
+
+    def test_train_cli_images_from_and_errors(self, dataset, tmp_path):
+        gt_path, predictions = dataset
+        ids = load_coco_gt(gt_path).annotated_image_ids
+        listing = tmp_path / "ids.txt"
+        listing.write_text("# training fold\n" + "\n".join(map(str, ids[:5])) + "\n")
+        out = tmp_path / "head.safetensors"
+        args = ["--gt", str(gt_path), "--predictions", str(predictions), "--epochs", "3", "--quiet",
+                "--set", "match_iou_grid=[]"]
+        assert train_cli.main(args + ["--out", str(out), "--images-from", str(listing)]) == 0
+        assert load_head(out).num_models == 3
+        listing.write_text("999999999\n")
+        with pytest.raises(ValueError, match="not in"):
+            train_cli.main(args + ["--out", str(out), "--images-from", str(listing)])
+        with pytest.raises(ValueError, match="unknown key 'epoch'"):
+            train_cli.main(args + ["--out", str(out), "--set", "epoch=3"])
+
+    def test_evaluate_cli_report_schema(self, dataset, tmp_path, capsys):
+        gt_path, predictions = dataset
+        config = tmp_path / "theta.yaml"
+        config.write_text("epochs: 5\nnormalize_box: true\nmatch_iou_grid: []\n")
+        out = tmp_path / "report.json"
+        code = evaluate_cli.main(["--gt", str(gt_path), "--predictions", str(predictions), "--methods",
+                                  "single,mean,theta", "--cv", "2", "--theta-config", str(config),
+                                  "--backend", "faster", "--out", str(out), "--plot", str(tmp_path / "r.png"),
+                                  "--quiet"])
+        assert code == 0
+        report = json.loads(out.read_text())
+        assert list(report) == ["single:blurry", "single:noisy", "single:sharp", "mean", "theta"]
+        for metrics in report.values():
+            assert set(metrics) == set(METRIC_KEYS) | {"fusion_ms"}
+            assert all(isinstance(v, float) for v in metrics.values())
+        fitted = json.loads((tmp_path / "report.fitted.json").read_text())
+        assert list(fitted) == ["theta"] and len(fitted["theta"]) == 2
+        assert "| theta |" in capsys.readouterr().out
+        assert (tmp_path / "r.png").stat().st_size > 1000

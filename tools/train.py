@@ -1,0 +1,170 @@
+#!/usr/bin/env python
+"""Train fusion weights on saved predictions and COCO ground truth.
+
+    python tools/train.py --gt instances.json --predictions predictions/ --out head.json \\
+        [--config configs/train/theta.yaml] [--images-from ids.txt] [--models a,b,c]
+
+``--predictions`` holds one COCO results file per model (``<model>.json``, as ``tools/cache.py`` writes);
+the head remembers the model names and their order. Every key of the YAML config can be overridden with
+``--set key=value`` (repeatable); ``--epochs``, ``--lr``, ``--seed`` are shortcuts. Writes:
+
+- ``--out``: the head (``.json`` or ``.safetensors``; no pickle), loadable by ``tools/fuse.py --head``;
+- ``<out>.config.yaml``: the resolved training config; ``<out>.loss.png``: the loss curve;
+- ``<out>.log.json``: loss per epoch, images, clusters, seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+try:
+    import detens  # noqa: F401
+except ImportError:  # run from a clone without `pip install -e .`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+import yaml
+from tqdm import tqdm
+
+from detens.coco import load_coco_gt
+from detens.config import from_dict, save_yaml_config
+from detens.io import atomic_write_bytes, atomic_write_json
+from detens.predictions import EnsemblePredictions
+from detens.training import ThetaTrainConfig, fit_theta
+
+logger = logging.getLogger("detens.train")
+
+DEFAULT_CONFIGS = {"theta": "configs/train/theta.yaml"}
+REPO = Path(__file__).resolve().parents[1]
+
+
+def read_image_ids(path: Path) -> list[int]:
+    """One integer image id per line (blank lines and ``#`` comments ignored)."""
+    ids = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        try:
+            ids.append(int(line))
+        except ValueError:
+            raise ValueError(f"{path}:{number}: expected an integer image id, got {line!r}") from None
+    if not ids:
+        raise ValueError(f"{path} lists no image ids")
+    return ids
+
+
+def parse_set(items: list[str]) -> dict[str, Any]:
+    overrides = {}
+    for item in items:
+        if "=" not in item:
+            raise ValueError(f"--set expects key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        overrides[key.strip()] = yaml.safe_load(value)
+    return overrides
+
+
+def load_train_config(kind: str, path: str | None, overrides: dict[str, Any]) -> Any:
+    config_path = Path(path) if path else REPO / DEFAULT_CONFIGS[kind]
+    data = yaml.safe_load(config_path.read_text()) if config_path.is_file() else None
+    if path and data is None:
+        raise FileNotFoundError(f"training config not found or empty: {config_path}")
+    data = dict(data or {})
+    data.update(overrides)
+    return from_dict(ThetaTrainConfig, data, where=str(config_path))
+
+
+def plot_loss(losses: list[float], path: Path, title: str) -> None:
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(range(1, len(losses) + 1), losses, color="#3182bd")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("J (mean per cluster)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gt", required=True, help="COCO annotation file")
+    parser.add_argument("--predictions", required=True, help="folder of <model>.json COCO results")
+    parser.add_argument("--out", required=True, help="head file to write (.json or .safetensors)")
+    parser.add_argument("--head", default="theta", choices=sorted(DEFAULT_CONFIGS), help="head type")
+    parser.add_argument("--config", help="training YAML (default: configs/train/<head>.yaml)")
+    parser.add_argument("--images-from", help="file with the image ids to train on (default: all with GT)")
+    parser.add_argument("--models", help="comma-separated model names (default: every file, sorted)")
+    parser.add_argument("--epochs", type=int)
+    parser.add_argument("--lr", type=float)
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    parser.add_argument(
+        "--threads", type=int, default=1,
+        help="torch intra-op threads (default 1: fusion works on tensors of a few hundred boxes, where thread "
+        "hand-offs cost more than they save)",
+    )
+    parser.add_argument("--quiet", action="store_true", help="log warnings only")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")
+    torch.set_num_threads(max(1, args.threads))
+
+    out = Path(args.out)
+    if out.suffix not in (".json", ".safetensors"):
+        parser.error(f"--out must end in .json or .safetensors, got {out}")
+    overrides = parse_set(args.set)
+    overrides.update({k: v for k, v in (("epochs", args.epochs), ("lr", args.lr), ("seed", args.seed)) if v is not None})
+    config = load_train_config(args.head, args.config, overrides)
+
+    gt = load_coco_gt(args.gt)
+    models = args.models.split(",") if args.models else None
+    predictions = EnsemblePredictions.from_folder(args.predictions, gt, models=models)
+    image_ids = read_image_ids(Path(args.images_from)) if args.images_from else gt.annotated_image_ids
+    unknown = sorted(set(image_ids) - set(gt.image_ids))
+    if unknown:
+        raise ValueError(f"--images-from lists image ids not in {args.gt}: {unknown[:10]}")
+
+    def on_epoch(epoch: int, loss: float) -> None:
+        if epoch == 0 or (epoch + 1) % max(1, config.epochs // 20) == 0 or epoch + 1 == config.epochs:
+            logger.info("epoch %4d/%d  J = %.6f", epoch + 1, config.epochs, loss)
+
+    rounds = max(1, len(config.match_iou_grid))
+    logger.info("%d images, models %s", len(image_ids), predictions.model_names)
+    with tqdm(total=len(image_ids) * rounds, desc="matching", unit="img") as bar:
+        head, history, config = fit_theta(predictions, image_ids, config, progress=bar.update, on_epoch=on_epoch)
+    head.save(out)
+    save_yaml_config(config, out.with_name(out.name + ".config.yaml"))
+    plot_loss(history.loss, out.with_name(out.name + ".loss.png"), f"{args.head} head: {', '.join(predictions.model_names)}")
+    atomic_write_json(
+        out.with_name(out.name + ".log.json"),
+        {
+            "head": args.head,
+            "models": predictions.model_names,
+            "images": len(image_ids),
+            "match_iou": config.match_iou,
+            "train_seconds": round(history.seconds, 3),
+            "loss": history.loss,
+            "theta": head.theta.detach().cpu().tolist(),
+        },
+        indent=1,
+    )
+    logger.info("trained in %.1f s; Θ = %s; head written to %s", history.seconds,
+                [round(v, 4) for v in head.theta.detach().cpu().tolist()], out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
