@@ -561,7 +561,7 @@ def evaluate_coco(
         evaluator.summarize()
     stats = [float(v) for v in evaluator.stats]
     metrics = dict(zip(METRIC_KEYS, stats, strict=True))
-    logger.info(
+    logger.debug(
         "COCO bbox on %d images, %d predictions: mAP %.4f, AP50 %.4f, AP75 %.4f",
         len(eval_ids),
         len(results),

@@ -297,7 +297,6 @@ def cross_validate(
         metrics = evaluate_coco(data.gt, results, image_ids=data.image_ids, backend=backend)
         metrics["fusion_ms"] = 1e3 * predict_seconds / max(predicted, 1)
         report[name] = MethodResult(metrics, fitted)
-        logger.info("%s: mAP %.4f", name, metrics["map"])
         if on_method is not None:
             on_method(name, report[name])
     return report

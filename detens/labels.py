@@ -177,7 +177,7 @@ COCO_NAMES: tuple[str, ...] = (
     "toothbrush",
 )
 
-COCO_ID_TO_NAME: dict[int, str] = dict(zip(COCO_CATEGORY_IDS, COCO_NAMES))
+COCO_ID_TO_NAME: dict[int, str] = dict(zip(COCO_CATEGORY_IDS, COCO_NAMES, strict=True))
 
 
 def coco80_to_category_id(index: int) -> int:

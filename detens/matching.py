@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from torchvision.ops import batched_nms, box_iou
+from torchvision.ops import batched_nms
 
 from detens.detections import Detections
 
@@ -127,46 +127,71 @@ def check_per_model(per_model: Sequence[Detections], what: str = "per_model") ->
         raise ValueError(f"{what}: Detections are on different devices {devices}; move them to one device")
 
 
-def _grouped_best_seed(boxes: Tensor, labels: Tensor, seed_boxes: Tensor, seed_labels: Tensor) -> Tensor:
-    """For each box the same-class seed of highest IoU.
+def _grouped_best_seed(
+    boxes: Tensor, labels: Tensor, seed_boxes: Tensor, seed_labels: Tensor, iou_thr: float
+) -> Tensor:
+    """For each box the same-class seed of highest IoU (ties: the lowest seed index).
+
+    Every box has a same-class seed with IoU > ``iou_thr`` (NMS suppressed it, or it is a seed), so the
+    best seed is among those. Such a seed overlaps the box along x by more than ``iou_thr`` times either
+    width: its width is below ``w / iou_thr`` and its x1 lies in ``(x1 + t·w − w/t, x2 − t·w)`` for the
+    box's x1, x2, w and t = ``iou_thr``. A sweep keeps the candidate pairs few: seeds sorted by
+    (class, x1), each box's candidates are one contiguous range found by binary search.
+    Coordinates must be normalized to [0, 1].
 
     Args:
-        boxes (Tensor[K, 4]), labels (Tensor[K]): boxes to place; each has at least one same-class seed.
+        boxes (Tensor[K, 4]), labels (Tensor[K]): boxes to place.
         seed_boxes (Tensor[S, 4]), seed_labels (Tensor[S]).
+        iou_thr (float): the NMS threshold that made the seeds.
 
     Returns:
         Tensor[K] int64: index into the seeds.
     """
-    if boxes.shape[0] * seed_boxes.shape[0] <= _IOU_BLOCK_ELEMENTS:
-        # Small enough for one dense [K, S] block: cheaper than grouping by class.
-        iou = box_iou(boxes, seed_boxes).masked_fill(labels[:, None] != seed_labels[None, :], -1.0)  # [K, S]
-        return iou.argmax(1)
+    num_boxes, num_seeds = boxes.shape[0], seed_boxes.shape[0]
+    device = boxes.device
     classes, seed_group = torch.unique(seed_labels, return_inverse=True)  # [G], [S]
-    box_group = torch.searchsorted(classes, labels)  # [K]
-    order = torch.argsort(seed_group, stable=True)  # seeds grouped by class
-    counts = torch.bincount(seed_group, minlength=classes.numel())  # [G]
-    starts = torch.cumsum(counts, 0) - counts  # [G]
-    width = int(counts.max())
-    slot = torch.arange(width, device=boxes.device)  # [W]
-    padded_index = starts[:, None] + slot[None, :]  # [G, W]
-    valid = slot[None, :] < counts[:, None]  # [G, W]
-    padded_index = order[padded_index.clamp(max=order.numel() - 1)]  # [G, W] seed ids
+    box_group = torch.searchsorted(classes, labels)  # [K]; every box's class has a seed
+    # Keys (class rank · 4 + x1) never mix classes since every x lies in [0, 1].
+    seed_key = seed_group.to(seed_boxes.dtype) * 4 + seed_boxes[:, 0]  # [S]
+    sorted_key, seed_order = torch.sort(seed_key, stable=True)  # [S]
+    widest = torch.zeros(classes.numel(), dtype=seed_boxes.dtype, device=device)
+    widest = widest.scatter_reduce(0, seed_group, seed_boxes[:, 2] - seed_boxes[:, 0], reduce="amax")  # [G]
+    width = boxes[:, 2] - boxes[:, 0]  # [K]
+    reach = widest[box_group]  # [K] how far left a seed's x1 can be and still overlap
+    if iou_thr > 0:
+        reach = torch.minimum(reach, width / iou_thr - iou_thr * width)
+    slack = 1e-5  # rounding never drops the true best seed
+    base = box_group.to(boxes.dtype) * 4  # [K]
+    lo = torch.searchsorted(sorted_key, base + boxes[:, 0] - reach - slack, right=False)  # [K]
+    hi = torch.searchsorted(sorted_key, base + boxes[:, 2] - iou_thr * width + slack, right=True)  # [K]
+    pairs_per_box = (hi - lo).clamp(min=0)  # [K]
 
-    best = torch.empty(boxes.shape[0], dtype=torch.int64, device=boxes.device)
-    chunk = max(1, _IOU_BLOCK_ELEMENTS // width)
-    for begin in range(0, boxes.shape[0], chunk):
-        group = box_group[begin : begin + chunk]  # [k]
-        candidates = padded_index[group]  # [k, W]
-        cand_boxes = seed_boxes[candidates]  # [k, W, 4]
-        box = boxes[begin : begin + chunk, None, :]  # [k, 1, 4]
-        lt = torch.maximum(box[..., :2], cand_boxes[..., :2])
-        rb = torch.minimum(box[..., 2:], cand_boxes[..., 2:])
-        inter = (rb - lt).clamp(min=0).prod(-1)  # [k, W]
-        area_box = (box[..., 2:] - box[..., :2]).prod(-1)
-        area_cand = (cand_boxes[..., 2:] - cand_boxes[..., :2]).prod(-1)
-        iou = inter / (area_box + area_cand - inter)
-        iou = iou.masked_fill(~valid[group], -1.0)
-        best[begin : begin + chunk] = candidates.gather(1, iou.argmax(1, keepdim=True)).squeeze(1)
+    best = torch.empty(num_boxes, dtype=torch.int64, device=device)
+    ends = torch.cumsum(pairs_per_box, 0)
+    begin = 0
+    while begin < num_boxes:  # chunks of boxes keep one block of pairs under the memory bound
+        offset = int(ends[begin - 1]) if begin else 0
+        end = int(torch.searchsorted(ends, offset + _IOU_BLOCK_ELEMENTS, right=True))
+        end = min(max(end, begin + 1), num_boxes)
+        counts = pairs_per_box[begin:end]  # [k]
+        pair_box = torch.repeat_interleave(torch.arange(begin, end, device=device), counts)  # [P]
+        first_pair = torch.cumsum(counts, 0) - counts  # [k]
+        rank = torch.arange(pair_box.numel(), device=device) - first_pair.repeat_interleave(counts)  # [P]
+        pair_seed = seed_order[lo[pair_box] + rank]  # [P]
+        a, b = boxes[pair_box], seed_boxes[pair_seed]  # [P, 4]
+        wh = (torch.minimum(a[:, 2:], b[:, 2:]) - torch.maximum(a[:, :2], b[:, :2])).clamp(min=0)
+        inter = wh[:, 0] * wh[:, 1]
+        area_a = (a[:, 2] - a[:, 0]) * (a[:, 3] - a[:, 1])
+        area_b = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
+        iou = inter / (area_a + area_b - inter)  # [P]
+        iou = iou.masked_fill(seed_labels[pair_seed] != labels[pair_box], -1.0)
+        local = pair_box - begin
+        best_iou = torch.full((end - begin,), -1.0, dtype=iou.dtype, device=device)
+        best_iou = best_iou.scatter_reduce(0, local, iou, reduce="amax")
+        candidate = torch.where(iou == best_iou[local], pair_seed, num_seeds)
+        chosen = torch.full((end - begin,), num_seeds, dtype=torch.int64, device=device)
+        best[begin:end] = chosen.scatter_reduce(0, local, candidate, reduce="amin")
+        begin = end
     return best
 
 
@@ -211,8 +236,14 @@ def match(per_model: Sequence[Detections], iou_thr: float = 0.55) -> Clusters:
     while pending.numel():
         p_boxes, p_scores, p_labels = boxes[pending], scores[pending], labels[pending]
         seeds = batched_nms(p_boxes, p_scores, p_labels, iou_thr)  # [S] positions in pending, score-desc
-        seed_of = _grouped_best_seed(p_boxes, p_labels, p_boxes[seeds], p_labels[seeds])  # [K'] in [0, S)
+        seed_of = torch.empty_like(p_labels)  # [K'] in [0, S)
         seed_of[seeds] = torch.arange(seeds.numel(), device=device)
+        joiners = torch.ones_like(p_labels, dtype=torch.bool)
+        joiners[seeds] = False
+        if joiners.any():
+            seed_of[joiners] = _grouped_best_seed(
+                p_boxes[joiners], p_labels[joiners], p_boxes[seeds], p_labels[seeds], iou_thr
+            )
 
         # In each (cluster, model) keep the best-scoring box: sort by score, then stably by key.
         key = seed_of * num_models + model_id[pending]

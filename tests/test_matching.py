@@ -103,6 +103,16 @@ class TestMatchAgainstReference:
         assert as_reference_form(clusters) == reference_match(per_model, iou_thr)
 
 
+    @pytest.mark.parametrize("seed", range(10))
+    def test_same_clusters_when_the_pair_search_is_chunked(self, seed, monkeypatch):
+        import detens.matching
+
+        monkeypatch.setattr(detens.matching, "_IOU_BLOCK_ELEMENTS", 7)
+        rng = random.Random(100 + seed)
+        per_model = random_per_model(rng, num_models=4, num_objects=20, num_classes=2)
+        assert as_reference_form(match(per_model, iou_thr=0.5)) == reference_match(per_model, 0.5)
+
+
 class TestMatchInvariants:
     @pytest.mark.parametrize("seed", range(20))
     def test_rows_copy_source_boxes_and_absent_rows_are_imputed(self, seed):
@@ -206,7 +216,7 @@ class TestMatchEdgeCases:
         per_model = random_per_model(random.Random(1), num_models=2)
         before = [(d.boxes.clone(), d.scores.clone(), d.labels.clone()) for d in per_model]
         match(per_model)
-        for d, (b, s, lab) in zip(per_model, before):
+        for d, (b, s, lab) in zip(per_model, before, strict=True):
             assert torch.equal(d.boxes, b) and torch.equal(d.scores, s) and torch.equal(d.labels, lab)
 
     @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -6,7 +6,6 @@ Dimension legend: C clusters, N models, K classes with their own Θ.
 from __future__ import annotations
 
 import json
-import logging
 
 import pytest
 import torch
@@ -466,14 +465,9 @@ class TestSaveLoad:
         assert_close(again.scores, fuse(per_model, "mean", iou_thr=0.5).scores, atol=1e-6, rtol=0)
 
 
-def test_fuser_without_head_warns_and_uses_uniform(caplog):
-    import detens.fusers.theta as theta_fuser
-
-    theta_fuser._warned_untrained = False
+def test_fuser_with_an_untrained_head_fuses_like_mean():
     per_model = random_detections(6)
-    with caplog.at_level(logging.WARNING, logger="detens.fusers.theta"):
-        fused = fuse(per_model, "theta")
-    assert "untrained" in caplog.text
+    fused = fuse(per_model, "theta", head=ThetaHead(["a", "b", "c"][: len(per_model)]))
     assert_close(fused.scores, fuse(per_model, "mean").scores, atol=1e-6, rtol=0)
 
 

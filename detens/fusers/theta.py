@@ -15,7 +15,6 @@ from detens.matching import match
 __all__ = ["theta_fusion"]
 
 logger = logging.getLogger(__name__)
-_warned_untrained = False
 
 
 @functools.lru_cache(maxsize=8)
@@ -27,17 +26,11 @@ def _load_cached(path: str, mtime_ns: int, size: int) -> Any:
 
 
 def _resolve_head(head: Any, num_models: int) -> Any:
-    global _warned_untrained
-    from detens.heads.theta import ThetaHead
-
     if head is None:
-        if not _warned_untrained:
-            logger.warning(
-                "theta fusion without head=: using an untrained Θ = 1/N (fuses like 'mean'); "
-                "pass a trained ThetaHead or the path of a saved head"
-            )
-            _warned_untrained = True
-        return ThetaHead([f"model{i}" for i in range(num_models)])
+        raise ValueError(
+            "theta fusion needs head=: a trained head (detens.ThetaHead, or any head of detens.heads) or the path "
+            "of a saved one (tools/train.py writes it); an untrained ThetaHead(model_names) fuses like 'mean'"
+        )
     if isinstance(head, (str, Path)):
         path = Path(head).resolve()
         stat = path.stat() if path.is_file() else None

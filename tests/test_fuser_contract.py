@@ -1,0 +1,131 @@
+"""The contract every registered fuser satisfies, tested over the registry itself.
+
+A new fuser is tested here for free; one that needs parameters to run at all declares them in
+``REQUIRED_PARAMS``.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from detens import Detections, fuse
+from detens.fusers import FUSERS
+from detens.heads.theta import ThetaHead
+
+IMAGE_SIZE = (120, 160)
+
+
+def uniform_head(num_models: int) -> ThetaHead:
+    return ThetaHead([f"m{i}" for i in range(num_models)])
+
+
+#: fuser name → callable(num_models) → the parameters it cannot run without.
+REQUIRED_PARAMS = {"theta": lambda n: {"head": uniform_head(n)}}
+
+#: fusers whose output may depend on the order of the models (none so far with default parameters).
+ORDER_DEPENDENT: set[str] = set()
+
+
+def params_for(name: str, num_models: int) -> dict:
+    return REQUIRED_PARAMS.get(name, lambda n: {})(num_models)
+
+
+def random_models(seed: int, num_models: int = 3, device: str = "cpu") -> list[Detections]:
+    rng = random.Random(seed)
+    objects = []
+    for _ in range(8):
+        x, y = rng.uniform(-20, 140), rng.uniform(-20, 100)
+        objects.append((x, y, x + rng.uniform(5, 60), y + rng.uniform(5, 60), rng.randrange(3)))
+    per_model = []
+    for _ in range(num_models):
+        boxes, scores, labels = [], [], []
+        for x1, y1, x2, y2, label in objects:
+            if rng.random() < 0.2:
+                continue
+            j = [rng.gauss(0, 2) for _ in range(4)]
+            boxes.append([x1 + j[0], y1 + j[1], max(x1 + j[0], x2 + j[2]), max(y1 + j[1], y2 + j[3])])
+            scores.append(rng.uniform(0.05, 0.99))
+            labels.append(label)
+        per_model.append(Detections(torch.tensor(boxes).reshape(-1, 4), scores, labels, IMAGE_SIZE).to(device))
+    return per_model
+
+
+def as_set(det: Detections, decimals: int = 3) -> list[tuple]:
+    rows = torch.cat([det.boxes, det.scores[:, None], det.labels[:, None].float()], 1)
+    return sorted(tuple(round(v, decimals) for v in row.tolist()) for row in rows)
+
+
+@pytest.mark.parametrize("name", FUSERS.names())
+class TestFuserContract:
+    def test_all_empty_input_gives_empty_output(self, name):
+        empty = [Detections.empty(IMAGE_SIZE), Detections.empty(IMAGE_SIZE)]
+        out = fuse(empty, name, **params_for(name, 2))
+        assert isinstance(out, Detections) and len(out) == 0
+        assert out.image_size == IMAGE_SIZE
+
+    def test_one_model_empty_is_normal(self, name):
+        per_model = random_models(0, 2) + [Detections.empty(IMAGE_SIZE)]
+        out = fuse(per_model, name, **params_for(name, 3))
+        assert len(out) > 0
+
+    @pytest.mark.parametrize("seed", range(5))
+    def test_output_is_valid(self, name, seed):
+        per_model = random_models(seed)
+        out = fuse(per_model, name, **params_for(name, 3))
+        height, width = IMAGE_SIZE
+        assert out.boxes.dtype == torch.float32 and out.labels.dtype == torch.int64
+        assert (out.boxes[:, 0::2] >= 0).all() and (out.boxes[:, 0::2] <= width).all()
+        assert (out.boxes[:, 1::2] >= 0).all() and (out.boxes[:, 1::2] <= height).all()
+        assert ((out.scores >= 0) & (out.scores <= 1)).all()
+        assert torch.equal(out.scores, out.scores.sort(descending=True).values)
+        input_labels = set(torch.cat([d.labels for d in per_model]).tolist())
+        assert set(out.labels.tolist()) <= input_labels
+        assert out.source == f"fused:{name}"
+
+    def test_inputs_are_not_modified(self, name):
+        per_model = random_models(3)
+        before = [(d.boxes.clone(), d.scores.clone(), d.labels.clone()) for d in per_model]
+        fuse(per_model, name, **params_for(name, 3))
+        for det, (boxes, scores, labels) in zip(per_model, before, strict=True):
+            assert torch.equal(det.boxes, boxes) and torch.equal(det.scores, scores) and torch.equal(det.labels, labels)
+
+    def test_model_order_does_not_matter(self, name):
+        if name in ORDER_DEPENDENT:
+            pytest.skip(f"{name} depends on the model order by design")
+        per_model = random_models(4)
+        forward = fuse(per_model, name, **params_for(name, 3))
+        backward = fuse(per_model[::-1], name, **params_for(name, 3))
+        assert as_set(forward) == as_set(backward)
+
+    def test_bad_input_is_an_error(self, name):
+        with pytest.raises(ValueError):
+            fuse([], name, **params_for(name, 1))
+        with pytest.raises(ValueError, match="image size"):
+            fuse([Detections.empty((10, 10)), Detections.empty((20, 10))], name, **params_for(name, 2))
+
+    @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+    def test_cuda_in_cuda_out(self, name):
+        per_model = random_models(5, device="cuda")
+        out = fuse(per_model, name, **params_for(name, 3))
+        assert out.device.type == "cuda"
+        cpu = fuse([d.to("cpu") for d in per_model], name, **params_for(name, 3))
+        assert as_set(out.to("cpu"), 2) == as_set(cpu, 2)
+
+
+def test_unknown_method_lists_the_valid_names():
+    with pytest.raises(ValueError, match=r"unknown fusion method 'wfb'; valid names: .*wbf.*Did you mean 'wbf'"):
+        fuse([Detections.empty(IMAGE_SIZE)], "wfb")
+
+
+def test_theta_without_head_is_an_error():
+    with pytest.raises(ValueError, match="theta fusion needs head="):
+        fuse(random_models(0), "theta")
+
+
+def test_wrong_length_weights_are_an_error_not_a_reset():
+    for name in ("wbf", "nms", "soft_nms", "mean", "vote"):
+        with pytest.raises(ValueError, match="one number per model"):
+            fuse(random_models(0), name, weights=[1.0, 2.0])
