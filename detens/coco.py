@@ -82,6 +82,10 @@ def _captured_stdout(what: str):
         logger.debug("pycocotools (%s):\n%s", what, text)
 
 
+_INT_TYPES = frozenset({int, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64})
+_NUMBER_TYPES = _INT_TYPES | {float, np.float16, np.float32, np.float64}
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
@@ -113,40 +117,62 @@ def validate_coco_results(results: Any, where: str = "COCO results") -> list[dic
         raise TypeError(f"{where} must be a list of result dicts, got {type(results).__name__}")
     clean: list[dict[str, Any]] = []
     for i, entry in enumerate(results):
-        if not isinstance(entry, Mapping):
-            raise TypeError(f"{where}[{i}] must be a dict, got {type(entry).__name__}: {entry!r}")
-        missing = [k for k in _RESULT_KEYS if k not in entry]
-        if missing:
-            raise ValueError(
-                f"{where}[{i}] lacks {missing}; each result needs {list(_RESULT_KEYS)}: {dict(entry)!r}"
+        # Fast path: exact types (bool is not int here), one dict lookup per field; anything unusual
+        # goes through _check_entry, which names the problem.
+        try:
+            image_id, category_id, bbox, score = (entry[k] for k in _RESULT_KEYS)
+            fast = (
+                type(image_id) in _INT_TYPES
+                and type(category_id) in _INT_TYPES
+                and type(score) in _NUMBER_TYPES
+                and type(bbox) in (list, tuple)
+                and len(bbox) == 4
+                and all(type(v) in _NUMBER_TYPES for v in bbox)
             )
-        for key in ("image_id", "category_id"):
-            value = entry[key]
-            if not (_is_int(value) or (isinstance(value, float) and value.is_integer())):
-                raise ValueError(f"{where}[{i}].{key} must be an integer, got {value!r}")
-        bbox = entry["bbox"]
-        if (
-            not isinstance(bbox, (list, tuple, np.ndarray))
-            or len(bbox) != 4
-            or not all(_is_number(v) and math.isfinite(float(v)) for v in bbox)
-        ):
-            raise ValueError(
-                f"{where}[{i}].bbox must be 4 finite numbers [x, y, width, height], got {bbox!r}"
-            )
-        if float(bbox[2]) < 0 or float(bbox[3]) < 0:
-            raise ValueError(
-                f"{where}[{i}].bbox = {list(bbox)!r} has a negative width or height; COCO boxes are [x, y, w, h]"
-            )
-        score = entry["score"]
-        if not _is_number(score) or not math.isfinite(float(score)):
-            raise ValueError(f"{where}[{i}].score must be a finite number, got {score!r}")
+        except (KeyError, TypeError):
+            fast = False
+        if not fast:
+            _check_entry(i, entry, where)
         item = dict(entry)
         item["image_id"] = int(entry["image_id"])
         item["category_id"] = int(entry["category_id"])
-        item["bbox"] = [float(v) for v in bbox]
-        item["score"] = float(score)
+        item["bbox"] = [float(v) for v in entry["bbox"]]
+        item["score"] = float(entry["score"])
         clean.append(item)
+    if clean:  # finiteness and box sizes, checked in bulk
+        values = np.array([r["bbox"] + [r["score"]] for r in clean], dtype=np.float64)  # [K, 5]
+        bad = ~np.isfinite(values).all(axis=1) | (values[:, 2] < 0) | (values[:, 3] < 0)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            _check_entry(i, clean[i], where)
     return clean
+
+
+def _check_entry(i: int, entry: Any, where: str) -> None:
+    """Raise the error that names what is wrong with result ``i`` (called only when something is)."""
+    if not isinstance(entry, Mapping):
+        raise TypeError(f"{where}[{i}] must be a dict, got {type(entry).__name__}: {entry!r}")
+    missing = [k for k in _RESULT_KEYS if k not in entry]
+    if missing:
+        raise ValueError(f"{where}[{i}] lacks {missing}; each result needs {list(_RESULT_KEYS)}: {dict(entry)!r}")
+    for key in ("image_id", "category_id"):
+        value = entry[key]
+        if not (_is_int(value) or (isinstance(value, float) and value.is_integer())):
+            raise ValueError(f"{where}[{i}].{key} must be an integer, got {value!r}")
+    bbox = entry["bbox"]
+    if (
+        not isinstance(bbox, (list, tuple, np.ndarray))
+        or len(bbox) != 4
+        or not all(_is_number(v) and math.isfinite(float(v)) for v in bbox)
+    ):
+        raise ValueError(f"{where}[{i}].bbox must be 4 finite numbers [x, y, width, height], got {bbox!r}")
+    if float(bbox[2]) < 0 or float(bbox[3]) < 0:
+        raise ValueError(
+            f"{where}[{i}].bbox = {list(bbox)!r} has a negative width or height; COCO boxes are [x, y, w, h]"
+        )
+    score = entry["score"]
+    if not _is_number(score) or not math.isfinite(float(score)):
+        raise ValueError(f"{where}[{i}].score must be a finite number, got {score!r}")
 
 
 def group_results_by_image(results: Sequence[Mapping[str, Any]]) -> dict[int, list[dict[str, Any]]]:
@@ -193,6 +219,7 @@ def coco_to_detections(
     image_size: tuple[int, int],
     source: str | None = None,
     image_id: int | None = None,
+    validate: bool = True,
 ) -> Detections:
     """COCO result dicts of ONE image → ``Detections`` (boxes xyxy pixels, ``labels = category_id``).
 
@@ -201,11 +228,13 @@ def coco_to_detections(
         image_size (tuple[int, int]): ``(height, width)``; COCO results do not carry it.
         source (str | None): stored in ``Detections.source``.
         image_id (int | None): keep only the results of this image (so a whole results file can be passed).
+        validate (bool): check the schema; ``False`` only for results :func:`load_coco_results` or
+            :func:`validate_coco_results` already returned.
 
     Raises:
         ValueError: results of several images and no ``image_id``.
     """
-    clean = validate_coco_results(results, "results")
+    clean = validate_coco_results(results, "results") if validate else list(results)
     if image_id is not None:
         clean = [r for r in clean if r["image_id"] == int(image_id)]
     else:
@@ -591,24 +620,25 @@ def _faster_evaluator(truth: CocoGroundTruth, results: list[dict[str, Any]]) -> 
 
 def _results_coco(coco_gt: COCO, results: list[dict[str, Any]], index: bool = True) -> COCO:
     """What ``COCO.loadRes`` builds for bbox results, without its prints, its mutation of the caller's
-    dicts, or its crash on an empty list."""
+    dicts, or its crash on an empty list. With ``index=False`` (the faster-coco-eval path) the box
+    polygons that ``loadRes`` adds for drawing are left out: bbox evaluation never reads them."""
     from pycocotools.coco import COCO
 
     annotations = []
     for i, r in enumerate(results):
         x, y, w, h = r["bbox"]
-        annotations.append(
-            {
-                "id": i + 1,
-                "image_id": r["image_id"],
-                "category_id": r["category_id"],
-                "bbox": [x, y, w, h],
-                "score": r["score"],
-                "area": w * h,
-                "iscrowd": 0,
-                "segmentation": [[x, y, x, y + h, x + w, y + h, x + w, y]],
-            }
-        )
+        annotation = {
+            "id": i + 1,
+            "image_id": r["image_id"],
+            "category_id": r["category_id"],
+            "bbox": [x, y, w, h],
+            "score": r["score"],
+            "area": w * h,
+            "iscrowd": 0,
+        }
+        if index:
+            annotation["segmentation"] = [[x, y, x, y + h, x + w, y + h, x + w, y]]
+        annotations.append(annotation)
     coco = COCO()
     coco.dataset = {
         "info": dict(coco_gt.dataset.get("info", {})),

@@ -220,6 +220,20 @@ METHODS.register("wbf_tuned")(TunedWBF)
 METHODS.register("theta")(ThetaMethod)
 
 
+@METHODS.register("theta_seed")
+def _theta_seed(model_names: Sequence[str], config: Any = None) -> ThetaMethod:
+    """The seed-exact Θ (configs/train/theta_seed.yaml): A = ŶᵀΘ, fixed matching IoU."""
+    from pathlib import Path
+
+    from detens.config import load_yaml_config
+    from detens.training import ThetaTrainConfig
+
+    if config is None:
+        path = Path(__file__).resolve().parents[1] / "configs" / "train" / "theta_seed.yaml"
+        config = load_yaml_config(ThetaTrainConfig, path) if path.is_file() else ThetaTrainConfig(normalize_box=False)
+    return ThetaMethod(model_names, config)
+
+
 def expand_methods(names: Sequence[str], model_names: Sequence[str]) -> list[str]:
     """``single`` expands to ``single:<model>`` for every model; other names pass through (validated)."""
     expanded = []
@@ -300,3 +314,7 @@ def cross_validate(
         if on_method is not None:
             on_method(name, report[name])
     return report
+
+
+# The network heads and the e2e-CEL baselines (issue 6) register themselves into METHODS.
+from detens import evaluation_heads  # noqa: E402,F401  isort: skip

@@ -28,9 +28,16 @@ class EnsemblePredictions:
         model_names (list[str]): the ensemble's members, in the order every ``per_model`` list uses.
         results (list[list[dict]]): COCO result dicts of each model.
         gt (CocoGroundTruth): the dataset; gives image sizes and the valid image ids.
+        validated (bool): the results come from :func:`~detens.coco.load_coco_results` (schema checked).
     """
 
-    def __init__(self, model_names: Sequence[str], results: Sequence[Sequence[dict]], gt: CocoGroundTruth) -> None:
+    def __init__(
+        self,
+        model_names: Sequence[str],
+        results: Sequence[Sequence[dict]],
+        gt: CocoGroundTruth,
+        validated: bool = False,
+    ) -> None:
         if len(model_names) != len(results):
             raise ValueError(f"{len(model_names)} model names but {len(results)} result lists")
         if len(set(model_names)) != len(model_names):
@@ -53,7 +60,7 @@ class EnsemblePredictions:
                 )
             by_image = {}
             for image_id, image_results in grouped.items():
-                det = coco_to_detections(image_results, gt.image_size(image_id), source=name)
+                det = coco_to_detections(image_results, gt.image_size(image_id), source=name, validate=validated)
                 by_image[image_id] = (det.boxes, det.scores, det.labels)
             self._by_image.append(by_image)
 
@@ -76,7 +83,7 @@ class EnsemblePredictions:
             )
         if not models:
             raise ValueError(f"{folder} holds no <model>.json prediction files")
-        return cls(models, [load_coco_results(folder / f"{m}.json") for m in models], gt)
+        return cls(models, [load_coco_results(folder / f"{m}.json") for m in models], gt, validated=True)
 
     @property
     def num_models(self) -> int:

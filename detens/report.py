@@ -44,7 +44,7 @@ def plot_report(report: Mapping[str, Mapping[str, float]], path: str | Path, tit
     methods = list(report)
     maps = [report[m].get("map", 0.0) for m in methods]
     map50 = [report[m].get("map50", 0.0) for m in methods]
-    fig, ax = plt.subplots(figsize=(8, 0.45 * len(methods) + 1.5))
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(methods) + 2.0))
     y = range(len(methods))
     ax.barh([i + 0.2 for i in y], map50, height=0.4, label="AP50", color="#9ecae1")
     ax.barh([i - 0.2 for i in y], maps, height=0.4, label="mAP@[.5:.95]", color="#3182bd")
@@ -54,7 +54,7 @@ def plot_report(report: Mapping[str, Mapping[str, float]], path: str | Path, tit
     ax.invert_yaxis()
     ax.set_xlabel("COCO AP")
     ax.set_title(title)
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False)
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=120)

@@ -63,7 +63,7 @@ class ThetaTrainConfig:
     eps: float = 1e-6
     optimizer: Literal["gd", "adam"] = "gd"
     lr: float = 0.1
-    epochs: int = 200
+    epochs: int = 60
     batch_images: int = 0
     reassign_every: int = 0
     seed: int = 0
@@ -155,6 +155,7 @@ def train_theta(
         lambda_cls=config.lambda_cls,
         lambda_cons=config.lambda_cons,
         shrinkage=config.shrinkage,
+        match_iou=config.match_iou,
     ).to(config.device)
     optimizer = make_optimizer(head, config.optimizer, config.lr)
     order_rng = random.Random(config.seed)

@@ -116,7 +116,7 @@ def test_overrides_and_round_trip(tmp_path):
         path, {"fusion.method": "nms", "conf": 0.3, "output.vis": False, "device": None}
     )
     assert config.fusion.method == "nms" and config.conf == 0.3 and config.output.vis is False
-    assert config.fusion.params == {"iou_thr": 0.55}  # siblings kept
+    assert config.fusion.head == "../heads/coco_yolo3_theta.json"  # siblings kept
     save_ensemble_config(config, tmp_path / "resolved.yaml")
     assert load_ensemble_config(tmp_path / "resolved.yaml") == config
     with pytest.raises(ValueError, match="Did you mean 'method'"):

@@ -238,3 +238,21 @@ def test_output_stems():
     assert fuse_tool.output_stems(["a.jpg", "a.png", "b.jpg", "s/a.jpg", "noext"]) == {
         "a.jpg": "a_jpg", "a.png": "a_png", "b.jpg": "b", "s/a.jpg": "s/a", "noext": "noext",
     }  # fmt: skip
+
+
+def test_shipped_config_head_follows_its_method(tmp_path):
+    config_path = str(REPO / "configs" / "ensembles" / "coco_yolo3.yaml")
+    base = ["--config", config_path, "--source", "x", "--out", str(tmp_path)]
+    names = ["yolov8n", "yolo11n", "yolo26n"]
+
+    config = fuse_tool.resolve_config(fuse_tool.parse_args(base))
+    assert config.fusion.method == "theta" and Path(config.fusion.head).is_file()  # relative to the YAML
+    params = fuse_tool.fusion_params(config, names)
+    assert params["head"].model_names == names and params["head"].match_iou > 0
+
+    config = fuse_tool.resolve_config(fuse_tool.parse_args(base + ["--method", "wbf"]))
+    assert config.fusion.head is None and "head" not in fuse_tool.fusion_params(config, names)
+
+    config = fuse_tool.resolve_config(fuse_tool.parse_args(base + ["--method", "nms", "--head", "my_head.json"]))
+    with pytest.raises(ValueError, match="fusion.head is set but the method is 'nms'"):
+        fuse_tool.fusion_params(config, names)

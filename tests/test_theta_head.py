@@ -487,3 +487,17 @@ def test_assign_targets_with_head_output_round_trip():
     assert targets.matched[:3].all()
     loss = head.loss(clusters, targets)
     assert torch.isfinite(loss)
+
+
+def test_fuser_defaults_to_the_heads_matching_iou(tmp_path):
+    per_model = random_detections(11)
+    names = ["a", "b", "c"][: len(per_model)]
+    head = ThetaHead(names, normalize_box=True, match_iou=0.3)
+    path = tmp_path / "head.json"
+    head.save(path)
+    assert ThetaHead.load(path).match_iou == 0.3
+    by_default = fuse(per_model, "theta", head=path)
+    explicit = fuse(per_model, "theta", head=head, iou_thr=0.3)
+    other = fuse(per_model, "theta", head=head, iou_thr=0.8)
+    assert_close(by_default.boxes, explicit.boxes)
+    assert len(other) != len(by_default)

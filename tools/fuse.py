@@ -124,6 +124,17 @@ def resolve_config(args: argparse.Namespace) -> EnsembleConfig:
     data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: the top level must be a mapping")
+    fusion = data.get("fusion")
+    if isinstance(fusion, dict) and isinstance(fusion.get("head"), str) and args.head is None:
+        if args.method is not None and args.method != fusion.get("method"):
+            # The YAML's head belongs to the YAML's method; another --method does not use it.
+            logger.info("--method %s: not using the config's head %s", args.method, fusion["head"])
+            fusion["head"] = None
+        else:
+            # A head named in the YAML is relative to the YAML's folder (a --head flag to the working directory).
+            head = Path(fusion["head"]).expanduser()
+            if not head.is_absolute():
+                fusion["head"] = str((path.parent / head).resolve())
     per_model = {"conf": args.conf, "imgsz": args.imgsz, "device": args.device, "batch": args.batch}
     overrides: dict[str, Any] = {
         **per_model,

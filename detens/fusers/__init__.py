@@ -15,7 +15,7 @@ from detens.fusers._registry import FUSERS, check_weights
 from detens.matching import check_per_model
 
 # Importing the modules registers their fusers.
-from detens.fusers import consensus, nms, theta, wbf  # noqa: E402,F401  isort: skip
+from detens.fusers import consensus, nms, subset, theta, wbf  # noqa: E402,F401  isort: skip
 
 __all__ = ["FUSERS", "fuse", "list_fusers", "check_weights"]
 

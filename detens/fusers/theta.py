@@ -51,21 +51,24 @@ def _resolve_head(head: Any, num_models: int) -> Any:
 
 
 @FUSERS.register("theta")
-def theta_fusion(per_model: Sequence[Detections], head: Any = None, iou_thr: float = 0.55) -> Detections:
+def theta_fusion(per_model: Sequence[Detections], head: Any = None, iou_thr: float | None = None) -> Detections:
     """Match the models' boxes into clusters, then fuse each cluster with a learned head.
 
     Args:
         per_model (list[Detections]): one per model, in the head's model order.
         head (ThetaHead | str | Path | None): a head (any registered head type with ``.fuse(clusters)``
             and ``num_models``), or the path of a saved one (``.json`` / ``.safetensors``, loaded with
-            :func:`detens.heads.load_head`). ``None`` uses an untrained Θ = 1/N, which fuses exactly
-            like ``mean`` (a warning is logged once).
-        iou_thr (float): the matching IoU threshold (see :func:`detens.match`).
+            :func:`detens.heads.load_head`). Required: an untrained ``ThetaHead(model_names)`` fuses like
+            ``mean``.
+        iou_thr (float | None): the matching IoU threshold (see :func:`detens.match`); ``None``: the one the
+            head was trained with (its ``match_iou``), else 0.55.
 
     Returns:
         Detections: fused boxes, source ``"fused:theta"`` (or ``"fused:<head type>"`` for another head).
     """
     head = _resolve_head(head, len(per_model))
+    if iou_thr is None:
+        iou_thr = getattr(head, "match_iou", 0.55)
     clusters = match(per_model, iou_thr=iou_thr)
     fused = head.fuse(clusters)
     return fused.with_source(f"fused:{getattr(head, 'type_name', 'theta')}")

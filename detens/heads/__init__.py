@@ -9,8 +9,10 @@ saved file, and offers
 - ``head.save(path)`` and the classmethod ``load(path, model_names=None)`` (``.json`` or ``.safetensors``).
 
 :func:`load_head` reads any saved head and returns an instance of the right type.
-Head types: ``"theta"`` (:class:`~detens.heads.theta.ThetaHead`); more register themselves as they
-are added.
+Head types: ``"theta"`` (:class:`~detens.heads.theta.ThetaHead`), ``"selection"`` (e2e-CEL,
+:class:`~detens.heads.selection.SelectionHead`), ``"deep"`` (:class:`~detens.heads.deep.DeepEnsembleHead`),
+``"superlearner"`` (:class:`~detens.heads.superlearner.SuperLearnerHead`); more register themselves as
+they are added.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from detens.heads._registry import HEADS
 
 # Importing the modules registers their head types.
 from detens.heads import theta  # noqa: E402,F401  isort: skip
+from detens.heads import deep, selection, superlearner  # noqa: E402,F401  isort: skip
 
 __all__ = ["HEADS", "HeadFileError", "list_heads", "load_head"]
 

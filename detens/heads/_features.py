@@ -16,7 +16,8 @@ so the heads see the same features at training and at fusion time:
   same-class clusters, the cluster's rank by mean score within its class, its score relative to the best
   same-class score, the largest IoU with a higher-scoring cluster of *another* class, and how the score
   compares with those of other-class clusters at the same place (IoU > 0.7): the best one's share
-  s_other / (s_other + s), and this cluster's share of the total s / (s + Σ s_other).
+  s_other / (s_other + s), and this cluster's share of the total s / (s + Σ s_other); and how crowded
+  the image is: log(1 + the number of clusters, and of same-class clusters, with mean score > 0.25).
 
 The class enters the networks separately (a learned embedding, see :class:`ClassIndex`).
 """
@@ -44,7 +45,11 @@ _CONTEXT = (
     "other_class_iou",
     "other_class_score",
     "other_class_mass",
+    "log_image_confident",
+    "log_class_confident",
 )
+# A cluster "confidently" found: mean score above this (for the image-level crowd counts).
+_CONFIDENT = 0.25
 # Clusters of more than this many boxes compute their C×C context IoUs in row blocks.
 _BLOCK = 2048
 
@@ -88,7 +93,7 @@ def pairwise_iou(preds: Tensor, present: Tensor) -> Tensor:
 
 
 def _context(boxes: Tensor, scores: Tensor, labels: Tensor) -> Tensor:
-    """Tensor[C, 8]: the within-image context features of the module docstring."""
+    """Tensor[C, 10]: the within-image context features of the module docstring."""
     num = boxes.shape[0]
     out = boxes.new_zeros((num, len(_CONTEXT)))
     if num == 0:
@@ -112,6 +117,9 @@ def _context(boxes: Tensor, scores: Tensor, labels: Tensor) -> Tensor:
         other_scores = torch.where(colocated, scores[None, :], torch.zeros_like(iou))
         other_best = other_scores.max(1).values
         other_mass = other_scores.sum(1)
+        confident = scores > _CONFIDENT  # [C]
+        image_confident = confident.sum().to(boxes.dtype).expand(iou.shape[0])
+        class_confident = (same & confident[None, :]).sum(1).to(boxes.dtype)
         out[rows] = torch.stack(
             [
                 dup_iou,
@@ -122,6 +130,8 @@ def _context(boxes: Tensor, scores: Tensor, labels: Tensor) -> Tensor:
                 other,
                 other_best / (other_best + scores[rows]).clamp(min=1e-6),
                 scores[rows] / (other_mass + scores[rows]).clamp(min=1e-6),
+                torch.log1p(image_confident),
+                torch.log1p(class_confident),
             ],
             dim=1,
         )
@@ -175,8 +185,8 @@ def cluster_features(clusters: Clusters, dtype: torch.dtype | None = None) -> Te
         dim=1,
     )  # [C, 9]
     agreement = pairwise_iou(preds, present)  # [C, P]
-    context = _context(mean_box, mean_score, clusters.labels.to(preds.device))  # [C, 8]
-    return torch.cat([per_model.reshape(num, -1), cluster, agreement, context], dim=1)
+    context = _context(mean_box, mean_score, clusters.labels.to(preds.device))  # [C, 10]
+    return torch.cat([per_model.reshape(num, num_models * len(_PER_MODEL)), cluster, agreement, context], dim=1)
 
 
 class ClassIndex:

@@ -256,6 +256,7 @@ _CONFIG_KEYS = (
     "lambda_cls",
     "lambda_cons",
     "shrinkage",
+    "match_iou",
 )
 
 
@@ -286,6 +287,7 @@ class ThetaHead(nn.Module):
         eps (float): the clamp of θᵢpᵢ in J_cls and the lower bound of θᵢ after each optimizer step.
         lambda_reg, lambda_cls, lambda_cons (float): weights of J_reg, J_cls, J_cons (the seed: all 1).
         shrinkage (float): strength of the L2 pull of each per-class Θ toward the global Θ.
+        match_iou (float): the matching IoU the head was trained with; the ``theta`` fuser's default.
 
     Parameters: ``theta (Tensor[N])`` and, when ``per_class``, ``class_theta (Tensor[K, N])``, all
     initialized to 1/N (which fuses exactly like the ``mean`` fuser); buffer ``class_ids (Tensor[K])``.
@@ -305,6 +307,7 @@ class ThetaHead(nn.Module):
         lambda_cls: float = 1.0,
         lambda_cons: float = 1.0,
         shrinkage: float = 0.01,
+        match_iou: float = 0.55,
     ) -> None:
         super().__init__()
         self.model_names = check_model_names(model_names)
@@ -321,6 +324,9 @@ class ThetaHead(nn.Module):
         self.lambda_cls = _number(lambda_cls, "lambda_cls")
         self.lambda_cons = _number(lambda_cons, "lambda_cons")
         self.shrinkage = _number(shrinkage, "shrinkage")
+        if isinstance(match_iou, bool) or not isinstance(match_iou, (int, float)) or not 0.0 <= match_iou < 1.0:
+            raise ValueError(f"match_iou must be in [0, 1), got {match_iou!r}")
+        self.match_iou = float(match_iou)
 
         if class_ids is not None and num_classes is not None:
             raise ValueError("give class_ids or num_classes, not both")
@@ -369,6 +375,7 @@ class ThetaHead(nn.Module):
             "lambda_cls": self.lambda_cls,
             "lambda_cons": self.lambda_cons,
             "shrinkage": self.shrinkage,
+            "match_iou": self.match_iou,
         }
 
     def extra_repr(self) -> str:

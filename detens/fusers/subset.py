@@ -1,0 +1,72 @@
+"""The random k-subset baseline of e2e-CEL (seed 003), adapted to detection.
+
+Dimension legend: C clusters, N models.
+
+Per matched object, k of the models that found it are drawn at random and combined exactly as the
+selection head combines its learned choice (:func:`detens.heads.selection.combine_selected`: the mean box
+of the drawn models; score = their mean score × the fraction of models that found the object), so the two
+differ only in *how* the sub-ensemble is chosen. With k ≥ N it is the ``mean`` fuser.
+
+The draw is seeded and independent of the order in which the models are passed: the present models of
+a cluster are first put in a canonical order (by score, then by box), and the random draw picks
+positions in that order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from detens.detections import Detections
+from detens.fusers._registry import FUSERS
+from detens.matching import Clusters, match
+
+__all__ = ["random_k_fusion", "random_subset"]
+
+
+def random_subset(clusters: Clusters, k: int, generator: torch.Generator) -> torch.Tensor:
+    """Tensor[C, N] bool: k present models per cluster drawn uniformly (all present ones if fewer).
+
+    Invariant to the order of the models: the draw picks positions in the present models' canonical
+    order (score descending, ties by box coordinates).
+    """
+    from detens.heads.knapsack import top_k_mask
+
+    preds, present = clusters.preds, clusters.present
+    num, num_models = present.shape
+    if num == 0:
+        return present.clone()
+    # canonical rank of each model in its cluster: lexicographic by (−score, x1, y1, x2, y2)
+    keys = torch.cat([-preds[..., 4:5], preds[..., :4]], dim=2).masked_fill(~present[..., None], float("inf"))  # [C, N, 5]
+    order = torch.arange(num_models, device=preds.device).expand(num, -1)
+    for column in range(4, -1, -1):  # stable sorts from the least significant key
+        position = torch.argsort(keys[..., column].gather(1, order), dim=1, stable=True)
+        order = order.gather(1, position)
+    rank = torch.empty_like(order)
+    rank.scatter_(1, order, torch.arange(num_models, device=preds.device).expand(num, -1))  # [C, N]
+    priority = torch.rand((num, num_models), generator=generator, device=generator.device).to(preds.device)  # per position
+    return top_k_mask(priority.gather(1, rank), present, k)
+
+
+@FUSERS.register("random_k")
+def random_k_fusion(
+    per_model: Sequence[Detections], k: int = 1, seed: int = 0, iou_thr: float = 0.55
+) -> Detections:
+    """Average a random k-subset of the models that found each object (the e2e-CEL "random selection").
+
+    Args:
+        per_model (list[Detections]): one per model.
+        k (int): models drawn per object (``k >= N``: all present, i.e. ``mean``).
+        seed (int): seeds the draw (a fresh generator per call, so one image always fuses the same way).
+        iou_thr (float): the matching IoU threshold.
+    """
+    from detens.heads.selection import combine_selected
+
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be an integer >= 1, got {k!r}")
+    clusters = match(per_model, iou_thr=iou_thr)
+    generator = torch.Generator().manual_seed(int(seed))
+    chosen = random_subset(clusters, k, generator)
+    boxes, scores = combine_selected(clusters.preds, clusters.present, chosen, k, "mean", "mean_present")
+    return clusters.to_detections(boxes, scores, source="fused:random_k")

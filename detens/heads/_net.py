@@ -1,0 +1,350 @@
+"""Shared machinery of the network heads (selection, deep ensemble, Super Learner).
+
+Dimension legend: C clusters, N models, F selected features, E class-embedding width, H hidden width.
+
+A network head owns
+
+- ``model_names`` (the N models, in the clusters' order);
+- the feature columns it reads (names from :func:`detens.heads._features.feature_names`, chosen by group),
+  standardized with the training set's mean and standard deviation (buffers ``feature_mean``,
+  ``feature_std``, set by :meth:`NetHead.fit_normalization`);
+- an optional learned class embedding (``class_embed`` > 0) over the category ids seen in training
+  (buffer ``class_ids``; unseen ids share row 0);
+- its networks (built by the subclass with :func:`make_mlp`).
+
+Saving writes the constructor options as ``config`` and every parameter and buffer as a named tensor
+(:mod:`detens.heads._io`: JSON or safetensors, never pickle); loading rebuilds the head from the config
+and loads the tensors strictly (names and shapes must match).
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from detens.detections import Detections
+from detens.heads._features import cluster_features, feature_names
+from detens.heads._io import HeadFileError, check_model_names, read_head_file, write_head_file
+from detens.matching import Clusters
+from detens.targets import Targets
+
+__all__ = ["NetHead", "make_mlp", "ACTIVATIONS", "FEATURE_GROUPS", "as_list"]
+
+ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "silu": nn.SiLU, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh}
+
+
+def _groups() -> tuple[str, ...]:
+    seen: list[str] = []
+    for name in feature_names(2):
+        group = name.split("[")[0]
+        if group not in seen:
+            seen.append(group)
+    return tuple(seen)
+
+
+#: Feature groups a head can read (a group is one feature, or its N per-model / P pairwise columns).
+FEATURE_GROUPS: tuple[str, ...] = _groups()
+
+
+def make_mlp(
+    in_features: int, hidden: int, depth: int, out_features: int, activation: str = "relu", zero_last: bool = False
+) -> nn.Sequential:
+    """``depth`` layers z^l = σ(V^l z^{l−1} + b^l) of width ``hidden``, then a linear output layer.
+
+    ``zero_last`` initializes the output layer to zero, so the network starts as the constant 0.
+    """
+    layers: list[nn.Module] = []
+    width = in_features
+    for _ in range(depth):
+        layers += [nn.Linear(width, hidden), ACTIVATIONS[activation]()]
+        width = hidden
+    out = nn.Linear(width, out_features)
+    if zero_last:
+        nn.init.zeros_(out.weight)
+        nn.init.zeros_(out.bias)
+    layers.append(out)
+    return nn.Sequential(*layers)
+
+
+def as_list(items: Any, kind: type, what: str) -> list[Any]:
+    if isinstance(items, kind):
+        return [items]
+    if isinstance(items, Sequence) and not isinstance(items, (str, bytes)) and all(isinstance(i, kind) for i in items):
+        return list(items)
+    raise TypeError(f"{what} must be {kind.__name__} or a list of them, got {type(items).__name__}")
+
+
+def _int(value: Any, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _float(value: Any, name: str, minimum: float = 0.0, strict: bool = False) -> float:
+    ok = not isinstance(value, bool) and isinstance(value, (int, float))
+    ok = ok and (value > minimum if strict else value >= minimum)
+    if not ok:
+        raise ValueError(f"{name} must be a number {'>' if strict else '>='} {minimum}, got {value!r}")
+    return float(value)
+
+
+class NetHead(nn.Module):
+    """Base of the network heads; see the module docstring.
+
+    Args:
+        model_names (list[str]): the ensemble's models, in the order of the clusters' N axis.
+        features (list[str] | None): feature groups to read (:data:`FEATURE_GROUPS`); None: the
+            subclass's ``default_features`` (all groups when that is None).
+        class_ids (list[int] | None): category ids with their own embedding row (those seen in training).
+        class_embed (int): width E of the class embedding; 0 disables it.
+        hidden (int): width H of the hidden layers. depth (int): number of hidden layers.
+        activation (str): σ of the hidden layers, one of :data:`ACTIVATIONS`.
+    """
+
+    type_name: ClassVar[str] = ""
+    default_features: ClassVar[tuple[str, ...] | None] = None
+    #: constructor options of the subclass (besides the base ones), saved in ``config``.
+    extra_config: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(
+        self,
+        model_names: Sequence[str],
+        features: Sequence[str] | None = None,
+        class_ids: Sequence[int] | None = None,
+        class_embed: int = 0,
+        hidden: int = 64,
+        depth: int = 2,
+        activation: str = "relu",
+    ) -> None:
+        super().__init__()
+        self.model_names = check_model_names(model_names)
+        if features is None:
+            features = self.default_features if self.default_features is not None else FEATURE_GROUPS
+        if isinstance(features, str) or not isinstance(features, Sequence) or not features:
+            raise ValueError(f"features must be a non-empty list of feature groups, got {features!r}")
+        unknown = [f for f in features if f not in FEATURE_GROUPS]
+        if unknown:
+            raise ValueError(f"unknown feature groups {unknown}; valid groups: {', '.join(FEATURE_GROUPS)}")
+        self.features = [g for g in FEATURE_GROUPS if g in set(features)]
+        all_names = feature_names(self.num_models)
+        columns = [i for i, name in enumerate(all_names) if name.split("[")[0] in set(self.features)]
+        if not columns:
+            raise ValueError(f"features {list(features)} select no column for {self.num_models} models")
+        self.register_buffer("feature_columns", torch.tensor(columns, dtype=torch.int64), persistent=False)
+        self.register_buffer("feature_mean", torch.zeros(len(columns)))
+        self.register_buffer("feature_std", torch.ones(len(columns)))
+
+        ids = [] if class_ids is None else (class_ids.tolist() if isinstance(class_ids, Tensor) else list(class_ids))
+        for i in ids:
+            if isinstance(i, bool) or not isinstance(i, numbers.Integral) or i < 0:
+                raise ValueError(f"class_ids must be non-negative integers, got {ids!r}")
+        ids = sorted({int(i) for i in ids})
+        self.register_buffer("class_ids", torch.tensor(ids, dtype=torch.int64).reshape(-1))
+        self.class_embed = _int(class_embed, "class_embed", 0)
+        self.hidden = _int(hidden, "hidden", 1)
+        self.depth = _int(depth, "depth", 0)
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
+        self.activation = activation
+        self.embedding = nn.Embedding(len(ids) + 1, self.class_embed) if self.class_embed else None
+
+    # ----------------------------------------------------------------------------------- properties
+    @property
+    def num_models(self) -> int:
+        return len(self.model_names)
+
+    @property
+    def in_features(self) -> int:
+        """Width of the networks' input: F standardized features plus the class embedding."""
+        return int(self.feature_columns.numel()) + self.class_embed
+
+    def config(self) -> dict[str, Any]:
+        """The constructor options (JSON-serializable), as saved with the head."""
+        base = {
+            "features": list(self.features),
+            "class_ids": self.class_ids.tolist(),
+            "class_embed": self.class_embed,
+            "hidden": self.hidden,
+            "depth": self.depth,
+            "activation": self.activation,
+        }
+        base.update({key: getattr(self, key) for key in self.extra_config})
+        return base
+
+    def extra_repr(self) -> str:
+        return f"model_names={self.model_names}, features={len(self.features)} groups"
+
+    def check_clusters(self, clusters: Clusters) -> None:
+        if not isinstance(clusters, Clusters):
+            raise TypeError(f"expected Clusters, got {type(clusters).__name__}")
+        if clusters.num_models != self.num_models:
+            raise ValueError(
+                f"the clusters hold {clusters.num_models} models but this {self.type_name} head was built for "
+                f"{self.num_models}: {self.model_names}"
+            )
+
+    # ------------------------------------------------------------------------------------- features
+    def features_of(self, clusters: Clusters) -> Tensor:
+        """Tensor[C, F]: the raw (unstandardized) feature columns this head reads, for one image."""
+        self.check_clusters(clusters)
+        dtype = self.feature_mean.dtype
+        all_features = cluster_features(clusters, dtype=dtype)
+        return all_features[:, self.feature_columns.to(all_features.device)]
+
+    @torch.no_grad()
+    def fit_normalization(self, features: Tensor) -> None:
+        """Set the standardization from training features (Tensor[C, F], e.g. of all training clusters)."""
+        if features.ndim != 2 or features.shape[1] != self.feature_columns.numel():
+            raise ValueError(
+                f"features must have shape [C, {self.feature_columns.numel()}], got {list(features.shape)}"
+            )
+        if features.shape[0] == 0:
+            return
+        features = features.to(self.feature_mean)
+        self.feature_mean.copy_(features.mean(0))
+        std = features.std(0) if features.shape[0] > 1 else torch.ones_like(self.feature_std)
+        self.feature_std.copy_(torch.nan_to_num(std, nan=1.0).clamp(min=1e-6))
+
+    def class_rows(self, labels: Tensor) -> Tensor:
+        """Tensor[C] int64: the embedding row of each label (0 for ids not seen in training)."""
+        ids = self.class_ids.to(labels.device)
+        if ids.numel() == 0:
+            return torch.zeros_like(labels, dtype=torch.int64)
+        pos = torch.searchsorted(ids, labels).clamp(max=ids.numel() - 1)
+        return torch.where(ids[pos] == labels, pos + 1, torch.zeros_like(pos))
+
+    def inputs(self, features: Tensor, labels: Tensor) -> Tensor:
+        """Tensor[C, F + E]: standardized features and the class embedding, in the head's dtype."""
+        x = (features.to(self.feature_mean) - self.feature_mean) / self.feature_std
+        if self.embedding is not None:
+            x = torch.cat([x, self.embedding(self.class_rows(labels.to(x.device)))], dim=1)
+        return x
+
+    # --------------------------------------------------------------------------------------- fusion
+    def fuse_features(self, clusters: Clusters, features: Tensor) -> tuple[Tensor, Tensor]:
+        """(boxes (Tensor[C, 4]), scores (Tensor[C])) from precomputed :meth:`features_of` output."""
+        raise NotImplementedError
+
+    def forward(self, clusters: Clusters) -> tuple[Tensor, Tensor]:
+        """Fuse each cluster of one image.
+
+        Returns:
+            boxes (Tensor[C, 4]): fused normalized xyxy boxes. scores (Tensor[C]): fused scores in [0, 1].
+            On the head's device, in the head's dtype.
+        """
+        features = self.features_of(clusters.to(self.feature_mean.device))
+        return self.fuse_features(clusters.to(self.feature_mean.device), features)
+
+    @torch.no_grad()
+    def fuse(self, clusters: Clusters) -> Detections:
+        """Fused pixel Detections (clipped to the image, sorted by score), on the clusters' device."""
+        was_training = self.training
+        self.eval()
+        try:
+            boxes, scores = self(clusters)
+        finally:
+            self.train(was_training)
+        device = clusters.device
+        return clusters.to_detections(boxes.to(device, clusters.preds.dtype), scores.to(device, clusters.preds.dtype),
+                                      source=f"fused:{self.type_name}")
+
+    # ------------------------------------------------------------------------------------- training
+    def loss_features(
+        self, clusters: Clusters, features: Tensor, targets: Targets, score_targets: Tensor | None = None
+    ) -> Tensor:
+        """Tensor[C]: the per-cluster training loss (0 for ignored clusters); see the subclass."""
+        raise NotImplementedError
+
+    def loss(
+        self,
+        clusters: Clusters | Sequence[Clusters],
+        targets: Targets | Sequence[Targets],
+        score_targets: Tensor | Sequence[Tensor] | None = None,
+    ) -> Tensor:
+        """The training loss, averaged over the non-ignored clusters of all the given images.
+
+        Args:
+            clusters (Clusters | list[Clusters]): the clusters of one image or several.
+            targets (Targets | list[Targets]): their targets (``assign_targets``), in the same order.
+            score_targets (Tensor[C] | list[Tensor[C]] | None): soft targets in [0, 1] for the fused
+                score (e.g. the IoU-threshold fraction of :func:`detens.training_heads.score_targets`);
+                default ``targets.matched``.
+
+        Returns:
+            Tensor[]: the mean loss (0 when no cluster counts, e.g. C = 0).
+        """
+        clusters_list = as_list(clusters, Clusters, "clusters")
+        targets_list = as_list(targets, Targets, "targets")
+        if len(clusters_list) != len(targets_list):
+            raise ValueError(f"got {len(clusters_list)} Clusters but {len(targets_list)} Targets; one per image")
+        if score_targets is None:
+            soft_list: list[Tensor | None] = [None] * len(clusters_list)
+        else:
+            soft_list = as_list(score_targets, Tensor, "score_targets")
+            if len(soft_list) != len(clusters_list):
+                raise ValueError(f"got {len(soft_list)} score_targets for {len(clusters_list)} images")
+        device = self.feature_mean.device
+        total = self.feature_mean.new_zeros(())
+        count = 0
+        for i, (c, t, soft) in enumerate(zip(clusters_list, targets_list, soft_list, strict=True)):
+            if len(c) != len(t) or (soft is not None and soft.shape != (len(c),)):
+                raise ValueError(f"image {i}: {len(c)} clusters but {len(t)} targets / score targets")
+            c, t = c.to(device), t.to(device)
+            per_cluster = self.loss_features(c, self.features_of(c), t, None if soft is None else soft.to(device))
+            total = total + per_cluster.sum()
+            count += int((~t.ignore).sum())
+        return total / max(count, 1)
+
+    # ---------------------------------------------------------------------------------------- files
+    def save(self, path: str | Path) -> None:
+        """Write the head as ``.json`` or ``.safetensors`` (by suffix), atomically; no pickle."""
+        tensors = {name: t.detach() for name, t in self.state_dict().items()}
+        write_head_file(path, self.type_name, self.model_names, self.config(), tensors)
+
+    @classmethod
+    def load(cls, path: str | Path, model_names: Sequence[str] | None = None) -> NetHead:
+        """Load a head saved by :meth:`save` (on the CPU, in the saved dtype).
+
+        Args:
+            path (str | Path): ``.json`` or ``.safetensors``.
+            model_names (list[str] | None): the ensemble that will use the head; must equal the saved
+                names, in order, else ``ValueError`` naming both.
+        """
+        stored = read_head_file(path)
+        where = repr(str(path))
+        if stored.type != cls.type_name:
+            raise HeadFileError(
+                f"{where} holds a {stored.type!r} head, not {cls.type_name!r}; load it with detens.load_head"
+            )
+        if model_names is not None:
+            names = check_model_names(model_names)
+            if names != stored.model_names:
+                hint = " (the same models in another order)" if sorted(names) == sorted(stored.model_names) else ""
+                raise ValueError(
+                    f"head {where} was trained for models {stored.model_names} but model_names={names}{hint}; "
+                    f"a {cls.type_name} head's inputs belong to its models, in order"
+                )
+        valid = ("features", "class_ids", "class_embed", "hidden", "depth", "activation", *cls.extra_config)
+        unknown = sorted(set(stored.config) - set(valid))
+        if unknown:
+            raise HeadFileError(f"{where}: unknown config keys {unknown}; valid keys: {', '.join(valid)}")
+        try:
+            head = cls(stored.model_names, **stored.config)
+        except (TypeError, ValueError) as err:
+            raise HeadFileError(f"{where}: invalid {cls.type_name} config: {err}") from err
+        expected = {name: tuple(t.shape) for name, t in head.state_dict().items()}
+        got = {name: tuple(t.shape) for name, t in stored.tensors.items()}
+        if got != expected:
+            raise HeadFileError(f"{where}: expected tensors {expected}, got {got}")
+        dtypes = {t.dtype for t in stored.tensors.values() if t.is_floating_point()}
+        if len(dtypes) > 1:
+            raise HeadFileError(f"{where}: mixed floating dtypes {sorted(map(str, dtypes))}")
+        if dtypes:
+            head = head.to(dtypes.pop())
+        head.load_state_dict(stored.tensors, strict=True)
+        return head

@@ -1,0 +1,183 @@
+"""The e2e-CEL selection head (seed 003): a selection net, a differentiable top-k knapsack layer, and a
+combination of the selected models' predictions, trained end to end.
+
+Dimension legend: C clusters, N models, F features.
+
+For each cluster (one detected object):
+
+1. the selection net g (an MLP over the cluster's features: the N×5 predictions, presence, box
+   agreement, context, optionally a class embedding) predicts scores ĉ ∈ R^N, normalized
+   ĉ ← ĉ / ‖ĉ‖₂ over the present models (the paper's eq. 13; absent entries are set to 0 first);
+2. the knapsack layer (:mod:`detens.heads.knapsack`) selects b = K(ĉ) ∈ {0, 1}^N, the k highest-scoring
+   present models (all present ones when fewer than k are present); in training its backward pass is
+   the perturbed-optimizer estimate with ``num_samples`` Gaussian samples at temperature ``epsilon``;
+3. the selected rows are combined:
+
+   - box (``combine``): ``"mean"`` Σ bᵢ boxᵢ / Σ bᵢ (the paper's unweighted vote over the sub-ensemble),
+     or ``"score_weighted"`` Σ bᵢ pᵢ boxᵢ / Σ bᵢ pᵢ;
+   - score (``score``): ``"mean_present"`` (default) (Σ bᵢ pᵢ / Σ bᵢ) · (|present| / N), the mean selected
+     score times the fraction of models that found the object, so an object found by fewer models
+     scores lower for every k, and k = N reproduces the ``mean`` fuser exactly; ``"sum_k"`` Σ bᵢ pᵢ / k;
+     ``"sum_n"`` Σ bᵢ pᵢ / N.
+
+The loss mirrors J of DESIGN.md §2: on matched clusters a box term (GIoU loss of the fused box, weight
+``lambda_box``), and on every non-ignored cluster binary cross-entropy of the fused score against
+matched / unmatched (or a soft score target). Its gradient reaches g only through the knapsack layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+from torchvision.ops import generalized_box_iou_loss
+
+from detens.heads._net import NetHead, make_mlp
+from detens.heads._registry import HEADS
+from detens.heads.knapsack import top_k_knapsack, top_k_mask
+from detens.matching import Clusters
+from detens.targets import Targets
+
+__all__ = ["SelectionHead", "COMBINE_MODES", "SCORE_MODES", "combine_selected"]
+
+COMBINE_MODES = ("mean", "score_weighted")
+SCORE_MODES = ("mean_present", "sum_k", "sum_n")
+_CLAMP = 1e-6
+
+
+def combine_selected(
+    preds: Tensor, present: Tensor, chosen: Tensor, k: int, combine: str = "mean", score: str = "mean_present"
+) -> tuple[Tensor, Tensor]:
+    """Fuse the selected rows of each cluster.
+
+    Args:
+        preds (Tensor[C, N, 5]): the clusters' predictions. present (Tensor[C, N] bool).
+        chosen (Tensor[C, N]): the 0/1 selection (differentiable: the knapsack layer's output).
+        k (int): the sub-ensemble size (for ``score="sum_k"``).
+        combine (str): ``"mean"`` or ``"score_weighted"`` box. score (str): one of :data:`SCORE_MODES`.
+
+    Returns:
+        boxes (Tensor[C, 4]), scores (Tensor[C]) in [0, 1].
+    """
+    chosen = chosen.to(preds.dtype)
+    num_models = preds.shape[1]
+    p = preds[..., 4]
+    tiny = torch.finfo(preds.dtype).tiny
+    if combine == "score_weighted":
+        weight = chosen * p  # [C, N]
+        # a selection whose scores are all 0 falls back to its unweighted mean
+        weight = torch.where(weight.sum(1, keepdim=True) > 0, weight, chosen)
+    else:
+        weight = chosen
+    boxes = (preds[..., :4] * weight[..., None]).sum(1) / weight.sum(1, keepdim=True).clamp(min=tiny)
+    selected_sum = (chosen * p).sum(1)  # [C]
+    if score == "sum_k":
+        scores = selected_sum / k
+    elif score == "sum_n":
+        scores = selected_sum / num_models
+    else:
+        fraction = present.to(preds.dtype).sum(1) / num_models
+        scores = selected_sum / chosen.sum(1).clamp(min=tiny) * fraction
+    return boxes, scores.clamp(0.0, 1.0)
+
+
+@HEADS.register("selection")
+class SelectionHead(NetHead):
+    """e2e-CEL for detection: select k models per object and combine their predictions.
+
+    Args:
+        model_names (list[str]): the ensemble's models, in the clusters' order.
+        k (int): the sub-ensemble size (``k >= N``: every present model, i.e. the ``mean`` fuser).
+        epsilon (float): ε, the knapsack layer's noise temperature.
+        num_samples (int): m, its Gaussian samples per backward pass.
+        baseline (bool): the layer's variance-reduced estimate (subtract K(ĉ); same expectation).
+        combine (str): :data:`COMBINE_MODES`. score (str): :data:`SCORE_MODES`.
+        lambda_box, lambda_cls (float): weights of the GIoU box loss and the score BCE.
+        features, class_ids, class_embed, hidden, depth, activation: see :class:`~detens.heads._net.NetHead`.
+
+    Parameters: the selection net ``selector`` (F + E → N).
+    """
+
+    type_name = "selection"
+    extra_config = ("k", "epsilon", "num_samples", "baseline", "combine", "score", "lambda_box", "lambda_cls")
+
+    def __init__(
+        self,
+        model_names: Sequence[str],
+        k: int = 2,
+        epsilon: float = 0.1,
+        num_samples: int = 32,
+        baseline: bool = True,
+        combine: str = "mean",
+        score: str = "mean_present",
+        lambda_box: float = 1.0,
+        lambda_cls: float = 1.0,
+        features: Sequence[str] | None = None,
+        class_ids: Sequence[int] | None = None,
+        class_embed: int = 0,
+        hidden: int = 64,
+        depth: int = 2,
+        activation: str = "relu",
+    ) -> None:
+        super().__init__(model_names, features, class_ids, class_embed, hidden, depth, activation)
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be an integer >= 1, got {k!r}")
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+            raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
+        if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
+            raise ValueError(f"epsilon must be a number > 0, got {epsilon!r}")
+        if combine not in COMBINE_MODES:
+            raise ValueError(f"combine must be one of {', '.join(COMBINE_MODES)}, got {combine!r}")
+        if score not in SCORE_MODES:
+            raise ValueError(f"score must be one of {', '.join(SCORE_MODES)}, got {score!r}")
+        for name, value in (("lambda_box", lambda_box), ("lambda_cls", lambda_cls)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        if not isinstance(baseline, bool):
+            raise TypeError(f"baseline must be bool, got {baseline!r}")
+        self.k = k
+        self.epsilon = float(epsilon)
+        self.num_samples = num_samples
+        self.baseline = baseline
+        self.combine = combine
+        self.score = score
+        self.lambda_box = float(lambda_box)
+        self.lambda_cls = float(lambda_cls)
+        self.selector = make_mlp(self.in_features, self.hidden, self.depth, self.num_models, activation)
+        #: noise source of the knapsack layer in training (None: torch's global generator).
+        self.generator: torch.Generator | None = None
+
+    def selection_scores(self, clusters: Clusters, x: Tensor) -> Tensor:
+        """Tensor[C, N]: ĉ / ‖ĉ‖₂ over the present models (absent entries 0)."""
+        raw = self.selector(x) * clusters.present.to(x.dtype)  # [C, N]
+        return raw / raw.norm(dim=1, keepdim=True).clamp(min=1e-12)
+
+    def select(self, clusters: Clusters, x: Tensor) -> Tensor:
+        """Tensor[C, N]: the 0/1 selection; differentiable (knapsack layer) when gradients are enabled."""
+        scores = self.selection_scores(clusters, x)
+        if torch.is_grad_enabled() and scores.requires_grad:
+            return top_k_knapsack(
+                scores, clusters.present, self.k, self.num_samples, self.epsilon, self.generator, self.baseline
+            )
+        return top_k_mask(scores, clusters.present, self.k).to(scores.dtype)
+
+    def fuse_features(self, clusters: Clusters, features: Tensor) -> tuple[Tensor, Tensor]:
+        x = self.inputs(features, clusters.labels)
+        chosen = self.select(clusters, x)
+        return combine_selected(clusters.preds.to(x.dtype), clusters.present, chosen, self.k, self.combine, self.score)
+
+    def loss_features(
+        self, clusters: Clusters, features: Tensor, targets: Targets, score_targets: Tensor | None = None
+    ) -> Tensor:
+        """Tensor[C]: ``lambda_cls`` · BCE(fused score, target) + ``lambda_box`` · GIoU loss (matched only);
+        0 where ignored."""
+        boxes, scores = self.fuse_features(clusters, features)
+        soft = targets.matched.to(scores.dtype) if score_targets is None else score_targets.to(scores.dtype)
+        q = scores.clamp(_CLAMP, 1 - _CLAMP)
+        per_cluster = -self.lambda_cls * (soft * torch.log(q) + (1 - soft) * torch.log1p(-q))
+        if self.lambda_box > 0 and bool(targets.matched.any()):
+            matched = targets.matched
+            box_loss = generalized_box_iou_loss(boxes[matched], targets.boxes[matched].to(boxes.dtype), reduction="none")
+            per_cluster = per_cluster.index_add(0, matched.nonzero().squeeze(1), self.lambda_box * box_loss)
+        return torch.where(targets.ignore, torch.zeros_like(per_cluster), per_cluster)

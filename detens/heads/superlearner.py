@@ -1,0 +1,93 @@
+"""The Super Learner baseline of e2e-CEL (seed 003, after Ju et al. 2018), adapted to detection.
+
+Dimension legend: C clusters, N models, F features.
+
+A fully connected network maps each cluster's features to per-model combination weights,
+
+    w = softmax(MLP(x)) ∈ Δ^N,    box = Σᵢ wᵢ boxᵢ,    score = Σᵢ wᵢ pᵢ
+
+over all N models: an absent model has pᵢ = 0 and its box row is the mean present box (see
+:class:`~detens.matching.Clusters`), so weight on an absent model lowers the score without moving the
+box, and the fused box stays a convex combination of the present boxes. The output layer starts at
+zero, so an untrained Super Learner (w = 1/N) fuses exactly like ``mean``. The loss is the one of the
+selection head: GIoU on matched clusters plus binary cross-entropy of the fused score.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+from torchvision.ops import generalized_box_iou_loss
+
+from detens.heads._net import NetHead, make_mlp
+from detens.heads._registry import HEADS
+from detens.matching import Clusters
+from detens.targets import Targets
+
+__all__ = ["SuperLearnerHead"]
+
+_CLAMP = 1e-6
+
+
+@HEADS.register("superlearner")
+class SuperLearnerHead(NetHead):
+    """Per-cluster softmax combination weights from an MLP; see the module docstring.
+
+    Args:
+        model_names (list[str]): the ensemble's models, in the clusters' order.
+        lambda_box, lambda_cls (float): weights of the GIoU box loss and the score BCE.
+        features, class_ids, class_embed, hidden, depth, activation: see :class:`~detens.heads._net.NetHead`.
+
+    Parameters: ``weight_net`` (F + E → N).
+    """
+
+    type_name = "superlearner"
+    extra_config = ("lambda_box", "lambda_cls")
+
+    def __init__(
+        self,
+        model_names: Sequence[str],
+        lambda_box: float = 1.0,
+        lambda_cls: float = 1.0,
+        features: Sequence[str] | None = None,
+        class_ids: Sequence[int] | None = None,
+        class_embed: int = 0,
+        hidden: int = 64,
+        depth: int = 2,
+        activation: str = "relu",
+    ) -> None:
+        super().__init__(model_names, features, class_ids, class_embed, hidden, depth, activation)
+        for name, value in (("lambda_box", lambda_box), ("lambda_cls", lambda_cls)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        self.lambda_box = float(lambda_box)
+        self.lambda_cls = float(lambda_cls)
+        self.weight_net = make_mlp(self.in_features, self.hidden, self.depth, self.num_models, activation, zero_last=True)
+
+    def weights(self, x: Tensor) -> Tensor:
+        """Tensor[C, N]: the combination weights (rows sum to 1)."""
+        return torch.softmax(self.weight_net(x), dim=1)
+
+    def fuse_features(self, clusters: Clusters, features: Tensor) -> tuple[Tensor, Tensor]:
+        x = self.inputs(features, clusters.labels)
+        w = self.weights(x)  # [C, N]
+        preds = clusters.preds.to(x.dtype)
+        fused = torch.einsum("cn,cnk->ck", w, preds)  # [C, 5]
+        return fused[:, :4], fused[:, 4].clamp(0.0, 1.0)
+
+    def loss_features(
+        self, clusters: Clusters, features: Tensor, targets: Targets, score_targets: Tensor | None = None
+    ) -> Tensor:
+        """Tensor[C]: ``lambda_cls`` · BCE(fused score, target) + ``lambda_box`` · GIoU loss (matched only);
+        0 where ignored."""
+        boxes, scores = self.fuse_features(clusters, features)
+        soft = targets.matched.to(scores.dtype) if score_targets is None else score_targets.to(scores.dtype)
+        q = scores.clamp(_CLAMP, 1 - _CLAMP)
+        per_cluster = -self.lambda_cls * (soft * torch.log(q) + (1 - soft) * torch.log1p(-q))
+        if self.lambda_box > 0 and bool(targets.matched.any()):
+            matched = targets.matched
+            box_loss = generalized_box_iou_loss(boxes[matched], targets.boxes[matched].to(boxes.dtype), reduction="none")
+            per_cluster = per_cluster.index_add(0, matched.nonzero().squeeze(1), self.lambda_box * box_loss)
+        return torch.where(targets.ignore, torch.zeros_like(per_cluster), per_cluster)

@@ -1,0 +1,479 @@
+"""The heads beyond Θ (selection / e2e-CEL, deep ensemble, Super Learner), their training, the
+``random_k`` and ``oracle`` baselines, and their evaluation methods.
+
+Dimension legend: C clusters, N models, F features, G ground-truth boxes.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from detens import Detections, fuse, match
+from detens.fusers.consensus import average_clusters
+from detens.heads import HEADS, HeadFileError, load_head
+from detens.heads._features import cluster_features, feature_names, num_features, pairwise_iou
+from detens.heads._net import FEATURE_GROUPS
+from detens.heads.deep import DeepEnsembleHead, score_weighted_box
+from detens.heads.selection import SelectionHead, combine_selected
+from detens.heads.superlearner import SuperLearnerHead
+from detens.matching import Clusters
+from detens.targets import Targets
+from detens.training import ImageSample
+from detens.training_heads import (
+    DeepTrainConfig,
+    SelectionTrainConfig,
+    SuperLearnerTrainConfig,
+    config_for,
+    score_targets,
+    train_head,
+)
+
+KINDS = ["selection", "deep", "superlearner"]
+CLASSES = {"selection": SelectionHead, "deep": DeepEnsembleHead, "superlearner": SuperLearnerHead}
+NAMES = ["m0", "m1", "m2"]
+SIZE = (120, 160)
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+# ------------------------------------------------------------------------------------------ fixtures
+def scene(seed: int, num_models: int = 3, num_objects: int = 6, size=SIZE):
+    """GT objects, and per model noisy copies (model m's jitter grows with m), misses and false positives."""
+    rng = random.Random(seed)
+    height, width = size
+    gt_boxes, gt_labels = [], []
+    for _ in range(num_objects):
+        x, y = rng.uniform(0, width - 50), rng.uniform(0, height - 50)
+        gt_boxes.append([x, y, x + rng.uniform(15, 45), y + rng.uniform(15, 45)])
+        gt_labels.append(rng.randrange(3))
+    per_model = []
+    for m in range(num_models):
+        boxes, scores, labels = [], [], []
+        for box, label in zip(gt_boxes, gt_labels, strict=True):
+            if rng.random() < 0.15:
+                continue
+            jitter = [rng.gauss(0, 1.0 + 2.0 * m) for _ in range(4)]
+            x1, y1 = box[0] + jitter[0], box[1] + jitter[1]
+            boxes.append([x1, y1, max(x1 + 2, box[2] + jitter[2]), max(y1 + 2, box[3] + jitter[3])])
+            scores.append(rng.uniform(0.4, 0.95))
+            labels.append(label)
+        for _ in range(3):  # false positives
+            x, y = rng.uniform(0, width - 30), rng.uniform(0, height - 30)
+            boxes.append([x, y, x + rng.uniform(8, 30), y + rng.uniform(8, 30)])
+            scores.append(rng.uniform(0.01, 0.5))
+            labels.append(rng.randrange(3))
+        per_model.append(Detections(torch.tensor(boxes), scores, labels, size))
+    return per_model, torch.tensor(gt_boxes), torch.tensor(gt_labels)
+
+
+def samples(num_images: int = 6, seed: int = 0, num_models: int = 3) -> list[ImageSample]:
+    out = []
+    for i in range(num_images):
+        per_model, gt_boxes, gt_labels = scene(seed * 1000 + i, num_models)
+        clusters = match(per_model, 0.55)
+        out.append(ImageSample(i, clusters, gt_boxes, gt_labels, torch.zeros(len(gt_labels), dtype=torch.bool)))
+    return out
+
+
+def small_config(kind: str, **overrides):
+    options = dict(epochs=3, hidden=16, depth=1, batch_clusters=16, seed=0)
+    if kind == "selection":
+        options["num_samples"] = 8
+    return config_for(kind, **{**options, **overrides})
+
+
+def trained(kind: str, **overrides):
+    head, _ = train_head(kind, samples(4), NAMES, small_config(kind, **overrides))
+    return head
+
+
+def outputs_equal(a, b, clusters):
+    boxes_a, scores_a = a(clusters)
+    boxes_b, scores_b = b(clusters)
+    assert_close(boxes_a, boxes_b)
+    assert_close(scores_a, scores_b)
+
+
+# ------------------------------------------------------------------------------------------ features
+class TestFeatures:
+    def test_shape_names_and_empty(self):
+        clusters = samples(1)[0].clusters
+        features = cluster_features(clusters)
+        assert features.shape == (len(clusters), num_features(3)) == (len(clusters), len(feature_names(3)))
+        assert torch.isfinite(features).all()
+        empty = cluster_features(Clusters.empty(3, SIZE))
+        assert empty.shape == (0, num_features(3))
+        assert set(FEATURE_GROUPS) >= {"score", "iou", "dup_iou"}
+
+    def test_duplicate_and_agreement_columns(self):
+        """Two identical same-class clusters: the lower-scored one has dup_iou 1, the other 0."""
+        box = torch.tensor([0.1, 0.1, 0.4, 0.5])
+        preds = torch.zeros(2, 2, 5)
+        preds[:, :, :4] = box
+        preds[0, :, 4] = torch.tensor([0.9, 0.8])
+        preds[1, :, 4] = torch.tensor([0.3, 0.0])
+        present = torch.tensor([[True, True], [True, False]])
+        clusters = Clusters(preds, present, torch.tensor([1, 1]), torch.zeros(2, 2, dtype=torch.int64), SIZE)
+        names = feature_names(2)
+        features = cluster_features(clusters)
+        assert features[:, names.index("dup_iou")].tolist() == [0.0, 1.0]
+        assert features[:, names.index("iou[0,1]")].tolist() == [1.0, 0.0]  # 0 where a model is absent
+        assert_close(features[:, names.index("mean_score")], torch.tensor([0.85, 0.15]))
+        assert_close(pairwise_iou(preds, present), torch.tensor([[1.0], [0.0]]))
+
+
+# --------------------------------------------------------------------------------------------- heads
+@pytest.mark.parametrize("kind", KINDS)
+class TestHeadContract:
+    def test_registered_and_shapes(self, kind):
+        assert HEADS.get(kind) is CLASSES[kind]
+        head = CLASSES[kind](NAMES)
+        clusters = samples(1)[0].clusters
+        boxes, scores = head(clusters)
+        assert boxes.shape == (len(clusters), 4) and scores.shape == (len(clusters),)
+        assert ((scores >= 0) & (scores <= 1)).all() and torch.isfinite(boxes).all()
+        assert head.num_models == 3 and head.model_names == NAMES
+        fused = head.fuse(clusters)
+        assert isinstance(fused, Detections) and len(fused) == len(clusters)
+        assert fused.source == f"fused:{kind}"
+
+    def test_empty_clusters(self, kind):
+        head = CLASSES[kind](NAMES)
+        empty = Clusters.empty(3, SIZE)
+        boxes, scores = head(empty)
+        assert boxes.shape == (0, 4) and scores.shape == (0,)
+        assert len(head.fuse(empty)) == 0
+        loss = head.loss(empty, Targets.empty())
+        assert float(loss.detach()) == 0.0
+        loss.backward()  # a graph (possibly without gradient) that does not fail
+
+    def test_wrong_number_of_models(self, kind):
+        head = CLASSES[kind](["a", "b"])
+        with pytest.raises(ValueError, match="3 models but this"):
+            head(samples(1)[0].clusters)
+
+    @pytest.mark.parametrize("suffix", [".json", ".safetensors"])
+    def test_round_trip(self, kind, suffix, tmp_path):
+        head = trained(kind, class_embed=2)
+        path = tmp_path / f"head{suffix}"
+        head.save(path)
+        loaded = load_head(path)
+        assert type(loaded) is CLASSES[kind] and loaded.config() == head.config()
+        for s in samples(2, seed=5):
+            outputs_equal(head, loaded, s.clusters)
+        assert CLASSES[kind].load(path, model_names=NAMES).model_names == NAMES
+        raw = path.read_bytes()  # plain JSON, or safetensors' JSON header + raw tensor bytes: no pickle
+        if suffix == ".json":
+            document = json.loads(raw)
+            assert document["type"] == kind and document["model_names"] == NAMES
+        else:
+            length = int.from_bytes(raw[:8], "little")
+            header = json.loads(raw[8 : 8 + length])
+            assert header["__metadata__"]["type"] == kind
+            assert set(header) - {"__metadata__"} == set(head.state_dict())
+
+    def test_wrong_model_names(self, kind, tmp_path):
+        path = tmp_path / "head.json"
+        CLASSES[kind](NAMES).save(path)
+        with pytest.raises(ValueError, match=r"trained for models \['m0', 'm1', 'm2'\].*another order"):
+            load_head(path, model_names=["m2", "m1", "m0"])
+        with pytest.raises(ValueError, match="trained for models"):
+            CLASSES[kind].load(path, model_names=["a", "b", "c"])
+        other = "theta" if kind != "theta" else "deep"
+        with pytest.raises(HeadFileError, match="load it with detens.load_head"):
+            HEADS.get(other).load(path)
+
+    def test_corrupt_files(self, kind, tmp_path):
+        path = tmp_path / "head.json"
+        CLASSES[kind](NAMES).save(path)
+        document = json.loads(path.read_text())
+        document["config"]["bogus"] = 1
+        path.write_text(json.dumps(document))
+        with pytest.raises(HeadFileError, match="unknown config keys"):
+            load_head(path)
+        document["config"].pop("bogus")
+        first = next(iter(document["tensors"]))
+        document["tensors"][first]["shape"] = [1] + document["tensors"][first]["shape"]
+        document["tensors"][first]["data"] = document["tensors"][first]["data"]
+        path.write_text(json.dumps(document))
+        with pytest.raises(HeadFileError):
+            load_head(path)
+
+    @pytest.mark.parametrize("device", DEVICES)
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+    def test_device_and_dtype(self, kind, device, dtype):
+        head = trained(kind).to(device=device, dtype=dtype)
+        clusters = samples(1, seed=3)[0].clusters.to(device)
+        boxes, scores = head(clusters)
+        assert boxes.device.type == device and boxes.dtype == dtype and scores.dtype == dtype
+        fused = head.fuse(clusters)
+        assert fused.device.type == device and fused.boxes.dtype == torch.float32
+        reference = trained(kind)
+        ref_boxes, ref_scores = reference(clusters.to("cpu"))
+        assert_close(boxes.cpu().float(), ref_boxes, atol=1e-4, rtol=1e-4)
+        assert_close(scores.cpu().float(), ref_scores, atol=1e-4, rtol=1e-4)
+
+    def test_training_lowers_the_loss_and_is_deterministic(self, kind):
+        data = samples(5)
+        config = small_config(kind, epochs=8)
+        head, history = train_head(kind, data, NAMES, config)
+        assert len(history.loss) == 8 and history.seconds > 0
+        assert history.loss[-1] < history.loss[0]
+        again, _ = train_head(kind, data, NAMES, config)
+        for (name, a), (_, b) in zip(head.state_dict().items(), again.state_dict().items(), strict=True):
+            assert torch.equal(a, b), name
+        other, _ = train_head(kind, data, NAMES, small_config(kind, epochs=8, seed=1))
+        assert any(not torch.equal(a, b) for a, b in zip(head.state_dict().values(), other.state_dict().values()))
+
+    def test_loss_is_mean_over_counted_clusters(self, kind):
+        head = trained(kind)
+        data = samples(2, seed=9)
+        targets = [
+            score_targets(s.clusters, *head(s.clusters), s.gt_boxes, s.gt_labels, kind="matched")[0] for s in data
+        ]
+        ignore = targets[0].ignore.clone()
+        ignore[0] = True
+        targets[0] = Targets(targets[0].boxes, targets[0].matched & ~ignore, ignore)
+        torch.manual_seed(0)
+        total = head.loss([s.clusters for s in data], targets)
+        per = [
+            head.loss_features(s.clusters, head.features_of(s.clusters), t) for s, t in zip(data, targets, strict=True)
+        ]
+        count = sum(int((~t.ignore).sum()) for t in targets)
+        assert float(per[0][0]) == 0.0  # the ignored cluster contributes nothing
+        if kind != "selection":  # selection's loss is deterministic only in eval mode; checked below
+            assert_close(total, sum(p.sum() for p in per) / count)
+
+    def test_plugs_into_fuse(self, kind, tmp_path):
+        head = trained(kind)
+        per_model, _, _ = scene(11)
+        fused = fuse(per_model, "theta", head=head)
+        expected = head.fuse(match(per_model, 0.55))
+        assert fused.source == f"fused:{kind}"
+        assert_close(fused.boxes, expected.boxes)
+        assert_close(fused.scores, expected.scores)
+        path = tmp_path / f"{kind}.safetensors"
+        head.save(path)
+        from_path = fuse(per_model, "theta", head=str(path))
+        assert_close(from_path.boxes, expected.boxes)
+        with pytest.raises(ValueError, match="trained for 3 models"):
+            fuse(per_model[:2], "theta", head=head)
+
+
+class TestUntrainedHeadsAreBaselines:
+    def test_deep_starts_as_mean_score_with_score_weighted_box(self):
+        clusters = samples(1)[0].clusters
+        boxes, scores = DeepEnsembleHead(NAMES)(clusters)
+        assert_close(scores, clusters.preds[..., 4].sum(1) / 3, atol=1e-6, rtol=1e-5)
+        assert_close(boxes, score_weighted_box(clusters.preds, clusters.present))
+        _, mean_scores = DeepEnsembleHead(NAMES, box="mean")(clusters)
+        assert_close(mean_scores, scores)
+
+    def test_superlearner_starts_as_mean(self):
+        clusters = samples(1)[0].clusters
+        boxes, scores = SuperLearnerHead(NAMES)(clusters)
+        mean_boxes, mean_scores = average_clusters(clusters, torch.ones(3))
+        assert_close(boxes, mean_boxes)
+        assert_close(scores, mean_scores)
+
+    @pytest.mark.parametrize("k", [3, 5])
+    def test_selection_with_k_at_least_n_is_mean(self, k):
+        torch.manual_seed(0)
+        clusters = samples(1)[0].clusters
+        boxes, scores = SelectionHead(NAMES, k=k)(clusters)
+        mean_boxes, mean_scores = average_clusters(clusters, torch.ones(3))
+        assert_close(boxes, mean_boxes)
+        assert_close(scores, mean_scores)
+
+
+class TestSelection:
+    def test_k1_picks_one_present_row(self):
+        torch.manual_seed(0)
+        head = SelectionHead(NAMES, k=1)
+        clusters = samples(1)[0].clusters
+        with torch.no_grad():
+            chosen = head.select(clusters, head.inputs(head.features_of(clusters), clusters.labels))
+        assert torch.equal(chosen.sum(1), torch.ones(len(clusters)))
+        assert not (chosen.bool() & ~clusters.present).any()
+        boxes, scores = head(clusters)
+        picked = chosen.argmax(1)
+        rows = clusters.preds[torch.arange(len(clusters)), picked]
+        assert_close(boxes, rows[:, :4])
+        assert_close(scores, rows[:, 4] * clusters.present.sum(1) / 3)
+
+    def test_score_modes(self):
+        preds = torch.tensor([[[0, 0, 1, 1, 0.8], [0, 0, 1, 1, 0.4], [0, 0, 1, 1, 0.0]]], dtype=torch.float32)
+        present = torch.tensor([[True, True, False]])
+        chosen = torch.tensor([[1.0, 0.0, 0.0]])
+        assert_close(combine_selected(preds, present, chosen, 2, score="mean_present")[1], torch.tensor([0.8 * 2 / 3]))
+        assert_close(combine_selected(preds, present, chosen, 2, score="sum_k")[1], torch.tensor([0.4]))
+        assert_close(combine_selected(preds, present, chosen, 2, score="sum_n")[1], torch.tensor([0.8 / 3]))
+
+    def test_gradients_reach_the_selection_net_only_through_the_knapsack(self):
+        torch.manual_seed(0)
+        head = SelectionHead(NAMES, k=1, num_samples=16)
+        s = samples(1)[0]
+        targets, soft = score_targets(s.clusters, *head(s.clusters), s.gt_boxes, s.gt_labels)
+        head.loss(s.clusters, targets, soft).backward()
+        grads = [p.grad for p in head.selector.parameters()]
+        assert all(g is not None and torch.isfinite(g).all() for g in grads)
+        assert sum(float(g.abs().sum()) for g in grads) > 0
+
+    def test_bad_options(self):
+        for kwargs, error in [
+            (dict(k=0), "k must be"),
+            (dict(epsilon=0.0), "epsilon"),
+            (dict(combine="max"), "combine must be"),
+            (dict(score="max"), "score must be"),
+            (dict(features=["nope"]), "unknown feature groups"),
+            (dict(activation="gelu"), "activation must be"),
+        ]:
+            with pytest.raises(ValueError, match=error):
+                SelectionHead(NAMES, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------- training
+class TestTraining:
+    def test_iou_fraction_target_is_exact_at_known_ious(self):
+        """A fused box of IoU 0.72 with its GT box is a TP at τ = 0.50 ... 0.70: 5 of 10 thresholds."""
+        preds = torch.zeros(2, 1, 5)
+        preds[0, 0] = torch.tensor([0.0, 0.0, 0.5, 0.36, 0.9])  # IoU 0.72 with the GT box below
+        preds[1, 0] = torch.tensor([0.0, 0.0, 0.5, 0.5, 0.5])  # IoU 1.0, but ranked second: a duplicate at .50
+        clusters = Clusters(preds, torch.ones(2, 1, dtype=torch.bool), torch.tensor([0, 0]),
+                            torch.zeros(2, 1, dtype=torch.int64), (100, 200))
+        gt = torch.tensor([[0.0, 0.0, 100.0, 50.0]])  # normalized [0, 0, 0.5, 0.5]
+        targets, soft = score_targets(clusters, preds[:, 0, :4], preds[:, 0, 4], gt, torch.tensor([0]))
+        assert targets.matched.tolist() == [True, False]
+        # cluster 1 matches at every threshold above 0.72, where cluster 0 no longer can
+        assert_close(soft, torch.tensor([0.5, 0.5]))
+        _, hard = score_targets(clusters, preds[:, 0, :4], preds[:, 0, 4], gt, torch.tensor([0]), kind="matched")
+        assert hard.tolist() == [1.0, 0.0]
+
+    def test_config_validation(self):
+        with pytest.raises(ValueError, match="unknown head kind"):
+            train_head("nope", samples(1), NAMES)
+        with pytest.raises(TypeError, match="trains with DeepTrainConfig"):
+            train_head("deep", samples(1), NAMES, SelectionTrainConfig())
+        with pytest.raises(ValueError, match="unknown deep training options"):
+            config_for("deep", k=2)
+        with pytest.raises(ValueError, match="score_target"):
+            DeepTrainConfig(score_target="iou")
+        with pytest.raises(ValueError, match="no training images"):
+            train_head("deep", [], NAMES)
+        assert SuperLearnerTrainConfig().lr < DeepTrainConfig().lr
+
+    def test_class_embedding_handles_unseen_classes(self):
+        head = trained("deep", class_embed=3)
+        assert head.class_ids.tolist() == [0, 1, 2]
+        assert head.class_rows(torch.tensor([0, 2, 7])).tolist() == [1, 3, 0]
+        clusters = samples(1)[0].clusters
+        clusters.labels[:] = 50  # never seen: the shared "unknown" row
+        boxes, scores = head(clusters)
+        assert torch.isfinite(scores).all()
+
+    def test_learned_box_moves_toward_the_accurate_model(self):
+        """Model 0 jitters least: the learned box weights should favour it."""
+        data = samples(8)
+        config = small_config("deep", box="learned", epochs=30, lambda_box=5.0, batch_clusters=64, lr=0.01)
+        head, history = train_head("deep", data, NAMES, config)
+        assert history.loss[-1] < history.loss[0]
+        x = torch.cat([head.inputs(head.features_of(s.clusters), s.clusters.labels) for s in data])
+        weights = torch.softmax(head.box_net(x), 1).mean(0)
+        assert weights[0] > weights[2]
+
+
+# ---------------------------------------------------------------------------------------- baselines
+class TestRandomK:
+    def test_k_at_least_n_is_mean(self):
+        per_model, _, _ = scene(2)
+        for k in (3, 4):
+            out = fuse(per_model, "random_k", k=k)
+            mean = fuse(per_model, "mean")
+            assert_close(out.boxes, mean.boxes)
+            assert_close(out.scores, mean.scores)
+
+    def test_k1_boxes_are_model_rows_and_seeded(self):
+        per_model, _, _ = scene(3)
+        clusters = match(per_model, 0.55)
+        from detens.fusers.subset import random_subset
+
+        chosen = random_subset(clusters, 1, torch.Generator().manual_seed(0))
+        assert torch.equal(chosen.sum(1), torch.ones(len(clusters), dtype=torch.int64))
+        assert not (chosen & ~clusters.present).any()
+        a = fuse(per_model, "random_k", k=1, seed=0)
+        b = fuse(per_model, "random_k", k=1, seed=0)
+        assert torch.equal(a.boxes, b.boxes)
+        draws = {tuple(random_subset(clusters, 1, torch.Generator().manual_seed(s)).flatten().tolist()) for s in range(5)}
+        assert len(draws) > 1
+        rows = torch.cat([d.boxes for d in per_model])
+        for box in a.boxes:
+            assert (rows - box).abs().sum(1).min() < 1e-3
+
+    def test_uniform_over_present_models(self):
+        preds = torch.rand(1, 3, 5).repeat(3000, 1, 1)
+        present = torch.ones(3000, 3, dtype=torch.bool)
+        clusters = Clusters(preds, present, torch.zeros(3000, dtype=torch.int64), torch.zeros(3000, 3, dtype=torch.int64), SIZE)
+        from detens.fusers.subset import random_subset
+
+        counts = random_subset(clusters, 1, torch.Generator().manual_seed(0)).sum(0).float()
+        assert ((counts / 3000 - 1 / 3).abs() < 0.04).all()
+
+
+class TestOracle:
+    def test_takes_the_closest_present_row(self):
+        from detens.evaluation_heads import oracle_fusion
+
+        per_model, gt_boxes, gt_labels = scene(4)
+        clusters = match(per_model, 0.55)
+        out = oracle_fusion(clusters, gt_boxes, gt_labels)
+        mean = fuse(per_model, "mean")
+        assert_close(out.scores, mean.scores)
+        from torchvision.ops import box_iou
+
+        best_oracle = box_iou(gt_boxes, out.boxes).max(1).values
+        best_mean = box_iou(gt_boxes, mean.boxes).max(1).values
+        assert (best_oracle >= best_mean - 1e-6).all() and (best_oracle > best_mean + 1e-3).any()
+        empty = oracle_fusion(Clusters.empty(3, SIZE), gt_boxes, gt_labels)
+        assert len(empty) == 0
+
+
+# --------------------------------------------------------------------------------------- evaluation
+def test_evaluation_methods_registered_and_run():
+    from detens.coco import CocoGroundTruth
+    from detens.evaluation import METHODS, cross_validate
+    from detens.evaluation_heads import selection_methods
+    from detens.predictions import EnsemblePredictions
+
+    for name in ["deep", "superlearner", "selection", "selection_k1", "random_k2", "oracle"]:
+        assert name in METHODS
+    assert selection_methods(3) == ["selection_k1", "selection_k2", "selection_k3"]
+
+    images, annotations, results = [], [], [[], [], []]
+    for image_id in range(1, 9):
+        per_model, gt_boxes, gt_labels = scene(100 + image_id)
+        images.append({"id": image_id, "width": SIZE[1], "height": SIZE[0], "file_name": f"{image_id}.jpg"})
+        for box, label in zip(gt_boxes.tolist(), gt_labels.tolist(), strict=True):
+            annotations.append({"id": len(annotations) + 1, "image_id": image_id, "category_id": label + 1,
+                                "bbox": [box[0], box[1], box[2] - box[0], box[3] - box[1]],
+                                "area": (box[2] - box[0]) * (box[3] - box[1]), "iscrowd": 0})
+        for m, det in enumerate(per_model):
+            for box, score, label in zip(det.boxes.tolist(), det.scores.tolist(), det.labels.tolist(), strict=True):
+                results[m].append({"image_id": image_id, "category_id": label + 1, "score": score,
+                                   "bbox": [box[0], box[1], box[2] - box[0], box[3] - box[1]]})
+    gt = CocoGroundTruth({"images": images, "annotations": annotations,
+                          "categories": [{"id": i, "name": str(i)} for i in (1, 2, 3)]})
+    predictions = EnsemblePredictions(NAMES, results, gt)
+    fast = {"epochs": 2, "hidden": 8, "depth": 1, "match_iou_grid": []}
+    report = cross_validate(
+        predictions, ["mean", "deep", "selection_k1", "random_k1", "oracle"], k=2, backend="faster",
+        method_options={"deep": fast, "selection_k1": {**fast, "num_samples": 4}},
+    )
+    assert report["oracle"].metrics["map"] >= report["mean"].metrics["map"]
+    assert len(report["deep"].fitted) == 2 and report["deep"].fitted[0]["kind"] == "deep"
+    assert report["selection_k1"].fitted[0]["k"] == 1
+    for result in report.values():
+        assert 0.0 <= result.metrics["map"] <= 1.0
