@@ -176,8 +176,17 @@ def ensemble_config_from_dict(data: dict[str, Any], where: str = "ensemble confi
     return from_dict(EnsembleConfig, data, where)
 
 
-def load_ensemble_config(path: str | Path, overrides: dict[str, Any] | None = None) -> EnsembleConfig:
-    """Read an ensemble YAML; ``overrides`` (dotted keys, e.g. from CLI flags) win over the file."""
+def load_ensemble_config(
+    path: str | Path,
+    overrides: dict[str, Any] | None = None,
+    per_model: dict[str, Any] | None = None,
+) -> EnsembleConfig:
+    """Read an ensemble YAML; ``overrides`` (dotted keys, e.g. from CLI flags) win over the file.
+
+    ``per_model`` holds settings given for the whole ensemble that also replace each model's own value
+    (``{"conf": 0.25}`` from a ``--conf`` flag); ``None`` values are ignored. A relative ``fusion.head``
+    in the file is relative to the file's folder.
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"ensemble config not found: {path}")
@@ -185,7 +194,18 @@ def load_ensemble_config(path: str | Path, overrides: dict[str, Any] | None = No
         data = yaml.safe_load(f) or {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
-    return ensemble_config_from_dict(apply_overrides(data, overrides), where=str(path))
+    fusion = data.get("fusion")
+    if isinstance(fusion, dict) and isinstance(fusion.get("head"), str):
+        head = Path(fusion["head"]).expanduser()
+        if not head.is_absolute():
+            fusion["head"] = str((path.parent / head).resolve())
+    per_model = {k: v for k, v in (per_model or {}).items() if v is not None}
+    data = apply_overrides(data, {**(overrides or {}), **per_model})
+    for model in data.get("models") or []:
+        if isinstance(model, dict):
+            for key in per_model:
+                model.pop(key, None)
+    return ensemble_config_from_dict(data, where=str(path))
 
 
 def save_ensemble_config(config: EnsembleConfig, path: str | Path) -> None:

@@ -71,13 +71,7 @@ from tqdm import tqdm
 from detens.adapters import build_detector, dataset_categories, detect_loaded
 from detens.adapters.augmented import View
 from detens.coco import CocoGroundTruth, detections_to_coco, load_coco_gt, save_coco_results
-from detens.ensemble_config import (
-    EnsembleConfig,
-    ModelConfig,
-    apply_overrides,
-    ensemble_config_from_dict,
-    save_ensemble_config,
-)
+from detens.ensemble_config import EnsembleConfig, ModelConfig, load_ensemble_config, save_ensemble_config
 from detens.io import atomic_write_json, atomic_write_text
 from detens.sources import ImageReadError, read_image
 
@@ -183,12 +177,6 @@ def shard_tag(shard: tuple[int, int]) -> str:
 # ------------------------------------------------------------------------------------------------ config
 def resolve_config(args: argparse.Namespace) -> EnsembleConfig:
     """The config file with the flags applied (a flag given for every model also replaces each model's own value)."""
-    path = Path(args.config)
-    if not path.is_file():
-        raise SystemExit(f"error: ensemble config not found: {path}")
-    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    if not isinstance(data, dict):
-        raise SystemExit(f"error: {path}: the top level must be a mapping")
     per_model = {
         "conf": args.conf,
         "iou": args.iou,
@@ -197,16 +185,10 @@ def resolve_config(args: argparse.Namespace) -> EnsembleConfig:
         "device": args.device,
         "batch": args.batch,
     }
-    overrides: dict[str, Any] = {**per_model, "weights_dir": args.weights_dir}
-    if data.get("dataset") is None:  # the label space is the ground truth's
-        overrides["dataset"] = str(Path(args.gt).absolute())
-    data = apply_overrides(data, overrides)
-    for model in data.get("models") or []:
-        if isinstance(model, dict):
-            for key, value in per_model.items():
-                if value is not None:
-                    model.pop(key, None)
-    return ensemble_config_from_dict(data, where=str(path))
+    config = load_ensemble_config(args.config, {"weights_dir": args.weights_dir}, per_model)
+    if config.dataset is None:  # the label space is the ground truth's
+        config.dataset = str(Path(args.gt).absolute())
+    return config
 
 
 # ----------------------------------------------------------------------------------------------- members

@@ -49,12 +49,7 @@ from tqdm import tqdm
 from detens.adapters import build_ensemble, dataset_categories, detect_loaded, member_weights
 from detens.coco import detections_to_coco, load_coco_gt
 from detens.detections import Detections
-from detens.ensemble_config import (
-    EnsembleConfig,
-    apply_overrides,
-    ensemble_config_from_dict,
-    save_ensemble_config,
-)
+from detens.ensemble_config import EnsembleConfig, load_ensemble_config, save_ensemble_config
 from detens.export import save_yolo_txt
 from detens.fusers import FUSERS, fuse
 from detens.io import atomic_write_bytes, atomic_write_json
@@ -118,26 +113,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 # ------------------------------------------------------------------------------------------------ config
 def resolve_config(args: argparse.Namespace) -> EnsembleConfig:
     """The config file with the flags applied (a flag given for every model also replaces each model's own value)."""
-    path = Path(args.config)
-    if not path.is_file():
-        raise FileNotFoundError(f"ensemble config not found: {path}")
-    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: the top level must be a mapping")
-    fusion = data.get("fusion")
-    if isinstance(fusion, dict) and isinstance(fusion.get("head"), str) and args.head is None:
-        if args.method is not None and args.method != fusion.get("method"):
-            # The YAML's head belongs to the YAML's method; another --method does not use it.
-            logger.info("--method %s: not using the config's head %s", args.method, fusion["head"])
-            fusion["head"] = None
-        else:
-            # A head named in the YAML is relative to the YAML's folder (a --head flag to the working directory).
-            head = Path(fusion["head"]).expanduser()
-            if not head.is_absolute():
-                fusion["head"] = str((path.parent / head).resolve())
     per_model = {"conf": args.conf, "imgsz": args.imgsz, "device": args.device, "batch": args.batch}
     overrides: dict[str, Any] = {
-        **per_model,
         "weights_dir": args.weights_dir,
         "fusion.method": args.method,
         "fusion.head": args.head,
@@ -146,13 +123,13 @@ def resolve_config(args: argparse.Namespace) -> EnsembleConfig:
         "output.labels": False if args.no_labels else None,
         "output.vis_conf": args.vis_conf,
     }
-    data = apply_overrides(data, overrides)
-    for model in data.get("models") or []:
-        if isinstance(model, dict):
-            for key, value in per_model.items():
-                if value is not None:
-                    model.pop(key, None)
-    return ensemble_config_from_dict(data, where=str(path))
+    config = load_ensemble_config(args.config, overrides, per_model)
+    if args.head is None and args.method is not None and config.fusion.head is not None:
+        if args.method != load_ensemble_config(args.config).fusion.method:
+            # The YAML's head belongs to the YAML's method; another --method does not use it.
+            logger.info("--method %s: not using the config's head %s", args.method, config.fusion.head)
+            config.fusion.head = None
+    return config
 
 
 def fusion_params(config: EnsembleConfig, names: list[str]) -> dict[str, Any]:
