@@ -9,7 +9,7 @@ __all__ = ["TABLE_COLUMNS", "markdown_table", "plot_report"]
 
 #: (metric key, column title, format) of the results table.
 TABLE_COLUMNS: tuple[tuple[str, str, str], ...] = (
-    ("map", "mAP", "{:.3f}"),
+    ("map", "mAP", "{:.4f}"),
     ("map50", "AP50", "{:.3f}"),
     ("map75", "AP75", "{:.3f}"),
     ("map_small", "APs", "{:.3f}"),

@@ -121,6 +121,7 @@ class HeadTrainConfig:
             "depth": self.depth,
             "activation": self.activation,
             "lambda_box": self.lambda_box,
+            "match_iou": self.match_iou,
         }
 
 

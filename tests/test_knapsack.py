@@ -240,6 +240,10 @@ def test_function_apply_matches_wrapper():
     for k in (1, 2, 4):
         direct = TopKKnapsack.apply(scores, present, k, 8, 0.1, None, False)
         assert_close(direct, top_k_knapsack(scores, present, k))
+    # generator and baseline are optional; the backward returns one gradient per given input
+    leaf = scores.clone().requires_grad_(True)
+    TopKKnapsack.apply(leaf, present, 2, 8, 0.1).sum().backward()
+    assert leaf.grad.shape == scores.shape
 
 
 def test_selection_counts_exhaustive():

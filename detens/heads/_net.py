@@ -104,6 +104,7 @@ class NetHead(nn.Module):
         class_embed (int): width E of the class embedding; 0 disables it.
         hidden (int): width H of the hidden layers. depth (int): number of hidden layers.
         activation (str): σ of the hidden layers, one of :data:`ACTIVATIONS`.
+        match_iou (float): the matching IoU the head was trained with; the ``theta`` fuser's default.
     """
 
     type_name: ClassVar[str] = ""
@@ -120,9 +121,13 @@ class NetHead(nn.Module):
         hidden: int = 64,
         depth: int = 2,
         activation: str = "relu",
+        match_iou: float = 0.55,
     ) -> None:
         super().__init__()
         self.model_names = check_model_names(model_names)
+        if isinstance(match_iou, bool) or not isinstance(match_iou, (int, float)) or not 0.0 <= match_iou < 1.0:
+            raise ValueError(f"match_iou must be in [0, 1), got {match_iou!r}")
+        self.match_iou = float(match_iou)
         if features is None:
             features = self.default_features if self.default_features is not None else FEATURE_GROUPS
         if isinstance(features, str) or not isinstance(features, Sequence) or not features:
@@ -172,6 +177,7 @@ class NetHead(nn.Module):
             "hidden": self.hidden,
             "depth": self.depth,
             "activation": self.activation,
+            "match_iou": self.match_iou,
         }
         base.update({key: getattr(self, key) for key in self.extra_config})
         return base
@@ -237,8 +243,8 @@ class NetHead(nn.Module):
             boxes (Tensor[C, 4]): fused normalized xyxy boxes. scores (Tensor[C]): fused scores in [0, 1].
             On the head's device, in the head's dtype.
         """
-        features = self.features_of(clusters.to(self.feature_mean.device))
-        return self.fuse_features(clusters.to(self.feature_mean.device), features)
+        clusters = clusters.to(self.feature_mean.device)
+        return self.fuse_features(clusters, self.features_of(clusters))
 
     @torch.no_grad()
     def fuse(self, clusters: Clusters) -> Detections:
@@ -329,7 +335,7 @@ class NetHead(nn.Module):
                     f"head {where} was trained for models {stored.model_names} but model_names={names}{hint}; "
                     f"a {cls.type_name} head's inputs belong to its models, in order"
                 )
-        valid = ("features", "class_ids", "class_embed", "hidden", "depth", "activation", *cls.extra_config)
+        valid = ("features", "class_ids", "class_embed", "hidden", "depth", "activation", "match_iou", *cls.extra_config)
         unknown = sorted(set(stored.config) - set(valid))
         if unknown:
             raise HeadFileError(f"{where}: unknown config keys {unknown}; valid keys: {', '.join(valid)}")

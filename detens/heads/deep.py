@@ -30,6 +30,7 @@ localized one and a duplicate that COCO would count as a false positive is pushe
 from __future__ import annotations
 
 from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -88,7 +89,8 @@ class DeepEnsembleHead(NetHead):
         box (str): ``"score_weighted"``, ``"mean"`` or ``"learned"``.
         lambda_box (float): weight of the GIoU box loss (``box="learned"`` only).
         members (int): number of score MLPs whose corrections are averaged.
-        features, class_ids, class_embed, hidden, depth, activation: see :class:`~detens.heads._net.NetHead`
+        features, class_ids, class_embed, hidden, depth, activation, match_iou: see
+            :class:`~detens.heads._net.NetHead`
             (default features: :data:`DEEP_FEATURES`; default activation ReLU, ``"sigmoid"`` is the seed's σ).
 
     Parameters: ``calibration (Tensor[2])`` = (a, b), the score MLPs ``score_net`` and, for
@@ -111,8 +113,9 @@ class DeepEnsembleHead(NetHead):
         hidden: int = 64,
         depth: int = 2,
         activation: str = "relu",
+        match_iou: float = 0.55,
     ) -> None:
-        super().__init__(model_names, features, class_ids, class_embed, hidden, depth, activation)
+        super().__init__(model_names, features, class_ids, class_embed, hidden, depth, activation, match_iou)
         if box not in BOX_MODES:
             raise ValueError(f"box must be one of {', '.join(BOX_MODES)}, got {box!r}")
         if isinstance(lambda_box, bool) or not isinstance(lambda_box, (int, float)) or lambda_box < 0:

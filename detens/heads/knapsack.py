@@ -79,7 +79,7 @@ def _noise(shape: tuple[int, ...], like: Tensor, generator: torch.Generator | No
 class TopKKnapsack(torch.autograd.Function):
     """Forward: the exact top-k mask; backward: the perturbed-optimizer Jacobian estimate.
 
-    ``TopKKnapsack.apply(scores, present, k, num_samples, epsilon, generator, baseline)``; prefer
+    ``TopKKnapsack.apply(scores, present, k, num_samples, epsilon[, generator[, baseline]])``; prefer
     :func:`top_k_knapsack`, which validates its arguments.
 
     Args:
@@ -105,8 +105,8 @@ class TopKKnapsack(torch.autograd.Function):
         k: int,
         num_samples: int,
         epsilon: float,
-        generator: torch.Generator | None,
-        baseline: bool,
+        generator: torch.Generator | None = None,
+        baseline: bool = False,
     ) -> Tensor:
         chosen = top_k_mask(scores, present, k).to(scores.dtype)  # [C, N]
         ctx.epsilon = float(epsilon)
@@ -126,7 +126,7 @@ class TopKKnapsack(torch.autograd.Function):
         # Jᵀ v with J = (1 / (M ε)) Σᵢ K(ĉ + ε zᵢ) zᵢᵀ:  (1 / (M ε)) Σᵢ ⟨v, K(ĉ + ε zᵢ)⟩ zᵢ
         inner = (perturbed * grad_output.to(perturbed.dtype)).sum(-1, keepdim=True)  # [M, C, 1]
         grad = (inner * noise).mean(0) / ctx.epsilon  # [C, N]
-        return (grad.to(grad_output.dtype),) + (None,) * 6
+        return (grad.to(grad_output.dtype),) + (None,) * (len(ctx.needs_input_grad) - 1)
 
 
 def top_k_knapsack(

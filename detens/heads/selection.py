@@ -94,7 +94,8 @@ class SelectionHead(NetHead):
         baseline (bool): the layer's variance-reduced estimate (subtract K(ĉ); same expectation).
         combine (str): :data:`COMBINE_MODES`. score (str): :data:`SCORE_MODES`.
         lambda_box, lambda_cls (float): weights of the GIoU box loss and the score BCE.
-        features, class_ids, class_embed, hidden, depth, activation: see :class:`~detens.heads._net.NetHead`.
+        features, class_ids, class_embed, hidden, depth, activation, match_iou: see
+            :class:`~detens.heads._net.NetHead`.
 
     Parameters: the selection net ``selector`` (F + E → N).
     """
@@ -119,8 +120,9 @@ class SelectionHead(NetHead):
         hidden: int = 64,
         depth: int = 2,
         activation: str = "relu",
+        match_iou: float = 0.55,
     ) -> None:
-        super().__init__(model_names, features, class_ids, class_embed, hidden, depth, activation)
+        super().__init__(model_names, features, class_ids, class_embed, hidden, depth, activation, match_iou)
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be an integer >= 1, got {k!r}")
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:

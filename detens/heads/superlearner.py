@@ -38,7 +38,8 @@ class SuperLearnerHead(NetHead):
     Args:
         model_names (list[str]): the ensemble's models, in the clusters' order.
         lambda_box, lambda_cls (float): weights of the GIoU box loss and the score BCE.
-        features, class_ids, class_embed, hidden, depth, activation: see :class:`~detens.heads._net.NetHead`.
+        features, class_ids, class_embed, hidden, depth, activation, match_iou: see
+            :class:`~detens.heads._net.NetHead`.
 
     Parameters: ``weight_net`` (F + E → N).
     """
@@ -57,8 +58,9 @@ class SuperLearnerHead(NetHead):
         hidden: int = 64,
         depth: int = 2,
         activation: str = "relu",
+        match_iou: float = 0.55,
     ) -> None:
-        super().__init__(model_names, features, class_ids, class_embed, hidden, depth, activation)
+        super().__init__(model_names, features, class_ids, class_embed, hidden, depth, activation, match_iou)
         for name, value in (("lambda_box", lambda_box), ("lambda_cls", lambda_cls)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"{name} must be a number >= 0, got {value!r}")
