@@ -16,7 +16,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -25,7 +25,7 @@ from detens.matching import Clusters, match
 from detens.predictions import EnsemblePredictions
 from detens.targets import Targets, assign_targets
 
-__all__ = ["ImageSample", "ThetaTrainConfig", "TrainHistory", "build_samples", "assign_all_targets", "train_theta", "fit_theta"]
+__all__ = ["ImageSample", "ThetaTrainConfig", "TrainHistory", "build_samples", "assign_all_targets", "train_theta", "fit_theta", "fit_with_match_iou_search"]
 
 logger = logging.getLogger(__name__)
 
@@ -191,21 +191,25 @@ def train_theta(
     return head, history
 
 
-def fit_theta(
+def fit_with_match_iou_search(
+    train: Callable[[list[ImageSample], Any], tuple[Any, TrainHistory]],
     predictions: EnsemblePredictions,
     image_ids: Sequence[int],
-    config: ThetaTrainConfig,
+    config: Any,
     progress: Callable[[int], None] | None = None,
-    on_epoch: Callable[[int, float], None] | None = None,
 ):
-    """Train Θ on ``image_ids``; with ``config.match_iou_grid``, also choose the matching IoU.
+    """Build the samples of ``image_ids`` and ``train(samples, config)`` a head; with
+    ``config.match_iou_grid`` also choose the matching IoU.
 
     For each IoU of the grid a head is trained and scored (COCO mAP of its fused boxes) on the SAME
     training images; the best IoU wins and is written into the returned config. Held-out images are
     never looked at, so the choice is safe inside cross-validation.
 
+    Args:
+        config: a training config with ``match_iou``, ``match_iou_grid`` and ``device`` fields.
+
     Returns:
-        (ThetaHead, TrainHistory, ThetaTrainConfig): the head, its history, the config it was trained with.
+        (head, TrainHistory, config): the head, its history, the config it was trained with.
     """
     from dataclasses import replace
 
@@ -216,7 +220,7 @@ def fit_theta(
     for match_iou in grid:
         trial_config = replace(config, match_iou=match_iou, match_iou_grid=[])
         samples = build_samples(predictions, image_ids, match_iou, config.device, progress=progress)
-        head, history = train_theta(samples, predictions.model_names, trial_config, on_epoch=on_epoch)
+        head, history = train(samples, trial_config)
         if len(grid) == 1:
             return head, history, trial_config
         results = []
@@ -224,7 +228,25 @@ def fit_theta(
             for s in samples:
                 results += detections_to_coco(head.fuse(s.clusters), s.image_id, decimals=None)
         train_map = evaluate_coco(predictions.gt, results, image_ids=image_ids, backend="faster")["map"]
-        logger.info("match_iou %.2f: training mAP %.4f", match_iou, train_map)
+        logger.info("%s head, match_iou %.2f: training mAP %.4f", type(head).__name__, match_iou, train_map)
         if best is None or train_map > best[0]:
             best = (train_map, head, history, trial_config)
     return best[1], best[2], best[3]
+
+
+def fit_theta(
+    predictions: EnsemblePredictions,
+    image_ids: Sequence[int],
+    config: ThetaTrainConfig,
+    progress: Callable[[int], None] | None = None,
+    on_epoch: Callable[[int, float], None] | None = None,
+):
+    """Train Θ on ``image_ids`` (see :func:`fit_with_match_iou_search`).
+
+    Returns:
+        (ThetaHead, TrainHistory, ThetaTrainConfig): the head, its history, the config it was trained with.
+    """
+    return fit_with_match_iou_search(
+        lambda samples, trial: train_theta(samples, predictions.model_names, trial, on_epoch=on_epoch),
+        predictions, image_ids, config, progress,
+    )

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 import torch
@@ -31,7 +31,7 @@ from torch import Tensor
 from detens.matching import Clusters
 from detens.predictions import EnsemblePredictions
 from detens.targets import Targets, assign_targets
-from detens.training import ImageSample, TrainHistory, build_samples
+from detens.training import ImageSample, TrainHistory
 
 __all__ = [
     "HeadTrainConfig",
@@ -383,32 +383,16 @@ def fit_head(
     progress: Callable[[int], None] | None = None,
     on_epoch: Callable[[int, float], None] | None = None,
 ):
-    """Build the samples of ``image_ids`` and train a head; with ``config.match_iou_grid`` also choose
-    the matching IoU (as :func:`detens.training.fit_theta` does for Θ).
-
-    For each IoU of the grid a head is trained and scored (COCO mAP of its fused boxes) on the SAME
-    training images; the best IoU wins and is written into the returned config. Held-out images are
-    never looked at, so the choice is safe inside cross-validation.
+    """Train a head of ``kind`` on ``image_ids``; with ``config.match_iou_grid`` also choose the matching
+    IoU on the same training images (:func:`detens.training.fit_with_match_iou_search`).
 
     Returns:
         (head, TrainHistory, HeadTrainConfig): the head, its history, the config it was trained with.
     """
-    from detens.coco import detections_to_coco, evaluate_coco
+    from detens.training import fit_with_match_iou_search
 
     config = config if config is not None else _config_class(kind)()
-    grid = list(config.match_iou_grid) or [config.match_iou]
-    best = None
-    for match_iou in grid:
-        trial = replace(config, match_iou=match_iou, match_iou_grid=[])
-        samples = build_samples(predictions, image_ids, match_iou, config.device, progress=progress)
-        head, history = train_head(kind, samples, predictions.model_names, trial, on_epoch=on_epoch)
-        if len(grid) == 1:
-            return head, history, trial
-        results = []
-        for s in samples:
-            results += detections_to_coco(head.fuse(s.clusters), s.image_id, decimals=None)
-        train_map = evaluate_coco(predictions.gt, results, image_ids=image_ids, backend="faster")["map"]
-        logger.info("%s head, match_iou %.2f: training mAP %.4f", kind, match_iou, train_map)
-        if best is None or train_map > best[0]:
-            best = (train_map, head, history, trial)
-    return best[1], best[2], best[3]
+    return fit_with_match_iou_search(
+        lambda samples, trial: train_head(kind, samples, predictions.model_names, trial, on_epoch=on_epoch),
+        predictions, image_ids, config, progress,
+    )

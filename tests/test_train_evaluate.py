@@ -262,3 +262,20 @@ class TestTools:
         assert list(fitted) == ["theta"] and len(fitted["theta"]) == 2
         assert "| theta |" in capsys.readouterr().out
         assert (tmp_path / "r.png").stat().st_size > 1000
+
+    @pytest.mark.parametrize("kind", ["deep", "superlearner", "selection"])
+    def test_train_cli_other_heads_plug_into_fuse(self, dataset, tmp_path, kind):
+        from detens import fuse
+
+        gt_path, predictions = dataset
+        out = tmp_path / f"{kind}.safetensors"
+        assert train_cli.main(["--gt", str(gt_path), "--predictions", str(predictions), "--out", str(out),
+                               "--head", kind, "--epochs", "2", "--set", "match_iou_grid=[]", "--quiet"]) == 0
+        head = load_head(out)
+        assert type(head).type_name == kind and head.model_names == sorted(MODELS)
+        ensemble = EnsemblePredictions.from_folder(predictions, load_coco_gt(gt_path))
+        image_id = ensemble.gt.annotated_image_ids[0]
+        fused = fuse(ensemble.per_model(image_id), "theta", head=out)
+        assert len(fused) > 0 and fused.source == f"fused:{kind}"
+        log = json.loads((tmp_path / f"{kind}.safetensors.log.json").read_text())
+        assert log["head"] == kind and len(log["loss"]) == 2

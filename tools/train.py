@@ -2,7 +2,8 @@
 """Train fusion weights on saved predictions and COCO ground truth.
 
     python tools/train.py --gt instances.json --predictions predictions/ --out head.json \\
-        [--config configs/train/theta.yaml] [--images-from ids.txt] [--models a,b,c]
+        [--head theta|selection|deep|superlearner] [--config configs/train/<head>.yaml] \\
+        [--images-from ids.txt] [--models a,b,c]
 
 ``--predictions`` holds one COCO results file per model (``<model>.json``, as ``tools/cache.py`` writes);
 the head remembers the model names and their order. Every key of the YAML config can be overridden with
@@ -35,10 +36,11 @@ from detens.config import from_dict, save_yaml_config
 from detens.io import atomic_write_bytes, atomic_write_json
 from detens.predictions import EnsemblePredictions
 from detens.training import ThetaTrainConfig, fit_theta
+from detens.training_heads import HEAD_KINDS, fit_head
 
 logger = logging.getLogger("detens.train")
 
-DEFAULT_CONFIGS = {"theta": "configs/train/theta.yaml"}
+HEAD_TYPES = ["theta", *HEAD_KINDS]
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -69,13 +71,15 @@ def parse_set(items: list[str]) -> dict[str, Any]:
 
 
 def load_train_config(kind: str, path: str | None, overrides: dict[str, Any]) -> Any:
-    config_path = Path(path) if path else REPO / DEFAULT_CONFIGS[kind]
+    """``configs/train/<kind>.yaml`` (or ``path``) with ``overrides``, as the head's config dataclass."""
+    config_path = Path(path) if path else REPO / "configs" / "train" / f"{kind}.yaml"
     data = yaml.safe_load(config_path.read_text()) if config_path.is_file() else None
     if path and data is None:
         raise FileNotFoundError(f"training config not found or empty: {config_path}")
     data = dict(data or {})
     data.update(overrides)
-    return from_dict(ThetaTrainConfig, data, where=str(config_path))
+    config_class = ThetaTrainConfig if kind == "theta" else HEAD_KINDS[kind]
+    return from_dict(config_class, data, where=str(config_path))
 
 
 def plot_loss(losses: list[float], path: Path, title: str) -> None:
@@ -104,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gt", required=True, help="COCO annotation file")
     parser.add_argument("--predictions", required=True, help="folder of <model>.json COCO results")
     parser.add_argument("--out", required=True, help="head file to write (.json or .safetensors)")
-    parser.add_argument("--head", default="theta", choices=sorted(DEFAULT_CONFIGS), help="head type")
+    parser.add_argument("--head", default="theta", choices=HEAD_TYPES, help="head type (default: theta)")
     parser.add_argument("--config", help="training YAML (default: configs/train/<head>.yaml)")
     parser.add_argument("--images-from", help="file with the image ids to train on (default: all with GT)")
     parser.add_argument("--models", help="comma-separated model names (default: every file, sorted)")
@@ -144,7 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     rounds = max(1, len(config.match_iou_grid))
     logger.info("%d images, models %s", len(image_ids), predictions.model_names)
     with tqdm(total=len(image_ids) * rounds, desc="matching", unit="img") as bar:
-        head, history, config = fit_theta(predictions, image_ids, config, progress=bar.update, on_epoch=on_epoch)
+        if args.head == "theta":
+            head, history, config = fit_theta(predictions, image_ids, config, progress=bar.update, on_epoch=on_epoch)
+        else:
+            head, history, config = fit_head(
+                args.head, predictions, image_ids, config, progress=bar.update, on_epoch=on_epoch
+            )
     head.save(out)
     save_yaml_config(config, out.with_name(out.name + ".config.yaml"))
     plot_loss(history.loss, out.with_name(out.name + ".loss.png"), f"{args.head} head: {', '.join(predictions.model_names)}")
@@ -157,12 +166,12 @@ def main(argv: list[str] | None = None) -> int:
             "match_iou": config.match_iou,
             "train_seconds": round(history.seconds, 3),
             "loss": history.loss,
-            "theta": head.theta.detach().cpu().tolist(),
+            **({"theta": head.theta.detach().cpu().tolist()} if args.head == "theta" else {}),
         },
         indent=1,
     )
-    logger.info("trained in %.1f s; Θ = %s; head written to %s", history.seconds,
-                [round(v, 4) for v in head.theta.detach().cpu().tolist()], out)
+    learned = f"Θ = {[round(v, 4) for v in head.theta.detach().cpu().tolist()]}; " if args.head == "theta" else ""
+    logger.info("trained %s head in %.1f s; %shead written to %s", args.head, history.seconds, learned, out)
     return 0
 
 
