@@ -26,7 +26,8 @@ def markdown_table(report: Mapping[str, Mapping[str, float]]) -> str:
     rows = []
     for method, metrics in report.items():
         cells = [fmt.format(metrics[key]) if key in metrics else "-" for key, _, fmt in TABLE_COLUMNS]
-        rows.append(f"| {method} | " + " | ".join(cells) + " |")
+        name = method.replace("|", "\\|")  # TTA members are named like "yolo26n|hflip"
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join([header, rule, *rows])
 
 

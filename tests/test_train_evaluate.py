@@ -279,3 +279,12 @@ class TestTools:
         assert len(fused) > 0 and fused.source == f"fused:{kind}"
         log = json.loads((tmp_path / f"{kind}.safetensors.log.json").read_text())
         assert log["head"] == kind and len(log["loss"]) == 2
+
+
+def test_markdown_table_escapes_pipes_in_method_names():
+    from detens.report import markdown_table
+
+    table = markdown_table({"single:yolo26n|hflip": {"map": 0.5}})
+    row = table.splitlines()[-1]
+    assert row.startswith("| single:yolo26n\\|hflip | 0.5000 |")
+    assert row.replace("\\|", "").count("|") == table.splitlines()[0].count("|")

@@ -212,3 +212,16 @@ def read_head_file(path: str | Path) -> HeadFile:
         if tensor.is_floating_point() and not torch.isfinite(tensor).all():
             raise _bad(path, f"tensor {name!r} holds NaN or inf")
     return HeadFile(head_type, model_names, config, tensors)
+
+
+def check_head_clusters(clusters: Any, model_names: list[str], what: str) -> None:
+    """Raise unless ``clusters`` is a Clusters of as many models as the head (``what`` names the head)."""
+    from detens.matching import Clusters
+
+    if not isinstance(clusters, Clusters):
+        raise TypeError(f"expected Clusters, got {type(clusters).__name__}")
+    if clusters.num_models != len(model_names):
+        raise ValueError(
+            f"the clusters hold {clusters.num_models} models but {what} was built for "
+            f"{len(model_names)}: {model_names}"
+        )

@@ -26,10 +26,17 @@ from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
+from torchvision.ops import generalized_box_iou_loss
 
 from detens.detections import Detections
 from detens.heads._features import cluster_features, feature_names
-from detens.heads._io import HeadFileError, check_model_names, read_head_file, write_head_file
+from detens.heads._io import (
+    HeadFileError,
+    check_head_clusters,
+    check_model_names,
+    read_head_file,
+    write_head_file,
+)
 from detens.matching import Clusters
 from detens.targets import Targets
 
@@ -186,13 +193,7 @@ class NetHead(nn.Module):
         return f"model_names={self.model_names}, features={len(self.features)} groups"
 
     def check_clusters(self, clusters: Clusters) -> None:
-        if not isinstance(clusters, Clusters):
-            raise TypeError(f"expected Clusters, got {type(clusters).__name__}")
-        if clusters.num_models != self.num_models:
-            raise ValueError(
-                f"the clusters hold {clusters.num_models} models but this {self.type_name} head was built for "
-                f"{self.num_models}: {self.model_names}"
-            )
+        check_head_clusters(clusters, self.model_names, f"this {self.type_name} head")
 
     # ------------------------------------------------------------------------------------- features
     def features_of(self, clusters: Clusters) -> Tensor:
@@ -354,3 +355,30 @@ class NetHead(nn.Module):
             head = head.to(dtypes.pop())
         head.load_state_dict(stored.tensors, strict=True)
         return head
+
+
+_CLAMP = 1e-6  # keeps log(q) finite in the score loss
+
+
+def score_and_box_loss(
+    boxes: Tensor,
+    scores: Tensor,
+    targets: Targets,
+    score_targets: Tensor | None,
+    lambda_cls: float,
+    lambda_box: float,
+) -> Tensor:
+    """Tensor[C]: ``lambda_cls`` · BCE(fused score, target) + ``lambda_box`` · GIoU loss (matched clusters
+    only); 0 where ignored. ``score_targets`` (Tensor[C]) replaces the 1/0 matched flags when given.
+
+    Args:
+        boxes (Tensor[C, 4]) normalized xyxy, scores (Tensor[C]) in [0, 1]: the fused objects.
+    """
+    soft = targets.matched.to(scores.dtype) if score_targets is None else score_targets.to(scores.dtype)
+    q = scores.clamp(_CLAMP, 1 - _CLAMP)
+    per_cluster = -lambda_cls * (soft * torch.log(q) + (1 - soft) * torch.log1p(-q))
+    if lambda_box > 0 and bool(targets.matched.any()):
+        matched = targets.matched
+        box_loss = generalized_box_iou_loss(boxes[matched], targets.boxes[matched].to(boxes.dtype), reduction="none")
+        per_cluster = per_cluster.index_add(0, matched.nonzero().squeeze(1), lambda_box * box_loss)
+    return torch.where(targets.ignore, torch.zeros_like(per_cluster), per_cluster)

@@ -31,9 +31,8 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor
-from torchvision.ops import generalized_box_iou_loss
 
-from detens.heads._net import NetHead, make_mlp
+from detens.heads._net import NetHead, make_mlp, score_and_box_loss
 from detens.heads._registry import HEADS
 from detens.heads.knapsack import top_k_knapsack, top_k_mask
 from detens.matching import Clusters
@@ -43,7 +42,6 @@ __all__ = ["SelectionHead", "COMBINE_MODES", "SCORE_MODES", "combine_selected"]
 
 COMBINE_MODES = ("mean", "score_weighted")
 SCORE_MODES = ("mean_present", "sum_k", "sum_n")
-_CLAMP = 1e-6
 
 
 def combine_selected(
@@ -175,11 +173,4 @@ class SelectionHead(NetHead):
         """Tensor[C]: ``lambda_cls`` · BCE(fused score, target) + ``lambda_box`` · GIoU loss (matched only);
         0 where ignored."""
         boxes, scores = self.fuse_features(clusters, features)
-        soft = targets.matched.to(scores.dtype) if score_targets is None else score_targets.to(scores.dtype)
-        q = scores.clamp(_CLAMP, 1 - _CLAMP)
-        per_cluster = -self.lambda_cls * (soft * torch.log(q) + (1 - soft) * torch.log1p(-q))
-        if self.lambda_box > 0 and bool(targets.matched.any()):
-            matched = targets.matched
-            box_loss = generalized_box_iou_loss(boxes[matched], targets.boxes[matched].to(boxes.dtype), reduction="none")
-            per_cluster = per_cluster.index_add(0, matched.nonzero().squeeze(1), self.lambda_box * box_loss)
-        return torch.where(targets.ignore, torch.zeros_like(per_cluster), per_cluster)
+        return score_and_box_loss(boxes, scores, targets, score_targets, self.lambda_cls, self.lambda_box)

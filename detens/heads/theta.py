@@ -64,7 +64,13 @@ from torch import Tensor, nn
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 from detens.detections import Detections
-from detens.heads._io import HeadFileError, check_model_names, read_head_file, write_head_file
+from detens.heads._io import (
+    HeadFileError,
+    check_head_clusters,
+    check_model_names,
+    read_head_file,
+    write_head_file,
+)
 from detens.heads._registry import HEADS
 from detens.matching import Clusters
 from detens.targets import Targets
@@ -383,13 +389,7 @@ class ThetaHead(nn.Module):
         return f"model_names={self.model_names}, per_class={self.per_class}{classes}, normalize_box={self.normalize_box}"
 
     def _check_clusters(self, clusters: Clusters) -> None:
-        if not isinstance(clusters, Clusters):
-            raise TypeError(f"expected Clusters, got {type(clusters).__name__}")
-        if clusters.num_models != self.num_models:
-            raise ValueError(
-                f"the clusters hold {clusters.num_models} models but this Θ head was built for "
-                f"{self.num_models}: {self.model_names}"
-            )
+        check_head_clusters(clusters, self.model_names, "this Θ head")
 
     # ------------------------------------------------------------------------------------------ fusion
     def class_rows(self, labels: Tensor) -> Tensor:
