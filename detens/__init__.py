@@ -8,6 +8,9 @@ Public API (imported lazily, so ``import detens`` stays light and never imports 
 - ``fuse``, ``list_fusers``: every fusion method behind one call.
 - ``evaluate_coco``: COCO mAP with labelled keys.
 - ``Ensemble``, ``fuse_results``, ``TorchvisionFusion``: drop-in use inside existing pipelines.
+- ``SelectionHead``, ``DeepEnsembleHead``, ``SuperLearnerHead``: the learned heads beyond Θ.
+- ``UltralyticsDetector``, ``TorchvisionDetector``, ``PrecomputedDetector``, ``AugmentedDetector``,
+  ``build_ensemble``, ``list_images``: bring your detectors and images.
 """
 
 from __future__ import annotations
@@ -36,6 +39,15 @@ _EXPORTS = {
     "fuse_results": "detens.pipeline",
     "TorchvisionFusion": "detens.pipeline",
     "load_head": "detens.heads",
+    "SelectionHead": "detens.heads.selection",
+    "DeepEnsembleHead": "detens.heads.deep",
+    "SuperLearnerHead": "detens.heads.superlearner",
+    "UltralyticsDetector": "detens.adapters",
+    "TorchvisionDetector": "detens.adapters",
+    "PrecomputedDetector": "detens.adapters",
+    "AugmentedDetector": "detens.adapters",
+    "build_ensemble": "detens.adapters",
+    "list_images": "detens.sources",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -72,3 +72,16 @@ class TestRegistry:
             reg.register("wbf")(len)
         with pytest.raises(TypeError):
             reg.get(3)
+
+
+def test_every_public_name_of_detens_resolves():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, detens\n"
+        "assert 'ultralytics' not in sys.modules, 'import detens must stay light'\n"
+        "missing = [n for n in detens.__all__ if getattr(detens, n, None) is None]\n"
+        "assert not missing, missing\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
