@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from torchvision.ops import batched_nms
+from torchvision.ops import batched_nms, nms
 
 from detens.detections import Detections
 
@@ -31,6 +31,8 @@ __all__ = ["Clusters", "match", "check_per_model", "impute_absent_boxes"]
 
 # Upper bound on elements of the [chunk, S_max] IoU block computed at once, to bound memory.
 _IOU_BLOCK_ELEMENTS = 1 << 22
+# Below this many boxes one offset NMS call is faster than torchvision's per-class loop (measured on CPU).
+_ONE_CALL_NMS_BOXES = 2000
 
 
 @dataclass(eq=False)
@@ -125,6 +127,19 @@ def check_per_model(per_model: Sequence[Detections], what: str = "per_model") ->
     devices = [d.device for d in per_model]
     if len(set(devices)) != 1:
         raise ValueError(f"{what}: Detections are on different devices {devices}; move them to one device")
+
+
+def _class_nms(boxes: Tensor, scores: Tensor, labels: Tensor, iou_thr: float) -> Tensor:
+    """Class-wise NMS of normalized boxes; the same result as ``batched_nms``.
+
+    Up to ``_ONE_CALL_NMS_BOXES`` boxes one ``nms`` call on class-offset boxes (coordinates lie in [0, 1],
+    so an offset of 2 per class keeps classes apart) beats ``batched_nms``'s per-class loop, which it
+    takes above 1000 boxes on the CPU; larger sets keep the loop, whose pairwise work is smaller.
+    """
+    if boxes.shape[0] > _ONE_CALL_NMS_BOXES:
+        return batched_nms(boxes, scores, labels, iou_thr)
+    offset = labels.to(boxes.dtype)[:, None] * 2
+    return nms(boxes + offset, scores, iou_thr)
 
 
 def _grouped_best_seed(
@@ -235,7 +250,7 @@ def match(per_model: Sequence[Detections], iou_thr: float = 0.55) -> Clusters:
     num_clusters = 0
     while pending.numel():
         p_boxes, p_scores, p_labels = boxes[pending], scores[pending], labels[pending]
-        seeds = batched_nms(p_boxes, p_scores, p_labels, iou_thr)  # [S] positions in pending, score-desc
+        seeds = _class_nms(p_boxes, p_scores, p_labels, iou_thr)  # [S] positions in pending, score-desc
         seed_of = torch.empty_like(p_labels)  # [K'] in [0, S)
         seed_of[seeds] = torch.arange(seeds.numel(), device=device)
         joiners = torch.ones_like(p_labels, dtype=torch.bool)
