@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -225,3 +226,25 @@ def check_head_clusters(clusters: Any, model_names: list[str], what: str) -> Non
             f"the clusters hold {clusters.num_models} models but {what} was built for "
             f"{len(model_names)}: {model_names}"
         )
+
+
+def read_head_for(path: str | Path, type_name: str, model_names: Sequence[str] | None) -> Any:
+    """:func:`read_head_file`, checked to hold a ``type_name`` head for ``model_names`` (when given).
+
+    Raises:
+        HeadFileError: another head type. ValueError: other models, or the same models in another order
+            (a head's weights belong to its models, in order); the message names both lists.
+    """
+    stored = read_head_file(path)
+    where = repr(str(path))
+    if stored.type != type_name:
+        raise HeadFileError(f"{where} holds a {stored.type!r} head, not {type_name!r}; load it with detens.load_head")
+    if model_names is not None:
+        names = check_model_names(model_names)
+        if names != stored.model_names:
+            hint = " (the same models in another order)" if sorted(names) == sorted(stored.model_names) else ""
+            raise ValueError(
+                f"head {where} was trained for models {stored.model_names} but model_names={names}{hint}; "
+                f"a {type_name} head's weights belong to its models, in order"
+            )
+    return stored

@@ -34,7 +34,7 @@ from detens.heads._io import (
     HeadFileError,
     check_head_clusters,
     check_model_names,
-    read_head_file,
+    read_head_for,
     write_head_file,
 )
 from detens.matching import Clusters
@@ -322,20 +322,8 @@ class NetHead(nn.Module):
             model_names (list[str] | None): the ensemble that will use the head; must equal the saved
                 names, in order, else ``ValueError`` naming both.
         """
-        stored = read_head_file(path)
+        stored = read_head_for(path, cls.type_name, model_names)
         where = repr(str(path))
-        if stored.type != cls.type_name:
-            raise HeadFileError(
-                f"{where} holds a {stored.type!r} head, not {cls.type_name!r}; load it with detens.load_head"
-            )
-        if model_names is not None:
-            names = check_model_names(model_names)
-            if names != stored.model_names:
-                hint = " (the same models in another order)" if sorted(names) == sorted(stored.model_names) else ""
-                raise ValueError(
-                    f"head {where} was trained for models {stored.model_names} but model_names={names}{hint}; "
-                    f"a {cls.type_name} head's inputs belong to its models, in order"
-                )
         valid = ("features", "class_ids", "class_embed", "hidden", "depth", "activation", "match_iou", *cls.extra_config)
         unknown = sorted(set(stored.config) - set(valid))
         if unknown:

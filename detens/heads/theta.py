@@ -68,7 +68,7 @@ from detens.heads._io import (
     HeadFileError,
     check_head_clusters,
     check_model_names,
-    read_head_file,
+    read_head_for,
     write_head_file,
 )
 from detens.heads._registry import HEADS
@@ -556,24 +556,8 @@ class ThetaHead(nn.Module):
             model_names (list[str] | None): the ensemble that will use the head; must equal the saved
                 names, in order (Θ's entries belong to those models), else ``ValueError`` naming both.
         """
-        stored = read_head_file(path)
+        stored = read_head_for(path, cls.type_name, model_names)
         where = repr(str(path))
-        if stored.type != cls.type_name:
-            raise HeadFileError(
-                f"{where} holds a {stored.type!r} head, not {cls.type_name!r}; load it with detens.load_head"
-            )
-        if model_names is not None:
-            names = check_model_names(model_names)
-            if names != stored.model_names:
-                hint = (
-                    " (the same models in another order)"
-                    if sorted(names) == sorted(stored.model_names)
-                    else ""
-                )
-                raise ValueError(
-                    f"head {where} was trained for models {stored.model_names} but model_names={names}{hint}; "
-                    "a Θ head's weights belong to its models, in order"
-                )
         unknown = sorted(set(stored.config) - set(_CONFIG_KEYS))
         if unknown:
             raise HeadFileError(
