@@ -19,12 +19,10 @@ so the heads see the same features at training and at fusion time:
   s_other / (s_other + s), and this cluster's share of the total s / (s + Σ s_other); and how crowded
   the image is: log(1 + the number of clusters, and of same-class clusters, with mean score > 0.25).
 
-The class enters the networks separately (a learned embedding, see :class:`ClassIndex`).
+The class enters the networks separately (a learned embedding over the class ids seen in training).
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -32,7 +30,7 @@ from torchvision.ops import box_iou
 
 from detens.matching import Clusters
 
-__all__ = ["feature_names", "num_features", "cluster_features", "present_mean_box", "pairwise_iou", "ClassIndex"]
+__all__ = ["feature_names", "num_features", "cluster_features", "present_mean_box", "pairwise_iou", "class_positions"]
 
 _PER_MODEL = ("present", "score", "log_score", "dx1", "dy1", "dx2", "dy2", "iou_mean")
 _CLUSTER = ("frac_present", "mean_score", "max_score", "score_spread", "log_w", "log_h", "log_aspect", "cx", "cy")
@@ -189,25 +187,10 @@ def cluster_features(clusters: Clusters, dtype: torch.dtype | None = None) -> Te
     return torch.cat([per_model.reshape(num, num_models * len(_PER_MODEL)), cluster, agreement, context], dim=1)
 
 
-class ClassIndex:
-    """Maps category ids to rows of a class embedding: row 0 for ids not seen in training, 1.. for the others.
-
-    Args:
-        class_ids (list[int]): the category ids seen in training (sorted, unique).
-    """
-
-    def __init__(self, class_ids: Sequence[int]) -> None:
-        ids = sorted({int(i) for i in class_ids})
-        self.class_ids = ids
-        self._ids = torch.tensor(ids, dtype=torch.int64)
-
-    def __len__(self) -> int:
-        return len(self.class_ids)
-
-    def rows(self, labels: Tensor) -> Tensor:
-        """Tensor[C] int64: 1 + position of each label in ``class_ids``, 0 for unseen ids."""
-        ids = self._ids.to(labels.device)
-        if ids.numel() == 0:
-            return torch.zeros_like(labels, dtype=torch.int64)
-        pos = torch.searchsorted(ids, labels).clamp(max=ids.numel() - 1)
-        return torch.where(ids[pos] == labels, pos + 1, torch.zeros_like(pos))
+def class_positions(class_ids: Tensor, labels: Tensor) -> Tensor:
+    """Tensor[C] int64: the position of each label in the sorted ``class_ids (Tensor[K])``, -1 where absent."""
+    ids = class_ids.to(labels.device)
+    if ids.numel() == 0:
+        return torch.full_like(labels, -1, dtype=torch.int64)
+    pos = torch.searchsorted(ids, labels).clamp(max=ids.numel() - 1)
+    return torch.where(ids[pos] == labels, pos, torch.full_like(pos, -1))

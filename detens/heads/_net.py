@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from torchvision.ops import generalized_box_iou_loss
 
 from detens.detections import Detections
-from detens.heads._features import cluster_features, feature_names
+from detens.heads._features import class_positions, cluster_features, feature_names
 from detens.heads._io import (
     HeadFileError,
     check_head_clusters,
@@ -219,11 +219,7 @@ class NetHead(nn.Module):
 
     def class_rows(self, labels: Tensor) -> Tensor:
         """Tensor[C] int64: the embedding row of each label (0 for ids not seen in training)."""
-        ids = self.class_ids.to(labels.device)
-        if ids.numel() == 0:
-            return torch.zeros_like(labels, dtype=torch.int64)
-        pos = torch.searchsorted(ids, labels).clamp(max=ids.numel() - 1)
-        return torch.where(ids[pos] == labels, pos + 1, torch.zeros_like(pos))
+        return class_positions(self.class_ids, labels) + 1
 
     def inputs(self, features: Tensor, labels: Tensor) -> Tensor:
         """Tensor[C, F + E]: standardized features and the class embedding, in the head's dtype."""

@@ -64,6 +64,7 @@ from torch import Tensor, nn
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 from detens.detections import Detections
+from detens.heads._features import class_positions
 from detens.heads._io import (
     HeadFileError,
     check_head_clusters,
@@ -395,10 +396,9 @@ class ThetaHead(nn.Module):
     def class_rows(self, labels: Tensor) -> Tensor:
         """Tensor[C] int64: the row of ``class_theta`` for each label, -1 for classes without their own Θ."""
         labels = labels.to(self.class_ids.device)
-        if not self.per_class or self.class_ids.numel() == 0:
+        if not self.per_class:
             return torch.full_like(labels, -1)
-        pos = torch.searchsorted(self.class_ids, labels).clamp(max=self.class_ids.numel() - 1)
-        return torch.where(self.class_ids[pos] == labels, pos, torch.full_like(pos, -1))
+        return class_positions(self.class_ids, labels)
 
     def cluster_theta(self, labels: Tensor) -> Tensor:
         """Tensor[C, N]: the Θ used for each cluster (its class's Θ, else the global Θ), on the head's device."""
