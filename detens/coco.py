@@ -262,13 +262,17 @@ def load_coco_results(path: str | Path) -> list[dict[str, Any]]:
         ValueError, TypeError: invalid JSON or schema, naming the file, the entry and the field.
     """
     path = Path(path)
+    return validate_coco_results(_read_json_file(path, "COCO results file"), where=str(path))
+
+
+def _read_json_file(path: Path, what: str) -> Any:
+    """The JSON content of ``path``; a missing file or invalid JSON is an error naming ``what`` and the path."""
     if not path.is_file():
-        raise FileNotFoundError(f"COCO results file not found: {path}")
+        raise FileNotFoundError(f"{what} not found: {path}")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise ValueError(f"{path} is not valid JSON: {err}") from err
-    return validate_coco_results(data, where=str(path))
 
 
 def save_coco_results(results: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
@@ -457,12 +461,7 @@ def load_coco_gt(
         return CocoGroundTruth(source.dataset, Path(images_dir))
     if isinstance(source, (str, Path)):
         path = Path(source)
-        if not path.is_file():
-            raise FileNotFoundError(f"COCO annotation file not found: {path}")
-        try:
-            dataset = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path} is not valid JSON: {err}") from err
+        dataset = _read_json_file(path, "COCO annotation file")
         if isinstance(dataset, list):
             raise ValueError(f"{path} holds a list, i.e. COCO results, not a COCO annotation file")
         _check_gt_dataset(dataset, str(path))
