@@ -20,7 +20,10 @@ def _iou(a, b):
 
 
 def reference_match(per_model, iou_thr):
-    """Returns a list of clusters, each (label, {model: box index}), in the order match() documents."""
+    """Returns a list of clusters, each (label, {model: box index}), in the order match() documents.
+
+    Equal scores are ordered by model, then box index (the position in the concatenation of the models).
+    """
     height, width = per_model[0].image_size
     boxes = []  # (model, index, box normalized, score, label)
     for m, det in enumerate(per_model):
@@ -34,7 +37,7 @@ def reference_match(per_model, iou_thr):
     clusters = []
     pending = list(range(len(boxes)))
     while pending:
-        by_score = sorted(pending, key=lambda k: -boxes[k][3])
+        by_score = sorted(pending, key=lambda k: (-boxes[k][3], k))
         seeds = []
         for k in by_score:  # greedy NMS per class
             if all(boxes[s][4] != boxes[k][4] or _iou(boxes[s][2], boxes[k][2]) <= iou_thr for s in seeds):
@@ -50,7 +53,7 @@ def reference_match(per_model, iou_thr):
         leftover = []
         for s in seeds:
             chosen = {}
-            for k in sorted(members[s], key=lambda k: -boxes[k][3]):
+            for k in sorted(members[s], key=lambda k: (-boxes[k][3], k)):
                 m = boxes[k][0]
                 if m in chosen:
                     leftover.append(k)
@@ -85,6 +88,17 @@ def random_per_model(rng: random.Random, num_models: int, image_size=(120, 160),
     return per_model
 
 
+def _jittered(det: Detections, rng: random.Random) -> Detections:
+    """The same boxes moved by a few pixels, with new scores: duplicates of one model."""
+    if len(det) == 0:
+        return det
+    height, width = det.image_size
+    shift = torch.tensor([[rng.gauss(0, 2) for _ in range(4)] for _ in range(len(det))])
+    boxes = det.boxes + shift
+    boxes = torch.cat([torch.minimum(boxes[:, :2], boxes[:, 2:]), torch.maximum(boxes[:, :2], boxes[:, 2:])], 1)
+    return Detections(boxes, torch.tensor([rng.random() for _ in range(len(det))]), det.labels, det.image_size)
+
+
 def as_reference_form(clusters: Clusters):
     out = []
     for c in range(len(clusters)):
@@ -93,14 +107,40 @@ def as_reference_form(clusters: Clusters):
     return out
 
 
+BACKENDS = ["compiled", "tensor"]
+
+
 class TestMatchAgainstReference:
+    @pytest.mark.parametrize("backend", BACKENDS)
     @pytest.mark.parametrize("seed", range(60))
     @pytest.mark.parametrize("iou_thr", [0.3, 0.55, 0.75])
-    def test_same_clusters(self, seed, iou_thr):
+    def test_same_clusters(self, seed, iou_thr, backend):
         rng = random.Random(seed)
         per_model = random_per_model(rng, num_models=rng.randint(1, 5))
-        clusters = match(per_model, iou_thr=iou_thr)
+        clusters = match(per_model, iou_thr=iou_thr, backend=backend)
         assert as_reference_form(clusters) == reference_match(per_model, iou_thr)
+
+    @pytest.mark.parametrize("backend", BACKENDS)
+    @pytest.mark.parametrize("seed", range(30))
+    def test_equal_scores_are_ordered_by_model_then_box(self, seed, backend):
+        # Quantized detectors (INT8) emit many equal scores: the order must still be defined.
+        rng = random.Random(500 + seed)
+        per_model = random_per_model(rng, num_models=rng.randint(2, 5), num_objects=15, num_classes=2)
+        per_model = [
+            Detections(d.boxes, (d.scores * 4).round() / 4, d.labels, d.image_size) for d in per_model
+        ]
+        assert as_reference_form(match(per_model, backend=backend)) == reference_match(per_model, 0.55)
+
+    @pytest.mark.parametrize("seed", range(2))
+    def test_crowded_images_give_the_same_clusters_in_both_backends(self, seed):
+        # Many boxes per object and per model: tens of rounds, large classes.
+        rng = random.Random(900 + seed)
+        per_model = random_per_model(rng, num_models=5, image_size=(200, 240), num_objects=40, num_classes=3)
+        per_model = [Detections.concat([d, _jittered(d, rng), _jittered(d, rng)]) for d in per_model]
+        expected = reference_match(per_model, 0.55)
+        assert len(expected) > 100
+        for backend in BACKENDS:
+            assert as_reference_form(match(per_model, backend=backend)) == expected, backend
 
 
     @pytest.mark.parametrize("seed", range(10))
@@ -110,7 +150,8 @@ class TestMatchAgainstReference:
         monkeypatch.setattr(detens.matching, "_IOU_BLOCK_ELEMENTS", 7)
         rng = random.Random(100 + seed)
         per_model = random_per_model(rng, num_models=4, num_objects=20, num_classes=2)
-        assert as_reference_form(match(per_model, iou_thr=0.5)) == reference_match(per_model, 0.5)
+        clusters = match(per_model, iou_thr=0.5, backend="tensor")
+        assert as_reference_form(clusters) == reference_match(per_model, 0.5)
 
 
 class TestMatchInvariants:
@@ -147,10 +188,11 @@ class TestMatchInvariants:
             assert used.unique().numel() == used.numel()
             assert used.numel() == int((det.clip().area() > 0).sum())
 
-    def test_one_model_two_overlapping_boxes_make_two_clusters(self):
+    @pytest.mark.parametrize("backend", BACKENDS)
+    def test_one_model_two_overlapping_boxes_make_two_clusters(self, backend):
         a = Detections([[0, 0, 10, 10], [0, 0, 10, 11]], [0.9, 0.8], [1, 1], (20, 20))
         b = Detections([[0, 0, 10, 10]], [0.7], [1], (20, 20))
-        clusters = match([a, b])
+        clusters = match([a, b], backend=backend)
         assert as_reference_form(clusters) == [(1, {0: 0, 1: 0}), (1, {0: 1})]
 
     def test_classes_never_mix(self):
@@ -160,12 +202,13 @@ class TestMatchInvariants:
         assert len(clusters) == 2
         assert clusters.present.sum(1).tolist() == [1, 1]
 
-    def test_threshold_is_strict(self):
+    @pytest.mark.parametrize("backend", BACKENDS)
+    def test_threshold_is_strict(self, backend):
         # IoU exactly 0.5 (inter 100, union 200): matched only when the threshold is below it.
         a = Detections([[0, 0, 10, 10]], [0.9], [0], (40, 40))
         b = Detections([[0, 0, 20, 10]], [0.8], [0], (40, 40))
-        assert len(match([a, b], iou_thr=0.5)) == 2
-        assert len(match([a, b], iou_thr=0.49)) == 1
+        assert len(match([a, b], iou_thr=0.5, backend=backend)) == 2
+        assert len(match([a, b], iou_thr=0.49, backend=backend)) == 1
 
     def test_model_order_permutes_columns_only(self):
         per_model = random_per_model(random.Random(3), num_models=3)
@@ -179,16 +222,28 @@ class TestMatchInvariants:
 
 
 class TestMatchEdgeCases:
-    def test_all_models_empty(self):
-        clusters = match([Detections.empty((10, 20)), Detections.empty((10, 20))])
+    @pytest.mark.parametrize("backend", BACKENDS)
+    def test_all_models_empty(self, backend):
+        clusters = match([Detections.empty((10, 20)), Detections.empty((10, 20))], backend=backend)
         assert len(clusters) == 0
         assert clusters.preds.shape == (0, 2, 5)
         assert clusters.present.dtype == torch.bool
 
-    def test_boxes_entirely_outside_the_image_are_dropped(self):
+    @pytest.mark.parametrize("backend", BACKENDS)
+    def test_boxes_entirely_outside_the_image_are_dropped(self, backend):
         a = Detections([[30, 30, 40, 40], [1, 1, 5, 5]], [0.9, 0.5], [0, 0], (20, 20))
-        clusters = match([a])
+        clusters = match([a], backend=backend)
         assert clusters.source_index[:, 0].tolist() == [1]
+
+    @pytest.mark.parametrize("backend", BACKENDS)
+    def test_only_boxes_outside_the_image(self, backend):
+        a = Detections([[30, 30, 40, 40]], [0.9], [0], (20, 20))
+        clusters = match([a, Detections.empty((20, 20))], backend=backend)
+        assert len(clusters) == 0 and clusters.preds.shape == (0, 2, 5)
+
+    def test_unknown_backend_lists_the_valid_ones(self):
+        with pytest.raises(ValueError, match="compiled, tensor"):
+            match([Detections.empty((5, 5))], backend="numba")
 
     def test_boxes_partly_outside_are_clipped(self):
         a = Detections([[-5, -5, 10, 10]], [0.9], [0], (20, 20))
@@ -220,9 +275,31 @@ class TestMatchEdgeCases:
             assert torch.equal(d.boxes, b) and torch.equal(d.scores, s) and torch.equal(d.labels, lab)
 
     @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-    def test_cuda_matches_cpu(self):
+    @pytest.mark.parametrize("backend", ["auto", *BACKENDS])
+    def test_cuda_matches_cpu(self, backend):
         per_model = random_per_model(random.Random(2), num_models=3)
         cpu = match(per_model)
-        gpu = match([d.to("cuda") for d in per_model])
-        assert gpu.preds.device.type == "cuda"
+        gpu = match([d.to("cuda") for d in per_model], backend=backend)
+        assert gpu.preds.device.type == "cuda" and gpu.labels.device.type == "cuda"
         assert as_reference_form(gpu.to("cpu")) == as_reference_form(cpu)
+
+
+class TestBackendsAgree:
+    @pytest.mark.parametrize("seed", range(3))
+    def test_on_benchmark_images(self, seed):
+        # tools/bench.py's synthetic images: 5 models x 1000 boxes, 80 classes, tens of rounds.
+        import importlib.util
+        from pathlib import Path
+
+        import numpy as np
+
+        spec = importlib.util.spec_from_file_location("bench", Path(__file__).parents[1] / "tools" / "bench.py")
+        bench = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench)
+        per_model = bench.synthetic_image(np.random.default_rng(seed), 5, 1000)
+        for iou_thr in (0.55, 0.7):
+            compiled = match(per_model, iou_thr, backend="compiled")
+            tensor = match(per_model, iou_thr, backend="tensor")
+            assert len(compiled) > 500
+            assert as_reference_form(compiled) == as_reference_form(tensor)
+            torch.testing.assert_close(compiled.preds, tensor.preds, rtol=0, atol=0)
