@@ -161,7 +161,7 @@ class Detections:
             index = index.to(self.boxes.device)
             if index.dtype == torch.bool and index.shape != (len(self),):
                 raise IndexError(f"boolean mask must have shape [{len(self)}], got {list(index.shape)}")
-        return Detections(self.boxes[index], self.scores[index], self.labels[index], self.image_size, self.source)
+        return self._derived(self.boxes[index], self.scores[index], self.labels[index])
 
     def __repr__(self) -> str:
         return (
@@ -182,12 +182,22 @@ class Detections:
         return self.image_size[1]
 
     def to(self, device: torch.device | str) -> Detections:
-        return Detections(
-            self.boxes.to(device), self.scores.to(device), self.labels.to(device), self.image_size, self.source
-        )
+        return self._derived(self.boxes.to(device), self.scores.to(device), self.labels.to(device))
 
     def with_source(self, source: str | None) -> Detections:
-        return Detections(self.boxes, self.scores, self.labels, self.image_size, source)
+        return self._derived(self.boxes, self.scores, self.labels, source)
+
+    def _derived(self, boxes: Tensor, scores: Tensor, labels: Tensor, source: str | None = ...) -> Detections:
+        """Detections of tensors derived from this one's (a subset, a device move, clipped boxes).
+
+        They are valid by construction, so validation is skipped: it would cost more than the operation
+        on the small per-image inputs that fusion handles.
+        """
+        derived = object.__new__(Detections)
+        derived.boxes, derived.scores, derived.labels = boxes, scores, labels
+        derived.image_size = self.image_size
+        derived.source = self.source if source is ... else source
+        return derived
 
     def clip(self) -> Detections:
         """Boxes clipped to the image; boxes left with zero area are kept (filter with ``area() > 0``)."""
@@ -195,7 +205,7 @@ class Detections:
         boxes = self.boxes.clone()
         boxes[:, 0::2] = boxes[:, 0::2].clamp(0, width)
         boxes[:, 1::2] = boxes[:, 1::2].clamp(0, height)
-        return Detections(boxes, self.scores, self.labels, self.image_size, self.source)
+        return self._derived(boxes, self.scores, self.labels)
 
     def area(self) -> Tensor:
         """Tensor[K]: box areas in square pixels."""
