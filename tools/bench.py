@@ -12,6 +12,8 @@ and times, per image (median over the images):
   then the Θ head (rows fall back to ``match+mean``, clearly labelled, if ThetaHead cannot be imported);
 - ``ensemble_boxes``: ``weighted_boxes_fusion`` fed normalized lists of lists (the conversion from
   Detections is done beforehand and not timed);
+- ``match, tensor path``: ``detens.match(per_model, backend="tensor")`` alone, the formulation GPUs use
+  (on the CPU, ``match`` runs its compiled loop; both give the same clusters);
 - ``batched_nms``: one ``torchvision.ops.batched_nms`` over the concatenated boxes of all models (the
   floor for any fusion; the concatenation is timed too).
 
@@ -55,7 +57,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from detens import Detections  # noqa: E402
+from detens import Detections, match  # noqa: E402
 from detens.fusers import fuse  # noqa: E402
 from detens.io import atomic_write_json  # noqa: E402
 
@@ -64,6 +66,7 @@ logger = logging.getLogger("bench")
 IMAGE_SIZE = (480, 640)
 NUM_CLASSES = 80
 DEFAULT_SIZES = ("3x100", "3x300", "5x1000", "5x3000")
+TENSOR_MATCH = "match, tensor path"
 
 
 def synthetic_image(
@@ -168,7 +171,11 @@ def _methods(num_models: int) -> tuple[dict[str, Callable[[list[Detections]], An
         all_boxes = Detections.concat(per_model)
         return batched_nms(all_boxes.boxes, all_boxes.scores, all_boxes.labels, 0.5)
 
-    return {"detens wbf": lambda pm: fuse(pm, "wbf"), learned_name: learned, "batched_nms": floor}, learned_name
+    def tensor_match(per_model: list[Detections]) -> Any:
+        return match(per_model, backend="tensor")
+
+    methods = {"detens wbf": lambda pm: fuse(pm, "wbf"), learned_name: learned, TENSOR_MATCH: tensor_match}
+    return {**methods, "batched_nms": floor}, learned_name
 
 
 def bench_size(num_models: int, boxes_per_model: int, repeats: int, device: torch.device, seed: int) -> dict[str, Any]:
@@ -225,15 +232,15 @@ def bench_size(num_models: int, boxes_per_model: int, repeats: int, device: torc
 def markdown_table(results: list[dict[str, Any]]) -> str:
     learned = results[0]["learned_name"]
     header = (
-        f"| boxes per image (models × boxes) | detens wbf | {learned} | ensemble_boxes wbf | batched_nms "
-        f"| ensemble_boxes / detens wbf | ensemble_boxes / {learned} | {learned} / batched_nms |"
+        f"| boxes per image (models × boxes) | detens wbf | {learned} | {TENSOR_MATCH} | ensemble_boxes wbf "
+        f"| batched_nms | ensemble_boxes / detens wbf | ensemble_boxes / {learned} | {learned} / batched_nms |"
     )
-    lines = [header, "|" + "---|" * 8]
+    lines = [header, "|" + "---|" * 9]
     for r in results:
         m, q = r["median_ms"], r["ratios"]
         lines.append(
-            f"| {r['size']} | {m['detens wbf']:.1f} ms | {m[learned]:.1f} ms | {m['ensemble_boxes']:.1f} ms "
-            f"| {m['batched_nms']:.1f} ms | {q['ensemble_boxes / detens wbf']:.1f}× "
+            f"| {r['size']} | {m['detens wbf']:.1f} ms | {m[learned]:.1f} ms | {m[TENSOR_MATCH]:.1f} ms "
+            f"| {m['ensemble_boxes']:.1f} ms | {m['batched_nms']:.1f} ms | {q['ensemble_boxes / detens wbf']:.1f}× "
             f"| {q[f'ensemble_boxes / {learned}']:.1f}× | {q[f'{learned} / batched_nms']:.2f}× |"
         )
     return "\n".join(lines)
