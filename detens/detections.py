@@ -185,9 +185,11 @@ class Detections:
         return self._derived(self.boxes.to(device), self.scores.to(device), self.labels.to(device))
 
     def with_source(self, source: str | None) -> Detections:
-        return self._derived(self.boxes, self.scores, self.labels, source)
+        renamed = self._derived(self.boxes, self.scores, self.labels)
+        renamed.source = source
+        return renamed
 
-    def _derived(self, boxes: Tensor, scores: Tensor, labels: Tensor, source: str | None = ...) -> Detections:
+    def _derived(self, boxes: Tensor, scores: Tensor, labels: Tensor) -> Detections:
         """Detections of tensors derived from this one's (a subset, a device move, clipped boxes).
 
         They are valid by construction, so validation is skipped: it would cost more than the operation
@@ -195,8 +197,7 @@ class Detections:
         """
         derived = object.__new__(Detections)
         derived.boxes, derived.scores, derived.labels = boxes, scores, labels
-        derived.image_size = self.image_size
-        derived.source = self.source if source is ... else source
+        derived.image_size, derived.source = self.image_size, self.source
         return derived
 
     def clip(self) -> Detections:

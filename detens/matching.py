@@ -320,12 +320,12 @@ def _compiled_rounds(
             num_models,
         )
     )
-    # Renumber clusters by (round, the seed's priority).
-    rank = torch.full((boxes.shape[0],), -1, dtype=torch.int64)
-    rank[by_priority] = torch.arange(by_priority.numel())
+    # Renumber clusters by (round, the seed's priority): one unique key per cluster.
+    num_placeable = by_priority.numel()
+    rank = torch.empty(boxes.shape[0], dtype=torch.int64)
+    rank[by_priority] = torch.arange(num_placeable)
     seed_box = order[seed]  # [C] indices into the concatenation
-    cluster_order = torch.argsort(rank[seed_box])
-    cluster_order = cluster_order[torch.argsort(round_of[cluster_order], stable=True)]  # [C]
+    cluster_order = torch.argsort(round_of * num_placeable + rank[seed_box])  # [C]
     new_id = torch.empty_like(cluster_order)
     new_id[cluster_order] = torch.arange(cluster_order.numel())
     return order.to(device), new_id[cluster_of].to(device), labels[seed_box[cluster_order]].to(device)
