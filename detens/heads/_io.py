@@ -72,6 +72,15 @@ def _suffix(path: Path) -> str:
     return suffix
 
 
+def check_number(value: Any, name: str, minimum: float = 0.0, strict: bool = False) -> float:
+    """``value`` as a float if it is a real number (not a bool) ``>= minimum`` (``> minimum`` if strict)."""
+    ok = not isinstance(value, bool) and isinstance(value, (int, float))
+    ok = ok and (value > minimum if strict else value >= minimum)
+    if not ok:
+        raise ValueError(f"{name} must be a number {'>' if strict else '>='} {minimum:g}, got {value!r}")
+    return float(value)
+
+
 def check_model_names(model_names: Any, what: str = "model_names") -> list[str]:
     """A fresh list of unique, non-empty model names; anything else is a clear error."""
     if isinstance(model_names, str) or not isinstance(model_names, (list, tuple)):

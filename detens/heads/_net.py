@@ -92,14 +92,6 @@ def _int(value: Any, name: str, minimum: int) -> int:
     return int(value)
 
 
-def _float(value: Any, name: str, minimum: float = 0.0, strict: bool = False) -> float:
-    ok = not isinstance(value, bool) and isinstance(value, (int, float))
-    ok = ok and (value > minimum if strict else value >= minimum)
-    if not ok:
-        raise ValueError(f"{name} must be a number {'>' if strict else '>='} {minimum}, got {value!r}")
-    return float(value)
-
-
 class NetHead(nn.Module):
     """Base of the network heads; see the module docstring.
 

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from detens.heads._io import check_number
 from detens.heads._net import NetHead, make_mlp, score_and_box_loss
 from detens.heads._registry import HEADS
 from detens.heads.knapsack import top_k_knapsack, top_k_mask
@@ -125,25 +126,20 @@ class SelectionHead(NetHead):
             raise ValueError(f"k must be an integer >= 1, got {k!r}")
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
-        if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
-            raise ValueError(f"epsilon must be a number > 0, got {epsilon!r}")
         if combine not in COMBINE_MODES:
             raise ValueError(f"combine must be one of {', '.join(COMBINE_MODES)}, got {combine!r}")
         if score not in SCORE_MODES:
             raise ValueError(f"score must be one of {', '.join(SCORE_MODES)}, got {score!r}")
-        for name, value in (("lambda_box", lambda_box), ("lambda_cls", lambda_cls)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
         if not isinstance(baseline, bool):
             raise TypeError(f"baseline must be bool, got {baseline!r}")
         self.k = k
-        self.epsilon = float(epsilon)
+        self.epsilon = check_number(epsilon, "epsilon", strict=True)
         self.num_samples = num_samples
         self.baseline = baseline
         self.combine = combine
         self.score = score
-        self.lambda_box = float(lambda_box)
-        self.lambda_cls = float(lambda_cls)
+        self.lambda_box = check_number(lambda_box, "lambda_box")
+        self.lambda_cls = check_number(lambda_cls, "lambda_cls")
         self.selector = make_mlp(self.in_features, self.hidden, self.depth, self.num_models, activation)
         #: noise source of the knapsack layer in training (None: torch's global generator).
         self.generator: torch.Generator | None = None

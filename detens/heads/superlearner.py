@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from detens.heads._io import check_number
 from detens.heads._net import NetHead, make_mlp, score_and_box_loss
 from detens.heads._registry import HEADS
 from detens.matching import Clusters
@@ -59,11 +60,8 @@ class SuperLearnerHead(NetHead):
         match_iou: float = 0.55,
     ) -> None:
         super().__init__(model_names, features, class_ids, class_embed, hidden, depth, activation, match_iou)
-        for name, value in (("lambda_box", lambda_box), ("lambda_cls", lambda_cls)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
-        self.lambda_box = float(lambda_box)
-        self.lambda_cls = float(lambda_cls)
+        self.lambda_box = check_number(lambda_box, "lambda_box")
+        self.lambda_cls = check_number(lambda_cls, "lambda_cls")
         self.weight_net = make_mlp(self.in_features, self.hidden, self.depth, self.num_models, activation, zero_last=True)
 
     def weights(self, x: Tensor) -> Tensor:

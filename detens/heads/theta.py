@@ -69,6 +69,7 @@ from detens.heads._io import (
     HeadFileError,
     check_head_clusters,
     check_model_names,
+    check_number,
     read_head_for,
     write_head_file,
 )
@@ -275,12 +276,6 @@ def _as_list(items: Clusters | Targets | Sequence[Any], kind: type, what: str) -
     raise TypeError(f"{what} must be {kind.__name__} or a list of them, got {type(items).__name__}")
 
 
-def _number(value: Any, name: str, minimum: float = 0.0) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= minimum:
-        raise ValueError(f"{name} must be a number >= {minimum}, got {value!r}")
-    return float(value)
-
-
 @HEADS.register("theta")
 class ThetaHead(nn.Module):
     """Learned linear fusion A = ŶᵀΘ (seed 000), global or per class. See the module docstring for the math.
@@ -327,10 +322,10 @@ class ThetaHead(nn.Module):
         self.per_class = per_class
         self.normalize_box = normalize_box
         self.eps = float(eps)
-        self.lambda_reg = _number(lambda_reg, "lambda_reg")
-        self.lambda_cls = _number(lambda_cls, "lambda_cls")
-        self.lambda_cons = _number(lambda_cons, "lambda_cons")
-        self.shrinkage = _number(shrinkage, "shrinkage")
+        self.lambda_reg = check_number(lambda_reg, "lambda_reg")
+        self.lambda_cls = check_number(lambda_cls, "lambda_cls")
+        self.lambda_cons = check_number(lambda_cons, "lambda_cons")
+        self.shrinkage = check_number(shrinkage, "shrinkage")
         if isinstance(match_iou, bool) or not isinstance(match_iou, (int, float)) or not 0.0 <= match_iou < 1.0:
             raise ValueError(f"match_iou must be in [0, 1), got {match_iou!r}")
         self.match_iou = float(match_iou)
