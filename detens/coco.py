@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -31,7 +30,7 @@ import torch
 from torch import Tensor
 
 from detens.detections import Detections
-from detens.io import atomic_write_json
+from detens.io import atomic_write_json, read_json_file
 
 if TYPE_CHECKING:  # pycocotools is imported lazily
     from pycocotools.coco import COCO
@@ -262,17 +261,7 @@ def load_coco_results(path: str | Path) -> list[dict[str, Any]]:
         ValueError, TypeError: invalid JSON or schema, naming the file, the entry and the field.
     """
     path = Path(path)
-    return validate_coco_results(_read_json_file(path, "COCO results file"), where=str(path))
-
-
-def _read_json_file(path: Path, what: str) -> Any:
-    """The JSON content of ``path``; a missing file or invalid JSON is an error naming ``what`` and the path."""
-    if not path.is_file():
-        raise FileNotFoundError(f"{what} not found: {path}")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not valid JSON: {err}") from err
+    return validate_coco_results(read_json_file(path, "COCO results file"), where=str(path))
 
 
 def save_coco_results(results: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
@@ -461,7 +450,7 @@ def load_coco_gt(
         return CocoGroundTruth(source.dataset, Path(images_dir))
     if isinstance(source, (str, Path)):
         path = Path(source)
-        dataset = _read_json_file(path, "COCO annotation file")
+        dataset = read_json_file(path, "COCO annotation file")
         if isinstance(dataset, list):
             raise ValueError(f"{path} holds a list, i.e. COCO results, not a COCO annotation file")
         _check_gt_dataset(dataset, str(path))

@@ -1,4 +1,4 @@
-"""Atomic file writes: a killed run never leaves a half-written output."""
+"""File I/O: atomic writes (a killed run never leaves a half-written output) and checked JSON reads."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_json"]
+__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_json", "read_json_file"]
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -37,3 +37,19 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 def atomic_write_json(path: str | Path, obj: Any, indent: int | None = None) -> None:
     atomic_write_text(path, json.dumps(obj, indent=indent))
+
+
+def read_json_file(path: str | Path, what: str) -> Any:
+    """The JSON content of ``path``.
+
+    Raises:
+        FileNotFoundError: no such file, naming ``what`` (e.g. "COCO results file") and the path.
+        ValueError: the file is not valid JSON, naming the path and the parser's position.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} not found: {path}")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON: {err}") from err

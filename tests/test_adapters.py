@@ -390,6 +390,16 @@ class TestPrecomputed:
         with pytest.raises(ValueError, match="images="):
             PrecomputedDetector(folder / "yolov8n.json")
 
+    def test_missing_or_broken_files_are_named(self, saved, tmp_path):
+        folder, _ = saved
+        with pytest.raises(FileNotFoundError, match=r"COCO results file not found: .*nowhere\.json"):
+            PrecomputedDetector(tmp_path / "nowhere.json", folder / "gt.json")
+        with pytest.raises(FileNotFoundError, match=r"COCO annotation file not found: .*no_gt\.json"):
+            PrecomputedDetector(folder / "yolov8n.json", tmp_path / "no_gt.json")
+        (tmp_path / "broken.json").write_text('[{"image_id": 1,')
+        with pytest.raises(ValueError, match=r"broken\.json is not valid JSON"):
+            PrecomputedDetector(tmp_path / "broken.json", folder / "gt.json")
+
 
 # ------------------------------------------------------------------------------------------- test-time views
 VIEWS = ["hflip", "vflip", "scale=0.5", "scale=1.7", "hflip+scale=0.83", "hflip+vflip+scale=0.6"]

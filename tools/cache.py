@@ -68,6 +68,7 @@ except ImportError:  # run from a clone without `pip install -e .`
 import yaml
 from tqdm import tqdm
 
+from detens._cli import log_above_progress_bars
 from detens.adapters import build_detector, dataset_categories, detect_loaded
 from detens.adapters.augmented import View
 from detens.coco import CocoGroundTruth, detections_to_coco, load_coco_gt, save_coco_results
@@ -88,16 +89,6 @@ _SHARD_FILE = re.compile(r"^(?P<member>.+)\.shard-(?P<index>\d+)-of-(?P<count>\d
 # ModelConfig keys that change a member's detections (device and batch do not; name and weight neither).
 _RESULT_KEYS = ("type", "weights", "arch", "results", "images", "half", "class_map", "options")
 _SETTING_KEYS = ("conf", "iou", "imgsz", "max_det")
-
-
-class _TqdmHandler(logging.Handler):
-    """Log lines printed above the progress bar instead of through it."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            tqdm.write(self.format(record), file=sys.stderr)
-        except Exception:  # pragma: no cover - logging must never raise
-            self.handleError(record)
 
 
 # -------------------------------------------------------------------------------------------------- args
@@ -796,9 +787,7 @@ def _ensemble_name(configs: list[Path]) -> str:
 # ------------------------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    handler = _TqdmHandler()
-    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, handlers=[handler], force=True)
+    log_above_progress_bars(args.quiet)
     if args.merge:
         return merge(args)
     return cache(args)

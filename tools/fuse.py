@@ -46,6 +46,7 @@ import cv2
 import yaml
 from tqdm import tqdm
 
+from detens._cli import log_above_progress_bars
 from detens.adapters import build_ensemble, dataset_categories, detect_loaded, member_weights
 from detens.coco import detections_to_coco, load_coco_gt
 from detens.detections import Detections
@@ -64,16 +65,6 @@ DEFAULT_CONFIG = REPO / "configs" / "ensembles" / "coco_yolo3.yaml"
 ASSETS_SOURCE = "ultralytics-assets"
 # Outputs that --overwrite removes (never anything else in --out).
 OUTPUT_NAMES = ("partial", "labels", "vis", "per_model", "predictions.json", "summary.json", "config.yaml")
-
-
-class _TqdmHandler(logging.Handler):
-    """Log lines printed above the progress bar instead of through it."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            tqdm.write(self.format(record), file=sys.stderr)
-        except Exception:  # pragma: no cover - logging must never raise
-            self.handleError(record)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -377,9 +368,7 @@ def _weights_of(member: Any) -> str | None:
 # ------------------------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    handler = _TqdmHandler()
-    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, handlers=[handler], force=True)
+    log_above_progress_bars(args.quiet)
 
     config = resolve_config(args)
     out: Path = args.out

@@ -70,6 +70,22 @@ def __getattr__(name: str) -> Any:
 ADAPTERS: Registry[Callable[..., Detector]] = Registry("adapter type")
 
 
+def _model_runner_options(
+    model: ModelConfig, ensemble: EnsembleConfig, categories: Mapping[int, str] | None
+) -> dict[str, Any]:
+    """The keyword arguments the detectors that run a network (ultralytics, torchvision) share."""
+    return {
+        "conf": ensemble.setting(model, "conf"),
+        "max_det": ensemble.setting(model, "max_det"),
+        "device": ensemble.setting(model, "device"),
+        "name": model.name,
+        "categories": categories,
+        "class_map": model.class_map,
+        "batch": ensemble.setting(model, "batch"),
+        "weights_dir": ensemble.weights_dir,
+    }
+
+
 @ADAPTERS.register("ultralytics")
 def _build_ultralytics(
     model: ModelConfig, ensemble: EnsembleConfig, categories: Mapping[int, str] | None
@@ -78,17 +94,10 @@ def _build_ultralytics(
 
     return UltralyticsDetector(
         model.weights,  # type: ignore[arg-type]
-        conf=ensemble.setting(model, "conf"),
         iou=ensemble.setting(model, "iou"),
         imgsz=ensemble.setting(model, "imgsz"),
-        max_det=ensemble.setting(model, "max_det"),
-        device=ensemble.setting(model, "device"),
-        name=model.name,
-        categories=categories,
-        class_map=model.class_map,
-        batch=ensemble.setting(model, "batch"),
         half=bool(model.half),
-        weights_dir=ensemble.weights_dir,
+        **_model_runner_options(model, ensemble, categories),
         **model.options,
     )
 
@@ -102,16 +111,9 @@ def _build_torchvision(
     return TorchvisionDetector(
         model.arch,  # type: ignore[arg-type]
         weights=model.weights if model.weights is not None else "DEFAULT",
-        conf=ensemble.setting(model, "conf"),
         iou=model.iou,  # None keeps the architecture's own NMS threshold
         imgsz=model.imgsz,  # None keeps the architecture's own input size
-        max_det=ensemble.setting(model, "max_det"),
-        device=ensemble.setting(model, "device"),
-        name=model.name,
-        categories=categories,
-        class_map=model.class_map,
-        batch=ensemble.setting(model, "batch"),
-        weights_dir=ensemble.weights_dir,
+        **_model_runner_options(model, ensemble, categories),
         **model.options,
     )
 

@@ -15,7 +15,6 @@ A path matches a ``file_name`` when it ends with it (``.../val2017/000000000139.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -27,18 +26,10 @@ import torch
 from detens.adapters._base import BaseDetector, ImageInput, as_image_list
 from detens.coco import coco_to_detections, group_results_by_image, validate_coco_results
 from detens.detections import Detections
+from detens.io import read_json_file
 from detens.sources import read_image
 
 __all__ = ["PrecomputedDetector"]
-
-
-def _read_json(path: Path, what: str) -> Any:
-    if not path.is_file():
-        raise FileNotFoundError(f"{what} not found: {path}")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not valid JSON: {err}") from err
 
 
 class PrecomputedDetector(BaseDetector):
@@ -76,7 +67,7 @@ class PrecomputedDetector(BaseDetector):
         if isinstance(results, (str, os.PathLike)):
             path = Path(results)
             where, default_name = str(path), path.stem
-            results = _read_json(path, "COCO results file")
+            results = read_json_file(path, "COCO results file")
         embedded_images = None
         if isinstance(results, Mapping):
             if "results" not in results:
@@ -108,7 +99,7 @@ class PrecomputedDetector(BaseDetector):
                 "{file_name: image_id} mapping)"
             )
         if isinstance(images, (str, os.PathLike)):
-            images = _read_json(Path(images), "COCO annotation file")
+            images = read_json_file(Path(images), "COCO annotation file")
         dataset = getattr(images, "dataset", None)  # CocoGroundTruth or pycocotools COCO
         if dataset is not None:
             images = dataset
