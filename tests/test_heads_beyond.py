@@ -11,6 +11,7 @@ import functools
 import json
 import random
 
+import numpy as np
 import pytest
 import torch
 from torch.testing import assert_close
@@ -354,9 +355,17 @@ class TestSelection:
             (dict(score="max"), "score must be"),
             (dict(features=["nope"]), "unknown feature groups"),
             (dict(activation="gelu"), "activation must be"),
+            (dict(num_samples=True), "num_samples must be an integer >= 1, got True"),
+            (dict(k=2.0), "k must be an integer >= 1, got 2.0"),
         ]:
             with pytest.raises(ValueError, match=error):
                 SelectionHead(NAMES, **kwargs)
+        assert SelectionHead(NAMES, k=np.int64(2)).k == 2 and type(SelectionHead(NAMES, k=np.int64(2)).k) is int
+
+    @pytest.mark.parametrize("members", [0, -1, 1.0, True, "2"])
+    def test_deep_members_must_be_a_positive_integer(self, members):
+        with pytest.raises(ValueError, match=f"members must be an integer >= 1, got {members!r}"):
+            DeepEnsembleHead(NAMES, members=members)
 
 
 # ----------------------------------------------------------------------------------------- training

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +80,13 @@ def check_number(value: Any, name: str, minimum: float = 0.0, strict: bool = Fal
     if not ok:
         raise ValueError(f"{name} must be a number {'>' if strict else '>='} {minimum:g}, got {value!r}")
     return float(value)
+
+
+def check_int(value: Any, name: str, minimum: int = 0) -> int:
+    """``value`` as an int if it is an integer (Python or NumPy, not a bool) ``>= minimum``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
 
 
 def check_model_names(model_names: Any, what: str = "model_names") -> list[str]:

@@ -33,6 +33,7 @@ from detens.heads._features import class_positions, cluster_features, feature_na
 from detens.heads._io import (
     HeadFileError,
     check_head_clusters,
+    check_int,
     check_model_names,
     read_head_for,
     write_head_file,
@@ -84,12 +85,6 @@ def as_list(items: Any, kind: type, what: str) -> list[Any]:
     if isinstance(items, Sequence) and not isinstance(items, (str, bytes)) and all(isinstance(i, kind) for i in items):
         return list(items)
     raise TypeError(f"{what} must be {kind.__name__} or a list of them, got {type(items).__name__}")
-
-
-def _int(value: Any, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
 
 
 class NetHead(nn.Module):
@@ -149,9 +144,9 @@ class NetHead(nn.Module):
                 raise ValueError(f"class_ids must be non-negative integers, got {ids!r}")
         ids = sorted({int(i) for i in ids})
         self.register_buffer("class_ids", torch.tensor(ids, dtype=torch.int64).reshape(-1))
-        self.class_embed = _int(class_embed, "class_embed", 0)
-        self.hidden = _int(hidden, "hidden", 1)
-        self.depth = _int(depth, "depth", 0)
+        self.class_embed = check_int(class_embed, "class_embed", 0)
+        self.hidden = check_int(hidden, "hidden", 1)
+        self.depth = check_int(depth, "depth", 0)
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
         self.activation = activation

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from torchvision.ops import generalized_box_iou_loss
 
 from detens.heads._features import present_mean_box
-from detens.heads._io import check_number
+from detens.heads._io import check_int, check_number
 from detens.heads._net import NetHead, make_mlp
 from detens.heads._registry import HEADS
 from detens.matching import Clusters
@@ -119,8 +119,7 @@ class DeepEnsembleHead(NetHead):
         super().__init__(model_names, features, class_ids, class_embed, hidden, depth, activation, match_iou)
         if box not in BOX_MODES:
             raise ValueError(f"box must be one of {', '.join(BOX_MODES)}, got {box!r}")
-        if isinstance(members, bool) or not isinstance(members, int) or members < 1:
-            raise ValueError(f"members must be an integer >= 1, got {members!r}")
+        members = check_int(members, "members", 1)
         self.box = box
         self.lambda_box = check_number(lambda_box, "lambda_box")
         self.members = members

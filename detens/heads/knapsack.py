@@ -26,12 +26,13 @@ change (k ≥ |P|, or one present model). The default (``False``) is the estimat
 
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.autograd.function import FunctionCtx, once_differentiable
+
+from detens.heads._io import check_int, check_number
 
 __all__ = ["top_k_mask", "TopKKnapsack", "top_k_knapsack", "KnapsackLayer"]
 
@@ -60,12 +61,9 @@ def top_k_mask(scores: Tensor, present: Tensor, k: int) -> Tensor:
 
 
 def _check_options(k: Any, num_samples: Any, epsilon: Any) -> None:
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
-        raise ValueError(f"k must be an integer >= 1, got {k!r}")
-    if isinstance(num_samples, bool) or not isinstance(num_samples, numbers.Integral) or num_samples < 1:
-        raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
-    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
-        raise ValueError(f"epsilon must be a number > 0, got {epsilon!r}")
+    check_int(k, "k", 1)
+    check_int(num_samples, "num_samples", 1)
+    check_number(epsilon, "epsilon", strict=True)
 
 
 def _noise(shape: tuple[int, ...], like: Tensor, generator: torch.Generator | None) -> Tensor:

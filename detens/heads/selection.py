@@ -32,7 +32,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from detens.heads._io import check_number
+from detens.heads._io import check_int, check_number
 from detens.heads._net import NetHead, make_mlp, score_and_box_loss
 from detens.heads._registry import HEADS
 from detens.heads.knapsack import top_k_knapsack, top_k_mask
@@ -122,10 +122,8 @@ class SelectionHead(NetHead):
         match_iou: float = 0.55,
     ) -> None:
         super().__init__(model_names, features, class_ids, class_embed, hidden, depth, activation, match_iou)
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"k must be an integer >= 1, got {k!r}")
-        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-            raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
+        k = check_int(k, "k", 1)
+        num_samples = check_int(num_samples, "num_samples", 1)
         if combine not in COMBINE_MODES:
             raise ValueError(f"combine must be one of {', '.join(COMBINE_MODES)}, got {combine!r}")
         if score not in SCORE_MODES:

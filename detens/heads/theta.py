@@ -68,6 +68,7 @@ from detens.heads._features import class_positions
 from detens.heads._io import (
     HeadFileError,
     check_head_clusters,
+    check_int,
     check_model_names,
     check_number,
     read_head_for,
@@ -333,8 +334,7 @@ class ThetaHead(nn.Module):
         if class_ids is not None and num_classes is not None:
             raise ValueError("give class_ids or num_classes, not both")
         if num_classes is not None:
-            if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
-                raise ValueError(f"num_classes must be a non-negative integer, got {num_classes!r}")
+            num_classes = check_int(num_classes, "num_classes", 0)
             class_ids = list(range(num_classes))
         if per_class and class_ids is None:
             raise ValueError(
@@ -514,8 +514,7 @@ class ThetaHead(nn.Module):
         optimizer: Literal["gd", "adam"] = "gd",
     ) -> list[float]:
         """Full-batch training for ``steps`` steps on fixed targets; returns J before each step."""
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise ValueError(f"steps must be a non-negative integer, got {steps!r}")
+        steps = check_int(steps, "steps", 0)
         stacked = self.stack_batch(clusters, targets)
         opt = make_optimizer(self, optimizer, lr)
         history = []
