@@ -3,7 +3,8 @@
 Every method is an :class:`EvalMethod`. Learned or tuned methods (``learned = True``) are fitted on
 K−1 folds of images and predict the held-out fold; fixed methods predict every image once. Held-out
 predictions are pooled into ONE COCO evaluation, so no method is ever scored on an image it was fitted
-on, and the folds (by image, fixed by the seed) are identical for every method.
+on, and the folds (by image, fixed by the seed) are identical for every method. ``head:PATH`` scores a head
+trained elsewhere as a fixed method (held-out only if that training never saw these images).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ __all__ = [
     "SingleModel",
     "TunedWBF",
     "ThetaMethod",
+    "PretrainedHead",
     "expand_methods",
     "cross_validate",
 ]
@@ -209,6 +211,35 @@ class ThetaMethod(EvalMethod):
         return {"theta": theta, "match_iou": self.fitted_config.match_iou, "train_seconds": round(self.seconds, 2)}
 
 
+class PretrainedHead(EvalMethod):
+    """``head:PATH``: a head trained elsewhere (any type, ``detens.load_head``) fusing every image as is.
+
+    It is not refitted per fold, so its figure is held-out only if the head never saw these images: train
+    it on other data (``tools/train.py``) to compare it with the cross-validated rows. The heads shipped in
+    ``configs/heads/`` were trained on the 206 COCO images, so on those they are scored in-sample.
+    """
+
+    def __init__(self, model_names: Sequence[str], name: str) -> None:
+        from detens.heads import load_head
+
+        self.path = name
+        self.head = load_head(name)
+        if sorted(self.head.model_names) != sorted(model_names):
+            raise ValueError(
+                f"head {name!r} was trained for models {self.head.model_names}, but the predictions have "
+                f"{list(model_names)}"
+            )
+        # The predictions folder lists its models by file name; the head's weights follow its own order.
+        self.order = [list(model_names).index(m) for m in self.head.model_names]
+
+    def predict(self, data: EvaluationData, image_id: int) -> Detections:
+        per_model = data.per_model(image_id)
+        return fuse([per_model[i] for i in self.order], "theta", head=self.head)
+
+    def describe(self) -> dict[str, Any]:
+        return {"head": self.path, "type": self.head.type_name, "match_iou": self.head.match_iou}
+
+
 def _register_fixed(name: str, method: str, **params: Any) -> None:
     METHODS.register(name)(lambda model_names, **options: FixedFusion(method, **{**params, **options}))
 
@@ -216,6 +247,7 @@ def _register_fixed(name: str, method: str, **params: Any) -> None:
 for _name in ("nms", "soft_nms", "wbf", "vote", "mean"):
     _register_fixed(_name, _name)
 METHODS.register("single:")(lambda model_names, name: SingleModel(model_names, name))
+METHODS.register("head:")(PretrainedHead)
 METHODS.register("wbf_tuned")(TunedWBF)
 METHODS.register("theta")(ThetaMethod)
 
@@ -290,10 +322,12 @@ def cross_validate(
     names = expand_methods(methods, data.model_names)
     folds = kfold_image_splits(data.image_ids, k, seed)
     method_options = method_options or {}
+    # Every method is built before any runs, so a bad option or head file fails before hours of work.
+    built = {name: build_method(name, data.model_names, **method_options.get(name, {})) for name in names}
     report: dict[str, MethodResult] = {}
     for name in names:
         options = method_options.get(name, {})
-        method = build_method(name, data.model_names, **options)
+        method = built[name]
         plan = [(train, test) for train, test in folds] if method.learned else [([], data.image_ids)]
         results, fitted, predict_seconds, predicted = [], [], 0.0, 0
         for train_ids, test_ids in plan:

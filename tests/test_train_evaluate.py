@@ -15,7 +15,17 @@ import pytest
 import torch
 
 from detens.coco import METRIC_KEYS, load_coco_gt
-from detens.evaluation import METHODS, EvalMethod, FixedFusion, TunedWBF, _weight_grid, cross_validate
+from detens.evaluation import (
+    METHODS,
+    EvalMethod,
+    EvaluationData,
+    FixedFusion,
+    TunedWBF,
+    _weight_grid,
+    build_method,
+    cross_validate,
+)
+from detens.fusers import fuse
 from detens.folds import kfold_image_splits
 from detens.heads import load_head
 from detens.predictions import EnsemblePredictions
@@ -204,6 +214,39 @@ class TestCrossValidation:
 
         method.fit(EvaluationData(ensemble), ensemble.gt.annotated_image_ids[:6])
         assert method.searched == 1 + 3 * 2
+
+    def test_pretrained_head_is_scored_as_a_fixed_method(self, dataset, ensemble, tmp_path):
+        samples = build_samples(ensemble, ensemble.gt.annotated_image_ids[:8], 0.55)
+        head, _ = train_theta(samples, ensemble.model_names, ThetaTrainConfig(epochs=3, batch_images=4, seed=0))
+        path = tmp_path / "elsewhere.json"
+        head.save(path)
+        name = f"head:{path}"
+        report = cross_validate(ensemble, [name], k=2, backend="faster")
+        assert report[name].fitted == []  # never refitted per fold
+        data = EvaluationData(ensemble)
+        expected = data.score(lambda i: fuse(data.per_model(i), "theta", head=head), data.image_ids, backend="faster")
+        assert report[name].metrics["map"] == pytest.approx(expected, abs=1e-12)
+        method = build_method(name, ensemble.model_names)
+        assert method.describe() == {"head": str(path), "type": "theta", "match_iou": head.match_iou}
+        # A head trained with the models in another order gets its inputs in its own order.
+        names = ensemble.model_names
+        reordered = EnsemblePredictions.from_folder(dataset[1], ensemble.gt, models=names[::-1])
+        assert reordered.model_names == names[::-1]
+        again = cross_validate(reordered, [name], k=2, backend="faster")
+        assert again[name].metrics["map"] == pytest.approx(expected, abs=1e-12)
+
+    def test_bad_head_file_fails_before_any_method_runs(self, ensemble, tmp_path):
+        if "recording" not in METHODS:
+            METHODS.register("recording")(RecordingMethod)
+        RecordingMethod.log.clear()
+        with pytest.raises(FileNotFoundError, match="missing.json"):
+            cross_validate(ensemble, ["recording", f"head:{tmp_path / 'missing.json'}"], k=2, backend="faster")
+        assert RecordingMethod.log == []
+        other = train_theta(build_samples(ensemble, ensemble.gt.annotated_image_ids[:4], 0.55), ["a", "b", "c"],
+                            ThetaTrainConfig(epochs=1, seed=0))[0]
+        other.save(tmp_path / "other.json")
+        with pytest.raises(ValueError, match=r"trained for models \['a', 'b', 'c'\], but the predictions have"):
+            cross_validate(ensemble, [f"head:{tmp_path / 'other.json'}"], k=2, backend="faster")
 
     def test_unknown_method(self, ensemble):
         with pytest.raises(ValueError, match="unknown evaluation method 'wbf_tunned'.*Did you mean 'wbf_tuned'"):

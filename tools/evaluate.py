@@ -46,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--methods",
         default="single,nms,soft_nms,wbf,wbf_tuned,vote,mean,theta",
-        help=f"comma-separated; 'single' expands to every model (known: {', '.join(METHODS.names())})",
+        help=f"comma-separated; 'single' expands to every model; 'head:PATH' scores a head file trained elsewhere "
+        f"(known: {', '.join(METHODS.names())})",
     )
     parser.add_argument("--models", help="comma-separated model names (default: every file, sorted)")
     parser.add_argument("--cv", type=int, default=2, help="number of folds (K)")
