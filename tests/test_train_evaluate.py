@@ -25,8 +25,8 @@ from detens.evaluation import (
     build_method,
     cross_validate,
 )
-from detens.fusers import fuse
 from detens.folds import kfold_image_splits
+from detens.fusers import fuse
 from detens.heads import load_head
 from detens.predictions import EnsemblePredictions
 from detens.training import ThetaTrainConfig, build_samples, fit_theta, train_theta
