@@ -89,6 +89,22 @@ def check_int(value: Any, name: str, minimum: int = 0) -> int:
     return int(value)
 
 
+def check_match_iou(value: Any) -> float:
+    """``value`` as a float if it is a number in [0, 1): the matching IoU a head was trained with."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ValueError(f"match_iou must be in [0, 1), got {value!r}")
+    return float(value)
+
+
+def check_class_ids(class_ids: Sequence[int] | Tensor | None) -> list[int]:
+    """``class_ids`` (None: none) as a list of ints, in the given order; each must be an integer >= 0."""
+    ids = [] if class_ids is None else (class_ids.tolist() if isinstance(class_ids, Tensor) else list(class_ids))
+    for i in ids:
+        if isinstance(i, bool) or not isinstance(i, numbers.Integral) or i < 0:
+            raise ValueError(f"class_ids must be non-negative integers, got {ids!r}")
+    return [int(i) for i in ids]
+
+
 def check_model_names(model_names: Any, what: str = "model_names") -> list[str]:
     """A fresh list of unique, non-empty model names; anything else is a clear error."""
     if isinstance(model_names, str) or not isinstance(model_names, (list, tuple)):

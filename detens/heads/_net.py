@@ -19,7 +19,6 @@ and loads the tensors strictly (names and shapes must match).
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -32,8 +31,10 @@ from detens.detections import Detections
 from detens.heads._features import class_positions, cluster_features, feature_names
 from detens.heads._io import (
     HeadFileError,
+    check_class_ids,
     check_head_clusters,
     check_int,
+    check_match_iou,
     check_model_names,
     read_head_for,
     write_head_file,
@@ -87,6 +88,10 @@ def as_list(items: Any, kind: type, what: str) -> list[Any]:
     raise TypeError(f"{what} must be {kind.__name__} or a list of them, got {type(items).__name__}")
 
 
+#: the constructor options of every network head, saved in its ``config`` (subclasses add ``extra_config``).
+BASE_CONFIG = ("features", "class_ids", "class_embed", "hidden", "depth", "activation", "match_iou")
+
+
 class NetHead(nn.Module):
     """Base of the network heads; see the module docstring.
 
@@ -119,9 +124,7 @@ class NetHead(nn.Module):
     ) -> None:
         super().__init__()
         self.model_names = check_model_names(model_names)
-        if isinstance(match_iou, bool) or not isinstance(match_iou, (int, float)) or not 0.0 <= match_iou < 1.0:
-            raise ValueError(f"match_iou must be in [0, 1), got {match_iou!r}")
-        self.match_iou = float(match_iou)
+        self.match_iou = check_match_iou(match_iou)
         if features is None:
             features = self.default_features if self.default_features is not None else FEATURE_GROUPS
         if isinstance(features, str) or not isinstance(features, Sequence) or not features:
@@ -138,11 +141,7 @@ class NetHead(nn.Module):
         self.register_buffer("feature_mean", torch.zeros(len(columns)))
         self.register_buffer("feature_std", torch.ones(len(columns)))
 
-        ids = [] if class_ids is None else (class_ids.tolist() if isinstance(class_ids, Tensor) else list(class_ids))
-        for i in ids:
-            if isinstance(i, bool) or not isinstance(i, numbers.Integral) or i < 0:
-                raise ValueError(f"class_ids must be non-negative integers, got {ids!r}")
-        ids = sorted({int(i) for i in ids})
+        ids = sorted(set(check_class_ids(class_ids)))
         self.register_buffer("class_ids", torch.tensor(ids, dtype=torch.int64).reshape(-1))
         self.class_embed = check_int(class_embed, "class_embed", 0)
         self.hidden = check_int(hidden, "hidden", 1)
@@ -164,17 +163,10 @@ class NetHead(nn.Module):
 
     def config(self) -> dict[str, Any]:
         """The constructor options (JSON-serializable), as saved with the head."""
-        base = {
-            "features": list(self.features),
-            "class_ids": self.class_ids.tolist(),
-            "class_embed": self.class_embed,
-            "hidden": self.hidden,
-            "depth": self.depth,
-            "activation": self.activation,
-            "match_iou": self.match_iou,
-        }
-        base.update({key: getattr(self, key) for key in self.extra_config})
-        return base
+        config = {key: getattr(self, key) for key in (*BASE_CONFIG, *self.extra_config)}
+        config["features"] = list(self.features)
+        config["class_ids"] = self.class_ids.tolist()
+        return config
 
     def extra_repr(self) -> str:
         return f"model_names={self.model_names}, features={len(self.features)} groups"
@@ -307,7 +299,7 @@ class NetHead(nn.Module):
         """
         stored = read_head_for(path, cls.type_name, model_names)
         where = repr(str(path))
-        valid = ("features", "class_ids", "class_embed", "hidden", "depth", "activation", "match_iou", *cls.extra_config)
+        valid = (*BASE_CONFIG, *cls.extra_config)
         unknown = sorted(set(stored.config) - set(valid))
         if unknown:
             raise HeadFileError(f"{where}: unknown config keys {unknown}; valid keys: {', '.join(valid)}")

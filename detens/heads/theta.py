@@ -54,7 +54,6 @@ the penalty's gradient (not part of the seed's J) is left to autograd.
 from __future__ import annotations
 
 import logging
-import numbers
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -67,8 +66,10 @@ from detens.detections import Detections
 from detens.heads._features import class_positions
 from detens.heads._io import (
     HeadFileError,
+    check_class_ids,
     check_head_clusters,
     check_int,
+    check_match_iou,
     check_model_names,
     check_number,
     read_head_for,
@@ -327,9 +328,7 @@ class ThetaHead(nn.Module):
         self.lambda_cls = check_number(lambda_cls, "lambda_cls")
         self.lambda_cons = check_number(lambda_cons, "lambda_cons")
         self.shrinkage = check_number(shrinkage, "shrinkage")
-        if isinstance(match_iou, bool) or not isinstance(match_iou, (int, float)) or not 0.0 <= match_iou < 1.0:
-            raise ValueError(f"match_iou must be in [0, 1), got {match_iou!r}")
-        self.match_iou = float(match_iou)
+        self.match_iou = check_match_iou(match_iou)
 
         if class_ids is not None and num_classes is not None:
             raise ValueError("give class_ids or num_classes, not both")
@@ -342,13 +341,7 @@ class ThetaHead(nn.Module):
             )
         if not per_class and class_ids is not None:
             raise ValueError("class_ids / num_classes apply only with per_class=True")
-        if isinstance(class_ids, Tensor):
-            class_ids = class_ids.tolist()
-        ids = [] if class_ids is None else list(class_ids)
-        for i in ids:
-            if isinstance(i, bool) or not isinstance(i, numbers.Integral) or i < 0:
-                raise ValueError(f"class_ids must be non-negative integers, got {ids!r}")
-        ids = [int(i) for i in ids]
+        ids = check_class_ids(class_ids)
         if len(set(ids)) != len(ids):
             raise ValueError(f"class_ids must be unique, got {ids!r}")
         ids = sorted(ids)
