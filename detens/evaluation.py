@@ -9,18 +9,18 @@ trained elsewhere as a fixed method (held-out only if that training never saw th
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from detens.calibration_metrics import detection_calibration
 from detens.coco import detections_to_coco, evaluate_coco
 from detens.detections import Detections
 from detens.folds import kfold_image_splits
 from detens.fusers import fuse
-from detens.predictions import EnsemblePredictions
+from detens.predictions import EnsemblePredictions, join_predictions
 from detens.registry import Registry
 
 __all__ = [
@@ -40,23 +40,25 @@ logger = logging.getLogger(__name__)
 
 
 class EvaluationData:
-    """Saved predictions with each image's per-model Detections built once and kept in memory."""
+    """Saved predictions with each image's per-model Detections built once and kept in memory.
 
-    def __init__(self, predictions: EnsemblePredictions) -> None:
+    Args:
+        predictions (EnsemblePredictions): every image a method may fit on or be scored on.
+        image_ids (list[int] | None): the images that are scored (default: every annotated image);
+            the others (extra fitting images) are only ever fitted on.
+    """
+
+    def __init__(self, predictions: EnsemblePredictions, image_ids: Sequence[int] | None = None) -> None:
         self.predictions = predictions
         self.gt = predictions.gt
         self.model_names = predictions.model_names
+        self.image_ids = list(self.gt.annotated_image_ids if image_ids is None else image_ids)
         self._per_model: dict[int, list[Detections]] = {}
 
     def per_model(self, image_id: int) -> list[Detections]:
         if image_id not in self._per_model:
             self._per_model[image_id] = self.predictions.per_model(image_id)
         return self._per_model[image_id]
-
-    @property
-    def image_ids(self) -> list[int]:
-        """The evaluated images: those with ground truth."""
-        return self.gt.annotated_image_ids
 
     def score(self, predict: Callable[[int], Detections], image_ids: Sequence[int], backend: str = "faster") -> float:
         """mAP of ``predict`` over ``image_ids`` (used inside hyper-parameter searches on training folds)."""
@@ -112,23 +114,21 @@ class SingleModel(EvalMethod):
         return data.per_model(image_id)[self.index]
 
 
-def _weight_grid(num_models: int, values: Sequence[float]) -> list[tuple[float, ...]]:
-    """Per-model weight vectors from ``values``^N, one per direction (WBF is invariant to a common scale)."""
-    seen, grid = set(), []
-    for combo in itertools.product(values, repeat=num_models):
-        key = tuple(round(w / max(combo), 6) for w in combo)
-        if key not in seen:
-            seen.add(key)
-            grid.append(tuple(float(w) for w in combo))
-    return grid
+#: The tuned-WBF search space: matching IoU up to 0.95 (where WBF barely fuses), every fused-score rule
+#: of the reference, and per-model weights.
+WBF_IOU_GRID: tuple[float, ...] = tuple(round(0.5 + 0.05 * i, 2) for i in range(10))
+WBF_CONF_TYPES: tuple[str, ...] = ("avg", "box_and_model_avg", "max")
+WBF_WEIGHT_VALUES: tuple[float, ...] = (0.5, 1.0, 2.0, 3.0, 4.0)
 
 
 class TunedWBF(EvalMethod):
-    """WBF with ``iou_thr`` and per-model ``weights`` grid-searched for mAP on the training images.
+    """WBF with ``iou_thr``, ``conf_type`` and per-model ``weights`` searched for mAP on the training images.
 
-    The full grid (``iou_grid`` × ``weight_values``^N, deduplicated by scale) is searched when it has at
-    most ``max_configs`` points; larger grids (many models) fall back to coordinate descent over the
-    same values, one weight at a time.
+    Coordinate ascent from (0.55, ``"avg"``, all weights 1): one round searches ``iou_thr`` over
+    ``iou_grid`` with the rest fixed, then ``conf_type`` over ``conf_types``, then each model's weight
+    over ``weight_values`` in turn; rounds repeat until one changes nothing (at most ``max_rounds``).
+    Each setting is scored once. :meth:`describe` reports the choice and whether each coordinate ended
+    inside its grid, since an optimum on a grid's edge means the grid was too small.
     """
 
     learned = True
@@ -136,51 +136,74 @@ class TunedWBF(EvalMethod):
     def __init__(
         self,
         model_names: Sequence[str],
-        iou_grid: Sequence[float] = (0.5, 0.55, 0.6, 0.65, 0.7, 0.75),
-        weight_values: Sequence[float] = (1.0, 2.0, 3.0),
-        max_configs: int = 200,
-        conf_type: str = "avg",
+        iou_grid: Sequence[float] = WBF_IOU_GRID,
+        conf_types: Sequence[str] = WBF_CONF_TYPES,
+        weight_values: Sequence[float] = WBF_WEIGHT_VALUES,
+        max_rounds: int = 4,
     ) -> None:
-        self.num_models = len(model_names)
-        self.iou_grid = tuple(iou_grid)
-        self.weight_values = tuple(weight_values)
-        self.max_configs = max_configs
-        self.conf_type = conf_type
-        self.best: dict[str, Any] = {"iou_thr": 0.55, "weights": [1.0] * self.num_models}
-        self.searched = 0
+        if not iou_grid or not conf_types or not weight_values:
+            raise ValueError("wbf_tuned needs a non-empty iou_grid, conf_types and weight_values")
+        self.model_names = list(model_names)
+        self.iou_grid = tuple(sorted(float(t) for t in iou_grid))
+        self.conf_types = tuple(conf_types)
+        self.weight_values = tuple(sorted(float(w) for w in weight_values))
+        self.max_rounds = max_rounds
+        self.best: dict[str, Any] = {"iou_thr": 0.55, "conf_type": "avg", "weights": [1.0] * len(self.model_names)}
+        self._scores: dict[tuple, float] = {}
 
-    def _score(self, data: EvaluationData, train_ids: Sequence[int], iou_thr: float, weights: Sequence[float]) -> float:
-        self.searched += 1
-        params = dict(iou_thr=iou_thr, weights=list(weights), conf_type=self.conf_type)
-        return data.score(lambda i: fuse(data.per_model(i), "wbf", **params), train_ids)
+    def _score(self, data: EvaluationData, train_ids: Sequence[int], setting: tuple) -> float:
+        if setting not in self._scores:
+            iou_thr, conf_type, weights = setting
+            params = dict(iou_thr=iou_thr, conf_type=conf_type, weights=list(weights))
+            self._scores[setting] = data.score(lambda i: fuse(data.per_model(i), "wbf", **params), train_ids)
+        return self._scores[setting]
 
     def fit(self, data: EvaluationData, train_ids: Sequence[int]) -> None:
-        weight_grid = _weight_grid(self.num_models, self.weight_values)
-        if len(self.iou_grid) * len(weight_grid) <= self.max_configs:
-            candidates = itertools.product(self.iou_grid, weight_grid)
-            scored = [(self._score(data, train_ids, t, w), t, w) for t, w in candidates]
-            best_map, iou_thr, weights = max(scored, key=lambda s: s[0])
-        else:
-            weights = [1.0] * self.num_models
-            best_map, iou_thr = max((self._score(data, train_ids, t, weights), t) for t in self.iou_grid)
-            for m in range(self.num_models):
-                for value in self.weight_values:
-                    trial = list(weights)
-                    trial[m] = value
-                    score = self._score(data, train_ids, iou_thr, trial)
-                    if score > best_map:
-                        best_map, weights = score, trial
-        self.best = {"iou_thr": iou_thr, "weights": list(weights), "train_map": best_map}
-        logger.info("wbf_tuned: best on %d training images %s (%d configs)", len(train_ids), self.best, self.searched)
+        self._scores = {}
+        iou_thr, conf_type, weights = 0.55, "avg", (1.0,) * len(self.model_names)
+
+        def best_of(candidates: list[tuple]) -> tuple:
+            # max() keeps the first of equal scores: the current setting comes first, so ties never move it
+            return max(candidates, key=lambda setting: self._score(data, train_ids, setting))
+
+        for _ in range(self.max_rounds):
+            before = (iou_thr, conf_type, weights)
+            current = (iou_thr, conf_type, weights)
+            iou_thr = best_of([current] + [(t, conf_type, weights) for t in self.iou_grid])[0]
+            current = (iou_thr, conf_type, weights)
+            conf_type = best_of([current] + [(iou_thr, c, weights) for c in self.conf_types])[1]
+            for m in range(len(weights)):
+                current = (iou_thr, conf_type, weights)
+                trials = [weights[:m] + (w,) + weights[m + 1 :] for w in self.weight_values]
+                weights = best_of([current] + [(iou_thr, conf_type, w) for w in trials])[2]
+            if (iou_thr, conf_type, weights) == before:
+                break
+        self.best = {
+            "iou_thr": iou_thr,
+            "conf_type": conf_type,
+            "weights": list(weights),
+            "train_map": self._score(data, train_ids, (iou_thr, conf_type, weights)),
+        }
+        logger.info("wbf_tuned: best on %d training images %s (%d settings)", len(train_ids), self.best, len(self._scores))
 
     def predict(self, data: EvaluationData, image_id: int) -> Detections:
         return fuse(
             data.per_model(image_id), "wbf", iou_thr=self.best["iou_thr"], weights=self.best["weights"],
-            conf_type=self.conf_type,
+            conf_type=self.best["conf_type"],
         )
 
     def describe(self) -> dict[str, Any]:
-        return dict(self.best, configs_searched=self.searched)
+        low, high = self.weight_values[0], self.weight_values[-1]
+        weights = self.best["weights"]
+        # WBF's fused box and "avg" score depend on the weights' ratios; a weight is on the edge only if
+        # its ratio to the others could not have been pushed further
+        weights_interior = not (any(w == high for w in weights) and any(w == low for w in weights))
+        return dict(
+            self.best,
+            settings_searched=len(self._scores),
+            iou_interior=self.iou_grid[0] < self.best["iou_thr"] < self.iou_grid[-1],
+            weights_interior=weights_interior,
+        )
 
 
 class ThetaMethod(EvalMethod):
@@ -254,16 +277,10 @@ METHODS.register("theta")(ThetaMethod)
 
 @METHODS.register("theta_seed")
 def _theta_seed(model_names: Sequence[str], config: Any = None) -> ThetaMethod:
-    """The seed-exact Θ (configs/train/theta_seed.yaml): A = ŶᵀΘ, fixed matching IoU."""
-    from pathlib import Path
+    """The seed-exact Θ (:func:`detens.training.theta_seed_config`): A = ŶᵀΘ, fixed matching IoU."""
+    from detens.training import theta_seed_config
 
-    from detens.config import load_yaml_config
-    from detens.training import ThetaTrainConfig
-
-    if config is None:
-        path = Path(__file__).resolve().parents[1] / "configs" / "train" / "theta_seed.yaml"
-        config = load_yaml_config(ThetaTrainConfig, path) if path.is_file() else ThetaTrainConfig(normalize_box=False)
-    return ThetaMethod(model_names, config)
+    return ThetaMethod(model_names, config if config is not None else theta_seed_config())
 
 
 def expand_methods(names: Sequence[str], model_names: Sequence[str]) -> list[str]:
@@ -292,8 +309,12 @@ def build_method(name: str, model_names: Sequence[str], **options: Any) -> EvalM
 
 @dataclass
 class MethodResult:
+    """One row: COCO metrics plus ``ece`` and ``fusion_ms``, what each fold's fit chose, and the
+    reliability bins of :func:`~detens.calibration_metrics.detection_calibration` (TP at IoU 0.5)."""
+
     metrics: dict[str, float]
     fitted: list[dict[str, Any]] = field(default_factory=list)
+    calibration: dict[str, Any] = field(default_factory=dict)
 
 
 def cross_validate(
@@ -304,23 +325,39 @@ def cross_validate(
     backend: str = "pycocotools",
     method_options: dict[str, dict[str, Any]] | None = None,
     on_method: Callable[[str, MethodResult], None] | None = None,
+    fit_on: EnsemblePredictions | None = None,
 ) -> dict[str, MethodResult]:
     """Score every method on pooled held-out predictions; see the module docstring.
 
     Args:
-        predictions (EnsemblePredictions): the N models' saved predictions and the ground truth.
+        predictions (EnsemblePredictions): the N models' saved predictions and the ground truth; every
+            annotated image is scored.
         methods (list[str]): method names (``single`` expands to every model).
-        k (int): folds; seed (int): fixes the folds.
+        k (int): folds (>= 2); 0: no cross-validation, learned and tuned methods are fitted on
+            ``fit_on`` alone and score every image of ``predictions`` (fit on one dataset, score on another).
+        seed (int): fixes the folds.
         backend (str): COCO evaluator for the reported figures (tuning always uses the fast one).
         method_options (dict[str, dict]): extra constructor options per method name.
+        fit_on (EnsemblePredictions | None): more fitting images (same categories, the same models in any
+            order): joined to the fitting side of every fold, never scored. Required when ``k`` is 0.
 
     Returns:
         dict[str, MethodResult]: per method its metrics (``map`` ... plus ``fusion_ms`` per image) and,
         for learned methods, what each fold's fit chose.
     """
-    data = EvaluationData(predictions)
+    if k == 0 and fit_on is None:
+        raise ValueError("k=0 (no cross-validation) needs fit_on: the dataset that learned and tuned methods fit on")
+    scored_ids = predictions.gt.annotated_image_ids
+    extra_ids: list[int] = []
+    if fit_on is not None:
+        predictions, extra_ids = join_predictions(predictions, fit_on)
+        if not extra_ids:
+            raise ValueError("the extra fitting data has no annotated image")
+    data = EvaluationData(predictions, scored_ids)
     names = expand_methods(methods, data.model_names)
-    folds = kfold_image_splits(data.image_ids, k, seed)
+    folds = [(extra_ids, scored_ids)] if k == 0 else [
+        (train + extra_ids, test) for train, test in kfold_image_splits(scored_ids, k, seed)
+    ]
     method_options = method_options or {}
     # Every method is built before any runs, so a bad option or head file fails before hours of work.
     built = {name: build_method(name, data.model_names, **method_options.get(name, {})) for name in names}
@@ -328,7 +365,7 @@ def cross_validate(
     for name in names:
         options = method_options.get(name, {})
         method = built[name]
-        plan = [(train, test) for train, test in folds] if method.learned else [([], data.image_ids)]
+        plan = folds if method.learned else [([], scored_ids)]
         results, fitted, predict_seconds, predicted = [], [], 0.0, 0
         for train_ids, test_ids in plan:
             if method.learned:
@@ -342,9 +379,11 @@ def cross_validate(
                 predict_seconds += time.perf_counter() - start
                 predicted += 1
                 results += detections_to_coco(fused, image_id, decimals=None)
-        metrics = evaluate_coco(data.gt, results, image_ids=data.image_ids, backend=backend)
+        metrics = evaluate_coco(data.gt, results, image_ids=scored_ids, backend=backend)
+        calibration = detection_calibration(data.gt, results, image_ids=scored_ids)
+        metrics["ece"] = calibration["ece"]
         metrics["fusion_ms"] = 1e3 * predict_seconds / max(predicted, 1)
-        report[name] = MethodResult(metrics, fitted)
+        report[name] = MethodResult(metrics, fitted, calibration)
         if on_method is not None:
             on_method(name, report[name])
     return report

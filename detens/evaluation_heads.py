@@ -11,8 +11,8 @@ Registers into :data:`detens.evaluation.METHODS` (importing this module is enoug
   ``mean``); it READS THE GROUND TRUTH of the image it fuses, so it is the ceiling of any per-object
   model selection, never a method.
 
-The heads read their training config from ``configs/train/<kind>.yaml`` when it exists (every key can be
-overridden through the method's options, e.g. ``{"deep": {"epochs": 20}}`` or ``{"deep": {"config": cfg}}``).
+The heads train with their code defaults (``configs/train/<kind>.yaml`` mirrors them); every key can be
+overridden through the method's options, e.g. ``{"deep": {"epochs": 20}}`` or ``{"deep": {"config": cfg}}``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -39,18 +38,13 @@ logger = logging.getLogger(__name__)
 
 #: ``selection_k<k>`` and ``random_k<k>`` are registered for k = 1 ... MAX_K.
 MAX_K = 8
-_CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "train"
 
 
 def default_config(kind: str, **overrides: Any):
-    """The training config of ``kind``: ``configs/train/<kind>.yaml`` if present, else the dataclass
-    defaults; ``overrides`` win."""
-    from detens.config import load_yaml_config
-    from detens.training_heads import HEAD_KINDS, config_for
+    """The training config of ``kind``: the code defaults (``configs/train/<kind>.yaml`` mirrors them) with
+    ``overrides``."""
+    from detens.training_heads import config_for
 
-    path = _CONFIG_DIR / f"{kind}.yaml"
-    if path.is_file():
-        return load_yaml_config(HEAD_KINDS[kind], path, overrides)
     return config_for(kind, **overrides)
 
 

@@ -15,7 +15,7 @@ from torch import Tensor
 from detens.coco import CocoGroundTruth, coco_to_detections, load_coco_results
 from detens.detections import Detections
 
-__all__ = ["EnsemblePredictions", "NOT_RESULTS"]
+__all__ = ["EnsemblePredictions", "NOT_RESULTS", "join_predictions"]
 
 #: JSON files of a prediction folder that are not a model's results (``tools/cache.py``'s summary).
 NOT_RESULTS: frozenset[str] = frozenset({"cache_summary.json"})
@@ -115,3 +115,58 @@ class EnsemblePredictions:
         subset.gt = self.gt
         subset._by_image = [self._by_image[self.model_names.index(m)] for m in models]
         return subset
+
+
+def join_predictions(
+    evaluated: EnsemblePredictions, extra: EnsemblePredictions
+) -> tuple[EnsemblePredictions, list[int]]:
+    """One set of predictions holding the images of both, for fitting on ``extra`` besides ``evaluated``.
+
+    ``extra`` must have the same categories (the label space) and every model of ``evaluated``; its
+    members are matched by name, so its files may list them in any order. Image ids of ``extra`` that
+    collide with ``evaluated``'s are moved past the largest id, and annotation ids are renumbered when
+    the two files share any, so the joined ground truth stays valid COCO (pycocotools indexes
+    annotations by id: a shared id would silently drop one of them).
+
+    Returns:
+        (EnsemblePredictions, list[int]): the joined predictions (models in ``evaluated``'s order, the
+        ground truth of both) and the joined ids of ``extra``'s annotated images.
+    """
+    from detens.coco import CocoGroundTruth
+
+    ours, theirs = evaluated.gt.category_ids, extra.gt.category_ids
+    if ours != theirs:
+        only_extra, only_ours = sorted(set(theirs) - set(ours)), sorted(set(ours) - set(theirs))
+        raise ValueError(
+            f"the extra fitting data has other categories than the evaluated data: category ids only in the extra "
+            f"data {only_extra[:10]}, only in the evaluated data {only_ours[:10]}; fit and score in one label space"
+        )
+    missing = [m for m in evaluated.model_names if m not in extra.model_names]
+    if missing:
+        raise ValueError(
+            f"the extra fitting data has no predictions of {missing}; it has {extra.model_names}, the evaluated "
+            f"data {evaluated.model_names}"
+        )
+    extra = extra.select(evaluated.model_names)
+    taken = set(evaluated.gt.image_ids)
+    shift = max(taken, default=0) + 1 if taken & set(extra.gt.image_ids) else 0
+    new_id = {i: i + shift for i in extra.gt.image_ids}
+
+    dataset = dict(evaluated.gt.dataset)
+    dataset["images"] = list(evaluated.gt.dataset["images"]) + [
+        {**image, "id": new_id[int(image["id"])]} for image in extra.gt.dataset["images"]
+    ]
+    extra_annotations = [{**a, "image_id": new_id[int(a["image_id"])]} for a in extra.gt.dataset["annotations"]]
+    annotations = list(evaluated.gt.dataset["annotations"]) + extra_annotations
+    if len({int(a["id"]) for a in annotations}) < len(annotations):
+        annotations = [{**a, "id": i + 1} for i, a in enumerate(annotations)]
+    dataset["annotations"] = annotations
+
+    joined = EnsemblePredictions.__new__(EnsemblePredictions)
+    joined.model_names = list(evaluated.model_names)
+    joined.gt = CocoGroundTruth(dataset, evaluated.gt.images_dir)
+    joined._by_image = [
+        {**ours_by_image, **{new_id[i]: arrays for i, arrays in theirs_by_image.items()}}
+        for ours_by_image, theirs_by_image in zip(evaluated._by_image, extra._by_image, strict=True)
+    ]
+    return joined, [new_id[i] for i in extra.gt.annotated_image_ids]

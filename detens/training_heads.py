@@ -134,6 +134,7 @@ class DeepTrainConfig(HeadTrainConfig):
         members (int): score MLPs averaged in the head.
     """
 
+    match_iou_grid: list[float] = field(default_factory=lambda: [0.55, 0.7])
     score_target: Literal["matched", "iou_fraction"] = "iou_fraction"
     epochs: int = 10
     box: str = "score_weighted"
@@ -182,6 +183,7 @@ class SuperLearnerTrainConfig(HeadTrainConfig):
     ``mean`` fusion and overfits the ~100 images of a fold quickly). lambda_cls (float): weight of the
     score BCE."""
 
+    match_iou_grid: list[float] = field(default_factory=lambda: [0.55, 0.7])
     epochs: int = 10
     lr: float = 1e-3
     weight_decay: float = 1e-2

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import pytest
@@ -85,3 +86,15 @@ def test_every_public_name_of_detens_resolves():
         "assert not missing, missing\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("kind", ["theta", "theta_seed", "deep", "selection", "superlearner"])
+def test_training_yaml_mirrors_the_code_defaults(kind):
+    from detens.training import ThetaTrainConfig, theta_seed_config
+    from detens.training_heads import HEAD_KINDS
+
+    path = Path(__file__).resolve().parents[1] / "configs" / "train" / f"{kind}.yaml"
+    defaults = {"theta": ThetaTrainConfig(), "theta_seed": theta_seed_config()}
+    cls = ThetaTrainConfig if kind in defaults else HEAD_KINDS[kind]
+    expected = defaults[kind] if kind in defaults else cls()
+    assert load_yaml_config(cls, path) == expected

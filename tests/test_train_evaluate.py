@@ -21,14 +21,13 @@ from detens.evaluation import (
     EvaluationData,
     FixedFusion,
     TunedWBF,
-    _weight_grid,
     build_method,
     cross_validate,
 )
 from detens.folds import kfold_image_splits
 from detens.fusers import fuse
 from detens.heads import load_head
-from detens.predictions import EnsemblePredictions
+from detens.predictions import EnsemblePredictions, join_predictions
 from detens.training import ThetaTrainConfig, build_samples, fit_theta, train_theta
 
 REPO = Path(__file__).resolve().parents[1]
@@ -189,31 +188,49 @@ class TestCrossValidation:
         report = cross_validate(ensemble, ["mean", "single"], k=2, backend="faster")
         assert list(report) == ["mean", "single:blurry", "single:noisy", "single:sharp"]
         for result in report.values():
-            assert set(result.metrics) == set(METRIC_KEYS) | {"fusion_ms"}
+            assert set(result.metrics) == set(METRIC_KEYS) | {"ece", "fusion_ms"}
+            assert 0.0 <= result.metrics["ece"] <= 1.0 and result.calibration["count"] > 0
             assert result.fitted == []
         # The ensemble of three noisy copies should beat its noisiest member.
         assert report["mean"].metrics["map"] > report["single:noisy"].metrics["map"]
 
     def test_wbf_tuned_fits_per_fold(self, ensemble):
-        options = {"wbf_tuned": {"iou_grid": [0.5, 0.7], "weight_values": [1.0, 2.0]}}
+        options = {"wbf_tuned": {"iou_grid": [0.5, 0.7], "conf_types": ["avg", "max"], "weight_values": [1.0, 2.0]}}
         report = cross_validate(ensemble, ["wbf_tuned"], k=2, backend="faster", method_options=options)
         fitted = report["wbf_tuned"].fitted
         assert len(fitted) == 2
         for fold in fitted:
             assert fold["iou_thr"] in (0.5, 0.7) and set(fold["weights"]) <= {1.0, 2.0}
-            assert fold["configs_searched"] == 2 * 7  # {1,2}^3 has 8 points, 7 directions
+            assert fold["conf_type"] in ("avg", "max")
+            assert {"iou_interior", "weights_interior", "settings_searched", "train_map"} <= set(fold)
 
-    def test_weight_grid_drops_scaled_copies(self):
-        grid = _weight_grid(3, [1.0, 2.0, 3.0])
-        assert len(grid) == 27 - 2  # (2,2,2) and (3,3,3) repeat (1,1,1)
-        assert len(_weight_grid(2, [1.0, 2.0])) == 3
+    def test_wbf_tuned_ends_where_no_single_change_helps(self, ensemble):
+        method = TunedWBF(ensemble.model_names, iou_grid=[0.5, 0.6, 0.7], conf_types=["avg", "max"],
+                          weight_values=[1.0, 2.0, 3.0], max_rounds=10)
+        data = EvaluationData(ensemble)
+        train_ids = ensemble.gt.annotated_image_ids[:8]
+        method.fit(data, train_ids)
+        best = method.best
+        setting = (best["iou_thr"], best["conf_type"], tuple(best["weights"]))
+        assert best["train_map"] == method._score(data, train_ids, setting)
+        neighbours = [(t, setting[1], setting[2]) for t in method.iou_grid]
+        neighbours += [(setting[0], c, setting[2]) for c in method.conf_types]
+        for m in range(len(setting[2])):
+            neighbours += [(setting[0], setting[1], setting[2][:m] + (w,) + setting[2][m + 1 :])
+                           for w in method.weight_values]
+        for other in neighbours:  # a coordinate-wise optimum: scored directly, not through the memo
+            params = dict(iou_thr=other[0], conf_type=other[1], weights=list(other[2]))
+            score = data.score(lambda i, params=params: fuse(data.per_model(i), "wbf", **params), train_ids)
+            assert score <= best["train_map"] + 1e-12
 
-    def test_coordinate_descent_beyond_max_configs(self, ensemble):
-        method = TunedWBF(ensemble.model_names, iou_grid=[0.55], weight_values=[1.0, 2.0], max_configs=2)
-        from detens.evaluation import EvaluationData
+    def test_wbf_tuned_reports_an_optimum_on_the_grid_edge(self, ensemble):
+        method = TunedWBF(ensemble.model_names, iou_grid=[0.55], conf_types=["avg"], weight_values=[1.0])
+        method.fit(EvaluationData(ensemble), ensemble.gt.annotated_image_ids[:4])
+        assert method.describe()["iou_interior"] is False
 
-        method.fit(EvaluationData(ensemble), ensemble.gt.annotated_image_ids[:6])
-        assert method.searched == 1 + 3 * 2
+    def test_wbf_tuned_rejects_an_empty_grid(self, ensemble):
+        with pytest.raises(ValueError, match="non-empty iou_grid"):
+            TunedWBF(ensemble.model_names, iou_grid=[])
 
     def test_pretrained_head_is_scored_as_a_fixed_method(self, dataset, ensemble, tmp_path):
         samples = build_samples(ensemble, ensemble.gt.annotated_image_ids[:8], 0.55)
@@ -253,6 +270,106 @@ class TestCrossValidation:
             cross_validate(ensemble, ["wbf_tunned"])
 
 
+def _split_dataset(gt_path, predictions, tmp_path, reverse_models=False, drop_category=False, same_ids=False):
+    """The 12-image slice split into an evaluated half and an extra half, each its own files."""
+    full = json.loads(Path(gt_path).read_text())
+    ids = sorted(im["id"] for im in full["images"])
+    halves = {"evaluated": set(ids[:6]), "extra": set(ids[6:])}
+    out = {}
+    for part, keep in halves.items():
+        folder = tmp_path / part
+        (folder / "predictions").mkdir(parents=True)
+        id_map = {i: i for i in keep}
+        if part == "extra" and same_ids:  # the extra images reuse the evaluated images' ids
+            id_map = dict(zip(sorted(keep), ids[:6], strict=True))
+        data = {
+            "images": [{**im, "id": id_map[im["id"]]} for im in full["images"] if im["id"] in keep],
+            "annotations": [{**a, "image_id": id_map[a["image_id"]]} for a in full["annotations"]
+                            if a["image_id"] in keep],
+            "categories": full["categories"][1:] if part == "extra" and drop_category else full["categories"],
+        }
+        if part == "extra" and drop_category:
+            data["annotations"] = [a for a in data["annotations"] if a["category_id"] != full["categories"][0]["id"]]
+        (folder / "instances.json").write_text(json.dumps(data))
+        names = list(MODELS)[::-1] if part == "extra" and reverse_models else list(MODELS)
+        for name in names:
+            results = [{**r, "image_id": id_map[r["image_id"]]} for r in json.loads((predictions / f"{name}.json").read_text())
+                       if r["image_id"] in keep]
+            if part == "extra" and drop_category:
+                results = [r for r in results if r["category_id"] != full["categories"][0]["id"]]
+            (folder / "predictions" / f"{name}.json").write_text(json.dumps(results))
+        out[part] = EnsemblePredictions.from_folder(folder / "predictions", load_coco_gt(folder / "instances.json"))
+    return out["evaluated"], out["extra"]
+
+
+class TestExtraFittingData:
+    def test_join_keeps_both_and_renumbers_colliding_ids(self, dataset, tmp_path):
+        evaluated, extra = _split_dataset(*dataset, tmp_path, reverse_models=True, same_ids=True)
+        assert extra.model_names == list(MODELS)[::-1] or set(extra.model_names) == set(MODELS)
+        joined, extra_ids = join_predictions(evaluated, extra)
+        assert joined.model_names == evaluated.model_names
+        assert not set(extra_ids) & set(evaluated.gt.image_ids)
+        assert sorted(joined.gt.image_ids) == sorted(evaluated.gt.image_ids + extra_ids)
+        annotation_ids = [a["id"] for a in joined.gt.dataset["annotations"]]
+        assert len(set(annotation_ids)) == len(annotation_ids)
+        # every extra image keeps its boxes, its ground truth and its models by name
+        for old, new in zip(extra.gt.annotated_image_ids, extra_ids, strict=True):
+            for mine, theirs in zip(joined.per_model(new), extra.select(evaluated.model_names).per_model(old), strict=True):
+                assert mine.source == theirs.source
+                torch.testing.assert_close(mine.boxes, theirs.boxes)
+                torch.testing.assert_close(mine.scores, theirs.scores)
+            for mine, theirs in zip(joined.gt.targets(new), extra.gt.targets(old), strict=True):
+                torch.testing.assert_close(mine, theirs)
+        for image_id in evaluated.gt.image_ids:
+            assert [len(d) for d in joined.per_model(image_id)] == [len(d) for d in evaluated.per_model(image_id)]
+
+    def test_join_refuses_other_categories_or_missing_models(self, dataset, tmp_path):
+        evaluated, extra = _split_dataset(*dataset, tmp_path, drop_category=True)
+        with pytest.raises(ValueError, match="other categories than the evaluated data"):
+            join_predictions(evaluated, extra)
+        evaluated, extra = _split_dataset(*dataset, tmp_path / "b")
+        with pytest.raises(ValueError, match=r"no predictions of \['noisy'\]"):
+            join_predictions(evaluated, extra.select(["sharp", "blurry"]))
+
+    def test_extra_images_join_every_fold_and_are_never_scored(self, dataset, tmp_path, monkeypatch):
+        evaluated, extra = _split_dataset(*dataset, tmp_path)
+        seen = []
+        original = TunedWBF.fit
+
+        def spy(self, data, train_ids):
+            seen.append(list(train_ids))
+            original(self, data, train_ids)
+
+        monkeypatch.setattr(TunedWBF, "fit", spy)
+        options = {"wbf_tuned": {"iou_grid": [0.5], "conf_types": ["avg"], "weight_values": [1.0]}}
+        plain = cross_validate(evaluated, ["mean", "wbf_tuned"], k=2, backend="faster", method_options=options)
+        joined = cross_validate(evaluated, ["mean", "wbf_tuned"], k=2, backend="faster", method_options=options,
+                                fit_on=extra)
+        untimed = [{k: v for k, v in r["mean"].metrics.items() if k != "fusion_ms"} for r in (plain, joined)]
+        assert untimed[0] == untimed[1]  # fixed methods: the same images scored
+        without, with_extra = seen[:2], seen[2:]
+        assert [len(ids) for ids in with_extra] == [len(ids) + len(extra.gt.annotated_image_ids) for ids in without]
+        for fold, train_ids in zip(kfold_image_splits(evaluated.gt.annotated_image_ids, 2, 0), with_extra, strict=True):
+            assert not set(train_ids) & set(fold[1])
+
+    def test_fit_on_one_dataset_and_score_another(self, dataset, tmp_path):
+        evaluated, extra = _split_dataset(*dataset, tmp_path, reverse_models=True)
+        options = {"iou_grid": [0.5, 0.7], "conf_types": ["avg", "max"], "weight_values": [1.0, 2.0]}
+        report = cross_validate(evaluated, ["wbf_tuned"], k=0, backend="faster",
+                                method_options={"wbf_tuned": options}, fit_on=extra)
+        [fitted] = report["wbf_tuned"].fitted
+        direct = TunedWBF(evaluated.model_names, **options)
+        ordered = extra.select(evaluated.model_names)
+        direct.fit(EvaluationData(ordered), ordered.gt.annotated_image_ids)
+        assert {k: fitted[k] for k in ("iou_thr", "conf_type", "weights")} == {
+            k: direct.best[k] for k in ("iou_thr", "conf_type", "weights")}
+        assert fitted["train_map"] == pytest.approx(direct.best["train_map"], abs=1e-9)
+
+    def test_no_cross_validation_needs_fitting_data(self, ensemble):
+        with pytest.raises(ValueError, match="k=0 .* needs fit_on"):
+            cross_validate(ensemble, ["mean"], k=0)
+
+
 class TestTools:
     def test_train_cli_writes_a_loadable_head_and_is_deterministic(self, dataset, tmp_path):
         gt_path, predictions = dataset
@@ -286,6 +403,16 @@ class TestTools:
         with pytest.raises(ValueError, match="unknown key 'epoch'"):
             train_cli.main(args + ["--out", str(out), "--set", "epoch=3"])
 
+    def test_evaluate_cli_fit_on_needs_no_cross_validation(self, dataset, tmp_path, capsys):
+        gt_path, predictions = dataset
+        base = ["--gt", str(gt_path), "--predictions", str(predictions), "--methods", "mean", "--out",
+                str(tmp_path / "r.json"), "--quiet"]
+        for extra in (["--cv", "0"], ["--fit-on", str(gt_path), str(predictions)]):
+            with pytest.raises(SystemExit) as stopped:
+                evaluate_cli.main(base + extra)
+            assert stopped.value.code == 2
+            assert "--cv 0 and --fit-on go together" in capsys.readouterr().err
+
     def test_evaluate_cli_report_schema(self, dataset, tmp_path, capsys):
         gt_path, predictions = dataset
         config = tmp_path / "theta.yaml"
@@ -294,12 +421,13 @@ class TestTools:
         code = evaluate_cli.main(["--gt", str(gt_path), "--predictions", str(predictions), "--methods",
                                   "single,mean,theta", "--cv", "2", "--theta-config", str(config),
                                   "--backend", "faster", "--out", str(out), "--plot", str(tmp_path / "r.png"),
-                                  "--quiet"])
+                                  "--reliability", str(tmp_path / "reliability.png"), "--quiet"])
         assert code == 0
         report = json.loads(out.read_text())
         assert list(report) == ["single:blurry", "single:noisy", "single:sharp", "mean", "theta"]
+        assert (tmp_path / "reliability.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         for metrics in report.values():
-            assert set(metrics) == set(METRIC_KEYS) | {"fusion_ms"}
+            assert set(metrics) == set(METRIC_KEYS) | {"ece", "fusion_ms"}
             assert all(isinstance(v, float) for v in metrics.values())
         fitted = json.loads((tmp_path / "report.fitted.json").read_text())
         assert list(fitted) == ["theta"] and len(fitted["theta"]) == 2

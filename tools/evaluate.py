@@ -9,6 +9,15 @@
 the heads) are fitted on K−1 folds and predict the held-out fold; all held-out predictions are pooled into
 one COCO evaluation. Folds are by image, fixed by ``--seed``, identical for every method.
 
+More fitting data, for every learned and tuned method alike (``wbf_tuned`` included):
+
+    --also-fit-on GT PREDICTIONS   another dataset's annotations and prediction folder, joined to the
+                                   fitting side of every fold; never scored
+    --fit-on GT PREDICTIONS --cv 0 no cross-validation: fit on that dataset alone and score every image
+                                   of --gt (a validation split to fit on, a test split to report)
+
+The extra dataset must have the same categories and every model (file order does not matter).
+
 Prints a Markdown table; writes ``{method: {metric: value}}`` to ``--out`` and what each fold's fit chose
 (tuned thresholds, learned weights) to ``<out>.fitted.json``.
 """
@@ -32,7 +41,7 @@ from detens.config import from_dict
 from detens.evaluation import METHODS, MethodResult, cross_validate
 from detens.io import atomic_write_json
 from detens.predictions import EnsemblePredictions
-from detens.report import markdown_table, plot_report
+from detens.report import markdown_table, plot_reliability, plot_report
 from detens.training import ThetaTrainConfig
 
 logger = logging.getLogger("detens.evaluate")
@@ -50,12 +59,24 @@ def main(argv: list[str] | None = None) -> int:
         f"(known: {', '.join(METHODS.names())})",
     )
     parser.add_argument("--models", help="comma-separated model names (default: every file, sorted)")
-    parser.add_argument("--cv", type=int, default=2, help="number of folds (K)")
+    parser.add_argument("--cv", type=int, default=2, help="number of folds (K >= 2), or 0 with --fit-on")
+    extra = parser.add_mutually_exclusive_group()
+    extra.add_argument(
+        "--also-fit-on", nargs=2, metavar=("GT", "PREDICTIONS"),
+        help="annotations and prediction folder of more fitting images, joined to every fold's fitting side",
+    )
+    extra.add_argument(
+        "--fit-on", nargs=2, metavar=("GT", "PREDICTIONS"),
+        help="with --cv 0: fit learned and tuned methods on this dataset only, score every image of --gt",
+    )
     parser.add_argument("--seed", type=int, default=0, help="fixes the folds")
     parser.add_argument("--theta-config", default=str(REPO / "configs/train/theta.yaml"), help="training YAML of theta")
     parser.add_argument("--backend", default="pycocotools", choices=["pycocotools", "faster"])
     parser.add_argument("--out", required=True, help="JSON report {method: {metric: value}}")
     parser.add_argument("--plot", help="bar chart PNG")
+    parser.add_argument(
+        "--reliability", help="reliability diagram PNG: per method, score vs true-positive rate at IoU 0.5 (10 bins)"
+    )
     parser.add_argument(
         "--threads", type=int, default=1,
         help="torch intra-op threads (default 1: fusion works on tensors of a few hundred boxes, where thread "
@@ -66,9 +87,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")
     torch.set_num_threads(max(1, args.threads))
 
+    if (args.cv == 0) != (args.fit_on is not None):
+        parser.error("--cv 0 and --fit-on go together: without cross-validation the fitting data is --fit-on's")
     gt = load_coco_gt(args.gt)
     models = args.models.split(",") if args.models else None
     predictions = EnsemblePredictions.from_folder(args.predictions, gt, models=models)
+    fit_on = None
+    if args.also_fit_on or args.fit_on:
+        fit_gt, fit_folder = args.also_fit_on or args.fit_on
+        fit_on = EnsemblePredictions.from_folder(fit_folder, load_coco_gt(fit_gt), models=predictions.model_names)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     options = {}
     if "theta" in methods:
@@ -78,15 +105,25 @@ def main(argv: list[str] | None = None) -> int:
         options["theta"] = {"config": from_dict(ThetaTrainConfig, theta_yaml, where=args.theta_config)}
 
     def on_method(name: str, result: MethodResult) -> None:
-        print(f"{name:>22}: mAP {result.metrics['map']:.4f}  AP50 {result.metrics['map50']:.4f}", flush=True)
+        chose = ""
+        if name == "wbf_tuned":
+            chose = "  chose " + "; ".join(
+                f"iou_thr {f['iou_thr']}, {f['conf_type']}, weights {f['weights']}" for f in result.fitted
+            )
+        print(f"{name:>22}: mAP {result.metrics['map']:.4f}  AP50 {result.metrics['map50']:.4f}{chose}", flush=True)
 
+    protocol = f"{args.cv}-fold CV (seed {args.seed})" if args.cv else "no CV"
+    if fit_on is not None:
+        protocol += f", fitting on {len(fit_on.gt.annotated_image_ids)} images of {fit_gt}" + (
+            " too" if args.cv else ""
+        )
     logger.info(
-        "%d models %s, %d images with ground truth, %d-fold CV (seed %d)",
-        predictions.num_models, predictions.model_names, len(gt.annotated_image_ids), args.cv, args.seed,
+        "%d models %s, %d images with ground truth, %s",
+        predictions.num_models, predictions.model_names, len(gt.annotated_image_ids), protocol,
     )
     report = cross_validate(
         predictions, methods, k=args.cv, seed=args.seed, backend=args.backend, method_options=options,
-        on_method=on_method,
+        on_method=on_method, fit_on=fit_on,
     )
     table = {name: result.metrics for name, result in report.items()}
     out = Path(args.out)
@@ -94,10 +131,14 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write_json(out.with_name(out.stem + ".fitted.json"),
                       {name: result.fitted for name, result in report.items() if result.fitted}, indent=1)
     if args.plot:
-        plot_report(table, args.plot, title=f"COCO mAP, {args.cv}-fold CV, models: {', '.join(predictions.model_names)}")
+        plot_report(table, args.plot, title=f"COCO mAP, {protocol}, models: {', '.join(predictions.model_names)}")
+    if args.reliability:
+        plot_reliability({name: result.calibration for name, result in report.items()}, args.reliability,
+                         title=f"Reliability (TP at IoU 0.5), {protocol}")
     print()
     print(markdown_table(table))
-    print(f"\nreport: {out}" + (f", plot: {args.plot}" if args.plot else ""))
+    print(f"\nreport: {out}" + "".join(f", {what}: {path}" for what, path in
+                                        (("plot", args.plot), ("reliability", args.reliability)) if path))
     return 0
 
 
