@@ -3,8 +3,22 @@
 Every method is an :class:`EvalMethod`. Learned or tuned methods (``learned = True``) are fitted on
 K−1 folds of images and predict the held-out fold; fixed methods predict every image once. Held-out
 predictions are pooled into ONE COCO evaluation, so no method is ever scored on an image it was fitted
-on, and the folds (by image, fixed by the seed) are identical for every method. ``head:PATH`` scores a head
-trained elsewhere as a fixed method (held-out only if that training never saw these images).
+on, and the folds (by image, fixed by the seed) are identical for every method. More fitting images
+(``fit_on``) join the fitting side of every fold and are never scored; with ``k = 0`` methods fit on them
+alone and score every image (fit on one dataset, score another).
+
+The methods (:data:`METHODS`):
+
+- every model alone (``single:<model>``) and the fixed fusers (``nms``, ``soft_nms``, ``wbf``, ``vote``,
+  ``mean``); ``wbf_tuned``: WBF with its settings searched on the fitting images;
+- every head type of :data:`detens.heads.TRAINERS` (``theta``, ``theta_seed``, ``deep``, ``selection``,
+  ``superlearner``, ``calibration``) through one wrapper, :class:`HeadMethod`; ``selection_k1`` ...
+  ``selection_k8``: the selection head with k fixed;
+- baselines of the e2e-CEL paper: ``random_k1`` ... ``random_k8`` (k random present models per object)
+  and ``oracle`` (per object, the model row closest to its ground-truth box: it READS THE GROUND TRUTH
+  of the image it fuses, so it is a ceiling, never a method);
+- ``head:PATH``: a head trained elsewhere, scored as a fixed method (held-out only if that training
+  never saw these images).
 """
 
 from __future__ import annotations
@@ -12,16 +26,23 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+
+import torch
+from torchvision.ops import box_iou
 
 from detens.calibration_metrics import detection_calibration
 from detens.coco import detections_to_coco, evaluate_coco
 from detens.detections import Detections
 from detens.folds import kfold_image_splits
 from detens.fusers import fuse
+from detens.fusers.consensus import average_clusters
+from detens.heads import TRAINERS
+from detens.matching import Clusters, match
 from detens.predictions import EnsemblePredictions, join_predictions
 from detens.registry import Registry
+from detens.targets import assign_targets
 
 __all__ = [
     "METHODS",
@@ -30,13 +51,20 @@ __all__ = [
     "FixedFusion",
     "SingleModel",
     "TunedWBF",
-    "ThetaMethod",
+    "HeadMethod",
     "PretrainedHead",
+    "OracleMethod",
+    "oracle_fusion",
+    "selection_methods",
+    "MAX_K",
     "expand_methods",
     "cross_validate",
 ]
 
 logger = logging.getLogger(__name__)
+
+#: ``selection_k<k>`` and ``random_k<k>`` are registered for k = 1 ... MAX_K.
+MAX_K = 8
 
 
 class EvaluationData:
@@ -206,32 +234,53 @@ class TunedWBF(EvalMethod):
         )
 
 
-class ThetaMethod(EvalMethod):
-    """The Θ head trained with :func:`detens.training.train_theta` on the training images."""
+class HeadMethod(EvalMethod):
+    """A head of any trainable type (:data:`detens.heads.TRAINERS`: ``theta``, ``theta_seed``, ``deep``,
+    ``selection``, ``superlearner``, ``calibration``) fitted on the training images with
+    :func:`detens.heads.fit_head`, fusing through the ``theta`` fuser.
+
+    Args:
+        model_names (list[str]): the ensemble.
+        kind (str): the head type.
+        config: its training config (default: :func:`detens.heads.config_for` ``(kind)``, the good settings).
+        **overrides: config fields to change (applied on top of ``config``).
+    """
 
     learned = True
 
-    def __init__(self, model_names: Sequence[str], config: Any = None) -> None:
-        from detens.training import ThetaTrainConfig
+    def __init__(self, model_names: Sequence[str], kind: str, config: Any = None, **overrides: Any) -> None:
+        from detens.heads import config_for
 
         self.model_names = list(model_names)
-        self.config = config if config is not None else ThetaTrainConfig()
+        self.kind = kind
+        if config is None:
+            config = config_for(kind, **overrides)
+        elif overrides:
+            config = replace(config, **overrides)
+        self.config = config
+        self.fitted_config = config
         self.head = None
-        self.fitted_config = self.config
         self.seconds = 0.0
+        self.final_loss: float | None = None
 
     def fit(self, data: EvaluationData, train_ids: Sequence[int]) -> None:
-        from detens.training import fit_theta
+        from detens.heads import fit_head
 
-        self.head, history, self.fitted_config = fit_theta(data.predictions, train_ids, self.config)
+        self.head, history, self.fitted_config = fit_head(self.kind, data.predictions, train_ids, self.config)
         self.seconds += history.seconds
+        self.final_loss = history.loss[-1] if history.loss else None
 
     def predict(self, data: EvaluationData, image_id: int) -> Detections:
-        return fuse(data.per_model(image_id), "theta", head=self.head, iou_thr=self.fitted_config.match_iou)
+        if self.head is None:
+            raise RuntimeError(f"{self.kind}: predict before fit")
+        return fuse(data.per_model(image_id), "theta", head=self.head)
 
     def describe(self) -> dict[str, Any]:
-        theta = self.head.theta.detach().cpu().tolist() if self.head is not None else None
-        return {"theta": theta, "match_iou": self.fitted_config.match_iou, "train_seconds": round(self.seconds, 2)}
+        out = {"kind": self.kind, "config": asdict(self.fitted_config), "final_loss": self.final_loss,
+               "train_seconds": round(self.seconds, 2)}
+        if self.head is not None and hasattr(self.head, "theta"):
+            out["theta"] = self.head.theta.detach().cpu().tolist()
+        return out
 
 
 class PretrainedHead(EvalMethod):
@@ -263,8 +312,79 @@ class PretrainedHead(EvalMethod):
         return {"head": self.path, "type": self.head.type_name, "match_iou": self.head.match_iou}
 
 
+def oracle_fusion(
+    clusters: Clusters,
+    gt_boxes: torch.Tensor,
+    gt_labels: torch.Tensor,
+    gt_iscrowd: torch.Tensor | None = None,
+    iou_thr: float = 0.5,
+) -> Detections:
+    """The selection ceiling: each matched cluster takes the present model row closest to its GT box.
+
+    Clusters are matched to the ground truth as the ``mean`` fuser's output would be (COCO-style, greedy
+    by score, IoU ≥ ``iou_thr``); a matched cluster's box becomes the present row of highest IoU with its
+    GT box, an unmatched one keeps the mean box. Scores are the ``mean`` fuser's.
+
+    Args:
+        clusters (Clusters): one image's clusters. gt_boxes (Tensor[G, 4]) pixels, gt_labels (Tensor[G]),
+            gt_iscrowd (Tensor[G] bool | None).
+    """
+    weights = torch.ones(clusters.num_models, device=clusters.device)
+    boxes, scores = average_clusters(clusters, weights)
+    if len(clusters):
+        targets = assign_targets(clusters, boxes, scores, gt_boxes, gt_labels, iou_thr=iou_thr, gt_iscrowd=gt_iscrowd)
+        if bool(targets.matched.any()):
+            index = targets.matched.nonzero().squeeze(1)
+            rows = clusters.preds[index, :, :4]  # [M, N, 4]
+            gt = targets.boxes[index].to(rows.dtype)  # [M, 4]
+            iou = torch.stack([box_iou(rows[:, n], gt).diagonal() for n in range(clusters.num_models)], 1)  # [M, N]
+            iou = iou.masked_fill(~clusters.present[index], -1.0)
+            best = iou.argmax(1)
+            boxes = boxes.clone()
+            boxes[index] = rows[torch.arange(index.numel(), device=rows.device), best]
+    return clusters.to_detections(boxes, scores, source="fused:oracle")
+
+
+class OracleMethod(EvalMethod):
+    """:func:`oracle_fusion` on every image (reads that image's ground truth: a ceiling, not a method)."""
+
+    learned = False
+
+    def __init__(self, model_names: Sequence[str], iou_thr: float = 0.55, target_iou: float = 0.5) -> None:
+        self.iou_thr = iou_thr
+        self.target_iou = target_iou
+
+    def predict(self, data: EvaluationData, image_id: int) -> Detections:
+        per_model = data.per_model(image_id)
+        clusters = match(per_model, iou_thr=self.iou_thr)
+        gt_boxes, gt_labels, gt_iscrowd = (t.to(clusters.device) for t in data.gt.targets(image_id))
+        return oracle_fusion(clusters, gt_boxes, gt_labels, gt_iscrowd, self.target_iou)
+
+    def describe(self) -> dict[str, Any]:
+        return {"iou_thr": self.iou_thr, "target_iou": self.target_iou, "uses_ground_truth": True}
+
+
+def selection_methods(num_models: int) -> list[str]:
+    """``["selection_k1", ..., "selection_k<N>"]``: the k sweep of an N-model ensemble."""
+    return [f"selection_k{k}" for k in range(1, min(num_models, MAX_K) + 1)]
+
+
 def _register_fixed(name: str, method: str, **params: Any) -> None:
     METHODS.register(name)(lambda model_names, **options: FixedFusion(method, **{**params, **options}))
+
+
+def _head_factory(kind: str, **fixed: Any) -> Callable[..., HeadMethod]:
+    def factory(model_names: Sequence[str], config: Any = None, **overrides: Any) -> HeadMethod:
+        return HeadMethod(model_names, kind, config, **{**overrides, **fixed})
+
+    return factory
+
+
+def _random_factory(k: int) -> Callable[..., FixedFusion]:
+    def factory(model_names: Sequence[str], **params: Any) -> FixedFusion:
+        return FixedFusion("random_k", **{"k": k, "seed": 0, **params})
+
+    return factory
 
 
 for _name in ("nms", "soft_nms", "wbf", "vote", "mean"):
@@ -272,15 +392,12 @@ for _name in ("nms", "soft_nms", "wbf", "vote", "mean"):
 METHODS.register("single:")(lambda model_names, name: SingleModel(model_names, name))
 METHODS.register("head:")(PretrainedHead)
 METHODS.register("wbf_tuned")(TunedWBF)
-METHODS.register("theta")(ThetaMethod)
-
-
-@METHODS.register("theta_seed")
-def _theta_seed(model_names: Sequence[str], config: Any = None) -> ThetaMethod:
-    """The seed-exact Θ (:func:`detens.training.theta_seed_config`): A = ŶᵀΘ, fixed matching IoU."""
-    from detens.training import theta_seed_config
-
-    return ThetaMethod(model_names, config if config is not None else theta_seed_config())
+for _kind in TRAINERS:
+    METHODS.register(_kind)(_head_factory(_kind))
+for _k in range(1, MAX_K + 1):
+    METHODS.register(f"selection_k{_k}")(_head_factory("selection", k=_k))
+    METHODS.register(f"random_k{_k}")(_random_factory(_k))
+METHODS.register("oracle")(OracleMethod)
 
 
 def expand_methods(names: Sequence[str], model_names: Sequence[str]) -> list[str]:
@@ -388,6 +505,3 @@ def cross_validate(
             on_method(name, report[name])
     return report
 
-
-# The network heads and the e2e-CEL baselines (issue 6) register themselves into METHODS.
-from detens import evaluation_heads  # noqa: E402,F401  isort: skip

@@ -84,9 +84,9 @@ def _fusion_params(method: str, head: Any, params: dict[str, Any], model_names: 
     return params
 
 
-def _check_model_names(model_names: Sequence[str] | None, num_models: int) -> list[str]:
-    if model_names is None:
-        return [f"model{i}" for i in range(num_models)]
+def _check_model_names(model_names: Sequence[str] | None, num_models: int) -> list[str | None]:
+    if model_names is None:  # unnamed: a head then takes the models in its own order
+        return [None] * num_models
     names = [str(n) for n in model_names]
     if len(names) != num_models:
         raise ValueError(f"model_names has {len(names)} names for {num_models} models: {names}")

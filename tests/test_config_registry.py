@@ -88,13 +88,9 @@ def test_every_public_name_of_detens_resolves():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-@pytest.mark.parametrize("kind", ["theta", "theta_seed", "deep", "selection", "superlearner"])
+@pytest.mark.parametrize("kind", ["theta", "theta_seed", "deep", "selection", "superlearner", "calibration"])
 def test_training_yaml_mirrors_the_code_defaults(kind):
-    from detens.training import ThetaTrainConfig, theta_seed_config
-    from detens.training_heads import HEAD_KINDS
+    from detens.heads import TRAINERS, config_for
 
     path = Path(__file__).resolve().parents[1] / "configs" / "train" / f"{kind}.yaml"
-    defaults = {"theta": ThetaTrainConfig(), "theta_seed": theta_seed_config()}
-    cls = ThetaTrainConfig if kind in defaults else HEAD_KINDS[kind]
-    expected = defaults[kind] if kind in defaults else cls()
-    assert load_yaml_config(cls, path) == expected
+    assert load_yaml_config(TRAINERS[kind].config_class, path) == config_for(kind)

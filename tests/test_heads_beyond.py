@@ -20,21 +20,21 @@ from detens import Detections, fuse, match
 from detens.fusers.consensus import average_clusters
 from detens.heads import HEADS, HeadFileError, load_head
 from detens.heads._features import cluster_features, feature_names, num_features, pairwise_iou
-from detens.heads._net import FEATURE_GROUPS
-from detens.heads.deep import DeepEnsembleHead, score_weighted_box
-from detens.heads.selection import SelectionHead, combine_selected
-from detens.heads.superlearner import SuperLearnerHead
-from detens.matching import Clusters
-from detens.targets import Targets
-from detens.training import ImageSample
-from detens.training_heads import (
+from detens.heads._fit import (
     DeepTrainConfig,
+    ImageSample,
     SelectionTrainConfig,
     SuperLearnerTrainConfig,
     config_for,
     score_targets,
     train_head,
 )
+from detens.heads._net import FEATURE_GROUPS
+from detens.heads.deep import DeepEnsembleHead, score_weighted_box
+from detens.heads.selection import SelectionHead, combine_selected
+from detens.heads.superlearner import SuperLearnerHead
+from detens.matching import Clusters
+from detens.targets import Targets
 
 KINDS = ["selection", "deep", "superlearner"]
 CLASSES = {"selection": SelectionHead, "deep": DeepEnsembleHead, "superlearner": SuperLearnerHead}
@@ -386,8 +386,10 @@ class TestTraining:
         assert hard.tolist() == [1.0, 0.0]
 
     def test_config_validation(self):
-        with pytest.raises(ValueError, match="unknown head kind"):
+        with pytest.raises(ValueError, match="unknown network head 'nope'; valid: selection, deep, superlearner"):
             train_head("nope", samples(1), NAMES)
+        with pytest.raises(ValueError, match="unknown head type 'nope'; valid: calibration, deep, selection"):
+            config_for("nope")
         with pytest.raises(TypeError, match="trains with DeepTrainConfig"):
             train_head("deep", samples(1), NAMES, SelectionTrainConfig())
         with pytest.raises(ValueError, match="unknown deep training options"):
@@ -457,7 +459,7 @@ class TestRandomK:
 
 class TestOracle:
     def test_takes_the_closest_present_row(self):
-        from detens.evaluation_heads import oracle_fusion
+        from detens.evaluation import oracle_fusion
 
         per_model, gt_boxes, gt_labels = scene(4)
         clusters = match(per_model, 0.55)
@@ -476,8 +478,7 @@ class TestOracle:
 # --------------------------------------------------------------------------------------- evaluation
 def test_evaluation_methods_registered_and_run():
     from detens.coco import CocoGroundTruth
-    from detens.evaluation import METHODS, cross_validate
-    from detens.evaluation_heads import selection_methods
+    from detens.evaluation import METHODS, cross_validate, selection_methods
     from detens.predictions import EnsemblePredictions
 
     for name in ["deep", "superlearner", "selection", "selection_k1", "random_k2", "oracle"]:
@@ -506,6 +507,6 @@ def test_evaluation_methods_registered_and_run():
     )
     assert report["oracle"].metrics["map"] >= report["mean"].metrics["map"]
     assert len(report["deep"].fitted) == 2 and report["deep"].fitted[0]["kind"] == "deep"
-    assert report["selection_k1"].fitted[0]["k"] == 1
+    assert report["selection_k1"].fitted[0]["config"]["k"] == 1
     for result in report.values():
         assert 0.0 <= result.metrics["map"] <= 1.0

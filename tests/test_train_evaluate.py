@@ -26,9 +26,9 @@ from detens.evaluation import (
 )
 from detens.folds import kfold_image_splits
 from detens.fusers import fuse
-from detens.heads import load_head
+from detens.heads import ThetaTrainConfig, build_samples, fit_head, load_head
+from detens.heads._fit import train_theta
 from detens.predictions import EnsemblePredictions, join_predictions
-from detens.training import ThetaTrainConfig, build_samples, fit_theta, train_theta
 
 REPO = Path(__file__).resolve().parents[1]
 ANNOTATIONS = REPO.parent / "shared" / "data" / "coco_val2017_206" / "instances_val2017.json"
@@ -136,7 +136,7 @@ class TestTraining:
 
     def test_match_iou_grid_picks_from_the_grid(self, ensemble):
         config = ThetaTrainConfig(epochs=5, normalize_box=True, match_iou_grid=[0.4, 0.7])
-        head, _, fitted = fit_theta(ensemble, ensemble.gt.annotated_image_ids, config)
+        head, _, fitted = fit_head("theta", ensemble, ensemble.gt.annotated_image_ids, config)
         assert fitted.match_iou in (0.4, 0.7) and fitted.match_iou_grid == []
 
     def test_no_samples_is_an_error(self, ensemble):
@@ -419,7 +419,7 @@ class TestTools:
         config.write_text("epochs: 5\nnormalize_box: true\nmatch_iou_grid: []\n")
         out = tmp_path / "report.json"
         code = evaluate_cli.main(["--gt", str(gt_path), "--predictions", str(predictions), "--methods",
-                                  "single,mean,theta", "--cv", "2", "--theta-config", str(config),
+                                  "single,mean,theta", "--cv", "2", "--train-config", f"theta={config}",
                                   "--backend", "faster", "--out", str(out), "--plot", str(tmp_path / "r.png"),
                                   "--reliability", str(tmp_path / "reliability.png"), "--quiet"])
         assert code == 0
@@ -459,3 +459,36 @@ def test_markdown_table_escapes_pipes_in_method_names():
     row = table.splitlines()[-1]
     assert row.startswith("| single:yolo26n\\|hflip | 0.5000 |")
     assert row.replace("\\|", "").count("|") == table.splitlines()[0].count("|")
+
+
+class TestHeadsMatchMembersByName:
+    def test_any_member_order_gives_the_same_fusion(self, ensemble):
+        ids = ensemble.gt.annotated_image_ids
+        samples = build_samples(ensemble, ids[:8], 0.55)
+        head, _ = train_theta(samples, ensemble.model_names,
+                              ThetaTrainConfig(epochs=5, batch_images=4, match_iou_grid=[], lr=0.5))
+        assert len(set(head.theta.detach().tolist())) > 1  # unequal weights: a wrong order would show
+        for image_id in ids[:4]:
+            per_model = ensemble.per_model(image_id)
+            expected = fuse(per_model, "theta", head=head)
+            for order in ([2, 0, 1], [1, 2, 0]):
+                got = fuse([per_model[i] for i in order], "theta", head=head)
+                torch.testing.assert_close(got.boxes, expected.boxes)
+                torch.testing.assert_close(got.scores, expected.scores)
+
+    def test_unknown_or_repeated_members_are_refused(self, ensemble):
+        from detens.heads.theta import ThetaHead
+
+        head = ThetaHead(ensemble.model_names)
+        per_model = ensemble.per_model(ensemble.gt.annotated_image_ids[0])
+        with pytest.raises(ValueError, match=r"sources are \['other', 'noisy', 'sharp'\] but this head is for"):
+            fuse([per_model[0].with_source("other"), *per_model[1:]], "theta", head=head)
+        with pytest.raises(ValueError, match="two Detections name the same model"):
+            fuse([per_model[0], per_model[0], per_model[2]], "theta", head=head)
+
+    def test_calibration_is_a_cross_validated_method(self, ensemble):
+        report = cross_validate(ensemble, ["calibration"], k=2, backend="faster",
+                                method_options={"calibration": {"fusers": ["wbf", "refine"], "fuser_params": {}}})
+        fitted = report["calibration"].fitted
+        assert len(fitted) == 2 and all(len(f["config"]["fusers"]) == 1 for f in fitted)
+        assert 0.0 < report["calibration"].metrics["map"] <= 1.0

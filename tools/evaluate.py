@@ -37,15 +37,15 @@ except ImportError:  # run from a clone without `pip install -e .`
 import torch
 
 from detens.coco import load_coco_gt
-from detens.config import from_dict
+from detens.config import load_yaml_config
 from detens.evaluation import METHODS, MethodResult, cross_validate
+from detens.heads import TRAINERS
 from detens.io import atomic_write_json
 from detens.predictions import EnsemblePredictions
 from detens.report import markdown_table, plot_reliability, plot_report
-from detens.training import ThetaTrainConfig
 
 logger = logging.getLogger("detens.evaluate")
-REPO = Path(__file__).resolve().parents[1]
+
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,7 +70,11 @@ def main(argv: list[str] | None = None) -> int:
         help="with --cv 0: fit learned and tuned methods on this dataset only, score every image of --gt",
     )
     parser.add_argument("--seed", type=int, default=0, help="fixes the folds")
-    parser.add_argument("--theta-config", default=str(REPO / "configs/train/theta.yaml"), help="training YAML of theta")
+    parser.add_argument(
+        "--train-config", action="append", default=[], metavar="METHOD=YAML",
+        help="training config of a learned method (e.g. theta=configs/train/theta.yaml; repeatable); "
+        "default: the head's code defaults, which configs/train/<head>.yaml mirror",
+    )
     parser.add_argument("--backend", default="pycocotools", choices=["pycocotools", "faster"])
     parser.add_argument("--out", required=True, help="JSON report {method: {metric: value}}")
     parser.add_argument("--plot", help="bar chart PNG")
@@ -98,11 +102,11 @@ def main(argv: list[str] | None = None) -> int:
         fit_on = EnsemblePredictions.from_folder(fit_folder, load_coco_gt(fit_gt), models=predictions.model_names)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     options = {}
-    if "theta" in methods:
-        import yaml
-
-        theta_yaml = yaml.safe_load(Path(args.theta_config).read_text()) or {}
-        options["theta"] = {"config": from_dict(ThetaTrainConfig, theta_yaml, where=args.theta_config)}
+    for item in args.train_config:
+        method, _, path = item.partition("=")
+        if method not in TRAINERS or not path:
+            parser.error(f"--train-config takes HEAD=YAML with HEAD one of {', '.join(sorted(TRAINERS))}, got {item!r}")
+        options[method] = {"config": load_yaml_config(TRAINERS[method].config_class, path)}
 
     def on_method(name: str, result: MethodResult) -> None:
         chose = ""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +34,13 @@ from tqdm import tqdm
 
 from detens.coco import load_coco_gt
 from detens.config import from_dict, save_yaml_config
+from detens.heads import TRAINERS, config_for, fit_head
 from detens.io import atomic_write_bytes, atomic_write_json
 from detens.predictions import EnsemblePredictions
-from detens.training import ThetaTrainConfig, fit_theta
-from detens.training_heads import HEAD_KINDS, fit_head
 
 logger = logging.getLogger("detens.train")
 
-HEAD_TYPES = ["theta", *HEAD_KINDS]
-REPO = Path(__file__).resolve().parents[1]
+HEAD_TYPES = sorted(TRAINERS)
 
 
 def read_image_ids(path: Path) -> list[int]:
@@ -71,15 +70,15 @@ def parse_set(items: list[str]) -> dict[str, Any]:
 
 
 def load_train_config(kind: str, path: str | None, overrides: dict[str, Any]) -> Any:
-    """``configs/train/<kind>.yaml`` (or ``path``) with ``overrides``, as the head's config dataclass."""
-    config_path = Path(path) if path else REPO / "configs" / "train" / f"{kind}.yaml"
+    """The head's training config: ``path`` (YAML) if given, else its code defaults (which
+    ``configs/train/<kind>.yaml`` mirror), with ``overrides``."""
+    if path is None:
+        return from_dict(TRAINERS[kind].config_class, {**asdict(config_for(kind)), **overrides}, where=f"{kind} defaults")
+    config_path = Path(path)
     data = yaml.safe_load(config_path.read_text()) if config_path.is_file() else None
-    if path and data is None:
+    if data is None:
         raise FileNotFoundError(f"training config not found or empty: {config_path}")
-    data = dict(data or {})
-    data.update(overrides)
-    config_class = ThetaTrainConfig if kind == "theta" else HEAD_KINDS[kind]
-    return from_dict(config_class, data, where=str(config_path))
+    return from_dict(TRAINERS[kind].config_class, {**data, **overrides}, where=str(config_path))
 
 
 def plot_loss(losses: list[float], path: Path, title: str) -> None:
@@ -109,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--predictions", required=True, help="folder of <model>.json COCO results")
     parser.add_argument("--out", required=True, help="head file to write (.json or .safetensors)")
     parser.add_argument("--head", default="theta", choices=HEAD_TYPES, help="head type (default: theta)")
-    parser.add_argument("--config", help="training YAML (default: configs/train/<head>.yaml)")
+    parser.add_argument(
+        "--config", help="training YAML (default: the head's code defaults, mirrored by configs/train/<head>.yaml)"
+    )
     parser.add_argument("--images-from", help="file with the image ids to train on (default: all with GT)")
     parser.add_argument("--models", help="comma-separated model names (default: every file, sorted)")
     parser.add_argument("--epochs", type=int)
@@ -145,15 +146,10 @@ def main(argv: list[str] | None = None) -> int:
         if epoch == 0 or (epoch + 1) % max(1, config.epochs // 20) == 0 or epoch + 1 == config.epochs:
             logger.info("epoch %4d/%d  J = %.6f", epoch + 1, config.epochs, loss)
 
-    rounds = max(1, len(config.match_iou_grid))
+    rounds = max(1, len(getattr(config, "match_iou_grid", [])))
     logger.info("%d images, models %s", len(image_ids), predictions.model_names)
     with tqdm(total=len(image_ids) * rounds, desc="matching", unit="img") as bar:
-        if args.head == "theta":
-            head, history, config = fit_theta(predictions, image_ids, config, progress=bar.update, on_epoch=on_epoch)
-        else:
-            head, history, config = fit_head(
-                args.head, predictions, image_ids, config, progress=bar.update, on_epoch=on_epoch
-            )
+        head, history, config = fit_head(args.head, predictions, image_ids, config, progress=bar.update, on_epoch=on_epoch)
     head.save(out)
     save_yaml_config(config, out.with_name(out.name + ".config.yaml"))
     plot_loss(history.loss, out.with_name(out.name + ".loss.png"), f"{args.head} head: {', '.join(predictions.model_names)}")
@@ -163,14 +159,14 @@ def main(argv: list[str] | None = None) -> int:
             "head": args.head,
             "models": predictions.model_names,
             "images": len(image_ids),
-            "match_iou": config.match_iou,
+            "match_iou": getattr(config, "match_iou", None),
             "train_seconds": round(history.seconds, 3),
             "loss": history.loss,
-            **({"theta": head.theta.detach().cpu().tolist()} if args.head == "theta" else {}),
+            **({"theta": head.theta.detach().cpu().tolist()} if hasattr(head, "theta") else {}),
         },
         indent=1,
     )
-    learned = f"Θ = {[round(v, 4) for v in head.theta.detach().cpu().tolist()]}; " if args.head == "theta" else ""
+    learned = f"Θ = {[round(v, 4) for v in head.theta.detach().cpu().tolist()]}; " if hasattr(head, "theta") else ""
     logger.info("trained %s head in %.1f s; %shead written to %s", args.head, history.seconds, learned, out)
     return 0
 

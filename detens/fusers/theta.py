@@ -12,7 +12,7 @@ from detens.detections import Detections
 from detens.fusers._registry import FUSERS
 from detens.matching import match
 
-__all__ = ["theta_fusion"]
+__all__ = ["theta_fusion", "load_cached_head"]
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +25,13 @@ def _load_cached(path: str, mtime_ns: int, size: int) -> Any:
     return load_head(path)
 
 
+def load_cached_head(path: str | Path) -> Any:
+    """:func:`detens.heads.load_head`, cached per (path, modification time, size): a rewritten file is reloaded."""
+    resolved = Path(path).resolve()
+    stat = resolved.stat() if resolved.is_file() else None
+    return _load_cached(str(resolved), stat.st_mtime_ns if stat else -1, stat.st_size if stat else -1)
+
+
 def _resolve_head(head: Any, num_models: int) -> Any:
     if head is None:
         raise ValueError(
@@ -32,13 +39,11 @@ def _resolve_head(head: Any, num_models: int) -> Any:
             "of a saved one (tools/train.py writes it); an untrained ThetaHead(model_names) fuses like 'mean'"
         )
     if isinstance(head, (str, Path)):
-        path = Path(head).resolve()
-        stat = path.stat() if path.is_file() else None
-        head = _load_cached(str(path), stat.st_mtime_ns if stat else -1, stat.st_size if stat else -1)
-    if not callable(getattr(head, "fuse", None)):
+        head = load_cached_head(head)
+    if not callable(getattr(head, "fuse", None)) and not callable(getattr(head, "fuse_detections", None)):
         raise TypeError(
-            f"head must be a fusion head with .fuse(clusters) (e.g. detens.ThetaHead) or the path of a saved one, "
-            f"got {type(head).__name__}"
+            f"head must be a fusion head with .fuse(clusters) (e.g. detens.ThetaHead) or "
+            f".fuse_detections(per_model) (a CalibrationHead), or the path of a saved one, got {type(head).__name__}"
         )
     head_models = getattr(head, "num_models", None)
     if head_models != num_models:
@@ -55,18 +60,35 @@ def theta_fusion(per_model: Sequence[Detections], head: Any = None, iou_thr: flo
     """Match the models' boxes into clusters, then fuse each cluster with a learned head.
 
     Args:
-        per_model (list[Detections]): one per model, in the head's model order.
+        per_model (list[Detections]): one per model of the head: in any order when each names its model in
+            ``source`` (the adapters and saved predictions do), else in the head's model order.
         head (ThetaHead | str | Path | None): a head (any registered head type with ``.fuse(clusters)``
             and ``num_models``), or the path of a saved one (``.json`` / ``.safetensors``, loaded with
             :func:`detens.heads.load_head`). Required: an untrained ``ThetaHead(model_names)`` fuses like
-            ``mean``.
+            ``mean``. A head with ``.fuse_detections(per_model)`` (the ``calibration`` head) is given the
+            models' detections instead of clusters and fuses them with its own fuser.
         iou_thr (float | None): the matching IoU threshold (see :func:`detens.match`); ``None``: the one the
-            head was trained with (its ``match_iou``), else 0.55.
+            head was trained with (its ``match_iou``), else 0.55. For a ``fuse_detections`` head, passed
+            to its fuser as ``iou_thr`` when given.
 
     Returns:
         Detections: fused boxes, source ``"fused:theta"`` (or ``"fused:<head type>"`` for another head).
     """
     head = _resolve_head(head, len(per_model))
+    model_names = getattr(head, "model_names", None)
+    if model_names is not None:
+        from detens.heads._io import member_order
+
+        # heads weigh their members by name: put the detections into the head's model order
+        order = member_order([d.source for d in per_model], model_names)
+        if len(set(order)) != len(order):
+            raise ValueError(f"two Detections name the same model: sources {[d.source for d in per_model]}")
+        by_model = dict(zip(order, per_model, strict=True))
+        per_model = [by_model[i] for i in range(len(model_names))]
+    if callable(getattr(head, "fuse_detections", None)):
+        # A head that acts on the models' own detections (calibration) fuses with its own fuser: no matching here.
+        fused = head.fuse_detections(per_model, **({} if iou_thr is None else {"iou_thr": iou_thr}))
+        return fused.with_source(f"fused:{getattr(head, 'type_name', 'theta')}")
     if iou_thr is None:
         iou_thr = getattr(head, "match_iou", 0.55)
     clusters = match(per_model, iou_thr=iou_thr)

@@ -1,7 +1,8 @@
 """Fusion heads: learned maps from a cluster's N×5 prediction matrix to one fused box and score.
 
 Every head type is an ``nn.Module`` registered in :data:`HEADS` under the ``type`` it writes into its
-saved file, and offers
+saved file, is fitted through :data:`TRAINERS` (one entry for all: :func:`fit_head`, see
+:mod:`detens.heads._fit`), and offers
 
 - ``head(clusters) -> (boxes (Tensor[C, 4]) normalized, scores (Tensor[C]))``;
 - ``head.fuse(clusters) -> Detections`` (pixels, clipped, sorted by score);
@@ -11,8 +12,13 @@ saved file, and offers
 :func:`load_head` reads any saved head and returns an instance of the right type.
 Head types: ``"theta"`` (:class:`~detens.heads.theta.ThetaHead`), ``"selection"`` (e2e-CEL,
 :class:`~detens.heads.selection.SelectionHead`), ``"deep"`` (:class:`~detens.heads.deep.DeepEnsembleHead`),
-``"superlearner"`` (:class:`~detens.heads.superlearner.SuperLearnerHead`); more register themselves as
-they are added.
+``"superlearner"`` (:class:`~detens.heads.superlearner.SuperLearnerHead`), ``"calibration"`` (MoCaE,
+:class:`~detens.heads.calibration.CalibrationHead`, fitted by :func:`fit_calibration`); more register
+themselves as they are added.
+
+The calibration head acts before matching: ``head.calibrate(per_model)`` maps each model's scores,
+``head.fuse_detections(per_model)`` then fuses with a fixed fuser (``detens.fuse(per_model, method,
+calibration=head)`` does the same with any fuser).
 """
 
 from __future__ import annotations
@@ -26,9 +32,43 @@ from detens.heads._registry import HEADS
 
 # Importing the modules registers their head types.
 from detens.heads import theta  # noqa: E402,F401  isort: skip
-from detens.heads import deep, selection, superlearner  # noqa: E402,F401  isort: skip
+from detens.heads import calibration, deep, selection, superlearner  # noqa: E402,F401  isort: skip
+from detens.heads.calibration import CalibrationHead, fit_calibration  # noqa: E402  isort: skip
+from detens.heads._fit import (  # noqa: E402  isort: skip
+    CalibrationTrainConfig,
+    DeepTrainConfig,
+    HeadTrainConfig,
+    SelectionTrainConfig,
+    SuperLearnerTrainConfig,
+    ThetaTrainConfig,
+    TRAINERS,
+    TrainHistory,
+    build_samples,
+    config_for,
+    fit_head,
+    theta_seed_config,
+)
 
-__all__ = ["HEADS", "HeadFileError", "list_heads", "load_head"]
+__all__ = [
+    "HEADS",
+    "TRAINERS",
+    "CalibrationHead",
+    "CalibrationTrainConfig",
+    "DeepTrainConfig",
+    "HeadFileError",
+    "HeadTrainConfig",
+    "SelectionTrainConfig",
+    "SuperLearnerTrainConfig",
+    "ThetaTrainConfig",
+    "TrainHistory",
+    "build_samples",
+    "config_for",
+    "fit_calibration",
+    "fit_head",
+    "list_heads",
+    "load_head",
+    "theta_seed_config",
+]
 
 
 def list_heads() -> list[str]:

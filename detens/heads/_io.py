@@ -281,3 +281,25 @@ def read_head_for(path: str | Path, type_name: str, model_names: Sequence[str] |
                 f"a {type_name} head's weights belong to its models, in order"
             )
     return stored
+
+
+def member_order(sources: Sequence[Any], model_names: Sequence[str], what: str = "head") -> list[int]:
+    """The model index (in ``model_names``) of each Detections, from their ``source`` names.
+
+    By name when every source is one of ``model_names`` (any order); else by position when there are as
+    many Detections as models, none of their sources names another model or another position's model
+    (a missing source, None or empty, says nothing). Anything else raises ``ValueError`` naming both
+    lists: applying one model's weights to another's boxes would be a silent wrong result.
+    """
+    sources = list(sources)
+    names = list(model_names)
+    if all(s in names for s in sources):
+        return [names.index(s) for s in sources]
+    positional = len(sources) == len(names) and all(not s or s == names[i] for i, s in enumerate(sources))
+    if not positional:
+        raise ValueError(
+            f"cannot tell which model made each Detections: their sources are {sources} but this {what} is for "
+            f"models {names}; give each Detections its model's name as source (det.with_source(name)), or pass "
+            "one per model in the head's order"
+        )
+    return list(range(len(names)))

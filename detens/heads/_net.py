@@ -254,7 +254,7 @@ class NetHead(nn.Module):
             clusters (Clusters | list[Clusters]): the clusters of one image or several.
             targets (Targets | list[Targets]): their targets (``assign_targets``), in the same order.
             score_targets (Tensor[C] | list[Tensor[C]] | None): soft targets in [0, 1] for the fused
-                score (e.g. the IoU-threshold fraction of :func:`detens.training_heads.score_targets`);
+                score (e.g. the IoU-threshold fraction of :func:`detens.heads._fit.score_targets`);
                 default ``targets.matched``.
 
         Returns:

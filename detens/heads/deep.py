@@ -23,7 +23,7 @@ correction. The **box** comes from a base combination of the present boxes (``bo
 **Training target.** COCO mAP@[.5:.95] averages AP over the IoU thresholds τ ∈ {0.50, 0.55, ..., 0.95}.
 The score is trained with binary cross-entropy against the fraction of those thresholds at which the
 fused box is a true positive under COCO's greedy matching (see
-:func:`detens.training_heads.score_targets`), so a well-localized object is ranked above a loosely
+:func:`detens.heads._fit.score_targets`), so a well-localized object is ranked above a loosely
 localized one and a duplicate that COCO would count as a false positive is pushed down.
 """
 

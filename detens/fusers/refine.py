@@ -1,0 +1,160 @@
+"""The ``refine`` fuser: class-wise Soft-NMS over the boxes of all models, then score voting of the box
+coordinates (the refining step of MoCaE, "Mixture of Calibrated Experts", TMLR 2024; the voting is the
+"score voting" of VarifocalNet).
+
+Dimension legend: K boxes of all models together, k kept boxes, P (kept box, candidate box) pairs.
+
+1. **Decay.** Soft-NMS exactly as the ``soft_nms`` fuser (the same code): per class, repeatedly keep the
+   best remaining box and multiply the others' scores by exp(−u²/σ) (u: their IoU with it), or by (1 − u)
+   where u > ``iou_thr`` with ``decay="linear"``; boxes whose score falls to ``thresh`` or below are dropped.
+   The kept boxes carry their decayed scores.
+2. **Vote.** Each kept box b is replaced by the weighted average of the candidate boxes bⱼ of its class
+   (every input box, before the decay, itself included) that overlap it at IoU uⱼ > ``vote_iou``:
+
+       b ← Σⱼ wⱼ bⱼ / Σⱼ wⱼ,        wⱼ = sⱼ · exp(−(1 − uⱼ)² / σ_v)
+
+   with sⱼ the candidate's input score (times ``w_n / Σw`` with ``weights``). Its score is unchanged.
+
+MoCaE's released code votes with σ_v = 0.04 over candidates at IoU > 0.01 (the defaults here). Its
+Soft-NMS is mmcv's, whose default decay is linear, configured with an IoU threshold of 0.65 and at most
+100 boxes per image: ``decay="linear", iou_thr=0.65`` here (no cap on the number of boxes). The
+Gaussian decay is the default here, as for ``soft_nms``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from detens.detections import Detections
+from detens.fusers._lockstep import disjoint_groups
+from detens.fusers._registry import FUSERS
+from detens.fusers.nms import _soft_nms_lockstep, _weighted_boxes
+from detens.matching import check_per_model
+
+__all__ = ["refine_fusion", "score_vote"]
+
+
+def _pair_iou(a: Tensor, b: Tensor) -> Tensor:
+    """Tensor[P]: IoU of the box pairs ``a[p], b[p]`` (Tensor[P, 4] each, positive areas)."""
+    extent = (torch.minimum(a[:, 2:], b[:, 2:]) - torch.maximum(a[:, :2], b[:, :2])).clamp(min=0)  # [P, 2]
+    inter = extent[:, 0] * extent[:, 1]
+    area_a = (a[:, 2] - a[:, 0]) * (a[:, 3] - a[:, 1])
+    area_b = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
+    return inter / (area_a + area_b - inter)
+
+
+def score_vote(
+    boxes: Tensor,
+    normalized: Tensor,
+    scores: Tensor,
+    labels: Tensor,
+    kept: Tensor,
+    vote_iou: float = 0.01,
+    vote_sigma: float = 0.04,
+) -> Tensor:
+    """Score voting: each kept box becomes the weighted average of the candidates of its class that overlap it.
+
+    Args:
+        boxes (Tensor[K, 4]): the candidates' boxes to average (pixels).
+        normalized (Tensor[K, 4]): the same boxes normalized to [0, 1] (float64), for the IoUs.
+        scores (Tensor[K]): the candidates' scores sⱼ (the voting weights' first factor).
+        labels (Tensor[K]): their classes.
+        kept (Tensor[k] int64): indices of the boxes to refine (each a candidate itself).
+        vote_iou (float): candidates at IoU ≤ ``vote_iou`` with a kept box do not vote for it.
+        vote_sigma (float): σ_v of the weights sⱼ · exp(−(1 − uⱼ)² / σ_v).
+
+    Returns:
+        Tensor[k, 4] float64: the voted boxes (a kept box whose voters all weigh 0 keeps its own box).
+    """
+    device = boxes.device
+    boxes = boxes.to(torch.float64)
+    if kept.numel() == 0:
+        return boxes.new_zeros((0, 4))
+    # Boxes of two different groups do not intersect, so only pairs inside a group can vote.
+    group = disjoint_groups(normalized, labels, margin=0.0)  # [K]
+    order = torch.argsort(group, stable=True)  # candidates group by group
+    sizes = torch.bincount(group)  # [G]
+    starts = torch.cumsum(sizes, 0) - sizes
+    kept_group = group[kept]  # [k]
+    counts = sizes[kept_group]  # [k] candidates of each kept box's group
+    pair_kept = torch.repeat_interleave(torch.arange(kept.numel(), device=device), counts)  # [P]
+    first_pair = torch.cumsum(counts, 0) - counts  # [k]
+    within = torch.arange(pair_kept.numel(), device=device) - first_pair[pair_kept]  # [P]
+    pair_other = order[starts[kept_group][pair_kept] + within]  # [P]
+    iou = _pair_iou(normalized[kept[pair_kept]], normalized[pair_other])  # [P]
+    weight = scores[pair_other].to(torch.float64) * torch.exp(-((1.0 - iou) ** 2) / vote_sigma)
+    weight = torch.where(iou > vote_iou, weight, torch.zeros_like(weight))
+    total = torch.zeros(kept.numel(), dtype=torch.float64, device=device).index_add_(0, pair_kept, weight)
+    summed = torch.zeros((kept.numel(), 4), dtype=torch.float64, device=device)
+    summed.index_add_(0, pair_kept, weight[:, None] * boxes[pair_other])
+    voted = summed / total.clamp(min=torch.finfo(torch.float64).tiny)[:, None]
+    return torch.where((total > 0)[:, None], voted, boxes[kept])
+
+
+@FUSERS.register("refine")
+def refine_fusion(
+    per_model: Sequence[Detections],
+    weights: Sequence[float] | Tensor | None = None,
+    sigma: float = 0.5,
+    thresh: float = 0.001,
+    vote_iou: float = 0.01,
+    vote_sigma: float = 0.04,
+    decay: Literal["gaussian", "linear"] = "gaussian",
+    iou_thr: float = 0.3,
+) -> Detections:
+    """Class-wise Soft-NMS over the boxes of all models, then score voting of the kept boxes' coordinates.
+
+    Args:
+        per_model (list[Detections]): one per model, same image and device (typically calibrated first,
+            ``detens.fuse(per_model, "refine", calibration=head)``, as MoCaE does).
+        weights (Sequence[float] | Tensor[N] | None): model n's scores are multiplied by ``w_n / Σw``
+            (as in ``soft_nms``); None leaves the scores as they are.
+        sigma (float): the Gaussian decay's width σ.
+        thresh (float): minimum decayed score to keep a box.
+        vote_iou (float): in [0, 1); only candidates at IoU > ``vote_iou`` with a kept box vote for it.
+        vote_sigma (float): σ_v of the voting weights sⱼ · exp(−(1 − uⱼ)² / σ_v).
+        decay (str): ``"gaussian"`` or ``"linear"`` (the Soft-NMS decay, see :func:`soft_nms_fusion`).
+        iou_thr (float): the linear decay's overlap threshold.
+
+    Returns:
+        Detections: the kept boxes, voted, with their decayed scores, clipped to the image, sorted by
+        score, source ``"fused:refine"``.
+    """
+    check_per_model(per_model)
+    if decay not in ("gaussian", "linear"):
+        raise ValueError(f"decay must be 'gaussian' or 'linear', got {decay!r}")
+    if not 0.0 <= float(iou_thr) <= 1.0:
+        raise ValueError(f"iou_thr must be in [0, 1], got {iou_thr}")
+    for name, value in (("sigma", sigma), ("vote_sigma", vote_sigma)):
+        if not (math.isfinite(float(value)) and float(value) > 0):
+            raise ValueError(f"{name} must be a positive number, got {value}")
+    if not 0.0 <= float(thresh) < 1.0:
+        raise ValueError(f"thresh must be in [0, 1), got {thresh}")
+    if not 0.0 <= float(vote_iou) < 1.0:
+        raise ValueError(f"vote_iou must be in [0, 1), got {vote_iou}")
+    image_size, device = per_model[0].image_size, per_model[0].device
+    # Soft-NMS is sequential within a group: numpy on the CPU (as soft_nms), then back to the input device.
+    prepared = _weighted_boxes(per_model, weights, torch.device("cpu"))
+    if prepared is None:
+        return Detections.empty(image_size, source="fused:refine", device=device)
+    pixel, normalized, scores, labels = prepared
+    kept, decayed = _soft_nms_lockstep(
+        normalized, scores, labels, float(iou_thr), float(sigma), float(thresh), decay == "linear"
+    )
+    kept_t, decayed_t = torch.from_numpy(kept), torch.from_numpy(decayed)
+    by_score = torch.argsort(decayed_t, descending=True, stable=True)
+    kept_t, decayed_t = kept_t[by_score], decayed_t[by_score]
+    voted = score_vote(pixel, normalized, scores, labels, kept_t, float(vote_iou), float(vote_sigma))
+    height, width = image_size
+    # A weighted average of clipped boxes lies in the image up to rounding; the clamp removes the rounding.
+    voted = voted.float()
+    voted[:, 0::2] = voted[:, 0::2].clamp(0, width)
+    voted[:, 1::2] = voted[:, 1::2].clamp(0, height)
+    return Detections(
+        voted.to(device), decayed_t.float().to(device), labels[kept_t].to(device), image_size, "fused:refine"
+    )

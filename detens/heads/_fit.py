@@ -1,0 +1,756 @@
+"""Fitting every fusion head on saved predictions and COCO ground truth: one entry, :func:`fit_head`.
+
+Dimension legend: N models, C clusters (of one image, or of all training images concatenated), G
+ground-truth boxes of one image, F features.
+
+Every head type trains through :data:`TRAINERS` (head type → :class:`Trainer`: its config dataclass,
+default config and training function), so ``tools/train.py``, the cross-validation harness and user code
+call the same ``fit_head(kind, predictions, image_ids, config)``:
+
+- ``theta`` / ``theta_seed``: the Θ head (seed 000) trained by its analytic gradients
+  (:func:`train_theta`); ``theta_seed`` is the seed paper's exact formulation;
+- ``selection``, ``deep``, ``superlearner``: the network heads (:func:`train_head`);
+- ``calibration``: per-model isotonic score calibration (MoCaE) before a fixed fuser.
+
+The flow for the cluster-based heads: the models' boxes are matched into clusters once per image
+(``detens.match``) and paired with the image's ground truth (:func:`build_samples`); targets are assigned
+from the head's current fused boxes (COCO-style greedy matching by fused score). Only the clusters are
+kept per image, so memory grows with the number of matched objects, not with the prediction files.
+With ``match_iou_grid`` one head is trained per matching IoU and the one with the best mAP on the
+TRAINING images is kept (:func:`fit_with_match_iou_search`).
+
+The network heads (:func:`train_head`):
+
+1. every training image's clusters go through the head's feature extractor once (features depend on the
+   predictions only, never on the parameters); the feature standardization is fitted on them;
+2. targets are assigned from the untrained head's fused boxes and scores, COCO-style
+   (:func:`score_targets`): the matched GT box (for the box loss), the crowd-ignored clusters, and the
+   score target: ``"matched"`` (1 for a match at ``target_iou``, else 0) or ``"iou_fraction"`` (the
+   fraction of the COCO IoU thresholds 0.50:0.05:0.95 at which the fused box is a true positive);
+   ``reassign_every`` re-assigns them from the current head every that many epochs;
+3. the clusters of all images are pooled and shuffled into mini-batches of ``batch_clusters``; Adam(W)
+   minimizes the head's loss. Everything is seeded by ``config.seed`` (initialization, shuffling, the
+   knapsack layer's noise), so training is deterministic on the CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from detens.matching import Clusters, match
+from detens.predictions import EnsemblePredictions
+from detens.targets import Targets, assign_targets
+
+__all__ = [
+    "ImageSample",
+    "TrainHistory",
+    "ThetaTrainConfig",
+    "theta_seed_config",
+    "HeadTrainConfig",
+    "CalibrationTrainConfig",
+    "DeepTrainConfig",
+    "SelectionTrainConfig",
+    "SuperLearnerTrainConfig",
+    "Trainer",
+    "TRAINERS",
+    "COCO_IOU_THRESHOLDS",
+    "build_samples",
+    "assign_all_targets",
+    "score_targets",
+    "train_theta",
+    "train_head",
+    "make_head",
+    "NETWORK_HEADS",
+    "config_for",
+    "fit_with_match_iou_search",
+    "fit_head",
+]
+
+logger = logging.getLogger(__name__)
+
+@dataclass(eq=False)
+class ImageSample:
+    """The clusters of one image and its ground truth.
+
+    Args:
+        image_id (int): the COCO image id.
+        clusters (Clusters): ``preds (Tensor[C, N, 5])`` ...
+        gt_boxes (Tensor[G, 4]): xyxy pixels. gt_labels (Tensor[G]). gt_iscrowd (Tensor[G] bool).
+    """
+
+    image_id: int
+    clusters: Clusters
+    gt_boxes: Tensor
+    gt_labels: Tensor
+    gt_iscrowd: Tensor
+
+
+@dataclass
+class ThetaTrainConfig:
+    """Training settings of the Θ head; ``configs/train/theta.yaml`` documents every key.
+
+    The defaults are the settings that fuse well (the normalized box, the matching IoU chosen on the
+    training images); :func:`theta_seed_config` is the seed paper's exact formulation.
+    """
+
+    match_iou: float = 0.55
+    match_iou_grid: list[float] = field(default_factory=lambda: [0.6, 0.65, 0.7])
+    target_iou: float = 0.5
+    per_class: bool = False
+    normalize_box: bool = True
+    shrinkage: float = 0.01
+    lambda_reg: float = 1.0
+    lambda_cls: float = 1.0
+    lambda_cons: float = 1.0
+    eps: float = 1e-6
+    optimizer: Literal["gd", "adam"] = "gd"
+    lr: float = 0.1
+    epochs: int = 60
+    batch_images: int = 0
+    reassign_every: int = 0
+    seed: int = 0
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        for name, value in [("match_iou", self.match_iou), ("target_iou", self.target_iou)] + [
+            ("match_iou_grid", v) for v in self.match_iou_grid
+        ]:
+            if not 0.0 < value < 1.0:
+                raise ValueError(f"{name} must be in (0, 1), got {value}")
+        for name in ("epochs", "batch_images", "reassign_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+
+
+def theta_seed_config(**overrides: Any) -> ThetaTrainConfig:
+    """The seed paper's exact Θ: A = ŶᵀΘ (no box normalization), a fixed matching IoU, 200 epochs of
+    full-batch gradient descent (``configs/train/theta_seed.yaml`` mirrors it)."""
+    return ThetaTrainConfig(**{"normalize_box": False, "match_iou_grid": [], "epochs": 200, **overrides})
+
+
+def build_samples(
+    data: EnsemblePredictions,
+    image_ids: Sequence[int] | None = None,
+    match_iou: float = 0.55,
+    device: torch.device | str = "cpu",
+    progress: Callable[[int], None] | None = None,
+) -> list[ImageSample]:
+    """Match every image's predictions into clusters and pair them with its ground truth.
+
+    Images with no cluster and no ground truth carry no signal and are skipped.
+    """
+    samples = []
+    for image_id in data.image_ids if image_ids is None else image_ids:
+        per_model = [d.to(device) for d in data.per_model(image_id)]
+        clusters = match(per_model, iou_thr=match_iou)
+        gt_boxes, gt_labels, gt_iscrowd = (t.to(device) for t in data.gt.targets(image_id))
+        if len(clusters) or len(gt_boxes):
+            samples.append(ImageSample(int(image_id), clusters, gt_boxes, gt_labels, gt_iscrowd))
+        if progress is not None:
+            progress(1)
+    return samples
+
+
+@torch.no_grad()
+def assign_all_targets(head: torch.nn.Module, samples: Sequence[ImageSample], target_iou: float) -> list[Targets]:
+    """Targets of every sample from the head's current fused boxes and scores."""
+    targets = []
+    for s in samples:
+        boxes, scores = head(s.clusters)
+        targets.append(
+            assign_targets(s.clusters, boxes, scores, s.gt_boxes, s.gt_labels, iou_thr=target_iou, gt_iscrowd=s.gt_iscrowd)
+        )
+    return targets
+
+
+@dataclass
+class TrainHistory:
+    """Loss per epoch (mean J over the epoch's batches) and wall time."""
+
+    loss: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def train_theta(
+    samples: Sequence[ImageSample],
+    model_names: Sequence[str],
+    config: ThetaTrainConfig,
+    on_epoch: Callable[[int, float], None] | None = None,
+):
+    """Train a :class:`~detens.heads.theta.ThetaHead` on ``samples``; deterministic for ``config.seed``.
+
+    Returns:
+        (ThetaHead, TrainHistory)
+    """
+    from detens.heads.theta import ThetaHead, make_optimizer
+
+    if not samples:
+        raise ValueError("no training images: every image lacked both predictions and ground truth")
+    torch.manual_seed(config.seed)
+    class_ids = None
+    if config.per_class:
+        seen = torch.cat([s.clusters.labels for s in samples] + [s.gt_labels for s in samples])
+        class_ids = sorted(int(i) for i in seen.unique().tolist())
+    head = ThetaHead(
+        model_names,
+        per_class=config.per_class,
+        class_ids=class_ids,
+        normalize_box=config.normalize_box,
+        eps=config.eps,
+        lambda_reg=config.lambda_reg,
+        lambda_cls=config.lambda_cls,
+        lambda_cons=config.lambda_cons,
+        shrinkage=config.shrinkage,
+        match_iou=config.match_iou,
+    ).to(config.device)
+    optimizer = make_optimizer(head, config.optimizer, config.lr)
+    order_rng = random.Random(config.seed)
+    batch = config.batch_images or len(samples)
+    history = TrainHistory()
+    start = time.perf_counter()
+    full_batch = None
+    for epoch in range(config.epochs):
+        if epoch == 0 or (config.reassign_every and epoch % config.reassign_every == 0):
+            targets = assign_all_targets(head, samples, config.target_iou)
+            full_batch = None
+        order = list(range(len(samples)))
+        if batch < len(samples):
+            order_rng.shuffle(order)
+        losses = []
+        for begin in range(0, len(order), batch):
+            chosen = order[begin : begin + batch]
+            if batch >= len(samples):  # the seed's full-batch rule: stack once, reuse every epoch
+                if full_batch is None:
+                    full_batch = head.stack_batch([s.clusters for s in samples], targets)
+                stacked = full_batch
+            else:
+                stacked = head.stack_batch([samples[i].clusters for i in chosen], [targets[i] for i in chosen])
+            optimizer.zero_grad()
+            loss = head.loss_on_batch(*stacked)
+            loss.backward()
+            optimizer.step()
+            losses.append(float(loss.detach()))
+        history.loss.append(sum(losses) / len(losses))
+        if on_epoch is not None:
+            on_epoch(epoch, history.loss[-1])
+    history.seconds = time.perf_counter() - start
+    return head, history
+
+
+def fit_with_match_iou_search(
+    train: Callable[[list[ImageSample], Any], tuple[Any, TrainHistory]],
+    predictions: EnsemblePredictions,
+    image_ids: Sequence[int],
+    config: Any,
+    progress: Callable[[int], None] | None = None,
+):
+    """Build the samples of ``image_ids`` and ``train(samples, config)`` a head; with
+    ``config.match_iou_grid`` also choose the matching IoU.
+
+    For each IoU of the grid a head is trained and scored (COCO mAP of its fused boxes) on the SAME
+    training images; the best IoU wins and is written into the returned config. Held-out images are
+    never looked at, so the choice is safe inside cross-validation.
+
+    Args:
+        config: a training config with ``match_iou``, ``match_iou_grid`` and ``device`` fields.
+
+    Returns:
+        (head, TrainHistory, config): the head, its history, the config it was trained with.
+    """
+    from detens.coco import detections_to_coco, evaluate_coco
+
+    grid = list(config.match_iou_grid) or [config.match_iou]
+    best = None
+    for match_iou in grid:
+        trial_config = replace(config, match_iou=match_iou, match_iou_grid=[])
+        samples = build_samples(predictions, image_ids, match_iou, config.device, progress=progress)
+        head, history = train(samples, trial_config)
+        if len(grid) == 1:
+            return head, history, trial_config
+        results = []
+        with torch.no_grad():
+            for s in samples:
+                results += detections_to_coco(head.fuse(s.clusters), s.image_id, decimals=None)
+        train_map = evaluate_coco(predictions.gt, results, image_ids=image_ids, backend="faster")["map"]
+        logger.info("%s head, match_iou %.2f: training mAP %.4f", type(head).__name__, match_iou, train_map)
+        if best is None or train_map > best[0]:
+            best = (train_map, head, history, trial_config)
+    return best[1], best[2], best[3]
+
+
+#: The IoU thresholds of COCO mAP@[.5:.95].
+COCO_IOU_THRESHOLDS: tuple[float, ...] = tuple(round(0.5 + 0.05 * i, 2) for i in range(10))
+SCORE_TARGETS = ("matched", "iou_fraction")
+
+
+@dataclass
+class HeadTrainConfig:
+    """Settings shared by the network heads; the per-head subclasses add and re-default fields.
+
+    Args:
+        match_iou (float): the matching IoU of the clusters (``train_head`` uses the clusters it is given;
+            :func:`fit_head` builds them with it).
+        match_iou_grid (list[float]): :func:`fit_head` trains one head per IoU of the grid and keeps the
+            one with the best mAP on the training images (empty: just ``match_iou``).
+        target_iou (float): IoU of a GT match for the box target and the ``"matched"`` score target.
+        score_target (str): ``"matched"`` or ``"iou_fraction"`` (see the module docstring).
+        epochs (int), lr (float), weight_decay (float): AdamW settings (weight decay 0: Adam).
+        batch_clusters (int): clusters per mini-batch (0: all training clusters in one batch).
+        reassign_every (int): re-assign targets from the current head every that many epochs (0: never).
+        hidden (int), depth (int), activation (str), class_embed (int), features (list[str] | None):
+            the head's network (see :class:`detens.heads._net.NetHead`).
+        lambda_box (float): weight of the GIoU box loss.
+        seed (int): seeds initialization, shuffling and the knapsack noise.
+        device (str): where to train (``"cpu"``, ``"cuda"``).
+    """
+
+    match_iou: float = 0.55
+    match_iou_grid: list[float] = field(default_factory=list)
+    target_iou: float = 0.5
+    score_target: Literal["matched", "iou_fraction"] = "matched"
+    epochs: int = 20
+    lr: float = 3e-3
+    weight_decay: float = 1e-4
+    batch_clusters: int = 2048
+    reassign_every: int = 0
+    hidden: int = 64
+    depth: int = 2
+    activation: str = "relu"
+    class_embed: int = 0
+    features: list[str] | None = None
+    lambda_box: float = 1.0
+    seed: int = 0
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        for name in ("match_iou", "target_iou"):
+            value = getattr(self, name)
+            if not 0.0 < value < 1.0:
+                raise ValueError(f"{name} must be in (0, 1), got {value}")
+        self.match_iou_grid = [float(v) for v in self.match_iou_grid]
+        if any(not 0.0 < v < 1.0 for v in self.match_iou_grid):
+            raise ValueError(f"match_iou_grid values must be in (0, 1), got {self.match_iou_grid}")
+        if self.score_target not in SCORE_TARGETS:
+            raise ValueError(f"score_target must be one of {', '.join(SCORE_TARGETS)}, got {self.score_target!r}")
+        for name in ("epochs", "batch_clusters", "reassign_every", "class_embed", "depth"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.weight_decay < 0 or self.lambda_box < 0:
+            raise ValueError("weight_decay and lambda_box must be >= 0")
+
+    def head_options(self) -> dict[str, Any]:
+        """Constructor options of the head (the network fields of this config)."""
+        return {
+            "features": self.features,
+            "class_embed": self.class_embed,
+            "hidden": self.hidden,
+            "depth": self.depth,
+            "activation": self.activation,
+            "lambda_box": self.lambda_box,
+            "match_iou": self.match_iou,
+        }
+
+
+@dataclass
+class DeepTrainConfig(HeadTrainConfig):
+    """The deep ensemble head: IoU-aware score target, few epochs (the head starts as ``mean`` scoring).
+
+    Args:
+        box (str): ``"score_weighted"``, ``"mean"`` or ``"learned"`` (see :mod:`detens.heads.deep`).
+        members (int): score MLPs averaged in the head.
+    """
+
+    match_iou_grid: list[float] = field(default_factory=lambda: [0.55, 0.7])
+    score_target: Literal["matched", "iou_fraction"] = "iou_fraction"
+    epochs: int = 10
+    box: str = "score_weighted"
+    members: int = 1
+
+    def head_options(self) -> dict[str, Any]:
+        return {**super().head_options(), "box": self.box, "members": self.members}
+
+
+@dataclass
+class SelectionTrainConfig(HeadTrainConfig):
+    """The e2e-CEL selection head (IoU-aware score target by default: it measured better than
+    ``"matched"`` under cross-validation).
+
+    Args:
+        k (int): sub-ensemble size. epsilon (float), num_samples (int), baseline (bool): the knapsack layer.
+        combine (str), score (str): how the selected rows are combined (see :mod:`detens.heads.selection`).
+        lambda_cls (float): weight of the score BCE.
+    """
+
+    score_target: Literal["matched", "iou_fraction"] = "iou_fraction"
+    k: int = 2
+    epsilon: float = 0.1
+    num_samples: int = 32
+    baseline: bool = True
+    combine: str = "mean"
+    score: str = "mean_present"
+    lambda_cls: float = 1.0
+
+    def head_options(self) -> dict[str, Any]:
+        return {
+            **super().head_options(),
+            "k": self.k,
+            "epsilon": self.epsilon,
+            "num_samples": self.num_samples,
+            "baseline": self.baseline,
+            "combine": self.combine,
+            "score": self.score,
+            "lambda_cls": self.lambda_cls,
+        }
+
+
+@dataclass
+class SuperLearnerTrainConfig(HeadTrainConfig):
+    """The Super Learner head: a low learning rate, strong weight decay and few epochs (it starts as
+    ``mean`` fusion and overfits the ~100 images of a fold quickly). lambda_cls (float): weight of the
+    score BCE."""
+
+    match_iou_grid: list[float] = field(default_factory=lambda: [0.55, 0.7])
+    epochs: int = 10
+    lr: float = 1e-3
+    weight_decay: float = 1e-2
+    lambda_cls: float = 1.0
+
+    def head_options(self) -> dict[str, Any]:
+        return {**super().head_options(), "lambda_cls": self.lambda_cls}
+
+
+#: network head type → its training config class (the head class is ``detens.heads.HEADS.get(kind)``)
+NETWORK_HEADS: dict[str, type[HeadTrainConfig]] = {
+    "selection": SelectionTrainConfig,
+    "deep": DeepTrainConfig,
+    "superlearner": SuperLearnerTrainConfig,
+}
+
+
+def _config_class(kind: str) -> type[HeadTrainConfig]:
+    if kind not in NETWORK_HEADS:
+        raise ValueError(f"unknown network head {kind!r}; valid: {', '.join(NETWORK_HEADS)}")
+    return NETWORK_HEADS[kind]
+
+
+def make_head(kind: str, model_names: Sequence[str], config: HeadTrainConfig, class_ids: Sequence[int] | None = None):
+    """An untrained head of ``kind`` built from the network fields of ``config``."""
+    from detens.heads import HEADS
+
+    _config_class(kind)
+    return HEADS.get(kind)(model_names, class_ids=class_ids, **config.head_options())
+
+
+@torch.no_grad()
+def score_targets(
+    clusters: Clusters,
+    boxes: Tensor,
+    scores: Tensor,
+    gt_boxes: Tensor,
+    gt_labels: Tensor,
+    gt_iscrowd: Tensor | None = None,
+    kind: Literal["matched", "iou_fraction"] = "iou_fraction",
+    target_iou: float = 0.5,
+) -> tuple[Targets, Tensor]:
+    """Targets of one image's clusters from fused boxes and scores.
+
+    Args:
+        clusters (Clusters): C clusters. boxes (Tensor[C, 4]) normalized, scores (Tensor[C]): fused.
+        gt_boxes (Tensor[G, 4]) pixels, gt_labels (Tensor[G]), gt_iscrowd (Tensor[G] bool | None).
+        kind (str): ``"matched"``: the score target is 1 for a match at ``target_iou``, else 0;
+            ``"iou_fraction"``: the fraction of :data:`COCO_IOU_THRESHOLDS` at which the cluster is a
+            true positive, each threshold matched greedily by score as COCOeval does (so a well-placed
+            duplicate can win at a strict threshold where the first box fails).
+        target_iou (float): the IoU of the returned :class:`Targets` (box targets, ignore flags).
+
+    Returns:
+        (Targets, Tensor[C]): the targets at ``target_iou`` and the score target in [0, 1].
+    """
+    if kind not in SCORE_TARGETS:
+        raise ValueError(f"kind must be one of {', '.join(SCORE_TARGETS)}, got {kind!r}")
+    targets = assign_targets(clusters, boxes, scores, gt_boxes, gt_labels, iou_thr=target_iou, gt_iscrowd=gt_iscrowd)
+    if kind == "matched":
+        return targets, targets.matched.to(targets.boxes.dtype)
+    fraction = torch.zeros(len(clusters), dtype=targets.boxes.dtype, device=targets.device)
+    for threshold in COCO_IOU_THRESHOLDS:
+        at = assign_targets(clusters, boxes, scores, gt_boxes, gt_labels, iou_thr=threshold, gt_iscrowd=gt_iscrowd)
+        fraction += at.matched.to(fraction.dtype)
+    return targets, fraction / len(COCO_IOU_THRESHOLDS)
+
+
+def _concat_clusters(items: Sequence[Clusters], num_models: int, device: torch.device) -> Clusters:
+    if not items:
+        return Clusters.empty(num_models, (1, 1), device)
+    return Clusters(
+        torch.cat([c.preds for c in items]),
+        torch.cat([c.present for c in items]),
+        torch.cat([c.labels for c in items]),
+        torch.cat([c.source_index for c in items]),
+        (1, 1),  # the image sizes differ; the losses use normalized coordinates only
+    )
+
+
+@torch.no_grad()
+def _assign(head: Any, samples: Sequence[ImageSample], features: Sequence[Tensor], config: HeadTrainConfig):
+    was_training = head.training
+    head.eval()
+    targets, soft = [], []
+    try:
+        for s, f in zip(samples, features, strict=True):
+            boxes, scores = head.fuse_features(s.clusters, f)
+            t, y = score_targets(
+                s.clusters, boxes, scores, s.gt_boxes, s.gt_labels, s.gt_iscrowd, config.score_target, config.target_iou
+            )
+            targets.append(t)
+            soft.append(y)
+    finally:
+        head.train(was_training)
+    return targets, soft
+
+
+def train_head(
+    kind: str,
+    samples: Sequence[ImageSample],
+    model_names: Sequence[str],
+    config: HeadTrainConfig | None = None,
+    on_epoch: Callable[[int, float], None] | None = None,
+):
+    """Train a network head on ``samples``; deterministic for ``config.seed`` (on the CPU).
+
+    Args:
+        kind (str): ``"selection"`` (e2e-CEL), ``"deep"`` (deep ensemble rescoring) or ``"superlearner"``.
+        samples (list[ImageSample]): training images (:func:`build_samples`).
+        model_names (list[str]): the ensemble, in the clusters' model order.
+        config (HeadTrainConfig | None): the kind's config class (default: its defaults).
+        on_epoch (callable | None): called with (epoch, mean loss) after every epoch.
+
+    Returns:
+        (head, TrainHistory): the trained head (on ``config.device``, in eval mode) and the mean loss
+        per epoch.
+    """
+    expected = _config_class(kind)
+    if config is None:
+        config = expected()
+    if not isinstance(config, expected):
+        raise TypeError(f"a {kind} head trains with {expected.__name__}, got {type(config).__name__}")
+    if not samples:
+        raise ValueError("no training images: every image lacked both predictions and ground truth")
+    device = torch.device(config.device)
+    torch.manual_seed(config.seed)
+    class_ids = None
+    if config.class_embed:
+        seen = torch.cat([s.clusters.labels.cpu() for s in samples])
+        class_ids = sorted(int(i) for i in seen.unique().tolist())
+    head = make_head(kind, model_names, config, class_ids).to(device)
+    if kind == "selection":
+        head.generator = torch.Generator(device=device).manual_seed(config.seed)
+
+    start = time.perf_counter()
+    samples = [
+        ImageSample(s.image_id, s.clusters.to(device), s.gt_boxes.to(device), s.gt_labels.to(device), s.gt_iscrowd.to(device))
+        for s in samples
+    ]
+    features = [head.features_of(s.clusters) for s in samples]
+    head.fit_normalization(torch.cat(features) if features else torch.zeros(0, head.feature_columns.numel()))
+
+    clusters = _concat_clusters([s.clusters for s in samples], head.num_models, device)
+    all_features = torch.cat(features)
+
+    def pool() -> tuple[Targets, Tensor, Tensor]:
+        targets, soft = _assign(head, samples, features, config)
+        targets_all, soft_all = Targets.cat(targets), torch.cat(soft)
+        return targets_all, soft_all, (~targets_all.ignore).nonzero().squeeze(1)
+
+    targets_all, soft_all, rows = pool()
+    optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    order = torch.Generator().manual_seed(config.seed)
+    history = TrainHistory()
+    head.train()
+    for epoch in range(config.epochs):
+        if config.reassign_every and epoch and epoch % config.reassign_every == 0:
+            targets_all, soft_all, rows = pool()
+        batch = config.batch_clusters or max(1, rows.numel())
+        permuted = rows[torch.randperm(rows.numel(), generator=order).to(device)]
+        losses = []
+        for begin in range(0, permuted.numel(), batch):
+            index = permuted[begin : begin + batch]
+            per_cluster = head.loss_features(clusters[index], all_features[index], targets_all[index], soft_all[index])
+            loss = per_cluster.sum() / max(index.numel(), 1)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(
+                    f"the {kind} loss became {float(loss.detach())} at epoch {epoch}; lower the learning rate"
+                )
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(float(loss.detach()))
+        history.loss.append(sum(losses) / len(losses) if losses else 0.0)
+        if on_epoch is not None:
+            on_epoch(epoch, history.loss[-1])
+        logger.debug("%s head epoch %d: loss %.5f", kind, epoch, history.loss[-1])
+    head.eval()
+    history.seconds = time.perf_counter() - start
+    return head, history
+
+
+@dataclass(frozen=True)
+class Trainer:
+    """How one head type is fitted.
+
+    Args:
+        config_class (type): its training config dataclass (``configs/train/<kind>.yaml`` mirrors it).
+        default (callable): ``(**overrides) -> config``: the default config (the good settings).
+        fit (callable): ``(predictions, image_ids, config, progress, on_epoch) -> (head, TrainHistory,
+            config)``; the returned config is the one the head was trained with (e.g. the chosen IoU).
+    """
+
+    config_class: type
+    default: Callable[..., Any]
+    fit: Callable[..., tuple[Any, TrainHistory, Any]]
+
+
+#: head type → :class:`Trainer`; every type of :data:`detens.heads.HEADS` that can be fitted is here.
+TRAINERS: dict[str, Trainer] = {}
+
+
+def config_for(kind: str, **overrides: Any) -> Any:
+    """The default training config of ``kind`` with ``overrides`` (unknown keys are an error)."""
+    trainer = _trainer(kind)
+    names = {f.name for f in fields(trainer.config_class)}
+    unknown = sorted(set(overrides) - names)
+    if unknown:
+        raise ValueError(f"unknown {kind} training options {unknown}; valid: {', '.join(sorted(names))}")
+    return trainer.default(**overrides)
+
+
+def _trainer(kind: str) -> Trainer:
+    if kind not in TRAINERS:
+        raise ValueError(f"unknown head type {kind!r}; valid: {', '.join(sorted(TRAINERS))}")
+    return TRAINERS[kind]
+
+
+def fit_head(
+    kind: str,
+    predictions: EnsemblePredictions,
+    image_ids: Sequence[int],
+    config: Any = None,
+    progress: Callable[[int], None] | None = None,
+    on_epoch: Callable[[int, float], None] | None = None,
+):
+    """Fit a head of type ``kind`` (a name of :data:`TRAINERS`) on ``image_ids`` of ``predictions``.
+
+    Args:
+        kind (str): ``theta``, ``theta_seed``, ``selection``, ``deep``, ``superlearner``, ``calibration``.
+        predictions (EnsemblePredictions): saved predictions and ground truth; the head's members are
+            ``predictions.model_names``.
+        image_ids (list[int]): the training images.
+        config: the kind's config dataclass (default: :func:`config_for` ``(kind)``).
+        progress (callable | None): called with the number of images matched, as matching proceeds.
+        on_epoch (callable | None): called with (epoch, mean loss) after every epoch.
+
+    Returns:
+        (head, TrainHistory, config): the head, its history, the config it was trained with.
+    """
+    trainer = _trainer(kind)
+    config = config if config is not None else trainer.default()
+    if not isinstance(config, trainer.config_class):
+        raise TypeError(f"a {kind} head trains with {trainer.config_class.__name__}, got {type(config).__name__}")
+    return trainer.fit(predictions, image_ids, config, progress, on_epoch)
+
+
+def _cluster_trainer(train: Callable[..., tuple[Any, TrainHistory]]) -> Callable[..., Any]:
+    """A :class:`Trainer` ``fit`` that builds the clusters and searches the matching IoU around ``train``."""
+
+    def fit(predictions, image_ids, config, progress, on_epoch):
+        return fit_with_match_iou_search(
+            lambda samples, trial: train(samples, predictions.model_names, trial, on_epoch),
+            predictions, image_ids, config, progress,
+        )
+
+    return fit
+
+
+TRAINERS["theta"] = Trainer(
+    ThetaTrainConfig, ThetaTrainConfig,
+    _cluster_trainer(lambda samples, names, config, on_epoch: train_theta(samples, names, config, on_epoch)),
+)
+TRAINERS["theta_seed"] = Trainer(ThetaTrainConfig, theta_seed_config, TRAINERS["theta"].fit)
+for _kind, _config_cls in NETWORK_HEADS.items():
+    TRAINERS[_kind] = Trainer(
+        _config_cls, _config_cls,
+        _cluster_trainer(
+            lambda samples, names, config, on_epoch, kind=_kind: train_head(kind, samples, names, config, on_epoch)
+        ),
+    )
+
+
+@dataclass
+class CalibrationTrainConfig:
+    """Training settings of the calibration head (MoCaE; ``configs/train/calibration.yaml`` mirrors them).
+
+    Args:
+        per_class (bool), shrinkage (float), target (str), tie_break (float): the curves, see
+            :func:`detens.heads.calibration.fit_calibration`.
+        fusers (list[str]): the fusers that may follow the calibration; the one with the best mAP of the
+            calibrated training images is kept (``refine`` is MoCaE's Soft-NMS + score voting).
+        fuser_params (dict[str, dict]): parameters of those fusers, by name.
+    """
+
+    per_class: bool = False
+    shrinkage: float = 50.0
+    target: Literal["iou", "tp50"] = "iou"
+    tie_break: float = 1e-4
+    fusers: list[str] = field(default_factory=lambda: ["wbf", "soft_nms", "refine"])
+    fuser_params: dict[str, dict[str, Any]] = field(default_factory=lambda: {"wbf": {"iou_thr": 0.55}})
+
+    def __post_init__(self) -> None:
+        if not self.fusers:
+            raise ValueError("fusers must name at least one fuser to follow the calibration")
+        unknown = sorted(set(self.fuser_params) - set(self.fusers))
+        if unknown:
+            raise ValueError(f"fuser_params names fusers {unknown} that are not in fusers {self.fusers}")
+
+
+def _fit_calibration(predictions, image_ids, config: CalibrationTrainConfig, progress, on_epoch):
+    from detens.coco import detections_to_coco, evaluate_coco
+    from detens.heads.calibration import fit_calibration
+
+    start = time.perf_counter()
+    calibrated = fit_calibration(
+        predictions, image_ids, per_class=config.per_class, shrinkage=config.shrinkage, target=config.target,
+        fuser=config.fusers[0], fuser_params=config.fuser_params.get(config.fusers[0]), tie_break=config.tie_break,
+    )
+    best = (0.0, calibrated, config.fusers[0])
+    if len(config.fusers) > 1:
+        # the curves do not depend on the fuser: fit them once, then choose the fuser on the training images
+        best = None
+        for fuser in config.fusers:
+            head = calibrated.with_fuser(fuser, config.fuser_params.get(fuser))
+            results = []
+            for image_id in image_ids:
+                fused = head.fuse_detections(predictions.per_model(image_id))
+                results += detections_to_coco(fused, image_id, decimals=None)
+            train_map = evaluate_coco(predictions.gt, results, image_ids=image_ids, backend="faster")["map"]
+            logger.info("calibration + %s: training mAP %.4f", fuser, train_map)
+            if best is None or train_map > best[0]:
+                best = (train_map, head, fuser)
+    if progress is not None:
+        progress(len(image_ids))
+    history = TrainHistory(seconds=time.perf_counter() - start)
+    return best[1], history, replace(config, fusers=[best[2]])
+
+
+TRAINERS["calibration"] = Trainer(CalibrationTrainConfig, CalibrationTrainConfig, _fit_calibration)

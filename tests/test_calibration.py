@@ -1,0 +1,619 @@
+"""The calibration head (MoCaE): PAV against a slow reference, the calibration map, files, member matching,
+``detens.fuse(..., calibration=)``, the ``refine`` fuser against a slow reference, and ``fit_calibration``."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch.testing import assert_close
+
+from detens import Detections, fuse
+from detens.coco import load_coco_gt
+from detens.fusers.refine import refine_fusion
+from detens.heads import HEADS, CalibrationHead, HeadFileError, fit_calibration, load_head
+from detens.heads.calibration import isotonic_fit, isotonic_predict
+from detens.predictions import EnsemblePredictions
+
+SIZE = (120, 160)
+NAMES = ["a", "b", "c"]
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+# ------------------------------------------------------------------------------------------ references
+def reference_isotonic(x, y, w=None):
+    """Slow, obviously correct isotonic regression: pool equal x, then the min-max formula
+    ŷᵢ = max_{j≤i} min_{k≥i} mean_w(y_j..y_k); knots = runs of equal ŷ (weighted mean x, ŷ)."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    w = np.ones_like(x) if w is None else np.asarray(w, dtype=np.float64)
+    keep = w > 0
+    x, y, w = x[keep], y[keep], w[keep]
+    ux = np.unique(x)
+    pw = np.array([w[x == v].sum() for v in ux])
+    py = np.array([(w[x == v] * y[x == v]).sum() for v in ux]) / pw
+    n = len(ux)
+
+    def mean(j, k):
+        return (pw[j : k + 1] * py[j : k + 1]).sum() / pw[j : k + 1].sum()
+
+    fitted = np.array([max(min(mean(j, k) for k in range(i, n)) for j in range(i + 1)) for i in range(n)])
+    knots_x, knots_y, start = [], [], 0
+    for i in range(1, n + 1):
+        if i == n or not math.isclose(fitted[i], fitted[start], rel_tol=1e-9, abs_tol=1e-12):
+            block = slice(start, i)
+            knots_x.append((pw[block] * ux[block]).sum() / pw[block].sum())
+            knots_y.append(fitted[start])
+            start = i
+    return np.array(knots_x), np.array(knots_y)
+
+
+def _iou(a, b):
+    iw = min(a[2], b[2]) - max(a[0], b[0])
+    ih = min(a[3], b[3]) - max(a[1], b[1])
+    inter = max(iw, 0.0) * max(ih, 0.0)
+    return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
+
+
+def reference_refine(per_model, sigma, thresh, vote_iou, vote_sigma, decay="gaussian", iou_thr=0.3):
+    """Slow Soft-NMS per class (decayed scores kept), then score voting over all input boxes of the class.
+
+    Returns rows (label, score, x1, y1, x2, y2) in pixels, sorted canonically."""
+    height, width = per_model[0].image_size
+    scale = (width, height, width, height)
+    items = []  # (label, score, normalized box, pixel box)
+    for det in per_model:
+        triples = zip(det.boxes.double().tolist(), det.scores.double().tolist(), det.labels.tolist(), strict=True)
+        for box, score, label in triples:
+            pixel = [min(max(v, 0.0), s) for v, s in zip(box, scale, strict=True)]
+            norm = [min(max(v / s, 0.0), 1.0) for v, s in zip(box, scale, strict=True)]
+            if (norm[2] - norm[0]) * (norm[3] - norm[1]) == 0:
+                continue
+            items.append((label, score, norm, pixel))
+    rows = []
+    for label in sorted({it[0] for it in items}):
+        candidates = [it for it in items if it[0] == label]
+        pool = [[it[1], it[2], it[3]] for it in candidates]
+        while pool:
+            best = max(range(len(pool)), key=lambda i: pool[i][0])
+            score, norm, pixel = pool.pop(best)
+            if score <= thresh:
+                break
+            for other in pool:
+                u = _iou(norm, other[1])
+                if decay == "gaussian":
+                    other[0] *= math.exp(-(u * u) / sigma)
+                elif u > iou_thr:
+                    other[0] *= 1.0 - u
+            num, den = [0.0] * 4, 0.0
+            for _, s_j, norm_j, pixel_j in candidates:
+                u = _iou(norm, norm_j)
+                if u > vote_iou:
+                    weight = s_j * math.exp(-((1.0 - u) ** 2) / vote_sigma)
+                    den += weight
+                    num = [a + weight * b for a, b in zip(num, pixel_j, strict=True)]
+            rows.append([label, score, *[v / den for v in num]])
+    rows = np.array(rows).reshape(-1, 6)
+    return rows[np.lexsort(rows.T[::-1])]
+
+
+def as_rows(det: Detections) -> np.ndarray:
+    rows = torch.cat([det.labels[:, None].double(), det.scores[:, None].double(), det.boxes.double()], 1)
+    rows = rows.cpu().numpy()
+    return rows[np.lexsort(rows.T[::-1])]
+
+
+def as_set(det: Detections, decimals: int = 4) -> list[tuple]:
+    return sorted(tuple(round(v, decimals) for v in row) for row in as_rows(det).tolist())
+
+
+def random_models(seed: int, names=NAMES, num_objects: int = 8, num_classes: int = 3) -> list[Detections]:
+    """Models seeing shared objects with jitter, duplicates, clutter and boxes past the border; scores with
+    three decimals, as in COCO result files."""
+    rng = np.random.default_rng(seed)
+    height, width = SIZE
+    centers = rng.uniform(0, 1, (num_objects, 2)) * [width, height]
+    sizes = rng.uniform(0.05, 0.4, (num_objects, 2)) * [width, height]
+    classes = rng.integers(0, num_classes, num_objects)
+    per_model = []
+    for name in names:
+        boxes, scores, labels = [], [], []
+        for o in range(num_objects):
+            for _ in range(rng.integers(0, 3)):
+                center = centers[o] + rng.normal(0, 0.08, 2) * sizes[o]
+                half = sizes[o] * np.exp(rng.normal(0, 0.1, 2)) / 2
+                boxes.append([*(center - half), *(center + half)])
+                scores.append(round(float(rng.uniform(0.01, 1.0)), 3))
+                labels.append(int(classes[o]))
+        boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+        per_model.append(Detections(boxes, scores, labels, SIZE, name))
+    return per_model
+
+
+def curve(x, y):
+    return torch.tensor(x, dtype=torch.float64), torch.tensor(y, dtype=torch.float64)
+
+
+def make_head(**options) -> CalibrationHead:
+    curves = {
+        "a": curve([0.1, 0.5, 0.9], [0.0, 0.3, 0.8]),
+        "b": curve([0.2, 0.8], [0.1, 0.9]),
+        "c": curve([0.5], [0.4]),
+    }
+    class_curves = {"a": {1: curve([0.3, 0.7], [0.2, 0.6])}, "c": {0: curve([0.0, 1.0], [0.0, 0.5])}}
+    options = {"per_class": True, "fuser": "wbf", "fuser_params": {"iou_thr": 0.6}, **options}
+    return CalibrationHead(NAMES, curves, class_curves, **options)
+
+
+# ----------------------------------------------------------------------------------------------- PAV
+class TestIsotonicFit:
+    @pytest.mark.parametrize("block", range(4))
+    def test_matches_the_slow_reference(self, block):
+        for seed in range(block * 50, block * 50 + 50):
+            rng = np.random.default_rng(seed)
+            n = int(rng.integers(1, 30))
+            x = rng.uniform(0, 1, n)
+            if seed % 3 == 0:
+                x = np.round(x, 1)  # many ties in x
+            y = (rng.random(n) < x).astype(float) if seed % 2 else rng.uniform(0, 1, n)
+            w = None if seed % 4 < 2 else rng.uniform(0, 2, n) * (rng.random(n) > 0.1)
+            if w is not None and not (w > 0).any():
+                w[0] = 1.0
+            knots_x, knots_y = isotonic_fit(x, y, w)
+            ref_x, ref_y = reference_isotonic(x, y, w)
+            assert knots_x.dtype == torch.float64 and knots_y.dtype == torch.float64
+            np.testing.assert_allclose(knots_x.numpy(), ref_x, rtol=0, atol=1e-12, err_msg=f"seed {seed}")
+            np.testing.assert_allclose(knots_y.numpy(), ref_y, rtol=0, atol=1e-12, err_msg=f"seed {seed}")
+            assert (knots_x[1:] > knots_x[:-1]).all() and (knots_y[1:] > knots_y[:-1]).all()
+
+    def test_hand_cases(self):
+        x, y = isotonic_fit([0.0, 1.0, 2.0, 3.0], [1.0, 3.0, 2.0, 4.0])
+        assert x.tolist() == [0.0, 1.5, 3.0] and y.tolist() == [1.0, 2.5, 4.0]
+        x, y = isotonic_fit([0.0, 1.0, 2.0], [3.0, 2.0, 1.0])  # decreasing: one block
+        assert x.tolist() == [1.0] and y.tolist() == [2.0]
+        x, y = isotonic_fit(torch.tensor([0.3, 0.1, 0.2]), torch.tensor([0.3, 0.1, 0.2]))  # sorted inside
+        assert_close(x, torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64))
+        x, y = isotonic_fit([0.0, 0.0, 1.0], [0.0, 1.0, 0.0])  # equal x pooled first, then a violation
+        assert_close(x, torch.tensor([1 / 3], dtype=torch.float64))
+        assert_close(y, torch.tensor([1 / 3], dtype=torch.float64))
+        x, y = isotonic_fit([0.0, 1.0, 2.0], [0.0, 1.0, 1.0])  # equal means pool: no flat part
+        assert x.tolist() == [0.0, 1.5] and y.tolist() == [0.0, 1.0]
+        x, y = isotonic_fit([0.0, 1.0, 2.0], [1.0, 0.0, 5.0], weights=[3.0, 1.0, 0.0])  # weight 0 ignored
+        assert x.tolist() == [0.25] and y.tolist() == [0.75]
+
+    def test_bad_input(self):
+        with pytest.raises(ValueError, match="at least one point"):
+            isotonic_fit([], [])
+        with pytest.raises(ValueError, match="at least one point"):
+            isotonic_fit([0.1, 0.2], [0, 1], weights=[0, 0])
+        with pytest.raises(ValueError, match=r"weights\[1\] = -1.0 is negative"):
+            isotonic_fit([0.1, 0.2], [0, 1], weights=[1, -1])
+        with pytest.raises(ValueError, match="same length"):
+            isotonic_fit([0.1, 0.2], [0.0])
+        with pytest.raises(ValueError, match=r"y\[0\] = nan is not finite"):
+            isotonic_fit([0.1], [float("nan")])
+        with pytest.raises(ValueError, match="one-dimensional"):
+            isotonic_fit([[0.1]], [[0.0]])
+
+
+class TestMap:
+    def test_piecewise_linear_and_clamped(self):
+        kx, ky = curve([0.2, 0.6, 0.8], [0.1, 0.5, 0.9])
+        s = torch.tensor([0.0, 0.2, 0.4, 0.6, 0.7, 0.8, 1.0])
+        expected = torch.tensor([0.1, 0.1, 0.3, 0.5, 0.7, 0.9, 0.9], dtype=torch.float64)
+        assert_close(isotonic_predict(kx, ky, s), expected)
+        assert_close(isotonic_predict(*curve([0.5], [0.4]), s), torch.full((7,), 0.4, dtype=torch.float64))
+
+    @pytest.mark.parametrize("seed", range(10))
+    def test_monotone_and_strictly_increasing_with_a_tie_break(self, seed):
+        rng = np.random.default_rng(seed)
+        x = rng.uniform(0, 1, 200)
+        kx, ky = isotonic_fit(x, (rng.random(200) < x).astype(float))
+        grid = torch.linspace(0, 1, 1001, dtype=torch.float64)
+        plain = isotonic_predict(kx, ky, grid)
+        assert (plain[1:] >= plain[:-1]).all()
+        broken = isotonic_predict(kx, ky, grid, tie_break=1e-4)
+        assert (broken[1:] > broken[:-1]).all()
+        assert ((broken >= 0) & (broken <= 1)).all()
+
+    def test_three_decimal_scores_stay_distinct_in_float32(self):
+        head = CalibrationHead(["a"], {"a": curve([0.4, 0.6], [0.2, 0.7])})  # flat below 0.4 and above 0.6
+        scores = torch.arange(0, 1001, dtype=torch.float32) / 1000
+        out = head.calibrate_scores("a", scores)
+        assert out.dtype == torch.float32 and (out[1:] > out[:-1]).all()
+        assert ((out >= 0) & (out <= 1)).all()
+
+
+# ----------------------------------------------------------------------------------------------- head
+class TestHead:
+    def test_registered(self):
+        assert HEADS.get("calibration") is CalibrationHead
+        head = make_head()
+        assert head.num_models == 3 and head.model_names == NAMES and head.match_iou == 0.6
+        assert CalibrationHead(NAMES).match_iou is None
+
+    def test_untrained_head_is_the_identity(self):
+        per_model = random_models(0)
+        for det, out in zip(per_model, CalibrationHead(NAMES).calibrate(per_model), strict=True):
+            assert_close(out.scores, det.scores)
+
+    @pytest.mark.parametrize("device", DEVICES)
+    def test_scores_follow_the_curves(self, device):
+        head = make_head()
+        boxes = torch.tensor([[0, 0, 10, 10]] * 4, dtype=torch.float32)
+        scores = torch.tensor([0.3, 0.5, 0.7, 0.95])
+        dets = [
+            Detections(boxes, scores, [1, 1, 2, 2], SIZE, "a").to(device),  # class 1 has its own curve
+            Detections(boxes, scores, [0, 0, 0, 0], SIZE, "b").to(device),
+            Detections(boxes, scores, [0, 5, 0, 5], SIZE, "c").to(device),
+        ]
+        before = [(d.boxes.clone(), d.scores.clone(), d.labels.clone()) for d in dets]
+        out = head.calibrate(dets)
+        eps = head.tie_break
+
+        def expected(kx_ky, s):
+            return (1 - eps) * isotonic_predict(*kx_ky, torch.tensor([s], dtype=torch.float64)).item() + eps * s
+
+        for det, calibrated in zip(dets, out, strict=True):
+            assert calibrated.device.type == device and calibrated.source == det.source
+            assert torch.equal(calibrated.boxes, det.boxes) and torch.equal(calibrated.labels, det.labels)
+            triples = zip(scores.tolist(), det.labels.tolist(), calibrated.scores.tolist(), strict=True)
+            for s, label, got in triples:
+                assert got == pytest.approx(expected(head.curve(det.source, label), s), abs=1e-6)
+        # class 1 of "a" uses its own curve; class 2 (no curve) the model's
+        assert out[0].scores[0].item() == pytest.approx(0.2 * (1 - eps) + eps * 0.3, abs=1e-6)
+        assert out[0].scores[2].item() == pytest.approx(0.55 * (1 - eps) + eps * 0.7, abs=1e-6)
+        assert head.curve("a", 2) is head.curve("a") and head.class_ids("a") == [1] and head.class_ids("b") == []
+        for det, (b, s, lab) in zip(dets, before, strict=True):  # inputs untouched
+            assert torch.equal(det.boxes, b) and torch.equal(det.scores, s) and torch.equal(det.labels, lab)
+
+    def test_empty_detections(self):
+        out = make_head().calibrate([Detections.empty(SIZE, name) for name in NAMES])
+        assert [len(d) for d in out] == [0, 0, 0] and [d.source for d in out] == NAMES
+
+    def test_members_are_matched_by_name(self):
+        head = make_head()
+        per_model = random_models(1)
+        forward = head.calibrate(per_model)
+        backward = head.calibrate(per_model[::-1])
+        assert [d.source for d in backward] == NAMES[::-1]
+        for det in forward:
+            twin = next(d for d in backward if d.source == det.source)
+            assert torch.equal(det.scores, twin.scores)
+        assert as_set(head.fuse_detections(per_model)) == as_set(head.fuse_detections(per_model[::-1]))
+        # a subset, by name
+        subset = head.calibrate([per_model[2]])
+        assert torch.equal(subset[0].scores, forward[2].scores)
+
+    def test_position_is_the_fallback_for_unnamed_detections(self):
+        head = make_head()
+        per_model = random_models(2)
+        unnamed = [d.with_source(None) for d in per_model]
+        assert all(torch.equal(a.scores, b.scores) for a, b in
+                   zip(head.calibrate(unnamed), head.calibrate(per_model), strict=True))
+        other = [d.with_source(f"model{i}") for i, d in enumerate(per_model)]  # names of other models
+        with pytest.raises(ValueError, match=r"\['model0', 'model1', 'model2'\] but this calibration head is for"):
+            head.calibrate(other)
+
+    def test_wrong_names_are_an_error_naming_both_lists(self):
+        head = make_head()
+        per_model = random_models(3)
+        with pytest.raises(ValueError, match=r"\['x', 'y'\].*\['a', 'b', 'c'\]"):
+            head.calibrate([per_model[0].with_source("x"), per_model[1].with_source("y")])
+        with pytest.raises(ValueError, match=r"\['b', None, None\].*\['a', 'b', 'c'\]"):  # 'b' at a's place
+            head.calibrate([per_model[0].with_source("b"), *(d.with_source(None) for d in per_model[1:])])
+
+    def test_fuse_detections_is_calibrate_then_the_fuser(self):
+        head = make_head(fuser="soft_nms", fuser_params={"sigma": 0.3})
+        per_model = random_models(4)
+        expected = fuse(head.calibrate(per_model), "soft_nms", sigma=0.3)
+        assert as_set(head.fuse_detections(per_model)) == as_set(expected)
+        assert as_set(head.fuse_detections(per_model, sigma=0.6)) == as_set(
+            fuse(head.calibrate(per_model), "soft_nms", sigma=0.6)
+        )
+
+    def test_with_fuser_keeps_the_curves(self):
+        head = make_head()
+        other = head.with_fuser("refine", {"sigma": 0.4})
+        assert other.fuser == "refine" and other.fuser_params == {"sigma": 0.4} and head.fuser == "wbf"
+        assert other.config() == {**head.config(), "fuser": "refine", "fuser_params": {"sigma": 0.4}}
+        per_model = random_models(6)
+        for a, b in zip(head.calibrate(per_model), other.calibrate(per_model), strict=True):
+            assert torch.equal(a.scores, b.scores)
+        assert as_set(other.fuse_detections(per_model)) == as_set(fuse(head.calibrate(per_model), "refine", sigma=0.4))
+
+    def test_theta_fuser_calls_fuse_detections(self, tmp_path):
+        head = make_head()
+        per_model = random_models(5)
+        out = fuse(per_model, "theta", head=head)
+        assert out.source == "fused:calibration"
+        assert as_set(out) == as_set(head.fuse_detections(per_model))
+        assert as_set(fuse(per_model, "theta", head=head, iou_thr=0.3)) == as_set(
+            fuse(head.calibrate(per_model), "wbf", iou_thr=0.3)
+        )
+        path = tmp_path / "calibration.json"
+        head.save(path)
+        assert as_set(fuse(per_model, "theta", head=str(path))) == as_set(out)
+
+    def test_bad_construction(self):
+        with pytest.raises(ValueError, match=r"unknown fusion method 'wfb'.*Did you mean 'wbf'"):
+            CalibrationHead(NAMES, fuser="wfb")
+        with pytest.raises(ValueError, match="must not hold 'calibration'"):
+            CalibrationHead(NAMES, fuser_params={"calibration": "x.json"})
+        with pytest.raises(ValueError, match="JSON-serializable"):
+            CalibrationHead(NAMES, fuser_params={"weights": torch.ones(3)})
+        with pytest.raises(ValueError, match=r"missing \['c'\]"):
+            CalibrationHead(NAMES, {"a": curve([0.5], [0.5]), "b": curve([0.5], [0.5])})
+        with pytest.raises(ValueError, match=r"not in model_names"):
+            CalibrationHead(NAMES, class_curves={"z": {}}, per_class=True)
+        with pytest.raises(ValueError, match="non-decreasing"):
+            CalibrationHead(["a"], {"a": curve([0.2, 0.8], [0.9, 0.1])})
+        with pytest.raises(ValueError, match=r"lie in \[0, 1\]"):
+            CalibrationHead(["a"], {"a": curve([0.2, 0.8], [0.1, 1.5])})
+        with pytest.raises(ValueError, match="only with per_class=True"):
+            CalibrationHead(["a"], class_curves={"a": {0: curve([0.5], [0.5])}})
+        with pytest.raises(ValueError, match="target must be one of iou, tp50"):
+            CalibrationHead(["a"], target="map")
+
+
+class TestFiles:
+    @pytest.mark.parametrize("suffix", [".json", ".safetensors"])
+    def test_round_trip(self, suffix, tmp_path):
+        head = make_head(fuser="refine", fuser_params={"vote_sigma": 0.05})
+        path = tmp_path / f"head{suffix}"
+        head.save(path)
+        loaded = load_head(path)
+        assert type(loaded) is CalibrationHead and loaded.config() == head.config()
+        assert loaded.model_names == NAMES and loaded.fuser == "refine"
+        for name in NAMES:
+            assert loaded.class_ids(name) == head.class_ids(name)
+            for class_id in [None, *head.class_ids(name)]:
+                for a, b in zip(loaded.curve(name, class_id), head.curve(name, class_id), strict=True):
+                    assert torch.equal(a, b)
+        for seed in range(3):
+            per_model = random_models(10 + seed)
+            for a, b in zip(head.calibrate(per_model), loaded.calibrate(per_model), strict=True):
+                assert torch.equal(a.scores, b.scores)
+            assert as_set(head.fuse_detections(per_model)) == as_set(loaded.fuse_detections(per_model))
+        raw = path.read_bytes()  # plain JSON, or safetensors' JSON header + raw tensor bytes: no pickle
+        if suffix == ".json":
+            assert json.loads(raw)["type"] == "calibration"
+        else:
+            length = int.from_bytes(raw[:8], "little")
+            assert json.loads(raw[8 : 8 + length])["__metadata__"]["type"] == "calibration"
+
+    def test_model_names_on_load(self, tmp_path):
+        path = tmp_path / "head.json"
+        make_head().save(path)
+        reordered = CalibrationHead.load(path, model_names=["c", "a", "b"])  # curves belong to names
+        assert reordered.model_names == ["c", "a", "b"]
+        assert torch.equal(reordered.curve("a")[1], make_head().curve("a")[1])
+        with pytest.raises(ValueError, match=r"trained for models \['a', 'b', 'c'\].*\['a', 'b', 'x'\]"):
+            CalibrationHead.load(path, model_names=["a", "b", "x"])
+        with pytest.raises(HeadFileError, match="load it with detens.load_head"):
+            HEADS.get("theta").load(path)
+
+    def test_corrupt_files(self, tmp_path):
+        path = tmp_path / "head.json"
+        make_head().save(path)
+        document = json.loads(path.read_text())
+        bad = json.loads(json.dumps(document))
+        bad["config"]["bogus"] = 1
+        path.write_text(json.dumps(bad))
+        with pytest.raises(HeadFileError, match="unknown config keys"):
+            load_head(path)
+        bad = json.loads(json.dumps(document))
+        bad["tensors"]["curves"]["data"][2] += 1  # knot counts no longer add up
+        path.write_text(json.dumps(bad))
+        with pytest.raises(HeadFileError, match="do not add up"):
+            load_head(path)
+        bad = json.loads(json.dumps(document))
+        bad["tensors"]["knots_y"]["data"][0] = 0.9  # decreasing curve
+        path.write_text(json.dumps(bad))
+        with pytest.raises(HeadFileError, match="non-decreasing"):
+            load_head(path)
+
+
+# ------------------------------------------------------------------------------------- fuse(calibration=)
+class TestFuseWithCalibration:
+    @pytest.mark.parametrize("method", ["wbf", "nms", "soft_nms", "refine", "mean"])
+    def test_equals_fusing_the_calibrated_list(self, method):
+        head = make_head()
+        for seed in range(3):
+            per_model = random_models(20 + seed)
+            got = fuse(per_model, method, calibration=head)
+            assert as_set(got) == as_set(fuse(head.calibrate(per_model), method))
+            assert got.source == f"fused:{method}"
+
+    def test_calibration_from_a_path(self, tmp_path):
+        head = make_head()
+        path = tmp_path / "head.safetensors"
+        head.save(path)
+        per_model = random_models(30)
+        expected = as_set(fuse(per_model, "wbf", calibration=head, iou_thr=0.5))
+        assert as_set(fuse(per_model, "wbf", calibration=path, iou_thr=0.5)) == expected
+        assert as_set(fuse(per_model, "wbf", calibration=str(path), iou_thr=0.5)) == expected
+
+    def test_not_a_calibration_head(self):
+        from detens.heads.theta import ThetaHead
+
+        with pytest.raises(TypeError, match="calibration must be a CalibrationHead"):
+            fuse(random_models(0), "wbf", calibration=ThetaHead(NAMES))
+
+
+# ----------------------------------------------------------------------------------------------- refine
+class TestRefine:
+    @pytest.mark.parametrize("decay", ["gaussian", "linear"])
+    def test_matches_the_slow_reference(self, decay):
+        compared = 0
+        for seed in range(30):
+            rng = np.random.default_rng(500 + seed)
+            num_objects, num_classes = int(rng.integers(1, 10)), int(rng.integers(1, 4))
+            per_model = random_models(500 + seed, num_objects=num_objects, num_classes=num_classes)
+            sigma, thresh = float(rng.uniform(0.1, 1.0)), float(rng.choice([0.001, 0.05, 0.2]))
+            vote_iou, vote_sigma = float(rng.choice([0.0, 0.01, 0.3, 0.6])), float(rng.uniform(0.01, 0.5))
+            iou_thr = float(rng.uniform(0.1, 0.7))
+            got = refine_fusion(per_model, sigma=sigma, thresh=thresh, vote_iou=vote_iou, vote_sigma=vote_sigma,
+                                decay=decay, iou_thr=iou_thr)
+            assert got.source == "fused:refine" and (got.scores[:-1] >= got.scores[1:]).all()
+            expected = reference_refine(per_model, sigma, thresh, vote_iou, vote_sigma, decay, iou_thr)
+            got_rows = as_rows(got)
+            assert got_rows.shape == expected.shape, f"seed {seed}"
+            np.testing.assert_allclose(got_rows, expected, rtol=0, atol=2e-4, err_msg=f"seed {seed}")
+            compared += len(got)
+        assert compared > 100
+
+    def test_hand_case(self):
+        # Two boxes of one class: the lower one is decayed (kept), both kept boxes are voted toward each other.
+        a = Detections(torch.tensor([[10.0, 10.0, 50.0, 50.0]]), [0.9], [1], SIZE, "a")
+        b = Detections(torch.tensor([[14.0, 10.0, 54.0, 50.0]]), [0.6], [1], SIZE, "b")
+        u = 36 * 40 / (2 * 1600 - 36 * 40)
+        out = refine_fusion([a, b], sigma=0.5, vote_sigma=0.1)
+        weight = 0.6 * math.exp(-((1 - u) ** 2) / 0.1)
+        x1 = (0.9 * 10 + weight * 14) / (0.9 + weight)
+        assert out.scores.tolist() == pytest.approx([0.9, 0.6 * math.exp(-u * u / 0.5)], abs=1e-6)
+        assert out.boxes[0, 0].item() == pytest.approx(x1, abs=1e-4)
+        # vote_iou above their IoU: no voting, the boxes stay as they are
+        alone = refine_fusion([a, b], vote_iou=0.9)
+        assert alone.boxes.tolist() == [[10.0, 10.0, 50.0, 50.0], [14.0, 10.0, 54.0, 50.0]]
+        # another class does not vote
+        c = Detections(torch.tensor([[14.0, 10.0, 54.0, 50.0]]), [0.6], [2], SIZE, "c")
+        assert refine_fusion([a, c]).boxes[0].tolist() == [10.0, 10.0, 50.0, 50.0]
+
+    def test_bad_parameters(self):
+        per_model = random_models(0)
+        for params, message in [
+            ({"vote_iou": 1.0}, "vote_iou must be in"),
+            ({"vote_sigma": 0.0}, "vote_sigma must be a positive number"),
+            ({"sigma": -1.0}, "sigma must be a positive number"),
+            ({"decay": "cubic"}, "decay must be"),
+            ({"thresh": 1.0}, "thresh must be in"),
+        ]:
+            with pytest.raises(ValueError, match=message):
+                fuse(per_model, "refine", **params)
+        with pytest.raises(ValueError, match="one number per model"):
+            fuse(per_model, "refine", weights=[1.0, 2.0])
+
+
+# ------------------------------------------------------------------------------------------ fitting
+def _xywh(box):
+    return [box[0], box[1], box[2] - box[0], box[3] - box[1]]
+
+
+GT_BOX = [20.0, 20.0, 60.0, 60.0]
+HALF_BOX = [20.0, 20.0, 60.0, 40.0]  # IoU 0.5 with GT_BOX
+CROWD_BOX = [80.0, 0.0, 160.0, 80.0]
+
+
+def synthetic(num_images: int = 4, models: dict | None = None) -> EnsemblePredictions:
+    """Each image: one object of class 1 at GT_BOX, one crowd region of class 1 at CROWD_BOX.
+
+    Default models: ``sharp`` (see :func:`_sharp_results`) and ``lost``, whose boxes hit nothing."""
+    images = [{"id": i, "width": 160, "height": 120, "file_name": f"{i}.jpg"} for i in range(num_images)]
+    annotations = []
+    for i in range(num_images):
+        for k, (box, crowd) in enumerate(((GT_BOX, 0), (CROWD_BOX, 1))):
+            annotations.append(
+                {"id": 2 * i + k + 1, "image_id": i, "category_id": 1, "bbox": _xywh(box), "iscrowd": crowd}
+            )
+    gt = load_coco_gt({"images": images, "annotations": annotations,
+                       "categories": [{"id": 1, "name": "one"}, {"id": 2, "name": "two"}]})
+
+    def result(image_id, box, score, category=1):
+        return {"image_id": image_id, "category_id": category, "bbox": _xywh(box), "score": score}
+
+    if models is None:
+        models = {
+            "sharp": _sharp_results(num_images),
+            "lost": [result(i, [0.0, 90.0, 10.0, 100.0], 0.7) for i in range(num_images)],
+        }
+    return EnsemblePredictions(list(models), list(models.values()), gt)
+
+
+class TestFitCalibration:
+    def test_iou_target(self):
+        preds = synthetic(models={"sharp": _sharp_results()})
+        head = fit_calibration(preds, preds.image_ids)
+        kx, ky = head.curve("sharp")
+        assert_close(kx, torch.tensor([0.2, 0.6, 0.9], dtype=torch.float64), atol=1e-6, rtol=0)
+        assert_close(ky, torch.tensor([0.0, 0.5, 1.0], dtype=torch.float64))  # the crowd box at 0.95 is ignored
+        assert head.target == "iou" and head.fuser == "wbf" and not head.per_class
+        out = head.calibrate_scores("sharp", torch.tensor([0.1, 0.4, 0.75, 1.0]))
+        eps = head.tie_break
+        expected = torch.tensor([0.0, 0.25, 0.75, 1.0]) * (1 - eps) + eps * torch.tensor([0.1, 0.4, 0.75, 1.0])
+        assert_close(out, expected, atol=1e-6, rtol=0)
+
+    def test_tp50_target(self):
+        preds = synthetic(models={"sharp": _sharp_results()})
+        head = fit_calibration(preds, preds.image_ids, target="tp50", fuser="refine", fuser_params={"sigma": 0.4})
+        assert head.curve("sharp")[1].tolist() == [0.0, 1.0]  # IoU 0.5 and 1 are both hits
+        assert head.fuser == "refine" and head.fuser_params == {"sigma": 0.4}
+        per_model = preds.per_model(0)
+        assert head.fuse_detections(per_model).source == "fused:refine"
+
+    def test_per_class_shrinkage(self):
+        results = _sharp_results() + [  # class 2: high scores that never hit (no class-2 object)
+            {"image_id": i, "category_id": 2, "bbox": _xywh(GT_BOX), "score": s}
+            for i in range(4) for s in (0.8, 0.85)
+        ]
+        preds = synthetic(models={"sharp": results})
+        for shrinkage in (0.0, 4.0, 1e9):
+            head = fit_calibration(preds, preds.image_ids, per_class=True, shrinkage=shrinkage)
+            assert head.class_ids("sharp") == [1, 2] and head.per_class
+            global_x, global_y = head.curve("sharp")
+            # the rule: t̃ = λ t + (1 − λ) f(s), λ = n / (n + shrinkage), then isotonic_fit
+            s = torch.tensor([0.8, 0.85] * 4).double()  # the scores as stored (float32)
+            lam = 8 / (8 + shrinkage)
+            blended = (1 - lam) * isotonic_predict(global_x, global_y, s)
+            expected = isotonic_fit(s, blended)
+            for got, want in zip(head.curve("sharp", 2), expected, strict=True):
+                assert_close(got, want)
+        # no shrinkage: class 2 never hits; huge shrinkage: class 2 follows the model's curve
+        head0 = fit_calibration(preds, preds.image_ids, per_class=True, shrinkage=0.0)
+        assert head0.curve("sharp", 2)[1].tolist() == [0.0]
+        headinf = fit_calibration(preds, preds.image_ids, per_class=True, shrinkage=1e9)
+        s = torch.tensor([0.8, 0.85])
+        assert_close(headinf.calibrate_scores("sharp", s, torch.tensor([2, 2])),
+                     headinf.calibrate_scores("sharp", s), atol=1e-6, rtol=0)
+        # a class without training detections (7) uses the model's curve
+        assert_close(head0.calibrate_scores("sharp", s, torch.tensor([7, 7])), head0.calibrate_scores("sharp", s))
+
+    def test_bad_input(self):
+        preds = synthetic()
+        with pytest.raises(ValueError, match="needs at least 2 images, got 1"):
+            fit_calibration(preds, [0])
+        with pytest.raises(ValueError, match="model 'lost': none of its 4 detections"):
+            fit_calibration(preds, preds.image_ids)
+        quiet = synthetic(models={"sharp": _sharp_results(), "quiet": []})
+        with pytest.raises(ValueError, match="model 'quiet' has no detection on the 4 training images"):
+            fit_calibration(quiet, quiet.image_ids)
+        sharp = synthetic(models={"sharp": _sharp_results()})
+        with pytest.raises(ValueError, match=r"duplicates \[1\]"):
+            fit_calibration(sharp, [0, 1, 1])
+        with pytest.raises(ValueError, match=r"image_ids \[99\] are not in the ground truth"):
+            fit_calibration(sharp, [0, 99])
+        with pytest.raises(ValueError, match="target must be one of"):
+            fit_calibration(sharp, [0, 1], target="ap")
+        with pytest.raises(ValueError, match="shrinkage must be a number >= 0"):
+            fit_calibration(sharp, [0, 1], shrinkage=-1.0)
+
+    def test_fitted_head_round_trips_and_fuses(self, tmp_path):
+        preds = synthetic(models={"sharp": _sharp_results(), "copy": _sharp_results()})
+        head = fit_calibration(preds, preds.image_ids, per_class=True)
+        path = tmp_path / "head.json"
+        head.save(path)
+        per_model = preds.per_model(1)
+        assert as_set(fuse(per_model, "wbf", calibration=path)) == as_set(head.fuse_detections(per_model))
+
+
+def _sharp_results(num_images: int = 4) -> list[dict]:
+    """Per image: an exact box at 0.9 (IoU 1), a half box at 0.6 (IoU 0.5), a false positive at 0.2 (IoU 0)
+    and a box inside the crowd region at 0.95 (ignored)."""
+    return [
+        {"image_id": i, "category_id": 1, "bbox": _xywh(box), "score": score}
+        for i in range(num_images)
+        for box, score in ((GT_BOX, 0.9), (HALF_BOX, 0.6), ([0.0, 90.0, 10.0, 100.0], 0.2),
+                           ([100.0, 10.0, 140.0, 50.0], 0.95))
+    ]
