@@ -301,12 +301,10 @@ class PretrainedHead(EvalMethod):
                 f"head {name!r} was trained for models {self.head.model_names}, but the predictions have "
                 f"{list(model_names)}"
             )
-        # The predictions folder lists its models by file name; the head's weights follow its own order.
-        self.order = [list(model_names).index(m) for m in self.head.model_names]
 
     def predict(self, data: EvaluationData, image_id: int) -> Detections:
-        per_model = data.per_model(image_id)
-        return fuse([per_model[i] for i in self.order], "theta", head=self.head)
+        # each Detections names its model (the file name), so the head takes them in its own order
+        return fuse(data.per_model(image_id), "theta", head=self.head)
 
     def describe(self) -> dict[str, Any]:
         return {"head": self.path, "type": self.head.type_name, "match_iou": self.head.match_iou}

@@ -116,7 +116,7 @@ def test_overrides_and_round_trip(tmp_path):
         path, {"fusion.method": "nms", "conf": 0.3, "output.vis": False, "device": None}
     )
     assert config.fusion.method == "nms" and config.conf == 0.3 and config.output.vis is False
-    assert config.fusion.head == str((REPO / "configs" / "heads" / "coco_yolo3_theta.json").resolve())  # kept, resolved next to the YAML
+    assert config.fusion.head == str((REPO / "configs" / "heads" / "coco_yolo3_deep.json").resolve())  # kept, resolved next to the YAML
     save_ensemble_config(config, tmp_path / "resolved.yaml")
     assert load_ensemble_config(tmp_path / "resolved.yaml") == config
     with pytest.raises(ValueError, match="Did you mean 'method'"):

@@ -2,11 +2,12 @@
 """Train fusion weights on saved predictions and COCO ground truth.
 
     python tools/train.py --gt instances.json --predictions predictions/ --out head.json \\
-        [--head theta|selection|deep|superlearner] [--config configs/train/<head>.yaml] \\
-        [--images-from ids.txt] [--models a,b,c]
+        [--head theta|theta_seed|selection|deep|superlearner|calibration] [--config configs/train/<head>.yaml] \\
+        [--images-from ids.txt] [--models a,b,c] [--also-fit-on GT2 PREDICTIONS2]
 
 ``--predictions`` holds one COCO results file per model (``<model>.json``, as ``tools/cache.py`` writes);
-the head remembers the model names and their order. Every key of the YAML config can be overridden with
+the head remembers the model names (it matches members by name when it fuses). ``--also-fit-on`` adds a
+second dataset's images (same categories, the same models in any file order) to the training images. Every key of the YAML config can be overridden with
 ``--set key=value`` (repeatable); ``--epochs``, ``--lr``, ``--seed`` are shortcuts. Writes:
 
 - ``--out``: the head (``.json`` or ``.safetensors``; no pickle), loadable by ``tools/fuse.py --head``;
@@ -36,7 +37,7 @@ from detens.coco import load_coco_gt
 from detens.config import from_dict, save_yaml_config
 from detens.heads import TRAINERS, config_for, fit_head
 from detens.io import atomic_write_bytes, atomic_write_json
-from detens.predictions import EnsemblePredictions
+from detens.predictions import EnsemblePredictions, join_predictions
 
 logger = logging.getLogger("detens.train")
 
@@ -113,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--images-from", help="file with the image ids to train on (default: all with GT)")
     parser.add_argument("--models", help="comma-separated model names (default: every file, sorted)")
+    parser.add_argument(
+        "--also-fit-on", nargs=2, metavar=("GT", "PREDICTIONS"),
+        help="annotations and prediction folder of more training images (all their annotated images)",
+    )
     parser.add_argument("--epochs", type=int)
     parser.add_argument("--lr", type=float)
     parser.add_argument("--seed", type=int)
@@ -141,6 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(image_ids) - set(gt.image_ids))
     if unknown:
         raise ValueError(f"--images-from lists image ids not in {args.gt}: {unknown[:10]}")
+    if args.also_fit_on:
+        extra_gt, extra_folder = args.also_fit_on
+        extra = EnsemblePredictions.from_folder(extra_folder, load_coco_gt(extra_gt), models=predictions.model_names)
+        predictions, extra_ids = join_predictions(predictions, extra)
+        image_ids = list(image_ids) + extra_ids
 
     def on_epoch(epoch: int, loss: float) -> None:
         if epoch == 0 or (epoch + 1) % max(1, config.epochs // 20) == 0 or epoch + 1 == config.epochs:

@@ -81,7 +81,8 @@ def load_head(path: str | Path, model_names: Sequence[str] | None = None) -> Any
     Args:
         path (str | Path): a ``.json`` or ``.safetensors`` file written by ``head.save``.
         model_names (list[str] | None): when given, the ensemble the head will fuse; a head trained
-            for other models (or another order) raises ``ValueError`` naming both lists.
+            for other models raises ``ValueError`` naming both lists (another order is fine: fusion
+            matches members by their ``source`` names).
 
     Returns:
         the head (an ``nn.Module`` on the CPU).

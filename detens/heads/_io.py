@@ -264,9 +264,11 @@ def check_head_clusters(clusters: Any, model_names: list[str], what: str) -> Non
 def read_head_for(path: str | Path, type_name: str, model_names: Sequence[str] | None) -> Any:
     """:func:`read_head_file`, checked to hold a ``type_name`` head for ``model_names`` (when given).
 
+    The same models in another order are accepted: the head keeps its own order, and fusion puts each
+    Detections in it by its ``source`` name (:func:`member_order`).
+
     Raises:
-        HeadFileError: another head type. ValueError: other models, or the same models in another order
-            (a head's weights belong to its models, in order); the message names both lists.
+        HeadFileError: another head type. ValueError: other models; the message names both lists.
     """
     stored = read_head_file(path)
     where = repr(str(path))
@@ -274,11 +276,10 @@ def read_head_for(path: str | Path, type_name: str, model_names: Sequence[str] |
         raise HeadFileError(f"{where} holds a {stored.type!r} head, not {type_name!r}; load it with detens.load_head")
     if model_names is not None:
         names = check_model_names(model_names)
-        if names != stored.model_names:
-            hint = " (the same models in another order)" if sorted(names) == sorted(stored.model_names) else ""
+        if sorted(names) != sorted(stored.model_names):
             raise ValueError(
-                f"head {where} was trained for models {stored.model_names} but model_names={names}{hint}; "
-                f"a {type_name} head's weights belong to its models, in order"
+                f"head {where} was trained for models {stored.model_names} but model_names={names}; "
+                f"a {type_name} head's weights belong to its models"
             )
     return stored
 
