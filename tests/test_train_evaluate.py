@@ -488,7 +488,8 @@ class TestHeadsMatchMembersByName:
 
     def test_calibration_is_a_cross_validated_method(self, ensemble):
         report = cross_validate(ensemble, ["calibration"], k=2, backend="faster",
-                                method_options={"calibration": {"fusers": ["wbf", "refine"], "fuser_params": {}}})
+                                method_options={"calibration": {"fusers": ["wbf", "refine"],
+                                                                "fuser_params": {"wbf": {"iou_thr": 0.6}}}})
         fitted = report["calibration"].fitted
         assert len(fitted) == 2 and all(len(f["config"]["fusers"]) == 1 for f in fitted)
         assert 0.0 < report["calibration"].metrics["map"] <= 1.0

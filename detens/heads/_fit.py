@@ -750,7 +750,9 @@ def _fit_calibration(predictions, image_ids, config: CalibrationTrainConfig, pro
     if progress is not None:
         progress(len(image_ids))
     history = TrainHistory(seconds=time.perf_counter() - start)
-    return best[1], history, replace(config, fusers=[best[2]])
+    chosen = best[2]
+    fuser_params = {chosen: config.fuser_params[chosen]} if chosen in config.fuser_params else {}
+    return best[1], history, replace(config, fusers=[chosen], fuser_params=fuser_params)
 
 
 TRAINERS["calibration"] = Trainer(CalibrationTrainConfig, CalibrationTrainConfig, _fit_calibration)
