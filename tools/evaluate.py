@@ -18,7 +18,8 @@ More fitting data, for every learned and tuned method alike (``wbf_tuned`` inclu
 
 The extra dataset must have the same categories and every model (file order does not matter).
 
-Prints a Markdown table; writes ``{method: {metric: value}}`` to ``--out`` and what each fold's fit chose
+Prints a Markdown table; writes ``{method: {metric: value}}`` to ``--out`` (rewritten as each method
+finishes, so an interrupted run keeps its finished rows) and what each fold's fit chose
 (tuned thresholds, learned weights) to ``<out>.fitted.json``.
 """
 
@@ -108,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--train-config takes HEAD=YAML with HEAD one of {', '.join(sorted(TRAINERS))}, got {item!r}")
         options[method] = {"config": load_yaml_config(TRAINERS[method].config_class, path)}
 
+    out = Path(args.out)
+    finished: dict[str, MethodResult] = {}
+
     def on_method(name: str, result: MethodResult) -> None:
         chose = ""
         if name == "wbf_tuned":
@@ -115,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"iou_thr {f['iou_thr']}, {f['conf_type']}, weights {f['weights']}" for f in result.fitted
             )
         print(f"{name:>22}: mAP {result.metrics['map']:.4f}  AP50 {result.metrics['map50']:.4f}{chose}", flush=True)
+        finished[name] = result
+        # every finished row is on disk at once: a failure or a kill later loses none of them
+        atomic_write_json(out, {n: r.metrics for n, r in finished.items()}, indent=1)
 
     protocol = f"{args.cv}-fold CV (seed {args.seed})" if args.cv else "no CV"
     if fit_on is not None:
@@ -130,7 +137,6 @@ def main(argv: list[str] | None = None) -> int:
         on_method=on_method, fit_on=fit_on,
     )
     table = {name: result.metrics for name, result in report.items()}
-    out = Path(args.out)
     atomic_write_json(out, table, indent=1)
     atomic_write_json(out.with_name(out.stem + ".fitted.json"),
                       {name: result.fitted for name, result in report.items() if result.fitted}, indent=1)
