@@ -431,6 +431,8 @@ class TestTools:
             assert all(isinstance(v, float) for v in metrics.values())
         fitted = json.loads((tmp_path / "report.fitted.json").read_text())
         assert list(fitted) == ["theta"] and len(fitted["theta"]) == 2
+        calibration = json.loads((tmp_path / "report.calibration.json").read_text())
+        assert list(calibration) == list(report) and all(len(c["bins"]) == 10 for c in calibration.values())
         assert "| theta |" in capsys.readouterr().out
         assert (tmp_path / "r.png").stat().st_size > 1000
 

@@ -20,7 +20,8 @@ The extra dataset must have the same categories and every model (file order does
 
 Prints a Markdown table; writes ``{method: {metric: value}}`` to ``--out`` (rewritten as each method
 finishes, so an interrupted run keeps its finished rows) and what each fold's fit chose
-(tuned thresholds, learned weights) to ``<out>.fitted.json``.
+(tuned thresholds, learned weights) to ``<out>.fitted.json`` and each method's reliability bins (score vs
+true-positive rate at IoU 0.5) to ``<out>.calibration.json``.
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
 
     protocol = f"{args.cv}-fold CV (seed {args.seed})" if args.cv else "no CV"
     if fit_on is not None:
-        protocol += f", fitting on {len(fit_on.gt.annotated_image_ids)} images of {fit_gt}" + (
+        protocol += f", fitting on {len(fit_on.gt.annotated_image_ids)} images of {Path(fit_gt).parent.name}" + (
             " too" if args.cv else ""
         )
     logger.info(
@@ -140,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write_json(out, table, indent=1)
     atomic_write_json(out.with_name(out.stem + ".fitted.json"),
                       {name: result.fitted for name, result in report.items() if result.fitted}, indent=1)
+    atomic_write_json(out.with_name(out.stem + ".calibration.json"),
+                      {name: result.calibration for name, result in report.items()}, indent=1)
     if args.plot:
         plot_report(table, args.plot, title=f"COCO mAP, {protocol}, models: {', '.join(predictions.model_names)}")
     if args.reliability:
