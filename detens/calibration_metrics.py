@@ -20,6 +20,8 @@ import numpy as np
 
 from detens.coco import (
     CocoGroundTruth,
+    check_result_categories,
+    evaluated_image_ids,
     group_results_by_image,
     load_coco_gt,
     load_coco_results,
@@ -118,25 +120,9 @@ def detection_calibration(
                 f"results[{i}].score = {r['score']!r} is outside [0, 1]; calibration compares scores with "
                 "true-positive rates, so scores must be probabilities"
             )
+    check_result_categories(truth, clean, "results")
     categories = set(truth.category_ids)
-    unknown_categories = sorted({r["category_id"] for r in clean} - categories)
-    if unknown_categories:
-        raise ValueError(
-            f"results use category ids {unknown_categories} that the ground truth does not define "
-            f"(known: {sorted(categories)}); map model class indices to dataset category ids first"
-        )
-
-    if image_ids is None:
-        eval_ids = truth.annotated_image_ids
-    else:
-        eval_ids = sorted({int(i) for i in image_ids})
-        unknown = [i for i in eval_ids if i not in truth]
-        if unknown:
-            raise ValueError(
-                f"image_ids not in the ground truth: {unknown[:10]}{' ...' if len(unknown) > 10 else ''}"
-            )
-        if not eval_ids:
-            raise ValueError("image_ids is empty: nothing to evaluate")
+    eval_ids = evaluated_image_ids(truth, image_ids)
     outside = sum(r["image_id"] not in truth for r in clean)
     if outside:
         logger.warning(

@@ -495,6 +495,31 @@ def _coco_from_dataset(dataset: Mapping[str, Any]) -> COCO:
 
 
 # ----------------------------------------------------------------------------------------------- evaluate
+def evaluated_image_ids(truth: CocoGroundTruth, image_ids: Iterable[int] | None) -> list[int]:
+    """The sorted images to evaluate: ``image_ids`` (each must be in ``truth``, at least one) or, by default,
+    every image with an annotation."""
+    if image_ids is None:
+        return truth.annotated_image_ids
+    eval_ids = sorted({int(i) for i in image_ids})
+    unknown = [i for i in eval_ids if i not in truth]
+    if unknown:
+        raise ValueError(f"image_ids not in the ground truth: {unknown[:10]}{' ...' if len(unknown) > 10 else ''}")
+    if not eval_ids:
+        raise ValueError("image_ids is empty: nothing to evaluate")
+    return eval_ids
+
+
+def check_result_categories(truth: CocoGroundTruth, results: Sequence[Mapping[str, Any]], what: str) -> None:
+    """Every result's ``category_id`` must be a category of ``truth`` (pycocotools would drop the others)."""
+    known = set(truth.category_ids)
+    unknown = sorted({r["category_id"] for r in results} - known)
+    if unknown:
+        raise ValueError(
+            f"{what} use category ids {unknown} that the ground truth does not define "
+            f"(known: {sorted(known)}); map model class indices to dataset category ids first"
+        )
+
+
 def evaluate_coco(
     gt: str | Path | Mapping[str, Any] | COCO | CocoGroundTruth,
     predictions: Sequence[Mapping[str, Any]] | str | Path,
@@ -538,25 +563,8 @@ def evaluate_coco(
 
     if backend not in ("pycocotools", "faster"):
         raise ValueError(f"backend must be 'pycocotools' or 'faster', got {backend!r}")
-    if image_ids is None:
-        eval_ids = truth.annotated_image_ids
-    else:
-        eval_ids = sorted({int(i) for i in image_ids})
-        unknown = [i for i in eval_ids if i not in truth]
-        if unknown:
-            raise ValueError(
-                f"image_ids not in the ground truth: {unknown[:10]}{' ...' if len(unknown) > 10 else ''}"
-            )
-        if not eval_ids:
-            raise ValueError("image_ids is empty: nothing to evaluate")
-
-    known_categories = set(truth.category_ids)
-    unknown_categories = sorted({r["category_id"] for r in results} - known_categories)
-    if unknown_categories:
-        raise ValueError(
-            f"predictions use category ids {unknown_categories} that the ground truth does not define "
-            f"(known: {sorted(known_categories)}); map model class indices to dataset category ids first"
-        )
+    eval_ids = evaluated_image_ids(truth, image_ids)
+    check_result_categories(truth, results, "predictions")
 
     outside = sum(r["image_id"] not in truth for r in results)
     if outside:

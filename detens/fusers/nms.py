@@ -186,6 +186,41 @@ def _soft_nms_tier(
         np.multiply(current, decay, out=current, where=(current >= 0) & alive[:, None])
 
 
+def soft_nms_pass(
+    per_model: Sequence[Detections],
+    weights: Sequence[float] | Tensor | None,
+    sigma: float,
+    thresh: float,
+    decay: str,
+    iou_thr: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor] | None:
+    """Check the Soft-NMS options, then run class-wise Soft-NMS over the boxes of all models on the CPU.
+
+    Returns:
+        None when no model has a box; else ``(pixel (Tensor[K, 4]), normalized (Tensor[K, 4]), scores
+        (Tensor[K]), labels (Tensor[K]))`` of every weighted input box and ``kept (Tensor[M])`` (indices
+        into them), ``decayed (Tensor[M])`` (their decayed scores), on the CPU.
+    """
+    check_per_model(per_model)
+    if decay not in ("gaussian", "linear"):
+        raise ValueError(f"decay must be 'gaussian' or 'linear', got {decay!r}")
+    if not 0.0 <= float(iou_thr) <= 1.0:
+        raise ValueError(f"iou_thr must be in [0, 1], got {iou_thr}")
+    if not (math.isfinite(float(sigma)) and float(sigma) > 0):
+        raise ValueError(f"sigma must be a positive number, got {sigma}")
+    if not 0.0 <= float(thresh) < 1.0:
+        raise ValueError(f"thresh must be in [0, 1), got {thresh}")
+    # Sequential within a group, like WBF: numpy on the CPU, then back to the input device.
+    prepared = _weighted_boxes(per_model, weights, torch.device("cpu"))
+    if prepared is None:
+        return None
+    pixel, normalized, scores, labels = prepared
+    kept, decayed = _soft_nms_lockstep(
+        normalized, scores, labels, float(iou_thr), float(sigma), float(thresh), decay == "linear"
+    )
+    return pixel, normalized, scores, labels, torch.from_numpy(kept), torch.from_numpy(decayed)
+
+
 @FUSERS.register("soft_nms")
 def soft_nms_fusion(
     per_model: Sequence[Detections],
@@ -217,26 +252,11 @@ def soft_nms_fusion(
         Detections: kept boxes with their decayed scores, clipped to the image, sorted by score,
         source ``"fused:soft_nms"``.
     """
-    check_per_model(per_model)
-    if decay not in ("gaussian", "linear"):
-        raise ValueError(f"decay must be 'gaussian' or 'linear', got {decay!r}")
-    if not 0.0 <= float(iou_thr) <= 1.0:
-        raise ValueError(f"iou_thr must be in [0, 1], got {iou_thr}")
-    if not (math.isfinite(float(sigma)) and float(sigma) > 0):
-        raise ValueError(f"sigma must be a positive number, got {sigma}")
-    if not 0.0 <= float(thresh) < 1.0:
-        raise ValueError(f"thresh must be in [0, 1), got {thresh}")
+    passed = soft_nms_pass(per_model, weights, sigma, thresh, decay, iou_thr)
     image_size, device = per_model[0].image_size, per_model[0].device
-    # Sequential within a group, like WBF: numpy on the CPU, then back to the input device.
-    prepared = _weighted_boxes(per_model, weights, torch.device("cpu"))
-    if prepared is None:
+    if passed is None:
         return Detections.empty(image_size, source="fused:soft_nms", device=device)
-    pixel, normalized, scores, labels = prepared
-    kept, decayed = _soft_nms_lockstep(
-        normalized, scores, labels, float(iou_thr), float(sigma), float(thresh), decay == "linear"
-    )
-    kept_t = torch.from_numpy(kept)
-    decayed_t = torch.from_numpy(decayed)
+    pixel, _, _, labels, kept_t, decayed_t = passed
     by_score = torch.argsort(decayed_t, descending=True, stable=True)
     kept_t, decayed_t = kept_t[by_score], decayed_t[by_score]
     return Detections(

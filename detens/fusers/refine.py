@@ -33,8 +33,7 @@ from torch import Tensor
 from detens.detections import Detections
 from detens.fusers._lockstep import disjoint_groups
 from detens.fusers._registry import FUSERS
-from detens.fusers.nms import _soft_nms_lockstep, _weighted_boxes
-from detens.matching import check_per_model
+from detens.fusers.nms import soft_nms_pass
 
 __all__ = ["refine_fusion", "score_vote"]
 
@@ -125,28 +124,15 @@ def refine_fusion(
         Detections: the kept boxes, voted, with their decayed scores, clipped to the image, sorted by
         score, source ``"fused:refine"``.
     """
-    check_per_model(per_model)
-    if decay not in ("gaussian", "linear"):
-        raise ValueError(f"decay must be 'gaussian' or 'linear', got {decay!r}")
-    if not 0.0 <= float(iou_thr) <= 1.0:
-        raise ValueError(f"iou_thr must be in [0, 1], got {iou_thr}")
-    for name, value in (("sigma", sigma), ("vote_sigma", vote_sigma)):
-        if not (math.isfinite(float(value)) and float(value) > 0):
-            raise ValueError(f"{name} must be a positive number, got {value}")
-    if not 0.0 <= float(thresh) < 1.0:
-        raise ValueError(f"thresh must be in [0, 1), got {thresh}")
+    if not (math.isfinite(float(vote_sigma)) and float(vote_sigma) > 0):
+        raise ValueError(f"vote_sigma must be a positive number, got {vote_sigma}")
     if not 0.0 <= float(vote_iou) < 1.0:
         raise ValueError(f"vote_iou must be in [0, 1), got {vote_iou}")
+    passed = soft_nms_pass(per_model, weights, sigma, thresh, decay, iou_thr)
     image_size, device = per_model[0].image_size, per_model[0].device
-    # Soft-NMS is sequential within a group: numpy on the CPU (as soft_nms), then back to the input device.
-    prepared = _weighted_boxes(per_model, weights, torch.device("cpu"))
-    if prepared is None:
+    if passed is None:
         return Detections.empty(image_size, source="fused:refine", device=device)
-    pixel, normalized, scores, labels = prepared
-    kept, decayed = _soft_nms_lockstep(
-        normalized, scores, labels, float(iou_thr), float(sigma), float(thresh), decay == "linear"
-    )
-    kept_t, decayed_t = torch.from_numpy(kept), torch.from_numpy(decayed)
+    pixel, normalized, scores, labels, kept_t, decayed_t = passed
     by_score = torch.argsort(decayed_t, descending=True, stable=True)
     kept_t, decayed_t = kept_t[by_score], decayed_t[by_score]
     voted = score_vote(pixel, normalized, scores, labels, kept_t, float(vote_iou), float(vote_sigma))
