@@ -28,6 +28,7 @@ from detens.heads._fit import (
     config_for,
     score_targets,
     train_head,
+    train_network_head,
 )
 from detens.heads._net import FEATURE_GROUPS
 from detens.heads.deep import DeepEnsembleHead, score_weighted_box
@@ -510,3 +511,70 @@ def test_evaluation_methods_registered_and_run():
     assert report["selection_k1"].fitted[0]["config"]["k"] == 1
     for result in report.values():
         assert 0.0 <= result.metrics["map"] <= 1.0
+
+
+# ------------------------------------------------------------------------------------------ bagging
+class TestBagged:
+    def fit(self, kind, bags, seed=0):
+        config = config_for(kind, epochs=2, hidden=8, depth=1, match_iou_grid=[], bags=bags, seed=seed)
+        return train_network_head(kind, samples(6), NAMES, config)
+
+    @pytest.mark.parametrize("kind", KINDS)
+    def test_averages_bootstrap_fits_with_their_own_seeds(self, kind):
+        from detens.heads.bagged import BaggedHead
+
+        head, history = self.fit(kind, 3)
+        assert isinstance(head, BaggedHead) and len(head.members) == 3 and len(history.loss) == 2
+        clusters = match(scene(7)[0], iou_thr=0.55)
+        outputs = [member(clusters) for member in head.members]
+        boxes, scores = head(clusters)
+        assert_close(boxes, sum(b for b, _ in outputs) / 3)
+        assert_close(scores, sum(s for _, s in outputs) / 3)
+        assert not torch.equal(outputs[0][1], outputs[1][1])  # other samples and seeds: other fits
+        again, _ = self.fit(kind, 3)
+        assert_close(again(clusters)[1], scores)  # deterministic for the seed
+
+    def test_one_bag_is_the_plain_head(self):
+        head, _ = self.fit("deep", 1)
+        assert isinstance(head, DeepEnsembleHead)
+
+    @pytest.mark.parametrize("suffix", [".json", ".safetensors"])
+    def test_round_trip_and_fuse(self, suffix, tmp_path):
+        head, _ = self.fit("deep", 2)
+        path = tmp_path / f"bagged{suffix}"
+        head.save(path)
+        loaded = load_head(path, model_names=NAMES[::-1])
+        per_model = scene(9)[0]
+        expected = fuse(per_model, "theta", head=head)
+        got = fuse(per_model, "theta", head=path)
+        assert got.source == "fused:bagged"
+        assert_close(got.boxes, expected.boxes)
+        assert_close(got.scores, expected.scores)
+        assert loaded.model_names == NAMES
+
+    def test_bad_members_and_files(self, tmp_path):
+        from detens.heads.bagged import BaggedHead
+
+        with pytest.raises(ValueError, match="at least one member"):
+            BaggedHead([])
+        with pytest.raises(ValueError, match="member 1 is a 'superlearner' head"):
+            BaggedHead([DeepEnsembleHead(NAMES), SuperLearnerHead(NAMES)])
+        with pytest.raises(ValueError, match="member 1 fuses models"):
+            BaggedHead([DeepEnsembleHead(NAMES), DeepEnsembleHead(NAMES[::-1])])
+        with pytest.raises(ValueError, match="bags must be an integer >= 1"):
+            config_for("deep", bags=0)
+        head, _ = self.fit("deep", 2)
+        path = tmp_path / "bagged.json"
+        head.save(path)
+        document = json.loads(path.read_text())
+        for change, message in [
+            (lambda d: d["config"].update(member_type="theta"), "member_type must name a network head type"),
+            (lambda d: d["config"].update(members=[]), "members must be a non-empty list"),
+            (lambda d: d["config"]["members"].pop(), "belong to no member"),
+            (lambda d: d["config"].update(extra=1), "has the keys member_type and members"),
+        ]:
+            broken = copy.deepcopy(document)
+            change(broken)
+            path.write_text(json.dumps(broken))
+            with pytest.raises(HeadFileError, match=message):
+                load_head(path)

@@ -13,8 +13,9 @@ saved file, is fitted through :data:`TRAINERS` (one entry for all: :func:`fit_he
 Head types: ``"theta"`` (:class:`~detens.heads.theta.ThetaHead`), ``"selection"`` (e2e-CEL,
 :class:`~detens.heads.selection.SelectionHead`), ``"deep"`` (:class:`~detens.heads.deep.DeepEnsembleHead`),
 ``"superlearner"`` (:class:`~detens.heads.superlearner.SuperLearnerHead`), ``"calibration"`` (MoCaE,
-:class:`~detens.heads.calibration.CalibrationHead`, fitted by :func:`fit_calibration`); more register
-themselves as they are added.
+:class:`~detens.heads.calibration.CalibrationHead`, fitted by :func:`fit_calibration`), ``"bagged"`` (the
+average of bootstrap fits of one network head type, :class:`~detens.heads.bagged.BaggedHead`); more
+register themselves as they are added.
 
 The calibration head acts before matching: ``head.calibrate(per_model)`` maps each model's scores,
 ``head.fuse_detections(per_model)`` then fuses with a fixed fuser (``detens.fuse(per_model, method,
@@ -32,7 +33,7 @@ from detens.heads._registry import HEADS
 
 # Importing the modules registers their head types.
 from detens.heads import theta  # noqa: E402,F401  isort: skip
-from detens.heads import calibration, deep, selection, superlearner  # noqa: E402,F401  isort: skip
+from detens.heads import bagged, calibration, deep, selection, superlearner  # noqa: E402,F401  isort: skip
 from detens.heads.calibration import CalibrationHead, fit_calibration  # noqa: E402  isort: skip
 from detens.heads._fit import (  # noqa: E402  isort: skip
     CalibrationTrainConfig,

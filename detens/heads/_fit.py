@@ -67,6 +67,7 @@ __all__ = [
     "score_targets",
     "train_theta",
     "train_head",
+    "train_network_head",
     "make_head",
     "NETWORK_HEADS",
     "config_for",
@@ -310,6 +311,8 @@ class HeadTrainConfig:
         hidden (int), depth (int), activation (str), class_embed (int), features (list[str] | None):
             the head's network (see :class:`detens.heads._net.NetHead`).
         lambda_box (float): weight of the GIoU box loss.
+        bags (int): 1: one head; B > 1: B heads, head b fitted on a bootstrap sample of the training
+            images with seed ``seed + b``, averaged (:class:`~detens.heads.bagged.BaggedHead`).
         seed (int): seeds initialization, shuffling and the knapsack noise.
         device (str): where to train (``"cpu"``, ``"cuda"``).
     """
@@ -329,10 +332,13 @@ class HeadTrainConfig:
     class_embed: int = 0
     features: list[str] | None = None
     lambda_box: float = 1.0
+    bags: int = 1
     seed: int = 0
     device: str = "cpu"
 
     def __post_init__(self) -> None:
+        if isinstance(self.bags, bool) or not isinstance(self.bags, int) or self.bags < 1:
+            raise ValueError(f"bags must be an integer >= 1, got {self.bags!r}")
         for name in ("match_iou", "target_iou"):
             value = getattr(self, name)
             if not 0.0 < value < 1.0:
@@ -606,6 +612,38 @@ def train_head(
     return head, history
 
 
+def train_network_head(
+    kind: str,
+    samples: Sequence[ImageSample],
+    model_names: Sequence[str],
+    config: HeadTrainConfig,
+    on_epoch: Callable[[int, float], None] | None = None,
+):
+    """:func:`train_head`, or with ``config.bags`` = B > 1 the bagged head of B fits: fit b sees a
+    bootstrap sample of ``samples`` (as many images, drawn with replacement by ``config.seed``) and uses
+    seed ``config.seed + b``. The history's loss per epoch is the mean over the fits.
+
+    Returns:
+        (head, TrainHistory): a network head, or a :class:`~detens.heads.bagged.BaggedHead`.
+    """
+    if config.bags == 1:
+        return train_head(kind, samples, model_names, config, on_epoch)
+    from detens.heads.bagged import BaggedHead
+
+    draw = random.Random(config.seed)
+    members, histories = [], []
+    for b in range(config.bags):
+        bootstrap = [samples[draw.randrange(len(samples))] for _ in samples]
+        head, history = train_head(kind, bootstrap, model_names, replace(config, bags=1, seed=config.seed + b), on_epoch)
+        members.append(head)
+        histories.append(history)
+    combined = TrainHistory(
+        loss=[sum(h.loss[e] for h in histories) / len(histories) for e in range(config.epochs)],
+        seconds=sum(h.seconds for h in histories),
+    )
+    return BaggedHead(members), combined
+
+
 @dataclass(frozen=True)
 class Trainer:
     """How one head type is fitted.
@@ -692,7 +730,7 @@ for _kind, _config_cls in NETWORK_HEADS.items():
     TRAINERS[_kind] = Trainer(
         _config_cls, _config_cls,
         _cluster_trainer(
-            lambda samples, names, config, on_epoch, kind=_kind: train_head(kind, samples, names, config, on_epoch)
+            lambda samples, names, config, on_epoch, kind=_kind: train_network_head(kind, samples, names, config, on_epoch)
         ),
     )
 

@@ -225,15 +225,7 @@ class NetHead(nn.Module):
     @torch.no_grad()
     def fuse(self, clusters: Clusters) -> Detections:
         """Fused pixel Detections (clipped to the image, sorted by score), on the clusters' device."""
-        was_training = self.training
-        self.eval()
-        try:
-            boxes, scores = self(clusters)
-        finally:
-            self.train(was_training)
-        device = clusters.device
-        return clusters.to_detections(boxes.to(device, clusters.preds.dtype), scores.to(device, clusters.preds.dtype),
-                                      source=f"fused:{self.type_name}")
+        return fuse_with(self, clusters)
 
     # ------------------------------------------------------------------------------------- training
     def loss_features(
@@ -298,26 +290,44 @@ class NetHead(nn.Module):
                 names, in order, else ``ValueError`` naming both.
         """
         stored = read_head_for(path, cls.type_name, model_names)
-        where = repr(str(path))
+        return cls.from_parts(stored.model_names, stored.config, stored.tensors, repr(str(path)))
+
+    @classmethod
+    def from_parts(cls, model_names: list[str], config: dict[str, Any], tensors: dict[str, Tensor], where: str) -> NetHead:
+        """A head from a file's parts: its config (checked against the valid keys) and its tensors (checked
+        against the shapes that config builds); ``where`` names the file in errors."""
         valid = (*BASE_CONFIG, *cls.extra_config)
-        unknown = sorted(set(stored.config) - set(valid))
+        unknown = sorted(set(config) - set(valid))
         if unknown:
             raise HeadFileError(f"{where}: unknown config keys {unknown}; valid keys: {', '.join(valid)}")
         try:
-            head = cls(stored.model_names, **stored.config)
+            head = cls(model_names, **config)
         except (TypeError, ValueError) as err:
             raise HeadFileError(f"{where}: invalid {cls.type_name} config: {err}") from err
         expected = {name: tuple(t.shape) for name, t in head.state_dict().items()}
-        got = {name: tuple(t.shape) for name, t in stored.tensors.items()}
+        got = {name: tuple(t.shape) for name, t in tensors.items()}
         if got != expected:
             raise HeadFileError(f"{where}: expected tensors {expected}, got {got}")
-        dtypes = {t.dtype for t in stored.tensors.values() if t.is_floating_point()}
+        dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
         if len(dtypes) > 1:
             raise HeadFileError(f"{where}: mixed floating dtypes {sorted(map(str, dtypes))}")
         if dtypes:
             head = head.to(dtypes.pop())
-        head.load_state_dict(stored.tensors, strict=True)
+        head.load_state_dict(tensors, strict=True)
         return head
+
+
+def fuse_with(head: nn.Module, clusters: Clusters) -> Detections:
+    """``head(clusters)`` in eval mode as pixel Detections (clipped, sorted by score) on the clusters' device."""
+    was_training = head.training
+    head.eval()
+    try:
+        boxes, scores = head(clusters)
+    finally:
+        head.train(was_training)
+    device = clusters.device
+    return clusters.to_detections(boxes.to(device, clusters.preds.dtype), scores.to(device, clusters.preds.dtype),
+                                  source=f"fused:{head.type_name}")
 
 
 _CLAMP = 1e-6  # keeps log(q) finite in the score loss
