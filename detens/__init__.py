@@ -8,7 +8,9 @@ Public API (imported lazily, so ``import detens`` stays light and never imports 
 - ``fuse``, ``list_fusers``: every fusion method behind one call.
 - ``evaluate_coco``: COCO mAP with labelled keys.
 - ``Ensemble``, ``fuse_results``, ``TorchvisionFusion``: drop-in use inside existing pipelines.
-- ``SelectionHead``, ``DeepEnsembleHead``, ``SuperLearnerHead``: the learned heads beyond Θ.
+- ``SelectionHead``, ``DeepEnsembleHead``, ``SuperLearnerHead``, ``CalibrationHead``, ``BaggedHead``: the
+  learned heads beyond Θ; ``fit_head`` fits any of them (and Θ) on saved predictions.
+- ``detection_calibration``: expected calibration error and reliability bins of COCO results.
 - ``UltralyticsDetector``, ``TorchvisionDetector``, ``PrecomputedDetector``, ``AugmentedDetector``,
   ``build_ensemble``, ``list_images``: bring your detectors and images.
 """
@@ -42,6 +44,10 @@ _EXPORTS = {
     "SelectionHead": "detens.heads.selection",
     "DeepEnsembleHead": "detens.heads.deep",
     "SuperLearnerHead": "detens.heads.superlearner",
+    "CalibrationHead": "detens.heads.calibration",
+    "BaggedHead": "detens.heads.bagged",
+    "fit_head": "detens.heads",
+    "detection_calibration": "detens.calibration_metrics",
     "UltralyticsDetector": "detens.adapters",
     "TorchvisionDetector": "detens.adapters",
     "PrecomputedDetector": "detens.adapters",
