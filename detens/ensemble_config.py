@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -32,8 +32,20 @@ _TYPE_KEYS = {
     "ultralytics": {"weights", "half"},
     "torchvision": {"weights", "arch"},
     "precomputed": {"results", "images"},
+    "onnx": {
+        "weights",
+        "decoder",
+        "input_size",
+        "letterbox",
+        "pad_value",
+        "bgr_to_rgb",
+        "mean",
+        "std",
+        "providers",
+    },
 }
-_TYPE_ONLY_KEYS = {"weights", "arch", "results", "images", "half"}
+_ONNX_KEYS = ("decoder", "input_size", "letterbox", "pad_value", "bgr_to_rgb", "mean", "std", "providers")
+_TYPE_ONLY_KEYS = {"weights", "arch", "results", "images", "half", *_ONNX_KEYS}
 
 
 @dataclass
@@ -55,7 +67,15 @@ class ModelConfig:
     half: bool | None = None
     tta: list[str] = field(default_factory=list)
     weight: float = 1.0
-    class_map: dict[int | str, int] | None = None
+    class_map: dict[int | str, int] | list[int] | None = None
+    decoder: str | None = None
+    input_size: list[int] | None = None
+    letterbox: Literal["top_left", "center"] | None = None
+    pad_value: float | None = None
+    bgr_to_rgb: bool | None = None
+    mean: list[float] | None = None
+    std: list[float] | None = None
+    providers: list[str] | None = None
     options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -76,11 +96,34 @@ class ModelConfig:
             )
         if self.type == "torchvision" and not self.arch:
             raise ValueError(f"{label}: type 'torchvision' needs 'arch' (e.g. fasterrcnn_resnet50_fpn_v2)")
+        if self.type == "onnx":
+            from detens.adapters.onnx_decoders import DECODERS
+
+            if not self.weights or not self.decoder:
+                raise ValueError(
+                    f"{label}: type 'onnx' needs 'weights' (an .onnx file) and 'decoder' "
+                    f"(one of {', '.join(DECODERS.names())})"
+                )
+            DECODERS.get(self.decoder)  # unknown decoder: error listing the valid ones
+            if self.imgsz is not None:
+                raise ValueError(
+                    f"{label}: type 'onnx' runs at its 'input_size' [height, width]; remove 'imgsz'"
+                )
+            if self.input_size is not None and (len(self.input_size) != 2 or min(self.input_size) < 1):
+                raise ValueError(f"{label}: input_size must be [height, width], got {self.input_size}")
+            for key in ("mean", "std"):
+                value = getattr(self, key)
+                if value is not None and len(value) != 3:
+                    raise ValueError(f"{label}: {key} must have 3 values (one per channel), got {value}")
         if self.type == "precomputed":
             if not self.results:
                 raise ValueError(f"{label}: type 'precomputed' needs 'results' (a COCO results JSON file)")
             if self.tta:
                 raise ValueError(f"{label}: saved predictions cannot be augmented; remove 'tta'")
+            if isinstance(self.class_map, list):
+                raise ValueError(
+                    f"{label}: type 'precomputed' needs class_map as {{saved category_id: category_id}}"
+                )
         if self.conf is not None and not 0.0 <= self.conf <= 1.0:
             raise ValueError(f"{label}: conf must be in [0, 1], got {self.conf}")
         if self.iou is not None and not 0.0 < self.iou <= 1.0:

@@ -29,7 +29,7 @@ def minimal(**extra):
 
 
 def test_adapter_types():
-    assert ADAPTERS.names() == ["precomputed", "torchvision", "ultralytics"]
+    assert ADAPTERS.names() == ["onnx", "precomputed", "torchvision", "ultralytics"]
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])

@@ -89,6 +89,8 @@ _SHARD_FILE = re.compile(r"^(?P<member>.+)\.shard-(?P<index>\d+)-of-(?P<count>\d
 # ModelConfig keys that change a member's detections (device and batch do not; name and weight neither).
 _RESULT_KEYS = ("type", "weights", "arch", "results", "images", "half", "class_map", "options")
 _SETTING_KEYS = ("conf", "iou", "imgsz", "max_det")
+# onnx-only keys, recorded only when set so that the settings of other members (and old caches) stay as they were
+_ONNX_KEYS = ("decoder", "input_size", "letterbox", "pad_value", "bgr_to_rgb", "mean", "std")
 
 
 # -------------------------------------------------------------------------------------------------- args
@@ -263,7 +265,11 @@ def member_settings(
     model = entry.model
     settings: dict[str, Any] = {key: getattr(model, key) for key in _RESULT_KEYS}
     settings.update({key: config.setting(model, key) for key in _SETTING_KEYS})
-    settings["class_map"] = {str(k): v for k, v in (model.class_map or {}).items()} or None
+    if isinstance(model.class_map, list):
+        settings["class_map"] = list(model.class_map)
+    else:
+        settings["class_map"] = {str(k): v for k, v in (model.class_map or {}).items()} or None
+    settings.update({key: getattr(model, key) for key in _ONNX_KEYS if getattr(model, key) is not None})
     settings["view"] = model.tta[entry.names.index(name)] if model.tta else None
     settings["weights_dir"] = config.weights_dir
     # the label space, not the annotation file's path (a copy of the file elsewhere is the same dataset)

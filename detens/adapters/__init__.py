@@ -1,11 +1,13 @@
-"""Detector adapters: bring Ultralytics, torchvision or saved predictions into an ensemble.
+"""Detector adapters: bring Ultralytics, torchvision, ONNX or saved predictions into an ensemble.
 
 A detector is a callable ``detector(images) -> list[Detections]`` with a display ``name`` (see
 :class:`Detector`). Adapters, one module each (their heavy imports stay inside them, so importing
-``detens.adapters`` imports neither ultralytics nor torchvision's models):
+``detens.adapters`` imports neither ultralytics, torchvision's models nor onnxruntime):
 
 - :class:`~detens.adapters.ultralytics.UltralyticsDetector` — anything ``ultralytics.YOLO`` loads;
 - :class:`~detens.adapters.torchvision.TorchvisionDetector` — torchvision detection builders;
+- :class:`~detens.adapters.onnx.OnnxDetector` — ONNX exports run by onnxruntime, decoded by a family
+  decoder (:data:`~detens.adapters.onnx_decoders.DECODERS`: YOLOX, NanoDet, Ultralytics);
 - :class:`~detens.adapters.precomputed.PrecomputedDetector` — saved COCO results;
 - :class:`~detens.adapters.augmented.AugmentedDetector` — test-time views of any detector.
 
@@ -35,6 +37,7 @@ __all__ = [
     "ImageInput",
     "UltralyticsDetector",
     "TorchvisionDetector",
+    "OnnxDetector",
     "PrecomputedDetector",
     "AugmentedDetector",
     "View",
@@ -51,6 +54,7 @@ __all__ = [
 _LAZY = {
     "UltralyticsDetector": "detens.adapters.ultralytics",
     "TorchvisionDetector": "detens.adapters.torchvision",
+    "OnnxDetector": "detens.adapters.onnx",
     "PrecomputedDetector": "detens.adapters.precomputed",
     "AugmentedDetector": "detens.adapters.augmented",
     "View": "detens.adapters.augmented",
@@ -73,7 +77,7 @@ ADAPTERS: Registry[Callable[..., Detector]] = Registry("adapter type")
 def _model_runner_options(
     model: ModelConfig, ensemble: EnsembleConfig, categories: Mapping[int, str] | None
 ) -> dict[str, Any]:
-    """The keyword arguments the detectors that run a network (ultralytics, torchvision) share."""
+    """The keyword arguments the detectors that run a network (ultralytics, torchvision, onnx) share."""
     return {
         "conf": ensemble.setting(model, "conf"),
         "max_det": ensemble.setting(model, "max_det"),
@@ -113,6 +117,28 @@ def _build_torchvision(
         weights=model.weights if model.weights is not None else "DEFAULT",
         iou=model.iou,  # None keeps the architecture's own NMS threshold
         imgsz=model.imgsz,  # None keeps the architecture's own input size
+        **_model_runner_options(model, ensemble, categories),
+        **model.options,
+    )
+
+
+@ADAPTERS.register("onnx")
+def _build_onnx(
+    model: ModelConfig, ensemble: EnsembleConfig, categories: Mapping[int, str] | None
+) -> Detector:
+    from detens.adapters.onnx import OnnxDetector
+
+    return OnnxDetector(
+        model.weights,  # type: ignore[arg-type]
+        model.decoder,  # type: ignore[arg-type]
+        input_size=model.input_size,  # None: the model's own input shape
+        letterbox=model.letterbox,  # None (and below): the decoder family's own preprocessing
+        pad_value=model.pad_value,
+        bgr_to_rgb=model.bgr_to_rgb,
+        mean=model.mean,
+        std=model.std,
+        iou=ensemble.setting(model, "iou"),
+        providers=model.providers,
         **_model_runner_options(model, ensemble, categories),
         **model.options,
     )

@@ -78,7 +78,7 @@ def build_label_lookup(
     *,
     default: Literal["coco80", "identity"],
     categories: Mapping[int, str] | None = None,
-    class_map: Mapping[int | str, int] | None = None,
+    class_map: Mapping[int | str, int] | Sequence[int] | None = None,
     where: str = "detector",
 ) -> Tensor:
     """Build the ``Tensor[M]`` lookup from detector class index to category id (``-1``: dropped).
@@ -91,12 +91,26 @@ def build_label_lookup(
         categories: ``{category_id: name}`` of the target label space; detector classes are mapped onto it
             by name (case, ``_`` and Darknet spellings ignored). Classes without a match are dropped.
         class_map: explicit ``{detector index or class name: category id}``; wins over everything else,
-            and classes it does not list are dropped.
+            and classes it does not list are dropped. A list gives the category id of every class by index
+            (``[1, 2, 3, ..., 90]``, a model card's ``coco_ids``) and must have one entry per class.
         where: the detector's name, for messages.
     """
     names = _names_list(model_names)
     num = len(names)
     lookup = torch.full((num,), -1, dtype=torch.int64)
+    if class_map is not None and not isinstance(class_map, Mapping):
+        if isinstance(class_map, str) or not isinstance(class_map, Sequence):
+            raise TypeError(
+                f"{where}: class_map must be {{index or name: category_id}} or a list of category ids, "
+                f"got {type(class_map).__name__}"
+            )
+        if len(class_map) != num:
+            # a short list would silently drop the last classes; a dict says which ones on purpose
+            raise ValueError(
+                f"{where}: class_map lists {len(class_map)} category ids but the model has {num} classes; "
+                "give one id per class, or a {index: category_id} dict to keep only some"
+            )
+        class_map = dict(enumerate(class_map))
     if class_map is not None:
         by_name = {normalize_class_name(n): i for i, n in enumerate(names)}
         for key, cat in class_map.items():

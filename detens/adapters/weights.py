@@ -35,7 +35,7 @@ __all__ = [
 #: Environment variable naming the weights folder(s).
 ENV_VAR = "DETENS_WEIGHTS"
 
-Kind = Literal["ultralytics", "torchvision", "any"]
+Kind = Literal["ultralytics", "torchvision", "onnx", "any"]
 
 
 class WeightsNotFoundError(FileNotFoundError):
@@ -108,6 +108,8 @@ def is_upstream_name(name: str, kind: Kind) -> bool:
         return _ultralytics_upstream(name)
     if kind == "torchvision":
         return _torchvision_upstream(name)
+    if kind == "onnx":  # no upstream to download ONNX files from: they must be on disk
+        return False
     return _ultralytics_upstream(name) or _torchvision_upstream(name)
 
 
@@ -123,7 +125,8 @@ def resolve_weights(
 
     Args:
         weights: a path, a name relative to a weights folder, or an upstream name.
-        kind: whose upstream names are accepted: ``"ultralytics"``, ``"torchvision"`` or ``"any"``.
+        kind: whose upstream names are accepted: ``"ultralytics"``, ``"torchvision"``, ``"any"``, or
+            ``"onnx"`` (none: the file must be on disk).
         weights_dir: the default weights folder used when ``$DETENS_WEIGHTS`` is unset.
 
     Raises:
@@ -156,13 +159,16 @@ def resolve_weights(
     upstream_hint = {
         "ultralytics": "an Ultralytics asset name such as 'yolo11n.pt'",
         "torchvision": "a torchvision weights name such as 'DEFAULT' or 'COCO_V1'",
+        "onnx": "downloadable (ONNX weights must be on disk)",
         "any": "an Ultralytics asset name ('yolo11n.pt') or torchvision weights name ('DEFAULT')",
     }[kind]
     raise WeightsNotFoundError(
         f"weights {text!r} not found. Looked at:\n  - "
         + "\n  - ".join(tried)
-        + f"\nand it is not {upstream_hint}. Pass an existing path, a name relative to ${ENV_VAR} "
-        f"({_env_note()}), or an upstream name."
+        + f"\nand it is not {upstream_hint}. Pass an existing path"
+        + (" or a name" if kind == "onnx" else ", a name")
+        + f" relative to ${ENV_VAR} ({_env_note()})"
+        + ("." if kind == "onnx" else ", or an upstream name.")
     )
 
 

@@ -1,0 +1,451 @@
+"""The ONNX adapter: each decoder on hand-built outputs with boxes computed by hand, the letterbox both ways,
+the whole detector on a stand-in onnxruntime session (known output → known boxes in image pixels), the
+errors (shapes, unknown decoder, short class map, onnxruntime missing), and the two shipped ONNX models on
+real COCO images, built from the ensemble YAML."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from torchvision.ops import box_iou
+
+import detens.adapters.onnx as onnx_adapter
+from detens.adapters import ADAPTERS, build_detector
+from detens.adapters.onnx import Letterbox, OnnxDetector, select_providers
+from detens.adapters.onnx_decoders import DECODERS, NanodetGflDecoder, UltralyticsDecoder, YoloxDecoder
+from detens.adapters.weights import repository_weights_dir
+from detens.ensemble_config import ensemble_config_from_dict, load_ensemble_config
+from detens.labels import COCO_CATEGORY_IDS
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_MODELS = repository_weights_dir()
+DATA = REPO.parent / "shared" / "data" / "coco_val2017_206"
+YOLOX = SHARED_MODELS / "yolox_nano_onnx" / "yolox_nano.onnx"
+NANODET = SHARED_MODELS / "nanodet_m_416_onnx" / "nanodet_m.onnx"
+needs_shared = pytest.mark.skipif(
+    not (YOLOX.is_file() and NANODET.is_file() and DATA.is_dir()),
+    reason="needs ../shared/models/{yolox_nano_onnx,nanodet_m_416_onnx} and ../shared/data/coco_val2017_206",
+)
+
+
+# ------------------------------------------------------------------------------------------------ decoders
+class TestYoloxDecoder:
+    def test_hand_built_rows(self):
+        # 32x32 input: 4x4 cells of stride 8, 2x2 of 16, 1x1 of 32 → 21 rows; 2 classes
+        decoder = YoloxDecoder((32, 32))
+        rows = np.zeros((21, 7), dtype=np.float32)
+        # stride 8, cell (x=1, y=2) → row 2*4+1 = 9: cx = (0.5+1)*8 = 12, cy = (0.25+2)*8 = 18, w = 2*8, h = 1*8
+        rows[9] = [0.5, 0.25, np.log(2.0), 0.0, 0.5, 0.2, 0.8]
+        # stride 32, the one cell → row 20: cx = cy = 0.5*32 = 16, w = h = 32
+        rows[20] = [0.5, 0.5, 0.0, 0.0, 1.0, 0.9, 0.1]
+        boxes, scores, classes = decoder([rows])
+        assert boxes.shape == (21, 4) and scores.shape == (21,) and classes.shape == (21,)
+        np.testing.assert_allclose(boxes[9], [4.0, 14.0, 20.0, 22.0], atol=1e-5)
+        np.testing.assert_allclose(boxes[20], [0.0, 0.0, 32.0, 32.0], atol=1e-5)
+        np.testing.assert_allclose(scores[[9, 20]], [0.4, 0.9], atol=1e-6)  # objectness x class score
+        assert classes[[9, 20]].tolist() == [1, 0]
+        assert np.delete(scores, [9, 20]).max() == 0.0  # objectness 0 elsewhere
+        # stride 16, cell (x=1, y=0) → row 16 + 1: all-zero offsets give a 16x16 box at (1*16, 0)
+        np.testing.assert_allclose(boxes[17], [8.0, -8.0, 24.0, 8.0], atol=1e-5)
+
+
+class TestNanodetGflDecoder:
+    @staticmethod
+    def bins(*hot: int, reg_max: int = 7) -> np.ndarray:
+        """Logits of one side: equal at the ``hot`` bins, -1e9 (softmax 0) at the others."""
+        logits = np.full(reg_max + 1, -1e9, dtype=np.float32)
+        logits[list(hot)] = 0.0
+        return logits
+
+    def test_hand_built_levels(self):
+        # 64x64 input: 8x8 cells of stride 8, 4x4 of 16, 2x2 of 32; 2 classes, 8 bins per side
+        decoder = NanodetGflDecoder((64, 64))
+        counts = [64, 16, 4]
+        cls = [np.zeros((n, 2), dtype=np.float32) for n in counts]
+        reg = [np.tile(np.concatenate([self.bins(0)] * 4), (n, 1)) for n in counts]
+        # stride 16, cell (x=1, y=0) → row 1 of level 1, centre (1.5*16, 0.5*16) = (24, 8);
+        # left bin 1 → 16, top bin 0 → 0, right bin 1 → 16, bottom bins 2 and 4 → mean 3 → 48
+        cls[1][1] = [0.3, 0.7]
+        reg[1][1] = np.concatenate([self.bins(1), self.bins(0), self.bins(1), self.bins(2, 4)])
+        # stride 8, cell (0, 0), centre (4, 4); left bin 7 → 56 reaches x = -52, clipped to the input
+        cls[0][0] = [0.6, 0.1]
+        reg[0][0] = np.concatenate([self.bins(7), self.bins(0), self.bins(1), self.bins(1)])
+        boxes, scores, classes = decoder(cls + reg)
+        assert boxes.shape == (84, 4)
+        np.testing.assert_allclose(boxes[64 + 1], [8.0, 8.0, 40.0, 56.0], atol=1e-4)
+        np.testing.assert_allclose(boxes[0], [0.0, 4.0, 12.0, 12.0], atol=1e-4)
+        np.testing.assert_allclose(scores[[0, 65]], [0.6, 0.7], atol=1e-6)  # the best class score
+        assert classes[[0, 65]].tolist() == [0, 1]
+        # every other cell: zero distances, a point box at its centre; stride 32 cell (1, 1) → (48, 48)
+        np.testing.assert_allclose(boxes[80 + 3], [48.0, 48.0, 48.0, 48.0], atol=1e-4)
+
+
+class TestUltralyticsDecoder:
+    def test_hand_built_columns(self):
+        decoder = UltralyticsDecoder((32, 32))  # 16 + 4 + 1 = 21 anchors; 3 classes
+        out = np.zeros((7, 21), dtype=np.float32)
+        out[:, 5] = [10.0, 12.0, 4.0, 6.0, 0.1, 0.6, 0.3]  # cx, cy, w, h, class scores
+        boxes, scores, classes = decoder([out])
+        np.testing.assert_allclose(boxes[5], [8.0, 9.0, 12.0, 15.0])
+        assert scores[5] == pytest.approx(0.6) and classes[5] == 1
+        assert np.delete(scores, 5).max() == 0.0
+
+
+@pytest.mark.parametrize("name", DECODERS.names())
+def test_every_decoder_checks_its_shapes(name):
+    """Registry-wide: the declared shapes a decoder expects pass its own check; one wrong dim fails it."""
+    decoder = DECODERS.get(name)((64, 96))
+    expected = [tuple(1 if d == "B" else d for d in shape) for shape in decoder.expected_outputs(80)]
+    assert decoder.check_outputs(expected) == 80
+    assert decoder.check_outputs([("batch", *shape[1:]) for shape in expected]) == 80  # dynamic batch
+    # one more anchor (and one more class, so that no decoder can read the change as a class count)
+    wrong = [(*expected[0][:-2], expected[0][-2] + 1, expected[0][-1] + 1), *expected[1:]]
+    with pytest.raises(ValueError, match=rf"model.onnx: decoder '{name}' expects .* the model has"):
+        decoder.check_outputs(wrong, where="model.onnx")
+    assert set(DECODERS.get(name).preprocessing) == {"letterbox", "pad_value", "bgr_to_rgb", "mean", "std"}
+
+
+def test_unknown_decoder_lists_the_valid_ones():
+    with pytest.raises(ValueError, match=r"unknown ONNX decoder 'yolo_x'.*nanodet_gfl, ultralytics, yolox"):
+        DECODERS.get("yolo_x")
+
+
+# ----------------------------------------------------------------------------------------------- letterbox
+class TestLetterbox:
+    def test_center_values(self):
+        box = Letterbox.fit((480, 640), (416, 416), "center")
+        assert box.scale == pytest.approx(0.65) and box.resized == (312, 416)
+        assert (box.left, box.top) == (0, 52)
+        np.testing.assert_allclose(box.to_input(np.array([[0, 0, 640, 480]])), [[0, 52, 416, 364]], atol=1e-4)
+
+    def test_top_left_values(self):
+        box = Letterbox.fit((333, 500), (416, 416), "top_left")
+        assert (
+            box.scale == pytest.approx(0.832) and box.resized == (277, 416) and (box.left, box.top) == (0, 0)
+        )
+        np.testing.assert_allclose(
+            box.to_image(np.array([[41.6, 8.32, 416, 277.056]])), [[50, 10, 500, 333]], atol=1e-3
+        )
+
+    @pytest.mark.parametrize("mode", ["top_left", "center"])
+    @pytest.mark.parametrize("image_size", [(480, 640), (640, 427), (100, 100), (37, 411)])
+    def test_round_trip(self, mode, image_size):
+        box = Letterbox.fit(image_size, (416, 320), mode)
+        rng = np.random.default_rng(0)
+        xy = rng.uniform(0, 1, (50, 2, 2)) * np.array(image_size[::-1])
+        boxes = np.concatenate([xy.min(axis=1), xy.max(axis=1)], axis=1).astype(np.float32)
+        there = box.to_input(boxes)
+        assert (
+            there.min() >= -1e-3
+            and (there[:, 0::2] <= 320 + 1e-3).all()
+            and (there[:, 1::2] <= 416 + 1e-3).all()
+        )
+        np.testing.assert_allclose(box.to_image(there), boxes, rtol=1e-5, atol=1e-3)
+
+    def test_apply_pastes_on_the_padding(self):
+        image = np.full((64, 128, 3), 7, dtype=np.uint8)
+        box = Letterbox.fit(image.shape[:2], (32, 32), "center")  # 0.25 → 16x32 at top 8
+        canvas = box.apply(image, (32, 32), 114.0)
+        assert canvas.shape == (32, 32, 3) and canvas.dtype == np.float32
+        assert (canvas[8:24] == 7).all() and (canvas[:8] == 114).all() and (canvas[24:] == 114).all()
+
+    def test_unknown_mode(self):
+        with pytest.raises(ValueError, match="letterbox must be 'top_left' or 'center', got 'centre'"):
+            Letterbox.fit((10, 10), (32, 32), "centre")  # type: ignore[arg-type]
+
+
+# -------------------------------------------------------------------- the detector on a stand-in session
+class FakeSession:
+    """What OnnxDetector uses of ``onnxruntime.InferenceSession``; ``run`` returns fixed arrays."""
+
+    def __init__(self, input_shape, outputs, names=None):
+        self.input_shape, self.outputs, self.names, self.feeds = input_shape, outputs, names, []
+
+    def get_inputs(self):
+        return [SimpleNamespace(name="images", shape=self.input_shape)]
+
+    def get_outputs(self):
+        return [SimpleNamespace(name=f"out{i}", shape=list(o.shape)) for i, o in enumerate(self.outputs)]
+
+    def get_modelmeta(self):
+        return SimpleNamespace(custom_metadata_map={"names": repr(self.names)} if self.names else {})
+
+    def get_providers(self):
+        return ["CPUExecutionProvider"]
+
+    def run(self, names, feeds):
+        self.feeds.append(feeds)
+        batch = next(iter(feeds.values())).shape[0]
+        return [np.repeat(o, batch, axis=0) for o in self.outputs]
+
+
+@pytest.fixture
+def fake_model(tmp_path, monkeypatch):
+    """``make(input_shape, outputs, names=None) -> path``: OnnxDetector on that path gets a FakeSession."""
+    made = {}
+
+    def make(input_shape, outputs, names=None):
+        path = tmp_path / "fake.onnx"
+        path.write_bytes(b"not a real model")
+        made["session"] = FakeSession(input_shape, outputs, names)
+        return path
+
+    fake_ort = SimpleNamespace(
+        SessionOptions=lambda: SimpleNamespace(),
+        get_available_providers=lambda: ["CPUExecutionProvider"],
+        InferenceSession=lambda path, sess_options=None, providers=None: made["session"],
+    )
+    monkeypatch.setattr(onnx_adapter, "import_onnxruntime", lambda: fake_ort)
+    make.made = made
+    return make
+
+
+def yolox_rows(num_classes=80):
+    """YOLOX output [1, 21, 5 + C] for a 32x32 input: two boxes of class 0 (person) and 2 (car)."""
+    rows = np.zeros((1, 21, 5 + num_classes), dtype=np.float32)
+    rows[0, 9, :5] = [0.5, 0.25, np.log(2.0), 0.0, 0.5]  # input box [4, 14, 20, 22]
+    rows[0, 9, 5 + 0] = 0.8
+    rows[0, 20, :5] = [0.5, 0.5, 0.0, 0.0, 1.0]  # input box [0, 0, 32, 32]
+    rows[0, 20, 5 + 2] = 0.9
+    rows[0, 10, :5] = [0.5, 0.25, np.log(2.0), 0.0, 0.45]  # row 9's box one cell right: [12, 14, 28, 22]
+    rows[0, 10, 5 + 0] = 0.8
+    return rows
+
+
+class TestOnnxDetector:
+    def test_known_output_to_image_pixels(self, fake_model):
+        path = fake_model([1, 3, 32, 32], [yolox_rows()])
+        detector = OnnxDetector(path, "yolox", conf=0.3)
+        assert detector.name == "fake" and detector.input_size == (32, 32)
+        image = np.zeros((64, 128, 3), dtype=np.uint8)  # scale 0.25, top-left: input px / 0.25
+        (det,) = detector([image])
+        assert det.image_size == (64, 128)
+        order = det.scores.argsort(descending=True)
+        torch.testing.assert_close(det.scores[order], torch.tensor([0.9, 0.4, 0.36]))
+        assert det.labels[order].tolist() == [3, 1, 1]  # COCO ids of car, person
+        expected = torch.tensor(
+            [[0.0, 0.0, 128.0, 64.0], [16.0, 56.0, 80.0, 64.0], [48.0, 56.0, 112.0, 64.0]]
+        )
+        torch.testing.assert_close(det.boxes[order], expected)  # clipped to the image (y 88 → 64)
+
+    def test_nms_per_class_and_max_det(self, fake_model):
+        rows = yolox_rows()
+        rows[0, 10, 0] = -0.5  # row 10 (one cell right of row 9) now gives row 9's box: NMS keeps the better
+        path = fake_model([1, 3, 32, 32], [rows])
+        (det,) = OnnxDetector(path, "yolox", conf=0.3)([np.zeros((32, 32, 3), np.uint8)])
+        assert sorted(det.scores.tolist()) == pytest.approx([0.4, 0.9])
+        (det,) = OnnxDetector(path, "yolox", conf=0.3, max_det=1)([np.zeros((32, 32, 3), np.uint8)])
+        assert det.scores.tolist() == pytest.approx([0.9])
+
+    def test_preprocessing_values(self, fake_model):
+        path = fake_model([1, 3, 32, 32], [yolox_rows()])
+        image = np.zeros((16, 32, 3), dtype=np.uint8)
+        image[..., 0], image[..., 2] = 10, 200  # B, R
+        detector = OnnxDetector(
+            path,
+            "yolox",
+            letterbox="center",
+            pad_value=0,
+            bgr_to_rgb=True,
+            mean=[1, 2, 3],
+            std=[2, 4, 5],
+            batch=2,
+        )
+        x, box = detector.preprocess(image)
+        assert x.shape == (3, 32, 32) and x.dtype == np.float32 and (box.left, box.top) == (0, 8)
+        # channel 0 is R after the swap: (200 - 1) / 2; padding rows: (0 - mean) / std
+        assert x[0, 8, 0] == pytest.approx(99.5) and x[2, 8, 0] == pytest.approx(1.4)
+        assert x[0, 0, 0] == pytest.approx(-0.5) and x[1, 31, 31] == pytest.approx(-0.5)
+        detector([image, image])
+        fed = detector.session.feeds
+        assert len(fed) == 2 and fed[0]["images"].shape == (1, 3, 32, 32)  # fixed batch 1: one by one
+
+    def test_family_defaults(self, fake_model):
+        path = fake_model([1, 3, 32, 32], [np.zeros((1, 84, 21), np.float32)])
+        detector = OnnxDetector(path, "ultralytics")
+        assert (detector.letterbox, detector.pad_value, detector.bgr_to_rgb) == ("center", 114.0, True)
+        assert detector.std.tolist() == [255.0, 255.0, 255.0]
+
+    def test_class_map_and_categories(self, fake_model):
+        path = fake_model([1, 3, 32, 32], [yolox_rows(3)], names={0: "person", 1: "dog", 2: "car"})
+        image = np.zeros((32, 32, 3), np.uint8)
+        (det,) = OnnxDetector(path, "yolox", conf=0.3, class_map=[7, 8, 9])([image])
+        assert sorted(det.labels.tolist()) == [7, 7, 9]
+        (det,) = OnnxDetector(path, "yolox", conf=0.3, categories={5: "car", 6: "truck"})([image])
+        assert det.labels.tolist() == [5]  # by name; person and dog have no category and are dropped
+        with pytest.raises(ValueError, match="model has 3 classes .*not the 80 COCO classes"):
+            OnnxDetector(path, "yolox")
+
+    def test_short_class_map(self, fake_model):
+        path = fake_model([1, 3, 32, 32], [yolox_rows()])
+        with pytest.raises(ValueError, match="class_map lists 79 category ids but the model has 80 classes"):
+            OnnxDetector(path, "yolox", class_map=list(COCO_CATEGORY_IDS[:79]))
+
+    def test_output_shape_mismatch_names_file_and_shapes(self, fake_model):
+        path = fake_model([1, 3, 32, 32], [np.zeros((1, 84, 21), np.float32)])
+        with pytest.raises(
+            ValueError,
+            match=r"fake\.onnx: decoder 'yolox' expects 1 output\(s\) of shape \[B, 21, 5\+C\].*\[1, 84, 21\]",
+        ):
+            OnnxDetector(path, "yolox")
+
+    def test_input_shape_mismatch(self, fake_model):
+        path = fake_model([1, 3, 32, 32], [yolox_rows()])
+        with pytest.raises(
+            ValueError, match=r"fake\.onnx: expected the input of shape \[B, 3, 64, 64\].*\[1, 3, 32, 32\]"
+        ):
+            OnnxDetector(path, "yolox", input_size=(64, 64))
+        path = fake_model(["batch", 3, "height", "width"], [yolox_rows()])
+        with pytest.raises(ValueError, match="no fixed height and width; pass input_size"):
+            OnnxDetector(path, "yolox")
+        assert OnnxDetector(path, "yolox", input_size=[32, 32]).input_size == (32, 32)
+
+    def test_argument_errors(self, fake_model):
+        path = fake_model([1, 3, 32, 32], [yolox_rows()])
+        with pytest.raises(ValueError, match="unknown ONNX decoder 'yolov8'.*valid names"):
+            OnnxDetector(path, "yolov8")
+        with pytest.raises(ValueError, match=r"mean must have 3 values"):
+            OnnxDetector(path, "yolox", mean=[0, 0])
+        with pytest.raises(
+            FileNotFoundError,
+            match=r"(?s)missing.onnx' not found.*must be on disk\)\. Pass an existing path or",
+        ):
+            OnnxDetector(path.parent / "missing.onnx", "yolox")
+
+    def test_onnxruntime_missing(self, monkeypatch):
+        monkeypatch.setitem(sys.modules, "onnxruntime", None)
+        with pytest.raises(ImportError, match=r"pip install 'detens\[onnx\]'"):
+            onnx_adapter.import_onnxruntime()
+
+
+def test_select_providers():
+    cpu, cuda = "CPUExecutionProvider", "CUDAExecutionProvider"
+    assert select_providers(None, None, [cpu]) == [cpu]
+    assert select_providers(None, None, [cuda, cpu]) == [cuda, cpu]
+    assert select_providers(None, "cpu", [cuda, cpu]) == [cpu]
+    assert select_providers(None, "cuda:1", [cuda, cpu]) == [(cuda, {"device_id": 1}), cpu]
+    with pytest.raises(ValueError, match="install onnxruntime-gpu"):
+        select_providers(None, "cuda", [cpu])
+    with pytest.raises(ValueError, match=r"\['TensorrtExecutionProvider'\] are not available"):
+        select_providers(["TensorrtExecutionProvider"], None, [cpu])
+
+
+# ------------------------------------------------------------------------------------------------- config
+def onnx_member(**extra):
+    return {"type": "onnx", "weights": "yolox_nano_onnx/yolox_nano.onnx", "decoder": "yolox", **extra}
+
+
+def test_onnx_is_an_adapter_type():
+    assert "onnx" in ADAPTERS
+
+
+@pytest.mark.parametrize(
+    "member, fragment",
+    [
+        ({"type": "onnx", "weights": "m.onnx"}, "needs 'weights' .* and 'decoder'"),
+        (onnx_member(decoder="yolo"), "unknown ONNX decoder 'yolo'"),
+        (onnx_member(decodr="yolox"), r"unknown key 'decodr'.*Did you mean 'decoder'"),
+        (onnx_member(letterbox="centre"), "is not one of 'top_left', 'center'"),
+        (onnx_member(imgsz=416), "remove 'imgsz'"),
+        (onnx_member(input_size=[416]), r"input_size must be \[height, width\]"),
+        (onnx_member(std=[1, 1]), "std must have 3 values"),
+        (onnx_member(half=True), "'half' is not used by type 'onnx'"),
+        ({"weights": "x.pt", "decoder": "yolox"}, "'decoder' is not used by type 'ultralytics'"),
+        (
+            {"type": "precomputed", "results": "r.json", "class_map": [1, 2]},
+            "precomputed' needs class_map as",
+        ),
+    ],
+)
+def test_invalid_onnx_members(member, fragment):
+    with pytest.raises((ValueError, TypeError), match=fragment):
+        ensemble_config_from_dict({"models": [member]})
+
+
+@pytest.mark.parametrize("config", ["coco_diverse.yaml", "coco_all6.yaml"])
+def test_shipped_configs_repeat_the_metadata(config):
+    models = {m.name: m for m in load_ensemble_config(REPO / "configs" / "ensembles" / config).models}
+    yolox, nanodet = models["yolox_nano"], models["nanodet_m"]
+    assert (yolox.decoder, yolox.input_size, yolox.letterbox, yolox.pad_value) == (
+        "yolox",
+        [416, 416],
+        "top_left",
+        114,
+    )
+    assert (yolox.bgr_to_rgb, yolox.mean, yolox.std, yolox.iou) == (False, [0, 0, 0], [1, 1, 1], 0.65)
+    assert (nanodet.decoder, nanodet.letterbox, nanodet.pad_value, nanodet.bgr_to_rgb) == (
+        "nanodet_gfl",
+        "center",
+        0,
+        False,
+    )
+    assert nanodet.mean == [103.53, 116.28, 123.675] and nanodet.std == [57.375, 57.12, 58.395]
+
+
+# ---------------------------------------------------------------------------------- the shipped models
+def person_images(count: int = 2) -> list[tuple[Path, tuple[int, int], torch.Tensor]]:
+    """The first images (by id) with a large person, their size and their person boxes (xyxy)."""
+    data = json.loads((DATA / "instances_val2017.json").read_text())
+    people: dict[int, list[list[float]]] = {}
+    for ann in data["annotations"]:
+        if ann["category_id"] == 1 and not ann["iscrowd"]:
+            x, y, w, h = ann["bbox"]
+            people.setdefault(ann["image_id"], []).append([x, y, x + w, y + h])
+    large = {
+        ann["image_id"] for ann in data["annotations"] if ann["category_id"] == 1 and ann["area"] > 20000
+    }
+    images = {img["id"]: img for img in data["images"]}
+    chosen = sorted(large)[:count]
+    return [
+        (
+            DATA / "images" / images[i]["file_name"],
+            (images[i]["height"], images[i]["width"]),
+            torch.tensor(people[i]),
+        )
+        for i in chosen
+    ]
+
+
+@needs_shared
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["yolox_nano", "nanodet_m"])
+def test_shipped_model_finds_the_person(name):
+    config = load_ensemble_config(REPO / "configs" / "ensembles" / "coco_all6.yaml")
+    (model,) = [m for m in config.models if m.name == name]
+    detector = build_detector(model, config)  # the YAML member, through the adapter registry
+    assert isinstance(detector, OnnxDetector)
+    chosen = person_images()
+    results = detector([str(path) for path, _, _ in chosen])
+    for det, (path, (height, width), people) in zip(results, chosen, strict=True):
+        assert det.image_size == (height, width) and 0 < len(det) <= 300
+        assert (
+            (det.boxes >= 0).all()
+            and (det.boxes[:, 0::2] <= width).all()
+            and (det.boxes[:, 1::2] <= height).all()
+        )
+        assert (det.scores > 0.001).all() and set(det.labels.tolist()) <= set(COCO_CATEGORY_IDS)
+        best = det[det.scores.argmax().item()]
+        assert best.labels.item() == 1 and best.scores.item() > 0.5, path.name  # a person, confidently
+        persons = det[det.labels == 1]
+        confident = persons[persons.scores > 0.3]
+        assert box_iou(confident.boxes, people).max() > 0.7, path.name
+
+
+@needs_shared
+def test_shipped_models_reject_the_other_decoder():
+    with pytest.raises(
+        ValueError, match=r"yolox_nano\.onnx: decoder 'nanodet_gfl' expects 6 output\(s\).*\[1, 3549, 85\]"
+    ):
+        OnnxDetector(YOLOX, "nanodet_gfl")
+    with pytest.raises(
+        ValueError, match=r"nanodet_m\.onnx: decoder 'yolox' expects 1 output\(s\).*the model has 6"
+    ):
+        OnnxDetector(NANODET, "yolox")
+    with pytest.raises(ValueError, match=r"yolox_nano\.onnx: expected the input of shape \[B, 3, 320, 320\]"):
+        OnnxDetector(YOLOX, "yolox", input_size=(320, 320))
