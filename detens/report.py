@@ -3,6 +3,7 @@ diagram of ``{method: detection_calibration(...)}``."""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,7 @@ def plot_report(report: Mapping[str, Mapping[str, float]], path: str | Path, tit
     ax.set_yticks(list(y), methods)
     ax.invert_yaxis()
     ax.set_xlabel("COCO AP")
-    ax.set_title(title)
+    ax.set_title(textwrap.fill(title, 70), fontsize=10)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False)
     fig.tight_layout()
     buffer = io.BytesIO()
@@ -127,7 +128,7 @@ def plot_reliability(
     ax.set_aspect("equal")
     ax.set_xlabel("mean score in bin")
     ax.set_ylabel("true-positive rate in bin")
-    ax.set_title("Reliability diagram" if title is None else title)
+    ax.set_title(textwrap.fill("Reliability diagram" if title is None else title, 60), fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
