@@ -50,7 +50,7 @@ def _resolve_head(head: Any, num_models: int) -> Any:
         names = getattr(head, "model_names", None)
         raise ValueError(
             f"the head was trained for {head_models} models {names} but {num_models} models' detections were given; "
-            "pass one Detections per model, in the head's model order"
+            "pass one Detections per model (named by their source, or in the head's model order)"
         )
     return head
 

@@ -286,8 +286,8 @@ class NetHead(nn.Module):
 
         Args:
             path (str | Path): ``.json`` or ``.safetensors``.
-            model_names (list[str] | None): the ensemble that will use the head; must equal the saved
-                names, in order, else ``ValueError`` naming both.
+            model_names (list[str] | None): the ensemble that will use the head; must be the saved names
+                in any order (fusion matches members by name), else ``ValueError`` naming both.
         """
         stored = read_head_for(path, cls.type_name, model_names)
         return cls.from_parts(stored.model_names, stored.config, stored.tensors, repr(str(path)))

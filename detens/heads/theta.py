@@ -540,8 +540,9 @@ class ThetaHead(nn.Module):
 
         Args:
             path (str | Path): ``.json`` or ``.safetensors``.
-            model_names (list[str] | None): the ensemble that will use the head; must equal the saved
-                names, in order (Θ's entries belong to those models), else ``ValueError`` naming both.
+            model_names (list[str] | None): the ensemble that will use the head; must be the saved names
+                in any order (Θ's entries stay with their models: fusion matches members by name), else
+                ``ValueError`` naming both.
         """
         stored = read_head_for(path, cls.type_name, model_names)
         where = repr(str(path))
