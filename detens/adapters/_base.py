@@ -19,7 +19,15 @@ from detens.adapters._labels import category_names
 from detens.detections import Detections
 from detens.sources import as_bgr, read_image
 
-__all__ = ["ImageInput", "Detector", "BaseDetector", "as_image_list", "load_image", "detect_loaded"]
+__all__ = [
+    "ImageInput",
+    "Detector",
+    "BaseDetector",
+    "as_image_list",
+    "load_image",
+    "detect_loaded",
+    "check_detection_options",
+]
 
 ImageInput = str | os.PathLike | np.ndarray
 
@@ -119,3 +127,14 @@ def detect_loaded(
             f"{getattr(detector, 'name', detector)!r} returned {len(dets)} results for {len(images)} images"
         )
     return dets
+
+
+def check_detection_options(conf: float, iou: float | None, max_det: int) -> None:
+    """The options every model-running adapter shares: ``conf`` in [0, 1], ``iou`` in (0, 1] (None: the
+    model's own), ``max_det`` a positive integer; anything else is a ``ValueError`` naming the option."""
+    if not 0.0 <= float(conf) <= 1.0:
+        raise ValueError(f"conf must be in [0, 1], got {conf!r}")
+    if iou is not None and not 0.0 < float(iou) <= 1.0:
+        raise ValueError(f"iou must be in (0, 1], got {iou!r}")
+    if isinstance(max_det, bool) or not isinstance(max_det, int) or max_det < 1:
+        raise ValueError(f"max_det must be a positive integer, got {max_det!r}")

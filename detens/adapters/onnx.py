@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torchvision.ops import batched_nms
 
-from detens.adapters._base import BaseDetector
+from detens.adapters._base import BaseDetector, check_detection_options
 from detens.adapters._labels import apply_label_lookup, build_label_lookup
 from detens.adapters.onnx_decoders import DECODERS, Dim, OnnxDecoder
 from detens.adapters.weights import resolve_weights
@@ -229,12 +229,7 @@ class OnnxDetector(BaseDetector):
         decoder_options: Mapping[str, Any] | None = None,
         weights_dir: str | Path | None = None,
     ) -> None:
-        if not 0.0 <= float(conf) <= 1.0:
-            raise ValueError(f"conf must be in [0, 1], got {conf!r}")
-        if not 0.0 < float(iou) <= 1.0:
-            raise ValueError(f"iou must be in (0, 1], got {iou!r}")
-        if isinstance(max_det, bool) or not isinstance(max_det, int) or max_det < 1:
-            raise ValueError(f"max_det must be a positive integer, got {max_det!r}")
+        check_detection_options(conf, iou, max_det)
         decoder_cls = DECODERS.get(decoder)  # unknown name: the error lists the valid ones
         defaults = decoder_cls.preprocessing
         self.letterbox: LetterboxMode = letterbox if letterbox is not None else defaults["letterbox"]  # type: ignore[assignment]

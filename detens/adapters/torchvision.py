@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from detens.adapters._base import BaseDetector
+from detens.adapters._base import BaseDetector, check_detection_options
 from detens.adapters._labels import apply_label_lookup, build_label_lookup
 from detens.adapters.weights import resolve_weights, upstream_failure
 from detens.detections import Detections
@@ -129,14 +129,9 @@ class TorchvisionDetector(BaseDetector):
         weights_dir: str | Path | None = None,
         **builder_kwargs: Any,
     ) -> None:
-        if not 0.0 <= float(conf) <= 1.0:
-            raise ValueError(f"conf must be in [0, 1], got {conf!r}")
-        if iou is not None and not 0.0 < float(iou) <= 1.0:
-            raise ValueError(f"iou must be in (0, 1], got {iou!r}")
+        check_detection_options(conf, iou, max_det)
         if imgsz is not None and (isinstance(imgsz, bool) or not isinstance(imgsz, int) or imgsz < 32):
             raise ValueError(f"imgsz must be an integer >= 32 or None, got {imgsz!r}")
-        if isinstance(max_det, bool) or not isinstance(max_det, int) or max_det < 1:
-            raise ValueError(f"max_det must be a positive integer, got {max_det!r}")
         _check_arch(arch)
         super().__init__(name or arch, batch, categories)
         from torchvision.models import get_model, get_model_weights

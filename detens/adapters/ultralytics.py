@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from detens.adapters._base import BaseDetector
+from detens.adapters._base import BaseDetector, check_detection_options
 from detens.adapters._labels import apply_label_lookup, build_label_lookup
 from detens.adapters.weights import ResolvedWeights, resolve_weights, upstream_failure
 from detens.detections import Detections
@@ -110,14 +110,9 @@ class UltralyticsDetector(BaseDetector):
         agnostic_nms: bool = False,
         weights_dir: str | Path | None = None,
     ) -> None:
-        if not 0.0 <= float(conf) <= 1.0:
-            raise ValueError(f"conf must be in [0, 1], got {conf!r}")
-        if not 0.0 < float(iou) <= 1.0:
-            raise ValueError(f"iou must be in (0, 1], got {iou!r}")
+        check_detection_options(conf, iou, max_det)
         if isinstance(imgsz, bool) or not isinstance(imgsz, int) or imgsz < 32:
             raise ValueError(f"imgsz must be an integer >= 32, got {imgsz!r}")
-        if isinstance(max_det, bool) or not isinstance(max_det, int) or max_det < 1:
-            raise ValueError(f"max_det must be a positive integer, got {max_det!r}")
         self.resolved = resolve_weights(weights, "ultralytics", weights_dir)
         super().__init__(name or _display_name(self.resolved.value), batch, categories)
         self.model = load_yolo(self.resolved)
