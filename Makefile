@@ -14,13 +14,13 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) tools/fuse.py --config configs/ensembles/coco_yolo3.yaml --source ultralytics-assets --out runs/demo --overwrite
+	$(PY) -m detens fuse --config coco_yolo3 --source ultralytics-assets --out runs/demo --overwrite
 
 test: $(STAMP)
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
-	$(PY) tools/bench.py
+	$(PY) -m detens bench
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check detens tools tests

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import yaml
 
 from detens.config import from_dict, save_yaml_config
+from detens.packaged import find_packaged
 
 __all__ = [
     "ModelConfig",
@@ -224,15 +225,15 @@ def load_ensemble_config(
     overrides: dict[str, Any] | None = None,
     per_model: dict[str, Any] | None = None,
 ) -> EnsembleConfig:
-    """Read an ensemble YAML; ``overrides`` (dotted keys, e.g. from CLI flags) win over the file.
+    """Read an ensemble YAML (a path, or the name of a shipped config such as ``coco_yolo3``);
+    ``overrides`` (dotted keys, e.g. from CLI flags) win over the file.
 
     ``per_model`` holds settings given for the whole ensemble that also replace each model's own value
     (``{"conf": 0.25}`` from a ``--conf`` flag); ``None`` values are ignored. A relative ``fusion.head``
-    in the file is relative to the file's folder.
+    is relative to the file's folder; relative ``weights``, ``results``, ``images`` and ``dataset`` are
+    looked up from the working directory first, then beside the file.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"ensemble config not found: {path}")
+    path = find_packaged(path, "ensembles")
     with path.open(encoding="utf-8") as f:
         data = yaml.safe_load(f) or {}
     if not isinstance(data, dict):
@@ -242,6 +243,7 @@ def load_ensemble_config(
         head = Path(fusion["head"]).expanduser()
         if not head.is_absolute():
             fusion["head"] = str((path.parent / head).resolve())
+    _files_beside(data, path.parent)
     per_model = {k: v for k, v in (per_model or {}).items() if v is not None}
     data = apply_overrides(data, {**(overrides or {}), **per_model})
     for model in data.get("models") or []:
@@ -249,6 +251,27 @@ def load_ensemble_config(
             for key in per_model:
                 model.pop(key, None)
     return ensemble_config_from_dict(data, where=str(path))
+
+
+def _files_beside(data: dict[str, Any], folder: Path) -> None:
+    """Relative file names that do not exist from the working directory but do beside the YAML are
+    made absolute (the YAML's folder is the second place a relative path is looked up)."""
+
+    def beside(value: Any) -> Any:
+        if not isinstance(value, str) or not value.strip():
+            return value
+        relative = Path(value).expanduser()
+        if relative.is_absolute() or relative.exists() or not (folder / relative).exists():
+            return value
+        return str((folder / relative).resolve())
+
+    if "dataset" in data:
+        data["dataset"] = beside(data["dataset"])
+    for model in data.get("models") or []:
+        if isinstance(model, dict):
+            for key in ("weights", "results", "images"):
+                if key in model:
+                    model[key] = beside(model[key])
 
 
 def save_ensemble_config(config: EnsembleConfig, path: str | Path) -> None:

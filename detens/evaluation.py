@@ -58,6 +58,7 @@ __all__ = [
     "selection_methods",
     "MAX_K",
     "expand_methods",
+    "check_method_names",
     "cross_validate",
 ]
 
@@ -408,6 +409,15 @@ def expand_methods(names: Sequence[str], model_names: Sequence[str]) -> list[str
             _lookup(name)
             expanded.append(name)
     return expanded
+
+
+def check_method_names(names: Sequence[str]) -> None:
+    """Raise ``ValueError`` (listing the valid names) for a name that is not a method, before any data loads."""
+    if not names:
+        raise ValueError(f"no methods given; valid: single, {', '.join(METHODS.names())}")
+    for name in names:
+        if name != "single":
+            _lookup(name)
 
 
 def _lookup(name: str) -> tuple[Callable[..., EvalMethod], dict[str, Any]]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar
 
 __all__ = ["Registry"]
@@ -38,11 +38,7 @@ class Registry(Generic[T]):
         try:
             return self._items[name]
         except KeyError:
-            close = difflib.get_close_matches(name, self._items, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ValueError(
-                f"unknown {self.kind} {name!r}; valid names: {', '.join(sorted(self._items))}.{hint}"
-            ) from None
+            raise unknown_name_error(self.kind, name, self._items) from None
 
     def names(self) -> list[str]:
         return sorted(self._items)
@@ -55,3 +51,11 @@ class Registry(Generic[T]):
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+def unknown_name_error(kind: str, name: str, valid: Iterable[str]) -> ValueError:
+    """``unknown <kind> 'x'; valid names: a, b, c. Did you mean 'a'?``"""
+    valid = sorted(valid)
+    close = difflib.get_close_matches(name, valid, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return ValueError(f"unknown {kind} {name!r}; valid names: {', '.join(valid)}.{hint}")

@@ -372,6 +372,16 @@ class TestPrecomputed:
         assert replay([BUS])[0].labels.tolist() == [60]
         assert len(replay([33])[0]) == 0  # an image id; no results → empty
 
+    def test_results_list_with_images_json_beside(self, saved, tmp_path):
+        folder, _ = saved
+        (tmp_path / "predictions.json").write_text((folder / "yolov8n.json").read_text())
+        with pytest.raises(ValueError, match="do not name their images"):
+            PrecomputedDetector(tmp_path / "predictions.json")
+        gt = json.loads((folder / "gt.json").read_text())
+        (tmp_path / "images.json").write_text(json.dumps({**gt, "annotations": []}))
+        replay = PrecomputedDetector(tmp_path / "predictions.json", class_map={6: 60})
+        assert replay([BUS])[0].labels.tolist() == [60]
+
     def test_arrays_need_paths(self, saved):
         folder, _ = saved
         replay = PrecomputedDetector(folder / "yolov8n.json", folder / "gt.json")

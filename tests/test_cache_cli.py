@@ -8,10 +8,9 @@ path (config → build_detector → detect_loaded on the images read from disk �
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import re
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,15 +27,7 @@ NUM_IMAGES = 3
 pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason="needs ../shared/data/coco_val2017_206")
 
 
-def _load_tool():
-    spec = importlib.util.spec_from_file_location("detens_tool_cache", REPO / "tools" / "cache.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-cache_tool = _load_tool()
+from detens.cli import cache as cache_tool  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------------------ fixtures
@@ -277,7 +268,7 @@ def test_merge_with_a_missing_shard_fails_clearly(slice_, capsys):
     assert run(slice_, out, "--shard", "0/3") == 0
     assert run(slice_, out, "--shard", "2/3") == 0
     capsys.readouterr()
-    assert cache_tool.main(["merge", "--out", str(out), "--gt", str(slice_ / "gt.json"), "--quiet"]) == 1
+    assert cache_tool.main(["merge", "--out", str(out), "--gt", str(slice_ / "gt.json"), "--quiet"]) == 2
     err = capsys.readouterr().err
     missing_id = gt_ids(slice_)[1]
     assert "a: shard 1/3 is missing (1 images: " + str(missing_id) + ")" in err
@@ -285,7 +276,7 @@ def test_merge_with_a_missing_shard_fails_clearly(slice_, capsys):
     assert not (out / "a.json").exists() and not (out / "b.json").exists()
     # the same images split two ways cannot be mixed either
     assert run(slice_, out, "--shard", "0/2", "--models", "a") == 0
-    assert cache_tool.main(["merge", "--out", str(out), "--quiet"]) == 1
+    assert cache_tool.main(["merge", "--out", str(out), "--quiet"]) == 2
     assert "a: shards of different splits (n=2, n=3)" in capsys.readouterr().err
 
 
@@ -327,11 +318,18 @@ def test_unreadable_image_is_skipped_and_reported(slice_, replay_run):
     assert (out / "a.json").read_bytes() == (replay_run / "a.json").read_bytes()
 
 
-def test_changed_settings_are_refused_unless_overwrite(slice_, replay_run):
+def refused(capsys, code, pattern):
+    """A user's mistake: exit status 2 and one ``error:`` line matching ``pattern``."""
+    err = capsys.readouterr().err
+    assert code == 2 and re.search(pattern, err, re.S), err
+    assert err.count("error:") == 1 and "Traceback" not in err
+
+
+def test_changed_settings_are_refused_unless_overwrite(slice_, replay_run, capsys):
     out = slice_ / "replay_settings"
     assert run(slice_, out, "--models", "b") == 0
-    with pytest.raises(SystemExit, match=r"other settings \(conf: 0.001 -> 0.4\).*--overwrite"):
-        run(slice_, out, "--models", "b", "--conf", "0.4")
+    code = run(slice_, out, "--models", "b", "--conf", "0.4")
+    refused(capsys, code, r"other settings \(conf: 0.001 -> 0.4\).*--overwrite")
     assert yaml.safe_load((out / "config.yaml").read_text())["conf"] == 0.001  # a refused run changes nothing
     assert run(slice_, out, "--models", "b", "--conf", "0.4", "--overwrite") == 0
     b = json.loads((out / "b.json").read_text())
@@ -340,12 +338,8 @@ def test_changed_settings_are_refused_unless_overwrite(slice_, replay_run):
     assert yaml.safe_load((out / "config.yaml").read_text())["conf"] == 0.4
 
 
-def test_bad_arguments(slice_, tmp_path):
-    with pytest.raises(SystemExit, match=r"--models 'c' matches no member; the members are a, b"):
-        run(slice_, tmp_path / "x", "--models", "c")
-    with pytest.raises(SystemExit, match=r"matches no member.*Did you mean 'a'"):
-        run(slice_, tmp_path / "x", "--models", "a,aa")
-    with pytest.raises(SystemExit):  # argparse: i/n
-        run(slice_, tmp_path / "x", "--shard", "2/2")
-    with pytest.raises(SystemExit, match="none of the 3 images"):
-        run(slice_, tmp_path / "x", images=tmp_path)
+def test_bad_arguments(slice_, tmp_path, capsys):
+    refused(capsys, run(slice_, tmp_path / "x", "--models", "c"), r"--models 'c' matches no member; the members are a, b")
+    refused(capsys, run(slice_, tmp_path / "x", "--models", "a,aa"), r"matches no member.*Did you mean 'a'")
+    refused(capsys, run(slice_, tmp_path / "x", "--shard", "2/2"), r"--shard i/n needs")
+    refused(capsys, run(slice_, tmp_path / "x", images=tmp_path), "none of the 3 images")

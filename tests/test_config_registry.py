@@ -92,5 +92,5 @@ def test_every_public_name_of_detens_resolves():
 def test_training_yaml_mirrors_the_code_defaults(kind):
     from detens.heads import TRAINERS, config_for
 
-    path = Path(__file__).resolve().parents[1] / "configs" / "train" / f"{kind}.yaml"
+    path = Path(__file__).resolve().parents[1] / "detens" / "configs" / "train" / f"{kind}.yaml"
     assert load_yaml_config(TRAINERS[kind].config_class, path) == config_for(kind)

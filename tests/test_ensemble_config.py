@@ -20,7 +20,7 @@ from detens.ensemble_config import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIGS = sorted((REPO / "configs" / "ensembles").glob("*.yaml"))
+CONFIGS = sorted((REPO / "detens" / "configs" / "ensembles").glob("*.yaml"))
 KEY_LINE = re.compile(r"^\s*#?\s*(?:-\s+)?([a-z_]+):(.*)$")
 
 
@@ -57,7 +57,7 @@ def test_every_key_is_documented(path):
 
 def test_reference_config_documents_every_field():
     """coco_yolo3.yaml documents every key of every config dataclass (the others refer to it)."""
-    text = (REPO / "configs" / "ensembles" / "coco_yolo3.yaml").read_text()
+    text = (REPO / "detens" / "configs" / "ensembles" / "coco_yolo3.yaml").read_text()
     documented = {
         m.group(1) for line in text.splitlines() if (m := KEY_LINE.match(line)) and "# (" in m.group(2)
     }
@@ -70,7 +70,7 @@ def test_reference_config_documents_every_field():
 
 
 def test_tta_config_members():
-    config = load_ensemble_config(REPO / "configs" / "ensembles" / "coco_yolo4_tta.yaml")
+    config = load_ensemble_config(REPO / "detens" / "configs" / "ensembles" / "coco_yolo4_tta.yaml")
     assert [m.name for m in config.models] == ["yolov8n", "yolo11n", "yolo26n", "yolov5nu"]
     assert member_weights(config) == [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.5]
 
@@ -111,12 +111,12 @@ def test_invalid_configs(data, fragment):
 
 
 def test_overrides_and_round_trip(tmp_path):
-    path = REPO / "configs" / "ensembles" / "coco_yolo3.yaml"
+    path = REPO / "detens" / "configs" / "ensembles" / "coco_yolo3.yaml"
     config = load_ensemble_config(
         path, {"fusion.method": "nms", "conf": 0.3, "output.vis": False, "device": None}
     )
     assert config.fusion.method == "nms" and config.conf == 0.3 and config.output.vis is False
-    assert config.fusion.head == str((REPO / "configs" / "heads" / "coco_yolo3_deep.json").resolve())  # kept, resolved next to the YAML
+    assert config.fusion.head == str((REPO / "detens" / "configs" / "heads" / "coco_yolo3_deep.json").resolve())  # kept, resolved next to the YAML
     save_ensemble_config(config, tmp_path / "resolved.yaml")
     assert load_ensemble_config(tmp_path / "resolved.yaml") == config
     with pytest.raises(ValueError, match="Did you mean 'method'"):
@@ -161,7 +161,7 @@ def test_build_precomputed_ensemble(tmp_path):
 
 @pytest.mark.slow
 def test_build_tta_ensemble_runs():
-    members = build_ensemble(REPO / "configs" / "ensembles" / "coco_yolo4_tta.yaml")
+    members = build_ensemble(REPO / "detens" / "configs" / "ensembles" / "coco_yolo4_tta.yaml")
     assert [m.name for m in members] == [
         "yolov8n", "yolo11n", "yolo11n|hflip", "yolo26n", "yolo26n|hflip", "yolo26n|scale=0.83", "yolov5nu",
     ]  # fmt: skip

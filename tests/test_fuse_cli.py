@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -20,14 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
-def _load_tool():
-    spec = importlib.util.spec_from_file_location("detens_tool_fuse", REPO / "tools" / "fuse.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-fuse_tool = _load_tool()
+from detens.cli import fuse as fuse_tool  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +34,7 @@ def workspace(tmp_path_factory):
     (images / "corrupt.jpg").write_bytes(b"\xff\xd8\xff\xe0 this is not really a jpeg" * 10)
     (images / "empty.jpg").write_bytes(b"")
     (images / "notes.txt").write_text("not an image, not listed")
-    config = yaml.safe_load((REPO / "configs" / "ensembles" / "coco_yolo3.yaml").read_text())
+    config = yaml.safe_load((REPO / "detens" / "configs" / "ensembles" / "coco_yolo3.yaml").read_text())
     config["name"] = "test_pair"
     config["conf"] = 0.05
     config["models"] = [m for m in config["models"] if m["name"] in ("yolov8n", "yolo26n")]
@@ -76,23 +68,38 @@ def full_run(workspace):
 EXPECTED = ["bus.jpg", "sub/bus small.png", "zidane copy.jpg"]
 
 
+def read_outputs(out):
+    """(images.json, predictions.json) of a run."""
+    return json.loads((out / "images.json").read_text()), json.loads((out / "predictions.json").read_text())
+
+
 def test_predictions_json(full_run):
-    predictions = json.loads((full_run / "predictions.json").read_text())
-    assert [im["file_name"] for im in predictions["images"]] == EXPECTED
-    assert [im["id"] for im in predictions["images"]] == [1, 2, 3]
-    assert [(im["height"], im["width"]) for im in predictions["images"]] == [
+    images, predictions = read_outputs(full_run)
+    assert [im["file_name"] for im in images["images"]] == EXPECTED
+    assert [im["id"] for im in images["images"]] == [1, 2, 3]
+    assert [(im["height"], im["width"]) for im in images["images"]] == [
         (1080, 810),
         (540, 405),
         (720, 1280),
     ]
-    assert predictions["info"]["complete"] is True and predictions["info"]["models"] == ["yolov8n", "yolo26n"]
-    results = validate_coco_results(predictions["results"])
+    assert images["info"]["complete"] is True and images["info"]["models"] == ["yolov8n", "yolo26n"]
+    assert images["annotations"] == [] and not (full_run / "partial").exists()  # complete: partial/ removed
+    results = validate_coco_results(predictions)
     assert {r["image_id"] for r in results} == {1, 2, 3}
     for image_id in (1, 2):  # both copies of bus.jpg: the bus is found
         assert max(r["score"] for r in results if r["image_id"] == image_id and r["category_id"] == 6) > 0.5
     people = [r for r in results if r["image_id"] == 3 and r["category_id"] == 1 and r["score"] > 0.5]
     assert len(people) >= 2
-    assert len(predictions["categories"]) == 80
+    assert len(images["categories"]) == 80
+
+
+def test_outputs_open_with_pycocotools(full_run):
+    from pycocotools.coco import COCO
+
+    coco = COCO(str(full_run / "images.json"))
+    fused = coco.loadRes(str(full_run / "predictions.json"))
+    assert sorted(fused.getImgIds()) == [1, 2, 3]
+    assert len(fused.getAnnIds()) == len(json.loads((full_run / "predictions.json").read_text())) > 0
 
 
 def test_unreadable_files_are_reported_and_skipped(full_run):
@@ -104,17 +111,18 @@ def test_unreadable_files_are_reported_and_skipped(full_run):
     )
     assert summary["images"] == 5 and summary["done"] == 3 and summary["processed_this_run"] == 3
     assert set(summary["ms_per_image"]) == {"read", "detect:yolov8n", "detect:yolo26n", "fuse", "write"}
+    assert summary["fuse_first_call_ms"] > 0 and summary["method"] == "wbf" and summary["complete"] is True
     assert summary["models"] == ["yolov8n", "yolo26n"] and summary["weights"]["yolov8n"].endswith(
         "yolov8n_int8.tflite"
     )
 
 
 def test_labels_and_vis(full_run):
-    predictions = json.loads((full_run / "predictions.json").read_text())
-    for image in predictions["images"]:
+    images, predictions = read_outputs(full_run)
+    for image in images["images"]:
         stem = image["file_name"].rsplit(".", 1)[0]
         lines = (full_run / "labels" / f"{stem}.txt").read_text().splitlines()
-        expected = [r for r in predictions["results"] if r["image_id"] == image["id"] and r["score"] >= 0.25]
+        expected = [r for r in predictions if r["image_id"] == image["id"] and r["score"] >= 0.25]
         assert len(lines) == len(expected) > 0
         for line in lines:
             fields = line.split()
@@ -147,30 +155,54 @@ def test_resume_after_interruption(workspace, full_run, monkeypatch):
 
     monkeypatch.setattr(fuse_tool, "process_image", interrupt_on_second)
     assert run(workspace, out, "--save-per-model") == 130
-    partial = json.loads((out / "predictions.json").read_text())  # valid, and says it is incomplete
-    assert partial["info"]["complete"] is False and [im["file_name"] for im in partial["images"]] == [
-        "bus.jpg"
-    ]
+    partial_images, partial_results = read_outputs(out)  # valid, and says it is incomplete
+    assert partial_images["info"]["complete"] is False
+    assert [im["file_name"] for im in partial_images["images"]] == ["bus.jpg"]
+    assert {r["image_id"] for r in partial_results} == {1}
     assert json.loads((out / "summary.json").read_text())["interrupted"] is True
+    assert (out / "partial").is_dir()
 
     monkeypatch.setattr(fuse_tool, "process_image", original)
     assert run(workspace, out, "--save-per-model") == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["processed_this_run"] == 2 and summary["resumed"] == 1 and summary["done"] == 3
-    resumed = json.loads((out / "predictions.json").read_text())
-    complete = json.loads((full_run / "predictions.json").read_text())
-    assert resumed["images"] == complete["images"] and resumed["info"]["complete"] is True
-    assert sorted(map(json.dumps, resumed["results"])) == sorted(map(json.dumps, complete["results"]))
+    resumed_images, resumed = read_outputs(out)
+    complete_images, complete = read_outputs(full_run)
+    assert resumed_images["images"] == complete_images["images"] and resumed_images["info"]["complete"] is True
+    assert sorted(map(json.dumps, resumed)) == sorted(map(json.dumps, complete))
+    assert not (out / "partial").exists()
 
-    # nothing left to do: no model is loaded, the outputs are rewritten identically
+    # a complete run again: nothing left to do, no model is loaded, the outputs are rewritten identically
+    per_model = (out / "per_model" / "yolo26n.json").read_text()
     monkeypatch.setattr(fuse_tool, "build_ensemble", lambda config: pytest.fail("models loaded for nothing"))
     assert run(workspace, out, "--save-per-model") == 0
-    assert json.loads((out / "predictions.json").read_text()) == resumed
+    assert read_outputs(out) == (resumed_images, resumed)
+    assert (out / "per_model" / "yolo26n.json").read_text() == per_model and not (out / "partial").exists()
 
 
-def test_changed_config_refuses_to_resume(workspace, full_run):
-    with pytest.raises(SystemExit, match="different config"):
-        run(workspace, full_run, "--save-per-model", "--method", "mean")
+def test_complete_run_grows_with_new_images(workspace, tmp_path, monkeypatch):
+    source = tmp_path / "grow"
+    source.mkdir()
+    shutil.copy(workspace / "images" / "bus.jpg", source / "bus.jpg")
+    args = ["--config", str(workspace / "pair.yaml"), "--out", str(tmp_path / "o"), "--quiet", "--no-vis"]
+    assert fuse_tool.main([*args, "--source", str(source)]) == 0
+    first_images, first = read_outputs(tmp_path / "o")
+    shutil.copy(workspace / "images" / "zidane copy.jpg", source / "zidane.jpg")
+    calls = []
+    original = fuse_tool.process_image
+    monkeypatch.setattr(fuse_tool, "process_image", lambda *a, **k: calls.append(a[1]) or original(*a, **k))
+    assert fuse_tool.main([*args, "--source", str(source)]) == 0
+    images, results = read_outputs(tmp_path / "o")
+    assert calls == ["zidane.jpg"]  # bus.jpg came from the complete run's outputs
+    assert [im["file_name"] for im in images["images"]] == ["bus.jpg", "zidane.jpg"]
+    assert [r for r in results if r["image_id"] == 1] == first
+
+
+def test_changed_config_refuses_to_resume(workspace, full_run, capsys):
+    before = read_outputs(full_run)
+    assert run(workspace, full_run, "--save-per-model", "--method", "mean") == 2
+    assert "different config" in capsys.readouterr().err
+    assert read_outputs(full_run) == before
 
 
 def test_method_override_overwrite_glob_and_single_file(workspace):
@@ -191,9 +223,9 @@ def test_method_override_overwrite_glob_and_single_file(workspace):
         ]
     )
     assert code == 0
-    predictions = json.loads((out / "predictions.json").read_text())
-    assert [im["file_name"] for im in predictions["images"]] == ["bus.jpg", "zidane copy.jpg"]
-    assert predictions["info"]["method"] == "mean" and not (out / "vis").exists()
+    images, _ = read_outputs(out)
+    assert [im["file_name"] for im in images["images"]] == ["bus.jpg", "zidane copy.jpg"]
+    assert images["info"]["method"] == "mean" and not (out / "vis").exists()
     code = fuse_tool.main(
         [
             "--config",
@@ -209,8 +241,8 @@ def test_method_override_overwrite_glob_and_single_file(workspace):
         ]
     )
     assert code == 0
-    predictions = json.loads((out / "predictions.json").read_text())
-    assert [im["file_name"] for im in predictions["images"]] == ["bus.jpg"] and (
+    images, _ = read_outputs(out)
+    assert [im["file_name"] for im in images["images"]] == ["bus.jpg"] and (
         out / "vis" / "bus.jpg"
     ).is_file()
 
@@ -240,19 +272,35 @@ def test_output_stems():
     }  # fmt: skip
 
 
-def test_shipped_config_head_follows_its_method(tmp_path):
-    config_path = str(REPO / "configs" / "ensembles" / "coco_yolo3.yaml")
-    base = ["--config", config_path, "--source", "x", "--out", str(tmp_path)]
-    names = ["yolov8n", "yolo11n", "yolo26n"]
+def parse(argv):
+    from detens.cli import build_parser
 
-    config = fuse_tool.resolve_config(fuse_tool.parse_args(base))
-    assert config.fusion.method == "theta" and Path(config.fusion.head).is_file()  # relative to the YAML
+    return build_parser(["fuse"]).parse_args(["fuse", *argv])
+
+
+def test_shipped_config_head_follows_its_method(tmp_path):
+    base = ["--config", "coco_yolo3", "--source", "x", "--out", str(tmp_path)]  # a shipped config, by name
+    names = ["yolo26n", "yolov8n", "yolo11n"]  # the head's models, in another order
+
+    config = fuse_tool.resolve_config(parse(base))
+    assert config.fusion.method == "deep" and Path(config.fusion.head).is_file()  # relative to the YAML
     params = fuse_tool.fusion_params(config, names)
     assert sorted(params["head"].model_names) == sorted(names) and params["head"].match_iou > 0  # matched by name
+    assert fuse_tool.method_label(config, params) == "deep"
 
-    config = fuse_tool.resolve_config(fuse_tool.parse_args(base + ["--method", "wbf"]))
+    config = fuse_tool.resolve_config(parse(base + ["--method", "wbf"]))
     assert config.fusion.head is None and "head" not in fuse_tool.fusion_params(config, names)
 
-    config = fuse_tool.resolve_config(fuse_tool.parse_args(base + ["--method", "nms", "--head", "my_head.json"]))
-    with pytest.raises(ValueError, match="fusion.head is set but the method is 'nms'"):
-        fuse_tool.fusion_params(config, names)
+    config = fuse_tool.resolve_config(parse(base + ["--method", "theta"]))  # theta runs the config's head
+    assert fuse_tool.method_label(config, fuse_tool.fusion_params(config, names)) == "deep"
+
+    config = fuse_tool.resolve_config(parse(["--config", "coco_yolo3", "--source", "x", "--out", "o",
+                                             "--head", "coco_yolo3_theta"]))  # a shipped head, by name
+    assert config.fusion.method == "theta" and config.fusion.head.endswith("coco_yolo3_theta.json")
+
+    with pytest.raises(ValueError, match="fixed fuser 'nms'"):
+        fuse_tool.fusion_params(fuse_tool.resolve_config(parse(base + ["--method", "nms", "--head", "coco_yolo3_deep"])), names)
+    with pytest.raises(ValueError, match="was given a 'theta' head"):
+        fuse_tool.fusion_params(fuse_tool.resolve_config(parse(base + ["--method", "deep", "--head", "coco_yolo3_theta"])), names)
+    with pytest.raises(ValueError, match="trained for|other models|models"):
+        fuse_tool.fusion_params(config, ["a", "b", "c"])

@@ -287,15 +287,10 @@ class TestMatchEdgeCases:
 class TestBackendsAgree:
     @pytest.mark.parametrize("seed", range(3))
     def test_on_benchmark_images(self, seed):
-        # tools/bench.py's synthetic images: 5 models x 1000 boxes, 80 classes, tens of rounds.
-        import importlib.util
-        from pathlib import Path
-
+        # the benchmark's synthetic images: 5 models x 1000 boxes, 80 classes, tens of rounds.
         import numpy as np
 
-        spec = importlib.util.spec_from_file_location("bench", Path(__file__).parents[1] / "tools" / "bench.py")
-        bench = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(bench)
+        from detens.cli import bench
         per_model = bench.synthetic_image(np.random.default_rng(seed), 5, 1000)
         for iou_thr in (0.55, 0.7):
             compiled = match(per_model, iou_thr, backend="compiled")

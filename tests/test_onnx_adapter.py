@@ -370,7 +370,7 @@ def test_invalid_onnx_members(member, fragment):
 
 @pytest.mark.parametrize("config", ["coco_diverse.yaml", "coco_all6.yaml"])
 def test_shipped_configs_repeat_the_metadata(config):
-    models = {m.name: m for m in load_ensemble_config(REPO / "configs" / "ensembles" / config).models}
+    models = {m.name: m for m in load_ensemble_config(REPO / "detens" / "configs" / "ensembles" / config).models}
     yolox, nanodet = models["yolox_nano"], models["nanodet_m"]
     assert (yolox.decoder, yolox.input_size, yolox.letterbox, yolox.pad_value) == (
         "yolox",
@@ -416,7 +416,7 @@ def person_images(count: int = 2) -> list[tuple[Path, tuple[int, int], torch.Ten
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["yolox_nano", "nanodet_m"])
 def test_shipped_model_finds_the_person(name):
-    config = load_ensemble_config(REPO / "configs" / "ensembles" / "coco_all6.yaml")
+    config = load_ensemble_config(REPO / "detens" / "configs" / "ensembles" / "coco_all6.yaml")
     (model,) = [m for m in config.models if m.name == name]
     detector = build_detector(model, config)  # the YAML member, through the adapter registry
     assert isinstance(detector, OnnxDetector)

@@ -10,6 +10,7 @@ from detens.adapters.weights import (
     is_upstream_name,
     repository_weights_dir,
     resolve_weights,
+    shared_models_above,
     weights_dirs,
 )
 
@@ -47,22 +48,37 @@ class TestResolutionOrder:
             b / "export_openvino_model"
         )  # folders too
 
-    def test_env_wins_over_the_explicit_default(self, dirs, monkeypatch):
+    def test_env_comes_before_the_explicit_folder(self, dirs, monkeypatch):
         a, b, _ = dirs
         monkeypatch.setenv(ENV_VAR, str(a))
-        assert weights_dirs(default=b) == [a]
+        assert weights_dirs(default=b)[:2] == [a, b]
         assert resolve_weights("model.onnx", weights_dir=b).value == str(a / "model.onnx")
+        assert resolve_weights("only_b.onnx", weights_dir=b).value == str(b / "only_b.onnx")
 
-    def test_explicit_default_when_env_unset(self, dirs):
+    def test_explicit_folder_when_env_unset(self, dirs):
         _, b, _ = dirs
-        assert weights_dirs(default=b) == [b]
+        assert weights_dirs(default=b)[0] == b
         assert resolve_weights("model.onnx", weights_dir=b).value == str(b / "model.onnx")
+
+    def test_shared_models_found_walking_up_from_the_working_directory(self, dirs, monkeypatch):
+        a, _, cwd = dirs
+        models = cwd.parent / "shared" / "models"
+        models.mkdir(parents=True)
+        (models / "found.onnx").write_text("x")
+        deep = cwd / "x" / "y"
+        deep.mkdir(parents=True)
+        monkeypatch.chdir(deep)
+        assert shared_models_above() == models.resolve()
+        monkeypatch.setenv(ENV_VAR, str(a))
+        dirs_searched = weights_dirs()
+        assert dirs_searched[0] == a and dirs_searched[1] == models.resolve()  # the environment first
+        assert resolve_weights("found.onnx").value == str(models.resolve() / "found.onnx")
 
     def test_repository_default(self, monkeypatch):
         monkeypatch.delenv(ENV_VAR, raising=False)
         repo_dir = repository_weights_dir()
         assert repo_dir.parent.name == "shared"
-        assert weights_dirs() == ([repo_dir] if repo_dir.is_dir() else [])
+        assert weights_dirs()[-1:] == ([repo_dir] if repo_dir.is_dir() else [])
 
     @pytest.mark.parametrize(
         "name, kind",
@@ -115,6 +131,7 @@ class TestMissing:
 
     def test_error_without_any_weights_folder(self, dirs, monkeypatch):
         monkeypatch.setattr("detens.adapters.weights.repository_weights_dir", lambda: dirs[2] / "no_such_dir")
+        monkeypatch.setattr("detens.adapters.weights.shared_models_above", lambda start=None: None)
         with pytest.raises(WeightsNotFoundError, match="no weights folder"):
             resolve_weights("missing.pth", "torchvision")
 

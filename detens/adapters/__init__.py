@@ -232,6 +232,28 @@ def build_ensemble(config: EnsembleConfig | str | Path | Mapping[str, Any]) -> l
     return members
 
 
+def view_names(base: str, model: ModelConfig) -> list[str]:
+    """The member names of one ``models`` entry named ``base`` (as :class:`AugmentedDetector` names its views)."""
+    if not model.tta:
+        return [base]
+    from detens.adapters.augmented import View
+
+    names = []
+    for spec in model.tta:
+        view = View.parse(spec)
+        names.append(base if view.is_identity else f"{base}|{view.name}")
+    return names
+
+
+def declared_member_names(config: EnsembleConfig | str | Path | Mapping[str, Any]) -> list[str] | None:
+    """The members' names as :func:`build_ensemble` will name them, without loading any model; None when
+    an entry has no ``name`` (its name comes from its weights once loaded)."""
+    config = _as_config(config)
+    if any(not model.name for model in config.models):
+        return None
+    return [name for model in config.models for name in view_names(model.name, model)]  # type: ignore[arg-type]
+
+
 def member_weights(config: EnsembleConfig) -> list[float]:
     """The fusion weight of each member of :func:`build_ensemble` (a model's ``weight`` for each of its views)."""
     config = _as_config(config)

@@ -6,8 +6,9 @@ The predictions are COCO results (``[{"image_id", "category_id", "bbox": [x, y, 
 - a COCO annotation file (or dict / :class:`~detens.coco.CocoGroundTruth`) whose ``images`` list gives
   ``id``, ``file_name``, ``height`` and ``width``;
 - a ``{file_name: image_id}`` mapping;
-- or nothing, when the results file itself carries the images: the ``predictions.json`` that
-  ``tools/fuse.py`` writes (``{"images": [...], "results": [...]}``).
+- or nothing, when the images are known without help: the ``predictions.json`` that ``detens fuse``
+  writes (a COCO results list) has ``images.json`` (a COCO dataset without annotations) beside it, which
+  is read; a dict ``{"images": [...], "results": [...]}`` carries its own.
 
 A path matches a ``file_name`` when it ends with it (``.../val2017/000000000139.jpg`` matches
 ``000000000139.jpg`` and ``val2017/000000000139.jpg``); integers are taken as image ids.
@@ -36,10 +37,11 @@ class PrecomputedDetector(BaseDetector):
     """Replays saved COCO results.
 
     Args:
-        results: a COCO results JSON file, the list of result dicts, or a ``predictions.json`` written by
-            ``tools/fuse.py`` (a dict with ``results`` and ``images``).
+        results: a COCO results JSON file, the list of result dicts, or a dict with ``results`` and
+            ``images``.
         images: how to find an image's id: a COCO annotation file/dict/``CocoGroundTruth``, or a
-            ``{file_name: image_id}`` mapping; None when ``results`` carries the images.
+            ``{file_name: image_id}`` mapping; None: the ``images`` of a dict ``results``, else the
+            ``images.json`` beside a results file (``detens fuse`` writes one beside ``predictions.json``).
         name (str | None): display name; default: the results file's stem.
         conf (float): drop results scored below it.
         max_det (int | None): keep at most this many results per image (the best scored).
@@ -64,18 +66,21 @@ class PrecomputedDetector(BaseDetector):
     ) -> None:
         where = "results"
         default_name = "precomputed"
+        embedded_images = None
         if isinstance(results, (str, os.PathLike)):
             path = Path(results)
             where, default_name = str(path), path.stem
             results = read_json_file(path, "COCO results file")
-        embedded_images = None
+            beside = path.parent / "images.json"
+            if images is None and beside.is_file():
+                embedded_images = beside
         if isinstance(results, Mapping):
             if "results" not in results:
                 raise ValueError(
                     f"{where}: a dict of predictions must hold 'results' (COCO result dicts) and 'images'; "
                     f"got keys {sorted(results)}"
                 )
-            embedded_images = results.get("images")
+            embedded_images = results.get("images", embedded_images)
             results = results["results"]
         clean = validate_coco_results(results, where)
         super().__init__(name or default_name, 1, categories)

@@ -2,11 +2,13 @@
 
 :func:`resolve_weights` looks, in this order:
 
-1. at the value as a path (absolute, or relative to the working directory; ``~`` expanded);
-2. at the value as a name relative to the weights folders: ``$DETENS_WEIGHTS`` (one folder, or several
-   separated by ``os.pathsep``) when it is set; otherwise the explicit default folder the caller passes
-   (e.g. ``weights_dir`` of an ensemble YAML); otherwise ``../shared/models`` next to the repository,
-   when that folder exists;
+1. at the value as a path (absolute, or relative to the working directory; ``~`` expanded; an ensemble
+   YAML also makes a relative path that exists beside the YAML absolute before it gets here);
+2. at the value as a name relative to the weights folders, in this order: ``$DETENS_WEIGHTS`` (one
+   folder, or several separated by ``os.pathsep``) when set; the folder the caller passes (``weights_dir``
+   of an ensemble YAML); the first ``shared/models`` folder found walking up from the working directory
+   (the repository's offline layout, ``../shared/models`` beside a clone); ``../shared/models`` beside the
+   repository that holds this package (an editable install run from elsewhere);
 3. at the value as an upstream name that Ultralytics or torchvision download when online
    (``yolo11n.pt``, ``yolo26n``, a model YAML such as ``yolov8n.yaml``, a URL; torchvision ``"DEFAULT"``
    or a weights enum name such as ``"COCO_V1"``): the name is returned unchanged for the upstream loader.
@@ -26,6 +28,7 @@ __all__ = [
     "WeightsNotFoundError",
     "ResolvedWeights",
     "repository_weights_dir",
+    "shared_models_above",
     "weights_dirs",
     "resolve_weights",
     "is_upstream_name",
@@ -67,19 +70,31 @@ def repository_weights_dir() -> Path:
     return Path(__file__).resolve().parents[2].parent / "shared" / "models"
 
 
-def weights_dirs(default: str | Path | None = None) -> list[Path]:
-    """The folders that weight names are relative to, in search order.
+def shared_models_above(start: str | Path | None = None) -> Path | None:
+    """The first ``shared/models`` folder in ``start`` (default: the working directory) or one of its
+    parents, or None."""
+    here = Path(start if start is not None else Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        candidate = folder / "shared" / "models"
+        if candidate.is_dir():
+            return candidate
+    return None
 
-    ``$DETENS_WEIGHTS`` when set (``os.pathsep``-separated); otherwise ``default`` when given; otherwise
-    :func:`repository_weights_dir` when it exists.
-    """
+
+def weights_dirs(default: str | Path | None = None) -> list[Path]:
+    """The folders that weight names are relative to, in search order (see the module docstring)."""
     env = os.environ.get(ENV_VAR, "").strip()
-    if env:
-        return [Path(p).expanduser() for p in env.split(os.pathsep) if p.strip()]
+    dirs = [Path(p).expanduser() for p in env.split(os.pathsep) if p.strip()] if env else []
     if default is not None:
-        return [Path(default).expanduser()]
-    repo_dir = repository_weights_dir()
-    return [repo_dir] if repo_dir.is_dir() else []
+        dirs.append(Path(default).expanduser())
+    for found in (shared_models_above(), repository_weights_dir()):
+        if found is not None and found.is_dir():
+            dirs.append(found)
+    unique: list[Path] = []
+    for folder in dirs:
+        if folder.resolve() not in {u.resolve() for u in unique}:
+            unique.append(folder)
+    return unique
 
 
 def _ultralytics_upstream(name: str) -> bool:
@@ -127,7 +142,7 @@ def resolve_weights(
         weights: a path, a name relative to a weights folder, or an upstream name.
         kind: whose upstream names are accepted: ``"ultralytics"``, ``"torchvision"``, ``"any"``, or
             ``"onnx"`` (none: the file must be on disk).
-        weights_dir: the default weights folder used when ``$DETENS_WEIGHTS`` is unset.
+        weights_dir: a weights folder searched after ``$DETENS_WEIGHTS`` (``weights_dir`` of the YAML).
 
     Raises:
         WeightsNotFoundError: not found anywhere; the message lists where it looked.
@@ -151,7 +166,8 @@ def resolve_weights(
                 return ResolvedWeights(str(candidate), True, tuple(tried))
         if not dirs:
             tried.append(
-                f"no weights folder ({_env_note()}, no default given, {repository_weights_dir()} does not exist)"
+                f"no weights folder ({_env_note()}, no weights_dir, no shared/models above {Path.cwd()} "
+                f"or beside the package)"
             )
     if is_upstream_name(text, kind):
         tried.append(f"{text!r} as an upstream name ({kind}; downloaded when online)")

@@ -18,15 +18,46 @@ from typing import Any
 from detens.detections import Detections
 from detens.fusers._registry import FUSERS, check_weights
 from detens.matching import check_per_model
+from detens.registry import unknown_name_error
 
 # Importing the modules registers their fusers.
 from detens.fusers import consensus, nms, refine, subset, theta, wbf  # noqa: E402,F401  isort: skip
 
-__all__ = ["FUSERS", "fuse", "list_fusers", "check_weights"]
+__all__ = ["FUSERS", "fuse", "list_fusers", "list_methods", "check_weights", "resolve_method"]
 
 
 def list_fusers() -> list[str]:
     return FUSERS.names()
+
+
+def list_methods() -> list[str]:
+    """Every name ``fuse(method=...)`` accepts: the fusers and the head types."""
+    from detens.heads import list_heads
+
+    return sorted(set(FUSERS.names()) | set(list_heads()))
+
+
+def resolve_method(method: str, params: dict[str, Any]) -> str:
+    """The fuser that runs ``method``: itself when it is a fuser; ``theta`` for a head type, whose
+    ``params["head"]`` (a head or its file, loaded here into ``params``) must be of that type."""
+    if not isinstance(method, str):
+        raise TypeError(f"method must be a string, got {type(method).__name__}: {method!r}")
+    if method in FUSERS:
+        return method
+    from detens.heads import list_heads
+
+    if method not in list_heads():
+        raise unknown_name_error("fusion method", method, list_methods())
+    head = params.get("head")
+    if head is None:
+        raise ValueError(f"method {method!r} is a head type: pass head= (a trained {method} head or its file)")
+    if isinstance(head, (str, Path)):
+        head = params["head"] = theta.load_cached_head(head)
+    type_name = getattr(head, "type_name", None)
+    if type_name != method:
+        raise ValueError(f"method {method!r} was given a {type_name!r} head; use method={type_name!r} (or 'theta', "
+                         "which runs any head)")
+    return "theta"
 
 
 def fuse(
@@ -36,7 +67,9 @@ def fuse(
 
     Args:
         per_model (list[Detections]): one per model, same image, same device.
-        method (str): a registered fuser (``detens.fusers.list_fusers()``).
+        method (str): a registered fuser (``detens.fusers.list_fusers()``), or a head type
+            (``detens.heads.list_heads()``: ``deep``, ``superlearner``, ...), which needs ``head=`` of that
+            type and fuses through the ``theta`` fuser (matching, then the head).
         calibration (CalibrationHead | str | Path | None): when given, each model's scores are first
             replaced by its calibrated ones (``head.calibrate(per_model)``: members matched by their
             ``source`` name, else by position), then the calibrated detections are fused by ``method``.
@@ -47,7 +80,7 @@ def fuse(
     Returns:
         Detections: fused boxes in the input's label space, clipped to the image, sorted by score.
     """
-    fuser = FUSERS.get(method)
+    fuser = FUSERS.get(resolve_method(method, params))
     check_per_model(per_model)
     if calibration is not None:
         per_model = _resolve_calibration(calibration).calibrate(per_model)

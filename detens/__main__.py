@@ -1,0 +1,7 @@
+"""``python -m detens``: the ``detens`` command."""
+
+import sys
+
+from detens.cli import main
+
+sys.exit(main())

@@ -1,0 +1,129 @@
+"""The ``detens`` command: ``detens fuse | cache | train | evaluate | bench`` (also ``python -m detens``).
+
+Each subcommand is a module of this package with ``add_arguments(parser)`` and ``run(args) -> int``; the
+``tools/*.py`` scripts call the same modules. A user's mistake (a bad flag, a missing file, a YAML typo, a
+head for other models) ends as one ``error: <message>`` on stderr and exit status 2, without a traceback;
+``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+import yaml
+
+__all__ = ["COMMANDS", "UsageError", "build_parser", "main", "run_command"]
+
+#: subcommand -> (module, one-line summary)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "fuse": ("detens.cli.fuse", "run an ensemble on images and fuse its detections"),
+    "cache": ("detens.cli.cache", "save each member's detections on a COCO-format dataset"),
+    "train": ("detens.cli.train", "fit a fusion head on cached predictions"),
+    "evaluate": ("detens.cli.evaluate", "compare fusion methods with cross-validated COCO mAP"),
+    "bench": ("detens.cli.bench", "time the fusers against ensemble_boxes and torchvision"),
+}
+
+
+class UsageError(ValueError):
+    """A mistake in how a command was called, found after argument parsing (reported like a bad flag)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad command line as one ``error:`` line (exit status 2), like every other
+    user mistake, instead of a usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")  # same form as UsageError
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quiet", action="store_true", help="warnings only: no progress bars, no library chatter")
+    parser.add_argument("--debug", action="store_true", help="show the Python traceback of an error")
+
+
+def build_parser(commands: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The ``detens`` parser with every subcommand (or only ``commands``)."""
+    parser = _Parser(
+        prog="detens",
+        description="Object-detection ensembling: run detectors, fuse their boxes, fit and evaluate fusion.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
+    for name in commands or COMMANDS:
+        module_name, summary = COMMANDS[name]
+        module = importlib.import_module(module_name)
+        child = sub.add_parser(
+            name,
+            help=summary,
+            description=module.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module.add_arguments(child)
+        _add_common(child)
+        child.set_defaults(_run=module.run, _parser=child)
+    return parser
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean the input was wrong, not the program: reported without a traceback."""
+    return (ValueError, TypeError, OSError, yaml.YAMLError)
+
+
+def _message(err: BaseException) -> str:
+    text = str(err)
+    if isinstance(err, OSError) and err.filename is not None and str(err.filename) not in text:
+        text = f"{text}: {err.filename}"
+    return text or type(err).__name__
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    from detens.cli._logging import log_above_progress_bars, native_stderr_silenced, quiet_libraries
+
+    log_above_progress_bars(args.quiet)
+    if args.quiet:
+        quiet_libraries()
+    try:
+        with native_stderr_silenced() if args.quiet else contextlib.nullcontext():
+            return int(args._run(args))
+    except UsageError as err:
+        print(f"error: {args._parser.prog}: {err} (see {args._parser.prog} --help)", file=sys.stderr)
+        return 2
+    except _user_errors() as err:
+        if args.debug:
+            raise
+        print(f"error: {_message(err)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``detens COMMAND [options]``; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    wanted = [argv[0]] if argv and argv[0] in COMMANDS else None  # import only the command that runs
+    args = build_parser(wanted).parse_args(argv)
+    return _dispatch(args)
+
+
+def run_command(command: str, argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """One subcommand with its own argv, as the ``tools/<command>.py`` scripts call it."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    module_name, _ = COMMANDS[command]
+    module = importlib.import_module(module_name)
+    parser = _Parser(
+        prog=prog or f"detens {command}",
+        description=module.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    module.add_arguments(parser)
+    _add_common(parser)
+    parser.set_defaults(_run=module.run, _parser=parser)
+    return _dispatch(parser.parse_args(argv))

@@ -1,0 +1,776 @@
+#!/usr/bin/env python
+"""Cache each ensemble member's detections on a COCO-format dataset, for training and evaluating fusion.
+
+    detens cache --config coco_yolo3 --images DIR --gt instances.json --out predictions/ \\
+        [--models 'yolo26n*,yolov8n'] [--device cuda:0] [--conf 0.001] [--shard i/n]
+    detens cache merge --out predictions/ [--gt instances.json]      # after sharded runs
+
+The images are the ground truth's (``--gt``): their ids and file names come from it, the files are
+``--images/<file_name>``. Every member of the ensemble (a model with ``tta`` views gives one member per
+view) writes ``--out/<member>.json``: a plain COCO results list (``image_id``, ``category_id``, ``bbox``
+``[x, y, w, h]`` pixels, ``score``), sorted by image id, in the label space of the ground truth. Scores
+and counts follow the config (``conf`` 0.001 and ``max_det`` 300 by default); flags override it. The
+config's ``dataset`` defaults to ``--gt``, so model classes are mapped onto the ground truth's categories.
+
+Order of work: the models in turn. Each model of the config is loaded once and run over all images
+before the next one is loaded (one model in memory at a time); the views of a test-time-augmented model
+share the loaded model and each image is read once for all of them. ``--models`` picks members by name or
+glob (``'yolo26n*'``: the model and all its views); a config entry without ``name`` is loaded up front to
+learn its members' names.
+
+Writes into ``--out``:
+
+- ``<member>.json``: the member's COCO results, written (atomically) once every image is done;
+- ``.partial/<member>/<image_id>.json``: one small file per finished image (an image with no box is a
+  finished image with an empty list), and ``_settings.json``, the settings that produced them. A killed
+  run leaves every file valid (all writes are atomic); running the same command again skips the
+  finished images. Changed settings (``conf``, ``imgsz``, weights, ...) are refused unless
+  ``--overwrite`` (which discards the selected members' earlier results). Delete ``.partial/`` once
+  everything is cached to save space (a later run then starts over);
+- ``cache_summary.json``: per member: images, boxes, unreadable files, detection seconds (summed over
+  images, across resumed runs), wall seconds of the last run, the settings;
+- ``config.yaml``: the resolved config (the file with the flags applied).
+
+Sharding: ``--shard i/n`` (``0 <= i < n``) takes the images at positions ``i, i + n, i + 2n, ...`` of the
+ground truth's images sorted by id, and writes ``--out/shards/<member>.shard-<i>-of-<n>.json`` (the
+shard's results with the image ids it covers), ``shards/cache_summary.shard-<i>-of-<n>.json`` and
+``shards/config.shard-<i>-of-<n>.yaml``. Run the shards with any launcher (processes, machines, GPUs
+with ``--device``), collect every ``shards/`` folder into one ``--out/shards/``, then ``merge``: it checks
+that every image of the ground truth is covered exactly once by shards made with the same settings,
+naming the missing shards and images otherwise, and writes ``<member>.json`` and ``cache_summary.json``.
+
+Unreadable or corrupt images are reported, skipped and listed in the summary; they are not finished,
+so a later run tries them again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import fnmatch
+import gc
+import hashlib
+import json
+import logging
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from tqdm import tqdm
+
+from detens.adapters import build_detector, dataset_categories, detect_loaded, view_names
+from detens.cli import UsageError
+from detens.coco import CocoGroundTruth, detections_to_coco, load_coco_gt, save_coco_results
+from detens.ensemble_config import EnsembleConfig, ModelConfig, load_ensemble_config, save_ensemble_config
+from detens.io import atomic_write_json, atomic_write_text
+from detens.sources import ImageReadError, read_image
+
+logger = logging.getLogger("detens.cache")
+
+DEFAULT_CONFIG = "coco_yolo3"
+PARTIAL = ".partial"
+SHARDS = "shards"
+SUMMARY = "cache_summary.json"
+SETTINGS = "_settings.json"
+SHARD_FORMAT = "detens.cache.shard/1"
+_SHARD_FILE = re.compile(r"^(?P<member>.+)\.shard-(?P<index>\d+)-of-(?P<count>\d+)\.json$")
+# ModelConfig keys that change a member's detections (device and batch do not; name and weight neither).
+_RESULT_KEYS = ("type", "weights", "arch", "results", "images", "half", "class_map", "options")
+_SETTING_KEYS = ("conf", "iou", "imgsz", "max_det")
+# onnx-only keys, recorded only when set so that the settings of other members (and old caches) stay as they were
+_ONNX_KEYS = ("decoder", "input_size", "letterbox", "pad_value", "bgr_to_rgb", "mean", "std")
+
+
+# -------------------------------------------------------------------------------------------------- args
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "action", nargs="?", choices=["merge"],
+        help="merge: join the shards in OUT/shards into <member>.json (same as --merge)",
+    )
+    p.add_argument(
+        "--config", default=DEFAULT_CONFIG, help="shipped ensemble name or ensemble YAML (default: %(default)s)"
+    )
+    p.add_argument(
+        "--images",
+        type=Path,
+        help="folder holding the images (the ground truth's file_name is relative to it)",
+    )
+    p.add_argument("--gt", type=Path, help="COCO annotation file: the images' ids, file names and categories")
+    p.add_argument("--out", type=Path, required=True, help="output folder (created; a re-run resumes)")
+    p.add_argument(
+        "--models",
+        help="comma-separated member names or globs to cache (quote them: 'yolo26n*,yolov8n'); default: all",
+    )
+    p.add_argument("--shard", help="i/n: process only the images at positions i, i+n, ... (0 <= i < n)")
+    p.add_argument("--merge", action="store_true", help="join the shards in OUT/shards into <member>.json")
+    p.add_argument("--conf", type=float, help="minimum detection score of every model (overrides conf)")
+    p.add_argument("--iou", type=float, help="NMS IoU of every model (overrides iou)")
+    p.add_argument(
+        "--max-det", type=int, help="maximum detections per image of every model (overrides max_det)"
+    )
+    p.add_argument("--imgsz", type=int, help="inference size of every model (overrides imgsz)")
+    p.add_argument("--device", help="device of every model: cpu, cuda, cuda:0 ... (overrides device)")
+    p.add_argument("--batch", type=int, help="images per detector call (overrides batch)")
+    p.add_argument("--weights-dir", help="folder that weights names are relative to (overrides weights_dir)")
+    p.add_argument(
+        "--max-images",
+        type=int,
+        help="stop after this many new images per model (as if interrupted; run again to go on)",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="discard the selected members' earlier results (in this shard) instead of resuming",
+    )
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Flag combinations argparse cannot express (a :class:`UsageError` names the problem)."""
+    args.merge = args.merge or args.action == "merge"
+    if args.merge:
+        if args.shard:
+            raise UsageError("--merge joins all shards; do not give --shard")
+    else:
+        if args.images is None or args.gt is None:
+            raise UsageError("--images and --gt are required (except with merge)")
+        args.shard = parse_shard(args.shard)
+    if args.max_images is not None and args.max_images < 0:
+        raise UsageError(f"--max-images must be >= 0, got {args.max_images}")
+
+
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if match is None:
+        raise UsageError(f"--shard must look like i/n (e.g. 0/4), got {text!r}")
+    index, count = int(match.group(1)), int(match.group(2))
+    if count < 1 or not 0 <= index < count:
+        raise UsageError(f"--shard i/n needs n >= 1 and 0 <= i < n, got {index}/{count}")
+    return index, count
+
+
+def shard_tag(shard: tuple[int, int]) -> str:
+    return f"shard-{shard[0]}-of-{shard[1]}"
+
+
+# ------------------------------------------------------------------------------------------------ config
+def resolve_config(args: argparse.Namespace) -> EnsembleConfig:
+    """The config file with the flags applied (a flag given for every model also replaces each model's own value)."""
+    per_model = {
+        "conf": args.conf,
+        "iou": args.iou,
+        "max_det": args.max_det,
+        "imgsz": args.imgsz,
+        "device": args.device,
+        "batch": args.batch,
+    }
+    config = load_ensemble_config(args.config, {"weights_dir": args.weights_dir}, per_model)
+    if config.dataset is None:  # the label space is the ground truth's
+        config.dataset = str(Path(args.gt).absolute())
+    return config
+
+
+# ----------------------------------------------------------------------------------------------- members
+@dataclass
+class Entry:
+    """One ``models`` entry of the config: its members' names, built (loaded) only when needed."""
+
+    model: ModelConfig
+    names: list[str]
+    built: Any = None  # the detector, or an AugmentedDetector
+    selected: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        base = self.names[0].split("|")[0]
+        return base if len(self.names) == 1 else f"{base} ({len(self.selected)} views)"
+
+    def members(self) -> dict[str, Any]:
+        built = self.built
+        members = list(built.members) if hasattr(built, "members") else [built]
+        names = [m.name for m in members]
+        if names != self.names:
+            raise RuntimeError(f"the built members {names} differ from the expected {self.names}")
+        return dict(zip(names, members, strict=True))
+
+
+def plan_entries(config: EnsembleConfig, categories: dict[int, str] | None) -> list[Entry]:
+    """The config's entries with their member names (an entry without ``name`` is loaded to learn it)."""
+    entries = []
+    for model in config.models:
+        if model.name:
+            entries.append(Entry(model, view_names(model.name, model)))
+        else:
+            built = build_detector(model, config, categories)
+            base = built.detector.name if hasattr(built, "members") else built.name
+            entries.append(Entry(model, view_names(base, model), built))
+    names = [n for e in entries for n in e.names]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(
+            f"members must have different names, got {duplicates} twice; set 'name' in the config"
+        )
+    for name in names:
+        if "/" in name or "\\" in name or name.startswith("."):
+            raise ValueError(
+                f"member name {name!r} cannot be a file name; set another 'name' in the config"
+            )
+    return entries
+
+
+def select_members(entries: list[Entry], patterns: str | None) -> None:
+    """Mark the members matching ``--models`` (names or globs); every pattern must match one."""
+    names = [n for e in entries for n in e.names]
+    wanted = [p.strip() for p in (patterns or "*").split(",") if p.strip()]
+    for pattern in wanted:
+        if not any(fnmatch.fnmatchcase(n, pattern) for n in names):
+            close = difflib.get_close_matches(pattern, names, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(
+                f"--models {pattern!r} matches no member; the members are {', '.join(names)}.{hint}"
+            )
+    for entry in entries:
+        entry.selected = [n for n in entry.names if any(fnmatch.fnmatchcase(n, p) for p in wanted)]
+
+
+def member_settings(
+    config: EnsembleConfig, entry: Entry, name: str, categories: dict[int, str] | None
+) -> dict[str, Any]:
+    """What determines a member's detections (resuming with other settings is refused)."""
+    model = entry.model
+    settings: dict[str, Any] = {key: getattr(model, key) for key in _RESULT_KEYS}
+    settings.update({key: config.setting(model, key) for key in _SETTING_KEYS})
+    if isinstance(model.class_map, list):
+        settings["class_map"] = list(model.class_map)
+    else:
+        settings["class_map"] = {str(k): v for k, v in (model.class_map or {}).items()} or None
+    settings.update({key: getattr(model, key) for key in _ONNX_KEYS if getattr(model, key) is not None})
+    settings["view"] = model.tta[entry.names.index(name)] if model.tta else None
+    settings["weights_dir"] = config.weights_dir
+    # the label space, not the annotation file's path (a copy of the file elsewhere is the same dataset)
+    label_space = json.dumps(sorted((categories or {}).items())).encode("utf-8")
+    settings["categories"] = hashlib.sha256(label_space).hexdigest()[:16] if categories else "coco80"
+    # JSON round trip: the form it is compared in after being saved
+    return json.loads(json.dumps(settings, sort_keys=True))
+
+
+# ----------------------------------------------------------------------------------------------- dataset
+@dataclass
+class Dataset:
+    gt: CocoGroundTruth
+    ids: list[int]  # the ids this run covers (a shard's), sorted
+    all_ids: list[int]
+    fingerprint: str
+
+    def path(self, image_id: int) -> Path:
+        return self.gt.image_path(image_id)
+
+
+def gt_fingerprint(gt: CocoGroundTruth) -> str:
+    """A hash of the ground truth's ``(id, file_name)`` pairs: shards of different datasets do not merge."""
+    pairs = [[i, gt.file_name(i)] for i in gt.image_ids]
+    return hashlib.sha256(json.dumps(pairs).encode("utf-8")).hexdigest()[:16]
+
+
+def load_dataset(gt_path: Path, images: Path, shard: tuple[int, int] | None) -> Dataset:
+    gt = load_coco_gt(gt_path, images_dir=images)
+    if not images.is_dir():
+        raise NotADirectoryError(f"--images {images} is not a folder")
+    all_ids = gt.image_ids
+    if not all_ids:
+        raise ValueError(f"{gt_path} has no images")
+    if not any(gt.image_path(i).is_file() for i in all_ids):
+        raise FileNotFoundError(
+            f"none of the {len(all_ids)} images of {gt_path} is under {images} "
+            f"(e.g. {gt.image_path(all_ids[0])}); check --images"
+        )
+    ids = all_ids if shard is None else all_ids[shard[0] :: shard[1]]
+    return Dataset(gt, ids, all_ids, gt_fingerprint(gt))
+
+
+# ----------------------------------------------------------------------------------------------- partial
+def partial_dir(out: Path, member: str) -> Path:
+    return out / PARTIAL / member
+
+
+def partial_path(out: Path, member: str, image_id: int) -> Path:
+    return partial_dir(out, member) / f"{image_id}.json"
+
+
+def read_partial(out: Path, member: str, image_id: int, file_name: str) -> dict[str, Any] | None:
+    """A finished image's record, or None (missing, unreadable, or of another image)."""
+    try:
+        record = json.loads(partial_path(out, member, image_id).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if (
+        not isinstance(record, dict)
+        or record.get("image_id") != image_id
+        or record.get("file_name") != file_name
+        or not isinstance(record.get("results"), list)
+    ):
+        return None
+    return record
+
+
+def check_settings(out: Path, member: str, settings: dict[str, Any], overwrite: bool, ids: list[int]) -> None:
+    """Refuse to resume a member's partial results made with other settings; ``overwrite`` discards them."""
+    folder = partial_dir(out, member)
+    saved_path = folder / SETTINGS
+    if overwrite:
+        for image_id in ids:
+            partial_path(out, member, image_id).unlink(missing_ok=True)
+    elif saved_path.is_file():
+        try:
+            saved = json.loads(saved_path.read_text(encoding="utf-8"))
+        except ValueError:
+            saved = None
+        if saved != settings:
+            changed = sorted(
+                k for k in set(settings) | set(saved or {}) if (saved or {}).get(k) != settings.get(k)
+            )
+            details = ", ".join(f"{k}: {(saved or {}).get(k)!r} -> {settings.get(k)!r}" for k in changed)
+            raise ValueError(
+                f"{folder} holds results of {member!r} made with other settings ({details}); "
+                "use another --out, or --overwrite to discard them"
+            )
+    atomic_write_json(saved_path, settings, indent=2)
+
+
+# ----------------------------------------------------------------------------------------------- running
+@dataclass
+class MemberRun:
+    name: str
+    settings: dict[str, Any]
+    todo: list[int]
+    resumed: int
+    processed: int = 0
+    unreadable: dict[int, str] = field(default_factory=dict)
+
+
+def run_entry(
+    entry: Entry,
+    runs: list[MemberRun],
+    data: Dataset,
+    out: Path,
+    config: EnsembleConfig,
+    categories: dict[int, str] | None,
+    max_images: int | None,
+    quiet: bool,
+) -> dict[str, float]:
+    """Run one model (its selected views) over the images some member still needs; returns timings."""
+    needed_all = sorted({i for run in runs for i in run.todo})
+    needed = needed_all if max_images is None else needed_all[:max_images]
+    timing = {"load_s": 0.0, "read_s": 0.0, "wall_s": 0.0}
+    if not needed:
+        return timing
+    start = time.perf_counter()
+    if entry.built is None:
+        entry.built = build_detector(entry.model, config, categories)
+    members = entry.members()
+    timing["load_s"] = time.perf_counter() - start
+    pending = {run.name: set(run.todo) for run in runs}
+    batch = config.setting(entry.model, "batch")
+    bar = tqdm(
+        total=len(data.ids),
+        initial=len(data.ids) - len(needed_all),
+        unit="img",
+        desc=entry.label,
+        disable=quiet,
+        dynamic_ncols=True,
+    )
+    try:
+        for begin in range(0, len(needed), batch):
+            chunk = needed[begin : begin + batch]
+            arrays, ids, paths = [], [], []
+            t = time.perf_counter()
+            for image_id in chunk:
+                path = data.path(image_id)
+                try:
+                    arrays.append(read_image(path))
+                    ids.append(image_id)
+                    paths.append(path)
+                except ImageReadError as err:
+                    logger.warning("skipped: %s", err)
+                    for run in runs:
+                        if image_id in pending[run.name]:
+                            run.unreadable[image_id] = str(err)
+            timing["read_s"] += time.perf_counter() - t
+            for run in runs:
+                picked = [k for k, image_id in enumerate(ids) if image_id in pending[run.name]]
+                if not picked:
+                    continue
+                t = time.perf_counter()
+                dets = detect_loaded(
+                    members[run.name], [arrays[k] for k in picked], [paths[k] for k in picked]
+                )
+                ms = (time.perf_counter() - t) * 1000 / len(picked)
+                for k, det in zip(picked, dets, strict=True):
+                    image_id = ids[k]
+                    record = {
+                        "image_id": image_id,
+                        "file_name": data.gt.file_name(image_id),
+                        "results": detections_to_coco(det, image_id),
+                        "ms": round(ms, 3),
+                    }
+                    atomic_write_json(partial_path(out, run.name, image_id), record)  # the image is done
+                    run.processed += 1
+            bar.update(len(chunk))
+    finally:
+        bar.close()
+        timing["wall_s"] = time.perf_counter() - start
+    return timing
+
+
+def release(entry: Entry) -> None:
+    """Free a model before the next one is loaded."""
+    entry.built = None
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except ImportError:  # pragma: no cover
+        pass
+
+
+def collect(out: Path, member: str, data: Dataset) -> tuple[list[int], list[dict[str, Any]], float]:
+    """The finished images of ``data.ids``, their results (by image id) and the summed detection ms."""
+    done, results, ms = [], [], 0.0
+    for image_id in data.ids:
+        record = read_partial(out, member, image_id, data.gt.file_name(image_id))
+        if record is None:
+            continue
+        done.append(image_id)
+        results.extend(record["results"])
+        ms += float(record.get("ms", 0.0))
+    return done, results, ms
+
+
+def finish_member(
+    out: Path, run: MemberRun, data: Dataset, shard: tuple[int, int] | None, timing: dict[str, float]
+) -> dict[str, Any]:
+    """Assemble the member's output when all its images are done (or unreadable); returns its summary."""
+    done, results, ms = collect(out, run.name, data)
+    finished = set(done)
+    left = [i for i in data.ids if i not in finished and i not in run.unreadable]
+    complete = not left
+    output = None
+    if complete:
+        if shard is None:
+            output = f"{run.name}.json"
+            save_coco_results(results, out / output)
+        else:
+            output = f"{SHARDS}/{run.name}.{shard_tag(shard)}.json"
+            shard_record = {
+                "format": SHARD_FORMAT,
+                "member": run.name,
+                "shard": list(shard),
+                "gt_fingerprint": data.fingerprint,
+                "dataset_image_ids": data.all_ids,
+                "image_ids": done,
+                "unreadable": [
+                    {"image_id": i, "file_name": data.gt.file_name(i), "error": e}
+                    for i, e in sorted(run.unreadable.items())
+                ],
+                "settings": run.settings,
+                "seconds": round(ms / 1000, 3),
+                "results": results,
+            }
+            atomic_write_json(out / output, shard_record)
+    return {
+        "status": "complete" if complete else "incomplete",
+        "output": output,
+        "images": len(done),
+        "boxes": len(results),
+        "unreadable": {data.gt.file_name(i): e for i, e in sorted(run.unreadable.items())},
+        "images_left": len(left),
+        "seconds": round(ms / 1000, 3),
+        "ms_per_image": round(ms / len(done), 2) if done else None,
+        "processed_this_run": run.processed,
+        "resumed": run.resumed,
+        "wall_s_this_run": round(timing["wall_s"], 3),
+        "load_s_this_run": round(timing["load_s"], 3),
+        "settings": run.settings,
+    }
+
+
+def write_summary(path: Path, header: dict[str, Any], members: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Update the summary file: this run's members replace their earlier entries, the others stay."""
+    try:
+        previous = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        previous = {}
+    models = dict(previous.get("models") or {}) if isinstance(previous, dict) else {}
+    if isinstance(previous, dict) and previous.get("gt_fingerprint") != header.get("gt_fingerprint"):
+        models = {}  # another dataset: earlier entries do not describe these outputs
+    models.update(members)
+    unreadable: dict[str, str] = {}
+    for entry in models.values():
+        unreadable.update(entry.get("unreadable") or {})
+    summary = {**header, "models": models, "unreadable": dict(sorted(unreadable.items()))}
+    atomic_write_json(path, summary, indent=2)
+    return summary
+
+
+def cache(args: argparse.Namespace) -> int:
+    config = resolve_config(args)
+    data = load_dataset(args.gt, args.images, args.shard)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    shard = args.shard
+    tag = f".{shard_tag(shard)}" if shard else ""
+    config_path = out / (f"{SHARDS}/config{tag}.yaml" if shard else "config.yaml")
+
+    categories = dataset_categories(config)
+    entries = plan_entries(config, categories)
+    select_members(entries, args.models)
+    plans: list[tuple[Entry, list[MemberRun]]] = []
+    for entry in entries:
+        runs = []
+        for name in entry.selected:
+            settings = member_settings(config, entry, name, categories)
+            check_settings(out, name, settings, args.overwrite, data.ids)
+            if args.overwrite:
+                target = out / (f"{SHARDS}/{name}{tag}.json" if shard else f"{name}.json")
+                target.unlink(missing_ok=True)
+            todo = [i for i in data.ids if read_partial(out, name, i, data.gt.file_name(i)) is None]
+            runs.append(MemberRun(name, settings, todo, len(data.ids) - len(todo)))
+        if runs:
+            plans.append((entry, runs))
+    save_ensemble_config(config, config_path)  # after the checks: a refused run changes nothing
+
+    members: dict[str, dict[str, Any]] = {}
+    interrupted = False
+    try:
+        for k, (entry, runs) in enumerate(plans):
+            timing = run_entry(entry, runs, data, out, config, categories, args.max_images, args.quiet)
+            if k + 1 < len(plans):
+                release(entry)  # before the next model is loaded
+            for run in runs:
+                members[run.name] = finish_member(out, run, data, shard, timing)
+    except KeyboardInterrupt:
+        interrupted = True
+        logger.warning("interrupted: the finished images are saved; run the same command again to resume")
+        for _, runs in plans:
+            for run in runs:
+                if run.name not in members:
+                    members[run.name] = finish_member(out, run, data, shard, {"wall_s": 0.0, "load_s": 0.0})
+    header = {
+        "ensemble": config.name,
+        "gt": str(args.gt),
+        "gt_fingerprint": data.fingerprint,
+        "images_dir": str(args.images),
+        "images": len(data.ids),
+        "shard": f"{shard[0]}/{shard[1]}" if shard else None,
+        "config": config_path.relative_to(out).as_posix(),
+    }
+    summary_path = out / (f"{SHARDS}/cache_summary{tag}.json" if shard else SUMMARY)
+    summary = write_summary(summary_path, header, members)
+    print_summary(out, summary, list(members), summary_path)
+    if interrupted:
+        return 130
+    return 0
+
+
+def print_summary(out: Path, summary: dict[str, Any], names: list[str], summary_path: Path) -> None:
+    shard = f" shard {summary['shard']}" if summary.get("shard") else ""
+    lines = [f"{summary['ensemble']}{shard}: {summary['images']} images"]
+    width = max([len(n) for n in names] + [6])
+    lines.append(f"  {'member':<{width}}  {'images':>7}  {'boxes':>8}  {'det s':>8}  {'img/s':>7}  status")
+    for name in names:
+        m = summary["models"][name]
+        rate = f"{m['images'] / m['seconds']:.1f}" if m["seconds"] else "-"
+        status = m["status"] + (f" ({m['images_left']} left)" if m["images_left"] else "")
+        lines.append(
+            f"  {name:<{width}}  {m['images']:>7}  {m['boxes']:>8}  {m['seconds']:>8.1f}  {rate:>7}  {status}"
+        )
+    for file_name, err in summary["unreadable"].items():
+        lines.append(f"unreadable: {file_name}: {err}")
+    if any(summary["models"][n]["status"] != "complete" for n in names):
+        lines.append("not finished: run the same command again to resume")
+    lines.append(f"results in {out}/, summary {summary_path}")
+    print("\n".join(lines))
+
+
+# ------------------------------------------------------------------------------------------------- merge
+class MergeError(ValueError):
+    """The shards cannot be joined; the message says what is missing or inconsistent."""
+
+
+def _ranges(ids: Sequence[int], limit: int = 10) -> str:
+    shown = ", ".join(str(i) for i in ids[:limit])
+    return shown + (f" ... ({len(ids)} in all)" if len(ids) > limit else "")
+
+
+def merge_member(
+    member: str, files: dict[int, Path], count: int, gt: CocoGroundTruth | None
+) -> dict[str, Any]:
+    """Join one member's shards 0..count-1; raises MergeError naming missing shards or images."""
+    missing_shards = [i for i in range(count) if i not in files]
+    records = {}
+    for index, path in sorted(files.items()):
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise MergeError(f"{member}: cannot read {path}: {err}") from err
+        if not isinstance(record, dict) or record.get("format") != SHARD_FORMAT:
+            raise MergeError(f"{member}: {path} is not a shard file of tools/cache.py")
+        if record.get("member") != member or record.get("shard") != [index, count]:
+            raise MergeError(
+                f"{member}: {path} holds member {record.get('member')!r} shard {record.get('shard')}, "
+                f"not shard {index}/{count} of {member!r} (renamed?)"
+            )
+        records[index] = record
+    any_record = next(iter(records.values()), None)
+    if any_record is None:
+        raise MergeError(f"{member}: no shard files")
+    fingerprints = {r["gt_fingerprint"] for r in records.values()}
+    if len(fingerprints) != 1:
+        raise MergeError(f"{member}: the shards were made on different annotation files")
+    if gt is not None and gt_fingerprint(gt) not in fingerprints:
+        raise MergeError(f"{member}: the shards were made on another annotation file than --gt")
+    groups: dict[str, list[int]] = {}
+    for index, record in records.items():
+        groups.setdefault(json.dumps(record["settings"], sort_keys=True), []).append(index)
+    if len(groups) != 1:
+        split = "; ".join(f"shards {indices}: {settings}" for settings, indices in groups.items())
+        raise MergeError(
+            f"{member}: the shards were made with different settings ({split}); re-run the odd ones with --overwrite"
+        )
+    all_ids = [int(i) for i in any_record["dataset_image_ids"]]
+    problems = []
+    if missing_shards:
+        for index in missing_shards:
+            expected = all_ids[index::count]
+            problems.append(
+                f"shard {index}/{count} is missing ({len(expected)} images: {_ranges(expected)}); "
+                f"run --shard {index}/{count}"
+            )
+    covered: dict[int, int] = {}
+    for index, record in records.items():
+        for image_id in [*record["image_ids"], *(int(u["image_id"]) for u in record["unreadable"])]:
+            if image_id in covered:
+                problems.append(f"image {image_id} is in shards {covered[image_id]} and {index}")
+            covered[image_id] = index
+    uncovered = [
+        i for position, i in enumerate(all_ids) if i not in covered and position % count not in missing_shards
+    ]
+    if uncovered:
+        problems.append(f"images in no shard: {_ranges(uncovered)}")
+    unknown = sorted(set(covered) - set(all_ids))
+    if unknown:
+        problems.append(f"shards hold images not in the annotation file: {_ranges(unknown)}")
+    if problems:
+        raise MergeError(f"{member}: " + "; ".join(problems))
+    results = [r for index in sorted(records) for r in records[index]["results"]]
+    results.sort(key=lambda r: int(r["image_id"]))  # stable: each image keeps its detector order
+    unreadable = {
+        u["file_name"]: u["error"] for index in sorted(records) for u in records[index]["unreadable"]
+    }
+    return {
+        "results": results,
+        "images": sum(len(r["image_ids"]) for r in records.values()),
+        "shards": count,
+        "unreadable": unreadable,
+        "seconds": round(sum(float(r["seconds"]) for r in records.values()), 3),
+        "settings": any_record["settings"],
+        "fingerprint": any_record["gt_fingerprint"],
+        "all_ids": all_ids,
+    }
+
+
+def merge(args: argparse.Namespace) -> int:
+    out: Path = args.out
+    folder = out / SHARDS
+    found: dict[str, dict[int, dict[int, Path]]] = {}  # member → count → index → file
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        match = _SHARD_FILE.match(path.name)
+        if match is None or match.group("member") == "cache_summary":
+            continue
+        member, index, count = match.group("member"), int(match.group("index")), int(match.group("count"))
+        found.setdefault(member, {}).setdefault(count, {})[index] = path
+    if not found:
+        raise FileNotFoundError(f"no shard files (<member>.shard-<i>-of-<n>.json) in {folder}")
+    if args.models:
+        wanted = [p.strip() for p in args.models.split(",") if p.strip()]
+        found = {m: v for m, v in found.items() if any(fnmatch.fnmatchcase(m, p) for p in wanted)}
+        if not found:
+            raise ValueError(f"--models {args.models!r} matches no member with shards in {folder}")
+    gt = load_coco_gt(args.gt) if args.gt is not None else None
+    merged, errors = {}, []
+    for member, by_count in sorted(found.items()):
+        if len(by_count) > 1:
+            errors.append(
+                f"{member}: shards of different splits ({', '.join(f'n={n}' for n in sorted(by_count))}) in {folder}; "
+                "keep one split"
+            )
+            continue
+        count, files = next(iter(by_count.items()))
+        try:
+            merged[member] = merge_member(member, files, count, gt)
+        except MergeError as err:
+            errors.append(str(err))
+    if errors:
+        raise MergeError("cannot merge the shards in " + str(folder) + ":\n  " + "\n  ".join(errors))
+    members = {}
+    for member, m in merged.items():
+        save_coco_results(m["results"], out / f"{member}.json")
+        members[member] = {
+            "status": "complete",
+            "output": f"{member}.json",
+            "images": m["images"],
+            "boxes": len(m["results"]),
+            "unreadable": dict(sorted(m["unreadable"].items())),
+            "images_left": 0,
+            "seconds": m["seconds"],
+            "ms_per_image": round(1000 * m["seconds"] / m["images"], 2) if m["images"] else None,
+            "shards": m["shards"],
+            "settings": m["settings"],
+        }
+    first = next(iter(merged.values()))
+    configs = sorted(folder.glob("config.shard-*.yaml"))
+    if configs:  # the shards' configs differ at most in device and batch
+        atomic_write_text(out / "config.yaml", configs[0].read_text(encoding="utf-8"))
+    header = {
+        "ensemble": _ensemble_name(configs),
+        "gt": str(args.gt) if args.gt is not None else None,
+        "gt_fingerprint": first["fingerprint"],
+        "images_dir": None,
+        "images": len(first["all_ids"]),
+        "shard": None,
+        "config": "config.yaml" if configs else None,
+        "merged_from": f"{SHARDS}/",
+    }
+    summary = write_summary(out / SUMMARY, header, members)
+    print_summary(out, summary, list(members), out / SUMMARY)
+    return 0
+
+
+def _ensemble_name(configs: list[Path]) -> str:
+    for path in configs:
+        try:
+            return str((yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("name", "ensemble"))
+        except (OSError, yaml.YAMLError):
+            continue
+    return "ensemble"
+
+
+# ------------------------------------------------------------------------------------------------- main
+def run(args: argparse.Namespace) -> int:
+    check_args(args)
+    if args.merge:
+        return merge(args)
+    return cache(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from detens.cli import run_command
+
+    return run_command("cache", argv)

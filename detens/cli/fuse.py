@@ -1,0 +1,635 @@
+"""Run an ensemble on images and fuse its detections.
+
+    detens fuse --config coco_yolo3 --source PATH --out DIR [--method wbf | --head HEAD] [--save-per-model]
+
+``--config``: a shipped ensemble by name (``coco_yolo3``, ``coco_yolo4_tta``, ``coco_diverse``,
+``coco_all6``) or a YAML file. ``--source``: an image, a folder (searched recursively), a glob (quote
+it), or ``ultralytics-assets`` (the sample images bundled with Ultralytics). Flags override the config's
+values; the resolved config is saved as ``DIR/config.yaml``.
+
+``--method``: a fixed fuser (``wbf``, ``nms``, ``soft_nms``, ``mean``, ``vote``, ...) or a head type
+(``theta``, ``deep``, ``selection``, ``superlearner``, ``calibration``, ``bagged``), which needs a head
+file of that type. ``--head`` (a file, or a shipped head by name such as ``coco_yolo3_deep``) implies its
+type; the outputs record the type that ran. The head's models are matched to the members by name, in any
+order.
+
+Writes into ``--out``:
+
+- ``predictions.json``: the fused boxes as a plain COCO results list (``image_id``, ``category_id``,
+  ``bbox`` ``[x, y, w, h]`` pixels, ``score``): what ``pycocotools.coco.COCO.loadRes`` reads;
+- ``images.json``: the images and categories as a COCO dataset without annotations (``info``,
+  ``images`` with ``id``, ``file_name`` (relative to the source folder), ``height``, ``width``,
+  ``categories``, ``annotations: []``), so COCO tools and FiftyOne can open the results; image ids are
+  the ``dataset``'s in the config when it has one, else 1..N;
+- ``labels/<stem>.txt``: YOLO labels ``class cx cy w h conf`` (normalized; scores >= output.labels_conf);
+- ``vis/<stem>.jpg``: the image with the fused boxes and class names (scores >= output.vis_conf);
+- ``per_model/<member>.json`` with ``--save-per-model``: each member's COCO results (same image ids);
+- ``summary.json``: images, boxes, time per image per stage (the one-time compile of the fusion kernels
+  apart), the method and head type that ran; ``config.yaml``: the resolved config;
+- ``partial/`` while a run is unfinished: one small file per finished image. An interrupted run (Ctrl-C,
+  a crash) leaves every file valid (all writes are atomic); running the same command again skips the
+  finished images. A complete run removes ``partial/``; running it again on more images adds them.
+  ``--overwrite`` starts over.
+
+Unreadable or corrupt images are reported and skipped. Sub-folders are kept under ``labels/`` and ``vis/``.
+Everything that can be checked before the detectors load (the config, the method, the head and its
+models, the output folder, the images) is checked first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import cv2
+import yaml
+from tqdm import tqdm
+
+from detens.adapters import (
+    build_ensemble,
+    dataset_categories,
+    declared_member_names,
+    detect_loaded,
+    member_weights,
+)
+from detens.coco import detections_to_coco, load_coco_gt
+from detens.detections import Detections
+from detens.ensemble_config import EnsembleConfig, load_ensemble_config, save_ensemble_config
+from detens.export import save_yolo_txt
+from detens.fusers import FUSERS, fuse, list_methods
+from detens.io import atomic_write_bytes, atomic_write_json
+from detens.labels import COCO_CATEGORY_IDS, COCO_ID_TO_NAME
+from detens.packaged import find_packaged
+from detens.registry import unknown_name_error
+from detens.sources import ImageReadError, list_images, read_image
+from detens.visualize import draw_detections
+
+logger = logging.getLogger("detens.fuse")
+
+DEFAULT_CONFIG = "coco_yolo3"
+ASSETS_SOURCE = "ultralytics-assets"
+# Outputs that --overwrite removes (never anything else in --out).
+OUTPUT_NAMES = (
+    "partial", "labels", "vis", "per_model", "predictions.json", "images.json", "summary.json", "config.yaml",
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config", default=DEFAULT_CONFIG, help="shipped ensemble name or ensemble YAML (default: %(default)s)"
+    )
+    p.add_argument(
+        "--source",
+        required=True,
+        help=f"an image, a folder (recursive), a glob (quote it), or {ASSETS_SOURCE!r} (Ultralytics' sample images)",
+    )
+    p.add_argument("--out", type=Path, required=True, help="output folder (created; a re-run resumes)")
+    p.add_argument(
+        "--method", help=f"fusion method or head type (overrides fusion.method): {', '.join(list_methods())}"
+    )
+    p.add_argument(
+        "--head", help="trained head file, or a shipped head's name; implies its type (overrides fusion.head)"
+    )
+    p.add_argument("--save-per-model", action="store_true", help="also save each member's own predictions")
+    p.add_argument("--conf", type=float, help="minimum detection score of every model (overrides conf)")
+    p.add_argument("--imgsz", type=int, help="inference size of every model (overrides imgsz)")
+    p.add_argument("--device", help="device of every model: cpu, cuda, cuda:0 ... (overrides device)")
+    p.add_argument("--batch", type=int, help="images per detector call (overrides batch)")
+    p.add_argument("--weights-dir", help="folder that weights names are relative to (overrides weights_dir)")
+    p.add_argument("--vis-conf", type=float, help="minimum score of drawn boxes (overrides output.vis_conf)")
+    p.add_argument("--no-vis", action="store_true", help="do not write vis/")
+    p.add_argument("--no-labels", action="store_true", help="do not write labels/")
+    p.add_argument(
+        "--overwrite", action="store_true", help="discard earlier results in --out instead of resuming"
+    )
+
+
+# ------------------------------------------------------------------------------------------------ config
+def resolve_config(args: argparse.Namespace) -> EnsembleConfig:
+    """The config file with the flags applied (a flag given for every model also replaces each model's
+    own value). ``--head`` without ``--method`` runs the head's own type; ``--method`` without ``--head``
+    drops the config's head unless the method is the config's own or ``theta`` (which runs any head)."""
+    head = str(find_packaged(args.head, "heads").resolve()) if args.head else None
+    per_model = {"conf": args.conf, "imgsz": args.imgsz, "device": args.device, "batch": args.batch}
+    overrides: dict[str, Any] = {
+        "weights_dir": args.weights_dir,
+        "fusion.method": args.method,
+        "fusion.head": head,
+        "output.save_per_model": True if args.save_per_model else None,
+        "output.vis": False if args.no_vis else None,
+        "output.labels": False if args.no_labels else None,
+        "output.vis_conf": args.vis_conf,
+    }
+    config = load_ensemble_config(args.config, overrides, per_model)
+    if head is None and args.method is not None and config.fusion.head is not None:
+        if args.method not in (load_ensemble_config(args.config).fusion.method, "theta"):
+            # The YAML's head belongs to the YAML's method; another --method does not use it.
+            logger.info("--method %s: not using the config's head %s", args.method, config.fusion.head)
+            config.fusion.head = None
+    if head is not None and args.method is None:
+        from detens.heads import read_head_file
+
+        config.fusion.method = read_head_file(head).type
+    return config
+
+
+def fusion_params(config: EnsembleConfig, names: list[str] | None) -> dict[str, Any]:
+    """The fuser's parameters: the config's, the members' weights and the loaded head, checked against
+    the members (``names``; None: not known yet, checked again once the detectors are loaded)."""
+    method = config.fusion.method
+    if method not in list_methods():
+        raise unknown_name_error("fusion method", method, list_methods())
+    params = dict(config.fusion.params)
+    weights = member_weights(config)
+    if any(w != 1.0 for w in weights):
+        params["weights"] = weights
+    if config.fusion.head is not None:
+        if method in FUSERS and method != "theta":
+            raise ValueError(
+                f"a head ({config.fusion.head}) is given but the method is the fixed fuser {method!r}; "
+                "leave --method out (the head's type runs) or drop the head"
+            )
+        from detens.heads import load_head
+
+        params["head"] = load_head(config.fusion.head, model_names=names)
+    elif method not in FUSERS or method == "theta":
+        raise ValueError(f"method {method!r} needs a trained head: pass --head (a head file or a shipped name)")
+    if "head" in params:
+        type_name = getattr(params["head"], "type_name", None)
+        if method != "theta" and type_name != method:
+            raise ValueError(f"--method {method} was given a {type_name!r} head ({config.fusion.head}); "
+                             f"use --method {type_name}, or leave --method out")
+    return params
+
+
+def method_label(config: EnsembleConfig, params: dict[str, Any]) -> str:
+    """What ran: the fuser, or the head's type for a head."""
+    head = params.get("head")
+    return getattr(head, "type_name", config.fusion.method) if head is not None else config.fusion.method
+
+
+# ------------------------------------------------------------------------------------------------ images
+def resolve_source(source: str) -> tuple[list[Path], Path]:
+    """The images and the folder their output names are relative to."""
+    if source == ASSETS_SOURCE and not Path(source).exists():
+        import importlib.util
+
+        spec = importlib.util.find_spec("ultralytics")
+        if spec is None or not spec.submodule_search_locations:
+            raise FileNotFoundError("--source ultralytics-assets needs the ultralytics package")
+        source = str(Path(next(iter(spec.submodule_search_locations))) / "assets")
+    path = Path(source).expanduser()
+    images = list_images(source)
+    if path.is_dir():
+        root = path
+    elif images:
+        root = Path(os.path.commonpath([str(p.parent.absolute()) for p in images]))
+    else:
+        root = path.parent
+    return images, root
+
+
+def relative_name(path: Path, root: Path) -> str:
+    try:
+        return path.absolute().relative_to(root.absolute()).as_posix()
+    except ValueError:
+        return path.name
+
+
+def output_stems(names: list[str]) -> dict[str, str]:
+    """``file name → output stem`` (its relative path without the extension); same stems get the extension appended."""
+    stems = {n: n.rsplit(".", 1)[0] if "." in Path(n).name else n for n in names}
+    counts: dict[str, int] = defaultdict(int)
+    for stem in stems.values():
+        counts[stem] += 1
+    return {
+        n: (s if counts[s] == 1 else f"{s}_{Path(n).suffix.lstrip('.').lower()}") for n, s in stems.items()
+    }
+
+
+# ----------------------------------------------------------------------------------------------- partial
+def partial_path(out: Path, name: str) -> Path:
+    return out / "partial" / f"{name}.json"
+
+
+def read_partial(out: Path, name: str) -> dict[str, Any] | None:
+    path = partial_path(out, name)
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return record if isinstance(record, dict) and record.get("file_name") == name else None
+
+
+def check_resume(out: Path, config: EnsembleConfig, overwrite: bool) -> None:
+    """Refuse to mix results of another config into ``out`` (``--overwrite`` removes ours instead);
+    reads only, so a refused or failing run leaves the folder as it was."""
+    if overwrite:
+        return
+    saved = out / "config.yaml"
+    if saved.is_file() and ((out / "partial").is_dir() or (out / "predictions.json").is_file()):
+        previous = yaml.safe_load(saved.read_text(encoding="utf-8"))
+        current = yaml.safe_load(yaml.safe_dump(_config_dict(config), sort_keys=False))
+        if previous != current:
+            raise ValueError(
+                f"{out} holds results of a different config (see {saved}); use another --out, "
+                "or --overwrite to discard them"
+            )
+
+
+def clear_outputs(out: Path) -> None:
+    """Remove what a run writes into ``out`` (never anything else)."""
+    for item in OUTPUT_NAMES:
+        target = out / item
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+
+
+def unpack_finished_run(out: Path) -> int:
+    """A complete run has no ``partial/``: write its images back as partial records from
+    ``images.json``, ``predictions.json`` (and ``per_model/``), so that a rerun adds new images only.
+    Returns the number of images unpacked."""
+    if (out / "partial").is_dir():
+        return 0
+    images, results = _read_json(out / "images.json"), _read_json(out / "predictions.json")
+    if not isinstance(images, dict) or not isinstance(results, list):
+        return 0
+    by_image: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for r in results:
+        by_image[int(r["image_id"])].append({k: v for k, v in r.items() if k != "image_id"})
+    per_model: dict[str, dict[int, list[dict[str, Any]]]] = {}
+    for path in sorted((out / "per_model").glob("*.json")):
+        member_results = _read_json(path) or []
+        grouped = per_model[path.stem] = defaultdict(list)
+        for r in member_results:
+            grouped[int(r["image_id"])].append({k: v for k, v in r.items() if k != "image_id"})
+    for image in images.get("images", []):
+        record: dict[str, Any] = {
+            "file_name": image["file_name"],
+            "height": image["height"],
+            "width": image["width"],
+            "fused": by_image.get(int(image["id"]), []),
+        }
+        if per_model:
+            record["per_model"] = {m: grouped.get(int(image["id"]), []) for m, grouped in per_model.items()}
+        atomic_write_json(partial_path(out, image["file_name"]), record)
+    return len(images.get("images", []))
+
+
+def _config_dict(config: EnsembleConfig) -> dict[str, Any]:
+    from detens.config import to_dict
+
+    return to_dict(config)
+
+
+# ---------------------------------------------------------------------------------------------- outputs
+def image_ids(names: list[str], dataset: str | None) -> dict[str, int]:
+    """Image ids: the dataset's (matched by file name, then by base name), else 1..N in file order."""
+    if dataset is None:
+        return {n: i + 1 for i, n in enumerate(names)}
+    gt = load_coco_gt(dataset)
+    by_file = {str(im["file_name"]): int(im["id"]) for im in gt.dataset["images"]}
+    by_base: dict[str, list[int]] = defaultdict(list)
+    for file_name, image_id in by_file.items():
+        by_base[Path(file_name).name].append(image_id)
+    ids: dict[str, int] = {}
+    next_id = max(by_file.values(), default=0) + 1
+    for name in names:
+        image_id = by_file.get(name)
+        if image_id is None and len(by_base.get(Path(name).name, [])) == 1:
+            image_id = by_base[Path(name).name][0]
+        if image_id is None:
+            logger.warning("%s is not in %s; it gets the new image id %d", name, dataset, next_id)
+            image_id, next_id = next_id, next_id + 1
+        ids[name] = image_id
+    return ids
+
+
+def write_outputs(
+    out: Path,
+    config: EnsembleConfig,
+    names: list[str],
+    member_names: list[str],
+    categories: dict[int, str],
+    unreadable: dict[str, str],
+    run: dict[str, Any],
+) -> dict[str, Any]:
+    """Assemble predictions.json, images.json, per_model/*.json and summary.json from the partial
+    records; a complete run then removes ``partial/``."""
+    records = {n: r for n in names if (r := read_partial(out, n)) is not None}
+    done = [n for n in names if n in records]
+    ids = image_ids(done, config.dataset)
+    images, results = [], []
+    per_model: dict[str, list[dict[str, Any]]] = {m: [] for m in member_names}
+    stage_ms: dict[str, float] = defaultdict(float)
+    stage_count: dict[str, int] = defaultdict(int)
+    boxes_total = boxes_shown = 0
+    for name in done:
+        record, image_id = records[name], ids[name]
+        images.append(
+            {"id": image_id, "file_name": name, "height": record["height"], "width": record["width"]}
+        )
+        for r in record["fused"]:
+            results.append({**r, "image_id": image_id})
+        boxes_total += len(record["fused"])
+        boxes_shown += sum(r["score"] >= config.output.vis_conf for r in record["fused"])
+        for member, member_results in (record.get("per_model") or {}).items():
+            per_model.setdefault(member, []).extend({**r, "image_id": image_id} for r in member_results)
+        for stage, ms in record.get("times_ms", {}).items():
+            stage_ms[stage] += ms
+            stage_count[stage] += 1
+    complete = len(done) + len(unreadable) == len(names) and not run["interrupted"]
+    info = {
+        "description": f"detens fused detections: ensemble {config.name!r}, method {run['method']!r}",
+        "models": member_names,
+        "method": run["method"],
+        "head": config.fusion.head,
+        "complete": complete,
+    }
+    # the image list is written first: predictions.json never names an image that images.json lacks
+    atomic_write_json(
+        out / "images.json",
+        {
+            "info": info,
+            "images": images,
+            "categories": [{"id": int(c), "name": n} for c, n in sorted(categories.items())],
+            "annotations": [],
+        },
+    )
+    atomic_write_json(out / "predictions.json", results)
+    if config.output.save_per_model:
+        for member, member_results in per_model.items():
+            atomic_write_json(out / "per_model" / f"{member}.json", member_results)
+    summary = {
+        "ensemble": config.name,
+        "method": run["method"],
+        "head": config.fusion.head,
+        "models": member_names,
+        "images": len(names),
+        "done": len(done),
+        "complete": complete,
+        "processed_this_run": run["processed"],
+        "resumed": run["resumed"],
+        "unreadable": unreadable,
+        "interrupted": run["interrupted"],
+        "boxes": boxes_total,
+        f"boxes_score_ge_{config.output.vis_conf:g}": boxes_shown,
+        "ms_per_image": {k: round(v / stage_count[k], 2) for k, v in stage_ms.items()},
+        "fuse_first_call_ms": run["first_call_ms"],
+        "wall_s_this_run": round(run["wall_s"], 3),
+        "images_per_s_this_run": round(run["processed"] / run["wall_s"], 3) if run["wall_s"] > 0 else None,
+        "weights": run["weights"],
+    }
+    atomic_write_json(out / "summary.json", summary, indent=2)
+    if complete:
+        shutil.rmtree(out / "partial", ignore_errors=True)
+    return summary
+
+
+def _results_of(det: Detections) -> list[dict[str, Any]]:
+    return [{k: v for k, v in r.items() if k != "image_id"} for r in detections_to_coco(det, 0)]
+
+
+def process_image(
+    out: Path,
+    name: str,
+    stem: str,
+    image: Any,
+    per_model: list[Detections],
+    config: EnsembleConfig,
+    params: dict[str, Any],
+    categories: dict[int, str],
+    yolo_ids: list[int],
+    times: dict[str, float],
+) -> Detections:
+    t = time.perf_counter()
+    fused = fuse(per_model, config.fusion.method, **params)
+    times["fuse"] = (time.perf_counter() - t) * 1000
+    t = time.perf_counter()
+    if config.output.labels:
+        save_yolo_txt(out / "labels" / f"{stem}.txt", fused, yolo_ids, conf=config.output.labels_conf)
+    if config.output.vis:
+        drawn = draw_detections(image, fused, categories, conf=config.output.vis_conf)
+        ok, encoded = cv2.imencode(".jpg", drawn, [cv2.IMWRITE_JPEG_QUALITY, 90])
+        if not ok:
+            raise RuntimeError(f"OpenCV could not encode the drawing of {name}")
+        atomic_write_bytes(out / "vis" / f"{stem}.jpg", encoded.tobytes())
+    record: dict[str, Any] = {
+        "file_name": name,
+        "height": fused.image_size[0],
+        "width": fused.image_size[1],
+        "fused": _results_of(fused),
+    }
+    if config.output.save_per_model:
+        record["per_model"] = {det.source: _results_of(det) for det in per_model}
+    times["write"] = (time.perf_counter() - t) * 1000
+    record["times_ms"] = {k: round(v, 3) for k, v in times.items()}
+    atomic_write_json(partial_path(out, name), record)  # last: a partial record means the image is done
+    return fused
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _weights_of(member: Any) -> str | None:
+    """Where a member's weights came from (resolved path or upstream name), for the summary."""
+    inner = getattr(member, "detector", member)  # a test-time view: its detector
+    resolved = getattr(inner, "resolved", None)
+    if resolved is not None:
+        return resolved.value
+    return getattr(inner, "weights_source", None)
+
+
+def time_first_call(method: str, params: dict[str, Any], member_names: list[str], label: int) -> float:
+    """Milliseconds of one fusion of a tiny made-up image: the one-time costs (compiling the matching
+    kernels, first use of the head) that would otherwise be charged to the first real image."""
+    import torch
+
+    per_model = [
+        Detections(
+            boxes=torch.tensor([[10.0 + i, 10.0, 50.0, 50.0 + i]]),
+            scores=torch.tensor([0.5]),
+            labels=torch.tensor([label]),
+            image_size=(64, 64),
+            source=name,
+        )
+        for i, name in enumerate(member_names)
+    ]
+    start = time.perf_counter()
+    fuse(per_model, method, **params)
+    return round((time.perf_counter() - start) * 1000, 2)
+
+
+# -------------------------------------------------------------------------------------------------- run
+def run(args: argparse.Namespace) -> int:
+    config = resolve_config(args)
+    out: Path = args.out
+    declared = declared_member_names(config)  # None: an entry without a name, known once loaded
+    params = fusion_params(config, declared)
+    images, root = resolve_source(args.source)
+    if not images:
+        raise ValueError(f"no images found in --source {args.source!r} (expected an image, a folder, or a glob)")
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out {out} exists and is not a folder")
+    check_resume(out, config, args.overwrite)
+
+    names = [relative_name(p, root) for p in images]
+    if len(set(names)) != len(names):  # several roots: fall back to full paths
+        names = [p.absolute().as_posix().lstrip("/") for p in images]
+    stems = output_stems(names)
+    if not args.overwrite:
+        unpack_finished_run(out)
+    done = set() if args.overwrite else {n for n in names if read_partial(out, n) is not None}
+    todo = [(p, n) for p, n in zip(images, names, strict=True) if n not in done]
+
+    run_file = out / "partial" / "_run.json"
+    previous = None if args.overwrite else (_read_json(run_file) or _read_json(out / "summary.json"))
+    if isinstance(previous, dict) and "models" in previous:
+        member_names, weights = list(previous["models"]), dict(previous.get("weights") or {})
+    else:
+        member_names, weights = list(declared or []), {}
+    categories = dataset_categories(config) or dict(COCO_ID_TO_NAME)
+    yolo_ids = sorted(categories) if config.dataset else list(COCO_CATEGORY_IDS)
+    members: list[Any] = []
+    first_call_ms: float | None = None
+    claimed = False
+
+    def claim_output() -> None:
+        """Everything is checked: only now does the run change --out."""
+        nonlocal claimed
+        if not claimed:
+            if args.overwrite:
+                clear_outputs(out)
+            out.mkdir(parents=True, exist_ok=True)
+            save_ensemble_config(config, out / "config.yaml")
+            claimed = True
+
+    def load_members() -> None:
+        """Load the detectors once an image needs them (a rerun with nothing readable left loads none)."""
+        nonlocal members, member_names, weights, params, first_call_ms
+        members = build_ensemble(config)
+        loaded = [m.name for m in members]
+        if declared is None:
+            params = fusion_params(config, loaded)
+        if isinstance(previous, dict) and previous.get("models") not in (None, loaded):
+            raise ValueError(
+                f"the ensemble's members changed since the earlier run in {out} ({previous['models']} -> "
+                f"{loaded}); use another --out, or --overwrite"
+            )
+        member_names, weights = loaded, {m.name: _weights_of(m) for m in members}
+        claim_output()
+        atomic_write_json(run_file, {"models": member_names, "weights": weights})
+        first_call_ms = time_first_call(config.fusion.method, params, member_names, min(categories))
+
+    unreadable: dict[str, str] = {}
+    processed = 0
+    interrupted = False
+    start = time.perf_counter()
+    bar = tqdm(
+        total=len(names),
+        initial=len(done),
+        unit="img",
+        desc=config.name,
+        disable=args.quiet,
+        dynamic_ncols=True,
+    )
+    try:
+        for begin in range(0, len(todo), config.batch):
+            chunk = todo[begin : begin + config.batch]
+            loaded, loaded_names, read_ms = [], [], []
+            for path, name in chunk:
+                t = time.perf_counter()
+                try:
+                    loaded.append((path, read_image(path)))
+                    loaded_names.append(name)
+                    read_ms.append((time.perf_counter() - t) * 1000)
+                except ImageReadError as err:
+                    unreadable[name] = str(err)
+                    logger.warning("skipped: %s", err)
+                    bar.update(1)
+            if not loaded:
+                continue
+            if not members:
+                load_members()
+            arrays = [image for _, image in loaded]
+            paths = [path for path, _ in loaded]
+            per_member: list[list[Detections]] = []
+            detect_ms: dict[str, float] = {}
+            for member in members:
+                t = time.perf_counter()
+                per_member.append(detect_loaded(member, arrays, paths))
+                detect_ms[f"detect:{member.name}"] = (time.perf_counter() - t) * 1000 / len(arrays)
+            for i, name in enumerate(loaded_names):
+                times = {"read": read_ms[i], **detect_ms}
+                dets = [per_member[n][i].with_source(member_names[n]) for n in range(len(members))]
+                process_image(
+                    out, name, stems[name], arrays[i], dets, config, params, categories, yolo_ids, times
+                )
+                processed += 1
+                bar.update(1)
+    except KeyboardInterrupt:
+        interrupted = True
+        logger.warning("interrupted: the finished images are saved; run the same command again to resume")
+    finally:
+        bar.close()
+    claim_output()
+    run_info = {
+        "method": method_label(config, params),
+        "processed": processed,
+        "resumed": len(done),
+        "interrupted": interrupted,
+        "wall_s": time.perf_counter() - start,
+        "weights": weights,
+        "first_call_ms": first_call_ms,
+    }
+    summary = write_outputs(out, config, names, member_names, categories, unreadable, run_info)
+    if not args.quiet:
+        print_summary(out, config, summary)
+    return 130 if interrupted else 0
+
+
+def print_summary(out: Path, config: EnsembleConfig, summary: dict[str, Any]) -> None:
+    stages = ", ".join(f"{k.removeprefix('detect:')} {v:.1f}" for k, v in summary["ms_per_image"].items())
+    shown_key = f"boxes_score_ge_{config.output.vis_conf:g}"
+    lines = [
+        f"{summary['ensemble']} ({summary['method']} of {', '.join(summary['models'])}): "
+        f"{summary['done']}/{summary['images']} images done ({summary['processed_this_run']} this run, "
+        f"{summary['resumed']} resumed, {len(summary['unreadable'])} unreadable)",
+        f"boxes: {summary['boxes']} fused ({summary[shown_key]} with score >= {config.output.vis_conf:g})",
+        f"ms per image: {stages}"
+        + (f" (first fusion call, compiling included: {summary['fuse_first_call_ms']:.0f} ms)"
+           if summary.get("fuse_first_call_ms") is not None else ""),
+    ]
+    for name, err in summary["unreadable"].items():
+        lines.append(f"unreadable: {name}: {err}")
+    written = ["predictions.json", "images.json"]
+    if config.output.labels:
+        written.append("labels/")
+    if config.output.vis:
+        written.append("vis/")
+    if config.output.save_per_model:
+        written.append("per_model/")
+    written += ["summary.json", "config.yaml"]
+    lines.append(f"results in {out}/: {', '.join(written)}")
+    if summary["interrupted"]:
+        lines.append("interrupted: run the same command again to finish")
+    print("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    from detens.cli import run_command
+
+    return run_command("fuse", argv)

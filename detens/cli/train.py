@@ -1,0 +1,191 @@
+"""Train fusion weights on saved predictions and COCO ground truth.
+
+    detens train --gt instances.json --predictions predictions/ --out head.json \\
+        [--head theta|theta_seed|selection|deep|superlearner|calibration] [--config <head> | train.yaml] \\
+        [--images-from ids.txt] [--models a,b,c] [--also-fit-on GT2 PREDICTIONS2]
+
+``--predictions`` holds one COCO results file per model (``<model>.json``, as ``detens cache`` writes);
+the head remembers the model names (it matches members by name when it fuses). ``--also-fit-on`` adds a
+second dataset's images (same categories, the same models in any file order) to the training images. Every key of the YAML config can be overridden with
+``--set key=value`` (repeatable); ``--epochs``, ``--lr``, ``--seed`` are shortcuts. Writes:
+
+- ``--out``: the head (``.json`` or ``.safetensors``; no pickle), loadable by ``detens fuse --head``;
+- ``<out>.config.yaml``: the resolved training config; ``<out>.loss.png``: the loss curve;
+- ``<out>.log.json``: loss per epoch, images, clusters, seconds; ``<out>.log``: the epoch lines.
+
+The terminal shows one progress bar per fit (epoch and loss); ``--quiet`` hides it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from tqdm import tqdm
+
+from detens.cli import UsageError, run_command
+from detens.coco import load_coco_gt
+from detens.config import from_dict, save_yaml_config
+from detens.heads import TRAINERS, config_for, fit_head
+from detens.io import atomic_write_bytes, atomic_write_json, atomic_write_text
+from detens.packaged import find_packaged
+from detens.predictions import EnsemblePredictions, join_predictions
+
+logger = logging.getLogger("detens.train")
+
+HEAD_TYPES = sorted(TRAINERS)
+
+
+def read_image_ids(path: Path) -> list[int]:
+    """One integer image id per line (blank lines and ``#`` comments ignored)."""
+    ids = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        try:
+            ids.append(int(line))
+        except ValueError:
+            raise ValueError(f"{path}:{number}: expected an integer image id, got {line!r}") from None
+    if not ids:
+        raise ValueError(f"{path} lists no image ids")
+    return ids
+
+
+def parse_set(items: list[str]) -> dict[str, Any]:
+    overrides = {}
+    for item in items:
+        if "=" not in item:
+            raise ValueError(f"--set expects key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        overrides[key.strip()] = yaml.safe_load(value)
+    return overrides
+
+
+def load_train_config(kind: str, path: str | None, overrides: dict[str, Any]) -> Any:
+    """The head's training config: ``path`` (YAML) if given, else its code defaults (which
+    the shipped ``configs/train/<kind>.yaml`` mirror), with ``overrides``. ``path`` may name a shipped one."""
+    if path is None:
+        return from_dict(TRAINERS[kind].config_class, {**asdict(config_for(kind)), **overrides}, where=f"{kind} defaults")
+    config_path = find_packaged(path, "train")
+    data = yaml.safe_load(config_path.read_text())
+    if data is None:
+        raise FileNotFoundError(f"training config not found or empty: {config_path}")
+    return from_dict(TRAINERS[kind].config_class, {**data, **overrides}, where=str(config_path))
+
+
+def plot_loss(losses: list[float], path: Path, title: str) -> None:
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(range(1, len(losses) + 1), losses, color="#3182bd")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("J (mean per cluster)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--gt", required=True, help="COCO annotation file")
+    parser.add_argument("--predictions", required=True, help="folder of <model>.json COCO results")
+    parser.add_argument("--out", required=True, help="head file to write (.json or .safetensors)")
+    parser.add_argument("--head", default="theta", choices=HEAD_TYPES,
+                        help=f"head type: {', '.join(HEAD_TYPES)} (default: theta)")
+    parser.add_argument(
+        "--config", help="training YAML, or a shipped one by head name (default: the head's code defaults, "
+        "which the shipped configs mirror)"
+    )
+    parser.add_argument("--images-from", help="file with the image ids to train on (default: all with GT)")
+    parser.add_argument("--models", help="comma-separated model names (default: every file, sorted)")
+    parser.add_argument(
+        "--also-fit-on", nargs=2, metavar=("GT", "PREDICTIONS"),
+        help="annotations and prediction folder of more training images (all their annotated images)",
+    )
+    parser.add_argument("--epochs", type=int, help="training epochs (overrides the config)")
+    parser.add_argument("--lr", type=float, help="learning rate (overrides the config)")
+    parser.add_argument("--seed", type=int, help="random seed (overrides the config)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    parser.add_argument(
+        "--threads", type=int, default=1,
+        help="torch intra-op threads (default 1: fusion works on tensors of a few hundred boxes, where thread "
+        "hand-offs cost more than they save)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    torch.set_num_threads(max(1, args.threads))
+    out = Path(args.out)
+    if out.suffix not in (".json", ".safetensors"):
+        raise UsageError(f"--out must end in .json or .safetensors, got {out}")
+    overrides = parse_set(args.set)
+    overrides.update({k: v for k, v in (("epochs", args.epochs), ("lr", args.lr), ("seed", args.seed)) if v is not None})
+    config = load_train_config(args.head, args.config, overrides)
+
+    gt = load_coco_gt(args.gt)
+    models = args.models.split(",") if args.models else None
+    predictions = EnsemblePredictions.from_folder(args.predictions, gt, models=models)
+    image_ids = read_image_ids(Path(args.images_from)) if args.images_from else gt.annotated_image_ids
+    unknown = sorted(set(image_ids) - set(gt.image_ids))
+    if unknown:
+        raise ValueError(f"--images-from lists image ids not in {args.gt}: {unknown[:10]}")
+    if args.also_fit_on:
+        extra_gt, extra_folder = args.also_fit_on
+        extra = EnsemblePredictions.from_folder(extra_folder, load_coco_gt(extra_gt), models=predictions.model_names)
+        predictions, extra_ids = join_predictions(predictions, extra)
+        image_ids = list(image_ids) + extra_ids
+
+    epoch_lines: list[str] = []
+    bar = tqdm(total=getattr(config, "epochs", None), desc=f"{args.head} fit", unit="epoch",
+               disable=args.quiet, dynamic_ncols=True)
+
+    def on_epoch(epoch: int, loss: float) -> None:
+        if epoch == 0 and bar.n:  # the next fit of a multi-fit head (bags, a grid of matching IoUs)
+            bar.reset()
+        epoch_lines.append(f"epoch {epoch + 1} loss {loss:.6f}")
+        bar.set_postfix_str(f"loss {loss:.5f}", refresh=False)
+        bar.update(1)
+
+    logger.info("%d images, models %s", len(image_ids), predictions.model_names)
+    try:
+        head, history, config = fit_head(args.head, predictions, image_ids, config, on_epoch=on_epoch)
+    finally:
+        bar.close()
+    head.save(out)
+    save_yaml_config(config, out.with_name(out.name + ".config.yaml"))
+    plot_loss(history.loss, out.with_name(out.name + ".loss.png"), f"{args.head} head: {', '.join(predictions.model_names)}")
+    atomic_write_text(out.with_name(out.name + ".log"), "\n".join(epoch_lines) + "\n")
+    atomic_write_json(
+        out.with_name(out.name + ".log.json"),
+        {
+            "head": args.head,
+            "models": predictions.model_names,
+            "images": len(image_ids),
+            "match_iou": getattr(config, "match_iou", None),
+            "train_seconds": round(history.seconds, 3),
+            "loss": history.loss,
+            **({"theta": head.theta.detach().cpu().tolist()} if hasattr(head, "theta") else {}),
+        },
+        indent=1,
+    )
+    learned = f"Θ = {[round(v, 4) for v in head.theta.detach().cpu().tolist()]}; " if hasattr(head, "theta") else ""
+    logger.info("trained %s head in %.1f s; %shead written to %s", args.head, history.seconds, learned, out)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_command("train", argv)
