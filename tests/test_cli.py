@@ -1,0 +1,144 @@
+"""The `detens` command: user mistakes end as one `error:` line and exit status 2 (no traceback), before
+any detector loads; the built package runs from a folder outside the repository."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from detens import ThetaHead
+from detens.cli import COMMANDS, build_parser, main
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+IMAGE = SHARED / "data" / "coco_val2017_206" / "images" / "000000000139.jpg"
+
+needs_data = pytest.mark.skipif(not IMAGE.is_file(), reason="needs ../shared/data/coco_val2017_206")
+
+
+@pytest.fixture
+def workspace(tmp_path, monkeypatch):
+    """A folder with one image, a config whose weights do not exist, one with a typo, a head for other
+    models and a train file that is not a head."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "images").mkdir()
+    if IMAGE.is_file():
+        (tmp_path / "images" / IMAGE.name).write_bytes(IMAGE.read_bytes())
+    config = {"name": "bad", "models": [{"type": "ultralytics", "weights": "no_such_model.tflite", "name": "x"}]}
+    (tmp_path / "missing_weights.yaml").write_text(yaml.safe_dump(config))
+    (tmp_path / "typo.yaml").write_text(yaml.safe_dump({**config, "confg": 0.1}))
+    ThetaHead(["a", "b", "c"]).save(tmp_path / "other_models.json")
+    return tmp_path
+
+
+def fuse_args(*extra: str) -> list[str]:
+    return ["fuse", "--source", "images", "--out", "out", *extra]
+
+
+MISTAKES = [
+    # (case, argv, what the error line says)
+    ("wrong weights path", fuse_args("--config", "missing_weights.yaml"), r"weights 'no_such_model\.tflite' not found"),
+    ("YAML typo", fuse_args("--config", "typo.yaml"), r"unknown key 'confg'.*conf"),
+    ("unknown method", fuse_args("--method", "wbff"), r"unknown fusion method 'wbff'.*Did you mean 'wbf'"),
+    ("head for other models", fuse_args("--head", "other_models.json"), r"\['a', 'b', 'c'\]"),
+    ("head of another type", fuse_args("--method", "deep", "--head", "coco_yolo3_theta"), r"given a 'theta' head"),
+    ("head with a fixed fuser", fuse_args("--method", "nms", "--head", "coco_yolo3_deep"), r"fixed fuser 'nms'"),
+    ("unknown config name", fuse_args("--config", "coco_yolo9"), r"'coco_yolo9' not found.*coco_yolo3"),
+    ("no such source", ["fuse", "--source", "no_such_folder", "--out", "out"], r"image source not found: 'no_such_folder'"),
+    ("missing --source", ["fuse", "--out", "out"], r"required: --source"),
+    ("bad number", fuse_args("--conf", "abc"), r"--conf: invalid float value"),
+    ("unknown command", ["fusee"], r"invalid choice: 'fusee'"),
+    ("--cv 1", ["evaluate", "--gt", "gt.json", "--predictions", "p", "--out", "r.json", "--cv", "1"], r"--cv must be"),
+    ("unknown evaluate method", ["evaluate", "--gt", "gt.json", "--predictions", "p", "--out", "r.json",
+                                 "--methods", "wbf,deeep"], r"unknown evaluation method 'deeep'.*Did you mean 'deep'"),
+    ("missing annotations", ["train", "--gt", "gt.json", "--predictions", "p", "--out", "h.json"], r"gt\.json"),
+    ("head file suffix", ["train", "--gt", "gt.json", "--predictions", "p", "--out", "h.txt"], r"\.json or \.safetensors"),
+    ("cache without --gt", ["cache", "--images", "images", "--out", "out"], r"--images and --gt are required"),
+    ("merge without shards", ["cache", "merge", "--out", "out"], r"no shard files"),
+]
+
+
+@pytest.mark.parametrize("case, argv, expected", MISTAKES, ids=[m[0] for m in MISTAKES])
+def test_user_mistakes_are_one_error_line(workspace, capsys, case, argv, expected):
+    import re
+
+    try:
+        code = main(argv)
+    except SystemExit as stop:  # argparse's own errors (bad flags) exit from parse_args
+        code = stop.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    error_lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1 and "Traceback" not in err, err
+    assert re.search(expected, err, re.S), err
+    assert not (workspace / "out").exists() or not any((workspace / "out").iterdir())  # nothing claimed
+
+
+def test_debug_shows_the_exception(workspace):
+    with pytest.raises(ValueError, match="unknown fusion method"):
+        main(fuse_args("--method", "wbff", "--debug"))
+
+
+def test_every_command_has_help_with_option_text(capsys):
+    parser = build_parser()
+    for command in COMMANDS:
+        with pytest.raises(SystemExit) as stop:
+            parser.parse_args([command, "--help"])
+        assert stop.value.code == 0
+        text = capsys.readouterr().out
+        assert f"usage: detens {command}" in text and "--quiet" in text and "--debug" in text
+    with pytest.raises(SystemExit):
+        parser.parse_args(["fuse", "--help"])
+    fuse_help = capsys.readouterr().out
+    for name in ("wbf", "soft_nms", "theta", "deep", "selection", "superlearner", "calibration"):
+        assert name in fuse_help  # the methods and head types by name
+
+
+def test_python_dash_m_reports_a_mistake_without_traceback(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "detens", "fuse", "--source", str(tmp_path), "--out", str(tmp_path / "o"),
+         "--method", "wbff"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert [line for line in done.stderr.splitlines() if line.startswith("error:")] == [
+        line for line in done.stderr.splitlines() if "unknown fusion method 'wbff'" in line
+    ] != []
+
+
+@needs_data
+@pytest.mark.slow
+def test_built_package_runs_outside_the_repository(tmp_path):
+    """Build the wheel, install it into a folder of its own and run `detens fuse` from elsewhere with
+    DETENS_WEIGHTS set: the package's configs and shipped head, a COCO results file that loadRes reads."""
+    wheels, site, work = tmp_path / "wheels", tmp_path / "site", tmp_path / "work"
+    work.mkdir()
+    (work / "images").mkdir()
+    (work / "images" / IMAGE.name).write_bytes(IMAGE.read_bytes())
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(REPO)],
+                   check=True, cwd=tmp_path, timeout=600)
+    wheel = next(wheels.glob("detens-*.whl"))
+    subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True, timeout=600)
+    env = {**os.environ, "PYTHONPATH": str(site), "DETENS_WEIGHTS": str(SHARED / "models")}
+    where = subprocess.run([sys.executable, "-c", "import detens; print(detens.__file__)"], env=env, cwd=work,
+                           capture_output=True, text=True, check=True)
+    assert Path(where.stdout.strip()).is_relative_to(site)  # the installed copy, not the repository
+    assert (site / "detens" / "configs" / "heads" / "coco_yolo3_deep.json").is_file()
+    command = [str(site / "bin" / "detens"), "fuse", "--config", "coco_yolo3", "--source", "images",
+               "--out", "out", "--quiet"]
+    done = subprocess.run(command, env=env, cwd=work, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    from pycocotools.coco import COCO
+
+    fused = COCO(str(work / "out" / "images.json")).loadRes(str(work / "out" / "predictions.json"))
+    assert fused.getImgIds() == [1] and len(fused.getAnnIds()) > 0
+    summary = json.loads((work / "out" / "summary.json").read_text())
+    assert summary["method"] == "deep" and summary["head"].startswith(str(site))
+    assert all(str(SHARED / "models") in w for w in summary["weights"].values())
