@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import platform
 import statistics
 import sys
@@ -263,11 +264,68 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default: 1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="also write the results as JSON (atomic write)")
+    parser.add_argument(
+        "--engines", metavar="IMAGES",
+        help="instead of the fusers: time `detens fuse` on this image folder with the local engine and with "
+        "Ray (1 and 2 actors), and Ray's start-up",
+    )
+    parser.add_argument("--config", default="coco_yolo3", help="with --engines: the ensemble (default: %(default)s)")
+
+
+def bench_engines(images: str, config: str, work: Path) -> list[dict[str, Any]]:
+    """Wall time of ``detens fuse`` over ``images`` per engine (each run from scratch into ``work``),
+    and of starting a local Ray cluster; the rows of the engine table."""
+    import ray
+
+    from detens.cli import run_command
+    from detens.sources import list_images
+
+    count = len(list_images(images))
+    if not count:
+        raise ValueError(f"--engines {images!r}: no images there")
+    rows = []
+
+    def timed(label: str, *extra: str) -> None:
+        out = work / label.replace(" ", "_")
+        start = time.perf_counter()
+        code = run_command("fuse", ["--config", config, "--source", images, "--out", str(out), "--overwrite",
+                                    "--quiet", "--no-vis", *extra])
+        seconds = time.perf_counter() - start
+        if code != 0:
+            raise RuntimeError(f"detens fuse ({label}) failed with exit status {code}")
+        rows.append({"engine": label, "images": count, "seconds": round(seconds, 2),
+                     "images_per_s": round(count / seconds, 2)})
+        logger.info("%s: %d images in %.1f s", label, count, seconds)
+
+    timed("local")
+    start = time.perf_counter()
+    ray.init(include_dashboard=False, log_to_driver=False)
+    rows.append({"engine": "ray start-up (local cluster)", "images": 0,
+                 "seconds": round(time.perf_counter() - start, 2), "images_per_s": None})
+    try:
+        for actors in (1, 2):
+            timed(f"ray {actors} actor{'s' if actors > 1 else ''}", "--engine", "ray", "--actors", str(actors))
+    finally:
+        ray.shutdown()
+    return rows
 
 
 def run(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise UsageError("--repeats must be at least 1")
+    if args.engines:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="detens-bench-") as work:
+            rows = bench_engines(args.engines, args.config, Path(work))
+        print(f"`detens fuse --config {args.config}` on {rows[0]['images']} images ({platform.processor() or platform.machine()}, "
+              f"{os.cpu_count()} CPUs); seconds include loading the models (per actor on Ray)\n")
+        print("| engine | images | seconds | images/s |\n|---|---:|---:|---:|")
+        for row in rows:
+            print(f"| {row['engine']} | {row['images']} | {row['seconds']:.1f} | {row['images_per_s'] or '-'} |")
+        if args.out:
+            atomic_write_json(args.out, {"engines": rows}, indent=2)
+        return 0
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
 

@@ -46,6 +46,7 @@ so a later run tries them again.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import fnmatch
 import gc
@@ -64,6 +65,7 @@ from tqdm import tqdm
 
 from detens.adapters import build_detector, dataset_categories, detect_loaded, view_names
 from detens.cli import UsageError
+from detens.cli._engine import add_engine_arguments, ray_options
 from detens.coco import CocoGroundTruth, detections_to_coco, load_coco_gt, save_coco_results
 from detens.ensemble_config import EnsembleConfig, ModelConfig, load_ensemble_config, save_ensemble_config
 from detens.io import atomic_write_json, atomic_write_text
@@ -126,6 +128,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="discard the selected members' earlier results (in this shard) instead of resuming",
     )
+    add_engine_arguments(p)
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -140,6 +143,7 @@ def check_args(args: argparse.Namespace) -> None:
         args.shard = parse_shard(args.shard)
     if args.max_images is not None and args.max_images < 0:
         raise UsageError(f"--max-images must be >= 0, got {args.max_images}")
+    args.ray = ray_options(args)
 
 
 def parse_shard(text: str | None) -> tuple[int, int] | None:
@@ -427,6 +431,58 @@ def run_entry(
     return timing
 
 
+def run_entry_ray(
+    entry: Entry,
+    runs: list[MemberRun],
+    data: Dataset,
+    out: Path,
+    config: EnsembleConfig,
+    categories: dict[int, str] | None,
+    max_images: int | None,
+    quiet: bool,
+    options: Any,
+) -> dict[str, float]:
+    """:func:`run_entry` on Ray: the same partial records, written here as the actors' rows arrive."""
+    from detens.engines.ray_cache import detect_on_ray
+
+    needed_all = sorted({i for run in runs for i in run.todo})
+    needed = set(needed_all if max_images is None else needed_all[:max_images])
+    timing = {"load_s": 0.0, "read_s": 0.0, "wall_s": 0.0}
+    if not needed:
+        return timing
+    by_name = {run.name: run for run in runs}
+    todo = {run.name: [i for i in run.todo if i in needed] for run in runs}
+    start = time.perf_counter()
+    bar = tqdm(
+        total=len(data.ids) * len(runs),
+        initial=(len(data.ids) - len(needed_all)) * len(runs),
+        unit="img",
+        desc=f"{entry.label} (ray)",
+        disable=quiet,
+        dynamic_ncols=True,
+    )
+    try:
+        rows = detect_on_ray(
+            entry.model, config, categories, todo, lambda i: str(data.path(i)),
+            config.setting(entry.model, "batch"), options,
+        )
+        for row in rows:
+            run, image_id = by_name[row["member"]], row["image_id"]
+            if row["error"]:
+                logger.warning("skipped: %s", row["error"])
+                run.unreadable[image_id] = row["error"]
+            else:
+                record = {"image_id": image_id, "file_name": data.gt.file_name(image_id),
+                          "results": row["results"], "ms": row["ms"]}
+                atomic_write_json(partial_path(out, run.name, image_id), record)  # the image is done
+                run.processed += 1
+            bar.update(1)
+    finally:
+        bar.close()
+        timing["wall_s"] = time.perf_counter() - start
+    return timing
+
+
 def release(entry: Entry) -> None:
     """Free a model before the next one is loaded."""
     entry.built = None
@@ -548,9 +604,20 @@ def cache(args: argparse.Namespace) -> int:
 
     members: dict[str, dict[str, Any]] = {}
     interrupted = False
+    session = None
+    stack = contextlib.ExitStack()
+    if args.ray is not None and plans:
+        from detens.engines.ray_cache import ray_session
+
+        session = stack.enter_context(ray_session(args.ray))
     try:
         for k, (entry, runs) in enumerate(plans):
-            timing = run_entry(entry, runs, data, out, config, categories, args.max_images, args.quiet)
+            if session is None:
+                timing = run_entry(entry, runs, data, out, config, categories, args.max_images, args.quiet)
+            else:
+                timing = run_entry_ray(
+                    entry, runs, data, out, config, categories, args.max_images, args.quiet, args.ray
+                )
             if k + 1 < len(plans):
                 release(entry)  # before the next model is loaded
             for run in runs:
@@ -562,6 +629,8 @@ def cache(args: argparse.Namespace) -> int:
             for run in runs:
                 if run.name not in members:
                     members[run.name] = finish_member(out, run, data, shard, {"wall_s": 0.0, "load_s": 0.0})
+    finally:
+        stack.close()
     header = {
         "ensemble": config.name,
         "gt": str(args.gt),

@@ -59,10 +59,11 @@ from detens.adapters import (
     detect_loaded,
     member_weights,
 )
+from detens.cli._engine import add_engine_arguments, ray_options
 from detens.coco import detections_to_coco, load_coco_gt
 from detens.detections import Detections
 from detens.ensemble_config import EnsembleConfig, load_ensemble_config, save_ensemble_config
-from detens.export import save_yolo_txt
+from detens.export import yolo_lines
 from detens.fusers import FUSERS, fuse, list_methods
 from detens.io import atomic_write_bytes, atomic_write_json
 from detens.labels import COCO_CATEGORY_IDS, COCO_ID_TO_NAME
@@ -109,6 +110,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--overwrite", action="store_true", help="discard earlier results in --out instead of resuming"
     )
+    add_engine_arguments(p)
 
 
 # ------------------------------------------------------------------------------------------------ config
@@ -399,6 +401,53 @@ def _results_of(det: Detections) -> list[dict[str, Any]]:
     return [{k: v for k, v in r.items() if k != "image_id"} for r in detections_to_coco(det, 0)]
 
 
+def fuse_image(
+    name: str,
+    stem: str,
+    image: Any,
+    per_model: list[Detections],
+    config: EnsembleConfig,
+    params: dict[str, Any],
+    categories: dict[int, str],
+    yolo_ids: list[int],
+    times: dict[str, float],
+) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """Fuse one image: its partial record and its output files (``labels/<stem>.txt``, ``vis/<stem>.jpg``
+    relative to ``--out``, as bytes), computed without writing anything."""
+    t = time.perf_counter()
+    fused = fuse(per_model, config.fusion.method, **params)
+    times["fuse"] = (time.perf_counter() - t) * 1000
+    t = time.perf_counter()
+    files: dict[str, bytes] = {}
+    if config.output.labels:
+        lines = yolo_lines(fused, yolo_ids, conf=config.output.labels_conf)
+        files[f"labels/{stem}.txt"] = "".join(line + "\n" for line in lines).encode("utf-8")
+    if config.output.vis:
+        drawn = draw_detections(image, fused, categories, conf=config.output.vis_conf)
+        ok, encoded = cv2.imencode(".jpg", drawn, [cv2.IMWRITE_JPEG_QUALITY, 90])
+        if not ok:
+            raise RuntimeError(f"OpenCV could not encode the drawing of {name}")
+        files[f"vis/{stem}.jpg"] = encoded.tobytes()
+    record: dict[str, Any] = {
+        "file_name": name,
+        "height": fused.image_size[0],
+        "width": fused.image_size[1],
+        "fused": _results_of(fused),
+    }
+    if config.output.save_per_model:
+        record["per_model"] = {det.source: _results_of(det) for det in per_model}
+    times["draw"] = (time.perf_counter() - t) * 1000  # labels and the drawing, encoded
+    record["times_ms"] = {k: round(v, 3) for k, v in times.items()}
+    return record, files
+
+
+def write_image(out: Path, record: dict[str, Any], files: dict[str, bytes]) -> None:
+    """Write one image's files, then its partial record (last: a record means the image is done)."""
+    for relative, payload in files.items():
+        atomic_write_bytes(out / relative, payload)
+    atomic_write_json(partial_path(out, record["file_name"]), record)
+
+
 def process_image(
     out: Path,
     name: str,
@@ -410,31 +459,11 @@ def process_image(
     categories: dict[int, str],
     yolo_ids: list[int],
     times: dict[str, float],
-) -> Detections:
-    t = time.perf_counter()
-    fused = fuse(per_model, config.fusion.method, **params)
-    times["fuse"] = (time.perf_counter() - t) * 1000
-    t = time.perf_counter()
-    if config.output.labels:
-        save_yolo_txt(out / "labels" / f"{stem}.txt", fused, yolo_ids, conf=config.output.labels_conf)
-    if config.output.vis:
-        drawn = draw_detections(image, fused, categories, conf=config.output.vis_conf)
-        ok, encoded = cv2.imencode(".jpg", drawn, [cv2.IMWRITE_JPEG_QUALITY, 90])
-        if not ok:
-            raise RuntimeError(f"OpenCV could not encode the drawing of {name}")
-        atomic_write_bytes(out / "vis" / f"{stem}.jpg", encoded.tobytes())
-    record: dict[str, Any] = {
-        "file_name": name,
-        "height": fused.image_size[0],
-        "width": fused.image_size[1],
-        "fused": _results_of(fused),
-    }
-    if config.output.save_per_model:
-        record["per_model"] = {det.source: _results_of(det) for det in per_model}
-    times["write"] = (time.perf_counter() - t) * 1000
-    record["times_ms"] = {k: round(v, 3) for k, v in times.items()}
-    atomic_write_json(partial_path(out, name), record)  # last: a partial record means the image is done
-    return fused
+) -> dict[str, Any]:
+    """:func:`fuse_image` and :func:`write_image`; returns the record."""
+    record, files = fuse_image(name, stem, image, per_model, config, params, categories, yolo_ids, times)
+    write_image(out, record, files)
+    return record
 
 
 def _read_json(path: Path) -> Any:
@@ -475,6 +504,7 @@ def time_first_call(method: str, params: dict[str, Any], member_names: list[str]
 
 # -------------------------------------------------------------------------------------------------- run
 def run(args: argparse.Namespace) -> int:
+    engine = ray_options(args)
     config = resolve_config(args)
     out: Path = args.out
     declared = declared_member_names(config)  # None: an entry without a name, known once loaded
@@ -517,11 +547,9 @@ def run(args: argparse.Namespace) -> int:
             save_ensemble_config(config, out / "config.yaml")
             claimed = True
 
-    def load_members() -> None:
-        """Load the detectors once an image needs them (a rerun with nothing readable left loads none)."""
-        nonlocal members, member_names, weights, params, first_call_ms
-        members = build_ensemble(config)
-        loaded = [m.name for m in members]
+    def check_members(loaded: list[str], sources: dict[str, str | None]) -> None:
+        """The loaded members against the head and an earlier run; then the run claims --out."""
+        nonlocal member_names, weights, params
         if declared is None:
             params = fusion_params(config, loaded)
         if isinstance(previous, dict) and previous.get("models") not in (None, loaded):
@@ -529,9 +557,15 @@ def run(args: argparse.Namespace) -> int:
                 f"the ensemble's members changed since the earlier run in {out} ({previous['models']} -> "
                 f"{loaded}); use another --out, or --overwrite"
             )
-        member_names, weights = loaded, {m.name: _weights_of(m) for m in members}
+        member_names, weights = loaded, sources
         claim_output()
         atomic_write_json(run_file, {"models": member_names, "weights": weights})
+
+    def load_members() -> None:
+        """Load the detectors once an image needs them (a rerun with nothing readable left loads none)."""
+        nonlocal members, first_call_ms
+        members = build_ensemble(config)
+        check_members([m.name for m in members], {m.name: _weights_of(m) for m in members})
         first_call_ms = time_first_call(config.fusion.method, params, member_names, min(categories))
 
     unreadable: dict[str, str] = {}
@@ -547,7 +581,24 @@ def run(args: argparse.Namespace) -> int:
         dynamic_ncols=True,
     )
     try:
-        for begin in range(0, len(todo), config.batch):
+        if engine is not None and todo:
+            from detens.engines.ray_cache import ray_session
+            from detens.engines.ray_fuse import fuse_on_ray
+
+            with ray_session(engine):
+                items = [(name, stems[name], str(path)) for path, name in todo]
+                for row in fuse_on_ray(items, config, categories, yolo_ids, engine):
+                    if not members:  # the actors' members, as the local engine's first load
+                        members = list(row["members"])
+                        check_members(list(row["members"]), dict(row["members"]))
+                    if row["error"]:
+                        unreadable[row["name"]] = row["error"]
+                        logger.warning("skipped: %s", row["error"])
+                    else:
+                        write_image(out, row["record"], row["files"])
+                        processed += 1
+                    bar.update(1)
+        for begin in range(0, len(todo) if engine is None else 0, config.batch):
             chunk = todo[begin : begin + config.batch]
             loaded, loaded_names, read_ms = [], [], []
             for path, name in chunk:

@@ -1,0 +1,226 @@
+"""The cache job's detection step on Ray Data: one pool of stateful predictor actors per ensemble entry.
+
+The driver lists the images as paths (nothing is decoded on the driver), ``ray.data.from_items`` turns
+them into a dataset, and ``map_batches`` runs :class:`EntryPredictor` actors over it: each actor builds
+the entry's detector once, in its constructor (adapters unchanged), reads its batch's images itself and
+returns one row per (image, member) with the member's COCO results as JSON (or the reason the image could
+not be read). The driver streams the rows back and writes them as the local engine does (one partial
+record per finished image), so everything after detection (resuming, ``<member>.json``, the summary) is
+the local job's own code and a rerun skips the images already done.
+
+Every worker runs this module and the adapters: on a cluster, install detens (and the detector libraries)
+on every node and give every node the same paths to the images and weights (a shared file system).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["RayOptions", "EntryPredictor", "detect_on_ray", "ray_session"]
+
+logger = logging.getLogger("detens.ray")
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """How the Ray engine runs.
+
+    Args:
+        address (str | None): an existing cluster (``auto``, ``ray://host:10001``); None starts a local one.
+        actors (int): predictor actors per ensemble entry (model).
+        num_gpus (float | None): GPUs per actor; None: 1 when the driver sees CUDA, else 0.
+        num_cpus (int | None): CPUs of a local cluster (None: all); ignored with ``address``.
+    """
+
+    address: str | None = None
+    actors: int = 1
+    num_gpus: float | None = None
+    num_cpus: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.actors, bool) or not isinstance(self.actors, int) or self.actors < 1:
+            raise ValueError(f"actors must be an integer >= 1, got {self.actors!r}")
+        if self.num_gpus is not None and not 0 <= float(self.num_gpus):
+            raise ValueError(f"num_gpus must be >= 0, got {self.num_gpus!r}")
+        if self.num_cpus is not None and (isinstance(self.num_cpus, bool) or int(self.num_cpus) < 1):
+            raise ValueError(f"num_cpus must be >= 1, got {self.num_cpus!r}")
+
+    def gpus_per_actor(self) -> float:
+        if self.num_gpus is not None:
+            return float(self.num_gpus)
+        import torch
+
+        return 1.0 if torch.cuda.is_available() else 0.0
+
+
+def import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ImportError(
+            "the Ray engine needs ray: pip install 'detens[ray]' (or pip install 'ray[data]')"
+        ) from None
+    return ray
+
+
+class ray_session:  # noqa: N801 - used as a context manager, like open()
+    """``ray.init`` for the engine (an existing cluster at ``options.address``, else a local one), and
+    ``ray.shutdown`` on exit when this session started it."""
+
+    def __init__(self, options: RayOptions) -> None:
+        self.options = options
+        self.started = False
+
+    def __enter__(self) -> Any:
+        ray = import_ray()
+        quiet = logging.getLogger().getEffectiveLevel() > logging.INFO  # the command's --quiet
+        if quiet:  # ray sets its loggers up when imported: quiet them after that
+            import ray.data
+
+            for name in ("ray", "ray.data"):
+                logging.getLogger(name).setLevel(logging.ERROR)
+            ray.data.DataContext.get_current().enable_progress_bars = False
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+            if quiet:
+                kwargs["logging_level"] = logging.ERROR
+            if self.options.address:
+                kwargs["address"] = self.options.address
+            elif self.options.num_cpus is not None:
+                kwargs["num_cpus"] = int(self.options.num_cpus)
+            start = time.perf_counter()
+            ray.init(**kwargs)
+            self.started = True
+            logger.info("ray started in %.1f s: %s", time.perf_counter() - start, ray.cluster_resources())
+        return ray
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.started:
+            import ray
+
+            ray.shutdown()
+
+
+class EntryPredictor:
+    """A Ray Data actor: one ``models`` entry of an ensemble config, loaded once per actor.
+
+    Args:
+        model (ModelConfig): the entry.
+        ensemble (EnsembleConfig): its defaults (conf, imgsz, weights folders, ...).
+        categories (dict[int, str] | None): the label space.
+        members (list[str]): the entry's members (views) to run.
+
+    Called with a batch ``{"image_id": int[B], "path": str[B], "todo": str[B]}`` (``todo``: the members
+    that still need each image, comma-separated), returns the columns ``image_id``, ``member``,
+    ``results`` (the COCO results as JSON), ``ms`` (detection time per image) and ``error`` (why the
+    image could not be read; empty when it was).
+    """
+
+    def __init__(self, model: Any, ensemble: Any, categories: Mapping[int, str] | None, members: Sequence[str]):
+        from detens.adapters import build_detector
+
+        built = build_detector(model, ensemble, categories)
+        loaded = list(built.members) if hasattr(built, "members") else [built]
+        by_name = {m.name: m for m in loaded}
+        missing = sorted(set(members) - set(by_name))
+        if missing:
+            raise ValueError(f"the built entry has members {sorted(by_name)}, not {missing}")
+        self.members = {name: by_name[name] for name in members}
+
+    def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, list[Any]]:
+        from detens.adapters import detect_loaded
+        from detens.coco import detections_to_coco
+        from detens.sources import ImageReadError, read_image
+
+        columns: dict[str, list[Any]] = {"image_id": [], "member": [], "results": [], "ms": [], "error": []}
+        images, ids, paths, wanted = [], [], [], []
+        for image_id, path, todo in zip(batch["image_id"], batch["path"], batch["todo"], strict=True):
+            names = [n for n in str(todo).split(",") if n]
+            try:
+                images.append(read_image(str(path)))
+            except ImageReadError as err:
+                for name in names:
+                    columns["image_id"].append(int(image_id))
+                    columns["member"].append(name)
+                    columns["results"].append("[]")
+                    columns["ms"].append(0.0)
+                    columns["error"].append(str(err))
+                continue
+            ids.append(int(image_id))
+            paths.append(str(path))
+            wanted.append(set(names))
+        for name, member in self.members.items():
+            picked = [k for k in range(len(ids)) if name in wanted[k]]
+            if not picked:
+                continue
+            start = time.perf_counter()
+            dets = detect_loaded(member, [images[k] for k in picked], [paths[k] for k in picked])
+            ms = (time.perf_counter() - start) * 1000 / len(picked)
+            for k, det in zip(picked, dets, strict=True):
+                columns["image_id"].append(ids[k])
+                columns["member"].append(name)
+                columns["results"].append(json.dumps(detections_to_coco(det, ids[k])))
+                columns["ms"].append(round(ms, 3))
+                columns["error"].append("")
+        return columns
+
+
+def detect_on_ray(
+    model: Any,
+    ensemble: Any,
+    categories: Mapping[int, str] | None,
+    todo: Mapping[str, Sequence[int]],
+    path_of: Callable[[int], str],
+    batch_size: int,
+    options: RayOptions,
+) -> Iterator[dict[str, Any]]:
+    """Run one entry's members over their images on Ray; yields each finished (image, member) row as
+    it arrives (``image_id``, ``member``, ``results`` (list of COCO dicts), ``ms``, ``error``).
+
+    Args:
+        todo: member -> the image ids it still needs.
+        path_of: image id -> its file path (read by the actors, not here).
+        batch_size: images per actor call.
+    """
+    import_ray()
+    import ray.data
+
+    needed: dict[int, list[str]] = {}
+    for member, ids in todo.items():
+        for image_id in ids:
+            needed.setdefault(int(image_id), []).append(member)
+    if not needed:
+        return
+    items = [
+        {"image_id": image_id, "path": str(path_of(image_id)), "todo": ",".join(members)}
+        for image_id, members in sorted(needed.items())
+    ]
+    dataset = ray.data.from_items(items, override_num_blocks=max(1, min(len(items), 4 * options.actors)))
+    predicted = dataset.map_batches(
+        EntryPredictor,
+        fn_constructor_kwargs={
+            "model": model,
+            "ensemble": ensemble,
+            "categories": dict(categories) if categories else None,
+            "members": sorted(todo),
+        },
+        batch_size=batch_size,
+        compute=ray.data.ActorPoolStrategy(size=options.actors),
+        num_gpus=options.gpus_per_actor(),
+        batch_format="numpy",
+    )
+    for row in predicted.iter_rows():
+        yield {
+            "image_id": int(row["image_id"]),
+            "member": str(row["member"]),
+            "results": json.loads(row["results"]),
+            "ms": float(row["ms"]),
+            "error": str(row["error"]),
+        }

@@ -1,0 +1,118 @@
+"""`--engine ray` on a local Ray cluster started by the test: the cache and fuse jobs give what the local
+engine gives on 20 real images of coco_val2017_206 (one of them made unreadable), and importing detens
+never imports ray."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data" / "coco_val2017_206"
+NUM_IMAGES = 20
+MODELS = ("yolov8n", "yolo11n", "yolo26n")
+
+ray = pytest.importorskip("ray", reason="the Ray engine tests need ray (pip install 'detens[ray]')")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not DATA.is_dir(), reason="needs ../shared/data/coco_val2017_206"),
+]
+
+from detens.cli import main  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A local two-CPU Ray cluster for the module (the jobs use it instead of starting their own)."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """20 annotated images (the 5th made unreadable) and their ground truth."""
+    root = tmp_path_factory.mktemp("ray")
+    full = json.loads((DATA / "instances_val2017.json").read_text())
+    keep = set(sorted({a["image_id"] for a in full["annotations"]})[:NUM_IMAGES])
+    images = [im for im in full["images"] if im["id"] in keep]
+    (root / "images").mkdir()
+    for image in images:
+        shutil.copy(DATA / "images" / image["file_name"], root / "images" / image["file_name"])
+    broken = images[4]["file_name"]
+    (root / "images" / broken).write_bytes(b"not a jpeg" * 20)
+    subset = {**full, "images": images, "annotations": [a for a in full["annotations"] if a["image_id"] in keep]}
+    (root / "gt.json").write_text(json.dumps(subset))
+    return root, broken
+
+
+def cache(root: Path, out: Path, *extra: str) -> int:
+    return main(["cache", "--config", "coco_yolo3", "--images", str(root / "images"), "--gt", str(root / "gt.json"),
+                 "--out", str(out), "--quiet", *extra])
+
+
+def assert_same_results(a: list[dict], b: list[dict]) -> None:
+    assert [(r["image_id"], r["category_id"]) for r in a] == [(r["image_id"], r["category_id"]) for r in b]
+    for x, y in zip(a, b, strict=True):
+        assert x["bbox"] == pytest.approx(y["bbox"], abs=1e-4) and x["score"] == pytest.approx(y["score"], abs=1e-4)
+
+
+def test_cache_on_ray_equals_local(cluster, dataset):
+    root, broken = dataset
+    assert cache(root, root / "local") == 0
+    assert cache(root, root / "on_ray", "--engine", "ray", "--actors", "2") == 0
+    local_summary = json.loads((root / "local" / "cache_summary.json").read_text())
+    ray_summary = json.loads((root / "on_ray" / "cache_summary.json").read_text())
+    for name in MODELS:
+        local = json.loads((root / "local" / f"{name}.json").read_text())
+        on_ray = json.loads((root / "on_ray" / f"{name}.json").read_text())
+        assert len(local) > 100
+        assert_same_results(local, on_ray)
+        unreadable = ray_summary["models"][name]["unreadable"]
+        assert broken in json.dumps(unreadable) and list(unreadable) == list(local_summary["models"][name]["unreadable"])
+        assert ray_summary["models"][name]["images"] == local_summary["models"][name]["images"] == NUM_IMAGES - 1
+    assert broken in json.dumps(ray_summary["unreadable"])
+
+    # a rerun resumes: every image done (the unreadable one is tried again and skipped again)
+    assert cache(root, root / "on_ray", "--engine", "ray") == 0
+    again = json.loads((root / "on_ray" / "cache_summary.json").read_text())
+    assert all(again["models"][name]["processed_this_run"] == 0 for name in MODELS)
+
+
+def test_fuse_on_ray_equals_local(cluster, dataset):
+    root, broken = dataset
+    args = ["fuse", "--config", "coco_yolo3", "--source", str(root / "images"), "--quiet", "--save-per-model"]
+    assert main([*args, "--out", str(root / "fused_local")]) == 0
+    assert main([*args, "--out", str(root / "fused_ray"), "--engine", "ray", "--actors", "2"]) == 0
+    for name in ("images.json", "predictions.json", "per_model/yolo26n.json"):
+        local = json.loads((root / "fused_local" / name).read_text())
+        on_ray = json.loads((root / "fused_ray" / name).read_text())
+        if name == "images.json":
+            assert local["images"] == on_ray["images"] and len(local["images"]) == NUM_IMAGES - 1
+        else:
+            assert_same_results(local, on_ray)
+    local_labels = sorted(p.name for p in (root / "fused_local" / "labels").iterdir())
+    assert local_labels == sorted(p.name for p in (root / "fused_ray" / "labels").iterdir())
+    for label in local_labels:
+        assert (root / "fused_local" / "labels" / label).read_text() == (root / "fused_ray" / "labels" / label).read_text()
+    summary = json.loads((root / "fused_ray" / "summary.json").read_text())
+    assert list(summary["unreadable"]) == [broken] and summary["method"] == "deep"
+    assert summary["weights"] == json.loads((root / "fused_local" / "summary.json").read_text())["weights"]
+
+
+def test_ray_flags_need_the_ray_engine(capsys, tmp_path):
+    assert main(["fuse", "--source", str(tmp_path), "--out", str(tmp_path / "o"), "--actors", "2"]) == 2
+    assert "go with --engine ray" in capsys.readouterr().err
+
+
+def test_importing_detens_does_not_import_ray():
+    code = (
+        "import sys, detens, detens.cli, detens.cli.fuse, detens.cli.cache, detens.engines; "
+        "assert 'ray' not in sys.modules, 'ray imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
