@@ -13,6 +13,7 @@ Public API (imported lazily, so ``import detens`` stays light and never imports 
 - ``detection_calibration``: expected calibration error and reliability bins of COCO results.
 - ``UltralyticsDetector``, ``TorchvisionDetector``, ``PrecomputedDetector``, ``AugmentedDetector``,
   ``build_ensemble``, ``list_images``: bring your detectors and images.
+- ``cache``, ``fuse_images``: the ``detens cache`` / ``detens fuse`` jobs as calls (``engine="ray"`` too).
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ _EXPORTS = {
     "AugmentedDetector": "detens.adapters",
     "build_ensemble": "detens.adapters",
     "list_images": "detens.sources",
+    "cache": "detens.jobs",
+    "fuse_images": "detens.jobs",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -116,3 +116,22 @@ def test_importing_detens_does_not_import_ray():
         "assert 'ray' not in sys.modules, 'ray imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_python_calls_run_the_same_jobs(cluster, dataset, tmp_path):
+    import detens
+
+    root, _ = dataset
+    out = tmp_path / "py"
+    assert detens.cache("coco_yolo3", root / "images", root / "gt.json", out, models="yolo26n", engine="ray",
+                        quiet=True) == 0
+    assert detens.cache("coco_yolo3", root / "images", root / "gt.json", tmp_path / "py_local", models="yolo26n",
+                        quiet=True) == 0
+    assert_same_results(json.loads((out / "yolo26n.json").read_text()),
+                        json.loads((tmp_path / "py_local" / "yolo26n.json").read_text()))
+    assert detens.fuse_images("coco_yolo3", root / "images", tmp_path / "fused", method="wbf", quiet=True) == 0
+    assert json.loads((tmp_path / "fused" / "summary.json").read_text())["method"] == "wbf"
+    with pytest.raises(TypeError, match="unknown options \\['colour'\\]"):
+        detens.fuse_images("coco_yolo3", root / "images", tmp_path / "x", colour="red")
+    with pytest.raises(ValueError, match="unknown fusion method"):
+        detens.fuse_images("coco_yolo3", root / "images", tmp_path / "x", method="wbff")

@@ -17,7 +17,7 @@ from typing import NoReturn
 
 import yaml
 
-__all__ = ["COMMANDS", "UsageError", "build_parser", "main", "run_command"]
+__all__ = ["COMMANDS", "UsageError", "build_parser", "command_parser", "main", "run_command"]
 
 #: subcommand -> (module, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -113,9 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _dispatch(args)
 
 
-def run_command(command: str, argv: Sequence[str] | None = None, prog: str | None = None) -> int:
-    """One subcommand with its own argv, as the ``tools/<command>.py`` scripts call it."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+def command_parser(command: str, prog: str | None = None) -> argparse.ArgumentParser:
+    """The parser of one subcommand on its own (``prog`` default: ``detens <command>``)."""
     module_name, _ = COMMANDS[command]
     module = importlib.import_module(module_name)
     parser = _Parser(
@@ -126,4 +125,10 @@ def run_command(command: str, argv: Sequence[str] | None = None, prog: str | Non
     module.add_arguments(parser)
     _add_common(parser)
     parser.set_defaults(_run=module.run, _parser=parser)
-    return _dispatch(parser.parse_args(argv))
+    return parser
+
+
+def run_command(command: str, argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """One subcommand with its own argv, as the ``tools/<command>.py`` scripts call it."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return _dispatch(command_parser(command, prog).parse_args(argv))
