@@ -37,6 +37,8 @@ if TYPE_CHECKING:  # pycocotools is imported lazily
 
 __all__ = [
     "METRIC_KEYS",
+    "BACKENDS",
+    "fastest_backend",
     "CocoGroundTruth",
     "load_coco_gt",
     "evaluate_coco",
@@ -51,6 +53,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: Keys of :func:`evaluate_coco`'s dict, in the order of ``COCOeval.stats``.
+#: evaluate_coco's evaluators (see its ``backend``)
+BACKENDS: tuple[str, ...] = ("pycocotools", "faster", "hotcoco")
+
 METRIC_KEYS: tuple[str, ...] = (
     "map",  # AP @ IoU 0.50:0.95, all areas, maxDets 100
     "map50",  # AP @ IoU 0.50
@@ -314,6 +319,7 @@ class CocoGroundTruth:
     _anns: dict[int, list[dict[str, Any]]] = field(init=False, repr=False)
     _coco: COCO | None = field(init=False, repr=False, default=None)
     _fast_coco: Any = field(init=False, repr=False, default=None)
+    _hot_coco: Any = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
         _check_gt_dataset(self.dataset, "ground truth")
@@ -524,7 +530,7 @@ def evaluate_coco(
     gt: str | Path | Mapping[str, Any] | COCO | CocoGroundTruth,
     predictions: Sequence[Mapping[str, Any]] | str | Path,
     image_ids: Iterable[int] | None = None,
-    backend: Literal["pycocotools", "faster"] = "pycocotools",
+    backend: Literal["pycocotools", "faster", "hotcoco"] = "pycocotools",
 ) -> dict[str, float]:
     """COCO bbox mAP (pycocotools) with labelled keys.
 
@@ -540,8 +546,10 @@ def evaluate_coco(
         predictions: COCO result dicts (``image_id``, ``category_id``, ``bbox`` xywh pixels, ``score``)
             or the path of a results JSON file. Never modified.
         image_ids: evaluate only these images (e.g. one cross-validation fold); each must be in ``gt``.
-        backend: ``"pycocotools"`` (the reference) or ``"faster"`` (faster-coco-eval's C++ evaluator,
-            the same numbers about five times faster; used inside hyper-parameter searches).
+        backend: ``"pycocotools"`` (the reference), ``"faster"`` (faster-coco-eval's C++ evaluator, the
+            same numbers about five times faster) or ``"hotcoco"`` (hotcoco's Rust port, within 1e-5 of
+            pycocotools on our data (tested) and another ~15 times faster; used inside hyper-parameter
+            searches when installed, see :func:`fastest_backend`).
 
     Returns:
         dict[str, float]: the keys of :data:`METRIC_KEYS` (``map``, ``map50``, ``map75``,
@@ -561,8 +569,8 @@ def evaluate_coco(
     else:
         results = validate_coco_results(predictions, "predictions")
 
-    if backend not in ("pycocotools", "faster"):
-        raise ValueError(f"backend must be 'pycocotools' or 'faster', got {backend!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     eval_ids = evaluated_image_ids(truth, image_ids)
     check_result_categories(truth, results, "predictions")
 
@@ -574,7 +582,10 @@ def evaluate_coco(
     wanted = set(eval_ids)
     results = [r for r in results if r["image_id"] in wanted]
 
-    if backend == "faster":
+    if backend == "hotcoco":
+        evaluator = _hotcoco_evaluator(truth, results)
+        evaluator.params.img_ids = eval_ids
+    elif backend == "faster":
         evaluator = _faster_evaluator(truth, results)
     else:
         coco_gt = truth.coco
@@ -595,6 +606,22 @@ def evaluate_coco(
         metrics["map75"],
     )
     return metrics
+
+
+def fastest_backend() -> str:
+    """``hotcoco`` when it is installed, else ``faster``: for searches that evaluate many settings."""
+    import importlib.util
+
+    return "hotcoco" if importlib.util.find_spec("hotcoco") is not None else "faster"
+
+
+def _hotcoco_evaluator(truth: CocoGroundTruth, results: list[dict[str, Any]]) -> Any:
+    import hotcoco
+
+    if truth._hot_coco is None:
+        truth._hot_coco = hotcoco.COCO(truth.coco.dataset)
+    detections = truth._hot_coco.load_res([dict(r) for r in results])
+    return hotcoco.COCOeval(truth._hot_coco, detections, "bbox")
 
 
 def _faster_evaluator(truth: CocoGroundTruth, results: list[dict[str, Any]]) -> Any:

@@ -33,7 +33,7 @@ import torch
 from torchvision.ops import box_iou
 
 from detens.calibration_metrics import detection_calibration
-from detens.coco import detections_to_coco, evaluate_coco
+from detens.coco import detections_to_coco, evaluate_coco, fastest_backend
 from detens.detections import Detections
 from detens.folds import kfold_image_splits
 from detens.fusers import fuse
@@ -89,12 +89,15 @@ class EvaluationData:
             self._per_model[image_id] = self.predictions.per_model(image_id)
         return self._per_model[image_id]
 
-    def score(self, predict: Callable[[int], Detections], image_ids: Sequence[int], backend: str = "faster") -> float:
-        """mAP of ``predict`` over ``image_ids`` (used inside hyper-parameter searches on training folds)."""
+    def score(
+        self, predict: Callable[[int], Detections], image_ids: Sequence[int], backend: str | None = None
+    ) -> float:
+        """mAP of ``predict`` over ``image_ids``, used inside hyper-parameter searches on training folds
+        (``backend`` None: :func:`~detens.coco.fastest_backend`)."""
         results = []
         for image_id in image_ids:
             results += detections_to_coco(predict(image_id), image_id, decimals=None)
-        return evaluate_coco(self.gt, results, image_ids=image_ids, backend=backend)["map"]
+        return evaluate_coco(self.gt, results, image_ids=image_ids, backend=backend or fastest_backend())["map"]
 
 
 class EvalMethod:

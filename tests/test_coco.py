@@ -159,6 +159,31 @@ class TestEvaluate:
         with pytest.raises(ValueError, match="backend"):
             evaluate_coco(gt, predictions, backend="fast")
 
+    @pytest.mark.parametrize("seed", range(3))
+    def test_hotcoco_backend_agrees_with_pycocotools(self, gt, seed):
+        """Realistic results on the official annotations: each ground-truth box jittered, rescored and
+        sometimes relabelled or dropped, plus random background boxes (ties in score included)."""
+        pytest.importorskip("hotcoco", reason="the hotcoco backend needs hotcoco")
+        g = torch.Generator().manual_seed(seed)
+        predictions = []
+        for image_id in gt.image_ids:
+            det = gt.detections(image_id)
+            wh = (det.boxes[:, 2:] - det.boxes[:, :2]).repeat(1, 2)
+            boxes = det.boxes + 0.04 * wh * torch.randn(det.boxes.shape, generator=g)
+            keep = torch.rand(len(det), generator=g) > 0.2
+            labels = torch.where(torch.rand(len(det), generator=g) < 0.1, torch.tensor(1), det.labels)
+            scores = (torch.rand(len(det), generator=g) * 10).round() / 10  # ties
+            noise = random_detections(seed * 1000 + image_id % 997, 30, det.image_size)
+            found = Detections(boxes[keep], scores[keep], labels[keep], det.image_size)
+            predictions += detections_to_coco(Detections.concat([found, noise]).clip(), image_id)
+        reference = evaluate_coco(gt, predictions)
+        assert 0.05 < reference["map"] < 0.95  # neither trivial nor perfect
+        assert evaluate_coco(gt, predictions, backend="hotcoco") == pytest.approx(reference, abs=1e-4)
+        subset = gt.annotated_image_ids[::3]
+        assert evaluate_coco(gt, predictions, image_ids=subset, backend="hotcoco") == pytest.approx(
+            evaluate_coco(gt, predictions, image_ids=subset), abs=1e-4)
+        assert evaluate_coco(gt, [], backend="hotcoco") == {key: 0.0 for key in METRIC_KEYS}
+
     def test_empty_predictions_give_zeros(self, gt):
         metrics = evaluate_coco(gt, [])
         assert metrics == {key: 0.0 for key in METRIC_KEYS}

@@ -270,6 +270,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "Ray (1 and 2 actors), and Ray's start-up",
     )
     parser.add_argument("--config", default="coco_yolo3", help="with --engines: the ensemble (default: %(default)s)")
+    parser.add_argument(
+        "--coco", nargs=2, metavar=("GT", "RESULTS"),
+        help="instead of the fusers: time evaluate_coco per backend on the dataset replicated to 200, 1000 "
+        "and 5000 images (COCO annotations and a results file of them)",
+    )
+    parser.add_argument("--coco-sizes", nargs="+", type=int, default=[200, 1000, 5000],
+                        help="with --coco: the image counts (default: %(default)s)")
 
 
 def bench_engines(images: str, config: str, work: Path) -> list[dict[str, Any]]:
@@ -310,9 +317,63 @@ def bench_engines(images: str, config: str, work: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def replicate_coco(gt: dict[str, Any], results: list[dict[str, Any]], images: int) -> tuple[dict, list]:
+    """``gt`` and ``results`` copied until they hold ``images`` images: copy c shifts every image id (and
+    annotation id) by c times the largest one, so each copy is scored like the original."""
+    originals = gt["images"]
+    if not originals:
+        raise ValueError("the ground truth has no images to replicate")
+    image_step = max(int(im["id"]) for im in originals) + 1
+    ann_step = max((int(a["id"]) for a in gt["annotations"]), default=0) + 1
+    copies = -(-images // len(originals))
+    out_images, out_anns, out_results = [], [], []
+    for c in range(copies):
+        out_images += [{**im, "id": int(im["id"]) + c * image_step} for im in originals]
+        out_anns += [{**a, "id": int(a["id"]) + c * ann_step, "image_id": int(a["image_id"]) + c * image_step}
+                     for a in gt["annotations"]]
+        out_results += [{**r, "image_id": int(r["image_id"]) + c * image_step} for r in results]
+    keep = {int(im["id"]) for im in out_images[:images]}
+    return (
+        {**gt, "images": out_images[:images], "annotations": [a for a in out_anns if a["image_id"] in keep]},
+        [r for r in out_results if r["image_id"] in keep],
+    )
+
+
+def bench_coco(gt_path: str, results_path: str, sizes: list[int]) -> list[dict[str, Any]]:
+    """Seconds of :func:`detens.evaluate_coco` per backend and dataset size (the rows of the table)."""
+    from detens.coco import BACKENDS, evaluate_coco
+    from detens.io import read_json_file
+
+    gt = read_json_file(Path(gt_path), "COCO annotation file")
+    results = read_json_file(Path(results_path), "COCO results file")
+    rows = []
+    for size in sizes:
+        big_gt, big_results = replicate_coco(gt, results, size)
+        maps = {}
+        for backend in BACKENDS:
+            start = time.perf_counter()
+            maps[backend] = evaluate_coco(big_gt, big_results, backend=backend)["map"]
+            seconds = time.perf_counter() - start
+            rows.append({"images": size, "results": len(big_results), "backend": backend,
+                         "seconds": round(seconds, 3), "map": round(maps[backend], 6)})
+            logger.info("%d images, %s: %.2f s", size, backend, seconds)
+        if max(maps.values()) - min(maps.values()) > 1e-4:
+            raise RuntimeError(f"the backends disagree at {size} images: {maps}")
+    return rows
+
+
 def run(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise UsageError("--repeats must be at least 1")
+    if args.coco:
+        rows = bench_coco(*args.coco, args.coco_sizes)
+        print(f"evaluate_coco seconds ({platform.processor() or platform.machine()}); the dataset replicated\n")
+        print("| images | results | backend | seconds | mAP |\n|---:|---:|---|---:|---:|")
+        for row in rows:
+            print(f"| {row['images']} | {row['results']} | {row['backend']} | {row['seconds']:.2f} | {row['map']:.4f} |")
+        if args.out:
+            atomic_write_json(args.out, {"coco": rows}, indent=2)
+        return 0
     if args.engines:
         import tempfile
 

@@ -268,7 +268,7 @@ def fit_with_match_iou_search(
     Returns:
         (head, TrainHistory, config): the head, its history, the config it was trained with.
     """
-    from detens.coco import detections_to_coco, evaluate_coco
+    from detens.coco import detections_to_coco, evaluate_coco, fastest_backend
 
     grid = list(config.match_iou_grid) or [config.match_iou]
     best = None
@@ -282,7 +282,7 @@ def fit_with_match_iou_search(
         with torch.no_grad():
             for s in samples:
                 results += detections_to_coco(head.fuse(s.clusters), s.image_id, decimals=None)
-        train_map = evaluate_coco(predictions.gt, results, image_ids=image_ids, backend="faster")["map"]
+        train_map = evaluate_coco(predictions.gt, results, image_ids=image_ids, backend=fastest_backend())["map"]
         logger.info("%s head, match_iou %.2f: training mAP %.4f", type(head).__name__, match_iou, train_map)
         if best is None or train_map > best[0]:
             best = (train_map, head, history, trial_config)
@@ -763,7 +763,7 @@ class CalibrationTrainConfig:
 
 
 def _fit_calibration(predictions, image_ids, config: CalibrationTrainConfig, progress, on_epoch):
-    from detens.coco import detections_to_coco, evaluate_coco
+    from detens.coco import detections_to_coco, evaluate_coco, fastest_backend
     from detens.heads.calibration import fit_calibration
 
     start = time.perf_counter()
@@ -781,7 +781,7 @@ def _fit_calibration(predictions, image_ids, config: CalibrationTrainConfig, pro
             for image_id in image_ids:
                 fused = head.fuse_detections(predictions.per_model(image_id))
                 results += detections_to_coco(fused, image_id, decimals=None)
-            train_map = evaluate_coco(predictions.gt, results, image_ids=image_ids, backend="faster")["map"]
+            train_map = evaluate_coco(predictions.gt, results, image_ids=image_ids, backend=fastest_backend())["map"]
             logger.info("calibration + %s: training mAP %.4f", fuser, train_map)
             if best is None or train_map > best[0]:
                 best = (train_map, head, fuser)
