@@ -39,6 +39,7 @@ __all__ = [
     "METRIC_KEYS",
     "BACKENDS",
     "fastest_backend",
+    "detections_to_array",
     "CocoGroundTruth",
     "load_coco_gt",
     "evaluate_coco",
@@ -515,10 +516,16 @@ def evaluated_image_ids(truth: CocoGroundTruth, image_ids: Iterable[int] | None)
     return eval_ids
 
 
-def check_result_categories(truth: CocoGroundTruth, results: Sequence[Mapping[str, Any]], what: str) -> None:
+def check_result_categories(
+    truth: CocoGroundTruth, results: Sequence[Mapping[str, Any]] | np.ndarray, what: str
+) -> None:
     """Every result's ``category_id`` must be a category of ``truth`` (pycocotools would drop the others)."""
     known = set(truth.category_ids)
-    unknown = sorted({r["category_id"] for r in results} - known)
+    if isinstance(results, np.ndarray):
+        used = {int(c) for c in np.unique(results[:, 6])}
+    else:
+        used = {r["category_id"] for r in results}
+    unknown = sorted(used - known)
     if unknown:
         raise ValueError(
             f"{what} use category ids {unknown} that the ground truth does not define "
@@ -526,9 +533,51 @@ def check_result_categories(truth: CocoGroundTruth, results: Sequence[Mapping[st
         )
 
 
+def detections_to_array(det: Detections, image_id: int) -> np.ndarray:
+    """One image's ``Detections`` as rows ``[image_id, x, y, w, h, score, category_id]`` (float64
+    ``[K, 7]``, the array form of COCO results that ``COCO.loadRes`` and :func:`evaluate_coco` take)."""
+    if not isinstance(det, Detections):
+        raise TypeError(f"det must be Detections, got {type(det).__name__}")
+    if not _is_int(image_id):
+        raise TypeError(f"image_id must be an integer, got {image_id!r}")
+    boxes = det.boxes.detach().to("cpu", torch.float64)  # [K, 4]
+    rows = torch.empty(len(det), 7, dtype=torch.float64)
+    rows[:, 0] = float(image_id)
+    rows[:, 1:3] = boxes[:, :2]
+    rows[:, 3:5] = boxes[:, 2:] - boxes[:, :2]
+    rows[:, 5] = det.scores.detach().to("cpu", torch.float64)
+    rows[:, 6] = det.labels.detach().to("cpu", torch.float64)
+    return rows.numpy()
+
+
+def _check_result_array(array: np.ndarray, where: str) -> np.ndarray:
+    """The ``[K, 7]`` array form of COCO results, checked: finite, ``w, h >= 0``, integer ids."""
+    if array.ndim != 2 or array.shape[1] != 7:
+        raise ValueError(
+            f"{where} as an array must have shape [K, 7] (image_id, x, y, w, h, score, category_id), "
+            f"got {list(array.shape)}"
+        )
+    array = np.asarray(array, dtype=np.float64)
+    bad = ~np.isfinite(array).all(axis=1) | (array[:, 3] < 0) | (array[:, 4] < 0)
+    bad |= (array[:, 0] != np.round(array[:, 0])) | (array[:, 6] != np.round(array[:, 6]))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{where}[{i}] is not a valid result row (integer ids, finite values, w, h >= 0): "
+                         f"{array[i].tolist()}")
+    return array
+
+
+def _array_to_results(array: np.ndarray) -> list[dict[str, Any]]:
+    return [
+        {"image_id": int(row[0]), "category_id": int(row[6]), "bbox": [row[1], row[2], row[3], row[4]],
+         "score": row[5]}
+        for row in array.tolist()
+    ]
+
+
 def evaluate_coco(
     gt: str | Path | Mapping[str, Any] | COCO | CocoGroundTruth,
-    predictions: Sequence[Mapping[str, Any]] | str | Path,
+    predictions: Sequence[Mapping[str, Any]] | np.ndarray | str | Path,
     image_ids: Iterable[int] | None = None,
     backend: Literal["pycocotools", "faster", "hotcoco"] = "pycocotools",
 ) -> dict[str, float]:
@@ -543,8 +592,10 @@ def evaluate_coco(
     Args:
         gt: a COCO annotation file path, a dict, a ``pycocotools.coco.COCO`` or a :class:`CocoGroundTruth`.
             Never modified.
-        predictions: COCO result dicts (``image_id``, ``category_id``, ``bbox`` xywh pixels, ``score``)
-            or the path of a results JSON file. Never modified.
+        predictions: COCO result dicts (``image_id``, ``category_id``, ``bbox`` xywh pixels, ``score``),
+            the same as a float array ``[K, 7]`` of rows ``[image_id, x, y, w, h, score, category_id]``
+            (:func:`detections_to_array`; no per-dict work, for searches), or the path of a results JSON
+            file. Never modified.
         image_ids: evaluate only these images (e.g. one cross-validation fold); each must be in ``gt``.
         backend: ``"pycocotools"`` (the reference), ``"faster"`` (faster-coco-eval's C++ evaluator, the
             same numbers about five times faster) or ``"hotcoco"`` (hotcoco's Rust port, within 1e-5 of
@@ -564,7 +615,10 @@ def evaluate_coco(
     from pycocotools.cocoeval import COCOeval
 
     truth = load_coco_gt(gt)
-    if isinstance(predictions, (str, Path)):
+    array: np.ndarray | None = None
+    if isinstance(predictions, np.ndarray):
+        array = _check_result_array(predictions, "predictions")
+    elif isinstance(predictions, (str, Path)):
         results = load_coco_results(predictions)
     else:
         results = validate_coco_results(predictions, "predictions")
@@ -572,18 +626,26 @@ def evaluate_coco(
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     eval_ids = evaluated_image_ids(truth, image_ids)
-    check_result_categories(truth, results, "predictions")
+    check_result_categories(truth, results if array is None else array, "predictions")
 
-    outside = sum(r["image_id"] not in truth for r in results)
+    if array is not None:
+        outside = int((~np.isin(array[:, 0], truth.image_ids)).sum())
+    else:
+        outside = sum(r["image_id"] not in truth for r in results)
     if outside:
         logger.warning(
             "evaluate_coco: dropped %d predictions on images absent from the ground truth", outside
         )
     wanted = set(eval_ids)
-    results = [r for r in results if r["image_id"] in wanted]
+    if array is not None:
+        array = array[np.isin(array[:, 0], eval_ids)]
+        if backend != "hotcoco" or not len(array):
+            results, array = _array_to_results(array), None
+    else:
+        results = [r for r in results if r["image_id"] in wanted]
 
     if backend == "hotcoco":
-        evaluator = _hotcoco_evaluator(truth, results)
+        evaluator = _hotcoco_evaluator(truth, results if array is None else array)
         evaluator.params.img_ids = eval_ids
     elif backend == "faster":
         evaluator = _faster_evaluator(truth, results)
@@ -600,7 +662,7 @@ def evaluate_coco(
     logger.debug(
         "COCO bbox on %d images, %d predictions: mAP %.4f, AP50 %.4f, AP75 %.4f",
         len(eval_ids),
-        len(results),
+        len(results) if array is None else len(array),
         metrics["map"],
         metrics["map50"],
         metrics["map75"],
@@ -615,12 +677,14 @@ def fastest_backend() -> str:
     return "hotcoco" if importlib.util.find_spec("hotcoco") is not None else "faster"
 
 
-def _hotcoco_evaluator(truth: CocoGroundTruth, results: list[dict[str, Any]]) -> Any:
+def _hotcoco_evaluator(truth: CocoGroundTruth, results: list[dict[str, Any]] | np.ndarray) -> Any:
     import hotcoco
 
     if truth._hot_coco is None:
         truth._hot_coco = hotcoco.COCO(truth.coco.dataset)
-    detections = truth._hot_coco.load_res([dict(r) for r in results])
+    if not isinstance(results, np.ndarray):
+        results = [dict(r) for r in results]
+    detections = truth._hot_coco.load_res(results)
     return hotcoco.COCOeval(truth._hot_coco, detections, "bbox")
 
 

@@ -29,11 +29,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import torch
 from torchvision.ops import box_iou
 
 from detens.calibration_metrics import detection_calibration
-from detens.coco import detections_to_coco, evaluate_coco, fastest_backend
+from detens.coco import detections_to_array, detections_to_coco, evaluate_coco, fastest_backend
 from detens.detections import Detections
 from detens.folds import kfold_image_splits
 from detens.fusers import fuse
@@ -94,9 +95,8 @@ class EvaluationData:
     ) -> float:
         """mAP of ``predict`` over ``image_ids``, used inside hyper-parameter searches on training folds
         (``backend`` None: :func:`~detens.coco.fastest_backend`)."""
-        results = []
-        for image_id in image_ids:
-            results += detections_to_coco(predict(image_id), image_id, decimals=None)
+        rows = [detections_to_array(predict(image_id), image_id) for image_id in image_ids]
+        results = np.concatenate(rows) if rows else np.zeros((0, 7))
         return evaluate_coco(self.gt, results, image_ids=image_ids, backend=backend or fastest_backend())["map"]
 
 

@@ -7,12 +7,14 @@ import json
 import logging
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from detens.coco import (
     METRIC_KEYS,
     coco_to_detections,
+    detections_to_array,
     detections_to_coco,
     evaluate_coco,
     group_results_by_image,
@@ -183,6 +185,38 @@ class TestEvaluate:
         assert evaluate_coco(gt, predictions, image_ids=subset, backend="hotcoco") == pytest.approx(
             evaluate_coco(gt, predictions, image_ids=subset), abs=1e-4)
         assert evaluate_coco(gt, [], backend="hotcoco") == {key: 0.0 for key in METRIC_KEYS}
+
+    @pytest.mark.parametrize("backend", ["pycocotools", "faster", "hotcoco"])
+    def test_array_form_scores_like_the_dicts(self, gt, backend):
+        if backend == "hotcoco":
+            pytest.importorskip("hotcoco", reason="the hotcoco backend needs hotcoco")
+        ids = gt.image_ids[:40]
+        dets = {i: random_detections(i, 25, gt.image_size(i)) for i in ids}
+        dets = {i: Detections.concat([d, gt.detections(i)]) for i, d in dets.items()}
+        dicts = [r for i in ids for r in detections_to_coco(dets[i], i, decimals=None)]
+        array = np.concatenate([detections_to_array(dets[i], i) for i in ids])
+        assert array.shape == (len(dicts), 7)
+        for row, r in zip(array.tolist(), dicts, strict=True):  # the rows are the dicts, slowly
+            assert row[0] == r["image_id"] and row[6] == r["category_id"] and row[5] == r["score"]
+            assert row[1:5] == pytest.approx(r["bbox"], abs=1e-9)
+        subset = [i for i in ids if i in set(gt.annotated_image_ids)][:25]
+        expected = evaluate_coco(gt, dicts, image_ids=subset, backend=backend)
+        assert evaluate_coco(gt, array, image_ids=subset, backend=backend) == pytest.approx(expected, abs=1e-5)
+        assert evaluate_coco(gt, array[:0], image_ids=subset, backend=backend) == {k: 0.0 for k in METRIC_KEYS}
+
+    @pytest.mark.parametrize(
+        "bad, message",
+        [
+            (np.zeros((3, 6)), r"shape \[K, 7\]"),
+            (np.array([[1.5, 0, 0, 1, 1, 0.5, 1]]), "integer ids"),
+            (np.array([[139, 0, 0, -1, 1, 0.5, 1]]), "w, h >= 0"),
+            (np.array([[139, 0, 0, 1, 1, np.nan, 1]]), "finite"),
+            (np.array([[139, 0, 0, 1, 1, 0.5, 12]]), r"category ids \[12\]"),
+        ],
+    )
+    def test_bad_result_arrays_are_named(self, gt, bad, message):
+        with pytest.raises(ValueError, match=message):
+            evaluate_coco(gt, bad)
 
     def test_empty_predictions_give_zeros(self, gt):
         metrics = evaluate_coco(gt, [])
