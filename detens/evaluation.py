@@ -159,8 +159,11 @@ class TunedWBF(EvalMethod):
     Coordinate ascent from (0.55, ``"avg"``, all weights 1): one round searches ``iou_thr`` over
     ``iou_grid`` with the rest fixed, then ``conf_type`` over ``conf_types``, then each model's weight
     over ``weight_values`` in turn; rounds repeat until one changes nothing (at most ``max_rounds``).
-    Each setting is scored once. :meth:`describe` reports the choice and whether each coordinate ended
-    inside its grid, since an optimum on a grid's edge means the grid was too small.
+    When the weights end on the grid's edge (one at its largest value and one at its smallest: their
+    ratio could not go further), the grid is widened (twice the largest, half the smallest value) and
+    the ascent goes on from there, at most ``max_widenings`` times. Each setting is scored once.
+    :meth:`describe` reports the choice, the final weight grid and whether each coordinate ended inside
+    its grid.
     """
 
     learned = True
@@ -172,6 +175,7 @@ class TunedWBF(EvalMethod):
         conf_types: Sequence[str] = WBF_CONF_TYPES,
         weight_values: Sequence[float] = WBF_WEIGHT_VALUES,
         max_rounds: int = 4,
+        max_widenings: int = 3,
     ) -> None:
         if not iou_grid or not conf_types or not weight_values:
             raise ValueError("wbf_tuned needs a non-empty iou_grid, conf_types and weight_values")
@@ -180,6 +184,8 @@ class TunedWBF(EvalMethod):
         self.conf_types = tuple(conf_types)
         self.weight_values = tuple(sorted(float(w) for w in weight_values))
         self.max_rounds = max_rounds
+        self.max_widenings = max_widenings
+        self.weight_grid = self.weight_values
         self.best: dict[str, Any] = {"iou_thr": 0.55, "conf_type": "avg", "weights": [1.0] * len(self.model_names)}
         self._scores: dict[tuple, float] = {}
 
@@ -198,18 +204,26 @@ class TunedWBF(EvalMethod):
             # max() keeps the first of equal scores: the current setting comes first, so ties never move it
             return max(candidates, key=lambda setting: self._score(data, train_ids, setting))
 
-        for _ in range(self.max_rounds):
-            before = (iou_thr, conf_type, weights)
-            current = (iou_thr, conf_type, weights)
-            iou_thr = best_of([current] + [(t, conf_type, weights) for t in self.iou_grid])[0]
-            current = (iou_thr, conf_type, weights)
-            conf_type = best_of([current] + [(iou_thr, c, weights) for c in self.conf_types])[1]
-            for m in range(len(weights)):
+        grid = self.weight_values
+        for widening in range(self.max_widenings + 1):
+            if widening:
+                grid = tuple(sorted({*grid, grid[-1] * 2.0, grid[0] / 2.0}))
+                logger.info("wbf_tuned: weights %s on the grid's edge; widened to %s", list(weights), list(grid))
+            for _ in range(self.max_rounds):
+                before = (iou_thr, conf_type, weights)
                 current = (iou_thr, conf_type, weights)
-                trials = [weights[:m] + (w,) + weights[m + 1 :] for w in self.weight_values]
-                weights = best_of([current] + [(iou_thr, conf_type, w) for w in trials])[2]
-            if (iou_thr, conf_type, weights) == before:
+                iou_thr = best_of([current] + [(t, conf_type, weights) for t in self.iou_grid])[0]
+                current = (iou_thr, conf_type, weights)
+                conf_type = best_of([current] + [(iou_thr, c, weights) for c in self.conf_types])[1]
+                for m in range(len(weights)):
+                    current = (iou_thr, conf_type, weights)
+                    trials = [weights[:m] + (w,) + weights[m + 1 :] for w in grid]
+                    weights = best_of([current] + [(iou_thr, conf_type, w) for w in trials])[2]
+                if (iou_thr, conf_type, weights) == before:
+                    break
+            if _weights_interior(weights, grid):
                 break
+        self.weight_grid = grid
         self.best = {
             "iou_thr": iou_thr,
             "conf_type": conf_type,
@@ -225,17 +239,19 @@ class TunedWBF(EvalMethod):
         )
 
     def describe(self) -> dict[str, Any]:
-        low, high = self.weight_values[0], self.weight_values[-1]
-        weights = self.best["weights"]
-        # WBF's fused box and "avg" score depend on the weights' ratios; a weight is on the edge only if
-        # its ratio to the others could not have been pushed further
-        weights_interior = not (any(w == high for w in weights) and any(w == low for w in weights))
         return dict(
             self.best,
             settings_searched=len(self._scores),
+            weight_grid=list(self.weight_grid),
             iou_interior=self.iou_grid[0] < self.best["iou_thr"] < self.iou_grid[-1],
-            weights_interior=weights_interior,
+            weights_interior=_weights_interior(self.best["weights"], self.weight_grid),
         )
+
+
+def _weights_interior(weights: Sequence[float], grid: Sequence[float]) -> bool:
+    """WBF's fused box and ``avg`` score depend on the weights' ratios: the weights are on the grid's
+    edge only when one sits at its largest value and another at its smallest (their ratio is capped)."""
+    return not (any(w == grid[-1] for w in weights) and any(w == grid[0] for w in weights))
 
 
 class HeadMethod(EvalMethod):

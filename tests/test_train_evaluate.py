@@ -192,7 +192,8 @@ class TestCrossValidation:
         assert report["mean"].metrics["map"] > report["single:noisy"].metrics["map"]
 
     def test_wbf_tuned_fits_per_fold(self, ensemble):
-        options = {"wbf_tuned": {"iou_grid": [0.5, 0.7], "conf_types": ["avg", "max"], "weight_values": [1.0, 2.0]}}
+        options = {"wbf_tuned": {"iou_grid": [0.5, 0.7], "conf_types": ["avg", "max"], "weight_values": [1.0, 2.0],
+                                 "max_widenings": 0}}
         report = cross_validate(ensemble, ["wbf_tuned"], k=2, backend="faster", method_options=options)
         fitted = report["wbf_tuned"].fitted
         assert len(fitted) == 2
@@ -214,7 +215,7 @@ class TestCrossValidation:
         neighbours += [(setting[0], c, setting[2]) for c in method.conf_types]
         for m in range(len(setting[2])):
             neighbours += [(setting[0], setting[1], setting[2][:m] + (w,) + setting[2][m + 1 :])
-                           for w in method.weight_values]
+                           for w in method.weight_grid]
         for other in neighbours:  # a coordinate-wise optimum: scored directly, not through the memo
             params = dict(iou_thr=other[0], conf_type=other[1], weights=list(other[2]))
             score = data.score(lambda i, params=params: fuse(data.per_model(i), "wbf", **params), train_ids)
@@ -224,6 +225,21 @@ class TestCrossValidation:
         method = TunedWBF(ensemble.model_names, iou_grid=[0.55], conf_types=["avg"], weight_values=[1.0])
         method.fit(EvaluationData(ensemble), ensemble.gt.annotated_image_ids[:4])
         assert method.describe()["iou_interior"] is False
+
+    def test_wbf_tuned_widens_the_weight_grid_from_its_edge(self, ensemble):
+        """Weights ending on the edge (one at the largest value, one at the smallest) widen the grid; the
+        widened fit scores at least as well as the first and reports its grid."""
+        train_ids = ensemble.gt.annotated_image_ids[:8]
+        kwargs = dict(iou_grid=[0.55], conf_types=["avg"], weight_values=[1.0, 1.5])
+        narrow = TunedWBF(ensemble.model_names, max_widenings=0, **kwargs)
+        narrow.fit(EvaluationData(ensemble), train_ids)
+        assert narrow.describe()["weights_interior"] is False  # the sharp model wants more than 1.5x the noisy one
+        wide = TunedWBF(ensemble.model_names, max_widenings=2, **kwargs)
+        wide.fit(EvaluationData(ensemble), train_ids)
+        described = wide.describe()
+        assert described["weight_grid"][0] < 1.0 and described["weight_grid"][-1] > 1.5
+        assert set(described["weights"]) <= set(described["weight_grid"])
+        assert described["train_map"] >= narrow.best["train_map"]
 
     def test_wbf_tuned_rejects_an_empty_grid(self, ensemble):
         with pytest.raises(ValueError, match="non-empty iou_grid"):
