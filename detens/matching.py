@@ -140,6 +140,7 @@ def _class_nms(boxes: Tensor, scores: Tensor, labels: Tensor, iou_thr: float) ->
     Up to ``_ONE_CALL_NMS_BOXES`` boxes one ``nms`` call on class-offset boxes (coordinates lie in [0, 1],
     so an offset of 2 per class keeps classes apart) beats ``batched_nms``'s per-class loop, which it
     takes above 1000 boxes on the CPU; larger sets keep the loop, whose pairwise work is smaller.
+    ``labels`` must be class ranks (``0 .. classes - 1``), so that the offsets stay small.
     """
     if boxes.shape[0] > _ONE_CALL_NMS_BOXES:
         return batched_nms(boxes, scores, labels, iou_thr)
@@ -336,6 +337,9 @@ def _tensor_rounds(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The rounds as tensor operations on the inputs' device; the same contract as ``_compiled_rounds``."""
     device = boxes.device
+    # The NMS below keeps classes apart by offsetting boxes by their class: ranks keep the offsets small
+    # (a large class id would leave float64 too few bits for the coordinates).
+    classes, labels = torch.unique(labels, return_inverse=True)
     # NMS sorts by score: a strictly decreasing stand-in score makes it follow the priority order.
     priority_score = torch.zeros(boxes.shape[0], dtype=boxes.dtype, device=device)
     priority_score[by_priority] = torch.arange(by_priority.numel(), 0, -1, dtype=boxes.dtype, device=device)
@@ -372,8 +376,8 @@ def _tensor_rounds(
         left[by_key[~first]] = True
         pending = pending[left]  # keeps the priority order
     if not chosen_parts:
-        return by_priority, by_priority, labels[:0]
-    return torch.cat(chosen_parts), torch.cat(cluster_of_parts), torch.cat(seed_label_parts)
+        return by_priority, by_priority, classes[:0]
+    return torch.cat(chosen_parts), torch.cat(cluster_of_parts), classes[torch.cat(seed_label_parts)]
 
 
 def impute_absent_boxes(preds: Tensor, present: Tensor) -> None:

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from detens import Detections, fuse
+from detens.detections import MAX_LABEL
 from detens.fusers import FUSERS
 from detens.heads.theta import ThetaHead
 
@@ -99,6 +100,18 @@ class TestFuserContract:
         forward = fuse(per_model, name, **params_for(name, 3))
         backward = fuse(per_model[::-1], name, **params_for(name, 3))
         assert as_set(forward) == as_set(backward)
+
+    def test_class_ids_at_the_top_of_the_valid_range_stay_apart(self, name):
+        # classes 0, 1, 2 renamed to the largest valid ids: the same fusion, under the new names
+        per_model = random_models(6)
+        renamed = {0: 0, 1: MAX_LABEL - 1, 2: MAX_LABEL}
+        big = [Detections(d.boxes, d.scores, [renamed[v] for v in d.labels.tolist()], d.image_size, d.source)
+               for d in per_model]
+        expected = fuse(per_model, name, **params_for(name, 3))
+        got = fuse(big, name, **params_for(name, 3))
+        back = {v: k for k, v in renamed.items()}
+        got = Detections(got.boxes, got.scores, [back[v] for v in got.labels.tolist()], got.image_size)
+        assert as_set(got) == as_set(expected)
 
     def test_bad_input_is_an_error(self, name):
         with pytest.raises(ValueError):

@@ -83,7 +83,10 @@ def nms_fusion(
     if prepared is None:
         return Detections.empty(image_size, source="fused:nms", device=device)
     pixel, normalized, scores, labels = prepared
-    keep = batched_nms(normalized, scores, labels, float(iou_thr))  # sorted by decreasing score
+    # batched_nms offsets each class's boxes by its id times the largest coordinate: with a large id the
+    # offset leaves float64 too few bits for the boxes, so it is given the classes' ranks instead.
+    classes = torch.unique(labels, return_inverse=True)[1]
+    keep = batched_nms(normalized, scores, classes, float(iou_thr))  # sorted by decreasing score
     return Detections(
         pixel[keep].to(device), scores[keep].float().to(device), labels[keep].to(device), image_size, "fused:nms"
     )
