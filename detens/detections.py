@@ -246,9 +246,8 @@ class Detections:
     def clip(self) -> Detections:
         """Boxes clipped to the image; boxes left with zero area are kept (filter with ``area() > 0``)."""
         height, width = self.image_size
-        boxes = self.boxes.clone()
-        boxes[:, 0::2] = boxes[:, 0::2].clamp(0, width)
-        boxes[:, 1::2] = boxes[:, 1::2].clamp(0, height)
+        # out of place, so that boxes that require grad stay differentiable
+        boxes = torch.minimum(self.boxes.clamp(min=0), self.boxes.new_tensor([width, height, width, height]))
         return self._derived(boxes, self.scores, self.labels)
 
     def area(self) -> Tensor:

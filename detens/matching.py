@@ -263,7 +263,9 @@ def match(per_model: Sequence[Detections], iou_thr: float = 0.55, *, backend: st
     by_priority = placeable[torch.argsort(scores[placeable], descending=True, stable=True)]  # [K']
     # IoUs in float64: the class offsets of the tensor path's NMS are exact there, so both paths compare
     # the very same IoU values with the threshold.
-    boxes64 = boxes.double()
+    # The rounds are discrete (and partly numpy): they see detached copies. ``preds`` below is filled from
+    # the inputs themselves, so a head's output stays differentiable with respect to the input boxes.
+    boxes64 = boxes.detach().double()
     if backend == "compiled" or (backend == "auto" and device.type == "cpu"):
         rounds = _compiled_rounds
     else:

@@ -93,6 +93,17 @@ class TestFuserContract:
         for det, (boxes, scores, labels) in zip(per_model, before, strict=True):
             assert torch.equal(det.boxes, boxes) and torch.equal(det.scores, scores) and torch.equal(det.labels, labels)
 
+    def test_inputs_that_require_grad_fuse_like_plain_ones(self, name):
+        # what a detector called without torch.no_grad() returns
+        per_model = random_models(7)
+        with_grad = [
+            Detections(d.boxes.clone().requires_grad_(), d.scores.clone().requires_grad_(), d.labels, d.image_size)
+            for d in per_model
+        ]
+        got = fuse(with_grad, name, **params_for(name, 3))
+        expected = fuse(per_model, name, **params_for(name, 3))
+        assert torch.equal(got.boxes, expected.boxes) and torch.equal(got.scores, expected.scores)
+
     def test_model_order_does_not_matter(self, name):
         if name in ORDER_DEPENDENT:
             pytest.skip(f"{name} depends on the model order by design")

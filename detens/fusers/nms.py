@@ -40,10 +40,11 @@ def _weighted_boxes(
     """
     check_weights(weights, len(per_model), device)
     height, width = per_model[0].image_size
-    pixel = torch.cat([d.boxes for d in per_model]).to(device)  # [K, 4]
+    # Selection is not differentiable: inputs that require grad are read as plain data.
+    pixel = torch.cat([d.boxes for d in per_model]).detach().to(device)  # [K, 4]
     scale = torch.tensor([width, height, width, height], dtype=torch.float64, device=device)
     normalized = (pixel.double() / scale).clamp(0.0, 1.0)
-    scores = torch.cat([d.scores for d in per_model]).to(device, torch.float64)  # [K]
+    scores = torch.cat([d.scores for d in per_model]).detach().to(device, torch.float64)  # [K]
     labels = torch.cat([d.labels for d in per_model]).to(device)
     if weights is not None:
         w = torch.as_tensor(weights, dtype=torch.float64).detach().to(device)  # [N]

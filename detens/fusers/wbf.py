@@ -264,8 +264,9 @@ def wbf_fusion(
 
     # --- prefilter: skip low scores, clip to the image, drop zero-area boxes (as the reference) ----------
     scale = torch.tensor([width, height, width, height], dtype=torch.float64)
-    boxes = (torch.cat([d.boxes for d in per_model]).to(cpu, torch.float64) / scale).clamp(0.0, 1.0)  # [K, 4]
-    scores = torch.cat([d.scores for d in per_model]).to(cpu, torch.float64)  # [K]
+    # The clustering runs in numpy: inputs that require grad are read as plain data.
+    boxes = (torch.cat([d.boxes for d in per_model]).detach().to(cpu, torch.float64) / scale).clamp(0.0, 1.0)  # [K, 4]
+    scores = torch.cat([d.scores for d in per_model]).detach().to(cpu, torch.float64)  # [K]
     labels = torch.cat([d.labels for d in per_model]).to(cpu)  # [K]
     model = torch.cat(
         [torch.full((len(d),), i, dtype=torch.int64) for i, d in enumerate(per_model)]
