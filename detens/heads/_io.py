@@ -304,3 +304,22 @@ def member_order(sources: Sequence[Any], model_names: Sequence[str], what: str =
             "one per model in the head's order"
         )
     return list(range(len(names)))
+
+
+def in_member_order(per_model: Sequence[Any], model_names: Sequence[str], what: str = "head") -> list[Any]:
+    """The Detections put into the order of ``model_names`` (each placed by :func:`member_order`).
+
+    Raises:
+        ValueError: the sources cannot be placed, two name the same model, or the counts differ.
+    """
+    per_model = list(per_model)
+    if len(per_model) != len(model_names):
+        raise ValueError(
+            f"this {what} is for {len(model_names)} models {list(model_names)} but {len(per_model)} Detections "
+            "were given; pass one per model"
+        )
+    order = member_order([d.source for d in per_model], model_names, what)
+    if len(set(order)) != len(order):
+        raise ValueError(f"two Detections name the same model: sources {[d.source for d in per_model]}")
+    by_model = dict(zip(order, per_model, strict=True))
+    return [by_model[i] for i in range(len(model_names))]
