@@ -32,7 +32,7 @@ from torchvision.ops import batched_nms, nms
 
 from detens.detections import Detections
 
-__all__ = ["Clusters", "MATCH_BACKENDS", "match", "check_per_model", "impute_absent_boxes"]
+__all__ = ["Clusters", "MATCH_BACKENDS", "match", "check_per_model", "impute_absent_boxes", "weighted_mean_box"]
 
 # Upper bound on elements of the [chunk, S_max] IoU block computed at once, to bound memory.
 _IOU_BLOCK_ELEMENTS = 1 << 22
@@ -382,14 +382,39 @@ def _tensor_rounds(
     return torch.cat(chosen_parts), torch.cat(cluster_of_parts), classes[torch.cat(seed_label_parts)]
 
 
+def weighted_mean_box(boxes: Tensor, weights: Tensor, members: Tensor) -> Tensor:
+    """Tensor[C, 4]: Σᵢ wᵢ boxᵢ / Σᵢ wᵢ over the members i of each cluster; finite and inside their hull.
+
+    Args:
+        boxes (Tensor[C, N, 4]): one box per model.
+        weights (Tensor[C, N]): non-negative weights (a selection, scores, model weights; may carry grad).
+        members (Tensor[C, N] bool): the rows that take part.
+
+    A cluster whose members all weigh 0 gets their plain mean; one without members gets 0. The weights
+    are divided by their cluster's largest first: tiny weights (1e-45 in float32) would otherwise
+    underflow ``w · box`` and the total to 0. The result is clamped to the members' range, which it can
+    only leave by rounding.
+    """
+    members_f = members.to(boxes.dtype)
+    weights = weights * members_f  # [C, N]
+    top = weights.amax(1, keepdim=True)  # [C, 1]
+    positive = top > 0
+    weights = torch.where(positive, weights / torch.where(positive, top, torch.ones_like(top)), members_f)
+    mean = (boxes * weights[..., None]).sum(1) / weights.sum(1, keepdim=True).clamp(min=1)  # [C, 4]
+    outside = ~members[..., None]
+    low = boxes.masked_fill(outside, float("inf")).amin(1)  # [C, 4]
+    high = boxes.masked_fill(outside, float("-inf")).amax(1)
+    has = members.any(1, keepdim=True)
+    return torch.where(has, torch.minimum(torch.maximum(mean, low), high), mean)
+
+
 def impute_absent_boxes(preds: Tensor, present: Tensor) -> None:
     """In place: rows of absent models get the mean box of the present rows and score 0.
 
     Args:
         preds (Tensor[C, N, 5]), present (Tensor[C, N] bool): every cluster has at least one present row.
     """
-    weight = present.to(preds.dtype)  # [C, N]
-    mean_box = (preds[..., :4] * weight[..., None]).sum(1) / weight.sum(1, keepdim=True).clamp(min=1)  # [C, 4]
+    mean_box = weighted_mean_box(preds[..., :4], present.to(preds.dtype), present)  # [C, 4]
     absent = ~present
     preds[..., :4] = torch.where(absent[..., None], mean_box[:, None, :], preds[..., :4])
     preds[..., 4] = preds[..., 4].masked_fill(absent, 0.0)

@@ -9,21 +9,22 @@ import torch
 
 from detens.detections import Detections
 from detens.fusers._registry import FUSERS, check_weights
-from detens.matching import Clusters, match
+from detens.matching import Clusters, match, weighted_mean_box
 
 
 def average_clusters(clusters: Clusters, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Weighted mean box of the present rows, and score Σ wᵢpᵢ / Σ wᵢ over ALL models.
 
-    An absent model counts with score 0, so an object seen by fewer models scores lower.
+    An absent model counts with score 0, so an object seen by fewer models scores lower. An object seen
+    only by models of weight 0 gets the plain mean of their boxes (and score 0).
 
     Returns:
         boxes (Tensor[C, 4]) normalized, scores (Tensor[C]).
     """
-    present_weight = clusters.present.to(weights.dtype) * weights  # [C, N]
-    boxes = (clusters.preds[..., :4] * present_weight[..., None]).sum(1) / present_weight.sum(1, keepdim=True)
+    weights = (weights / weights.max()).to(clusters.preds.dtype)  # [N] in [0, 1]: tiny weights do not underflow
+    boxes = weighted_mean_box(clusters.preds[..., :4], weights.expand_as(clusters.present), clusters.present)
     scores = (clusters.preds[..., 4] * weights).sum(1) / weights.sum()
-    return boxes, scores
+    return boxes, scores.clamp(0.0, 1.0)
 
 
 @FUSERS.register("mean")
