@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 from torchvision.ops import batched_nms, nms
 
+from detens.checks import check_choice, check_real
 from detens.detections import Detections
 
 __all__ = ["Clusters", "MATCH_BACKENDS", "match", "check_per_model", "impute_absent_boxes", "weighted_mean_box"]
@@ -239,10 +240,8 @@ def match(per_model: Sequence[Detections], iou_thr: float = 0.55, *, backend: st
     degenerate) match nothing and are dropped, as ``source_index`` shows.
     """
     check_per_model(per_model)
-    if not 0.0 <= float(iou_thr) < 1.0:
-        raise ValueError(f"iou_thr must be in [0, 1), got {iou_thr}")
-    if backend not in MATCH_BACKENDS:
-        raise ValueError(f"unknown match backend {backend!r}; valid: {', '.join(MATCH_BACKENDS)}")
+    iou_thr = check_real(iou_thr, "iou_thr", 0.0, 1.0, high_open=True)
+    check_choice(backend, "backend", MATCH_BACKENDS)
     num_models = len(per_model)
     image_size = per_model[0].image_size
     device = per_model[0].device

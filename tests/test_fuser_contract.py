@@ -6,8 +6,10 @@ A new fuser is tested here for free; one that needs parameters to run at all dec
 
 from __future__ import annotations
 
+import math
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -153,3 +155,55 @@ def test_wrong_length_weights_are_an_error_not_a_reset():
     for name in ("wbf", "nms", "soft_nms", "mean", "vote"):
         with pytest.raises(ValueError, match="one number per model"):
             fuse(random_models(0), name, weights=[1.0, 2.0])
+
+
+#: (fuser, options, error, message): each option is checked before any work, naming it, the expected type
+#: or range and the value given.
+BAD_OPTIONS = [
+    ("nms", {"iou_thr": None}, TypeError, "iou_thr must be a number, got NoneType: None"),
+    ("nms", {"iou_thr": True}, TypeError, "iou_thr must be a number, got bool"),
+    ("wbf", {"iou_thr": "0.5"}, TypeError, "iou_thr must be a number, got str: '0.5'"),
+    ("wbf", {"skip_box_thr": "0.1"}, TypeError, "skip_box_thr must be a number, got str"),
+    ("wbf", {"skip_box_thr": math.nan}, ValueError, "skip_box_thr must be a number >= 0, got nan"),
+    ("wbf", {"allows_overflow": "yes"}, TypeError, "allows_overflow must be True or False, got str"),
+    ("wbf", {"conf_type": None}, ValueError, "conf_type must be one of avg, max, .*got None"),
+    ("soft_nms", {"sigma": math.inf}, ValueError, "sigma must be a positive number, got inf"),
+    ("soft_nms", {"thresh": 1.0}, ValueError, r"thresh must be in \[0, 1\), got 1.0"),
+    ("soft_nms", {"decay": 2}, ValueError, "decay must be one of gaussian, linear, got 2"),
+    ("refine", {"vote_sigma": "0.04"}, TypeError, "vote_sigma must be a number, got str"),
+    ("refine", {"vote_iou": [0.1]}, TypeError, "vote_iou must be a number, got list"),
+    ("mean", {"iou_thr": 1.0}, ValueError, r"iou_thr must be in \[0, 1\), got 1.0"),
+    ("mean", {"iou_thr": 1 + 1j}, TypeError, "iou_thr must be a number, got complex"),
+    ("vote", {"min_votes": True}, TypeError, "min_votes must be an integer, got bool: True"),
+    ("vote", {"min_votes": 2.0}, TypeError, "min_votes must be an integer, got float: 2.0"),
+    ("vote", {"min_votes": 4}, ValueError, r"min_votes must be an integer in \[1, 3\], got 4"),
+    ("random_k", {"k": 1.5}, TypeError, "k must be an integer, got float: 1.5"),
+    ("random_k", {"seed": "a"}, TypeError, "seed must be an integer, got str: 'a'"),
+    ("random_k", {"seed": math.inf}, TypeError, "seed must be an integer, got float: inf"),
+    ("random_k", {"seed": 2**64}, ValueError, "seed must be an integer in"),
+    ("theta", {"iou_thr": "x"}, TypeError, "iou_thr must be a number, got str"),
+] + [
+    (name, {"weights": weights}, TypeError, message)
+    for name in ("wbf", "nms", "soft_nms", "refine", "mean", "vote")
+    for weights, message in [
+        ("1,1,1", "weights must be a list with one number per model"),
+        ({"m0": 1.0}, "weights must be a list with one number per model"),
+        ([1.0, None, 1.0], r"weights\[1\] must be a number, got NoneType"),
+    ]
+]
+
+
+@pytest.mark.parametrize("name, options, error, message", BAD_OPTIONS)
+def test_bad_options_name_the_option_and_what_it_must_be(name, options, error, message):
+    with pytest.raises(error, match=message):
+        fuse(random_models(0), name, **params_for(name, 3), **options)
+
+
+@pytest.mark.parametrize(
+    "name, options",
+    [("vote", {"min_votes": np.int64(2)}), ("random_k", {"k": np.int64(2), "seed": np.int32(3)}),
+     ("wbf", {"iou_thr": np.float32(0.5), "skip_box_thr": 0, "allows_overflow": np.bool_(True)}),
+     ("soft_nms", {"sigma": np.float64(0.5), "weights": np.array([1, 2, 3])})],
+)
+def test_numpy_scalars_are_numbers(name, options):
+    assert isinstance(fuse(random_models(0), name, **options), Detections)

@@ -7,9 +7,10 @@ from collections.abc import Sequence
 
 import torch
 
+from detens.checks import check_integer
 from detens.detections import Detections
 from detens.fusers._registry import FUSERS, check_weights
-from detens.matching import Clusters, match, weighted_mean_box
+from detens.matching import Clusters, check_per_model, match, weighted_mean_box
 
 
 def average_clusters(clusters: Clusters, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,11 +50,11 @@ def vote_fusion(
 
     Kept objects are averaged as in ``mean``.
     """
+    check_per_model(per_model)
     num_models = len(per_model)
     if min_votes is None:
         min_votes = math.ceil(num_models / 2)
-    if not isinstance(min_votes, int) or not 1 <= min_votes <= num_models:
-        raise ValueError(f"min_votes must be an integer in [1, {num_models}] (the number of models), got {min_votes!r}")
+    min_votes = check_integer(min_votes, "min_votes", 1, num_models)
     clusters = match(per_model, iou_thr=iou_thr)
     w = check_weights(weights, num_models, clusters.device)
     boxes, scores = average_clusters(clusters, w)

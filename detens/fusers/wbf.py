@@ -45,6 +45,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from detens.checks import check_choice, check_flag, check_real
 from detens.detections import Detections
 from detens.fusers._lockstep import LockstepLayout, disjoint_groups, lockstep_layout
 from detens.fusers._registry import FUSERS, check_weights
@@ -250,25 +251,6 @@ def _cluster_alone(
     return own[:, :count], slots
 
 
-def weights_float64(weights: Sequence[float] | Tensor | None, num_models: int, device: torch.device) -> Tensor:
-    """Validated per-model weights as float64 Tensor[N] (the reference computes in float64)."""
-    check_weights(weights, num_models, device)
-    if weights is None:
-        return torch.ones(num_models, dtype=torch.float64, device=device)
-    if isinstance(weights, Tensor):
-        return weights.detach().to(device=device, dtype=torch.float64).clone()
-    return torch.tensor([float(w) for w in weights], dtype=torch.float64, device=device)
-
-
-def _check_params(iou_thr: float, skip_box_thr: float, conf_type: str) -> None:
-    if conf_type not in CONF_TYPES:
-        raise ValueError(f"conf_type must be one of {', '.join(CONF_TYPES)}; got {conf_type!r}")
-    if not 0.0 <= float(iou_thr) <= 1.0:
-        raise ValueError(f"iou_thr must be in [0, 1], got {iou_thr}")
-    if not float(skip_box_thr) >= 0.0:
-        raise ValueError(f"skip_box_thr must be >= 0, got {skip_box_thr}")
-
-
 @FUSERS.register("wbf")
 def wbf_fusion(
     per_model: Sequence[Detections],
@@ -296,13 +278,16 @@ def wbf_fusion(
         sorted by score (descending).
     """
     check_per_model(per_model)
-    _check_params(iou_thr, skip_box_thr, conf_type)
+    iou_thr = check_real(iou_thr, "iou_thr", 0.0, 1.0)
+    skip_box_thr = check_real(skip_box_thr, "skip_box_thr", 0.0)
+    check_choice(conf_type, "conf_type", CONF_TYPES)
+    allows_overflow = check_flag(allows_overflow, "allows_overflow")
     num_models = len(per_model)
     image_size = per_model[0].image_size
     height, width = image_size
     device = per_model[0].device
     cpu = torch.device("cpu")  # the clustering is sequential: see _cluster
-    weight = weights_float64(weights, num_models, cpu)  # [N]
+    weight = check_weights(weights, num_models, cpu)  # [N] float64, as the reference computes
 
     # --- prefilter: skip low scores, clip to the image, drop zero-area boxes (as the reference) ----------
     scale = torch.tensor([width, height, width, height], dtype=torch.float64)
