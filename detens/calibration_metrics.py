@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from detens.checks import check_integer, check_real
 from detens.coco import (
     CocoGroundTruth,
     check_result_categories,
@@ -101,13 +102,9 @@ def detection_calibration(
             ``[0, 1]``, a ``category_id`` the ground truth does not define, an ``image_ids`` entry not in
             the ground truth, an empty ``image_ids``, or a malformed result (naming its index and field).
     """
-    _check_int("bins", bins, 1)
-    _check_int("max_dets", max_dets, 1)
-    if isinstance(iou_thr, bool) or not isinstance(iou_thr, (int, float, np.integer, np.floating)):
-        raise TypeError(f"iou_thr must be a number in (0, 1), got {type(iou_thr).__name__}: {iou_thr!r}")
-    iou_thr = float(iou_thr)
-    if not 0.0 < iou_thr < 1.0:
-        raise ValueError(f"iou_thr must be in (0, 1), got {iou_thr!r}")
+    bins = check_integer(bins, "bins", 1)
+    max_dets = check_integer(max_dets, "max_dets", 1)
+    iou_thr = check_real(iou_thr, "iou_thr", 0.0, 1.0, low_open=True, high_open=True)
 
     truth = load_coco_gt(gt)
     if isinstance(results, (str, Path)):
@@ -148,13 +145,6 @@ def detection_calibration(
     label_array = np.asarray(labels, dtype=np.int64)
     kept = label_array != _IGNORED
     return _ece(score_array[kept], label_array[kept] == _TP, bins, ignored=int((~kept).sum()))
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer >= {minimum}, got {type(value).__name__}: {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
 
 
 def _bbox_iou(dt_boxes: np.ndarray, gt_boxes: np.ndarray, iscrowd: np.ndarray) -> np.ndarray:

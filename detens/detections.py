@@ -16,10 +16,17 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["Detections"]
+__all__ = ["Detections", "MAX_LABEL", "MAX_IMAGE_SIDE"]
+
+#: The largest class id: labels are category ids, written to JSON and offset per class in batched NMS, and
+#: int32 is what every COCO tool and exporter can hold.
+MAX_LABEL = 2**31 - 1
+#: The largest image height or width, in pixels (int32, like the labels).
+MAX_IMAGE_SIDE = 2**31 - 1
 
 
-def _as_tensor(value: Any, name: str, dtype: torch.dtype, device: torch.device | None = None) -> Tensor:
+def _as_tensor(value: Any, name: str, dtype: torch.dtype | None, device: torch.device | None = None) -> Tensor:
+    """``value`` as a tensor of ``dtype`` (None: its own dtype) on ``device`` (None: its own device)."""
     if isinstance(value, Tensor):
         tensor = value
     elif isinstance(value, (np.ndarray, list, tuple)):
@@ -33,21 +40,53 @@ def _as_tensor(value: Any, name: str, dtype: torch.dtype, device: torch.device |
         )
     if tensor.dtype == torch.bool or tensor.is_complex():
         raise TypeError(f"Detections.{name} must be real-valued, got dtype {tensor.dtype}")
-    return tensor.to(device=device if device is not None else tensor.device, dtype=dtype)
+    return tensor.to(device=device if device is not None else tensor.device, dtype=dtype or tensor.dtype)
+
+
+def _is_whole(value: Any) -> bool:
+    if isinstance(value, (bool, np.bool_)):
+        return False
+    return isinstance(value, (int, np.integer)) or (isinstance(value, (float, np.floating)) and float(value).is_integer())
 
 
 def _validate_image_size(image_size: Any) -> tuple[int, int]:
-    if isinstance(image_size, Tensor):
+    if isinstance(image_size, (Tensor, np.ndarray)):
         image_size = image_size.tolist()
     if not isinstance(image_size, (tuple, list)) or len(image_size) != 2:
         raise ValueError(f"Detections.image_size must be (height, width), got {image_size!r}")
     height, width = image_size
-    if not all(isinstance(v, (int, np.integer)) or (isinstance(v, float) and v.is_integer()) for v in (height, width)):
+    if not (_is_whole(height) and _is_whole(width)):
         raise TypeError(f"Detections.image_size must hold integers (height, width), got {image_size!r}")
     height, width = int(height), int(width)
-    if height <= 0 or width <= 0:
-        raise ValueError(f"Detections.image_size must be positive (height, width), got ({height}, {width})")
+    if not (0 < height <= MAX_IMAGE_SIDE and 0 < width <= MAX_IMAGE_SIDE):
+        raise ValueError(
+            f"Detections.image_size must be positive (height, width) of at most {MAX_IMAGE_SIDE} pixels, "
+            f"got ({height}, {width})"
+        )
     return height, width
+
+
+def _check_source(source: Any) -> None:
+    if source is not None and not isinstance(source, str):
+        raise TypeError(f"Detections.source must be a string or None, got {type(source).__name__}: {source!r}")
+
+
+def _check_labels(labels: Tensor) -> None:
+    """Raise unless every label is a whole number in ``[0, MAX_LABEL]`` (one vectorized test).
+
+    Integer labels are compared as they are: a round trip through float64 would silently change ids
+    above 2**53, and a float label such as inf or 1e30 would become a negative int64.
+    """
+    if labels.is_floating_point():
+        labels = labels.to(torch.float64)  # float32 cannot hold MAX_LABEL exactly
+        bad = ~((labels >= 0) & (labels <= MAX_LABEL) & (labels == labels.round()))  # NaN is bad too
+    else:
+        bad = (labels < 0) | (labels > MAX_LABEL)
+    if bad.any():
+        i = int(bad.nonzero()[0])
+        raise ValueError(
+            f"Detections.labels[{i}] = {labels[i].item()} is not an integer class id in [0, {MAX_LABEL}]"
+        )
 
 
 @dataclass(eq=False)
@@ -59,9 +98,14 @@ class Detections:
             Boxes may extend past the image border (detectors and test-time views produce them);
             :meth:`clip` bounds them and every fuser's output is clipped.
         scores (Tensor[K]): confidences in ``[0, 1]``.
-        labels (Tensor[K]): int64 class ids in ONE label space (a dataset's category ids), ``>= 0``.
-        image_size (tuple[int, int]): ``(height, width)`` of the image in pixels.
+        labels (Tensor[K]): int64 class ids in ONE label space (a dataset's category ids), in
+            ``[0, MAX_LABEL]`` (int32); integer-valued floats are accepted, other floats are an error.
+        image_size (tuple[int, int]): ``(height, width)`` of the image in pixels, each in ``[1, MAX_IMAGE_SIDE]``.
         source (str | None): where the detections came from (model name, ``"fused:wbf"``, ...).
+
+    Empty (K = 0) is a normal case: ``boxes`` of shape [0, 4] (or any empty array), ``scores`` and
+    ``labels`` of shape [0]. Anything outside these ranges raises ``ValueError`` (``TypeError`` for a wrong
+    type) naming the field, the index and the value; nothing is silently clipped or converted.
 
     Numpy arrays and lists are accepted and converted; tensors keep their device.
     Inputs are never modified: converted tensors are fresh or read-only views of the caller's.
@@ -77,16 +121,16 @@ class Detections:
         boxes = _as_tensor(self.boxes, "boxes", torch.float32)
         device = boxes.device
         scores = _as_tensor(self.scores, "scores", torch.float32, device)
-        labels_raw = self.labels
-        labels_float = _as_tensor(labels_raw, "labels", torch.float64, device)
+        labels = _as_tensor(self.labels, "labels", None, device)
         self.image_size = _validate_image_size(self.image_size)
+        _check_source(self.source)
 
         if boxes.ndim == 1 and boxes.numel() == 0:
             boxes = boxes.reshape(0, 4)
         if boxes.ndim != 2 or boxes.shape[1] != 4:
             raise ValueError(f"Detections.boxes must have shape [K, 4], got {list(boxes.shape)}")
         num_boxes = boxes.shape[0]
-        for name, tensor in (("scores", scores), ("labels", labels_float)):
+        for name, tensor in (("scores", scores), ("labels", labels)):
             if tensor.shape != (num_boxes,):
                 raise ValueError(
                     f"Detections.{name} must have shape [K] = [{num_boxes}] to match boxes, got {list(tensor.shape)}"
@@ -107,15 +151,10 @@ class Detections:
             if bad.any():
                 i = int(bad.nonzero()[0])
                 raise ValueError(f"Detections.scores[{i}] = {float(scores[i])} is outside [0, 1]")
-            bad = (labels_float != labels_float.round()) | (labels_float < 0)
-            if bad.any():
-                i = int(bad.nonzero()[0])
-                raise ValueError(
-                    f"Detections.labels[{i}] = {float(labels_float[i])} is not a non-negative integer class id"
-                )
+            _check_labels(labels)
         self.boxes = boxes
         self.scores = scores
-        self.labels = labels_float.to(torch.int64)
+        self.labels = labels.to(torch.int64)
 
     # ----------------------------------------------------------------------------------------- constructors
     @classmethod
@@ -153,8 +192,11 @@ class Detections:
 
     def __getitem__(self, index: int | slice | Tensor | np.ndarray | Sequence[int]) -> Detections:
         """Select boxes by int, slice, boolean mask [K] or integer indices; always returns Detections."""
-        if isinstance(index, int):
-            index = slice(index, index + 1 if index != -1 else None)
+        if isinstance(index, (int, np.integer)) and not isinstance(index, (bool, np.bool_)):
+            if not -len(self) <= index < len(self):
+                raise IndexError(f"Detections index {int(index)} is out of range for {len(self)} boxes")
+            index = int(index) % len(self)
+            index = slice(index, index + 1)
         elif isinstance(index, np.ndarray) or isinstance(index, (list, tuple)):
             index = torch.as_tensor(np.asarray(index))
         if isinstance(index, Tensor):
@@ -185,6 +227,7 @@ class Detections:
         return self._derived(self.boxes.to(device), self.scores.to(device), self.labels.to(device))
 
     def with_source(self, source: str | None) -> Detections:
+        _check_source(source)
         renamed = self._derived(self.boxes, self.scores, self.labels)
         renamed.source = source
         return renamed
@@ -203,9 +246,8 @@ class Detections:
     def clip(self) -> Detections:
         """Boxes clipped to the image; boxes left with zero area are kept (filter with ``area() > 0``)."""
         height, width = self.image_size
-        boxes = self.boxes.clone()
-        boxes[:, 0::2] = boxes[:, 0::2].clamp(0, width)
-        boxes[:, 1::2] = boxes[:, 1::2].clamp(0, height)
+        # out of place, so that boxes that require grad stay differentiable
+        boxes = torch.minimum(self.boxes.clamp(min=0), self.boxes.new_tensor([width, height, width, height]))
         return self._derived(boxes, self.scores, self.labels)
 
     def area(self) -> Tensor:

@@ -30,9 +30,10 @@ import torch
 from torch import Tensor
 from torchvision.ops import batched_nms, nms
 
+from detens.checks import check_choice, check_real
 from detens.detections import Detections
 
-__all__ = ["Clusters", "MATCH_BACKENDS", "match", "check_per_model", "impute_absent_boxes"]
+__all__ = ["Clusters", "MATCH_BACKENDS", "match", "check_per_model", "impute_absent_boxes", "weighted_mean_box"]
 
 # Upper bound on elements of the [chunk, S_max] IoU block computed at once, to bound memory.
 _IOU_BLOCK_ELEMENTS = 1 << 22
@@ -140,6 +141,7 @@ def _class_nms(boxes: Tensor, scores: Tensor, labels: Tensor, iou_thr: float) ->
     Up to ``_ONE_CALL_NMS_BOXES`` boxes one ``nms`` call on class-offset boxes (coordinates lie in [0, 1],
     so an offset of 2 per class keeps classes apart) beats ``batched_nms``'s per-class loop, which it
     takes above 1000 boxes on the CPU; larger sets keep the loop, whose pairwise work is smaller.
+    ``labels`` must be class ranks (``0 .. classes - 1``), so that the offsets stay small.
     """
     if boxes.shape[0] > _ONE_CALL_NMS_BOXES:
         return batched_nms(boxes, scores, labels, iou_thr)
@@ -238,10 +240,8 @@ def match(per_model: Sequence[Detections], iou_thr: float = 0.55, *, backend: st
     degenerate) match nothing and are dropped, as ``source_index`` shows.
     """
     check_per_model(per_model)
-    if not 0.0 <= float(iou_thr) < 1.0:
-        raise ValueError(f"iou_thr must be in [0, 1), got {iou_thr}")
-    if backend not in MATCH_BACKENDS:
-        raise ValueError(f"unknown match backend {backend!r}; valid: {', '.join(MATCH_BACKENDS)}")
+    iou_thr = check_real(iou_thr, "iou_thr", 0.0, 1.0, high_open=True)
+    check_choice(backend, "backend", MATCH_BACKENDS)
     num_models = len(per_model)
     image_size = per_model[0].image_size
     device = per_model[0].device
@@ -262,7 +262,9 @@ def match(per_model: Sequence[Detections], iou_thr: float = 0.55, *, backend: st
     by_priority = placeable[torch.argsort(scores[placeable], descending=True, stable=True)]  # [K']
     # IoUs in float64: the class offsets of the tensor path's NMS are exact there, so both paths compare
     # the very same IoU values with the threshold.
-    boxes64 = boxes.double()
+    # The rounds are discrete (and partly numpy): they see detached copies. ``preds`` below is filled from
+    # the inputs themselves, so a head's output stays differentiable with respect to the input boxes.
+    boxes64 = boxes.detach().double()
     if backend == "compiled" or (backend == "auto" and device.type == "cpu"):
         rounds = _compiled_rounds
     else:
@@ -336,6 +338,9 @@ def _tensor_rounds(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The rounds as tensor operations on the inputs' device; the same contract as ``_compiled_rounds``."""
     device = boxes.device
+    # The NMS below keeps classes apart by offsetting boxes by their class: ranks keep the offsets small
+    # (a large class id would leave float64 too few bits for the coordinates).
+    classes, labels = torch.unique(labels, return_inverse=True)
     # NMS sorts by score: a strictly decreasing stand-in score makes it follow the priority order.
     priority_score = torch.zeros(boxes.shape[0], dtype=boxes.dtype, device=device)
     priority_score[by_priority] = torch.arange(by_priority.numel(), 0, -1, dtype=boxes.dtype, device=device)
@@ -372,8 +377,34 @@ def _tensor_rounds(
         left[by_key[~first]] = True
         pending = pending[left]  # keeps the priority order
     if not chosen_parts:
-        return by_priority, by_priority, labels[:0]
-    return torch.cat(chosen_parts), torch.cat(cluster_of_parts), torch.cat(seed_label_parts)
+        return by_priority, by_priority, classes[:0]
+    return torch.cat(chosen_parts), torch.cat(cluster_of_parts), classes[torch.cat(seed_label_parts)]
+
+
+def weighted_mean_box(boxes: Tensor, weights: Tensor, members: Tensor) -> Tensor:
+    """Tensor[C, 4]: Σᵢ wᵢ boxᵢ / Σᵢ wᵢ over the members i of each cluster; finite and inside their hull.
+
+    Args:
+        boxes (Tensor[C, N, 4]): one box per model.
+        weights (Tensor[C, N]): non-negative weights (a selection, scores, model weights; may carry grad).
+        members (Tensor[C, N] bool): the rows that take part.
+
+    A cluster whose members all weigh 0 gets their plain mean; one without members gets 0. The weights
+    are divided by their cluster's largest first: tiny weights (1e-45 in float32) would otherwise
+    underflow ``w · box`` and the total to 0. The result is clamped to the members' range, which it can
+    only leave by rounding.
+    """
+    members_f = members.to(boxes.dtype)
+    weights = weights * members_f  # [C, N]
+    top = weights.amax(1, keepdim=True)  # [C, 1]
+    positive = top > 0
+    weights = torch.where(positive, weights / torch.where(positive, top, torch.ones_like(top)), members_f)
+    mean = (boxes * weights[..., None]).sum(1) / weights.sum(1, keepdim=True).clamp(min=1)  # [C, 4]
+    outside = ~members[..., None]
+    low = boxes.masked_fill(outside, float("inf")).amin(1)  # [C, 4]
+    high = boxes.masked_fill(outside, float("-inf")).amax(1)
+    has = members.any(1, keepdim=True)
+    return torch.where(has, torch.minimum(torch.maximum(mean, low), high), mean)
 
 
 def impute_absent_boxes(preds: Tensor, present: Tensor) -> None:
@@ -382,8 +413,7 @@ def impute_absent_boxes(preds: Tensor, present: Tensor) -> None:
     Args:
         preds (Tensor[C, N, 5]), present (Tensor[C, N] bool): every cluster has at least one present row.
     """
-    weight = present.to(preds.dtype)  # [C, N]
-    mean_box = (preds[..., :4] * weight[..., None]).sum(1) / weight.sum(1, keepdim=True).clamp(min=1)  # [C, 4]
+    mean_box = weighted_mean_box(preds[..., :4], present.to(preds.dtype), present)  # [C, 4]
     absent = ~present
     preds[..., :4] = torch.where(absent[..., None], mean_box[:, None, :], preds[..., :4])
     preds[..., 4] = preds[..., 4].masked_fill(absent, 0.0)

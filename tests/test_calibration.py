@@ -287,6 +287,14 @@ class TestHead:
         subset = head.calibrate([per_model[2]])
         assert torch.equal(subset[0].scores, forward[2].scores)
 
+    @pytest.mark.parametrize("fuser", ["wbf", "nms", "mean"])
+    def test_per_model_fuser_weights_follow_the_names(self, fuser):
+        # the saved weights belong to the head's models: members passed in another order keep theirs
+        head = make_head(fuser=fuser, fuser_params={"weights": [3.0, 1.0, 0.2]})
+        per_model = random_models(5)
+        assert as_set(head.fuse_detections(per_model)) == as_set(head.fuse_detections(per_model[::-1]))
+        assert as_set(head.fuse_detections(per_model)) == as_set(fuse(per_model, "theta", head=head))
+
     def test_position_is_the_fallback_for_unnamed_detections(self):
         head = make_head()
         per_model = random_models(2)

@@ -391,10 +391,10 @@ class TestInputs:
     @pytest.mark.parametrize(
         ("kwargs", "error", "message"),
         [
-            ({"bins": 0}, ValueError, "bins must be >= 1, got 0"),
+            ({"bins": 0}, ValueError, "bins must be an integer >= 1, got 0"),
             ({"bins": 2.5}, TypeError, "bins must be an integer"),
             ({"bins": True}, TypeError, "bins must be an integer"),
-            ({"max_dets": 0}, ValueError, "max_dets must be >= 1"),
+            ({"max_dets": 0}, ValueError, "max_dets must be an integer >= 1"),
             ({"iou_thr": 0.0}, ValueError, r"iou_thr must be in \(0, 1\), got 0.0"),
             ({"iou_thr": 1.0}, ValueError, r"iou_thr must be in \(0, 1\), got 1.0"),
             ({"iou_thr": -0.5}, ValueError, "iou_thr must be in"),

@@ -45,18 +45,42 @@ class TestConstruction:
             (dict(boxes=[[10, 0, 0, 10], [5, 5, 8, 9]]), ValueError, "boxes[0] = [10.0, 0.0, 0.0, 10.0] has x2 < x1"),
             (dict(scores=[0.9, 1.2]), ValueError, "scores[1] = 1.2"),
             (dict(scores=[-0.1, 0.5]), ValueError, "scores[0]"),
-            (dict(labels=[1, -1]), ValueError, "labels[1] = -1.0"),
+            (dict(labels=[1, -1]), ValueError, "labels[1] = -1 is not an integer class id in [0, 2147483647]"),
             (dict(labels=[1.5, 2]), ValueError, "labels[0] = 1.5"),
+            (dict(labels=[1, float("nan")]), ValueError, "labels[1] = nan"),
+            # would become a negative int64 (inf, 1e30) or another id (above 2**53) if converted
+            (dict(labels=[1, float("inf")]), ValueError, "labels[1] = inf"),
+            (dict(labels=[1e30, 2]), ValueError, "labels[0] = 1e+30"),
+            (dict(labels=torch.tensor([1, 2**53 + 1])), ValueError, "labels[1] = 9007199254740993"),
+            (dict(labels=torch.tensor([2**31, 1])), ValueError, "labels[0] = 2147483648"),
+            (dict(labels=np.array([2.0**31, 1.0], dtype=np.float32)), ValueError, "labels[0] = 2147483648.0"),
             (dict(image_size=(0, 30)), ValueError, "image_size must be positive"),
+            (dict(image_size=(20, 2**31)), ValueError, "at most 2147483647 pixels, got (20, 2147483648)"),
             (dict(image_size=(20,)), ValueError, "image_size must be (height, width)"),
+            (dict(image_size=(True, 30)), TypeError, "image_size must hold integers"),
+            (dict(image_size=(20.5, 30)), TypeError, "image_size must hold integers"),
             (dict(boxes="abc"), TypeError, "boxes must be"),
             (dict(labels=[True, False]), TypeError, "labels must be real-valued"),
+            (dict(source=3), TypeError, "source must be a string or None, got int: 3"),
         ],
     )
     def test_bad_input_names_the_offender(self, changes, error, fragment):
         with pytest.raises(error) as info:
             make(**changes)
         assert fragment in str(info.value)
+
+    @pytest.mark.parametrize(
+        "labels",
+        [[0, 2**31 - 1], np.array([0, 2**31 - 1], dtype=np.int64), np.array([0.0, 2.0**31 - 1]), [1.0, -0.0]],
+    )
+    def test_label_range_ends_are_kept_exactly(self, labels):
+        det = make(labels=labels)
+        assert det.labels.dtype == torch.int64 and det.labels.tolist() == [int(v) for v in labels]
+
+    def test_with_source_checks_the_name(self):
+        assert make().with_source("m").source == "m"
+        with pytest.raises(TypeError, match="source must be a string or None"):
+            make().with_source(["m"])
 
 
 class TestProtocol:
@@ -69,6 +93,16 @@ class TestProtocol:
         assert len(det[det.scores > 2]) == 0
         with pytest.raises(IndexError):
             det[torch.tensor([True])]
+        assert det[np.int64(-2)].labels.tolist() == [1]
+
+    @pytest.mark.parametrize("index", [2, -3, np.int64(5)])
+    def test_integer_index_out_of_range_is_an_error(self, index):
+        with pytest.raises(IndexError, match="out of range for 2 boxes"):
+            make()[index]
+
+    @pytest.mark.parametrize("size", [(20, 30), [20, 30], np.array([20, 30]), torch.tensor([20, 30]), (20.0, 30)])
+    def test_image_size_containers(self, size):
+        assert make(image_size=size).image_size == (20, 30)
 
     def test_clip_and_area(self):
         det = make(boxes=[[-5, -5, 40, 10], [5, 5, 8, 9]]).clip()

@@ -6,12 +6,15 @@ A new fuser is tested here for free; one that needs parameters to run at all dec
 
 from __future__ import annotations
 
+import math
 import random
 
+import numpy as np
 import pytest
 import torch
 
 from detens import Detections, fuse
+from detens.detections import MAX_LABEL
 from detens.fusers import FUSERS
 from detens.heads.theta import ThetaHead
 
@@ -92,6 +95,17 @@ class TestFuserContract:
         for det, (boxes, scores, labels) in zip(per_model, before, strict=True):
             assert torch.equal(det.boxes, boxes) and torch.equal(det.scores, scores) and torch.equal(det.labels, labels)
 
+    def test_inputs_that_require_grad_fuse_like_plain_ones(self, name):
+        # what a detector called without torch.no_grad() returns
+        per_model = random_models(7)
+        with_grad = [
+            Detections(d.boxes.clone().requires_grad_(), d.scores.clone().requires_grad_(), d.labels, d.image_size)
+            for d in per_model
+        ]
+        got = fuse(with_grad, name, **params_for(name, 3))
+        expected = fuse(per_model, name, **params_for(name, 3))
+        assert torch.equal(got.boxes, expected.boxes) and torch.equal(got.scores, expected.scores)
+
     def test_model_order_does_not_matter(self, name):
         if name in ORDER_DEPENDENT:
             pytest.skip(f"{name} depends on the model order by design")
@@ -99,6 +113,18 @@ class TestFuserContract:
         forward = fuse(per_model, name, **params_for(name, 3))
         backward = fuse(per_model[::-1], name, **params_for(name, 3))
         assert as_set(forward) == as_set(backward)
+
+    def test_class_ids_at_the_top_of_the_valid_range_stay_apart(self, name):
+        # classes 0, 1, 2 renamed to the largest valid ids: the same fusion, under the new names
+        per_model = random_models(6)
+        renamed = {0: 0, 1: MAX_LABEL - 1, 2: MAX_LABEL}
+        big = [Detections(d.boxes, d.scores, [renamed[v] for v in d.labels.tolist()], d.image_size, d.source)
+               for d in per_model]
+        expected = fuse(per_model, name, **params_for(name, 3))
+        got = fuse(big, name, **params_for(name, 3))
+        back = {v: k for k, v in renamed.items()}
+        got = Detections(got.boxes, got.scores, [back[v] for v in got.labels.tolist()], got.image_size)
+        assert as_set(got) == as_set(expected)
 
     def test_bad_input_is_an_error(self, name):
         with pytest.raises(ValueError):
@@ -129,3 +155,55 @@ def test_wrong_length_weights_are_an_error_not_a_reset():
     for name in ("wbf", "nms", "soft_nms", "mean", "vote"):
         with pytest.raises(ValueError, match="one number per model"):
             fuse(random_models(0), name, weights=[1.0, 2.0])
+
+
+#: (fuser, options, error, message): each option is checked before any work, naming it, the expected type
+#: or range and the value given.
+BAD_OPTIONS = [
+    ("nms", {"iou_thr": None}, TypeError, "iou_thr must be a number, got NoneType: None"),
+    ("nms", {"iou_thr": True}, TypeError, "iou_thr must be a number, got bool"),
+    ("wbf", {"iou_thr": "0.5"}, TypeError, "iou_thr must be a number, got str: '0.5'"),
+    ("wbf", {"skip_box_thr": "0.1"}, TypeError, "skip_box_thr must be a number, got str"),
+    ("wbf", {"skip_box_thr": math.nan}, ValueError, "skip_box_thr must be a number >= 0, got nan"),
+    ("wbf", {"allows_overflow": "yes"}, TypeError, "allows_overflow must be True or False, got str"),
+    ("wbf", {"conf_type": None}, ValueError, "conf_type must be one of avg, max, .*got None"),
+    ("soft_nms", {"sigma": math.inf}, ValueError, "sigma must be a positive number, got inf"),
+    ("soft_nms", {"thresh": 1.0}, ValueError, r"thresh must be in \[0, 1\), got 1.0"),
+    ("soft_nms", {"decay": 2}, ValueError, "decay must be one of gaussian, linear, got 2"),
+    ("refine", {"vote_sigma": "0.04"}, TypeError, "vote_sigma must be a number, got str"),
+    ("refine", {"vote_iou": [0.1]}, TypeError, "vote_iou must be a number, got list"),
+    ("mean", {"iou_thr": 1.0}, ValueError, r"iou_thr must be in \[0, 1\), got 1.0"),
+    ("mean", {"iou_thr": 1 + 1j}, TypeError, "iou_thr must be a number, got complex"),
+    ("vote", {"min_votes": True}, TypeError, "min_votes must be an integer, got bool: True"),
+    ("vote", {"min_votes": 2.0}, TypeError, "min_votes must be an integer, got float: 2.0"),
+    ("vote", {"min_votes": 4}, ValueError, r"min_votes must be an integer in \[1, 3\], got 4"),
+    ("random_k", {"k": 1.5}, TypeError, "k must be an integer, got float: 1.5"),
+    ("random_k", {"seed": "a"}, TypeError, "seed must be an integer, got str: 'a'"),
+    ("random_k", {"seed": math.inf}, TypeError, "seed must be an integer, got float: inf"),
+    ("random_k", {"seed": 2**64}, ValueError, "seed must be an integer in"),
+    ("theta", {"iou_thr": "x"}, TypeError, "iou_thr must be a number, got str"),
+] + [
+    (name, {"weights": weights}, TypeError, message)
+    for name in ("wbf", "nms", "soft_nms", "refine", "mean", "vote")
+    for weights, message in [
+        ("1,1,1", "weights must be a list with one number per model"),
+        ({"m0": 1.0}, "weights must be a list with one number per model"),
+        ([1.0, None, 1.0], r"weights\[1\] must be a number, got NoneType"),
+    ]
+]
+
+
+@pytest.mark.parametrize("name, options, error, message", BAD_OPTIONS)
+def test_bad_options_name_the_option_and_what_it_must_be(name, options, error, message):
+    with pytest.raises(error, match=message):
+        fuse(random_models(0), name, **params_for(name, 3), **options)
+
+
+@pytest.mark.parametrize(
+    "name, options",
+    [("vote", {"min_votes": np.int64(2)}), ("random_k", {"k": np.int64(2), "seed": np.int32(3)}),
+     ("wbf", {"iou_thr": np.float32(0.5), "skip_box_thr": 0, "allows_overflow": np.bool_(True)}),
+     ("soft_nms", {"sigma": np.float64(0.5), "weights": np.array([1, 2, 3])})],
+)
+def test_numpy_scalars_are_numbers(name, options):
+    assert isinstance(fuse(random_models(0), name, **options), Detections)

@@ -356,16 +356,29 @@ class TestSelection:
             (dict(score="max"), "score must be"),
             (dict(features=["nope"]), "unknown feature groups"),
             (dict(activation="gelu"), "activation must be"),
-            (dict(num_samples=True), "num_samples must be an integer >= 1, got True"),
-            (dict(k=2.0), "k must be an integer >= 1, got 2.0"),
         ]:
             with pytest.raises(ValueError, match=error):
                 SelectionHead(NAMES, **kwargs)
+        for kwargs, error in [
+            (dict(num_samples=True), "num_samples must be an integer, got bool: True"),
+            (dict(k=2.0), "k must be an integer, got float: 2.0"),
+        ]:
+            with pytest.raises(TypeError, match=error):
+                SelectionHead(NAMES, **kwargs)
         assert SelectionHead(NAMES, k=np.int64(2)).k == 2 and type(SelectionHead(NAMES, k=np.int64(2)).k) is int
 
-    @pytest.mark.parametrize("members", [0, -1, 1.0, True, "2"])
-    def test_deep_members_must_be_a_positive_integer(self, members):
-        with pytest.raises(ValueError, match=f"members must be an integer >= 1, got {members!r}"):
+    @pytest.mark.parametrize(
+        "members, error, message",
+        [
+            (0, ValueError, "members must be an integer >= 1, got 0"),
+            (-1, ValueError, "members must be an integer >= 1, got -1"),
+            (1.0, TypeError, "members must be an integer, got float: 1.0"),
+            (True, TypeError, "members must be an integer, got bool: True"),
+            ("2", TypeError, "members must be an integer, got str: '2'"),
+        ],
+    )
+    def test_deep_members_must_be_a_positive_integer(self, members, error, message):
+        with pytest.raises(error, match=message):
             DeepEnsembleHead(NAMES, members=members)
 
 

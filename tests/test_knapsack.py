@@ -85,17 +85,17 @@ class TestForward:
         assert scores.grad.shape == (0, 3)
 
     @pytest.mark.parametrize(
-        "kwargs, error",
+        "kwargs, error, message",
         [
-            (dict(k=0), "k must be"),
-            (dict(k=1.5), "k must be"),
-            (dict(num_samples=0), "num_samples"),
-            (dict(epsilon=0.0), "epsilon"),
-            (dict(epsilon=True), "epsilon"),
+            (dict(k=0), ValueError, "k must be an integer >= 1, got 0"),
+            (dict(k=1.5), TypeError, "k must be an integer, got float"),
+            (dict(num_samples=0), ValueError, "num_samples"),
+            (dict(epsilon=0.0), ValueError, "epsilon must be a positive number"),
+            (dict(epsilon=True), TypeError, "epsilon must be a number, got bool"),
         ],
     )
-    def test_bad_options(self, kwargs, error):
-        with pytest.raises(ValueError, match=error):
+    def test_bad_options(self, kwargs, error, message):
+        with pytest.raises(error, match=message):
             top_k_knapsack(torch.zeros(2, 3), None, **{"k": 1, **kwargs})
 
     def test_bad_shapes(self):

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from detens import Detections, match
+from detens.detections import MAX_LABEL
 from detens.matching import Clusters
 
 
@@ -195,12 +196,24 @@ class TestMatchInvariants:
         clusters = match([a, b], backend=backend)
         assert as_reference_form(clusters) == [(1, {0: 0, 1: 0}), (1, {0: 1})]
 
-    def test_classes_never_mix(self):
-        a = Detections([[0, 0, 10, 10]], [0.9], [1], (20, 20))
-        b = Detections([[0, 0, 10, 10]], [0.9], [2], (20, 20))
-        clusters = match([a, b])
-        assert len(clusters) == 2
-        assert clusters.present.sum(1).tolist() == [1, 1]
+    @pytest.mark.parametrize("backend", BACKENDS)
+    @pytest.mark.parametrize("labels", [(1, 2), (0, 2**31 - 1), (2**31 - 2, 2**31 - 1)])
+    def test_classes_never_mix(self, backend, labels):
+        # the same box in two classes, with the first model's other boxes close to it; class ids at the
+        # top of the valid range must stay as separate as small ones
+        a = Detections([[0, 0, 10, 10], [1, 1, 10, 10], [0, 0, 9, 9]], [0.9, 0.8, 0.7], [labels[0]] * 3, (20, 20))
+        b = Detections([[0, 0, 10, 10]], [0.9], [labels[1]], (20, 20))
+        clusters = match([a, b], backend=backend)
+        assert sorted(clusters.labels.tolist()) == sorted([labels[0]] * 3 + [labels[1]])
+        assert clusters.present.sum(1).tolist() == [1, 1, 1, 1]
+
+    @pytest.mark.parametrize("backend", BACKENDS)
+    @pytest.mark.parametrize("label", [0, MAX_LABEL])
+    def test_threshold_is_exact_for_every_valid_class_id(self, backend, label):
+        # IoU 0.5000004 in float64: one object at iou_thr=0.5, in both backends, whatever the class id
+        a = Detections([[10.0, 10.0, 93.591064453125, 267.28143310546875]], [0.9], [label], (480, 640))
+        b = Detections([[10.0, 10.0, 177.18197631835938, 267.28143310546875]], [0.8], [label], (480, 640))
+        assert len(match([a, b], iou_thr=0.5, backend=backend)) == 1
 
     @pytest.mark.parametrize("backend", BACKENDS)
     def test_threshold_is_strict(self, backend):

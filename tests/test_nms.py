@@ -12,6 +12,7 @@ import torch
 from test_wbf import random_models  # tests/ is on sys.path under pytest
 
 from detens import Detections
+from detens.detections import MAX_LABEL
 from detens.fusers import fuse
 from detens.fusers.nms import nms_fusion, soft_nms_fusion
 
@@ -135,6 +136,14 @@ class TestNMS:
         fused = nms_fusion(per_model)
         assert fused.scores.tolist() == pytest.approx([0.9, 0.7, 0.5])
         assert fused.labels.tolist() == [1, 2, 1]
+
+    @pytest.mark.parametrize("label", [0, 7, MAX_LABEL])
+    def test_threshold_is_exact_for_every_valid_class_id(self, label):
+        # IoU 0.5000004 (float64 on normalized boxes): suppressed at iou_thr=0.5 whatever the class id
+        a = Detections([[10.0, 10.0, 93.591064453125, 267.28143310546875]], [0.9], [label], (480, 640))
+        b = Detections([[10.0, 10.0, 177.18197631835938, 267.28143310546875]], [0.8], [label], (480, 640))
+        fused = nms_fusion([a, b], iou_thr=0.5)
+        assert fused.scores.tolist() == pytest.approx([0.9]) and fused.labels.tolist() == [label]
 
     def test_weights_scale_scores_as_ensemble_boxes(self):
         image_size = (100, 100)

@@ -227,7 +227,7 @@ class TestFuseResultsSynthetic:
 
 # ---------------------------------------------------------------------------------------- torchvision
 @pytest.fixture(scope="module")
-def torchvision_outputs():
+def torchvision_models():
     from torchvision.models.detection import (
         fasterrcnn_mobilenet_v3_large_320_fpn,
         ssdlite320_mobilenet_v3_large,
@@ -242,6 +242,12 @@ def torchvision_outputs():
         ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None).eval(),
     ]
     images = [torch.rand(3, 240, 320), torch.rand(3, 300, 200)]
+    return models, images
+
+
+@pytest.fixture(scope="module")
+def torchvision_outputs(torchvision_models):
+    models, images = torchvision_models
     with torch.no_grad():
         outputs = [model(images) for model in models]
     return outputs, images
@@ -265,6 +271,18 @@ class TestTorchvisionFusion:
                 assert torch.equal(out[key], value), key
             height, width = image.shape[-2:]
             assert (out["boxes"][:, 2] <= width).all() and (out["boxes"][:, 3] <= height).all()
+
+    @pytest.mark.parametrize("method", ["wbf", "nms", "soft_nms", "mean"])
+    def test_outputs_computed_with_grad(self, torchvision_models, torchvision_outputs, method):
+        # a model called without torch.no_grad() returns boxes and scores that require grad
+        models, images = torchvision_models
+        with_grad = [models[0](images), torchvision_outputs[0][1]]
+        assert with_grad[0][0]["boxes"].requires_grad
+        fusion = TorchvisionFusion(method=method)
+        fused = fusion(with_grad, images)
+        expected = fusion([torchvision_outputs[0][0], torchvision_outputs[0][1]], images)
+        for got, want in zip(fused, expected, strict=True):
+            assert torch.allclose(got["boxes"], want["boxes"]) and torch.allclose(got["scores"], want["scores"])
 
     def test_image_tensors_as_sizes(self, torchvision_outputs):
         outputs, images = torchvision_outputs

@@ -152,6 +152,19 @@ class TestForward:
             loss.backward()
             assert loss.item() == 0.0 and torch.equal(head.theta.grad, torch.zeros(2))
 
+    def test_differentiable_from_the_input_boxes_through_match(self):
+        # matching is discrete, but each cluster row is its model's box: Θ's output has a gradient
+        # with respect to the input boxes and scores, and to Θ itself
+        boxes = torch.tensor([[10.0, 10.0, 40.0, 40.0], [60.0, 10.0, 90.0, 30.0]], requires_grad=True)
+        scores = torch.tensor([0.9, 0.6], requires_grad=True)
+        a = Detections(boxes, scores, [1, 2], (50, 100), "a")
+        b = Detections([[12.0, 11.0, 41.0, 39.0]], [0.8], [1], (50, 100), "b")
+        head = ThetaHead(["a", "b"])
+        fused_boxes, fused_scores = head(match([a, b]))
+        (fused_boxes.sum() + fused_scores.sum()).backward()
+        assert boxes.grad is not None and (boxes.grad != 0).all() and (scores.grad != 0).all()
+        assert head.theta.grad is not None
+
     def test_all_models_empty_through_fuser(self):
         per_model = [Detections.empty((50, 50)) for _ in range(3)]
         assert len(fuse(per_model, "theta", head=ThetaHead(["a", "b", "c"]))) == 0
@@ -328,7 +341,9 @@ class TestConstruction:
             ({"per_class": True}, ValueError, "class_ids"),
             ({"class_ids": [1, 2]}, ValueError, "per_class=True"),
             ({"per_class": True, "class_ids": [1, 1]}, ValueError, "unique"),
-            ({"per_class": True, "class_ids": [-1]}, ValueError, "non-negative"),
+            ({"per_class": True, "class_ids": [-1]}, ValueError, r"class_ids\[0\] must be an integer in \[0, 2147483647\]"),
+            ({"per_class": True, "class_ids": [2**31]}, ValueError, r"class_ids\[0\] must be an integer in"),
+            ({"per_class": True, "class_ids": [1.0]}, TypeError, r"class_ids\[0\] must be an integer, got float"),
             ({"eps": 0.0}, ValueError, "eps"),
             ({"lambda_cls": -1.0}, ValueError, "lambda_cls"),
         ],

@@ -229,21 +229,37 @@ class TestBadInput:
             assert torch.equal(d.boxes, b) and torch.equal(d.scores, s) and torch.equal(d.labels, lab)
 
     @pytest.mark.parametrize("alone_below", [1, 10**9], ids=["lockstep-only", "per-box-only"])
-    def test_zero_weight_cluster_stays_finite(self, alone_below, monkeypatch):
-        """All members scoring 0 makes the reference divide by 0 (NaN boxes); detens keeps the first box."""
+    def test_zero_weight_cluster_gets_the_plain_mean_in_any_model_order(self, alone_below, monkeypatch):
+        """All members scoring 0 makes the reference divide by 0 (NaN boxes); detens takes their plain mean."""
         monkeypatch.setattr(wbf_module, "_ALONE_BELOW", alone_below)
         image_size = (100, 100)
         per_model = [
             Detections([[10, 10, 50, 50]], [0.9], [0], image_size),
             Detections([[12, 12, 50, 50]], [0.8], [0], image_size),
+            Detections([[70, 70, 90, 90]], [0.5], [0], image_size),
         ]
-        fused = wbf_fusion([*per_model, Detections([[70, 70, 90, 90]], [0.5], [0], image_size)],
-                           weights=[0.0, 0.0, 1.0])
-        assert torch.isfinite(fused.boxes).all()
-        assert len(fused) == 2
-        zero = fused[fused.scores == 0]
-        # Both weighted scores are 0, a tie, visited latest-first as in the reference: model 1's box leads.
-        torch.testing.assert_close(zero.boxes, torch.tensor([[12.0, 12.0, 50.0, 50.0]]))
+        for order in ([0, 1, 2], [1, 0, 2]):
+            weights = [[0.0, 0.0, 1.0][i] for i in order]
+            fused = wbf_fusion([per_model[i] for i in order], weights=weights)
+            assert len(fused) == 2
+            zero = fused[fused.scores == 0]
+            torch.testing.assert_close(zero.boxes, torch.tensor([[11.0, 11.0, 50.0, 50.0]]))
+
+    @pytest.mark.parametrize("alone_below", [1, 10**9], ids=["lockstep-only", "per-box-only"])
+    @pytest.mark.parametrize("score", [1.4e-45, 1e-40, 2.0**-110, 0.0])
+    def test_tiny_scores_give_the_weighted_mean_not_the_origin(self, alone_below, score, monkeypatch):
+        # score·box underflows float32 below ~2**-100: the reference returns (0, 0, 0, 0)
+        monkeypatch.setattr(wbf_module, "_ALONE_BELOW", alone_below)
+        image_size = (100, 100)
+        per_model = [
+            Detections([[10, 10, 50, 50]], [score], [0], image_size),
+            Detections([[20, 20, 60, 60]], [score], [0], image_size),
+        ]
+        fused = wbf_fusion(per_model, iou_thr=0.3)
+        assert len(fused) == 1
+        torch.testing.assert_close(fused.boxes, torch.tensor([[15.0, 15.0, 55.0, 55.0]]))
+        backward = wbf_fusion(per_model[::-1], iou_thr=0.3)
+        assert torch.equal(backward.boxes, fused.boxes)
 
 
 class TestOutputContract:

@@ -16,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from detens.adapters._labels import category_names
+from detens.checks import check_integer, check_real
 from detens.detections import Detections
 from detens.sources import as_bgr, read_image
 
@@ -132,9 +133,7 @@ def detect_loaded(
 def check_detection_options(conf: float, iou: float | None, max_det: int) -> None:
     """The options every model-running adapter shares: ``conf`` in [0, 1], ``iou`` in (0, 1] (None: the
     model's own), ``max_det`` a positive integer; anything else is a ``ValueError`` naming the option."""
-    if not 0.0 <= float(conf) <= 1.0:
-        raise ValueError(f"conf must be in [0, 1], got {conf!r}")
-    if iou is not None and not 0.0 < float(iou) <= 1.0:
-        raise ValueError(f"iou must be in (0, 1], got {iou!r}")
-    if isinstance(max_det, bool) or not isinstance(max_det, int) or max_det < 1:
-        raise ValueError(f"max_det must be a positive integer, got {max_det!r}")
+    check_real(conf, "conf", 0.0, 1.0)
+    if iou is not None:
+        check_real(iou, "iou", 0.0, 1.0, low_open=True)
+    check_integer(max_det, "max_det", 1)

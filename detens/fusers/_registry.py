@@ -1,25 +1,56 @@
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from detens.checks import check_real
 from detens.registry import Registry
 
 FUSERS: Registry = Registry("fusion method")
 
 
-def check_weights(weights: Sequence[float] | Tensor | None, num_models: int, device: torch.device) -> Tensor:
-    """Per-model weights as a fresh float32 Tensor[N] (ones when None); wrong length or sign is an error.
+def check_weights(
+    weights: Sequence[float] | Tensor | np.ndarray | None,
+    num_models: int,
+    device: torch.device,
+    dtype: torch.dtype = torch.float64,
+) -> Tensor:
+    """Per-model weights as a fresh Tensor[N] of ``dtype`` (ones when None); anything else is an error.
 
+    Weights are a list, tuple, array or 1-D tensor of one finite number >= 0 per model, not all 0.
     The caller's list or tensor is never modified.
+
+    Raises:
+        TypeError: not a sequence of numbers (a string, a dict, None or bool entries, ...).
+        ValueError: another length, a negative, NaN or inf entry, all 0, or a sum beyond float64.
     """
     if weights is None:
-        return torch.ones(num_models, device=device)
-    tensor = torch.as_tensor(weights, dtype=torch.float32).detach().clone().to(device)
-    if tensor.ndim != 1 or tensor.numel() != num_models:
-        raise ValueError(f"weights must hold one number per model ({num_models}), got {list(tensor.shape)}: {weights!r}")
-    if not torch.isfinite(tensor).all() or (tensor < 0).any() or tensor.sum() <= 0:
-        raise ValueError(f"weights must be finite, non-negative and not all zero, got {weights!r}")
-    return tensor
+        return torch.ones(num_models, dtype=dtype, device=device)
+    if isinstance(weights, (Tensor, np.ndarray)):
+        try:
+            values = torch.as_tensor(weights).detach()
+        except TypeError:
+            values = None  # an object array
+        if values is None or values.dtype == torch.bool or values.is_complex():
+            raise TypeError(f"weights must hold real numbers, got a {type(weights).__name__} of {weights.dtype}")
+        if values.ndim != 1:
+            raise ValueError(f"weights must hold one number per model ({num_models}), got shape {list(values.shape)}")
+        checked = values.to("cpu", torch.float64).tolist()
+    elif isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence):
+        raise TypeError(
+            f"weights must be a list with one number per model ({num_models}), got {type(weights).__name__}: {weights!r}"
+        )
+    else:
+        checked = list(weights)
+    if len(checked) != num_models:
+        raise ValueError(f"weights must hold one number per model ({num_models}), got {len(checked)}: {weights!r}")
+    # one number per model: a few scalar checks, not per box
+    checked = [check_real(w, f"weights[{i}]", 0.0) for i, w in enumerate(checked)]
+    total = sum(checked)  # inf when it overflows
+    if not 0 < total < math.inf:
+        raise ValueError(f"weights must not all be 0 and must sum to a finite number, got {weights!r}")
+    return torch.tensor(checked, dtype=torch.float64).to(device=device, dtype=dtype)

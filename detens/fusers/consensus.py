@@ -7,23 +7,25 @@ from collections.abc import Sequence
 
 import torch
 
+from detens.checks import check_integer
 from detens.detections import Detections
 from detens.fusers._registry import FUSERS, check_weights
-from detens.matching import Clusters, match
+from detens.matching import Clusters, check_per_model, match, weighted_mean_box
 
 
 def average_clusters(clusters: Clusters, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Weighted mean box of the present rows, and score Σ wᵢpᵢ / Σ wᵢ over ALL models.
 
-    An absent model counts with score 0, so an object seen by fewer models scores lower.
+    An absent model counts with score 0, so an object seen by fewer models scores lower. An object seen
+    only by models of weight 0 gets the plain mean of their boxes (and score 0).
 
     Returns:
         boxes (Tensor[C, 4]) normalized, scores (Tensor[C]).
     """
-    present_weight = clusters.present.to(weights.dtype) * weights  # [C, N]
-    boxes = (clusters.preds[..., :4] * present_weight[..., None]).sum(1) / present_weight.sum(1, keepdim=True)
+    weights = (weights / weights.max()).to(clusters.preds.dtype)  # [N] in [0, 1]: tiny weights do not underflow
+    boxes = weighted_mean_box(clusters.preds[..., :4], weights.expand_as(clusters.present), clusters.present)
     scores = (clusters.preds[..., 4] * weights).sum(1) / weights.sum()
-    return boxes, scores
+    return boxes, scores.clamp(0.0, 1.0)
 
 
 @FUSERS.register("mean")
@@ -48,11 +50,11 @@ def vote_fusion(
 
     Kept objects are averaged as in ``mean``.
     """
+    check_per_model(per_model)
     num_models = len(per_model)
     if min_votes is None:
         min_votes = math.ceil(num_models / 2)
-    if not isinstance(min_votes, int) or not 1 <= min_votes <= num_models:
-        raise ValueError(f"min_votes must be an integer in [1, {num_models}] (the number of models), got {min_votes!r}")
+    min_votes = check_integer(min_votes, "min_votes", 1, num_models)
     clusters = match(per_model, iou_thr=iou_thr)
     w = check_weights(weights, num_models, clusters.device)
     boxes, scores = average_clusters(clusters, w)

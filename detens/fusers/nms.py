@@ -12,7 +12,6 @@ modified.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Literal
 
@@ -21,6 +20,7 @@ import torch
 from torch import Tensor
 from torchvision.ops import batched_nms
 
+from detens.checks import check_choice, check_real
 from detens.detections import Detections
 from detens.fusers._lockstep import compute_device, disjoint_groups, lockstep_layout
 from detens.fusers._registry import FUSERS, check_weights
@@ -38,15 +38,15 @@ def _weighted_boxes(
         pixel boxes clipped to the image (Tensor[K, 4] float32), normalized boxes (Tensor[K, 4] float64),
         weighted scores (Tensor[K] float64), labels (Tensor[K]); zero-area boxes dropped. None if no box is left.
     """
-    check_weights(weights, len(per_model), device)
+    w = check_weights(weights, len(per_model), device)  # [N] float64
     height, width = per_model[0].image_size
-    pixel = torch.cat([d.boxes for d in per_model]).to(device)  # [K, 4]
+    # Selection is not differentiable: inputs that require grad are read as plain data.
+    pixel = torch.cat([d.boxes for d in per_model]).detach().to(device)  # [K, 4]
     scale = torch.tensor([width, height, width, height], dtype=torch.float64, device=device)
     normalized = (pixel.double() / scale).clamp(0.0, 1.0)
-    scores = torch.cat([d.scores for d in per_model]).to(device, torch.float64)  # [K]
+    scores = torch.cat([d.scores for d in per_model]).detach().to(device, torch.float64)  # [K]
     labels = torch.cat([d.labels for d in per_model]).to(device)
     if weights is not None:
-        w = torch.as_tensor(weights, dtype=torch.float64).detach().to(device)  # [N]
         model = torch.cat([torch.full((len(d),), i, device=device) for i, d in enumerate(per_model)]).long()
         scores = scores * w[model] / w.sum()
     area = (normalized[:, 2] - normalized[:, 0]) * (normalized[:, 3] - normalized[:, 1])
@@ -76,14 +76,16 @@ def nms_fusion(
         Detections: the kept boxes, clipped to the image, sorted by score, source ``"fused:nms"``.
     """
     check_per_model(per_model)
-    if not 0.0 <= float(iou_thr) <= 1.0:
-        raise ValueError(f"iou_thr must be in [0, 1], got {iou_thr}")
+    iou_thr = check_real(iou_thr, "iou_thr", 0.0, 1.0)
     image_size, device = per_model[0].image_size, per_model[0].device
     prepared = _weighted_boxes(per_model, weights, compute_device(device))
     if prepared is None:
         return Detections.empty(image_size, source="fused:nms", device=device)
     pixel, normalized, scores, labels = prepared
-    keep = batched_nms(normalized, scores, labels, float(iou_thr))  # sorted by decreasing score
+    # batched_nms offsets each class's boxes by its id times the largest coordinate: with a large id the
+    # offset leaves float64 too few bits for the boxes, so it is given the classes' ranks instead.
+    classes = torch.unique(labels, return_inverse=True)[1]
+    keep = batched_nms(normalized, scores, classes, iou_thr)  # sorted by decreasing score
     return Detections(
         pixel[keep].to(device), scores[keep].float().to(device), labels[keep].to(device), image_size, "fused:nms"
     )
@@ -202,22 +204,16 @@ def soft_nms_pass(
         into them), ``decayed (Tensor[M])`` (their decayed scores), on the CPU.
     """
     check_per_model(per_model)
-    if decay not in ("gaussian", "linear"):
-        raise ValueError(f"decay must be 'gaussian' or 'linear', got {decay!r}")
-    if not 0.0 <= float(iou_thr) <= 1.0:
-        raise ValueError(f"iou_thr must be in [0, 1], got {iou_thr}")
-    if not (math.isfinite(float(sigma)) and float(sigma) > 0):
-        raise ValueError(f"sigma must be a positive number, got {sigma}")
-    if not 0.0 <= float(thresh) < 1.0:
-        raise ValueError(f"thresh must be in [0, 1), got {thresh}")
+    check_choice(decay, "decay", ("gaussian", "linear"))
+    iou_thr = check_real(iou_thr, "iou_thr", 0.0, 1.0)
+    sigma = check_real(sigma, "sigma", 0.0, low_open=True)
+    thresh = check_real(thresh, "thresh", 0.0, 1.0, high_open=True)
     # Sequential within a group, like WBF: numpy on the CPU, then back to the input device.
     prepared = _weighted_boxes(per_model, weights, torch.device("cpu"))
     if prepared is None:
         return None
     pixel, normalized, scores, labels = prepared
-    kept, decayed = _soft_nms_lockstep(
-        normalized, scores, labels, float(iou_thr), float(sigma), float(thresh), decay == "linear"
-    )
+    kept, decayed = _soft_nms_lockstep(normalized, scores, labels, iou_thr, sigma, thresh, decay == "linear")
     return pixel, normalized, scores, labels, torch.from_numpy(kept), torch.from_numpy(decayed)
 
 

@@ -23,13 +23,13 @@ Gaussian decay is the default here, as for ``soft_nms``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Literal
 
 import torch
 from torch import Tensor
 
+from detens.checks import check_real
 from detens.detections import Detections
 from detens.fusers._lockstep import disjoint_groups
 from detens.fusers._registry import FUSERS
@@ -124,10 +124,8 @@ def refine_fusion(
         Detections: the kept boxes, voted, with their decayed scores, clipped to the image, sorted by
         score, source ``"fused:refine"``.
     """
-    if not (math.isfinite(float(vote_sigma)) and float(vote_sigma) > 0):
-        raise ValueError(f"vote_sigma must be a positive number, got {vote_sigma}")
-    if not 0.0 <= float(vote_iou) < 1.0:
-        raise ValueError(f"vote_iou must be in [0, 1), got {vote_iou}")
+    vote_sigma = check_real(vote_sigma, "vote_sigma", 0.0, low_open=True)
+    vote_iou = check_real(vote_iou, "vote_iou", 0.0, 1.0, high_open=True)
     passed = soft_nms_pass(per_model, weights, sigma, thresh, decay, iou_thr)
     image_size, device = per_model[0].image_size, per_model[0].device
     if passed is None:
@@ -135,7 +133,7 @@ def refine_fusion(
     pixel, normalized, scores, labels, kept_t, decayed_t = passed
     by_score = torch.argsort(decayed_t, descending=True, stable=True)
     kept_t, decayed_t = kept_t[by_score], decayed_t[by_score]
-    voted = score_vote(pixel, normalized, scores, labels, kept_t, float(vote_iou), float(vote_sigma))
+    voted = score_vote(pixel, normalized, scores, labels, kept_t, vote_iou, vote_sigma)
     height, width = image_size
     # A weighted average of clipped boxes lies in the image up to rounding; the clamp removes the rounding.
     voted = voted.float()

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
+from detens.checks import check_integer
 from detens.detections import Detections
 from detens.fusers._registry import FUSERS
 from detens.matching import Clusters, match
@@ -63,10 +64,11 @@ def random_k_fusion(
     """
     from detens.heads.selection import combine_selected
 
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k must be an integer >= 1, got {k!r}")
+    k = check_integer(k, "k", 1)
+    # the range torch.Generator.manual_seed takes
+    seed = check_integer(seed, "seed", -(2**63), 2**64 - 1)
     clusters = match(per_model, iou_thr=iou_thr)
-    generator = torch.Generator().manual_seed(int(seed))
+    generator = torch.Generator().manual_seed(seed)
     chosen = random_subset(clusters, k, generator)
     boxes, scores = combine_selected(clusters.preds, clusters.present, chosen, k, "mean", "mean_present")
     return clusters.to_detections(boxes, scores, source="fused:random_k")

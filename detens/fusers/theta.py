@@ -77,14 +77,10 @@ def theta_fusion(per_model: Sequence[Detections], head: Any = None, iou_thr: flo
     head = _resolve_head(head, len(per_model))
     model_names = getattr(head, "model_names", None)
     if model_names is not None:
-        from detens.heads._io import member_order
+        from detens.heads._io import in_member_order
 
         # heads weigh their members by name: put the detections into the head's model order
-        order = member_order([d.source for d in per_model], model_names)
-        if len(set(order)) != len(order):
-            raise ValueError(f"two Detections name the same model: sources {[d.source for d in per_model]}")
-        by_model = dict(zip(order, per_model, strict=True))
-        per_model = [by_model[i] for i in range(len(model_names))]
+        per_model = in_member_order(per_model, model_names)
     if callable(getattr(head, "fuse_detections", None)):
         # A head that acts on the models' own detections (calibration) fuses with its own fuser: no matching here.
         fused = head.fuse_detections(per_model, **({} if iou_thr is None else {"iou_thr": iou_thr}))

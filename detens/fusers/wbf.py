@@ -19,8 +19,10 @@ What differs, on purpose (DESIGN.md §6):
   silently resets the weights, or prints and exits);
 - no input at all, or every box filtered out, gives empty Detections (the reference crashes when every
   model is empty);
-- a cluster whose members all have weighted score 0 keeps its first box (the reference divides by 0
-  and returns NaN coordinates);
+- a cluster whose members all have weighted score 0 gets their plain mean box (the reference divides by 0
+  and returns NaN coordinates), and a cluster whose weighted scores sum below 2**-60 is fused in float64
+  (where score·box underflows float32, the reference returns a box at the origin): a fused box is always
+  finite and inside the hull of its members;
 - scores are clipped to [0, 1], the range of ``Detections.scores``. Above 1 happens with
   ``allows_overflow=True`` or with unequal weights when one model puts several boxes into one cluster;
   the order (by the unclipped score) is the reference's;
@@ -43,6 +45,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from detens.checks import check_choice, check_flag, check_real
 from detens.detections import Detections
 from detens.fusers._lockstep import LockstepLayout, disjoint_groups, lockstep_layout
 from detens.fusers._registry import FUSERS, check_weights
@@ -59,8 +62,8 @@ CONF_TYPES: tuple[str, ...] = ("avg", "max", "box_and_model_avg", "absent_model_
 # what the matching of later boxes depends on. Counts, weights and members are gathered after the loop.
 _BOX = slice(0, 4)  # fused box used for matching (float64; float32-rounded once a second box joined)
 _SUM = slice(4, 8)  # Σ score·box, accumulated in float32 like the reference (held in float64)
-_CONF, _AREA = 8, 9  # Σ score, area of the fused box
-_STATE = 10
+_CONF, _AREA, _COUNT = 8, 9, 10  # Σ score, area of the fused box, number of members
+_STATE = 11
 # Rows of the per-box step data [_STEP, K] (packed by step): what a step needs of a box.
 _S_BOX = slice(0, 4)
 _S_WEIGHTED = slice(4, 8)  # score·box
@@ -71,6 +74,9 @@ _STEP = 10
 _ALONE_BELOW = 4
 # Unused cluster slots hold this box: outside [0, 1], zero area, so its IoU with any box is exactly 0.
 _NO_BOX = 2.0
+# A cluster whose Σ score is below this is fused in float64: score·box underflows float32 below ~2**-100
+# (normalized coordinates are 0 or >= 2**-26), and above this the underflowed part is negligible.
+_TINY_CONF = 2.0**-60
 
 
 def _empty_state(num_groups: int, slots: int) -> np.ndarray:
@@ -79,9 +85,32 @@ def _empty_state(num_groups: int, slots: int) -> np.ndarray:
     return state
 
 
-@np.errstate(divide="ignore", invalid="ignore")  # a cluster scoring 0 divides by 0: see the where below
+def _guarded_mean(
+    mean: np.ndarray, old: np.ndarray, box: np.ndarray, score: np.ndarray, conf: np.ndarray, count: np.ndarray
+) -> np.ndarray:
+    """The fused box after ``box`` joined, also where the reference's float32 arithmetic cannot give it.
+
+    ``mean`` (the reference's Σ score·box / Σ score) is kept where Σ score >= ``_TINY_CONF``. Below, the
+    weighted scores are 0 or so small that score·box underflows float32 (the reference returns a box at
+    the origin, or NaN): the running mean is updated in float64 as ``old + r · (box − old)`` with
+    r = score / Σ score, or r = 1 / members when every member scores 0 (their plain mean). Either way the
+    fused box stays finite, inside its members' hull, and independent of the order of equally scored members.
+
+    Args:
+        mean, old, box (ndarray[4, A]): the reference's new fused box, the cluster's fused box before, the box.
+        score, conf, count (ndarray[A]): the box's weighted score, the cluster's Σ score and member count.
+    """
+    keep = conf >= _TINY_CONF
+    if keep.all():
+        return mean
+    ratio = np.where(conf > 0, score / np.where(conf > 0, conf, 1.0), 1.0 / count)  # [A] in [0, 1]
+    running = (old + ratio * (box - old)).astype(np.float32)
+    return np.where(keep, mean, running)
+
+
+@np.errstate(divide="ignore", invalid="ignore")  # a cluster scoring 0 divides by 0: see _guarded_mean
 def _cluster(
-    packed: np.ndarray, layout: LockstepLayout, iou_thr: float, zero_scores: bool
+    packed: np.ndarray, layout: LockstepLayout, iou_thr: float, guard: bool
 ) -> tuple[np.ndarray, np.ndarray]:
     """The reference's clustering loop: all groups in lockstep, then the last few groups one at a time.
 
@@ -91,7 +120,8 @@ def _cluster(
     Args:
         packed (ndarray[_STEP, K]): the boxes' step data, packed by step (``layout.step_order``).
         iou_thr (float): the matching threshold.
-        zero_scores (bool): whether some boxes have weighted score 0 (then a cluster can have conf 0).
+        guard (bool): whether some boxes have a weighted score below ``_TINY_CONF`` (0 included): then
+            the reference's arithmetic can fail and :func:`_guarded_mean` checks each new fused box.
 
     Returns:
         clusters (ndarray[_STATE, M]): the fused boxes, grouped by row, in creation order within a row;
@@ -113,7 +143,7 @@ def _cluster(
                 remaining = int(np.searchsorted(-np.asarray(layout.active[t:]), -g, side="left"))
                 columns = offsets[:remaining] + g
                 clusters, slot[columns] = _cluster_alone(
-                    packed[:, columns], state[:, g, : num_clusters[g]], iou_thr
+                    packed[:, columns], state[:, g, : num_clusters[g]], iou_thr, guard
                 )
                 alone[g] = clusters
                 num_clusters[g] = clusters.shape[1]
@@ -148,12 +178,15 @@ def _cluster(
         old = state[:, r, target]  # [_STATE, A]
         weighted_sum = (old[_SUM] + data[_S_WEIGHTED]).astype(np.float32)  # the reference's float32 sum
         conf = old[_CONF] + data[_S_SCORE]
+        count = old[_COUNT] + 1
         mean = (weighted_sum / conf).astype(np.float32)  # float64 division (conf is float64), rounded
-        if zero_scores:  # a cluster whose members all score 0 keeps its first box
-            mean = np.where(conf > 0, mean, old[_BOX])
+        if guard:
+            mean = _guarded_mean(mean, old[_BOX], box, data[_S_SCORE], conf, count)
         fused_box = np.where(new, box, mean)  # [4, A] float64
         size = fused_box[2:4] - fused_box[0:2]
-        state[:, r, target] = np.concatenate([fused_box, weighted_sum, conf[None], (size[0] * size[1])[None]])
+        state[:, r, target] = np.concatenate(
+            [fused_box, weighted_sum, conf[None], (size[0] * size[1])[None], count[None]]
+        )
 
     # Number the clusters row by row: cluster id = start of its row + slot.
     start = np.cumsum(num_clusters) - num_clusters  # [G]
@@ -166,12 +199,15 @@ def _cluster(
     return clusters, start[row_of] + slot
 
 
-def _cluster_alone(data: np.ndarray, clusters: np.ndarray, iou_thr: float) -> tuple[np.ndarray, np.ndarray]:
+def _cluster_alone(
+    data: np.ndarray, clusters: np.ndarray, iou_thr: float, guard: bool
+) -> tuple[np.ndarray, np.ndarray]:
     """The reference's loop for ONE group: box by box, vectorized over the group's clusters only.
 
     Args:
         data (ndarray[_STEP, n]): the group's remaining boxes in visiting order.
         clusters (ndarray[_STATE, c]): the group's clusters so far.
+        guard (bool): as for :func:`_cluster`.
 
     Returns:
         clusters (ndarray[_STATE, c']), slot (ndarray[n] int64): each box's cluster.
@@ -196,35 +232,23 @@ def _cluster_alone(data: np.ndarray, clusters: np.ndarray, iou_thr: float) -> tu
                 k = -1
         if k < 0:  # a new cluster: the box itself; Σ score·box = float32(0 + score·box)
             k, count = count, count + 1
-            own[:, k] = (x1, y1, x2, y2, *np.array((wx1, wy1, wx2, wy2), np.float32).tolist(), score, area)
+            own[:, k] = (x1, y1, x2, y2, *np.array((wx1, wy1, wx2, wy2), np.float32).tolist(), score, area, 1)
         else:
             old = own[:, k].tolist()
             # float32 accumulation, then a float64 division rounded to float32, as the reference
             sums = np.array((old[4] + wx1, old[5] + wy1, old[6] + wx2, old[7] + wy2), np.float32)
             conf = old[_CONF] + score
-            box = (sums / np.float64(conf)).astype(np.float32).tolist() if conf > 0 else old[0:4]
-            own[:, k] = (*box, *sums.tolist(), conf, (box[2] - box[0]) * (box[3] - box[1]))
+            members = old[_COUNT] + 1
+            if guard:
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    mean = (sums / np.float64(conf)).astype(np.float32)[:, None]
+                box = _guarded_mean(mean, np.array(old[0:4])[:, None], np.array((x1, y1, x2, y2))[:, None],
+                                    np.array([score]), np.array([conf]), np.array([members]))[:, 0].tolist()
+            else:
+                box = (sums / np.float64(conf)).astype(np.float32).tolist()
+            own[:, k] = (*box, *sums.tolist(), conf, (box[2] - box[0]) * (box[3] - box[1]), members)
         slots[i] = k
     return own[:, :count], slots
-
-
-def weights_float64(weights: Sequence[float] | Tensor | None, num_models: int, device: torch.device) -> Tensor:
-    """Validated per-model weights as float64 Tensor[N] (the reference computes in float64)."""
-    check_weights(weights, num_models, device)
-    if weights is None:
-        return torch.ones(num_models, dtype=torch.float64, device=device)
-    if isinstance(weights, Tensor):
-        return weights.detach().to(device=device, dtype=torch.float64).clone()
-    return torch.tensor([float(w) for w in weights], dtype=torch.float64, device=device)
-
-
-def _check_params(iou_thr: float, skip_box_thr: float, conf_type: str) -> None:
-    if conf_type not in CONF_TYPES:
-        raise ValueError(f"conf_type must be one of {', '.join(CONF_TYPES)}; got {conf_type!r}")
-    if not 0.0 <= float(iou_thr) <= 1.0:
-        raise ValueError(f"iou_thr must be in [0, 1], got {iou_thr}")
-    if not float(skip_box_thr) >= 0.0:
-        raise ValueError(f"skip_box_thr must be >= 0, got {skip_box_thr}")
 
 
 @FUSERS.register("wbf")
@@ -254,18 +278,22 @@ def wbf_fusion(
         sorted by score (descending).
     """
     check_per_model(per_model)
-    _check_params(iou_thr, skip_box_thr, conf_type)
+    iou_thr = check_real(iou_thr, "iou_thr", 0.0, 1.0)
+    skip_box_thr = check_real(skip_box_thr, "skip_box_thr", 0.0)
+    check_choice(conf_type, "conf_type", CONF_TYPES)
+    allows_overflow = check_flag(allows_overflow, "allows_overflow")
     num_models = len(per_model)
     image_size = per_model[0].image_size
     height, width = image_size
     device = per_model[0].device
     cpu = torch.device("cpu")  # the clustering is sequential: see _cluster
-    weight = weights_float64(weights, num_models, cpu)  # [N]
+    weight = check_weights(weights, num_models, cpu)  # [N] float64, as the reference computes
 
     # --- prefilter: skip low scores, clip to the image, drop zero-area boxes (as the reference) ----------
     scale = torch.tensor([width, height, width, height], dtype=torch.float64)
-    boxes = (torch.cat([d.boxes for d in per_model]).to(cpu, torch.float64) / scale).clamp(0.0, 1.0)  # [K, 4]
-    scores = torch.cat([d.scores for d in per_model]).to(cpu, torch.float64)  # [K]
+    # The clustering runs in numpy: inputs that require grad are read as plain data.
+    boxes = (torch.cat([d.boxes for d in per_model]).detach().to(cpu, torch.float64) / scale).clamp(0.0, 1.0)  # [K, 4]
+    scores = torch.cat([d.scores for d in per_model]).detach().to(cpu, torch.float64)  # [K]
     labels = torch.cat([d.labels for d in per_model]).to(cpu)  # [K]
     model = torch.cat(
         [torch.full((len(d),), i, dtype=torch.int64) for i, d in enumerate(per_model)]
@@ -300,7 +328,8 @@ def wbf_fusion(
     per_box = torch.cat([boxes, wscore[:, None] * boxes, area[:, None], wscore[:, None]], dim=1)  # [K, _STEP]
     packed = per_box[layout.step_order].T.contiguous()  # [_STEP, K]
 
-    clusters, cluster_packed = _cluster(packed.numpy(), layout, float(iou_thr), bool((wscore == 0).any()))
+    guard = bool((wscore < _TINY_CONF).any())
+    clusters, cluster_packed = _cluster(packed.numpy(), layout, float(iou_thr), guard)
     clusters = torch.from_numpy(clusters).T  # [M, _STATE]
     num_fused = clusters.shape[0]
 

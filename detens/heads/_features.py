@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 from torchvision.ops import box_iou
 
-from detens.matching import Clusters
+from detens.matching import Clusters, weighted_mean_box
 
 __all__ = ["feature_names", "num_features", "cluster_features", "present_mean_box", "pairwise_iou", "class_positions"]
 
@@ -67,8 +67,7 @@ def num_features(num_models: int) -> int:
 
 def present_mean_box(preds: Tensor, present: Tensor) -> Tensor:
     """Tensor[C, 4]: the mean box of the present rows of ``preds (Tensor[C, N, 5])``."""
-    weight = present.to(preds.dtype)  # [C, N]
-    return (preds[..., :4] * weight[..., None]).sum(1) / weight.sum(1, keepdim=True).clamp(min=1)
+    return weighted_mean_box(preds[..., :4], present.to(preds.dtype), present)
 
 
 def _paired_iou(a: Tensor, b: Tensor) -> Tensor:

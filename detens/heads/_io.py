@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from detens.checks import check_integer, check_real
+from detens.detections import MAX_LABEL
 from detens.io import atomic_write_bytes, atomic_write_text
 
 __all__ = [
@@ -74,35 +75,26 @@ def _suffix(path: Path) -> str:
 
 
 def check_number(value: Any, name: str, minimum: float = 0.0, strict: bool = False) -> float:
-    """``value`` as a float if it is a real number (not a bool) ``>= minimum`` (``> minimum`` if strict)."""
-    ok = not isinstance(value, bool) and isinstance(value, (int, float))
-    ok = ok and (value > minimum if strict else value >= minimum)
-    if not ok:
-        raise ValueError(f"{name} must be a number {'>' if strict else '>='} {minimum:g}, got {value!r}")
-    return float(value)
+    """``value`` as a float if it is a finite number (not a bool) ``>= minimum`` (``> minimum`` if strict)."""
+    return check_real(value, name, minimum, low_open=strict)
 
 
 def check_int(value: Any, name: str, minimum: int = 0) -> int:
     """``value`` as an int if it is an integer (Python or NumPy, not a bool) ``>= minimum``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
+    return check_integer(value, name, minimum)
 
 
 def check_match_iou(value: Any) -> float:
     """``value`` as a float if it is a number in [0, 1): the matching IoU a head was trained with."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-        raise ValueError(f"match_iou must be in [0, 1), got {value!r}")
-    return float(value)
+    return check_real(value, "match_iou", 0.0, 1.0, high_open=True)
 
 
 def check_class_ids(class_ids: Sequence[int] | Tensor | None) -> list[int]:
-    """``class_ids`` (None: none) as a list of ints, in the given order; each must be an integer >= 0."""
+    """``class_ids`` (None: none) as a list of ints, in the given order; each a valid label (0 .. MAX_LABEL)."""
+    if isinstance(class_ids, (str, bytes, dict)):
+        raise TypeError(f"class_ids must be a list of class ids, got {type(class_ids).__name__}: {class_ids!r}")
     ids = [] if class_ids is None else (class_ids.tolist() if isinstance(class_ids, Tensor) else list(class_ids))
-    for i in ids:
-        if isinstance(i, bool) or not isinstance(i, numbers.Integral) or i < 0:
-            raise ValueError(f"class_ids must be non-negative integers, got {ids!r}")
-    return [int(i) for i in ids]
+    return [check_integer(i, f"class_ids[{j}]", 0, MAX_LABEL) for j, i in enumerate(ids)]
 
 
 def check_model_names(model_names: Any, what: str = "model_names") -> list[str]:
@@ -304,3 +296,22 @@ def member_order(sources: Sequence[Any], model_names: Sequence[str], what: str =
             "one per model in the head's order"
         )
     return list(range(len(names)))
+
+
+def in_member_order(per_model: Sequence[Any], model_names: Sequence[str], what: str = "head") -> list[Any]:
+    """The Detections put into the order of ``model_names`` (each placed by :func:`member_order`).
+
+    Raises:
+        ValueError: the sources cannot be placed, two name the same model, or the counts differ.
+    """
+    per_model = list(per_model)
+    if len(per_model) != len(model_names):
+        raise ValueError(
+            f"this {what} is for {len(model_names)} models {list(model_names)} but {len(per_model)} Detections "
+            "were given; pass one per model"
+        )
+    order = member_order([d.source for d in per_model], model_names, what)
+    if len(set(order)) != len(order):
+        raise ValueError(f"two Detections name the same model: sources {[d.source for d in per_model]}")
+    by_model = dict(zip(order, per_model, strict=True))
+    return [by_model[i] for i in range(len(model_names))]

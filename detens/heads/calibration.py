@@ -57,6 +57,7 @@ from detens.heads._io import (
     check_class_ids,
     check_model_names,
     check_number,
+    in_member_order,
     member_order,
     read_head_for,
     write_head_file,
@@ -453,7 +454,9 @@ class CalibrationHead(nn.Module):
             per_model (list[Detections]): the models' detections of one image.
             **params: override the saved ``fuser_params`` for this call.
         """
-        return fuse(self.calibrate(per_model), self.fuser, **{**self.fuser_params, **params})
+        # per-model fuser parameters (weights) are in the head's model order: so are the detections
+        ordered = in_member_order(per_model, self.model_names, "calibration head")
+        return fuse(self.calibrate(ordered), self.fuser, **{**self.fuser_params, **params})
 
     def with_fuser(self, fuser: str, fuser_params: Mapping[str, Any] | None = None) -> CalibrationHead:
         """The same curves followed by another fuser (the curves do not depend on the fuser: no refit)."""

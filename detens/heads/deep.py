@@ -40,7 +40,7 @@ from detens.heads._features import present_mean_box
 from detens.heads._io import check_int, check_number
 from detens.heads._net import NetHead, make_mlp
 from detens.heads._registry import HEADS
-from detens.matching import Clusters
+from detens.matching import Clusters, weighted_mean_box
 from detens.targets import Targets
 
 __all__ = ["DeepEnsembleHead", "BOX_MODES", "DEEP_FEATURES", "score_weighted_box"]
@@ -75,10 +75,7 @@ def score_weighted_box(preds: Tensor, present: Tensor) -> Tensor:
 
     A cluster whose present scores are all 0 gets the mean present box.
     """
-    weight = preds[..., 4] * present.to(preds.dtype)  # [C, N]
-    total = weight.sum(1, keepdim=True)
-    weighted = (preds[..., :4] * weight[..., None]).sum(1) / total.clamp(min=torch.finfo(preds.dtype).tiny)
-    return torch.where(total > 0, weighted, present_mean_box(preds, present))
+    return weighted_mean_box(preds[..., :4], preds[..., 4], present)
 
 
 @HEADS.register("deep")

@@ -36,7 +36,7 @@ from detens.heads._io import check_int, check_number
 from detens.heads._net import NetHead, make_mlp, score_and_box_loss
 from detens.heads._registry import HEADS
 from detens.heads.knapsack import top_k_knapsack, top_k_mask
-from detens.matching import Clusters
+from detens.matching import Clusters, weighted_mean_box
 from detens.targets import Targets
 
 __all__ = ["SelectionHead", "COMBINE_MODES", "SCORE_MODES", "combine_selected"]
@@ -63,13 +63,9 @@ def combine_selected(
     num_models = preds.shape[1]
     p = preds[..., 4]
     tiny = torch.finfo(preds.dtype).tiny
-    if combine == "score_weighted":
-        weight = chosen * p  # [C, N]
-        # a selection whose scores are all 0 falls back to its unweighted mean
-        weight = torch.where(weight.sum(1, keepdim=True) > 0, weight, chosen)
-    else:
-        weight = chosen
-    boxes = (preds[..., :4] * weight[..., None]).sum(1) / weight.sum(1, keepdim=True).clamp(min=tiny)
+    # a selection whose scores are all 0 gets its unweighted mean
+    weight = chosen * p if combine == "score_weighted" else chosen  # [C, N]
+    boxes = weighted_mean_box(preds[..., :4], weight, chosen > 0)
     selected_sum = (chosen * p).sum(1)  # [C]
     if score == "sum_k":
         scores = selected_sum / k

@@ -1,0 +1,91 @@
+"""Checks of scalar options (thresholds, counts, flags, choices), shared by every fuser and head.
+
+A wrong type is a ``TypeError``, a value outside the allowed range a ``ValueError``; both name the option,
+what it must be and what it got. Strings are never parsed into numbers and bools are not numbers: an
+option written ``"0.5"`` or ``True`` in a config is a mistake worth reporting, not a value to guess.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Collection
+from typing import Any
+
+import numpy as np
+
+__all__ = ["check_real", "check_integer", "check_flag", "check_choice"]
+
+
+def _scalar(value: Any) -> Any:
+    """A 0-d tensor or array as its Python number; anything else unchanged."""
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        return value.item()
+    return value
+
+
+def _interval(low: float, high: float, low_open: bool, high_open: bool) -> str:
+    if math.isinf(low) and math.isinf(high):
+        return "a finite number"
+    if math.isinf(high):
+        if low == 0:
+            return "a positive number" if low_open else "a number >= 0"
+        return f"{'>' if low_open else '>='} {low:g}"
+    if math.isinf(low):
+        return f"{'<' if high_open else '<='} {high:g}"
+    return f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+
+
+def check_real(
+    value: Any,
+    name: str,
+    low: float = -math.inf,
+    high: float = math.inf,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> float:
+    """``value`` as a finite float in the interval from ``low`` to ``high`` (ends open when told).
+
+    Python and NumPy reals and 0-d tensors are numbers; bools, strings, None and complex are not.
+    """
+    scalar = _scalar(value)
+    if isinstance(scalar, bool) or not isinstance(scalar, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}: {value!r}")
+    number = float(scalar)
+    below = number <= low if low_open else number < low
+    above = number >= high if high_open else number > high
+    if not math.isfinite(number) or below or above:
+        raise ValueError(f"{name} must be {_interval(low, high, low_open, high_open)}, got {value!r}")
+    return number
+
+
+def check_integer(value: Any, name: str, low: int | None = None, high: int | None = None) -> int:
+    """``value`` as an int in ``[low, high]`` (None: unbounded); Python or NumPy integers, not bools or floats."""
+    scalar = _scalar(value)
+    if isinstance(scalar, bool) or not isinstance(scalar, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}: {value!r}")
+    number = int(scalar)
+    if (low is not None and number < low) or (high is not None and number > high):
+        if high is None:
+            bound = f">= {low}"
+        elif low is None:
+            bound = f"<= {high}"
+        else:
+            bound = f"in [{low}, {high}]"
+        raise ValueError(f"{name} must be an integer {bound}, got {value!r}")
+    return number
+
+
+def check_flag(value: Any, name: str) -> bool:
+    """``value`` if it is a bool (Python or NumPy); 0, 1, "yes" and None are not."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__}: {value!r}")
+    return bool(value)
+
+
+def check_choice(value: Any, name: str, choices: Collection[str]) -> str:
+    """``value`` if it is one of the string ``choices``; the error lists them."""
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+    return value

@@ -1,0 +1,114 @@
+"""Scalar option checks (``detens.checks``) and the per-model weights check, table-driven."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from detens.checks import check_choice, check_flag, check_integer, check_real
+from detens.fusers import check_weights
+
+
+@pytest.mark.parametrize(
+    "value, bounds, expected, error, message",
+    [
+        (0.5, {}, 0.5, None, None),
+        (1, {"low": 0, "high": 1}, 1.0, None, None),
+        (np.float32(0.25), {}, 0.25, None, None),
+        (np.int64(3), {}, 3.0, None, None),
+        (torch.tensor(0.5), {}, 0.5, None, None),
+        (0.0, {"low": 0.0, "low_open": True}, None, ValueError, "x must be a positive number, got 0.0"),
+        (1.0, {"low": 0, "high": 1, "high_open": True}, None, ValueError, r"x must be in \[0, 1\), got 1.0"),
+        (-0.1, {"low": 0.0}, None, ValueError, "x must be a number >= 0, got -0.1"),
+        (math.nan, {}, None, ValueError, "x must be a finite number, got nan"),
+        (math.inf, {"low": 0.0}, None, ValueError, "x must be a number >= 0, got inf"),
+        (None, {}, None, TypeError, "x must be a number, got NoneType: None"),
+        ("0.5", {}, None, TypeError, "x must be a number, got str: '0.5'"),
+        (True, {}, None, TypeError, "x must be a number, got bool: True"),
+        (1 + 1j, {}, None, TypeError, "x must be a number, got complex"),
+        ([0.5], {}, None, TypeError, "x must be a number, got list"),
+        (torch.tensor([0.5]), {}, None, TypeError, "x must be a number, got Tensor"),
+    ],
+)
+def test_check_real(value, bounds, expected, error, message):
+    if error is None:
+        assert check_real(value, "x", **bounds) == expected
+    else:
+        with pytest.raises(error, match=message):
+            check_real(value, "x", **bounds)
+
+
+@pytest.mark.parametrize(
+    "value, bounds, expected, error, message",
+    [
+        (3, (1, None), 3, None, None),
+        (np.int64(2), (1, 3), 2, None, None),
+        (np.uint8(7), (None, None), 7, None, None),
+        (0, (1, None), None, ValueError, "n must be an integer >= 1, got 0"),
+        (4, (1, 3), None, ValueError, r"n must be an integer in \[1, 3\], got 4"),
+        (2.0, (1, None), None, TypeError, "n must be an integer, got float: 2.0"),
+        (True, (1, None), None, TypeError, "n must be an integer, got bool: True"),
+        ("a", (1, None), None, TypeError, "n must be an integer, got str: 'a'"),
+        (math.inf, (None, None), None, TypeError, "n must be an integer, got float: inf"),
+    ],
+)
+def test_check_integer(value, bounds, expected, error, message):
+    if error is None:
+        assert check_integer(value, "n", *bounds) == expected
+    else:
+        with pytest.raises(error, match=message):
+            check_integer(value, "n", *bounds)
+
+
+@pytest.mark.parametrize("value, ok", [(True, True), (False, True), (np.bool_(True), True), (1, False), ("yes", False), (None, False)])
+def test_check_flag(value, ok):
+    if ok:
+        assert check_flag(value, "f") is bool(value)
+    else:
+        with pytest.raises(TypeError, match="f must be True or False"):
+            check_flag(value, "f")
+
+
+def test_check_choice_lists_the_choices():
+    assert check_choice("b", "c", ("a", "b")) == "b"
+    for bad in ("z", None, ["a"]):
+        with pytest.raises(ValueError, match="c must be one of a, b, got"):
+            check_choice(bad, "c", ("a", "b"))
+
+
+@pytest.mark.parametrize(
+    "weights, error, message",
+    [
+        ("123", TypeError, "weights must be a list with one number per model"),
+        ({"a": 1.0, "b": 1.0}, TypeError, "weights must be a list"),
+        (2.0, TypeError, "weights must be a list"),
+        ([1.0, None], TypeError, r"weights\[1\] must be a number, got NoneType"),
+        ([1.0, "2"], TypeError, r"weights\[1\] must be a number, got str"),
+        ([True, False], TypeError, r"weights\[0\] must be a number, got bool"),
+        (np.array([1.0, 2.0], dtype=object), TypeError, "weights must hold real numbers"),
+        (torch.tensor([True, False]), TypeError, "weights must hold real numbers"),
+        ([1.0], ValueError, r"one number per model \(2\), got 1"),
+        (torch.ones(2, 1), ValueError, r"one number per model \(2\), got shape \[2, 1\]"),
+        ([1.0, -1.0], ValueError, r"weights\[1\] must be a number >= 0, got -1.0"),
+        ([1.0, math.nan], ValueError, r"weights\[1\] must be a number >= 0, got nan"),
+        ([1.0, math.inf], ValueError, r"weights\[1\] must be a number >= 0, got inf"),
+        ([0.0, 0.0], ValueError, "must not all be 0"),
+        ([1e308, 1e308], ValueError, "sum to a finite number"),
+    ],
+)
+def test_bad_weights(weights, error, message):
+    with pytest.raises(error, match=message):
+        check_weights(weights, 2, torch.device("cpu"))
+
+
+@pytest.mark.parametrize(
+    "weights", [[1, 2.5], (1.0, 2.5), np.array([1.0, 2.5]), torch.tensor([1.0, 2.5]), [np.int64(1), np.float32(2.5)]]
+)
+def test_good_weights_are_a_fresh_float64_tensor(weights):
+    got = check_weights(weights, 2, torch.device("cpu"))
+    assert got.dtype == torch.float64 and got.tolist() == [1.0, 2.5]
+    got.add_(1)  # the caller's weights are not touched
+    assert np.asarray(weights, dtype=np.float64).tolist() == [1.0, 2.5]

@@ -1,0 +1,113 @@
+"""Weighted averages of boxes stay finite and inside their members' hull, whatever the weights.
+
+Dimension legend: C clusters, N models.
+
+Weights of 0 (a model weighted out, boxes scoring 0) and tiny weights (1e-45: float32 subnormals, whose
+products with a box underflow) are where a plain Σ wᵢbᵢ / Σ wᵢ gives NaN or a box at the origin.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+from test_fuser_contract import IMAGE_SIZE, random_models
+
+from detens import Detections, fuse
+from detens.heads.deep import score_weighted_box
+from detens.heads.selection import combine_selected
+from detens.matching import weighted_mean_box
+
+WEIGHTED_FUSERS = ["wbf", "nms", "soft_nms", "refine", "mean", "vote"]
+TINY = 1.4e-45  # the smallest float32 subnormal
+
+
+def reference_mean(boxes, weights, members):
+    """Per cluster, in float64 Python: Σ w·b / Σ w over the members, their plain mean when Σ w = 0."""
+    out = []
+    for c in range(len(boxes)):
+        rows = [n for n in range(len(boxes[c])) if members[c][n]]
+        if not rows:
+            out.append([0.0] * 4)
+            continue
+        w = [float(weights[c][n]) for n in rows]
+        if math.fsum(w) == 0:
+            w = [1.0] * len(rows)
+        total = math.fsum(w)
+        out.append([math.fsum(wi * float(boxes[c][n][j]) for wi, n in zip(w, rows)) / total for j in range(4)])
+    return out
+
+
+class TestWeightedMeanBox:
+    @pytest.mark.parametrize("seed", range(6))
+    @pytest.mark.parametrize("scale", [1.0, TINY, 1e-30, 0.0])
+    def test_matches_the_slow_reference(self, seed, scale):
+        g = torch.Generator().manual_seed(seed)
+        xy = torch.rand(20, 3, 2, generator=g)
+        boxes = torch.cat([xy, xy + torch.rand(20, 3, 2, generator=g)], 2)  # [C, N, 4]
+        weights = torch.rand(20, 3, generator=g) * scale
+        weights[torch.rand(20, 3, generator=g) < 0.2] = 0.0
+        members = torch.rand(20, 3, generator=g) < 0.7
+        got = weighted_mean_box(boxes, weights, members)
+        expected = torch.tensor(reference_mean(boxes.tolist(), weights.tolist(), members.tolist()))
+        # subnormal weights carry few significant bits: the reference sees the same rounded values
+        torch.testing.assert_close(got, expected.float(), rtol=1e-5, atol=1e-6)
+
+    def test_inside_the_hull_and_finite(self):
+        boxes = torch.tensor([[[0.1, 0.1, 0.3, 0.3], [0.2, 0.2, 0.4, 0.4]]]).repeat(4, 1, 1)
+        weights = torch.tensor([[TINY, TINY], [0.0, 0.0], [TINY, 0.0], [0.0, 1.0]])
+        got = weighted_mean_box(boxes, weights, torch.ones(4, 2, dtype=torch.bool))
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got[:2], torch.tensor([[0.15, 0.15, 0.35, 0.35]] * 2))
+        torch.testing.assert_close(got[2:], torch.tensor([[0.1, 0.1, 0.3, 0.3], [0.2, 0.2, 0.4, 0.4]]))
+
+    @pytest.mark.parametrize("score", [TINY, 0.0])
+    def test_heads_score_weighted_boxes(self, score):
+        preds = torch.tensor([[[0.1, 0.1, 0.3, 0.3, score], [0.2, 0.2, 0.4, 0.4, score]]])
+        present = torch.ones(1, 2, dtype=torch.bool)
+        expected = torch.tensor([[0.15, 0.15, 0.35, 0.35]])
+        torch.testing.assert_close(score_weighted_box(preds, present), expected)
+        boxes, _ = combine_selected(preds, present, present.float(), 2, "score_weighted")
+        torch.testing.assert_close(boxes, expected)
+
+
+def _lone_object_models() -> list[Detections]:
+    """Model 0 alone sees the object at (10, 10, 40, 40); the others see another one."""
+    return [
+        Detections([[10, 10, 40, 40], [60, 60, 100, 100]], [0.9, 0.8], [1, 1], IMAGE_SIZE),
+        Detections([[61, 61, 100, 100]], [0.7], [1], IMAGE_SIZE),
+        Detections([[60, 62, 101, 100]], [0.6], [1], IMAGE_SIZE),
+    ]
+
+
+@pytest.mark.parametrize("name", WEIGHTED_FUSERS)
+class TestFuserWeights:
+    def test_zero_weight_for_the_only_model_that_saw_an_object(self, name):
+        params = {"min_votes": 1} if name == "vote" else {}
+        fused = fuse(_lone_object_models(), name, weights=[0.0, 1.0, 1.0], **params)
+        assert torch.isfinite(fused.boxes).all() and torch.isfinite(fused.scores).all()
+        lone = [box for box in fused.boxes.tolist() if box[0] < 50]
+        assert all(box == pytest.approx([10, 10, 40, 40]) for box in lone)
+
+    @pytest.mark.parametrize("weight", [TINY, 1e-30])
+    def test_tiny_equal_weights_fuse_like_unit_weights(self, name, weight):
+        per_model = random_models(8)
+        tiny = fuse(per_model, name, weights=[weight] * 3)
+        unit = fuse(per_model, name)
+        assert len(tiny) == len(unit)
+        order = torch.argsort(unit.boxes[:, 0] * 1e4 + unit.boxes[:, 1])
+        tiny_order = torch.argsort(tiny.boxes[:, 0] * 1e4 + tiny.boxes[:, 1])
+        torch.testing.assert_close(tiny.boxes[tiny_order], unit.boxes[order], rtol=0, atol=1e-3)
+        assert (tiny.area() > 0).all()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_wbf_with_every_weight_zero_but_one_is_finite(seed):
+    rng = random.Random(seed)
+    per_model = random_models(seed)
+    weights = [0.0, 0.0, 0.0]
+    weights[rng.randrange(3)] = 1.0
+    fused = fuse(per_model, "wbf", weights=weights)
+    assert torch.isfinite(fused.boxes).all()
