@@ -90,14 +90,26 @@ def _case(seed: int):
     return per_model, params
 
 
+LOOPS = [("compiled", None), ("vectorized", 1), ("vectorized", 10**9)]
+LOOP_IDS = ["compiled", "lockstep-only", "per-box-only"]
+
+
+def use_loop(monkeypatch, backend, alone_below):
+    """Make wbf_fusion run one clustering loop: the compiled kernel, or the numpy lockstep / per-box loop."""
+    if alone_below is not None:
+        monkeypatch.setattr(wbf_module, "_ALONE_BELOW", alone_below)
+    return lambda *a, **k: wbf_module.wbf_fusion(*a, **{"backend": backend, **k})
+
+
 class TestParity:
+    @pytest.mark.parametrize("backend", ["compiled", "vectorized"])
     @pytest.mark.parametrize("block", range(8))
-    def test_random_inputs_match_ensemble_boxes(self, block):
+    def test_random_inputs_match_ensemble_boxes(self, block, backend):
         """240 random multi-model, multi-class images (some models empty), all conf_types, with weights."""
         compared = 0
         for seed in range(block * 30, block * 30 + 30):
             per_model, params = _case(seed)
-            fused = wbf_fusion(per_model, **params)
+            fused = wbf_fusion(per_model, **params, backend=backend)
             assert fused.source == "fused:wbf"
             if all(len(d) == 0 for d in per_model):
                 assert len(fused) == 0  # the reference crashes here
@@ -106,8 +118,9 @@ class TestParity:
             compared += 1
         assert compared >= 25
 
+    @pytest.mark.parametrize("backend", ["compiled", "vectorized"])
     @pytest.mark.parametrize("conf_type", CONF_TYPES)
-    def test_crowded_image_matches_ensemble_boxes(self, conf_type):
+    def test_crowded_image_matches_ensemble_boxes(self, conf_type, backend):
         """Hundreds of boxes piled on few objects: many joins, long float32 accumulations, merged groups."""
         rng = np.random.default_rng(7)
         per_model = random_models(rng, 4, (480, 640), num_objects=12, num_classes=2, empty_prob=0.0)
@@ -121,12 +134,14 @@ class TestParity:
             for i, d in enumerate(per_model)
         ]
         params = {"iou_thr": 0.5, "conf_type": conf_type, "weights": [1.0, 2.0, 0.5, 1.5]}
-        assert_matches_reference(wbf_fusion(per_model, **params), reference_wbf(per_model, **params))
+        fused = wbf_fusion(per_model, **params, backend=backend)
+        assert_matches_reference(fused, reference_wbf(per_model, **params))
 
-    @pytest.mark.parametrize("alone_below", [1, 10**9], ids=["lockstep-only", "per-box-only"])
-    def test_both_loops_match_ensemble_boxes(self, alone_below, monkeypatch):
-        """The lockstep over groups and the per-box loop for the last groups each agree with the reference."""
-        monkeypatch.setattr(wbf_module, "_ALONE_BELOW", alone_below)
+    @pytest.mark.parametrize("backend, alone_below", LOOPS, ids=LOOP_IDS)
+    def test_every_loop_matches_ensemble_boxes(self, backend, alone_below, monkeypatch):
+        """The compiled kernel, the lockstep over groups and the per-box loop for the last groups each
+        agree with the reference."""
+        wbf_fusion = use_loop(monkeypatch, backend, alone_below)
         for seed in [*range(0, 200, 10), 7]:
             per_model, params = _case(seed)
             if any(len(d) for d in per_model):
@@ -228,10 +243,10 @@ class TestBadInput:
         for d, (b, s, lab) in zip(per_model, copies, strict=True):
             assert torch.equal(d.boxes, b) and torch.equal(d.scores, s) and torch.equal(d.labels, lab)
 
-    @pytest.mark.parametrize("alone_below", [1, 10**9], ids=["lockstep-only", "per-box-only"])
-    def test_zero_weight_cluster_gets_the_plain_mean_in_any_model_order(self, alone_below, monkeypatch):
+    @pytest.mark.parametrize("backend, alone_below", LOOPS, ids=LOOP_IDS)
+    def test_zero_weight_cluster_gets_the_plain_mean_in_any_model_order(self, backend, alone_below, monkeypatch):
         """All members scoring 0 makes the reference divide by 0 (NaN boxes); detens takes their plain mean."""
-        monkeypatch.setattr(wbf_module, "_ALONE_BELOW", alone_below)
+        wbf_fusion = use_loop(monkeypatch, backend, alone_below)
         image_size = (100, 100)
         per_model = [
             Detections([[10, 10, 50, 50]], [0.9], [0], image_size),
@@ -245,11 +260,11 @@ class TestBadInput:
             zero = fused[fused.scores == 0]
             torch.testing.assert_close(zero.boxes, torch.tensor([[11.0, 11.0, 50.0, 50.0]]))
 
-    @pytest.mark.parametrize("alone_below", [1, 10**9], ids=["lockstep-only", "per-box-only"])
+    @pytest.mark.parametrize("backend, alone_below", LOOPS, ids=LOOP_IDS)
     @pytest.mark.parametrize("score", [1.4e-45, 1e-40, 2.0**-110, 0.0])
-    def test_tiny_scores_give_the_weighted_mean_not_the_origin(self, alone_below, score, monkeypatch):
+    def test_tiny_scores_give_the_weighted_mean_not_the_origin(self, backend, alone_below, score, monkeypatch):
         # score·box underflows float32 below ~2**-100: the reference returns (0, 0, 0, 0)
-        monkeypatch.setattr(wbf_module, "_ALONE_BELOW", alone_below)
+        wbf_fusion = use_loop(monkeypatch, backend, alone_below)
         image_size = (100, 100)
         per_model = [
             Detections([[10, 10, 50, 50]], [score], [0], image_size),
@@ -260,6 +275,17 @@ class TestBadInput:
         torch.testing.assert_close(fused.boxes, torch.tensor([[15.0, 15.0, 55.0, 55.0]]))
         backward = wbf_fusion(per_model[::-1], iou_thr=0.3)
         assert torch.equal(backward.boxes, fused.boxes)
+
+
+class TestLoopsAgree:
+    @pytest.mark.parametrize("seed", range(40))
+    def test_compiled_equals_vectorized_exactly(self, seed):
+        """Beyond the reference's float32 tolerance: the two formulations give identical outputs."""
+        per_model, params = _case(seed)
+        compiled = wbf_fusion(per_model, **params, backend="compiled")
+        vectorized = wbf_fusion(per_model, **params, backend="vectorized")
+        assert torch.equal(compiled.boxes, vectorized.boxes) and torch.equal(compiled.scores, vectorized.scores)
+        assert torch.equal(compiled.labels, vectorized.labels)
 
 
 class TestOutputContract:

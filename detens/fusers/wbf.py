@@ -57,6 +57,7 @@ logger = logging.getLogger(__name__)
 
 ConfType = Literal["avg", "max", "box_and_model_avg", "absent_model_aware_avg"]
 CONF_TYPES: tuple[str, ...] = ("avg", "max", "box_and_model_avg", "absent_model_aware_avg")
+WBF_BACKENDS: tuple[str, ...] = ("auto", "compiled", "vectorized")
 
 # Rows of the per-cluster state tensor [_STATE, G, T] (one contiguous [G, T] plane per quantity): only
 # what the matching of later boxes depends on. Counts, weights and members are gathered after the loop.
@@ -251,6 +252,32 @@ def _cluster_alone(
     return own[:, :count], slots
 
 
+def _cluster_vectorized(
+    boxes: Tensor, labels: Tensor, wscore: Tensor, area: Tensor, iou_thr: float
+) -> tuple[Tensor, Tensor]:
+    """The clustering loop in numpy, spatially separated groups of boxes in lockstep (see :func:`_cluster`).
+
+    Args:
+        boxes (Tensor[K, 4] float64): normalized, in visiting order (by class, then descending score).
+        labels, wscore, area (Tensor[K]): classes, weighted scores and areas of the boxes.
+
+    Returns:
+        clusters (Tensor[M, _STATE] float64), cluster (Tensor[K] int64): the fused boxes' state and each
+        box's cluster.
+    """
+    # A fused box stays within its members' hull up to float32 rounding of its weighted mean: ~K ulps.
+    margin = (boxes.shape[0] + 4) * 2.0**-22
+    layout = lockstep_layout(disjoint_groups(boxes, labels, margin))
+    # Step data, packed by step: the boxes of step t are the columns offsets[t] : offsets[t + 1].
+    per_box = torch.cat([boxes, wscore[:, None] * boxes, area[:, None], wscore[:, None]], dim=1)  # [K, _STEP]
+    packed = per_box[layout.step_order].T.contiguous()  # [_STEP, K]
+    guard = bool((wscore < _TINY_CONF).any())
+    clusters, cluster_packed = _cluster(packed.numpy(), layout, iou_thr, guard)
+    cluster = torch.empty(boxes.shape[0], dtype=torch.int64)
+    cluster[layout.step_order] = torch.from_numpy(cluster_packed)  # [K] each box's cluster, visiting order
+    return torch.from_numpy(clusters).T, cluster
+
+
 @FUSERS.register("wbf")
 def wbf_fusion(
     per_model: Sequence[Detections],
@@ -259,6 +286,7 @@ def wbf_fusion(
     skip_box_thr: float = 0.0,
     conf_type: ConfType = "avg",
     allows_overflow: bool = False,
+    backend: str = "auto",
 ) -> Detections:
     """Weighted boxes fusion of several models' detections on one image.
 
@@ -272,6 +300,9 @@ def wbf_fusion(
             times min(N, boxes)/Σweights), ``"max"`` (max weighted score / max weight),
             ``"box_and_model_avg"``, ``"absent_model_aware_avg"``.
         allows_overflow (bool): with ``"avg"``, scale by the number of boxes even beyond N.
+        backend (str): how the clustering loop runs: ``"compiled"`` (numba, box by box; the fast path),
+            ``"vectorized"`` (numpy, groups in lockstep) or ``"auto"`` (compiled). Both give the same
+            result; the loop is sequential, so it runs on the CPU whatever the input device.
 
     Returns:
         Detections: fused boxes (M), source ``"fused:wbf"``, on the input device, clipped to the image,
@@ -282,6 +313,7 @@ def wbf_fusion(
     skip_box_thr = check_real(skip_box_thr, "skip_box_thr", 0.0)
     check_choice(conf_type, "conf_type", CONF_TYPES)
     allows_overflow = check_flag(allows_overflow, "allows_overflow")
+    check_choice(backend, "backend", WBF_BACKENDS)
     num_models = len(per_model)
     image_size = per_model[0].image_size
     height, width = image_size
@@ -320,22 +352,21 @@ def wbf_fusion(
     boxes, labels, model, area = boxes[order], labels[order], model[order], area[order]
     box_weight, wscore, class_of = box_weight[order], wscore[order], class_of[order]
 
-    # A fused box stays within its members' hull up to float32 rounding of its weighted mean: ~K ulps.
-    margin = (num_boxes + 4) * 2.0**-22
-    layout = lockstep_layout(disjoint_groups(boxes, labels, margin))
+    if backend == "vectorized":
+        clusters, cluster = _cluster_vectorized(boxes, labels, wscore, area, float(iou_thr))
+    else:
+        from detens._wbf_kernel import wbf_clusters
 
-    # Step data, packed by step: the boxes of step t are the columns offsets[t] : offsets[t + 1].
-    per_box = torch.cat([boxes, wscore[:, None] * boxes, area[:, None], wscore[:, None]], dim=1)  # [K, _STEP]
-    packed = per_box[layout.step_order].T.contiguous()  # [_STEP, K]
-
-    guard = bool((wscore < _TINY_CONF).any())
-    clusters, cluster_packed = _cluster(packed.numpy(), layout, float(iou_thr), guard)
-    clusters = torch.from_numpy(clusters).T  # [M, _STATE]
+        class_starts = torch.cat([torch.tensor([0]), (labels[1:] != labels[:-1]).nonzero().squeeze(1) + 1,
+                                  torch.tensor([num_boxes])])  # boxes are sorted by class
+        found, cluster_of = wbf_clusters(
+            boxes.numpy(), (wscore[:, None] * boxes).numpy(), area.numpy(), wscore.numpy(),
+            class_starts.numpy(), float(iou_thr), _TINY_CONF,
+        )
+        clusters, cluster = torch.from_numpy(found), torch.from_numpy(cluster_of)  # [M, _STATE], [K]
     num_fused = clusters.shape[0]
 
     # --- per-cluster totals and the rescaled confidence ----------------------------------------------
-    cluster = torch.empty(num_boxes, dtype=torch.int64)
-    cluster[layout.step_order] = torch.from_numpy(cluster_packed)  # [K] each box's cluster, visiting order
     count = torch.bincount(cluster, minlength=num_fused).to(torch.float64)  # [M]
     conf = clusters[:, _CONF]
     # Sums run in visiting order, as the reference adds its members (scatter_add is sequential on CPU).
