@@ -98,17 +98,21 @@ class Ensemble:
     """Run several detectors on the same images and fuse their boxes image by image.
 
     Args:
-        detectors (list[Detector]): callables ``detector(images) -> list[Detections]`` (one per image, in
-            one label space), each with a ``.name`` — e.g. detens' adapters.
+        detectors (list): callables ``detector(images) -> list[Detections]`` (one per image, in one label
+            space), each with a ``.name`` — e.g. detens' adapters — or models already loaded: an
+            ``ultralytics.YOLO`` or a torchvision detection ``nn.Module``, wrapped in their adapter with its
+            defaults and named after the model (:func:`detens.adapters.as_detector`; wrap one yourself to
+            name it: ``UltralyticsDetector(model, name="v8")``).
         method (str): a fusion method of :func:`detens.fuse` (``"wbf"``, ``"theta"``, ...).
         head: for ``method="theta"``: a head or the path of a saved one (checked against the detector names).
         **params: the method's parameters (``iou_thr``, ``weights``, ...), checked here.
 
     Example::
 
-        ens = Ensemble([yolo_a, yolo_b], method="wbf", iou_thr=0.55)
+        ens = Ensemble([YOLO("a.tflite"), UltralyticsDetector("b.onnx")], method="wbf", iou_thr=0.55)
         fused = ens(["bus.jpg"])              # list[Detections], one per image
         fused = ens.predict("images/")        # a file, folder or glob, like Ultralytics' predict
+        fused.paths, fused.skipped            # the images of the Detections; unreadable images and why
     """
 
     def __init__(
@@ -116,14 +120,14 @@ class Ensemble:
     ) -> None:
         if callable(detectors) or not isinstance(detectors, Sequence) or not detectors:
             raise ValueError("Ensemble needs a non-empty list of detectors")
-        for i, detector in enumerate(detectors):
-            if not callable(detector):
-                raise TypeError(f"detectors[{i}] is not callable: {type(detector).__name__}")
-        self.detectors = list(detectors)
+        from detens.adapters import as_detector
+
+        self.detectors = [as_detector(d, f"detectors[{i}]") for i, d in enumerate(detectors)]
         self.names = [str(getattr(d, "name", None) or type(d).__name__) for d in self.detectors]
         if len(set(self.names)) != len(self.names):
             raise ValueError(
-                f"detector names must be unique (they identify the ensemble's members), got {self.names}"
+                f"detector names must be unique (they identify the ensemble's members), got {self.names}; "
+                "name a loaded model by wrapping it: UltralyticsDetector(model, name=...)"
             )
         self.method = method
         self.params = _fusion_params(method, head, params, self.names)

@@ -534,3 +534,66 @@ class TestPredictUnreadableImages:
         with pytest.raises(ValueError, match=fragment):
             Ensemble([ImageSizeDetector()], method=METHOD).predict(folder, **kwargs)
 
+
+# ---------------------------------------------------------------------------------- loaded models as members
+class TestEnsembleOfLoadedModels:
+    @pytest.mark.slow
+    def test_yolo_instances_fuse_like_their_adapters(self, folder_with_bad_images):
+        from ultralytics import YOLO
+
+        from detens.adapters import UltralyticsDetector
+
+        folder, good, bad = folder_with_bad_images
+        loaded = Ensemble([YOLO(str(path), task="detect") for path in MODELS.values()], method=METHOD)
+        assert loaded.names == list(MODELS)  # named after their files
+        assert all(isinstance(d, UltralyticsDetector) for d in loaded.detectors)
+        by_path = Ensemble([UltralyticsDetector(path) for path in MODELS.values()], method=METHOD)
+        fused, expected = loaded.predict(folder), by_path.predict(folder)
+        assert fused.paths == good and list(fused.skipped) == bad
+        assert all(len(det) for det in fused)
+        for det, ref in zip(fused, expected, strict=True):
+            assert torch.equal(det.boxes, ref.boxes) and torch.equal(det.scores, ref.scores)
+            assert torch.equal(det.labels, ref.labels)
+
+    def test_torchvision_modules_are_wrapped(self):
+        from torchvision.models.detection import (
+            fasterrcnn_mobilenet_v3_large_320_fpn,
+            ssdlite320_mobilenet_v3_large,
+        )
+
+        from detens.adapters import TorchvisionDetector
+
+        torch.manual_seed(0)
+        frcnn = fasterrcnn_mobilenet_v3_large_320_fpn(weights=None, weights_backbone=None)
+        ssd = ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None)
+        named = TorchvisionDetector(ssd, name="ssdlite")
+        ens = Ensemble([frcnn, named], method=METHOD)
+        assert ens.names == ["FasterRCNN", "ssdlite"]
+        assert isinstance(ens.detectors[0], TorchvisionDetector) and ens.detectors[0].model is frcnn
+        assert ens.detectors[1] is named
+        image = np.random.default_rng(0).integers(0, 255, (120, 160, 3), dtype=np.uint8)
+        (fused,) = ens([image])
+        per_model = [d([image])[0] for d in ens.detectors]
+        assert all(len(d) for d in per_model), "both untrained models output boxes at conf 0.001"
+        expected = detens.fuse(per_model, method=METHOD)
+        assert fused.image_size == (120, 160)
+        assert torch.equal(fused.boxes, expected.boxes) and torch.equal(fused.scores, expected.scores)
+
+    @pytest.mark.parametrize(
+        "member, fragment",
+        [
+            (3, r"detectors\[1\] must be a detector .* got int"),
+            ("model.pt", r"detectors\[1\] must be a detector .* got str"),
+            (None, r"detectors\[1\] must be a detector .* got NoneType"),
+        ],
+    )
+    def test_rejects_what_is_neither_detector_nor_model(self, member, fragment):
+        with pytest.raises(TypeError, match=fragment):
+            Ensemble([FixedDetector("a", [Detections.empty((10, 10))]), member])
+
+    def test_same_model_twice_needs_names(self):
+        from torchvision.models.detection import ssdlite320_mobilenet_v3_large
+
+        model = ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None)
+        with pytest.raises(ValueError, match=r"got \[.SSD., .SSD.\].*name="):
+            Ensemble([model, model])

@@ -27,6 +27,7 @@ __all__ = [
     "load_image",
     "detect_loaded",
     "check_detection_options",
+    "type_name",
 ]
 
 ImageInput = str | os.PathLike | np.ndarray
@@ -138,3 +139,9 @@ def check_detection_options(conf: float, iou: float | None, max_det: int) -> Non
         raise ValueError(f"iou must be in (0, 1], got {iou!r}")
     if isinstance(max_det, bool) or not isinstance(max_det, int) or max_det < 1:
         raise ValueError(f"max_det must be a positive integer, got {max_det!r}")
+
+
+def type_name(obj: Any) -> str:
+    """``obj``'s type for error messages: ``int``, ``torchvision.models.resnet.ResNet``."""
+    cls = type(obj)
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
