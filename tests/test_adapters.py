@@ -331,6 +331,18 @@ def test_torchvision_built_model(arch, class_name):
     assert TorchvisionDetector(model, name="mine").name == "mine"
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_torchvision_built_model_stays_on_its_device():
+    from detens.adapters.torchvision import TorchvisionDetector
+
+    model = _reference_model("ssdlite320_mobilenet_v3_large", 0.001, 50).cuda()
+    detector = TorchvisionDetector(model)
+    assert detector.device.type == "cuda" and next(model.parameters()).is_cuda
+    det = detector([BUS])[0]
+    assert_valid(det, (1080, 810))  # Detections come back on the CPU, as from every adapter
+    assert len(det) > 0
+
+
 @pytest.mark.parametrize(
     "arch, kwargs, num_classes",
     [
