@@ -2,7 +2,8 @@
 
 Public API (imported lazily, so ``import detens`` stays light and never imports ultralytics):
 
-- ``Detections``: boxes (xyxy pixels), scores, labels, image size — the one currency.
+- ``Detections``: boxes (xyxy pixels), scores, labels, image size — the one currency
+  (``to_supervision`` / ``from_supervision`` with ``detens[supervision]``).
 - ``match``, ``Clusters``: cross-model matching into per-object N×5 prediction matrices.
 - ``ThetaHead``, ``assign_targets``: the learned Θ fusion head (seed paper, corrected math).
 - ``fuse``, ``list_fusers``: every fusion method behind one call.

@@ -8,7 +8,7 @@ Boxes are always xyxy in absolute pixels (float32); conversions happen only at I
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -263,6 +263,30 @@ class Detections:
         height, width = self.image_size
         scale = self.boxes.new_tensor([width, height, width, height])
         return self.boxes / scale
+
+    # ---------------------------------------------------------------------------------------- supervision
+    def to_supervision(self, class_names: Mapping[int, str] | None = None) -> Any:
+        """A ``supervision.Detections`` of these boxes: ``xyxy``, ``confidence``, ``class_id`` = ``labels``.
+
+        ``class_names`` (``{label: name}``) fills ``data["class_name"]``. Needs ``detens[supervision]``;
+        see :func:`detens.interop.supervision.to_supervision`.
+        """
+        from detens.interop.supervision import to_supervision
+
+        return to_supervision(self, class_names)
+
+    @classmethod
+    def from_supervision(
+        cls, sv_detections: Any, image_size: tuple[int, int], source: str | None = None
+    ) -> Detections:
+        """Detections of a ``supervision.Detections`` (``class_id`` become the labels) of an image of
+        ``image_size`` ``(height, width)``, which supervision does not record.
+
+        See :func:`detens.interop.supervision.from_supervision`.
+        """
+        from detens.interop.supervision import from_supervision
+
+        return from_supervision(sv_detections, image_size, source)
 
     def numpy(self) -> dict[str, np.ndarray]:
         return {

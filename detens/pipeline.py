@@ -22,9 +22,9 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from torch import Tensor, nn
@@ -43,7 +43,7 @@ from detens.fusers import FUSERS, fuse
 if TYPE_CHECKING:
     from ultralytics.engine.results import Results
 
-__all__ = ["Ensemble", "fuse_results", "TorchvisionFusion", "Detector"]
+__all__ = ["Ensemble", "PredictionList", "PredictionStream", "fuse_results", "TorchvisionFusion", "Detector"]
 
 logger = logging.getLogger(__name__)
 
@@ -98,17 +98,21 @@ class Ensemble:
     """Run several detectors on the same images and fuse their boxes image by image.
 
     Args:
-        detectors (list[Detector]): callables ``detector(images) -> list[Detections]`` (one per image, in
-            one label space), each with a ``.name`` — e.g. detens' adapters.
+        detectors (list): callables ``detector(images) -> list[Detections]`` (one per image, in one label
+            space), each with a ``.name`` — e.g. detens' adapters — or models already loaded: an
+            ``ultralytics.YOLO`` or a torchvision detection ``nn.Module``, wrapped in their adapter with its
+            defaults and named after the model (:func:`detens.adapters.as_detector`; wrap one yourself to
+            name it: ``UltralyticsDetector(model, name="v8")``).
         method (str): a fusion method of :func:`detens.fuse` (``"wbf"``, ``"theta"``, ...).
         head: for ``method="theta"``: a head or the path of a saved one (checked against the detector names).
         **params: the method's parameters (``iou_thr``, ``weights``, ...), checked here.
 
     Example::
 
-        ens = Ensemble([yolo_a, yolo_b], method="wbf", iou_thr=0.55)
+        ens = Ensemble([YOLO("a.tflite"), UltralyticsDetector("b.onnx")], method="wbf", iou_thr=0.55)
         fused = ens(["bus.jpg"])              # list[Detections], one per image
         fused = ens.predict("images/")        # a file, folder or glob, like Ultralytics' predict
+        fused.paths, fused.skipped            # the images of the Detections; unreadable images and why
     """
 
     def __init__(
@@ -116,14 +120,14 @@ class Ensemble:
     ) -> None:
         if callable(detectors) or not isinstance(detectors, Sequence) or not detectors:
             raise ValueError("Ensemble needs a non-empty list of detectors")
-        for i, detector in enumerate(detectors):
-            if not callable(detector):
-                raise TypeError(f"detectors[{i}] is not callable: {type(detector).__name__}")
-        self.detectors = list(detectors)
+        from detens.adapters import as_detector
+
+        self.detectors = [as_detector(d, f"detectors[{i}]") for i, d in enumerate(detectors)]
         self.names = [str(getattr(d, "name", None) or type(d).__name__) for d in self.detectors]
         if len(set(self.names)) != len(self.names):
             raise ValueError(
-                f"detector names must be unique (they identify the ensemble's members), got {self.names}"
+                f"detector names must be unique (they identify the ensemble's members), got {self.names}; "
+                "name a loaded model by wrapping it: UltralyticsDetector(model, name=...)"
             )
         self.method = method
         self.params = _fusion_params(method, head, params, self.names)
@@ -188,35 +192,101 @@ class Ensemble:
         ]
 
     def predict(
-        self, source: str | Path | Sequence[str | Path], batch_size: int = 8, stream: bool = False
-    ) -> list[Detections] | Iterator[Detections]:
+        self,
+        source: str | Path | Sequence[str | Path],
+        batch_size: int = 8,
+        stream: bool = False,
+        on_error: Literal["skip", "raise"] = "skip",
+    ) -> PredictionList | PredictionStream:
         """Detect and fuse over a file, folder or glob (``detens.sources.list_images``).
 
         Images are read once (``detens.sources.read_image``) and handed to every detector as BGR arrays
-        with their paths (so ``PrecomputedDetector`` members find their saved predictions).
+        with their paths (so ``PrecomputedDetector`` members find their saved predictions). An image that
+        cannot be read (corrupt, truncated, not an image, unreadable) is logged as a warning naming the
+        file and the reason and skipped, as ``tools/fuse.py`` does; the answer's ``skipped`` lists it.
 
         Args:
-            source: an image path, a folder, a glob pattern or a list of paths.
+            source: an image path, a folder, a glob pattern or a list of paths (a path that does not exist
+                is a ``FileNotFoundError`` before anything runs, see ``list_images``).
             batch_size: images per detector call.
-            stream: return a generator instead of a list (constant memory over large folders).
+            stream: return an iterator instead of a list (constant memory over large folders).
+            on_error: ``"skip"`` (default) reports and skips unreadable images; ``"raise"`` stops at the
+                first one with its :class:`~detens.sources.ImageReadError`.
 
         Returns:
-            one fused Detections per image, in the order of ``detens.sources.list_images(source)``.
+            PredictionList | PredictionStream: one fused Detections per image read, in the order of
+            ``detens.sources.list_images(source)``; ``.paths[i]`` is the image of the i-th Detections and
+            ``.skipped`` maps each skipped image to the reason (a stream fills both as it goes).
         """
-        if not isinstance(batch_size, int) or batch_size < 1:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if on_error not in _ON_ERROR:
+            raise ValueError(f"on_error must be one of {list(_ON_ERROR)}, got {on_error!r}")
         from detens.sources import list_images
 
-        paths = list(list_images(source))
-        generator = self._predict_paths(paths, batch_size)
-        return generator if stream else list(generator)
+        predictions = PredictionStream(self, list(list_images(source)), batch_size, on_error)
+        return predictions if stream else PredictionList(predictions, predictions.paths, predictions.skipped)
 
-    def _predict_paths(self, paths: Sequence[Path], batch_size: int) -> Iterator[Detections]:
-        from detens.sources import read_image
+
+_ON_ERROR = ("skip", "raise")
+
+
+class PredictionStream(Iterator[Detections]):
+    """The fused Detections of :meth:`Ensemble.predict` image by image, as the images are read.
+
+    Attributes:
+        paths (list[Path]): ``paths[i]`` is the image of the i-th Detections yielded so far.
+        skipped (dict[Path, str]): each image skipped so far (it could not be read) and why.
+    """
+
+    def __init__(
+        self, ensemble: Ensemble, paths: Sequence[Path], batch_size: int, on_error: Literal["skip", "raise"]
+    ) -> None:
+        self.paths: list[Path] = []
+        self.skipped: dict[Path, str] = {}
+        self._detections = self._run(ensemble, paths, batch_size, on_error)
+
+    def __iter__(self) -> PredictionStream:
+        return self
+
+    def __next__(self) -> Detections:
+        return next(self._detections)
+
+    def _run(
+        self, ensemble: Ensemble, paths: Sequence[Path], batch_size: int, on_error: str
+    ) -> Iterator[Detections]:
+        from detens.sources import ImageReadError, read_image
 
         for begin in range(0, len(paths), batch_size):
-            batch = list(paths[begin : begin + batch_size])
-            yield from self._detect_and_fuse([read_image(p) for p in batch], batch)
+            images, read_paths = [], []
+            for path in paths[begin : begin + batch_size]:
+                try:
+                    images.append(read_image(path))
+                except ImageReadError as err:
+                    if on_error == "raise":
+                        raise
+                    logger.warning("skipped: %s", err)
+                    self.skipped[Path(path)] = str(err)
+                    continue
+                read_paths.append(Path(path))
+            for path, fused in zip(read_paths, ensemble._detect_and_fuse(images, read_paths), strict=True):
+                self.paths.append(path)
+                yield fused
+
+
+class PredictionList(list[Detections]):
+    """The ``list[Detections]`` that :meth:`Ensemble.predict` returns: one fused Detections per image read.
+
+    Attributes:
+        paths (list[Path]): ``paths[i]`` is the image of ``self[i]``.
+        skipped (dict[Path, str]): each image that could not be read and why, in the order met; empty when
+            every image was read.
+    """
+
+    def __init__(self, detections: Iterable[Detections], paths: list[Path], skipped: dict[Path, str]) -> None:
+        super().__init__(detections)
+        self.paths = paths
+        self.skipped = skipped
 
 
 # ---------------------------------------------------------------------------------------- Ultralytics

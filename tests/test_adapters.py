@@ -122,6 +122,19 @@ class TestUltralyticsSharedModels:
         assert_valid(det, (200, 300))
         assert len(det) == 0 or float(det.scores.max()) < 0.25
 
+    def test_loaded_model_gives_the_same_detections(self, yolo):
+        from ultralytics import YOLO
+
+        from detens.adapters.ultralytics import UltralyticsDetector
+
+        model = YOLO(yolo.resolved.value, task="detect")
+        loaded = UltralyticsDetector(model)
+        assert loaded.model is model and loaded.name == yolo.name  # named after the file it was loaded from
+        got, expected = loaded([BUS])[0], yolo([BUS])[0]
+        assert len(got) > 0 and got.source == yolo.name
+        assert torch.equal(got.boxes, expected.boxes) and torch.equal(got.scores, expected.scores)
+        assert torch.equal(got.labels, expected.labels)
+
 
 @pytest.fixture(scope="module")
 def v8():
@@ -171,6 +184,47 @@ class TestUltralyticsOptions:
 
         with pytest.raises(ValueError, match=fragment):
             UltralyticsDetector("yolov8n_int8_tflite/yolov8n_int8.tflite", **kwargs)
+
+
+class TestUltralyticsLoadedModel:
+    def test_task_guessed_and_explicit_name(self):
+        from ultralytics import YOLO
+
+        from detens.adapters.ultralytics import UltralyticsDetector
+
+        model = YOLO(str(SHARED_MODELS / "yolov8n_int8_tflite" / "yolov8n_int8.tflite"))  # no task given
+        detector = UltralyticsDetector(model, conf=0.25, name="v8")
+        assert detector.name == "v8" and detector.model is model
+        det = detector([BUS])[0]
+        assert_valid(det, (1080, 810))
+        assert det.source == "v8" and BUS_ID in det.labels.tolist()
+
+    @pytest.mark.parametrize(
+        "make, error, fragment",
+        [
+            (lambda: 3, TypeError, r"path \(str or os.PathLike\) or a loaded ultralytics.YOLO model, got int$"),
+            (lambda: None, TypeError, "got NoneType$"),
+            (lambda: torch.nn.Linear(2, 2), TypeError, "got torch.nn.modules.linear.Linear$"),
+            (
+                lambda: __import__("torchvision").models.detection.ssdlite320_mobilenet_v3_large(
+                    weights=None, weights_backbone=None
+                ),
+                TypeError,
+                "got torchvision.models.detection.ssd.SSD; a torchvision detection model goes to TorchvisionDetector",
+            ),
+            (
+                lambda: __import__("ultralytics").YOLO("yolov8n-cls.yaml"),  # built offline, untrained
+                ValueError,
+                "got a 'classify' model",
+            ),
+        ],
+        ids=["int", "None", "nn.Module", "torchvision", "classify"],
+    )
+    def test_rejects(self, make, error, fragment):
+        from detens.adapters.ultralytics import UltralyticsDetector
+
+        with pytest.raises(error, match=fragment):
+            UltralyticsDetector(make())
 
 
 @pytest.mark.slow
@@ -236,13 +290,121 @@ def test_torchvision_state_dict_by_path(tmp_path, arch, options):
     assert_valid(bus, (1080, 810))
     assert len(bus) > 0
 
+    assert_same_as_reference(bus, reference)
+
+
+def assert_same_as_reference(bus: Detections, reference: torch.nn.Module) -> None:
+    """``bus`` (a detector's Detections of bus.jpg) is what the torchvision model ``reference`` outputs."""
     rgb = torch.from_numpy(read_image(BUS)[:, :, ::-1].copy()).permute(2, 0, 1).float() / 255
     with torch.inference_mode():
         expected = reference([rgb])[0]
     keep = torch.isin(expected["labels"], torch.tensor(COCO_CATEGORY_IDS))  # untrained: "N/A" ids are dropped
+    assert int(keep.sum()) > 0
     torch.testing.assert_close(bus.boxes, expected["boxes"][keep])
     torch.testing.assert_close(bus.scores, expected["scores"][keep])
     torch.testing.assert_close(bus.labels, expected["labels"][keep])
+
+
+@pytest.mark.parametrize(
+    "arch, class_name",
+    [("fasterrcnn_mobilenet_v3_large_320_fpn", "FasterRCNN"), ("ssdlite320_mobilenet_v3_large", "SSD")],
+)
+def test_torchvision_built_model(arch, class_name):
+    """A model built by the caller gives the model's own output, and is taken over (eval, thresholds)."""
+    from torchvision.models import get_model
+
+    from detens.adapters.torchvision import TorchvisionDetector
+
+    torch.manual_seed(0)
+    reference = _reference_model(arch, conf=0.001, max_det=100)
+    model = get_model(arch, weights=None, weights_backbone=None)  # its own thresholds: 0.05 / 0.01 and 100 / 300
+    model.load_state_dict(reference.state_dict())
+    detector = TorchvisionDetector(model, conf=0.001, max_det=100)
+    assert detector.name == class_name and detector.arch == class_name and detector.model is model
+    assert detector.device == torch.device("cpu") and detector.weights_source is None
+    assert not model.training
+    holder = model.roi_heads if hasattr(model, "roi_heads") else model
+    assert (holder.score_thresh, holder.detections_per_img) == (0.001, 100)
+    bus = detector([BUS])[0]
+    assert_valid(bus, (1080, 810))
+    assert_same_as_reference(bus, reference)
+    assert TorchvisionDetector(model, name="mine").name == "mine"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_torchvision_built_model_stays_on_its_device():
+    from detens.adapters.torchvision import TorchvisionDetector
+
+    model = _reference_model("ssdlite320_mobilenet_v3_large", 0.001, 50).cuda()
+    detector = TorchvisionDetector(model)
+    assert detector.device.type == "cuda" and next(model.parameters()).is_cuda
+    det = detector([BUS])[0]
+    assert_valid(det, (1080, 810))  # Detections come back on the CPU, as from every adapter
+    assert len(det) > 0
+
+
+@pytest.mark.parametrize(
+    "arch, kwargs, num_classes",
+    [
+        ("fasterrcnn_mobilenet_v3_large_320_fpn", {}, 91),
+        ("fasterrcnn_mobilenet_v3_large_320_fpn", {"num_classes": 5}, 5),
+        ("ssdlite320_mobilenet_v3_large", {"num_classes": 7}, 7),
+        ("retinanet_resnet50_fpn", {"num_classes": 3}, 3),
+        ("fcos_resnet50_fpn", {"num_classes": 4}, 4),
+    ],
+)
+def test_torchvision_built_model_classes(arch, kwargs, num_classes):
+    """The label lookup covers the classes the built model has (read from its classification layer)."""
+    from torchvision.models import get_model
+
+    from detens.adapters.torchvision import TorchvisionDetector
+
+    model = get_model(arch, weights=None, weights_backbone=None, **kwargs)
+    detector = TorchvisionDetector(model)
+    assert detector.lookup.numel() == num_classes
+    if num_classes == 91:  # COCO: category ids as predicted, background and "N/A" dropped
+        assert detector.lookup[1] == 1 and detector.lookup[0] == -1 and detector.lookup[12] == -1
+    else:
+        assert detector.lookup.tolist() == list(range(num_classes))
+
+
+@pytest.mark.parametrize(
+    "make, kwargs, error, fragment",
+    [
+        (lambda: 3, {}, TypeError, "builder name .* or a built torchvision detection model .*, got int$"),
+        (
+            lambda: torch.nn.Linear(2, 2),
+            {},
+            TypeError,
+            "got an nn.Module that is not a torchvision detection model: torch.nn.modules.linear.Linear$",
+        ),
+        (
+            lambda: __import__("ultralytics").YOLO("yolov8n.yaml"),
+            {},
+            TypeError,
+            "ultralytics.models.yolo.model.YOLO; an Ultralytics model goes to UltralyticsDetector",
+        ),
+        (lambda: "SSD", {}, ValueError, "unknown torchvision detection architecture 'SSD'"),
+        (
+            lambda: _reference_model("ssdlite320_mobilenet_v3_large", 0.001, 10),
+            {"weights": "mine.pth"},
+            ValueError,
+            "weights='mine.pth' is for a builder name; a built SSD keeps its own weights",
+        ),
+        (
+            lambda: _reference_model("ssdlite320_mobilenet_v3_large", 0.001, 10),
+            {"min_size": 300},
+            TypeError,
+            r"\['min_size'\] are torchvision builder arguments",
+        ),
+    ],
+    ids=["int", "nn.Module", "ultralytics", "class name", "weights", "builder kwargs"],
+)
+def test_torchvision_rejects(make, kwargs, error, fragment):
+    from detens.adapters.torchvision import TorchvisionDetector
+
+    with pytest.raises(error, match=fragment):
+        TorchvisionDetector(make(), **kwargs)
 
 
 @pytest.fixture(scope="module")

@@ -462,3 +462,156 @@ def test_ensemble_predict_with_precomputed_detectors(tmp_path):
     assert [len(per_model[n][0]) for n in range(2)] == [1, 1]
     with pytest.raises(ValueError, match="got 2 paths for 1 images"):
         ens.run_detectors([np.zeros((48, 64, 3), np.uint8)], paths)
+
+
+# ------------------------------------------------------------------------------- unreadable images, predict
+class ImageSizeDetector:
+    """One box over the whole image: its Detections show which image it was given."""
+
+    name = "whole"
+
+    def __call__(self, images):
+        return [
+            Detections([[0.0, 0.0, float(w), float(h)]], [0.5], [1], (h, w), self.name)
+            for h, w in (image.shape[:2] for image in images)
+        ]
+
+
+@pytest.fixture
+def folder_with_bad_images(tmp_path):
+    """Two real COCO images, a real JPEG cut in half and a text file named .jpg, in file-name order."""
+    real = sorted(COCO_IMAGES.glob("*.jpg"))[:2]
+    assert len(real) == 2, f"shared images missing in {COCO_IMAGES}"
+    folder = tmp_path / "images"
+    folder.mkdir()
+    good = [folder / "a_good.jpg", folder / "d_good.jpg"]
+    for source, target in zip(real, good, strict=True):
+        target.write_bytes(source.read_bytes())
+    truncated = folder / "b_truncated.jpg"
+    data = real[0].read_bytes()
+    truncated.write_bytes(data[: len(data) // 2])
+    not_image = folder / "c_not an image.jpg"
+    not_image.write_text("this is not a jpeg")
+    return folder, good, [truncated, not_image]
+
+
+class TestPredictUnreadableImages:
+    @pytest.mark.parametrize("batch_size", [1, 2, 8])
+    def test_skips_reports_and_records(self, folder_with_bad_images, batch_size, caplog):
+        from detens.pipeline import PredictionList
+        from detens.sources import read_image
+
+        folder, good, bad = folder_with_bad_images
+        ens = Ensemble([ImageSizeDetector()], method=METHOD)
+        with caplog.at_level("WARNING", logger="detens.pipeline"):
+            fused = ens.predict(folder, batch_size=batch_size)
+        assert isinstance(fused, PredictionList) and isinstance(fused, list)
+        assert fused.paths == good and list(fused.skipped) == bad
+        assert [det.image_size for det in fused] == [read_image(p).shape[:2] for p in good]
+        assert "could not decode" in fused.skipped[bad[0]] and "b_truncated.jpg" in fused.skipped[bad[0]]
+        for path in bad:
+            assert any(path.name in r.getMessage() and r.levelname == "WARNING" for r in caplog.records), path
+
+    def test_stream_fills_paths_and_skipped_as_it_goes(self, folder_with_bad_images):
+        from detens.pipeline import PredictionStream
+
+        folder, good, bad = folder_with_bad_images
+        stream = Ensemble([ImageSizeDetector()], method=METHOD).predict(folder, batch_size=1, stream=True)
+        assert isinstance(stream, PredictionStream)
+        assert stream.paths == [] and stream.skipped == {}  # nothing read before iterating
+        first = next(stream)
+        assert stream.paths == good[:1] and stream.skipped == {} and len(first) == 1
+        rest = list(stream)
+        assert len(rest) == 1 and stream.paths == good and list(stream.skipped) == bad
+
+    @pytest.mark.parametrize("stream", [False, True])
+    def test_raise_stops_at_the_first_unreadable_image(self, folder_with_bad_images, stream):
+        from detens.sources import ImageReadError
+
+        folder, _, _ = folder_with_bad_images
+        ens = Ensemble([ImageSizeDetector()], method=METHOD)
+        with pytest.raises(ImageReadError, match="b_truncated.jpg"):
+            list(ens.predict(folder, stream=stream, on_error="raise"))
+
+    def test_every_image_unreadable(self, folder_with_bad_images):
+        _, _, bad = folder_with_bad_images
+        fused = Ensemble([ImageSizeDetector()], method=METHOD).predict(bad)
+        assert fused == [] and fused.paths == [] and list(fused.skipped) == bad
+
+    @pytest.mark.parametrize(
+        "kwargs, fragment",
+        [
+            ({"on_error": "ignore"}, r"on_error must be one of \['skip', 'raise'\], got 'ignore'"),
+            ({"on_error": None}, "on_error must be one of"),
+            ({"batch_size": 0}, "batch_size must be a positive integer, got 0"),
+            ({"batch_size": True}, "batch_size must be a positive integer, got True"),
+        ],
+    )
+    def test_bad_arguments(self, folder_with_bad_images, kwargs, fragment):
+        folder, _, _ = folder_with_bad_images
+        with pytest.raises(ValueError, match=fragment):
+            Ensemble([ImageSizeDetector()], method=METHOD).predict(folder, **kwargs)
+
+
+# ---------------------------------------------------------------------------------- loaded models as members
+class TestEnsembleOfLoadedModels:
+    @pytest.mark.slow
+    def test_yolo_instances_fuse_like_their_adapters(self, folder_with_bad_images):
+        from ultralytics import YOLO
+
+        from detens.adapters import UltralyticsDetector
+
+        folder, good, bad = folder_with_bad_images
+        loaded = Ensemble([YOLO(str(path), task="detect") for path in MODELS.values()], method=METHOD)
+        assert loaded.names == list(MODELS)  # named after their files
+        assert all(isinstance(d, UltralyticsDetector) for d in loaded.detectors)
+        by_path = Ensemble([UltralyticsDetector(path) for path in MODELS.values()], method=METHOD)
+        fused, expected = loaded.predict(folder), by_path.predict(folder)
+        assert fused.paths == good and list(fused.skipped) == bad
+        assert all(len(det) for det in fused)
+        for det, ref in zip(fused, expected, strict=True):
+            assert torch.equal(det.boxes, ref.boxes) and torch.equal(det.scores, ref.scores)
+            assert torch.equal(det.labels, ref.labels)
+
+    def test_torchvision_modules_are_wrapped(self):
+        from torchvision.models.detection import (
+            fasterrcnn_mobilenet_v3_large_320_fpn,
+            ssdlite320_mobilenet_v3_large,
+        )
+
+        from detens.adapters import TorchvisionDetector
+
+        torch.manual_seed(0)
+        frcnn = fasterrcnn_mobilenet_v3_large_320_fpn(weights=None, weights_backbone=None)
+        ssd = ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None)
+        named = TorchvisionDetector(ssd, name="ssdlite")
+        ens = Ensemble([frcnn, named], method=METHOD)
+        assert ens.names == ["FasterRCNN", "ssdlite"]
+        assert isinstance(ens.detectors[0], TorchvisionDetector) and ens.detectors[0].model is frcnn
+        assert ens.detectors[1] is named
+        image = np.random.default_rng(0).integers(0, 255, (120, 160, 3), dtype=np.uint8)
+        (fused,) = ens([image])
+        per_model = [d([image])[0] for d in ens.detectors]
+        assert all(len(d) for d in per_model), "both untrained models output boxes at conf 0.001"
+        expected = detens.fuse(per_model, method=METHOD)
+        assert fused.image_size == (120, 160)
+        assert torch.equal(fused.boxes, expected.boxes) and torch.equal(fused.scores, expected.scores)
+
+    @pytest.mark.parametrize(
+        "member, fragment",
+        [
+            (3, r"detectors\[1\] must be a detector .* got int"),
+            ("model.pt", r"detectors\[1\] must be a detector .* got str"),
+            (None, r"detectors\[1\] must be a detector .* got NoneType"),
+        ],
+    )
+    def test_rejects_what_is_neither_detector_nor_model(self, member, fragment):
+        with pytest.raises(TypeError, match=fragment):
+            Ensemble([FixedDetector("a", [Detections.empty((10, 10))]), member])
+
+    def test_same_model_twice_needs_names(self):
+        from torchvision.models.detection import ssdlite320_mobilenet_v3_large
+
+        model = ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None)
+        with pytest.raises(ValueError, match=r"got \[.SSD., .SSD.\].*name="):
+            Ensemble([model, model])

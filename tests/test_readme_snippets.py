@@ -19,22 +19,33 @@ def pipeline_snippets() -> list[str]:
     return re.findall(r"^```python\n(.*?)^```", body, flags=re.MULTILINE | re.DOTALL)
 
 
-def test_section_has_the_three_snippets():
+SNIPPETS = ["ultralytics", "torchvision", "tensors", "supervision", "ensemble"]
+
+
+def test_section_has_the_snippets():
     snippets = pipeline_snippets()
-    assert len(snippets) == 3
-    assert (
-        "fuse_results" in snippets[0] and "TorchvisionFusion" in snippets[1] and "detens.fuse(" in snippets[2]
-    )
+    assert len(snippets) == len(SNIPPETS)
+    assert "fuse_results" in snippets[0] and "TorchvisionFusion" in snippets[1] and "detens.fuse(" in snippets[2]
+    assert "import supervision" in snippets[3] and "Ensemble(" in snippets[4]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("index", range(3), ids=["ultralytics", "torchvision", "tensors"])
+@pytest.mark.parametrize("index", range(len(SNIPPETS)), ids=SNIPPETS)
 def test_snippet_runs(index, monkeypatch):
+    if SNIPPETS[index] == "supervision":
+        pytest.importorskip("supervision")
     monkeypatch.chdir(REPO)  # the snippets use paths relative to the repository root
     code = pipeline_snippets()[index]
     namespace = {"__name__": f"readme_snippet_{index}"}
     exec(compile(code, f"README.md:pipeline-snippet-{index}", "exec"), namespace)
-    assert "fused" in namespace
-    if index == 0:
-        assert namespace["annotated"].shape == namespace["fused"][0].orig_img.shape
-        assert len(namespace["fused"][0].boxes) > 0
+    fused = namespace["fused"]
+    if SNIPPETS[index] == "ultralytics":
+        assert namespace["annotated"].shape == fused[0].orig_img.shape
+        assert len(fused[0].boxes) > 0
+    elif SNIPPETS[index] == "supervision":
+        assert len(fused) > 0 and namespace["annotated"].shape == namespace["image"].shape
+        assert len(namespace["back"].data["class_name"]) == len(namespace["det"]) > 0
+    elif SNIPPETS[index] == "ensemble":
+        assert namespace["ens"].names == ["yolov8n_int8", "v11"]
+        assert len(fused) == len(fused.paths) > 0 and fused.skipped == {}
+        assert all(len(det) > 0 for det in fused)

@@ -11,6 +11,9 @@ A detector is a callable ``detector(images) -> list[Detections]`` with a display
 - :class:`~detens.adapters.precomputed.PrecomputedDetector` — saved COCO results;
 - :class:`~detens.adapters.augmented.AugmentedDetector` — test-time views of any detector.
 
+:func:`as_detector` wraps a model already loaded (an ``ultralytics.YOLO``, a torchvision detection
+``nn.Module``) in its adapter, which is how :class:`~detens.pipeline.Ensemble` takes such models.
+
 :data:`ADAPTERS` maps the ``type`` of an ensemble YAML entry to a builder; :func:`build_ensemble` turns
 a whole config into its members.
 """
@@ -22,7 +25,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from detens.adapters._base import BaseDetector, Detector, ImageInput, detect_loaded
+from detens.adapters._base import BaseDetector, Detector, ImageInput, detect_loaded, type_name
 from detens.adapters.weights import WeightsNotFoundError, resolve_weights, weights_dirs
 from detens.registry import Registry
 
@@ -45,6 +48,7 @@ __all__ = [
     "resolve_weights",
     "weights_dirs",
     "detect_loaded",
+    "as_detector",
     "build_detector",
     "build_ensemble",
     "member_weights",
@@ -68,6 +72,40 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
+
+
+def as_detector(member: Any, where: str = "detector") -> Detector:
+    """An ensemble member as a detector: a loaded model wrapped in its adapter, a detector as it is.
+
+    Args:
+        member: an ``ultralytics.YOLO`` (→ :class:`~detens.adapters.ultralytics.UltralyticsDetector`), a
+            torchvision detection model (→ :class:`~detens.adapters.torchvision.TorchvisionDetector`), both
+            with the adapter's defaults and a name derived from the model; or a detector (a callable
+            ``detector(images) -> list[Detections]`` with a ``.name``), returned unchanged. Wrap a model
+            yourself to choose its name or options (``UltralyticsDetector(model, name="v8", conf=0.05)``).
+        where: what ``member`` is, for messages (``"detectors[2]"``).
+
+    Raises:
+        TypeError: anything else.
+    """
+    # Ultralytics models are nn.Modules and callables too: they are recognized first.
+    from detens.adapters.torchvision import is_torchvision_detection_model
+    from detens.adapters.ultralytics import is_ultralytics_model
+
+    if is_ultralytics_model(member):
+        from detens.adapters.ultralytics import UltralyticsDetector
+
+        return UltralyticsDetector(member)
+    if is_torchvision_detection_model(member):
+        from detens.adapters.torchvision import TorchvisionDetector
+
+        return TorchvisionDetector(member)
+    if not callable(member):
+        raise TypeError(
+            f"{where} must be a detector (a callable detector(images) -> list[Detections] with a .name), an "
+            f"ultralytics.YOLO or a torchvision detection model, got {type_name(member)}"
+        )
+    return member
 
 
 #: ``type`` in an ensemble YAML → ``builder(model_config, ensemble_config, categories) -> Detector``.

@@ -28,6 +28,7 @@ __all__ = [
     "load_image",
     "detect_loaded",
     "check_detection_options",
+    "type_name",
 ]
 
 ImageInput = str | os.PathLike | np.ndarray
@@ -137,3 +138,9 @@ def check_detection_options(conf: float, iou: float | None, max_det: int) -> Non
     if iou is not None:
         check_real(iou, "iou", 0.0, 1.0, low_open=True)
     check_integer(max_det, "max_det", 1)
+
+
+def type_name(obj: Any) -> str:
+    """``obj``'s type for error messages: ``int``, ``torchvision.models.resnet.ResNet``."""
+    cls = type(obj)
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"

@@ -8,6 +8,11 @@ Weights: ``"DEFAULT"`` or a weights enum name (``"COCO_V1"``) downloads the pret
 torchvision when online; a path loads a state dict (``.pth``/``.pt`` from ``model.state_dict()``, a
 training checkpoint holding it under ``"model"``/``"state_dict"``, or ``.safetensors``); ``None`` leaves
 the model untrained (random initialization, for tests).
+
+A model already built (an ``nn.Module`` of one of torchvision's detection classes, weights loaded by its
+owner) is used as it is, not copied: the detector puts it in ``eval()`` mode and sets its score threshold,
+NMS threshold, maximum detections and (with ``imgsz``) input size to the detector's, as it does for a
+model it builds.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import difflib
 import logging
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,12 +28,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from detens.adapters._base import BaseDetector, check_detection_options
+from detens.adapters._base import BaseDetector, check_detection_options, type_name
 from detens.adapters._labels import apply_label_lookup, build_label_lookup
 from detens.adapters.weights import resolve_weights, upstream_failure
 from detens.detections import Detections
 
-__all__ = ["TorchvisionDetector", "list_torchvision_detectors", "load_state_dict_file"]
+__all__ = [
+    "TorchvisionDetector",
+    "list_torchvision_detectors",
+    "load_state_dict_file",
+    "is_torchvision_detection_model",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +59,39 @@ def _check_arch(arch: str) -> None:
         raise ValueError(
             f"unknown torchvision detection architecture {arch!r}; valid: {', '.join(valid)}.{hint}"
         )
+
+
+# The base classes of torchvision's detection models: (module under torchvision.models.detection, class).
+_DETECTION_CLASSES = (
+    ("generalized_rcnn", "GeneralizedRCNN"),  # Faster, Mask and Keypoint R-CNN
+    ("retinanet", "RetinaNet"),
+    ("fcos", "FCOS"),
+    ("ssd", "SSD"),  # SSD and SSDlite
+)
+
+
+def is_torchvision_detection_model(obj: Any) -> bool:
+    """Whether ``obj`` is a torchvision detection model, without importing torchvision's models.
+
+    Such a model can only exist once its module is imported, so ``sys.modules`` decides.
+    """
+    for module_name, class_name in _DETECTION_CLASSES:
+        module = sys.modules.get(f"torchvision.models.detection.{module_name}")
+        if module is not None and isinstance(obj, getattr(module, class_name)):
+            return True
+    return False
+
+
+def _module_num_classes(model: torch.nn.Module) -> int | None:
+    """Classes (with background) of a torchvision detection model, read where each family keeps them."""
+    predictor = getattr(getattr(model, "roi_heads", None), "box_predictor", None)
+    if predictor is not None and hasattr(predictor, "cls_score"):  # R-CNNs
+        return int(predictor.cls_score.out_features)
+    head = getattr(getattr(model, "head", None), "classification_head", None)
+    for attribute in ("num_classes", "num_columns"):  # RetinaNet and FCOS; SSD and SSDlite
+        if isinstance(getattr(head, attribute, None), int):
+            return int(getattr(head, attribute))
+    return None
 
 
 def load_state_dict_file(path: str | Path) -> dict[str, torch.Tensor]:
@@ -85,27 +129,60 @@ def _set_thresholds(model: torch.nn.Module, conf: float, iou: float | None, max_
         obj.detections_per_img = max_det
 
 
+def _check_built_model(model: Any, weights: Any, builder_kwargs: dict[str, Any]) -> torch.nn.Module:
+    """A model passed to :class:`TorchvisionDetector` instead of a builder name: checked, returned."""
+    if not is_torchvision_detection_model(model):
+        if isinstance(model, torch.nn.Module):
+            from detens.adapters.ultralytics import is_ultralytics_model
+
+            hint = "; an Ultralytics model goes to UltralyticsDetector" if is_ultralytics_model(model) else ""
+            got = f"an nn.Module that is not a torchvision detection model: {type_name(model)}{hint}"
+        else:
+            got = type_name(model)
+        raise TypeError(
+            "TorchvisionDetector takes a torchvision detection builder name (str, e.g. "
+            "'fasterrcnn_resnet50_fpn_v2') or a built torchvision detection model (Faster/Mask/Keypoint R-CNN, "
+            f"RetinaNet, FCOS, SSD, SSDlite), got {got}"
+        )
+    if weights not in (None, "DEFAULT"):
+        raise ValueError(
+            f"weights={weights!r} is for a builder name; a built {type(model).__name__} keeps its own weights "
+            "(load a state dict into it with model.load_state_dict(...) first)"
+        )
+    if builder_kwargs:
+        raise TypeError(
+            f"{sorted(builder_kwargs)} are torchvision builder arguments; a built {type(model).__name__} takes "
+            "none (pass them to its builder)"
+        )
+    return model
+
+
 class TorchvisionDetector(BaseDetector):
     """A torchvision detection model as a detens detector.
 
     Args:
-        arch (str): a torchvision detection builder (``"fasterrcnn_resnet50_fpn_v2"``, ``"retinanet_resnet50_fpn"``,
-            ``"fcos_resnet50_fpn"``, ``"ssdlite320_mobilenet_v3_large"``, ...; see :func:`list_torchvision_detectors`).
-        weights (str | Path | None): ``"DEFAULT"`` (or a weights enum name) for torchvision's pretrained
-            weights (downloaded when online), a state-dict file (path, or a name relative to the weights
-            folder), or None for an untrained model.
+        arch (str | nn.Module): a torchvision detection builder (``"fasterrcnn_resnet50_fpn_v2"``,
+            ``"retinanet_resnet50_fpn"``, ``"fcos_resnet50_fpn"``, ``"ssdlite320_mobilenet_v3_large"``, ...; see
+            :func:`list_torchvision_detectors`), or a model already built (Faster/Mask/Keypoint R-CNN,
+            RetinaNet, FCOS, SSD, SSDlite; e.g. ``fasterrcnn_mobilenet_v3_large_320_fpn(weights=...)``).
+        weights (str | Path | None): for a builder name: ``"DEFAULT"`` (or a weights enum name) for
+            torchvision's pretrained weights (downloaded when online), a state-dict file (path, or a name
+            relative to the weights folder), or None for an untrained model. A built model keeps its own
+            weights: leave ``weights`` as it is (or None).
         conf (float): minimum score kept (set as the model's own score threshold).
         iou (float | None): the model's NMS IoU threshold; None keeps the architecture's default.
         imgsz (int | None): resize so that the longer side is ``imgsz`` (R-CNN, RetinaNet, FCOS); None keeps the
             architecture's default (800-1333 for R-CNNs). SSD models always use their fixed size.
         max_det (int): maximum boxes per image.
-        device (str | None): ``"cpu"``, ``"cuda"``, ...; None: CUDA when available.
-        name (str | None): display name; default ``arch``.
+        device (str | None): ``"cpu"``, ``"cuda"``, ...; None: CUDA when available (a built model: the device
+            it is on).
+        name (str | None): display name; default ``arch`` (a built model: its class name, ``"FasterRCNN"``).
         categories (dict[int, str] | None): the dataset's ``{category_id: name}``; the model's COCO classes are
             mapped onto it by name. Default: labels are COCO category ids as predicted.
         class_map (dict | None): explicit ``{model label or class name: category_id}`` (e.g. for a model trained
             with its own ``num_classes``); unlisted labels are dropped.
-        num_classes (int | None): classes of a custom-trained model (with background); default 91 (COCO).
+        num_classes (int | None): classes of a custom-trained model (with background); default 91 (COCO), or
+            what a built model's classification layer has.
         batch (int): images per forward pass.
         weights_dir (str | Path | None): the default weights folder when ``$DETENS_WEIGHTS`` is unset.
         **builder_kwargs: passed to the torchvision builder (``min_size``, ``trainable_backbone_layers``, ...).
@@ -113,7 +190,7 @@ class TorchvisionDetector(BaseDetector):
 
     def __init__(
         self,
-        arch: str,
+        arch: str | torch.nn.Module,
         weights: str | os.PathLike[str] | None = "DEFAULT",
         conf: float = 0.001,
         iou: float | None = None,
@@ -132,47 +209,32 @@ class TorchvisionDetector(BaseDetector):
         check_detection_options(conf, iou, max_det)
         if imgsz is not None and (isinstance(imgsz, bool) or not isinstance(imgsz, int) or imgsz < 32):
             raise ValueError(f"imgsz must be an integer >= 32 or None, got {imgsz!r}")
-        _check_arch(arch)
-        super().__init__(name or arch, batch, categories)
-        from torchvision.models import get_model, get_model_weights
-
-        self.arch = arch
-        self.device = torch.device(
-            device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")
-        )
-        weights_enum = get_model_weights(arch)
-        coco_names = list(weights_enum.DEFAULT.meta["categories"])  # index = COCO category id
-        kwargs = dict(builder_kwargs)
-        if num_classes is not None:
-            kwargs["num_classes"] = num_classes
         self.weights_source: str | None = None
-        if weights is None:
-            logger.warning("%s: no weights given, the model is UNTRAINED (random initialization)", self.name)
-            model = get_model(arch, weights=None, weights_backbone=None, **kwargs)
+        if isinstance(arch, str):
+            _check_arch(arch)
+            super().__init__(name or arch, batch, categories)
+            self.arch = arch
+            self.device = torch.device(
+                device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")
+            )
+            model = self._build(weights, num_classes, weights_dir, builder_kwargs)
+            from torchvision.models import get_model_weights
+
+            class_names = list(get_model_weights(arch).DEFAULT.meta["categories"])  # index = category id
         else:
-            resolved = resolve_weights(weights, "torchvision", weights_dir)
-            self.weights_source = resolved.value
-            if resolved.local:
-                model = get_model(arch, weights=None, weights_backbone=None, **kwargs)
-                state = load_state_dict_file(resolved.value)
-                try:
-                    model.load_state_dict(state)
-                except RuntimeError as err:
-                    raise ValueError(
-                        f"{resolved.value!r} does not fit torchvision {arch!r}"
-                        f"{f' with num_classes={num_classes}' if num_classes else ''}: {err}"
-                    ) from err
-            else:
-                try:
-                    model = get_model(arch, weights=resolved.value, **kwargs)
-                except (ValueError, KeyError) as err:  # unknown enum name
-                    raise ValueError(
-                        f"{resolved.value!r} is not a torchvision weights name for {arch!r} "
-                        f"(valid: DEFAULT, {', '.join(w.name for w in weights_enum)}) nor an existing file. "
-                        f"Looked at: {'; '.join(resolved.tried)}"
-                    ) from err
-                except OSError as err:  # urllib.error.URLError and friends: offline
-                    raise upstream_failure(resolved, err, what=f"torchvision {arch}") from err
+            model = _check_built_model(arch, weights, builder_kwargs)
+            self.arch = type(model).__name__
+            super().__init__(name or self.arch, batch, categories)
+            parameter = next(model.parameters(), None)
+            self.device = torch.device(
+                device if device is not None else (parameter.device if parameter is not None else "cpu")
+            )
+            if num_classes is None:
+                num_classes = _module_num_classes(model)
+            from torchvision.models.detection import FasterRCNN_ResNet50_FPN_Weights
+
+            # torchvision's COCO detection weights share one category list (index = COCO category id)
+            class_names = list(FasterRCNN_ResNet50_FPN_Weights.DEFAULT.meta["categories"])
         self.model = model.eval().to(self.device)
         _set_thresholds(self.model, float(conf), None if iou is None else float(iou), max_det)
         transform = getattr(self.model, "transform", None)
@@ -181,7 +243,7 @@ class TorchvisionDetector(BaseDetector):
                 logger.warning(
                     "%s: %s has a fixed input size %s; imgsz=%d is ignored",
                     self.name,
-                    arch,
+                    self.arch,
                     transform.fixed_size,
                     imgsz,
                 )
@@ -189,13 +251,55 @@ class TorchvisionDetector(BaseDetector):
                 transform.min_size = (imgsz,)
                 transform.max_size = imgsz
         model_names = (
-            coco_names if num_classes in (None, len(coco_names)) else [str(i) for i in range(num_classes)]
+            class_names if num_classes in (None, len(class_names)) else [str(i) for i in range(num_classes)]
         )
         self.lookup = build_label_lookup(
             model_names, default="identity", categories=categories, class_map=class_map, where=self.name
         )
         if categories is None and class_map is None:
             self.lookup[[i for i, n in enumerate(model_names) if n in ("__background__", "N/A")]] = -1
+
+    def _build(
+        self,
+        weights: str | os.PathLike[str] | None,
+        num_classes: int | None,
+        weights_dir: str | Path | None,
+        builder_kwargs: dict[str, Any],
+    ) -> torch.nn.Module:
+        """The model of the builder ``self.arch`` with ``weights``; sets ``weights_source``."""
+        from torchvision.models import get_model, get_model_weights
+
+        arch = self.arch
+        weights_enum = get_model_weights(arch)
+        kwargs = dict(builder_kwargs)
+        if num_classes is not None:
+            kwargs["num_classes"] = num_classes
+        if weights is None:
+            logger.warning("%s: no weights given, the model is UNTRAINED (random initialization)", self.name)
+            return get_model(arch, weights=None, weights_backbone=None, **kwargs)
+        resolved = resolve_weights(weights, "torchvision", weights_dir)
+        self.weights_source = resolved.value
+        if resolved.local:
+            model = get_model(arch, weights=None, weights_backbone=None, **kwargs)
+            state = load_state_dict_file(resolved.value)
+            try:
+                model.load_state_dict(state)
+            except RuntimeError as err:
+                raise ValueError(
+                    f"{resolved.value!r} does not fit torchvision {arch!r}"
+                    f"{f' with num_classes={num_classes}' if num_classes else ''}: {err}"
+                ) from err
+            return model
+        try:
+            return get_model(arch, weights=resolved.value, **kwargs)
+        except (ValueError, KeyError) as err:  # unknown enum name
+            raise ValueError(
+                f"{resolved.value!r} is not a torchvision weights name for {arch!r} "
+                f"(valid: DEFAULT, {', '.join(w.name for w in weights_enum)}) nor an existing file. "
+                f"Looked at: {'; '.join(resolved.tried)}"
+            ) from err
+        except OSError as err:  # urllib.error.URLError and friends: offline
+            raise upstream_failure(resolved, err, what=f"torchvision {arch}") from err
 
     @torch.inference_mode()
     def _predict(self, images: list[np.ndarray]) -> list[Detections]:

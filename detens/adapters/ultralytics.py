@@ -9,12 +9,16 @@ Offline use: weights found on disk never touch the network. ``YOLO_AUTOINSTALL``
 this process when detens imports Ultralytics (the runtimes Ultralytics would pip-install at run time,
 ``ai-edge-litert`` and ``openvino``, are detens dependencies); set the variable yourself to override.
 Upstream names (``yolo11n.pt``) are passed to Ultralytics, which downloads them when online.
+
+A model already loaded (an ``ultralytics.YOLO``) is used as it is, not copied: the detector calls its
+``predict`` with the detector's own arguments.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,12 +26,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from detens.adapters._base import BaseDetector, check_detection_options
+from detens.adapters._base import BaseDetector, check_detection_options, type_name
 from detens.adapters._labels import apply_label_lookup, build_label_lookup
 from detens.adapters.weights import ResolvedWeights, resolve_weights, upstream_failure
 from detens.detections import Detections
 
-__all__ = ["UltralyticsDetector", "load_yolo"]
+__all__ = ["UltralyticsDetector", "load_yolo", "is_ultralytics_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +52,42 @@ def _display_name(weights: str) -> str:
         if name.endswith(suffix) and len(name) > len(suffix):
             return name[: -len(suffix)]
     return name or "ultralytics"
+
+
+# Tasks whose Results carry axis-aligned ``boxes`` (classify has none, obb has rotated ones).
+_BOX_TASKS = ("detect", "segment", "pose")
+
+
+def is_ultralytics_model(obj: Any) -> bool:
+    """Whether ``obj`` is a loaded Ultralytics model (``YOLO``, ``RTDETR``, ...), without importing ultralytics.
+
+    An Ultralytics model can only exist once its module is imported, so ``sys.modules`` decides.
+    """
+    module = sys.modules.get("ultralytics.engine.model")
+    return module is not None and isinstance(obj, module.Model)
+
+
+def _loaded_model(model: Any) -> tuple[Any, ResolvedWeights]:
+    """Check a loaded Ultralytics model; returns it and where its weights came from (for its name)."""
+    if not is_ultralytics_model(model):
+        from detens.adapters.torchvision import is_torchvision_detection_model
+
+        hint = (
+            "; a torchvision detection model goes to TorchvisionDetector"
+            if is_torchvision_detection_model(model)
+            else ""
+        )
+        raise TypeError(
+            "UltralyticsDetector takes weights as a path (str or os.PathLike) or a loaded ultralytics.YOLO "
+            f"model, got {type_name(model)}{hint}"
+        )
+    if model.task not in _BOX_TASKS:
+        raise ValueError(
+            f"UltralyticsDetector needs a model whose results have boxes (task {' / '.join(_BOX_TASKS)}), "
+            f"got a {model.task!r} model; load a detection model with YOLO(path, task='detect')"
+        )
+    source = str(model.ckpt_path or model.model_name or "ultralytics")
+    return model, ResolvedWeights(source, local=Path(source).exists())
 
 
 def load_yolo(resolved: ResolvedWeights) -> Any:
@@ -73,15 +113,17 @@ class UltralyticsDetector(BaseDetector):
     """An Ultralytics YOLO model as a detens detector.
 
     Args:
-        weights (str | Path): a ``.pt``/``.onnx``/``.tflite`` file or an export folder (OpenVINO, ...), a name
-            relative to the weights folder (``$DETENS_WEIGHTS``, see :mod:`detens.adapters.weights`), or an
-            upstream name (``"yolo11n.pt"``) that Ultralytics downloads when online.
+        weights (str | Path | YOLO): a ``.pt``/``.onnx``/``.tflite`` file or an export folder (OpenVINO, ...), a
+            name relative to the weights folder (``$DETENS_WEIGHTS``, see :mod:`detens.adapters.weights`), an
+            upstream name (``"yolo11n.pt"``) that Ultralytics downloads when online, or a model already loaded
+            (``ultralytics.YOLO(...)``, a ``detect``, ``segment`` or ``pose`` model).
         conf (float): minimum score kept.
         iou (float): NMS IoU threshold (unused by NMS-free heads and exports with NMS in the graph).
         imgsz (int): inference size (the longer side, letterboxed); fixed-size exports use their own.
         max_det (int): maximum boxes per image.
         device (str | None): ``"cpu"``, ``"cuda:0"``, ...; None lets Ultralytics choose.
-        name (str | None): display name; default from the weights (``"yolov8n_int8"``).
+        name (str | None): display name; default from the weights file (``"yolov8n_int8"``; for a loaded
+            model, from the file it was loaded from).
         categories (dict[int, str] | None): the dataset's ``{category_id: name}``; model classes are mapped
             onto it by name. Default: the model's 80 classes in COCO order → COCO category ids.
         class_map (dict | None): explicit ``{class index or name: category_id}``; unlisted classes are dropped.
@@ -95,7 +137,7 @@ class UltralyticsDetector(BaseDetector):
 
     def __init__(
         self,
-        weights: str | os.PathLike[str],
+        weights: str | os.PathLike[str] | Any,
         conf: float = 0.001,
         iou: float = 0.7,
         imgsz: int = 640,
@@ -113,9 +155,13 @@ class UltralyticsDetector(BaseDetector):
         check_detection_options(conf, iou, max_det)
         if isinstance(imgsz, bool) or not isinstance(imgsz, int) or imgsz < 32:
             raise ValueError(f"imgsz must be an integer >= 32, got {imgsz!r}")
-        self.resolved = resolve_weights(weights, "ultralytics", weights_dir)
+        if isinstance(weights, (str, os.PathLike)):
+            self.resolved = resolve_weights(weights, "ultralytics", weights_dir)
+            model = None
+        else:
+            model, self.resolved = _loaded_model(weights)
         super().__init__(name or _display_name(self.resolved.value), batch, categories)
-        self.model = load_yolo(self.resolved)
+        self.model = model if model is not None else load_yolo(self.resolved)
         if self.resolved.value.endswith((".yaml", ".yml")):
             logger.warning("%s: built from %s, the model is UNTRAINED", self.name, self.resolved.value)
         self.predict_args: dict[str, Any] = {

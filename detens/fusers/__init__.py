@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from detens.detections import Detections
+from detens.detections import Detections, _validate_image_size
 from detens.fusers._registry import FUSERS, check_weights
 from detens.matching import check_per_model
 from detens.registry import unknown_name_error
@@ -61,12 +61,18 @@ def resolve_method(method: str, params: dict[str, Any]) -> str:
 
 
 def fuse(
-    per_model: Sequence[Detections], method: str = "wbf", calibration: Any = None, **params: Any
+    per_model: Sequence[Detections],
+    method: str = "wbf",
+    calibration: Any = None,
+    image_size: tuple[int, int] | None = None,
+    **params: Any,
 ) -> Detections:
     """Fuse the detections of several models on one image.
 
     Args:
-        per_model (list[Detections]): one per model, same image, same device.
+        per_model (list[Detections]): one per model, same image, same device. ``supervision.Detections``
+            are accepted too (see :mod:`detens.interop.supervision`; their ``class_id`` are the labels),
+            with ``image_size``.
         method (str): a registered fuser (``detens.fusers.list_fusers()``), or a head type
             (``detens.heads.list_heads()``: ``deep``, ``superlearner``, ...), which needs ``head=`` of that
             type and fuses through the ``theta`` fuser (matching, then the head).
@@ -75,16 +81,29 @@ def fuse(
             ``source`` name, else by position), then the calibrated detections are fused by ``method``.
             A path is loaded with :func:`detens.heads.load_head` once per file version. The head's own
             ``fuser`` is not used here: ``method`` and ``params`` decide the fusion.
+        image_size (tuple[int, int] | None): ``(height, width)`` of the image; required when ``per_model``
+            holds ``supervision.Detections`` (they do not record it), else checked against the Detections'.
         **params: the fuser's own parameters (``iou_thr``, ``weights``, ``head``, ...).
 
     Returns:
-        Detections: fused boxes in the input's label space, clipped to the image, sorted by score.
+        Detections: fused boxes in the input's label space, clipped to the image, sorted by score; a
+        ``supervision.Detections`` when every input was one.
     """
     fuser = FUSERS.get(resolve_method(method, params))
+    as_supervision = False
+    if isinstance(per_model, Sequence) and not isinstance(per_model, Detections):
+        from detens.interop.supervision import from_supervision_per_model
+
+        per_model, as_supervision = from_supervision_per_model(per_model, image_size)
     check_per_model(per_model)
+    if image_size is not None and per_model[0].image_size != _validate_image_size(image_size):
+        raise ValueError(
+            f"image_size={tuple(image_size)} but the Detections are of a {per_model[0].image_size} image"
+        )
     if calibration is not None:
         per_model = _resolve_calibration(calibration).calibrate(per_model)
-    return fuser(per_model, **params)
+    fused = fuser(per_model, **params)
+    return fused.to_supervision() if as_supervision else fused
 
 
 def _resolve_calibration(calibration: Any) -> Any:
