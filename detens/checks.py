@@ -52,7 +52,10 @@ def check_real(
     scalar = _scalar(value)
     if isinstance(scalar, bool) or not isinstance(scalar, numbers.Real):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}: {value!r}")
-    number = float(scalar)
+    try:
+        number = float(scalar)
+    except OverflowError:  # an integer beyond the float range
+        number = math.inf if scalar > 0 else -math.inf
     below = number <= low if low_open else number < low
     above = number >= high if high_open else number > high
     if not math.isfinite(number) or below or above:
