@@ -12,9 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
-from detens.config import from_dict, save_yaml_config
+from detens.config import from_dict, read_yaml_file, save_yaml_config
 
 __all__ = [
     "ModelConfig",
@@ -231,10 +229,7 @@ def load_ensemble_config(
     in the file is relative to the file's folder.
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"ensemble config not found: {path}")
-    with path.open(encoding="utf-8") as f:
-        data = yaml.safe_load(f) or {}
+    data = read_yaml_file(path, "ensemble config") or {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
     fusion = data.get("fusion")

@@ -34,7 +34,7 @@ import yaml
 from tqdm import tqdm
 
 from detens.coco import load_coco_gt
-from detens.config import from_dict, save_yaml_config
+from detens.config import from_dict, read_yaml_file, save_yaml_config
 from detens.heads import TRAINERS, config_for, fit_head
 from detens.io import atomic_write_bytes, atomic_write_json
 from detens.predictions import EnsemblePredictions, join_predictions
@@ -76,9 +76,9 @@ def load_train_config(kind: str, path: str | None, overrides: dict[str, Any]) ->
     if path is None:
         return from_dict(TRAINERS[kind].config_class, {**asdict(config_for(kind)), **overrides}, where=f"{kind} defaults")
     config_path = Path(path)
-    data = yaml.safe_load(config_path.read_text()) if config_path.is_file() else None
+    data = read_yaml_file(config_path, "training config")
     if data is None:
-        raise FileNotFoundError(f"training config not found or empty: {config_path}")
+        raise FileNotFoundError(f"training config is empty: {config_path}")
     return from_dict(TRAINERS[kind].config_class, {**data, **overrides}, where=str(config_path))
 
 
