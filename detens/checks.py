@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Collection
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
-__all__ = ["check_real", "check_integer", "check_flag", "check_choice"]
+__all__ = ["check_real", "check_integer", "check_integers", "check_flag", "check_choice"]
 
 
 def _scalar(value: Any) -> Any:
@@ -78,6 +78,18 @@ def check_integer(value: Any, name: str, low: int | None = None, high: int | Non
             bound = f"in [{low}, {high}]"
         raise ValueError(f"{name} must be an integer {bound}, got {value!r}")
     return number
+
+
+def check_integers(values: Any, name: str) -> list[int]:
+    """``values`` (a list, tuple, set, array or 1-D tensor of integers, e.g. image ids) as a list of ints.
+
+    A string is refused, not iterated: ``"139"`` is not the ids 1, 3 and 9.
+    """
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
+        raise TypeError(f"{name} must be a list of integers, got {type(values).__name__}: {values!r}")
+    if getattr(values, "ndim", 1) != 1:
+        raise ValueError(f"{name} must be a flat list of integers, got shape {list(values.shape)}")
+    return [check_integer(v, f"{name}[{i}]") for i, v in enumerate(values)]
 
 
 def check_flag(value: Any, name: str) -> bool:

@@ -48,6 +48,7 @@ import torch
 from torch import Tensor, nn
 from torchvision.ops import box_iou
 
+from detens.checks import check_integers
 from detens.detections import Detections
 from detens.fusers import FUSERS, fuse
 from detens.fusers._lockstep import compute_device
@@ -632,7 +633,7 @@ def fit_calibration(
         raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {target!r}")
     shrinkage = check_number(shrinkage, "shrinkage")
     fuser, fuser_params = _check_fuser(fuser, fuser_params, list(predictions.model_names))
-    ids = [int(i) for i in image_ids]
+    ids = check_integers(image_ids, "image_ids")
     if len(ids) < 2:
         raise ValueError(
             f"fit_calibration needs at least 2 images, got {len(ids)}: one image says too little about a "
