@@ -10,9 +10,10 @@ as ``DIR/config.yaml``.
 
 Writes into ``--out``:
 
-- ``predictions.json``: ``{"info", "images": [{"id", "file_name", "height", "width"}], "categories",
-  "results": [COCO results]}`` — ``images`` maps each file name (relative to the source folder) to its
-  image id (the ids of ``dataset`` in the config when it has one);
+- ``predictions.json``: ``{"info", "images": [{"id", "file_name", "height", "width", "output_stem"}],
+  "categories", "results": [COCO results]}`` — ``images`` maps each file name (relative to the source folder)
+  to its image id (the ids of ``dataset`` in the config when it has one) and to the stem of its ``labels/``
+  and ``vis/`` files (unique per image: ``a.jpg`` and ``a.JPG`` do not share one);
 - ``labels/<stem>.txt``: YOLO labels ``class cx cy w h conf`` (normalized; scores >= output.labels_conf);
 - ``vis/<stem>.jpg``: the image with the fused boxes and class names (scores >= output.vis_conf);
 - ``per_model/<member>.json`` with ``--save-per-model``: each member's COCO results (same image ids);
@@ -53,7 +54,7 @@ from detens.detections import Detections
 from detens.ensemble_config import EnsembleConfig, load_ensemble_config, save_ensemble_config
 from detens.export import save_yolo_txt
 from detens.fusers import FUSERS, fuse
-from detens.io import atomic_write_bytes, atomic_write_json
+from detens.io import atomic_write_bytes, atomic_write_json, output_stems
 from detens.labels import COCO_CATEGORY_IDS, COCO_ID_TO_NAME
 from detens.sources import ImageReadError, list_images, read_image
 from detens.visualize import draw_detections
@@ -168,17 +169,6 @@ def relative_name(path: Path, root: Path) -> str:
         return path.name
 
 
-def output_stems(names: list[str]) -> dict[str, str]:
-    """``file name → output stem`` (its relative path without the extension); same stems get the extension appended."""
-    stems = {n: n.rsplit(".", 1)[0] if "." in Path(n).name else n for n in names}
-    counts: dict[str, int] = defaultdict(int)
-    for stem in stems.values():
-        counts[stem] += 1
-    return {
-        n: (s if counts[s] == 1 else f"{s}_{Path(n).suffix.lstrip('.').lower()}") for n, s in stems.items()
-    }
-
-
 # ----------------------------------------------------------------------------------------------- partial
 def partial_path(out: Path, name: str) -> Path:
     return out / "partial" / f"{name}.json"
@@ -255,6 +245,7 @@ def write_outputs(
     records = {n: r for n in names if (r := read_partial(out, n)) is not None}
     done = [n for n in names if n in records]
     ids = image_ids(done, config.dataset)
+    stems = output_stems(names)  # the names of each image's labels/ and vis/ files
     images, results = [], []
     per_model: dict[str, list[dict[str, Any]]] = {m: [] for m in member_names}
     stage_ms: dict[str, float] = defaultdict(float)
@@ -262,7 +253,8 @@ def write_outputs(
     for name in done:
         record, image_id = records[name], ids[name]
         images.append(
-            {"id": image_id, "file_name": name, "height": record["height"], "width": record["width"]}
+            {"id": image_id, "file_name": name, "height": record["height"], "width": record["width"],
+             "output_stem": stems[name]}
         )
         for r in record["fused"]:
             results.append({**r, "image_id": image_id})
