@@ -36,7 +36,7 @@ def reference_mean(boxes, weights, members):
         if math.fsum(w) == 0:
             w = [1.0] * len(rows)
         total = math.fsum(w)
-        out.append([math.fsum(wi * float(boxes[c][n][j]) for wi, n in zip(w, rows)) / total for j in range(4)])
+        out.append([math.fsum(wi * float(boxes[c][n][j]) for wi, n in zip(w, rows, strict=True)) / total for j in range(4)])
     return out
 
 
