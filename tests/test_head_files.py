@@ -64,6 +64,7 @@ BAD_FIELDS = [
     ("theta", ("tensors", "theta", "shape"), [True, 2], "invalid shape [True, 2]"),
     ("theta", ("tensors", "theta", "data"), [0.5, math.nan], "tensor 'theta' holds NaN or inf"),
     ("theta", ("tensors", "theta", "dtype"), "float16", "expected one of float32, float64, int64"),
+    ("theta", ("tensors", "theta", "dtype"), ["float32"], "expected one of float32, float64, int64"),
     ("theta_per_class", ("tensors", "class_theta", "data"), [0.5, 0.5, 0.0, 0.0], "class_theta must hold"),
     ("deep", ("config", "hidden"), 10**9, "config hidden = 1000000000 is larger than the"),
     ("deep", ("config", "depth"), 10**9, "config depth = 1000000000 is larger than the"),

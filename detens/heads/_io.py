@@ -170,7 +170,7 @@ def _bad(path: Path, why: str) -> HeadFileError:
 def _tensor_from_json(path: Path, name: str, entry: Any) -> Tensor:
     if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data"}:
         raise _bad(path, f"tensor {name!r} must be an object with keys dtype, shape, data")
-    dtype = _DTYPES.get(entry["dtype"])
+    dtype = _DTYPES.get(entry["dtype"]) if isinstance(entry["dtype"], str) else None
     if dtype is None:
         raise _bad(
             path, f"tensor {name!r} has dtype {entry['dtype']!r}; expected one of {', '.join(_DTYPES)}"
