@@ -287,6 +287,10 @@ def save_coco_results(results: Sequence[Mapping[str, Any]], path: str | Path) ->
 
 
 # ----------------------------------------------------------------------------------------- ground truth
+#: The largest image or annotation id: pycocotools holds ids in float64 arrays.
+_MAX_ID = 2**53
+
+
 def _duplicates(values: Iterable[Any]) -> list[Any]:
     seen: set[Any] = set()
     return sorted({v for v in values if v in seen or seen.add(v)})
@@ -323,8 +327,8 @@ def _check_gt_dataset(dataset: Any, where: str) -> None:
         for key in ("id", "width", "height"):
             if key not in image:
                 raise ValueError(f"{where}: images[{i}] lacks {key!r}: {dict(image)!r}")
-        if not _is_int(image["id"]):
-            raise ValueError(f"{where}: images[{i}].id must be an integer, got {image['id']!r}")
+        if not _is_int(image["id"]) or not 0 <= image["id"] <= _MAX_ID:
+            raise ValueError(f"{where}: images[{i}].id must be an integer in [0, 2**53], got {image['id']!r}")
         for key in ("width", "height"):
             if not _is_int(image[key]) or not 0 < image[key] <= MAX_IMAGE_SIDE:
                 raise ValueError(f"{where}: images[{i}].{key} must be a positive integer, got {image[key]!r}")
@@ -332,12 +336,13 @@ def _check_gt_dataset(dataset: Any, where: str) -> None:
     if duplicated := _duplicates(image_ids):
         raise ValueError(f"{where}: image ids {duplicated[:10]} appear more than once in 'images'")
 
-    known_images, known_categories = set(image_ids), set(category_ids)
+    sizes = {int(image["id"]): (image["width"], image["height"]) for image in dataset["images"]}
+    known_categories = set(category_ids)
     for i, ann in enumerate(dataset["annotations"]):
         for key in ("image_id", "category_id", "bbox"):
             if key not in ann:
                 raise ValueError(f"{where}: annotations[{i}] lacks {key!r}")
-        if not _is_int(ann["image_id"]) or ann["image_id"] not in known_images:
+        if not _is_int(ann["image_id"]) or ann["image_id"] not in sizes:
             raise ValueError(
                 f"{where}: annotations[{i}] refers to image_id {ann['image_id']!r}, which is not in 'images'"
             )
@@ -348,10 +353,18 @@ def _check_gt_dataset(dataset: Any, where: str) -> None:
         bbox = ann["bbox"]
         if not isinstance(bbox, (list, tuple)) or len(bbox) != 4 or not all(map(_is_finite_number, bbox)):
             raise ValueError(f"{where}: annotations[{i}].bbox must be 4 finite numbers [x, y, width, height], got {bbox!r}")
-        if bbox[2] < 0 or bbox[3] < 0:
-            raise ValueError(f"{where}: annotations[{i}].bbox = {list(bbox)} has a negative width or height")
-        if "id" in ann and not _is_int(ann["id"]):
-            raise ValueError(f"{where}: annotations[{i}].id must be an integer, got {ann['id']!r}")
+        x, y, w, h = (float(v) for v in bbox)
+        # pycocotools can never match a box without area (nor one whose size vanishes next to its position)
+        if not (x + w > x and y + h > y):
+            raise ValueError(f"{where}: annotations[{i}].bbox = {list(bbox)} has no area (width and height must be > 0)")
+        width, height = sizes[ann["image_id"]]
+        if x >= width or y >= height or x + w <= 0 or y + h <= 0:
+            raise ValueError(
+                f"{where}: annotations[{i}].bbox = {list(bbox)} lies outside its {width}x{height} image"
+            )
+        # pycocotools takes an id <= 0 for "not matched": such a box would count as a miss
+        if "id" in ann and (not _is_int(ann["id"]) or not 1 <= ann["id"] <= _MAX_ID):
+            raise ValueError(f"{where}: annotations[{i}].id must be an integer in [1, 2**53], got {ann['id']!r}")
         if "iscrowd" in ann and ann["iscrowd"] not in (0, 1):  # True and False are 1 and 0
             raise ValueError(f"{where}: annotations[{i}].iscrowd must be 0 or 1, got {ann['iscrowd']!r}")
         if "area" in ann and not (_is_finite_number(ann["area"]) and ann["area"] >= 0):
@@ -538,9 +551,11 @@ def _coco_from_dataset(dataset: Mapping[str, Any]) -> COCO:
     from pycocotools.coco import COCO
 
     annotations = []
-    for i, ann in enumerate(dataset["annotations"]):
+    next_id = max((int(a["id"]) for a in dataset["annotations"] if "id" in a), default=0) + 1
+    for ann in dataset["annotations"]:
         ann = dict(ann)
-        ann.setdefault("id", i + 1)
+        if "id" not in ann:  # new ids above the given ones: two annotations with one id are mis-scored
+            ann["id"], next_id = next_id, next_id + 1
         ann.setdefault("iscrowd", 0)
         if "area" not in ann:
             ann["area"] = float(ann["bbox"][2]) * float(ann["bbox"][3])

@@ -135,11 +135,20 @@ def small_gt() -> dict:
 BAD_GROUND_TRUTH = [
     (("annotations", 1), "id", 1, ValueError, r"annotation ids \[1\] appear more than once"),
     (("images", 1), "id", 1, ValueError, r"image ids \[1\] appear more than once"),
-    (("annotations", 0), "bbox", [10, 10, -20, 20], ValueError, r"annotations\[0\].bbox = \[10, 10, -20, 20\] has a negative"),
+    (("annotations", 0), "bbox", [10, 10, -20, 20], ValueError, r"annotations\[0\].bbox = \[10, 10, -20, 20\] has no area"),
+    # never matched by pycocotools: a perfect prediction scores 0.5 mAP
+    (("annotations", 0), "bbox", [10, 10, 0, 20], ValueError, r"annotations\[0\].bbox = \[10, 10, 0, 20\] has no area"),
     (("annotations", 0), "bbox", [10, 10, float("nan"), 20], ValueError, r"annotations\[0\].bbox must be 4 finite"),
     (("annotations", 0), "bbox", "10 10 20 20", ValueError, r"annotations\[0\].bbox must be 4 finite"),
     (("annotations", 0), "bbox", [10, 10, 20], ValueError, r"annotations\[0\].bbox must be 4 finite"),
     (("annotations", 0), "bbox", [10, 10, 10**400, 20], ValueError, r"annotations\[0\].bbox must be 4 finite"),
+    (("annotations", 0), "bbox", [10, 1e300, 20, 20], ValueError, r"annotations\[0\].bbox = .* has no area"),
+    (("annotations", 0), "bbox", [10, 10, 1e-300, 20], ValueError, r"annotations\[0\].bbox = .* has no area"),
+    (("annotations", 0), "bbox", [200, 10, 20, 20], ValueError, r"annotations\[0\].bbox = .* lies outside its 100x80 image"),
+    # pycocotools takes id 0 for "not matched": a perfect prediction scored 0.5 mAP
+    (("annotations", 0), "id", 0, ValueError, r"annotations\[0\].id must be an integer in \[1, 2\*\*53\], got 0"),
+    (("annotations", 0), "id", 10**400, ValueError, r"annotations\[0\].id must be an integer in \[1, 2\*\*53\]"),
+    (("images", 0), "id", -1, ValueError, r"images\[0\].id must be an integer in \[0, 2\*\*53\], got -1"),
     (("annotations", 0), "category_id", 7, ValueError, r"annotations\[0\] has category_id 7, which is not in 'categories'"),
     (("annotations", 0), "image_id", "1", ValueError, r"annotations\[0\] refers to image_id '1'"),
     (("annotations", 0), "iscrowd", "no", ValueError, r"annotations\[0\].iscrowd must be 0 or 1, got 'no'"),
@@ -160,6 +169,16 @@ def test_ground_truth_pycocotools_would_misscore_is_refused(tmp_path, where, key
     for source in (path, dataset):
         with pytest.raises(error, match=message):
             load_coco_gt(source)
+
+
+def test_annotations_without_ids_get_new_ones():
+    # ids were the annotation's position + 1, which another annotation could already hold
+    dataset = small_gt()
+    del dataset["annotations"][0]["id"]
+    dataset["annotations"][1]["id"] = 1
+    results = [{"image_id": a["image_id"], "category_id": a["category_id"], "bbox": a["bbox"], "score": 1.0}
+               for a in dataset["annotations"] if not a["iscrowd"]]
+    assert evaluate_coco(load_coco_gt(dataset), results)["map"] == pytest.approx(1.0)
 
 
 def test_a_category_without_id_is_refused():
