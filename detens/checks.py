@@ -80,8 +80,9 @@ def check_integer(value: Any, name: str, low: int | None = None, high: int | Non
     return number
 
 
-def check_integers(values: Any, name: str) -> list[int]:
-    """``values`` (a list, tuple, set, array or 1-D tensor of integers, e.g. image ids) as a list of ints.
+def check_integers(values: Any, name: str, low: int | None = None, high: int | None = None) -> list[int]:
+    """``values`` (a list, tuple, set, array or 1-D tensor of integers in ``[low, high]``, e.g. image ids) as
+    a list of ints.
 
     A string is refused, not iterated: ``"139"`` is not the ids 1, 3 and 9.
     """
@@ -89,7 +90,7 @@ def check_integers(values: Any, name: str) -> list[int]:
         raise TypeError(f"{name} must be a list of integers, got {type(values).__name__}: {values!r}")
     if getattr(values, "ndim", 1) != 1:
         raise ValueError(f"{name} must be a flat list of integers, got shape {list(values.shape)}")
-    return [check_integer(v, f"{name}[{i}]") for i, v in enumerate(values)]
+    return [check_integer(v, f"{name}[{i}]", low, high) for i, v in enumerate(values)]
 
 
 def check_flag(value: Any, name: str) -> bool:

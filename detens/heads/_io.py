@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from detens.checks import check_integer, check_real
+from detens.checks import check_integer, check_integers, check_real
 from detens.detections import MAX_LABEL
 from detens.io import atomic_write_bytes, atomic_write_text
 
@@ -94,10 +94,7 @@ def check_match_iou(value: Any) -> float:
 
 def check_class_ids(class_ids: Sequence[int] | Tensor | None) -> list[int]:
     """``class_ids`` (None: none) as a list of ints, in the given order; each a valid label (0 .. MAX_LABEL)."""
-    if isinstance(class_ids, (str, bytes, dict)):
-        raise TypeError(f"class_ids must be a list of class ids, got {type(class_ids).__name__}: {class_ids!r}")
-    ids = [] if class_ids is None else (class_ids.tolist() if isinstance(class_ids, Tensor) else list(class_ids))
-    return [check_integer(i, f"class_ids[{j}]", 0, MAX_LABEL) for j, i in enumerate(ids)]
+    return [] if class_ids is None else check_integers(class_ids, "class_ids", 0, MAX_LABEL)
 
 
 def check_model_names(model_names: Any, what: str = "model_names") -> list[str]:
