@@ -309,14 +309,15 @@ class NetHead(nn.Module):
                 shell = cls(model_names, **config)
         except (TypeError, ValueError) as err:
             raise HeadFileError(f"{where}: invalid {cls.type_name} config: {err}") from err
-        expected = {name: tuple(t.shape) for name, t in shell.state_dict().items()}
+        shell_state = shell.state_dict()
+        expected = {name: tuple(t.shape) for name, t in shell_state.items()}
         got = {name: tuple(t.shape) for name, t in tensors.items()}
         if got != expected:
             raise HeadFileError(f"{where}: expected tensors {expected}, got {got}")
         dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
         if len(dtypes) > 1:
             raise HeadFileError(f"{where}: mixed floating dtypes {sorted(map(str, dtypes))}")
-        wrong = sorted(n for n, t in tensors.items() if t.is_floating_point() != shell.state_dict()[n].is_floating_point())
+        wrong = sorted(n for n, t in tensors.items() if t.is_floating_point() != shell_state[n].is_floating_point())
         if wrong:
             raise HeadFileError(f"{where}: tensors {wrong} have the wrong kind of dtype (integer vs floating point)")
         if not bool((tensors["feature_std"] > 0).all()):
