@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Collection
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
-__all__ = ["check_real", "check_integer", "check_flag", "check_choice"]
+__all__ = ["check_real", "check_integer", "check_integers", "check_flag", "check_choice"]
 
 
 def _scalar(value: Any) -> Any:
@@ -52,7 +52,10 @@ def check_real(
     scalar = _scalar(value)
     if isinstance(scalar, bool) or not isinstance(scalar, numbers.Real):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}: {value!r}")
-    number = float(scalar)
+    try:
+        number = float(scalar)
+    except OverflowError:  # an integer beyond the float range
+        number = math.inf if scalar > 0 else -math.inf
     below = number <= low if low_open else number < low
     above = number >= high if high_open else number > high
     if not math.isfinite(number) or below or above:
@@ -75,6 +78,19 @@ def check_integer(value: Any, name: str, low: int | None = None, high: int | Non
             bound = f"in [{low}, {high}]"
         raise ValueError(f"{name} must be an integer {bound}, got {value!r}")
     return number
+
+
+def check_integers(values: Any, name: str, low: int | None = None, high: int | None = None) -> list[int]:
+    """``values`` (a list, tuple, set, array or 1-D tensor of integers in ``[low, high]``, e.g. image ids) as
+    a list of ints.
+
+    A string is refused, not iterated: ``"139"`` is not the ids 1, 3 and 9.
+    """
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
+        raise TypeError(f"{name} must be a list of integers, got {type(values).__name__}: {values!r}")
+    if getattr(values, "ndim", 1) != 1:
+        raise ValueError(f"{name} must be a flat list of integers, got shape {list(values.shape)}")
+    return [check_integer(v, f"{name}[{i}]", low, high) for i, v in enumerate(values)]
 
 
 def check_flag(value: Any, name: str) -> bool:

@@ -29,7 +29,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from detens.detections import Detections
+from detens.checks import check_integers
+from detens.detections import MAX_IMAGE_SIDE, MAX_LABEL, Detections
 from detens.io import atomic_write_json, read_json_file
 
 if TYPE_CHECKING:  # pycocotools is imported lazily
@@ -101,6 +102,16 @@ def _is_number(value: Any) -> bool:
     )
 
 
+def _is_finite_number(value: Any) -> bool:
+    """A number (not a bool or string) that a float holds finitely (an integer of 400 digits does not)."""
+    if not _is_number(value):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
 def validate_coco_results(results: Any, where: str = "COCO results") -> list[dict[str, Any]]:
     """Check the COCO results schema and return the results as fresh, plain-Python dicts.
 
@@ -141,8 +152,11 @@ def validate_coco_results(results: Any, where: str = "COCO results") -> list[dic
         item = dict(entry)
         item["image_id"] = int(entry["image_id"])
         item["category_id"] = int(entry["category_id"])
-        item["bbox"] = [float(v) for v in entry["bbox"]]
-        item["score"] = float(entry["score"])
+        try:
+            item["bbox"] = [float(v) for v in entry["bbox"]]
+            item["score"] = float(entry["score"])
+        except OverflowError:  # an integer beyond the float range: _check_entry names it
+            _check_entry(i, entry, where)
         clean.append(item)
     if clean:  # finiteness and box sizes, checked in bulk
         values = np.array([r["bbox"] + [r["score"]] for r in clean], dtype=np.float64)  # [K, 5]
@@ -168,7 +182,7 @@ def _check_entry(i: int, entry: Any, where: str) -> None:
     if (
         not isinstance(bbox, (list, tuple, np.ndarray))
         or len(bbox) != 4
-        or not all(_is_number(v) and math.isfinite(float(v)) for v in bbox)
+        or not all(_is_finite_number(v) for v in bbox)
     ):
         raise ValueError(f"{where}[{i}].bbox must be 4 finite numbers [x, y, width, height], got {bbox!r}")
     if float(bbox[2]) < 0 or float(bbox[3]) < 0:
@@ -176,7 +190,7 @@ def _check_entry(i: int, entry: Any, where: str) -> None:
             f"{where}[{i}].bbox = {list(bbox)!r} has a negative width or height; COCO boxes are [x, y, w, h]"
         )
     score = entry["score"]
-    if not _is_number(score) or not math.isfinite(float(score)):
+    if not _is_finite_number(score):
         raise ValueError(f"{where}[{i}].score must be a finite number, got {score!r}")
 
 
@@ -279,7 +293,22 @@ def save_coco_results(results: Sequence[Mapping[str, Any]], path: str | Path) ->
 
 
 # ----------------------------------------------------------------------------------------- ground truth
+#: The largest image or annotation id: pycocotools holds ids in float64 arrays.
+_MAX_ID = 2**53
+
+
+def _duplicates(values: Iterable[Any]) -> list[Any]:
+    seen: set[Any] = set()
+    return sorted({v for v in values if v in seen or seen.add(v)})
+
+
 def _check_gt_dataset(dataset: Any, where: str) -> None:
+    """Raise unless ``dataset`` is a COCO annotation dict that pycocotools scores correctly.
+
+    pycocotools accepts, and silently mis-scores, duplicate annotation or image ids, boxes of negative or
+    NaN size, and annotations of categories it was not told about; here each is an error naming the
+    entry, the field and the value.
+    """
     if not isinstance(dataset, Mapping):
         raise TypeError(f"{where} must be a COCO annotation dict, got {type(dataset).__name__}")
     missing = [k for k in ("images", "annotations", "categories") if k not in dataset]
@@ -288,19 +317,66 @@ def _check_gt_dataset(dataset: Any, where: str) -> None:
             " (a list looks like a results file: pass it as predictions)" if isinstance(dataset, list) else ""
         )
         raise ValueError(f"{where} is not a COCO annotation file: it lacks {missing}{hint}")
+    for key in ("images", "annotations", "categories"):
+        if not isinstance(dataset[key], list) or not all(isinstance(e, Mapping) for e in dataset[key]):
+            raise TypeError(f"{where}: {key!r} must be a list of objects")
+
+    for i, category in enumerate(dataset["categories"]):
+        category_id = category.get("id")
+        if not _is_int(category_id) or not 0 <= category_id <= MAX_LABEL:
+            raise ValueError(f"{where}: categories[{i}].id must be an integer in [0, {MAX_LABEL}], got {category_id!r}")
+    category_ids = [int(c["id"]) for c in dataset["categories"]]
+    if duplicated := _duplicates(category_ids):
+        raise ValueError(f"{where}: category ids {duplicated[:10]} appear more than once in 'categories'")
+
     for i, image in enumerate(dataset["images"]):
         for key in ("id", "width", "height"):
             if key not in image:
-                raise ValueError(f"{where}: images[{i}] lacks {key!r}: {image!r}")
-    image_ids = {image["id"] for image in dataset["images"]}
+                raise ValueError(f"{where}: images[{i}] lacks {key!r}: {dict(image)!r}")
+        if not _is_int(image["id"]) or not 0 <= image["id"] <= _MAX_ID:
+            raise ValueError(f"{where}: images[{i}].id must be an integer in [0, 2**53], got {image['id']!r}")
+        for key in ("width", "height"):
+            if not _is_int(image[key]) or not 0 < image[key] <= MAX_IMAGE_SIDE:
+                raise ValueError(f"{where}: images[{i}].{key} must be a positive integer, got {image[key]!r}")
+    image_ids = [int(image["id"]) for image in dataset["images"]]
+    if duplicated := _duplicates(image_ids):
+        raise ValueError(f"{where}: image ids {duplicated[:10]} appear more than once in 'images'")
+
+    sizes = {int(image["id"]): (image["width"], image["height"]) for image in dataset["images"]}
+    known_categories = set(category_ids)
     for i, ann in enumerate(dataset["annotations"]):
         for key in ("image_id", "category_id", "bbox"):
             if key not in ann:
                 raise ValueError(f"{where}: annotations[{i}] lacks {key!r}")
-        if ann["image_id"] not in image_ids:
+        if not _is_int(ann["image_id"]) or ann["image_id"] not in sizes:
             raise ValueError(
-                f"{where}: annotations[{i}] refers to image_id {ann['image_id']}, which is not in 'images'"
+                f"{where}: annotations[{i}] refers to image_id {ann['image_id']!r}, which is not in 'images'"
             )
+        if not _is_int(ann["category_id"]) or ann["category_id"] not in known_categories:
+            raise ValueError(
+                f"{where}: annotations[{i}] has category_id {ann['category_id']!r}, which is not in 'categories'"
+            )
+        bbox = ann["bbox"]
+        if not isinstance(bbox, (list, tuple)) or len(bbox) != 4 or not all(map(_is_finite_number, bbox)):
+            raise ValueError(f"{where}: annotations[{i}].bbox must be 4 finite numbers [x, y, width, height], got {bbox!r}")
+        x, y, w, h = (float(v) for v in bbox)
+        # pycocotools can never match a box without area (nor one whose size vanishes next to its position)
+        if not (x + w > x and y + h > y):
+            raise ValueError(f"{where}: annotations[{i}].bbox = {list(bbox)} has no area (width and height must be > 0)")
+        width, height = sizes[ann["image_id"]]
+        if x >= width or y >= height or x + w <= 0 or y + h <= 0:
+            raise ValueError(
+                f"{where}: annotations[{i}].bbox = {list(bbox)} lies outside its {width}x{height} image"
+            )
+        # pycocotools takes an id <= 0 for "not matched": such a box would count as a miss
+        if "id" in ann and (not _is_int(ann["id"]) or not 1 <= ann["id"] <= _MAX_ID):
+            raise ValueError(f"{where}: annotations[{i}].id must be an integer in [1, 2**53], got {ann['id']!r}")
+        if "iscrowd" in ann and ann["iscrowd"] not in (0, 1):  # True and False are 1 and 0
+            raise ValueError(f"{where}: annotations[{i}].iscrowd must be 0 or 1, got {ann['iscrowd']!r}")
+        if "area" in ann and not (_is_finite_number(ann["area"]) and ann["area"] >= 0):
+            raise ValueError(f"{where}: annotations[{i}].area must be a finite number >= 0, got {ann['area']!r}")
+    if duplicated := _duplicates(int(a["id"]) for a in dataset["annotations"] if "id" in a):
+        raise ValueError(f"{where}: annotation ids {duplicated[:10]} appear more than once in 'annotations'")
 
 
 @dataclass(eq=False)
@@ -423,7 +499,7 @@ class CocoGroundTruth:
 
     def subset(self, image_ids: Iterable[int]) -> CocoGroundTruth:
         """A ground truth restricted to ``image_ids`` (e.g. one cross-validation fold)."""
-        wanted = {int(i) for i in image_ids}
+        wanted = set(check_integers(image_ids, "image_ids"))
         unknown = sorted(wanted - set(self._images))
         if unknown:
             raise KeyError(
@@ -482,9 +558,11 @@ def _coco_from_dataset(dataset: Mapping[str, Any]) -> COCO:
     from pycocotools.coco import COCO
 
     annotations = []
-    for i, ann in enumerate(dataset["annotations"]):
+    next_id = max((int(a["id"]) for a in dataset["annotations"] if "id" in a), default=0) + 1
+    for ann in dataset["annotations"]:
         ann = dict(ann)
-        ann.setdefault("id", i + 1)
+        if "id" not in ann:  # new ids above the given ones: two annotations with one id are mis-scored
+            ann["id"], next_id = next_id, next_id + 1
         ann.setdefault("iscrowd", 0)
         if "area" not in ann:
             ann["area"] = float(ann["bbox"][2]) * float(ann["bbox"][3])
@@ -507,7 +585,7 @@ def evaluated_image_ids(truth: CocoGroundTruth, image_ids: Iterable[int] | None)
     every image with an annotation."""
     if image_ids is None:
         return truth.annotated_image_ids
-    eval_ids = sorted({int(i) for i in image_ids})
+    eval_ids = sorted(set(check_integers(image_ids, "image_ids")))
     unknown = [i for i in eval_ids if i not in truth]
     if unknown:
         raise ValueError(f"image_ids not in the ground truth: {unknown[:10]}{' ...' if len(unknown) > 10 else ''}")

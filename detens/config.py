@@ -11,9 +11,36 @@ from typing import Any, TypeVar
 
 import yaml
 
-__all__ = ["from_dict", "load_yaml_config", "to_dict", "save_yaml_config"]
+__all__ = ["ConfigError", "from_dict", "load_yaml_config", "read_yaml_file", "to_dict", "save_yaml_config"]
 
 C = TypeVar("C")
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be read as YAML; the message names the file, the line and the column."""
+
+
+def read_yaml_file(path: str | Path, what: str = "config file") -> Any:
+    """The content of a YAML file, read with ``yaml.safe_load`` (tags such as ``!!python/object`` are refused).
+
+    Raises:
+        FileNotFoundError: no such file, naming ``what`` and the path.
+        ConfigError: not UTF-8, or not valid YAML (truncated, a tab in the indentation, a Python tag),
+            naming the file, the line and the column.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} not found: {path}")
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not a UTF-8 text file ({err})") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(err, "problem", None) or str(err)
+        context = getattr(err, "context", None)
+        raise ConfigError(f"{where}: invalid YAML: {f'{context}; ' if context else ''}{problem}") from None
 
 
 def _unknown_key_error(cls: type, key: str, where: str) -> ValueError:
@@ -107,10 +134,7 @@ def to_dict(config: Any) -> dict[str, Any]:
 def load_yaml_config(cls: type[C], path: str | Path, overrides: dict[str, Any] | None = None) -> C:
     """Read ``path`` (YAML) into ``cls``; ``overrides`` (e.g. CLI flags) win over the file."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"config file not found: {path}")
-    with path.open() as f:
-        data = yaml.safe_load(f) or {}
+    data = read_yaml_file(path) or {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})

@@ -123,7 +123,14 @@ def results_to_detections(
     data = torch.as_tensor(data) if isinstance(data, np.ndarray) else data  # after Results.numpy()
     if data.ndim != 2 or data.shape[1] not in (6, 7):
         raise ValueError(f"Results.boxes.data must have shape [K, 6] or [K, 7], got {list(data.shape)}")
-    classes = data[:, -1].round().to(torch.int64)
+    classes = data[:, -1]
+    bad = ~torch.isfinite(classes) | (classes != classes.round()) | (classes < 0)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0])
+        raise ValueError(
+            f"results_to_detections: box {i} has class index {classes[i].item()}; class indices are integers >= 0"
+        )
+    classes = classes.to(torch.int64)
     labels = _map_classes(classes, category_ids, "results_to_detections")
     height, width = (int(v) for v in result.orig_shape)
     return Detections(data[:, :4], data[:, -2], labels, (height, width), source)
@@ -226,4 +233,4 @@ def _as_image_size(value: Any, index: int) -> tuple[int, int]:
         raise ValueError(
             f"image_sizes[{index}] must be (height, width) or an image tensor [C, H, W], got {value!r}"
         )
-    return int(value[0]), int(value[1])
+    return value[0], value[1]  # checked, not truncated, by Detections

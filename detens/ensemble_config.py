@@ -12,9 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
-from detens.config import from_dict, save_yaml_config
+from detens.config import from_dict, read_yaml_file, save_yaml_config
 from detens.packaged import find_packaged
 
 __all__ = [
@@ -234,8 +232,7 @@ def load_ensemble_config(
     looked up from the working directory first, then beside the file.
     """
     path = find_packaged(path, "ensembles")
-    with path.open(encoding="utf-8") as f:
-        data = yaml.safe_load(f) or {}
+    data = read_yaml_file(path, "ensemble config") or {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
     fusion = data.get("fusion")

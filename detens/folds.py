@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
+from detens.checks import check_integers
+
 __all__ = ["kfold_image_splits"]
 
 
@@ -15,9 +17,10 @@ def kfold_image_splits(image_ids: Sequence[int], k: int = 2, seed: int = 0) -> l
     so every method sees identical folds. Every image is held out exactly once; no image is in both
     the train and the test side of a split.
     """
-    ids = sorted({int(i) for i in image_ids})
-    if len(ids) != len(image_ids):
-        raise ValueError(f"image_ids contains duplicates ({len(image_ids) - len(ids)} repeated)")
+    given = check_integers(image_ids, "image_ids")
+    ids = sorted(set(given))
+    if len(ids) != len(given):
+        raise ValueError(f"image_ids contains duplicates ({len(given) - len(ids)} repeated)")
     if not isinstance(k, int) or k < 2:
         raise ValueError(f"k (the number of folds) must be an integer >= 2, got {k!r}")
     if k > len(ids):

@@ -1,14 +1,17 @@
-"""File I/O: atomic writes (a killed run never leaves a half-written output) and checked JSON reads."""
+"""File I/O: atomic writes (a killed run never leaves a half-written output), checked JSON reads, and
+unique output names for input files."""
 
 from __future__ import annotations
 
 import json
 import os
 import tempfile
-from pathlib import Path
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path, PurePosixPath
 from typing import Any
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_json", "read_json_file"]
+__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_json", "read_json_file", "output_stems"]
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -53,3 +56,34 @@ def read_json_file(path: str | Path, what: str) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise ValueError(f"{path} is not valid JSON: {err}") from err
+
+
+def output_stems(names: Sequence[str]) -> dict[str, str]:
+    """``file name → output stem``: a distinct stem per distinct input, for ``labels/<stem>.txt`` and the like.
+
+    Args:
+        names (list[str]): relative POSIX paths of the inputs (``"a.jpg"``, ``"sub/b.png"``), all different.
+
+    A name keeps its path without the extension (``sub/b``) when no other name has that stem. Names that
+    share one get their extension appended (``a.jpg``, ``a.png`` → ``a_jpg``, ``a_png``), then a counter
+    where that is still not enough (``a.jpg`` and ``a.JPG`` → ``a_jpg``, ``a_jpg_2``, in sorted name order).
+    Stems are compared ignoring case, so the outputs stay apart on case-insensitive file systems too.
+
+    Raises:
+        ValueError: a name given twice.
+    """
+    if duplicated := sorted(n for n, count in Counter(names).items() if count > 1):
+        raise ValueError(f"names must be distinct, got {duplicated[:5]} more than once")
+    base = {n: str(PurePosixPath(n).with_suffix("")) if PurePosixPath(n).suffix else n for n in names}
+    counts = Counter(stem.casefold() for stem in base.values())
+    stems = {n: stem for n, stem in base.items() if counts[stem.casefold()] == 1}
+    taken = {stem.casefold() for stem in stems.values()}
+    for name in sorted(n for n in names if n not in stems):
+        suffix = PurePosixPath(name).suffix.lstrip(".").lower()
+        candidate = stem = f"{base[name]}_{suffix}" if suffix else base[name]
+        copy = 2
+        while stem.casefold() in taken:
+            stem, copy = f"{candidate}_{copy}", copy + 1
+        stems[name] = stem
+        taken.add(stem.casefold())
+    return {n: stems[n] for n in names}

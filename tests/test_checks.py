@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from detens.checks import check_choice, check_flag, check_integer, check_real
+from detens.checks import check_choice, check_flag, check_integer, check_integers, check_real
 from detens.fusers import check_weights
 
 
@@ -112,3 +112,26 @@ def test_good_weights_are_a_fresh_float64_tensor(weights):
     assert got.dtype == torch.float64 and got.tolist() == [1.0, 2.5]
     got.add_(1)  # the caller's weights are not touched
     assert np.asarray(weights, dtype=np.float64).tolist() == [1.0, 2.5]
+
+
+@pytest.mark.parametrize(
+    "values, error, message",
+    [
+        ("139", TypeError, "ids must be a list of integers, got str: '139'"),
+        (139, TypeError, "ids must be a list of integers, got int"),
+        ({1: 2}, TypeError, "ids must be a list of integers, got dict"),
+        ([1, 2.5], TypeError, r"ids\[1\] must be an integer, got float: 2.5"),
+        (torch.ones(2, 2, dtype=torch.int64), ValueError, r"ids must be a flat list of integers, got shape \[2, 2\]"),
+    ],
+)
+def test_check_integers(values, error, message):
+    with pytest.raises(error, match=message):
+        check_integers(values, "ids")
+    assert check_integers(np.array([3, 1]), "ids") == [3, 1] and check_integers(range(2), "ids") == [0, 1]
+
+
+def test_folds_refuse_a_string_of_ids():
+    from detens.folds import kfold_image_splits
+
+    with pytest.raises(TypeError, match="image_ids must be a list of integers"):
+        kfold_image_splits("1397", k=2)

@@ -118,6 +118,92 @@ class TestGroundTruth:
             load_coco_gt(tmp_path / "missing.json")
 
 
+def small_gt() -> dict:
+    """Two images, two categories, three annotations: a valid COCO annotation dict to break."""
+    return {
+        "images": [{"id": 1, "width": 100, "height": 80, "file_name": "a.jpg"},
+                   {"id": 2, "width": 100, "height": 80, "file_name": "b.jpg"}],
+        "annotations": [
+            {"id": 1, "image_id": 1, "category_id": 1, "bbox": [10, 10, 20, 20], "area": 400, "iscrowd": 0},
+            {"id": 2, "image_id": 1, "category_id": 2, "bbox": [50, 10, 20, 30], "area": 600, "iscrowd": 0},
+            {"id": 3, "image_id": 2, "category_id": 1, "bbox": [5, 5, 40, 40], "area": 1600, "iscrowd": 1},
+        ],
+        "categories": [{"id": 1, "name": "a"}, {"id": 2, "name": "b"}],
+    }
+
+
+#: (where, key, value, error, message): ground truth that pycocotools accepts and silently mis-scores, or
+#: that crashed later; each is refused when loaded, naming the entry and the field.
+BAD_GROUND_TRUTH = [
+    (("annotations", 1), "id", 1, ValueError, r"annotation ids \[1\] appear more than once"),
+    (("images", 1), "id", 1, ValueError, r"image ids \[1\] appear more than once"),
+    (("annotations", 0), "bbox", [10, 10, -20, 20], ValueError, r"annotations\[0\].bbox = \[10, 10, -20, 20\] has no area"),
+    # never matched by pycocotools: a perfect prediction scores 0.5 mAP
+    (("annotations", 0), "bbox", [10, 10, 0, 20], ValueError, r"annotations\[0\].bbox = \[10, 10, 0, 20\] has no area"),
+    (("annotations", 0), "bbox", [10, 10, float("nan"), 20], ValueError, r"annotations\[0\].bbox must be 4 finite"),
+    (("annotations", 0), "bbox", "10 10 20 20", ValueError, r"annotations\[0\].bbox must be 4 finite"),
+    (("annotations", 0), "bbox", [10, 10, 20], ValueError, r"annotations\[0\].bbox must be 4 finite"),
+    (("annotations", 0), "bbox", [10, 10, 10**400, 20], ValueError, r"annotations\[0\].bbox must be 4 finite"),
+    (("annotations", 0), "bbox", [10, 1e300, 20, 20], ValueError, r"annotations\[0\].bbox = .* has no area"),
+    (("annotations", 0), "bbox", [10, 10, 1e-300, 20], ValueError, r"annotations\[0\].bbox = .* has no area"),
+    (("annotations", 0), "bbox", [200, 10, 20, 20], ValueError, r"annotations\[0\].bbox = .* lies outside its 100x80 image"),
+    # pycocotools takes id 0 for "not matched": a perfect prediction scored 0.5 mAP
+    (("annotations", 0), "id", 0, ValueError, r"annotations\[0\].id must be an integer in \[1, 2\*\*53\], got 0"),
+    (("annotations", 0), "id", 10**400, ValueError, r"annotations\[0\].id must be an integer in \[1, 2\*\*53\]"),
+    (("images", 0), "id", -1, ValueError, r"images\[0\].id must be an integer in \[0, 2\*\*53\], got -1"),
+    (("annotations", 0), "category_id", 7, ValueError, r"annotations\[0\] has category_id 7, which is not in 'categories'"),
+    (("annotations", 0), "image_id", "1", ValueError, r"annotations\[0\] refers to image_id '1'"),
+    (("annotations", 0), "iscrowd", "no", ValueError, r"annotations\[0\].iscrowd must be 0 or 1, got 'no'"),
+    (("annotations", 0), "area", -1, ValueError, r"annotations\[0\].area must be a finite number >= 0"),
+    (("categories", 0), "id", None, ValueError, r"categories\[0\].id must be an integer"),
+    (("categories", 1), "id", 1, ValueError, r"category ids \[1\] appear more than once"),
+    (("images", 0), "width", 0, ValueError, r"images\[0\].width must be a positive integer, got 0"),
+    (("images", 0), "height", 80.5, ValueError, r"images\[0\].height must be a positive integer"),
+]
+
+
+@pytest.mark.parametrize("where, key, value, error, message", BAD_GROUND_TRUTH)
+def test_ground_truth_pycocotools_would_misscore_is_refused(tmp_path, where, key, value, error, message):
+    dataset = small_gt()
+    dataset[where[0]][where[1]][key] = value
+    path = tmp_path / "gt.json"
+    path.write_text(json.dumps(dataset))
+    for source in (path, dataset):
+        with pytest.raises(error, match=message):
+            load_coco_gt(source)
+
+
+def test_annotations_without_ids_get_new_ones():
+    # ids were the annotation's position + 1, which another annotation could already hold
+    dataset = small_gt()
+    del dataset["annotations"][0]["id"]
+    dataset["annotations"][1]["id"] = 1
+    results = [{"image_id": a["image_id"], "category_id": a["category_id"], "bbox": a["bbox"], "score": 1.0}
+               for a in dataset["annotations"] if not a["iscrowd"]]
+    assert evaluate_coco(load_coco_gt(dataset), results)["map"] == pytest.approx(1.0)
+
+
+def test_a_category_without_id_is_refused():
+    dataset = small_gt()
+    del dataset["categories"][0]["id"]
+    with pytest.raises(ValueError, match=r"categories\[0\].id must be an integer .* got None"):
+        load_coco_gt(dataset)
+
+
+def test_the_small_ground_truth_is_valid_and_scores_one():
+    truth = load_coco_gt(small_gt())
+    results = [{"image_id": a["image_id"], "category_id": a["category_id"], "bbox": a["bbox"], "score": 1.0}
+               for a in small_gt()["annotations"] if not a["iscrowd"]]
+    assert evaluate_coco(truth, results)["map"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("image_ids, error", [("139", TypeError), (139, TypeError), ([1.5], TypeError), ([True], TypeError)])
+def test_image_ids_must_be_a_list_of_integers(gt, image_ids, error):
+    # a string was iterated as the ids 1, 3 and 9
+    with pytest.raises(error, match="image_ids"):
+        evaluate_coco(gt, gt_as_predictions(gt, [139]), image_ids=image_ids)
+
+
 class TestEvaluate:
     def test_ground_truth_as_predictions_scores_one(self, gt):
         metrics = evaluate_coco(ANNOTATIONS, gt_as_predictions(gt, include_crowd=True))
@@ -316,6 +402,10 @@ class TestResultsFiles:
                 "image_id must be an integer",
             ),
             ("[{", "not valid JSON"),
+            ('[{"image_id": 1, "category_id": 1, "bbox": [0, 0, 1, 1], "score": 1' + "0" * 400 + "}]",
+             "score must be a finite number"),
+            ('[{"image_id": 1, "category_id": 1, "bbox": [0, 0, 1' + "0" * 400 + ', 1], "score": 0.5}]',
+             "bbox must be 4 finite numbers"),
         ],
     )
     def test_schema_errors(self, tmp_path, content, message):

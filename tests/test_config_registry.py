@@ -60,6 +60,27 @@ class TestFromDict:
         with pytest.raises(FileNotFoundError, match="nope.yaml"):
             load_yaml_config(Outer, tmp_path / "nope.yaml")
 
+    @pytest.mark.parametrize(
+        "content, where, fragment",
+        [
+            # a tag that would run code if it were not refused
+            (b"epochs: 3\nname: !!python/object/apply:os.system ['true']\n", ":2:7:", "constructor for the tag"),
+            (b"epochs: 3\nname: [unclosed\n", ":3:1:", "expected ',' or ']'"),  # truncated
+            (b"epochs: 3\n\tname: x\n", ":2:1:", "found character '\\t'"),
+            (b"epochs: 3\nname: '\xff'\n", "", "not a UTF-8 text file"),
+        ],
+    )
+    def test_unreadable_yaml_is_a_config_error_naming_file_and_line(self, tmp_path, content, where, fragment):
+        from detens.config import ConfigError
+        from detens.ensemble_config import load_ensemble_config
+
+        path = tmp_path / "c.yaml"
+        path.write_bytes(content)
+        for load in (lambda: load_yaml_config(Outer, path), lambda: load_ensemble_config(path)):
+            with pytest.raises(ConfigError) as info:
+                load()
+            assert f"{path}{where}" in str(info.value) and fragment in str(info.value)
+
 
 class TestRegistry:
     def test_unknown_name_lists_valid_names(self):

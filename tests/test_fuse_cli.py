@@ -120,7 +120,8 @@ def test_unreadable_files_are_reported_and_skipped(full_run):
 def test_labels_and_vis(full_run):
     images, predictions = read_outputs(full_run)
     for image in images["images"]:
-        stem = image["file_name"].rsplit(".", 1)[0]
+        stem = image["output_stem"]
+        assert stem == image["file_name"].rsplit(".", 1)[0]  # no two images share a stem here
         lines = (full_run / "labels" / f"{stem}.txt").read_text().splitlines()
         expected = [r for r in predictions if r["image_id"] == image["id"] and r["score"] >= 0.25]
         assert len(lines) == len(expected) > 0
@@ -266,10 +267,21 @@ def test_no_images_and_special_source(workspace, tmp_path):
     assert [p.name for p in images] == ["bus.jpg", "zidane.jpg"] and root == Path(ASSETS)
 
 
-def test_output_stems():
-    assert fuse_tool.output_stems(["a.jpg", "a.png", "b.jpg", "s/a.jpg", "noext"]) == {
-        "a.jpg": "a_jpg", "a.png": "a_png", "b.jpg": "b", "s/a.jpg": "s/a", "noext": "noext",
-    }  # fmt: skip
+def test_names_that_differ_only_in_case_get_their_own_outputs(workspace, tmp_path):
+    # a.jpg and a.JPG both mapped to a_jpg: the second image's labels/ and vis/ files replaced the first's
+    images = tmp_path / "images"
+    images.mkdir()
+    shutil.copy(Path(ASSETS) / "bus.jpg", images / "a.jpg")
+    shutil.copy(Path(ASSETS) / "zidane.jpg", images / "a.JPG")
+    out = tmp_path / "out"
+    argv = ["--config", str(workspace / "pair.yaml"), "--source", str(images), "--out", str(out), "--quiet"]
+    assert fuse_tool.main(argv) == 0
+    images, _ = read_outputs(out)
+    assert {im["file_name"]: im["output_stem"] for im in images["images"]} == {"a.JPG": "a_jpg", "a.jpg": "a_jpg_2"}
+    for image in images["images"]:
+        drawn = cv2.imread(str(out / "vis" / f"{image['output_stem']}.jpg"))
+        assert drawn.shape[:2] == (image["height"], image["width"])  # its own drawing: the sizes differ
+        assert (out / "labels" / f"{image['output_stem']}.txt").is_file()
 
 
 def parse(argv):

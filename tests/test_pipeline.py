@@ -95,6 +95,15 @@ class TestConversions:
         with pytest.raises(ValueError, match=r"labels \[12\]"):
             detections_to_results(det, result, COCO_CATEGORY_IDS)
 
+    @pytest.mark.parametrize("cls", [2.5, -1.0, float("nan")])
+    def test_results_class_index_must_be_a_whole_number(self, cls):
+        # 2.4 or 2.5 was rounded to class 2 without a word
+        result = make_results([[0.0, 0.0, 5.0, 5.0], [1.0, 1.0, 6.0, 6.0]], [0.5, 0.6], [1.0, cls])
+        with pytest.raises(ValueError, match=f"box 1 has class index {cls}; class indices are integers >= 0"):
+            results_to_detections(result)
+        with pytest.raises(ValueError, match="box 1 has class index"):
+            fuse_results([[result], [result]])
+
     def test_coco_category_ids_only_for_coco_names(self):
         assert coco_category_ids_for(COCO80) == COCO_CATEGORY_IDS
         assert coco_category_ids_for({0: "cat", 1: "dog"}) is None
@@ -314,6 +323,8 @@ class TestTorchvisionFusion:
     def test_errors(self, torchvision_outputs):
         outputs, images = torchvision_outputs
         fusion = TorchvisionFusion(method=METHOD)
+        with pytest.raises(TypeError, match="image_size must hold integers"):
+            fusion(outputs, [(240.5, 320), (300, 200)])  # was truncated to 240
         with pytest.raises(ValueError, match=r"different numbers of outputs \[2, 1\]"):
             fusion([outputs[0], outputs[1][:1]], images)
         with pytest.raises(ValueError, match="got 1 image sizes for 2 images"):

@@ -19,7 +19,8 @@ Writes into ``--out``:
   ``bbox`` ``[x, y, w, h]`` pixels, ``score``): what ``pycocotools.coco.COCO.loadRes`` reads;
 - ``images.json``: the images and categories as a COCO dataset without annotations (``info``,
   ``images`` with ``id``, ``file_name`` (relative to the source folder), ``height``, ``width``,
-  ``categories``, ``annotations: []``), so COCO tools and FiftyOne can open the results; image ids are
+  ``output_stem`` (the stem of its ``labels/`` and ``vis/`` files, unique per image: ``a.jpg`` and ``a.JPG``
+  do not share one), ``categories``, ``annotations: []``), so COCO tools and FiftyOne can open the results; image ids are
   the ``dataset``'s in the config when it has one, else 1..N;
 - ``labels/<stem>.txt``: YOLO labels ``class cx cy w h conf`` (normalized; scores >= output.labels_conf);
 - ``vis/<stem>.jpg``: the image with the fused boxes and class names (scores >= output.vis_conf);
@@ -61,11 +62,12 @@ from detens.adapters import (
 )
 from detens.cli._engine import add_engine_arguments, ray_options
 from detens.coco import detections_to_coco, load_coco_gt
+from detens.config import read_yaml_file
 from detens.detections import Detections
 from detens.ensemble_config import EnsembleConfig, load_ensemble_config, save_ensemble_config
 from detens.export import yolo_lines
 from detens.fusers import FUSERS, fuse, list_methods
-from detens.io import atomic_write_bytes, atomic_write_json
+from detens.io import atomic_write_bytes, atomic_write_json, output_stems
 from detens.labels import COCO_CATEGORY_IDS, COCO_ID_TO_NAME
 from detens.packaged import find_packaged
 from detens.registry import unknown_name_error
@@ -205,17 +207,6 @@ def relative_name(path: Path, root: Path) -> str:
         return path.name
 
 
-def output_stems(names: list[str]) -> dict[str, str]:
-    """``file name → output stem`` (its relative path without the extension); same stems get the extension appended."""
-    stems = {n: n.rsplit(".", 1)[0] if "." in Path(n).name else n for n in names}
-    counts: dict[str, int] = defaultdict(int)
-    for stem in stems.values():
-        counts[stem] += 1
-    return {
-        n: (s if counts[s] == 1 else f"{s}_{Path(n).suffix.lstrip('.').lower()}") for n, s in stems.items()
-    }
-
-
 # ----------------------------------------------------------------------------------------------- partial
 def partial_path(out: Path, name: str) -> Path:
     return out / "partial" / f"{name}.json"
@@ -237,7 +228,7 @@ def check_resume(out: Path, config: EnsembleConfig, overwrite: bool) -> None:
         return
     saved = out / "config.yaml"
     if saved.is_file() and ((out / "partial").is_dir() or (out / "predictions.json").is_file()):
-        previous = yaml.safe_load(saved.read_text(encoding="utf-8"))
+        previous = read_yaml_file(saved, "saved run config")
         current = yaml.safe_load(yaml.safe_dump(_config_dict(config), sort_keys=False))
         if previous != current:
             raise ValueError(
@@ -330,6 +321,7 @@ def write_outputs(
     records = {n: r for n in names if (r := read_partial(out, n)) is not None}
     done = [n for n in names if n in records]
     ids = image_ids(done, config.dataset)
+    stems = output_stems(names)  # the names of each image's labels/ and vis/ files
     images, results = [], []
     per_model: dict[str, list[dict[str, Any]]] = {m: [] for m in member_names}
     stage_ms: dict[str, float] = defaultdict(float)
@@ -338,7 +330,8 @@ def write_outputs(
     for name in done:
         record, image_id = records[name], ids[name]
         images.append(
-            {"id": image_id, "file_name": name, "height": record["height"], "width": record["width"]}
+            {"id": image_id, "file_name": name, "height": record["height"], "width": record["width"],
+             "output_stem": stems[name]}
         )
         for r in record["fused"]:
             results.append({**r, "image_id": image_id})

@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from detens.cli import UsageError, run_command
 from detens.coco import load_coco_gt
-from detens.config import from_dict, save_yaml_config
+from detens.config import from_dict, read_yaml_file, save_yaml_config
 from detens.heads import TRAINERS, config_for, fit_head
 from detens.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from detens.packaged import find_packaged
@@ -73,9 +73,9 @@ def load_train_config(kind: str, path: str | None, overrides: dict[str, Any]) ->
     if path is None:
         return from_dict(TRAINERS[kind].config_class, {**asdict(config_for(kind)), **overrides}, where=f"{kind} defaults")
     config_path = find_packaged(path, "train")
-    data = yaml.safe_load(config_path.read_text())
+    data = read_yaml_file(config_path, "training config")
     if data is None:
-        raise FileNotFoundError(f"training config not found or empty: {config_path}")
+        raise FileNotFoundError(f"training config is empty: {config_path}")
     return from_dict(TRAINERS[kind].config_class, {**data, **overrides}, where=str(config_path))
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from detens.checks import check_integer, check_real
+from detens.checks import check_integer, check_integers, check_real
 from detens.detections import MAX_LABEL
 from detens.io import atomic_write_bytes, atomic_write_text
 
@@ -49,6 +50,8 @@ _DTYPES: dict[str, torch.dtype] = {
     "int64": torch.int64,
 }
 _DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
+#: What a head file holds besides its tensors.
+_FIELDS = ("format", "format_version", "type", "model_names", "config")
 
 
 class HeadFileError(ValueError):
@@ -91,10 +94,7 @@ def check_match_iou(value: Any) -> float:
 
 def check_class_ids(class_ids: Sequence[int] | Tensor | None) -> list[int]:
     """``class_ids`` (None: none) as a list of ints, in the given order; each a valid label (0 .. MAX_LABEL)."""
-    if isinstance(class_ids, (str, bytes, dict)):
-        raise TypeError(f"class_ids must be a list of class ids, got {type(class_ids).__name__}: {class_ids!r}")
-    ids = [] if class_ids is None else (class_ids.tolist() if isinstance(class_ids, Tensor) else list(class_ids))
-    return [check_integer(i, f"class_ids[{j}]", 0, MAX_LABEL) for j, i in enumerate(ids)]
+    return [] if class_ids is None else check_integers(class_ids, "class_ids", 0, MAX_LABEL)
 
 
 def check_model_names(model_names: Any, what: str = "model_names") -> list[str]:
@@ -167,19 +167,23 @@ def _bad(path: Path, why: str) -> HeadFileError:
 def _tensor_from_json(path: Path, name: str, entry: Any) -> Tensor:
     if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data"}:
         raise _bad(path, f"tensor {name!r} must be an object with keys dtype, shape, data")
-    dtype = _DTYPES.get(entry["dtype"])
+    dtype = _DTYPES.get(entry["dtype"]) if isinstance(entry["dtype"], str) else None
     if dtype is None:
         raise _bad(
             path, f"tensor {name!r} has dtype {entry['dtype']!r}; expected one of {', '.join(_DTYPES)}"
         )
     shape, data = entry["shape"], entry["data"]
-    if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
-        raise _bad(path, f"tensor {name!r} has an invalid shape {shape!r}")
+    if not isinstance(shape, list) or not all(type(s) is int and s >= 0 for s in shape):
+        raise _bad(path, f"tensor {name!r} has an invalid shape {shape!r}; expected a list of integers >= 0")
     if not isinstance(data, list) or len(data) != math.prod(shape):
         raise _bad(path, f"tensor {name!r} of shape {shape} needs {math.prod(shape)} values")
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in data):
-        raise _bad(path, f"tensor {name!r} holds non-numeric values")
-    return torch.tensor(data, dtype=dtype).reshape(shape)
+    kinds = (int,) if dtype == torch.int64 else (int, float)  # a float in an int64 tensor would be truncated
+    if not all(type(v) in kinds for v in data):
+        raise _bad(path, f"tensor {name!r} ({entry['dtype']}) holds values that are not {' or '.join(k.__name__ for k in kinds)}")
+    try:
+        return torch.tensor(data, dtype=dtype).reshape(shape)
+    except (OverflowError, RuntimeError, ValueError) as err:  # an integer beyond int64
+        raise _bad(path, f"tensor {name!r} holds a value out of the {entry['dtype']} range ({err})") from None
 
 
 def read_head_file(path: str | Path) -> HeadFile:
@@ -191,10 +195,13 @@ def read_head_file(path: str | Path) -> HeadFile:
     if suffix == ".json":
         try:
             document = json.loads(path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise _bad(path, f"cannot parse JSON ({err})") from err
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+            raise _bad(path, f"cannot parse JSON ({type(err).__name__}: {err})") from None
         if not isinstance(document, dict):
             raise _bad(path, "the top level must be a JSON object")
+        unknown = sorted(set(document) - {*_FIELDS, "tensors"})
+        if unknown:
+            raise _bad(path, f"unknown fields {unknown}; a head file holds {', '.join((*_FIELDS, 'tensors'))}")
         fields = document
         raw_tensors = document.get("tensors")
         if not isinstance(raw_tensors, dict):
@@ -210,17 +217,20 @@ def read_head_file(path: str | Path) -> HeadFile:
                 tensors = {name: f.get_tensor(name) for name in f.keys()}
         except (SafetensorError, OSError, ValueError, RuntimeError) as err:
             raise _bad(path, f"cannot read safetensors ({err})") from err
+        unknown = sorted(set(fields) - set(_FIELDS))
+        if unknown:
+            raise _bad(path, f"unknown metadata fields {unknown}; a head file holds {', '.join(_FIELDS)}")
         try:
             model_names = json.loads(fields.get("model_names", "null"))
             config = json.loads(fields.get("config", "null"))
-        except json.JSONDecodeError as err:
-            raise _bad(path, f"metadata is not valid JSON ({err})") from err
-        if str(fields.get("format_version")) == str(FORMAT_VERSION):
+        except (json.JSONDecodeError, RecursionError) as err:
+            raise _bad(path, f"metadata is not valid JSON ({type(err).__name__}: {err})") from None
+        if fields.get("format_version") == str(FORMAT_VERSION):
             fields["format_version"] = FORMAT_VERSION
 
     if fields.get("format") != FORMAT:
         raise _bad(path, f"'format' is {fields.get('format')!r}, expected {FORMAT!r}")
-    if fields.get("format_version") != FORMAT_VERSION:
+    if type(fields.get("format_version")) is not int or fields["format_version"] != FORMAT_VERSION:
         raise _bad(
             path,
             f"format_version {fields.get('format_version')!r} is not supported (this detens reads {FORMAT_VERSION})",
@@ -235,9 +245,27 @@ def read_head_file(path: str | Path) -> HeadFile:
     if not isinstance(config, dict):
         raise _bad(path, f"'config' must be an object, got {type(config).__name__}")
     for name, tensor in tensors.items():
+        if tensor.dtype not in _DTYPE_NAMES:
+            raise _bad(path, f"tensor {name!r} has dtype {tensor.dtype}; head files hold {', '.join(_DTYPES)}")
         if tensor.is_floating_point() and not torch.isfinite(tensor).all():
             raise _bad(path, f"tensor {name!r} holds NaN or inf")
     return HeadFile(head_type, model_names, config, tensors)
+
+
+def check_sizes(config: dict[str, Any], tensors: dict[str, Tensor], keys: Sequence[str], where: str) -> None:
+    """Raise unless each size option in ``config`` (``hidden``, ``depth``, ...) is at most the number of
+    values the file stores.
+
+    A layer of width H holds at least H numbers, so a larger size cannot match the stored tensors: refusing
+    it here keeps a head file from making the loader build (and allocate) a network of that size.
+    """
+    stored = sum(t.numel() for t in tensors.values())
+    for key in keys:
+        value = config.get(key)
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value > max(stored, 1):
+            raise HeadFileError(
+                f"{where}: config {key} = {value} is larger than the {stored} numbers the file stores"
+            )
 
 
 def check_head_clusters(clusters: Any, model_names: list[str], what: str) -> None:

@@ -36,6 +36,7 @@ from detens.heads._io import (
     check_int,
     check_match_iou,
     check_model_names,
+    check_sizes,
     read_head_for,
     write_head_file,
 )
@@ -90,6 +91,8 @@ def as_list(items: Any, kind: type, what: str) -> list[Any]:
 
 #: the constructor options of every network head, saved in its ``config`` (subclasses add ``extra_config``).
 BASE_CONFIG = ("features", "class_ids", "class_embed", "hidden", "depth", "activation", "match_iou")
+#: config options that size the networks (checked against what a file stores before anything is built).
+SIZE_CONFIG = ("class_embed", "hidden", "depth", "members")
 
 
 class NetHead(nn.Module):
@@ -300,17 +303,31 @@ class NetHead(nn.Module):
         unknown = sorted(set(config) - set(valid))
         if unknown:
             raise HeadFileError(f"{where}: unknown config keys {unknown}; valid keys: {', '.join(valid)}")
+        check_sizes(config, tensors, SIZE_CONFIG, where)
         try:
-            head = cls(model_names, **config)
+            with torch.device("meta"):  # shapes only: the real head is built once they match the file
+                shell = cls(model_names, **config)
         except (TypeError, ValueError) as err:
             raise HeadFileError(f"{where}: invalid {cls.type_name} config: {err}") from err
-        expected = {name: tuple(t.shape) for name, t in head.state_dict().items()}
+        shell_state = shell.state_dict()
+        expected = {name: tuple(t.shape) for name, t in shell_state.items()}
         got = {name: tuple(t.shape) for name, t in tensors.items()}
         if got != expected:
             raise HeadFileError(f"{where}: expected tensors {expected}, got {got}")
         dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
         if len(dtypes) > 1:
             raise HeadFileError(f"{where}: mixed floating dtypes {sorted(map(str, dtypes))}")
+        wrong = sorted(n for n, t in tensors.items() if t.is_floating_point() != shell_state[n].is_floating_point())
+        if wrong:
+            raise HeadFileError(f"{where}: tensors {wrong} have the wrong kind of dtype (integer vs floating point)")
+        if not bool((tensors["feature_std"] > 0).all()):
+            raise HeadFileError(f"{where}: feature_std must be > 0 (features are divided by it)")
+        head = cls(model_names, **config)
+        if not torch.equal(tensors["class_ids"], head.class_ids):
+            raise HeadFileError(
+                f"{where}: tensor class_ids {tensors['class_ids'].tolist()} differs from the config's class_ids "
+                f"{head.class_ids.tolist()}"
+            )
         if dtypes:
             head = head.to(dtypes.pop())
         head.load_state_dict(tensors, strict=True)

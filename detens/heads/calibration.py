@@ -48,6 +48,7 @@ import torch
 from torch import Tensor, nn
 from torchvision.ops import box_iou
 
+from detens.checks import check_integers
 from detens.detections import Detections
 from detens.fusers import FUSERS, fuse
 from detens.fusers._lockstep import compute_device
@@ -249,7 +250,7 @@ def _identity_curve() -> tuple[Tensor, Tensor]:
     return torch.tensor([0.0, 1.0], dtype=torch.float64), torch.tensor([0.0, 1.0], dtype=torch.float64)
 
 
-def _check_fuser(fuser: Any, fuser_params: Any) -> tuple[str, dict[str, Any]]:
+def _check_fuser(fuser: Any, fuser_params: Any, model_names: list[str]) -> tuple[str, dict[str, Any]]:
     if not isinstance(fuser, str):
         raise TypeError(f"fuser must be the name of a registered fuser, got {type(fuser).__name__}")
     FUSERS.get(fuser)  # unknown names list the valid ones
@@ -267,6 +268,15 @@ def _check_fuser(fuser: Any, fuser_params: Any) -> tuple[str, dict[str, Any]]:
     except (TypeError, ValueError) as err:
         raise ValueError(f"fuser_params must be JSON-serializable (they are saved with the head), got {params!r}: "
                          f"{err}") from None
+    # Every fuser checks its options before any work: a run on empty detections finds a wrong or unknown
+    # one now, when the head is built or loaded, not at the first image.
+    empty = [Detections.empty((1, 1), name) for name in model_names]
+    try:
+        fuse(empty, fuser, **params)
+    except TypeError as err:
+        raise TypeError(f"fuser_params {params!r} do not fit the {fuser!r} fuser: {err}") from None
+    except ValueError as err:
+        raise ValueError(f"fuser_params {params!r} do not fit the {fuser!r} fuser: {err}") from None
     return fuser, params
 
 
@@ -319,7 +329,7 @@ class CalibrationHead(nn.Module):
         self.tie_break = check_number(tie_break, "tie_break")
         if self.tie_break >= 1.0:
             raise ValueError(f"tie_break must be in [0, 1), got {tie_break!r}")
-        self.fuser, self.fuser_params = _check_fuser(fuser, fuser_params)
+        self.fuser, self.fuser_params = _check_fuser(fuser, fuser_params, self.model_names)
 
         curves = {} if curves is None else dict(curves)
         class_curves = {} if class_curves is None else dict(class_curves)
@@ -622,8 +632,8 @@ def fit_calibration(
     if target not in TARGETS:
         raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {target!r}")
     shrinkage = check_number(shrinkage, "shrinkage")
-    fuser, fuser_params = _check_fuser(fuser, fuser_params)
-    ids = [int(i) for i in image_ids]
+    fuser, fuser_params = _check_fuser(fuser, fuser_params, list(predictions.model_names))
+    ids = check_integers(image_ids, "image_ids")
     if len(ids) < 2:
         raise ValueError(
             f"fit_calibration needs at least 2 images, got {len(ids)}: one image says too little about a "

@@ -62,6 +62,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import FunctionCtx, once_differentiable
 
+from detens.checks import check_real
 from detens.detections import Detections
 from detens.heads._features import class_positions
 from detens.heads._io import (
@@ -319,11 +320,9 @@ class ThetaHead(nn.Module):
             raise TypeError(
                 f"per_class and normalize_box must be bool, got {per_class!r} and {normalize_box!r}"
             )
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 < eps < 0.5:
-            raise ValueError(f"eps must be in (0, 0.5), got {eps!r}")
         self.per_class = per_class
         self.normalize_box = normalize_box
-        self.eps = float(eps)
+        self.eps = check_real(eps, "eps", 0.0, 0.5, low_open=True, high_open=True)
         self.lambda_reg = check_number(lambda_reg, "lambda_reg")
         self.lambda_cls = check_number(lambda_cls, "lambda_cls")
         self.lambda_cons = check_number(lambda_cons, "lambda_cons")
@@ -552,8 +551,6 @@ class ThetaHead(nn.Module):
                 f"{where}: unknown config keys {unknown}; valid keys: {', '.join(_CONFIG_KEYS)}"
             )
         config = dict(stored.config)
-        if not config.get("per_class", False):
-            config.pop("class_ids", None)
         try:
             head = cls(stored.model_names, **config)
         except (TypeError, ValueError) as err:
@@ -567,6 +564,13 @@ class ThetaHead(nn.Module):
         dtype = stored.tensors["theta"].dtype
         if not dtype.is_floating_point:
             raise HeadFileError(f"{where}: theta must be floating point, got {dtype}")
+        for name, weights in stored.tensors.items():
+            # training keeps every θᵢ >= eps: a negative or all-zero row fuses to boxes of no meaning
+            if weights.dtype != dtype or (weights < 0).any() or (weights.sum(-1) <= 0).any():
+                raise HeadFileError(
+                    f"{where}: {name} must hold {str(dtype).removeprefix('torch.')} weights >= 0 with a positive "
+                    f"sum per row, got {str(weights.dtype).removeprefix('torch.')} {weights.tolist()}"
+                )
         head = head.to(dtype)
         with torch.no_grad():
             head.theta.copy_(stored.tensors["theta"])
