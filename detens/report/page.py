@@ -45,8 +45,8 @@ dl.meta { display: grid; grid-template-columns: max-content 1fr; gap: 0.15em 1em
 dl.meta dt { font-weight: 600; } dl.meta dd { margin: 0; }
 code, pre { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 0.85em; }
 pre { background: #f6f6f6; padding: 0.6em; white-space: pre-wrap; word-break: break-all; }
-img { max-width: 100%; height: auto; border: 1px solid #eee; }
-figure { margin: 1em 0; } figcaption { font-size: 0.85em; color: #555; }
+img { max-width: 100%; height: auto; border: 1px solid #eee; box-sizing: border-box; }
+figure { margin: 1em 0; } figure.narrow { max-width: 640px; } figcaption { font-size: 0.85em; color: #555; }
 p.note { font-size: 0.9em; color: #444; }
 """
 
@@ -191,8 +191,9 @@ def _class_table(deltas: dict[str, list[dict[str, Any]]], single: str, fused: st
     return f"<table>{head}{''.join(rows)}</table>"
 
 
-def _figure(src: str, caption: str) -> str:
-    return f'<figure><img src="{_e(src)}" alt="{_e(caption)}"><figcaption>{_e(caption)}</figcaption></figure>'
+def _figure(src: str, caption: str, narrow: bool = False) -> str:
+    kind = ' class="narrow"' if narrow else ""
+    return f'<figure{kind}><img src="{_e(src)}" alt="{_e(caption)}"><figcaption>{_e(caption)}</figcaption></figure>'
 
 
 def _page(
@@ -242,7 +243,7 @@ def _page(
         "value of each column is highlighted (lowest for ECE and fusion time; fusion time among fusion methods). "
         "ECE: expected calibration error of the scores against \"true positive at IoU 0.5\", 10 bins.</p>",
         _metrics_table(record, methods),
-        _figure(figures["map"], "mAP@[.5:.95] and AP50 per method"),
+        _figure(figures["map"], "mAP@[.5:.95] and AP50 per method", narrow=True),
         "<h2>Precision-recall</h2>",
         "<p class='note'>COCO's interpolated precision at 101 recall thresholds, averaged over the classes with "
         "ground truth (area all, 100 detections per image and class); the mean of each curve, in the legend, is "
@@ -273,7 +274,7 @@ def _page(
         "<h2>Calibration</h2>",
         "<p class='note'>Per score bin, the mean score against the fraction of true positives (IoU 0.5); the "
         "diagonal is perfect calibration. ECE per method in the legend and the table.</p>",
-        _figure(figures["reliability"], "Reliability diagram"),
+        _figure(figures["reliability"], "Reliability diagram", narrow=True),
         "<h2>Votes: how many members support each fused detection</h2>",
     ]
     if "votes" in figures:
