@@ -96,6 +96,28 @@ def test_record_mistakes_name_the_file(tmp_path, case, content, message):
         EvaluationRecord.load(path)
 
 
+def test_the_readmes_report_commands_parse():
+    """The README's report section runs `detens evaluate --report` and `detens report` with options that
+    exist (the commands themselves run on the full data set, minutes; the test below runs them small)."""
+    import re
+    import shlex
+
+    from detens.cli import build_parser
+
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    section = text.split("## The report page", 1)[1].split("\n## ", 1)[0]
+    block = re.findall(r"```bash\n(.*?)```", section, flags=re.DOTALL)[0]
+    commands = [re.sub(r"#.*", "", c).strip() for c in re.sub(r"\\\n\s*", " ", block).splitlines() if c.strip()]
+    assert [shlex.split(c)[:2] for c in commands] == [["detens", "evaluate"], ["detens", "report"]]
+    parser = build_parser()
+    evaluate = parser.parse_args(shlex.split(commands[0].replace("$S", "S"))[1:])
+    assert evaluate.report and "single" in evaluate.methods
+    report = parser.parse_args(shlex.split(commands[1])[1:])
+    assert record_path(report.evaluation) == record_path(evaluate.out)  # rebuilds the evaluation just made
+    assert (REPO / "docs" / "report_yolo3.png").read_bytes()[:8] == PNG_SIGNATURE
+    assert "](docs/report_yolo3.png)" in section
+
+
 # ------------------------------------------------------------------------------ a real evaluation, 20 images
 @pytest.fixture(scope="module")
 def evaluated(tmp_path_factory):
@@ -177,7 +199,7 @@ class TestReportOfARealEvaluation:
         best = max(table, key=lambda m: table[m]["map"])
         html = (evaluated / "page" / "index.html").read_text()
         assert f'<td class="best">{table[best]["map"]:.4f}</td>' in html
-        for method, metrics in table.items():
+        for metrics in table.values():
             assert f"{metrics['map']:.4f}" in html
 
     def test_page_states_dataset_folds_and_command(self, evaluated):
@@ -263,7 +285,8 @@ def load_in_chromium(browser: str, page: Path, width: int = 1280, height: int = 
 
     profile = page.parent.parent / ".chromium-profile"
     process = subprocess.Popen(
-        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe", "--no-first-run",
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--remote-debugging-pipe",
+         "--no-first-run",
          "--no-default-browser-check", f"--user-data-dir={profile}", "about:blank"],
         pass_fds=(3, 4), preexec_fn=plumb, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
