@@ -1,8 +1,8 @@
 """Calibration of detection scores: each detection labelled true/false positive as COCOeval does, then the
-expected calibration error (ECE) over equal-width score bins.
+expected calibration error (ECE) over equal-width score bins. The labelling is COCOeval's own matching
+(:mod:`detens.coco_match`).
 
-Dimension legend: D detections of one image and category, G ground-truth boxes of the same image and
-category, B score bins.
+Dimension legend: n labelled detections, B score bins.
 
 A detector is calibrated when, among the detections it scores ``s``, a fraction ``s`` are true positives.
 The reliability curve plots, per score bin, the mean score against the true-positive rate;
@@ -23,21 +23,15 @@ from detens.coco import (
     CocoGroundTruth,
     check_result_categories,
     evaluated_image_ids,
-    group_results_by_image,
     load_coco_gt,
     load_coco_results,
     validate_coco_results,
 )
+from detens.coco_match import IGNORED, TP, iter_matches
 
 __all__ = ["detection_calibration"]
 
 logger = logging.getLogger(__name__)
-
-# COCOeval's "all" area range. Boxes outside it (area > 1e10 px²) are never met in practice, but they are
-# handled as COCOeval handles them so that the labels are COCOeval's on any input.
-_ALL_AREA = (0.0, 1e5**2)
-
-_TP, _FP, _IGNORED = 1, 0, -1  # a detection's label
 
 
 def detection_calibration(
@@ -118,7 +112,6 @@ def detection_calibration(
                 "true-positive rates, so scores must be probabilities"
             )
     check_result_categories(truth, clean, "results")
-    categories = set(truth.category_ids)
     eval_ids = evaluated_image_ids(truth, image_ids)
     outside = sum(r["image_id"] not in truth for r in clean)
     if outside:
@@ -126,89 +119,19 @@ def detection_calibration(
             "detection_calibration: dropped %d results on images absent from the ground truth", outside
         )
 
-    by_image = group_results_by_image(clean)
     scores: list[float] = []
     labels: list[int] = []
-    for image_id in eval_ids:
-        detections = by_image.get(image_id, [])
-        if not detections:
-            continue  # no detection, nothing to label: missed objects do not enter calibration
-        annotations = [a for a in truth.annotations(image_id) if int(a["category_id"]) in categories]
-        for category in sorted({d["category_id"] for d in detections}):
-            dts = [d for d in detections if d["category_id"] == category]
-            gts = [a for a in annotations if int(a["category_id"]) == category]
-            dts = sorted(dts, key=lambda d: -d["score"])[:max_dets]  # sorted() is stable, like mergesort
-            scores += [d["score"] for d in dts]
-            labels += _label(dts, gts, iou_thr)
+    # images without detections yield nothing to label: missed objects do not enter calibration
+    for image in iter_matches(truth, clean, eval_ids, iou_thr, max_dets):
+        scores += [d["score"] for d in image.detections]
+        labels += image.labels
 
     score_array = np.asarray(scores, dtype=np.float64)  # [n + ignored]
     label_array = np.asarray(labels, dtype=np.int64)
-    kept = label_array != _IGNORED
-    return _ece(score_array[kept], label_array[kept] == _TP, bins, ignored=int((~kept).sum()))
+    kept = label_array != IGNORED
+    return _ece(score_array[kept], label_array[kept] == TP, bins, ignored=int((~kept).sum()))
 
 
-def _bbox_iou(dt_boxes: np.ndarray, gt_boxes: np.ndarray, iscrowd: np.ndarray) -> np.ndarray:
-    """pycocotools' ``bbIou``, operation for operation, so that the float64 results are bit-identical.
-
-    Args:
-        dt_boxes (ndarray[D, 4] float64): xywh.
-        gt_boxes (ndarray[G, 4] float64): xywh.
-        iscrowd (ndarray[G] bool): crowd boxes divide by the detection's area instead of the union.
-
-    Returns:
-        ndarray[D, G] float64.
-    """
-    dx, dy, dw, dh = (dt_boxes[:, i : i + 1] for i in range(4))  # [D, 1]
-    gx, gy, gw, gh = (gt_boxes[None, :, i] for i in range(4))  # [1, G]
-    w = np.minimum(dw + dx, gw + gx) - np.maximum(dx, gx)  # [D, G]
-    h = np.minimum(dh + dy, gh + gy) - np.maximum(dy, gy)
-    overlap = (w > 0) & (h > 0)
-    inter = np.where(overlap, w * h, 0.0)
-    dt_area = dw * dh  # [D, 1]
-    union = np.where(iscrowd[None, :], dt_area, dt_area + gw * gh - inter)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(overlap, inter / np.where(overlap, union, 1.0), 0.0)
-
-
-def _label(dts: list[dict[str, Any]], gts: list[dict[str, Any]], iou_thr: float) -> list[int]:
-    """``_TP``, ``_FP`` or ``_IGNORED`` for each detection of one image and category (sorted by score).
-
-    The loop of ``COCOeval.evaluateImg`` for one threshold, with its ground truth order: boxes COCOeval
-    ignores (crowds, and areas outside "all") after the others, each group in annotation order.
-    """
-    lo, hi = _ALL_AREA
-    dt_area = [d["bbox"][2] * d["bbox"][3] for d in dts]
-    if not gts:
-        return [_IGNORED if not lo <= a <= hi else _FP for a in dt_area]
-    crowd_flags = [bool(g.get("iscrowd", 0)) for g in gts]
-    areas = [float(g["area"]) if "area" in g else float(g["bbox"][2]) * float(g["bbox"][3]) for g in gts]
-    ignore_flags = [c or not lo <= a <= hi for c, a in zip(crowd_flags, areas, strict=True)]
-    order = sorted(range(len(gts)), key=lambda g: ignore_flags[g])  # stable: annotation order kept
-    gt_boxes = np.array([[float(v) for v in gts[g]["bbox"]] for g in order], dtype=np.float64)  # [G, 4]
-    crowd = [crowd_flags[g] for g in order]
-    ignore = [ignore_flags[g] for g in order]
-    dt_boxes = np.array([d["bbox"] for d in dts], dtype=np.float64)  # [D, 4]
-    ious = _bbox_iou(dt_boxes, gt_boxes, np.array(crowd, dtype=bool)).tolist()  # [D][G]
-
-    taken = [False] * len(order)
-    labels = []
-    for row, area in zip(ious, dt_area, strict=True):
-        best, match = iou_thr, -1  # COCOeval caps the threshold at 1 - 1e-10; iou_thr < 1 never needs it
-        for g, iou in enumerate(row):
-            if taken[g] and not crowd[g]:
-                continue
-            # a match with a box that counts ends the search before the boxes COCOeval ignores
-            if match > -1 and not ignore[match] and ignore[g]:
-                break
-            if iou < best:
-                continue
-            best, match = iou, g  # `>=`: on equal IoU the later box wins, as in pycocotools
-        if match == -1:
-            labels.append(_IGNORED if not lo <= area <= hi else _FP)
-            continue
-        taken[match] = True
-        labels.append(_IGNORED if ignore[match] else _TP)
-    return labels
 
 
 def _ece(scores: np.ndarray, tp: np.ndarray, bins: int, ignored: int) -> dict[str, Any]:

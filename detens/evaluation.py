@@ -453,12 +453,16 @@ def build_method(name: str, model_names: Sequence[str], **options: Any) -> EvalM
 
 @dataclass
 class MethodResult:
-    """One row: COCO metrics plus ``ece`` and ``fusion_ms``, what each fold's fit chose, and the
-    reliability bins of :func:`~detens.calibration_metrics.detection_calibration` (TP at IoU 0.5)."""
+    """One row: COCO metrics plus ``ece`` and ``fusion_ms``, what each fold's fit chose, the reliability
+    bins of :func:`~detens.calibration_metrics.detection_calibration` (TP at IoU 0.5), and the pooled
+    held-out predictions that every figure of the row was computed from (COCO result dicts at full
+    precision, every scored image), so a report can draw curves and break errors down without fusing again.
+    """
 
     metrics: dict[str, float]
     fitted: list[dict[str, Any]] = field(default_factory=list)
     calibration: dict[str, Any] = field(default_factory=dict)
+    results: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
 
 def cross_validate(
@@ -486,8 +490,8 @@ def cross_validate(
             order): joined to the fitting side of every fold, never scored. Required when ``k`` is 0.
 
     Returns:
-        dict[str, MethodResult]: per method its metrics (``map`` ... plus ``fusion_ms`` per image) and,
-        for learned methods, what each fold's fit chose.
+        dict[str, MethodResult]: per method its metrics (``map`` ... plus ``fusion_ms`` per image), for
+        learned methods what each fold's fit chose, and the pooled predictions that were scored.
     """
     if k == 0 and fit_on is None:
         raise ValueError("k=0 (no cross-validation) needs fit_on: the dataset that learned and tuned methods fit on")
@@ -527,7 +531,7 @@ def cross_validate(
         calibration = detection_calibration(data.gt, results, image_ids=scored_ids)
         metrics["ece"] = calibration["ece"]
         metrics["fusion_ms"] = 1e3 * predict_seconds / max(predicted, 1)
-        report[name] = MethodResult(metrics, fitted, calibration)
+        report[name] = MethodResult(metrics, fitted, calibration, results)
         if on_method is not None:
             on_method(name, report[name])
     return report

@@ -10,7 +10,7 @@ import numpy as np
 from detens.detections import Detections
 from detens.labels import COCO_ID_TO_NAME
 
-__all__ = ["draw_detections", "class_color"]
+__all__ = ["draw_detections", "draw_ground_truth", "class_color"]
 
 # A fixed palette (BGR), so a class keeps its color across images and runs.
 _PALETTE = (
@@ -84,4 +84,41 @@ def draw_detections(
             canvas, text, (x1 + 1, ty2 - baseline - 1), cv2.FONT_HERSHEY_SIMPLEX, font_scale, text_color,
             font_thickness, cv2.LINE_AA,
         )  # fmt: skip
+    return canvas
+
+
+def draw_ground_truth(
+    image_bgr: np.ndarray, boxes: np.ndarray, line_width: int | None = None, dash: int | None = None
+) -> np.ndarray:
+    """A copy of ``image_bgr`` with ground-truth boxes drawn dashed, white on a black outline, unlabelled,
+    so they read apart from the class-colored, labelled boxes of :func:`draw_detections` on any image.
+
+    Args:
+        image_bgr (np.ndarray[H, W, 3] uint8): the image (not modified).
+        boxes (np.ndarray[G, 4]): xyxy pixels.
+        line_width (int | None): default scales with the image size, like :func:`draw_detections`.
+        dash (int | None): length of a dash in pixels; default 4 line widths.
+
+    Returns:
+        np.ndarray[H, W, 3] uint8: the drawn image.
+    """
+    if not isinstance(image_bgr, np.ndarray) or image_bgr.ndim != 3 or image_bgr.shape[2] != 3:
+        raise ValueError(
+            f"image_bgr must be a BGR array [H, W, 3], got {getattr(image_bgr, 'shape', type(image_bgr))}"
+        )
+    boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+    canvas = np.ascontiguousarray(image_bgr.copy())
+    height, width = canvas.shape[:2]
+    lw = line_width or max(1, round((height + width) / 2 * 0.003))
+    step = dash or 4 * lw
+    clipped = np.clip(boxes, 0, [width - 1, height - 1, width - 1, height - 1]).round().astype(int)
+    for x1, y1, x2, y2 in clipped.tolist():
+        segments = []
+        for a, b, fixed, horizontal in ((x1, x2, y1, True), (x1, x2, y2, True), (y1, y2, x1, False), (y1, y2, x2, False)):
+            for start in range(a, b + 1, 2 * step):  # a dash, then a gap of the same length
+                end = min(start + step, b)
+                segments.append(((start, fixed), (end, fixed)) if horizontal else ((fixed, start), (fixed, end)))
+        for color, thickness in (((0, 0, 0), lw + 2), ((255, 255, 255), lw)):  # outline first, then the dash
+            for p1, p2 in segments:
+                cv2.line(canvas, p1, p2, color, thickness, cv2.LINE_8)
     return canvas

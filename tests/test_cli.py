@@ -61,6 +61,14 @@ MISTAKES = [
     ("head file suffix", ["train", "--gt", "gt.json", "--predictions", "p", "--out", "h.txt"], r"\.json or \.safetensors"),
     ("cache without --gt", ["cache", "--images", "images", "--out", "out"], r"--images and --gt are required"),
     ("merge without shards", ["cache", "merge", "--out", "out"], r"no shard files"),
+    ("evaluate --images missing", ["evaluate", "--gt", "gt.json", "--predictions", "p", "--out", "r.json",
+                                   "--images", "no_such_folder"], r"--images: no such folder: no_such_folder"),
+    ("evaluate --report a file", ["evaluate", "--gt", "gt.json", "--predictions", "p", "--out", "r.json",
+                                  "--report", "typo.yaml"], r"--report must be a folder"),
+    ("report without a record", ["report", "r.json", "--out", "out"],
+     r"evaluation record not found: r\.evaluation\.json\.gz \(detens evaluate writes it"),
+    ("report --examples -1", ["report", "r.json", "--out", "out", "--examples", "-1"], r"--examples must be >= 0"),
+    ("report --conf 2", ["report", "r.json", "--out", "out", "--conf", "2"], r"--conf must be in \[0, 1\]"),
 ]
 
 

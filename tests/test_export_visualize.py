@@ -5,7 +5,7 @@ import pytest
 
 from detens.detections import Detections
 from detens.export import save_yolo_txt, yolo_lines
-from detens.visualize import class_color, draw_detections
+from detens.visualize import class_color, draw_detections, draw_ground_truth
 
 
 def dets():
@@ -58,3 +58,24 @@ class TestDraw:
     def test_size_mismatch(self):
         with pytest.raises(ValueError, match="detections are for"):
             draw_detections(np.zeros((10, 10, 3), np.uint8), dets())
+
+
+class TestDrawGroundTruth:
+    def test_dashed_white_on_black_along_the_border_only(self):
+        image = np.full((100, 120, 3), 128, np.uint8)
+        drawn = draw_ground_truth(image, np.array([[20.0, 30.0, 100.0, 80.0]]), line_width=1, dash=5)
+        assert (image == 128).all()  # a copy
+        top = drawn[30, 20:101]  # the top edge: dashes of white and gaps left as they were
+        white = (top == 255).all(axis=1)
+        assert 0.3 < white.mean() < 0.7  # dashed, not solid
+        assert (drawn[29, 20:101] == 0).all(axis=1).any()  # the black outline beside the dash
+        assert (drawn[40:70, 30:90] == 128).all()  # the inside untouched
+        assert (drawn[:25, :] == 128).all() and (drawn[86:, :] == 128).all()  # outside untouched
+
+    def test_boxes_outside_are_clipped_and_none_is_a_copy(self):
+        image = np.zeros((50, 60, 3), np.uint8)
+        np.testing.assert_array_equal(draw_ground_truth(image, np.zeros((0, 4))), image)
+        drawn = draw_ground_truth(image, np.array([[-10.0, -10.0, 200.0, 200.0]]), line_width=1)
+        assert drawn[0].max() == 255 and drawn[49].max() == 255  # drawn on the image's own edges
+        with pytest.raises(ValueError, match=r"BGR array \[H, W, 3\]"):
+            draw_ground_truth(np.zeros((5, 5)), np.zeros((0, 4)))

@@ -1,4 +1,4 @@
-"""The ``detens`` command: ``detens fuse | cache | train | evaluate | bench`` (also ``python -m detens``).
+"""The ``detens`` command: ``detens fuse | cache | train | evaluate | bench | report`` (also ``python -m detens``).
 
 Each subcommand is a module of this package with ``add_arguments(parser)`` and ``run(args) -> int``; the
 ``tools/*.py`` scripts call the same modules. A user's mistake (a bad flag, a missing file, a YAML typo, a
@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("detens.cli.train", "fit a fusion head on cached predictions"),
     "evaluate": ("detens.cli.evaluate", "compare fusion methods with cross-validated COCO mAP"),
     "bench": ("detens.cli.bench", "time the fusers against ensemble_boxes and torchvision"),
+    "report": ("detens.cli.report", "write the HTML report page of a saved evaluation"),
 }
 
 
@@ -110,6 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     wanted = [argv[0]] if argv and argv[0] in COMMANDS else None  # import only the command that runs
     args = build_parser(wanted).parse_args(argv)
+    args._command_line = ["detens", *argv]  # for outputs that record how they were made
     return _dispatch(args)
 
 
@@ -131,4 +133,7 @@ def command_parser(command: str, prog: str | None = None) -> argparse.ArgumentPa
 def run_command(command: str, argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     """One subcommand with its own argv, as the ``tools/<command>.py`` scripts call it."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    return _dispatch(command_parser(command, prog).parse_args(argv))
+    parser = command_parser(command, prog)
+    args = parser.parse_args(argv)
+    args._command_line = [*parser.prog.split(), *argv]  # for outputs that record how they were made
+    return _dispatch(args)

@@ -21,25 +21,38 @@ Prints a Markdown table; writes ``{method: {metric: value}}`` to ``--out`` (rewr
 finishes, so an interrupted run keeps its finished rows) and what each fold's fit chose
 (tuned thresholds, learned weights) to ``<out>.fitted.json`` and each method's reliability bins (score vs
 true-positive rate at IoU 0.5) to ``<out>.calibration.json``.
+
+When every method has run it also saves ``<out>.evaluation.json.gz``: the scored images' ground truth, the
+table, and the pooled held-out predictions of every method and member (a few MB per method), from which
+``detens report`` rebuilds the report page later without fitting or fusing again. ``--report DIR`` writes
+that page now: ``DIR/index.html`` with its PNGs (metrics, precision-recall curves, per-class AP changes,
+TIDE error breakdown, calibration, member votes, and images where fusion helped and hurt most, drawn from
+``--images``, by default the ``images`` folder beside ``--gt``).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import shlex
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import torch
 
+import detens
 from detens.cli import UsageError, run_command
-from detens.coco import BACKENDS, load_coco_gt
+from detens.coco import BACKENDS, CocoGroundTruth, detections_to_coco, load_coco_gt
 from detens.config import load_yaml_config
 from detens.evaluation import METHODS, MethodResult, check_method_names, cross_validate
+from detens.folds import kfold_image_splits
 from detens.heads import TRAINERS
 from detens.io import atomic_write_json
 from detens.packaged import find_packaged
 from detens.predictions import EnsemblePredictions
 from detens.report import markdown_table, plot_reliability, plot_report
+from detens.report.record import EvaluationRecord, record_path
 
 logger = logging.getLogger("detens.evaluate")
 
@@ -79,6 +92,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--reliability", help="reliability diagram PNG: per method, score vs true-positive rate at IoU 0.5 (10 bins)"
     )
     parser.add_argument(
+        "--report", metavar="DIR",
+        help="write the report page there (index.html and PNGs; rebuild it later with detens report)",
+    )
+    parser.add_argument(
+        "--images", metavar="DIR",
+        help="the images of --gt, for the report's side-by-sides (default: the 'images' folder beside --gt)",
+    )
+    parser.add_argument(
         "--threads", type=int, default=1,
         help="torch intra-op threads (default 1: fusion works on tensors of a few hundred boxes, where thread "
         "hand-offs cost more than they save)",
@@ -93,6 +114,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--cv 0 and --fit-on go together: without cross-validation the fitting data is --fit-on's")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     check_method_names(methods)
+    if args.report is not None and Path(args.report).exists() and not Path(args.report).is_dir():
+        raise UsageError(f"--report must be a folder, but {args.report} is a file")
+    if args.images is not None and not Path(args.images).is_dir():
+        raise UsageError(f"--images: no such folder: {args.images}")
     gt = load_coco_gt(args.gt)
     models = args.models.split(",") if args.models else None
     predictions = EnsemblePredictions.from_folder(args.predictions, gt, models=models)
@@ -145,11 +170,70 @@ def run(args: argparse.Namespace) -> int:
     if args.reliability:
         plot_reliability({name: result.calibration for name, result in report.items()}, args.reliability,
                          title=f"Reliability (TP at IoU 0.5), {protocol}")
+    images = Path(args.images) if args.images else Path(args.gt).parent / "images"
+    record = _record(args, report, predictions, protocol, fit_on, images if images.is_dir() else None)
+    saved = record.save(record_path(out))
+    page = None
+    if args.report:
+        from detens.report.page import write_report
+
+        page = write_report(record, args.report)
     print()
     print(markdown_table(table))
     print(f"\nreport: {out}" + "".join(f", {what}: {path}" for what, path in
-                                        (("plot", args.plot), ("reliability", args.reliability)) if path))
+                                        (("plot", args.plot), ("reliability", args.reliability),
+                                         ("record", saved), ("page", page)) if path))
     return 0
+
+
+def _record(
+    args: argparse.Namespace,
+    report: dict[str, MethodResult],
+    predictions: EnsemblePredictions,
+    protocol: str,
+    fit_on: EnsemblePredictions | None,
+    images: Path | None,
+) -> EvaluationRecord:
+    """What the report page needs from this run: the table, its pooled predictions, the members', the
+    scored images' ground truth, and how the run was made."""
+    gt: CocoGroundTruth = predictions.gt
+    scored = gt.annotated_image_ids
+    members: dict[str, list[dict[str, Any]]] = {name: [] for name in predictions.model_names}
+    for image_id in scored:
+        for name, det in zip(predictions.model_names, predictions.per_model(image_id), strict=True):
+            members[name] += detections_to_coco(det, image_id, decimals=None)
+    subset = gt.subset(scored).dataset
+    command = getattr(args, "_command_line", None)
+    meta = {
+        "command": shlex.join(command) if command else "detens evaluate (called from Python)",
+        "gt": str(Path(args.gt).resolve()),
+        "images": str(images.resolve()) if images is not None else None,
+        "predictions": str(Path(args.predictions).resolve()),
+        "models": predictions.model_names,
+        "protocol": protocol,
+        "cv": args.cv,
+        "seed": args.seed,
+        # the folds cross_validate scores (the same function, the same seed)
+        "folds": [len(test) for _, test in kfold_image_splits(scored, args.cv, args.seed)] if args.cv else [],
+        "fit_on": None if fit_on is None else {
+            "gt": str(Path((args.also_fit_on or args.fit_on)[0]).resolve()),
+            "predictions": str(Path((args.also_fit_on or args.fit_on)[1]).resolve()),
+            "images": len(fit_on.gt.annotated_image_ids),
+            "mode": "joined to every fold's fitting side" if args.also_fit_on else "the only fitting data",
+        },
+        "backend": args.backend,
+        "scored_images": len(scored),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "detens_version": detens.__version__,
+    }
+    return EvaluationRecord(
+        meta=meta,
+        gt={k: subset[k] for k in ("images", "annotations", "categories")},
+        metrics={name: result.metrics for name, result in report.items()},
+        calibration={name: result.calibration for name, result in report.items()},
+        results={name: result.results for name, result in report.items()},
+        members=members,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,62 @@
+"""Write the HTML report page of a saved evaluation, without fitting or fusing again.
+
+    detens report results.json --out report/ [--images DIR] [--examples 3] [--conf 0.3]
+
+EVALUATION is the ``--out`` of ``detens evaluate`` (its ``<out>.evaluation.json.gz`` beside it is read) or
+that record itself. The page (``index.html`` with its PNGs and ``report.json``, the numbers on it) shows
+the metrics table with the best of each column marked, precision-recall curves at IoU 0.5 and 0.75, the
+per-class AP changes of the best fused method against the best single model, the TIDE error breakdown,
+reliability diagrams, how many members support each fused true and false positive, and the images where
+fusion helped most and hurt most. It opens from disk: inline CSS, no script, nothing fetched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from pathlib import Path
+
+from detens.cli import UsageError, run_command
+from detens.report.record import EvaluationRecord
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("evaluation", help="the --out JSON of detens evaluate, or its .evaluation.json.gz")
+    parser.add_argument("--out", required=True, metavar="DIR", help="the page's folder (index.html and PNGs)")
+    parser.add_argument(
+        "--images", metavar="DIR",
+        help="the scored images, for the side-by-sides (default: the folder the evaluation found)",
+    )
+    parser.add_argument(
+        "--examples", type=int, default=3,
+        help="images where fusion helped most, and as many where it hurt most (0: none)",
+    )
+    parser.add_argument(
+        "--conf", type=float, default=0.3,
+        help="side-by-sides draw detections scored at least this; a vote histogram counts them",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from detens.report.page import write_report
+
+    if args.examples < 0:
+        raise UsageError(f"--examples must be >= 0, got {args.examples}")
+    if not 0.0 <= args.conf <= 1.0:
+        raise UsageError(f"--conf must be in [0, 1], got {args.conf}")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise UsageError(f"--out must be a folder, but {args.out} is a file")
+    if args.images is not None and not Path(args.images).is_dir():
+        raise UsageError(f"--images: no such folder: {args.images}")
+    record = EvaluationRecord.load(args.evaluation)
+    command = getattr(args, "_command_line", None)
+    page = write_report(
+        record, args.out, images_dir=args.images, examples=args.examples, conf=args.conf,
+        command=shlex.join(command) if command else None,
+    )
+    print(f"page: {page}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_command("report", argv)

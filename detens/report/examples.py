@@ -1,0 +1,181 @@
+"""Side-by-sides: the images where a fused method helped most and hurt most against the best single model,
+with each member's boxes and the fused boxes drawn over the image (OpenCV) and the ground truth dashed.
+
+"Helped" is measured per image by COCO's AP50 on that image alone (the mean over the classes with ground
+truth in it, COCOeval's matching and 101-point precision): fused minus best single model.
+
+Dimension legend: P panels (members, then the fused method), H x W one panel's pixels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from detens.coco import CocoGroundTruth, coco_to_detections, group_results_by_image
+from detens.coco_match import iter_matches, precision_at_recalls
+
+__all__ = ["per_image_ap", "pick_examples", "draw_side_by_side", "write_examples"]
+
+
+def per_image_ap(
+    truth: CocoGroundTruth, results: Sequence[Mapping[str, Any]], image_ids: Sequence[int], iou_thr: float = 0.5
+) -> dict[int, float]:
+    """COCO's AP at ``iou_thr`` of each image alone.
+
+    Returns:
+        dict[int, float]: per image the mean over its classes with ground truth that counts (not crowd) of
+        the 101-point interpolated AP; an image with no such class is left out.
+    """
+    out = {}
+    for image in iter_matches(truth, results, image_ids, iou_thr):
+        positives: dict[int, int] = {}
+        for annotation in image.annotations:
+            if not annotation.get("iscrowd", 0):
+                c = int(annotation["category_id"])
+                positives[c] = positives.get(c, 0) + 1
+        if not positives:
+            continue
+        scores = np.array([d["score"] for d in image.detections], dtype=np.float64)
+        classes = np.array([d["category_id"] for d in image.detections], dtype=np.int64)
+        labels = np.array(image.labels, dtype=np.int64)
+        aps = [precision_at_recalls(scores[classes == c], labels[classes == c], n).mean() for c, n in positives.items()]
+        out[image.image_id] = float(np.mean(aps))
+    return out
+
+
+def pick_examples(
+    fused_ap: Mapping[int, float], single_ap: Mapping[int, float], count: int
+) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    """The ``count`` images fusion helped most and the ``count`` it hurt most.
+
+    Args:
+        fused_ap, single_ap (dict[int, float]): :func:`per_image_ap` of the fused method and the best single.
+        count (int): images per list, ``>= 0``.
+
+    Returns:
+        (helped, hurt): ``[(image_id, fused minus single AP), ...]``, largest gain (loss) first, ties by
+        image id; only images with a gain (loss) at all.
+    """
+    deltas = sorted((fused_ap[i] - single_ap.get(i, 0.0), i) for i in fused_ap)
+    helped = [(i, d) for d, i in sorted(deltas, key=lambda t: (-t[0], t[1])) if d > 0][:count]
+    hurt = [(i, d) for d, i in deltas if d < 0][:count]
+    return helped, hurt
+
+
+def draw_side_by_side(
+    image_bgr: np.ndarray,
+    panels: Sequence[tuple[str, Any]],
+    gt_boxes: np.ndarray,
+    names: Mapping[int, str],
+    conf: float,
+    panel_width: int = 420,
+) -> np.ndarray:
+    """One row of panels, each the image with one set of detections drawn and the ground truth dashed.
+
+    Args:
+        image_bgr (np.ndarray[H, W, 3] uint8): the image.
+        panels (list[(str, Detections)]): a title and the detections of each panel.
+        gt_boxes (np.ndarray[G, 4]): xyxy pixels, crowds left out.
+        names (dict[int, str]): class names.
+        conf (float): draw detections scored at least this.
+        panel_width (int): each panel is resized to this width.
+
+    Returns:
+        np.ndarray[h, P * panel_width (+ gaps), 3] uint8.
+    """
+    import cv2
+    import torch
+
+    from detens.detections import Detections
+    from detens.visualize import draw_detections, draw_ground_truth
+
+    height, width = image_bgr.shape[:2]
+    size = (panel_width, max(1, round(height * panel_width / width)))  # (w, h) for OpenCV
+    # drawn on the resized image, so that lines and labels have the same size in every report
+    small = cv2.resize(image_bgr, size, interpolation=cv2.INTER_AREA)
+    scale = torch.tensor([size[0] / width, size[1] / height] * 2)  # [4] xyxy
+    gt_small = np.asarray(gt_boxes, dtype=np.float64).reshape(-1, 4) * scale.double().numpy()
+    row = []
+    for title, det in panels:
+        det_small = Detections(det.boxes * scale, det.scores, det.labels, (size[1], size[0]), det.source)
+        drawn = draw_detections(small, det_small, names, conf=conf, line_width=2)
+        drawn = draw_ground_truth(drawn, gt_small, line_width=1, dash=5)  # on top, so never hidden
+        header = np.full((28, panel_width, 3), 255, dtype=np.uint8)
+        cv2.putText(header, title, (6, 20), cv2.FONT_HERSHEY_SIMPLEX, 0.55, (0, 0, 0), 1, cv2.LINE_AA)
+        row.append(np.vstack([header, drawn]))
+        row.append(np.full((row[-1].shape[0], 6, 3), 255, dtype=np.uint8))  # a gap between panels
+    return np.hstack(row[:-1])
+
+
+def write_examples(
+    truth: CocoGroundTruth,
+    images_dir: Path,
+    fused_name: str,
+    fused: Sequence[Mapping[str, Any]],
+    single_name: str,
+    members: Mapping[str, Sequence[Mapping[str, Any]]],
+    out_dir: Path,
+    count: int = 3,
+    conf: float = 0.3,
+) -> dict[str, list[dict[str, Any]]]:
+    """Pick and draw the side-by-sides of ``fused_name`` against the member ``single_name``.
+
+    Args:
+        truth (CocoGroundTruth): the scored images' ground truth.
+        images_dir (Path): where the image files are (``file_name`` relative to it).
+        fused_name (str), fused (list[dict]): the fused method and its pooled results.
+        single_name (str): the best member, a key of ``members``.
+        members (dict[str, list[dict]]): each member's results.
+        out_dir (Path): the PNGs go to ``out_dir/examples/``.
+        count (int): images helped and images hurt.
+        conf (float): draw detections scored at least this.
+
+    Returns:
+        dict: ``{"helped": [...], "hurt": [...]}``, each entry ``{"image_id", "file_name", "png" (relative to
+        ``out_dir``), "delta", "ap50": {panel name: AP50 on the image}}``.
+
+    Raises:
+        FileNotFoundError: an image to draw is not in ``images_dir``.
+    """
+    import cv2
+
+    from detens.io import atomic_write_bytes
+
+    image_ids = truth.annotated_image_ids
+    single_ap = per_image_ap(truth, members[single_name], image_ids)
+    fused_ap = per_image_ap(truth, fused, image_ids)
+    helped, hurt = pick_examples(fused_ap, single_ap, count)
+    member_ap = {name: per_image_ap(truth, results, [i for i, _ in helped + hurt]) for name, results in members.items()}
+    by_image = {name: group_results_by_image(results) for name, results in {**members, fused_name: fused}.items()}
+    names = truth.category_names
+    out: dict[str, list[dict[str, Any]]] = {}
+    for kind, picked in (("helped", helped), ("hurt", hurt)):
+        out[kind] = []
+        for rank, (image_id, delta) in enumerate(picked, 1):
+            path = images_dir / truth.file_name(image_id)
+            image = cv2.imread(str(path))
+            if image is None:
+                raise FileNotFoundError(f"image {image_id} not found or unreadable: {path} (pass the image folder)")
+            size = truth.image_size(image_id)
+            aps = {name: member_ap[name].get(image_id, 0.0) for name in members}
+            aps[fused_name] = fused_ap[image_id]
+            panels = [
+                (f"{name}  AP50 {aps[name]:.2f}", coco_to_detections(by_image[name].get(image_id, []), size, validate=False))
+                for name in [*members, fused_name]
+            ]
+            gt = truth.detections(image_id)  # crowds left out
+            drawn = draw_side_by_side(image, panels, gt.boxes.numpy(), names, conf)
+            png = Path("examples") / f"{kind}_{rank}_{image_id}.png"
+            ok, encoded = cv2.imencode(".png", drawn)
+            if not ok:
+                raise RuntimeError(f"OpenCV could not encode {png}")
+            atomic_write_bytes(out_dir / png, encoded.tobytes())
+            out[kind].append(
+                {"image_id": image_id, "file_name": truth.file_name(image_id), "png": png.as_posix(),
+                 "delta": delta, "ap50": aps}
+            )
+    return out

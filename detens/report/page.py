@@ -1,0 +1,309 @@
+"""The report page: ``index.html`` with inline CSS and no script, its PNGs beside it (``*.png`` and
+``examples/*.png``) and ``report.json`` (every number on the page). Nothing is fetched from elsewhere, so
+the folder opens from disk, offline, and can be copied as a whole.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from detens.coco import CocoGroundTruth
+from detens.error_breakdown import ERROR_TYPES, SPECIAL_ERRORS
+from detens.io import atomic_write_json, atomic_write_text
+from detens.report.analysis import analyze_record
+from detens.report.examples import write_examples
+from detens.report.plots import (
+    plot_class_deltas,
+    plot_error_breakdown,
+    plot_pr_curves,
+    plot_reliability,
+    plot_report,
+    plot_support,
+)
+from detens.report.record import EvaluationRecord
+from detens.report.table import TABLE_COLUMNS, best_per_column
+
+__all__ = ["write_report"]
+
+logger = logging.getLogger(__name__)
+
+_CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto; max-width: 1280px;
+       padding: 0 1em; color: #222; line-height: 1.45; }
+h1 { font-size: 1.6em; margin-bottom: 0.2em; } h2 { margin-top: 2em; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; font-size: 0.9em; margin: 0.6em 0; }
+th, td { padding: 0.25em 0.7em; border-bottom: 1px solid #e4e4e4; text-align: right; }
+th:first-child, td:first-child { text-align: left; }
+td.best { font-weight: 700; background: #e3f4e3; }
+tr.single td:first-child { color: #555; }
+dl.meta { display: grid; grid-template-columns: max-content 1fr; gap: 0.15em 1em; font-size: 0.9em; }
+dl.meta dt { font-weight: 600; } dl.meta dd { margin: 0; }
+code, pre { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 0.85em; }
+pre { background: #f6f6f6; padding: 0.6em; white-space: pre-wrap; word-break: break-all; }
+img { max-width: 100%; height: auto; border: 1px solid #eee; box-sizing: border-box; }
+figure { margin: 1em 0; } figure.narrow { max-width: 640px; } figcaption { font-size: 0.85em; color: #555; }
+p.note { font-size: 0.9em; color: #444; }
+"""
+
+
+def write_report(
+    record: EvaluationRecord,
+    out_dir: str | Path,
+    images_dir: str | Path | None = None,
+    examples: int = 3,
+    conf: float = 0.3,
+    command: str | None = None,
+) -> Path:
+    """Write the report page of one evaluation into ``out_dir``; returns ``out_dir / "index.html"``.
+
+    Args:
+        record (EvaluationRecord): the evaluation (its table, pooled predictions and ground truth).
+        out_dir: the page's folder (created; files of an earlier page are overwritten).
+        images_dir: the image files of the scored images, for the side-by-sides; default the record's
+            ``meta["images"]``. Without readable images the page says so and leaves them out.
+        examples (int): images where fusion helped most, and as many where it hurt most, ``>= 0``.
+        conf (float): side-by-sides draw the detections scored at least this; the second vote histogram
+            counts them.
+        command (str | None): the command that wrote this page, when not the evaluation itself
+            (``detens report ...``).
+
+    Raises:
+        ValueError: ``examples < 0``, ``conf`` outside ``[0, 1]``, or a record whose predictions do not give
+            its table.
+    """
+    if isinstance(examples, bool) or not isinstance(examples, int) or examples < 0:
+        raise ValueError(f"examples must be an integer >= 0, got {examples!r}")
+    if not 0.0 <= conf <= 1.0:
+        raise ValueError(f"conf must be in [0, 1], got {conf!r}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    analysis = analyze_record(record, support_scores=(0.0, conf))
+    methods = analysis["methods"]
+    meta = record.meta
+    protocol = meta.get("protocol", "")
+
+    figures = {"map": "map.png", "pr": "pr_curves.png", "errors": "errors.png", "reliability": "reliability.png"}
+    plot_report({m: record.metrics[m] for m in methods}, out_dir / figures["map"], title=f"COCO mAP, {protocol}")
+    plot_pr_curves(analysis["curves"], out_dir / figures["pr"], title=f"Precision-recall, all classes, {protocol}")
+    plot_error_breakdown(analysis["errors"], out_dir / figures["errors"], ERROR_TYPES + SPECIAL_ERRORS,
+                         title="TIDE error breakdown at IoU 0.5")
+    plot_reliability({m: record.calibration[m] for m in methods if m in record.calibration},
+                     out_dir / figures["reliability"], title=f"Reliability (TP at IoU 0.5), {protocol}")
+    single, fused = analysis["best_single"], analysis["best_fused"]
+    deltas = analysis["class_deltas"]
+    if deltas is not None and (deltas["improved"] or deltas["degraded"]):
+        figures["classes"] = "class_deltas.png"
+        rows = [(r["name"], r["single"], r["fused"]) for r in deltas["improved"] + deltas["degraded"][::-1]]
+        plot_class_deltas(rows, out_dir / figures["classes"], single, fused, metric="AP@[.5:.95]")
+    support_key = str(conf)
+    if analysis["support"].get(support_key):
+        figures["votes"] = "votes.png"
+        plot_support(analysis["support"][support_key], out_dir / figures["votes"],
+                     title=f"Fused detections scored >= {conf:g}, by supporting members")
+
+    shown, examples_note = _examples(record, analysis, images_dir, out_dir, examples, conf)
+    atomic_write_json(out_dir / "report.json", {"meta": meta, "metrics": record.metrics, **analysis,
+                                               "examples": shown}, indent=1)
+    page = _page(record, analysis, figures, shown, examples_note, conf, command)
+    index = out_dir / "index.html"
+    atomic_write_text(index, page)
+    return index
+
+
+def _examples(
+    record: EvaluationRecord, analysis: dict[str, Any], images_dir: str | Path | None, out_dir: Path, count: int,
+    conf: float,
+) -> tuple[dict[str, list[dict[str, Any]]], str]:
+    """The side-by-sides, or none and the reason."""
+    single, fused = analysis["best_single"], analysis["best_fused"]
+    folder = images_dir if images_dir is not None else record.meta.get("images")
+    if count == 0:
+        return {}, "No side-by-sides were asked for."
+    if single is None or fused is None or not record.members:
+        return {}, "Side-by-sides need a single model and a fused method in the table (add 'single' to --methods)."
+    if folder is None or not Path(folder).is_dir():
+        logger.warning("report: no image folder (%s); the page has no side-by-sides", folder)
+        return {}, f"No side-by-sides: the image folder was not found ({folder}); pass --images."
+    truth = CocoGroundTruth(record.gt)
+    shown = write_examples(truth, Path(folder), fused, record.results[fused], single.split(":", 1)[1],
+                           record.members, out_dir, count=count, conf=conf)
+    return shown, ""
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value))
+
+
+def _metrics_table(record: EvaluationRecord, methods: Sequence[str]) -> str:
+    best = best_per_column({m: record.metrics[m] for m in methods})
+    head = "<tr><th>method</th>" + "".join(f"<th>{_e(title)}</th>" for _, title, _ in TABLE_COLUMNS) + "</tr>"
+    rows = []
+    for m in methods:
+        cells = []
+        for key, _, fmt in TABLE_COLUMNS:
+            value = record.metrics[m].get(key)
+            text = "-" if value is None else fmt.format(value)
+            marked = m in best.get(key, [])
+            cells.append(f'<td class="best">{_e(text)}</td>' if marked else f"<td>{_e(text)}</td>")
+        kind = ' class="single"' if m.startswith("single:") else ""
+        rows.append(f"<tr{kind}><td>{_e(m)}</td>{''.join(cells)}</tr>")
+    return f"<table>{head}{''.join(rows)}</table>"
+
+
+def _errors_table(errors: dict[str, dict[str, Any]], methods: Sequence[str]) -> str:
+    types = ERROR_TYPES + SPECIAL_ERRORS
+    head = ("<tr><th>method</th><th>AP50</th>" + "".join(f"<th>{_e(t)}</th>" for t in types)
+            + "".join(f"<th># {_e(t)}</th>" for t in ("tp",) + ERROR_TYPES) + "</tr>")
+    rows = []
+    for m in methods:
+        e = errors[m]
+        dap = {**e["dap"], **e["dap_special"]}
+        cells = [f"<td>{e['ap']:.4f}</td>"] + [f"<td>{100 * dap[t]:.2f}</td>" for t in types]
+        cells += [f"<td>{e['counts'][t]}</td>" for t in ("tp",) + ERROR_TYPES]
+        rows.append(f"<tr><td>{_e(m)}</td>{''.join(cells)}</tr>")
+    return f"<table>{head}{''.join(rows)}</table>"
+
+
+def _support_table(support: dict[str, dict[str, Any]]) -> str:
+    first = next(iter(next(iter(support.values())).values()))
+    n = first["members"]
+    head = ("<tr><th>method</th><th>scores</th>" + "".join(f"<th>TP {k}</th>" for k in range(n + 1))
+            + "".join(f"<th>FP {k}</th>" for k in range(n + 1)) + "</tr>")
+    rows = []
+    for score, per_method in support.items():
+        for m, s in per_method.items():
+            cells = "".join(f"<td>{v}</td>" for v in s["tp"] + s["fp"])
+            rows.append(f"<tr><td>{_e(m)}</td><td>&ge; {float(score):g}</td>{cells}</tr>")
+    return f"<table>{head}{''.join(rows)}</table>"
+
+
+def _class_table(deltas: dict[str, list[dict[str, Any]]], single: str, fused: str) -> str:
+    head = f"<tr><th>class</th><th>{_e(single)}</th><th>{_e(fused)}</th><th>change</th></tr>"
+    rows = [
+        f"<tr><td>{_e(r['name'])}</td><td>{r['single']:.3f}</td><td>{r['fused']:.3f}</td><td>{r['delta']:+.3f}</td></tr>"
+        for r in deltas["improved"] + deltas["degraded"]
+    ]
+    return f"<table>{head}{''.join(rows)}</table>"
+
+
+def _figure(src: str, caption: str, narrow: bool = False) -> str:
+    kind = ' class="narrow"' if narrow else ""
+    return f'<figure{kind}><img src="{_e(src)}" alt="{_e(caption)}"><figcaption>{_e(caption)}</figcaption></figure>'
+
+
+def _page(
+    record: EvaluationRecord,
+    analysis: dict[str, Any],
+    figures: dict[str, str],
+    shown: dict[str, list[dict[str, Any]]],
+    examples_note: str,
+    conf: float,
+    command: str | None,
+) -> str:
+    meta = record.meta
+    methods = analysis["methods"]
+    single, fused = analysis["best_single"], analysis["best_fused"]
+    fit_on = meta.get("fit_on")
+    folds = meta.get("folds") or []
+    facts = [
+        ("dataset", f"{meta.get('gt', '?')}: {len(record.image_ids)} images with ground truth scored, "
+                    f"{sum(1 for a in record.gt['annotations'] if not a.get('iscrowd', 0))} boxes, "
+                    f"{len(record.gt['categories'])} categories"),
+        ("predictions", f"{meta.get('predictions', '?')} (members: {', '.join(meta.get('models', []))})"),
+        ("protocol", meta.get("protocol", "?")),
+        ("folds", f"{len(folds)} held-out folds of {', '.join(str(f) for f in folds)} images, seed {meta.get('seed')}"
+                  if folds else "none: fitted on other data, every image scored"),
+    ]
+    if fit_on:
+        facts.append(("fitting data", f"{fit_on.get('gt')} with {fit_on.get('predictions')} "
+                                      f"({fit_on.get('images')} images, {fit_on.get('mode')})"))
+    facts += [("COCO evaluator", meta.get("backend", "pycocotools")), ("evaluated", meta.get("created", "?")),
+              ("page written", datetime.now(timezone.utc).isoformat(timespec="seconds"))]
+    meta_html = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in facts)
+    commands = f"<pre>{_e(meta.get('command', '?'))}</pre>"
+    if command:
+        commands += f"<p class='note'>This page was rebuilt from the saved evaluation by:</p><pre>{_e(command)}</pre>"
+
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>detens evaluation: {_e(', '.join(meta.get('models', [])))}</title>",
+        f"<style>{_CSS}</style></head><body>",
+        "<h1>detens evaluation report</h1>",
+        f"<dl class='meta'>{meta_html}</dl>",
+        "<p class='note'>Made by:</p>" + commands,
+        "<h2>Metrics</h2>",
+        "<p class='note'>COCO bbox AP of the pooled held-out predictions (one evaluation per method); the best "
+        "value of each column is highlighted (lowest for ECE and fusion time; fusion time among fusion methods). "
+        "ECE: expected calibration error of the scores against \"true positive at IoU 0.5\", 10 bins.</p>",
+        _metrics_table(record, methods),
+        _figure(figures["map"], "mAP@[.5:.95] and AP50 per method", narrow=True),
+        "<h2>Precision-recall</h2>",
+        "<p class='note'>COCO's interpolated precision at 101 recall thresholds, averaged over the classes with "
+        "ground truth (area all, 100 detections per image and class); the mean of each curve, in the legend, is "
+        "the table's AP50 / AP75. Single models dashed.</p>",
+        _figure(figures["pr"], "Precision-recall curves at IoU 0.5 and 0.75"),
+        "<h2>Per-class AP: best fused method vs best single model</h2>",
+    ]
+    if "classes" in figures:
+        parts += [
+            f"<p class='note'>AP@[.5:.95] per class of <b>{_e(fused)}</b> (best fused mAP) minus "
+            f"<b>{_e(single)}</b> (best single mAP): the 10 most improved and the 10 most degraded classes.</p>",
+            _figure(figures["classes"], f"Per-class AP change, {fused} vs {single}"),
+            _class_table(analysis["class_deltas"], single, fused),
+        ]
+    else:
+        parts.append("<p class='note'>Needs a single model and a fused method in the table.</p>")
+    parts += [
+        "<h2>Error breakdown (TIDE)</h2>",
+        "<p class='note'>Each false positive is given one error type, tested in TIDE's order on COCOeval's own "
+        "matching at IoU 0.5 (background threshold 0.1): <b>loc</b> right class, IoU 0.1-0.5 with an object; "
+        "<b>cls</b> wrong class, IoU &ge; 0.5 with an object of another class; <b>dupe</b> a second detection of an "
+        "object already found; <b>bkg</b> IoU &le; 0.1 with every object; <b>both</b> wrong class and poor box; "
+        "<b>missed</b>: objects no detection found or nearly found. Each dAP is the AP50 gained (in points) by fixing "
+        "that type alone; false_positives / false_negatives: every false positive removed / every missed object "
+        "removed. AP50 here is the table's AP50.</p>",
+        _figure(figures["errors"], "AP50 points recovered per error type"),
+        _errors_table(analysis["errors"], methods),
+        "<h2>Calibration</h2>",
+        "<p class='note'>Per score bin, the mean score against the fraction of true positives (IoU 0.5); the "
+        "diagonal is perfect calibration. ECE per method in the legend and the table.</p>",
+        _figure(figures["reliability"], "Reliability diagram", narrow=True),
+        "<h2>Votes: how many members support each fused detection</h2>",
+    ]
+    if "votes" in figures:
+        first = next(iter(analysis["support"][str(conf)].values()))
+        parts += [
+            f"<p class='note'>A member supports a fused detection when it has a box of the same class at IoU "
+            f"&ge; {first['iou_thr']:g} with it; true and false positives as COCOeval labels them at IoU 0.5. "
+            f"The plot counts fused detections scored &ge; {conf:g} (member boxes likewise); the table also "
+            f"counts every detection.</p>",
+            _figure(figures["votes"], "Fused true and false positives by supporting members"),
+            _support_table(analysis["support"]),
+        ]
+    else:
+        parts.append("<p class='note'>Needs fused methods and the members' predictions.</p>")
+    parts.append("<h2>Images: where fusion helped most and hurt most</h2>")
+    if shown:
+        parts.append(
+            f"<p class='note'>Per image, AP50 of <b>{_e(fused)}</b> minus that of <b>{_e(single)}</b> on that image "
+            f"alone. Panels: each member, then the fused output; detections scored &ge; {conf:g} in class colors "
+            "with their scores; ground truth dashed white.</p>"
+        )
+        for kind, title in (("helped", "Helped most"), ("hurt", "Hurt most")):
+            parts.append(f"<h3>{title}</h3>")
+            if not shown[kind]:
+                parts.append("<p class='note'>No image.</p>")
+            for e in shown[kind]:
+                caption = f"image {e['image_id']} ({e['file_name']}): AP50 change {e['delta']:+.3f}"
+                parts.append(_figure(e["png"], caption))
+    else:
+        parts.append(f"<p class='note'>{_e(examples_note)}</p>")
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"

@@ -1,0 +1,61 @@
+"""The results table: ``{method: {metric: value}}`` as Markdown, and which cell is best in each column."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+__all__ = ["TABLE_COLUMNS", "LOWER_IS_BETTER", "CEILINGS", "markdown_table", "best_per_column"]
+
+#: (metric key, column title, format) of the results table.
+TABLE_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("map", "mAP", "{:.4f}"),
+    ("map50", "AP50", "{:.3f}"),
+    ("map75", "AP75", "{:.3f}"),
+    ("map_small", "APs", "{:.3f}"),
+    ("map_medium", "APm", "{:.3f}"),
+    ("map_large", "APl", "{:.3f}"),
+    ("ece", "ECE", "{:.3f}"),
+    ("fusion_ms", "fusion ms/img", "{:.2f}"),
+)
+
+
+def markdown_table(report: Mapping[str, Mapping[str, float]]) -> str:
+    """One row per method, in the report's order; a missing metric prints as ``-``."""
+    header = "| method | " + " | ".join(title for _, title, _ in TABLE_COLUMNS) + " |"
+    rule = "|---|" + "---:|" * len(TABLE_COLUMNS)
+    rows = []
+    for method, metrics in report.items():
+        cells = [fmt.format(metrics[key]) if key in metrics else "-" for key, _, fmt in TABLE_COLUMNS]
+        name = method.replace("|", "\\|")  # TTA members are named like "yolo26n|hflip"
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join([header, rule, *rows])
+
+
+#: Columns where the smallest value is best (the others: the largest).
+LOWER_IS_BETTER: frozenset[str] = frozenset({"ece", "fusion_ms"})
+#: Rows that read the ground truth of the images they fuse: ceilings, never "best".
+CEILINGS: frozenset[str] = frozenset({"oracle"})
+
+
+def best_per_column(report: Mapping[str, Mapping[str, float]]) -> dict[str, list[str]]:
+    """``{metric key: [methods holding the best value]}`` for each of :data:`TABLE_COLUMNS`.
+
+    Values of ``-1`` (pycocotools: nothing to measure) and the :data:`CEILINGS` never win; ``fusion_ms`` is
+    compared among fusion methods only, since a single model fuses nothing. Ties all win; a column no
+    method reports is absent.
+    """
+    best: dict[str, list[str]] = {}
+    for key, _, _ in TABLE_COLUMNS:
+        candidates = {
+            method: float(metrics[key])
+            for method, metrics in report.items()
+            if key in metrics
+            and float(metrics[key]) >= 0
+            and method not in CEILINGS
+            and not (key == "fusion_ms" and method.startswith("single:"))
+        }
+        if not candidates:
+            continue
+        target = (min if key in LOWER_IS_BETTER else max)(candidates.values())
+        best[key] = [method for method, value in candidates.items() if value == target]
+    return best

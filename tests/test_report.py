@@ -1,0 +1,366 @@
+"""The evaluation report page: `detens evaluate --report` on a real evaluation of 20 COCO images (three
+YOLO members cached by `detens cache`), every image the page references exists, its numbers are the
+table's, `detens report` rebuilds it from the saved evaluation, and headless Chromium loads it without a
+console error, fetching nothing outside its folder, into a screenshot that is not blank."""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import gzip
+import json
+import os
+import select
+import shutil
+import subprocess
+import time
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from detens.report.record import EvaluationRecord, record_path
+from detens.report.table import best_per_column
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+DATA = SHARED / "data" / "coco_val2017_206"
+NUM_IMAGES = 20
+METHODS = "single,nms,wbf,mean"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="needs ../shared/data/coco_val2017_206")
+
+
+# ----------------------------------------------------------------------------------------- no data needed
+BEST_CASES = [
+    # (case, table, expected best per column for the columns given)
+    ("max AP, min ECE", {"a": {"map": 0.4, "ece": 0.02}, "b": {"map": 0.5, "ece": 0.03}}, {"map": ["b"], "ece": ["a"]}),
+    ("ties all win", {"a": {"map": 0.5}, "b": {"map": 0.5}}, {"map": ["a", "b"]}),
+    ("-1 never wins", {"a": {"map_small": -1.0}, "b": {"map_small": -1.0}}, {}),
+    ("fusion time among fusion methods", {"single:x": {"fusion_ms": 0.0}, "wbf": {"fusion_ms": 5.0},
+                                          "nms": {"fusion_ms": 1.0}}, {"fusion_ms": ["nms"]}),
+    ("the oracle is a ceiling", {"oracle": {"map": 0.9}, "deep": {"map": 0.45}}, {"map": ["deep"]}),
+]
+
+
+@pytest.mark.parametrize("case, table, expected", BEST_CASES, ids=[c[0] for c in BEST_CASES])
+def test_best_per_column(case, table, expected):
+    assert best_per_column(table) == expected
+
+
+def tiny_record() -> EvaluationRecord:
+    gt = {
+        "images": [{"id": 1, "width": 100, "height": 80, "file_name": "1.jpg"}],
+        "annotations": [{"id": 1, "image_id": 1, "category_id": 3, "bbox": [1.5, 2.0, 30.0, 40.0], "area": 1200.0,
+                         "iscrowd": 0}],
+        "categories": [{"id": 3, "name": "car"}],
+    }
+    results = [{"image_id": 1, "category_id": 3, "bbox": [1.5, 2.0, 30.0, 40.000000000000014], "score": 0.1 + 0.2}]
+    return EvaluationRecord({"command": "detens evaluate ..."}, gt, {"single:a": {"map": 1.0}}, {},
+                            {"single:a": results}, {"a": results})
+
+
+def test_record_round_trip_keeps_every_float_bit(tmp_path):
+    record = tiny_record()
+    path = record.save(record_path(tmp_path / "results.json"))
+    assert path.name == "results.evaluation.json.gz"
+    loaded = EvaluationRecord.load(tmp_path / "results.json")  # found beside the table
+    assert loaded.results == record.results and loaded.members == record.members and loaded.gt == record.gt
+    assert loaded.results["single:a"][0]["score"] == 0.1 + 0.2  # 0.30000000000000004, not 0.3
+    assert record.save(tmp_path / "again.evaluation.json.gz").read_bytes() == path.read_bytes()  # reproducible
+
+
+RECORD_MISTAKES = [
+    ("missing", None, r"evaluation record not found: .*missing\.evaluation\.json\.gz.*detens evaluate"),
+    ("not gzip", b"{}", r"not a gzip-compressed JSON evaluation record"),
+    ("other format", gzip.compress(b'{"format": "x"}'), r"not a detens evaluation record .*'x'"),
+    ("columns differ", None, r"results\['single:a'\]: its columns differ in length"),
+]
+
+
+@pytest.mark.parametrize("case, content, message", RECORD_MISTAKES, ids=[c[0] for c in RECORD_MISTAKES])
+def test_record_mistakes_name_the_file(tmp_path, case, content, message):
+    path = tmp_path / f"{case.replace(' ', '_')}.evaluation.json.gz"
+    if case == "missing":
+        path = tmp_path / "missing.json"
+    elif case == "columns differ":
+        tiny_record().save(path)
+        document = json.loads(gzip.decompress(path.read_bytes()))
+        document["results"]["single:a"]["score"].append(0.5)
+        path.write_bytes(gzip.compress(json.dumps(document).encode()))
+    else:
+        path.write_bytes(content)
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+        EvaluationRecord.load(path)
+
+
+def test_the_readmes_report_commands_parse():
+    """The README's report section runs `detens evaluate --report` and `detens report` with options that
+    exist (the commands themselves run on the full data set, minutes; the test below runs them small)."""
+    import re
+    import shlex
+
+    from detens.cli import build_parser
+
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    section = text.split("## The report page", 1)[1].split("\n## ", 1)[0]
+    block = re.findall(r"```bash\n(.*?)```", section, flags=re.DOTALL)[0]
+    commands = [re.sub(r"#.*", "", c).strip() for c in re.sub(r"\\\n\s*", " ", block).splitlines() if c.strip()]
+    assert [shlex.split(c)[:2] for c in commands] == [["detens", "evaluate"], ["detens", "report"]]
+    parser = build_parser()
+    evaluate = parser.parse_args(shlex.split(commands[0].replace("$S", "S"))[1:])
+    assert evaluate.report and "single" in evaluate.methods
+    report = parser.parse_args(shlex.split(commands[1])[1:])
+    assert record_path(report.evaluation) == record_path(evaluate.out)  # rebuilds the evaluation just made
+    assert (REPO / "docs" / "report_yolo3.png").read_bytes()[:8] == PNG_SIGNATURE
+    assert "](docs/report_yolo3.png)" in section
+
+
+# ------------------------------------------------------------------------------ a real evaluation, 20 images
+@pytest.fixture(scope="module")
+def evaluated(tmp_path_factory):
+    """20 annotated images of coco_val2017_206 cached with the shipped coco_yolo3 ensemble, then
+    `detens evaluate --report` with cheap methods (2-fold CV)."""
+    from detens.cli import main
+
+    root = tmp_path_factory.mktemp("report")
+    full = json.loads((DATA / "instances_val2017.json").read_text())
+    keep = sorted({a["image_id"] for a in full["annotations"]})[:NUM_IMAGES]
+    images = [im for im in full["images"] if im["id"] in set(keep)]
+    (root / "data" / "images").mkdir(parents=True)
+    for image in images:
+        shutil.copy(DATA / "images" / image["file_name"], root / "data" / "images" / image["file_name"])
+    subset = {**full, "images": images, "annotations": [a for a in full["annotations"] if a["image_id"] in set(keep)]}
+    (root / "data" / "instances.json").write_text(json.dumps(subset))
+    cwd = Path.cwd()
+    os.chdir(root)
+    old_weights = os.environ.get("DETENS_WEIGHTS")
+    os.environ["DETENS_WEIGHTS"] = str(SHARED / "models")
+    try:
+        assert main(["cache", "--config", "coco_yolo3", "--images", "data/images", "--gt", "data/instances.json",
+                     "--out", "predictions", "--quiet"]) == 0
+        assert main(["evaluate", "--gt", "data/instances.json", "--predictions", "predictions", "--methods", METHODS,
+                     "--cv", "2", "--seed", "0", "--out", "results.json", "--report", "page", "--quiet"]) == 0
+    finally:
+        os.chdir(cwd)
+        if old_weights is None:
+            os.environ.pop("DETENS_WEIGHTS", None)
+        else:
+            os.environ["DETENS_WEIGHTS"] = old_weights
+    return root
+
+
+class _References(HTMLParser):
+    """Every URL an HTML page refers to, and its tags."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.urls: list[str] = []
+        self.tags: set[str] = set()
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.add(tag)
+        self.urls += [value for name, value in attrs if name in ("src", "href", "srcset", "poster", "data")]
+
+
+def references(page: Path) -> _References:
+    parser = _References()
+    parser.feed(page.read_text(encoding="utf-8"))
+    return parser
+
+
+@needs_data
+@pytest.mark.slow
+class TestReportOfARealEvaluation:
+    def test_every_image_the_page_references_exists(self, evaluated):
+        page = evaluated / "page" / "index.html"
+        refs = references(page)
+        assert "script" not in refs.tags and "link" not in refs.tags  # inline CSS, nothing to run or load
+        assert "http:" not in page.read_text() and "https:" not in page.read_text()
+        pngs = [u for u in refs.urls if u.endswith(".png")]
+        assert len(pngs) == len(refs.urls) >= 8  # map, PR, classes, errors, reliability, votes, side-by-sides
+        for url in refs.urls:
+            path = (page.parent / url).resolve()
+            assert page.parent.resolve() in path.parents, url  # inside the page's folder
+            assert path.read_bytes()[:8] == PNG_SIGNATURE, url
+        assert any(u.startswith("examples/helped_") for u in pngs) and any(u.startswith("examples/hurt_") for u in pngs)
+
+    def test_numbers_are_the_tables(self, evaluated):
+        table = json.loads((evaluated / "results.json").read_text())
+        report = json.loads((evaluated / "page" / "report.json").read_text())
+        assert report["metrics"] == table
+        assert report["methods"][:3] == [m for m in table if m.startswith("single:")]
+        for method, metrics in table.items():
+            assert report["errors"][method]["ap"] == metrics["map50"]  # bit-identical: the same matching
+            for iou, key in (("0.5", "map50"), ("0.75", "map75")):
+                assert np.mean(report["curves"][method]["precision"][iou]) == pytest.approx(metrics[key], abs=1e-12)
+        best = max(table, key=lambda m: table[m]["map"])
+        html = (evaluated / "page" / "index.html").read_text()
+        assert f'<td class="best">{table[best]["map"]:.4f}</td>' in html
+        for metrics in table.values():
+            assert f"{metrics['map']:.4f}" in html
+
+    def test_page_states_dataset_folds_and_command(self, evaluated):
+        html = (evaluated / "page" / "index.html").read_text()
+        assert f"{NUM_IMAGES} images with ground truth scored" in html
+        assert "2 held-out folds of 10, 10 images, seed 0" in html
+        assert f"detens evaluate --gt data/instances.json --predictions predictions --methods {METHODS}" in html
+
+    def test_detens_report_rebuilds_the_page_from_the_saved_evaluation(self, evaluated, monkeypatch, capsys):
+        from detens.cli import main
+
+        monkeypatch.chdir(evaluated)
+        assert main(["report", "results.json", "--out", "rebuilt", "--examples", "1", "--quiet"]) == 0
+        first = json.loads((evaluated / "page" / "report.json").read_text())
+        again = json.loads((evaluated / "rebuilt" / "report.json").read_text())
+        for key in ("metrics", "curves", "errors", "class_deltas", "support", "best_single", "best_fused"):
+            assert again[key] == first[key], key
+        assert len(again["examples"]["helped"]) <= 1 and again["examples"]["helped"][0] == first["examples"]["helped"][0]
+        assert "detens report results.json --out rebuilt --examples 1" in (evaluated / "rebuilt" / "index.html").read_text()
+
+    def test_a_record_whose_predictions_do_not_give_its_table_is_refused(self, evaluated, tmp_path, capsys):
+        from detens.cli import main
+
+        record = EvaluationRecord.load(evaluated / "results.json")
+        record.results["wbf"] = record.results["wbf"][::2]  # half the boxes: another mAP
+        record.save(tmp_path / "tampered.evaluation.json.gz")
+        assert main(["report", str(tmp_path / "tampered.evaluation.json.gz"), "--out", str(tmp_path / "p")]) == 2
+        err = capsys.readouterr().err
+        assert "error: wbf: the record's predictions give map" in err and "Traceback" not in err
+
+    def test_without_images_the_page_says_so(self, evaluated, tmp_path):
+        from detens.report.page import write_report
+
+        record = EvaluationRecord.load(evaluated / "results.json")
+        record.meta["images"] = str(tmp_path / "moved_away")
+        index = write_report(record, tmp_path / "page", examples=2)
+        assert "No side-by-sides: the image folder was not found" in index.read_text()
+        assert not (tmp_path / "page" / "examples").exists()
+
+    def test_headless_chromium_loads_the_page_without_errors(self, evaluated):
+        browser = chromium()
+        if browser is None:
+            pytest.skip("needs Chromium for the headless-browser check (Debian: apt-get install chromium)")
+        page = (evaluated / "page" / "index.html").resolve()
+        errors, requests, png = load_in_chromium(browser, page)
+        assert errors == []
+        assert requests and all(u.startswith(f"file://{page.parent}/") for u in requests), requests
+        assert sum(u.endswith(".png") for u in requests) >= 8
+        import cv2
+
+        shot = cv2.imdecode(np.frombuffer(png, np.uint8), cv2.IMREAD_COLOR)
+        assert shot is not None and shot.shape[1] == 1280
+        not_white = (shot < 235).any(axis=2).mean()
+        assert 0.02 < not_white and shot.std() > 20  # text, a table and figures, not an empty page
+
+
+# ------------------------------------------------------------------------- Chromium over DevTools, stdlib only
+def chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def load_in_chromium(browser: str, page: Path, width: int = 1280, height: int = 1800, timeout: float = 60.0):
+    """Open ``page`` in headless Chromium driven through the DevTools protocol over a pipe (fds 3 and 4,
+    ``--remote-debugging-pipe``), so no debugging port and no client library are needed.
+
+    Returns:
+        (errors, requests, png): console errors, uncaught exceptions and error log entries (failed loads
+        included); the URL of every request the page made; a PNG screenshot of the first screen.
+    """
+    to_chrome_r, to_chrome_w = os.pipe()
+    from_chrome_r, from_chrome_w = os.pipe()
+    # above 100, so that moving them to 3 and 4 in the child cannot clobber one with the other
+    child_in = fcntl.fcntl(to_chrome_r, fcntl.F_DUPFD, 100)
+    child_out = fcntl.fcntl(from_chrome_w, fcntl.F_DUPFD, 100)
+
+    def plumb():
+        os.dup2(child_in, 3)
+        os.dup2(child_out, 4)
+
+    profile = page.parent.parent / ".chromium-profile"
+    process = subprocess.Popen(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--remote-debugging-pipe",
+         "--no-first-run",
+         "--no-default-browser-check", f"--user-data-dir={profile}", "about:blank"],
+        pass_fds=(3, 4), preexec_fn=plumb, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    for fd in (to_chrome_r, from_chrome_w, child_in, child_out):
+        os.close(fd)
+    buffer = b""
+    events: list[dict] = []
+    next_id = 0
+    deadline = time.monotonic() + timeout
+
+    def receive() -> dict:
+        nonlocal buffer
+        while b"\0" not in buffer:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([from_chrome_r], [], [], max(0.0, left))
+            if not ready:
+                raise TimeoutError("Chromium did not answer in time")
+            chunk = os.read(from_chrome_r, 1 << 20)
+            if not chunk:
+                raise RuntimeError("Chromium closed the DevTools pipe")
+            buffer += chunk
+        message, buffer = buffer.split(b"\0", 1)
+        return json.loads(message)
+
+    def call(method: str, params: dict | None = None, session: str | None = None) -> dict:
+        nonlocal next_id
+        next_id += 1
+        message = {"id": next_id, "method": method, "params": params or {}}
+        if session:
+            message["sessionId"] = session
+        os.write(to_chrome_w, json.dumps(message).encode() + b"\0")
+        while True:
+            answer = receive()
+            if answer.get("id") == next_id:
+                if "error" in answer:
+                    raise RuntimeError(f"{method}: {answer['error']}")
+                return answer["result"]
+            events.append(answer)
+
+    try:
+        target = call("Target.createTarget", {"url": "about:blank"})["targetId"]
+        session = call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        for domain in ("Page", "Runtime", "Log", "Network"):
+            call(f"{domain}.enable", session=session)
+        call("Emulation.setDeviceMetricsOverride",
+             {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False}, session)
+        call("Page.navigate", {"url": page.as_uri()}, session)
+        while not any(e.get("method") == "Page.loadEventFired" for e in events):
+            events.append(receive())
+        png = base64.b64decode(call("Page.captureScreenshot", {"format": "png"}, session)["data"])
+        try:
+            call("Browser.close")
+        except RuntimeError:
+            pass
+    finally:
+        os.close(to_chrome_w)
+        os.close(from_chrome_r)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    errors = []
+    requests = []
+    for event in events:
+        method, params = event.get("method"), event.get("params", {})
+        if method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
+            errors.append(params)
+        elif method == "Runtime.exceptionThrown":
+            errors.append(params)
+        elif method == "Log.entryAdded" and params.get("entry", {}).get("level") == "error":
+            errors.append(params["entry"])
+        elif method == "Network.requestWillBeSent":
+            url = params["request"]["url"]
+            if url != page.as_uri():
+                requests.append(url)
+    return errors, requests, png
