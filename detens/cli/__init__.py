@@ -17,7 +17,7 @@ from typing import NoReturn
 
 import yaml
 
-__all__ = ["COMMANDS", "UsageError", "build_parser", "command_parser", "main", "run_command"]
+__all__ = ["COMMANDS", "UsageError", "add_threads_argument", "build_parser", "command_parser", "main", "run_command"]
 
 #: subcommand -> (module, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -40,6 +40,15 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")  # same form as UsageError
+
+
+def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+    """``--threads``, for the commands that fuse many small clusters with torch."""
+    parser.add_argument(
+        "--threads", type=int, default=1,
+        help="torch intra-op threads (default 1: fusion works on tensors of a few hundred boxes, where thread "
+        "hand-offs cost more than they save)",
+    )
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 import detens
-from detens.cli import UsageError, run_command
+from detens.cli import UsageError, add_threads_argument, run_command
 from detens.coco import BACKENDS, CocoGroundTruth, detections_to_coco, load_coco_gt
 from detens.config import load_yaml_config
 from detens.evaluation import METHODS, MethodResult, check_method_names, cross_validate
@@ -99,11 +99,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--images", metavar="DIR",
         help="the images of --gt, for the report's side-by-sides (default: the 'images' folder beside --gt)",
     )
-    parser.add_argument(
-        "--threads", type=int, default=1,
-        help="torch intra-op threads (default 1: fusion works on tensors of a few hundred boxes, where thread "
-        "hand-offs cost more than they save)",
-    )
+    add_threads_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:

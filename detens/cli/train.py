@@ -28,7 +28,7 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from detens.cli import UsageError, run_command
+from detens.cli import UsageError, add_threads_argument, run_command
 from detens.coco import load_coco_gt
 from detens.config import from_dict, read_yaml_file, save_yaml_config
 from detens.heads import TRAINERS, config_for, fit_head
@@ -120,11 +120,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, help="learning rate (overrides the config)")
     parser.add_argument("--seed", type=int, help="random seed (overrides the config)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
-    parser.add_argument(
-        "--threads", type=int, default=1,
-        help="torch intra-op threads (default 1: fusion works on tensors of a few hundred boxes, where thread "
-        "hand-offs cost more than they save)",
-    )
+    add_threads_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
