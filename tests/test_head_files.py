@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from detens.heads import HeadFileError, load_head
+from detens.heads import CalibratedHead, HeadFileError, load_head
 from detens.heads.calibration import CalibrationHead
 from detens.heads.deep import DeepEnsembleHead
 from detens.heads.selection import SelectionHead
@@ -47,6 +47,7 @@ HEADS = {
     "deep": lambda: DeepEnsembleHead(NAMES, hidden=4, depth=1),
     "selection": lambda: SelectionHead(NAMES, hidden=4, depth=1),
     "calibration": lambda: CalibrationHead(NAMES),
+    "calibrated": lambda: CalibratedHead(CalibrationHead(NAMES), DeepEnsembleHead(NAMES, hidden=4, depth=1)),
 }
 
 #: (head, keys to change, new value, fragment of the error)
@@ -81,6 +82,13 @@ BAD_FIELDS = [
     ("calibration", ("config", "fuser_params"), {"bogus": 1}, "unexpected keyword argument 'bogus'"),
     ("calibration", ("config", "fuser_params"), {"weights": [1.0]}, "one number per model (2)"),
     ("calibration", ("config", "tie_break"), -math.inf, "tie_break must be a number >= 0, got -inf"),
+    ("calibrated", ("config", "head_type"), "theta", "head_type must name a network head type or 'bagged'"),
+    ("calibrated", ("config", "head"), [1], "head must be a config mapping"),
+    ("calibrated", ("config", "extra"), {}, "has the keys calibration, head_type and head"),
+    ("calibrated", ("config", "head", "hidden"), 10**9, "head: config hidden = 1000000000 is larger than the"),
+    ("calibrated", ("config", "calibration", "tie_break"), 2.0, "calibration: invalid calibration head"),
+    ("calibrated", ("tensors", "stray"), {"dtype": "float32", "shape": [1], "data": [0.0]}, "belong to neither"),
+    ("calibrated", ("tensors", "calibration.curves", "data"), [5, -1, 2, 1, -1, 2], "invalid curve row"),
 ]
 
 

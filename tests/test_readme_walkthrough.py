@@ -63,7 +63,9 @@ def test_walkthrough_runs_end_to_end(tmp_path, monkeypatch, capsys):
     cached = sorted(p.name for p in (tmp_path / "predictions").glob("*.json"))
     assert cached == ["cache_summary.json", "yolo11n.json", "yolo26n.json", "yolov8n.json"]
     head = json.loads((tmp_path / "runs" / "train" / "head.json").read_text())
-    assert head["type"] == "deep" and sorted(head["model_names"]) == ["yolo11n", "yolo26n", "yolov8n"]
+    # deep calibrates its members' scores by default: the file holds the calibration and the deep head
+    assert head["type"] == "calibrated" and head["config"]["head_type"] == "deep"
+    assert sorted(head["model_names"]) == ["yolo11n", "yolo26n", "yolov8n"]
     report = json.loads((tmp_path / "report.json").read_text())
     assert {"wbf_tuned", "deep", "calibration", "single:yolo26n"} <= set(report)
     assert all(0.0 < row["map"] <= 1.0 for row in report.values())

@@ -462,7 +462,9 @@ class TestTools:
         assert train_cli.main(["--gt", str(gt_path), "--predictions", str(predictions), "--out", str(out),
                                "--head", kind, "--epochs", "2", "--set", "match_iou_grid=[]", "--quiet"]) == 0
         head = load_head(out)
-        assert type(head).type_name == kind and head.model_names == sorted(MODELS)
+        # deep calibrates its members' scores by default: a calibrated head holding a deep one
+        assert getattr(head, "head_type", head.type_name) == kind and head.model_names == sorted(MODELS)
+        assert head.type_name == ("calibrated" if kind == "deep" else kind)
         ensemble = EnsemblePredictions.from_folder(predictions, load_coco_gt(gt_path))
         image_id = ensemble.gt.annotated_image_ids[0]
         fused = fuse(ensemble.per_model(image_id), "theta", head=out)
@@ -512,3 +514,71 @@ class TestHeadsMatchMembersByName:
         fitted = report["calibration"].fitted
         assert len(fitted) == 2 and all(len(f["config"]["fusers"]) == 1 for f in fitted)
         assert 0.0 < report["calibration"].metrics["map"] <= 1.0
+
+
+class TestCalibratedHeads:
+    """``calibrate: true``: the member scores are calibrated on the training images, then the network head is
+    fitted on (and applied to) the calibrated detections; one file holds both parts."""
+
+    @staticmethod
+    def small(kind: str = "deep", **options):
+        from detens.heads import config_for
+
+        return config_for(kind, epochs=3, match_iou_grid=[], **options)
+
+    def test_equals_fitting_the_head_on_calibrated_predictions(self, ensemble):
+        from detens.heads import CalibratedHead, fit_calibration
+        from detens.heads.calibrated import CalibratedPredictions
+
+        ids = ensemble.gt.annotated_image_ids
+        head, _, fitted = fit_head("deep", ensemble, ids, self.small(calibrate=True))
+        assert isinstance(head, CalibratedHead) and head.head_type == "deep" and fitted.calibrate
+        # the slow obvious way: calibrate, wrap, fit the plain head, fuse the calibrated detections
+        calibration = fit_calibration(ensemble, ids)
+        reference, _, _ = fit_head("deep", CalibratedPredictions(ensemble, calibration), ids, self.small(calibrate=False))
+        for image_id in ids[:6]:
+            per_model = ensemble.per_model(image_id)
+            got = fuse(per_model, "deep", head=head)
+            expected = fuse(calibration.calibrate(per_model), "theta", head=reference)
+            assert len(got) > 0
+            torch.testing.assert_close(got.boxes, expected.boxes)
+            torch.testing.assert_close(got.scores, expected.scores)
+
+    @pytest.mark.parametrize("suffix", [".json", ".safetensors"])
+    @pytest.mark.parametrize("bags", [1, 2])
+    def test_saved_and_loaded_for_the_models_in_any_order(self, ensemble, tmp_path, suffix, bags):
+        ids = ensemble.gt.annotated_image_ids
+        head, _, _ = fit_head("superlearner", ensemble, ids, self.small("superlearner", calibrate=True, bags=bags))
+        path = tmp_path / f"head{suffix}"
+        head.save(path)
+        loaded = load_head(path, model_names=ensemble.model_names[::-1])
+        assert type(loaded) is type(head) and loaded.head_type == ("bagged" if bags > 1 else "superlearner")
+        for image_id in ids[:4]:
+            per_model = ensemble.per_model(image_id)
+            expected = fuse(per_model, "theta", head=head)
+            got = fuse(per_model[::-1], "theta", head=loaded)
+            assert got.source == f"fused:{loaded.head_type}"
+            torch.testing.assert_close(got.boxes, expected.boxes)
+            torch.testing.assert_close(got.scores, expected.scores)
+
+    def test_runs_as_its_head_type_only(self, ensemble):
+        head, _, _ = fit_head("deep", ensemble, ensemble.gt.annotated_image_ids, self.small(calibrate=True))
+        per_model = ensemble.per_model(ensemble.gt.annotated_image_ids[0])
+        assert len(fuse(per_model, "calibrated", head=head)) == len(fuse(per_model, "deep", head=head))
+        with pytest.raises(ValueError, match="method 'selection' was given a 'calibrated' head"):
+            fuse(per_model, "selection", head=head)
+
+    def test_parts_must_fit_together(self, ensemble):
+        from detens.heads import CalibratedHead, CalibrationHead
+        from detens.heads.deep import DeepEnsembleHead
+        from detens.heads.theta import ThetaHead
+
+        names = ensemble.model_names
+        with pytest.raises(ValueError, match=r"the calibration is for models \['a', 'b', 'c'\]"):
+            CalibratedHead(CalibrationHead(["a", "b", "c"]), DeepEnsembleHead(names))
+        with pytest.raises(TypeError, match="head must be a network head"):
+            CalibratedHead(CalibrationHead(names), ThetaHead(names))
+        with pytest.raises(TypeError, match="calibration must be a CalibrationHead"):
+            CalibratedHead(DeepEnsembleHead(names), DeepEnsembleHead(names))
+        with pytest.raises(TypeError, match="calibrate must be true or false"):
+            self.small(calibrate="yes")

@@ -66,7 +66,7 @@ from detens.config import read_yaml_file
 from detens.detections import Detections
 from detens.ensemble_config import EnsembleConfig, load_ensemble_config, save_ensemble_config
 from detens.export import yolo_lines
-from detens.fusers import FUSERS, fuse, list_methods
+from detens.fusers import FUSERS, fuse, head_methods, list_methods
 from detens.io import atomic_write_bytes, atomic_write_json, output_stems
 from detens.labels import COCO_CATEGORY_IDS, COCO_ID_TO_NAME
 from detens.packaged import find_packaged
@@ -167,16 +167,16 @@ def fusion_params(config: EnsembleConfig, names: list[str] | None) -> dict[str, 
         raise ValueError(f"method {method!r} needs a trained head: pass --head (a head file or a shipped name)")
     if "head" in params:
         type_name = getattr(params["head"], "type_name", None)
-        if method != "theta" and type_name != method:
+        if method != "theta" and method not in head_methods(params["head"]):
             raise ValueError(f"--method {method} was given a {type_name!r} head ({config.fusion.head}); "
                              f"use --method {type_name}, or leave --method out")
     return params
 
 
 def method_label(config: EnsembleConfig, params: dict[str, Any]) -> str:
-    """What ran: the fuser, or the head's type for a head."""
+    """What ran: the fuser, or the head's type for a head (the wrapped head's for a calibrated one)."""
     head = params.get("head")
-    return getattr(head, "type_name", config.fusion.method) if head is not None else config.fusion.method
+    return (head_methods(head) or [config.fusion.method])[-1] if head is not None else config.fusion.method
 
 
 # ------------------------------------------------------------------------------------------------ images

@@ -22,8 +22,9 @@ from detens.registry import unknown_name_error
 
 # Importing the modules registers their fusers.
 from detens.fusers import consensus, nms, refine, subset, theta, wbf  # noqa: E402,F401  isort: skip
+from detens.fusers.theta import head_methods  # noqa: E402  isort: skip
 
-__all__ = ["FUSERS", "fuse", "list_fusers", "list_methods", "check_weights", "resolve_method"]
+__all__ = ["FUSERS", "fuse", "list_fusers", "list_methods", "check_weights", "head_methods", "resolve_method"]
 
 
 def list_fusers() -> list[str]:
@@ -53,8 +54,8 @@ def resolve_method(method: str, params: dict[str, Any]) -> str:
         raise ValueError(f"method {method!r} is a head type: pass head= (a trained {method} head or its file)")
     if isinstance(head, (str, Path)):
         head = params["head"] = theta.load_cached_head(head)
-    type_name = getattr(head, "type_name", None)
-    if type_name != method:
+    if method not in head_methods(head):
+        type_name = getattr(head, "type_name", None)
         raise ValueError(f"method {method!r} was given a {type_name!r} head; use method={type_name!r} (or 'theta', "
                          "which runs any head)")
     return "theta"

@@ -12,7 +12,7 @@ from detens.detections import Detections
 from detens.fusers._registry import FUSERS
 from detens.matching import match
 
-__all__ = ["theta_fusion", "load_cached_head"]
+__all__ = ["theta_fusion", "load_cached_head", "head_methods"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +55,12 @@ def _resolve_head(head: Any, num_models: int) -> Any:
     return head
 
 
+def head_methods(head: Any) -> list[str]:
+    """The methods that run ``head``: its type, and for a head that wraps another one (``calibrated``) the
+    wrapped head's type (a calibrated ``deep`` head runs as ``deep``, and its boxes say ``fused:deep``)."""
+    return [name for name in (getattr(head, "type_name", None), getattr(head, "head_type", None)) if name]
+
+
 @FUSERS.register("theta")
 def theta_fusion(per_model: Sequence[Detections], head: Any = None, iou_thr: float | None = None) -> Detections:
     """Match the models' boxes into clusters, then fuse each cluster with a learned head.
@@ -72,7 +78,8 @@ def theta_fusion(per_model: Sequence[Detections], head: Any = None, iou_thr: flo
             to its fuser as ``iou_thr`` when given.
 
     Returns:
-        Detections: fused boxes, source ``"fused:theta"`` (or ``"fused:<head type>"`` for another head).
+        Detections: fused boxes, source ``"fused:theta"`` (or ``"fused:<head type>"`` for another head; the wrapped
+            head's type for a ``calibrated`` one).
     """
     head = _resolve_head(head, len(per_model))
     model_names = getattr(head, "model_names", None)
@@ -84,9 +91,9 @@ def theta_fusion(per_model: Sequence[Detections], head: Any = None, iou_thr: flo
     if callable(getattr(head, "fuse_detections", None)):
         # A head that acts on the models' own detections (calibration) fuses with its own fuser: no matching here.
         fused = head.fuse_detections(per_model, **({} if iou_thr is None else {"iou_thr": iou_thr}))
-        return fused.with_source(f"fused:{getattr(head, 'type_name', 'theta')}")
+        return fused.with_source(f"fused:{(head_methods(head) or ['theta'])[-1]}")
     if iou_thr is None:
         iou_thr = getattr(head, "match_iou", 0.55)
     clusters = match(per_model, iou_thr=iou_thr)
     fused = head.fuse(clusters)
-    return fused.with_source(f"fused:{getattr(head, 'type_name', 'theta')}")
+    return fused.with_source(f"fused:{(head_methods(head) or ['theta'])[-1]}")

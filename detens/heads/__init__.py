@@ -14,12 +14,14 @@ Head types: ``"theta"`` (:class:`~detens.heads.theta.ThetaHead`), ``"selection"`
 :class:`~detens.heads.selection.SelectionHead`), ``"deep"`` (:class:`~detens.heads.deep.DeepEnsembleHead`),
 ``"superlearner"`` (:class:`~detens.heads.superlearner.SuperLearnerHead`), ``"calibration"`` (MoCaE,
 :class:`~detens.heads.calibration.CalibrationHead`, fitted by :func:`fit_calibration`), ``"bagged"`` (the
-average of bootstrap fits of one network head type, :class:`~detens.heads.bagged.BaggedHead`); more
-register themselves as they are added.
+average of bootstrap fits of one network head type, :class:`~detens.heads.bagged.BaggedHead`),
+``"calibrated"`` (calibration curves, then a network head fitted on the calibrated scores,
+:class:`~detens.heads.calibrated.CalibratedHead`); more register themselves as they are added.
 
 The calibration head acts before matching: ``head.calibrate(per_model)`` maps each model's scores,
 ``head.fuse_detections(per_model)`` then fuses with a fixed fuser (``detens.fuse(per_model, method,
-calibration=head)`` does the same with any fuser).
+calibration=head)`` does the same with any fuser). The calibrated head also fuses through
+``fuse_detections(per_model)``: its calibration, then its network head.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from detens.heads._registry import HEADS
 
 # Importing the modules registers their head types.
 from detens.heads import theta  # noqa: E402,F401  isort: skip
-from detens.heads import bagged, calibration, deep, selection, superlearner  # noqa: E402,F401  isort: skip
+from detens.heads import bagged, calibrated, calibration, deep, selection, superlearner  # noqa: E402,F401  isort: skip
+from detens.heads.calibrated import CalibratedHead  # noqa: E402  isort: skip
 from detens.heads.calibration import CalibrationHead, fit_calibration  # noqa: E402  isort: skip
 from detens.heads._fit import (  # noqa: E402  isort: skip
     CalibrationTrainConfig,
@@ -53,6 +56,7 @@ from detens.heads._fit import (  # noqa: E402  isort: skip
 __all__ = [
     "HEADS",
     "TRAINERS",
+    "CalibratedHead",
     "CalibrationHead",
     "CalibrationTrainConfig",
     "DeepTrainConfig",

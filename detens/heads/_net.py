@@ -278,10 +278,13 @@ class NetHead(nn.Module):
         return total / max(count, 1)
 
     # ---------------------------------------------------------------------------------------- files
+    def parts(self) -> tuple[dict[str, Any], dict[str, Tensor]]:
+        """``(config, tensors)`` as :meth:`save` writes them (for heads that hold this one)."""
+        return self.config(), {name: t.detach() for name, t in self.state_dict().items()}
+
     def save(self, path: str | Path) -> None:
         """Write the head as ``.json`` or ``.safetensors`` (by suffix), atomically; no pickle."""
-        tensors = {name: t.detach() for name, t in self.state_dict().items()}
-        write_head_file(path, self.type_name, self.model_names, self.config(), tensors)
+        write_head_file(path, self.type_name, self.model_names, *self.parts())
 
     @classmethod
     def load(cls, path: str | Path, model_names: Sequence[str] | None = None) -> NetHead:

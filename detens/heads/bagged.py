@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -81,42 +82,52 @@ class BaggedHead(nn.Module):
         """Fused pixel Detections (clipped to the image, sorted by score), on the clusters' device."""
         return fuse_with(self, clusters)
 
-    def save(self, path: str | Path) -> None:
-        """Write every member's config and tensors as ``.json`` or ``.safetensors``, atomically; no pickle."""
+    def parts(self) -> tuple[dict[str, Any], dict[str, Tensor]]:
+        """``(config, tensors)`` as :meth:`save` writes them: every member's config, and its tensors
+        prefixed ``member<b>.``."""
         tensors = {
             f"member{b}.{name}": t.detach()
             for b, member in enumerate(self.members)
             for name, t in member.state_dict().items()
         }
-        config = {"member_type": self.member_type, "members": [member.config() for member in self.members]}
-        write_head_file(path, self.type_name, self.model_names, config, tensors)
+        return {"member_type": self.member_type, "members": [member.config() for member in self.members]}, tensors
+
+    def save(self, path: str | Path) -> None:
+        """Write every member's config and tensors as ``.json`` or ``.safetensors``, atomically; no pickle."""
+        write_head_file(path, self.type_name, self.model_names, *self.parts())
 
     @classmethod
     def load(cls, path: str | Path, model_names: Sequence[str] | None = None) -> BaggedHead:
         """Load a head saved by :meth:`save` (on the CPU); ``model_names`` as for every head
         (:func:`detens.heads.load_head`)."""
         stored = read_head_for(path, cls.type_name, model_names)
-        where = repr(str(path))
-        if set(stored.config) != {"member_type", "members"}:
+        return cls.from_parts(stored.model_names, stored.config, stored.tensors, repr(str(path)))
+
+    @classmethod
+    def from_parts(
+        cls, model_names: list[str], config: dict[str, Any], tensors: dict[str, Tensor], where: str
+    ) -> BaggedHead:
+        """A head from a file's parts (:meth:`parts`), every field checked; ``where`` names the file in errors."""
+        if set(config) != {"member_type", "members"}:
             raise HeadFileError(f"{where}: a bagged head's config has the keys member_type and members, got "
-                                f"{sorted(stored.config)}")
-        member_type, configs = stored.config["member_type"], stored.config["members"]
+                                f"{sorted(config)}")
+        member_type, configs = config["member_type"], config["members"]
         member_cls = HEADS.get(member_type) if isinstance(member_type, str) and member_type in HEADS else None
         if member_cls is None or not issubclass(member_cls, NetHead):
             raise HeadFileError(f"{where}: member_type must name a network head type, got {member_type!r}")
         if not isinstance(configs, list) or not configs or not all(isinstance(c, dict) for c in configs):
             raise HeadFileError(f"{where}: members must be a non-empty list of member configs")
         prefixes = [f"member{b}." for b in range(len(configs))]
-        stray = sorted(n for n in stored.tensors if not any(n.startswith(p) for p in prefixes))
+        stray = sorted(n for n in tensors if not any(n.startswith(p) for p in prefixes))
         if stray:
             raise HeadFileError(f"{where}: tensors {stray[:5]} belong to no member of the {len(configs)}")
         members = [
             member_cls.from_parts(
-                stored.model_names, config,
-                {n[len(prefix):]: t for n, t in stored.tensors.items() if n.startswith(prefix)},
+                model_names, member_config,
+                {n[len(prefix):]: t for n, t in tensors.items() if n.startswith(prefix)},
                 f"{where} member {b}",
             )
-            for b, (prefix, config) in enumerate(zip(prefixes, configs, strict=True))
+            for b, (prefix, member_config) in enumerate(zip(prefixes, configs, strict=True))
         ]
         try:
             return cls(members)

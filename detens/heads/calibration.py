@@ -523,14 +523,32 @@ class CalibrationHead(nn.Module):
             names = check_model_names(model_names)
             if sorted(names) != sorted(stored.model_names):
                 read_head_for(path, cls.type_name, names)  # raises, naming both lists
-        where = repr(str(path))
-        unknown = sorted(set(stored.config) - set(_CONFIG_KEYS))
+        return cls.from_parts(stored.model_names, stored.config, stored.tensors, repr(str(path)), order=names)
+
+    def parts(self) -> tuple[dict[str, Any], dict[str, Tensor]]:
+        """``(config, tensors)`` as :meth:`save` writes them (for heads that hold this one)."""
+        return self.config(), self._tensors()
+
+    @classmethod
+    def from_parts(
+        cls,
+        model_names: Sequence[str],
+        config: dict[str, Any],
+        tensors: dict[str, Tensor],
+        where: str,
+        order: Sequence[str] | None = None,
+    ) -> CalibrationHead:
+        """A head from a file's parts (:meth:`parts`), every field checked; ``where`` names the file in errors.
+        ``model_names`` are the file's (the curve rows index them); ``order``: the same names in the order
+        the head takes (default: the file's)."""
+        stored_names = list(model_names)
+        unknown = sorted(set(config) - set(_CONFIG_KEYS))
         if unknown:
             raise HeadFileError(f"{where}: unknown config keys {unknown}; valid keys: {', '.join(_CONFIG_KEYS)}")
         expected = {"knots_x", "knots_y", "curves"}
-        if set(stored.tensors) != expected:
-            raise HeadFileError(f"{where}: expected tensors {sorted(expected)}, got {sorted(stored.tensors)}")
-        knots_x, knots_y, rows = (stored.tensors[k] for k in ("knots_x", "knots_y", "curves"))
+        if set(tensors) != expected:
+            raise HeadFileError(f"{where}: expected tensors {sorted(expected)}, got {sorted(tensors)}")
+        knots_x, knots_y, rows = (tensors[k] for k in ("knots_x", "knots_y", "curves"))
         if rows.dtype != torch.int64 or rows.ndim != 2 or rows.shape[1] != 3:
             raise HeadFileError(
                 f"{where}: 'curves' must be int64 Tensor[R, 3], got {rows.dtype} {list(rows.shape)}"
@@ -541,7 +559,6 @@ class CalibrationHead(nn.Module):
         if (lengths < 1).any() or int(lengths.sum()) != knots_x.numel():
             raise HeadFileError(f"{where}: the curves' knot counts {lengths.tolist()} do not add up to the "
                                 f"{knots_x.numel()} knots")
-        stored_names = stored.model_names
         curves: dict[str, tuple[Tensor, Tensor]] = {}
         class_curves: dict[str, dict[int, tuple[Tensor, Tensor]]] = {}
         offset = 0
@@ -561,7 +578,10 @@ class CalibrationHead(nn.Module):
             else:
                 own[class_id] = knots
         try:
-            return cls(names, curves, {k: v for k, v in class_curves.items() if v}, **stored.config)
+            return cls(
+                stored_names if order is None else order, curves, {k: v for k, v in class_curves.items() if v},
+                **config,
+            )
         except (TypeError, ValueError) as err:
             raise HeadFileError(f"{where}: invalid calibration head: {err}") from err
 
