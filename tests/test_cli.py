@@ -59,6 +59,8 @@ MISTAKES = [
                                  "--methods", "wbf,deeep"], r"unknown evaluation method 'deeep'.*Did you mean 'deep'"),
     ("missing annotations", ["train", "--gt", "gt.json", "--predictions", "p", "--out", "h.json"], r"gt\.json"),
     ("head file suffix", ["train", "--gt", "gt.json", "--predictions", "p", "--out", "h.txt"], r"\.json or \.safetensors"),
+    ("--set value not YAML", ["train", "--gt", "gt.json", "--predictions", "p", "--out", "h.json", "--set", "epochs=[1,"],
+     r"--set 'epochs=\[1,': the value is not valid YAML"),
     ("cache without --gt", ["cache", "--images", "images", "--out", "out"], r"--images and --gt are required"),
     ("merge without shards", ["cache", "merge", "--out", "out"], r"no shard files"),
     ("evaluate --images missing", ["evaluate", "--gt", "gt.json", "--predictions", "p", "--out", "r.json",

@@ -63,7 +63,11 @@ def parse_set(items: list[str]) -> dict[str, Any]:
         if "=" not in item:
             raise ValueError(f"--set expects key=value, got {item!r}")
         key, value = item.split("=", 1)
-        overrides[key.strip()] = yaml.safe_load(value)
+        try:
+            overrides[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as err:
+            problem = getattr(err, "problem", None) or type(err).__name__
+            raise ValueError(f"--set {item!r}: the value is not valid YAML ({problem})") from None
     return overrides
 
 
