@@ -60,6 +60,30 @@ class RayOptions:
         return 1.0 if torch.cuda.is_available() else 0.0
 
 
+def map_on_actors(
+    items: list[dict[str, Any]],
+    actor_class: type,
+    constructor_kwargs: dict[str, Any],
+    batch_size: int,
+    options: RayOptions,
+) -> Iterator[dict[str, Any]]:
+    """Rows of ``items`` through a pool of ``options.actors`` stateful ``actor_class`` actors
+    (``map_batches``, numpy batches of ``batch_size``, ``options.gpus_per_actor()`` GPUs each), as they arrive."""
+    import_ray()
+    import ray.data
+
+    # a few blocks per actor keep every actor busy without splitting the work into tiny tasks
+    dataset = ray.data.from_items(items, override_num_blocks=max(1, min(len(items), 4 * options.actors)))
+    return dataset.map_batches(
+        actor_class,
+        fn_constructor_kwargs=constructor_kwargs,
+        batch_size=batch_size,
+        compute=ray.data.ActorPoolStrategy(size=options.actors),
+        num_gpus=options.gpus_per_actor(),
+        batch_format="numpy",
+    ).iter_rows()
+
+
 def import_ray() -> Any:
     try:
         import ray
@@ -189,9 +213,6 @@ def detect_on_ray(
         path_of: image id -> its file path (read by the actors, not here).
         batch_size: images per actor call.
     """
-    import_ray()
-    import ray.data
-
     needed: dict[int, list[str]] = {}
     for member, ids in todo.items():
         for image_id in ids:
@@ -202,21 +223,13 @@ def detect_on_ray(
         {"image_id": image_id, "path": str(path_of(image_id)), "todo": ",".join(members)}
         for image_id, members in sorted(needed.items())
     ]
-    dataset = ray.data.from_items(items, override_num_blocks=max(1, min(len(items), 4 * options.actors)))
-    predicted = dataset.map_batches(
-        EntryPredictor,
-        fn_constructor_kwargs={
-            "model": model,
-            "ensemble": ensemble,
-            "categories": dict(categories) if categories else None,
-            "members": sorted(todo),
-        },
-        batch_size=batch_size,
-        compute=ray.data.ActorPoolStrategy(size=options.actors),
-        num_gpus=options.gpus_per_actor(),
-        batch_format="numpy",
-    )
-    for row in predicted.iter_rows():
+    constructor_kwargs = {
+        "model": model,
+        "ensemble": ensemble,
+        "categories": dict(categories) if categories else None,
+        "members": sorted(todo),
+    }
+    for row in map_on_actors(items, EntryPredictor, constructor_kwargs, batch_size, options):
         yield {
             "image_id": int(row["image_id"]),
             "member": str(row["member"]),

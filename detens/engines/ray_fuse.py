@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from detens.engines.ray_cache import RayOptions, import_ray
+from detens.engines.ray_cache import RayOptions, map_on_actors
 
 __all__ = ["EnsembleFuser", "fuse_on_ray"]
 
@@ -99,24 +99,16 @@ def fuse_on_ray(
     """Fuse ``items`` (``(name, stem, path)`` per image) on Ray; yields each image's row as it arrives:
     ``name``, ``record`` (dict, None when unreadable), ``files`` ({relative path: bytes}), ``members`` ({name: weights}),
     ``error``."""
-    import_ray()
-    import ray.data
-
     if not items:
         return
-    dataset = ray.data.from_items(
+    rows = map_on_actors(
         [{"name": n, "stem": s, "path": p} for n, s, p in items],
-        override_num_blocks=max(1, min(len(items), 4 * options.actors)),
-    )
-    fused = dataset.map_batches(
         EnsembleFuser,
-        fn_constructor_kwargs={"config": config, "categories": dict(categories), "yolo_ids": list(yolo_ids)},
-        batch_size=config.batch,
-        compute=ray.data.ActorPoolStrategy(size=options.actors),
-        num_gpus=options.gpus_per_actor(),
-        batch_format="numpy",
+        {"config": config, "categories": dict(categories), "yolo_ids": list(yolo_ids)},
+        config.batch,
+        options,
     )
-    for row in fused.iter_rows():
+    for row in rows:
         yield {
             "name": str(row["name"]),
             "record": json.loads(row["record"]) if row["record"] else None,
