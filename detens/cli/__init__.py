@@ -13,7 +13,7 @@ import contextlib
 import importlib
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import yaml
 
@@ -51,6 +51,19 @@ def add_threads_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _command_texts(module: Any) -> dict[str, Any]:
+    """A subcommand's help page: its module's docstring, laid out as written."""
+    return {"description": module.__doc__, "formatter_class": argparse.RawDescriptionHelpFormatter}
+
+
+def _add_command(parser: argparse.ArgumentParser, module: Any) -> argparse.ArgumentParser:
+    """Give ``parser`` the options of the command ``module`` and the common ones, and make it run it."""
+    module.add_arguments(parser)
+    _add_common(parser)
+    parser.set_defaults(_run=module.run, _parser=parser)
+    return parser
+
+
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="warnings only: no progress bars, no library chatter")
     parser.add_argument("--debug", action="store_true", help="show the Python traceback of an error")
@@ -65,17 +78,8 @@ def build_parser(commands: Sequence[str] | None = None) -> argparse.ArgumentPars
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
     for name in commands or COMMANDS:
-        module_name, summary = COMMANDS[name]
-        module = importlib.import_module(module_name)
-        child = sub.add_parser(
-            name,
-            help=summary,
-            description=module.__doc__,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-        module.add_arguments(child)
-        _add_common(child)
-        child.set_defaults(_run=module.run, _parser=child)
+        module = importlib.import_module(COMMANDS[name][0])
+        _add_command(sub.add_parser(name, help=COMMANDS[name][1], **_command_texts(module)), module)
     return parser
 
 
@@ -126,17 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def command_parser(command: str, prog: str | None = None) -> argparse.ArgumentParser:
     """The parser of one subcommand on its own (``prog`` default: ``detens <command>``)."""
-    module_name, _ = COMMANDS[command]
-    module = importlib.import_module(module_name)
-    parser = _Parser(
-        prog=prog or f"detens {command}",
-        description=module.__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    module.add_arguments(parser)
-    _add_common(parser)
-    parser.set_defaults(_run=module.run, _parser=parser)
-    return parser
+    module = importlib.import_module(COMMANDS[command][0])
+    return _add_command(_Parser(prog=prog or f"detens {command}", **_command_texts(module)), module)
 
 
 def run_command(command: str, argv: Sequence[str] | None = None, prog: str | None = None) -> int:
