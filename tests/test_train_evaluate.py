@@ -10,6 +10,7 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -453,6 +454,35 @@ class TestTools:
         assert "| theta |" in capsys.readouterr().out
         assert (tmp_path / "r.png").stat().st_size > 1000
 
+    def test_evaluate_cli_repeats_the_cross_validation_per_seed(self, dataset, tmp_path, capsys):
+        gt_path, predictions = dataset
+        base = ["--gt", str(gt_path), "--predictions", str(predictions), "--methods", "mean,wbf_tuned",
+                "--cv", "2", "--backend", "faster", "--quiet"]
+        single = {}
+        for seed in (0, 3):
+            out = tmp_path / f"seed{seed}.json"
+            assert evaluate_cli.main(base + ["--seed", str(seed), "--out", str(out)]) == 0
+            single[seed] = json.loads(out.read_text())
+        out = tmp_path / "repeated.json"
+        assert evaluate_cli.main(base + ["--seed", "0,3", "--out", str(out), "--plot", str(tmp_path / "r.png")]) == 0
+        repeated = json.loads(out.read_text())
+        assert list(repeated) == ["mean", "wbf_tuned"]
+        for method, row in repeated.items():
+            maps = [single[0][method]["map"], single[3][method]["map"]]
+            assert row["map"] == pytest.approx(sum(maps) / 2)
+            assert row["map50"] == pytest.approx((single[0][method]["map50"] + single[3][method]["map50"]) / 2)
+            assert row["map_by_seed"] == {"0": pytest.approx(maps[0]), "3": pytest.approx(maps[1])}
+            assert row["map_sd"] == pytest.approx(abs(maps[0] - maps[1]) / 2**0.5)
+        # a fixed method does not depend on the folds; the tuned one is fitted per fold of every seed
+        assert repeated["mean"]["map_sd"] == 0.0
+        fitted = json.loads((tmp_path / "repeated.fitted.json").read_text())
+        assert list(fitted) == ["wbf_tuned"] and list(fitted["wbf_tuned"]) == ["0", "3"]
+        assert all(len(folds) == 2 for folds in fitted["wbf_tuned"].values())
+        printed = capsys.readouterr().out
+        assert "| method | mAP | mAP sd | AP50 |" in printed and "seed 3:" in printed
+        assert (tmp_path / "r.png").stat().st_size > 1000
+        assert not (tmp_path / "repeated.evaluation.json.gz").exists()  # a record holds one cross-validation
+
     @pytest.mark.parametrize("kind", ["deep", "superlearner", "selection"])
     def test_train_cli_other_heads_plug_into_fuse(self, dataset, tmp_path, kind):
         from detens import fuse
@@ -471,6 +501,39 @@ class TestTools:
         assert len(fused) > 0 and fused.source == f"fused:{kind}"
         log = json.loads((tmp_path / f"{kind}.safetensors.log.json").read_text())
         assert log["head"] == kind and len(log["loss"]) == 2
+
+
+class TestSummarizeRepeats:
+    @staticmethod
+    def _table(rng, methods):
+        return {m: {k: float(rng.uniform(0, 1)) for k in ("map", "map50", "ece", "fusion_ms")} for m in methods}
+
+    def test_matches_a_slow_reference(self):
+        import statistics
+
+        from detens.evaluation import summarize_repeats
+
+        rng = np.random.default_rng(0)
+        runs = {seed: self._table(rng, ["wbf", "deep", "single:a"]) for seed in (4, 0, 7)}
+        summary = summarize_repeats(runs)
+        assert list(summary) == ["wbf", "deep", "single:a"]
+        for method, row in summary.items():
+            for key in ("map", "map50", "ece", "fusion_ms"):
+                assert row[key] == pytest.approx(statistics.mean(runs[s][method][key] for s in runs))
+            assert row["map_sd"] == pytest.approx(statistics.stdev(runs[s][method]["map"] for s in runs))
+            assert row["map_by_seed"] == {s: runs[s][method]["map"] for s in (4, 0, 7)}
+
+    def test_one_seed_has_no_spread_and_bad_runs_are_refused(self):
+        from detens.evaluation import summarize_repeats
+
+        rng = np.random.default_rng(1)
+        one = {0: self._table(rng, ["mean"])}
+        assert summarize_repeats(one)["mean"]["map_sd"] == 0.0
+        assert summarize_repeats(one)["mean"]["map"] == one[0]["mean"]["map"]
+        with pytest.raises(ValueError, match="at least one run"):
+            summarize_repeats({})
+        with pytest.raises(ValueError, match=r"seed 1 has the methods \['wbf'\]"):
+            summarize_repeats({0: self._table(rng, ["mean"]), 1: self._table(rng, ["wbf"])})
 
 
 def test_markdown_table_escapes_pipes_in_method_names():

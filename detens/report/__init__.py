@@ -11,6 +11,6 @@ matplotlib and OpenCV are imported only when a figure or an image is drawn.
 from __future__ import annotations
 
 from detens.report.plots import plot_reliability, plot_report
-from detens.report.table import TABLE_COLUMNS, best_per_column, markdown_table
+from detens.report.table import REPEATED_COLUMNS, TABLE_COLUMNS, best_per_column, markdown_table
 
-__all__ = ["TABLE_COLUMNS", "best_per_column", "markdown_table", "plot_report", "plot_reliability"]
+__all__ = ["REPEATED_COLUMNS", "TABLE_COLUMNS", "best_per_column", "markdown_table", "plot_report", "plot_reliability"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["TABLE_COLUMNS", "LOWER_IS_BETTER", "CEILINGS", "markdown_table", "best_per_column"]
+__all__ = ["TABLE_COLUMNS", "REPEATED_COLUMNS", "LOWER_IS_BETTER", "CEILINGS", "markdown_table", "best_per_column"]
 
 #: (metric key, column title, format) of the results table.
 TABLE_COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -18,14 +18,25 @@ TABLE_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("fusion_ms", "fusion ms/img", "{:.2f}"),
 )
 
+#: The columns of a table of repeated cross-validations: the means, and the mAP's spread over the seeds.
+REPEATED_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    TABLE_COLUMNS[0], ("map_sd", "mAP sd", "{:.4f}"), *TABLE_COLUMNS[1:]
+)
 
-def markdown_table(report: Mapping[str, Mapping[str, float]]) -> str:
-    """One row per method, in the report's order; a missing metric prints as ``-``."""
-    header = "| method | " + " | ".join(title for _, title, _ in TABLE_COLUMNS) + " |"
-    rule = "|---|" + "---:|" * len(TABLE_COLUMNS)
+
+def markdown_table(
+    report: Mapping[str, Mapping[str, float]], columns: tuple[tuple[str, str, str], ...] = TABLE_COLUMNS
+) -> str:
+    """One row per method, in the report's order; a missing metric prints as ``-``.
+
+    Args:
+        report: ``{method: {metric: value}}``. columns: (metric key, title, format) of each column.
+    """
+    header = "| method | " + " | ".join(title for _, title, _ in columns) + " |"
+    rule = "|---|" + "---:|" * len(columns)
     rows = []
     for method, metrics in report.items():
-        cells = [fmt.format(metrics[key]) if key in metrics else "-" for key, _, fmt in TABLE_COLUMNS]
+        cells = [fmt.format(metrics[key]) if key in metrics else "-" for key, _, fmt in columns]
         name = method.replace("|", "\\|")  # TTA members are named like "yolo26n|hflip"
         rows.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join([header, rule, *rows])
