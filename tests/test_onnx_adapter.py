@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+import yaml
 from torchvision.ops import box_iou
 
 import detens.adapters.onnx as onnx_adapter
@@ -449,3 +450,135 @@ def test_shipped_models_reject_the_other_decoder():
         OnnxDetector(NANODET, "yolox")
     with pytest.raises(ValueError, match=r"yolox_nano\.onnx: expected the input of shape \[B, 3, 320, 320\]"):
         OnnxDetector(YOLOX, "yolox", input_size=(320, 320))
+
+
+# ------------------------------------------------------------------- a real `yolo export format=onnx` file
+@pytest.fixture(scope="module")
+def ultralytics_onnx_export(tmp_path_factory):
+    """A YOLOv8n built from its YAML and exported by Ultralytics itself (``format=onnx``, 320x320). Its
+    weights are re-drawn (He-normal, batch norms reset) so that the untrained network's boxes and scores
+    vary from anchor to anchor and hundreds of boxes pass ``conf``: every step after the network
+    (letterbox, decoding, NMS, back to image pixels) is exercised."""
+    pytest.importorskip("onnx", reason="exporting needs the onnx package (pip install onnx)")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setenv("YOLO_AUTOINSTALL", "false")
+        monkeypatch.setenv("YOLO_OFFLINE", "1")
+        from ultralytics import YOLO
+
+        torch.manual_seed(0)
+        model = YOLO("yolov8n.yaml", task="detect")
+        with torch.no_grad():
+            for module in model.model.modules():
+                if isinstance(module, torch.nn.Conv2d) and module.weight.requires_grad:  # not the fixed DFL
+                    torch.nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
+                    if module.bias is not None:
+                        module.bias.zero_()
+                elif isinstance(module, torch.nn.BatchNorm2d):
+                    module.reset_parameters()
+            for branch in model.model.model[-1].cv3:
+                branch[-1].bias.fill_(-2.0)  # class scores around 0.1
+        model.model.pt_path = str(tmp_path_factory.mktemp("ultralytics_export") / "yolov8n_random.pt")
+        return Path(model.export(format="onnx", imgsz=320, simplify=False, dynamic=False, verbose=False))
+
+
+def assert_same_detections(mine, reference, score_tol=1e-4, box_tol=0.05):
+    """The same boxes, scores and labels, paired by content (near-ties in score make ranks ambiguous)."""
+    assert mine.image_size == reference.image_size and len(mine) == len(reference)
+    same = (
+        (mine.labels[:, None] == reference.labels[None, :])
+        & ((mine.scores[:, None] - reference.scores[None, :]).abs() < score_tol)
+        & ((mine.boxes[:, None, :] - reference.boxes[None, :, :]).abs().amax(-1) < box_tol)
+    )  # [D_mine, D_reference]
+    assert same.any(0).all() and same.any(1).all()
+    assert len(set(same.float().argmax(1).tolist())) == len(reference)  # a one-to-one pairing
+
+
+def _asset_images():
+    from ultralytics.utils import ASSETS
+
+    return [str(ASSETS / "bus.jpg"), str(ASSETS / "zidane.jpg")]
+
+
+@pytest.mark.slow
+def test_ultralytics_export_decodes_as_ultralytics_does(ultralytics_onnx_export):
+    from detens.adapters.ultralytics import UltralyticsDetector
+
+    ours = OnnxDetector(ultralytics_onnx_export, "ultralytics", conf=0.01, iou=0.7, max_det=300)
+    theirs = UltralyticsDetector(ultralytics_onnx_export, conf=0.01, iou=0.7, imgsz=320, max_det=300, device="cpu")
+    for mine, reference in zip(ours(_asset_images()), theirs(_asset_images()), strict=True):
+        assert len(reference) > 50  # the re-drawn weights make plenty of boxes
+        assert_same_detections(mine, reference)
+
+
+YOLO11N_OPENVINO = SHARED_MODELS / "yolo11n_int8_openvino_model" / "yolo11n.xml"
+
+
+def rebuild_from_openvino(xml: Path, yaml_name: str):
+    """An Ultralytics model built from ``yaml_name`` carrying the weights of an Ultralytics OpenVINO export.
+
+    The export keeps PyTorch's module paths in its operation names (``__module.model.0.conv/aten::_convolution/
+    Convolution``); each (group) convolution's weight sub-graph (int8 constants, convert, scale) is folded
+    by OpenVINO into float weights, and its bias is the constant of the ``Add`` after it. The result is
+    the export's network in float (its int8-rounded weights, unquantized activations), batch norms fused."""
+    import re
+
+    import openvino as ov
+    from ultralytics import YOLO
+
+    core = ov.Core()
+
+    def fold(output):
+        return np.array(core.compile_model(ov.Model([output], [], "fold"), "CPU")({})[0])
+
+    params = {}
+    for op in core.read_model(xml).get_ordered_ops():
+        found = re.fullmatch(r"__module\.(.+)/aten::_convolution/(?:Group)?Convolution", op.get_friendly_name())
+        if found is None or op.get_type_name() not in ("Convolution", "GroupConvolution"):
+            continue
+        params[found.group(1) + ".weight"] = fold(op.input_value(1))
+        for target in op.output(0).get_target_inputs():
+            add = target.get_node()
+            if add.get_type_name() == "Add":
+                (bias,) = [add.input_value(i) for i in range(2) if add.input_value(i).get_node() is not op]
+                params[found.group(1) + ".bias"] = fold(bias)
+    model = YOLO(yaml_name, task="detect")
+    model.model.fuse()
+    convolutions = [n for n, m in model.model.named_modules() if isinstance(m, torch.nn.Conv2d) and ".dfl" not in n]
+    assert not [n for n in convolutions if n + ".weight" not in params], "a convolution is not in the export"
+    state = model.model.state_dict()
+    folded = {k: torch.from_numpy(v).reshape(state[k].shape).to(state[k].dtype) for k, v in params.items()}
+    model.model.load_state_dict({**state, **folded})
+    metadata = yaml.safe_load((xml.parent / "metadata.yaml").read_text())
+    model.model.names = {int(k): v for k, v in metadata["names"].items()}
+    return model
+
+
+@pytest.fixture(scope="module")
+def real_ultralytics_onnx_export(tmp_path_factory):
+    """YOLO11n with the shipped OpenVINO export's weights, exported by Ultralytics (``format=onnx``, 640)."""
+    if not YOLO11N_OPENVINO.is_file():
+        pytest.skip(f"needs {YOLO11N_OPENVINO}")
+    pytest.importorskip("onnx", reason="exporting needs the onnx package (pip install onnx)")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setenv("YOLO_AUTOINSTALL", "false")
+        monkeypatch.setenv("YOLO_OFFLINE", "1")
+        model = rebuild_from_openvino(YOLO11N_OPENVINO, "yolo11n.yaml")
+        model.model.pt_path = str(tmp_path_factory.mktemp("yolo11n_export") / "yolo11n_rebuilt.pt")
+        return Path(model.export(format="onnx", imgsz=640, simplify=False, dynamic=False, verbose=False))
+
+
+@needs_shared
+@pytest.mark.slow
+def test_real_ultralytics_export_on_coco_images(real_ultralytics_onnx_export):
+    from detens.adapters.ultralytics import UltralyticsDetector
+
+    chosen = person_images(count=6)
+    images = [str(path) for path, _, _ in chosen]
+    ours = OnnxDetector(real_ultralytics_onnx_export, "ultralytics", conf=0.001, iou=0.7, max_det=300)
+    theirs = UltralyticsDetector(real_ultralytics_onnx_export, conf=0.001, iou=0.7, max_det=300, device="cpu")
+    for mine, reference, (_, _, people) in zip(ours(images), theirs(images), chosen, strict=True):
+        # Ultralytics maps boxes back with each axis's gain of the rounded resize (426 / 333 rows), the
+        # adapter with the one scale (640 / 500): at most half an input pixel apart at the far edge
+        assert_same_detections(mine, reference, box_tol=1.0)
+        persons = mine[(mine.labels == 1) & (mine.scores > 0.5)]
+        assert box_iou(persons.boxes, people).max() > 0.8  # the real weights find the people
