@@ -26,7 +26,7 @@ from typing import Any, Literal
 import cv2
 import numpy as np
 import torch
-from torchvision.ops import batched_nms
+from torchvision.ops import batched_nms, clip_boxes_to_image
 
 from detens.adapters._base import BaseDetector, check_detection_options
 from detens.adapters._labels import apply_label_lookup, build_label_lookup
@@ -356,21 +356,14 @@ class OnnxDetector(BaseDetector):
         scores = torch.from_numpy(np.ascontiguousarray(scores[keep], dtype=np.float32)).clamp_(0.0, 1.0)
         classes = torch.from_numpy(np.ascontiguousarray(classes[keep]))
         if not self.decoder.nms_before_clip:
-            self._clip(boxes, image_size)
+            boxes = clip_boxes_to_image(boxes, image_size)
         groups = torch.zeros_like(classes) if self.agnostic_nms else classes
         order = batched_nms(boxes, scores, groups, self.iou)[: self.max_det]  # by decreasing score
         if self.decoder.nms_before_clip:
-            self._clip(boxes, image_size)
+            boxes = clip_boxes_to_image(boxes, image_size)
         labels, mapped = apply_label_lookup(self.lookup, classes[order])  # type: ignore[arg-type]
         order = order[mapped]
         return Detections(boxes[order], scores[order], labels[mapped], image_size, self.name)
-
-    @staticmethod
-    def _clip(boxes: torch.Tensor, image_size: tuple[int, int]) -> None:
-        """Clip ``boxes (Tensor[K, 4])`` in place to the image ``(height, width)``."""
-        height, width = image_size
-        boxes[:, 0::2] = boxes[:, 0::2].clamp(0.0, float(width))
-        boxes[:, 1::2] = boxes[:, 1::2].clamp(0.0, float(height))
 
     def _predict(self, images: list[np.ndarray]) -> list[Detections]:
         prepared = [self.preprocess(image) for image in images]
