@@ -165,10 +165,11 @@ class TunedWBF(EvalMethod):
     ``iou_grid`` with the rest fixed, then ``conf_type`` over ``conf_types``, then each model's weight
     over ``weight_values`` in turn; rounds repeat until one changes nothing (at most ``max_rounds``).
     When the weights end on the grid's edge (one at its largest value and one at its smallest: their
-    ratio could not go further), the grid is widened (twice the largest, half the smallest value) and
-    the ascent goes on from there, at most ``max_widenings`` times. Each setting is scored once.
-    :meth:`describe` reports the choice, the final weight grid and whether each coordinate ended inside
-    its grid.
+    ratio could not go further), the weight grid is widened (twice the largest, half the smallest value);
+    when ``iou_thr`` ends on the top of its grid, the IoU grid gains the value halfway to 1 (0.95 → 0.975:
+    WBF then fuses only near-identical boxes). The ascent goes on from there, at most ``max_widenings``
+    times. Each setting is scored once. :meth:`describe` reports the choice, the final grids and whether
+    each coordinate ended inside its grid.
     """
 
     learned = True
@@ -190,7 +191,7 @@ class TunedWBF(EvalMethod):
         self.weight_values = tuple(sorted(float(w) for w in weight_values))
         self.max_rounds = max_rounds
         self.max_widenings = max_widenings
-        self.weight_grid = self.weight_values
+        self.weight_grid, self.searched_iou_grid = self.weight_values, self.iou_grid
         self.best: dict[str, Any] = {"iou_thr": 0.55, "conf_type": "avg", "weights": [1.0] * len(self.model_names)}
         self._scores: dict[tuple, float] = {}
 
@@ -209,15 +210,18 @@ class TunedWBF(EvalMethod):
             # max() keeps the first of equal scores: the current setting comes first, so ties never move it
             return max(candidates, key=lambda setting: self._score(data, train_ids, setting))
 
-        grid = self.weight_values
+        grid, iou_grid = self.weight_values, self.iou_grid
         for widening in range(self.max_widenings + 1):
-            if widening:
+            if widening and not _weights_interior(weights, grid):
                 grid = tuple(sorted({*grid, grid[-1] * 2.0, grid[0] / 2.0}))
                 logger.info("wbf_tuned: weights %s on the grid's edge; widened to %s", list(weights), list(grid))
+            if widening and _iou_on_top(iou_thr, iou_grid):
+                iou_grid = (*iou_grid, round((iou_grid[-1] + 1.0) / 2.0, 4))
+                logger.info("wbf_tuned: iou_thr %s on the grid's top; widened to %s", iou_thr, list(iou_grid))
             for _ in range(self.max_rounds):
                 before = (iou_thr, conf_type, weights)
                 current = (iou_thr, conf_type, weights)
-                iou_thr = best_of([current] + [(t, conf_type, weights) for t in self.iou_grid])[0]
+                iou_thr = best_of([current] + [(t, conf_type, weights) for t in iou_grid])[0]
                 current = (iou_thr, conf_type, weights)
                 conf_type = best_of([current] + [(iou_thr, c, weights) for c in self.conf_types])[1]
                 for m in range(len(weights)):
@@ -226,9 +230,9 @@ class TunedWBF(EvalMethod):
                     weights = best_of([current] + [(iou_thr, conf_type, w) for w in trials])[2]
                 if (iou_thr, conf_type, weights) == before:
                     break
-            if _weights_interior(weights, grid):
+            if _weights_interior(weights, grid) and not _iou_on_top(iou_thr, iou_grid):
                 break
-        self.weight_grid = grid
+        self.weight_grid, self.searched_iou_grid = grid, iou_grid
         self.best = {
             "iou_thr": iou_thr,
             "conf_type": conf_type,
@@ -248,9 +252,19 @@ class TunedWBF(EvalMethod):
             self.best,
             settings_searched=len(self._scores),
             weight_grid=list(self.weight_grid),
-            iou_interior=self.iou_grid[0] < self.best["iou_thr"] < self.iou_grid[-1],
+            iou_grid=list(self.searched_iou_grid),
+            iou_interior=self.searched_iou_grid[0] < self.best["iou_thr"] < self.searched_iou_grid[-1],
             weights_interior=_weights_interior(self.best["weights"], self.weight_grid),
         )
+
+
+#: The IoU grid widens toward 1 no further than this (there WBF fuses only near-identical boxes).
+_IOU_CEILING = 0.99
+
+
+def _iou_on_top(iou_thr: float, iou_grid: Sequence[float]) -> bool:
+    """``iou_thr`` is the largest of ``iou_grid`` and the grid may still grow toward 1."""
+    return iou_thr == iou_grid[-1] and iou_grid[-1] < _IOU_CEILING
 
 
 def _weights_interior(weights: Sequence[float], grid: Sequence[float]) -> bool:

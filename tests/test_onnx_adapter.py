@@ -130,9 +130,11 @@ class TestLetterbox:
         assert (
             box.scale == pytest.approx(0.832) and box.resized == (277, 416) and (box.left, box.top) == (0, 0)
         )
+        # mapped by the gains of the rounded resize, 416 / 500 in x and 277 / 333 (not 0.832) in y
         np.testing.assert_allclose(
-            box.to_image(np.array([[41.6, 8.32, 416, 277.056]])), [[50, 10, 500, 333]], atol=1e-3
+            box.to_image(np.array([[41.6, 2770 / 333, 416, 277]])), [[50, 10, 500, 333]], atol=1e-3
         )
+        np.testing.assert_allclose(box.to_input(np.array([[50, 10, 500, 333]])), [[41.6, 2770 / 333, 416, 277]], atol=1e-3)
 
     @pytest.mark.parametrize("mode", ["top_left", "center"])
     @pytest.mark.parametrize("image_size", [(480, 640), (640, 427), (100, 100), (37, 411)])
@@ -243,6 +245,25 @@ class TestOnnxDetector:
         assert sorted(det.scores.tolist()) == pytest.approx([0.4, 0.9])
         (det,) = OnnxDetector(path, "yolox", conf=0.3, max_det=1)([np.zeros((32, 32, 3), np.uint8)])
         assert det.scores.tolist() == pytest.approx([0.9])
+
+    @pytest.mark.parametrize("decoder", ["yolox", "ultralytics"])
+    def test_nms_runs_on_boxes_before_clipping(self, fake_model, decoder):
+        # 32x32 input, 64x128 image: the image fills input rows 0-16 (top-left) or 8-24 (centred). Two
+        # persons, A (input height 32) reaching far past the image's bottom edge and B (height 8) inside
+        # it: IoU 0.25 as decoded, but one box once clipped. The families run NMS first: both are kept.
+        top = 0 if decoder == "yolox" else 8
+        if decoder == "yolox":
+            out = np.zeros((1, 21, 85), dtype=np.float32)
+            out[0, 16 + 2, :6] = [0.5, 0.5, 0.0, np.log(2.0), 1.0, 0.8]  # stride 16, cell (0, 1): [0, 8, 16, 40]
+            out[0, 5, :6] = [0.0, 0.5, np.log(2.0), 0.0, 1.0, 0.7]  # stride 8, cell (1, 1): [0, 8, 16, 16]
+        else:
+            out = np.zeros((1, 84, 21), dtype=np.float32)
+            out[0, :5, 0] = [8.0, 24.0 + top, 16.0, 32.0, 0.8]  # [0, 16, 16, 48]
+            out[0, :5, 1] = [8.0, 12.0 + top, 16.0, 8.0, 0.7]  # [0, 16, 16, 24]
+        path = fake_model([1, 3, 32, 32], [out])
+        (det,) = OnnxDetector(path, decoder, conf=0.3, iou=0.5)([np.zeros((64, 128, 3), np.uint8)])
+        assert sorted(det.scores.tolist()) == pytest.approx([0.7, 0.8])
+        torch.testing.assert_close(det.boxes, torch.tensor([[0.0, 32.0, 64.0, 64.0]] * 2))  # input / 0.25
 
     def test_preprocessing_values(self, fake_model):
         path = fake_model([1, 3, 32, 32], [yolox_rows()])
@@ -577,8 +598,7 @@ def test_real_ultralytics_export_on_coco_images(real_ultralytics_onnx_export):
     ours = OnnxDetector(real_ultralytics_onnx_export, "ultralytics", conf=0.001, iou=0.7, max_det=300)
     theirs = UltralyticsDetector(real_ultralytics_onnx_export, conf=0.001, iou=0.7, max_det=300, device="cpu")
     for mine, reference, (_, _, people) in zip(ours(images), theirs(images), chosen, strict=True):
-        # Ultralytics maps boxes back with each axis's gain of the rounded resize (426 / 333 rows), the
-        # adapter with the one scale (640 / 500): at most half an input pixel apart at the far edge
-        assert_same_detections(mine, reference, box_tol=1.0)
+        # both map boxes back with each axis's gain of the rounded resize (426 / 333 rows, not 640 / 500)
+        assert_same_detections(mine, reference, box_tol=0.05)
         persons = mine[(mine.labels == 1) & (mine.scores > 0.5)]
         assert box_iou(persons.boxes, people).max() > 0.8  # the real weights find the people

@@ -223,9 +223,26 @@ class TestCrossValidation:
             assert score <= best["train_map"] + 1e-12
 
     def test_wbf_tuned_reports_an_optimum_on_the_grid_edge(self, ensemble):
-        method = TunedWBF(ensemble.model_names, iou_grid=[0.55], conf_types=["avg"], weight_values=[1.0])
+        method = TunedWBF(ensemble.model_names, iou_grid=[0.55], conf_types=["avg"], weight_values=[1.0],
+                          max_widenings=0)
         method.fit(EvaluationData(ensemble), ensemble.gt.annotated_image_ids[:4])
         assert method.describe()["iou_interior"] is False
+
+    def test_wbf_tuned_widens_the_iou_grid_from_its_top(self, ensemble):
+        """An iou_thr on the top of its grid adds the value halfway to 1, until it is not on top (or 0.99)."""
+        train_ids = ensemble.gt.annotated_image_ids[:8]
+        kwargs = dict(iou_grid=[0.55], conf_types=["avg"], weight_values=[1.0])
+        narrow = TunedWBF(ensemble.model_names, max_widenings=0, **kwargs)
+        narrow.fit(EvaluationData(ensemble), train_ids)
+        assert narrow.describe()["iou_grid"] == [0.55]
+        wide = TunedWBF(ensemble.model_names, max_widenings=3, **kwargs)
+        wide.fit(EvaluationData(ensemble), train_ids)
+        described = wide.describe()
+        grid = described["iou_grid"]
+        assert grid[:2] == [0.55, 0.775] and all(b == round((a + 1) / 2, 4) for a, b in zip(grid[:-1], grid[1:], strict=True))
+        assert described["iou_thr"] in grid and described["train_map"] >= narrow.best["train_map"]
+        # it stopped because the choice left the top, or because the widenings ran out
+        assert described["iou_thr"] != grid[-1] or len(grid) == 4
 
     def test_wbf_tuned_widens_the_weight_grid_from_its_edge(self, ensemble):
         """Weights ending on the edge (one at the largest value, one at the smallest) widen the grid; the

@@ -98,12 +98,18 @@ class Letterbox:
         left (int): columns of padding left of the image.
         top (int): rows of padding above the image.
         resized (tuple[int, int]): ``(height, width)`` of the scaled image, ``round(h * scale)``, ``round(w * scale)``.
+        image_size (tuple[int, int]): ``(h, w)`` of the image.
+
+    Boxes are mapped with the gains of the resize the pixels went through, ``resized / image_size`` per
+    axis (as Ultralytics maps them back): rounding the scaled size makes them differ from ``scale`` by up
+    to half an input pixel over the image.
     """
 
     scale: float
     left: int
     top: int
     resized: tuple[int, int]
+    image_size: tuple[int, int]
 
     @classmethod
     def fit(
@@ -115,23 +121,29 @@ class Letterbox:
         height, width = image_size
         in_height, in_width = input_size
         scale = min(in_height / height, in_width / width)
-        new_height = min(in_height, max(1, int(height * scale + 0.5)))
-        new_width = min(in_width, max(1, int(width * scale + 0.5)))
+        resized = (min(in_height, max(1, int(height * scale + 0.5))), min(in_width, max(1, int(width * scale + 0.5))))
         if mode == "center":
-            return cls(
-                scale, (in_width - new_width) // 2, (in_height - new_height) // 2, (new_height, new_width)
-            )
-        return cls(scale, 0, 0, (new_height, new_width))
+            left, top = (in_width - resized[1]) // 2, (in_height - resized[0]) // 2
+        else:
+            left, top = 0, 0
+        return cls(scale, left, top, resized, (int(height), int(width)))
+
+    def _gains_and_offset(self) -> tuple[np.ndarray, np.ndarray]:
+        gain_x = self.resized[1] / self.image_size[1]
+        gain_y = self.resized[0] / self.image_size[0]
+        gains = np.array([gain_x, gain_y, gain_x, gain_y], dtype=np.float64)
+        offset = np.array([self.left, self.top, self.left, self.top], dtype=np.float64)
+        return gains, offset
 
     def to_input(self, boxes: np.ndarray) -> np.ndarray:
         """Boxes ``(float[K, 4])`` xyxy in image pixels → network-input pixels."""
-        offset = np.array([self.left, self.top, self.left, self.top], dtype=np.float32)
-        return np.asarray(boxes, dtype=np.float32) * np.float32(self.scale) + offset
+        gains, offset = self._gains_and_offset()
+        return (np.asarray(boxes, dtype=np.float64) * gains + offset).astype(np.float32)
 
     def to_image(self, boxes: np.ndarray) -> np.ndarray:
         """Boxes ``(float[K, 4])`` xyxy in network-input pixels → image pixels (not clipped)."""
-        offset = np.array([self.left, self.top, self.left, self.top], dtype=np.float32)
-        return (np.asarray(boxes, dtype=np.float32) - offset) / np.float32(self.scale)
+        gains, offset = self._gains_and_offset()
+        return ((np.asarray(boxes, dtype=np.float64) - offset) / gains).astype(np.float32)
 
     def apply(self, image: np.ndarray, input_size: tuple[int, int], pad_value: float) -> np.ndarray:
         """The image ``(uint8[h, w, 3])`` scaled and pasted on a ``float32[H, W, 3]`` canvas of ``pad_value``."""
@@ -355,12 +367,12 @@ class OnnxDetector(BaseDetector):
         boxes = torch.from_numpy(np.ascontiguousarray(box.to_image(boxes[keep])))  # [K, 4] image pixels
         scores = torch.from_numpy(np.ascontiguousarray(scores[keep], dtype=np.float32)).clamp_(0.0, 1.0)
         classes = torch.from_numpy(np.ascontiguousarray(classes[keep]))
-        if not self.decoder.nms_before_clip:
-            boxes = clip_boxes_to_image(boxes, image_size)
+        # NMS before clipping to the image, as every family's own post-processing does: a box reaching past
+        # the border overlaps its neighbours by its full extent (a decoder clips where its family does,
+        # NanoDet to the network input)
         groups = torch.zeros_like(classes) if self.agnostic_nms else classes
         order = batched_nms(boxes, scores, groups, self.iou)[: self.max_det]  # by decreasing score
-        if self.decoder.nms_before_clip:
-            boxes = clip_boxes_to_image(boxes, image_size)
+        boxes = clip_boxes_to_image(boxes, image_size)
         labels, mapped = apply_label_lookup(self.lookup, classes[order])  # type: ignore[arg-type]
         order = order[mapped]
         return Detections(boxes[order], scores[order], labels[mapped], image_size, self.name)

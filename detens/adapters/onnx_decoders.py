@@ -64,17 +64,13 @@ class OnnxDecoder:
     Args:
         input_size (tuple[int, int]): the network input ``(height, width)`` in pixels.
 
-    Subclasses set ``name``, ``nms_before_clip`` and ``preprocessing`` (the family's own input
+    Subclasses set ``name`` and ``preprocessing`` (the family's own input
     preparation, the defaults of :class:`~detens.adapters.onnx.OnnxDetector`), implement
     :meth:`expected_outputs` (the shapes they accept, given the class count), :meth:`num_classes` (read
     from the declared shapes) and ``__call__``.
     """
 
     name: str = "decoder"
-    #: True: NMS runs on the boxes as decoded and they are clipped to the image afterwards (Ultralytics'
-    #: order: a box reaching past the border overlaps its neighbours by its full extent); False: clipped
-    #: to the image first.
-    nms_before_clip: bool = False
     #: ``letterbox``, ``pad_value``, ``bgr_to_rgb``, ``mean``, ``std`` of the family's own preprocessing.
     preprocessing: dict[str, object] = {
         "letterbox": "top_left",
@@ -271,7 +267,6 @@ class UltralyticsDecoder(OnnxDecoder):
     """
 
     name = "ultralytics"
-    nms_before_clip = True
     # Ultralytics' LetterBox: centred on 114, RGB in 0..1
     preprocessing = {
         "letterbox": "center",
