@@ -556,7 +556,6 @@ def cross_validate(
     return report
 
 
-
 def summarize_repeats(runs: dict[int, dict[str, dict[str, float]]]) -> dict[str, dict[str, Any]]:
     """The tables of repeated cross-validations (one per fold seed) as one table.
 

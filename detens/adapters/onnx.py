@@ -121,12 +121,10 @@ class Letterbox:
         height, width = image_size
         in_height, in_width = input_size
         scale = min(in_height / height, in_width / width)
-        resized = (min(in_height, max(1, int(height * scale + 0.5))), min(in_width, max(1, int(width * scale + 0.5))))
-        if mode == "center":
-            left, top = (in_width - resized[1]) // 2, (in_height - resized[0]) // 2
-        else:
-            left, top = 0, 0
-        return cls(scale, left, top, resized, (int(height), int(width)))
+        new_height = min(in_height, max(1, int(height * scale + 0.5)))
+        new_width = min(in_width, max(1, int(width * scale + 0.5)))
+        left, top = ((in_width - new_width) // 2, (in_height - new_height) // 2) if mode == "center" else (0, 0)
+        return cls(scale, left, top, (new_height, new_width), (int(height), int(width)))
 
     def _gains_and_offset(self) -> tuple[np.ndarray, np.ndarray]:
         gain_x = self.resized[1] / self.image_size[1]

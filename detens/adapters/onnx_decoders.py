@@ -64,10 +64,9 @@ class OnnxDecoder:
     Args:
         input_size (tuple[int, int]): the network input ``(height, width)`` in pixels.
 
-    Subclasses set ``name`` and ``preprocessing`` (the family's own input
-    preparation, the defaults of :class:`~detens.adapters.onnx.OnnxDetector`), implement
-    :meth:`expected_outputs` (the shapes they accept, given the class count), :meth:`num_classes` (read
-    from the declared shapes) and ``__call__``.
+    Subclasses set ``name`` and ``preprocessing`` (the family's own input preparation, the defaults of
+    :class:`~detens.adapters.onnx.OnnxDetector`), implement :meth:`expected_outputs` (the shapes they
+    accept, given the class count), :meth:`num_classes` (read from the declared shapes) and ``__call__``.
     """
 
     name: str = "decoder"
