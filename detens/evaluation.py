@@ -301,6 +301,7 @@ class HeadMethod(EvalMethod):
         self.head = None
         self.seconds = 0.0
         self.final_loss: float | None = None
+        self.selection: dict[str, Any] = {}
 
     def fit(self, data: EvaluationData, train_ids: Sequence[int]) -> None:
         from detens.heads import fit_head
@@ -308,6 +309,7 @@ class HeadMethod(EvalMethod):
         self.head, history, self.fitted_config = fit_head(self.kind, data.predictions, train_ids, self.config)
         self.seconds += history.seconds
         self.final_loss = history.loss[-1] if history.loss else None
+        self.selection = history.selection
 
     def predict(self, data: EvaluationData, image_id: int) -> Detections:
         if self.head is None:
@@ -319,6 +321,8 @@ class HeadMethod(EvalMethod):
                "train_seconds": round(self.seconds, 2)}
         if self.head is not None and hasattr(self.head, "theta"):
             out["theta"] = self.head.theta.detach().cpu().tolist()
+        if self.selection:
+            out["inner_cv"] = self.selection
         return out
 
 

@@ -662,3 +662,82 @@ class TestCalibratedHeads:
             CalibratedHead(DeepEnsembleHead(names), DeepEnsembleHead(names))
         with pytest.raises(TypeError, match="calibrate must be true or false"):
             self.small(calibrate="yes")
+
+
+class TestBagsByInnerCrossValidation:
+    """``bags_grid``: the number of bootstrap fits averaged is chosen by a cross-validation inside the
+    training images, so held-out images of an outer cross-validation are never looked at."""
+
+    @staticmethod
+    def small(**options):
+        from detens.heads import config_for
+
+        return config_for("superlearner", epochs=2, hidden=8, depth=1, match_iou_grid=[], calibrate=False, **options)
+
+    def test_each_candidate_is_scored_on_folds_it_was_not_fitted_on(self, ensemble):
+        from detens.coco import detections_to_coco, evaluate_coco, fastest_backend
+        from detens.heads import TRAINERS
+        from detens.heads._fit import choose_by_inner_cv
+
+        ids = ensemble.gt.annotated_image_ids
+        fitted_on = []
+
+        def fit(predictions, image_ids, config, progress, on_epoch):
+            fitted_on.append(list(image_ids))
+            return TRAINERS["superlearner"].fit(predictions, image_ids, config, progress, on_epoch)
+
+        candidates = [self.small(bags=1), self.small(bags=3)]
+        best, scores = choose_by_inner_cv(fit, ensemble, ids, candidates, folds=3, seed=5)
+        splits = kfold_image_splits(ids, 3, 5)
+        assert fitted_on == [train for train, _ in splits] * 2  # every candidate, every inner fold
+        # the slow obvious way: fit on each fold's training side, fuse its held-out images, pool, score
+        for candidate, score in zip(candidates, scores, strict=True):
+            results = []
+            for train, held_out in splits:
+                head, _, _ = fit_head("superlearner", ensemble, train, candidate)
+                for image_id in held_out:
+                    fused = fuse(ensemble.per_model(image_id), "theta", head=head)
+                    results += detections_to_coco(fused, image_id, decimals=None)
+            expected = evaluate_coco(ensemble.gt, results, image_ids=ids, backend=fastest_backend())["map"]
+            assert score == pytest.approx(expected, abs=1e-12)
+        assert scores[best] == max(scores) and (best == 0 or scores[0] < scores[best])  # ties keep the first
+
+    def test_fit_head_refits_with_the_choice_and_reports_it(self, ensemble):
+        from detens.heads._fit import choose_by_inner_cv
+        from detens.heads.bagged import BaggedHead
+
+        ids = ensemble.gt.annotated_image_ids
+        config = self.small(bags_grid=[3, 1, 3], inner_folds=2)
+        assert config.bags_grid == [1, 3]
+        head, history, fitted = fit_head("superlearner", ensemble, ids, config)
+        best, scores = choose_by_inner_cv(
+            lambda *a: fit_head("superlearner", *a[:3]), ensemble, ids,
+            [self.small(bags=1), self.small(bags=3)], folds=2, seed=0,
+        )
+        assert fitted.bags == [1, 3][best] and fitted.bags_grid == []
+        assert isinstance(head, BaggedHead) == (fitted.bags == 3)
+        assert history.selection == {"option": "bags", "folds": 2,
+                                     "held_out_map": {"1": scores[0], "3": scores[1]}}
+        plain, _, _ = fit_head("superlearner", ensemble, ids, self.small(bags=fitted.bags))
+        per_model = ensemble.per_model(ids[0])
+        torch.testing.assert_close(fuse(per_model, "theta", head=head).scores, fuse(per_model, "theta", head=plain).scores)
+
+    def test_cross_validation_reports_the_inner_choice(self, ensemble):
+        report = cross_validate(ensemble, ["superlearner"], k=2, backend="faster", method_options={
+            "superlearner": {"epochs": 2, "hidden": 8, "depth": 1, "match_iou_grid": [], "calibrate": False,
+                             "bags_grid": [1, 2]}})
+        for fold in report["superlearner"].fitted:
+            assert fold["config"]["bags"] in (1, 2) and set(fold["inner_cv"]["held_out_map"]) == {"1", "2"}
+
+    def test_bad_settings(self, ensemble):
+        from detens.heads._fit import choose_by_inner_cv
+
+        with pytest.raises(ValueError, match=r"bags_grid must be a list of integers >= 1, got \[1, 0\]"):
+            self.small(bags_grid=[1, 0])
+        with pytest.raises(ValueError, match="inner_folds must be an integer >= 2, got 1"):
+            self.small(inner_folds=1)
+        ids = ensemble.gt.annotated_image_ids[:2]
+        with pytest.raises(ValueError, match="an inner 3-fold cross-validation needs at least 3 training images, got 2"):
+            fit_head("superlearner", ensemble, ids, self.small(bags_grid=[1, 2], inner_folds=3))
+        with pytest.raises(ValueError, match="at least one candidate"):
+            choose_by_inner_cv(fit_head, ensemble, ids, [], folds=2)

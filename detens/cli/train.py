@@ -178,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
             "match_iou": getattr(config, "match_iou", None),
             "train_seconds": round(history.seconds, 3),
             "loss": history.loss,
+            **({"inner_cv": history.selection} if history.selection else {}),
             **({"theta": head.theta.detach().cpu().tolist()} if hasattr(head, "theta") else {}),
         },
         indent=1,

@@ -17,7 +17,10 @@ The flow for the cluster-based heads: the models' boxes are matched into cluster
 from the head's current fused boxes (COCO-style greedy matching by fused score). Only the clusters are
 kept per image, so memory grows with the number of matched objects, not with the prediction files.
 With ``match_iou_grid`` one head is trained per matching IoU and the one with the best mAP on the
-TRAINING images is kept (:func:`fit_with_match_iou_search`).
+TRAINING images is kept (:func:`fit_with_match_iou_search`). With ``bags_grid`` the number of bootstrap
+fits averaged is chosen among those values by a cross-validation INSIDE the training images
+(:func:`choose_by_inner_cv`): more fits lower a network head's variance but not always its error, and
+only held-out images can tell.
 
 The network heads (:func:`train_head`):
 
@@ -72,6 +75,7 @@ __all__ = [
     "NETWORK_HEADS",
     "config_for",
     "fit_with_match_iou_search",
+    "choose_by_inner_cv",
     "fit_head",
 ]
 
@@ -176,10 +180,12 @@ def assign_all_targets(head: torch.nn.Module, samples: Sequence[ImageSample], ta
 
 @dataclass
 class TrainHistory:
-    """Loss per epoch (mean J over the epoch's batches) and wall time."""
+    """Loss per epoch (mean J over the epoch's batches), wall time, and what an inner cross-validation
+    chose (``selection``: empty, or the option searched, its candidates' held-out mAPs and the folds)."""
 
     loss: list[float] = field(default_factory=list)
     seconds: float = 0.0
+    selection: dict[str, Any] = field(default_factory=dict)
 
 
 def train_theta(
@@ -313,6 +319,9 @@ class HeadTrainConfig:
         lambda_box (float): weight of the GIoU box loss.
         bags (int): 1: one head; B > 1: B heads, head b fitted on a bootstrap sample of the training
             images with seed ``seed + b``, averaged (:class:`~detens.heads.bagged.BaggedHead`).
+        bags_grid (list[int]): choose ``bags`` among these by an ``inner_folds``-fold cross-validation
+            inside the training images (:func:`choose_by_inner_cv`; empty: just ``bags``).
+        inner_folds (int): folds of that inner cross-validation (>= 2).
         calibrate (bool): first fit each model's calibration curve (score -> expected IoU, MoCaE) on the
             training images, then fit the head on the calibrated scores; the result is a
             :class:`~detens.heads.calibrated.CalibratedHead` holding both.
@@ -336,6 +345,8 @@ class HeadTrainConfig:
     features: list[str] | None = None
     lambda_box: float = 1.0
     bags: int = 1
+    bags_grid: list[int] = field(default_factory=list)
+    inner_folds: int = 2
     calibrate: bool = False
     seed: int = 0
     device: str = "cpu"
@@ -345,6 +356,13 @@ class HeadTrainConfig:
             raise TypeError(f"calibrate must be true or false, got {self.calibrate!r}")
         if isinstance(self.bags, bool) or not isinstance(self.bags, int) or self.bags < 1:
             raise ValueError(f"bags must be an integer >= 1, got {self.bags!r}")
+        if not isinstance(self.bags_grid, list) or any(
+            isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in self.bags_grid
+        ):
+            raise ValueError(f"bags_grid must be a list of integers >= 1, got {self.bags_grid!r}")
+        self.bags_grid = sorted(set(self.bags_grid))
+        if isinstance(self.inner_folds, bool) or not isinstance(self.inner_folds, int) or self.inner_folds < 2:
+            raise ValueError(f"inner_folds must be an integer >= 2, got {self.inner_folds!r}")
         for name in ("match_iou", "target_iou"):
             value = getattr(self, name)
             if not 0.0 < value < 1.0:
@@ -721,10 +739,59 @@ def fit_head(
     return trainer.fit(predictions, image_ids, config, progress, on_epoch)
 
 
-def _cluster_trainer(train: Callable[..., tuple[Any, TrainHistory]]) -> Callable[..., Any]:
-    """A :class:`Trainer` ``fit`` that builds the clusters and searches the matching IoU around ``train``."""
+def choose_by_inner_cv(
+    fit: Callable[..., tuple[Any, TrainHistory, Any]],
+    predictions: EnsemblePredictions,
+    image_ids: Sequence[int],
+    candidates: Sequence[Any],
+    folds: int,
+    seed: int = 0,
+) -> tuple[int, list[float]]:
+    """Which training config generalizes best, judged on the training images alone.
 
-    def fit(predictions, image_ids, config, progress, on_epoch):
+    The images are split into ``folds`` folds (:func:`detens.folds.kfold_image_splits`, fixed by
+    ``seed``); each candidate is fitted on all folds but one and fuses the held-out one, for every fold in
+    turn, and the held-out fusions are pooled into one COCO mAP per candidate. Ties keep the earlier
+    candidate.
+
+    Args:
+        fit (callable): ``(predictions, image_ids, config, progress, on_epoch) -> (head, TrainHistory,
+            config)`` (a :class:`Trainer`'s ``fit``).
+        candidates (list): the training configs to compare (at least one).
+
+    Returns:
+        (int, list[float]): the index of the best candidate and every candidate's held-out mAP.
+    """
+    from detens.coco import detections_to_coco, evaluate_coco, fastest_backend
+    from detens.folds import kfold_image_splits
+    from detens.fusers import fuse
+
+    if not candidates:
+        raise ValueError("choose_by_inner_cv needs at least one candidate config")
+    ids = list(image_ids)
+    if len(ids) < folds:
+        raise ValueError(
+            f"an inner {folds}-fold cross-validation needs at least {folds} training images, got {len(ids)}"
+        )
+    splits = kfold_image_splits(ids, folds, seed)
+    scores = []
+    for candidate in candidates:
+        results = []
+        for train_ids, held_out in splits:
+            head, _, _ = fit(predictions, train_ids, candidate, None, None)
+            for image_id in held_out:
+                results += detections_to_coco(fuse(predictions.per_model(image_id), "theta", head=head), image_id,
+                                              decimals=None)
+        scores.append(evaluate_coco(predictions.gt, results, image_ids=ids, backend=fastest_backend())["map"])
+    best = max(range(len(candidates)), key=lambda i: (scores[i], -i))
+    return best, scores
+
+
+def _cluster_trainer(train: Callable[..., tuple[Any, TrainHistory]]) -> Callable[..., Any]:
+    """A :class:`Trainer` ``fit`` that builds the clusters and searches the matching IoU around ``train``
+    (and, with ``bags_grid``, chooses the number of bagged fits by an inner cross-validation)."""
+
+    def fit_fixed(predictions, image_ids, config, progress, on_epoch):
         calibration = None
         if getattr(config, "calibrate", False):
             from detens.heads.calibrated import CalibratedPredictions
@@ -740,6 +807,21 @@ def _cluster_trainer(train: Callable[..., tuple[Any, TrainHistory]]) -> Callable
             from detens.heads.calibrated import CalibratedHead
 
             head = CalibratedHead(calibration, head)
+        return head, history, fitted
+
+    def fit(predictions, image_ids, config, progress, on_epoch):
+        grid = getattr(config, "bags_grid", [])
+        if not grid:
+            return fit_fixed(predictions, image_ids, config, progress, on_epoch)
+        start = time.perf_counter()
+        candidates = [replace(config, bags=bags, bags_grid=[]) for bags in grid]
+        best, scores = choose_by_inner_cv(fit_fixed, predictions, image_ids, candidates, config.inner_folds, config.seed)
+        logger.info("bags by %d-fold inner cross-validation: %s -> %d", config.inner_folds,
+                    dict(zip(grid, (round(m, 4) for m in scores), strict=True)), grid[best])
+        head, history, fitted = fit_fixed(predictions, image_ids, candidates[best], progress, on_epoch)
+        history.seconds = time.perf_counter() - start
+        history.selection = {"option": "bags", "folds": config.inner_folds,
+                             "held_out_map": {str(b): m for b, m in zip(grid, scores, strict=True)}}
         return head, history, fitted
 
     return fit
