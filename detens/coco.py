@@ -460,6 +460,10 @@ class CocoGroundTruth:
             )
         return self.images_dir / self.file_name(image_id)
 
+    def image(self, image_id: int) -> dict[str, Any]:
+        """The raw image dict of one image (treat as read-only)."""
+        return self._image(image_id)
+
     def annotations(self, image_id: int) -> list[dict[str, Any]]:
         """The raw annotation dicts of one image (treat as read-only)."""
         self._image(image_id)

@@ -448,6 +448,28 @@ class TestTools:
             assert evaluate_cli.main(base + extra) == 2
             assert "--cv 0 and --fit-on go together" in capsys.readouterr().err
 
+    def test_evaluate_cli_bootstrap(self, dataset, tmp_path, capsys):
+        gt_path, predictions = dataset
+        out = tmp_path / "report.json"
+        base = ["--gt", str(gt_path), "--predictions", str(predictions), "--methods", "single,mean", "--cv", "2",
+                "--backend", "faster", "--out", str(out), "--quiet"]
+        assert evaluate_cli.main(base + ["--bootstrap", "7", "--bootstrap-against", "mean"]) == 0
+        printed = capsys.readouterr().out
+        saved = json.loads(out.with_name("report.bootstrap.json").read_text())
+        assert saved["draws"] == 7 and saved["against"] == "mean" and saved["seed"] == 0
+        assert set(saved["methods"]) == set(json.loads(out.read_text()))
+        assert saved["methods"]["mean"]["difference"]["sd"] == 0.0
+        assert "| − mean (mean of draws) |" in printed and "bootstrap:" in printed
+        for extra, message in [
+            (["--bootstrap", "-1"], "--bootstrap must be the number of draws"),
+            (["--bootstrap-against", "mean"], "--bootstrap-against needs --bootstrap B"),
+            (["--bootstrap", "3", "--bootstrap-against", "wbf"], "--bootstrap-against 'wbf' is not among the methods run"),
+            (["--bootstrap", "3", "--seed", "0,1"], "--bootstrap draws one cross-validation's predictions"),
+        ]:
+            assert evaluate_cli.main(base + extra) == 2
+            err = capsys.readouterr().err
+            assert message in err and "Traceback" not in err
+
     def test_evaluate_cli_report_schema(self, dataset, tmp_path, capsys):
         gt_path, predictions = dataset
         config = tmp_path / "theta.yaml"
