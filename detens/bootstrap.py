@@ -23,7 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from detens.coco import CocoGroundTruth, evaluate_coco, fastest_backend, validate_coco_results
+from detens.coco import (
+    CocoGroundTruth,
+    evaluate_coco,
+    fastest_backend,
+    group_results_by_image,
+    validate_coco_results,
+)
 
 __all__ = ["resample_image_ids", "resampled_dataset", "bootstrap_map", "summarize_bootstrap"]
 
@@ -41,12 +47,33 @@ def resample_image_ids(image_ids: Sequence[int], resamples: int, seed: int = 0) 
 
 def _rows_by_image(results: Sequence[Mapping[str, Any]]) -> dict[int, np.ndarray]:
     """COCO results as per-image float arrays ``[K, 7]`` of ``[image_id, x, y, w, h, score, category_id]``."""
-    grouped: dict[int, list[list[float]]] = {}
-    for r in results:
-        grouped.setdefault(int(r["image_id"]), []).append(
-            [r["image_id"], *r["bbox"], r["score"], r["category_id"]]
-        )
-    return {i: np.array(rows, dtype=np.float64) for i, rows in grouped.items()}
+    return {
+        image_id: np.array([[r["image_id"], *r["bbox"], r["score"], r["category_id"]] for r in entries],
+                           dtype=np.float64)
+        for image_id, entries in group_results_by_image(results).items()
+    }
+
+
+def _resampled_truth(truth: CocoGroundTruth, sample: Sequence[int]) -> dict[str, Any]:
+    """The COCO annotation dict of one draw: the k-th drawn image becomes image id k + 1."""
+    images, annotations = [], []
+    for new_id, image_id in enumerate(sample, start=1):
+        images.append({**truth.image(int(image_id)), "id": new_id})
+        for ann in truth.annotations(int(image_id)):
+            annotations.append({**ann, "id": len(annotations) + 1, "image_id": new_id})
+    return {"images": images, "annotations": annotations, "categories": truth.dataset["categories"]}
+
+
+def _resampled_rows(rows: Mapping[int, np.ndarray], sample: Sequence[int]) -> np.ndarray:
+    """``np.ndarray[K, 7]``: the predictions of one draw under the ids of :func:`_resampled_truth`."""
+    arrays = []
+    for new_id, image_id in enumerate(sample, start=1):
+        found = rows.get(int(image_id))
+        if found is not None:
+            copy = found.copy()
+            copy[:, 0] = new_id
+            arrays.append(copy)
+    return np.concatenate(arrays) if arrays else np.zeros((0, 7))
 
 
 def resampled_dataset(
@@ -63,18 +90,7 @@ def resampled_dataset(
     Returns:
         (dict, np.ndarray[K, 7]): a COCO annotation dict and the predictions under the new ids.
     """
-    images, annotations, arrays = [], [], []
-    for new_id, image_id in enumerate(sample, start=1):
-        images.append({**truth.image(int(image_id)), "id": new_id})
-        for ann in truth.annotations(int(image_id)):
-            annotations.append({**ann, "id": len(annotations) + 1, "image_id": new_id})
-        found = rows.get(int(image_id))
-        if found is not None:
-            copy = found.copy()
-            copy[:, 0] = new_id
-            arrays.append(copy)
-    dataset = {"images": images, "annotations": annotations, "categories": truth.dataset["categories"]}
-    return dataset, (np.concatenate(arrays) if arrays else np.zeros((0, 7)))
+    return _resampled_truth(truth, sample), _resampled_rows(rows, sample)
 
 
 def bootstrap_map(
@@ -103,10 +119,11 @@ def bootstrap_map(
     rows = {name: _rows_by_image(validate_coco_results(list(r), f"the results of {name!r}"))
             for name, r in results.items()}
     maps = {name: np.zeros(len(draws)) for name in results}
-    for b, sample in enumerate(draws):
+    for b, sample in enumerate(draws.tolist()):
+        # one ground truth per draw, shared by every method: the evaluators index it once
+        drawn = CocoGroundTruth(_resampled_truth(truth, sample))
         for name in results:
-            dataset, predictions = resampled_dataset(truth, rows[name], sample.tolist())
-            maps[name][b] = evaluate_coco(dataset, predictions, backend=backend)["map"]
+            maps[name][b] = evaluate_coco(drawn, _resampled_rows(rows[name], sample), backend=backend)["map"]
     return maps
 
 
