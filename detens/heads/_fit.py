@@ -41,7 +41,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
@@ -254,6 +254,16 @@ def train_theta(
     return head, history
 
 
+def _pooled_map(gt: Any, fused: Iterable[tuple[int, Any]], image_ids: Sequence[int]) -> float:
+    """COCO mAP (the fastest installed evaluator) of ``(image_id, Detections)`` pairs pooled over ``image_ids``."""
+    from detens.coco import detections_to_coco, evaluate_coco, fastest_backend
+
+    results = []
+    for image_id, detections in fused:
+        results += detections_to_coco(detections, image_id, decimals=None)
+    return evaluate_coco(gt, results, image_ids=image_ids, backend=fastest_backend())["map"]
+
+
 def fit_with_match_iou_search(
     train: Callable[[list[ImageSample], Any], tuple[Any, TrainHistory]],
     predictions: EnsemblePredictions,
@@ -274,8 +284,6 @@ def fit_with_match_iou_search(
     Returns:
         (head, TrainHistory, config): the head, its history, the config it was trained with.
     """
-    from detens.coco import detections_to_coco, evaluate_coco, fastest_backend
-
     grid = list(config.match_iou_grid) or [config.match_iou]
     best = None
     for match_iou in grid:
@@ -284,11 +292,8 @@ def fit_with_match_iou_search(
         head, history = train(samples, trial_config)
         if len(grid) == 1:
             return head, history, trial_config
-        results = []
         with torch.no_grad():
-            for s in samples:
-                results += detections_to_coco(head.fuse(s.clusters), s.image_id, decimals=None)
-        train_map = evaluate_coco(predictions.gt, results, image_ids=image_ids, backend=fastest_backend())["map"]
+            train_map = _pooled_map(predictions.gt, ((s.image_id, head.fuse(s.clusters)) for s in samples), image_ids)
         logger.info("%s head, match_iou %.2f: training mAP %.4f", type(head).__name__, match_iou, train_map)
         if best is None or train_map > best[0]:
             best = (train_map, head, history, trial_config)
@@ -762,7 +767,6 @@ def choose_by_inner_cv(
     Returns:
         (int, list[float]): the index of the best candidate and every candidate's held-out mAP.
     """
-    from detens.coco import detections_to_coco, evaluate_coco, fastest_backend
     from detens.folds import kfold_image_splits
     from detens.fusers import fuse
 
@@ -774,15 +778,14 @@ def choose_by_inner_cv(
             f"an inner {folds}-fold cross-validation needs at least {folds} training images, got {len(ids)}"
         )
     splits = kfold_image_splits(ids, folds, seed)
-    scores = []
-    for candidate in candidates:
-        results = []
+
+    def held_out_fusions(candidate: Any) -> Iterator[tuple[int, Any]]:
         for train_ids, held_out in splits:
             head, _, _ = fit(predictions, train_ids, candidate, None, None)
             for image_id in held_out:
-                results += detections_to_coco(fuse(predictions.per_model(image_id), "theta", head=head), image_id,
-                                              decimals=None)
-        scores.append(evaluate_coco(predictions.gt, results, image_ids=ids, backend=fastest_backend())["map"])
+                yield image_id, fuse(predictions.per_model(image_id), "theta", head=head)
+
+    scores = [_pooled_map(predictions.gt, held_out_fusions(candidate), ids) for candidate in candidates]
     best = max(range(len(candidates)), key=lambda i: (scores[i], -i))
     return best, scores
 
@@ -869,7 +872,6 @@ class CalibrationTrainConfig:
 
 
 def _fit_calibration(predictions, image_ids, config: CalibrationTrainConfig, progress, on_epoch):
-    from detens.coco import detections_to_coco, evaluate_coco, fastest_backend
     from detens.heads.calibration import fit_calibration
 
     start = time.perf_counter()
@@ -883,11 +885,9 @@ def _fit_calibration(predictions, image_ids, config: CalibrationTrainConfig, pro
         best = None
         for fuser in config.fusers:
             head = calibrated.with_fuser(fuser, config.fuser_params.get(fuser))
-            results = []
-            for image_id in image_ids:
-                fused = head.fuse_detections(predictions.per_model(image_id))
-                results += detections_to_coco(fused, image_id, decimals=None)
-            train_map = evaluate_coco(predictions.gt, results, image_ids=image_ids, backend=fastest_backend())["map"]
+            train_map = _pooled_map(
+                predictions.gt, ((i, head.fuse_detections(predictions.per_model(i))) for i in image_ids), image_ids
+            )
             logger.info("calibration + %s: training mAP %.4f", fuser, train_map)
             if best is None or train_map > best[0]:
                 best = (train_map, head, fuser)
