@@ -15,7 +15,7 @@ from detens import Detections, fuse
 from detens.coco import load_coco_gt
 from detens.fusers.refine import refine_fusion
 from detens.heads import HEADS, CalibrationHead, HeadFileError, fit_calibration, load_head
-from detens.heads.calibration import isotonic_fit, isotonic_predict
+from detens.heads.calibration import isotonic_blocks, isotonic_fit, isotonic_predict
 from detens.predictions import EnsemblePredictions
 
 SIZE = (120, 160)
@@ -24,9 +24,10 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 # ------------------------------------------------------------------------------------------ references
-def reference_isotonic(x, y, w=None):
+def reference_isotonic(x, y, w=None, with_weights=False):
     """Slow, obviously correct isotonic regression: pool equal x, then the min-max formula
-    ŷᵢ = max_{j≤i} min_{k≥i} mean_w(y_j..y_k); knots = runs of equal ŷ (weighted mean x, ŷ)."""
+    ŷᵢ = max_{j≤i} min_{k≥i} mean_w(y_j..y_k); knots = runs of equal ŷ (weighted mean x, ŷ, and with
+    ``with_weights`` the run's total weight)."""
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     w = np.ones_like(x) if w is None else np.asarray(w, dtype=np.float64)
     keep = w > 0
@@ -40,13 +41,16 @@ def reference_isotonic(x, y, w=None):
         return (pw[j : k + 1] * py[j : k + 1]).sum() / pw[j : k + 1].sum()
 
     fitted = np.array([max(min(mean(j, k) for k in range(i, n)) for j in range(i + 1)) for i in range(n)])
-    knots_x, knots_y, start = [], [], 0
+    knots_x, knots_y, knots_w, start = [], [], [], 0
     for i in range(1, n + 1):
         if i == n or not math.isclose(fitted[i], fitted[start], rel_tol=1e-9, abs_tol=1e-12):
             block = slice(start, i)
             knots_x.append((pw[block] * ux[block]).sum() / pw[block].sum())
             knots_y.append(fitted[start])
+            knots_w.append(pw[block].sum())
             start = i
+    if with_weights:
+        return np.array(knots_x), np.array(knots_y), np.array(knots_w)
     return np.array(knots_x), np.array(knots_y)
 
 
@@ -162,10 +166,12 @@ class TestIsotonicFit:
             if w is not None and not (w > 0).any():
                 w[0] = 1.0
             knots_x, knots_y = isotonic_fit(x, y, w)
-            ref_x, ref_y = reference_isotonic(x, y, w)
+            ref_x, ref_y, ref_w = reference_isotonic(x, y, w, with_weights=True)
             assert knots_x.dtype == torch.float64 and knots_y.dtype == torch.float64
             np.testing.assert_allclose(knots_x.numpy(), ref_x, rtol=0, atol=1e-12, err_msg=f"seed {seed}")
             np.testing.assert_allclose(knots_y.numpy(), ref_y, rtol=0, atol=1e-12, err_msg=f"seed {seed}")
+            _, _, knots_w = isotonic_blocks(x, y, w)
+            np.testing.assert_allclose(knots_w.numpy(), ref_w, rtol=1e-12, atol=1e-12, err_msg=f"seed {seed}")
             assert (knots_x[1:] > knots_x[:-1]).all() and (knots_y[1:] > knots_y[:-1]).all()
 
     def test_hand_cases(self):
@@ -567,26 +573,50 @@ class TestFitCalibration:
             for i in range(4) for s in (0.8, 0.85)
         ]
         preds = synthetic(models={"sharp": results})
+        # the model's curve over both classes, by hand: 0.2 → 0 (4 detections); 0.6 (IoU 0.5), 0.8 and 0.85
+        # (IoU 0) pool to 2/12 (12 detections); 0.9 → 1 (4 detections)
+        model_x = torch.tensor([0.2, (0.6 * 4 + 0.8 * 4 + 0.85 * 4) / 12, 0.9], dtype=torch.float64)
+        model_y = torch.tensor([0.0, 2 / 12, 1.0], dtype=torch.float64)
         for shrinkage in (0.0, 4.0, 1e9):
             head = fit_calibration(preds, preds.image_ids, per_class=True, shrinkage=shrinkage)
             assert head.class_ids("sharp") == [1, 2] and head.per_class
             global_x, global_y = head.curve("sharp")
-            # the rule: t̃ = λ t + (1 − λ) f(s), λ = n / (n + shrinkage), then isotonic_fit
+            assert_close(global_x, model_x, atol=1e-6, rtol=0)
+            assert_close(global_y, model_y)
+            # the rule: class 2's own points (weight 1) and the model's knots as shrinkage pseudo-detections
+            # (in shares 4/20, 12/20, 4/20 of the model's detections), then the weighted isotonic fit
             s = torch.tensor([0.8, 0.85] * 4).double()  # the scores as stored (float32)
-            lam = 8 / (8 + shrinkage)
-            blended = (1 - lam) * isotonic_predict(global_x, global_y, s)
-            expected = isotonic_fit(s, blended)
-            for got, want in zip(head.curve("sharp", 2), expected, strict=True):
-                assert_close(got, want)
+            x = np.concatenate([s.numpy(), global_x.numpy()])
+            y = np.concatenate([np.zeros(8), global_y.numpy()])
+            w = np.concatenate([np.ones(8), shrinkage * np.array([4.0, 12.0, 4.0]) / 20.0])
+            want_x, want_y = reference_isotonic(x, y, w)
+            got_x, got_y = head.curve("sharp", 2)
+            np.testing.assert_allclose(got_x.numpy(), want_x, rtol=0, atol=1e-12)
+            np.testing.assert_allclose(got_y.numpy(), want_y, rtol=0, atol=1e-12)
         # no shrinkage: class 2 never hits; huge shrinkage: class 2 follows the model's curve
         head0 = fit_calibration(preds, preds.image_ids, per_class=True, shrinkage=0.0)
         assert head0.curve("sharp", 2)[1].tolist() == [0.0]
         headinf = fit_calibration(preds, preds.image_ids, per_class=True, shrinkage=1e9)
-        s = torch.tensor([0.8, 0.85])
-        assert_close(headinf.calibrate_scores("sharp", s, torch.tensor([2, 2])),
+        s = torch.tensor([0.1, 0.4, 0.8, 0.85, 0.95])
+        assert_close(headinf.calibrate_scores("sharp", s, torch.tensor([2] * 5)),
                      headinf.calibrate_scores("sharp", s), atol=1e-6, rtol=0)
         # a class without training detections (7) uses the model's curve
-        assert_close(head0.calibrate_scores("sharp", s, torch.tensor([7, 7])), head0.calibrate_scores("sharp", s))
+        assert_close(head0.calibrate_scores("sharp", s, torch.tensor([7] * 5)), head0.calibrate_scores("sharp", s))
+
+    def test_per_class_curve_returns_to_the_model_curve_beyond_its_scores(self):
+        # class 2 is seen in training only at low scores; at a high score its curve must not stay at the
+        # value of its highest training score (that would cap every high-scoring class-2 detection)
+        results = _sharp_results() + [
+            {"image_id": i, "category_id": 2, "bbox": _xywh(GT_BOX), "score": 0.3} for i in range(4)
+        ]
+        preds = synthetic(models={"sharp": results})
+        head = fit_calibration(preds, preds.image_ids, per_class=True, shrinkage=50.0)
+        high = torch.tensor([0.9])
+        own, model = head.calibrate_scores("sharp", high, torch.tensor([2])), head.calibrate_scores("sharp", high)
+        assert model.item() > 0.9 and own.item() > 0.8 * model.item()
+        # with no shrinkage the class's own data alone decides: it never hit, so its curve is 0
+        head0 = fit_calibration(preds, preds.image_ids, per_class=True, shrinkage=0.0)
+        assert head0.calibrate_scores("sharp", high, torch.tensor([2])).item() < 1e-3
 
     def test_bad_input(self):
         preds = synthetic()

@@ -26,12 +26,16 @@ kept. ε is that large because scores are float32: a score step of 0.001 (COCO r
 decimals) then still moves the output by 10⁻⁷, more than float32's resolution anywhere in [0, 1].
 
 **Per-class curves** (``per_class=True``), shrunk toward the model's curve f at fit time. For class c
-with n_c training detections (sᵢ, tᵢ) of the model:
+with n_c training detections (sᵢ, tᵢ) of the model, f_c is the weighted isotonic fit of
 
-    λ_c = n_c / (n_c + shrinkage),     t̃ᵢ = λ_c · tᵢ + (1 − λ_c) · f(sᵢ),     f_c = isotonic_fit(sᵢ, t̃ᵢ)
+    the class's own points (sᵢ, tᵢ), weight 1 each,   and   f's knots (x_b, y_b), weight shrinkage · w_b / Σ w
 
-so a rare class follows the model's curve and a frequent one its own data (``shrinkage`` = 0: no
-shrinkage). A class with no training detection of the model has no curve of its own and uses f.
+where w_b is the number of the model's training detections that knot b's block pooled: the model's
+curve enters as ``shrinkage`` pseudo-detections spread over the scores as the model's own are. A rare
+class follows the model's curve and a frequent one its own data (``shrinkage`` = 0: its data alone), and
+at scores the class was never seen with, the curve is the model's rather than the class's last value
+(a class seen only at low scores in training must not cap its high scores at that level). A class with
+no training detection of the model has no curve of its own and uses f.
 """
 
 from __future__ import annotations
@@ -69,7 +73,7 @@ from detens.matching import check_per_model
 if TYPE_CHECKING:
     from detens.predictions import EnsemblePredictions
 
-__all__ = ["CalibrationHead", "fit_calibration", "isotonic_fit", "isotonic_predict", "TARGETS"]
+__all__ = ["CalibrationHead", "fit_calibration", "isotonic_fit", "isotonic_blocks", "isotonic_predict", "TARGETS"]
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +112,12 @@ def isotonic_fit(x: Any, y: Any, weights: Any = None) -> tuple[Tensor, Tensor]:
         knots_y (Tensor[B] float64): each block's weighted mean y, strictly increasing (blocks of equal
             means are pooled: the fitted values do not change, and the interpolation has no flat part).
     """
+    knots_x, knots_y, _ = isotonic_blocks(x, y, weights)
+    return knots_x, knots_y
+
+
+def isotonic_blocks(x: Any, y: Any, weights: Any = None) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`isotonic_fit`'s knots and, third, ``knots_w (Tensor[B] float64)``: each block's total weight."""
     xs, ys = _as_float64(x, "x"), _as_float64(y, "y")
     if xs.shape != ys.shape:
         raise ValueError(f"x and y must have the same length, got {xs.size} and {ys.size}")
@@ -151,7 +161,7 @@ def isotonic_fit(x: Any, y: Any, weights: Any = None) -> tuple[Tensor, Tensor]:
     total = np.asarray(block_w)
     knots_x = np.asarray(block_wx) / total
     knots_y = np.asarray(block_mean)
-    return torch.from_numpy(knots_x), torch.from_numpy(knots_y)
+    return torch.from_numpy(knots_x), torch.from_numpy(knots_y), torch.from_numpy(total)
 
 
 # ------------------------------------------------------------------------------------ the curves, packed
@@ -634,7 +644,7 @@ def fit_calibration(
         image_ids (list[int]): the training images (at least 2, distinct, in the ground truth). Images
             without annotations count: their detections are false positives (target 0).
         per_class (bool): fit per-class curves too, shrunk toward the model's curve.
-        shrinkage (float): the shrinkage strength (λ_c = n_c / (n_c + shrinkage)); 0: none.
+        shrinkage (float): the weight of the model's curve in each class curve, in detections (module docstring); 0: none.
         target (str): ``"iou"`` (MoCaE) or ``"tp50"`` (1 where the IoU is at least 0.5).
         fuser (str), fuser_params (dict | None): the fusion after calibration
             (:meth:`CalibrationHead.fuse_detections`).
@@ -699,17 +709,17 @@ def fit_calibration(
                 "ids in the dataset's label space?)"
             )
         t = (u >= 0.5).to(torch.float64) if target == "tp50" else u
-        curves[name] = isotonic_fit(s, t)
+        knots_x, knots_y, knots_w = isotonic_blocks(s, t)
+        curves[name] = (knots_x, knots_y)
         if per_class:
-            packed = _pack({_GLOBAL: curves[name]})
-            model_value = _interpolate(packed, torch.zeros_like(c), s)  # f(sᵢ), without the tie-break
+            pseudo_w = shrinkage * knots_w / knots_w.sum()  # the model's curve as prior pseudo-detections
             own = {}
             for class_id in torch.unique(c).tolist():
                 mask = c == class_id
-                n_c = int(mask.sum())
-                weight = n_c / (n_c + shrinkage) if n_c + shrinkage > 0 else 1.0
-                blended = weight * t[mask] + (1.0 - weight) * model_value[mask]
-                own[int(class_id)] = isotonic_fit(s[mask], blended)
+                own[int(class_id)] = isotonic_fit(
+                    torch.cat([s[mask], knots_x]), torch.cat([t[mask], knots_y]),
+                    torch.cat([torch.ones(int(mask.sum()), dtype=torch.float64), pseudo_w]),
+                )
             class_curves[name] = own
         logger.info(
             "calibration of %s: %d detections (%d ignored in crowd regions), %d knots%s", name, s.numel(),
