@@ -19,7 +19,13 @@ from torch.testing import assert_close
 from detens import Detections, fuse, match
 from detens.fusers.consensus import average_clusters
 from detens.heads import HEADS, HeadFileError, load_head
-from detens.heads._features import cluster_features, feature_names, num_features, pairwise_iou
+from detens.heads._features import (
+    cluster_features,
+    feature_names,
+    num_features,
+    pairwise_iou,
+    present_median_box,
+)
 from detens.heads._fit import (
     DeepTrainConfig,
     ImageSample,
@@ -31,7 +37,7 @@ from detens.heads._fit import (
     train_network_head,
 )
 from detens.heads._net import FEATURE_GROUPS
-from detens.heads.deep import DeepEnsembleHead, score_weighted_box
+from detens.heads.deep import MEDIAN_MIN_PRESENT, DeepEnsembleHead, score_weighted_box
 from detens.heads.selection import SelectionHead, combine_selected
 from detens.heads.superlearner import SuperLearnerHead
 from detens.matching import Clusters
@@ -138,6 +144,70 @@ class TestFeatures:
         assert features[:, names.index("iou[0,1]")].tolist() == [1.0, 0.0]  # 0 where a model is absent
         assert_close(features[:, names.index("mean_score")], torch.tensor([0.85, 0.15]))
         assert_close(pairwise_iou(preds, present), torch.tensor([[1.0], [0.0]]))
+
+
+    def test_present_median_box_matches_a_slow_reference(self):
+        import statistics
+
+        generator = torch.Generator().manual_seed(0)
+        for num_models in (1, 2, 3, 4, 5):
+            preds = torch.rand(40, num_models, 5, generator=generator, dtype=torch.float64)
+            present = torch.rand(40, num_models, generator=generator) < 0.6
+            present[torch.arange(40), torch.randint(num_models, (40,), generator=generator)] = True
+            got = present_median_box(preds, present)
+            for c in range(40):
+                rows = [preds[c, n, :4].tolist() for n in range(num_models) if present[c, n]]
+                expected = [statistics.median(row[side] for row in rows) for side in range(4)]
+                assert_close(got[c], torch.tensor(expected, dtype=torch.float64), rtol=0, atol=1e-12)
+        assert present_median_box(torch.zeros(0, 3, 5), torch.zeros(0, 3, dtype=torch.bool)).shape == (0, 4)
+
+
+class TestMedianBox:
+    """``median_box``: clusters of at least three present boxes take the per-side median; the others, and the
+    training loss, keep the weighted box."""
+
+    def test_boxes_and_loss(self):
+        head = trained("deep", box="learned")
+        median_head = copy.deepcopy(head)
+        median_head.median_box = True
+        data = samples(3, seed=2)
+        for s in data:
+            boxes, scores = head(s.clusters)
+            median_boxes, median_scores = median_head(s.clusters)
+            assert_close(median_scores, scores)
+            many = s.clusters.present.sum(1) >= MEDIAN_MIN_PRESENT
+            assert bool(many.any()) and bool((~many).any())
+            assert_close(median_boxes[~many], boxes[~many])
+            assert_close(median_boxes[many], present_median_box(s.clusters.preds[many], s.clusters.present[many]))
+        from detens.heads._fit import assign_all_targets
+
+        assigned = assign_all_targets(head, data, 0.5)
+        clusters = [s.clusters for s in data]
+        assert_close(median_head.loss(clusters, assigned), head.loss(clusters, assigned))
+
+    @pytest.mark.parametrize("suffix", [".json", ".safetensors"])
+    def test_saved_and_loaded(self, suffix, tmp_path):
+        head = trained("deep")
+        head.median_box = True
+        path = tmp_path / f"head{suffix}"
+        head.save(path)
+        loaded = load_head(path)
+        assert loaded.median_box is True and loaded.config()["median_box"] is True
+        for s in samples(2, seed=5):
+            outputs_equal(head, loaded, s.clusters)
+
+    def test_a_file_without_the_key_loads_without_it(self, tmp_path):
+        head = trained("deep")
+        path = tmp_path / "head.json"
+        head.save(path)
+        document = json.loads(path.read_text())
+        del document["config"]["median_box"]
+        path.write_text(json.dumps(document))
+        assert load_head(path).median_box is False
+
+    def test_bad_value(self):
+        with pytest.raises(TypeError, match="median_box must be true or false, got 'yes'"):
+            DeepEnsembleHead(NAMES, median_box="yes")
 
 
 # --------------------------------------------------------------------------------------------- heads

@@ -763,3 +763,86 @@ class TestBagsByInnerCrossValidation:
             fit_head("superlearner", ensemble, ids, self.small(bags_grid=[1, 2], inner_folds=3))
         with pytest.raises(ValueError, match="at least one candidate"):
             choose_by_inner_cv(fit_head, ensemble, ids, [], folds=2)
+
+
+class TestMedianBox:
+    """``median_box``: the per-side median of the members' boxes where at least three see the object;
+    ``auto`` keeps it when it raises the training images' mAP."""
+
+    @staticmethod
+    def small(**options):
+        from detens.heads import config_for
+
+        return config_for("deep", epochs=2, hidden=8, depth=1, match_iou_grid=[], calibrate=False, **options)
+
+    @staticmethod
+    def stray_sides(same_stray: bool, num_images: int = 8) -> EnsemblePredictions:
+        """Three models, three objects per image. ``same_stray`` False: each model moves a different side of
+        every box by 40 % of its size (two of three are exact on every side: the median is the ground
+        truth). True: models 1 and 2 move the same side the same way and score low, model 0 is exact and
+        scores high (the median is the stray side; the score-weighted box is close to model 0's)."""
+        rng = random.Random(3)
+        images, annotations, results = [], [], {"m0": [], "m1": [], "m2": []}
+        for image_id in range(num_images):
+            images.append({"id": image_id, "width": 320, "height": 240, "file_name": f"{image_id}.jpg"})
+            for k in range(3):
+                x, y = 20.0 + 100 * k + rng.uniform(0, 10), 40.0 + rng.uniform(0, 100)
+                box = [x, y, x + 60.0, y + 60.0]
+                annotations.append({"id": len(annotations) + 1, "image_id": image_id, "category_id": 1,
+                                    "bbox": [x, y, 60.0, 60.0], "area": 3600.0, "iscrowd": 0})
+                for m, name in enumerate(results):
+                    moved = list(box)
+                    side = 2 if same_stray else m
+                    if not same_stray or m > 0:
+                        moved[side] += 24.0 if side >= 2 else -24.0
+                    score = (0.9 if m == 0 else 0.3) if same_stray else 0.8 - 0.1 * m
+                    results[name].append({"image_id": image_id, "category_id": 1,
+                                          "bbox": [moved[0], moved[1], moved[2] - moved[0], moved[3] - moved[1]],
+                                          "score": score})
+        gt = load_coco_gt({"images": images, "annotations": annotations,
+                           "categories": [{"id": 1, "name": "thing"}]})
+        return EnsemblePredictions(list(results), list(results.values()), gt)
+
+    @staticmethod
+    def training_map(head, predictions, on):
+        from detens.coco import detections_to_coco, evaluate_coco, fastest_backend
+
+        head.median_box = on
+        ids = predictions.gt.annotated_image_ids
+        results = []
+        for image_id in ids:
+            results += detections_to_coco(fuse(predictions.per_model(image_id), "theta", head=head), image_id, decimals=None)
+        return evaluate_coco(predictions.gt, results, image_ids=ids, backend=fastest_backend())["map"]
+
+    @pytest.mark.parametrize("same_stray, expected", [(False, True), (True, False)])
+    def test_auto_keeps_it_where_it_raises_the_training_map(self, same_stray, expected):
+        predictions = self.stray_sides(same_stray)
+        ids = predictions.gt.annotated_image_ids
+        head, _, fitted = fit_head("deep", predictions, ids, self.small())
+        assert fitted.median_box is expected and head.median_box is expected
+        # the slow obvious way: score the training images with the median box off and on
+        off, on = self.training_map(head, predictions, False), self.training_map(head, predictions, True)
+        assert (on > off) is expected
+        if not same_stray:
+            assert on == pytest.approx(1.0)  # two exact sides of three: the median is the ground truth
+
+    def test_auto_on_real_shaped_data_is_the_better_of_the_two(self, ensemble):
+        ids = ensemble.gt.annotated_image_ids
+        head, _, fitted = fit_head("deep", ensemble, ids, self.small())
+        off, on = self.training_map(head, ensemble, False), self.training_map(head, ensemble, True)
+        assert fitted.median_box is (on > off)
+
+    @pytest.mark.parametrize("fixed", [True, False])
+    def test_a_fixed_setting_is_kept(self, fixed):
+        predictions = self.stray_sides(not fixed)  # the data would choose the other
+        head, _, fitted = fit_head("deep", predictions, predictions.gt.annotated_image_ids, self.small(median_box=fixed))
+        assert fitted.median_box is fixed and head.median_box is fixed
+
+    def test_bagged_members_share_the_choice(self):
+        predictions = self.stray_sides(False)
+        head, _, fitted = fit_head("deep", predictions, predictions.gt.annotated_image_ids, self.small(bags=2))
+        assert fitted.median_box is True and all(member.median_box for member in head.members)
+
+    def test_bad_setting(self):
+        with pytest.raises(ValueError, match="median_box must be true, false or auto, got 'sometimes'"):
+            self.small(median_box="sometimes")

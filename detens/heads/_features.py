@@ -30,7 +30,10 @@ from torchvision.ops import box_iou
 
 from detens.matching import Clusters, weighted_mean_box
 
-__all__ = ["feature_names", "num_features", "cluster_features", "present_mean_box", "pairwise_iou", "class_positions"]
+__all__ = [
+    "feature_names", "num_features", "cluster_features", "present_mean_box", "present_median_box", "pairwise_iou",
+    "class_positions",
+]
 
 _PER_MODEL = ("present", "score", "log_score", "dx1", "dy1", "dx2", "dy2", "iou_mean")
 _CLUSTER = ("frac_present", "mean_score", "max_score", "score_spread", "log_w", "log_h", "log_aspect", "cx", "cy")
@@ -68,6 +71,17 @@ def num_features(num_models: int) -> int:
 def present_mean_box(preds: Tensor, present: Tensor) -> Tensor:
     """Tensor[C, 4]: the mean box of the present rows of ``preds (Tensor[C, N, 5])``."""
     return weighted_mean_box(preds[..., :4], present.to(preds.dtype), present)
+
+
+def present_median_box(preds: Tensor, present: Tensor) -> Tensor:
+    """Tensor[C, 4]: each side's median over the present rows of ``preds (Tensor[C, N, 5])`` (the mean of
+    the middle two for an even count); every cluster has at least one present row."""
+    sides = torch.where(present[..., None], preds[..., :4], torch.full_like(preds[..., :4], float("inf")))
+    ordered = sides.sort(dim=1).values  # [C, N, 4]: the present values first
+    count = present.sum(1).clamp(min=1)  # [C]
+    lower = ((count - 1) // 2)[:, None, None].expand(-1, 1, 4)
+    upper = (count // 2)[:, None, None].expand(-1, 1, 4)
+    return (0.5 * (ordered.gather(1, lower) + ordered.gather(1, upper))).squeeze(1)
 
 
 def _paired_iou(a: Tensor, b: Tensor) -> Tensor:

@@ -411,6 +411,9 @@ class DeepTrainConfig(HeadTrainConfig):
     Args:
         box (str): ``"score_weighted"``, ``"mean"`` or ``"learned"`` (see :mod:`detens.heads.deep`).
         members (int): score MLPs averaged in the head.
+        median_box (bool | str): the per-side median box where at least three models see the object
+            (:mod:`detens.heads.deep`); ``"auto"``: the head is trained without it, then keeps it if it
+            raises the mAP of the training images (:func:`choose_median_box`).
     """
 
     match_iou_grid: list[float] = field(default_factory=lambda: [0.55, 0.7])
@@ -419,9 +422,16 @@ class DeepTrainConfig(HeadTrainConfig):
     calibrate: bool = True
     box: str = "learned"
     members: int = 1
+    median_box: bool | Literal["auto"] = "auto"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.median_box, bool) and self.median_box != "auto":
+            raise ValueError(f"median_box must be true, false or auto, got {self.median_box!r}")
 
     def head_options(self) -> dict[str, Any]:
-        return {**super().head_options(), "box": self.box, "members": self.members}
+        return {**super().head_options(), "box": self.box, "members": self.members,
+                "median_box": self.median_box is True}
 
 
 @dataclass
@@ -790,6 +800,32 @@ def choose_by_inner_cv(
     return best, scores
 
 
+def choose_median_box(head: Any, predictions: EnsemblePredictions, image_ids: Sequence[int]) -> tuple[bool, dict[bool, float]]:
+    """Switch a deep head's (or every bagged member's) per-side median box on if it raises the COCO mAP of
+    ``image_ids`` (the training images), off otherwise; ties keep it off.
+
+    Returns:
+        (bool, dict): the choice, and the training mAP with it off and on.
+    """
+    from detens.fusers import fuse
+    from detens.heads.bagged import BaggedHead
+
+    deep_heads = list(head.members) if isinstance(head, BaggedHead) else [head]
+
+    def training_map(on: bool) -> float:
+        for member in deep_heads:
+            member.median_box = on
+        fused = ((i, fuse(predictions.per_model(i), "theta", head=head)) for i in image_ids)
+        return _pooled_map(predictions.gt, fused, image_ids)
+
+    maps = {on: training_map(on) for on in (False, True)}
+    chosen = maps[True] > maps[False]
+    for member in deep_heads:
+        member.median_box = chosen
+    logger.info("median box: training mAP %.4f off, %.4f on -> %s", maps[False], maps[True], "on" if chosen else "off")
+    return chosen, maps
+
+
 def _cluster_trainer(train: Callable[..., tuple[Any, TrainHistory]]) -> Callable[..., Any]:
     """A :class:`Trainer` ``fit`` that builds the clusters and searches the matching IoU around ``train``
     (and, with ``bags_grid``, chooses the number of bagged fits by an inner cross-validation)."""
@@ -806,6 +842,9 @@ def _cluster_trainer(train: Callable[..., tuple[Any, TrainHistory]]) -> Callable
             lambda samples, trial: train(samples, predictions.model_names, trial, on_epoch),
             predictions, image_ids, config, progress,
         )
+        if getattr(config, "median_box", None) == "auto":
+            chosen, _ = choose_median_box(head, predictions, image_ids)
+            fitted = replace(fitted, median_box=chosen)
         if calibration is not None:
             from detens.heads.calibrated import CalibratedHead
 

@@ -20,6 +20,13 @@ correction. The **box** comes from a base combination of the present boxes (``bo
 - ``"learned"``: softmax(log(pᵢ + 10⁻³) + δᵢ(x)) over the present models, δ from a second MLP (zero
   output layer, so it starts close to score-weighted), trained with a GIoU loss on matched clusters.
 
+With ``median_box`` a cluster seen by at least three models takes, side by side, the median of its
+present boxes instead: one member's stray side then moves the box not at all, where any weighted mean
+moves it by that member's weight. It has no parameters (the GIoU loss trains the weighted box, which
+clusters of one or two boxes keep). Training chooses it on the training images (``median_box: auto``):
+it wins where the members localize about equally well (three nano YOLOs), and loses where one member is
+much better than the others (a weak member's side is as likely to be the median as a strong one's).
+
 **Training target.** COCO mAP@[.5:.95] averages AP over the IoU thresholds τ ∈ {0.50, 0.55, ..., 0.95}.
 The score is trained with binary cross-entropy against the fraction of those thresholds at which the
 fused box is a true positive under COCO's greedy matching (see
@@ -36,16 +43,18 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchvision.ops import generalized_box_iou_loss
 
-from detens.heads._features import present_mean_box
+from detens.heads._features import present_mean_box, present_median_box
 from detens.heads._io import check_int, check_number
 from detens.heads._net import NetHead, make_mlp
 from detens.heads._registry import HEADS
 from detens.matching import Clusters, weighted_mean_box
 from detens.targets import Targets
 
-__all__ = ["DeepEnsembleHead", "BOX_MODES", "DEEP_FEATURES", "score_weighted_box"]
+__all__ = ["DeepEnsembleHead", "BOX_MODES", "DEEP_FEATURES", "MEDIAN_MIN_PRESENT", "score_weighted_box"]
 
 BOX_MODES = ("score_weighted", "mean", "learned")
+#: With ``median_box``, clusters of at least this many present boxes take the per-side median.
+MEDIAN_MIN_PRESENT = 3
 _LOGIT_CLAMP = 1e-6
 
 #: The default feature groups: per-model scores and presence, cluster statistics, agreement, context.
@@ -87,6 +96,8 @@ class DeepEnsembleHead(NetHead):
         box (str): ``"score_weighted"``, ``"mean"`` or ``"learned"``.
         lambda_box (float): weight of the GIoU box loss (``box="learned"`` only).
         members (int): number of score MLPs whose corrections are averaged.
+        median_box (bool): clusters of at least :data:`MEDIAN_MIN_PRESENT` present boxes take the per-side
+            median of those boxes (module docstring).
         features, class_ids, class_embed, hidden, depth, activation, match_iou: see
             :class:`~detens.heads._net.NetHead`
             (default features: :data:`DEEP_FEATURES`; default activation ReLU, ``"sigmoid"`` is the seed's σ).
@@ -97,7 +108,7 @@ class DeepEnsembleHead(NetHead):
 
     type_name = "deep"
     default_features = DEEP_FEATURES
-    extra_config = ("box", "lambda_box", "members")
+    extra_config = ("box", "lambda_box", "members", "median_box")
 
     def __init__(
         self,
@@ -105,6 +116,7 @@ class DeepEnsembleHead(NetHead):
         box: str = "score_weighted",
         lambda_box: float = 1.0,
         members: int = 1,
+        median_box: bool = False,
         features: Sequence[str] | None = None,
         class_ids: Sequence[int] | None = None,
         class_embed: int = 0,
@@ -117,7 +129,10 @@ class DeepEnsembleHead(NetHead):
         if box not in BOX_MODES:
             raise ValueError(f"box must be one of {', '.join(BOX_MODES)}, got {box!r}")
         members = check_int(members, "members", 1)
+        if not isinstance(median_box, bool):
+            raise TypeError(f"median_box must be true or false, got {median_box!r}")
         self.box = box
+        self.median_box = median_box
         self.lambda_box = check_number(lambda_box, "lambda_box")
         self.members = members
         self.calibration = nn.Parameter(torch.tensor([1.0, 0.0]))
@@ -131,6 +146,15 @@ class DeepEnsembleHead(NetHead):
         )
 
     def _boxes(self, clusters: Clusters, x: Tensor) -> Tensor:
+        """Tensor[C, 4]: the fused boxes (the weighted box, or with ``median_box`` the median where enough
+        models are present)."""
+        weighted = self._weighted_boxes(clusters, x)
+        if not self.median_box:
+            return weighted
+        median = present_median_box(clusters.preds.to(x.dtype), clusters.present)
+        return torch.where((clusters.present.sum(1) >= MEDIAN_MIN_PRESENT)[:, None], median, weighted)
+
+    def _weighted_boxes(self, clusters: Clusters, x: Tensor) -> Tensor:
         preds = clusters.preds.to(x.dtype)
         if self.box == "mean":
             return present_mean_box(preds, clusters.present)
@@ -155,13 +179,13 @@ class DeepEnsembleHead(NetHead):
         self, clusters: Clusters, features: Tensor, targets: Targets, score_targets: Tensor | None = None
     ) -> Tensor:
         """Tensor[C]: BCE of the fused score against ``score_targets`` (default: matched), plus
-        ``lambda_box`` · GIoU loss of the learned box on matched clusters; 0 where ignored."""
+        ``lambda_box`` · GIoU loss of the learned weighted box on matched clusters; 0 where ignored."""
         x = self.inputs(features, clusters.labels)
         soft = targets.matched.to(x.dtype) if score_targets is None else score_targets.to(x.dtype)
         per_cluster = F.binary_cross_entropy_with_logits(self.score_logits(clusters, x), soft, reduction="none")
         if self.box_net is not None and self.lambda_box > 0 and bool(targets.matched.any()):
             matched = targets.matched
-            boxes = self._boxes(clusters[matched], x[matched])
+            boxes = self._weighted_boxes(clusters[matched], x[matched])
             box_loss = generalized_box_iou_loss(boxes, targets.boxes[matched].to(x.dtype), reduction="none")
             per_cluster = per_cluster.index_add(0, matched.nonzero().squeeze(1), self.lambda_box * box_loss)
         return torch.where(targets.ignore, torch.zeros_like(per_cluster), per_cluster)
