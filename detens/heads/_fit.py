@@ -800,23 +800,25 @@ def choose_by_inner_cv(
     return best, scores
 
 
-def choose_median_box(head: Any, predictions: EnsemblePredictions, image_ids: Sequence[int]) -> tuple[bool, dict[bool, float]]:
+def choose_median_box(
+    head: Any, predictions: EnsemblePredictions, image_ids: Sequence[int], device: torch.device | str = "cpu"
+) -> tuple[bool, dict[bool, float]]:
     """Switch a deep head's (or every bagged member's) per-side median box on if it raises the COCO mAP of
-    ``image_ids`` (the training images), off otherwise; ties keep it off.
+    ``image_ids`` (the training images), off otherwise; ties keep it off. The images are matched once
+    (at the head's matching IoU, on ``device``) and fused both ways.
 
     Returns:
         (bool, dict): the choice, and the training mAP with it off and on.
     """
-    from detens.fusers import fuse
     from detens.heads.bagged import BaggedHead
 
     deep_heads = list(head.members) if isinstance(head, BaggedHead) else [head]
+    samples = build_samples(predictions, image_ids, head.match_iou, device)
 
     def training_map(on: bool) -> float:
         for member in deep_heads:
             member.median_box = on
-        fused = ((i, fuse(predictions.per_model(i), "theta", head=head)) for i in image_ids)
-        return _pooled_map(predictions.gt, fused, image_ids)
+        return _pooled_map(predictions.gt, ((s.image_id, head.fuse(s.clusters)) for s in samples), image_ids)
 
     maps = {on: training_map(on) for on in (False, True)}
     chosen = maps[True] > maps[False]
@@ -843,7 +845,7 @@ def _cluster_trainer(train: Callable[..., tuple[Any, TrainHistory]]) -> Callable
             predictions, image_ids, config, progress,
         )
         if getattr(config, "median_box", None) == "auto":
-            chosen, _ = choose_median_box(head, predictions, image_ids)
+            chosen, _ = choose_median_box(head, predictions, image_ids, config.device)
             fitted = replace(fitted, median_box=chosen)
         if calibration is not None:
             from detens.heads.calibrated import CalibratedHead
