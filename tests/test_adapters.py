@@ -650,6 +650,36 @@ def test_flipped_view_agrees_with_plain_run():
     )
 
 
+@pytest.mark.slow
+def test_tiled_view_on_real_images():
+    """YOLO26n on 2x2 tiles of bus.jpg and zidane.jpg: each confident box of the plain run that lies inside
+    a tile, clear of its inner edges, is found again (same class, IoU > 0.7); the bus, which every tile
+    cuts, is left to the plain run (no tiled box overlaps it by more than 0.5)."""
+    from detens.adapters._tiles import cut_by_inner_edges
+    from detens.adapters.ultralytics import UltralyticsDetector
+
+    detector = UltralyticsDetector("yolo26n_int8_tflite/yolo26n_int8.tflite", conf=0.05)
+    tta = AugmentedDetector(detector, ["identity", "tiles=2x2"])
+    assert [m.name for m in tta] == ["yolo26n_int8", "yolo26n_int8|tiles=2x2"]
+    checked = 0
+    for path in (BUS, ZIDANE):
+        ((plain, tiled),) = tta([path])
+        assert_valid(tiled, plain.image_size)
+        confident = plain[plain.scores >= 0.3]
+        windows = tta.members[1].view.windows(plain.image_size)
+        for box, label in zip(confident.boxes, confident.labels, strict=True):
+            same = tiled[tiled.labels == label]
+            best = float(box_iou(box[None], same.boxes).max()) if len(same) else 0.0
+            clear = any(not cut_by_inner_edges(box[None], w, plain.image_size, margin=10.0)[0] and
+                        box[0] >= w[0] and box[1] >= w[1] and box[2] <= w[2] and box[3] <= w[3] for w in windows)
+            if clear:
+                assert best > 0.7, (path.name, box.tolist(), best)
+                checked += 1
+            elif int(label) == BUS_ID:
+                assert best <= 0.5, (path.name, box.tolist(), best)
+    assert checked >= 2
+
+
 def test_augmented_detector_rejects():
     class Fake:
         name = "fake"

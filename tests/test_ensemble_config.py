@@ -173,6 +173,31 @@ def test_build_tta_ensemble_runs():
         assert 6 in det[det.scores > 0.25].labels.tolist()  # everyone sees the bus
 
 
+@pytest.mark.slow
+def test_tiled_ensemble_fuses_with_its_shipped_head():
+    """coco_yolo3_tiles: six members (each model whole and on 2x2 tiles, merged at the config's iou and
+    max_det), fused on bus.jpg by the shipped deep head, which names the same six members."""
+    import detens
+    from detens.adapters.augmented import AugmentedView
+
+    path = REPO / "detens" / "configs" / "ensembles" / "coco_yolo3_tiles.yaml"
+    config = load_ensemble_config(path)
+    members = build_ensemble(config)
+    names = ["yolov8n", "yolov8n|tiles=2x2", "yolo11n", "yolo11n|tiles=2x2", "yolo26n", "yolo26n|tiles=2x2"]
+    assert [m.name for m in members] == names
+    tiled = [m for m in members if isinstance(m, AugmentedView)]
+    assert [(m.merge_iou, m.max_det) for m in tiled] == [(config.iou, config.max_det)] * 3
+    from ultralytics.utils import ASSETS
+
+    per_model = [member([Path(ASSETS) / "bus.jpg"])[0] for member in members]
+    head = json.loads(Path(config.fusion.head).read_text())
+    assert sorted(head["model_names"]) == sorted(names)
+    fused = detens.fuse(per_model, method=config.fusion.method, head=config.fusion.head)
+    assert fused.image_size == (1080, 810)
+    confident = fused[fused.scores > 0.5]
+    assert 6 in confident.labels.tolist() and confident.labels.tolist().count(1) >= 3  # the bus, its people
+
+
 def test_yaml_is_plain_yaml():
     for path in CONFIGS:
         assert isinstance(yaml.safe_load(path.read_text()), dict)

@@ -245,7 +245,12 @@ def build_detector(
     if model.tta:
         from detens.adapters.augmented import AugmentedDetector
 
-        return AugmentedDetector(detector, model.tta)
+        return AugmentedDetector(
+            detector,
+            model.tta,
+            merge_iou=ensemble.setting(model, "iou"),
+            max_det=ensemble.setting(model, "max_det"),
+        )
     return detector
 
 

@@ -12,8 +12,13 @@ View specifications (strings, as in ensemble YAMLs), combined with ``+``:
   size (bottom/right, gray 114), so a detector that resizes every input to a fixed size (YOLO's
   ``imgsz``) sees the objects ``F`` times smaller, as in Ultralytics' own TTA. ``F > 1`` enlarges the
   image (useful for detectors whose input size follows the image, e.g. torchvision with ``imgsz`` unset).
+- ``tiles=RxC``: the image cut into ``R`` rows and ``C`` columns of overlapping tiles, each run alone, so
+  that a fixed-size detector sees the objects larger (small objects); ``overlap=F`` (default 0.4) is the
+  fraction of a tile that its neighbour shares. The other parts of the view apply to each tile. Boxes cut
+  by a tile edge inside the image are dropped and the rest merged by class-wise NMS
+  (:mod:`detens.adapters._tiles`): large objects are left to the untiled members.
 
-Example: ``["identity", "hflip", "scale=0.83", "hflip+scale=0.67"]``.
+Example: ``["identity", "hflip", "scale=0.83", "hflip+scale=0.67", "tiles=2x2"]``.
 """
 
 from __future__ import annotations
@@ -32,11 +37,25 @@ import torch
 from torch import Tensor
 
 from detens.adapters._base import BaseDetector, Detector, ImageInput, as_image_list, detect_loaded, load_image
+from detens.adapters._tiles import cut_by_inner_edges, merge_tiles, tile_windows
+from detens.checks import check_integer, check_real
 from detens.detections import Detections
 
 __all__ = ["View", "AugmentedView", "AugmentedDetector"]
 
 _PAD_VALUE = 114
+_MAX_TILES = 8
+_OPTIONS = ("hflip", "vflip", "scale", "tiles", "overlap")
+#: The default share of a tile that its neighbour covers: 2x2 tiles of 0.625 the image's height and width.
+DEFAULT_OVERLAP = 0.4
+
+
+def _parse_tiles(text: str, spec: str) -> tuple[int, int]:
+    """``"2x3"`` → ``(2, 3)`` (rows, cols)."""
+    match = re.fullmatch(r"([0-9]+)x([0-9]+)", text.strip().lower())
+    if match is None:
+        raise ValueError(f"view tiles must be written ROWSxCOLS (e.g. tiles=2x2), got {text!r} in {spec!r}")
+    return int(match.group(1)), int(match.group(2))
 
 
 def _albumentations() -> Any:
@@ -49,42 +68,65 @@ def _albumentations() -> Any:
 
 @dataclass(frozen=True)
 class View:
-    """One test-time view: optional flips, then a rescale (with padding back to size when shrinking).
+    """One test-time view: optional flips, then a rescale (with padding back to size when shrinking), of
+    the whole image or of each of its tiles.
 
     Args:
         hflip (bool): mirror left-right.
         vflip (bool): mirror upside down.
         scale (float): resize factor (``> 0``).
+        tiles (tuple[int, int]): ``(rows, cols)`` of tiles, each in ``[1, 8]``; ``(1, 1)``: the whole image.
+        overlap (float): the fraction of a tile shared with its neighbour, in ``[0, 0.9]``; tiled views only.
     """
 
     hflip: bool = False
     vflip: bool = False
     scale: float = 1.0
+    tiles: tuple[int, int] = (1, 1)
+    overlap: float = DEFAULT_OVERLAP
 
     def __post_init__(self) -> None:
         if not (
             isinstance(self.scale, (int, float)) and math.isfinite(self.scale) and 0.05 <= self.scale <= 20
         ):
             raise ValueError(f"view scale must be a number in [0.05, 20], got {self.scale!r}")
+        tiles = tuple(self.tiles) if isinstance(self.tiles, (tuple, list)) else None
+        if tiles is None or len(tiles) != 2 or not all(
+            isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= _MAX_TILES for n in tiles
+        ):
+            raise ValueError(f"view tiles must be (rows, cols), each an integer in [1, {_MAX_TILES}], got {self.tiles!r}")
+        object.__setattr__(self, "tiles", tiles)
+        if not (isinstance(self.overlap, (int, float)) and 0.0 <= self.overlap <= 0.9):
+            raise ValueError(f"view overlap must be a number in [0, 0.9], got {self.overlap!r}")
+        if not self.tiled and self.overlap != DEFAULT_OVERLAP:
+            raise ValueError(f"view overlap={self.overlap:g} needs tiles (e.g. 'tiles=2x2+overlap={self.overlap:g}')")
 
     @classmethod
     def parse(cls, spec: str | View | Mapping[str, Any]) -> View:
-        """A view from ``"hflip+scale=0.83"``, a mapping ``{"hflip": true, "scale": 0.83}``, or a View."""
+        """A view from ``"hflip+scale=0.83"``, ``"tiles=2x2+overlap=0.25"``, a mapping ``{"hflip": true,
+        "scale": 0.83, "tiles": [2, 2]}``, or a View."""
         if isinstance(spec, View):
             return spec
         if isinstance(spec, Mapping):
-            unknown = set(spec) - {"hflip", "vflip", "scale"}
+            unknown = set(spec) - set(_OPTIONS)
             if unknown:
-                raise ValueError(f"unknown view option(s) {sorted(unknown)}; valid: hflip, vflip, scale")
+                raise ValueError(f"unknown view option(s) {sorted(unknown)}; valid: {', '.join(_OPTIONS)}")
+            tiles = spec.get("tiles", (1, 1))
+            if isinstance(tiles, str):
+                tiles = _parse_tiles(tiles, str(dict(spec)))
             return cls(
-                bool(spec.get("hflip", False)), bool(spec.get("vflip", False)), float(spec.get("scale", 1.0))
+                bool(spec.get("hflip", False)),
+                bool(spec.get("vflip", False)),
+                float(spec.get("scale", 1.0)),
+                tuple(tiles) if isinstance(tiles, list) else tiles,
+                float(spec.get("overlap", DEFAULT_OVERLAP)),
             )
         if not isinstance(spec, str) or not spec.strip():
             raise ValueError(
                 f"a view must be a non-empty string such as 'hflip' or 'scale=0.83', got {spec!r}"
             )
         hflip = vflip = False
-        scale = 1.0
+        scale, tiles, overlap = 1.0, (1, 1), DEFAULT_OVERLAP
         for part in spec.replace(" ", "").lower().split("+"):
             if part in ("identity", "none", "original"):
                 continue
@@ -94,23 +136,48 @@ class View:
                 vflip = True
             elif match := re.fullmatch(r"scale[=:]([0-9]*\.?[0-9]+)", part):
                 scale = float(match.group(1))
+            elif match := re.fullmatch(r"tiles[=:](.*)", part):
+                tiles = _parse_tiles(match.group(1), spec)
+            elif match := re.fullmatch(r"overlap[=:]([0-9]*\.?[0-9]+)", part):
+                overlap = float(match.group(1))
             else:
                 raise ValueError(
                     f"unknown view {part!r} in {spec!r}; valid: identity, hflip, vflip, scale=F (e.g. scale=0.83), "
-                    "combined with '+'"
+                    "tiles=RxC (e.g. tiles=2x2), overlap=F, combined with '+'"
                 )
-        return cls(hflip, vflip, scale)
+        return cls(hflip, vflip, scale, tiles, overlap)
+
+    @property
+    def tiled(self) -> bool:
+        return self.tiles != (1, 1)
 
     @property
     def is_identity(self) -> bool:
-        return not self.hflip and not self.vflip and self.scale == 1.0
+        return not self.hflip and not self.vflip and self.scale == 1.0 and not self.tiled
 
     @property
     def name(self) -> str:
         parts = [p for p, on in (("hflip", self.hflip), ("vflip", self.vflip)) if on]
         if self.scale != 1.0:
             parts.append(f"scale={self.scale:g}")
+        if self.tiled:
+            parts.append(f"tiles={self.tiles[0]}x{self.tiles[1]}")
+            if self.overlap != DEFAULT_OVERLAP:
+                parts.append(f"overlap={self.overlap:g}")
         return "+".join(parts) or "identity"
+
+    @property
+    def per_tile(self) -> View:
+        """What is done to each tile: this view without its tiling."""
+        return View(self.hflip, self.vflip, self.scale)
+
+    def windows(self, image_size: tuple[int, int]) -> list[tuple[int, int, int, int]]:
+        """The tiles ``(x1, y1, x2, y2)`` of an image of ``image_size`` (the whole image when untiled)."""
+        return tile_windows(image_size, *self.tiles, self.overlap)
+
+    def _untiled(self, what: str) -> None:
+        if self.tiled:
+            raise ValueError(f"view {self.name!r} is tiled: {what} each of its windows() with its per_tile view")
 
     def resized_size(self, image_size: tuple[int, int]) -> tuple[int, int]:
         """``(height, width)`` of the image after the rescale, before any padding."""
@@ -119,6 +186,7 @@ class View:
 
     def transform(self, image_size: tuple[int, int]) -> Any:
         """The albumentations ``Compose`` of this view for an image of ``image_size`` = ``(height, width)``."""
+        self._untiled("transform")
         A = _albumentations()
         steps = []
         if self.hflip:
@@ -146,12 +214,14 @@ class View:
 
     def apply(self, image: np.ndarray) -> np.ndarray:
         """The view of a BGR image."""
+        self._untiled("apply")
         if self.is_identity:
             return image
         return self.transform(image.shape[:2])(image=image)["image"]
 
     def invert_boxes(self, boxes: Tensor, image_size: tuple[int, int]) -> Tensor:
         """Boxes found in the view (Tensor[K, 4] xyxy pixels) → boxes in the original image of ``image_size``."""
+        self._untiled("invert boxes of")
         height, width = image_size
         out = boxes.to(torch.float32).clone()
         if self.scale != 1.0:
@@ -172,15 +242,29 @@ class AugmentedView(BaseDetector):
         detector: the detector (any callable ``detector(images) -> list[Detections]`` with a ``name``).
         view (str | View): the view (see :class:`View`).
         name (str | None): display name; default ``"<detector name>|<view>"``.
+        merge_iou (float): tiled views: the IoU of the class-wise NMS that merges the tiles' boxes (the
+            detector's own NMS IoU, as an ensemble YAML's ``iou`` gives it).
+        max_det (int | None): tiled views: at most this many merged boxes per image; None: no limit.
     """
 
-    def __init__(self, detector: Detector, view: str | View, name: str | None = None) -> None:
+    def __init__(
+        self,
+        detector: Detector,
+        view: str | View,
+        name: str | None = None,
+        merge_iou: float = 0.7,
+        max_det: int | None = 300,
+    ) -> None:
         from detens.adapters.precomputed import PrecomputedDetector
 
         if isinstance(detector, PrecomputedDetector):
             raise TypeError(f"{detector.name}: saved predictions cannot be re-run on augmented images")
+        check_real(merge_iou, "merge_iou", 0.0, 1.0, low_open=True)
+        if max_det is not None:
+            check_integer(max_det, "max_det", 1)
         self.view = View.parse(view)
         self.detector = detector
+        self.merge_iou, self.max_det = float(merge_iou), max_det
         super().__init__(
             name or f"{detector.name}|{self.view.name}",
             getattr(detector, "batch", 1),
@@ -188,14 +272,36 @@ class AugmentedView(BaseDetector):
         )
 
     def _predict(self, images: list[np.ndarray]) -> list[Detections]:
-        views = [self.view.apply(image) for image in images]
-        dets = detect_loaded(self.detector, views)
-        out = []
-        for det, image in zip(dets, images, strict=True):
-            size = tuple(image.shape[:2])
-            boxes = self.view.invert_boxes(det.boxes.cpu(), size)  # type: ignore[arg-type]
-            out.append(Detections(boxes, det.scores.cpu(), det.labels.cpu(), size, self.name).clip())  # type: ignore[arg-type]
-        return out
+        per_tile = self.view.per_tile
+        windows = [self.view.windows(tuple(image.shape[:2])) for image in images]  # type: ignore[arg-type]
+        crops = [
+            per_tile.apply(np.ascontiguousarray(image[y1:y2, x1:x2]))
+            for image, image_windows in zip(images, windows, strict=True)
+            for x1, y1, x2, y2 in image_windows
+        ]
+        found = iter(detect_loaded(self.detector, crops))
+        return [self._assemble(image, image_windows, found) for image, image_windows in zip(images, windows, strict=True)]
+
+    def _assemble(
+        self, image: np.ndarray, windows: list[tuple[int, int, int, int]], found: Iterator[Detections]
+    ) -> Detections:
+        """One image's Detections from those of its windows (the next ``len(windows)`` of ``found``)."""
+        size = tuple(image.shape[:2])
+        per_tile = self.view.per_tile
+        boxes, scores, labels = [], [], []
+        for window in windows:
+            det = next(found)
+            x1, y1, x2, y2 = window
+            tile_boxes = per_tile.invert_boxes(det.boxes.cpu(), (y2 - y1, x2 - x1))
+            tile_boxes += torch.tensor([x1, y1, x1, y1], dtype=tile_boxes.dtype)
+            keep = ~cut_by_inner_edges(tile_boxes, window, size)  # type: ignore[arg-type]
+            boxes.append(tile_boxes[keep])
+            scores.append(det.scores.cpu()[keep])
+            labels.append(det.labels.cpu()[keep])
+        merged = Detections(torch.cat(boxes), torch.cat(scores), torch.cat(labels), size, self.name)  # type: ignore[arg-type]
+        if self.view.tiled:
+            merged = merged[merge_tiles(merged.boxes, merged.scores, merged.labels, self.merge_iou, self.max_det)]
+        return merged.clip()
 
 
 class AugmentedDetector:
@@ -203,14 +309,21 @@ class AugmentedDetector:
 
     Args:
         detector: the detector to augment.
-        views: the views (strings such as ``"identity"``, ``"hflip"``, ``"scale=0.83"``, or :class:`View`).
-            ``identity`` is the detector itself (its name unchanged).
+        views: the views (strings such as ``"identity"``, ``"hflip"``, ``"scale=0.83"``, ``"tiles=2x2"``, or
+            :class:`View`). ``identity`` is the detector itself (its name unchanged).
+        merge_iou (float), max_det (int | None): how tiled views merge their tiles' boxes (:class:`AugmentedView`).
 
     ``members`` holds one detector per view (for an ensemble). Calling it returns, for each image, the
     list of the views' ``Detections`` (ready for ``detens.fuse``); images are read once.
     """
 
-    def __init__(self, detector: Detector, views: Sequence[str | View] = ("identity", "hflip")) -> None:
+    def __init__(
+        self,
+        detector: Detector,
+        views: Sequence[str | View] = ("identity", "hflip"),
+        merge_iou: float = 0.7,
+        max_det: int | None = 300,
+    ) -> None:
         if isinstance(views, (str, View)):
             views = [views]
         parsed = [View.parse(v) for v in views]
@@ -224,7 +337,8 @@ class AugmentedDetector:
         self.views = parsed
         self.name = f"{detector.name}+tta"
         self.members: list[Detector] = [
-            detector if v.is_identity else AugmentedView(detector, v) for v in parsed
+            detector if v.is_identity else AugmentedView(detector, v, merge_iou=merge_iou, max_det=max_det)
+            for v in parsed
         ]
 
     def __iter__(self) -> Iterator[Detector]:
