@@ -2,7 +2,7 @@
 
     detens fuse --config coco_yolo3 --source PATH --out DIR [--method wbf | --head HEAD] [--save-per-model]
 
-``--config``: a shipped ensemble by name (``coco_yolo3``, ``coco_yolo4_tta``, ``coco_diverse``,
+``--config``: a shipped ensemble by name (``coco_yolo3``, ``coco_yolo3_tiles``, ``coco_yolo4_tta``, ``coco_diverse``,
 ``coco_all6``) or a YAML file. ``--source``: an image, a folder (searched recursively), a glob (quote
 it), or ``ultralytics-assets`` (the sample images bundled with Ultralytics). Flags override the config's
 values; the resolved config is saved as ``DIR/config.yaml``.
