@@ -1,5 +1,6 @@
-"""Tiled test-time views: windows, the boxes cut by inner tile edges, the merge, and a tiled member run on
-a detector whose answers are known, each against a slow obvious reference."""
+"""Tiled test-time views: windows, the boxes cut by inner tile edges, the merge, a tiled member run on a
+detector whose answers are known, and the heads' visibility features, each against a slow obvious
+reference."""
 
 from __future__ import annotations
 
@@ -261,3 +262,94 @@ def test_tiled_member_rejects_bad_merge_settings():
         AugmentedView(ScriptedDetector(random_answers), "tiles=2x2", merge_iou=0.0)
     with pytest.raises(ValueError, match="max_det"):
         AugmentedView(ScriptedDetector(random_answers), "tiles=2x2", max_det=0)
+
+
+# ------------------------------------------------------------------------------ visibility in the heads
+def tiled_clusters(num: int = 300, seed: int = 0):
+    from detens.matching import Clusters
+
+    size = (90, 140)
+    gen = torch.Generator().manual_seed(seed)
+    boxes = random_boxes(num, size, seed) / torch.tensor([140.0, 90.0, 140.0, 90.0])
+    preds = torch.zeros(num, 3, 5)
+    preds[..., :4] = boxes[:, None, :] + torch.randn(num, 3, 4, generator=gen) * 0.01
+    preds[..., 4] = torch.rand(num, 3, generator=gen)
+    present = torch.rand(num, 3, generator=gen) < 0.7
+    present[:, 0] = True
+    preds[..., 4] *= present
+    return Clusters(preds, present, torch.randint(1, 4, (num,), generator=gen), torch.zeros(num, 3, dtype=torch.int64), size)
+
+
+def reference_visibility(model_names, clusters) -> list[list[bool]]:
+    height, width = clusters.image_size
+    out = []
+    for c in range(len(clusters)):
+        rows = [clusters.preds[c, n, :4].double().tolist() for n in range(3) if clusters.present[c, n]]
+        box = [sum(r[k] for r in rows) / len(rows) * (width if k % 2 == 0 else height) for k in range(4)]
+        row = []
+        for name in model_names:
+            if "tiles=" not in name:
+                row.append(True)
+                continue
+            view = View.parse(name.split("|")[1])
+            seen = False
+            for window in view.windows((height, width)):
+                x1, y1, x2, y2 = window
+                inside = box[0] >= x1 and box[1] >= y1 and box[2] <= x2 and box[3] <= y2
+                seen = seen or (inside and not reference_cut(torch.tensor([box]), window, (height, width))[0])
+            row.append(seen)
+        out.append(row)
+    return out
+
+
+def test_member_visibility_matches_reference():
+    from detens.heads._features import has_tiled_members, member_visibility
+
+    names = ["a", "a|tiles=2x2", "b|hflip+tiles=3x3+overlap=0.25"]
+    clusters = tiled_clusters()
+    got = member_visibility(names, clusters)
+    assert got.dtype == torch.bool and got.shape == (len(clusters), 3)
+    assert got.tolist() == reference_visibility(names, clusters)
+    assert got[:, 0].all() and not got[:, 1].all() and got[:, 1].any() and not got[:, 2].all()
+    assert has_tiled_members(names) and not has_tiled_members(["a", "a|hflip", "tiles|x", "a|tiles=bad"])
+    assert member_visibility(["a", "a|hflip", "b"], clusters).all()  # no tiled member: every model sees all
+    assert member_visibility(names, clusters[torch.zeros(0, dtype=torch.long)]).shape == (0, 3)
+
+
+def test_visibility_columns():
+    """Untiled: visible 1, and the two cluster columns equal frac_present and mean_score; tiled: computed
+    over the models that could see the cluster."""
+    from detens.heads._features import cluster_features, feature_names, member_visibility
+
+    clusters = tiled_clusters(seed=1)
+    names = feature_names(3)
+    plain = cluster_features(clusters)
+    assert (plain[:, [names.index(f"visible[{n}]") for n in range(3)]] == 1).all()
+    torch.testing.assert_close(plain[:, names.index("frac_visible_present")], plain[:, names.index("frac_present")])
+    torch.testing.assert_close(plain[:, names.index("mean_visible_score")], plain[:, names.index("mean_score")])
+    visible = member_visibility(["a", "a|tiles=2x2", "b|tiles=3x3"], clusters)
+    tiled = cluster_features(clusters, visible=visible)
+    base = [i for i, name in enumerate(names) if not name.startswith(("visible", "frac_visible", "mean_visible"))]
+    torch.testing.assert_close(tiled[:, base], plain[:, base])  # the other columns do not move
+    for c in range(len(clusters)):
+        seen = [n for n in range(3) if visible[c, n]]
+        present = [n for n in seen if clusters.present[c, n]]
+        assert float(tiled[c, names.index("frac_visible_present")]) == pytest.approx(len(present) / len(seen))
+        mean = sum(float(clusters.preds[c, n, 4]) for n in present) / len(seen)
+        assert float(tiled[c, names.index("mean_visible_score")]) == pytest.approx(mean, abs=1e-6)
+
+
+def test_heads_read_visibility_only_with_tiled_members():
+    from detens.heads import HEADS
+    from detens.heads._features import VISIBILITY_GROUPS
+    from detens.heads.deep import DEEP_FEATURES
+
+    plain = HEADS.get("deep")(["a", "b"], class_ids=[1])
+    tiled = HEADS.get("deep")(["a", "a|tiles=2x2"], class_ids=[1])
+    assert tuple(plain.features) == tuple(g for g in plain.features if g in DEEP_FEATURES)
+    assert not plain.reads_visibility and tiled.reads_visibility
+    assert set(tiled.features) == set(plain.features) | set(VISIBILITY_GROUPS)
+    chosen = HEADS.get("deep")(["a", "a|tiles=2x2"], features=["score"], class_ids=[1])
+    assert chosen.features == ["score"] and not chosen.reads_visibility  # an explicit list is kept as is
+    superlearner = HEADS.get("superlearner")(["a", "b"], class_ids=[1])
+    assert not set(superlearner.features) & set(VISIBILITY_GROUPS)

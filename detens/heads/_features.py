@@ -17,12 +17,20 @@ so the heads see the same features at training and at fusion time:
   same-class score, the largest IoU with a higher-scoring cluster of *another* class, and how the score
   compares with those of other-class clusters at the same place (IoU > 0.7): the best one's share
   s_other / (s_other + s), and this cluster's share of the total s / (s + Σ s_other); and how crowded
-  the image is: log(1 + the number of clusters, and of same-class clusters, with mean score > 0.25).
+  the image is: log(1 + the number of clusters, and of same-class clusters, with mean score > 0.25);
+- visibility, for ensembles with tiled test-time views (``name|tiles=2x2``; see
+  :mod:`detens.adapters.augmented`), whose members drop every box a tile edge cuts and so are absent from
+  large objects by construction: per model whether it could have seen the cluster's mean box whole (1 for
+  untiled members), the fraction of those models that are present, and their mean score. The columns
+  come last, so that heads saved without them read the same columns as before.
 
 The class enters the networks separately (a learned embedding over the class ids seen in training).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -32,7 +40,7 @@ from detens.matching import Clusters, weighted_mean_box
 
 __all__ = [
     "feature_names", "num_features", "cluster_features", "present_mean_box", "present_median_box", "pairwise_iou",
-    "class_positions",
+    "class_positions", "member_visibility", "has_tiled_members", "VISIBILITY_GROUPS",
 ]
 
 _PER_MODEL = ("present", "score", "log_score", "dx1", "dy1", "dx2", "dy2", "iou_mean")
@@ -49,6 +57,8 @@ _CONTEXT = (
     "log_image_confident",
     "log_class_confident",
 )
+#: The feature groups of visibility (read by default only when some member is a tiled view).
+VISIBILITY_GROUPS = ("visible", "frac_visible_present", "mean_visible_score")
 # A cluster "confidently" found: mean score above this (for the image-level crowd counts).
 _CONFIDENT = 0.25
 # Clusters of more than this many boxes compute their C×C context IoUs in row blocks.
@@ -61,6 +71,7 @@ def feature_names(num_models: int) -> list[str]:
     names += list(_CLUSTER)
     names += [f"iou[{i},{j}]" for i in range(num_models) for j in range(i + 1, num_models)]
     names += list(_CONTEXT)
+    names += [f"visible[{n}]" for n in range(num_models)] + list(VISIBILITY_GROUPS[1:])
     return names
 
 
@@ -149,12 +160,14 @@ def _context(boxes: Tensor, scores: Tensor, labels: Tensor) -> Tensor:
     return out
 
 
-def cluster_features(clusters: Clusters, dtype: torch.dtype | None = None) -> Tensor:
+def cluster_features(clusters: Clusters, dtype: torch.dtype | None = None, visible: Tensor | None = None) -> Tensor:
     """The F features of every cluster of ONE image (see the module docstring).
 
     Args:
         clusters (Clusters): ``preds (Tensor[C, N, 5])``, ``present (Tensor[C, N])``, ``labels (Tensor[C])``.
         dtype (torch.dtype | None): output dtype (default: the predictions' floating dtype).
+        visible (Tensor[C, N] | None): whether each model could have seen each cluster whole
+            (:func:`member_visibility`); None: every model could.
 
     Returns:
         Tensor[C, F] on the clusters' device, F = :func:`num_features` (N). C = 0 gives ``[0, F]``.
@@ -197,7 +210,60 @@ def cluster_features(clusters: Clusters, dtype: torch.dtype | None = None) -> Te
     )  # [C, 9]
     agreement = pairwise_iou(preds, present)  # [C, P]
     context = _context(mean_box, mean_score, clusters.labels.to(preds.device))  # [C, 10]
-    return torch.cat([per_model.reshape(num, num_models * len(_PER_MODEL)), cluster, agreement, context], dim=1)
+    seen = pres.new_ones(num, num_models) if visible is None else visible.to(pres)  # [C, N]
+    seen_count = seen.sum(1).clamp(min=1)
+    visibility = torch.cat(
+        [seen, ((pres * seen).sum(1) / seen_count)[:, None], ((scores * seen).sum(1) / seen_count)[:, None]], dim=1
+    )  # [C, N + 2]
+    return torch.cat(
+        [per_model.reshape(num, num_models * len(_PER_MODEL)), cluster, agreement, context, visibility], dim=1
+    )
+
+
+def _tiled_view(name: str) -> Any:
+    """The tiled test-time view a member name ends with (``"yolo26n|tiles=2x2"``), else None."""
+    if "|" not in name or "tiles" not in name.rsplit("|", 1)[1]:
+        return None
+    from detens.adapters.augmented import View
+
+    try:
+        view = View.parse(name.rsplit("|", 1)[1])
+    except ValueError:  # a display name that only looks like a view
+        return None
+    return view if view.tiled else None
+
+
+def has_tiled_members(model_names: Sequence[str]) -> bool:
+    """Whether any member is a tiled view (its name ends with ``|tiles=RxC...``)."""
+    return any(_tiled_view(name) is not None for name in model_names)
+
+
+def member_visibility(model_names: Sequence[str], clusters: Clusters) -> Tensor:
+    """Tensor[C, N] bool: whether model n could have seen cluster c's mean box whole.
+
+    An untiled member sees everything. A tiled member (:func:`has_tiled_members`) sees a box that lies in
+    one of its tiles and touches none of that tile's inner edges, the boxes it keeps
+    (:func:`detens.adapters._tiles.cut_by_inner_edges`).
+    """
+    from detens.adapters._tiles import cut_by_inner_edges
+
+    height, width = clusters.image_size
+    num = len(clusters)
+    scale = torch.tensor([width, height, width, height], dtype=torch.float64, device=clusters.device)
+    boxes = present_mean_box(clusters.preds.to(torch.float64), clusters.present) * scale  # [C, 4] pixels
+    columns = []
+    for name in model_names:
+        view = _tiled_view(name)
+        if view is None:
+            columns.append(torch.ones(num, dtype=torch.bool, device=clusters.device))
+            continue
+        seen = torch.zeros(num, dtype=torch.bool, device=clusters.device)
+        for window in view.windows((height, width)):
+            x1, y1, x2, y2 = window
+            inside = (boxes[:, 0] >= x1) & (boxes[:, 1] >= y1) & (boxes[:, 2] <= x2) & (boxes[:, 3] <= y2)
+            seen |= inside & ~cut_by_inner_edges(boxes, window, (height, width))
+        columns.append(seen)
+    return torch.stack(columns, 1) if columns else torch.zeros(num, 0, dtype=torch.bool, device=clusters.device)
 
 
 def class_positions(class_ids: Tensor, labels: Tensor) -> Tensor:

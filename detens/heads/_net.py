@@ -28,7 +28,14 @@ from torch import Tensor, nn
 from torchvision.ops import generalized_box_iou_loss
 
 from detens.detections import Detections
-from detens.heads._features import class_positions, cluster_features, feature_names
+from detens.heads._features import (
+    VISIBILITY_GROUPS,
+    class_positions,
+    cluster_features,
+    feature_names,
+    has_tiled_members,
+    member_visibility,
+)
 from detens.heads._io import (
     HeadFileError,
     check_class_ids,
@@ -43,7 +50,7 @@ from detens.heads._io import (
 from detens.matching import Clusters
 from detens.targets import Targets
 
-__all__ = ["NetHead", "make_mlp", "ACTIVATIONS", "FEATURE_GROUPS", "as_list"]
+__all__ = ["NetHead", "make_mlp", "ACTIVATIONS", "FEATURE_GROUPS", "BASE_FEATURE_GROUPS", "as_list"]
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "silu": nn.SiLU, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh}
 
@@ -59,6 +66,8 @@ def _groups() -> tuple[str, ...]:
 
 #: Feature groups a head can read (a group is one feature, or its N per-model / P pairwise columns).
 FEATURE_GROUPS: tuple[str, ...] = _groups()
+#: The groups every ensemble has (visibility only tells tiled members apart).
+BASE_FEATURE_GROUPS: tuple[str, ...] = tuple(g for g in FEATURE_GROUPS if g not in VISIBILITY_GROUPS)
 
 
 def make_mlp(
@@ -101,7 +110,8 @@ class NetHead(nn.Module):
     Args:
         model_names (list[str]): the ensemble's models, in the order of the clusters' N axis.
         features (list[str] | None): feature groups to read (:data:`FEATURE_GROUPS`); None: the
-            subclass's ``default_features`` (all groups when that is None).
+            subclass's ``default_features`` (all groups but visibility when that is None), with the
+            visibility groups when a member is a tiled view.
         class_ids (list[int] | None): category ids with their own embedding row (those seen in training).
         class_embed (int): width E of the class embedding; 0 disables it.
         hidden (int): width H of the hidden layers. depth (int): number of hidden layers.
@@ -129,7 +139,9 @@ class NetHead(nn.Module):
         self.model_names = check_model_names(model_names)
         self.match_iou = check_match_iou(match_iou)
         if features is None:
-            features = self.default_features if self.default_features is not None else FEATURE_GROUPS
+            features = self.default_features if self.default_features is not None else BASE_FEATURE_GROUPS
+            if has_tiled_members(self.model_names):
+                features = (*features, *VISIBILITY_GROUPS)
         if isinstance(features, str) or not isinstance(features, Sequence) or not features:
             raise ValueError(f"features must be a non-empty list of feature groups, got {features!r}")
         unknown = [f for f in features if f not in FEATURE_GROUPS]
@@ -160,6 +172,10 @@ class NetHead(nn.Module):
         return len(self.model_names)
 
     @property
+    def reads_visibility(self) -> bool:
+        return any(group in VISIBILITY_GROUPS for group in self.features)
+
+    @property
     def in_features(self) -> int:
         """Width of the networks' input: F standardized features plus the class embedding."""
         return int(self.feature_columns.numel()) + self.class_embed
@@ -182,7 +198,8 @@ class NetHead(nn.Module):
         """Tensor[C, F]: the raw (unstandardized) feature columns this head reads, for one image."""
         self.check_clusters(clusters)
         dtype = self.feature_mean.dtype
-        all_features = cluster_features(clusters, dtype=dtype)
+        visible = member_visibility(self.model_names, clusters) if self.reads_visibility else None
+        all_features = cluster_features(clusters, dtype=dtype, visible=visible)
         return all_features[:, self.feature_columns.to(all_features.device)]
 
     @torch.no_grad()
