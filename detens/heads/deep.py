@@ -5,8 +5,9 @@ Dimension legend: C clusters, N models, F features, H hidden width.
 
 Seed 002 combines unit models by stacked ensemble layers z^l = σ(V^l z^{l−1} + b^l) over their outputs.
 Here the "unit model outputs" of a cluster are its per-object features (:mod:`detens.heads._features`:
-the models' scores and presence, their box agreement, the box size, the context of the object in its
-image, optionally the class), and the layers produce the fused **score**:
+by default (:data:`DEEP_FEATURES`) the models' scores and presence, their box agreement, the context of
+the object in its image, and visibility when a member is a tiled view; optionally the class), and the
+layers produce the fused **score**:
 
     s̄ = (1/N) Σᵢ pᵢ                            (the ``mean`` fuser's score; absent models count 0)
     z = a · logit(s̄) + b + MLP(x)              (MLP: ``depth`` layers of width ``hidden``, output layer zero-initialized)
