@@ -149,11 +149,13 @@ class DeepEnsembleHead(NetHead):
     def _boxes(self, clusters: Clusters, x: Tensor) -> Tensor:
         """Tensor[C, 4]: the fused boxes (the weighted box, or with ``median_box`` the median where enough
         models are present)."""
-        weighted = self._weighted_boxes(clusters, x)
         if not self.median_box:
-            return weighted
-        median = present_median_box(clusters.preds.to(x.dtype), clusters.present)
-        return torch.where((clusters.present.sum(1) >= MEDIAN_MIN_PRESENT)[:, None], median, weighted)
+            return self._weighted_boxes(clusters, x)
+        few = clusters.present.sum(1) < MEDIAN_MIN_PRESENT  # [C]
+        boxes = present_median_box(clusters.preds.to(x.dtype), clusters.present)
+        if bool(few.any()):
+            boxes[few] = self._weighted_boxes(clusters[few], x[few])
+        return boxes
 
     def _weighted_boxes(self, clusters: Clusters, x: Tensor) -> Tensor:
         preds = clusters.preds.to(x.dtype)
