@@ -118,7 +118,7 @@ class View:
                 bool(spec.get("hflip", False)),
                 bool(spec.get("vflip", False)),
                 float(spec.get("scale", 1.0)),
-                tuple(tiles) if isinstance(tiles, list) else tiles,
+                tiles,
                 float(spec.get("overlap", DEFAULT_OVERLAP)),
             )
         if not isinstance(spec, str) or not spec.strip():
@@ -280,14 +280,17 @@ class AugmentedView(BaseDetector):
             for x1, y1, x2, y2 in image_windows
         ]
         found = iter(detect_loaded(self.detector, crops))
-        return [self._assemble(image, image_windows, found) for image, image_windows in zip(images, windows, strict=True)]
+        return [
+            self._assemble(image, image_windows, per_tile, found)
+            for image, image_windows in zip(images, windows, strict=True)
+        ]
 
     def _assemble(
-        self, image: np.ndarray, windows: list[tuple[int, int, int, int]], found: Iterator[Detections]
+        self, image: np.ndarray, windows: list[tuple[int, int, int, int]], per_tile: View, found: Iterator[Detections]
     ) -> Detections:
-        """One image's Detections from those of its windows (the next ``len(windows)`` of ``found``)."""
+        """One image's Detections from those of its windows (the next ``len(windows)`` of ``found``, each
+        seen through ``per_tile``)."""
         size = tuple(image.shape[:2])
-        per_tile = self.view.per_tile
         boxes, scores, labels = [], [], []
         for window in windows:
             det = next(found)

@@ -29,6 +29,7 @@ The class enters the networks separately (a learned embedding over the class ids
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -220,8 +221,10 @@ def cluster_features(clusters: Clusters, dtype: torch.dtype | None = None, visib
     )
 
 
+@functools.lru_cache(maxsize=1024)
 def _tiled_view(name: str) -> Any:
-    """The tiled test-time view a member name ends with (``"yolo26n|tiles=2x2"``), else None."""
+    """The tiled test-time view a member name ends with (``"yolo26n|tiles=2x2"``), else None (cached: the
+    heads ask for every image they fuse)."""
     if "|" not in name or "tiles" not in name.rsplit("|", 1)[1]:
         return None
     from detens.adapters.augmented import View
