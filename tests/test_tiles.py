@@ -353,3 +353,16 @@ def test_heads_read_visibility_only_with_tiled_members():
     assert chosen.features == ["score"] and not chosen.reads_visibility  # an explicit list is kept as is
     superlearner = HEADS.get("superlearner")(["a", "b"], class_ids=[1])
     assert not set(superlearner.features) & set(VISIBILITY_GROUPS)
+    selection = HEADS.get("selection")(["a", "a|tiles=2x2"], class_ids=[1])
+    assert selection.reads_visibility
+
+
+def test_superlearner_reads_visibility_only_when_asked():
+    from detens.heads import HEADS
+    from detens.heads._features import VISIBILITY_GROUPS
+    from detens.heads._net import BASE_FEATURE_GROUPS
+
+    tiled = HEADS.get("superlearner")(["a", "a|tiles=2x2"], class_ids=[1])
+    assert tuple(tiled.features) == BASE_FEATURE_GROUPS and not tiled.reads_visibility
+    asked = HEADS.get("superlearner")(["a", "a|tiles=2x2"], features=["score", *VISIBILITY_GROUPS], class_ids=[1])
+    assert asked.reads_visibility

@@ -111,7 +111,8 @@ class NetHead(nn.Module):
         model_names (list[str]): the ensemble's models, in the order of the clusters' N axis.
         features (list[str] | None): feature groups to read (:data:`FEATURE_GROUPS`); None: the
             subclass's ``default_features`` (all groups but visibility when that is None), with the
-            visibility groups when a member is a tiled view.
+            visibility groups when a member is a tiled view and the subclass's
+            ``visibility_by_default`` is true.
         class_ids (list[int] | None): category ids with their own embedding row (those seen in training).
         class_embed (int): width E of the class embedding; 0 disables it.
         hidden (int): width H of the hidden layers. depth (int): number of hidden layers.
@@ -121,6 +122,8 @@ class NetHead(nn.Module):
 
     type_name: ClassVar[str] = ""
     default_features: ClassVar[tuple[str, ...] | None] = None
+    #: whether ``features=None`` adds the visibility groups when a member is a tiled view.
+    visibility_by_default: ClassVar[bool] = True
     #: constructor options of the subclass (besides the base ones), saved in ``config``.
     extra_config: ClassVar[tuple[str, ...]] = ()
 
@@ -140,7 +143,7 @@ class NetHead(nn.Module):
         self.match_iou = check_match_iou(match_iou)
         if features is None:
             features = self.default_features if self.default_features is not None else BASE_FEATURE_GROUPS
-            if has_tiled_members(self.model_names):
+            if self.visibility_by_default and has_tiled_members(self.model_names):
                 features = (*features, *VISIBILITY_GROUPS)
         if isinstance(features, str) or not isinstance(features, Sequence) or not features:
             raise ValueError(f"features must be a non-empty list of feature groups, got {features!r}")
