@@ -64,6 +64,7 @@ __all__ = [
     "MAX_K",
     "expand_methods",
     "check_method_names",
+    "head_kind",
     "cross_validate",
     "summarize_repeats",
 ]
@@ -433,11 +434,20 @@ for _name in ("nms", "soft_nms", "wbf", "vote", "mean"):
 METHODS.register("single:")(lambda model_names, name: SingleModel(model_names, name))
 METHODS.register("head:")(PretrainedHead)
 METHODS.register("wbf_tuned")(TunedWBF)
+#: method name → the head type it fits (``selection_k2`` → ``selection``).
+_HEAD_KINDS: dict[str, str] = {}
 for _kind in TRAINERS:
     METHODS.register(_kind)(_head_factory(_kind))
+    _HEAD_KINDS[_kind] = _kind
 for _k in range(1, MAX_K + 1):
     METHODS.register(f"selection_k{_k}")(_head_factory("selection", k=_k))
+    _HEAD_KINDS[f"selection_k{_k}"] = "selection"
     METHODS.register(f"random_k{_k}")(_random_factory(_k))
+
+
+def head_kind(name: str) -> str | None:
+    """The head type (:data:`detens.heads.TRAINERS`) that method ``name`` fits, or None for the others."""
+    return _HEAD_KINDS.get(name)
 METHODS.register("oracle")(OracleMethod)
 
 

@@ -493,6 +493,26 @@ class TestTools:
         assert "| theta |" in capsys.readouterr().out
         assert (tmp_path / "r.png").stat().st_size > 1000
 
+    def test_evaluate_cli_train_config_reaches_every_method_of_its_head(self, dataset, tmp_path, capsys):
+        gt_path, predictions = dataset
+        config = tmp_path / "selection.yaml"
+        config.write_text("epochs: 1\nhidden: 8\nk: 3\n")
+        out = tmp_path / "report.json"
+        base = ["--gt", str(gt_path), "--predictions", str(predictions), "--cv", "2", "--backend", "faster",
+                "--out", str(out), "--quiet"]
+        assert evaluate_cli.main(base + ["--methods", "selection_k1,selection_k2,mean",
+                                         "--train-config", f"selection={config}"]) == 0
+        fitted = json.loads((tmp_path / "report.fitted.json").read_text())
+        assert list(fitted) == ["selection_k1", "selection_k2"]
+        for method, k in (("selection_k1", 1), ("selection_k2", 2)):
+            for fold in fitted[method]:
+                # the file's settings, with the k that the method's name fixes
+                assert fold["config"]["epochs"] == 1 and fold["config"]["hidden"] == 8 and fold["config"]["k"] == k
+        capsys.readouterr()
+        assert evaluate_cli.main(base + ["--methods", "mean,wbf_tuned", "--train-config", f"deep={config}"]) == 2
+        err = capsys.readouterr().err
+        assert "no method of --methods (mean, wbf_tuned) fits a deep head" in err and "Traceback" not in err
+
     def test_evaluate_cli_repeats_the_cross_validation_per_seed(self, dataset, tmp_path, capsys):
         gt_path, predictions = dataset
         base = ["--gt", str(gt_path), "--predictions", str(predictions), "--methods", "mean,wbf_tuned",
@@ -846,3 +866,13 @@ class TestMedianBox:
     def test_bad_setting(self):
         with pytest.raises(ValueError, match="median_box must be true, false or auto, got 'sometimes'"):
             self.small(median_box="sometimes")
+
+
+def test_head_kind_names_the_head_a_method_fits():
+    from detens.evaluation import MAX_K, head_kind
+    from detens.heads import TRAINERS
+
+    assert all(head_kind(kind) == kind for kind in TRAINERS)
+    assert [head_kind(f"selection_k{k}") for k in range(1, MAX_K + 1)] == ["selection"] * MAX_K
+    for name in ("mean", "wbf_tuned", "single:yolo26n", "random_k2", "oracle", "head:theta"):
+        assert head_kind(name) is None

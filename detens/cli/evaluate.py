@@ -67,6 +67,7 @@ from detens.evaluation import (
     check_method_names,
     cross_validate,
     expand_methods,
+    head_kind,
     summarize_repeats,
 )
 from detens.folds import kfold_image_splits
@@ -116,8 +117,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="fixes the folds; several (0,1,2) repeat the cross-validation once per seed and report the means",
     )
     parser.add_argument(
-        "--train-config", action="append", default=[], metavar="METHOD=YAML",
-        help="training config of a learned method (e.g. theta=configs/train/theta.yaml; repeatable); "
+        "--train-config", action="append", default=[], metavar="HEAD=YAML",
+        help="training config of every method that fits this head type (e.g. theta=configs/train/theta.yaml; "
+        "selection=... also configures selection_k1 ... selection_k8; repeatable); "
         "default: the head's code defaults, which configs/train/<head>.yaml mirror",
     )
     parser.add_argument("--backend", default="pycocotools", choices=BACKENDS,
@@ -156,6 +158,16 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--cv 0 and --fit-on go together: without cross-validation the fitting data is --fit-on's")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     check_method_names(methods)
+    options = {}
+    for item in args.train_config:
+        kind, _, path = item.partition("=")
+        if kind not in TRAINERS or not path:
+            raise UsageError(f"--train-config takes HEAD=YAML with HEAD one of {', '.join(sorted(TRAINERS))}, got {item!r}")
+        takers = [m for m in methods if head_kind(m) == kind]
+        if not takers:
+            raise UsageError(f"--train-config {item}: no method of --methods ({', '.join(methods)}) fits a {kind} head")
+        config = load_yaml_config(TRAINERS[kind].config_class, find_packaged(path, "train"))
+        options.update({method: {"config": config} for method in takers})
     if args.report is not None and Path(args.report).exists() and not Path(args.report).is_dir():
         raise UsageError(f"--report must be a folder, but {args.report} is a file")
     if args.images is not None and not Path(args.images).is_dir():
@@ -179,12 +191,6 @@ def run(args: argparse.Namespace) -> int:
     if args.also_fit_on or args.fit_on:
         fit_gt, fit_folder = args.also_fit_on or args.fit_on
         fit_on = EnsemblePredictions.from_folder(fit_folder, load_coco_gt(fit_gt), models=predictions.model_names)
-    options = {}
-    for item in args.train_config:
-        method, _, path = item.partition("=")
-        if method not in TRAINERS or not path:
-            raise UsageError(f"--train-config takes HEAD=YAML with HEAD one of {', '.join(sorted(TRAINERS))}, got {item!r}")
-        options[method] = {"config": load_yaml_config(TRAINERS[method].config_class, find_packaged(path, "train"))}
 
     against = None
     if args.bootstrap:
