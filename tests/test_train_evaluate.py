@@ -440,6 +440,35 @@ class TestTools:
         with pytest.raises(ValueError, match="unknown key 'epoch'"):  # --debug: the exception itself
             train_cli.main(args + ["--out", str(out), "--set", "epoch=3", "--debug"])
 
+    def test_train_cli_rejects_a_matching_iou_that_the_grid_search_would_overwrite(self, dataset, tmp_path, capsys):
+        gt_path, predictions = dataset
+        args = ["--gt", str(gt_path), "--predictions", str(predictions), "--epochs", "1", "--quiet",
+                "--out", str(tmp_path / "head.json")]
+        assert train_cli.main(args + ["--set", "match_iou=0.5"]) == 2
+        err = capsys.readouterr().err
+        assert "--set: match_iou 0.5 would not be used" in err and "[0.6, 0.65, 0.7]" in err
+        assert train_cli.main(args + ["--set", "match_iou=0.5", "--set", "match_iou_grid=[]"]) == 0
+        assert load_head(tmp_path / "head.json").match_iou == 0.5
+        capsys.readouterr()
+        seed = tmp_path / "seed.yaml"
+        seed.write_text("epochs: 1\n")
+        assert train_cli.main(args + ["--head", "theta_seed", "--config", str(seed)]) == 0
+        written = (tmp_path / "head.json.config.yaml").read_text()
+        # a partial file of the seed's variant keeps the seed's settings, not the plain theta defaults
+        assert "normalize_box: false" in written and "match_iou_grid: []" in written
+
+    def test_evaluate_cli_takes_one_train_config_per_head(self, dataset, tmp_path, capsys):
+        gt_path, predictions = dataset
+        config = tmp_path / "theta.yaml"
+        config.write_text("epochs: 1\n")
+        base = ["--gt", str(gt_path), "--predictions", str(predictions), "--methods", "theta", "--out",
+                str(tmp_path / "r.json"), "--quiet"]
+        assert evaluate_cli.main(base + ["--train-config", f"theta={config}", "--train-config", f"theta={config}"]) == 2
+        assert "--train-config theta= is given twice" in capsys.readouterr().err
+        config.write_text("match_iou: 0.5\n")
+        assert evaluate_cli.main(base + ["--train-config", f"theta={config}"]) == 2
+        assert f"{config}: match_iou 0.5 would not be used" in capsys.readouterr().err
+
     def test_evaluate_cli_fit_on_needs_no_cross_validation(self, dataset, tmp_path, capsys):
         gt_path, predictions = dataset
         base = ["--gt", str(gt_path), "--predictions", str(predictions), "--methods", "mean", "--out",
@@ -876,3 +905,22 @@ def test_head_kind_names_the_head_a_method_fits():
     assert [head_kind(f"selection_k{k}") for k in range(1, MAX_K + 1)] == ["selection"] * MAX_K
     for name in ("mean", "wbf_tuned", "single:yolo26n", "random_k2", "oracle", "head:theta"):
         assert head_kind(name) is None
+
+
+def test_train_config_from_layers_the_user_keys_over_the_head_defaults():
+    from detens.heads import config_for, theta_seed_config, train_config_from
+
+    assert train_config_from("theta_seed") == theta_seed_config()
+    partial = train_config_from("theta_seed", ("seed.yaml", {"lr": 0.05}))
+    assert partial == theta_seed_config(lr=0.05)
+    layered = train_config_from("deep", ("a.yaml", {"epochs": 3, "match_iou_grid": [0.6]}), ("--set", {"epochs": 4}))
+    assert layered == config_for("deep", epochs=4, match_iou_grid=[0.6])
+    # match_iou is overwritten by a non-empty grid: the layer that sets it alone is named
+    with pytest.raises(ValueError, match=r"^--set: match_iou 0.5 would not be used.*\[0.6\]"):
+        train_config_from("deep", ("a.yaml", {"match_iou_grid": [0.6]}), ("--set", {"match_iou": 0.5}))
+    with pytest.raises(ValueError, match=r"^a.yaml: match_iou 0.5"):
+        train_config_from("theta", ("a.yaml", {"match_iou": 0.5}))
+    assert train_config_from("selection", ("a.yaml", {"match_iou": 0.5})).match_iou == 0.5  # no grid by default
+    assert train_config_from("deep", ("a.yaml", {"match_iou": 0.5, "match_iou_grid": []})).match_iou == 0.5
+    with pytest.raises(ValueError, match=r"unknown key 'epoch' in b.yaml"):
+        train_config_from("deep", ("a.yaml", {"epochs": 2}), ("b.yaml", {"epoch": 2}))

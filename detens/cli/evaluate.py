@@ -60,7 +60,7 @@ import detens
 from detens.bootstrap import bootstrap_map, summarize_bootstrap
 from detens.cli import UsageError, add_threads_argument, run_command
 from detens.coco import BACKENDS, CocoGroundTruth, detections_to_coco, load_coco_gt
-from detens.config import load_yaml_config
+from detens.config import read_yaml_file
 from detens.evaluation import (
     METHODS,
     MethodResult,
@@ -71,7 +71,7 @@ from detens.evaluation import (
     summarize_repeats,
 )
 from detens.folds import kfold_image_splits
-from detens.heads import TRAINERS
+from detens.heads import TRAINERS, train_config_from
 from detens.io import atomic_write_json
 from detens.packaged import find_packaged
 from detens.predictions import EnsemblePredictions
@@ -158,15 +158,22 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--cv 0 and --fit-on go together: without cross-validation the fitting data is --fit-on's")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     check_method_names(methods)
-    options = {}
+    options, options_by_head = {}, {}
     for item in args.train_config:
         kind, _, path = item.partition("=")
         if kind not in TRAINERS or not path:
             raise UsageError(f"--train-config takes HEAD=YAML with HEAD one of {', '.join(sorted(TRAINERS))}, got {item!r}")
+        if kind in options_by_head:
+            raise UsageError(f"--train-config {kind}= is given twice; give each head type one file")
         takers = [m for m in methods if head_kind(m) == kind]
         if not takers:
             raise UsageError(f"--train-config {item}: no method of --methods ({', '.join(methods)}) fits a {kind} head")
-        config = load_yaml_config(TRAINERS[kind].config_class, find_packaged(path, "train"))
+        config_path = find_packaged(path, "train")
+        data = read_yaml_file(config_path, "training config") or {}
+        if not isinstance(data, dict):
+            raise UsageError(f"--train-config {item}: the top level must be a mapping, got {type(data).__name__}")
+        config = train_config_from(kind, (str(config_path), data))
+        options_by_head[kind] = config
         options.update({method: {"config": config} for method in takers})
     if args.report is not None and Path(args.report).exists() and not Path(args.report).is_dir():
         raise UsageError(f"--report must be a folder, but {args.report} is a file")

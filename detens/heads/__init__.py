@@ -51,6 +51,7 @@ from detens.heads._fit import (  # noqa: E402  isort: skip
     config_for,
     fit_head,
     theta_seed_config,
+    train_config_from,
 )
 
 __all__ = [
@@ -73,6 +74,7 @@ __all__ = [
     "list_heads",
     "load_head",
     "theta_seed_config",
+    "train_config_from",
 ]
 
 

@@ -42,7 +42,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
 import torch
@@ -717,6 +717,34 @@ def config_for(kind: str, **overrides: Any) -> Any:
     if unknown:
         raise ValueError(f"unknown {kind} training options {unknown}; valid: {', '.join(sorted(names))}")
     return trainer.default(**overrides)
+
+
+def train_config_from(kind: str, *layers: tuple[str, dict[str, Any] | None]) -> Any:
+    """The training config of ``kind`` from what a user gave: the head type's own defaults (``theta_seed``'s,
+    not the plain ``theta`` ones), then each ``(where, keys)`` layer on top in order (a YAML file, then
+    ``--set`` flags).
+
+    Unknown keys and wrong types are a ``ValueError``/``TypeError`` naming the layer. So is a layer that
+    gives ``match_iou`` without ``match_iou_grid`` while the grid it lands on is not empty: the search over
+    the grid would overwrite it.
+    """
+    from detens.config import from_dict
+
+    trainer = _trainer(kind)
+    config = config_for(kind)
+    data = asdict(config)
+    for where, keys in layers:
+        keys = dict(keys or {})
+        grid = keys.get("match_iou_grid", data.get("match_iou_grid"))
+        if "match_iou" in keys and "match_iou_grid" not in keys and grid:
+            raise ValueError(
+                f"{where}: match_iou {keys['match_iou']} would not be used: the {kind} head chooses its matching "
+                f"IoU among match_iou_grid {list(grid)} on the fitting images; also give match_iou_grid: [] to "
+                "fix it, or list the IoUs to choose among"
+            )
+        data.update(keys)
+        config = from_dict(trainer.config_class, data, where=where)  # each layer's mistakes named by it
+    return config
 
 
 def _trainer(kind: str) -> Trainer:
