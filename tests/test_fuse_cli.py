@@ -316,3 +316,19 @@ def test_shipped_config_head_follows_its_method(tmp_path):
         fuse_tool.fusion_params(fuse_tool.resolve_config(parse(base + ["--method", "deep", "--head", "coco_yolo3_theta"])), names)
     with pytest.raises(ValueError, match="trained for|other models|models"):
         fuse_tool.fusion_params(config, ["a", "b", "c"])
+
+
+def test_fusion_weights_are_given_in_one_place():
+    from detens.config import from_dict
+    from detens.ensemble_config import EnsembleConfig
+
+    def config(weight, params):
+        return from_dict(EnsembleConfig, {
+            "models": [{"weights": "a.pt", "name": "a", "weight": weight}, {"weights": "b.pt", "name": "b"}],
+            "fusion": {"method": "wbf", "params": params},
+        })
+
+    assert fuse_tool.fusion_params(config(2.0, {"iou_thr": 0.6}), ["a", "b"])["weights"] == [2.0, 1.0]
+    assert fuse_tool.fusion_params(config(1.0, {"weights": [1.0, 5.0]}), ["a", "b"])["weights"] == [1.0, 5.0]
+    with pytest.raises(ValueError, match=r"fusion weights are given twice: fusion.params.weights \[1.0, 5.0\]"):
+        fuse_tool.fusion_params(config(2.0, {"weights": [1.0, 5.0]}), ["a", "b"])

@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 import yaml
 
-__all__ = ["COMMANDS", "UsageError", "add_threads_argument", "build_parser", "command_parser", "main", "run_command"]
+__all__ = ["COMMANDS", "UsageError", "add_threads_argument", "build_parser", "positive_int", "command_parser", "main", "run_command"]
 
 #: subcommand -> (module, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -42,10 +42,21 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")  # same form as UsageError
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:
     """``--threads``, for the commands that fuse many small clusters with torch."""
     parser.add_argument(
-        "--threads", type=int, default=1,
+        "--threads", type=positive_int, default=1,
         help="torch intra-op threads (default 1: fusion works on tensors of a few hundred boxes, where thread "
         "hand-offs cost more than they save)",
     )

@@ -56,7 +56,7 @@ import numpy as np
 import torch
 
 from detens import Detections, match
-from detens.cli import UsageError
+from detens.cli import UsageError, positive_int
 from detens.fusers import fuse
 from detens.io import atomic_write_json
 
@@ -264,7 +264,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=15,
                         help="images per size; sizes above 5000 boxes use a third of them (default: 15)")
     parser.add_argument("--device", default="cpu", help="device of the input Detections (default: cpu)")
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default: 1)")
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads (default: 1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="also write the results as JSON (atomic write)")
     parser.add_argument(

@@ -151,7 +151,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    torch.set_num_threads(max(1, args.threads))
+    torch.set_num_threads(args.threads)
     if args.cv < 0 or args.cv == 1:
         raise UsageError(f"--cv must be the number of folds (>= 2), or 0 with --fit-on; got {args.cv}")
     if (args.cv == 0) != (args.fit_on is not None):
@@ -188,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--bootstrap draws one cross-validation's predictions; give it one --seed, not {len(args.seed)}")
         if args.cv == 0:
             raise UsageError("several --seed values repeat the cross-validation, but --cv 0 has no folds to vary")
-        for flag, value in (("--report", args.report), ("--reliability", args.reliability)):
+        for flag, value in (("--report", args.report), ("--reliability", args.reliability), ("--images", args.images)):
             if value is not None:
                 raise UsageError(f"{flag} draws one cross-validation's predictions; give it one --seed, not {len(args.seed)}")
     gt = load_coco_gt(args.gt)

@@ -153,6 +153,11 @@ def fusion_params(config: EnsembleConfig, names: list[str] | None) -> dict[str, 
     params = dict(config.fusion.params)
     weights = member_weights(config)
     if any(w != 1.0 for w in weights):
+        if "weights" in params:
+            raise ValueError(
+                f"fusion weights are given twice: fusion.params.weights {params['weights']} and the members' "
+                f"weight {weights}; set them in one place"
+            )
         params["weights"] = weights
     if config.fusion.head is not None:
         if method in FUSERS and method != "theta":

@@ -129,7 +129,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    torch.set_num_threads(max(1, args.threads))
+    torch.set_num_threads(args.threads)
     out = Path(args.out)
     if out.suffix not in (".json", ".safetensors"):
         raise UsageError(f"--out must end in .json or .safetensors, got {out}")
