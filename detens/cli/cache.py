@@ -131,12 +131,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_engine_arguments(p)
 
 
+# Options of a detection run, which merging the shards of earlier runs has no use for.
+_RUN_ONLY = (
+    "images", "conf", "iou", "max_det", "imgsz", "device", "batch", "weights_dir", "max_images", "overwrite",
+    "ray_address", "gpus_per_actor",
+)
+
+
 def check_args(args: argparse.Namespace) -> None:
     """Flag combinations argparse cannot express (a :class:`UsageError` names the problem)."""
     args.merge = args.merge or args.action == "merge"
     if args.merge:
         if args.shard:
             raise UsageError("--merge joins all shards; do not give --shard")
+        run_only = [f"--{name.replace('_', '-')}" for name in _RUN_ONLY if getattr(args, name) not in (None, False)]
+        run_only += ["--config"] if args.config != DEFAULT_CONFIG else []
+        run_only += ["--engine"] if args.engine != "local" else []
+        run_only += ["--actors"] if args.actors != 1 else []
+        if run_only:
+            raise UsageError(
+                f"merge joins the shards already written in OUT/shards (it takes --out, --models, --gt); "
+                f"{', '.join(run_only)} would not be used"
+            )
     else:
         if args.images is None or args.gt is None:
             raise UsageError("--images and --gt are required (except with merge)")
