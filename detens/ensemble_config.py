@@ -218,6 +218,12 @@ def ensemble_config_from_dict(data: dict[str, Any], where: str = "ensemble confi
     return from_dict(EnsembleConfig, data, where)
 
 
+# Settings that a member type reads from the model alone: the ensemble-wide defaults (iou 0.7, imgsz 640)
+# are Ultralytics' and would override a torchvision architecture's own, so a value given for every model
+# (a --iou or --imgsz flag) is written onto these members instead.
+_OWN_VALUE_ONLY = {"torchvision": ("iou", "imgsz")}
+
+
 def load_ensemble_config(
     path: str | Path,
     overrides: dict[str, Any] | None = None,
@@ -245,8 +251,10 @@ def load_ensemble_config(
     data = apply_overrides(data, {**(overrides or {}), **per_model})
     for model in data.get("models") or []:
         if isinstance(model, dict):
-            for key in per_model:
+            for key, value in per_model.items():
                 model.pop(key, None)
+                if key in _OWN_VALUE_ONLY.get(model.get("type", "ultralytics"), ()):
+                    model[key] = value
     return ensemble_config_from_dict(data, where=str(path))
 
 

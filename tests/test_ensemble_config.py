@@ -201,3 +201,18 @@ def test_tiled_ensemble_fuses_with_its_shipped_head():
 def test_yaml_is_plain_yaml():
     for path in CONFIGS:
         assert isinstance(yaml.safe_load(path.read_text()), dict)
+
+
+def test_flags_for_every_model_reach_torchvision_members(tmp_path):
+    path = tmp_path / "mixed.yaml"
+    path.write_text(yaml.safe_dump({"models": [
+        {"weights": "a.pt", "name": "yolo"},
+        {"type": "torchvision", "arch": "fasterrcnn_resnet50_fpn_v2", "name": "frcnn", "iou": 0.6, "imgsz": 800},
+    ]}))
+    own = load_ensemble_config(path)
+    assert (own.models[1].iou, own.models[1].imgsz) == (0.6, 800) and own.setting(own.models[0], "iou") == 0.7
+    flagged = load_ensemble_config(path, per_model={"iou": 0.5, "imgsz": 1024, "conf": None})
+    yolo, frcnn = flagged.models
+    assert (frcnn.iou, frcnn.imgsz) == (0.5, 1024)  # the architecture reads only its own values
+    assert (yolo.iou, yolo.imgsz) == (None, None) and (flagged.setting(yolo, "iou"), flagged.setting(yolo, "imgsz")) == (0.5, 1024)
+    assert flagged.setting(frcnn, "conf") == flagged.conf  # a flag not given changes nothing
