@@ -443,12 +443,12 @@ for _k in range(1, MAX_K + 1):
     METHODS.register(f"selection_k{_k}")(_head_factory("selection", k=_k))
     _HEAD_KINDS[f"selection_k{_k}"] = "selection"
     METHODS.register(f"random_k{_k}")(_random_factory(_k))
+METHODS.register("oracle")(OracleMethod)
 
 
 def head_kind(name: str) -> str | None:
     """The head type (:data:`detens.heads.TRAINERS`) that method ``name`` fits, or None for the others."""
     return _HEAD_KINDS.get(name)
-METHODS.register("oracle")(OracleMethod)
 
 
 def expand_methods(names: Sequence[str], model_names: Sequence[str]) -> list[str]:

@@ -288,7 +288,8 @@ def test_merge_with_nothing_to_merge(slice_, capsys):
 def test_merge_rejects_the_options_of_a_detection_run(slice_, capsys):
     out = ["merge", "--out", str(slice_ / "nowhere"), "--quiet"]
     for extra, named in ((["--conf", "0.9", "--max-det", "1"], "--conf, --max-det"), (["--overwrite"], "--overwrite"),
-                         (["--config", "coco_yolo4_tta"], "--config"), (["--engine", "ray"], "--engine")):
+                         (["--config", "coco_yolo4_tta"], "--config"), (["--engine", "ray"], "--engine"),
+                         (["--max-images", "0"], "--max-images")):
         assert cache_tool.main(out + extra) == 2
         err = capsys.readouterr().err
         assert f"{named} would not be used" in err and "Traceback" not in err

@@ -144,7 +144,8 @@ def check_args(args: argparse.Namespace) -> None:
     if args.merge:
         if args.shard:
             raise UsageError("--merge joins all shards; do not give --shard")
-        run_only = [f"--{name.replace('_', '-')}" for name in _RUN_ONLY if getattr(args, name) not in (None, False)]
+        given = [name for name in _RUN_ONLY if getattr(args, name) is not None and getattr(args, name) is not False]
+        run_only = [f"--{name.replace('_', '-')}" for name in given]
         run_only += ["--config"] if args.config != DEFAULT_CONFIG else []
         run_only += ["--engine"] if args.engine != "local" else []
         run_only += ["--actors"] if args.actors != 1 else []

@@ -60,7 +60,6 @@ import detens
 from detens.bootstrap import bootstrap_map, summarize_bootstrap
 from detens.cli import UsageError, add_threads_argument, run_command
 from detens.coco import BACKENDS, CocoGroundTruth, detections_to_coco, load_coco_gt
-from detens.config import read_yaml_file
 from detens.evaluation import (
     METHODS,
     MethodResult,
@@ -71,9 +70,8 @@ from detens.evaluation import (
     summarize_repeats,
 )
 from detens.folds import kfold_image_splits
-from detens.heads import TRAINERS, train_config_from
+from detens.heads import TRAINERS, load_train_config
 from detens.io import atomic_write_json
-from detens.packaged import find_packaged
 from detens.predictions import EnsemblePredictions
 from detens.report import REPEATED_COLUMNS, markdown_table, plot_reliability, plot_report
 from detens.report.record import EvaluationRecord, record_path
@@ -168,11 +166,7 @@ def run(args: argparse.Namespace) -> int:
         takers = [m for m in methods if head_kind(m) == kind]
         if not takers:
             raise UsageError(f"--train-config {item}: no method of --methods ({', '.join(methods)}) fits a {kind} head")
-        config_path = find_packaged(path, "train")
-        data = read_yaml_file(config_path, "training config") or {}
-        if not isinstance(data, dict):
-            raise UsageError(f"--train-config {item}: the top level must be a mapping, got {type(data).__name__}")
-        config = train_config_from(kind, (str(config_path), data))
+        config = load_train_config(kind, path)
         options_by_head[kind] = config
         options.update({method: {"config": config} for method in takers})
     if args.report is not None and Path(args.report).exists() and not Path(args.report).is_dir():

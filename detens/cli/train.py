@@ -29,10 +29,9 @@ from tqdm import tqdm
 
 from detens.cli import UsageError, add_threads_argument, run_command
 from detens.coco import load_coco_gt
-from detens.config import read_yaml_file, save_yaml_config
-from detens.heads import TRAINERS, fit_head, train_config_from
+from detens.config import save_yaml_config
+from detens.heads import TRAINERS, fit_head, load_train_config
 from detens.io import atomic_write_bytes, atomic_write_json, atomic_write_text
-from detens.packaged import find_packaged
 from detens.predictions import EnsemblePredictions, join_predictions
 
 logger = logging.getLogger("detens.train")
@@ -68,20 +67,6 @@ def parse_set(items: list[str]) -> dict[str, Any]:
             problem = getattr(err, "problem", None) or type(err).__name__
             raise ValueError(f"--set {item!r}: the value is not valid YAML ({problem})") from None
     return overrides
-
-
-def load_train_config(kind: str, path: str | None, overrides: dict[str, Any]) -> Any:
-    """The head's training config: ``path`` (YAML) if given, else its code defaults (which
-    the shipped ``configs/train/<kind>.yaml`` mirror), with ``overrides``. ``path`` may name a shipped one."""
-    if path is None:
-        return train_config_from(kind, ("--set", overrides))
-    config_path = find_packaged(path, "train")
-    data = read_yaml_file(config_path, "training config")
-    if data is None:
-        raise FileNotFoundError(f"training config is empty: {config_path}")
-    if not isinstance(data, dict):
-        raise ValueError(f"{config_path}: the top level must be a mapping, got {type(data).__name__}")
-    return train_config_from(kind, (str(config_path), data), ("--set", overrides))
 
 
 def plot_loss(losses: list[float], path: Path, title: str) -> None:

@@ -50,6 +50,7 @@ from detens.heads._fit import (  # noqa: E402  isort: skip
     build_samples,
     config_for,
     fit_head,
+    load_train_config,
     theta_seed_config,
     train_config_from,
 )
@@ -73,6 +74,7 @@ __all__ = [
     "fit_head",
     "list_heads",
     "load_head",
+    "load_train_config",
     "theta_seed_config",
     "train_config_from",
 ]

@@ -747,6 +747,30 @@ def train_config_from(kind: str, *layers: tuple[str, dict[str, Any] | None]) -> 
     return config
 
 
+def load_train_config(kind: str, path: str | None = None, overrides: dict[str, Any] | None = None) -> Any:
+    """The training config of ``kind``: :func:`train_config_from` with the YAML file ``path`` (a path, or the
+    name of a shipped one such as ``deep``) if given, then ``overrides`` (``--set`` flags).
+
+    Raises:
+        FileNotFoundError: no such file, or an empty one. ValueError: its top level is not a mapping.
+    """
+    from detens.config import read_yaml_file
+    from detens.packaged import find_packaged
+
+    layers: list[tuple[str, dict[str, Any] | None]] = []
+    if path is not None:
+        config_path = find_packaged(path, "train")
+        data = read_yaml_file(config_path, "training config")
+        if data is None:
+            raise FileNotFoundError(f"training config is empty: {config_path}")
+        if not isinstance(data, dict):
+            raise ValueError(f"{config_path}: the top level must be a mapping, got {type(data).__name__}")
+        layers.append((str(config_path), data))
+    if overrides:
+        layers.append(("--set", overrides))
+    return train_config_from(kind, *layers)
+
+
 def _trainer(kind: str) -> Trainer:
     if kind not in TRAINERS:
         raise ValueError(f"unknown head type {kind!r}; valid: {', '.join(sorted(TRAINERS))}")
