@@ -8,12 +8,15 @@ own value wins. See ``configs/ensembles/coco_yolo3.yaml`` for every key with its
 from __future__ import annotations
 
 import copy
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from detens.config import from_dict, read_yaml_file, save_yaml_config
 from detens.packaged import find_packaged
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "ModelConfig",
@@ -222,6 +225,10 @@ def ensemble_config_from_dict(data: dict[str, Any], where: str = "ensemble confi
 # are Ultralytics' and would override a torchvision architecture's own, so a value given for every model
 # (a --iou or --imgsz flag) is written onto these members instead.
 _OWN_VALUE_ONLY = {"torchvision": ("iou", "imgsz")}
+# Settings that a member type never reads (an ONNX member runs at its input_size; saved predictions were
+# made earlier): a value given for every model is reported for these members rather than passed over.
+_NOT_READ = {"onnx": ("imgsz",), "precomputed": ("iou", "imgsz")}
+_NOT_READ_WHY = {"onnx": "it runs at its input_size", "precomputed": "its predictions were made earlier"}
 
 
 def load_ensemble_config(
@@ -251,10 +258,17 @@ def load_ensemble_config(
     data = apply_overrides(data, {**(overrides or {}), **per_model})
     for model in data.get("models") or []:
         if isinstance(model, dict):
+            kind = model.get("type", "ultralytics")
             for key, value in per_model.items():
                 model.pop(key, None)
-                if key in _OWN_VALUE_ONLY.get(model.get("type", "ultralytics"), ()):
+                if key in _OWN_VALUE_ONLY.get(kind, ()):
                     model[key] = value
+                elif key in _NOT_READ.get(kind, ()):
+                    logger.warning(
+                        "%s %s, given for every model, is not used by %r (type %r: %s)",
+                        key, value, model.get("name") or model.get("weights") or model.get("results"), kind,
+                        _NOT_READ_WHY[kind],
+                    )
     return ensemble_config_from_dict(data, where=str(path))
 
 

@@ -5,6 +5,7 @@ test-time views."""
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -169,6 +170,15 @@ class TestUltralyticsOptions:
             [BUS]
         )[0]
         assert det.labels.tolist() == [1]
+
+    def test_fixed_size_export_warns_when_imgsz_is_not_its_size(self, caplog):
+        from detens.adapters.ultralytics import UltralyticsDetector
+
+        with caplog.at_level(logging.WARNING):
+            UltralyticsDetector("yolov8n_int8_tflite/yolov8n_int8.tflite", imgsz=640)
+            assert not [r for r in caplog.records if "imgsz" in r.getMessage()]
+            UltralyticsDetector("yolov8n_int8_tflite/yolov8n_int8.tflite", imgsz=320)
+        assert "yolov8n_int8: a fixed-size export, it runs at 640x640 (height x width); imgsz 320 is not used" in caplog.text
 
     def test_unreadable_image_names_the_file(self, v8, tmp_path):
         bad = tmp_path / "corrupt image.jpg"

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -216,3 +217,22 @@ def test_flags_for_every_model_reach_torchvision_members(tmp_path):
     assert (frcnn.iou, frcnn.imgsz) == (0.5, 1024)  # the architecture reads only its own values
     assert (yolo.iou, yolo.imgsz) == (None, None) and (flagged.setting(yolo, "iou"), flagged.setting(yolo, "imgsz")) == (0.5, 1024)
     assert flagged.setting(frcnn, "conf") == flagged.conf  # a flag not given changes nothing
+
+
+def test_a_flag_for_every_model_names_the_members_that_do_not_read_it(tmp_path, caplog):
+    path = tmp_path / "mixed.yaml"
+    path.write_text(yaml.safe_dump({"models": [
+        {"weights": "a.pt", "name": "yolo"},
+        {"type": "onnx", "weights": "b.onnx", "decoder": "yolox", "name": "yolox", "input_size": [416, 416]},
+        {"type": "precomputed", "results": "c.json", "images": "images", "name": "saved"},
+    ]}))
+    with caplog.at_level(logging.WARNING, logger="detens.ensemble_config"):
+        load_ensemble_config(path, per_model={"conf": 0.1})
+        assert not caplog.records  # every member reads conf
+        config = load_ensemble_config(path, per_model={"imgsz": 320, "iou": 0.5})
+    assert config.setting(config.models[0], "imgsz") == 320 and config.models[1].input_size == [416, 416]
+    assert sorted(r.getMessage() for r in caplog.records) == [
+        "imgsz 320, given for every model, is not used by 'saved' (type 'precomputed': its predictions were made earlier)",
+        "imgsz 320, given for every model, is not used by 'yolox' (type 'onnx': it runs at its input_size)",
+        "iou 0.5, given for every model, is not used by 'saved' (type 'precomputed': its predictions were made earlier)",
+    ]

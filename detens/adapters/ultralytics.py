@@ -3,7 +3,7 @@
 ``.pt`` checkpoints, ONNX files, OpenVINO folders, TFLite files, ... including NMS-free end-to-end heads
 (YOLO26, YOLOv10) and exports with NMS in the graph: Ultralytics reads the export's metadata (image size,
 class names, ``end2end``, ``nms``) and post-processes accordingly. Fixed-size exports always run at their
-own image size, whatever ``imgsz`` says.
+own image size, whatever ``imgsz`` says (a warning names the member when they differ).
 
 Offline use: weights found on disk never touch the network. ``YOLO_AUTOINSTALL`` defaults to ``false`` in
 this process when detens imports Ultralytics (the runtimes Ultralytics would pip-install at run time,
@@ -119,7 +119,7 @@ class UltralyticsDetector(BaseDetector):
             (``ultralytics.YOLO(...)``, a ``detect``, ``segment`` or ``pose`` model).
         conf (float): minimum score kept.
         iou (float): NMS IoU threshold (unused by NMS-free heads and exports with NMS in the graph).
-        imgsz (int): inference size (the longer side, letterboxed); fixed-size exports use their own.
+        imgsz (int): inference size (the longer side, letterboxed); fixed-size exports use their own (with a warning).
         max_det (int): maximum boxes per image.
         device (str | None): ``"cpu"``, ``"cuda:0"``, ...; None lets Ultralytics choose.
         name (str | None): display name; default from the weights file (``"yolov8n_int8"``; for a loaded
@@ -178,6 +178,7 @@ class UltralyticsDetector(BaseDetector):
         if device is not None:
             self.predict_args["device"] = device
         self.model_names: dict[int, str] = self._class_names()
+        self._report_fixed_size(imgsz)
         self.lookup = build_label_lookup(
             self.model_names, default="coco80", categories=categories, class_map=class_map, where=self.name
         )
@@ -197,6 +198,19 @@ class UltralyticsDetector(BaseDetector):
         # (warm-up) prediction sets up the real predictor once, with our arguments, and gives the names.
         self.model.predict(np.zeros((64, 64, 3), dtype=np.uint8), **self.predict_args)
         return dict(self.model.predictor.model.names)
+
+    def _report_fixed_size(self, imgsz: int) -> None:
+        """Warn when an export of a fixed input size (set up by the warm-up prediction) will not run at
+        ``imgsz``: Ultralytics replaces the argument with the export's size without a word."""
+        used = getattr(getattr(getattr(self.model, "predictor", None), "args", None), "imgsz", None)
+        if used is None:  # .pt / YAML models: no predictor yet, and they run at any size
+            return
+        height, width = (used, used) if isinstance(used, int) else used
+        if max(height, width) != imgsz:
+            logger.warning(
+                "%s: a fixed-size export, it runs at %dx%d (height x width); imgsz %d is not used",
+                self.name, height, width, imgsz,
+            )
 
     def _predict(self, images: list[np.ndarray]) -> list[Detections]:
         results = self.model.predict(images, **self.predict_args)

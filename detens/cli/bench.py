@@ -259,27 +259,62 @@ def parse_size(text: str) -> tuple[int, int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--sizes", nargs="+", type=parse_size, default=[parse_size(s) for s in DEFAULT_SIZES],
-                        help="NxK: N models, K boxes per model (default: %(default)s)")
-    parser.add_argument("--repeats", type=int, default=15,
+    # The options of one mode default to None here (the real defaults are _MODE_DEFAULTS) so that an option
+    # given for a mode that does not run can be told apart from its default, and rejected.
+    parser.add_argument("--sizes", nargs="+", type=parse_size,
+                        help=f"NxK: N models, K boxes per model (default: {' '.join(DEFAULT_SIZES)})")
+    parser.add_argument("--repeats", type=int,
                         help="images per size; sizes above 5000 boxes use a third of them (default: 15)")
-    parser.add_argument("--device", default="cpu", help="device of the input Detections (default: cpu)")
-    parser.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads (default: 1)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", help="device of the input Detections (default: cpu)")
+    parser.add_argument("--threads", type=positive_int, help="torch intra-op threads (default: 1)")
+    parser.add_argument("--seed", type=int, help="seed of the synthetic images (default: 0)")
     parser.add_argument("--out", type=Path, help="also write the results as JSON (atomic write)")
     parser.add_argument(
         "--engines", metavar="IMAGES",
         help="instead of the fusers: time `detens fuse` on this image folder with the local engine and with "
         "Ray (1 and 2 actors), and Ray's start-up",
     )
-    parser.add_argument("--config", default="coco_yolo3", help="with --engines: the ensemble (default: %(default)s)")
+    parser.add_argument("--config", help="with --engines: the ensemble (default: coco_yolo3)")
     parser.add_argument(
         "--coco", nargs=2, metavar=("GT", "RESULTS"),
         help="instead of the fusers: time evaluate_coco per backend on the dataset replicated to 200, 1000 "
         "and 5000 images (COCO annotations and a results file of them)",
     )
-    parser.add_argument("--coco-sizes", nargs="+", type=int, default=[200, 1000, 5000],
-                        help="with --coco: the image counts (default: %(default)s)")
+    parser.add_argument("--coco-sizes", nargs="+", type=int,
+                        help="with --coco: the image counts (default: 200 1000 5000)")
+
+
+# Each mode's own options and their defaults; an option of a mode that does not run is a usage error.
+_MODE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "fusers": {"sizes": [parse_size(s) for s in DEFAULT_SIZES], "repeats": 15, "device": "cpu", "threads": 1,
+               "seed": 0},
+    "engines": {"config": "coco_yolo3"},
+    "coco": {"coco_sizes": [200, 1000, 5000]},
+}
+
+
+def check_args(args: argparse.Namespace) -> str:
+    """The mode that runs ("fusers", "engines" or "coco"), with the defaults of its options filled in; a
+    :class:`UsageError` names options that only another mode reads."""
+    if args.coco and args.engines:
+        raise UsageError("--coco and --engines are two different benchmarks; give one of them")
+    mode = "coco" if args.coco else "engines" if args.engines else "fusers"
+    unused = [
+        f"--{name.replace('_', '-')}"
+        for other, options in _MODE_DEFAULTS.items() if other != mode
+        for name in options if getattr(args, name) is not None
+    ]
+    if unused:
+        what = {"fusers": "the fusers (no --coco, no --engines)", "engines": "--engines", "coco": "--coco"}
+        raise UsageError(f"{', '.join(unused)} would not be used: this run times {what[mode]}")
+    for name, default in _MODE_DEFAULTS[mode].items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    if mode == "fusers" and args.repeats < 1:
+        raise UsageError("--repeats must be at least 1")
+    if mode == "coco" and min(args.coco_sizes) < 1:
+        raise UsageError(f"--coco-sizes must be at least 1, got {min(args.coco_sizes)}")
+    return mode
 
 
 def bench_engines(images: str, config: str, work: Path) -> list[dict[str, Any]]:
@@ -366,9 +401,8 @@ def bench_coco(gt_path: str, results_path: str, sizes: list[int]) -> list[dict[s
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.repeats < 1:
-        raise UsageError("--repeats must be at least 1")
-    if args.coco:
+    mode = check_args(args)
+    if mode == "coco":
         rows = bench_coco(*args.coco, args.coco_sizes)
         print(f"evaluate_coco seconds ({platform.processor() or platform.machine()}); the dataset replicated\n")
         print("| images | results | backend | seconds | mAP |\n|---:|---:|---|---:|---:|")
@@ -377,7 +411,7 @@ def run(args: argparse.Namespace) -> int:
         if args.out:
             atomic_write_json(args.out, {"coco": rows}, indent=2)
         return 0
-    if args.engines:
+    if mode == "engines":
         import tempfile
 
         with tempfile.TemporaryDirectory(prefix="detens-bench-") as work:
