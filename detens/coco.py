@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from detens.checks import check_integers
+from detens.checks import check_integer, check_integers
 from detens.detections import MAX_IMAGE_SIDE, MAX_LABEL, Detections
 from detens.io import atomic_write_json, read_json_file
 
@@ -209,7 +209,7 @@ def detections_to_coco(det: Detections, image_id: int, decimals: int | None = 3)
     Args:
         det (Detections): boxes xyxy pixels; ``labels`` are written as ``category_id`` unchanged.
         image_id (int): the COCO image id.
-        decimals (int | None): boxes are rounded to this many decimals (1/1000 px by default, like
+        decimals (int | None): boxes are rounded to this many decimals (>= 0; 1/1000 px by default, like
             Ultralytics) and scores to ``decimals + 2``; ``None`` keeps full precision, which makes
             :func:`coco_to_detections` an exact inverse.
 
@@ -220,6 +220,8 @@ def detections_to_coco(det: Detections, image_id: int, decimals: int | None = 3)
         raise TypeError(f"det must be Detections, got {type(det).__name__}")
     if not _is_int(image_id):
         raise TypeError(f"image_id must be an integer, got {image_id!r}")
+    if decimals is not None:
+        decimals = check_integer(decimals, "decimals", 0)
     boxes = det.boxes.detach().to("cpu", torch.float64)  # [K, 4]; float64 keeps x + (x2 - x) == x2 exact
     xywh = torch.cat([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], dim=1).tolist()
     scores = det.scores.detach().cpu().tolist()
@@ -255,6 +257,8 @@ def coco_to_detections(
     """
     clean = validate_coco_results(results, "results") if validate else list(results)
     if image_id is not None:
+        if not _is_int(image_id):
+            raise TypeError(f"image_id must be an integer, got {image_id!r}")
         clean = [r for r in clean if r["image_id"] == int(image_id)]
     else:
         ids = sorted({r["image_id"] for r in clean})

@@ -193,7 +193,8 @@ def torchvision_to_detections(
     Args:
         output (dict): ``boxes (Tensor[K, 4])`` xyxy pixels of the original image, ``scores (Tensor[K])``,
             ``labels (Tensor[K])``; other keys (``masks``, ``keypoints``) are ignored.
-        image_size: ``(height, width)`` of the original image, e.g. ``image.shape[-2:]``.
+        image_size: ``(height, width)`` of the original image, e.g. ``image.shape[-2:]``, or the image
+            itself (a tensor ``[C, H, W]`` or a numpy ``[H, W, C]``).
         source (str | None): stored in ``Detections.source``.
     """
     if not isinstance(output, Mapping):
@@ -203,9 +204,9 @@ def torchvision_to_detections(
     missing = [k for k in ("boxes", "scores", "labels") if k not in output]
     if missing:
         raise ValueError(f"torchvision output lacks {missing}; got keys {sorted(output)}")
-    if isinstance(image_size, Tensor):
-        image_size = image_size.tolist()
-    return Detections(output["boxes"], output["scores"], output["labels"], tuple(image_size), source)
+    return Detections(
+        output["boxes"], output["scores"], output["labels"], _as_image_size(image_size, "image_size"), source
+    )
 
 
 def detections_to_torchvision(det: Detections, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
@@ -220,17 +221,21 @@ def detections_to_torchvision(det: Detections, dtype: torch.dtype | None = None)
     return {"boxes": boxes, "scores": scores, "labels": det.labels}
 
 
-def _as_image_size(value: Any, index: int) -> tuple[int, int]:
-    """``(h, w)``, ``torch.Size``, a 1-D tensor of 2, or an image tensor ``[..., H, W]`` → ``(h, w)``."""
-    if isinstance(value, (Tensor, np.ndarray)) and value.ndim >= 2:
+def _as_image_size(value: Any, what: str) -> tuple[int, int]:
+    """``(h, w)``, ``torch.Size``, a 1-D tensor of 2, an image tensor ``[..., H, W]`` or a numpy image
+    ``[H, W]`` / ``[H, W, C]`` (OpenCV's layout) → ``(h, w)``; ``what`` names the argument in errors."""
+    if isinstance(value, Tensor) and value.ndim >= 2:
         height, width = value.shape[-2:]
         return int(height), int(width)
-    if isinstance(value, Tensor):
-        value = value.tolist()
-    if isinstance(value, np.ndarray):
-        value = value.tolist()
-    if not isinstance(value, Sequence) or len(value) != 2:
+    if isinstance(value, np.ndarray) and value.ndim >= 2:
+        if value.ndim == 2 or (value.ndim == 3 and value.shape[2] in (1, 3, 4)):
+            return int(value.shape[0]), int(value.shape[1])
         raise ValueError(
-            f"image_sizes[{index}] must be (height, width) or an image tensor [C, H, W], got {value!r}"
+            f"{what}: a numpy image must be [H, W] or [H, W, C] with 1, 3 or 4 channels, got shape {list(value.shape)}"
         )
+    if isinstance(value, (Tensor, np.ndarray)):
+        value = value.tolist()
+    if not isinstance(value, Sequence) or isinstance(value, str) or len(value) != 2:
+        shown = repr(value) if len(repr(value)) <= 80 else f"{type(value).__name__} {repr(value)[:60]}..."
+        raise ValueError(f"{what} must be (height, width) or an image tensor [C, H, W], got {shown}")
     return value[0], value[1]  # checked, not truncated, by Detections

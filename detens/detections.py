@@ -192,17 +192,31 @@ class Detections:
 
     def __getitem__(self, index: int | slice | Tensor | np.ndarray | Sequence[int]) -> Detections:
         """Select boxes by int, slice, boolean mask [K] or integer indices; always returns Detections."""
+        if isinstance(index, (np.ndarray, list, tuple)):
+            array = np.asarray(index)
+            index = torch.as_tensor(array if array.size else array.astype(np.int64))
+        if isinstance(index, Tensor) and index.ndim == 0 and not index.is_floating_point() and index.dtype != torch.bool:
+            index = int(index)
         if isinstance(index, (int, np.integer)) and not isinstance(index, (bool, np.bool_)):
             if not -len(self) <= index < len(self):
                 raise IndexError(f"Detections index {int(index)} is out of range for {len(self)} boxes")
             index = int(index) % len(self)
             index = slice(index, index + 1)
-        elif isinstance(index, np.ndarray) or isinstance(index, (list, tuple)):
-            index = torch.as_tensor(np.asarray(index))
-        if isinstance(index, Tensor):
-            index = index.to(self.boxes.device)
+        if isinstance(index, slice):
+            if index.step is not None and index.step < 0:  # tensors have no negative strides: gather instead
+                index = torch.tensor(range(len(self))[index], dtype=torch.int64)
+        elif isinstance(index, Tensor):
+            if index.is_floating_point() or index.is_complex():
+                raise TypeError(f"Detections indices must be integers or a boolean mask, got dtype {index.dtype}")
+            if index.ndim != 1:
+                raise IndexError(f"Detections indices must be one-dimensional, got shape {list(index.shape)}")
             if index.dtype == torch.bool and index.shape != (len(self),):
                 raise IndexError(f"boolean mask must have shape [{len(self)}], got {list(index.shape)}")
+            index = index.to(self.boxes.device)
+        else:
+            raise TypeError(
+                f"Detections indices are an int, a slice, a boolean mask or integer indices, got {type(index).__name__}"
+            )
         return self._derived(self.boxes[index], self.scores[index], self.labels[index])
 
     def __repr__(self) -> str:
@@ -224,6 +238,12 @@ class Detections:
         return self.image_size[1]
 
     def to(self, device: torch.device | str) -> Detections:
+        """The same detections on ``device`` (boxes and scores stay float32, labels int64)."""
+        if not isinstance(device, (torch.device, str, int)) or isinstance(device, bool):
+            raise TypeError(
+                f"Detections.to takes a device (torch.device, 'cuda:0', ...), got {device!r}: boxes and scores "
+                "are always float32 and labels int64"
+            )
         return self._derived(self.boxes.to(device), self.scores.to(device), self.labels.to(device))
 
     def with_source(self, source: str | None) -> Detections:

@@ -38,7 +38,7 @@ from detens.convert import (
     torchvision_to_detections,
 )
 from detens.detections import Detections
-from detens.fusers import FUSERS, fuse
+from detens.fusers import FUSERS, fuse, resolve_method
 
 if TYPE_CHECKING:
     from ultralytics.engine.results import Results
@@ -59,7 +59,6 @@ def _fusion_params(method: str, head: Any, params: dict[str, Any], model_names: 
         ValueError: unknown method (the error lists the valid ones).
         TypeError: a parameter the method does not take (the error lists the ones it takes).
     """
-    fuser = FUSERS.get(method)
     params = dict(params)
     if head is not None:
         if isinstance(head, (str, Path)):
@@ -67,6 +66,7 @@ def _fusion_params(method: str, head: Any, params: dict[str, Any], model_names: 
 
             head = load_head(head, model_names=list(model_names) if model_names is not None else None)
         params["head"] = head
+    fuser = FUSERS.get(resolve_method(method, params))  # a fuser, or a head type given its head
     try:
         signature = inspect.signature(fuser)
     except (TypeError, ValueError):  # builtins or C callables: let the fuser check
@@ -78,6 +78,7 @@ def _fusion_params(method: str, head: Any, params: dict[str, Any], model_names: 
             for n, p in list(signature.parameters.items())[1:]
             if p.kind is not inspect.Parameter.VAR_POSITIONAL
         ]
+        names.append("calibration")  # detens.fuse's own step before any fuser
         unknown = sorted(set(params) - set(names))
         if unknown:
             raise TypeError(f"fusion method {method!r} takes no parameter {unknown}; its parameters: {names}")
@@ -104,7 +105,8 @@ class Ensemble:
             defaults and named after the model (:func:`detens.adapters.as_detector`; wrap one yourself to
             name it: ``UltralyticsDetector(model, name="v8")``).
         method (str): a fusion method of :func:`detens.fuse` (``"wbf"``, ``"theta"``, ...).
-        head: for ``method="theta"``: a head or the path of a saved one (checked against the detector names).
+        head: for ``method="theta"`` or a head type (``"deep"``, ...): a head or the path of a saved one
+            (checked against the detector names).
         **params: the method's parameters (``iou_thr``, ``weights``, ...), checked here.
 
     Example::
@@ -343,7 +345,7 @@ def fuse_results(
         per_model_results (list[list[Results]]): ``per_model_results[n][b]``: model n on image b (what
             ``model(images)`` returns, one list per model; same images in the same order).
         method (str): a fusion method of :func:`detens.fuse`.
-        head: for ``method="theta"``: a head or the path of a saved one.
+        head: for ``method="theta"`` or a head type (``"deep"``, ...): a head or the path of a saved one.
         model_names (list[str] | None): names of the models (stored as ``Detections.source``; a head
             given as a path is checked against them). Default ``model0, model1, ...``.
         **params: the method's parameters (``iou_thr``, ``weights``, ...).
@@ -359,6 +361,12 @@ def fuse_results(
     """
     if isinstance(per_model_results, (str, bytes)) or not isinstance(per_model_results, Sequence):
         raise TypeError("per_model_results must be a list with one list of Results per model")
+    for n, results in enumerate(per_model_results):
+        if hasattr(results, "boxes") or isinstance(results, (str, bytes, Mapping)) or not isinstance(results, Iterable):
+            raise TypeError(
+                f"per_model_results[{n}] must be model {n}'s list of Results (what model(images) returns), got "
+                f"{type(results).__name__}; for one image per model pass [[r0], [r1], ...]"
+            )
     per_model = [list(results) for results in per_model_results]
     if not per_model:
         raise ValueError("per_model_results is empty: pass one list of Results per model")
@@ -405,8 +413,8 @@ class TorchvisionFusion(nn.Module):
 
     Args:
         method (str): a fusion method of :func:`detens.fuse`.
-        head: for ``method="theta"``: a head (registered as a submodule, so ``.to(device)`` moves it) or
-            the path of a saved one.
+        head: for ``method="theta"`` or a head type (``"deep"``, ...): a head (registered as a submodule,
+            so ``.to(device)`` moves it) or the path of a saved one.
         model_names (list[str] | None): names of the models (a head given as a path is checked against
             them). Default ``model0, model1, ...``.
         **params: the method's parameters (``iou_thr``, ``weights``, ...).
@@ -450,6 +458,12 @@ class TorchvisionFusion(nn.Module):
         """
         if isinstance(per_model_outputs, Mapping) or not isinstance(per_model_outputs, Sequence):
             raise TypeError("per_model_outputs must be a list with one list of output dicts per model")
+        for n, outputs in enumerate(per_model_outputs):
+            if isinstance(outputs, (str, bytes, Mapping, Tensor)) or not isinstance(outputs, Iterable):
+                raise TypeError(
+                    f"per_model_outputs[{n}] must be model {n}'s list of output dicts (one per image), got "
+                    f"{type(outputs).__name__}; for one image per model pass [[out0], [out1], ...]"
+                )
         per_model = [list(outputs) for outputs in per_model_outputs]
         if not per_model:
             raise ValueError("per_model_outputs is empty: pass one list of output dicts per model")
@@ -465,7 +479,7 @@ class TorchvisionFusion(nn.Module):
             )
         if isinstance(image_sizes, Tensor) and image_sizes.ndim == 2 and image_sizes.shape[1] == 2:
             image_sizes = image_sizes.tolist()  # [B, 2]
-        sizes = [_as_image_size(s, i) for i, s in enumerate(image_sizes)]
+        sizes = [_as_image_size(s, f"image_sizes[{i}]") for i, s in enumerate(image_sizes)]
         if len(sizes) != counts[0]:
             raise ValueError(f"got {len(sizes)} image sizes for {counts[0]} images")
         names = _check_model_names(self.model_names, len(per_model))

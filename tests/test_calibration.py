@@ -406,6 +406,18 @@ class TestFiles:
         assert torch.equal(reordered.curve("a")[1], make_head().curve("a")[1])
         with pytest.raises(ValueError, match=r"trained for models \['a', 'b', 'c'\].*\['a', 'b', 'x'\]"):
             CalibrationHead.load(path, model_names=["a", "b", "x"])
+
+    @pytest.mark.parametrize("fuser", ["wbf", "nms", "mean"])
+    def test_fuser_weights_follow_the_names_on_load(self, fuser, tmp_path):
+        path = tmp_path / "head.json"
+        head = make_head(fuser=fuser, fuser_params={"weights": [3.0, 1.0, 0.2]})
+        head.save(path)
+        reordered = CalibrationHead.load(path, model_names=["c", "a", "b"])
+        assert reordered.fuser_params["weights"] == [0.2, 3.0, 1.0]
+        per_model = random_models(5)
+        assert as_set(reordered.fuse_detections(per_model)) == as_set(head.fuse_detections(per_model))
+        unnamed = [d.with_source(None) for d in per_model]  # by position: the models in the head's order
+        assert as_set(reordered.fuse_detections([unnamed[2], unnamed[0], unnamed[1]])) == as_set(head.fuse_detections(per_model))
         with pytest.raises(HeadFileError, match="load it with detens.load_head"):
             HEADS.get("theta").load(path)
 

@@ -380,6 +380,19 @@ class TestConversions:
         assert len(coco_to_detections(results, (480, 640), image_id=2)) == 3
         assert {k: len(v) for k, v in group_results_by_image(results).items()} == {1: 4, 2: 3}
 
+    @pytest.mark.parametrize("image_id", [2.9, "2", True])
+    def test_image_id_must_be_an_integer(self, image_id):
+        results = detections_to_coco(random_detections(1, 4), 1) + detections_to_coco(random_detections(2, 3), 2)
+        with pytest.raises(TypeError, match="image_id must be an integer"):
+            coco_to_detections(results, (480, 640), image_id=image_id)  # 2.9 picked image 2, "2" too
+
+    @pytest.mark.parametrize("decimals, error", [(-2, ValueError), (True, TypeError), (2.5, TypeError), ("3", TypeError)])
+    def test_decimals_must_be_a_count(self, decimals, error):
+        det = Detections([[10.0, 20.0, 110.0, 70.0]], [0.5], [3], (100, 200))
+        with pytest.raises(error, match="decimals must be an integer"):
+            detections_to_coco(det, 1, decimals=decimals)  # -2 wrote the box at (0, 0)
+        assert detections_to_coco(det, 1, decimals=0)[0]["bbox"] == [10.0, 20.0, 100.0, 50.0]
+
 
 class TestResultsFiles:
     def test_save_load_round_trip(self, tmp_path):

@@ -95,6 +95,47 @@ class TestProtocol:
             det[torch.tensor([True])]
         assert det[np.int64(-2)].labels.tolist() == [1]
 
+    def test_indexing_matches_a_list_of_the_boxes(self):
+        det = make(boxes=[[0, 0, 5, 5], [1, 1, 6, 6], [2, 2, 7, 7]], scores=[0.2, 0.9, 0.5], labels=[4, 5, 6])
+        rows = list(zip(det.boxes.tolist(), det.scores.tolist(), det.labels.tolist(), strict=True))
+
+        def picked(sub):
+            return list(zip(sub.boxes.tolist(), sub.scores.tolist(), sub.labels.tolist(), strict=True))
+
+        for index, positions in [
+            (det.scores.argmax(), [1]),  # a 0-d tensor is one box, like an int
+            (np.array(2), [2]),
+            ([], []),
+            (np.array([], dtype=np.int64), []),
+            (slice(None, None, -1), [2, 1, 0]),
+            (slice(2, None, -2), [2, 0]),
+            (torch.tensor([2, 0, 2]), [2, 0, 2]),
+        ]:
+            sub = det[index]
+            assert picked(sub) == [rows[i] for i in positions], index
+            assert sub.boxes.shape == (len(positions), 4) and sub.scores.shape == (len(positions),)
+
+    @pytest.mark.parametrize(
+        "index, error, fragment",
+        [
+            ([0.5], TypeError, "integers or a boolean mask, got dtype torch.float64"),
+            (torch.tensor(1.0), TypeError, "integers or a boolean mask"),
+            (torch.tensor([[0, 1]]), IndexError, r"one-dimensional, got shape \[1, 2\]"),
+            ("0", TypeError, "got str"),
+            (None, TypeError, "got NoneType"),
+            (True, TypeError, "got bool"),
+        ],
+    )
+    def test_index_of_another_kind_is_an_error(self, index, error, fragment):
+        with pytest.raises(error, match=fragment):
+            make()[index]
+
+    def test_to_takes_a_device_only(self):
+        det = make()
+        assert det.to("cpu").device.type == "cpu" and det.to(torch.device("cpu")).labels.dtype == torch.int64
+        with pytest.raises(TypeError, match="Detections.to takes a device.*got torch.float16"):
+            det.to(torch.float16)
+
     @pytest.mark.parametrize("index", [2, -3, np.int64(5)])
     def test_integer_index_out_of_range_is_an_error(self, index):
         with pytest.raises(IndexError, match="out of range for 2 boxes"):

@@ -226,6 +226,13 @@ class TestFuseResultsSynthetic:
         assert sorted(fused.boxes.cls.tolist()) == [0.0, 5.0]
         assert fused.names == COCO80
 
+    def test_one_results_per_model_instead_of_a_list_is_an_error(self):
+        r1 = make_results(*random_boxes(0, 3))
+        r2 = make_results(*random_boxes(1, 3))
+        with pytest.raises(TypeError, match=r"per_model_results\[0\] must be model 0's list of Results.*got Results"):
+            fuse_results([r1, r2], method=METHOD)  # each box would have been read as an image
+        assert len(fuse_results([[r1], [r2]], method=METHOD)) == 1
+
     def test_custom_class_names_use_indices(self):
         names = {0: "cat", 1: "dog"}
         r1 = make_results([[0.0, 0.0, 50.0, 50.0]], [0.9], [1], names=names)
@@ -336,6 +343,18 @@ class TestTorchvisionFusion:
         with pytest.raises(ValueError, match="must be positive"):
             fusion(outputs, [(0, 320), (300, 200)])
 
+    def test_numpy_images_as_sizes_and_one_dict_per_model(self):
+        one = {"boxes": torch.tensor([[100.0, 50.0, 600.0, 400.0]]), "scores": torch.tensor([0.9]),
+               "labels": torch.tensor([3])}
+        fusion = TorchvisionFusion(method=METHOD)
+        by_size = fusion([[one], [one]], [(480, 640)])
+        by_array = fusion([[one], [one]], [np.zeros((480, 640, 3), np.uint8)])  # OpenCV's [H, W, C]
+        assert len(by_size[0]["boxes"]) == 1 and torch.equal(by_size[0]["boxes"], by_array[0]["boxes"])
+        with pytest.raises(ValueError, match=r"image_sizes\[0\]: a numpy image must be \[H, W\] or \[H, W, C\]"):
+            fusion([[one], [one]], [np.zeros((3, 480, 640), np.uint8)])
+        with pytest.raises(TypeError, match=r"per_model_outputs\[0\] must be model 0's list of output dicts.*got dict"):
+            fusion([one, one], [(480, 640)])
+
     def test_theta_head_is_a_submodule(self):
         head = detens.ThetaHead(["frcnn", "ssd"])
         fusion = TorchvisionFusion(method="theta", head=head)
@@ -422,6 +441,26 @@ class TestEnsemble:
 
         with pytest.raises(ValueError, match="returned 0 Detections for 1 images"):
             Ensemble([Short("s", [a])], method=METHOD)(["x.jpg"])
+
+    def test_every_entry_point_takes_head_types_and_calibration(self, tmp_path):
+        from detens import DeepEnsembleHead
+        from detens.heads import CalibrationHead
+
+        a = Detections([[10.0, 20.0, 110.0, 220.0]], [0.9], [1], (480, 640))
+        b = Detections([[14.0, 22.0, 112.0, 226.0]], [0.6], [1], (480, 640))
+        DeepEnsembleHead(["a", "b"]).save(tmp_path / "deep.json")
+        curve = (torch.tensor([0.0, 1.0]), torch.tensor([0.2, 0.7]))  # score -> expected IoU, both models
+        CalibrationHead(["a", "b"], {"a": curve, "b": curve}).save(tmp_path / "calibration.json")
+        options = {"method": "deep", "head": tmp_path / "deep.json", "calibration": tmp_path / "calibration.json"}
+        expected = detens.fuse([a.with_source("a"), b.with_source("b")], **options)
+        ens = Ensemble([FixedDetector("b", [b]), FixedDetector("a", [a])], **options)
+        fused = ens([np.zeros((480, 640, 3), np.uint8)])[0]
+        assert torch.equal(fused.boxes, expected.boxes) and torch.equal(fused.scores, expected.scores)
+        outputs = [[{"boxes": d.boxes, "scores": d.scores, "labels": d.labels}] for d in (a, b)]
+        fused = TorchvisionFusion(model_names=["a", "b"], **options)(outputs, [(480, 640)])[0]
+        assert torch.equal(fused["boxes"], expected.boxes) and torch.equal(fused["scores"], expected.scores)
+        with pytest.raises(ValueError, match="method 'selection' was given a 'deep' head"):
+            Ensemble([FixedDetector("a", [a]), FixedDetector("b", [b])], method="selection", head=tmp_path / "deep.json")
 
     @pytest.mark.slow
     def test_predict_over_a_glob_with_real_models(self, yolo_models):

@@ -106,6 +106,12 @@ class TestRoundTrip:
         assert "class_name" not in det.to_supervision().data
         with pytest.raises(ValueError, match=r"class_names has no name for labels \[3\]"):
             det.to_supervision(class_names={1: "person"})
+        as_list = det.to_supervision(class_names=["bg", "person", "bicycle", "car"])  # positions are labels
+        assert as_list.data["class_name"].tolist() == ["person", "car"]
+        with pytest.raises(TypeError, match="class_names must be keyed by integer labels, got the key '1'"):
+            det.to_supervision(class_names={"1": "person", "3": "car"})
+        with pytest.raises(TypeError, match="class_names must be a dict"):
+            det.to_supervision(class_names="person")
 
     @pytest.mark.slow
     def test_real_ultralytics_result_through_supervision(self):
@@ -192,6 +198,18 @@ class TestFuse:
         assert isinstance(fused, Detections)
         expected = detens.fuse([a, a.with_source(None)])
         assert torch.equal(fused.boxes, expected.boxes) and torch.equal(fused.scores, expected.scores)
+
+    def test_class_names_are_kept(self):
+        a = Detections([[10.0, 20.0, 110.0, 220.0]], [0.9], [0], SIZE)
+        b = Detections([[12.0, 20.0, 110.0, 221.0], [300.0, 300.0, 400.0, 400.0]], [0.8, 0.5], [0, 2], SIZE)
+        named_a = a.to_supervision({0: "person"})
+        fused = detens.fuse([named_a, b.to_supervision({0: "person", 2: "car"})], image_size=SIZE)
+        names = dict(zip(fused.class_id.tolist(), fused.data["class_name"].tolist(), strict=True))
+        assert names == {0: "person", 2: "car"} and len(fused) == 2
+        # names are kept only when every input names its boxes
+        assert "class_name" not in detens.fuse([named_a, b.to_supervision()], image_size=SIZE).data
+        with pytest.raises(ValueError, match=r"class_id 0 is 'person' in per_model\[0\] and 'cat' in per_model\[1\]"):
+            detens.fuse([named_a, a.to_supervision({0: "cat"})], image_size=SIZE)
 
     def test_all_empty(self):
         fused = detens.fuse([sv.Detections.empty(), sv.Detections.empty()], image_size=(20, 30))

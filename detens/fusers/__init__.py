@@ -91,10 +91,11 @@ def fuse(
         ``supervision.Detections`` when every input was one.
     """
     fuser = FUSERS.get(resolve_method(method, params))
-    as_supervision = False
+    as_supervision, class_names = False, None
     if isinstance(per_model, Sequence) and not isinstance(per_model, Detections):
-        from detens.interop.supervision import from_supervision_per_model
+        from detens.interop.supervision import class_names_of, from_supervision_per_model
 
+        class_names = class_names_of(per_model)
         per_model, as_supervision = from_supervision_per_model(per_model, image_size)
     check_per_model(per_model)
     if image_size is not None and per_model[0].image_size != _validate_image_size(image_size):
@@ -104,7 +105,7 @@ def fuse(
     if calibration is not None:
         per_model = _resolve_calibration(calibration).calibrate(per_model)
     fused = fuser(per_model, **params)
-    return fused.to_supervision() if as_supervision else fused
+    return fused.to_supervision(class_names) if as_supervision else fused
 
 
 def _resolve_calibration(calibration: Any) -> Any:

@@ -36,7 +36,8 @@ def _weighted_boxes(
 
     Returns:
         pixel boxes clipped to the image (Tensor[K, 4] float32), normalized boxes (Tensor[K, 4] float64),
-        weighted scores (Tensor[K] float64), labels (Tensor[K]); zero-area boxes dropped. None if no box is left.
+        weighted scores (Tensor[K] float64), labels (Tensor[K]); zero-area boxes dropped, the rest in
+        :func:`_canonical_order`. None if no box is left.
     """
     w = check_weights(weights, len(per_model), device)  # [N] float64
     height, width = per_model[0].image_size
@@ -57,7 +58,20 @@ def _weighted_boxes(
         [pixel[:, 0].clamp(0, width), pixel[:, 1].clamp(0, height), pixel[:, 2].clamp(0, width), pixel[:, 3].clamp(0, height)],
         dim=1,
     )
+    keep = keep[_canonical_order(normalized[keep], scores[keep], labels[keep])]
     return pixel[keep], normalized[keep], scores[keep], labels[keep]
+
+
+def _canonical_order(normalized: Tensor, scores: Tensor, labels: Tensor) -> Tensor:
+    """Tensor[K]: the boxes by decreasing score, equal scores by label, then by coordinates.
+
+    Which of two boxes of equal score a selection keeps must not depend on the order the models were
+    passed in (INT8 detectors quantize their scores, so equal scores are common).
+    """
+    order = torch.arange(scores.numel(), device=scores.device)
+    for key in (normalized[:, 3], normalized[:, 2], normalized[:, 1], normalized[:, 0], labels, -scores):
+        order = order[torch.argsort(key[order], stable=True)]
+    return order
 
 
 @FUSERS.register("nms")
@@ -85,7 +99,10 @@ def nms_fusion(
     # batched_nms offsets each class's boxes by its id times the largest coordinate: with a large id the
     # offset leaves float64 too few bits for the boxes, so it is given the classes' ranks instead.
     classes = torch.unique(labels, return_inverse=True)[1]
-    keep = batched_nms(normalized, scores, classes, iou_thr)  # sorted by decreasing score
+    # the boxes are in canonical order (_weighted_boxes): strictly decreasing stand-in scores make every
+    # device's sort keep that order, ties included
+    rank = torch.arange(scores.numel(), 0, -1, dtype=torch.float64, device=scores.device)
+    keep = batched_nms(normalized, rank, classes, iou_thr)  # sorted by decreasing score
     return Detections(
         pixel[keep].to(device), scores[keep].float().to(device), labels[keep].to(device), image_size, "fused:nms"
     )

@@ -8,8 +8,9 @@ of the drawn models; score = their mean score × the fraction of models that fou
 differ only in *how* the sub-ensemble is chosen. With k ≥ N it is the ``mean`` fuser.
 
 The draw is seeded and independent of the order in which the models are passed: the present models of
-a cluster are first put in a canonical order (by score, then by box), and the random draw picks
-positions in that order.
+a cluster are first put in a canonical order (by score, then by box), the clusters too (by their
+models' scores and boxes in that order, then by label), and the random draw picks positions in those
+orders.
 """
 
 from __future__ import annotations
@@ -46,8 +47,19 @@ def random_subset(clusters: Clusters, k: int, generator: torch.Generator) -> tor
         order = order.gather(1, position)
     rank = torch.empty_like(order)
     rank.scatter_(1, order, torch.arange(num_models, device=preds.device).expand(num, -1))  # [C, N]
-    priority = torch.rand((num, num_models), generator=generator, device=generator.device).to(preds.device)  # per position
-    return top_k_mask(priority.gather(1, rank), present, k)
+    # The clusters too take a canonical order (their members' keys in canonical order, then the label):
+    # the order match() returns them in follows the models' order where scores tie.
+    canonical = torch.cat(
+        [keys.gather(1, order[..., None].expand(-1, -1, 5)).reshape(num, -1), clusters.labels.to(keys.dtype)[:, None]],
+        dim=1,
+    )  # [C, 5N + 1]
+    cluster_order = torch.arange(num, device=preds.device)
+    for column in range(canonical.shape[1] - 1, -1, -1):
+        cluster_order = cluster_order[torch.argsort(canonical[cluster_order, column], stable=True)]
+    priority = torch.rand((num, num_models), generator=generator, device=generator.device).to(preds.device)
+    drawn = torch.empty_like(priority)
+    drawn[cluster_order] = priority  # row i of the draw goes to the i-th cluster in canonical order
+    return top_k_mask(drawn.gather(1, rank), present, k)
 
 
 @FUSERS.register("random_k")

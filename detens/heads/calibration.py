@@ -587,6 +587,8 @@ class CalibrationHead(nn.Module):
                 curves[name] = knots
             else:
                 own[class_id] = knots
+        if order is not None:
+            config = _member_params_in_order(config, stored_names, list(order))
         try:
             return cls(
                 stored_names if order is None else order, curves, {k: v for k, v in class_curves.items() if v},
@@ -594,6 +596,17 @@ class CalibrationHead(nn.Module):
             )
         except (TypeError, ValueError) as err:
             raise HeadFileError(f"{where}: invalid calibration head: {err}") from err
+
+
+def _member_params_in_order(config: dict[str, Any], stored: list[str], order: list[str]) -> dict[str, Any]:
+    """``config`` with the fuser's per-model ``weights`` (saved in the ``stored`` model order) in ``order``:
+    a weight belongs to its model's name, not to a position."""
+    params = config.get("fuser_params")
+    weights = params.get("weights") if isinstance(params, dict) else None
+    if not isinstance(weights, list) or len(weights) != len(stored) or sorted(order) != sorted(stored):
+        return config  # nothing per model (or a malformed file, which the constructor reports)
+    by_name = dict(zip(stored, weights, strict=True))
+    return {**config, "fuser_params": {**params, "weights": [by_name[name] for name in order]}}
 
 
 # ------------------------------------------------------------------------------------------------ fitting

@@ -31,7 +31,9 @@ from detens.detections import Detections
 if TYPE_CHECKING:
     import supervision as sv
 
-__all__ = ["to_supervision", "from_supervision", "is_supervision_detections", "from_supervision_per_model"]
+__all__ = [
+    "to_supervision", "from_supervision", "is_supervision_detections", "from_supervision_per_model", "class_names_of",
+]
 
 
 def _import_supervision() -> Any:
@@ -75,17 +77,31 @@ def to_supervision(detections: Detections, class_names: Mapping[int, str] | None
     arrays = {key: value.copy() for key, value in detections.numpy().items()}
     data: dict[str, np.ndarray] = {}
     if class_names is not None:
-        missing = sorted({int(label) for label in arrays["labels"]} - {int(k) for k in class_names})
+        names = _label_names(class_names)
+        missing = sorted({int(label) for label in arrays["labels"]} - set(names))
         if missing:
             raise ValueError(
                 f"class_names has no name for labels {missing}; it must name every label "
                 f"(it has {len(class_names)} entries)"
             )
-        names = {int(k): str(v) for k, v in class_names.items()}
         data["class_name"] = np.array([names[int(label)] for label in arrays["labels"]], dtype=str)
     return sv.Detections(
         xyxy=arrays["boxes"], confidence=arrays["scores"], class_id=arrays["labels"], data=data
     )
+
+
+def _label_names(class_names: Any) -> dict[int, str]:
+    """``{label: name}`` from a mapping of integer labels, or a list whose positions are the labels."""
+    if isinstance(class_names, Mapping):
+        items = list(class_names.items())
+    elif isinstance(class_names, (list, tuple)):
+        items = list(enumerate(class_names))
+    else:
+        raise TypeError(f"class_names must be a dict {{label: name}} or a list of names, got {type(class_names).__name__}")
+    bad = [key for key, _ in items if isinstance(key, (bool, np.bool_)) or not isinstance(key, (int, np.integer))]
+    if bad:
+        raise TypeError(f"class_names must be keyed by integer labels, got the key {bad[0]!r}")
+    return {int(key): str(name) for key, name in items}
 
 
 def from_supervision(
@@ -152,3 +168,28 @@ def from_supervision_per_model(
     for i in found:
         items[i] = from_supervision(items[i], image_size)
     return items, len(found) == len(items)
+
+
+def class_names_of(per_model: Sequence[Any], what: str = "per_model") -> dict[int, str] | None:
+    """The ``{class_id: name}`` that the ``supervision.Detections`` in ``per_model`` carry in
+    ``data["class_name"]``, so fused boxes keep their names; None unless every one with boxes carries them.
+
+    Raises:
+        ValueError: two inputs name one class id differently (detections of different label spaces).
+    """
+    names: dict[int, str] = {}
+    where: dict[int, int] = {}
+    for i, item in enumerate(per_model):
+        if not is_supervision_detections(item) or len(item) == 0:
+            continue
+        if "class_name" not in (item.data or {}) or item.class_id is None:
+            return None
+        data = item.data
+        for class_id, name in zip(np.asarray(item.class_id).tolist(), np.asarray(data["class_name"]).tolist(), strict=True):
+            if names.setdefault(int(class_id), str(name)) != str(name):
+                raise ValueError(
+                    f"class_id {class_id} is {names[int(class_id)]!r} in {what}[{where[int(class_id)]}] and "
+                    f"{name!r} in {what}[{i}]: fuse detections of one label space (map the ids first)"
+                )
+            where.setdefault(int(class_id), i)
+    return names or None
