@@ -7,7 +7,7 @@ import json
 import os
 import tempfile
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -58,11 +58,13 @@ def read_json_file(path: str | Path, what: str) -> Any:
         raise ValueError(f"{path} is not valid JSON: {err}") from err
 
 
-def output_stems(names: Sequence[str]) -> dict[str, str]:
+def output_stems(names: Sequence[str], fixed: Mapping[str, str] | None = None) -> dict[str, str]:
     """``file name → output stem``: a distinct stem per distinct input, for ``labels/<stem>.txt`` and the like.
 
     Args:
         names (list[str]): relative POSIX paths of the inputs (``"a.jpg"``, ``"sub/b.png"``), all different.
+        fixed (dict[str, str] | None): stems already given to some of the names (by an earlier run, whose
+            files carry them): those keep theirs, and the other names avoid them.
 
     A name keeps its path without the extension (``sub/b``) when no other name has that stem. Names that
     share one get their extension appended (``a.jpg``, ``a.png`` → ``a_jpg``, ``a_png``), then a counter
@@ -74,11 +76,16 @@ def output_stems(names: Sequence[str]) -> dict[str, str]:
     """
     if duplicated := sorted(n for n, count in Counter(names).items() if count > 1):
         raise ValueError(f"names must be distinct, got {duplicated[:5]} more than once")
-    base = {n: str(PurePosixPath(n).with_suffix("")) if PurePosixPath(n).suffix else n for n in names}
-    counts = Counter(stem.casefold() for stem in base.values())
-    stems = {n: stem for n, stem in base.items() if counts[stem.casefold()] == 1}
+    stems = {n: fixed[n] for n in names if fixed and n in fixed}
     taken = {stem.casefold() for stem in stems.values()}
-    for name in sorted(n for n in names if n not in stems):
+    new = [n for n in names if n not in stems]
+    base = {n: str(PurePosixPath(n).with_suffix("")) if PurePosixPath(n).suffix else n for n in new}
+    counts = Counter(stem.casefold() for stem in base.values())
+    for name, stem in base.items():
+        if counts[stem.casefold()] == 1 and stem.casefold() not in taken:
+            stems[name] = stem
+    taken |= {stems[n].casefold() for n in new if n in stems}
+    for name in sorted(n for n in new if n not in stems):
         suffix = PurePosixPath(name).suffix.lstrip(".").lower()
         candidate = stem = f"{base[name]}_{suffix}" if suffix else base[name]
         copy = 2

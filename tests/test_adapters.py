@@ -572,6 +572,14 @@ class TestPrecomputed:
         with pytest.raises(ValueError, match="images="):
             PrecomputedDetector(folder / "yolov8n.json")
 
+    def test_results_of_other_images_are_named(self, caplog):
+        results = [{"image_id": i, "category_id": 1, "bbox": [1.0, 2.0, 3.0, 4.0], "score": 0.5} for i in (7, 1000007)]
+        with pytest.raises(ValueError, match=r"none of the results' 1 image ids \(\[1000007\]\) is among the 1 images"):
+            PrecomputedDetector(results[1:], {"a.jpg": 7})
+        with caplog.at_level(logging.WARNING):
+            PrecomputedDetector(results, {"a.jpg": 7})
+        assert "1 of the results' image ids are not among the 1 images (e.g. [1000007])" in caplog.text
+
     def test_missing_or_broken_files_are_named(self, saved, tmp_path):
         folder, _ = saved
         with pytest.raises(FileNotFoundError, match=r"COCO results file not found: .*nowhere\.json"):

@@ -332,3 +332,128 @@ def test_fusion_weights_are_given_in_one_place():
     assert fuse_tool.fusion_params(config(1.0, {"weights": [1.0, 5.0]}), ["a", "b"])["weights"] == [1.0, 5.0]
     with pytest.raises(ValueError, match=r"fusion weights are given twice: fusion.params.weights \[1.0, 5.0\]"):
         fuse_tool.fusion_params(config(2.0, {"weights": [1.0, 5.0]}), ["a", "b"])
+
+
+def one_image_source(workspace, folder, *names):
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names or ("bus.jpg",):
+        shutil.copy(workspace / "images" / "bus.jpg", folder / name)
+    return folder
+
+
+def fuse_into(workspace, source, out, *extra):
+    return fuse_tool.main(["--config", str(workspace / "pair.yaml"), "--source", str(source), "--out", str(out),
+                           "--quiet", *extra])
+
+
+def folder_state(out):
+    return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("failure", [RuntimeError("the detector broke"), KeyboardInterrupt()])
+def test_overwrite_that_fails_before_its_first_result_leaves_the_folder_as_it_was(workspace, tmp_path, monkeypatch,
+                                                                                  failure):
+    source, out = one_image_source(workspace, tmp_path / "src"), tmp_path / "o"
+    assert fuse_into(workspace, source, out) == 0
+    before = folder_state(out)
+
+    def broken(*args, **kwargs):
+        raise failure
+
+    monkeypatch.setattr(fuse_tool, "fuse_image", broken)
+    if isinstance(failure, KeyboardInterrupt):
+        assert fuse_into(workspace, source, out, "--overwrite", "--method", "mean") == 130
+    else:
+        with pytest.raises(RuntimeError, match="the detector broke"):
+            fuse_tool.main(["--config", str(workspace / "pair.yaml"), "--source", str(source), "--out", str(out),
+                            "--quiet", "--overwrite", "--method", "mean", "--debug"])
+    assert folder_state(out) == before
+    # a new folder that fails the same way is not left behind
+    with pytest.raises(RuntimeError) if not isinstance(failure, KeyboardInterrupt) else _nothing():
+        fuse_tool.main(["--config", str(workspace / "pair.yaml"), "--source", str(source), "--out",
+                        str(tmp_path / "new"), "--quiet", "--debug"])
+    assert not (tmp_path / "new").exists()
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_a_rerun_keeps_earlier_images_with_their_ids_and_files(workspace, tmp_path):
+    source, out = one_image_source(workspace, tmp_path / "src", "x.jpg", "y.jpg"), tmp_path / "o"
+    assert fuse_into(workspace, source, out, "--no-vis") == 0
+    first_images, first = read_outputs(out)
+    assert [(im["file_name"], im["id"], im["output_stem"]) for im in first_images["images"]] == [
+        ("x.jpg", 1, "x"), ("y.jpg", 2, "y")]
+    # one of the images alone: the other keeps its results
+    assert fuse_into(workspace, source / "y.jpg", out, "--no-vis") == 0
+    assert read_outputs(out) == (first_images, first)
+    # a new image whose stem would collide: the earlier ones keep theirs, their files still match
+    shutil.copy(workspace / "images" / "bus.jpg", source / "x.png")
+    assert fuse_into(workspace, source, out, "--no-vis") == 0
+    images, results = read_outputs(out)
+    assert [(im["file_name"], im["id"], im["output_stem"]) for im in images["images"]] == [
+        ("x.jpg", 1, "x"), ("y.jpg", 2, "y"), ("x.png", 3, "x_png")]
+    assert [r for r in results if r["image_id"] in (1, 2)] == first
+    assert sorted(p.name for p in (out / "labels").iterdir()) == ["x.txt", "x_png.txt", "y.txt"]
+
+
+def test_a_head_rewritten_at_the_same_path_is_not_resumed_over(workspace, tmp_path, capsys):
+    from detens import ThetaHead
+
+    head = ThetaHead(["yolov8n", "yolo26n"])
+    head.save(tmp_path / "head.json")
+    source, out = one_image_source(workspace, tmp_path / "src", "a.jpg"), tmp_path / "o"
+    assert fuse_into(workspace, source, out, "--head", str(tmp_path / "head.json"), "--no-vis") == 0
+    before = folder_state(out)
+    with torch_no_grad():
+        head.theta.copy_(head.theta.new_tensor([0.9, 0.1]))
+    head.save(tmp_path / "head.json")
+    one_image_source(workspace, source, "b.jpg")
+    assert fuse_into(workspace, source, out, "--head", str(tmp_path / "head.json"), "--no-vis") == 2
+    assert "head.json changed since the earlier run" in capsys.readouterr().err
+    assert folder_state(out) == before
+
+
+def torch_no_grad():
+    import torch
+
+    return torch.no_grad()
+
+
+def test_an_out_folder_with_foreign_outputs_is_refused(workspace, tmp_path, capsys):
+    dataset = one_image_source(workspace, tmp_path / "dataset" / "images")
+    labels = tmp_path / "dataset" / "labels"
+    labels.mkdir()
+    (labels / "bus.txt").write_text("0 0.5 0.5 0.2 0.2\n")
+    assert fuse_into(workspace, dataset, tmp_path / "dataset") == 2
+    assert "already holds labels, which no detens fuse run wrote" in capsys.readouterr().err
+    assert (labels / "bus.txt").read_text() == "0 0.5 0.5 0.2 0.2\n"
+
+
+def test_an_out_folder_inside_the_source_is_not_read_back(workspace, tmp_path):
+    source = one_image_source(workspace, tmp_path / "src")
+    for _ in range(2):
+        assert fuse_into(workspace, source, source / "runs") == 0
+    images, _ = read_outputs(source / "runs")
+    assert [im["file_name"] for im in images["images"]] == ["bus.jpg"]
+
+
+def test_images_missing_from_saved_predictions_are_named_before_any_result(workspace, tmp_path, capsys):
+    source = one_image_source(workspace, tmp_path / "src", "bus.jpg", "other.jpg")
+    (tmp_path / "saved.json").write_text(json.dumps([
+        {"image_id": 1, "category_id": 6, "bbox": [20.0, 230.0, 780.0, 520.0], "score": 0.9}]))
+    (tmp_path / "images.json").write_text(json.dumps({"images": [{"id": 1, "file_name": "bus.jpg"}]}))
+    member = {"type": "precomputed", "results": str(tmp_path / "saved.json"), "images": str(tmp_path / "images.json")}
+    config = {"name": "saved", "models": [{**member, "name": "saved"}, {**member, "name": "twin"}]}
+    (tmp_path / "saved.yaml").write_text(yaml.safe_dump(config))
+    code = fuse_tool.main(["--config", str(tmp_path / "saved.yaml"), "--source", str(source), "--out",
+                           str(tmp_path / "o"), "--quiet"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "1 of the 2 images have no saved predictions in member 'saved'" in err and "other.jpg" in err
+    assert not (tmp_path / "o").exists()

@@ -16,6 +16,7 @@ A path matches a ``file_name`` when it ends with it (``.../val2017/000000000139.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -31,6 +32,8 @@ from detens.io import read_json_file
 from detens.sources import read_image
 
 __all__ = ["PrecomputedDetector"]
+
+logger = logging.getLogger(__name__)
 
 
 class PrecomputedDetector(BaseDetector):
@@ -91,6 +94,16 @@ class PrecomputedDetector(BaseDetector):
         self.class_map = None if class_map is None else {int(k): int(v) for k, v in class_map.items()}
         self._by_image = group_results_by_image(clean)
         self._records = self._image_records(images if images is not None else embedded_images, where)
+        unknown = sorted(set(self._by_image) - set(self._records))
+        if unknown and len(unknown) == len(self._by_image):
+            raise ValueError(
+                f"{where}: none of the results' {len(unknown)} image ids ({unknown[:5]}) is among the "
+                f"{len(self._records)} images they are matched against (ids {sorted(self._records)[:5]} ...); "
+                "the results and the images must come from one dataset"
+            )
+        if unknown:
+            logger.warning("%s: %d of the results' image ids are not among the %d images (e.g. %s); their "
+                           "boxes are never used", where, len(unknown), len(self._records), unknown[:5])
         self._by_file = {rec["file_name"]: rec for rec in self._records.values() if rec.get("file_name")}
         self._by_base: dict[str, list[dict[str, Any]]] = {}
         for rec in self._by_file.values():

@@ -29,8 +29,14 @@ Writes into ``--out``:
   apart), the method and head type that ran; ``config.yaml``: the resolved config;
 - ``partial/`` while a run is unfinished: one small file per finished image. An interrupted run (Ctrl-C,
   a crash) leaves every file valid (all writes are atomic); running the same command again skips the
-  finished images. A complete run removes ``partial/``; running it again on more images adds them.
-  ``--overwrite`` starts over.
+  finished images. A complete run removes ``partial/``; running it again on more images adds them, and
+  images finished earlier keep their results, ids and output stems whatever the new ``--source``.
+  A resumed run refuses a changed config, head file or ``precomputed`` results file.
+  ``--overwrite`` starts over: the earlier outputs wait in ``.replaced/`` until the new run's first
+  result, and come back if it fails before.
+
+An ``--out`` holding outputs (``labels/``, ``vis/``, ...) that no run wrote is refused; an ``--out`` inside
+the ``--source`` folder is not read back as input.
 
 Unreadable or corrupt images are reported and skipped. Sub-folders are kept under ``labels/`` and ``vis/``.
 Everything that can be checked before the detectors load (the config, the method, the head and its
@@ -82,6 +88,8 @@ ASSETS_SOURCE = "ultralytics-assets"
 OUTPUT_NAMES = (
     "partial", "labels", "vis", "per_model", "predictions.json", "images.json", "summary.json", "config.yaml",
 )
+# Where --overwrite keeps the earlier outputs until the new run has its first result.
+REPLACED = ".replaced"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -242,14 +250,107 @@ def check_resume(out: Path, config: EnsembleConfig, overwrite: bool) -> None:
             )
 
 
+def is_run_folder(out: Path) -> bool:
+    """Whether ``out`` holds a detens fuse run (its config and its results, finished or not)."""
+    return (out / "config.yaml").is_file() and ((out / "summary.json").is_file() or (out / "partial").is_dir())
+
+
+def check_output_folder(out: Path) -> None:
+    """Refuse an ``out`` whose ``labels/``, ``vis/``, ... no detens run wrote: a run would write over them
+    (and ``--overwrite`` delete them)."""
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out {out} exists and is not a folder")
+    if not out.is_dir() or is_run_folder(out):
+        return
+    foreign = [name for name in OUTPUT_NAMES if (out / name).exists()]
+    if foreign:
+        raise ValueError(
+            f"--out {out} already holds {', '.join(foreign)}, which no detens fuse run wrote there (it has no "
+            "config.yaml with summary.json or partial/); choose another --out"
+        )
+
+
+def input_fingerprints(config: EnsembleConfig) -> dict[str, str]:
+    """``{file: sha256}`` of the files whose content decides the results beside the config itself: the
+    head and the saved predictions of ``precomputed`` members (they are often rewritten in place)."""
+    import hashlib
+
+    files = [config.fusion.head] + [m.results for m in config.models if m.type == "precomputed"]
+    fingerprints = {}
+    for name in files:
+        if name is None or not Path(name).is_file():
+            continue  # a shipped head by name: the package's own file
+        digest = hashlib.sha256()
+        with open(name, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        fingerprints[str(name)] = digest.hexdigest()[:16]
+    return fingerprints
+
+
+def check_inputs_unchanged(out: Path, previous: Any, fingerprints: dict[str, str]) -> None:
+    """Refuse to resume when the head or saved predictions changed at the same path since the earlier run."""
+    earlier = previous.get("inputs") if isinstance(previous, dict) else None
+    if not isinstance(earlier, dict):
+        return
+    changed = sorted(name for name, digest in fingerprints.items() if earlier.get(name) not in (None, digest))
+    if changed:
+        raise ValueError(
+            f"{', '.join(changed)} changed since the earlier run in {out}, whose results came from the old "
+            "content; use another --out, or --overwrite to discard them"
+        )
+
+
 def clear_outputs(out: Path) -> None:
     """Remove what a run writes into ``out`` (never anything else)."""
+    for item in (*OUTPUT_NAMES, REPLACED):
+        target = out / item
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+
+
+def set_aside_outputs(out: Path) -> None:
+    """``--overwrite``: move the earlier run's outputs into ``out/REPLACED`` (renames: instant, nothing
+    lost), from where :func:`restore_outputs` puts them back if the new run fails before its first result."""
+    aside = out / REPLACED
+    if aside.exists():
+        shutil.rmtree(aside)
+    for item in OUTPUT_NAMES:
+        if (out / item).exists():
+            aside.mkdir(parents=True, exist_ok=True)
+            (out / item).rename(aside / item)
+
+
+def restore_outputs(out: Path) -> None:
+    """Undo :func:`set_aside_outputs`: what the failed run wrote goes, the earlier outputs come back."""
+    aside = out / REPLACED
+    if not aside.is_dir():
+        return
     for item in OUTPUT_NAMES:
         target = out / item
         if target.is_dir():
             shutil.rmtree(target)
         elif target.exists():
             target.unlink()
+        if (aside / item).exists():
+            (aside / item).rename(target)
+    shutil.rmtree(aside)
+
+
+def finished_records(out: Path) -> dict[str, dict[str, Any]]:
+    """The partial record of every finished image in ``out``, by file name (images of earlier runs on
+    other sources included)."""
+    records = {}
+    folder = out / "partial"
+    for path in sorted(folder.rglob("*.json")) if folder.is_dir() else []:
+        if path == folder / "_run.json":
+            continue
+        record = _read_json(path)
+        if isinstance(record, dict) and isinstance(record.get("file_name"), str) and path == partial_path(out, record["file_name"]):
+            records[record["file_name"]] = record
+    return records
 
 
 def unpack_finished_run(out: Path) -> int:
@@ -276,7 +377,10 @@ def unpack_finished_run(out: Path) -> int:
             "height": image["height"],
             "width": image["width"],
             "fused": by_image.get(int(image["id"]), []),
+            "image_id": int(image["id"]),  # kept, as its stem: the files of the image carry them
         }
+        if "output_stem" in image:
+            record["output_stem"] = image["output_stem"]
         if per_model:
             record["per_model"] = {m: grouped.get(int(image["id"]), []) for m, grouped in per_model.items()}
         atomic_write_json(partial_path(out, image["file_name"]), record)
@@ -290,8 +394,15 @@ def _config_dict(config: EnsembleConfig) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------- outputs
-def image_ids(names: list[str], dataset: str | None) -> dict[str, int]:
-    """Image ids: the dataset's (matched by file name, then by base name), else 1..N in file order."""
+def image_ids(names: list[str], dataset: str | None, fixed: dict[str, int] | None = None) -> dict[str, int]:
+    """Image ids: ``fixed`` (an earlier run's), else the dataset's (matched by file name, then by base
+    name), else the next free ids from 1 in file order."""
+    fixed = {n: fixed[n] for n in names if fixed and n in fixed}
+    if fixed:
+        others = [n for n in names if n not in fixed]
+        fresh = image_ids(others, dataset)
+        shift = 0 if dataset is not None else max(fixed.values())
+        return {n: fixed[n] if n in fixed else fresh[n] + shift for n in names}
     if dataset is None:
         return {n: i + 1 for i, n in enumerate(names)}
     gt = load_coco_gt(dataset)
@@ -325,8 +436,8 @@ def write_outputs(
     records; a complete run then removes ``partial/``."""
     records = {n: r for n in names if (r := read_partial(out, n)) is not None}
     done = [n for n in names if n in records]
-    ids = image_ids(done, config.dataset)
-    stems = output_stems(names)  # the names of each image's labels/ and vis/ files
+    ids = image_ids(done, config.dataset, {n: int(r["image_id"]) for n, r in records.items() if "image_id" in r})
+    stems = output_stems(names, {n: r["output_stem"] for n, r in records.items() if "output_stem" in r})
     images, results = [], []
     per_model: dict[str, list[dict[str, Any]]] = {m: [] for m in member_names}
     stage_ms: dict[str, float] = defaultdict(float)
@@ -388,6 +499,7 @@ def write_outputs(
         "wall_s_this_run": round(run["wall_s"], 3),
         "images_per_s_this_run": round(run["processed"] / run["wall_s"], 3) if run["wall_s"] > 0 else None,
         "weights": run["weights"],
+        "inputs": run["inputs"],
     }
     atomic_write_json(out / "summary.json", summary, indent=2)
     if complete:
@@ -431,6 +543,7 @@ def fuse_image(
         "height": fused.image_size[0],
         "width": fused.image_size[1],
         "fused": _results_of(fused),
+        "output_stem": stem,
     }
     if config.output.save_per_model:
         record["per_model"] = {det.source: _results_of(det) for det in per_model}
@@ -462,6 +575,32 @@ def process_image(
     record, files = fuse_image(name, stem, image, per_model, config, params, categories, yolo_ids, times)
     write_image(out, record, files)
     return record
+
+
+def _written_by_a_run(path: Path, out: Path) -> bool:
+    """Whether ``path`` lies in one of the folders a run writes into ``out`` (its drawings are images)."""
+    parents = path.resolve().parents
+    return any((out / name).resolve() in parents for name in (*OUTPUT_NAMES, REPLACED))
+
+
+def check_saved_predictions(members: list[Any], paths: list[Path]) -> None:
+    """Every image must be among the saved predictions of each ``precomputed`` member, checked before
+    the first image is fused (else the run would stop in the middle)."""
+    for member in members:
+        lookup = getattr(member, "image_record", None)
+        if lookup is None:
+            continue
+        missing = []
+        for path in paths:
+            try:
+                lookup(path)
+            except KeyError as err:
+                missing.append(err.args[0] if err.args else str(path))
+        if missing:
+            raise ValueError(
+                f"{len(missing)} of the {len(paths)} images have no saved predictions in member "
+                f"{member.name!r}: {missing[0]}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+            )
 
 
 def _read_json(path: Path) -> Any:
@@ -508,23 +647,28 @@ def run(args: argparse.Namespace) -> int:
     declared = declared_member_names(config)  # None: an entry without a name, known once loaded
     params = fusion_params(config, declared)
     images, root = resolve_source(args.source)
+    images = [path for path in images if not _written_by_a_run(path, out)]  # --out inside --source
     if not images:
         raise ValueError(f"no images found in --source {args.source!r} (expected an image, a folder, or a glob)")
-    if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"--out {out} exists and is not a folder")
+    check_output_folder(out)
     check_resume(out, config, args.overwrite)
+    out_existed, was_run_folder = out.exists(), is_run_folder(out)
+    run_file = out / "partial" / "_run.json"
+    previous = None if args.overwrite else (_read_json(run_file) or _read_json(out / "summary.json"))
+    fingerprints = input_fingerprints(config)
+    check_inputs_unchanged(out, previous, fingerprints)
 
     names = [relative_name(p, root) for p in images]
     if len(set(names)) != len(names):  # several roots: fall back to full paths
         names = [p.absolute().as_posix().lstrip("/") for p in images]
-    stems = output_stems(names)
     if not args.overwrite:
         unpack_finished_run(out)
-    done = set() if args.overwrite else {n for n in names if read_partial(out, n) is not None}
+    # images finished earlier (also those of other sources) keep their results, ids and file stems
+    earlier = {} if args.overwrite else finished_records(out)
+    done = set(earlier)
     todo = [(p, n) for p, n in zip(images, names, strict=True) if n not in done]
-
-    run_file = out / "partial" / "_run.json"
-    previous = None if args.overwrite else (_read_json(run_file) or _read_json(out / "summary.json"))
+    names = list(earlier) + [n for n in names if n not in done]
+    stems = output_stems(names, {n: r["output_stem"] for n, r in earlier.items() if "output_stem" in r})
     if isinstance(previous, dict) and "models" in previous:
         member_names, weights = list(previous["models"]), dict(previous.get("weights") or {})
     else:
@@ -540,10 +684,21 @@ def run(args: argparse.Namespace) -> int:
         nonlocal claimed
         if not claimed:
             if args.overwrite:
-                clear_outputs(out)
+                set_aside_outputs(out)
             out.mkdir(parents=True, exist_ok=True)
             save_ensemble_config(config, out / "config.yaml")
             claimed = True
+
+    def release_output() -> None:
+        """The run failed before its first result: --out goes back to what it was."""
+        if not claimed:
+            return
+        if args.overwrite:
+            restore_outputs(out)
+        elif not was_run_folder:
+            clear_outputs(out)  # only what this run created (check_output_folder found none of it)
+            if not out_existed and not any(out.iterdir()):
+                out.rmdir()
 
     def check_members(loaded: list[str], sources: dict[str, str | None]) -> None:
         """The loaded members against the head and an earlier run; then the run claims --out."""
@@ -557,12 +712,13 @@ def run(args: argparse.Namespace) -> int:
             )
         member_names, weights = loaded, sources
         claim_output()
-        atomic_write_json(run_file, {"models": member_names, "weights": weights})
+        atomic_write_json(run_file, {"models": member_names, "weights": weights, "inputs": fingerprints})
 
     def load_members() -> None:
         """Load the detectors once an image needs them (a rerun with nothing readable left loads none)."""
         nonlocal members, first_call_ms
         members = build_ensemble(config)
+        check_saved_predictions(members, [path for path, _ in todo])
         check_members([m.name for m in members], {m.name: _weights_of(m) for m in members})
         first_call_ms = time_first_call(config.fusion.method, params, member_names, min(categories))
 
@@ -630,11 +786,20 @@ def run(args: argparse.Namespace) -> int:
                 processed += 1
                 bar.update(1)
     except KeyboardInterrupt:
+        if processed == 0:
+            release_output()
+            logger.warning("interrupted before the first result: %s is as it was", out)
+            return 130
         interrupted = True
         logger.warning("interrupted: the finished images are saved; run the same command again to resume")
+    except BaseException:
+        if processed == 0:
+            release_output()
+        raise
     finally:
         bar.close()
     claim_output()
+    shutil.rmtree(out / REPLACED, ignore_errors=True)  # the new run stands: the earlier outputs go
     run_info = {
         "method": method_label(config, params),
         "processed": processed,
@@ -642,6 +807,7 @@ def run(args: argparse.Namespace) -> int:
         "interrupted": interrupted,
         "wall_s": time.perf_counter() - start,
         "weights": weights,
+        "inputs": fingerprints,
         "first_call_ms": first_call_ms,
     }
     summary = write_outputs(out, config, names, member_names, categories, unreadable, run_info)
