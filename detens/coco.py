@@ -116,7 +116,7 @@ def validate_coco_results(results: Any, where: str = "COCO results") -> list[dic
     """Check the COCO results schema and return the results as fresh, plain-Python dicts.
 
     Each entry must be a dict with an integer ``image_id`` and ``category_id``, a ``bbox`` of four finite
-    numbers ``[x, y, w, h]`` with ``w, h >= 0``, and a finite ``score``. Extra keys are kept.
+    numbers ``[x, y, w, h]`` with ``w, h >= 0``, and a ``score`` in ``[0, 1]``. Extra keys are kept.
 
     Raises:
         TypeError, ValueError: naming the entry index, the field and the offending value.
@@ -160,7 +160,10 @@ def validate_coco_results(results: Any, where: str = "COCO results") -> list[dic
         clean.append(item)
     if clean:  # finiteness and box sizes, checked in bulk
         values = np.array([r["bbox"] + [r["score"]] for r in clean], dtype=np.float64)  # [K, 5]
-        bad = ~np.isfinite(values).all(axis=1) | (values[:, 2] < 0) | (values[:, 3] < 0)
+        bad = (
+            ~np.isfinite(values).all(axis=1) | (values[:, 2] < 0) | (values[:, 3] < 0)
+            | (values[:, 4] < 0) | (values[:, 4] > 1)
+        )
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             _check_entry(i, clean[i], where)
@@ -192,6 +195,8 @@ def _check_entry(i: int, entry: Any, where: str) -> None:
     score = entry["score"]
     if not _is_finite_number(score):
         raise ValueError(f"{where}[{i}].score must be a finite number, got {score!r}")
+    if not 0.0 <= float(score) <= 1.0:
+        raise ValueError(f"{where}[{i}].score must be in [0, 1] (detens' scores are probabilities), got {score!r}")
 
 
 def group_results_by_image(results: Sequence[Mapping[str, Any]]) -> dict[int, list[dict[str, Any]]]:

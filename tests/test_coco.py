@@ -410,6 +410,10 @@ class TestResultsFiles:
             ('[{"image_id": 1, "category_id": 1, "bbox": [0, 0, 1], "score": 0.5}]', "bbox must be 4 finite"),
             ('[{"image_id": 1, "category_id": 1, "bbox": [0, 0, -1, 1], "score": 0.5}]', "negative width"),
             ('[{"image_id": 1, "category_id": 1, "bbox": [0, 0, 1, 1], "score": "high"}]', "score must be"),
+            ('[{"image_id": 1, "category_id": 1, "bbox": [0, 0, 1, 1], "score": 0.5}, '
+             '{"image_id": 1, "category_id": 1, "bbox": [0, 0, 1, 1], "score": 1.7}]',
+             r"bad\.json\[1\]\.score must be in \[0, 1\].*got 1\.7"),
+            ('[{"image_id": 1, "category_id": 1, "bbox": [0, 0, 1, 1], "score": -0.1}]', r"score must be in \[0, 1\]"),
             (
                 '[{"image_id": "a", "category_id": 1, "bbox": [0, 0, 1, 1], "score": 0.5}]',
                 "image_id must be an integer",
