@@ -104,13 +104,7 @@ def detection_calibration(
     if isinstance(results, (str, Path)):
         clean = load_coco_results(results)
     else:
-        clean = validate_coco_results(results, "results")
-    for i, r in enumerate(clean):
-        if not 0.0 <= r["score"] <= 1.0:
-            raise ValueError(
-                f"results[{i}].score = {r['score']!r} is outside [0, 1]; calibration compares scores with "
-                "true-positive rates, so scores must be probabilities"
-            )
+        clean = validate_coco_results(results, "results")  # scores in [0, 1]: compared with rates
     check_result_categories(truth, clean, "results")
     eval_ids = evaluated_image_ids(truth, image_ids)
     outside = sum(r["image_id"] not in truth for r in clean)

@@ -401,7 +401,7 @@ class TestInputs:
             ({"iou_thr": "0.5"}, TypeError, "iou_thr must be a number"),
             ({"image_ids": [1, 42]}, ValueError, r"image_ids not in the ground truth: \[42\]"),
             ({"image_ids": []}, ValueError, "image_ids is empty"),
-            ({"results": [result([0, 0, 5, 5], 1.5)]}, ValueError, r"results\[0\].score = 1.5 is outside"),
+            ({"results": [result([0, 0, 5, 5], 1.5)]}, ValueError, r"results\[0\].score must be in \[0, 1\].*got 1.5"),
             ({"results": [result([0, 0, 5, 5], 0.5, category_id=7)]}, ValueError, r"category ids \[7\]"),
             ({"results": [result([0, 0, -5, 5], 0.5)]}, ValueError, r"results\[0\].bbox"),
             ({"results": {"annotations": []}}, TypeError, "COCO annotation file"),
