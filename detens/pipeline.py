@@ -85,6 +85,19 @@ def _fusion_params(method: str, head: Any, params: dict[str, Any], model_names: 
     return params
 
 
+def _lists_per_model(per_model: Sequence[Any], what: str, items: str, example: str) -> list[list[Any]]:
+    """``per_model`` as one list per model; one item in place of a model's list (a ``Results``, an output
+    dict, a tensor) is a ``TypeError``, not a list of its boxes."""
+    for n, entry in enumerate(per_model):
+        single = hasattr(entry, "boxes") or isinstance(entry, (str, bytes, Mapping, Tensor))
+        if single or not isinstance(entry, Iterable):
+            raise TypeError(
+                f"{what}[{n}] must be model {n}'s list of {items}, got {type(entry).__name__}; for one image "
+                f"per model pass {example}"
+            )
+    return [list(entry) for entry in per_model]
+
+
 def _check_model_names(model_names: Sequence[str] | None, num_models: int) -> list[str | None]:
     if model_names is None:  # unnamed: a head then takes the models in its own order
         return [None] * num_models
@@ -361,13 +374,9 @@ def fuse_results(
     """
     if isinstance(per_model_results, (str, bytes)) or not isinstance(per_model_results, Sequence):
         raise TypeError("per_model_results must be a list with one list of Results per model")
-    for n, results in enumerate(per_model_results):
-        if hasattr(results, "boxes") or isinstance(results, (str, bytes, Mapping)) or not isinstance(results, Iterable):
-            raise TypeError(
-                f"per_model_results[{n}] must be model {n}'s list of Results (what model(images) returns), got "
-                f"{type(results).__name__}; for one image per model pass [[r0], [r1], ...]"
-            )
-    per_model = [list(results) for results in per_model_results]
+    per_model = _lists_per_model(
+        per_model_results, "per_model_results", "Results (what model(images) returns)", "[[r0], [r1], ...]"
+    )
     if not per_model:
         raise ValueError("per_model_results is empty: pass one list of Results per model")
     counts = [len(results) for results in per_model]
@@ -458,13 +467,9 @@ class TorchvisionFusion(nn.Module):
         """
         if isinstance(per_model_outputs, Mapping) or not isinstance(per_model_outputs, Sequence):
             raise TypeError("per_model_outputs must be a list with one list of output dicts per model")
-        for n, outputs in enumerate(per_model_outputs):
-            if isinstance(outputs, (str, bytes, Mapping, Tensor)) or not isinstance(outputs, Iterable):
-                raise TypeError(
-                    f"per_model_outputs[{n}] must be model {n}'s list of output dicts (one per image), got "
-                    f"{type(outputs).__name__}; for one image per model pass [[out0], [out1], ...]"
-                )
-        per_model = [list(outputs) for outputs in per_model_outputs]
+        per_model = _lists_per_model(
+            per_model_outputs, "per_model_outputs", "output dicts (one per image)", "[[out0], [out1], ...]"
+        )
         if not per_model:
             raise ValueError("per_model_outputs is empty: pass one list of output dicts per model")
         for n, outputs in enumerate(per_model):

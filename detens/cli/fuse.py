@@ -301,22 +301,24 @@ def check_inputs_unchanged(out: Path, previous: Any, fingerprints: dict[str, str
         )
 
 
+def _remove(target: Path) -> None:
+    if target.is_dir():
+        shutil.rmtree(target)
+    elif target.exists():
+        target.unlink()
+
+
 def clear_outputs(out: Path) -> None:
     """Remove what a run writes into ``out`` (never anything else)."""
     for item in (*OUTPUT_NAMES, REPLACED):
-        target = out / item
-        if target.is_dir():
-            shutil.rmtree(target)
-        elif target.exists():
-            target.unlink()
+        _remove(out / item)
 
 
 def set_aside_outputs(out: Path) -> None:
     """``--overwrite``: move the earlier run's outputs into ``out/REPLACED`` (renames: instant, nothing
     lost), from where :func:`restore_outputs` puts them back if the new run fails before its first result."""
     aside = out / REPLACED
-    if aside.exists():
-        shutil.rmtree(aside)
+    _remove(aside)
     for item in OUTPUT_NAMES:
         if (out / item).exists():
             aside.mkdir(parents=True, exist_ok=True)
@@ -329,13 +331,9 @@ def restore_outputs(out: Path) -> None:
     if not aside.is_dir():
         return
     for item in OUTPUT_NAMES:
-        target = out / item
-        if target.is_dir():
-            shutil.rmtree(target)
-        elif target.exists():
-            target.unlink()
+        _remove(out / item)
         if (aside / item).exists():
-            (aside / item).rename(target)
+            (aside / item).rename(out / item)
     shutil.rmtree(aside)
 
 
@@ -348,8 +346,9 @@ def finished_records(out: Path) -> dict[str, dict[str, Any]]:
         if path == folder / "_run.json":
             continue
         record = _read_json(path)
-        if isinstance(record, dict) and isinstance(record.get("file_name"), str) and path == partial_path(out, record["file_name"]):
-            records[record["file_name"]] = record
+        name = record.get("file_name") if isinstance(record, dict) else None
+        if isinstance(name, str) and path == partial_path(out, name):
+            records[name] = record
     return records
 
 

@@ -23,6 +23,7 @@ from torchvision.ops import batched_nms
 from detens.checks import check_choice, check_real
 from detens.detections import Detections
 from detens.fusers._lockstep import compute_device, disjoint_groups, lockstep_layout
+from detens.fusers._order import lexicographic_order
 from detens.fusers._registry import FUSERS, check_weights
 from detens.matching import check_per_model
 
@@ -68,10 +69,7 @@ def _canonical_order(normalized: Tensor, scores: Tensor, labels: Tensor) -> Tens
     Which of two boxes of equal score a selection keeps must not depend on the order the models were
     passed in (INT8 detectors quantize their scores, so equal scores are common).
     """
-    order = torch.arange(scores.numel(), device=scores.device)
-    for key in (normalized[:, 3], normalized[:, 2], normalized[:, 1], normalized[:, 0], labels, -scores):
-        order = order[torch.argsort(key[order], stable=True)]
-    return order
+    return lexicographic_order([-scores, labels, *normalized.unbind(1)])
 
 
 @FUSERS.register("nms")

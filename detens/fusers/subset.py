@@ -21,6 +21,7 @@ import torch
 
 from detens.checks import check_integer
 from detens.detections import Detections
+from detens.fusers._order import lexicographic_order
 from detens.fusers._registry import FUSERS
 from detens.matching import Clusters, match
 
@@ -53,9 +54,7 @@ def random_subset(clusters: Clusters, k: int, generator: torch.Generator) -> tor
         [keys.gather(1, order[..., None].expand(-1, -1, 5)).reshape(num, -1), clusters.labels.to(keys.dtype)[:, None]],
         dim=1,
     )  # [C, 5N + 1]
-    cluster_order = torch.arange(num, device=preds.device)
-    for column in range(canonical.shape[1] - 1, -1, -1):
-        cluster_order = cluster_order[torch.argsort(canonical[cluster_order, column], stable=True)]
+    cluster_order = lexicographic_order(canonical.unbind(1))
     priority = torch.rand((num, num_models), generator=generator, device=generator.device).to(preds.device)
     drawn = torch.empty_like(priority)
     drawn[cluster_order] = priority  # row i of the draw goes to the i-th cluster in canonical order

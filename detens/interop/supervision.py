@@ -184,8 +184,8 @@ def class_names_of(per_model: Sequence[Any], what: str = "per_model") -> dict[in
             continue
         if "class_name" not in (item.data or {}) or item.class_id is None:
             return None
-        data = item.data
-        for class_id, name in zip(np.asarray(item.class_id).tolist(), np.asarray(data["class_name"]).tolist(), strict=True):
+        pairs = zip(np.asarray(item.class_id).tolist(), np.asarray(item.data["class_name"]).tolist(), strict=True)
+        for class_id, name in pairs:
             if names.setdefault(int(class_id), str(name)) != str(name):
                 raise ValueError(
                     f"class_id {class_id} is {names[int(class_id)]!r} in {what}[{where[int(class_id)]}] and "
