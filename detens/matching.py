@@ -53,6 +53,9 @@ class Clusters:
         labels (Tensor[C] int64): the class of each cluster.
         source_index (Tensor[C, N] int64): index of the box in ``per_model[n]``, or -1 when absent.
         image_size (tuple[int, int]): ``(height, width)``.
+        sources (tuple[str | None, ...] | None): the ``source`` of each model's Detections (:func:`match`
+            records them), by which a head puts the models into its own order; None when unknown, and
+            then the models are taken to be in the head's order.
     """
 
     preds: Tensor
@@ -60,6 +63,15 @@ class Clusters:
     labels: Tensor
     source_index: Tensor
     image_size: tuple[int, int]
+    sources: tuple[str | None, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.sources is not None:
+            self.sources = tuple(self.sources)
+            if len(self.sources) != self.preds.shape[1]:
+                raise ValueError(
+                    f"Clusters.sources names {len(self.sources)} models but the clusters hold {self.preds.shape[1]}"
+                )
 
     def __len__(self) -> int:
         return int(self.preds.shape[0])
@@ -75,7 +87,8 @@ class Clusters:
     def __getitem__(self, index: Tensor | slice) -> Clusters:
         """Select clusters by boolean mask [C], integer indices or slice."""
         return Clusters(
-            self.preds[index], self.present[index], self.labels[index], self.source_index[index], self.image_size
+            self.preds[index], self.present[index], self.labels[index], self.source_index[index], self.image_size,
+            self.sources,
         )
 
     def to(self, device: torch.device | str) -> Clusters:
@@ -85,6 +98,19 @@ class Clusters:
             self.labels.to(device),
             self.source_index.to(device),
             self.image_size,
+            self.sources,
+        )
+
+    def select_models(self, columns: Sequence[int]) -> Clusters:
+        """The same clusters with model ``columns[j]`` as model j (a reordering, or a subset, of the models)."""
+        index = torch.as_tensor(list(columns), dtype=torch.int64, device=self.preds.device)
+        return Clusters(
+            self.preds[:, index],
+            self.present[:, index],
+            self.labels,
+            self.source_index[:, index],
+            self.image_size,
+            None if self.sources is None else tuple(self.sources[j] for j in columns),
         )
 
     def scale(self) -> Tensor:
@@ -108,13 +134,20 @@ class Clusters:
         return fused.sort_by_score()
 
     @classmethod
-    def empty(cls, num_models: int, image_size: tuple[int, int], device: torch.device | None = None) -> Clusters:
+    def empty(
+        cls,
+        num_models: int,
+        image_size: tuple[int, int],
+        device: torch.device | None = None,
+        sources: Sequence[str | None] | None = None,
+    ) -> Clusters:
         return cls(
             torch.zeros((0, num_models, 5), device=device),
             torch.zeros((0, num_models), dtype=torch.bool, device=device),
             torch.zeros((0,), dtype=torch.int64, device=device),
             torch.zeros((0, num_models), dtype=torch.int64, device=device),
             image_size,
+            None if sources is None else tuple(sources),
         )
 
 
@@ -233,7 +266,8 @@ def match(per_model: Sequence[Detections], iou_thr: float = 0.55, *, backend: st
 
     Returns:
         Clusters: ``preds (Tensor[C, N, 5])``, ``present (Tensor[C, N])``, ``labels (Tensor[C])``,
-        ``source_index (Tensor[C, N])``, clusters ordered by matching round, then by seed score.
+        ``source_index (Tensor[C, N])``, clusters ordered by matching round, then by seed score, and
+        ``sources``, each Detections' ``source`` (by which a head places the models).
 
     Equal scores (frequent with quantized detectors) are ordered by model, then box index. Boxes are
     clipped to the image first; boxes of zero area after clipping (entirely outside the image, or
@@ -245,6 +279,7 @@ def match(per_model: Sequence[Detections], iou_thr: float = 0.55, *, backend: st
     num_models = len(per_model)
     image_size = per_model[0].image_size
     device = per_model[0].device
+    sources = tuple(d.source for d in per_model)
 
     clipped = [d.clip() for d in per_model]
     boxes = torch.cat([d.normalized_boxes() for d in clipped])  # [K, 4]
@@ -272,7 +307,7 @@ def match(per_model: Sequence[Detections], iou_thr: float = 0.55, *, backend: st
     chosen, cluster_of, cluster_labels = rounds(boxes64, labels, model_id, num_models, by_priority, iou_thr)
     num_clusters = cluster_labels.numel()
     if num_clusters == 0:
-        return Clusters.empty(num_models, image_size, device)
+        return Clusters.empty(num_models, image_size, device, sources)
 
     chosen_model = model_id[chosen]
     preds = torch.zeros((num_clusters, num_models, 5), device=device)
@@ -284,7 +319,7 @@ def match(per_model: Sequence[Detections], iou_thr: float = 0.55, *, backend: st
     source_index[cluster_of, chosen_model] = box_id[chosen]
 
     impute_absent_boxes(preds, present)
-    return Clusters(preds, present, cluster_labels, source_index, image_size)
+    return Clusters(preds, present, cluster_labels, source_index, image_size, sources)
 
 
 def _compiled_rounds(

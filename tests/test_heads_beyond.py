@@ -661,3 +661,110 @@ class TestBagged:
             path.write_text(json.dumps(broken))
             with pytest.raises(HeadFileError, match=message):
                 load_head(path)
+
+
+# ------------------------------------------------------------------------------------ member order
+def _named_heads():
+    from detens.heads.bagged import BaggedHead
+    from detens.heads.theta import ThetaHead
+
+    theta = ThetaHead(NAMES)
+    with torch.no_grad():
+        theta.theta.copy_(torch.tensor([0.6, 0.3, 0.1], dtype=theta.theta.dtype))
+    config = config_for("deep", epochs=2, hidden=8, depth=1, match_iou_grid=[], bags=2, seed=0)
+    bagged = train_network_head("deep", samples(6), NAMES, config)[0]
+    assert isinstance(bagged, BaggedHead)
+    heads = {"theta": theta, "bagged": bagged, **{kind: trained(kind) for kind in KINDS}}
+    # with k = 2 and mostly two models per object every present model is chosen, whatever its column; and
+    # three epochs leave the net choosing alike whichever column holds a model
+    heads["selection"] = trained("selection", k=1)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in heads["selection"].parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype))
+    return heads
+
+
+class TestMemberOrder:
+    """``head(match(per_model))`` places the models by their Detections' source names, as ``fuse`` does."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def heads(cls):
+        return _named_heads()
+
+    @staticmethod
+    def named_scene(seed):
+        return [d.with_source(name) for d, name in zip(scene(seed)[0], NAMES, strict=True)]
+
+    @pytest.mark.parametrize("kind", ["theta", "bagged", *KINDS])
+    @pytest.mark.parametrize("order", [[2, 0, 1], [1, 0, 2]])
+    def test_any_model_order_fuses_alike(self, heads, kind, order):
+        head = heads[kind]
+        per_model = self.named_scene(11)
+        expected = head.fuse(match(per_model, 0.55))
+        shuffled = match([per_model[i] for i in order], 0.55)
+        assert shuffled.sources == tuple(NAMES[i] for i in order)
+        got = head.fuse(shuffled)
+        assert_close(got.boxes, expected.boxes)
+        assert_close(got.scores, expected.scores)
+        assert torch.equal(got.labels, expected.labels)
+        # the head's weights are not symmetric in its models: placing them by position differs
+        positional = head.fuse(match([per_model[i].with_source(None) for i in order], 0.55))
+        assert not (torch.equal(positional.scores, expected.scores) and torch.equal(positional.boxes, expected.boxes))
+
+    def test_the_differentiable_path_reorders_too(self, heads):
+        head = heads["deep"]
+        per_model = self.named_scene(12)
+        boxes, scores = head(match(per_model, 0.55))
+        reordered = match(per_model[::-1], 0.55)
+        # the slow, obvious reference: the models put back by hand
+        by_hand = reordered.select_models([2, 1, 0])
+        assert by_hand.sources == tuple(NAMES)
+        boxes_by_hand, scores_by_hand = head(by_hand)
+        got_boxes, got_scores = head(reordered)
+        assert_close(got_boxes, boxes_by_hand)
+        assert_close(got_scores, scores_by_hand)
+        assert_close(torch.sort(got_scores).values, torch.sort(scores).values)
+
+    def test_features_of_refuses_another_order(self, heads):
+        head = heads["deep"]
+        reordered = match(self.named_scene(13)[::-1], 0.55)
+        with pytest.raises(ValueError, match=r"the clusters' models are \['m2', 'm1', 'm0'\] but this deep head"):
+            head.features_of(reordered)
+        head.features_of(reordered.select_models([2, 1, 0]))
+
+    @pytest.mark.parametrize("kind", ["theta", "bagged", "deep"])
+    def test_other_models_and_repeats_are_refused(self, heads, kind):
+        per_model = self.named_scene(14)
+        with pytest.raises(ValueError, match=r"sources are \['other', 'm1', 'm2'\] but this .*head is for"):
+            heads[kind](match([per_model[0].with_source("other"), *per_model[1:]], 0.55))
+        with pytest.raises(ValueError, match="name the same model"):
+            heads[kind](match([per_model[0], per_model[0], per_model[2]], 0.55))
+
+    def test_unnamed_models_are_taken_in_order(self, heads):
+        head = heads["deep"]
+        per_model = self.named_scene(15)
+        unnamed = match([d.with_source(None) for d in per_model], 0.55)
+        assert unnamed.sources == (None, None, None)
+        assert_close(head(unnamed)[1], head(match(per_model, 0.55))[1])
+
+
+class TestClustersSources:
+    def test_select_models_and_empty(self):
+        per_model = [d.with_source(name) for d, name in zip(scene(16)[0], NAMES, strict=True)]
+        clusters = match(per_model, 0.55)
+        picked = clusters.select_models([2, 0])
+        assert picked.sources == ("m2", "m0")
+        assert torch.equal(picked.preds, clusters.preds[:, [2, 0]])
+        assert torch.equal(picked.present, clusters.present[:, [2, 0]])
+        assert torch.equal(picked.source_index, clusters.source_index[:, [2, 0]])
+        assert torch.equal(picked.labels, clusters.labels)
+        assert clusters[:2].sources == clusters.sources == clusters.to("cpu").sources
+        empty = match([Detections.empty(SIZE, source=name) for name in NAMES], 0.55)
+        assert len(empty) == 0 and empty.sources == tuple(NAMES)
+
+    def test_sources_must_name_every_model(self):
+        clusters = samples(1)[0].clusters
+        with pytest.raises(ValueError, match="Clusters.sources names 2 models but the clusters hold 3"):
+            Clusters(clusters.preds, clusters.present, clusters.labels, clusters.source_index, SIZE, ("a", "b"))

@@ -281,6 +281,31 @@ def check_head_clusters(clusters: Any, model_names: list[str], what: str) -> Non
         )
 
 
+def clusters_in_member_order(clusters: Any, model_names: list[str], what: str, reorder: bool = True) -> Any:
+    """``clusters`` checked (:func:`check_head_clusters`) and with their models in the order of
+    ``model_names``, placed by ``clusters.sources`` (:func:`member_order`; unknown sources: as given).
+
+    Args:
+        what (str): the head, in error messages (``"deep head"``).
+        reorder (bool): False for the low-level paths that take the clusters as they are (features that
+            another call fuses): clusters in another order are then a ``ValueError`` instead.
+    """
+    check_head_clusters(clusters, model_names, f"this {what}")
+    if clusters.sources is None:
+        return clusters
+    order = member_order(clusters.sources, model_names, what)
+    if order == list(range(len(model_names))):
+        return clusters
+    if len(set(order)) != len(order):
+        raise ValueError(f"two of the clusters' models name the same model: sources {list(clusters.sources)}")
+    if not reorder:
+        raise ValueError(
+            f"the clusters' models are {list(clusters.sources)} but this {what} is for {list(model_names)} in that order; "
+            "call the head on the clusters (it reorders them), or match the Detections in the head's order"
+        )
+    return clusters.select_models([order.index(i) for i in range(len(model_names))])
+
+
 def read_head_for(path: str | Path, type_name: str, model_names: Sequence[str] | None) -> Any:
     """:func:`read_head_file`, checked to hold a ``type_name`` head for ``model_names`` (when given).
 

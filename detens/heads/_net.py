@@ -4,7 +4,7 @@ Dimension legend: C clusters, N models, F selected features, E class-embedding w
 
 A network head owns
 
-- ``model_names`` (the N models, in the clusters' order);
+- ``model_names`` (the N models; clusters are put into this order by their ``sources``);
 - the feature columns it reads (names from :func:`detens.heads._features.feature_names`, chosen by group),
   standardized with the training set's mean and standard deviation (buffers ``feature_mean``,
   ``feature_std``, set by :meth:`NetHead.fit_normalization`);
@@ -39,11 +39,11 @@ from detens.heads._features import (
 from detens.heads._io import (
     HeadFileError,
     check_class_ids,
-    check_head_clusters,
     check_int,
     check_match_iou,
     check_model_names,
     check_sizes,
+    clusters_in_member_order,
     read_head_for,
     write_head_file,
 )
@@ -108,7 +108,8 @@ class NetHead(nn.Module):
     """Base of the network heads; see the module docstring.
 
     Args:
-        model_names (list[str]): the ensemble's models, in the order of the clusters' N axis.
+        model_names (list[str]): the ensemble's models, the order of the N axis of its parameters; clusters
+            whose ``sources`` name the models are put into this order (else they are taken to be in it).
         features (list[str] | None): feature groups to read (:data:`FEATURE_GROUPS`); None: the
             subclass's ``default_features`` (all groups but visibility when that is None), with the
             visibility groups when a member is a tiled view and the subclass's
@@ -193,8 +194,10 @@ class NetHead(nn.Module):
     def extra_repr(self) -> str:
         return f"model_names={self.model_names}, features={len(self.features)} groups"
 
-    def check_clusters(self, clusters: Clusters) -> None:
-        check_head_clusters(clusters, self.model_names, f"this {self.type_name} head")
+    def check_clusters(self, clusters: Clusters, reorder: bool = False) -> Clusters:
+        """``clusters`` checked to be of this head's models, put into its model order when ``reorder``
+        (else another order is a ``ValueError``)."""
+        return clusters_in_member_order(clusters, self.model_names, f"{self.type_name} head", reorder)
 
     # ------------------------------------------------------------------------------------- features
     def features_of(self, clusters: Clusters) -> Tensor:
@@ -242,7 +245,7 @@ class NetHead(nn.Module):
             boxes (Tensor[C, 4]): fused normalized xyxy boxes. scores (Tensor[C]): fused scores in [0, 1].
             On the head's device, in the head's dtype.
         """
-        clusters = clusters.to(self.feature_mean.device)
+        clusters = self.check_clusters(clusters, reorder=True).to(self.feature_mean.device)
         return self.fuse_features(clusters, self.features_of(clusters))
 
     @torch.no_grad()

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from detens.detections import Detections
-from detens.heads._io import HeadFileError, check_head_clusters, read_head_for, write_head_file
+from detens.heads._io import HeadFileError, clusters_in_member_order, read_head_for, write_head_file
 from detens.heads._net import NetHead, fuse_with
 from detens.heads._registry import HEADS
 from detens.matching import Clusters
@@ -72,7 +72,7 @@ class BaggedHead(nn.Module):
 
     def forward(self, clusters: Clusters) -> tuple[Tensor, Tensor]:
         """``(boxes (Tensor[C, 4]) normalized, scores (Tensor[C]))``: the members' outputs averaged."""
-        check_head_clusters(clusters, self.model_names, "this bagged head")
+        clusters = clusters_in_member_order(clusters, self.model_names, "bagged head")
         outputs = [member(clusters) for member in self.members]
         boxes = torch.stack([b for b, _ in outputs]).mean(0)
         scores = torch.stack([s for _, s in outputs]).mean(0)

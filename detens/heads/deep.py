@@ -93,7 +93,7 @@ class DeepEnsembleHead(NetHead):
     """Rescoring head of stacked ensemble layers (seed 002); see the module docstring.
 
     Args:
-        model_names (list[str]): the ensemble's models, in the clusters' order.
+        model_names (list[str]): the ensemble's models (clusters are put into this order by their ``sources``).
         box (str): ``"score_weighted"``, ``"mean"`` or ``"learned"``.
         lambda_box (float): weight of the GIoU box loss (``box="learned"`` only).
         members (int): number of score MLPs whose corrections are averaged.

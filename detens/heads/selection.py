@@ -82,7 +82,7 @@ class SelectionHead(NetHead):
     """e2e-CEL for detection: select k models per object and combine their predictions.
 
     Args:
-        model_names (list[str]): the ensemble's models, in the clusters' order.
+        model_names (list[str]): the ensemble's models (clusters are put into this order by their ``sources``).
         k (int): the sub-ensemble size (``k >= N``: every present model, i.e. the ``mean`` fuser).
         epsilon (float): ε, the knapsack layer's noise temperature.
         num_samples (int): m, its Gaussian samples per backward pass.

@@ -34,7 +34,7 @@ class SuperLearnerHead(NetHead):
     """Per-cluster softmax combination weights from an MLP; see the module docstring.
 
     Args:
-        model_names (list[str]): the ensemble's models, in the clusters' order.
+        model_names (list[str]): the ensemble's models (clusters are put into this order by their ``sources``).
         lambda_box, lambda_cls (float): weights of the GIoU box loss and the score BCE.
         features, class_ids, class_embed, hidden, depth, activation, match_iou: see
             :class:`~detens.heads._net.NetHead`.

@@ -68,11 +68,11 @@ from detens.heads._features import class_positions
 from detens.heads._io import (
     HeadFileError,
     check_class_ids,
-    check_head_clusters,
     check_int,
     check_match_iou,
     check_model_names,
     check_number,
+    clusters_in_member_order,
     read_head_for,
     write_head_file,
 )
@@ -284,7 +284,8 @@ class ThetaHead(nn.Module):
     """Learned linear fusion A = ŶᵀΘ (seed 000), global or per class. See the module docstring for the math.
 
     Args:
-        model_names (list[str]): the ensemble's models, in the order of the clusters' N axis.
+        model_names (list[str]): the ensemble's models, the order of the N axis of its parameters; clusters
+            whose ``sources`` name the models are put into this order (else they are taken to be in it).
         per_class (bool): one Θ per class id in ``class_ids`` (unseen classes fall back to the global Θ).
         class_ids (list[int] | None): the category ids with their own Θ (the ids seen in training).
         num_classes (int | None): shorthand for ``class_ids = range(num_classes)``.
@@ -376,8 +377,8 @@ class ThetaHead(nn.Module):
         classes = f", classes={self.class_ids.numel()}" if self.per_class else ""
         return f"model_names={self.model_names}, per_class={self.per_class}{classes}, normalize_box={self.normalize_box}"
 
-    def _check_clusters(self, clusters: Clusters) -> None:
-        check_head_clusters(clusters, self.model_names, "this Θ head")
+    def _check_clusters(self, clusters: Clusters) -> Clusters:
+        return clusters_in_member_order(clusters, self.model_names, "Θ head")
 
     # ------------------------------------------------------------------------------------------ fusion
     def class_rows(self, labels: Tensor) -> Tensor:
@@ -409,7 +410,7 @@ class ThetaHead(nn.Module):
             scores (Tensor[C]): ŶᵀΘ[4] clamped to [0, 1].
         Both on the clusters' device, in the promoted dtype of Θ and the predictions.
         """
-        self._check_clusters(clusters)
+        clusters = self._check_clusters(clusters)
         dtype = torch.promote_types(self.theta.dtype, clusters.preds.dtype)
         theta = self.cluster_theta(clusters.labels).to(device=clusters.device, dtype=dtype)
         return self._fused(theta, clusters.preds.to(dtype))
@@ -435,8 +436,8 @@ class ThetaHead(nn.Module):
             raise ValueError(
                 f"got {len(clusters_list)} Clusters but {len(targets_list)} Targets; one per image"
             )
+        clusters_list = [self._check_clusters(c) for c in clusters_list]
         for i, (c, t) in enumerate(zip(clusters_list, targets_list, strict=True)):
-            self._check_clusters(c)
             if len(c) != len(t):
                 raise ValueError(f"image {i}: {len(c)} clusters but {len(t)} targets")
         device = clusters_list[0].device if clusters_list else self.theta.device
