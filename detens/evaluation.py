@@ -512,7 +512,8 @@ def cross_validate(
 
     Args:
         predictions (EnsemblePredictions): the N models' saved predictions and the ground truth; every
-            annotated image is scored.
+            annotated image of ``predictions.gt`` is scored (images left out there, which the cache could
+            not read, are neither scored nor fitted on).
         methods (list[str]): method names (``single`` expands to every model).
         k (int): folds (>= 2); 0: no cross-validation, learned and tuned methods are fitted on
             ``fit_on`` alone and score every image of ``predictions`` (fit on one dataset, score on another).

@@ -1,34 +1,90 @@
 """Saved per-model predictions on a COCO-format dataset: the input of training and evaluation.
 
 A prediction folder holds one COCO results file per model, ``<model name>.json``, as written by
-``tools/cache.py``. Dimension legend: N models.
+``detens cache``, and the cache's ``cache_summary.json``, whose per-member ``unreadable`` names the
+images the cache could not read: those images are left out (:class:`EnsemblePredictions`).
+Dimension legend: N models.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from torch import Tensor
 
 from detens.coco import CocoGroundTruth, coco_to_detections, load_coco_results
 from detens.detections import Detections
+from detens.io import read_json_file
 
-__all__ = ["EnsemblePredictions", "NOT_RESULTS", "join_predictions"]
+__all__ = ["CACHE_SUMMARY", "EnsemblePredictions", "LeftOutImage", "NOT_RESULTS", "join_predictions"]
 
-#: JSON files of a prediction folder that are not a model's results (``tools/cache.py``'s summary).
-NOT_RESULTS: frozenset[str] = frozenset({"cache_summary.json"})
+logger = logging.getLogger(__name__)
+
+#: ``detens cache``'s report in a prediction folder (members' images, boxes, unreadable files, timings).
+CACHE_SUMMARY = "cache_summary.json"
+
+#: JSON files of a prediction folder that are not a model's results (``detens cache``'s summary).
+NOT_RESULTS: frozenset[str] = frozenset({CACHE_SUMMARY})
+
+
+@dataclass(frozen=True)
+class LeftOutImage:
+    """An image of the ground truth that :class:`EnsemblePredictions` leaves out: the cache could not
+    read it for at least one model.
+
+    Attributes:
+        image_id (int): its id in the ground truth.
+        file_name (str): its ``file_name`` in the ground truth.
+        unreadable_by (dict[str, str]): each model that could not read it → the cache's error message.
+    """
+
+    image_id: int
+    file_name: str
+    unreadable_by: dict[str, str]
+
+    def describe(self) -> str:
+        """``"139 (000000000139.jpg, unreadable by a, b)"``, for messages."""
+        return f"{self.image_id} ({self.file_name}, unreadable by {', '.join(self.unreadable_by)})"
+
+
+def _describe_images(images: Sequence[LeftOutImage], limit: int = 10) -> str:
+    shown = "; ".join(image.describe() for image in images[:limit])
+    return shown + (f"; ... ({len(images)} in all)" if len(images) > limit else "")
 
 
 class EnsemblePredictions:
     """Predictions of N models on the images of one ground truth, grouped by image.
+
+    Images that a model could not read (``unreadable``) are left out for every model, also for the models
+    that did read them: the ensemble never saw such an image whole, so fusing it without a member, or
+    scoring the member's absent boxes as misses, would measure the broken file rather than the ensemble.
+    A left-out image is removed from :attr:`gt` with its annotations and every model's predictions, so it
+    is neither scored nor fitted on; :attr:`left_out` lists it.
 
     Args:
         model_names (list[str]): the ensemble's members, in the order every ``per_model`` list uses.
         results (list[list[dict]]): COCO result dicts of each model.
         gt (CocoGroundTruth): the dataset; gives image sizes and the valid image ids.
         validated (bool): the results come from :func:`~detens.coco.load_coco_results` (schema checked).
+        unreadable (dict[str, dict[str, str]] | None): per model (a name of ``model_names``), the images it
+            could not read as ``{file_name: error}``, the form of each member's ``unreadable`` in
+            ``detens cache``'s ``cache_summary.json``. File names that are not in ``gt`` are ignored (those
+            images are not evaluated anyway). Default: none.
+
+    Attributes:
+        model_names (list[str]): as given.
+        gt (CocoGroundTruth): ``gt`` without the left-out images (``gt`` itself when none is).
+        left_out (list[LeftOutImage]): the images of ``gt`` left out, by image id; empty when none is.
+
+    Raises:
+        ValueError: model names repeated or not one per result list; results of images that are not in
+            ``gt``; ``unreadable`` naming another model; every annotated image of ``gt`` left out.
+        TypeError: ``unreadable`` not a mapping of model names to ``{file_name: error}`` mappings.
     """
 
     def __init__(
@@ -37,12 +93,25 @@ class EnsemblePredictions:
         results: Sequence[Sequence[dict]],
         gt: CocoGroundTruth,
         validated: bool = False,
+        unreadable: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         if len(model_names) != len(results):
             raise ValueError(f"{len(model_names)} model names but {len(results)} result lists")
         if len(set(model_names)) != len(model_names):
             raise ValueError(f"model names must be unique, got {list(model_names)}")
         self.model_names = list(model_names)
+        self.left_out = _left_out_images(gt, self.model_names, unreadable)
+        if self.left_out:
+            dropped = {image.image_id for image in self.left_out}
+            kept = gt.subset(i for i in gt.image_ids if i not in dropped)
+            if gt.annotated_image_ids and not kept.annotated_image_ids:
+                raise ValueError(
+                    f"every annotated image is left out: the cache could not read {len(self.left_out)} images "
+                    f"({_describe_images(self.left_out)}), so none is left to score or fit on; repair or "
+                    "replace those files and cache their predictions again"
+                )
+            results = [[r for r in model_results if int(r["image_id"]) not in dropped] for model_results in results]
+            gt = kept
         self.gt = gt
         known = set(gt.image_ids)
         # Per model: image id → (boxes Tensor[K, 4] xyxy, scores Tensor[K], labels Tensor[K]), converted
@@ -68,11 +137,22 @@ class EnsemblePredictions:
     def from_folder(
         cls, folder: str | Path, gt: CocoGroundTruth, models: Sequence[str] | None = None
     ) -> EnsemblePredictions:
-        """Load ``folder/<name>.json`` for each model (all ``*.json`` files, sorted by name, by default)."""
+        """Load ``folder/<name>.json`` for each model (all ``*.json`` files, sorted by name, by default).
+
+        The images that ``folder/cache_summary.json`` lists as unreadable for one of ``models`` are left
+        out (see the class docstring), with a warning that names them. A folder without the summary, or
+        a summary without a member's ``unreadable`` (caches of older versions, results files written by
+        other tools), leaves nothing out.
+
+        Raises:
+            FileNotFoundError: no such folder, or no ``<name>.json`` for one of ``models``.
+            ValueError: no results file in the folder; a summary that is not valid JSON or not of
+                ``detens cache``'s form; the errors of the constructor.
+        """
         folder = Path(folder)
         if not folder.is_dir():
             raise FileNotFoundError(f"prediction folder not found: {folder}")
-        # cache_summary.json is tools/cache.py's report, not a model's results
+        # cache_summary.json is detens cache's report, not a model's results
         available = sorted(p.stem for p in folder.glob("*.json") if p.name not in NOT_RESULTS)
         if models is None:
             models = available
@@ -83,7 +163,16 @@ class EnsemblePredictions:
             )
         if not models:
             raise ValueError(f"{folder} holds no <model>.json prediction files")
-        return cls(models, [load_coco_results(folder / f"{m}.json") for m in models], gt, validated=True)
+        unreadable = _summary_unreadable(folder / CACHE_SUMMARY, models)
+        results = [load_coco_results(folder / f"{m}.json") for m in models]
+        predictions = cls(models, results, gt, validated=True, unreadable=unreadable)
+        if predictions.left_out:
+            logger.warning(
+                "%s: left out %d image%s that the cache could not read (%s), neither scored nor fitted on: %s",
+                folder, len(predictions.left_out), "s" if len(predictions.left_out) > 1 else "", CACHE_SUMMARY,
+                _describe_images(predictions.left_out),
+            )
+        return predictions
 
     @property
     def num_models(self) -> int:
@@ -106,13 +195,15 @@ class EnsemblePredictions:
         return per_model
 
     def select(self, models: Sequence[str]) -> EnsemblePredictions:
-        """The same predictions restricted to (and ordered as) ``models``."""
+        """The same predictions restricted to (and ordered as) ``models`` (the same images left out)."""
         unknown = [m for m in models if m not in self.model_names]
         if unknown:
             raise ValueError(f"unknown models {unknown}; this ensemble has {self.model_names}")
         subset = EnsemblePredictions.__new__(EnsemblePredictions)
         subset.model_names = list(models)
         subset.gt = self.gt
+        # the images stay out: dropping the member that could not read one does not bring its data back
+        subset.left_out = list(self.left_out)
         subset._by_image = [self._by_image[self.model_names.index(m)] for m in models]
         return subset
 
@@ -127,6 +218,9 @@ def join_predictions(
     collide with ``evaluated``'s are moved past the largest id, and annotation ids are renumbered when
     the two files share any, so the joined ground truth stays valid COCO (pycocotools indexes
     annotations by id: a shared id would silently drop one of them).
+
+    Images either side left out stay out; the joined predictions' ``left_out`` is ``evaluated``'s (those of
+    ``extra`` have no id in the joined ground truth: see ``extra.left_out``).
 
     Returns:
         (EnsemblePredictions, list[int]): the joined predictions (models in ``evaluated``'s order, the
@@ -165,8 +259,64 @@ def join_predictions(
     joined = EnsemblePredictions.__new__(EnsemblePredictions)
     joined.model_names = list(evaluated.model_names)
     joined.gt = CocoGroundTruth(dataset, evaluated.gt.images_dir)
+    joined.left_out = list(evaluated.left_out)
     joined._by_image = [
         {**ours_by_image, **{new_id[i]: arrays for i, arrays in theirs_by_image.items()}}
         for ours_by_image, theirs_by_image in zip(evaluated._by_image, extra._by_image, strict=True)
     ]
     return joined, [new_id[i] for i in extra.gt.annotated_image_ids]
+
+
+def _left_out_images(
+    gt: CocoGroundTruth, model_names: Sequence[str], unreadable: Mapping[str, Mapping[str, str]] | None
+) -> list[LeftOutImage]:
+    """The images of ``gt`` that a model of ``unreadable`` could not read, by image id."""
+    if unreadable is None:
+        return []
+    if not isinstance(unreadable, Mapping):
+        raise TypeError(f"unreadable must map model names to {{file_name: error}}, got {type(unreadable).__name__}")
+    others = [name for name in unreadable if name not in model_names]
+    if others:
+        raise ValueError(f"unreadable names models {others} that are not among the models {list(model_names)}")
+    ids_by_name: dict[str, list[int]] = defaultdict(list)
+    for image_id in gt.image_ids:
+        ids_by_name[gt.file_name(image_id)].append(image_id)
+    errors: dict[int, dict[str, str]] = defaultdict(dict)
+    for name in model_names:  # the models' order, for messages
+        files = unreadable.get(name, {})
+        if not isinstance(files, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+            raise TypeError(f"unreadable[{name!r}] must map file names to error messages (str to str), got {files!r}")
+        for file_name, error in files.items():
+            for image_id in ids_by_name.get(file_name, []):
+                errors[image_id][name] = error
+    return [LeftOutImage(i, gt.file_name(i), errors[i]) for i in sorted(errors)]
+
+
+def _summary_unreadable(path: Path, models: Sequence[str]) -> dict[str, dict[str, str]]:
+    """Each of ``models``' unreadable files (``{file_name: error}``) as ``detens cache``'s summary lists
+    them; none for a missing summary or a member it does not describe."""
+    if not path.is_file():
+        return {}
+    summary: Any = read_json_file(path, "cache summary")
+    members = summary.get("models", {}) if isinstance(summary, dict) else None
+    if not isinstance(members, dict):
+        raise ValueError(
+            f"{path} is not a summary of detens cache (expected an object with 'models': {{member: ...}}); "
+            "it lists the images the cache could not read: cache the predictions again to rewrite it"
+        )
+    unreadable = {}
+    for name in models:
+        entry = members.get(name)
+        if entry is None:  # a results file that detens cache did not write
+            continue
+        if not isinstance(entry, dict):
+            raise ValueError(f"{path}: models[{name!r}] must be an object, got {entry!r}")
+        files = entry.get("unreadable")
+        if files is None:  # written before the summary listed unreadable images
+            continue
+        if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+            raise ValueError(
+                f"{path}: models[{name!r}].unreadable must map file names to error messages, got {files!r}"
+            )
+        unreadable[name] = files
+    return unreadable

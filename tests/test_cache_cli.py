@@ -328,6 +328,45 @@ def test_unreadable_image_is_skipped_and_reported(slice_, replay_run):
     assert (out / "a.json").read_bytes() == (replay_run / "a.json").read_bytes()
 
 
+def test_unreadable_images_stay_listed_and_are_left_out_of_evaluation(slice_, replay_run, tmp_path):
+    """An image one member could not read is left out for every member, until a run reads it."""
+    ids = gt_ids(slice_)
+    gt = load_coco_gt(slice_ / "gt.json")
+    broken = slice_ / "images_broken_later"
+    shutil.copytree(slice_ / "images", broken)
+    bad_name = gt.file_name(ids[0])
+    (broken / bad_name).write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg" * 8)
+    out = slice_ / "replay_left_out"
+    assert run(slice_, out, "--models", "a") == 0  # a reads every image; the file breaks before b runs
+    assert run(slice_, out, "--models", "b", images=broken) == 0
+    summary = summary_of(out)
+    assert summary["models"]["a"]["unreadable"] == {} and list(summary["models"]["b"]["unreadable"]) == [bad_name]
+    predictions = EnsemblePredictions.from_folder(out, gt)
+    assert [image.image_id for image in predictions.left_out] == [ids[0]]
+    assert list(predictions.left_out[0].unreadable_by) == ["b"] and predictions.gt.image_ids == ids[1:]
+    assert EnsemblePredictions.from_folder(out, gt, models=["a"]).left_out == []
+
+    from detens.cli import evaluate as evaluate_cli
+    from detens.report.record import EvaluationRecord
+
+    report = tmp_path / "report.json"
+    assert evaluate_cli.main(["--gt", str(slice_ / "gt.json"), "--predictions", str(out), "--methods", "mean",
+                              "--cv", "2", "--backend", "faster", "--out", str(report), "--quiet"]) == 0
+    record = EvaluationRecord.load(report)
+    assert record.image_ids == ids[1:] and [image["image_id"] for image in record.meta["left_out"]] == [ids[0]]
+
+    # a run that does not get to the image (here: no new image at all) keeps it listed: b.json still lacks it
+    assert run(slice_, out, "--models", "b", "--max-images", "0", images=broken) == 0
+    assert list(summary_of(out)["models"]["b"]["unreadable"]) == [bad_name]
+    assert summary_of(out)["models"]["b"]["status"] == "complete"
+    assert [image.image_id for image in EnsemblePredictions.from_folder(out, gt).left_out] == [ids[0]]
+    # repaired, it is read, no longer listed and no longer left out
+    assert run(slice_, out, "--models", "b") == 0
+    assert summary_of(out)["models"]["b"]["unreadable"] == {}
+    assert EnsemblePredictions.from_folder(out, gt).left_out == []
+    assert (out / "b.json").read_bytes() == (replay_run / "b.json").read_bytes()
+
+
 def refused(capsys, code, pattern):
     """A user's mistake: exit status 2 and one ``error:`` line matching ``pattern``."""
     err = capsys.readouterr().err

@@ -239,6 +239,16 @@ class TestReportOfARealEvaluation:
         assert "No side-by-sides: the image folder was not found" in index.read_text()
         assert not (tmp_path / "page" / "examples").exists()
 
+    def test_page_names_the_images_left_out(self, evaluated, tmp_path):
+        from detens.report.page import write_report
+
+        record = EvaluationRecord.load(evaluated / "results.json")
+        assert record.meta["left_out"] == []  # every image was read
+        assert "the cache could not read" not in (evaluated / "page" / "index.html").read_text()
+        record.meta["left_out"] = [{"image_id": 7, "file_name": "broken.jpg", "unreadable_by": {"yolov8n": "corrupt"}}]
+        html = write_report(record, tmp_path / "page", examples=0).read_text()
+        assert "<dt>left out</dt><dd>1 image the cache could not read, neither scored nor fitted on: broken.jpg</dd>" in html
+
     def test_headless_chromium_loads_the_page_without_errors(self, evaluated):
         browser = chromium()
         if browser is None:

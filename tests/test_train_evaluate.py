@@ -7,7 +7,9 @@ a different noise level per model), so the tests exercise the real tools without
 from __future__ import annotations
 
 import json
+import logging
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +31,8 @@ from detens.fusers import fuse
 from detens.heads import ThetaTrainConfig, build_samples, fit_head, load_head
 from detens.heads._fit import train_theta
 from detens.heads.theta import ThetaHead
-from detens.predictions import EnsemblePredictions, join_predictions
+from detens.predictions import EnsemblePredictions, LeftOutImage, join_predictions
+from detens.report.record import EvaluationRecord
 
 REPO = Path(__file__).resolve().parents[1]
 ANNOTATIONS = REPO.parent / "shared" / "data" / "coco_val2017_206" / "instances_val2017.json"
@@ -141,6 +144,11 @@ class TestTraining:
     def test_no_samples_is_an_error(self, ensemble):
         with pytest.raises(ValueError, match="no training images"):
             train_theta([], ensemble.model_names, ThetaTrainConfig())
+
+    def test_a_repeated_image_is_an_error(self, ensemble):
+        ids = ensemble.gt.annotated_image_ids
+        with pytest.raises(ValueError, match=rf"image_ids must be distinct, got duplicates \[{ids[1]}\]"):
+            fit_head("theta", ensemble, [ids[0], ids[1], ids[2], ids[1]], ThetaTrainConfig(epochs=1, match_iou_grid=[]))
 
     @pytest.mark.parametrize("changes", [{"match_iou": 1.2}, {"epochs": -1}, {"lr": 0}, {"match_iou_grid": [0.5, 1.0]}])
     def test_bad_config(self, changes):
@@ -400,6 +408,126 @@ class TestExtraFittingData:
             cross_validate(ensemble, ["mean"], k=0)
 
 
+def _cache_folder(predictions, folder, unreadable, summary=None):
+    """A copy of the prediction folder with ``detens cache``'s summary: ``unreadable`` per member
+    (``{member: {file_name: error}}``), or the ``summary`` given as it is."""
+    shutil.copytree(predictions, folder)
+    if summary is None:
+        summary = {"gt_fingerprint": "0", "models": {
+            name: {"status": "complete", "unreadable": unreadable.get(name, {})} for name in MODELS}}
+    (folder / "cache_summary.json").write_text(summary if isinstance(summary, str) else json.dumps(summary))
+    return folder
+
+
+def _without(predictions, gt, image_ids):
+    """The predictions of a ground truth that never had ``image_ids``: what leaving them out must equal."""
+    names = sorted(MODELS)
+    kept = [i for i in gt.image_ids if i not in set(image_ids)]
+    results = [[r for r in json.loads((predictions / f"{name}.json").read_text()) if r["image_id"] not in image_ids]
+               for name in names]
+    return EnsemblePredictions(names, results, gt.subset(kept))
+
+
+class TestUnreadableImages:
+    """Images the cache could not read (its summary lists them per member) are neither scored nor fitted on."""
+
+    def test_left_out_for_every_model_and_scored_as_if_never_there(self, dataset, tmp_path, caplog):
+        gt_path, predictions = dataset
+        gt = load_coco_gt(gt_path)
+        first, second = gt.annotated_image_ids[2], gt.annotated_image_ids[5]
+        folder = _cache_folder(predictions, tmp_path / "cache", {
+            "sharp": {gt.file_name(first): "cannot read image: corrupt"},
+            "noisy": {gt.file_name(second): "cannot read image: truncated", "not_in_the_gt.jpg": "gone"},
+            "blurry": {gt.file_name(second): "cannot read image: truncated"},
+        })
+        with caplog.at_level(logging.WARNING, logger="detens.predictions"):
+            loaded = EnsemblePredictions.from_folder(folder, gt)
+        assert [image.image_id for image in loaded.left_out] == [first, second]
+        assert loaded.left_out[0] == LeftOutImage(first, gt.file_name(first), {"sharp": "cannot read image: corrupt"})
+        # read by the other two models, yet left out: the ensemble never saw the image whole
+        assert loaded.left_out[1].unreadable_by == {"blurry": "cannot read image: truncated",
+                                                    "noisy": "cannot read image: truncated"}
+        assert first not in loaded.gt.image_ids and second not in loaded.gt.annotated_image_ids
+        assert len(loaded.gt) == len(gt) - 2 and len(gt) == 12  # the given ground truth is untouched
+        [record] = [r for r in caplog.records if r.name == "detens.predictions"]
+        message = record.getMessage()
+        assert record.levelname == "WARNING" and "left out 2 images" in message and "neither scored nor fitted" in message
+        assert f"{first} ({gt.file_name(first)}, unreadable by sharp)" in message
+        assert f"{second} ({gt.file_name(second)}, unreadable by blurry, noisy)" in message
+
+        reference = _without(predictions, gt, {first, second})
+        options = {"wbf_tuned": {"iou_grid": [0.5], "conf_types": ["avg"], "weight_values": [1.0]}}
+        report, expected = (cross_validate(p, ["single:sharp", "mean", "wbf_tuned"], k=2, backend="faster",
+                                           method_options=options) for p in (loaded, reference))
+        for method in expected:
+            assert {k: v for k, v in report[method].metrics.items() if k != "fusion_ms"} == {
+                k: v for k, v in expected[method].metrics.items() if k != "fusion_ms"}
+        config = ThetaTrainConfig(epochs=3, match_iou_grid=[])
+        head, _, _ = fit_head("theta", loaded, loaded.gt.annotated_image_ids, config)
+        same, _, _ = fit_head("theta", reference, reference.gt.annotated_image_ids, config)
+        assert torch.equal(head.theta, same.theta)
+        with pytest.raises(KeyError, match=f"image_id {first} is not in the ground truth"):
+            loaded.per_model(first)
+
+    def test_only_the_chosen_models_count_and_the_choice_stays(self, dataset, tmp_path):
+        gt_path, predictions = dataset
+        gt = load_coco_gt(gt_path)
+        image_id = gt.annotated_image_ids[0]
+        folder = _cache_folder(predictions, tmp_path / "cache", {"sharp": {gt.file_name(image_id): "corrupt"}})
+        assert EnsemblePredictions.from_folder(folder, gt, models=["blurry", "noisy"]).left_out == []
+        loaded = EnsemblePredictions.from_folder(folder, gt)
+        picked = loaded.select(["noisy", "blurry"])
+        assert picked.left_out == loaded.left_out and image_id not in picked.gt.image_ids
+        evaluated, extra = _split_dataset(gt_path, predictions, tmp_path / "split")
+        joined, _ = join_predictions(loaded, extra)
+        assert joined.left_out == loaded.left_out and image_id not in joined.gt.image_ids
+
+    @pytest.mark.parametrize("summary", [
+        None,  # no summary at all: results files of another tool
+        {"models": {"sharp": {"status": "complete", "images": 12}}},  # a summary from before 'unreadable'
+        {"models": {}},  # members the summary does not describe
+    ])
+    def test_caches_without_the_list_leave_nothing_out(self, dataset, tmp_path, summary):
+        gt_path, predictions = dataset
+        folder = tmp_path / "cache"
+        shutil.copytree(predictions, folder)
+        if summary is not None:
+            (folder / "cache_summary.json").write_text(json.dumps(summary))
+        loaded = EnsemblePredictions.from_folder(folder, load_coco_gt(gt_path))
+        assert loaded.left_out == [] and len(loaded.gt) == 12
+
+    @pytest.mark.parametrize("summary, message", [
+        ("{not json", r"cache_summary.json is not valid JSON"),
+        ([1, 2], r"cache_summary.json is not a summary of detens cache"),
+        ({"models": {"sharp": "done"}}, r"models\['sharp'\] must be an object"),
+        ({"models": {"sharp": {"unreadable": ["a.jpg"]}}}, r"models\['sharp'\].unreadable must map file names"),
+    ])
+    def test_a_broken_summary_is_named(self, dataset, tmp_path, summary, message):
+        gt_path, predictions = dataset
+        folder = _cache_folder(predictions, tmp_path / "cache", {}, summary=summary)
+        with pytest.raises(ValueError, match=message):
+            EnsemblePredictions.from_folder(folder, load_coco_gt(gt_path))
+
+    def test_every_annotated_image_left_out_is_an_error(self, dataset, tmp_path):
+        gt_path, predictions = dataset
+        gt = load_coco_gt(gt_path)
+        folder = _cache_folder(predictions, tmp_path / "cache", {
+            "noisy": {gt.file_name(i): "corrupt" for i in gt.image_ids}})
+        with pytest.raises(ValueError, match=r"every annotated image is left out: the cache could not read 12 images"):
+            EnsemblePredictions.from_folder(folder, gt)
+
+    def test_bad_unreadable_argument(self, dataset):
+        gt_path, predictions = dataset
+        gt = load_coco_gt(gt_path)
+        results = [json.loads((predictions / f"{name}.json").read_text()) for name in MODELS]
+        with pytest.raises(ValueError, match=r"unreadable names models \['other'\]"):
+            EnsemblePredictions(list(MODELS), results, gt, unreadable={"other": {}})
+        with pytest.raises(TypeError, match=r"unreadable\['sharp'\] must map file names to error messages"):
+            EnsemblePredictions(list(MODELS), results, gt, unreadable={"sharp": ["a.jpg"]})
+        with pytest.raises(TypeError, match="unreadable must map model names"):
+            EnsemblePredictions(list(MODELS), results, gt, unreadable=["sharp"])
+
+
 class TestTools:
     def test_train_cli_writes_a_loadable_head_and_is_deterministic(self, dataset, tmp_path):
         gt_path, predictions = dataset
@@ -438,6 +566,56 @@ class TestTools:
         assert "unknown key 'epoch'" in capsys.readouterr().err
         with pytest.raises(ValueError, match="unknown key 'epoch'"):  # --debug: the exception itself
             train_cli.main(args + ["--out", str(out), "--set", "epoch=3", "--debug"])
+
+    def test_train_cli_refuses_an_image_listed_twice(self, dataset, tmp_path, capsys):
+        gt_path, predictions = dataset
+        ids = load_coco_gt(gt_path).annotated_image_ids
+        listing = tmp_path / "ids.txt"
+        listing.write_text(f"{ids[0]}\n{ids[1]}  # fold 1\n\n{ids[2]}\n{ids[1]}\n{ids[0]}\n")
+        out = tmp_path / "head.json"
+        code = train_cli.main(["--gt", str(gt_path), "--predictions", str(predictions), "--epochs", "1", "--quiet",
+                               "--out", str(out), "--images-from", str(listing)])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("error:") == 1 and "Traceback" not in err
+        assert f"lists image ids more than once: {min(ids[:2])} (lines " in err
+        assert f"{ids[0]} (lines 1, 6)" in err and f"{ids[1]} (lines 2, 5)" in err
+        assert not out.exists()
+
+    def test_train_and_evaluate_cli_leave_out_unreadable_images(self, dataset, tmp_path, capsys):
+        gt_path, predictions = dataset
+        gt = load_coco_gt(gt_path)
+        bad = gt.annotated_image_ids[3]
+        folder = _cache_folder(predictions, tmp_path / "cache", {"blurry": {gt.file_name(bad): "corrupt"}})
+        base = ["--gt", str(gt_path), "--predictions", str(folder)]
+        out = tmp_path / "head.json"
+        assert train_cli.main(base + ["--out", str(out), "--epochs", "1", "--set", "match_iou_grid=[]"]) == 0
+        assert f"left out 1 image that the cache could not read (cache_summary.json), neither scored nor fitted on: " \
+               f"{bad} ({gt.file_name(bad)}, unreadable by blurry)" in capsys.readouterr().err
+        log = json.loads((tmp_path / "head.json.log.json").read_text())
+        assert log["images"] == 11 and log["left_out"] == [
+            {"image_id": bad, "file_name": gt.file_name(bad), "unreadable_by": {"blurry": "corrupt"}}]
+        # an --images-from list may name it: it is left out there too, and a list of nothing else is an error
+        listing = tmp_path / "ids.txt"
+        listing.write_text("\n".join(map(str, gt.annotated_image_ids[:5])) + "\n")
+        assert train_cli.main(base + ["--out", str(out), "--epochs", "1", "--set", "match_iou_grid=[]",
+                                      "--images-from", str(listing), "--quiet"]) == 0
+        assert json.loads((tmp_path / "head.json.log.json").read_text())["images"] == 4
+        listing.write_text(f"{bad}\n")
+        assert train_cli.main(base + ["--out", str(out), "--images-from", str(listing), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert "every image that --images-from" in err and "is left out" in err and err.count("error:") == 1
+
+        report = tmp_path / "report.json"
+        assert evaluate_cli.main(base + ["--methods", "single,mean", "--cv", "2", "--backend", "faster",
+                                         "--out", str(report)]) == 0
+        assert f"{bad} ({gt.file_name(bad)}, unreadable by blurry)" in capsys.readouterr().err
+        record = EvaluationRecord.load(report)
+        assert record.meta["left_out"] == log["left_out"] and record.meta["scored_images"] == 11
+        assert bad not in record.image_ids and len(record.image_ids) == 11
+        expected = cross_validate(_without(predictions, gt, {bad}), ["single", "mean"], k=2, backend="faster")
+        table = json.loads(report.read_text())
+        for method, result in expected.items():
+            assert table[method]["map"] == result.metrics["map"]
 
     def test_train_cli_rejects_a_matching_iou_that_the_grid_search_would_overwrite(self, dataset, tmp_path, capsys):
         gt_path, predictions = dataset

@@ -39,8 +39,9 @@ with ``--device``), collect every ``shards/`` folder into one ``--out/shards/``,
 that every image of the ground truth is covered exactly once by shards made with the same settings,
 naming the missing shards and images otherwise, and writes ``<member>.json`` and ``cache_summary.json``.
 
-Unreadable or corrupt images are reported, skipped and listed in the summary; they are not finished,
-so a later run tries them again.
+Unreadable or corrupt images are reported, skipped and listed in the summary (each member's
+``unreadable``); they are not finished, so a later run tries them again, and they stay listed until a run
+reads them. ``detens train`` and ``detens evaluate`` leave them out, for every member.
 """
 
 from __future__ import annotations
@@ -440,6 +441,7 @@ def run_entry(
                         "ms": round(ms, 3),
                     }
                     atomic_write_json(partial_path(out, run.name, image_id), record)  # the image is done
+                    run.unreadable.pop(image_id, None)  # unreadable on an earlier run, read now
                     run.processed += 1
             bar.update(len(chunk))
     finally:
@@ -492,6 +494,7 @@ def run_entry_ray(
                 record = {"image_id": image_id, "file_name": data.gt.file_name(image_id),
                           "results": row["results"], "ms": row["ms"]}
                 atomic_write_json(partial_path(out, run.name, image_id), record)  # the image is done
+                run.unreadable.pop(image_id, None)  # unreadable on an earlier run, read now
                 run.processed += 1
             bar.update(1)
     finally:
@@ -574,6 +577,28 @@ def finish_member(
     }
 
 
+def earlier_unreadable(path: Path, member: str, data: Dataset) -> dict[int, str]:
+    """The images of ``data.ids`` that the summary at ``path`` (an earlier run's, of the same dataset) lists
+    as unreadable for ``member``: ``{image_id: error}``.
+
+    They stay listed until a run reads them: a run that does not get to them (``--max-images``, an
+    interrupt) would otherwise drop them from the summary while ``<member>.json`` still lacks them, and
+    ``detens evaluate`` would score them as images where every model found nothing.
+    """
+    try:
+        previous = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(previous, dict) or previous.get("gt_fingerprint") != data.fingerprint:
+        return {}
+    members = previous.get("models")
+    entry = members.get(member) if isinstance(members, dict) else None
+    files = entry.get("unreadable") if isinstance(entry, dict) else None
+    if not isinstance(files, dict):
+        return {}
+    return {i: str(files[data.gt.file_name(i)]) for i in data.ids if data.gt.file_name(i) in files}
+
+
 def write_summary(path: Path, header: dict[str, Any], members: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Update the summary file: this run's members replace their earlier entries, the others stay."""
     try:
@@ -601,6 +626,7 @@ def cache(args: argparse.Namespace) -> int:
     tag = f".{shard_tag(shard)}" if shard else ""
     config_path = out / (f"{SHARDS}/config{tag}.yaml" if shard else "config.yaml")
 
+    summary_path = out / (f"{SHARDS}/cache_summary{tag}.json" if shard else SUMMARY)
     categories = dataset_categories(config)
     entries = plan_entries(config, categories)
     select_members(entries, args.models)
@@ -614,7 +640,9 @@ def cache(args: argparse.Namespace) -> int:
                 target = out / (f"{SHARDS}/{name}{tag}.json" if shard else f"{name}.json")
                 target.unlink(missing_ok=True)
             todo = [i for i in data.ids if read_partial(out, name, i, data.gt.file_name(i)) is None]
-            runs.append(MemberRun(name, settings, todo, len(data.ids) - len(todo)))
+            earlier = {} if args.overwrite else earlier_unreadable(summary_path, name, data)
+            unreadable = {i: earlier[i] for i in todo if i in earlier}
+            runs.append(MemberRun(name, settings, todo, len(data.ids) - len(todo), unreadable=unreadable))
         if runs:
             plans.append((entry, runs))
     save_ensemble_config(config, config_path)  # after the checks: a refused run changes nothing
@@ -657,7 +685,6 @@ def cache(args: argparse.Namespace) -> int:
         "shard": f"{shard[0]}/{shard[1]}" if shard else None,
         "config": config_path.relative_to(out).as_posix(),
     }
-    summary_path = out / (f"{SHARDS}/cache_summary{tag}.json" if shard else SUMMARY)
     summary = write_summary(summary_path, header, members)
     print_summary(out, summary, list(members), summary_path)
     if interrupted:

@@ -17,6 +17,11 @@ More fitting data, for every learned and tuned method alike (``wbf_tuned`` inclu
 
 The extra dataset must have the same categories and every model (file order does not matter).
 
+Images the cache could not read (each member's ``unreadable`` in the folder's ``cache_summary.json``)
+are left out of scoring and fitting, for every member alike (the ensemble never saw them whole), with a
+warning that names them; the record (below) lists them under ``meta.left_out``. An error if that leaves
+no annotated image.
+
 Repeated cross-validation: ``--seed 0,1,2`` runs the whole comparison once per seed (other folds each
 time) and reports every metric's mean over the seeds, the mAP's standard deviation over them (``mAP sd``)
 and each seed's mAP (``map_by_seed`` in ``--out``). On a few hundred images the split alone moves a
@@ -50,6 +55,7 @@ from __future__ import annotations
 import argparse
 import logging
 import shlex
+from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -222,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
         )
     logger.info(
         "%d models %s, %d images with ground truth, %s",
-        predictions.num_models, predictions.model_names, len(gt.annotated_image_ids), protocol,
+        predictions.num_models, predictions.model_names, len(predictions.gt.annotated_image_ids), protocol,
     )
     if len(args.seed) > 1:
         return _run_repeats(args, predictions, methods, options, fit_on, protocol)
@@ -353,9 +359,12 @@ def _record(
             "predictions": str(Path((args.also_fit_on or args.fit_on)[1]).resolve()),
             "images": len(fit_on.gt.annotated_image_ids),
             "mode": "joined to every fold's fitting side" if args.also_fit_on else "the only fitting data",
+            "left_out": [asdict(image) for image in fit_on.left_out],
         },
         "backend": args.backend,
         "scored_images": len(scored),
+        # images of --gt the cache could not read: neither scored nor fitted on
+        "left_out": [asdict(image) for image in predictions.left_out],
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "detens_version": detens.__version__,
     }

@@ -5,13 +5,17 @@
         [--images-from ids.txt] [--models a,b,c] [--also-fit-on GT2 PREDICTIONS2]
 
 ``--predictions`` holds one COCO results file per model (``<model>.json``, as ``detens cache`` writes);
-the head remembers the model names (it matches members by name when it fuses). ``--also-fit-on`` adds a
+the head remembers the model names (it matches members by name when it fuses). Images the cache could
+not read (each member's ``unreadable`` in the folder's ``cache_summary.json``) are left out for every
+member, with a warning that names them, also where ``--images-from`` lists them. ``--images-from`` lists
+each image once (a repeated id is an error, as it would weigh that image twice). ``--also-fit-on`` adds a
 second dataset's images (same categories, the same models in any file order) to the training images. Every key of the YAML config can be overridden with
 ``--set key=value`` (repeatable); ``--epochs``, ``--lr``, ``--seed`` are shortcuts. Writes:
 
 - ``--out``: the head (``.json`` or ``.safetensors``; no pickle), loadable by ``detens fuse --head``;
 - ``<out>.config.yaml``: the resolved training config; ``<out>.loss.png``: the loss curve;
-- ``<out>.log.json``: loss per epoch, images, clusters, seconds; ``<out>.log``: the epoch lines.
+- ``<out>.log.json``: loss per epoch, images, clusters, seconds, the images left out (``left_out``, and
+  ``left_out_also_fit_on`` of the second dataset); ``<out>.log``: the epoch lines.
 
 The terminal shows one progress bar per fit (epoch and loss); ``--quiet`` hides it.
 """
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -40,18 +45,36 @@ HEAD_TYPES = sorted(TRAINERS)
 
 
 def read_image_ids(path: Path) -> list[int]:
-    """One integer image id per line (blank lines and ``#`` comments ignored)."""
+    """One integer image id per line (blank lines and ``#`` comments ignored), each id once.
+
+    Raises:
+        ValueError: a line that is not an integer, an id on more than one line (naming the ids and their
+            lines), or no id at all.
+    """
     ids = []
+    lines: dict[int, list[int]] = {}
     for number, line in enumerate(path.read_text().splitlines(), 1):
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
         try:
-            ids.append(int(line))
+            image_id = int(line)
         except ValueError:
             raise ValueError(f"{path}:{number}: expected an integer image id, got {line!r}") from None
+        ids.append(image_id)
+        lines.setdefault(image_id, []).append(number)
     if not ids:
         raise ValueError(f"{path} lists no image ids")
+    repeated = {i: numbers for i, numbers in lines.items() if len(numbers) > 1}
+    if repeated:
+        shown = ", ".join(
+            f"{i} (lines {', '.join(map(str, numbers))})" for i, numbers in sorted(repeated.items())[:10]
+        )
+        more = f" ... ({len(repeated)} ids in all)" if len(repeated) > 10 else ""
+        raise ValueError(
+            f"{path} lists image ids more than once: {shown}{more}; list each image once (a repeated image "
+            "would weigh twice in the fit)"
+        )
     return ids
 
 
@@ -100,7 +123,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--config", help="training YAML, or a shipped one by head name (default: the head's code defaults, "
         "which the shipped configs mirror)"
     )
-    parser.add_argument("--images-from", help="file with the image ids to train on (default: all with GT)")
+    parser.add_argument(
+        "--images-from",
+        help="file with the image ids to train on, one per line, each once (default: all with GT); images the "
+        "cache could not read are left out",
+    )
     parser.add_argument("--models", help="comma-separated model names (default: every file, sorted)")
     parser.add_argument(
         "--also-fit-on", nargs=2, metavar=("GT", "PREDICTIONS"),
@@ -122,16 +149,28 @@ def run(args: argparse.Namespace) -> int:
     overrides.update({k: v for k, v in (("epochs", args.epochs), ("lr", args.lr), ("seed", args.seed)) if v is not None})
     config = load_train_config(args.head, args.config, overrides)
 
+    listed = read_image_ids(Path(args.images_from)) if args.images_from else None
     gt = load_coco_gt(args.gt)
     models = args.models.split(",") if args.models else None
     predictions = EnsemblePredictions.from_folder(args.predictions, gt, models=models)
-    image_ids = read_image_ids(Path(args.images_from)) if args.images_from else gt.annotated_image_ids
+    image_ids = predictions.gt.annotated_image_ids if listed is None else listed
     unknown = sorted(set(image_ids) - set(gt.image_ids))
     if unknown:
         raise ValueError(f"--images-from lists image ids not in {args.gt}: {unknown[:10]}")
+    # from_folder warned about the left-out images already; --images-from may still name them
+    left_out = {image.image_id for image in predictions.left_out}
+    if left_out & set(image_ids):
+        image_ids = [i for i in image_ids if i not in left_out]
+        if not image_ids:
+            raise ValueError(
+                f"every image that --images-from {args.images_from} lists is left out: the cache could not read "
+                "them (see the warning above)"
+            )
+    left_out_record = {"left_out": [asdict(image) for image in predictions.left_out]}
     if args.also_fit_on:
         extra_gt, extra_folder = args.also_fit_on
         extra = EnsemblePredictions.from_folder(extra_folder, load_coco_gt(extra_gt), models=predictions.model_names)
+        left_out_record["left_out_also_fit_on"] = [asdict(image) for image in extra.left_out]
         predictions, extra_ids = join_predictions(predictions, extra)
         image_ids = list(image_ids) + extra_ids
 
@@ -161,6 +200,7 @@ def run(args: argparse.Namespace) -> int:
             "head": args.head,
             "models": predictions.model_names,
             "images": len(image_ids),
+            **left_out_record,
             "match_iou": getattr(config, "match_iou", None),
             "train_seconds": round(history.seconds, 3),
             "loss": history.loss,

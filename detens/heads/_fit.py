@@ -41,6 +41,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
@@ -48,6 +49,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from detens.checks import check_integers
 from detens.matching import Clusters, match
 from detens.predictions import EnsemblePredictions
 from detens.targets import Targets, assign_targets
@@ -791,19 +793,26 @@ def fit_head(
         kind (str): ``theta``, ``theta_seed``, ``selection``, ``deep``, ``superlearner``, ``calibration``.
         predictions (EnsemblePredictions): saved predictions and ground truth; the head's members are
             ``predictions.model_names``.
-        image_ids (list[int]): the training images.
+        image_ids (list[int]): the training images, each once.
         config: the kind's config dataclass (default: :func:`config_for` ``(kind)``).
         progress (callable | None): called with the number of images matched, as matching proceeds.
         on_epoch (callable | None): called with (epoch, mean loss) after every epoch.
 
     Returns:
         (head, TrainHistory, config): the head, its history, the config it was trained with.
+
+    Raises:
+        ValueError: an image id given more than once (it would weigh twice in the fit).
     """
     trainer = _trainer(kind)
+    ids = check_integers(image_ids, "image_ids")
+    duplicates = sorted(i for i, count in Counter(ids).items() if count > 1)
+    if duplicates:
+        raise ValueError(f"image_ids must be distinct, got duplicates {duplicates[:10]}")
     config = config if config is not None else trainer.default()
     if not isinstance(config, trainer.config_class):
         raise TypeError(f"a {kind} head trains with {trainer.config_class.__name__}, got {type(config).__name__}")
-    return trainer.fit(predictions, image_ids, config, progress, on_epoch)
+    return trainer.fit(predictions, ids, config, progress, on_epoch)
 
 
 def choose_by_inner_cv(

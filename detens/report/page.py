@@ -215,6 +215,13 @@ def _page(
                     f"{sum(1 for a in record.gt['annotations'] if not a.get('iscrowd', 0))} boxes, "
                     f"{len(record.gt['categories'])} categories"),
         ("predictions", f"{meta.get('predictions', '?')} (members: {', '.join(meta.get('models', []))})"),
+    ]
+    left_out = [image for image in meta.get("left_out") or [] if isinstance(image, dict)]
+    if left_out:
+        names = ", ".join(str(image.get("file_name", image.get("image_id"))) for image in left_out[:10])
+        facts.append(("left out", f"{len(left_out)} image{'s' if len(left_out) > 1 else ''} the cache could not "
+                                  f"read, neither scored nor fitted on: {names}{' ...' if len(left_out) > 10 else ''}"))
+    facts += [
         ("protocol", meta.get("protocol", "?")),
         ("folds", f"{len(folds)} held-out folds of {', '.join(str(f) for f in folds)} images, seed {meta.get('seed')}"
                   if folds else "none: fitted on other data, every image scored"),

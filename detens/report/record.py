@@ -5,16 +5,19 @@ The record is one gzip-compressed JSON file beside the table, ``<out stem>.evalu
 
     {"format": "detens-evaluation/1",
      "meta":        {"command", "gt", "images", "predictions", "models", "protocol", "cv", "seed",
-                     "folds", "fit_on", "backend", "scored_images", "created", "detens_version"},
+                     "folds", "fit_on", "backend", "scored_images", "left_out", "created", "detens_version"},
      "gt":          the COCO dataset of the scored images (images, annotations, categories),
      "metrics":     {method: {metric: value}}           the table, in the run's order,
      "calibration": {method: detection_calibration(...)},
      "results":     {method: columns}                   the pooled held-out predictions of each method,
      "members":     {model: columns}}                   each member's own predictions on those images,
 
-where ``columns`` is a COCO results list stored by column (``image_id``, ``category_id``, ``bbox``,
-``score``), floats written in full (Python's shortest round-trip form), so that a metric computed from
-the record equals the table's to the last bit. Dimension legend: D results of one method.
+``meta.left_out`` lists the images of the annotation file that the cache could not read, neither scored
+nor fitted on (``{"image_id", "file_name", "unreadable_by": {member: error}}``; older records lack it),
+``meta.fit_on.left_out`` those of the fitting data. ``columns`` is a COCO results list stored by column
+(``image_id``, ``category_id``, ``bbox``, ``score``), floats written in full (Python's shortest
+round-trip form), so that a metric computed from the record equals the table's to the last bit.
+Dimension legend: D results of one method.
 """
 
 from __future__ import annotations
