@@ -118,6 +118,111 @@ def test_the_readmes_report_commands_parse():
     assert "](docs/report_yolo3.png)" in section
 
 
+# ------------------------------------------------------------- a quick evaluation: synthetic members, 8 images
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    """`detens evaluate` (single, wbf; 2-fold CV) on 8 annotated images of coco_val2017_206, with two
+    members made from the ground truth (jittered boxes, misses, false positives) instead of detectors."""
+    import random
+
+    from detens.cli import main
+
+    root = tmp_path_factory.mktemp("quick")
+    full = json.loads((DATA / "instances_val2017.json").read_text())
+    keep = set(sorted({a["image_id"] for a in full["annotations"]})[:8])
+    images = [im for im in full["images"] if im["id"] in keep]
+    (root / "images").mkdir()
+    for image in images:
+        shutil.copy(DATA / "images" / image["file_name"], root / "images" / image["file_name"])
+    annotations = [a for a in full["annotations"] if a["image_id"] in keep]
+    (root / "instances.json").write_text(json.dumps({**full, "images": images, "annotations": annotations}))
+    (root / "predictions").mkdir()
+    for seed, jitter in enumerate((0.03, 0.12)):
+        rng = random.Random(seed)
+        results = []
+        for a in annotations:
+            if not a["iscrowd"] and rng.random() > 0.2:
+                x, y, w, h = a["bbox"]
+                box = [x + rng.gauss(0, jitter * w), y + rng.gauss(0, jitter * h), max(1.0, w * (1 + rng.gauss(0, jitter))),
+                       max(1.0, h * (1 + rng.gauss(0, jitter)))]
+                results.append({"image_id": a["image_id"], "category_id": a["category_id"], "bbox": box,
+                                "score": rng.uniform(0.3, 1.0)})
+        for image in images:
+            for _ in range(4):
+                results.append({"image_id": image["id"], "category_id": rng.choice(annotations)["category_id"],
+                                "bbox": [rng.uniform(0, image["width"] / 2), rng.uniform(0, image["height"] / 2),
+                                         rng.uniform(10, 90), rng.uniform(10, 90)], "score": rng.uniform(0.01, 0.6)})
+        (root / "predictions" / f"m{seed}.json").write_text(json.dumps(results))
+    assert main(["evaluate", "--gt", str(root / "instances.json"), "--predictions", str(root / "predictions"),
+                 "--methods", "single,wbf", "--cv", "2", "--out", str(root / "results.json"), "--quiet"]) == 0
+    return root
+
+
+def folder_bytes(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@needs_data
+class TestReportFolder:
+    def test_a_missing_image_is_one_error_before_anything_is_written(self, quick, tmp_path, capsys):
+        from detens.cli import main
+
+        page = tmp_path / "page"
+        assert main(["report", str(quick / "results.json"), "--out", str(page), "--quiet"]) == 0
+        shown = json.loads((page / "report.json").read_text())["examples"]
+        drawn = [e["file_name"] for kind in ("helped", "hurt") for e in shown[kind]]
+        assert len(drawn) >= 2
+        assert sorted(folder_bytes(page / "examples")) == sorted(Path(e["png"]).name for k in shown for e in shown[k])
+        earlier = folder_bytes(page)
+        incomplete = tmp_path / "images"
+        shutil.copytree(quick / "images", incomplete)
+        (incomplete / drawn[-1]).unlink()
+        (incomplete / drawn[0]).write_bytes(b"not an image")
+        capsys.readouterr()
+        # another --conf: every figure it would draw differs from the page already there
+        errors = []
+        for out in (page, tmp_path / "new" / "page"):
+            code = main(["report", str(quick / "results.json"), "--out", str(out), "--images", str(incomplete),
+                         "--conf", "0.5", "--quiet"])
+            errors.append((code, capsys.readouterr().err))
+        assert folder_bytes(page) == earlier and not [p for p in page.iterdir() if p.name.startswith(".")]
+        assert not (tmp_path / "new").exists()
+        for code, err in errors:
+            assert code == 2 and err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err
+            assert f"missing {drawn[-1]}" in err and f"unreadable {drawn[0]}" in err, err
+
+    def test_a_new_page_replaces_the_earlier_ones_files(self, quick, tmp_path):
+        from detens.cli import main
+
+        page = tmp_path / "page"
+        assert main(["report", str(quick / "results.json"), "--out", str(page), "--quiet"]) == 0
+        (page / "notes.txt").write_text("mine")
+        assert main(["report", str(quick / "results.json"), "--out", str(page), "--examples", "0", "--quiet"]) == 0
+        assert not (page / "examples").exists() and (page / "notes.txt").read_text() == "mine"
+        assert sorted(p.name for p in page.iterdir()) == sorted(
+            ["notes.txt", "index.html", "report.json", *(u for u in references(page / "index.html").urls)])
+
+    def test_a_table_that_its_record_did_not_write_is_refused(self, quick, tmp_path, capsys):
+        from detens.cli import main
+
+        for name in ("results.json", "results.evaluation.json.gz"):
+            shutil.copy(quick / name, tmp_path / name)
+        table = json.loads((tmp_path / "results.json").read_text())
+        (tmp_path / "results.json").write_text(json.dumps({"wbf": table["wbf"]}))  # another run's first row
+        (tmp_path / "results.partial.json").write_text(json.dumps({"wbf": table["wbf"]}))
+        assert main(["report", str(tmp_path / "results.json"), "--out", str(tmp_path / "page")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {tmp_path / 'results.json'} and {tmp_path / 'results.evaluation.json.gz'} are "
+                              "not from the same detens evaluate run (rows only in the record: single:m0, single:m1)")
+        assert "results.partial.json holds the rows of a run that did not finish" in err and "Traceback" not in err
+        assert not (tmp_path / "page").exists()
+        # the record on its own is one run, and so is the table that run wrote; an unfinished run is told
+        (tmp_path / "results.json").write_text(json.dumps(table))
+        assert main(["report", str(tmp_path / "results.json"), "--out", str(tmp_path / "page"), "--examples", "0"]) == 0
+        assert "results.partial.json is left by a detens evaluate run that did not finish" in capsys.readouterr().err
+        assert json.loads((tmp_path / "page" / "report.json").read_text())["metrics"] == table
+
+
 # ------------------------------------------------------------------------------ a real evaluation, 20 images
 @pytest.fixture(scope="module")
 def evaluated(tmp_path_factory):

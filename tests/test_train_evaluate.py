@@ -748,6 +748,57 @@ class TestTools:
         assert (tmp_path / "r.png").stat().st_size > 1000
         assert not (tmp_path / "repeated.evaluation.json.gz").exists()  # a record holds one cross-validation
 
+    def test_evaluate_cli_replaces_a_runs_files_only_when_it_completes(self, dataset, tmp_path, capsys, monkeypatch):
+        from detens.report.record import EvaluationRecord, record_path
+
+        gt_path, predictions = dataset
+        out = tmp_path / "report.json"
+        base = ["--gt", str(gt_path), "--predictions", str(predictions), "--cv", "2", "--backend", "faster",
+                "--out", str(out), "--quiet"]
+        assert evaluate_cli.main(base + ["--methods", "single,mean", "--bootstrap", "3"]) == 0
+        files = sorted(tmp_path.glob("report*"))
+        assert [f.name for f in files] == ["report.bootstrap.json", "report.calibration.json",
+                                           "report.evaluation.json.gz", "report.fitted.json", "report.json"]
+        before = {f.name: f.read_bytes() for f in files}
+        real = evaluate_cli.cross_validate
+
+        def interrupted_after_the_first_method(*args, on_method, **kwargs):
+            def on_method_then_stop(name, result):
+                on_method(name, result)
+                raise KeyboardInterrupt
+
+            return real(*args, on_method=on_method_then_stop, **kwargs)
+
+        monkeypatch.setattr(evaluate_cli, "cross_validate", interrupted_after_the_first_method)
+        assert evaluate_cli.main(base + ["--methods", "wbf,mean"]) == 130
+        # the earlier run's files are all as they were, and still one run's; the finished row is kept apart
+        assert {f.name: f.read_bytes() for f in tmp_path.glob("report*") if f.name in before} == before
+        assert list(json.loads((tmp_path / "report.partial.json").read_text())) == ["wbf"]
+        assert list(EvaluationRecord.load(out).metrics) == list(json.loads(out.read_text()))
+        capsys.readouterr()
+
+        # killed after the record, before the table: the table left beside it is refused
+        monkeypatch.setattr(evaluate_cli, "cross_validate", real)
+        def interrupt(*args):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(evaluate_cli, "_complete", interrupt)
+        assert evaluate_cli.main(base + ["--methods", "wbf,mean"]) == 130
+        assert out.read_bytes() == before["report.json"] and not (tmp_path / "report.bootstrap.json").exists()
+        with pytest.raises(ValueError, match=r"report\.json and .*report\.evaluation\.json\.gz are not from the same "
+                                             r"detens evaluate run \(rows only in the table: single:blurry, .*"
+                                             r"report\.partial\.json holds the rows of a run that did not finish"):
+            EvaluationRecord.load(out)
+        assert list(EvaluationRecord.load(record_path(out)).metrics) == ["wbf", "mean"]  # the record on its own
+
+        monkeypatch.undo()
+        assert evaluate_cli.main(base + ["--methods", "wbf,mean"]) == 0
+        assert not (tmp_path / "report.partial.json").exists()
+        assert list(EvaluationRecord.load(out).metrics) == ["wbf", "mean"] == list(json.loads(out.read_text()))
+        # several seeds write no record: the earlier run's one-seed files go with its table
+        assert evaluate_cli.main(base + ["--methods", "mean", "--seed", "0,1"]) == 0
+        assert sorted(f.name for f in tmp_path.glob("report*")) == ["report.fitted.json", "report.json"]
+
     @pytest.mark.parametrize("kind", ["deep", "superlearner", "selection"])
     def test_train_cli_other_heads_plug_into_fuse(self, dataset, tmp_path, kind):
         from detens import fuse

@@ -26,13 +26,18 @@ Repeated cross-validation: ``--seed 0,1,2`` runs the whole comparison once per s
 time) and reports every metric's mean over the seeds, the mAP's standard deviation over them (``mAP sd``)
 and each seed's mAP (``map_by_seed`` in ``--out``). On a few hundred images the split alone moves a
 method by a few tenths of a point; the repeats show whether a gap between two methods survives it.
-``--out`` is rewritten after every seed; ``<out>.fitted.json`` holds each seed's fits. The report page,
-the reliability diagram and ``<out>.calibration.json`` draw one cross-validation: run one seed for them.
+``<out>.fitted.json`` holds each seed's fits. The report page, the reliability diagram and
+``<out>.calibration.json`` draw one cross-validation: run one seed for them.
 
-Prints a Markdown table; writes ``{method: {metric: value}}`` to ``--out`` (rewritten as each method
-finishes, so an interrupted run keeps its finished rows) and what each fold's fit chose
+Prints a Markdown table; writes ``{method: {metric: value}}`` to ``--out``, what each fold's fit chose
 (tuned thresholds, learned weights) to ``<out>.fitted.json`` and each method's reliability bins (score vs
 true-positive rate at IoU 0.5) to ``<out>.calibration.json``.
+
+The files of a run replace those of an earlier run with the same ``--out`` only once every method has
+run, ``--out`` last, so a run that fails or is interrupted leaves the earlier run's files as they were.
+Its finished rows are not lost: ``<out>.partial.json`` holds them (``--out``'s form; the means of the
+seeds done so far with several seeds), rewritten as each method (seed) finishes and removed when the run
+completes. ``detens report`` refuses a table that its record's run did not write.
 
 How much of a gap is the sample of images: ``--bootstrap B`` draws the scored images with replacement B
 times (fixed by ``--seed``), scores every method on the same draws and writes ``<out>.bootstrap.json``:
@@ -42,9 +47,9 @@ above. A second table prints the spreads and the differences. Needs one ``--seed
 is not the mAP (a class a draw misses leaves that draw's average); read the spreads and the paired
 differences.
 
-When every method has run it also saves ``<out>.evaluation.json.gz``: the scored images' ground truth, the
-table, and the pooled held-out predictions of every method and member (a few MB per method), from which
-``detens report`` rebuilds the report page later without fitting or fusing again. ``--report DIR`` writes
+With one seed it also saves ``<out>.evaluation.json.gz``: the scored images' ground truth, the table, and
+the pooled held-out predictions of every method and member (a few MB per method), from which ``detens
+report`` rebuilds the report page later without fitting or fusing again. ``--report DIR`` writes
 that page now: ``DIR/index.html`` with its PNGs (metrics, precision-recall curves, per-class AP changes,
 TIDE error breakdown, calibration, member votes, and images where fusion helped and hurt most, drawn from
 ``--images``, by default the ``images`` folder beside ``--gt``).
@@ -80,7 +85,7 @@ from detens.heads import TRAINERS, load_train_config
 from detens.io import atomic_write_json
 from detens.predictions import EnsemblePredictions
 from detens.report import REPEATED_COLUMNS, markdown_table, plot_reliability, plot_report
-from detens.report.record import EvaluationRecord, record_path
+from detens.report.record import EvaluationRecord, partial_path, record_path
 
 logger = logging.getLogger("detens.evaluate")
 
@@ -207,6 +212,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--bootstrap-against {against!r} is not among the methods run: {', '.join(names)}")
 
     out = Path(args.out)
+    partial = partial_path(out)
     finished: dict[str, MethodResult] = {}
 
     def on_method(name: str, result: MethodResult) -> None:
@@ -217,8 +223,9 @@ def run(args: argparse.Namespace) -> int:
             )
         print(f"{name:>22}: mAP {result.metrics['map']:.4f}  AP50 {result.metrics['map50']:.4f}{chose}", flush=True)
         finished[name] = result
-        # every finished row is on disk at once: a failure or a kill later loses none of them
-        atomic_write_json(out, {n: r.metrics for n, r in finished.items()}, indent=1)
+        # every finished row is on disk at once: a failure or a kill later loses none of them; not in --out,
+        # which stays the earlier run's, beside that run's record, until this run completes
+        atomic_write_json(partial, {n: r.metrics for n, r in finished.items()}, indent=1)
 
     seeds = ", ".join(map(str, args.seed))
     protocol = f"{args.cv}-fold CV (seed{'s' if len(args.seed) > 1 else ''} {seeds})" if args.cv else "no CV"
@@ -237,19 +244,22 @@ def run(args: argparse.Namespace) -> int:
         on_method=on_method, fit_on=fit_on,
     )
     table = {name: result.metrics for name, result in report.items()}
-    atomic_write_json(out, table, indent=1)
-    atomic_write_json(out.with_name(out.stem + ".fitted.json"),
+    images = Path(args.images) if args.images else Path(args.gt).parent / "images"
+    record = _record(args, report, predictions, protocol, fit_on, images if images.is_dir() else None)
+    # the earlier run's files are replaced only now that this run has every row, and --out last: a kill
+    # in between leaves a table that its record does not match, which detens report refuses
+    saved = record.save(record_path(out))
+    atomic_write_json(_beside(out, ".fitted.json"),
                       {name: result.fitted for name, result in report.items() if result.fitted}, indent=1)
-    atomic_write_json(out.with_name(out.stem + ".calibration.json"),
+    atomic_write_json(_beside(out, ".calibration.json"),
                       {name: result.calibration for name, result in report.items()}, indent=1)
+    _beside(out, ".bootstrap.json").unlink(missing_ok=True)  # the earlier run's draws; this run's come below
+    _complete(out, table)
     if args.plot:
         plot_report(table, args.plot, title=f"COCO mAP, {protocol}, models: {', '.join(predictions.model_names)}")
     if args.reliability:
         plot_reliability({name: result.calibration for name, result in report.items()}, args.reliability,
                          title=f"Reliability (TP at IoU 0.5), {protocol}")
-    images = Path(args.images) if args.images else Path(args.gt).parent / "images"
-    record = _record(args, report, predictions, protocol, fit_on, images if images.is_dir() else None)
-    saved = record.save(record_path(out))
     page = None
     if args.report:
         from detens.report.page import write_report
@@ -262,7 +272,7 @@ def run(args: argparse.Namespace) -> int:
                           resamples=args.bootstrap, seed=args.seed[0]),
             against,
         )
-        bootstrap = out.with_name(out.stem + ".bootstrap.json")
+        bootstrap = _beside(out, ".bootstrap.json")
         atomic_write_json(bootstrap, {"draws": args.bootstrap, "seed": args.seed[0], "against": against,
                                       "methods": summary}, indent=1)
     print()
@@ -274,6 +284,18 @@ def run(args: argparse.Namespace) -> int:
                                         (("plot", args.plot), ("reliability", args.reliability),
                                          ("record", saved), ("page", page), ("bootstrap", bootstrap)) if path))
     return 0
+
+
+def _beside(out: Path, suffix: str) -> Path:
+    """An output file beside the table ``out`` (``report.json`` → ``report<suffix>``)."""
+    return out.with_name(out.stem + suffix)
+
+
+def _complete(out: Path, table: dict[str, Any]) -> None:
+    """Write the table, the last file of a complete run (its record and fits are on disk already), and
+    drop the finished rows kept while the run went."""
+    atomic_write_json(out, table, indent=1)
+    partial_path(out).unlink(missing_ok=True)
 
 
 def bootstrap_table(summary: dict[str, dict[str, Any]], against: str) -> str:
@@ -298,7 +320,8 @@ def _run_repeats(
     fit_on: EnsemblePredictions | None,
     protocol: str,
 ) -> int:
-    """The comparison once per ``--seed``; the table of means is on disk after every seed."""
+    """The comparison once per ``--seed``; the table of means so far is on disk after every seed (in the
+    partial file until the last seed)."""
     out = Path(args.out)
     runs: dict[int, dict[str, dict[str, float]]] = {}
     fitted: dict[str, dict[str, Any]] = {}
@@ -315,8 +338,12 @@ def _run_repeats(
             if result.fitted:
                 fitted.setdefault(name, {})[str(seed)] = result.fitted
         summary = summarize_repeats(runs)
-        atomic_write_json(out, summary, indent=1)
-        atomic_write_json(out.with_name(out.stem + ".fitted.json"), fitted, indent=1)
+        atomic_write_json(partial_path(out), summary, indent=1)
+    # an earlier one-seed run's files describe a table that this one replaces
+    for stale in (record_path(out), _beside(out, ".calibration.json"), _beside(out, ".bootstrap.json")):
+        stale.unlink(missing_ok=True)
+    atomic_write_json(_beside(out, ".fitted.json"), fitted, indent=1)
+    _complete(out, summary)
     if args.plot:
         plot_report(summary, args.plot, title=f"COCO mAP, mean of {protocol}, models: {', '.join(predictions.model_names)}")
     print()

@@ -8,6 +8,14 @@ the metrics table with the best of each column marked, precision-recall curves a
 per-class AP changes of the best fused method against the best single model, the TIDE error breakdown,
 reliability diagrams, how many members support each fused true and false positive, and the images where
 fusion helped most and hurt most. It opens from disk: inline CSS, no script, nothing fetched.
+
+Given the table, the record must hold that very table: a table beside the record of another run (a
+``detens evaluate`` killed between writing the two) is refused, naming the rows that differ; a
+``<out>.partial.json`` beside them, left by a run that did not finish, is warned about.
+
+The page is drawn whole before it replaces the one in ``--out``: a mistake (an image to draw missing from
+``--images`` or unreadable, a record that does not give its table) is one ``error:`` line and leaves
+``--out`` as it was. The earlier page's files that the new one lacks are removed; other files stay.
 """
 
 from __future__ import annotations
@@ -25,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, metavar="DIR", help="the page's folder (index.html and PNGs)")
     parser.add_argument(
         "--images", metavar="DIR",
-        help="the scored images, for the side-by-sides (default: the folder the evaluation found)",
+        help="the scored images, for the side-by-sides (default: the folder the evaluation found); "
+        "every image to draw must be in it",
     )
     parser.add_argument(
         "--examples", type=int, default=3,

@@ -18,7 +18,7 @@ import numpy as np
 from detens.coco import CocoGroundTruth, coco_to_detections, group_results_by_image
 from detens.coco_match import iter_matches, precision_at_recalls
 
-__all__ = ["per_image_ap", "pick_examples", "draw_side_by_side", "write_examples"]
+__all__ = ["per_image_ap", "pick_examples", "draw_side_by_side", "read_images", "write_examples"]
 
 
 def per_image_ap(
@@ -111,6 +111,38 @@ def draw_side_by_side(
     return np.hstack(row[:-1])
 
 
+def read_images(truth: CocoGroundTruth, images_dir: Path, image_ids: Sequence[int]) -> dict[int, np.ndarray]:
+    """The pixels of ``image_ids``, read from ``images_dir`` (their ``file_name`` relative to it).
+
+    Returns:
+        dict[int, np.ndarray[H, W, 3] uint8]: per image, BGR as OpenCV reads it.
+
+    Raises:
+        FileNotFoundError: images missing or unreadable, every one named (up to 5 per kind), at once.
+    """
+    import cv2
+
+    pixels, missing, unreadable = {}, [], []
+    for image_id in image_ids:
+        path = Path(images_dir) / truth.file_name(image_id)
+        image = cv2.imread(str(path)) if path.is_file() else None
+        if image is None:
+            (unreadable if path.is_file() else missing).append(truth.file_name(image_id))
+        else:
+            pixels[image_id] = image
+    if missing or unreadable:
+        problems = [
+            f"{what} {', '.join(names[:5])}{f' and {len(names) - 5} more' if len(names) > 5 else ''}"
+            for what, names in (("missing", missing), ("unreadable", unreadable))
+            if names
+        ]
+        raise FileNotFoundError(
+            f"{len(missing) + len(unreadable)} of the {len(image_ids)} images to draw are not usable in {images_dir} "
+            f"({'; '.join(problems)}); pass the folder that holds the scored images"
+        )
+    return pixels
+
+
 def write_examples(
     truth: CocoGroundTruth,
     images_dir: Path,
@@ -139,7 +171,8 @@ def write_examples(
         ``out_dir``), "delta", "ap50": {panel name: AP50 on the image}}``.
 
     Raises:
-        FileNotFoundError: an image to draw is not in ``images_dir``.
+        FileNotFoundError: an image to draw is missing from ``images_dir`` or unreadable, naming every such
+            image; raised before any PNG is written.
     """
     import cv2
 
@@ -149,6 +182,7 @@ def write_examples(
     single_ap = per_image_ap(truth, members[single_name], image_ids)
     fused_ap = per_image_ap(truth, fused, image_ids)
     helped, hurt = pick_examples(fused_ap, single_ap, count)
+    pixels = read_images(truth, images_dir, [i for i, _ in helped + hurt])
     member_ap = {name: per_image_ap(truth, results, [i for i, _ in helped + hurt]) for name, results in members.items()}
     by_image = {name: group_results_by_image(results) for name, results in {**members, fused_name: fused}.items()}
     names = truth.category_names
@@ -156,10 +190,7 @@ def write_examples(
     for kind, picked in (("helped", helped), ("hurt", hurt)):
         out[kind] = []
         for rank, (image_id, delta) in enumerate(picked, 1):
-            path = images_dir / truth.file_name(image_id)
-            image = cv2.imread(str(path))
-            if image is None:
-                raise FileNotFoundError(f"image {image_id} not found or unreadable: {path} (pass the image folder)")
+            image = pixels[image_id]
             size = truth.image_size(image_id)
             aps = {name: member_ap[name].get(image_id, 0.0) for name in members}
             aps[fused_name] = fused_ap[image_id]

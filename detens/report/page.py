@@ -1,12 +1,20 @@
 """The report page: ``index.html`` with inline CSS and no script, its PNGs beside it (``*.png`` and
 ``examples/*.png``) and ``report.json`` (every number on the page). Nothing is fetched from elsewhere, so
 the folder opens from disk, offline, and can be copied as a whole.
+
+A page is drawn whole into a hidden folder inside the page's folder and only then moved into place, so
+a page that fails (an image it needs is missing, a record that does not give its table) leaves the folder
+as it was: an earlier page in it stays whole, a new folder is not left behind. The earlier page's files
+that the new one does not have are removed with it.
 """
 
 from __future__ import annotations
 
 import html
 import logging
+import os
+import shutil
+import tempfile
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -31,6 +39,11 @@ from detens.report.table import TABLE_COLUMNS, best_per_column
 __all__ = ["write_report"]
 
 logger = logging.getLogger(__name__)
+
+#: The page's files that one page may have and the next may not (``examples/`` is the page's too).
+_PAGE_FILES = ("index.html", "report.json", "map.png", "pr_curves.png", "errors.png", "reliability.png",
+               "class_deltas.png", "votes.png")
+_EXAMPLES = ("helped_*.png", "hurt_*.png")
 
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto; max-width: 1280px;
@@ -63,9 +76,11 @@ def write_report(
 
     Args:
         record (EvaluationRecord): the evaluation (its table, pooled predictions and ground truth).
-        out_dir: the page's folder (created; files of an earlier page are overwritten).
+        out_dir: the page's folder (created; an earlier page in it is replaced, only once this one is
+            drawn whole: module docstring).
         images_dir: the image files of the scored images, for the side-by-sides; default the record's
-            ``meta["images"]``. Without readable images the page says so and leaves them out.
+            ``meta["images"]``. Without that folder the page says so and leaves them out; a folder that
+            lacks an image to draw is an error.
         examples (int): images where fusion helped most, and as many where it hurt most, ``>= 0``.
         conf (float): side-by-sides draw the detections scored at least this; the second vote histogram
             counts them.
@@ -73,19 +88,44 @@ def write_report(
             (``detens report ...``).
 
     Raises:
-        ValueError: ``examples < 0``, ``conf`` outside ``[0, 1]``, or a record whose predictions do not give
-            its table.
+        ValueError: ``examples < 0``, ``conf`` outside ``[0, 1]``, ``out_dir`` a file, or a record whose
+            predictions do not give its table.
+        FileNotFoundError: an image to draw is missing from the image folder or unreadable.
     """
     if isinstance(examples, bool) or not isinstance(examples, int) or examples < 0:
         raise ValueError(f"examples must be an integer >= 0, got {examples!r}")
     if not 0.0 <= conf <= 1.0:
         raise ValueError(f"conf must be in [0, 1], got {conf!r}")
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"out_dir must be a folder, but {out_dir} is a file")
     analysis = analyze_record(record, support_scores=(0.0, conf))
+    # the outermost folder this call creates: a failed page takes it away again
+    created = next((f for f in reversed((out_dir, *out_dir.parents)) if not f.exists()), None)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=".page-", dir=out_dir))
+    try:
+        _draw(record, analysis, stage, images_dir, examples, conf, command)
+        _move_into_place(stage, out_dir)
+    except BaseException:
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+        raise
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return out_dir / "index.html"
+
+
+def _draw(
+    record: EvaluationRecord, analysis: dict[str, Any], out_dir: Path, images_dir: str | Path | None, examples: int,
+    conf: float, command: str | None,
+) -> None:
+    """Every file of the page into ``out_dir``, an empty folder."""
     methods = analysis["methods"]
     meta = record.meta
     protocol = meta.get("protocol", "")
+    # first, so that a missing image ends the page before any figure is drawn
+    shown, examples_note = _examples(record, analysis, images_dir, out_dir, examples, conf)
 
     figures = {"map": "map.png", "pr": "pr_curves.png", "errors": "errors.png", "reliability": "reliability.png"}
     plot_report({m: record.metrics[m] for m in methods}, out_dir / figures["map"], title=f"COCO mAP, {protocol}")
@@ -106,13 +146,28 @@ def write_report(
         plot_support(analysis["support"][support_key], out_dir / figures["votes"],
                      title=f"Fused detections scored >= {conf:g}, by supporting members")
 
-    shown, examples_note = _examples(record, analysis, images_dir, out_dir, examples, conf)
     atomic_write_json(out_dir / "report.json", {"meta": meta, "metrics": record.metrics, **analysis,
                                                "examples": shown}, indent=1)
-    page = _page(record, analysis, figures, shown, examples_note, conf, command)
-    index = out_dir / "index.html"
-    atomic_write_text(index, page)
-    return index
+    atomic_write_text(out_dir / "index.html", _page(record, analysis, figures, shown, examples_note, conf, command))
+
+
+def _move_into_place(stage: Path, out_dir: Path) -> None:
+    """Replace the page in ``out_dir`` by the one drawn in ``stage``, ``index.html`` last."""
+    new = {path.relative_to(stage) for path in stage.rglob("*") if path.is_file()}
+    old = [Path(name) for name in _PAGE_FILES if (out_dir / name).is_file()]
+    old += [path.relative_to(out_dir) for pattern in _EXAMPLES for path in (out_dir / "examples").glob(pattern)]
+    index = Path("index.html")
+    # gone first and back last: a folder caught halfway has no page rather than one whose PNGs are mixed
+    (out_dir / index).unlink(missing_ok=True)
+    for name in sorted(set(old) - new):
+        (out_dir / name).unlink(missing_ok=True)
+    for name in sorted(new - {index}):
+        (out_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(stage / name, out_dir / name)
+    os.replace(stage / index, out_dir / index)
+    examples = out_dir / "examples"
+    if examples.is_dir() and not any(examples.iterdir()):
+        examples.rmdir()
 
 
 def _examples(

@@ -18,12 +18,18 @@ nor fitted on (``{"image_id", "file_name", "unreadable_by": {member: error}}``; 
 (``image_id``, ``category_id``, ``bbox``, ``score``), floats written in full (Python's shortest
 round-trip form), so that a metric computed from the record equals the table's to the last bit.
 Dimension legend: D results of one method.
+
+The table and its record are one run's only when the record's ``metrics`` equal the table: a run writes
+its finished rows to ``<out stem>.partial.json`` while it goes (:func:`partial_path`) and the record and
+the table only once every method has run, the table last. :meth:`EvaluationRecord.load` given the table
+checks that the two agree, so a page is never drawn from one run's predictions under another's table.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,10 +37,13 @@ from typing import Any
 
 from detens.io import atomic_write_bytes
 
-__all__ = ["RECORD_FORMAT", "RECORD_SUFFIX", "EvaluationRecord", "record_path"]
+__all__ = ["PARTIAL_SUFFIX", "RECORD_FORMAT", "RECORD_SUFFIX", "EvaluationRecord", "partial_path", "record_path"]
+
+logger = logging.getLogger(__name__)
 
 RECORD_FORMAT = "detens-evaluation/1"
 RECORD_SUFFIX = ".evaluation.json.gz"
+PARTIAL_SUFFIX = ".partial.json"
 _COLUMNS = ("image_id", "category_id", "bbox", "score")
 
 
@@ -45,6 +54,14 @@ def record_path(out: str | Path) -> Path:
     if out.name.endswith(RECORD_SUFFIX):
         return out
     return out.with_name(out.stem + RECORD_SUFFIX)
+
+
+def partial_path(out: str | Path) -> Path:
+    """Where an unfinished ``detens evaluate`` run keeps the rows it has finished, beside its table ``out``
+    or record (``report.json`` or ``report.evaluation.json.gz`` → ``report.partial.json``)."""
+    out = Path(out)
+    stem = out.name[: -len(RECORD_SUFFIX)] if out.name.endswith(RECORD_SUFFIX) else out.stem
+    return out.with_name(stem + PARTIAL_SUFFIX)
 
 
 @dataclass
@@ -101,12 +118,15 @@ class EvaluationRecord:
         """Read a record written by :meth:`save`.
 
         Args:
-            path: the record, or the table it sits beside (``--out`` of ``detens evaluate``).
+            path: the record, or the table it sits beside (``--out`` of ``detens evaluate``). Given the
+                table, the record's metrics must be that table (module docstring).
 
         Raises:
             FileNotFoundError: no record there (the message says which command writes one).
-            ValueError: not a record of this format, naming the file and what is wrong.
+            ValueError: not a record of this format, naming the file and what is wrong; or a table that
+                the record's run did not write, naming both files and the rows that differ.
         """
+        table = None if Path(path).name.endswith(RECORD_SUFFIX) else Path(path)
         path = record_path(path)
         if not path.is_file():
             raise FileNotFoundError(
@@ -122,6 +142,14 @@ class EvaluationRecord:
         missing = [k for k in ("meta", "gt", "metrics", "results") if k not in document]
         if missing:
             raise ValueError(f"{path}: the evaluation record lacks {missing}")
+        # without the table beside it the record still stands alone: it holds its own table
+        if table is not None and table.is_file():
+            _check_table(table, document["metrics"], path)
+        partial = partial_path(path)
+        if partial.is_file():
+            created = document["meta"].get("created", "?") if isinstance(document["meta"], dict) else "?"
+            logger.warning("%s is left by a detens evaluate run that did not finish; %s is of a complete run "
+                           "(evaluated %s)", partial, path, created)
         results = {name: _from_columns(c, f"{path}: results[{name!r}]") for name, c in document["results"].items()}
         members = {name: _from_columns(c, f"{path}: members[{name!r}]") for name, c in document.get("members", {}).items()}
         try:
@@ -129,6 +157,39 @@ class EvaluationRecord:
                        results, members)
         except ValueError as err:
             raise ValueError(f"{path}: {err}") from err
+
+
+def _check_table(table: Path, metrics: Any, record: Path) -> None:
+    """Raise ``ValueError`` unless ``table`` holds exactly ``metrics``, the table of ``record``'s run."""
+    try:
+        found = json.loads(table.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{table} is not a JSON table of detens evaluate: {err}") from err
+    if _canonical(found) == _canonical(metrics):
+        return
+    if isinstance(found, dict) and isinstance(metrics, dict):
+        differences = [
+            f"{what}: {', '.join(names[:5])}{', ...' if len(names) > 5 else ''}"
+            for what, names in (
+                ("rows only in the table", [m for m in found if m not in metrics]),
+                ("rows only in the record", [m for m in metrics if m not in found]),
+                ("rows that differ", [m for m in found if m in metrics and _canonical(found[m]) != _canonical(metrics[m])]),
+            )
+            if names
+        ]
+    else:
+        differences = [f"the table is a {type(found).__name__}, not {{method: {{metric: value}}}}"]
+    partial = partial_path(record)
+    unfinished = f"; {partial} holds the rows of a run that did not finish" if partial.is_file() else ""
+    raise ValueError(
+        f"{table} and {record} are not from the same detens evaluate run ({'; '.join(differences)}){unfinished}; "
+        f"run detens evaluate again, or pass {record} to draw the run it holds"
+    )
+
+
+def _canonical(value: Any) -> str:
+    """JSON text independent of key order; NaN equals NaN, unlike in a ``==`` of the parsed values."""
+    return json.dumps(value, sort_keys=True)
 
 
 def _to_columns(results: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
