@@ -580,6 +580,25 @@ class TestPrecomputed:
             PrecomputedDetector(results, {"a.jpg": 7})
         assert "1 of the results' image ids are not among the 1 images (e.g. [1000007])" in caplog.text
 
+    def test_category_ids_outside_a_label_space_are_named(self, tmp_path):
+        results = [{"image_id": 7, "category_id": c, "bbox": [1.0, 2.0, 3.0, 4.0], "score": 0.5}
+                   for c in (1, 999, 12, 999, 3)]
+        (tmp_path / "saved.json").write_text(json.dumps(results))
+        replay = PrecomputedDetector(tmp_path / "saved.json", {"a.jpg": 7}, name="v8")
+        with pytest.raises(ValueError) as err:
+            replay.check_categories(COCO_CATEGORY_IDS, "COCO")
+        assert str(err.value).startswith(
+            f"{tmp_path / 'saved.json'} (member 'v8'): result 1 (image_id 7) has category_id 999, which is not one "
+            "of the 80 category ids of COCO: 1-11, 13-25, 27, 28, 31-44, 46-65, 67, 70, 72-82, 84-90; neither are "
+            "the saved ids [12]; give the member a class_map")
+        replay.check_categories([1, 3, 12, 999])
+        # ids the class_map leaves out are dropped on purpose; ids it maps are checked after the map
+        PrecomputedDetector(results, {"a.jpg": 7}, class_map={1: 1, 3: 3}).check_categories([1, 3])
+        with pytest.raises(ValueError, match=r"result 0 \(image_id 7\) has category_id 1 \(mapped to 5 by its "
+                                             r"class_map\), which is not one of the 2 category ids of the label "
+                                             r"space: 1, 3; correct its class_map"):
+            PrecomputedDetector(results, {"a.jpg": 7}, class_map={1: 5, 3: 3}).check_categories([1, 3])
+
     def test_missing_or_broken_files_are_named(self, saved, tmp_path):
         folder, _ = saved
         with pytest.raises(FileNotFoundError, match=r"COCO results file not found: .*nowhere\.json"):

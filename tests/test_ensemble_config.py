@@ -158,6 +158,10 @@ def test_build_precomputed_ensemble(tmp_path):
     same = dict(config, models=[config["models"][0], dict(config["models"][0])])
     with pytest.raises(ValueError, match="different names"):
         build_ensemble(same)
+    # members read earlier are used as they are
+    assert build_ensemble(config, built={1: single})[1] is single
+    with pytest.raises(ValueError, match=r"built names models \[2\], but the config has models 0..1"):
+        build_ensemble(config, built={2: single})
 
 
 @pytest.mark.slow

@@ -457,3 +457,61 @@ def test_images_missing_from_saved_predictions_are_named_before_any_result(works
     err = capsys.readouterr().err
     assert "1 of the 2 images have no saved predictions in member 'saved'" in err and "other.jpg" in err
     assert not (tmp_path / "o").exists()
+
+
+def saved_config(tmp_path, results, images, dataset=None, **member_keys):
+    """A config of two ``precomputed`` members (with ``member_keys``) replaying ``results`` (COCO results) of
+    ``images`` ({file: id})."""
+    (tmp_path / "saved.json").write_text(json.dumps(results))
+    (tmp_path / "images.json").write_text(json.dumps(
+        {"images": [{"id": i, "file_name": name} for name, i in images.items()]}))
+    member = {"type": "precomputed", "results": str(tmp_path / "saved.json"), "images": str(tmp_path / "images.json")}
+    member.update(member_keys)
+    config = {"name": "saved", "models": [{**member, "name": "saved"}, {**member, "name": "twin"}]}
+    if dataset is not None:
+        config["dataset"] = str(dataset)
+    (tmp_path / "saved.yaml").write_text(yaml.safe_dump(config))
+    return tmp_path / "saved.yaml"
+
+
+def saved_result(image_id, category_id):
+    return {"image_id": image_id, "category_id": category_id, "bbox": [20.0, 230.0, 780.0, 520.0], "score": 0.9}
+
+
+@pytest.mark.parametrize("flags", [[], ["--no-labels"], ["--no-labels", "--no-vis"]])
+def test_saved_category_ids_outside_the_label_space_are_named_before_any_result(workspace, tmp_path, capsys, flags):
+    source = one_image_source(workspace, tmp_path / "src", "a.jpg", "b.jpg")
+    # the unknown id is on the second image: no result of the first may be written either
+    results = [saved_result(1, 6), saved_result(2, 6), saved_result(2, 999), saved_result(2, 12)]
+    config = saved_config(tmp_path, results, {"a.jpg": 1, "b.jpg": 2})
+    code = fuse_tool.main(["--config", str(config), "--source", str(source), "--out", str(tmp_path / "o"),
+                           "--method", "wbf", "--quiet", *flags])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "Traceback" not in err
+    assert f"{tmp_path / 'saved.json'} (member 'saved'): result 2 (image_id 2) has category_id 999" in err
+    assert "not one of the 80 category ids of COCO (the config names no dataset): 1-11, 13-25, 27, 28," in err
+    assert "neither are the saved ids [12]" in err and "class_map" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_saved_category_ids_follow_the_dataset_and_the_class_map(workspace, tmp_path, capsys):
+    source = one_image_source(workspace, tmp_path / "src", "a.jpg")
+    dataset = tmp_path / "gt.json"
+    dataset.write_text(json.dumps({"images": [{"id": 1, "file_name": "a.jpg", "height": 1080, "width": 810}],
+                                   "annotations": [], "categories": [{"id": 1, "name": "person"},
+                                                                     {"id": 2, "name": "bus"}]}))
+    results = [saved_result(1, 1), saved_result(1, 6)]
+    args = ["--source", str(source), "--method", "wbf", "--quiet", "--no-vis"]
+    config = saved_config(tmp_path, results, {"a.jpg": 1}, dataset)
+    assert fuse_tool.main(["--config", str(config), "--out", str(tmp_path / "o"), *args]) == 2
+    err = capsys.readouterr().err
+    assert "has category_id 6, which is not one of the 2 category ids of the dataset" in err and ": 1, 2;" in err
+    # a class_map onto the dataset's ids fixes it; an id the map sends outside is named with the map
+    config = saved_config(tmp_path, results, {"a.jpg": 1}, dataset, class_map={1: 1, 6: 7})
+    assert fuse_tool.main(["--config", str(config), "--out", str(tmp_path / "o"), *args]) == 2
+    assert "has category_id 6 (mapped to 7 by its class_map)" in capsys.readouterr().err
+    config = saved_config(tmp_path, results, {"a.jpg": 1}, dataset, class_map={1: 1, 6: 2})
+    assert fuse_tool.main(["--config", str(config), "--out", str(tmp_path / "o"), *args]) == 0
+    _, fused = read_outputs(tmp_path / "o")
+    assert sorted({r["category_id"] for r in fused}) == [1, 2]

@@ -135,3 +135,27 @@ def test_python_calls_run_the_same_jobs(cluster, dataset, tmp_path):
         detens.fuse_images("coco_yolo3", root / "images", tmp_path / "x", colour="red")
     with pytest.raises(ValueError, match="unknown fusion method"):
         detens.fuse_images("coco_yolo3", root / "images", tmp_path / "x", method="wbff")
+
+
+def test_fuse_on_ray_checks_saved_predictions_before_any_work(cluster, tmp_path, capsys):
+    """An image missing from a ``precomputed`` member's results is one error line before Ray runs anything,
+    as with the local engine (it used to fail on an actor)."""
+    full = json.loads((DATA / "instances_val2017.json").read_text())
+    images = sorted(full["images"], key=lambda im: im["id"])[:2]
+    (tmp_path / "images").mkdir()
+    for image in images:
+        shutil.copy(DATA / "images" / image["file_name"], tmp_path / "images" / image["file_name"])
+    saved = [{"image_id": images[0]["id"], "category_id": 1, "bbox": [10.0, 10.0, 50.0, 50.0], "score": 0.9}]
+    (tmp_path / "saved.json").write_text(json.dumps(saved))
+    (tmp_path / "saved_images.json").write_text(json.dumps({"images": images[:1]}))  # the second is missing
+    member = {"type": "precomputed", "results": str(tmp_path / "saved.json"),
+              "images": str(tmp_path / "saved_images.json")}
+    config = {"name": "saved", "models": [{**member, "name": "saved"}, {**member, "name": "twin"}]}
+    (tmp_path / "saved.yaml").write_text(json.dumps(config))  # JSON is YAML
+    code = main(["fuse", "--config", str(tmp_path / "saved.yaml"), "--source", str(tmp_path / "images"),
+                 "--out", str(tmp_path / "o"), "--method", "wbf", "--quiet", "--engine", "ray"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "Traceback" not in err
+    assert "1 of the 2 images have no saved predictions in member 'saved'" in err and images[1]["file_name"] in err
+    assert not (tmp_path / "o").exists()

@@ -254,18 +254,30 @@ def build_detector(
     return detector
 
 
-def build_ensemble(config: EnsembleConfig | str | Path | Mapping[str, Any]) -> list[Detector]:
+def build_ensemble(
+    config: EnsembleConfig | str | Path | Mapping[str, Any], built: Mapping[int, Detector] | None = None
+) -> list[Detector]:
     """All members of an ensemble config, in order (a model with ``tta`` views gives one member per view).
+
+    Args:
+        config: an :class:`EnsembleConfig`, a YAML path or a dict.
+        built (dict[int, Detector] | None): members built earlier from ``config.models[i]`` (by ``i``),
+            used as they are: a caller that already read a model's files does not read them again.
 
     Raises:
         ValueError: two members with the same name (set ``name`` in the YAML).
     """
     config = _as_config(config)
+    stray = sorted(set(built or {}) - set(range(len(config.models))))
+    if stray:
+        raise ValueError(f"built names models {stray}, but the config has models 0..{len(config.models) - 1}")
     categories = dataset_categories(config)
     members: list[Detector] = []
-    for model in config.models:
-        built = build_detector(model, config, categories)
-        members.extend(built.members if hasattr(built, "members") else [built])  # type: ignore[union-attr]
+    for i, model in enumerate(config.models):
+        member = built.get(i) if built else None
+        if member is None:
+            member = build_detector(model, config, categories)
+        members.extend(member.members if hasattr(member, "members") else [member])  # type: ignore[union-attr]
     names = [m.name for m in members]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:

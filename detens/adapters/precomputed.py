@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +53,9 @@ class PrecomputedDetector(BaseDetector):
         categories (dict[int, str] | None): names of the label space, for drawing.
 
     Calling it with image paths (or image ids) returns their saved detections; an image without results
-    gets an empty ``Detections``; an image the map does not know is an error.
+    gets an empty ``Detections``; an image the map does not know is an error. :meth:`check_categories`
+    checks the saved category ids against a label space before any image is asked for. ``where`` names
+    the results in messages: the file, or ``"results"``.
     """
 
     def __init__(
@@ -92,6 +94,11 @@ class PrecomputedDetector(BaseDetector):
         self.conf = float(conf)
         self.max_det = max_det
         self.class_map = None if class_map is None else {int(k): int(v) for k, v in class_map.items()}
+        self.where = where
+        # the first result of each saved category id, so that an id outside a label space can be named
+        self._first_result: dict[int, tuple[int, int]] = {}
+        for i, entry in enumerate(clean):
+            self._first_result.setdefault(entry["category_id"], (i, entry["image_id"]))
         self._by_image = group_results_by_image(clean)
         self._records = self._image_records(images if images is not None else embedded_images, where)
         unknown = sorted(set(self._by_image) - set(self._records))
@@ -138,6 +145,44 @@ class PrecomputedDetector(BaseDetector):
             return records
         raise TypeError(
             f"images must be a COCO annotation file/dict or a {{file_name: image_id}} mapping, got {type(images).__name__}"
+        )
+
+    # --------------------------------------------------------------------------------------------- labels
+    def check_categories(self, category_ids: Iterable[int], label_space: str = "the label space") -> None:
+        """Check that every saved result's category (through ``class_map``) is one of ``category_ids``.
+
+        Saved ids that ``class_map`` leaves out are not checked: the map drops them on purpose.
+
+        Args:
+            category_ids (Iterable[int]): the category ids the results may carry.
+            label_space (str): whose ids they are, for the message (``"the dataset instances.json"``).
+
+        Raises:
+            ValueError: naming the results (:attr:`where`), the first result with an id outside the label
+                space, that ``category_id``, the other such ids and the valid ids.
+        """
+        valid = {int(c) for c in category_ids}
+        wrong = []  # (first result index, image id, saved id, id after class_map)
+        for saved, (index, image_id) in self._first_result.items():
+            label = saved if self.class_map is None else self.class_map.get(saved)
+            if label is not None and label not in valid:
+                wrong.append((index, image_id, saved, label))
+        if not wrong:
+            return
+        wrong.sort()
+        index, image_id, saved, label = wrong[0]
+        what = f"category_id {saved}" + ("" if label == saved else f" (mapped to {label} by its class_map)")
+        others = ""
+        if len(wrong) > 1:
+            others = f"; neither are the saved ids {[w[2] for w in wrong[1:6]]}" + (" ..." if len(wrong) > 6 else "")
+        if self.class_map is None:
+            fix = "give the member a class_map {saved id: category id}"
+        else:
+            fix = "correct its class_map"
+        raise ValueError(
+            f"{self.where} (member {self.name!r}): result {index} (image_id {image_id}) has {what}, which is not "
+            f"one of the {len(valid)} category ids of {label_space}: {id_ranges(sorted(valid))}{others}; {fix}, "
+            "or use results in that label space"
         )
 
     # --------------------------------------------------------------------------------------------- lookup
@@ -231,3 +276,18 @@ class PrecomputedDetector(BaseDetector):
                 )
             out.append(self._detections(record, size))  # type: ignore[arg-type]
         return out
+
+
+def id_ranges(ids: Sequence[int], limit: int = 24) -> str:
+    """Sorted integer ids as runs, ``"1-11, 13-25, 27, 28"``; at most ``limit`` runs, then a count."""
+    runs: list[list[int]] = []
+    for i in ids:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    parts = [str(a) if a == b else f"{a}, {b}" if b == a + 1 else f"{a}-{b}" for a, b in runs]
+    if not parts:
+        return "none"
+    shown = ", ".join(parts[:limit])
+    return shown + (f", ... ({len(ids)} ids in all)" if len(parts) > limit else "")

@@ -40,7 +40,10 @@ the ``--source`` folder is not read back as input.
 
 Unreadable or corrupt images are reported and skipped. Sub-folders are kept under ``labels/`` and ``vis/``.
 Everything that can be checked before the detectors load (the config, the method, the head and its
-models, the output folder, the images) is checked first.
+models, the output folder, the images) is checked first, with either ``--engine``. So are the saved
+predictions of ``precomputed`` members: every image must be among them, and every ``category_id`` (after
+the member's ``class_map``) one of the categories the run writes, the ``dataset``'s or COCO's 80, with or
+without ``--no-labels``.
 """
 
 from __future__ import annotations
@@ -582,13 +585,51 @@ def _written_by_a_run(path: Path, out: Path) -> bool:
     return any((out / name).resolve() in parents for name in (*OUTPUT_NAMES, REPLACED))
 
 
-def check_saved_predictions(members: list[Any], paths: list[Path]) -> None:
-    """Every image must be among the saved predictions of each ``precomputed`` member, checked before
-    the first image is fused (else the run would stop in the middle)."""
+def label_space_name(config: EnsembleConfig) -> str:
+    """Whose category ids a run writes, for messages."""
+    return f"the dataset {config.dataset}" if config.dataset else "COCO (the config names no dataset)"
+
+
+def saved_prediction_members(config: EnsembleConfig, categories: dict[int, str] | None) -> dict[int, Any]:
+    """The ``precomputed`` members of ``config``, built, by their index in ``config.models``: they read only
+    their files, so they are checked on the driver whatever the engine (``categories``: the dataset's, or
+    None for COCO, as :func:`~detens.adapters.build_ensemble` passes them)."""
+    from detens.adapters import build_detector
+
+    return {
+        i: build_detector(model, config, categories)
+        for i, model in enumerate(config.models)
+        if model.type == "precomputed"
+    }
+
+
+def check_saved_predictions(
+    members: list[Any],
+    paths: list[Path],
+    category_ids: list[int] | None = None,
+    label_space: str = "the label space",
+) -> None:
+    """Check the saved predictions of the ``precomputed`` members among ``members`` before the first image
+    is fused (else the run would stop in the middle, or write ids it cannot name).
+
+    Args:
+        members (list): the ensemble's members; those without saved predictions are passed over.
+        paths (list[Path]): the images the run will fuse; each must be among every member's saved images.
+        category_ids (list[int] | None): the category ids the run writes; every saved result's category
+            must be one of them. None: not checked.
+        label_space (str): whose ids ``category_ids`` are, for the message.
+
+    Raises:
+        ValueError: naming the member and the first missing image, or the results file, the result, its
+            category id and the valid ids.
+    """
     for member in members:
         lookup = getattr(member, "image_record", None)
         if lookup is None:
             continue
+        check_categories = getattr(member, "check_categories", None)
+        if category_ids is not None and check_categories is not None:
+            check_categories(category_ids, label_space)
         missing = []
         for path in paths:
             try:
@@ -672,8 +713,14 @@ def run(args: argparse.Namespace) -> int:
         member_names, weights = list(previous["models"]), dict(previous.get("weights") or {})
     else:
         member_names, weights = list(declared or []), {}
-    categories = dataset_categories(config) or dict(COCO_ID_TO_NAME)
+    dataset_names = dataset_categories(config)
+    categories = dataset_names or dict(COCO_ID_TO_NAME)
     yolo_ids = sorted(categories) if config.dataset else list(COCO_CATEGORY_IDS)
+    # Saved predictions are checked here, on the driver, for both engines: a Ray run would otherwise
+    # find a missing image or a category it cannot name on an actor, after other results were written.
+    saved = saved_prediction_members(config, dataset_names) if todo else {}
+    check_saved_predictions(list(saved.values()), [path for path, _ in todo], sorted(categories),
+                            label_space_name(config))
     members: list[Any] = []
     first_call_ms: float | None = None
     claimed = False
@@ -716,8 +763,7 @@ def run(args: argparse.Namespace) -> int:
     def load_members() -> None:
         """Load the detectors once an image needs them (a rerun with nothing readable left loads none)."""
         nonlocal members, first_call_ms
-        members = build_ensemble(config)
-        check_saved_predictions(members, [path for path, _ in todo])
+        members = build_ensemble(config, built=saved)  # the saved predictions are read and checked once
         check_members([m.name for m in members], {m.name: _weights_of(m) for m in members})
         first_call_ms = time_first_call(config.fusion.method, params, member_names, min(categories))
 

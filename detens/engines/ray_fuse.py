@@ -1,6 +1,7 @@
 """The fuse job on Ray Data: actors that hold the whole ensemble and the fusion (any method or head).
 
-The driver lists the images as paths; ``map_batches`` runs :class:`EnsembleFuser` actors, each of which
+The driver lists the images as paths and checks the saved predictions of ``precomputed`` members (as the
+local engine does, before any work); ``map_batches`` runs :class:`EnsembleFuser` actors, each of which
 builds the ensemble's detectors and loads the head once (in its constructor), then reads, detects and
 fuses its batches and returns per image the same partial record and output files (YOLO labels, the
 drawing) the local engine makes. The driver writes them, so the outputs (``predictions.json``,
