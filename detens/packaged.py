@@ -23,11 +23,20 @@ _SUFFIXES: dict[str, tuple[str, ...]] = {
 _WHAT = {"ensembles": "ensemble config", "train": "training config", "heads": "head file"}
 
 
+def _shipped_files(kind: Kind) -> list[Path]:
+    """The shipped files of ``kind``, in the order of its suffixes; a training run's side files
+    (``<head>.json.log.json``, ...) are not shipped names of their own."""
+    folder = CONFIG_ROOT / kind
+    if not folder.is_dir():
+        return []
+    files = [p for p in folder.iterdir() if p.is_file() and p.suffix in _SUFFIXES[kind]]
+    own = [p for p in files if not any(p.name.startswith(q.name + ".") for q in files if q != p)]
+    return sorted(own, key=lambda p: (_SUFFIXES[kind].index(p.suffix), p.name))
+
+
 def packaged_names(kind: Kind) -> list[str]:
     """The names shipped for ``kind`` (file stems), sorted."""
-    folder = CONFIG_ROOT / kind
-    suffixes = _SUFFIXES[kind]
-    return sorted(p.stem for p in folder.iterdir() if p.suffix in suffixes) if folder.is_dir() else []
+    return sorted({p.stem for p in _shipped_files(kind)})
 
 
 def find_packaged(value: str | Path, kind: Kind) -> Path:
@@ -43,10 +52,9 @@ def find_packaged(value: str | Path, kind: Kind) -> Path:
         return path
     name = str(value)
     if path.parent == Path(".") and name:
-        stem = path.stem if path.suffix in _SUFFIXES[kind] else name
-        for suffix in _SUFFIXES[kind]:
-            candidate = CONFIG_ROOT / kind / f"{stem}{suffix}"
-            if candidate.is_file():
+        # a bare name takes the first of the kind's suffixes shipped; a file name, that file
+        for candidate in _shipped_files(kind):
+            if name in (candidate.stem, candidate.name):
                 return candidate
     shipped = ", ".join(packaged_names(kind)) or "none"
     raise FileNotFoundError(

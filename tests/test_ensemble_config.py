@@ -240,3 +240,29 @@ def test_a_flag_for_every_model_names_the_members_that_do_not_read_it(tmp_path, 
         "imgsz 320, given for every model, is not used by 'yolox' (type 'onnx': it runs at its input_size)",
         "iou 0.5, given for every model, is not used by 'saved' (type 'precomputed': its predictions were made earlier)",
     ]
+
+
+def test_shipped_names_leave_out_the_side_files_of_a_training_run(tmp_path, monkeypatch):
+    """A head's ``.log.json`` beside it is not a shipped name, and cannot be loaded as a head by name."""
+    from detens import packaged
+
+    heads = tmp_path / "heads"
+    heads.mkdir()
+    for name in ("a.json", "a.json.log.json", "a.json.config.yaml", "b.safetensors", "b.json", "c.safetensors"):
+        (heads / name).write_text("{}")
+    monkeypatch.setattr(packaged, "CONFIG_ROOT", tmp_path)
+    assert packaged.packaged_names("heads") == ["a", "b", "c"]
+    assert packaged.find_packaged("a", "heads") == heads / "a.json"
+    assert packaged.find_packaged("b", "heads") == heads / "b.json"  # the first suffix of the kind wins
+    assert packaged.find_packaged("b.safetensors", "heads") == heads / "b.safetensors"
+    assert packaged.find_packaged("c", "heads") == heads / "c.safetensors"
+    with pytest.raises(FileNotFoundError, match=r"'a.json.log' not found.*\(shipped: a, b, c\)"):
+        packaged.find_packaged("a.json.log", "heads")
+    with pytest.raises(FileNotFoundError, match=r"'c.json' not found"):
+        packaged.find_packaged("c.json", "heads")
+
+
+def test_shipped_head_names_are_the_heads():
+    from detens.packaged import packaged_names
+
+    assert packaged_names("heads") == ["coco_yolo3_deep", "coco_yolo3_theta", "coco_yolo3_tiles_deep"]
