@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from pathlib import Path
@@ -11,9 +12,31 @@ from typing import Any, TypeVar
 
 import yaml
 
-__all__ = ["ConfigError", "from_dict", "load_yaml_config", "read_yaml_file", "to_dict", "save_yaml_config"]
+__all__ = [
+    "ConfigError", "from_dict", "load_yaml_config", "parse_yaml", "read_yaml_file", "to_dict", "save_yaml_config"
+]
 
 C = TypeVar("C")
+
+
+class _Loader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that also reads ``1e-3`` as a number: YAML 1.1, which PyYAML follows, wants a
+    dot in the mantissa (``1.0e-3``) and reads ``1e-3`` as a string, where YAML 1.2 and every user read a
+    number."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"), list("-+0123456789")
+)
+
+
+def parse_yaml(text: str) -> Any:
+    """``text`` read as YAML the safe way (no Python tags), exponents without a dot (``1e-3``) as numbers.
+
+    Raises:
+        yaml.YAMLError: not valid YAML.
+    """
+    return yaml.load(text, Loader=_Loader)
 
 
 class ConfigError(ValueError):
@@ -21,7 +44,7 @@ class ConfigError(ValueError):
 
 
 def read_yaml_file(path: str | Path, what: str = "config file") -> Any:
-    """The content of a YAML file, read with ``yaml.safe_load`` (tags such as ``!!python/object`` are refused).
+    """The content of a YAML file, read with :func:`parse_yaml` (tags such as ``!!python/object`` are refused).
 
     Raises:
         FileNotFoundError: no such file, naming ``what`` and the path.
@@ -32,7 +55,7 @@ def read_yaml_file(path: str | Path, what: str = "config file") -> Any:
     if not path.is_file():
         raise FileNotFoundError(f"{what} not found: {path}")
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
+        return parse_yaml(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as err:
         raise ConfigError(f"{path}: not a UTF-8 text file ({err})") from None
     except yaml.YAMLError as err:

@@ -6,7 +6,7 @@ from typing import Literal
 
 import pytest
 
-from detens.config import from_dict, load_yaml_config, save_yaml_config
+from detens.config import from_dict, load_yaml_config, parse_yaml, read_yaml_file, save_yaml_config
 from detens.registry import Registry
 
 
@@ -115,3 +115,30 @@ def test_training_yaml_mirrors_the_code_defaults(kind):
 
     path = Path(__file__).resolve().parents[1] / "detens" / "configs" / "train" / f"{kind}.yaml"
     assert load_yaml_config(TRAINERS[kind].config_class, path) == config_for(kind)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("1e-3", 1e-3), ("1E+5", 1e5), ("-2e3", -2000.0), ("1.0e-6", 1e-6), ("10", 10), ("1.5", 1.5),
+     ("1e", "1e"), ("'1e-3'", "1e-3"), ("[1e-3, 2]", [1e-3, 2]), ("e3", "e3")],
+)
+def test_exponents_without_a_dot_are_numbers(text, expected):
+    value = parse_yaml(text)
+    assert value == expected and type(value) is type(expected)
+
+
+def test_yaml_files_and_set_overrides_read_1e_3_as_a_number(tmp_path):
+    from detens.cli.train import parse_set
+    from detens.heads import load_train_config
+
+    path = tmp_path / "my.yaml"
+    path.write_text("lr: 1e-3\nmatch_iou_grid: []\n")
+    assert read_yaml_file(path) == {"lr": 0.001, "match_iou_grid": []}
+    assert load_train_config("theta", str(path), {}).lr == 0.001
+    assert parse_set(["lr=1e-3", "weight_decay=5E-4"]) == {"lr": 0.001, "weight_decay": 0.0005}
+    assert load_train_config("deep", None, parse_set(["lr=1e-3"])).lr == 0.001
+    with pytest.raises(ValueError, match="the value is not valid YAML"):
+        parse_set(["lr=[1e-3"])
+    path.write_text("lr: !!python/object:os.system {}\n")
+    with pytest.raises(ValueError, match="invalid YAML"):
+        read_yaml_file(path)

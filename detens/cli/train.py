@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from detens.cli import UsageError, add_threads_argument, run_command
 from detens.coco import load_coco_gt
-from detens.config import save_yaml_config
+from detens.config import parse_yaml, save_yaml_config
 from detens.heads import TRAINERS, fit_head, load_train_config
 from detens.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from detens.predictions import EnsemblePredictions, join_predictions
@@ -85,7 +85,7 @@ def parse_set(items: list[str]) -> dict[str, Any]:
             raise ValueError(f"--set expects key=value, got {item!r}")
         key, value = item.split("=", 1)
         try:
-            overrides[key.strip()] = yaml.safe_load(value)
+            overrides[key.strip()] = parse_yaml(value)
         except yaml.YAMLError as err:
             problem = getattr(err, "problem", None) or type(err).__name__
             raise ValueError(f"--set {item!r}: the value is not valid YAML ({problem})") from None
