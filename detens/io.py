@@ -11,7 +11,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_json", "read_json_file", "output_stems"]
+__all__ = [
+    "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "check_writable_file", "read_json_file",
+    "output_stems",
+]
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -40,6 +43,28 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 def atomic_write_json(path: str | Path, obj: Any, indent: int | None = None) -> None:
     atomic_write_text(path, json.dumps(obj, indent=indent))
+
+
+def check_writable_file(path: str | Path, what: str) -> None:
+    """Raise now, before the work whose result goes to ``path``, when it could not be written as a file.
+
+    Args:
+        what (str): names ``path`` in the message (``"--out"``).
+
+    Raises:
+        ValueError: ``path`` is a folder, a part of its folder is a file, or its nearest existing folder
+            is not writable.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{what} {path} is a folder; give the path of a file")
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ValueError(f"{what} {path} cannot be written: {folder} is a file, not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"{what} {path} cannot be written: no permission to write in {folder}")
 
 
 def read_json_file(path: str | Path, what: str) -> Any:

@@ -34,6 +34,7 @@ def workspace(tmp_path, monkeypatch):
     (tmp_path / "missing_weights.yaml").write_text(yaml.safe_dump(config))
     (tmp_path / "typo.yaml").write_text(yaml.safe_dump({**config, "confg": 0.1}))
     ThetaHead(["a", "b", "c"]).save(tmp_path / "other_models.json")
+    (tmp_path / "folder.json").mkdir()
     return tmp_path
 
 
@@ -61,6 +62,15 @@ MISTAKES = [
     ("head file suffix", ["train", "--gt", "gt.json", "--predictions", "p", "--out", "h.txt"], r"\.json or \.safetensors"),
     ("--set value not YAML", ["train", "--gt", "gt.json", "--predictions", "p", "--out", "h.json", "--set", "epochs=[1,"],
      r"--set 'epochs=\[1,': the value is not valid YAML"),
+    ("train --out under a file", ["train", "--gt", "gt.json", "--predictions", "p", "--out", "typo.yaml/h.json"],
+     r"--out typo\.yaml/h\.json cannot be written: typo\.yaml is a file, not a folder"),
+    ("train --out a folder", ["train", "--gt", "gt.json", "--predictions", "p", "--out", "folder.json"],
+     r"--out folder\.json is a folder; give the path of a file"),
+    ("evaluate --out a folder", ["evaluate", "--gt", "gt.json", "--predictions", "p", "--out", "images"],
+     r"--out images is a folder"),
+    ("evaluate --plot under a file", ["evaluate", "--gt", "gt.json", "--predictions", "p", "--out", "r.json",
+                                      "--plot", "typo.yaml/p.png"], r"--plot typo\.yaml/p\.png cannot be written"),
+    ("bench --out under a file", ["bench", "--out", "typo.yaml/b.json"], r"--out typo\.yaml/b\.json cannot be written"),
     ("cache without --gt", ["cache", "--images", "images", "--out", "out"], r"--images and --gt are required"),
     ("merge without shards", ["cache", "merge", "--out", "out"], r"no shard files"),
     ("evaluate --images missing", ["evaluate", "--gt", "gt.json", "--predictions", "p", "--out", "r.json",

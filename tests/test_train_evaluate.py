@@ -555,10 +555,18 @@ class TestTools:
                 "--set", "match_iou_grid=[]"]
         assert train_cli.main(args + ["--out", str(out), "--images-from", str(listing)]) == 0
         assert load_head(out).num_models == 3
-        assert (out.parent / "head.safetensors.log").read_text().splitlines() == [
-            f"epoch {e} loss {loss:.6f}" for e, loss in enumerate(json.loads(
-                (out.parent / "head.safetensors.log.json").read_text())["loss"], 1)
+        log = json.loads((out.parent / "head.safetensors.log.json").read_text())
+        assert (out.parent / "head.safetensors.log").read_text().splitlines() == ["fit 1"] + [
+            f"epoch {e} loss {loss:.6f}" for e, loss in enumerate(log["loss"], 1)
         ]
+        assert log["train_seconds"] > 0
+        # a search over matching IoUs runs one fit per IoU: the .log heads each; log.json keeps the chosen one
+        searched = tmp_path / "searched.json"
+        assert train_cli.main([*args[:-2], "--set", "match_iou_grid=[0.6, 0.7]", "--epochs", "2", "--out",
+                               str(searched), "--images-from", str(listing)]) == 0
+        lines = (tmp_path / "searched.json.log").read_text().splitlines()
+        assert [line for line in lines if line.startswith("fit")] == ["fit 1", "fit 2"] and len(lines) == 6
+        assert len(json.loads((tmp_path / "searched.json.log.json").read_text())["loss"]) == 2
         listing.write_text("999999999\n")
         assert train_cli.main(args + ["--out", str(out), "--images-from", str(listing)]) == 2
         assert "not in" in capsys.readouterr().err

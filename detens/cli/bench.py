@@ -58,7 +58,7 @@ import torch
 from detens import Detections, match
 from detens.cli import UsageError, positive_int
 from detens.fusers import fuse
-from detens.io import atomic_write_json
+from detens.io import atomic_write_json, check_writable_file
 
 logger = logging.getLogger("bench")
 
@@ -402,6 +402,8 @@ def bench_coco(gt_path: str, results_path: str, sizes: list[int]) -> list[dict[s
 
 def run(args: argparse.Namespace) -> int:
     mode = check_args(args)
+    if args.out is not None:
+        check_writable_file(args.out, "--out")
     if mode == "coco":
         rows = bench_coco(*args.coco, args.coco_sizes)
         print(f"evaluate_coco seconds ({platform.processor() or platform.machine()}); the dataset replicated\n")

@@ -82,7 +82,7 @@ from detens.evaluation import (
 )
 from detens.folds import kfold_image_splits
 from detens.heads import TRAINERS, load_train_config
-from detens.io import atomic_write_json
+from detens.io import atomic_write_json, check_writable_file
 from detens.predictions import EnsemblePredictions
 from detens.report import REPEATED_COLUMNS, markdown_table, plot_reliability, plot_report
 from detens.report.record import EvaluationRecord, partial_path, record_path
@@ -180,6 +180,9 @@ def run(args: argparse.Namespace) -> int:
         config = load_train_config(kind, path)
         options_by_head[kind] = config
         options.update({method: {"config": config} for method in takers})
+    for flag, value in (("--out", args.out), ("--plot", args.plot), ("--reliability", args.reliability)):
+        if value is not None:
+            check_writable_file(Path(value), flag)
     if args.report is not None and Path(args.report).exists() and not Path(args.report).is_dir():
         raise UsageError(f"--report must be a folder, but {args.report} is a file")
     if args.images is not None and not Path(args.images).is_dir():

@@ -14,8 +14,10 @@ second dataset's images (same categories, the same models in any file order) to 
 
 - ``--out``: the head (``.json`` or ``.safetensors``; no pickle), loadable by ``detens fuse --head``;
 - ``<out>.config.yaml``: the resolved training config; ``<out>.loss.png``: the loss curve;
-- ``<out>.log.json``: loss per epoch, images, clusters, seconds, the images left out (``left_out``, and
-  ``left_out_also_fit_on`` of the second dataset); ``<out>.log``: the epoch lines.
+- ``<out>.log.json``: the loss per epoch of the fit that was kept, the number of images, ``train_seconds``
+  (the whole fit, searches over matching IoUs or bags included), the images left out (``left_out``, and
+  ``left_out_also_fit_on`` of the second dataset); ``<out>.log``: the epoch lines of every fit run (a
+  search runs several, each headed ``fit <i>``).
 
 The terminal shows one progress bar per fit (epoch and loss); ``--quiet`` hides it.
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -36,7 +39,7 @@ from detens.cli import UsageError, add_threads_argument, run_command
 from detens.coco import load_coco_gt
 from detens.config import parse_yaml, save_yaml_config
 from detens.heads import TRAINERS, fit_head, load_train_config
-from detens.io import atomic_write_bytes, atomic_write_json, atomic_write_text
+from detens.io import atomic_write_bytes, atomic_write_json, atomic_write_text, check_writable_file
 from detens.predictions import EnsemblePredictions, join_predictions
 
 logger = logging.getLogger("detens.train")
@@ -143,8 +146,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     out = Path(args.out)
-    if out.suffix not in (".json", ".safetensors"):
+    if out.suffix.lower() not in (".json", ".safetensors"):
         raise UsageError(f"--out must end in .json or .safetensors, got {out}")
+    check_writable_file(out, "--out")
     overrides = parse_set(args.set)
     overrides.update({k: v for k, v in (("epochs", args.epochs), ("lr", args.lr), ("seed", args.seed)) if v is not None})
     config = load_train_config(args.head, args.config, overrides)
@@ -175,21 +179,28 @@ def run(args: argparse.Namespace) -> int:
         image_ids = list(image_ids) + extra_ids
 
     epoch_lines: list[str] = []
+    fits = 0
     bar = tqdm(total=getattr(config, "epochs", None), desc=f"{args.head} fit", unit="epoch",
                disable=args.quiet, dynamic_ncols=True)
 
     def on_epoch(epoch: int, loss: float) -> None:
-        if epoch == 0 and bar.n:  # the next fit of a multi-fit head (bags, a grid of matching IoUs)
-            bar.reset()
+        nonlocal fits
+        if epoch == 0:
+            if bar.n:  # the next fit of a multi-fit head (bags, a grid of matching IoUs)
+                bar.reset()
+            fits += 1
+            epoch_lines.append(f"fit {fits}")
         epoch_lines.append(f"epoch {epoch + 1} loss {loss:.6f}")
         bar.set_postfix_str(f"loss {loss:.5f}", refresh=False)
         bar.update(1)
 
     logger.info("%d images, models %s", len(image_ids), predictions.model_names)
+    start = time.perf_counter()
     try:
         head, history, config = fit_head(args.head, predictions, image_ids, config, on_epoch=on_epoch)
     finally:
         bar.close()
+    seconds = time.perf_counter() - start
     head.save(out)
     save_yaml_config(config, out.with_name(out.name + ".config.yaml"))
     plot_loss(history.loss, out.with_name(out.name + ".loss.png"), f"{args.head} head: {', '.join(predictions.model_names)}")
@@ -202,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
             "images": len(image_ids),
             **left_out_record,
             "match_iou": getattr(config, "match_iou", None),
-            "train_seconds": round(history.seconds, 3),
+            "train_seconds": round(seconds, 3),
             "loss": history.loss,
             **({"inner_cv": history.selection} if history.selection else {}),
             **({"theta": head.theta.detach().cpu().tolist()} if hasattr(head, "theta") else {}),
@@ -210,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
         indent=1,
     )
     learned = f"Θ = {[round(v, 4) for v in head.theta.detach().cpu().tolist()]}; " if hasattr(head, "theta") else ""
-    logger.info("trained %s head in %.1f s; %shead written to %s", args.head, history.seconds, learned, out)
+    logger.info("trained %s head in %.1f s; %shead written to %s", args.head, seconds, learned, out)
     return 0
 
 
