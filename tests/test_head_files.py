@@ -4,6 +4,7 @@ file and the field, before anything is built from it.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import time
@@ -13,9 +14,11 @@ import pytest
 import torch
 
 from detens.heads import CalibratedHead, HeadFileError, load_head
+from detens.heads.bagged import BaggedHead
 from detens.heads.calibration import CalibrationHead
 from detens.heads.deep import DeepEnsembleHead
 from detens.heads.selection import SelectionHead
+from detens.heads.superlearner import SuperLearnerHead
 from detens.heads.theta import ThetaHead
 
 NAMES = ["a", "b"]
@@ -84,7 +87,7 @@ BAD_FIELDS = [
     ("calibration", ("config", "tie_break"), -math.inf, "tie_break must be a number >= 0, got -inf"),
     ("calibrated", ("config", "head_type"), "theta", "head_type must name a network head type or 'bagged'"),
     ("calibrated", ("config", "head"), [1], "head must be a config mapping"),
-    ("calibrated", ("config", "extra"), {}, "has the keys calibration, head_type and head"),
+    ("calibrated", ("config", "extra"), {}, "unknown config keys ['extra']"),
     ("calibrated", ("config", "head", "hidden"), 10**9, "head: config hidden = 1000000000 is larger than the"),
     ("calibrated", ("config", "calibration", "tie_break"), 2.0, "calibration: invalid calibration head"),
     ("calibrated", ("tensors", "stray"), {"dtype": "float32", "shape": [1], "data": [0.0]}, "belong to neither"),
@@ -121,7 +124,7 @@ def test_safetensors_metadata_and_dtypes_are_checked(tmp_path):
     from safetensors.torch import save_file
 
     metadata = {"format": "detens-head", "format_version": "1", "type": "theta", "model_names": '["a", "b"]',
-                "config": "{}"}
+                "config": json.dumps(ThetaHead(NAMES).config())}
     path = tmp_path / "head.safetensors"
     save_file({"theta": torch.tensor([0.5, 0.5], dtype=torch.float16)}, path, metadata=metadata)
     with pytest.raises(HeadFileError, match="tensor 'theta' has dtype torch.float16"):
@@ -131,3 +134,179 @@ def test_safetensors_metadata_and_dtypes_are_checked(tmp_path):
         load_head(path)
     save_file({"theta": torch.tensor([0.5, 0.5])}, path, metadata=metadata)
     assert load_head(path).theta.tolist() == [0.5, 0.5]
+
+
+# ------------------------------------------------------------------------------------------ missing keys
+def small(cls):
+    return cls(NAMES, hidden=4, depth=1)
+
+
+#: one saved head of every type (and of every kind of part a combined head holds)
+EVERY_TYPE = {
+    "theta": lambda: ThetaHead(NAMES, normalize_box=True, match_iou=0.7),
+    "theta_per_class": lambda: ThetaHead(NAMES, per_class=True, class_ids=[1, 3]),
+    "deep": lambda: DeepEnsembleHead(NAMES, hidden=4, depth=1, box="learned", median_box=True),
+    "selection": lambda: small(SelectionHead),
+    "superlearner": lambda: small(SuperLearnerHead),
+    "bagged": lambda: BaggedHead([small(DeepEnsembleHead), small(DeepEnsembleHead)]),
+    "calibration": lambda: CalibrationHead(NAMES, fuser="nms"),
+    "calibrated": lambda: CalibratedHead(CalibrationHead(NAMES), small(DeepEnsembleHead)),
+    "calibrated_bagged": lambda: CalibratedHead(
+        CalibrationHead(NAMES), BaggedHead([small(SuperLearnerHead), small(SuperLearnerHead)])
+    ),
+}
+
+
+def config_key_paths(config: dict, head_type: str) -> list[tuple]:
+    """Every key of a saved config, nested parts included, as a path into ``config``."""
+    paths = [(key,) for key in config]
+    if head_type == "bagged":
+        paths += [("members", b, *path) for b, member in enumerate(config["members"])
+                  for path in config_key_paths(member, "member")]
+    elif head_type == "calibrated":
+        paths += [("calibration", key) for key in config["calibration"]]
+        paths += [("head", *path) for path in config_key_paths(config["head"], config["head_type"])]
+    return paths
+
+
+def missing_key_cases() -> list[tuple[str, tuple]]:
+    cases = []
+    for name, make in EVERY_TYPE.items():
+        head = make()
+        config = head.parts()[0] if hasattr(head, "parts") else head.config()
+        cases += [(name, path) for path in config_key_paths(config, head.type_name)]
+    return cases
+
+
+@pytest.mark.parametrize("suffix", [".json", ".safetensors"])
+@pytest.mark.parametrize("head, key_path", missing_key_cases())
+def test_each_missing_config_key_is_a_head_file_error_naming_it(tmp_path, head, key_path, suffix):
+    path = tmp_path / f"head{suffix}"
+    EVERY_TYPE[head]().save(path)
+    if suffix == ".json":
+        document = json.loads(path.read_text())
+        parent = document["config"]
+        for key in key_path[:-1]:
+            parent = parent[key]
+        del parent[key_path[-1]]
+        path.write_text(json.dumps(document))
+    else:
+        from safetensors import safe_open
+        from safetensors.torch import save_file
+
+        with safe_open(str(path), framework="pt") as f:
+            metadata = dict(f.metadata())
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
+        config = json.loads(metadata["config"])
+        parent = config
+        for key in key_path[:-1]:
+            parent = parent[key]
+        del parent[key_path[-1]]
+        save_file(tensors, path, metadata={**metadata, "config": json.dumps(config)})
+    with pytest.raises(HeadFileError) as info:
+        load_head(path)
+    message = str(info.value)
+    assert str(path) in message and f"the config lacks the keys [{key_path[-1]!r}]" in message, message
+    assert "holds every one of" in message
+
+
+def test_missing_keys_are_all_named(tmp_path):
+    document = saved(tmp_path, ThetaHead(NAMES))
+    for key in ("match_iou", "normalize_box"):
+        del document["config"][key]
+    with pytest.raises(HeadFileError, match=r"lacks the keys \['normalize_box', 'match_iou'\]"):
+        load_head(write(tmp_path, document))
+
+
+@pytest.mark.parametrize("head", sorted(EVERY_TYPE))
+def test_complete_files_of_every_type_load_unchanged(tmp_path, head):
+    original = EVERY_TYPE[head]()
+    loaded = load_head(write(tmp_path, saved(tmp_path, original)))
+    assert type(loaded) is type(original)
+    if hasattr(original, "parts"):
+        assert loaded.parts()[0] == original.parts()[0]
+    else:
+        assert loaded.config() == original.config()
+
+
+@pytest.mark.parametrize(
+    "cls, not_saved",
+    [
+        (ThetaHead, {"num_classes"}),  # shorthand for class_ids, which is saved
+        (DeepEnsembleHead, set()),
+        (SelectionHead, set()),
+        (SuperLearnerHead, set()),
+        (CalibrationHead, {"curves", "class_curves"}),  # saved as tensors
+    ],
+)
+def test_saved_config_holds_every_constructor_option(cls, not_saved):
+    # the loaders refuse a config without one of these keys, so save must write them all
+    head = cls(NAMES, class_ids=[1, 3], per_class=True) if cls is ThetaHead else cls(NAMES)
+    options = set(inspect.signature(cls).parameters) - {"model_names"} - not_saved
+    assert set(head.config()) == options
+
+
+def shipped_heads() -> list[Path]:
+    from detens.packaged import CONFIG_ROOT
+
+    folder = CONFIG_ROOT / "heads"
+    return sorted(p for p in folder.iterdir() if p.suffix in (".json", ".safetensors") and ".log." not in p.name)
+
+
+def test_shipped_heads_hold_every_key():
+    paths = shipped_heads()
+    assert len(paths) >= 3
+    for path in paths:
+        assert load_head(path).model_names
+
+
+# -------------------------------------------------------------------------------------- class id order
+def per_class_theta() -> ThetaHead:
+    head = ThetaHead(NAMES, per_class=True, class_ids=[1, 3])
+    with torch.no_grad():
+        head.class_theta.copy_(torch.tensor([[0.9, 0.1], [0.2, 0.8]]))
+    return head
+
+
+def test_saved_class_ids_are_sorted_and_rows_stay_with_their_class(tmp_path):
+    head = ThetaHead(NAMES, per_class=True, class_ids=[3, 1])
+    with torch.no_grad():
+        head.class_theta.copy_(torch.tensor([[0.9, 0.1], [0.2, 0.8]]))
+    document = saved(tmp_path, head)
+    assert document["config"]["class_ids"] == [1, 3]
+    loaded = load_head(write(tmp_path, document))
+    labels = torch.tensor([1, 3, 7])
+    assert torch.equal(loaded.cluster_theta(labels), head.cluster_theta(labels))
+
+
+@pytest.mark.parametrize("class_ids", [[3, 1], [1, 1]])
+def test_theta_class_ids_out_of_order_are_refused(tmp_path, class_ids):
+    # rows [0.9, 0.1], [0.2, 0.8] listed as classes [3, 1] would otherwise land on classes 1, 3
+    document = saved(tmp_path, per_class_theta())
+    document["config"]["class_ids"] = class_ids
+    path = write(tmp_path, document)
+    with pytest.raises(HeadFileError) as info:
+        load_head(path)
+    assert str(path) in str(info.value)
+    assert f"config class_ids {class_ids} must be in increasing order without repeats" in str(info.value)
+
+
+@pytest.mark.parametrize("cls", [DeepEnsembleHead, SelectionHead, SuperLearnerHead])
+@pytest.mark.parametrize("config_ids, tensor_ids", [([3, 1], [1, 3]), ([3, 1], [3, 1]), ([1, 3, 3], [1, 3])])
+def test_net_class_ids_out_of_order_are_refused(tmp_path, cls, config_ids, tensor_ids):
+    document = saved(tmp_path, cls(NAMES, class_ids=[1, 3], class_embed=2, hidden=4, depth=1))
+    document["config"]["class_ids"] = config_ids
+    document["tensors"]["class_ids"]["data"] = tensor_ids
+    path = write(tmp_path, document)
+    with pytest.raises(HeadFileError) as info:
+        load_head(path)
+    assert str(path) in str(info.value)
+    assert f"config class_ids {config_ids} must be in increasing order without repeats" in str(info.value)
+
+
+def test_bagged_member_class_ids_out_of_order_are_refused(tmp_path):
+    member = lambda: DeepEnsembleHead(NAMES, class_ids=[1, 3], class_embed=2, hidden=4, depth=1)  # noqa: E731
+    document = saved(tmp_path, BaggedHead([member(), member()]))
+    document["config"]["members"][1]["class_ids"] = [3, 1]
+    with pytest.raises(HeadFileError, match=r"member 1: config class_ids \[3, 1\] must be in increasing order"):
+        load_head(write(tmp_path, document))

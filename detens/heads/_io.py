@@ -5,7 +5,9 @@ A head file carries:
 - ``format`` = ``"detens-head"`` and ``format_version``;
 - ``type``: the head type (``"theta"``, ...), which :func:`detens.heads.load_head` dispatches on;
 - ``model_names``: the ensemble the head was trained for, in order (one weight column per model);
-- ``config``: the head's constructor options (JSON-serializable);
+- ``config``: the head's constructor options (JSON-serializable), every one of them: a loader refuses a
+  config that lacks one (:func:`check_config_keys`) instead of filling in the constructor's default, which
+  need not be what the head was trained with;
 - ``tensors``: named tensors (the learned parameters).
 
 In ``.json`` files each tensor is ``{"dtype": "float32", "shape": [...], "data": [flat values]}``
@@ -15,10 +17,11 @@ natively and the other fields go into the string metadata (``model_names`` and `
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +39,8 @@ __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
     "SUFFIXES",
+    "check_config_keys",
+    "check_stored_class_ids",
     "read_head_file",
     "write_head_file",
 ]
@@ -250,6 +255,57 @@ def read_head_file(path: str | Path) -> HeadFile:
         if tensor.is_floating_point() and not torch.isfinite(tensor).all():
             raise _bad(path, f"tensor {name!r} holds NaN or inf")
     return HeadFile(head_type, model_names, config, tensors)
+
+
+def check_config_keys(config: Mapping[str, Any], keys: Sequence[str], where: str, what: str) -> None:
+    """Raise unless a stored ``config`` holds exactly ``keys``: none unknown, none missing.
+
+    Every head type's loader calls this before building anything from the config. A missing key is not
+    filled in with the constructor's default: that default need not be the value the head was trained
+    with (a Θ head fitted with ``normalize_box=True`` fuses to other boxes without it), and nothing in
+    the file would show the difference.
+
+    Args:
+        config (Mapping[str, Any]): the config as read from the file.
+        keys (Sequence[str]): every key a file of this head type holds, in the order to list them.
+        where (str): the file (and the part of it) in error messages.
+        what (str): the head type in error messages (``"theta"``).
+
+    Raises:
+        HeadFileError: naming the file, the unknown or missing keys, and the keys a config holds.
+    """
+    unknown = sorted(set(config) - set(keys))
+    if unknown:
+        raise HeadFileError(
+            f"{where}: unknown config keys {unknown}; a {what} head's config holds the keys {', '.join(keys)}"
+        )
+    missing = [key for key in keys if key not in config]
+    if missing:
+        raise HeadFileError(
+            f"{where}: the config lacks the keys {missing}; a {what} head's config holds every one of "
+            f"{', '.join(keys)}, each with the value the head was trained with (add the missing ones from the "
+            "training run's config: the constructor's defaults need not be what training used)"
+        )
+
+
+def check_stored_class_ids(class_ids: Any, where: str) -> None:
+    """Raise unless a stored config's ``class_ids`` (None or a list) are in increasing order, without repeats.
+
+    A head's per-class rows (Θ rows, embedding rows) follow its sorted class ids, and ``save`` writes the
+    ids sorted. The constructor sorts whatever it is given, so ids out of order in a file would silently
+    put each stored row on another class: refused instead. Values that are not ids are left to the
+    constructor's checks.
+
+    Raises:
+        HeadFileError: naming the file and the ids.
+    """
+    if not isinstance(class_ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in class_ids):
+        return
+    if any(a >= b for a, b in itertools.pairwise(class_ids)):
+        raise HeadFileError(
+            f"{where}: config class_ids {class_ids} must be in increasing order without repeats (as head.save "
+            "writes them): the per-class rows of the tensors follow that order"
+        )
 
 
 def check_sizes(config: dict[str, Any], tensors: dict[str, Tensor], keys: Sequence[str], where: str) -> None:

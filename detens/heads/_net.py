@@ -39,10 +39,12 @@ from detens.heads._features import (
 from detens.heads._io import (
     HeadFileError,
     check_class_ids,
+    check_config_keys,
     check_int,
     check_match_iou,
     check_model_names,
     check_sizes,
+    check_stored_class_ids,
     clusters_in_member_order,
     read_head_for,
     write_head_file,
@@ -317,18 +319,20 @@ class NetHead(nn.Module):
             path (str | Path): ``.json`` or ``.safetensors``.
             model_names (list[str] | None): the ensemble that will use the head; must be the saved names
                 in any order (fusion matches members by name), else ``ValueError`` naming both.
+
+        Raises:
+            HeadFileError: a config key missing or unknown, ``class_ids`` out of order, or any field or
+                tensor the head cannot be built from; the message names the file and the field.
         """
         stored = read_head_for(path, cls.type_name, model_names)
         return cls.from_parts(stored.model_names, stored.config, stored.tensors, repr(str(path)))
 
     @classmethod
     def from_parts(cls, model_names: list[str], config: dict[str, Any], tensors: dict[str, Tensor], where: str) -> NetHead:
-        """A head from a file's parts: its config (checked against the valid keys) and its tensors (checked
-        against the shapes that config builds); ``where`` names the file in errors."""
-        valid = (*BASE_CONFIG, *cls.extra_config)
-        unknown = sorted(set(config) - set(valid))
-        if unknown:
-            raise HeadFileError(f"{where}: unknown config keys {unknown}; valid keys: {', '.join(valid)}")
+        """A head from a file's parts: its config (every key present, none unknown, class ids sorted) and its
+        tensors (checked against the shapes that config builds); ``where`` names the file in errors."""
+        check_config_keys(config, (*BASE_CONFIG, *cls.extra_config), where, cls.type_name)
+        check_stored_class_ids(config["class_ids"], where)
         check_sizes(config, tensors, SIZE_CONFIG, where)
         try:
             with torch.device("meta"):  # shapes only: the real head is built once they match the file

@@ -23,12 +23,20 @@ import torch
 from torch import Tensor, nn
 
 from detens.detections import Detections
-from detens.heads._io import HeadFileError, clusters_in_member_order, read_head_for, write_head_file
+from detens.heads._io import (
+    HeadFileError,
+    check_config_keys,
+    clusters_in_member_order,
+    read_head_for,
+    write_head_file,
+)
 from detens.heads._net import NetHead, fuse_with
 from detens.heads._registry import HEADS
 from detens.matching import Clusters
 
 __all__ = ["BaggedHead"]
+
+_CONFIG_KEYS = ("member_type", "members")
 
 
 @HEADS.register("bagged")
@@ -108,9 +116,7 @@ class BaggedHead(nn.Module):
         cls, model_names: list[str], config: dict[str, Any], tensors: dict[str, Tensor], where: str
     ) -> BaggedHead:
         """A head from a file's parts (:meth:`parts`), every field checked; ``where`` names the file in errors."""
-        if set(config) != {"member_type", "members"}:
-            raise HeadFileError(f"{where}: a bagged head's config has the keys member_type and members, got "
-                                f"{sorted(config)}")
+        check_config_keys(config, _CONFIG_KEYS, where, cls.type_name)
         member_type, configs = config["member_type"], config["members"]
         member_cls = HEADS.get(member_type) if isinstance(member_type, str) and member_type in HEADS else None
         if member_cls is None or not issubclass(member_cls, NetHead):

@@ -24,7 +24,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from detens.detections import Detections
-from detens.heads._io import HeadFileError, read_head_for, write_head_file
+from detens.heads._io import HeadFileError, check_config_keys, read_head_for, write_head_file
 from detens.heads._net import NetHead
 from detens.heads._registry import HEADS
 from detens.heads.bagged import BaggedHead
@@ -33,6 +33,7 @@ from detens.heads.calibration import CalibrationHead
 __all__ = ["CalibratedHead", "CalibratedPredictions"]
 
 _PARTS = ("calibration", "head")
+_CONFIG_KEYS = ("calibration", "head_type", "head")
 
 
 @HEADS.register("calibrated")
@@ -103,9 +104,7 @@ class CalibratedHead(nn.Module):
         stored = read_head_for(path, cls.type_name, model_names)
         where = repr(str(path))
         config, tensors = stored.config, stored.tensors
-        if set(config) != {"calibration", "head_type", "head"}:
-            raise HeadFileError(f"{where}: a calibrated head's config has the keys calibration, head_type and "
-                                f"head, got {sorted(config)}")
+        check_config_keys(config, _CONFIG_KEYS, where, cls.type_name)
         head_type = config["head_type"]
         head_cls = HEADS.get(head_type) if isinstance(head_type, str) and head_type in HEADS else None
         if head_cls is None or not issubclass(head_cls, (NetHead, BaggedHead)):

@@ -60,6 +60,7 @@ from detens.heads._features import class_positions
 from detens.heads._io import (
     HeadFileError,
     check_class_ids,
+    check_config_keys,
     check_model_names,
     check_number,
     in_member_order,
@@ -552,9 +553,7 @@ class CalibrationHead(nn.Module):
         ``model_names`` are the file's (the curve rows index them); ``order``: the same names in the order
         the head takes (default: the file's)."""
         stored_names = list(model_names)
-        unknown = sorted(set(config) - set(_CONFIG_KEYS))
-        if unknown:
-            raise HeadFileError(f"{where}: unknown config keys {unknown}; valid keys: {', '.join(_CONFIG_KEYS)}")
+        check_config_keys(config, _CONFIG_KEYS, where, cls.type_name)
         expected = {"knots_x", "knots_y", "curves"}
         if set(tensors) != expected:
             raise HeadFileError(f"{where}: expected tensors {sorted(expected)}, got {sorted(tensors)}")

@@ -68,10 +68,12 @@ from detens.heads._features import class_positions
 from detens.heads._io import (
     HeadFileError,
     check_class_ids,
+    check_config_keys,
     check_int,
     check_match_iou,
     check_model_names,
     check_number,
+    check_stored_class_ids,
     clusters_in_member_order,
     read_head_for,
     write_head_file,
@@ -543,14 +545,15 @@ class ThetaHead(nn.Module):
             model_names (list[str] | None): the ensemble that will use the head; must be the saved names
                 in any order (Θ's entries stay with their models: fusion matches members by name), else
                 ``ValueError`` naming both.
+
+        Raises:
+            HeadFileError: a config key missing or unknown, ``class_ids`` out of order, or any field or
+                tensor the head cannot be built from; the message names the file and the field.
         """
         stored = read_head_for(path, cls.type_name, model_names)
         where = repr(str(path))
-        unknown = sorted(set(stored.config) - set(_CONFIG_KEYS))
-        if unknown:
-            raise HeadFileError(
-                f"{where}: unknown config keys {unknown}; valid keys: {', '.join(_CONFIG_KEYS)}"
-            )
+        check_config_keys(stored.config, _CONFIG_KEYS, where, cls.type_name)
+        check_stored_class_ids(stored.config["class_ids"], where)
         config = dict(stored.config)
         try:
             head = cls(stored.model_names, **config)
