@@ -14,7 +14,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["check_real", "check_integer", "check_integers", "check_flag", "check_choice"]
+__all__ = [
+    "check_real", "check_reals", "check_integer", "check_integers", "check_flag", "check_choice", "check_device",
+]
 
 
 def _scalar(value: Any) -> Any:
@@ -63,6 +65,29 @@ def check_real(
     return number
 
 
+def check_reals(
+    values: Any,
+    name: str,
+    low: float = -math.inf,
+    high: float = math.inf,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> list[float]:
+    """``values`` (a list, tuple or 1-D array of numbers, each as :func:`check_real` takes it) as a list of floats.
+
+    A single number or a string is refused, not iterated or parsed: ``0.6`` where a list such as
+    ``[0.6]`` is expected is a mistake worth naming.
+    """
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
+        raise TypeError(f"{name} must be a list of numbers, got {type(values).__name__}: {values!r}")
+    if getattr(values, "ndim", 1) != 1:
+        raise ValueError(f"{name} must be a flat list of numbers, got shape {list(values.shape)}")
+    return [
+        check_real(v, f"{name}[{i}]", low, high, low_open=low_open, high_open=high_open) for i, v in enumerate(values)
+    ]
+
+
 def check_integer(value: Any, name: str, low: int | None = None, high: int | None = None) -> int:
     """``value`` as an int in ``[low, high]`` (None: unbounded); Python or NumPy integers, not bools or floats."""
     scalar = _scalar(value)
@@ -105,3 +130,29 @@ def check_choice(value: Any, name: str, choices: Collection[str]) -> str:
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
     return value
+
+
+def check_device(value: Any, name: str = "device") -> str:
+    """``value`` (a string such as ``"cpu"``, ``"cuda"`` or ``"cuda:1"``, or a ``torch.device``) as the string
+    of a torch device this machine has.
+
+    Checked when a config is made, so a typo or a GPU this machine lacks is reported before any data is
+    read, not as a torch error halfway through a run.
+    """
+    import torch
+
+    if not isinstance(value, (str, torch.device)):
+        raise TypeError(f"{name} must be a device string such as cpu or cuda, got {type(value).__name__}: {value!r}")
+    try:
+        device = torch.device(value)
+    except RuntimeError:
+        raise ValueError(f"{name} must be a torch device: cpu, cuda or cuda:<index>, got {value!r}") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{name} is {value!r} but no CUDA device is available on this machine; use cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(
+                f"{name} is {value!r} but this machine has {torch.cuda.device_count()} CUDA device(s) "
+                f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})"
+            )
+    return value if isinstance(value, str) else str(device)

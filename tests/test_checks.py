@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from detens.checks import check_choice, check_flag, check_integer, check_integers, check_real
+from detens.checks import (
+    check_choice,
+    check_device,
+    check_flag,
+    check_integer,
+    check_integers,
+    check_real,
+    check_reals,
+)
 from detens.fusers import check_weights
 
 
@@ -128,6 +136,52 @@ def test_check_integers(values, error, message):
     with pytest.raises(error, match=message):
         check_integers(values, "ids")
     assert check_integers(np.array([3, 1]), "ids") == [3, 1] and check_integers(range(2), "ids") == [0, 1]
+
+
+@pytest.mark.parametrize(
+    "values, error, message",
+    [
+        (0.6, TypeError, "grid must be a list of numbers, got float: 0.6"),
+        ("0.6", TypeError, "grid must be a list of numbers, got str: '0.6'"),
+        ([0.5, "0.6"], TypeError, r"grid\[1\] must be a number, got str: '0.6'"),
+        ([0.5, 1.0], ValueError, r"grid\[1\] must be in \(0, 1\), got 1.0"),
+    ],
+)
+def test_check_reals(values, error, message):
+    with pytest.raises(error, match=message):
+        check_reals(values, "grid", 0.0, 1.0, low_open=True, high_open=True)
+    assert check_reals((0.5, np.float32(0.25), 1), "grid") == [0.5, 0.25, 1.0]
+
+
+@pytest.mark.parametrize(
+    "value, error, message",
+    [
+        ("banana", ValueError, "device must be a torch device: cpu, cuda or cuda:<index>, got 'banana'"),
+        ("", ValueError, "device must be a torch device"),
+        (0.5, TypeError, "device must be a device string such as cpu or cuda, got float: 0.5"),
+        (None, TypeError, "device must be a device string"),
+    ],
+)
+def test_check_device_refuses_what_is_no_device(value, error, message):
+    with pytest.raises(error, match=message):
+        check_device(value)
+
+
+def test_check_device_accepts_what_this_machine_has():
+    assert check_device("cpu") == "cpu" and check_device(torch.device("cpu")) == "cpu"
+    if torch.cuda.is_available():
+        assert check_device("cuda") == "cuda" and check_device("cuda:0") == "cuda:0"
+        with pytest.raises(ValueError, match=f"this machine has {torch.cuda.device_count()} CUDA device"):
+            check_device(f"cuda:{torch.cuda.device_count()}")
+    else:
+        with pytest.raises(ValueError, match="device is 'cuda:0' but no CUDA device is available"):
+            check_device("cuda:0")
+
+
+def test_check_device_without_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="device is 'cuda' but no CUDA device is available on this machine; use cpu"):
+        check_device("cuda")
 
 
 def test_folds_refuse_a_string_of_ids():

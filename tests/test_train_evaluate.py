@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -154,6 +156,53 @@ class TestTraining:
     def test_bad_config(self, changes):
         with pytest.raises(ValueError):
             ThetaTrainConfig(**changes)
+
+    @pytest.mark.parametrize("changes, message", [
+        ({"epochs": "5"}, "epochs must be an integer, got str: '5'"),
+        ({"epochs": 2.5}, "epochs must be an integer, got float: 2.5"),
+        ({"lr": "0.1"}, "lr must be a number, got str: '0.1'"),
+        ({"match_iou": "0.5"}, "match_iou must be a number, got str"),
+        ({"match_iou_grid": 0.6}, "match_iou_grid must be a list of numbers, got float: 0.6"),
+        ({"per_class": "yes"}, "per_class must be True or False"),
+        ({"seed": None}, "seed must be an integer, got NoneType"),
+        ({"device": 0.5}, "device must be a device string"),
+    ])
+    def test_wrong_types_are_named(self, changes, message):
+        from detens.heads import config_for
+
+        with pytest.raises(TypeError, match=message):
+            config_for("theta", **changes)
+
+    @pytest.mark.parametrize("kind", ["theta", "deep"])
+    def test_a_device_this_machine_lacks_is_refused_up_front(self, kind, monkeypatch):
+        from detens.heads import config_for
+
+        with pytest.raises(ValueError, match="device must be a torch device: cpu, cuda or cuda:<index>, got 'banana'"):
+            config_for(kind, device="banana")
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        with pytest.raises(ValueError, match="device is 'cuda' but no CUDA device is available"):
+            config_for(kind, device="cuda")
+
+    @pytest.mark.parametrize("lr", [1.0, 1e6])
+    def test_a_diverged_fit_is_an_error_naming_the_learning_rate(self, ensemble, lr):
+        samples = build_samples(ensemble, ensemble.gt.annotated_image_ids)
+        message = rf"the Θ fit diverged: .* rose .*lr={re.escape(f'{lr:g}')}.*lower the learning rate"
+        with pytest.raises(FloatingPointError, match=message):
+            train_theta(samples, ensemble.model_names, ThetaTrainConfig(epochs=30, match_iou_grid=[], lr=lr))
+
+    def test_a_non_finite_objective_is_an_error(self, ensemble, monkeypatch):
+        samples = build_samples(ensemble, ensemble.gt.annotated_image_ids)
+        loss_on_batch = ThetaHead.loss_on_batch
+        calls = []
+
+        def breaks_on_the_third_step(self, *batch):
+            calls.append(1)
+            loss = loss_on_batch(self, *batch)
+            return loss * math.nan if len(calls) == 4 else loss  # the first call scores the initial Θ
+
+        monkeypatch.setattr(ThetaHead, "loss_on_batch", breaks_on_the_third_step)
+        with pytest.raises(FloatingPointError, match=r"the Θ objective became nan at epoch 2 \(gd, lr=0.1\)"):
+            train_theta(samples, ensemble.model_names, ThetaTrainConfig(epochs=5, match_iou_grid=[]))
 
 
 class RecordingMethod(EvalMethod):
@@ -642,6 +691,23 @@ class TestTools:
         # a partial file of the seed's variant keeps the seed's settings, not the plain theta defaults
         assert "normalize_box: false" in written and "match_iou_grid: []" in written
 
+    @pytest.mark.parametrize("options, message", [
+        (["--lr", "1.0"], r"the Θ fit diverged: .*lr=1\b.*lower the learning rate"),
+        (["--head", "superlearner", "--lr", "1e6", "--set", "calibrate=false"],
+         r"the superlearner loss became nan at epoch \d+ \(lr=1e\+06\); lower the learning rate"),
+        (["--set", "device=banana"], r"device must be a torch device: cpu, cuda or cuda:<index>, got 'banana'"),
+    ])
+    def test_train_cli_reports_a_diverged_fit_or_a_bad_device_in_one_line(self, dataset, tmp_path, capsys,
+                                                                          options, message):
+        gt_path, predictions = dataset
+        out = tmp_path / "head.json"
+        code = train_cli.main(["--gt", str(gt_path), "--predictions", str(predictions), "--epochs", "20", "--quiet",
+                               "--set", "match_iou_grid=[]", "--out", str(out), *options])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("error:") == 1 and "Traceback" not in err, err
+        assert re.search(message, err), err
+        assert not out.exists()
+
     def test_evaluate_cli_takes_one_train_config_per_head(self, dataset, tmp_path, capsys):
         gt_path, predictions = dataset
         config = tmp_path / "theta.yaml"
@@ -873,8 +939,8 @@ class TestHeadsMatchMembersByName:
     def test_any_member_order_gives_the_same_fusion(self, ensemble):
         ids = ensemble.gt.annotated_image_ids
         samples = build_samples(ensemble, ids[:8], 0.55)
-        head, _ = train_theta(samples, ensemble.model_names,
-                              ThetaTrainConfig(epochs=5, batch_images=4, match_iou_grid=[], lr=0.5))
+        head, _ = train_theta(samples, ensemble.model_names,  # lr 0.5 would double J on these 8 images: diverged
+                              ThetaTrainConfig(epochs=5, batch_images=4, match_iou_grid=[], lr=0.2))
         assert len(set(head.theta.detach().tolist())) > 1  # unequal weights: a wrong order would show
         for image_id in ids[:4]:
             per_model = ensemble.per_model(image_id)
@@ -1036,6 +1102,17 @@ class TestBagsByInnerCrossValidation:
         for fold in report["superlearner"].fitted:
             assert fold["config"]["bags"] in (1, 2) and set(fold["inner_cv"]["held_out_map"]) == {"1", "2"}
 
+    def test_bags_that_the_grid_would_overwrite_is_an_error(self):
+        from detens.heads import train_config_from
+
+        with pytest.raises(ValueError, match=r"bags 3 would not be used: .* among bags_grid \[1, 2\]"):
+            self.small(bags=3, bags_grid=[1, 2])
+        assert self.small(bags=3).bags == 3 and self.small(bags_grid=[1, 2]).bags == 1
+        # a layer that gives bags alone onto a grid is named, as match_iou is
+        with pytest.raises(ValueError, match=r"^--set: bags 1 would not be used.*\[1, 3\]"):
+            train_config_from("deep", ("a.yaml", {"bags_grid": [1, 3]}), ("--set", {"bags": 1}))
+        assert train_config_from("deep", ("a.yaml", {"bags": 1, "bags_grid": [1, 3]})).bags_grid == [1, 3]
+
     def test_bad_settings(self, ensemble):
         from detens.heads._fit import choose_by_inner_cv
 
@@ -1160,3 +1237,13 @@ def test_train_config_from_layers_the_user_keys_over_the_head_defaults():
     assert train_config_from("deep", ("a.yaml", {"match_iou": 0.5, "match_iou_grid": []})).match_iou == 0.5
     with pytest.raises(ValueError, match=r"unknown key 'epoch' in b.yaml"):
         train_config_from("deep", ("a.yaml", {"epochs": 2}), ("b.yaml", {"epoch": 2}))
+
+
+def test_calibration_fusers_must_be_a_list():
+    from detens.heads import config_for
+
+    with pytest.raises(TypeError, match="fusers must be a list of fuser names, got str: 'wbf'"):
+        config_for("calibration", fusers="wbf")
+    with pytest.raises(TypeError, match="fuser_params must be a mapping of fuser name to parameters, got list"):
+        config_for("calibration", fuser_params=["wbf"])
+    assert config_for("calibration", fusers=["wbf"]).fusers == ["wbf"]

@@ -2,7 +2,7 @@
 
 Each subcommand is a module of this package with ``add_arguments(parser)`` and ``run(args) -> int``; the
 ``tools/*.py`` scripts call the same modules. A user's mistake (a bad flag, a missing file, a YAML typo, a
-head for other models) ends as one ``error: <message>`` on stderr and exit status 2, without a traceback;
+head for other models, a learning rate that makes a fit diverge) ends as one ``error: <message>`` on stderr and exit status 2, without a traceback;
 ``--debug`` shows the traceback instead.
 """
 
@@ -95,8 +95,12 @@ def build_parser(commands: Sequence[str] | None = None) -> argparse.ArgumentPars
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions that mean the input was wrong, not the program: reported without a traceback."""
-    return (ValueError, TypeError, OSError, yaml.YAMLError)
+    """Exceptions that mean the input was wrong, not the program: reported without a traceback.
+
+    ``FloatingPointError`` is how every head's fit reports that it diverged: the cure is the user's
+    learning rate (the message names it), not a fix of the program.
+    """
+    return (ValueError, TypeError, OSError, yaml.YAMLError, FloatingPointError)
 
 
 def _message(err: BaseException) -> str:

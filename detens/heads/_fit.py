@@ -39,6 +39,7 @@ The network heads (:func:`train_head`):
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from collections import Counter
@@ -49,7 +50,15 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from detens.checks import check_integers
+from detens.checks import (
+    check_choice,
+    check_device,
+    check_flag,
+    check_integer,
+    check_integers,
+    check_real,
+    check_reals,
+)
 from detens.matching import Clusters, match
 from detens.predictions import EnsemblePredictions
 from detens.targets import Targets, assign_targets
@@ -127,16 +136,20 @@ class ThetaTrainConfig:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
-        for name, value in [("match_iou", self.match_iou), ("target_iou", self.target_iou)] + [
-            ("match_iou_grid", v) for v in self.match_iou_grid
-        ]:
-            if not 0.0 < value < 1.0:
-                raise ValueError(f"{name} must be in (0, 1), got {value}")
+        for name in ("match_iou", "target_iou"):
+            check_real(getattr(self, name), name, 0.0, 1.0, low_open=True, high_open=True)
+        self.match_iou_grid = check_reals(self.match_iou_grid, "match_iou_grid", 0.0, 1.0, low_open=True, high_open=True)
+        for name in ("per_class", "normalize_box"):
+            check_flag(getattr(self, name), name)
+        for name in ("shrinkage", "lambda_reg", "lambda_cls", "lambda_cons"):
+            check_real(getattr(self, name), name, 0.0)
+        check_real(self.eps, "eps", 0.0, 0.5, low_open=True, high_open=True)  # ThetaHead's own bounds
+        check_choice(self.optimizer, "optimizer", ("gd", "adam"))
+        check_real(self.lr, "lr", 0.0, low_open=True)
         for name in ("epochs", "batch_images", "reassign_every"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
+            check_integer(getattr(self, name), name, 0)
+        check_integer(self.seed, "seed")
+        self.device = check_device(self.device)
 
 
 def theta_seed_config(**overrides: Any) -> ThetaTrainConfig:
@@ -198,8 +211,17 @@ def train_theta(
 ):
     """Train a :class:`~detens.heads.theta.ThetaHead` on ``samples``; deterministic for ``config.seed``.
 
+    A fit that diverged is an error, not a head: the objective J became non-finite, or J of all the training
+    images on the targets of the last assignment ended above J of the Θ those targets were assigned from.
+    Gradient steps that are small enough lower J on fixed targets, so a rise means ``config.lr`` overshoots
+    (too large a step drives every θᵢ to the floor ``eps`` and every fused score to 0, or Θ to huge values).
+    Rises within float rounding (the square root of the dtype's machine epsilon, relative) are not counted.
+
     Returns:
         (ThetaHead, TrainHistory)
+
+    Raises:
+        ValueError: no samples. FloatingPointError: the fit diverged; the message names the learning rate.
     """
     from detens.heads.theta import ThetaHead, make_optimizer
 
@@ -228,10 +250,14 @@ def train_theta(
     history = TrainHistory()
     start = time.perf_counter()
     full_batch = None
+    reference = None  # (epoch, J) of the Θ the current targets were assigned from, on all training images
+    setting = f"{config.optimizer}, lr={config.lr:g}"
     for epoch in range(config.epochs):
         if epoch == 0 or (config.reassign_every and epoch % config.reassign_every == 0):
             targets = assign_all_targets(head, samples, config.target_iou)
-            full_batch = None
+            full_batch = head.stack_batch([s.clusters for s in samples], targets)
+            with torch.no_grad():
+                reference = (epoch, float(head.loss_on_batch(*full_batch)))
         order = list(range(len(samples)))
         if batch < len(samples):
             order_rng.shuffle(order)
@@ -239,19 +265,35 @@ def train_theta(
         for begin in range(0, len(order), batch):
             chosen = order[begin : begin + batch]
             if batch >= len(samples):  # the seed's full-batch rule: stack once, reuse every epoch
-                if full_batch is None:
-                    full_batch = head.stack_batch([s.clusters for s in samples], targets)
                 stacked = full_batch
             else:
                 stacked = head.stack_batch([samples[i].clusters for i in chosen], [targets[i] for i in chosen])
             optimizer.zero_grad()
             loss = head.loss_on_batch(*stacked)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(
+                    f"the Θ objective became {float(loss.detach())} at epoch {epoch} ({setting}); "
+                    "lower the learning rate"
+                )
             loss.backward()
             optimizer.step()
             losses.append(float(loss.detach()))
         history.loss.append(sum(losses) / len(losses))
         if on_epoch is not None:
             on_epoch(epoch, history.loss[-1])
+    if reference is not None:
+        with torch.no_grad():
+            final = float(head.loss_on_batch(*full_batch))
+        if not all(bool(torch.isfinite(p).all()) for p in head.parameters()) or not math.isfinite(final):
+            raise FloatingPointError(f"the Θ weights became non-finite after {config.epochs} epochs ({setting}); "
+                                     "lower the learning rate")
+        rounding = torch.finfo(head.theta.dtype).eps ** 0.5
+        if final > reference[1] + rounding * abs(reference[1]):
+            raise FloatingPointError(
+                f"the Θ fit diverged: its objective on the training images rose from {reference[1]:.6g} "
+                f"(epoch {reference[0]}) to {final:.6g} (after epoch {config.epochs - 1}) on the same targets "
+                f"({setting}, Θ = {[round(v, 6) for v in head.theta.tolist()]}); lower the learning rate"
+            )
     history.seconds = time.perf_counter() - start
     return head, history
 
@@ -327,13 +369,15 @@ class HeadTrainConfig:
         bags (int): 1: one head; B > 1: B heads, head b fitted on a bootstrap sample of the training
             images with seed ``seed + b``, averaged (:class:`~detens.heads.bagged.BaggedHead`).
         bags_grid (list[int]): choose ``bags`` among these by an ``inner_folds``-fold cross-validation
-            inside the training images (:func:`choose_by_inner_cv`; empty: just ``bags``).
-        inner_folds (int): folds of that inner cross-validation (>= 2).
+            inside the training images (:func:`choose_by_inner_cv`; empty: just ``bags``). With a grid,
+            ``bags`` must stay 1: any other value would be overwritten by the choice, so it is an error.
+        inner_folds (int): folds of that inner cross-validation (>= 2; unused without ``bags_grid``).
         calibrate (bool): first fit each model's calibration curve (score -> expected IoU, MoCaE) on the
             training images, then fit the head on the calibrated scores; the result is a
             :class:`~detens.heads.calibrated.CalibratedHead` holding both.
         seed (int): seeds initialization, shuffling and the knapsack noise.
-        device (str): where to train (``"cpu"``, ``"cuda"``).
+        device (str): where to train (``"cpu"``, ``"cuda"``, ``"cuda:1"``); a device this machine lacks is a
+            ``ValueError`` when the config is made.
     """
 
     match_iou: float = 0.55
@@ -361,32 +405,31 @@ class HeadTrainConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.calibrate, bool):
             raise TypeError(f"calibrate must be true or false, got {self.calibrate!r}")
-        if isinstance(self.bags, bool) or not isinstance(self.bags, int) or self.bags < 1:
-            raise ValueError(f"bags must be an integer >= 1, got {self.bags!r}")
+        check_integer(self.bags, "bags", 1)
         if not isinstance(self.bags_grid, list) or any(
             isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in self.bags_grid
         ):
             raise ValueError(f"bags_grid must be a list of integers >= 1, got {self.bags_grid!r}")
         self.bags_grid = sorted(set(self.bags_grid))
-        if isinstance(self.inner_folds, bool) or not isinstance(self.inner_folds, int) or self.inner_folds < 2:
-            raise ValueError(f"inner_folds must be an integer >= 2, got {self.inner_folds!r}")
+        if self.bags_grid and self.bags != 1:
+            # the inner cross-validation overwrites bags with its choice, so a value given here is silently lost
+            raise ValueError(
+                f"bags {self.bags} would not be used: the head chooses bags among bags_grid {self.bags_grid} by an "
+                "inner cross-validation; give bags_grid: [] to fix it, or list the values to choose among"
+            )
+        check_integer(self.inner_folds, "inner_folds", 2)
         for name in ("match_iou", "target_iou"):
-            value = getattr(self, name)
-            if not 0.0 < value < 1.0:
-                raise ValueError(f"{name} must be in (0, 1), got {value}")
-        self.match_iou_grid = [float(v) for v in self.match_iou_grid]
-        if any(not 0.0 < v < 1.0 for v in self.match_iou_grid):
-            raise ValueError(f"match_iou_grid values must be in (0, 1), got {self.match_iou_grid}")
+            check_real(getattr(self, name), name, 0.0, 1.0, low_open=True, high_open=True)
+        self.match_iou_grid = check_reals(self.match_iou_grid, "match_iou_grid", 0.0, 1.0, low_open=True, high_open=True)
         if self.score_target not in SCORE_TARGETS:
             raise ValueError(f"score_target must be one of {', '.join(SCORE_TARGETS)}, got {self.score_target!r}")
         for name in ("epochs", "batch_clusters", "reassign_every", "class_embed", "depth"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        if self.weight_decay < 0 or self.lambda_box < 0:
-            raise ValueError("weight_decay and lambda_box must be >= 0")
+            check_integer(getattr(self, name), name, 0)
+        check_real(self.lr, "lr", 0.0, low_open=True)
+        for name in ("weight_decay", "lambda_box"):
+            check_real(getattr(self, name), name, 0.0)
+        check_integer(self.seed, "seed")
+        self.device = check_device(self.device)
 
     def head_options(self) -> dict[str, Any]:
         """Constructor options of the head (the network fields of this config)."""
@@ -644,7 +687,7 @@ def train_head(
             loss = per_cluster.sum() / max(index.numel(), 1)
             if not torch.isfinite(loss):
                 raise FloatingPointError(
-                    f"the {kind} loss became {float(loss.detach())} at epoch {epoch}; lower the learning rate"
+                    f"the {kind} loss became {float(loss.detach())} at epoch {epoch} (lr={config.lr:g}); lower the learning rate"
                 )
             optimizer.zero_grad()
             loss.backward()
@@ -727,8 +770,8 @@ def train_config_from(kind: str, *layers: tuple[str, dict[str, Any] | None]) -> 
     ``--set`` flags).
 
     Unknown keys and wrong types are a ``ValueError``/``TypeError`` naming the layer. So is a layer that
-    gives ``match_iou`` without ``match_iou_grid`` while the grid it lands on is not empty: the search over
-    the grid would overwrite it.
+    gives ``match_iou`` without ``match_iou_grid`` (or ``bags`` without ``bags_grid``) while the grid it
+    lands on is not empty: the search over the grid would overwrite it.
     """
     from detens.config import from_dict
 
@@ -737,13 +780,17 @@ def train_config_from(kind: str, *layers: tuple[str, dict[str, Any] | None]) -> 
     data = asdict(config)
     for where, keys in layers:
         keys = dict(keys or {})
-        grid = keys.get("match_iou_grid", data.get("match_iou_grid"))
-        if "match_iou" in keys and "match_iou_grid" not in keys and grid:
-            raise ValueError(
-                f"{where}: match_iou {keys['match_iou']} would not be used: the {kind} head chooses its matching "
-                f"IoU among match_iou_grid {list(grid)} on the fitting images; also give match_iou_grid: [] to "
-                "fix it, or list the IoUs to choose among"
-            )
+        for option, grid_name, chosen_by in [
+            ("match_iou", "match_iou_grid", "its matching IoU among match_iou_grid {} on the fitting images"),
+            ("bags", "bags_grid", "bags among bags_grid {} by an inner cross-validation on the fitting images"),
+        ]:
+            grid = keys.get(grid_name, data.get(grid_name))
+            if option in keys and grid_name not in keys and grid:
+                raise ValueError(
+                    f"{where}: {option} {keys[option]} would not be used: the {kind} head chooses "
+                    f"{chosen_by.format(list(grid))}; also give {grid_name}: [] to fix it, or list the values to "
+                    "choose among"
+                )
         data.update(keys)
         config = from_dict(trainer.config_class, data, where=where)  # each layer's mistakes named by it
     return config
@@ -966,6 +1013,13 @@ class CalibrationTrainConfig:
     fuser_params: dict[str, dict[str, Any]] = field(default_factory=lambda: {"wbf": {"iou_thr": 0.55}})
 
     def __post_init__(self) -> None:
+        if isinstance(self.fusers, str) or not isinstance(self.fusers, (list, tuple)):
+            raise TypeError(f"fusers must be a list of fuser names, got {type(self.fusers).__name__}: {self.fusers!r}")
+        if not isinstance(self.fuser_params, dict):
+            raise TypeError(
+                f"fuser_params must be a mapping of fuser name to parameters, got "
+                f"{type(self.fuser_params).__name__}: {self.fuser_params!r}"
+            )
         if not self.fusers:
             raise ValueError("fusers must name at least one fuser to follow the calibration")
         unknown = sorted(set(self.fuser_params) - set(self.fusers))
