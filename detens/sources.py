@@ -124,7 +124,12 @@ def read_image(path: str | Path) -> np.ndarray:
         raise ImageReadError(f"cannot read image {str(path)!r}: {err.strerror or err}") from err
     if data.size == 0:
         raise ImageReadError(f"cannot read image {str(path)!r}: the file is empty")
-    image = cv2.imdecode(data, cv2.IMREAD_COLOR)
+    try:
+        image = cv2.imdecode(data, cv2.IMREAD_COLOR)
+    except cv2.error as err:  # a header OpenCV refuses, e.g. more pixels than its limit allows
+        reason = (err.err or str(err)).strip().splitlines()[0]
+        limit = " (OpenCV's limit on pixels is the OPENCV_IO_MAX_IMAGE_PIXELS variable)" if "PIXELS" in reason else ""
+        raise ImageReadError(f"cannot read image {str(path)!r}: OpenCV refused to decode it: {reason}{limit}") from None
     if image is None or image.size == 0:
         raise ImageReadError(
             f"cannot read image {str(path)!r}: OpenCV could not decode it (corrupt, truncated or not an image)"

@@ -111,3 +111,18 @@ class TestAsBgr:
     def test_rejects(self, image, error, fragment):
         with pytest.raises(error, match=fragment):
             as_bgr(image)
+
+
+def test_a_header_opencv_refuses_is_an_image_read_error(tmp_path):
+    """A JPEG whose header claims 60000 x 60000 pixels: OpenCV raises its own error, not None."""
+    ok, encoded = cv2.imencode(".jpg", np.full((8, 8, 3), 127, np.uint8))
+    assert ok
+    data = bytearray(encoded.tobytes())
+    sof = data.index(b"\xff\xc0")  # baseline frame header: marker, length (2), precision (1), height, width
+    data[sof + 5:sof + 9] = (60000).to_bytes(2, "big") * 2
+    path = tmp_path / "huge.jpg"
+    path.write_bytes(bytes(data))
+    with pytest.raises(cv2.error):
+        cv2.imdecode(np.frombuffer(bytes(data), np.uint8), cv2.IMREAD_COLOR)
+    with pytest.raises(ImageReadError, match=r"huge\.jpg.*OpenCV refused to decode it.*OPENCV_IO_MAX_IMAGE_PIXELS"):
+        read_image(path)
