@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,6 +27,7 @@ __all__ = [
     "ensemble_config_from_dict",
     "save_ensemble_config",
     "apply_overrides",
+    "with_absolute_paths",
 ]
 
 # keys each adapter type uses besides the common ones
@@ -291,6 +292,31 @@ def _files_beside(data: dict[str, Any], folder: Path) -> None:
             for key in ("weights", "results", "images"):
                 if key in model:
                     model[key] = beside(model[key])
+
+
+def _absolute(value: str | None) -> str | None:
+    if not isinstance(value, str) or not value.strip():
+        return value
+    path = Path(value).expanduser()
+    return str(path.absolute()) if not path.is_absolute() and path.exists() else value
+
+
+def with_absolute_paths(config: EnsembleConfig | ModelConfig) -> EnsembleConfig | ModelConfig:
+    """The config with every relative file it names that exists from the working directory made
+    absolute (weights, results, images, dataset, weights folder, head); other values (a download name
+    such as ``yolo11n.pt``) as they are. For workers whose working directory is not this process's (Ray
+    actors on a cluster started elsewhere)."""
+    if isinstance(config, ModelConfig):
+        return replace(
+            config, weights=_absolute(config.weights), results=_absolute(config.results), images=_absolute(config.images)
+        )
+    return replace(
+        config,
+        weights_dir=_absolute(config.weights_dir),
+        dataset=_absolute(config.dataset),
+        models=[with_absolute_paths(model) for model in config.models],
+        fusion=replace(config.fusion, head=_absolute(config.fusion.head)),
+    )
 
 
 def save_ensemble_config(config: EnsembleConfig, path: str | Path) -> None:

@@ -266,3 +266,50 @@ def test_shipped_head_names_are_the_heads():
     from detens.packaged import packaged_names
 
     assert packaged_names("heads") == ["coco_yolo3_deep", "coco_yolo3_theta", "coco_yolo3_tiles_deep"]
+
+
+def test_with_absolute_paths_makes_existing_relative_files_absolute(tmp_path, monkeypatch):
+    from detens.ensemble_config import EnsembleConfig, FusionConfig, ModelConfig, with_absolute_paths
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("w.onnx", "r.json", "i.json", "gt.json", "head.json"):
+        (tmp_path / name).write_text("{}")
+    (tmp_path / "weights").mkdir()
+    config = EnsembleConfig(
+        weights_dir="weights", dataset="gt.json", fusion=FusionConfig(method="theta", head="head.json"),
+        models=[ModelConfig(weights="yolo11n.pt", name="a"),  # a download name: not a file here
+                ModelConfig(type="precomputed", results="r.json", images="i.json", name="b"),
+                ModelConfig(weights=str(tmp_path / "w.onnx"), name="c")],
+    )
+    absolute = with_absolute_paths(config)
+    assert absolute.weights_dir == str(tmp_path / "weights") and absolute.dataset == str(tmp_path / "gt.json")
+    assert absolute.fusion.head == str(tmp_path / "head.json") and absolute.fusion.method == "theta"
+    assert [m.weights for m in absolute.models] == ["yolo11n.pt", None, str(tmp_path / "w.onnx")]
+    assert (absolute.models[1].results, absolute.models[1].images) == (str(tmp_path / "r.json"), str(tmp_path / "i.json"))
+    assert config.models[1].results == "r.json"  # the caller's config is left as it was
+    assert with_absolute_paths(config.models[1]).results == str(tmp_path / "r.json")
+
+
+def test_ray_engines_hand_the_actors_absolute_paths(tmp_path, monkeypatch):
+    """Actors of a cluster started elsewhere do not share this process's working directory."""
+    from detens.engines import ray_cache, ray_fuse
+    from detens.ensemble_config import EnsembleConfig, ModelConfig
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "r.json").write_text("[]")
+    seen = []
+
+    def fake_map_on_actors(items, actor, kwargs, batch_size, options):
+        seen.append((items, kwargs))
+        return iter(())
+
+    monkeypatch.setattr(ray_cache, "map_on_actors", fake_map_on_actors)
+    monkeypatch.setattr(ray_fuse, "map_on_actors", fake_map_on_actors)
+    model = ModelConfig(type="precomputed", results="r.json", name="b")
+    config = EnsembleConfig(models=[model])
+    list(ray_cache.detect_on_ray(model, config, None, {"b": [1]}, lambda i: "images/1.jpg", 1, None))
+    list(ray_fuse.fuse_on_ray([("1.jpg", "1", "images/1.jpg")], config, {1: "x"}, [1], None))
+    (cache_items, cache_kwargs), (fuse_items, fuse_kwargs) = seen
+    assert cache_items[0]["path"] == fuse_items[0]["path"] == str(tmp_path / "images" / "1.jpg")
+    assert cache_kwargs["model"].results == str(tmp_path / "r.json")
+    assert cache_kwargs["ensemble"].models[0].results == fuse_kwargs["config"].models[0].results == str(tmp_path / "r.json")

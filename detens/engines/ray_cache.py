@@ -19,9 +19,12 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from detens.ensemble_config import with_absolute_paths
 
 __all__ = ["RayOptions", "EntryPredictor", "detect_on_ray", "ray_session"]
 
@@ -219,8 +222,10 @@ def detect_on_ray(
             needed.setdefault(int(image_id), []).append(member)
     if not needed:
         return
+    # the actors' working directory is the cluster's, not this process's: they get absolute paths
+    model, ensemble = with_absolute_paths(model), with_absolute_paths(ensemble)
     items = [
-        {"image_id": image_id, "path": str(path_of(image_id)), "todo": ",".join(members)}
+        {"image_id": image_id, "path": str(Path(path_of(image_id)).absolute()), "todo": ",".join(members)}
         for image_id, members in sorted(needed.items())
     ]
     constructor_kwargs = {

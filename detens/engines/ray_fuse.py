@@ -14,11 +14,13 @@ import base64
 import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from detens.engines.ray_cache import RayOptions, map_on_actors
+from detens.ensemble_config import with_absolute_paths
 
 __all__ = ["EnsembleFuser", "fuse_on_ray"]
 
@@ -102,8 +104,10 @@ def fuse_on_ray(
     ``error``."""
     if not items:
         return
+    # the actors' working directory is the cluster's, not this process's: they get absolute paths
+    config = with_absolute_paths(config)
     rows = map_on_actors(
-        [{"name": n, "stem": s, "path": p} for n, s, p in items],
+        [{"name": n, "stem": s, "path": str(Path(p).absolute())} for n, s, p in items],
         EnsembleFuser,
         {"config": config, "categories": dict(categories), "yolo_ids": list(yolo_ids)},
         config.batch,
