@@ -313,3 +313,21 @@ def test_ray_engines_hand_the_actors_absolute_paths(tmp_path, monkeypatch):
     assert cache_items[0]["path"] == fuse_items[0]["path"] == str(tmp_path / "images" / "1.jpg")
     assert cache_kwargs["model"].results == str(tmp_path / "r.json")
     assert cache_kwargs["ensemble"].models[0].results == fuse_kwargs["config"].models[0].results == str(tmp_path / "r.json")
+
+
+def test_ray_engines_name_missing_weights_before_starting_actors(tmp_path, monkeypatch):
+    from detens.adapters.weights import WeightsNotFoundError
+    from detens.engines import ray_cache, ray_fuse
+    from detens.ensemble_config import EnsembleConfig, ModelConfig
+
+    monkeypatch.chdir(tmp_path)
+    started = []
+    monkeypatch.setattr(ray_cache, "map_on_actors", lambda *args: started.append(args) or iter(()))
+    monkeypatch.setattr(ray_fuse, "map_on_actors", lambda *args: started.append(args) or iter(()))
+    typo = ModelConfig(weights="yolo11n_TYPO.tflite", name="typo")
+    config = EnsembleConfig(models=[ModelConfig(type="precomputed", results="r.json", name="b"), typo])
+    with pytest.raises(WeightsNotFoundError, match=r"model 'typo': weights 'yolo11n_TYPO.tflite' not found"):
+        list(ray_cache.detect_on_ray(typo, config, None, {"typo": [1]}, lambda i: "1.jpg", 1, None))
+    with pytest.raises(WeightsNotFoundError, match=r"model 'typo'"):
+        list(ray_fuse.fuse_on_ray([("1.jpg", "1", "1.jpg")], config, {1: "x"}, [1], None))
+    assert started == []

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 __all__ = [
     "ENV_VAR",
@@ -33,6 +33,7 @@ __all__ = [
     "resolve_weights",
     "is_upstream_name",
     "upstream_failure",
+    "check_weights_found",
 ]
 
 #: Environment variable naming the weights folder(s).
@@ -186,6 +187,22 @@ def resolve_weights(
         + f" relative to ${ENV_VAR} ({_env_note()})"
         + ("." if kind == "onnx" else ", or an upstream name.")
     )
+
+
+def check_weights_found(models: Any, weights_dir: str | Path | None = None) -> None:
+    """Resolve the weights of each model config of a type that loads weights (``ultralytics``,
+    ``torchvision``, ``onnx``), so that a missing file is reported here, once, before workers that would
+    each fail to load it are started.
+
+    Raises:
+        WeightsNotFoundError: the first model whose weights are found nowhere (naming the model).
+    """
+    for model in models:
+        if model.type in ("ultralytics", "torchvision", "onnx") and model.weights:
+            try:
+                resolve_weights(model.weights, model.type, weights_dir)
+            except WeightsNotFoundError as err:
+                raise WeightsNotFoundError(f"model {model.name or model.weights!r}: {err}") from None
 
 
 def upstream_failure(

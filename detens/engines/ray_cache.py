@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from detens.adapters.weights import check_weights_found
 from detens.ensemble_config import with_absolute_paths
 
 __all__ = ["RayOptions", "EntryPredictor", "detect_on_ray", "ray_session"]
@@ -222,6 +223,7 @@ def detect_on_ray(
             needed.setdefault(int(image_id), []).append(member)
     if not needed:
         return
+    check_weights_found([model], ensemble.weights_dir)  # here, not once per actor as a Ray error
     # the actors' working directory is the cluster's, not this process's: they get absolute paths
     model, ensemble = with_absolute_paths(model), with_absolute_paths(ensemble)
     items = [
