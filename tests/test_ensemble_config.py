@@ -331,3 +331,16 @@ def test_ray_engines_name_missing_weights_before_starting_actors(tmp_path, monke
     with pytest.raises(WeightsNotFoundError, match=r"model 'typo'"):
         list(ray_fuse.fuse_on_ray([("1.jpg", "1", "1.jpg")], config, {1: "x"}, [1], None))
     assert started == []
+
+
+def test_ray_gpus_that_no_node_has_are_named(caplog):
+    from detens.engines.ray_cache import check_gpus
+
+    check_gpus(0.0, 0.0, None)
+    check_gpus(1.0, 2.0, None)
+    check_gpus(0.5, 1.0, "auto")
+    with pytest.raises(ValueError, match="each actor asks for 1 GPU but the Ray cluster has 0; .*--gpus-per-actor 0"):
+        check_gpus(1.0, 0.0, None)
+    with caplog.at_level("WARNING", logger="detens.ray"):
+        check_gpus(1.0, 0.0, "auto")  # an autoscaler may add a GPU node
+    assert "unless the cluster adds GPU nodes" in caplog.text

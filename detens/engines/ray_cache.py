@@ -74,8 +74,10 @@ def map_on_actors(
     """Rows of ``items`` through a pool of ``options.actors`` stateful ``actor_class`` actors
     (``map_batches``, numpy batches of ``batch_size``, ``options.gpus_per_actor()`` GPUs each), as they arrive."""
     import_ray()
+    import ray
     import ray.data
 
+    check_gpus(options.gpus_per_actor(), ray.cluster_resources().get("GPU", 0.0), options.address)
     # a few blocks per actor keep every actor busy without splitting the work into tiny tasks
     dataset = ray.data.from_items(items, override_num_blocks=max(1, min(len(items), 4 * options.actors)))
     return dataset.map_batches(
@@ -86,6 +88,24 @@ def map_on_actors(
         num_gpus=options.gpus_per_actor(),
         batch_format="numpy",
     ).iter_rows()
+
+
+def check_gpus(per_actor: float, in_cluster: float, address: str | None) -> None:
+    """Ray waits, without end, for GPUs that no node has: say so before.
+
+    Raises:
+        ValueError: a local cluster (``address`` None, which never grows) has fewer GPUs than one actor
+            asks for. On a cluster given by ``address`` (an autoscaler may add GPU nodes) a warning.
+    """
+    if per_actor <= in_cluster:
+        return
+    message = (
+        f"each actor asks for {per_actor:g} GPU but the Ray cluster has {in_cluster:g}; its actors would wait "
+        "for one without end"
+    )
+    if address is None:
+        raise ValueError(f"{message}: give --gpus-per-actor 0, or run where a GPU is")
+    logger.warning("%s, unless the cluster adds GPU nodes", message)
 
 
 def import_ray() -> Any:
