@@ -17,11 +17,12 @@ import torch
 import yaml
 from torchvision.ops import box_iou
 
-from detens.adapters import AugmentedDetector, PrecomputedDetector, View, detect_loaded
+from detens.adapters import AugmentedDetector, PrecomputedDetector, View, build_detector, detect_loaded
 from detens.adapters.augmented import AugmentedView
 from detens.adapters.weights import repository_weights_dir
 from detens.coco import detections_to_coco
 from detens.detections import Detections
+from detens.ensemble_config import EnsembleConfig, ModelConfig
 from detens.labels import COCO_CATEGORY_IDS
 from detens.sources import ImageReadError, read_image
 
@@ -522,6 +523,27 @@ class TestPrecomputed:
             torch.testing.assert_close(got.boxes, want.boxes)
             torch.testing.assert_close(got.scores, want.scores)
             assert got.labels.tolist() == want.labels.tolist() and got.image_size == want.image_size
+
+    def test_own_images_come_before_the_default_images(self, saved, tmp_path):
+        """A fuse output folder's predictions.json names its images in images.json beside it: those ids win
+        over an ensemble's dataset, whose ids for the same files may differ."""
+        folder, dets = saved
+        (tmp_path / "predictions.json").write_text((folder / "yolov8n.json").read_text())
+        (tmp_path / "images.json").write_text((folder / "gt.json").read_text())
+        swapped = json.loads((folder / "gt.json").read_text())
+        swapped["images"][0]["id"], swapped["images"][1]["id"] = 22, 11  # the same files, other ids
+        (tmp_path / "other_dataset.json").write_text(json.dumps(swapped))
+        replay = PrecomputedDetector(tmp_path / "predictions.json", default_images=tmp_path / "other_dataset.json")
+        bus = replay([BUS])[0]
+        torch.testing.assert_close(bus.boxes, dets[0].sort_by_score().boxes)
+        # given explicitly, images are the user's word; the default is used when the results name none
+        explicit = PrecomputedDetector(tmp_path / "predictions.json", tmp_path / "other_dataset.json")
+        assert len(explicit([BUS])[0]) == len(dets[1])
+        alone = PrecomputedDetector(folder / "yolov8n.json", default_images=folder / "gt.json")
+        torch.testing.assert_close(alone([BUS])[0].boxes, dets[0].sort_by_score().boxes)
+        model = ModelConfig(type="precomputed", results=str(tmp_path / "predictions.json"), name="fused")
+        config = EnsembleConfig(dataset=str(tmp_path / "other_dataset.json"), models=[model])
+        torch.testing.assert_close(build_detector(model, config, None)([BUS])[0].boxes, dets[0].sort_by_score().boxes)
 
     def test_ids_mapping_and_filters(self, saved):
         folder, dets = saved

@@ -190,7 +190,8 @@ def _build_precomputed(
 
     return PrecomputedDetector(
         model.results,  # type: ignore[arg-type]
-        model.images if model.images is not None else ensemble.dataset,
+        model.images,
+        default_images=ensemble.dataset,
         name=model.name,
         conf=ensemble.setting(model, "conf"),
         max_det=ensemble.setting(model, "max_det"),

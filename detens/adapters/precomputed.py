@@ -44,7 +44,10 @@ class PrecomputedDetector(BaseDetector):
             ``images``.
         images: how to find an image's id: a COCO annotation file/dict/``CocoGroundTruth``, or a
             ``{file_name: image_id}`` mapping; None: the ``images`` of a dict ``results``, else the
-            ``images.json`` beside a results file (``detens fuse`` writes one beside ``predictions.json``).
+            ``images.json`` beside a results file (``detens fuse`` writes one beside ``predictions.json``),
+            else ``default_images``.
+        default_images: the images to match against when neither ``images`` nor the results name theirs
+            (an ensemble's dataset): the results' own images come first, as their ids are ids of those.
         name (str | None): display name; default: the results file's stem.
         conf (float): drop results scored below it.
         max_det (int | None): keep at most this many results per image (the best scored).
@@ -63,6 +66,7 @@ class PrecomputedDetector(BaseDetector):
         results: str | os.PathLike[str] | Sequence[Mapping[str, Any]] | Mapping[str, Any],
         images: Any = None,
         *,
+        default_images: Any = None,
         name: str | None = None,
         conf: float = 0.0,
         max_det: int | None = None,
@@ -100,7 +104,8 @@ class PrecomputedDetector(BaseDetector):
         for i, entry in enumerate(clean):
             self._first_result.setdefault(entry["category_id"], (i, entry["image_id"]))
         self._by_image = group_results_by_image(clean)
-        self._records = self._image_records(images if images is not None else embedded_images, where)
+        chosen = next((i for i in (images, embedded_images, default_images) if i is not None), None)
+        self._records = self._image_records(chosen, where)
         unknown = sorted(set(self._by_image) - set(self._records))
         if unknown and len(unknown) == len(self._by_image):
             raise ValueError(
