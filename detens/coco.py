@@ -459,7 +459,18 @@ class CocoGroundTruth:
         return int(image["height"]), int(image["width"])
 
     def file_name(self, image_id: int) -> str:
-        return str(self._image(image_id)["file_name"])
+        """The image's ``file_name``.
+
+        Raises:
+            ValueError: the ground truth's image has none (optional for scoring, needed to find the file).
+        """
+        image = self._image(image_id)
+        if "file_name" not in image:
+            raise ValueError(
+                f"image {image_id} of the ground truth has no 'file_name': the image file cannot be found from it; "
+                "give every image its file name relative to the image folder"
+            )
+        return str(image["file_name"])
 
     def image_path(self, image_id: int) -> Path:
         """``images_dir / file_name``; needs ``images_dir`` (given to :func:`load_coco_gt`)."""

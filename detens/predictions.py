@@ -278,15 +278,18 @@ def _left_out_images(
     others = [name for name in unreadable if name not in model_names]
     if others:
         raise ValueError(f"unreadable names models {others} that are not among the models {list(model_names)}")
+    for name in model_names:
+        files = unreadable.get(name, {})
+        if not isinstance(files, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+            raise TypeError(f"unreadable[{name!r}] must map file names to error messages (str to str), got {files!r}")
+    if not any(unreadable.values()):  # nothing to look up: file names are not needed
+        return []
     ids_by_name: dict[str, list[int]] = defaultdict(list)
     for image_id in gt.image_ids:
         ids_by_name[gt.file_name(image_id)].append(image_id)
     errors: dict[int, dict[str, str]] = defaultdict(dict)
     for name in model_names:  # the models' order, for messages
-        files = unreadable.get(name, {})
-        if not isinstance(files, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
-            raise TypeError(f"unreadable[{name!r}] must map file names to error messages (str to str), got {files!r}")
-        for file_name, error in files.items():
+        for file_name, error in unreadable.get(name, {}).items():
             for image_id in ids_by_name.get(file_name, []):
                 errors[image_id][name] = error
     return [LeftOutImage(i, gt.file_name(i), errors[i]) for i in sorted(errors)]

@@ -439,3 +439,22 @@ class TestResultsFiles:
         with pytest.raises(ValueError, match="lacks"):
             save_coco_results([{"image_id": 1}], tmp_path / "r.json")
         assert not (tmp_path / "r.json").exists()
+
+
+def test_an_image_without_file_name_is_scored_but_cannot_be_found(tmp_path):
+    from detens.predictions import EnsemblePredictions
+
+    dataset = {
+        "images": [{"id": 1, "width": 10, "height": 10}],
+        "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [1, 1, 4, 4], "area": 16, "iscrowd": 0}],
+        "categories": [{"id": 1, "name": "a"}],
+    }
+    gt = load_coco_gt(dataset)
+    with pytest.raises(ValueError, match="image 1 of the ground truth has no 'file_name'"):
+        gt.file_name(1)
+    results = [[{"image_id": 1, "category_id": 1, "bbox": [1, 1, 4, 4], "score": 0.9}]]
+    # a cache summary that lists nothing unreadable needs no file names
+    predictions = EnsemblePredictions(["m"], results, gt, unreadable={"m": {}})
+    assert predictions.left_out == [] and len(predictions.per_model(1)[0]) == 1
+    with pytest.raises(ValueError, match="no 'file_name'"):
+        EnsemblePredictions(["m"], results, gt, unreadable={"m": {"x.jpg": "corrupt"}})
