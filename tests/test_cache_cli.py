@@ -392,3 +392,25 @@ def test_bad_arguments(slice_, tmp_path, capsys):
     refused(capsys, run(slice_, tmp_path / "x", "--models", "a,aa"), r"matches no member.*Did you mean 'a'")
     refused(capsys, run(slice_, tmp_path / "x", "--shard", "2/2"), r"--shard i/n needs")
     refused(capsys, run(slice_, tmp_path / "x", images=tmp_path), "none of the 3 images")
+
+
+def test_overwrite_of_one_shard_discards_the_other_shards_results_of_other_settings(slice_):
+    out = slice_ / "replay_shard_overwrite"
+    for index in (0, 1):
+        assert run(slice_, out, "--models", "b", "--shard", f"{index}/2") == 0
+    assert run(slice_, out, "--models", "b", "--shard", "0/2", "--conf", "0.4", "--overwrite") == 0
+    # shard 1's partial results were made at conf 0.001: they must be detected again, not reused
+    assert run(slice_, out, "--models", "b", "--shard", "1/2", "--conf", "0.4") == 0
+    shard1 = summary_of(out, "shards/cache_summary.shard-1-of-2.json")["models"]["b"]
+    assert shard1["processed_this_run"] == len(gt_ids(slice_)[1::2])
+    assert cache_tool.main(["merge", "--out", str(out), "--quiet"]) == 0
+    b = json.loads((out / "b.json").read_text())
+    assert b and all(r["score"] >= 0.4 for r in b)
+
+
+def test_a_refused_run_records_no_settings_of_the_members_checked_before(slice_, capsys):
+    out = slice_ / "replay_refused_first"
+    assert run(slice_, out, "--models", "b") == 0
+    refused(capsys, run(slice_, out, "--conf", "0.4"), r"'b' made with other settings")
+    assert not (out / ".partial" / "a" / "_settings.json").exists()
+    assert run(slice_, out) == 0  # the settings of the earlier run: accepted

@@ -25,8 +25,11 @@ Writes into ``--out``:
   finished image with an empty list), and ``_settings.json``, the settings that produced them. A killed
   run leaves every file valid (all writes are atomic); running the same command again skips the
   finished images. Changed settings (``conf``, ``imgsz``, weights, ...) are refused unless
-  ``--overwrite`` (which discards the selected members' earlier results). Delete ``.partial/`` once
-  everything is cached to save space (a later run then starts over);
+  ``--overwrite``, which discards the selected members' earlier results: those of this shard's images,
+  and, when they were made with other settings, all of them (every shard's and image's, so that no
+  later run takes them for results of the new settings). Every selected member is checked before
+  anything is written, so a refused run changes nothing. Delete ``.partial/`` once everything is cached
+  to save space (a later run then starts over);
 - ``cache_summary.json``: per member: images, boxes, unreadable files, detection seconds (summed over
   images, across resumed runs), wall seconds of the last run, the settings;
 - ``config.yaml``: the resolved config (the file with the flags applied).
@@ -55,6 +58,7 @@ import hashlib
 import json
 import logging
 import re
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -340,28 +344,47 @@ def read_partial(out: Path, member: str, image_id: int, file_name: str) -> dict[
     return record
 
 
-def check_settings(out: Path, member: str, settings: dict[str, Any], overwrite: bool, ids: list[int]) -> None:
-    """Refuse to resume a member's partial results made with other settings; ``overwrite`` discards them."""
+def check_settings(out: Path, member: str, settings: dict[str, Any], overwrite: bool) -> bool:
+    """Refuse to resume a member's partial results made with other settings (reads only: a refused run
+    changes nothing).
+
+    Returns:
+        bool: whether ``out`` holds partial results of ``member`` made with other settings, which
+        ``overwrite`` discards all of (those of other shards and other images included: the member's
+        settings are recorded once for all its partial results).
+    """
     folder = partial_dir(out, member)
     saved_path = folder / SETTINGS
+    if not saved_path.is_file():
+        return False
+    try:
+        saved = json.loads(saved_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        saved = None
+    if saved == settings:
+        return False
     if overwrite:
-        for image_id in ids:
-            partial_path(out, member, image_id).unlink(missing_ok=True)
-    elif saved_path.is_file():
-        try:
-            saved = json.loads(saved_path.read_text(encoding="utf-8"))
-        except ValueError:
-            saved = None
-        if saved != settings:
-            changed = sorted(
-                k for k in set(settings) | set(saved or {}) if (saved or {}).get(k) != settings.get(k)
-            )
-            details = ", ".join(f"{k}: {(saved or {}).get(k)!r} -> {settings.get(k)!r}" for k in changed)
-            raise ValueError(
-                f"{folder} holds results of {member!r} made with other settings ({details}); "
-                "use another --out, or --overwrite to discard them"
-            )
-    atomic_write_json(saved_path, settings, indent=2)
+        return True
+    changed = sorted(k for k in set(settings) | set(saved or {}) if (saved or {}).get(k) != settings.get(k))
+    details = ", ".join(f"{k}: {(saved or {}).get(k)!r} -> {settings.get(k)!r}" for k in changed)
+    raise ValueError(
+        f"{folder} holds results of {member!r} made with other settings ({details}); "
+        "use another --out, or --overwrite to discard them"
+    )
+
+
+def replace_results(out: Path, run: MemberRun, output: Path, ids: list[int]) -> None:
+    """Record the member's settings; with ``--overwrite``, first remove its earlier results: ``output``
+    and the partial results of ``ids``, or all of them when they were made with other settings (a later
+    run on other images or shards would otherwise take them for results of these settings)."""
+    if run.overwrite:
+        output.unlink(missing_ok=True)
+        if run.stale:
+            shutil.rmtree(partial_dir(out, run.name), ignore_errors=True)
+        else:
+            for image_id in ids:
+                partial_path(out, run.name, image_id).unlink(missing_ok=True)
+    atomic_write_json(partial_dir(out, run.name) / SETTINGS, run.settings, indent=2)
 
 
 # ----------------------------------------------------------------------------------------------- running
@@ -371,6 +394,8 @@ class MemberRun:
     settings: dict[str, Any]
     todo: list[int]
     resumed: int
+    overwrite: bool = False
+    stale: bool = False  # earlier partial results made with other settings (discarded by overwrite)
     processed: int = 0
     unreadable: dict[int, str] = field(default_factory=dict)
 
@@ -635,17 +660,26 @@ def cache(args: argparse.Namespace) -> int:
         runs = []
         for name in entry.selected:
             settings = member_settings(config, entry, name, categories)
-            check_settings(out, name, settings, args.overwrite, data.ids)
+            stale = check_settings(out, name, settings, args.overwrite)
             if args.overwrite:
-                target = out / (f"{SHARDS}/{name}{tag}.json" if shard else f"{name}.json")
-                target.unlink(missing_ok=True)
-            todo = [i for i in data.ids if read_partial(out, name, i, data.gt.file_name(i)) is None]
+                todo = list(data.ids)
+            else:
+                todo = [i for i in data.ids if read_partial(out, name, i, data.gt.file_name(i)) is None]
             earlier = {} if args.overwrite else earlier_unreadable(summary_path, name, data)
             unreadable = {i: earlier[i] for i in todo if i in earlier}
-            runs.append(MemberRun(name, settings, todo, len(data.ids) - len(todo), unreadable=unreadable))
+            runs.append(
+                MemberRun(
+                    name, settings, todo, len(data.ids) - len(todo), args.overwrite, stale, unreadable=unreadable
+                )
+            )
         if runs:
             plans.append((entry, runs))
-    save_ensemble_config(config, config_path)  # after the checks: a refused run changes nothing
+    # after the checks of every member: a refused run changes nothing
+    for _, runs in plans:
+        for run in runs:
+            output = out / (f"{SHARDS}/{run.name}{tag}.json" if shard else f"{run.name}.json")
+            replace_results(out, run, output, data.ids)
+    save_ensemble_config(config, config_path)
 
     members: dict[str, dict[str, Any]] = {}
     interrupted = False
