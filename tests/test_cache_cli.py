@@ -414,3 +414,19 @@ def test_a_refused_run_records_no_settings_of_the_members_checked_before(slice_,
     refused(capsys, run(slice_, out, "--conf", "0.4"), r"'b' made with other settings")
     assert not (out / ".partial" / "a" / "_settings.json").exists()
     assert run(slice_, out) == 0  # the settings of the earlier run: accepted
+
+
+def test_saved_predictions_rewritten_in_place_are_refused(slice_, tmp_path, capsys):
+    root = tmp_path / "root"
+    shutil.copytree(slice_, root, ignore=shutil.ignore_patterns("real_*", "replay_*"))
+    replay = yaml.safe_load((root / "replay.yaml").read_text())
+    for model in replay["models"]:
+        model["results"] = str(root / Path(model["results"]).name)
+    (root / "replay.yaml").write_text(yaml.safe_dump(replay))
+    out = tmp_path / "out"
+    assert run(root, out, "--models", "b", "--max-images", "1") == 0
+    saved = json.loads((root / "saved_b.json").read_text())
+    (root / "saved_b.json").write_text(json.dumps([{**r, "score": 0.9} for r in saved]))
+    refused(capsys, run(root, out, "--models", "b"), r"saved_b\.json changed since the earlier run.*--overwrite")
+    assert run(root, out, "--models", "b", "--overwrite") == 0
+    assert {r["score"] for r in json.loads((out / "b.json").read_text())} == {0.9}

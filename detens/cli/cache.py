@@ -24,7 +24,8 @@ Writes into ``--out``:
 - ``.partial/<member>/<image_id>.json``: one small file per finished image (an image with no box is a
   finished image with an empty list), and ``_settings.json``, the settings that produced them. A killed
   run leaves every file valid (all writes are atomic); running the same command again skips the
-  finished images. Changed settings (``conf``, ``imgsz``, weights, ...) are refused unless
+  finished images. Changed settings (``conf``, ``imgsz``, weights, ...) and a ``precomputed`` member's
+  results file rewritten at the same path (its sha256 is recorded) are refused unless
   ``--overwrite``, which discards the selected members' earlier results: those of this shard's images,
   and, when they were made with other settings, all of them (every shard's and image's, so that no
   later run takes them for results of the new settings). Every selected member is checked before
@@ -71,6 +72,7 @@ from tqdm import tqdm
 from detens.adapters import build_detector, dataset_categories, detect_loaded, view_names
 from detens.cli import UsageError
 from detens.cli._engine import add_engine_arguments, ray_options
+from detens.cli._inputs import check_inputs_unchanged, file_digests
 from detens.coco import CocoGroundTruth, detections_to_coco, load_coco_gt, save_coco_results
 from detens.ensemble_config import EnsembleConfig, ModelConfig, load_ensemble_config, save_ensemble_config
 from detens.io import atomic_write_json, atomic_write_text
@@ -281,6 +283,8 @@ def member_settings(
     # the label space, not the annotation file's path (a copy of the file elsewhere is the same dataset)
     label_space = json.dumps(sorted((categories or {}).items())).encode("utf-8")
     settings["categories"] = hashlib.sha256(label_space).hexdigest()[:16] if categories else "coco80"
+    if model.type == "precomputed":  # saved predictions are often rewritten in place: their content counts
+        settings["inputs"] = file_digests([model.results])
     # JSON round trip: the form it is compared in after being saved
     return json.loads(json.dumps(settings, sort_keys=True))
 
@@ -361,6 +365,10 @@ def check_settings(out: Path, member: str, settings: dict[str, Any], overwrite: 
         saved = json.loads(saved_path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         saved = None
+    if not overwrite:
+        check_inputs_unchanged(out, saved, settings.get("inputs") or {})
+    if isinstance(saved, dict) and "inputs" not in saved:  # recorded before the digests were: paths only
+        settings = {k: v for k, v in settings.items() if k != "inputs"}
     if saved == settings:
         return False
     if overwrite:
