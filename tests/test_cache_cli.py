@@ -430,3 +430,18 @@ def test_saved_predictions_rewritten_in_place_are_refused(slice_, tmp_path, caps
     refused(capsys, run(root, out, "--models", "b"), r"saved_b\.json changed since the earlier run.*--overwrite")
     assert run(root, out, "--models", "b", "--overwrite") == 0
     assert {r["score"] for r in json.loads((out / "b.json").read_text())} == {0.9}
+
+
+def test_overwrite_that_fails_before_its_first_result_keeps_the_earlier_results(slice_, monkeypatch):
+    out = slice_ / "replay_overwrite_fails"
+    assert run(slice_, out, "--models", "b") == 0
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("the device is gone")
+
+    monkeypatch.setattr(cache_tool, "detect_loaded", fail)
+    with pytest.raises(RuntimeError, match="device is gone"):
+        run(slice_, out, "--models", "b", "--conf", "0.4", "--overwrite")
+    after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert after == before

@@ -29,7 +29,9 @@ Writes into ``--out``:
   ``--overwrite``, which discards the selected members' earlier results: those of this shard's images,
   and, when they were made with other settings, all of them (every shard's and image's, so that no
   later run takes them for results of the new settings). Every selected member is checked before
-  anything is written, so a refused run changes nothing. Delete ``.partial/`` once everything is cached
+  anything is written, so a refused run changes nothing; ``--overwrite`` removes a member's earlier
+  results only once its model has given its first new result, so a run that fails before (a bad
+  ``--device``, a missing weights file) leaves them, and ``config.yaml``, as they were. Delete ``.partial/`` once everything is cached
   to save space (a later run then starts over);
 - ``cache_summary.json``: per member: images, boxes, unreadable files, detection seconds (summed over
   images, across resumed runs), wall seconds of the last run, the settings;
@@ -61,7 +63,7 @@ import logging
 import re
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -393,6 +395,7 @@ def replace_results(out: Path, run: MemberRun, output: Path, ids: list[int]) -> 
             for image_id in ids:
                 partial_path(out, run.name, image_id).unlink(missing_ok=True)
     atomic_write_json(partial_dir(out, run.name) / SETTINGS, run.settings, indent=2)
+    run.claimed = True
 
 
 # ----------------------------------------------------------------------------------------------- running
@@ -404,6 +407,7 @@ class MemberRun:
     resumed: int
     overwrite: bool = False
     stale: bool = False  # earlier partial results made with other settings (discarded by overwrite)
+    claimed: bool = False  # its earlier results made way for this run's (see replace_results)
     processed: int = 0
     unreadable: dict[int, str] = field(default_factory=dict)
 
@@ -417,12 +421,20 @@ def run_entry(
     categories: dict[int, str] | None,
     max_images: int | None,
     quiet: bool,
+    claim: Callable[[MemberRun], None] = lambda run: None,
 ) -> dict[str, float]:
-    """Run one model (its selected views) over the images some member still needs; returns timings."""
+    """Run one model (its selected views) over the images some member still needs; returns timings.
+
+    ``claim(run)`` is called once per member before its first result is written (and at the end for a
+    member that got none): with ``--overwrite`` it removes the member's earlier results, which a run that
+    fails to load or run the model before then thus leaves in place.
+    """
     needed_all = sorted({i for run in runs for i in run.todo})
     needed = needed_all if max_images is None else needed_all[:max_images]
     timing = {"load_s": 0.0, "read_s": 0.0, "wall_s": 0.0}
     if not needed:
+        for run in runs:
+            claim(run)
         return timing
     start = time.perf_counter()
     if entry.built is None:
@@ -465,6 +477,7 @@ def run_entry(
                     members[run.name], [arrays[k] for k in picked], [paths[k] for k in picked]
                 )
                 ms = (time.perf_counter() - t) * 1000 / len(picked)
+                claim(run)
                 for k, det in zip(picked, dets, strict=True):
                     image_id = ids[k]
                     record = {
@@ -477,6 +490,8 @@ def run_entry(
                     run.unreadable.pop(image_id, None)  # unreadable on an earlier run, read now
                     run.processed += 1
             bar.update(len(chunk))
+        for run in runs:
+            claim(run)
     finally:
         bar.close()
         timing["wall_s"] = time.perf_counter() - start
@@ -682,12 +697,25 @@ def cache(args: argparse.Namespace) -> int:
             )
         if runs:
             plans.append((entry, runs))
-    # after the checks of every member: a refused run changes nothing
+    config_saved = False
+
+    def claim(run: MemberRun) -> None:
+        """Let ``run`` write into ``out``; only now does ``--overwrite`` remove the member's earlier results."""
+        nonlocal config_saved
+        if run.claimed:
+            return
+        output = out / (f"{SHARDS}/{run.name}{tag}.json" if shard else f"{run.name}.json")
+        replace_results(out, run, output, data.ids)
+        if not config_saved:
+            save_ensemble_config(config, config_path)
+            config_saved = True
+
+    # After the checks of every member: a refused run changes nothing. --overwrite waits for each member's
+    # first result, so that a run failing before it (a bad --device, a missing file) loses nothing.
     for _, runs in plans:
         for run in runs:
-            output = out / (f"{SHARDS}/{run.name}{tag}.json" if shard else f"{run.name}.json")
-            replace_results(out, run, output, data.ids)
-    save_ensemble_config(config, config_path)
+            if not args.overwrite:
+                claim(run)
 
     members: dict[str, dict[str, Any]] = {}
     interrupted = False
@@ -700,8 +728,12 @@ def cache(args: argparse.Namespace) -> int:
     try:
         for k, (entry, runs) in enumerate(plans):
             if session is None:
-                timing = run_entry(entry, runs, data, out, config, categories, args.max_images, args.quiet)
+                timing = run_entry(
+                    entry, runs, data, out, config, categories, args.max_images, args.quiet, claim
+                )
             else:
+                for run in runs:
+                    claim(run)  # the Ray engine writes its rows as they arrive
                 timing = run_entry_ray(
                     entry, runs, data, out, config, categories, args.max_images, args.quiet, args.ray
                 )
@@ -714,7 +746,7 @@ def cache(args: argparse.Namespace) -> int:
         logger.warning("interrupted: the finished images are saved; run the same command again to resume")
         for _, runs in plans:
             for run in runs:
-                if run.name not in members:
+                if run.name not in members and run.claimed:
                     members[run.name] = finish_member(out, run, data, shard, {"wall_s": 0.0, "load_s": 0.0})
     finally:
         stack.close()
