@@ -445,3 +445,26 @@ def test_overwrite_that_fails_before_its_first_result_keeps_the_earlier_results(
         run(slice_, out, "--models", "b", "--conf", "0.4", "--overwrite")
     after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert after == before
+
+
+def test_a_crash_in_a_later_member_keeps_the_summary_of_the_earlier_ones(slice_, tmp_path, monkeypatch):
+    gt = load_coco_gt(slice_ / "gt.json")
+    broken = tmp_path / "images"
+    shutil.copytree(slice_ / "images", broken)
+    bad_name = gt.file_name(gt_ids(slice_)[0])
+    (broken / bad_name).write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg" * 8)
+    real_detect = cache_tool.detect_loaded
+
+    def fail_on_b(member, *args, **kwargs):
+        if member.name == "b":
+            raise RuntimeError("out of memory")
+        return real_detect(member, *args, **kwargs)
+
+    monkeypatch.setattr(cache_tool, "detect_loaded", fail_on_b)
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="out of memory"):  # the run's own error, not one of the summary
+        run(slice_, out, images=broken)
+    summary = summary_of(out)
+    assert summary["stopped_by"] == "error: RuntimeError: out of memory"
+    assert summary["models"]["a"]["status"] == "complete" and list(summary["unreadable"]) == [bad_name]
+    assert summary["models"]["b"]["status"] == "incomplete"

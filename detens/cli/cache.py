@@ -34,7 +34,9 @@ Writes into ``--out``:
   ``--device``, a missing weights file) leaves them, and ``config.yaml``, as they were. Delete ``.partial/`` once everything is cached
   to save space (a later run then starts over);
 - ``cache_summary.json``: per member: images, boxes, unreadable files, detection seconds (summed over
-  images, across resumed runs), wall seconds of the last run, the settings;
+  images, across resumed runs), wall seconds of the last run, the settings; also written when a run
+  stops early (``stopped_by``: ``interrupt`` or the error; null for a run that ran to its end), with
+  the members it got to, so that their unreadable images stay listed;
 - ``config.yaml``: the resolved config (the file with the flags applied).
 
 Sharding: ``--shard i/n`` (``0 <= i < n``) takes the images at positions ``i, i + n, i + 2n, ...`` of the
@@ -718,7 +720,28 @@ def cache(args: argparse.Namespace) -> int:
                 claim(run)
 
     members: dict[str, dict[str, Any]] = {}
-    interrupted = False
+    header = {
+        "ensemble": config.name,
+        "gt": str(args.gt),
+        "gt_fingerprint": data.fingerprint,
+        "images_dir": str(args.images),
+        "images": len(data.ids),
+        "shard": f"{shard[0]}/{shard[1]}" if shard else None,
+        "config": config_path.relative_to(out).as_posix(),
+        "stopped_by": None,
+    }
+
+    def summarize_stopped_run(reason: str) -> dict[str, Any] | None:
+        """The summary of a run that stopped early, with every member it wrote for; None (nothing written)
+        when it stopped before writing anything."""
+        if not config_saved:
+            return None
+        for _, runs in plans:
+            for run in runs:
+                if run.name not in members and run.claimed:
+                    members[run.name] = finish_member(out, run, data, shard, {"wall_s": 0.0, "load_s": 0.0})
+        return write_summary(summary_path, {**header, "stopped_by": reason}, members)
+
     session = None
     stack = contextlib.ExitStack()
     if args.ray is not None and plans:
@@ -742,27 +765,22 @@ def cache(args: argparse.Namespace) -> int:
             for run in runs:
                 members[run.name] = finish_member(out, run, data, shard, timing)
     except KeyboardInterrupt:
-        interrupted = True
         logger.warning("interrupted: the finished images are saved; run the same command again to resume")
-        for _, runs in plans:
-            for run in runs:
-                if run.name not in members and run.claimed:
-                    members[run.name] = finish_member(out, run, data, shard, {"wall_s": 0.0, "load_s": 0.0})
+        summary = summarize_stopped_run("interrupt")
+        if summary is not None:
+            print_summary(out, summary, list(members), summary_path)
+        return 130
+    except BaseException as err:
+        # the finished members' unreadable images must stay listed, or evaluate would score them as empty
+        try:
+            summarize_stopped_run(f"error: {type(err).__name__}: {err}")
+        except Exception as summary_err:  # the run's own error is the one to report
+            logger.error("could not write %s: %s", summary_path, summary_err)
+        raise
     finally:
         stack.close()
-    header = {
-        "ensemble": config.name,
-        "gt": str(args.gt),
-        "gt_fingerprint": data.fingerprint,
-        "images_dir": str(args.images),
-        "images": len(data.ids),
-        "shard": f"{shard[0]}/{shard[1]}" if shard else None,
-        "config": config_path.relative_to(out).as_posix(),
-    }
     summary = write_summary(summary_path, header, members)
     print_summary(out, summary, list(members), summary_path)
-    if interrupted:
-        return 130
     return 0
 
 
