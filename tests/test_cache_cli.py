@@ -468,3 +468,22 @@ def test_a_crash_in_a_later_member_keeps_the_summary_of_the_earlier_ones(slice_,
     assert summary["stopped_by"] == "error: RuntimeError: out of memory"
     assert summary["models"]["a"]["status"] == "complete" and list(summary["unreadable"]) == [bad_name]
     assert summary["models"]["b"]["status"] == "incomplete"
+
+
+def test_saved_predictions_are_checked_before_any_model_loads(slice_, tmp_path, capsys):
+    ids = gt_ids(slice_)
+    saved = json.loads((slice_ / "saved_b.json").read_text())
+    (tmp_path / "badcat.json").write_text(json.dumps([*saved, {**saved[0], "category_id": 999}]))
+    gt = json.loads((slice_ / "gt.json").read_text())
+    gt["images"] = [im for im in gt["images"] if im["id"] != ids[-1]]
+    (tmp_path / "fewer.json").write_text(json.dumps(gt))
+    for name, model in {
+        "badcat": {"results": str(tmp_path / "badcat.json")},
+        "fewer": {"results": str(slice_ / "saved_b.json"), "images": str(tmp_path / "fewer.json")},
+    }.items():
+        config = {"name": name, "models": [{"type": "precomputed", "name": "b", **model}]}
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(config))
+    out = tmp_path / "out"
+    refused(capsys, run(slice_, out, config=str(tmp_path / "badcat.yaml")), r"badcat\.json.*999")
+    refused(capsys, run(slice_, out, config=str(tmp_path / "fewer.yaml")), r"1 of the 3 images have no saved predictions in member 'b'")
+    assert not out.exists() or not any(out.rglob("*.json"))

@@ -47,6 +47,10 @@ with ``--device``), collect every ``shards/`` folder into one ``--out/shards/``,
 that every image of the ground truth is covered exactly once by shards made with the same settings,
 naming the missing shards and images otherwise, and writes ``<member>.json`` and ``cache_summary.json``.
 
+The saved predictions of ``precomputed`` members are checked before any model loads: every image of
+the run must be among them, and every ``category_id`` (after the member's ``class_map``) one of the
+ground truth's categories (the config's ``dataset``'s when it names one).
+
 Unreadable or corrupt images are reported, skipped and listed in the summary (each member's
 ``unreadable``); they are not finished, so a later run tries them again, and they stay listed until a run
 reads them. ``detens train`` and ``detens evaluate`` leave them out, for every member.
@@ -76,10 +80,11 @@ from tqdm import tqdm
 from detens.adapters import build_detector, dataset_categories, detect_loaded, view_names
 from detens.cli import UsageError
 from detens.cli._engine import add_engine_arguments, ray_options
-from detens.cli._inputs import check_inputs_unchanged, file_digests
+from detens.cli._inputs import check_inputs_unchanged, check_saved_predictions, file_digests, label_space_name
 from detens.coco import CocoGroundTruth, detections_to_coco, load_coco_gt, save_coco_results
 from detens.ensemble_config import EnsembleConfig, ModelConfig, load_ensemble_config, save_ensemble_config
 from detens.io import atomic_write_json, atomic_write_text
+from detens.labels import COCO_ID_TO_NAME
 from detens.sources import ImageReadError, read_image
 
 logger = logging.getLogger("detens.cache")
@@ -291,6 +296,29 @@ def member_settings(
         settings["inputs"] = file_digests([model.results])
     # JSON round trip: the form it is compared in after being saved
     return json.loads(json.dumps(settings, sort_keys=True))
+
+
+def check_saved_members(
+    entries: list[Entry], data: Dataset, config: EnsembleConfig, categories: dict[int, str] | None
+) -> None:
+    """Build the selected ``precomputed`` members and check their saved predictions before any model
+    loads, as ``detens fuse`` does: an image missing from them would stop the run in the middle, and a
+    category id outside the label space would be cached without a word.
+
+    Raises:
+        ValueError: naming the member and the first missing image, or the results file, the result, its
+            category id and the valid ids.
+    """
+    saved = [entry for entry in entries if entry.selected and entry.model.type == "precomputed"]
+    for entry in saved:
+        if entry.built is None:  # built once: the run uses it
+            entry.built = build_detector(entry.model, config, categories)
+    check_saved_predictions(
+        [getattr(entry.built, "detector", entry.built) for entry in saved],  # a view's: its detector
+        [data.path(i) for i in data.ids],
+        sorted(categories or COCO_ID_TO_NAME),
+        label_space_name(config),
+    )
 
 
 # ----------------------------------------------------------------------------------------------- dataset
@@ -680,6 +708,7 @@ def cache(args: argparse.Namespace) -> int:
     categories = dataset_categories(config)
     entries = plan_entries(config, categories)
     select_members(entries, args.models)
+    check_saved_members(entries, data, config, categories)
     plans: list[tuple[Entry, list[MemberRun]]] = []
     for entry in entries:
         runs = []
