@@ -392,3 +392,98 @@ def test_bad_arguments(slice_, tmp_path, capsys):
     refused(capsys, run(slice_, tmp_path / "x", "--models", "a,aa"), r"matches no member.*Did you mean 'a'")
     refused(capsys, run(slice_, tmp_path / "x", "--shard", "2/2"), r"--shard i/n needs")
     refused(capsys, run(slice_, tmp_path / "x", images=tmp_path), "none of the 3 images")
+
+
+def test_overwrite_of_one_shard_discards_the_other_shards_results_of_other_settings(slice_):
+    out = slice_ / "replay_shard_overwrite"
+    for index in (0, 1):
+        assert run(slice_, out, "--models", "b", "--shard", f"{index}/2") == 0
+    assert run(slice_, out, "--models", "b", "--shard", "0/2", "--conf", "0.4", "--overwrite") == 0
+    # shard 1's partial results were made at conf 0.001: they must be detected again, not reused
+    assert run(slice_, out, "--models", "b", "--shard", "1/2", "--conf", "0.4") == 0
+    shard1 = summary_of(out, "shards/cache_summary.shard-1-of-2.json")["models"]["b"]
+    assert shard1["processed_this_run"] == len(gt_ids(slice_)[1::2])
+    assert cache_tool.main(["merge", "--out", str(out), "--quiet"]) == 0
+    b = json.loads((out / "b.json").read_text())
+    assert b and all(r["score"] >= 0.4 for r in b)
+
+
+def test_a_refused_run_records_no_settings_of_the_members_checked_before(slice_, capsys):
+    out = slice_ / "replay_refused_first"
+    assert run(slice_, out, "--models", "b") == 0
+    refused(capsys, run(slice_, out, "--conf", "0.4"), r"'b' made with other settings")
+    assert not (out / ".partial" / "a" / "_settings.json").exists()
+    assert run(slice_, out) == 0  # the settings of the earlier run: accepted
+
+
+def test_saved_predictions_rewritten_in_place_are_refused(slice_, tmp_path, capsys):
+    root = tmp_path / "root"
+    shutil.copytree(slice_, root, ignore=shutil.ignore_patterns("real_*", "replay_*"))
+    replay = yaml.safe_load((root / "replay.yaml").read_text())
+    for model in replay["models"]:
+        model["results"] = str(root / Path(model["results"]).name)
+    (root / "replay.yaml").write_text(yaml.safe_dump(replay))
+    out = tmp_path / "out"
+    assert run(root, out, "--models", "b", "--max-images", "1") == 0
+    saved = json.loads((root / "saved_b.json").read_text())
+    (root / "saved_b.json").write_text(json.dumps([{**r, "score": 0.9} for r in saved]))
+    refused(capsys, run(root, out, "--models", "b"), r"saved_b\.json changed since the earlier run.*--overwrite")
+    assert run(root, out, "--models", "b", "--overwrite") == 0
+    assert {r["score"] for r in json.loads((out / "b.json").read_text())} == {0.9}
+
+
+def test_overwrite_that_fails_before_its_first_result_keeps_the_earlier_results(slice_, monkeypatch):
+    out = slice_ / "replay_overwrite_fails"
+    assert run(slice_, out, "--models", "b") == 0
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("the device is gone")
+
+    monkeypatch.setattr(cache_tool, "detect_loaded", fail)
+    with pytest.raises(RuntimeError, match="device is gone"):
+        run(slice_, out, "--models", "b", "--conf", "0.4", "--overwrite")
+    after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert after == before
+
+
+def test_a_crash_in_a_later_member_keeps_the_summary_of_the_earlier_ones(slice_, tmp_path, monkeypatch):
+    gt = load_coco_gt(slice_ / "gt.json")
+    broken = tmp_path / "images"
+    shutil.copytree(slice_ / "images", broken)
+    bad_name = gt.file_name(gt_ids(slice_)[0])
+    (broken / bad_name).write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg" * 8)
+    real_detect = cache_tool.detect_loaded
+
+    def fail_on_b(member, *args, **kwargs):
+        if member.name == "b":
+            raise RuntimeError("out of memory")
+        return real_detect(member, *args, **kwargs)
+
+    monkeypatch.setattr(cache_tool, "detect_loaded", fail_on_b)
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="out of memory"):  # the run's own error, not one of the summary
+        run(slice_, out, images=broken)
+    summary = summary_of(out)
+    assert summary["stopped_by"] == "error: RuntimeError: out of memory"
+    assert summary["models"]["a"]["status"] == "complete" and list(summary["unreadable"]) == [bad_name]
+    assert summary["models"]["b"]["status"] == "incomplete"
+
+
+def test_saved_predictions_are_checked_before_any_model_loads(slice_, tmp_path, capsys):
+    ids = gt_ids(slice_)
+    saved = json.loads((slice_ / "saved_b.json").read_text())
+    (tmp_path / "badcat.json").write_text(json.dumps([*saved, {**saved[0], "category_id": 999}]))
+    gt = json.loads((slice_ / "gt.json").read_text())
+    gt["images"] = [im for im in gt["images"] if im["id"] != ids[-1]]
+    (tmp_path / "fewer.json").write_text(json.dumps(gt))
+    for name, model in {
+        "badcat": {"results": str(tmp_path / "badcat.json")},
+        "fewer": {"results": str(slice_ / "saved_b.json"), "images": str(tmp_path / "fewer.json")},
+    }.items():
+        config = {"name": name, "models": [{"type": "precomputed", "name": "b", **model}]}
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(config))
+    out = tmp_path / "out"
+    refused(capsys, run(slice_, out, config=str(tmp_path / "badcat.yaml")), r"badcat\.json.*999")
+    refused(capsys, run(slice_, out, config=str(tmp_path / "fewer.yaml")), r"1 of the 3 images have no saved predictions in member 'b'")
+    assert not out.exists() or not any(out.rglob("*.json"))

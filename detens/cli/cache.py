@@ -24,11 +24,19 @@ Writes into ``--out``:
 - ``.partial/<member>/<image_id>.json``: one small file per finished image (an image with no box is a
   finished image with an empty list), and ``_settings.json``, the settings that produced them. A killed
   run leaves every file valid (all writes are atomic); running the same command again skips the
-  finished images. Changed settings (``conf``, ``imgsz``, weights, ...) are refused unless
-  ``--overwrite`` (which discards the selected members' earlier results). Delete ``.partial/`` once
-  everything is cached to save space (a later run then starts over);
+  finished images. Changed settings (``conf``, ``imgsz``, weights, ...) and a ``precomputed`` member's
+  results file rewritten at the same path (its sha256 is recorded) are refused unless
+  ``--overwrite``, which discards the selected members' earlier results: those of this shard's images,
+  and, when they were made with other settings, all of them (every shard's and image's, so that no
+  later run takes them for results of the new settings). Every selected member is checked before
+  anything is written, so a refused run changes nothing; ``--overwrite`` removes a member's earlier
+  results only once its model has given its first new result, so a run that fails before (a bad
+  ``--device``, a missing weights file) leaves them, and ``config.yaml``, as they were. Delete ``.partial/`` once everything is cached
+  to save space (a later run then starts over);
 - ``cache_summary.json``: per member: images, boxes, unreadable files, detection seconds (summed over
-  images, across resumed runs), wall seconds of the last run, the settings;
+  images, across resumed runs), wall seconds of the last run, the settings; also written when a run
+  stops early (``stopped_by``: ``interrupt`` or the error; null for a run that ran to its end), with
+  the members it got to, so that their unreadable images stay listed;
 - ``config.yaml``: the resolved config (the file with the flags applied).
 
 Sharding: ``--shard i/n`` (``0 <= i < n``) takes the images at positions ``i, i + n, i + 2n, ...`` of the
@@ -38,6 +46,10 @@ shard's results with the image ids it covers), ``shards/cache_summary.shard-<i>-
 with ``--device``), collect every ``shards/`` folder into one ``--out/shards/``, then ``merge``: it checks
 that every image of the ground truth is covered exactly once by shards made with the same settings,
 naming the missing shards and images otherwise, and writes ``<member>.json`` and ``cache_summary.json``.
+
+The saved predictions of ``precomputed`` members are checked before any model loads: every image of
+the run must be among them, and every ``category_id`` (after the member's ``class_map``) one of the
+ground truth's categories (the config's ``dataset``'s when it names one).
 
 Unreadable or corrupt images are reported, skipped and listed in the summary (each member's
 ``unreadable``); they are not finished, so a later run tries them again, and they stay listed until a run
@@ -55,8 +67,9 @@ import hashlib
 import json
 import logging
 import re
+import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,9 +80,11 @@ from tqdm import tqdm
 from detens.adapters import build_detector, dataset_categories, detect_loaded, view_names
 from detens.cli import UsageError
 from detens.cli._engine import add_engine_arguments, ray_options
+from detens.cli._inputs import check_inputs_unchanged, check_saved_predictions, file_digests, label_space_name
 from detens.coco import CocoGroundTruth, detections_to_coco, load_coco_gt, save_coco_results
 from detens.ensemble_config import EnsembleConfig, ModelConfig, load_ensemble_config, save_ensemble_config
 from detens.io import atomic_write_json, atomic_write_text
+from detens.labels import COCO_ID_TO_NAME
 from detens.sources import ImageReadError, read_image
 
 logger = logging.getLogger("detens.cache")
@@ -277,8 +292,33 @@ def member_settings(
     # the label space, not the annotation file's path (a copy of the file elsewhere is the same dataset)
     label_space = json.dumps(sorted((categories or {}).items())).encode("utf-8")
     settings["categories"] = hashlib.sha256(label_space).hexdigest()[:16] if categories else "coco80"
+    if model.type == "precomputed":  # saved predictions are often rewritten in place: their content counts
+        settings["inputs"] = file_digests([model.results])
     # JSON round trip: the form it is compared in after being saved
     return json.loads(json.dumps(settings, sort_keys=True))
+
+
+def check_saved_members(
+    entries: list[Entry], data: Dataset, config: EnsembleConfig, categories: dict[int, str] | None
+) -> None:
+    """Build the selected ``precomputed`` members and check their saved predictions before any model
+    loads, as ``detens fuse`` does: an image missing from them would stop the run in the middle, and a
+    category id outside the label space would be cached without a word.
+
+    Raises:
+        ValueError: naming the member and the first missing image, or the results file, the result, its
+            category id and the valid ids.
+    """
+    saved = [entry for entry in entries if entry.selected and entry.model.type == "precomputed"]
+    for entry in saved:
+        if entry.built is None:  # built once: the run uses it
+            entry.built = build_detector(entry.model, config, categories)
+    check_saved_predictions(
+        [getattr(entry.built, "detector", entry.built) for entry in saved],  # a view's: its detector
+        [data.path(i) for i in data.ids],
+        sorted(categories or COCO_ID_TO_NAME),
+        label_space_name(config),
+    )
 
 
 # ----------------------------------------------------------------------------------------------- dataset
@@ -340,28 +380,52 @@ def read_partial(out: Path, member: str, image_id: int, file_name: str) -> dict[
     return record
 
 
-def check_settings(out: Path, member: str, settings: dict[str, Any], overwrite: bool, ids: list[int]) -> None:
-    """Refuse to resume a member's partial results made with other settings; ``overwrite`` discards them."""
+def check_settings(out: Path, member: str, settings: dict[str, Any], overwrite: bool) -> bool:
+    """Refuse to resume a member's partial results made with other settings (reads only: a refused run
+    changes nothing).
+
+    Returns:
+        bool: whether ``out`` holds partial results of ``member`` made with other settings, which
+        ``overwrite`` discards all of (those of other shards and other images included: the member's
+        settings are recorded once for all its partial results).
+    """
     folder = partial_dir(out, member)
     saved_path = folder / SETTINGS
+    if not saved_path.is_file():
+        return False
+    try:
+        saved = json.loads(saved_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        saved = None
+    if not overwrite:
+        check_inputs_unchanged(out, saved, settings.get("inputs") or {})
+    if isinstance(saved, dict) and "inputs" not in saved:  # recorded before the digests were: paths only
+        settings = {k: v for k, v in settings.items() if k != "inputs"}
+    if saved == settings:
+        return False
     if overwrite:
-        for image_id in ids:
-            partial_path(out, member, image_id).unlink(missing_ok=True)
-    elif saved_path.is_file():
-        try:
-            saved = json.loads(saved_path.read_text(encoding="utf-8"))
-        except ValueError:
-            saved = None
-        if saved != settings:
-            changed = sorted(
-                k for k in set(settings) | set(saved or {}) if (saved or {}).get(k) != settings.get(k)
-            )
-            details = ", ".join(f"{k}: {(saved or {}).get(k)!r} -> {settings.get(k)!r}" for k in changed)
-            raise ValueError(
-                f"{folder} holds results of {member!r} made with other settings ({details}); "
-                "use another --out, or --overwrite to discard them"
-            )
-    atomic_write_json(saved_path, settings, indent=2)
+        return True
+    changed = sorted(k for k in set(settings) | set(saved or {}) if (saved or {}).get(k) != settings.get(k))
+    details = ", ".join(f"{k}: {(saved or {}).get(k)!r} -> {settings.get(k)!r}" for k in changed)
+    raise ValueError(
+        f"{folder} holds results of {member!r} made with other settings ({details}); "
+        "use another --out, or --overwrite to discard them"
+    )
+
+
+def replace_results(out: Path, run: MemberRun, output: Path, ids: list[int]) -> None:
+    """Record the member's settings; with ``--overwrite``, first remove its earlier results: ``output``
+    and the partial results of ``ids``, or all of them when they were made with other settings (a later
+    run on other images or shards would otherwise take them for results of these settings)."""
+    if run.overwrite:
+        output.unlink(missing_ok=True)
+        if run.stale:
+            shutil.rmtree(partial_dir(out, run.name), ignore_errors=True)
+        else:
+            for image_id in ids:
+                partial_path(out, run.name, image_id).unlink(missing_ok=True)
+    atomic_write_json(partial_dir(out, run.name) / SETTINGS, run.settings, indent=2)
+    run.claimed = True
 
 
 # ----------------------------------------------------------------------------------------------- running
@@ -371,6 +435,9 @@ class MemberRun:
     settings: dict[str, Any]
     todo: list[int]
     resumed: int
+    overwrite: bool = False
+    stale: bool = False  # earlier partial results made with other settings (discarded by overwrite)
+    claimed: bool = False  # its earlier results made way for this run's (see replace_results)
     processed: int = 0
     unreadable: dict[int, str] = field(default_factory=dict)
 
@@ -384,12 +451,20 @@ def run_entry(
     categories: dict[int, str] | None,
     max_images: int | None,
     quiet: bool,
+    claim: Callable[[MemberRun], None] = lambda run: None,
 ) -> dict[str, float]:
-    """Run one model (its selected views) over the images some member still needs; returns timings."""
+    """Run one model (its selected views) over the images some member still needs; returns timings.
+
+    ``claim(run)`` is called once per member before its first result is written (and at the end for a
+    member that got none): with ``--overwrite`` it removes the member's earlier results, which a run that
+    fails to load or run the model before then thus leaves in place.
+    """
     needed_all = sorted({i for run in runs for i in run.todo})
     needed = needed_all if max_images is None else needed_all[:max_images]
     timing = {"load_s": 0.0, "read_s": 0.0, "wall_s": 0.0}
     if not needed:
+        for run in runs:
+            claim(run)
         return timing
     start = time.perf_counter()
     if entry.built is None:
@@ -432,6 +507,7 @@ def run_entry(
                     members[run.name], [arrays[k] for k in picked], [paths[k] for k in picked]
                 )
                 ms = (time.perf_counter() - t) * 1000 / len(picked)
+                claim(run)
                 for k, det in zip(picked, dets, strict=True):
                     image_id = ids[k]
                     record = {
@@ -444,6 +520,8 @@ def run_entry(
                     run.unreadable.pop(image_id, None)  # unreadable on an earlier run, read now
                     run.processed += 1
             bar.update(len(chunk))
+        for run in runs:
+            claim(run)
     finally:
         bar.close()
         timing["wall_s"] = time.perf_counter() - start
@@ -630,25 +708,69 @@ def cache(args: argparse.Namespace) -> int:
     categories = dataset_categories(config)
     entries = plan_entries(config, categories)
     select_members(entries, args.models)
+    check_saved_members(entries, data, config, categories)
     plans: list[tuple[Entry, list[MemberRun]]] = []
     for entry in entries:
         runs = []
         for name in entry.selected:
             settings = member_settings(config, entry, name, categories)
-            check_settings(out, name, settings, args.overwrite, data.ids)
+            stale = check_settings(out, name, settings, args.overwrite)
             if args.overwrite:
-                target = out / (f"{SHARDS}/{name}{tag}.json" if shard else f"{name}.json")
-                target.unlink(missing_ok=True)
-            todo = [i for i in data.ids if read_partial(out, name, i, data.gt.file_name(i)) is None]
+                todo = list(data.ids)
+            else:
+                todo = [i for i in data.ids if read_partial(out, name, i, data.gt.file_name(i)) is None]
             earlier = {} if args.overwrite else earlier_unreadable(summary_path, name, data)
             unreadable = {i: earlier[i] for i in todo if i in earlier}
-            runs.append(MemberRun(name, settings, todo, len(data.ids) - len(todo), unreadable=unreadable))
+            runs.append(
+                MemberRun(
+                    name, settings, todo, len(data.ids) - len(todo), args.overwrite, stale, unreadable=unreadable
+                )
+            )
         if runs:
             plans.append((entry, runs))
-    save_ensemble_config(config, config_path)  # after the checks: a refused run changes nothing
+    config_saved = False
+
+    def claim(run: MemberRun) -> None:
+        """Let ``run`` write into ``out``; only now does ``--overwrite`` remove the member's earlier results."""
+        nonlocal config_saved
+        if run.claimed:
+            return
+        output = out / (f"{SHARDS}/{run.name}{tag}.json" if shard else f"{run.name}.json")
+        replace_results(out, run, output, data.ids)
+        if not config_saved:
+            save_ensemble_config(config, config_path)
+            config_saved = True
+
+    # After the checks of every member: a refused run changes nothing. --overwrite waits for each member's
+    # first result, so that a run failing before it (a bad --device, a missing file) loses nothing.
+    for _, runs in plans:
+        for run in runs:
+            if not args.overwrite:
+                claim(run)
 
     members: dict[str, dict[str, Any]] = {}
-    interrupted = False
+    header = {
+        "ensemble": config.name,
+        "gt": str(args.gt),
+        "gt_fingerprint": data.fingerprint,
+        "images_dir": str(args.images),
+        "images": len(data.ids),
+        "shard": f"{shard[0]}/{shard[1]}" if shard else None,
+        "config": config_path.relative_to(out).as_posix(),
+        "stopped_by": None,
+    }
+
+    def summarize_stopped_run(reason: str) -> dict[str, Any] | None:
+        """The summary of a run that stopped early, with every member it wrote for; None (nothing written)
+        when it stopped before writing anything."""
+        if not config_saved:
+            return None
+        for _, runs in plans:
+            for run in runs:
+                if run.name not in members and run.claimed:
+                    members[run.name] = finish_member(out, run, data, shard, {"wall_s": 0.0, "load_s": 0.0})
+        return write_summary(summary_path, {**header, "stopped_by": reason}, members)
+
     session = None
     stack = contextlib.ExitStack()
     if args.ray is not None and plans:
@@ -658,8 +780,12 @@ def cache(args: argparse.Namespace) -> int:
     try:
         for k, (entry, runs) in enumerate(plans):
             if session is None:
-                timing = run_entry(entry, runs, data, out, config, categories, args.max_images, args.quiet)
+                timing = run_entry(
+                    entry, runs, data, out, config, categories, args.max_images, args.quiet, claim
+                )
             else:
+                for run in runs:
+                    claim(run)  # the Ray engine writes its rows as they arrive
                 timing = run_entry_ray(
                     entry, runs, data, out, config, categories, args.max_images, args.quiet, args.ray
                 )
@@ -668,27 +794,22 @@ def cache(args: argparse.Namespace) -> int:
             for run in runs:
                 members[run.name] = finish_member(out, run, data, shard, timing)
     except KeyboardInterrupt:
-        interrupted = True
         logger.warning("interrupted: the finished images are saved; run the same command again to resume")
-        for _, runs in plans:
-            for run in runs:
-                if run.name not in members:
-                    members[run.name] = finish_member(out, run, data, shard, {"wall_s": 0.0, "load_s": 0.0})
+        summary = summarize_stopped_run("interrupt")
+        if summary is not None:
+            print_summary(out, summary, list(members), summary_path)
+        return 130
+    except BaseException as err:
+        # the finished members' unreadable images must stay listed, or evaluate would score them as empty
+        try:
+            summarize_stopped_run(f"error: {type(err).__name__}: {err}")
+        except Exception as summary_err:  # the run's own error is the one to report
+            logger.error("could not write %s: %s", summary_path, summary_err)
+        raise
     finally:
         stack.close()
-    header = {
-        "ensemble": config.name,
-        "gt": str(args.gt),
-        "gt_fingerprint": data.fingerprint,
-        "images_dir": str(args.images),
-        "images": len(data.ids),
-        "shard": f"{shard[0]}/{shard[1]}" if shard else None,
-        "config": config_path.relative_to(out).as_posix(),
-    }
     summary = write_summary(summary_path, header, members)
     print_summary(out, summary, list(members), summary_path)
-    if interrupted:
-        return 130
     return 0
 
 

@@ -1,0 +1,104 @@
+"""Checks of a command's input files shared by ``detens fuse`` and ``detens cache``: the saved predictions of
+``precomputed`` members (checked before any detector loads) and the digests that make a resumed run
+refuse input files rewritten at the same path."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from detens.ensemble_config import EnsembleConfig
+
+
+def file_digests(files: Iterable[str | None]) -> dict[str, str]:
+    """``{file: sha256}`` of the given files that exist (None and missing names are passed over)."""
+    digests = {}
+    for name in files:
+        if name is None or not Path(name).is_file():
+            continue  # a shipped head by name: the package's own file
+        digest = hashlib.sha256()
+        with open(name, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        digests[str(name)] = digest.hexdigest()[:16]
+    return digests
+
+
+def input_fingerprints(config: EnsembleConfig) -> dict[str, str]:
+    """``{file: sha256}`` of the files whose content decides the results beside the config itself: the
+    head and the saved predictions of ``precomputed`` members (they are often rewritten in place)."""
+    return file_digests([config.fusion.head] + [m.results for m in config.models if m.type == "precomputed"])
+
+
+def check_inputs_unchanged(out: Path, previous: Any, fingerprints: dict[str, str]) -> None:
+    """Refuse to resume when an input file (a head, saved predictions) changed at the same path since the
+    earlier run, whose record ``previous`` holds their digests under ``inputs``."""
+    earlier = previous.get("inputs") if isinstance(previous, dict) else None
+    if not isinstance(earlier, dict):
+        return
+    changed = sorted(name for name, digest in fingerprints.items() if earlier.get(name) not in (None, digest))
+    if changed:
+        raise ValueError(
+            f"{', '.join(changed)} changed since the earlier run in {out}, whose results came from the old "
+            "content; use another --out, or --overwrite to discard them"
+        )
+
+
+def label_space_name(config: EnsembleConfig) -> str:
+    """Whose category ids a run writes, for messages."""
+    return f"the dataset {config.dataset}" if config.dataset else "COCO (the config names no dataset)"
+
+
+def saved_prediction_members(config: EnsembleConfig, categories: dict[int, str] | None) -> dict[int, Any]:
+    """The ``precomputed`` members of ``config``, built, by their index in ``config.models``: they read only
+    their files, so they are checked on the driver whatever the engine (``categories``: the dataset's, or
+    None for COCO, as :func:`~detens.adapters.build_ensemble` passes them)."""
+    from detens.adapters import build_detector
+
+    return {
+        i: build_detector(model, config, categories)
+        for i, model in enumerate(config.models)
+        if model.type == "precomputed"
+    }
+
+
+def check_saved_predictions(
+    members: list[Any],
+    paths: list[Path],
+    category_ids: list[int] | None = None,
+    label_space: str = "the label space",
+) -> None:
+    """Check the saved predictions of the ``precomputed`` members among ``members`` before the first image
+    is fused (else the run would stop in the middle, or write ids it cannot name).
+
+    Args:
+        members (list): the ensemble's members; those without saved predictions are passed over.
+        paths (list[Path]): the images the run will fuse; each must be among every member's saved images.
+        category_ids (list[int] | None): the category ids the run writes; every saved result's category
+            must be one of them. None: not checked.
+        label_space (str): whose ids ``category_ids`` are, for the message.
+
+    Raises:
+        ValueError: naming the member and the first missing image, or the results file, the result, its
+            category id and the valid ids.
+    """
+    for member in members:
+        lookup = getattr(member, "image_record", None)
+        if lookup is None:
+            continue
+        check_categories = getattr(member, "check_categories", None)
+        if category_ids is not None and check_categories is not None:
+            check_categories(category_ids, label_space)
+        missing = []
+        for path in paths:
+            try:
+                lookup(path)
+            except KeyError as err:
+                missing.append(err.args[0] if err.args else str(path))
+        if missing:
+            raise ValueError(
+                f"{len(missing)} of the {len(paths)} images have no saved predictions in member "
+                f"{member.name!r}: {missing[0]}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+            )
