@@ -28,6 +28,7 @@ __all__ = [
     "save_ensemble_config",
     "apply_overrides",
     "with_absolute_paths",
+    "NOT_READ_BY_TYPE",
 ]
 
 # keys each adapter type uses besides the common ones
@@ -228,7 +229,8 @@ def ensemble_config_from_dict(data: dict[str, Any], where: str = "ensemble confi
 _OWN_VALUE_ONLY = {"torchvision": ("iou", "imgsz")}
 # Settings that a member type never reads (an ONNX member runs at its input_size; saved predictions were
 # made earlier): a value given for every model is reported for these members rather than passed over.
-_NOT_READ = {"onnx": ("imgsz",), "precomputed": ("iou", "imgsz")}
+#: model type -> the common settings its members never read
+NOT_READ_BY_TYPE: dict[str, tuple[str, ...]] = {"onnx": ("imgsz",), "precomputed": ("iou", "imgsz")}
 _NOT_READ_WHY = {"onnx": "it runs at its input_size", "precomputed": "its predictions were made earlier"}
 
 
@@ -264,7 +266,7 @@ def load_ensemble_config(
                 model.pop(key, None)
                 if key in _OWN_VALUE_ONLY.get(kind, ()):
                     model[key] = value
-                elif key in _NOT_READ.get(kind, ()):
+                elif key in NOT_READ_BY_TYPE.get(kind, ()):
                     logger.warning(
                         "%s %s, given for every model, is not used by %r (type %r: %s)",
                         key, value, model.get("name") or model.get("weights") or model.get("results"), kind,

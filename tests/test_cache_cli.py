@@ -387,7 +387,23 @@ def test_changed_settings_are_refused_unless_overwrite(slice_, replay_run, capsy
     assert yaml.safe_load((out / "config.yaml").read_text())["conf"] == 0.4
 
 
+def test_settings_a_member_never_reads_do_not_refuse_a_resume(slice_, tmp_path):
+    """Saved predictions are not made again at another --imgsz or --iou: those settings are not theirs."""
+    out = tmp_path / "unread"
+    assert run(slice_, out, "--models", "b") == 0
+    settings_path = out / ".partial" / "b" / "_settings.json"
+    saved = json.loads(settings_path.read_text())
+    assert "imgsz" not in saved and "iou" not in saved and saved["conf"] == 0.001
+    assert run(slice_, out, "--models", "b", "--imgsz", "320", "--iou", "0.5") == 0
+    assert summary_of(out)["models"]["b"]["resumed"] == NUM_IMAGES
+    # a cache of an earlier version recorded them: it resumes too
+    settings_path.write_text(json.dumps({**saved, "imgsz": 640, "iou": 0.7}))
+    assert run(slice_, out, "--models", "b", "--imgsz", "320") == 0
+    assert summary_of(out)["models"]["b"]["resumed"] == NUM_IMAGES
+
+
 def test_bad_arguments(slice_, tmp_path, capsys):
+    refused(capsys, run(slice_, tmp_path / "x", "--models", " , "), r"--models ' , ' names no member")
     refused(capsys, run(slice_, tmp_path / "x", "--models", "c"), r"--models 'c' matches no member; the members are a, b")
     refused(capsys, run(slice_, tmp_path / "x", "--models", "a,aa"), r"matches no member.*Did you mean 'a'")
     refused(capsys, run(slice_, tmp_path / "x", "--shard", "2/2"), r"--shard i/n needs")

@@ -82,7 +82,13 @@ from detens.cli import UsageError
 from detens.cli._engine import add_engine_arguments, ray_options
 from detens.cli._inputs import check_inputs_unchanged, check_saved_predictions, file_digests, label_space_name
 from detens.coco import CocoGroundTruth, detections_to_coco, load_coco_gt, save_coco_results
-from detens.ensemble_config import EnsembleConfig, ModelConfig, load_ensemble_config, save_ensemble_config
+from detens.ensemble_config import (
+    NOT_READ_BY_TYPE,
+    EnsembleConfig,
+    ModelConfig,
+    load_ensemble_config,
+    save_ensemble_config,
+)
 from detens.io import atomic_write_json, atomic_write_text
 from detens.labels import COCO_ID_TO_NAME
 from detens.sources import ImageReadError, read_image
@@ -264,6 +270,8 @@ def select_members(entries: list[Entry], patterns: str | None) -> None:
     """Mark the members matching ``--models`` (names or globs); every pattern must match one."""
     names = [n for e in entries for n in e.names]
     wanted = [p.strip() for p in (patterns or "*").split(",") if p.strip()]
+    if not wanted:
+        raise ValueError(f"--models {patterns!r} names no member; give names or globs separated by commas")
     for pattern in wanted:
         if not any(fnmatch.fnmatchcase(n, pattern) for n in names):
             close = difflib.get_close_matches(pattern, names, n=1)
@@ -281,7 +289,9 @@ def member_settings(
     """What determines a member's detections (resuming with other settings is refused)."""
     model = entry.model
     settings: dict[str, Any] = {key: getattr(model, key) for key in _RESULT_KEYS}
-    settings.update({key: config.setting(model, key) for key in _SETTING_KEYS})
+    # a setting the member never reads cannot change its detections (and must not refuse a resume)
+    unread = NOT_READ_BY_TYPE.get(model.type, ())
+    settings.update({key: config.setting(model, key) for key in _SETTING_KEYS if key not in unread})
     if isinstance(model.class_map, list):
         settings["class_map"] = list(model.class_map)
     else:
@@ -401,6 +411,9 @@ def check_settings(out: Path, member: str, settings: dict[str, Any], overwrite: 
         check_inputs_unchanged(out, saved, settings.get("inputs") or {})
     if isinstance(saved, dict) and "inputs" not in saved:  # recorded before the digests were: paths only
         settings = {k: v for k, v in settings.items() if k != "inputs"}
+    if isinstance(saved, dict):  # caches of earlier versions recorded settings their members never read
+        unread = NOT_READ_BY_TYPE.get(str(settings.get("type")), ())
+        saved = {k: v for k, v in saved.items() if k not in unread}
     if saved == settings:
         return False
     if overwrite:
