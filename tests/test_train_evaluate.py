@@ -594,6 +594,17 @@ class TestTools:
         assert (outs[0].parent / "head.json.loss.png").stat().st_size > 1000
         assert "normalize_box: true" in (outs[0].parent / "head.json.config.yaml").read_text()
 
+    def test_train_cli_calibration_has_no_loss_curve(self, dataset, tmp_path):
+        gt_path, predictions = dataset
+        out = tmp_path / "calibration.json"
+        out.with_name(out.name + ".loss.png").write_bytes(b"an earlier head's curve")
+        assert train_cli.main(["--gt", str(gt_path), "--predictions", str(predictions), "--head", "calibration",
+                               "--out", str(out), "--quiet"]) == 0
+        assert load_head(out).type_name == "calibration"
+        assert not out.with_name(out.name + ".loss.png").exists()
+        assert out.with_name(out.name + ".log").read_text() == "no epochs: a calibration head is fitted without gradient steps\n"
+        assert json.loads(out.with_name(out.name + ".log.json").read_text())["loss"] == []
+
     def test_train_cli_images_from_and_errors(self, dataset, tmp_path, capsys):
         gt_path, predictions = dataset
         ids = load_coco_gt(gt_path).annotated_image_ids

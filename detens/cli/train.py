@@ -13,7 +13,8 @@ second dataset's images (same categories, the same models in any file order) to 
 ``--set key=value`` (repeatable); ``--epochs``, ``--lr``, ``--seed`` are shortcuts. Writes:
 
 - ``--out``: the head (``.json`` or ``.safetensors``; no pickle), loadable by ``detens fuse --head``;
-- ``<out>.config.yaml``: the resolved training config; ``<out>.loss.png``: the loss curve;
+- ``<out>.config.yaml``: the resolved training config; ``<out>.loss.png``: the loss curve (none for a
+  head fitted without epochs, ``calibration``);
 - ``<out>.log.json``: the loss per epoch of the fit that was kept, the number of images, ``train_seconds``
   (the whole fit, searches over matching IoUs or bags included), the images left out (``left_out``, and
   ``left_out_also_fit_on`` of the second dataset); ``<out>.log``: the epoch lines of every fit run (a
@@ -203,7 +204,12 @@ def run(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - start
     head.save(out)
     save_yaml_config(config, out.with_name(out.name + ".config.yaml"))
-    plot_loss(history.loss, out.with_name(out.name + ".loss.png"), f"{args.head} head: {', '.join(predictions.model_names)}")
+    loss_plot = out.with_name(out.name + ".loss.png")
+    if history.loss:
+        plot_loss(history.loss, loss_plot, f"{args.head} head: {', '.join(predictions.model_names)}")
+    else:  # fitted without epochs (calibration curves): no curve, and none of an earlier head left beside it
+        loss_plot.unlink(missing_ok=True)
+        epoch_lines.append(f"no epochs: a {args.head} head is fitted without gradient steps")
     atomic_write_text(out.with_name(out.name + ".log"), "\n".join(epoch_lines) + "\n")
     atomic_write_json(
         out.with_name(out.name + ".log.json"),
