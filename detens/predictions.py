@@ -297,7 +297,8 @@ def _left_out_images(
 
 def _summary_unreadable(path: Path, models: Sequence[str]) -> dict[str, dict[str, str]]:
     """Each of ``models``' unreadable files (``{file_name: error}``) as ``detens cache``'s summary lists
-    them; none for a missing summary or a member it does not describe."""
+    them; none for a missing summary or a member it does not describe. A member whose last cache run did
+    not finish is warned about: its results file, if any, is an earlier run's."""
     if not path.is_file():
         return {}
     summary: Any = read_json_file(path, "cache summary")
@@ -314,6 +315,12 @@ def _summary_unreadable(path: Path, models: Sequence[str]) -> dict[str, dict[str
             continue
         if not isinstance(entry, dict):
             raise ValueError(f"{path}: models[{name!r}] must be an object, got {entry!r}")
+        if entry.get("status", "complete") != "complete":
+            logger.warning(
+                "%s: the last cache run of %r did not finish (%s images left): %s.json is from an earlier run, "
+                "and images it lacks count as found nothing; finish the cache (run it again) first",
+                path, name, entry.get("images_left", "some"), name,
+            )
         files = entry.get("unreadable")
         if files is None:  # written before the summary listed unreadable images
             continue

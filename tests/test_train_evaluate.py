@@ -545,6 +545,16 @@ class TestUnreadableImages:
         loaded = EnsemblePredictions.from_folder(folder, load_coco_gt(gt_path))
         assert loaded.left_out == [] and len(loaded.gt) == 12
 
+    def test_a_member_whose_last_cache_run_did_not_finish_is_warned_about(self, dataset, tmp_path, caplog):
+        gt_path, predictions = dataset
+        summary = {"models": {"sharp": {"status": "incomplete", "images_left": 5, "unreadable": {}},
+                              "noisy": {"status": "complete", "unreadable": {}}}}
+        folder = _cache_folder(predictions, tmp_path / "cache", {}, summary=summary)
+        with caplog.at_level("WARNING", logger="detens.predictions"):
+            EnsemblePredictions.from_folder(folder, load_coco_gt(gt_path))
+        assert "the last cache run of 'sharp' did not finish (5 images left)" in caplog.text
+        assert "'noisy'" not in caplog.text
+
     @pytest.mark.parametrize("summary, message", [
         ("{not json", r"cache_summary.json is not valid JSON"),
         ([1, 2], r"cache_summary.json is not a summary of detens cache"),
