@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
 __all__ = [
-    "check_real", "check_reals", "check_integer", "check_integers", "check_flag", "check_choice", "check_device",
+    "check_real", "check_reals", "check_integer", "check_integers", "check_distinct_integers", "check_flag", "check_choice", "check_device",
 ]
 
 
@@ -116,6 +117,19 @@ def check_integers(values: Any, name: str, low: int | None = None, high: int | N
     if getattr(values, "ndim", 1) != 1:
         raise ValueError(f"{name} must be a flat list of integers, got shape {list(values.shape)}")
     return [check_integer(v, f"{name}[{i}]", low, high) for i, v in enumerate(values)]
+
+
+def check_distinct_integers(values: Any, name: str) -> list[int]:
+    """:func:`check_integers`, each value once (image ids to fit on: a repeated one would weigh twice).
+
+    Raises:
+        ValueError: naming the repeated values (up to 10).
+    """
+    ids = check_integers(values, name)
+    duplicates = sorted(i for i, count in Counter(ids).items() if count > 1)
+    if duplicates:
+        raise ValueError(f"{name} must be distinct, got duplicates {duplicates[:10]}")
+    return ids
 
 
 def check_flag(value: Any, name: str) -> bool:

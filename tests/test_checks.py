@@ -189,3 +189,14 @@ def test_folds_refuse_a_string_of_ids():
 
     with pytest.raises(TypeError, match="image_ids must be a list of integers"):
         kfold_image_splits("1397", k=2)
+
+
+def test_check_distinct_integers():
+    from detens.checks import check_distinct_integers
+
+    assert check_distinct_integers((3, 1, 2), "ids") == [3, 1, 2]
+    assert check_distinct_integers([], "ids") == []
+    with pytest.raises(ValueError, match=r"ids must be distinct, got duplicates \[1, 3\]"):
+        check_distinct_integers([3, 1, 3, 1, 2], "ids")
+    with pytest.raises(TypeError, match="ids must be a list of integers"):
+        check_distinct_integers("139", "ids")

@@ -42,7 +42,6 @@ import logging
 import math
 import random
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
@@ -53,9 +52,9 @@ from torch import Tensor
 from detens.checks import (
     check_choice,
     check_device,
+    check_distinct_integers,
     check_flag,
     check_integer,
-    check_integers,
     check_real,
     check_reals,
 )
@@ -852,10 +851,7 @@ def fit_head(
         ValueError: an image id given more than once (it would weigh twice in the fit).
     """
     trainer = _trainer(kind)
-    ids = check_integers(image_ids, "image_ids")
-    duplicates = sorted(i for i, count in Counter(ids).items() if count > 1)
-    if duplicates:
-        raise ValueError(f"image_ids must be distinct, got duplicates {duplicates[:10]}")
+    ids = check_distinct_integers(image_ids, "image_ids")
     config = config if config is not None else trainer.default()
     if not isinstance(config, trainer.config_class):
         raise TypeError(f"a {kind} head trains with {trainer.config_class.__name__}, got {type(config).__name__}")

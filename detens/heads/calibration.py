@@ -52,7 +52,7 @@ import torch
 from torch import Tensor, nn
 from torchvision.ops import box_iou
 
-from detens.checks import check_integers
+from detens.checks import check_distinct_integers
 from detens.detections import Detections
 from detens.fusers import FUSERS, fuse
 from detens.fusers._lockstep import compute_device
@@ -675,15 +675,12 @@ def fit_calibration(
         raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {target!r}")
     shrinkage = check_number(shrinkage, "shrinkage")
     fuser, fuser_params = _check_fuser(fuser, fuser_params, list(predictions.model_names))
-    ids = check_integers(image_ids, "image_ids")
+    ids = check_distinct_integers(image_ids, "image_ids")
     if len(ids) < 2:
         raise ValueError(
             f"fit_calibration needs at least 2 images, got {len(ids)}: one image says too little about a "
             "detector's scores to fit its calibration"
         )
-    duplicates = sorted({i for i in ids if ids.count(i) > 1}) if len(set(ids)) != len(ids) else []
-    if duplicates:
-        raise ValueError(f"image_ids must be distinct, got duplicates {duplicates[:10]}")
     gt = predictions.gt
     unknown = [i for i in ids if i not in gt]
     if unknown:
