@@ -227,9 +227,9 @@ def ensemble_config_from_dict(data: dict[str, Any], where: str = "ensemble confi
 # are Ultralytics' and would override a torchvision architecture's own, so a value given for every model
 # (a --iou or --imgsz flag) is written onto these members instead.
 _OWN_VALUE_ONLY = {"torchvision": ("iou", "imgsz")}
-# Settings that a member type never reads (an ONNX member runs at its input_size; saved predictions were
-# made earlier): a value given for every model is reported for these members rather than passed over.
-#: model type -> the common settings its members never read
+#: model type -> the common settings its members never read (an ONNX member runs at its input_size; saved
+#: predictions were made earlier): a value given for every model is reported for these members rather
+#: than passed over, and ``detens cache`` does not record it among their settings.
 NOT_READ_BY_TYPE: dict[str, tuple[str, ...]] = {"onnx": ("imgsz",), "precomputed": ("iou", "imgsz")}
 _NOT_READ_WHY = {"onnx": "it runs at its input_size", "precomputed": "its predictions were made earlier"}
 

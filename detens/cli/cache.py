@@ -201,6 +201,11 @@ def shard_tag(shard: tuple[int, int]) -> str:
     return f"shard-{shard[0]}-of-{shard[1]}"
 
 
+def member_output(name: str, shard: tuple[int, int] | None) -> str:
+    """The member's results file, relative to ``--out``: ``<name>.json``, or its shard's file."""
+    return f"{SHARDS}/{name}.{shard_tag(shard)}.json" if shard else f"{name}.json"
+
+
 # ------------------------------------------------------------------------------------------------ config
 def resolve_config(args: argparse.Namespace) -> EnsembleConfig:
     """The config file with the flags applied (a flag given for every model also replaces each model's own value)."""
@@ -630,11 +635,10 @@ def finish_member(
     complete = not left
     output = None
     if complete:
+        output = member_output(run.name, shard)
         if shard is None:
-            output = f"{run.name}.json"
             save_coco_results(results, out / output)
         else:
-            output = f"{SHARDS}/{run.name}.{shard_tag(shard)}.json"
             shard_record = {
                 "format": SHARD_FORMAT,
                 "member": run.name,
@@ -748,8 +752,7 @@ def cache(args: argparse.Namespace) -> int:
         nonlocal config_saved
         if run.claimed:
             return
-        output = out / (f"{SHARDS}/{run.name}{tag}.json" if shard else f"{run.name}.json")
-        replace_results(out, run, output, data.ids)
+        replace_results(out, run, out / member_output(run.name, shard), data.ids)
         if not config_saved:
             save_ensemble_config(config, config_path)
             config_saved = True
