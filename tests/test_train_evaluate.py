@@ -34,7 +34,7 @@ from detens.heads import ThetaTrainConfig, build_samples, fit_head, load_head
 from detens.heads._fit import train_theta
 from detens.heads.theta import ThetaHead
 from detens.predictions import EnsemblePredictions, LeftOutImage, join_predictions
-from detens.report.record import EvaluationRecord
+from detens.report.record import EvaluationRecord, record_path
 
 REPO = Path(__file__).resolve().parents[1]
 ANNOTATIONS = REPO.parent / "shared" / "data" / "coco_val2017_206" / "instances_val2017.json"
@@ -575,6 +575,45 @@ class TestUnreadableImages:
         with pytest.raises(ValueError, match=r"every annotated image is left out: the cache could not read 12 images"):
             EnsemblePredictions.from_folder(folder, gt)
 
+    @pytest.mark.parametrize("cv, seeds, fitting", [
+        (2, [0], None),
+        (2, [0, 1], None),
+        (2, [0], "--also-fit-on"),
+        (2, [0, 1], "--also-fit-on"),
+        (0, [0], "--fit-on"),
+    ])
+    def test_evaluate_records_the_images_left_out_in_every_mode(self, dataset, tmp_path, cv, seeds, fitting):
+        evaluated, extra = _split_dataset(*dataset, tmp_path / "split")
+        left_out = {}
+        for part, data in (("evaluated", evaluated), ("extra", extra)):
+            image_id = data.gt.annotated_image_ids[1]
+            left_out[part] = {"image_id": image_id, "file_name": data.gt.file_name(image_id),
+                              "unreadable_by": {"noisy": "cannot read image: corrupt"}}
+            _cache_folder(tmp_path / "split" / part / "predictions", tmp_path / part,
+                          {"noisy": {data.gt.file_name(image_id): "cannot read image: corrupt"}})
+        extra_gt = tmp_path / "split" / "extra" / "instances.json"
+        out = tmp_path / "report.json"
+        assert evaluate_cli.main([
+            "--gt", str(tmp_path / "split" / "evaluated" / "instances.json"), "--predictions", str(tmp_path / "evaluated"),
+            "--methods", "mean", "--cv", str(cv), "--seed", ",".join(map(str, seeds)), "--backend", "faster",
+            "--out", str(out), "--quiet", *([fitting, str(extra_gt), str(tmp_path / "extra")] if fitting else []),
+        ]) == 0
+        run = tmp_path / "report.run.json"
+        # one cross-validation has its record; several seeds, which have none, say how the run was made
+        assert record_path(out).exists() == (len(seeds) == 1) and run.exists() == (len(seeds) > 1)
+        meta = EvaluationRecord.load(out).meta if len(seeds) == 1 else json.loads(run.read_text())
+        assert meta["left_out"] == [left_out["evaluated"]] and meta["scored_images"] == 5
+        assert meta["fit_on"] == (None if fitting is None else {
+            "gt": str(extra_gt.resolve()), "predictions": str((tmp_path / "extra").resolve()), "images": 5,
+            "mode": "the only fitting data" if fitting == "--fit-on" else "joined to every fold's fitting side",
+            "left_out": [left_out["extra"]]})
+        scored = [i for i in evaluated.gt.annotated_image_ids if i != left_out["evaluated"]["image_id"]]
+        folds = {seed: [len(test) for _, test in kfold_image_splits(scored, cv, seed)] if cv else [] for seed in seeds}
+        if len(seeds) == 1:
+            assert meta["seed"] == seeds[0] and meta["folds"] == folds[seeds[0]]
+        else:
+            assert meta["seeds"] == seeds and meta["folds_by_seed"] == {str(seed): folds[seed] for seed in seeds}
+
     def test_bad_unreadable_argument(self, dataset):
         gt_path, predictions = dataset
         gt = load_coco_gt(gt_path)
@@ -844,8 +883,6 @@ class TestTools:
         assert not (tmp_path / "repeated.evaluation.json.gz").exists()  # a record holds one cross-validation
 
     def test_evaluate_cli_replaces_a_runs_files_only_when_it_completes(self, dataset, tmp_path, capsys, monkeypatch):
-        from detens.report.record import EvaluationRecord, record_path
-
         gt_path, predictions = dataset
         out = tmp_path / "report.json"
         base = ["--gt", str(gt_path), "--predictions", str(predictions), "--cv", "2", "--backend", "faster",
@@ -892,7 +929,11 @@ class TestTools:
         assert list(EvaluationRecord.load(out).metrics) == ["wbf", "mean"] == list(json.loads(out.read_text()))
         # several seeds write no record: the earlier run's one-seed files go with its table
         assert evaluate_cli.main(base + ["--methods", "mean", "--seed", "0,1"]) == 0
-        assert sorted(f.name for f in tmp_path.glob("report*")) == ["report.fitted.json", "report.json"]
+        assert sorted(f.name for f in tmp_path.glob("report*")) == ["report.fitted.json", "report.json", "report.run.json"]
+        # and one seed again: its record says how the run was made
+        assert evaluate_cli.main(base + ["--methods", "mean"]) == 0
+        assert sorted(f.name for f in tmp_path.glob("report*")) == [
+            "report.calibration.json", "report.evaluation.json.gz", "report.fitted.json", "report.json"]
 
     @pytest.mark.parametrize("kind", ["deep", "superlearner", "selection"])
     def test_train_cli_other_heads_plug_into_fuse(self, dataset, tmp_path, kind):

@@ -19,15 +19,17 @@ The extra dataset must have the same categories and every model (file order does
 
 Images the cache could not read (each member's ``unreadable`` in the folder's ``cache_summary.json``)
 are left out of scoring and fitting, for every member alike (the ensemble never saw them whole), with a
-warning that names them; the record (below) lists them under ``meta.left_out``. An error if that leaves
-no annotated image.
+warning that names them; the record (below) lists them under ``meta.left_out``, those of the fitting data
+under ``meta.fit_on.left_out`` (with several seeds, which write no record, ``<out>.run.json`` does). An
+error if that leaves no annotated image.
 
 Repeated cross-validation: ``--seed 0,1,2`` runs the whole comparison once per seed (other folds each
 time) and reports every metric's mean over the seeds, the mAP's standard deviation over them (``mAP sd``)
 and each seed's mAP (``map_by_seed`` in ``--out``). On a few hundred images the split alone moves a
 method by a few tenths of a point; the repeats show whether a gap between two methods survives it.
-``<out>.fitted.json`` holds each seed's fits. The report page, the reliability diagram and
-``<out>.calibration.json`` draw one cross-validation: run one seed for them.
+``<out>.fitted.json`` holds each seed's fits, ``<out>.run.json`` how the run was made (the record's
+``meta`` with ``seeds`` and ``folds_by_seed`` for ``seed`` and ``folds``). The record, the report page, the
+reliability diagram and ``<out>.calibration.json`` draw one cross-validation: run one seed for them.
 
 Prints a Markdown table; writes ``{method: {metric: value}}`` to ``--out``, what each fold's fit chose
 (tuned thresholds, learned weights) to ``<out>.fitted.json`` and each method's reliability bins (score vs
@@ -257,6 +259,7 @@ def run(args: argparse.Namespace) -> int:
     atomic_write_json(_beside(out, ".calibration.json"),
                       {name: result.calibration for name, result in report.items()}, indent=1)
     _beside(out, ".bootstrap.json").unlink(missing_ok=True)  # the earlier run's draws; this run's come below
+    _beside(out, ".run.json").unlink(missing_ok=True)  # an earlier run of several seeds; the record says it now
     _complete(out, table)
     if args.plot:
         plot_report(table, args.plot, title=f"COCO mAP, {protocol}, models: {', '.join(predictions.model_names)}")
@@ -345,13 +348,14 @@ def _run_repeats(
     # an earlier one-seed run's files describe a table that this one replaces
     for stale in (record_path(out), _beside(out, ".calibration.json"), _beside(out, ".bootstrap.json")):
         stale.unlink(missing_ok=True)
+    atomic_write_json(_beside(out, ".run.json"), _repeats_meta(args, predictions, protocol, fit_on), indent=1)
     atomic_write_json(_beside(out, ".fitted.json"), fitted, indent=1)
     _complete(out, summary)
     if args.plot:
         plot_report(summary, args.plot, title=f"COCO mAP, mean of {protocol}, models: {', '.join(predictions.model_names)}")
     print()
     print(markdown_table(summary, REPEATED_COLUMNS))
-    print(f"\nreport: {out}" + (f", plot: {args.plot}" if args.plot else ""))
+    print(f"\nreport: {out}, run: {_beside(out, '.run.json')}" + (f", plot: {args.plot}" if args.plot else ""))
     return 0
 
 
@@ -372,31 +376,11 @@ def _record(
         for name, det in zip(predictions.model_names, predictions.per_model(image_id), strict=True):
             members[name] += detections_to_coco(det, image_id, decimals=None)
     subset = gt.subset(scored).dataset
-    command = getattr(args, "_command_line", None)
     meta = {
-        "command": shlex.join(command) if command else "detens evaluate (called from Python)",
-        "gt": str(Path(args.gt).resolve()),
+        **_run_meta(args, predictions, protocol, fit_on),
         "images": str(images.resolve()) if images is not None else None,
-        "predictions": str(Path(args.predictions).resolve()),
-        "models": predictions.model_names,
-        "protocol": protocol,
-        "cv": args.cv,
         "seed": args.seed[0],
-        # the folds cross_validate scores (the same function, the same seed)
-        "folds": [len(test) for _, test in kfold_image_splits(scored, args.cv, args.seed[0])] if args.cv else [],
-        "fit_on": None if fit_on is None else {
-            "gt": str(Path((args.also_fit_on or args.fit_on)[0]).resolve()),
-            "predictions": str(Path((args.also_fit_on or args.fit_on)[1]).resolve()),
-            "images": len(fit_on.gt.annotated_image_ids),
-            "mode": "joined to every fold's fitting side" if args.also_fit_on else "the only fitting data",
-            "left_out": [asdict(image) for image in fit_on.left_out],
-        },
-        "backend": args.backend,
-        "scored_images": len(scored),
-        # images of --gt the cache could not read: neither scored nor fitted on
-        "left_out": [asdict(image) for image in predictions.left_out],
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "detens_version": detens.__version__,
+        "folds": _fold_sizes(scored, args.cv, args.seed[0]),
     }
     return EvaluationRecord(
         meta=meta,
@@ -406,6 +390,59 @@ def _record(
         results={name: result.results for name, result in report.items()},
         members=members,
     )
+
+
+def _repeats_meta(
+    args: argparse.Namespace, predictions: EnsemblePredictions, protocol: str, fit_on: EnsemblePredictions | None
+) -> dict[str, Any]:
+    """How a run of several seeds was made, for ``<out>.run.json`` (such a run writes no record): the
+    record's ``meta`` with ``seeds`` and ``folds_by_seed`` for what one cross-validation has (``images``,
+    ``seed``, ``folds``)."""
+    scored = predictions.gt.annotated_image_ids
+    return {
+        **_run_meta(args, predictions, protocol, fit_on),
+        "seeds": args.seed,
+        "folds_by_seed": {str(seed): _fold_sizes(scored, args.cv, seed) for seed in args.seed},
+    }
+
+
+def _run_meta(
+    args: argparse.Namespace, predictions: EnsemblePredictions, protocol: str, fit_on: EnsemblePredictions | None
+) -> dict[str, Any]:
+    """How the run was made, whatever its seeds: the command, the data, the protocol, and the images of
+    either dataset that the cache could not read, neither scored nor fitted on."""
+    command = getattr(args, "_command_line", None)
+    return {
+        "command": shlex.join(command) if command else "detens evaluate (called from Python)",
+        "gt": str(Path(args.gt).resolve()),
+        "predictions": str(Path(args.predictions).resolve()),
+        "models": predictions.model_names,
+        "protocol": protocol,
+        "cv": args.cv,
+        "fit_on": None if fit_on is None else {
+            "gt": str(Path((args.also_fit_on or args.fit_on)[0]).resolve()),
+            "predictions": str(Path((args.also_fit_on or args.fit_on)[1]).resolve()),
+            "images": len(fit_on.gt.annotated_image_ids),
+            "mode": "joined to every fold's fitting side" if args.also_fit_on else "the only fitting data",
+            "left_out": _left_out(fit_on),
+        },
+        "backend": args.backend,
+        "scored_images": len(predictions.gt.annotated_image_ids),
+        "left_out": _left_out(predictions),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "detens_version": detens.__version__,
+    }
+
+
+def _left_out(predictions: EnsemblePredictions) -> list[dict[str, Any]]:
+    """The images of ``predictions``' ground truth that the cache could not read, as JSON objects."""
+    return [asdict(image) for image in predictions.left_out]
+
+
+def _fold_sizes(scored: list[int], cv: int, seed: int) -> list[int]:
+    """The number of held-out images of each fold that cross_validate scores (the same function, the same
+    seed); none without cross-validation."""
+    return [len(test) for _, test in kfold_image_splits(scored, cv, seed)] if cv else []
 
 
 def main(argv: list[str] | None = None) -> int:
