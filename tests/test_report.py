@@ -202,6 +202,23 @@ class TestReportFolder:
         assert sorted(p.name for p in page.iterdir()) == sorted(
             ["notes.txt", "index.html", "report.json", *(u for u in references(page / "index.html").urls)])
 
+    def test_the_files_a_page_replaces_are_the_files_it_draws(self, quick, tmp_path):
+        from detens.report.page import _PAGE_FILES, write_report
+
+        record = EvaluationRecord.load(quick / "results.json")
+        page = tmp_path / "page"
+        write_report(record, page, examples=0)
+        # this page draws every figure a page can: its files are the ones the next page replaces
+        assert sorted(p.name for p in page.iterdir()) == sorted(_PAGE_FILES)
+        singles = [m for m in record.metrics if m.startswith("single:")]
+        without_fusion = EvaluationRecord(
+            record.meta, record.gt, {m: record.metrics[m] for m in singles}, {m: record.calibration[m] for m in singles},
+            {m: record.results[m] for m in singles}, record.members)
+        write_report(without_fusion, page, examples=0)  # no class changes, no votes: neither figure stays
+        drawn = sorted(u for u in references(page / "index.html").urls)
+        assert sorted(p.name for p in page.iterdir()) == sorted(["index.html", "report.json", *drawn])
+        assert len(drawn) == len(_PAGE_FILES) - 4
+
     def test_a_table_that_its_record_did_not_write_is_refused(self, quick, tmp_path, capsys):
         from detens.cli import main
 

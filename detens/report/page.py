@@ -40,9 +40,14 @@ __all__ = ["write_report"]
 
 logger = logging.getLogger(__name__)
 
+_INDEX = "index.html"
+_NUMBERS = "report.json"
+#: Every figure a page may draw, its key in the page → its file: a page draws its figures under these
+#: names and the next page removes those it does not draw by them, so a name is written once.
+_FIGURES = {"map": "map.png", "pr": "pr_curves.png", "errors": "errors.png", "reliability": "reliability.png",
+            "classes": "class_deltas.png", "votes": "votes.png"}
 #: The page's files that one page may have and the next may not (``examples/`` is the page's too).
-_PAGE_FILES = ("index.html", "report.json", "map.png", "pr_curves.png", "errors.png", "reliability.png",
-               "class_deltas.png", "votes.png")
+_PAGE_FILES = (_INDEX, _NUMBERS, *_FIGURES.values())
 _EXAMPLES = ("helped_*.png", "hurt_*.png")
 
 _CSS = """
@@ -113,7 +118,7 @@ def write_report(
         raise
     finally:
         shutil.rmtree(stage, ignore_errors=True)
-    return out_dir / "index.html"
+    return out_dir / _INDEX
 
 
 def _draw(
@@ -127,7 +132,7 @@ def _draw(
     # first, so that a missing image ends the page before any figure is drawn
     shown, examples_note = _examples(record, analysis, images_dir, out_dir, examples, conf)
 
-    figures = {"map": "map.png", "pr": "pr_curves.png", "errors": "errors.png", "reliability": "reliability.png"}
+    figures = {key: _FIGURES[key] for key in ("map", "pr", "errors", "reliability")}  # the ones every page has
     plot_report({m: record.metrics[m] for m in methods}, out_dir / figures["map"], title=f"COCO mAP, {protocol}")
     plot_pr_curves(analysis["curves"], out_dir / figures["pr"], title=f"Precision-recall, all classes, {protocol}")
     plot_error_breakdown(analysis["errors"], out_dir / figures["errors"], ERROR_TYPES + SPECIAL_ERRORS,
@@ -137,18 +142,18 @@ def _draw(
     single, fused = analysis["best_single"], analysis["best_fused"]
     deltas = analysis["class_deltas"]
     if deltas is not None and (deltas["improved"] or deltas["degraded"]):
-        figures["classes"] = "class_deltas.png"
+        figures["classes"] = _FIGURES["classes"]
         rows = [(r["name"], r["single"], r["fused"]) for r in deltas["improved"] + deltas["degraded"][::-1]]
         plot_class_deltas(rows, out_dir / figures["classes"], single, fused, metric="AP@[.5:.95]")
     support_key = str(conf)
     if analysis["support"].get(support_key):
-        figures["votes"] = "votes.png"
+        figures["votes"] = _FIGURES["votes"]
         plot_support(analysis["support"][support_key], out_dir / figures["votes"],
                      title=f"Fused detections scored >= {conf:g}, by supporting members")
 
-    atomic_write_json(out_dir / "report.json", {"meta": meta, "metrics": record.metrics, **analysis,
+    atomic_write_json(out_dir / _NUMBERS, {"meta": meta, "metrics": record.metrics, **analysis,
                                                "examples": shown}, indent=1)
-    atomic_write_text(out_dir / "index.html", _page(record, analysis, figures, shown, examples_note, conf, command))
+    atomic_write_text(out_dir / _INDEX, _page(record, analysis, figures, shown, examples_note, conf, command))
 
 
 def _move_into_place(stage: Path, out_dir: Path) -> None:
@@ -156,7 +161,7 @@ def _move_into_place(stage: Path, out_dir: Path) -> None:
     new = {path.relative_to(stage) for path in stage.rglob("*") if path.is_file()}
     old = [Path(name) for name in _PAGE_FILES if (out_dir / name).is_file()]
     old += [path.relative_to(out_dir) for pattern in _EXAMPLES for path in (out_dir / "examples").glob(pattern)]
-    index = Path("index.html")
+    index = Path(_INDEX)
     # gone first and back last: a folder caught halfway has no page rather than one whose PNGs are mixed
     (out_dir / index).unlink(missing_ok=True)
     for name in sorted(set(old) - new):
