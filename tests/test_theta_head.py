@@ -515,3 +515,82 @@ def test_fuser_defaults_to_the_heads_matching_iou(tmp_path):
     other = fuse(per_model, "theta", head=head, iou_thr=0.8)
     assert_close(by_default.boxes, explicit.boxes)
     assert len(other) != len(by_default)
+
+
+def random_samples(seed, sizes, num_models=3, dtype=F64):
+    """Training samples with ``sizes`` clusters each (0: an image with ground truth only) and their
+    targets: some clusters matched, some crowd-ignored."""
+    from detens.heads._fit import ImageSample
+
+    g = torch.Generator().manual_seed(seed)
+    samples, targets = [], []
+    for index, size in enumerate(sizes):
+        clusters = random_clusters(seed * 100 + index, num_clusters=size, num_models=num_models, dtype=dtype)
+        matched = torch.rand(size, generator=g) < 0.5
+        ignore = ~matched & (torch.rand(size, generator=g) < 0.3)
+        boxes = (clusters.preds[:, 0, :4] + 0.02 * torch.randn(size, 4, generator=g, dtype=dtype)) * matched[:, None]
+        empty_gt = (torch.zeros(0, 4), torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.bool))
+        samples.append(ImageSample(index, clusters, *empty_gt))
+        targets.append(Targets(boxes, matched, ignore))
+    return samples, targets
+
+
+def every_sample_stacked(head, samples, targets):
+    """The reference: J of the whole training set stacked into one batch."""
+    with torch.no_grad():
+        return float(head.loss_on_batch(*head.stack_batch([s.clusters for s in samples], targets)))
+
+
+class TestObjectiveInBatches:
+    """The objective of the Θ fit's divergence check with mini-batches, summed batch by batch, against the
+    objective of every sample stacked at once."""
+
+    @pytest.mark.parametrize("per_class", [False, True])
+    @pytest.mark.parametrize("normalize_box", [False, True])
+    @pytest.mark.parametrize("batch_images", [1, 2, 3, 7, 50])
+    def test_equals_the_objective_of_every_sample_stacked(self, per_class, normalize_box, batch_images):
+        from detens.heads._fit import _objective_in_batches
+
+        for seed in range(3):
+            samples, targets = random_samples(seed, [5, 0, 12, 1, 7, 3, 9])
+            # class 3 has no Θ of its own: its clusters use the global Θ
+            head = ThetaHead(["a", "b", "c"], per_class=per_class, num_classes=3 if per_class else None,
+                             normalize_box=normalize_box, shrinkage=0.5).double()
+            set_theta(head, seed)
+            got = _objective_in_batches(head, samples, targets, batch_images)
+            assert got == pytest.approx(every_sample_stacked(head, samples, targets), rel=1e-12)
+
+    @pytest.mark.parametrize("per_class", [False, True])
+    @pytest.mark.parametrize("sizes", [[], [6], [0], [0, 0], [4, 0, 5]])
+    def test_no_sample_one_sample_and_no_cluster_that_counts(self, per_class, sizes):
+        from detens.heads._fit import _objective_in_batches
+
+        samples, targets = random_samples(1, sizes)
+        if sizes == [4, 0, 5]:  # every cluster crowd-ignored: the mean over none is 0
+            for t in targets:
+                t.matched[:], t.ignore[:] = False, True
+        head = ThetaHead(["a", "b", "c"], per_class=per_class, num_classes=4 if per_class else None).double()
+        set_theta(head, 2)
+        expected = every_sample_stacked(head, samples, targets)
+        assert _objective_in_batches(head, samples, targets, 2) == pytest.approx(expected, rel=1e-12, abs=1e-15)
+        if not any(sizes) or sizes == [4, 0, 5]:
+            assert expected == pytest.approx(float(head.shrinkage_pull().detach()), abs=1e-15)  # the pull alone
+
+    def test_float32_within_rounding(self):
+        from detens.heads._fit import _objective_in_batches
+
+        samples, targets = random_samples(4, [30, 17, 25, 8], dtype=torch.float32)
+        head = ThetaHead(["a", "b", "c"], per_class=True, num_classes=4, normalize_box=True)
+        set_theta(head, 4)
+        got = _objective_in_batches(head, samples, targets, 3)
+        assert got == pytest.approx(every_sample_stacked(head, samples, targets), rel=1e-5)
+
+    def test_mistakes(self):
+        from detens.heads._fit import _objective_in_batches
+
+        samples, targets = random_samples(0, [3, 2])
+        head = ThetaHead(["a", "b", "c"]).double()
+        with pytest.raises(ValueError, match="got 2 samples but 1 targets"):
+            _objective_in_batches(head, samples, targets[:1], 1)
+        with pytest.raises(ValueError, match="batch_images must be an integer >= 1, got 0"):
+            _objective_in_batches(head, samples, targets, 0)

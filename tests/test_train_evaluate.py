@@ -183,12 +183,30 @@ class TestTraining:
         with pytest.raises(ValueError, match="device is 'cuda' but no CUDA device is available"):
             config_for(kind, device="cuda")
 
+    @pytest.mark.parametrize("batch_images", [0, 4])
     @pytest.mark.parametrize("lr", [1.0, 1e6])
-    def test_a_diverged_fit_is_an_error_naming_the_learning_rate(self, ensemble, lr):
+    def test_a_diverged_fit_is_an_error_naming_the_learning_rate(self, ensemble, lr, batch_images):
         samples = build_samples(ensemble, ensemble.gt.annotated_image_ids)
         message = rf"the Θ fit diverged: .* rose .*lr={re.escape(f'{lr:g}')}.*lower the learning rate"
         with pytest.raises(FloatingPointError, match=message):
-            train_theta(samples, ensemble.model_names, ThetaTrainConfig(epochs=30, match_iou_grid=[], lr=lr))
+            train_theta(samples, ensemble.model_names,
+                        ThetaTrainConfig(epochs=30, match_iou_grid=[], lr=lr, batch_images=batch_images))
+
+    def test_mini_batches_never_stack_more_images_than_one_batch(self, ensemble, monkeypatch):
+        samples = build_samples(ensemble, ensemble.gt.annotated_image_ids)
+        stacked = []
+        stack_batch = ThetaHead.stack_batch
+
+        def counting(self, clusters, targets):
+            stacked.append(len(clusters))
+            return stack_batch(self, clusters, targets)
+
+        monkeypatch.setattr(ThetaHead, "stack_batch", counting)
+        # the divergence check scores every sample after each reassignment and at the end: batch by batch too
+        train_theta(samples, ensemble.model_names,
+                    ThetaTrainConfig(epochs=4, match_iou_grid=[], batch_images=4, reassign_every=2))
+        assert max(stacked) == 4 < len(samples)
+        assert sum(stacked) == len(samples) * (4 + 3)  # 4 epochs of training, 3 scorings of every sample
 
     def test_a_non_finite_objective_is_an_error(self, ensemble, monkeypatch):
         samples = build_samples(ensemble, ensemble.gt.annotated_image_ids)

@@ -215,6 +215,8 @@ def train_theta(
     Gradient steps that are small enough lower J on fixed targets, so a rise means ``config.lr`` overshoots
     (too large a step drives every θᵢ to the floor ``eps`` and every fused score to 0, or Θ to huge values).
     Rises within float rounding (the square root of the dtype's machine epsilon, relative) are not counted.
+    With mini-batches (``config.batch_images``) that J is summed batch by batch (:func:`_objective_in_batches`),
+    so the check needs no more memory than a training step.
 
     Returns:
         (ThetaHead, TrainHistory)
@@ -248,15 +250,23 @@ def train_theta(
     batch = config.batch_images or len(samples)
     history = TrainHistory()
     start = time.perf_counter()
-    full_batch = None
+    full_batch = None  # every sample stacked, only when that is the training batch
     reference = None  # (epoch, J) of the Θ the current targets were assigned from, on all training images
+
+    def objective_on_all_samples() -> float:
+        if full_batch is not None:
+            with torch.no_grad():
+                return float(head.loss_on_batch(*full_batch))
+        # mini-batches: stacking every sample only to score them would cost the memory that batching saves
+        return _objective_in_batches(head, samples, targets, batch)
+
     setting = f"{config.optimizer}, lr={config.lr:g}"
     for epoch in range(config.epochs):
         if epoch == 0 or (config.reassign_every and epoch % config.reassign_every == 0):
             targets = assign_all_targets(head, samples, config.target_iou)
-            full_batch = head.stack_batch([s.clusters for s in samples], targets)
-            with torch.no_grad():
-                reference = (epoch, float(head.loss_on_batch(*full_batch)))
+            if batch >= len(samples):
+                full_batch = head.stack_batch([s.clusters for s in samples], targets)
+            reference = (epoch, objective_on_all_samples())
         order = list(range(len(samples)))
         if batch < len(samples):
             order_rng.shuffle(order)
@@ -281,8 +291,7 @@ def train_theta(
         if on_epoch is not None:
             on_epoch(epoch, history.loss[-1])
     if reference is not None:
-        with torch.no_grad():
-            final = float(head.loss_on_batch(*full_batch))
+        final = objective_on_all_samples()
         if not all(bool(torch.isfinite(p).all()) for p in head.parameters()) or not math.isfinite(final):
             raise FloatingPointError(f"the Θ weights became non-finite after {config.epochs} epochs ({setting}); "
                                      "lower the learning rate")
@@ -295,6 +304,37 @@ def train_theta(
             )
     history.seconds = time.perf_counter() - start
     return head, history
+
+
+@torch.no_grad()
+def _objective_in_batches(
+    head: torch.nn.Module, samples: Sequence[ImageSample], targets: Sequence[Targets], batch_images: int
+) -> float:
+    """J of the Θ head on all ``samples`` and their ``targets``, stacking ``batch_images`` samples at a time.
+
+    Each batch gives its sum of J over the clusters that count and their number; J is the sum of the sums
+    divided by the sum of the numbers, plus the shrinkage pull: ``head.loss_on_batch`` of every sample
+    stacked (a mean over all clusters, not a mean of the batches' means), to float rounding, in the memory
+    of one batch. No sample, or no cluster that counts: the pull alone.
+
+    Args:
+        head (ThetaHead): the head whose J it is.
+        samples (list[ImageSample]), targets (list[Targets]): one per image, in the same order.
+        batch_images (int): samples per batch, >= 1.
+
+    Returns:
+        float: J.
+    """
+    if len(samples) != len(targets):
+        raise ValueError(f"got {len(samples)} samples but {len(targets)} targets; one per image")
+    check_integer(batch_images, "batch_images", 1)
+    total, count = 0.0, 0
+    for begin in range(0, len(samples), batch_images):
+        chosen = slice(begin, begin + batch_images)
+        stacked = head.stack_batch([s.clusters for s in samples[chosen]], list(targets[chosen]))
+        part, counted = head.objective_sum(*stacked)
+        total, count = total + float(part), count + counted
+    return total / max(count, 1) + float(head.shrinkage_pull())
 
 
 def _pooled_map(gt: Any, fused: Iterable[tuple[int, Any]], image_ids: Sequence[int]) -> float:

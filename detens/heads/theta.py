@@ -99,6 +99,43 @@ def _forward_parts(theta: Tensor, preds: Tensor, normalize_box: bool) -> tuple[T
     return fused, total
 
 
+def _cluster_objectives(
+    theta: Tensor,
+    preds: Tensor,
+    present_f: Tensor,
+    y: Tensor,
+    w: Tensor,
+    valid: Tensor,
+    lambda_reg: float,
+    lambda_cls: float,
+    lambda_cons: float,
+    eps: float,
+    normalize_box: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """J of every cluster, 0 where it does not count, and the parts of it that the analytic gradient reuses.
+
+    Args: as :class:`ThetaLossFunction`, all in theta's dtype (``present_f`` the presence as 0/1).
+
+    Returns:
+        per_cluster (Tensor[C]), A (Tensor[C, 5]), s = 1ᵀΘ (Tensor[C]), w ⊙ (A − y) (Tensor[C, 5]).
+    """
+    fused, total = _forward_parts(theta, preds, normalize_box)  # [C, 5], [C]
+    weighted_resid = w * (fused - y)  # [C, 5]
+    j_reg = 0.5 * (weighted_resid * (fused - y)).sum(1)  # [C]
+
+    scores = preds[..., 4]  # [C, N]
+    q = (theta * scores).clamp(eps, 1.0 - eps)  # [C, N]
+    y5 = y[:, 4:5]  # [C, 1]
+    j_cls = -(present_f * (y5 * q.log() + (1.0 - y5) * torch.log1p(-q))).sum(1)  # [C]
+
+    gap = 1.0 - total  # [C]
+    j_cons = 0.5 * gap * gap
+
+    per_cluster = lambda_reg * j_reg + lambda_cls * j_cls + lambda_cons * j_cons  # [C]
+    per_cluster = torch.where(valid, per_cluster, torch.zeros_like(per_cluster))
+    return per_cluster, fused, total, weighted_resid
+
+
 class ThetaLossFunction(torch.autograd.Function):
     """The scalar J of DESIGN.md §2, averaged over the non-ignored clusters, with the analytic gradient.
 
@@ -139,20 +176,9 @@ class ThetaLossFunction(torch.autograd.Function):
         dtype = theta.dtype
         preds, y, w = preds.to(dtype), y.to(dtype), w.to(dtype)
         present_f = present.to(dtype)
-        fused, total = _forward_parts(theta, preds, normalize_box)  # [C, 5], [C]
-        weighted_resid = w * (fused - y)  # [C, 5]
-        j_reg = 0.5 * (weighted_resid * (fused - y)).sum(1)  # [C]
-
-        scores = preds[..., 4]  # [C, N]
-        q = (theta * scores).clamp(eps, 1.0 - eps)  # [C, N]
-        y5 = y[:, 4:5]  # [C, 1]
-        j_cls = -(present_f * (y5 * q.log() + (1.0 - y5) * torch.log1p(-q))).sum(1)  # [C]
-
-        gap = 1.0 - total  # [C]
-        j_cons = 0.5 * gap * gap
-
-        per_cluster = lambda_reg * j_reg + lambda_cls * j_cls + lambda_cons * j_cons  # [C]
-        per_cluster = torch.where(valid, per_cluster, torch.zeros_like(per_cluster))
+        per_cluster, fused, total, weighted_resid = _cluster_objectives(
+            theta, preds, present_f, y, w, valid, lambda_reg, lambda_cls, lambda_cons, eps, normalize_box
+        )
         count = valid.sum().clamp(min=1).to(dtype)
         ctx.save_for_backward(theta, preds, present_f, y, weighted_resid, fused, total, valid, count)
         ctx.constants = (lambda_reg, lambda_cls, lambda_cons, eps, normalize_box)
@@ -468,16 +494,56 @@ class ThetaHead(nn.Module):
             normalize_box=self.normalize_box,
         )
 
-    def loss_on_batch(self, preds: Tensor, present: Tensor, labels: Tensor, targets: Targets) -> Tensor:
+    def _objective_thetas(self, preds: Tensor, labels: Tensor) -> list[Tensor]:
+        """The Θ of each cluster whose J the objective sums (Tensor[C, N] each, on the predictions' device,
+        in the promoted dtype): the cluster's own Θ and, with ``per_class``, the global Θ as well."""
         dtype = torch.promote_types(self.theta.dtype, preds.dtype)
-        theta = self.cluster_theta(labels).to(device=preds.device, dtype=dtype)
-        loss = self._objective(theta, preds, present, targets)
+        thetas = [self.cluster_theta(labels).to(device=preds.device, dtype=dtype)]
         if self.per_class:
-            global_theta = self.theta[None, :].expand(preds.shape[0], -1).to(device=preds.device, dtype=dtype)
-            loss = loss + self._objective(global_theta, preds, present, targets)
-            pull = ((self.class_theta - self.theta[None, :]) ** 2).sum()
-            loss = loss + self.shrinkage * pull.to(device=preds.device, dtype=dtype)
+            thetas.append(self.theta[None, :].expand(preds.shape[0], -1).to(device=preds.device, dtype=dtype))
+        return thetas
+
+    def shrinkage_pull(self) -> Tensor:
+        """Tensor[]: the term of the objective that no cluster carries, shrinkage · Σ_k ‖Θ_k − Θ_global‖²
+        with ``per_class`` (else 0)."""
+        if not self.per_class:
+            return torch.zeros((), device=self.theta.device, dtype=self.theta.dtype)
+        return self.shrinkage * ((self.class_theta - self.theta[None, :]) ** 2).sum()
+
+    def loss_on_batch(self, preds: Tensor, present: Tensor, labels: Tensor, targets: Targets) -> Tensor:
+        thetas = self._objective_thetas(preds, labels)
+        loss = self._objective(thetas[0], preds, present, targets)
+        for theta in thetas[1:]:
+            loss = loss + self._objective(theta, preds, present, targets)
+        if self.per_class:
+            loss = loss + self.shrinkage_pull().to(device=loss.device, dtype=loss.dtype)
         return loss
+
+    @torch.no_grad()
+    def objective_sum(self, preds: Tensor, present: Tensor, labels: Tensor, targets: Targets) -> tuple[Tensor, int]:
+        """:meth:`loss_on_batch` of a batch before its mean over the clusters that count, without the
+        shrinkage pull: over disjoint batches, the sum of these sums divided by the sum of the counts, plus
+        :meth:`shrinkage_pull`, is :meth:`loss_on_batch` of them all stacked (to float rounding).
+
+        Args:
+            preds (Tensor[C, N, 5]), present (Tensor[C, N]), labels (Tensor[C]), targets (Targets of C
+                clusters): a batch of :meth:`stack_batch`.
+
+        Returns:
+            (Tensor[], int): Σ over the clusters that count of J (of each Θ the objective sums), and the
+            number of those clusters (crowd-ignored ones excluded).
+        """
+        valid = ~targets.ignore.to(preds.device)
+        total = None
+        for theta in self._objective_thetas(preds, labels):
+            dtype = theta.dtype
+            y, w = targets.y(dtype).to(preds.device), targets.weights(dtype).to(preds.device)
+            per_cluster, *_ = _cluster_objectives(
+                theta, preds.to(dtype), present.to(dtype), y, w, valid,
+                self.lambda_reg, self.lambda_cls, self.lambda_cons, self.eps, self.normalize_box,
+            )
+            total = per_cluster.sum() if total is None else total + per_cluster.sum()
+        return total, int(valid.sum())
 
     def loss(self, clusters: Clusters | Sequence[Clusters], targets: Targets | Sequence[Targets]) -> Tensor:
         """The training objective, a scalar whose backward uses the analytic gradients.
