@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 
 from detens.adapters.weights import check_weights_found
-from detens.ensemble_config import with_absolute_paths
+from detens.ensemble_config import EnsembleConfig, ModelConfig, with_absolute_paths
 
-__all__ = ["RayOptions", "EntryPredictor", "detect_on_ray", "ray_session"]
+__all__ = ["RayOptions", "EntryPredictor", "detect_on_ray", "ray_session", "ready_for_actors"]
 
 logger = logging.getLogger("detens.ray")
 
@@ -62,6 +62,21 @@ class RayOptions:
         import torch
 
         return 1.0 if torch.cuda.is_available() else 0.0
+
+
+def ready_for_actors(
+    ensemble: EnsembleConfig, models: Sequence[ModelConfig]
+) -> tuple[EnsembleConfig, list[ModelConfig]]:
+    """``ensemble`` and the ``models`` that actors will load, ready to be sent to them: their weights are
+    looked up here, on the driver, so that a missing file is one error naming the model, not a Ray error
+    per actor; and every file they name is made absolute, since the actors' working directory is the
+    cluster's, not this process's.
+
+    Raises:
+        WeightsNotFoundError: the first of ``models`` whose weights are found nowhere.
+    """
+    check_weights_found(models, ensemble.weights_dir)
+    return with_absolute_paths(ensemble), [with_absolute_paths(model) for model in models]
 
 
 def map_on_actors(
@@ -243,9 +258,7 @@ def detect_on_ray(
             needed.setdefault(int(image_id), []).append(member)
     if not needed:
         return
-    check_weights_found([model], ensemble.weights_dir)  # here, not once per actor as a Ray error
-    # the actors' working directory is the cluster's, not this process's: they get absolute paths
-    model, ensemble = with_absolute_paths(model), with_absolute_paths(ensemble)
+    ensemble, (model,) = ready_for_actors(ensemble, [model])
     items = [
         {"image_id": image_id, "path": str(Path(path_of(image_id)).absolute()), "todo": ",".join(members)}
         for image_id, members in sorted(needed.items())
