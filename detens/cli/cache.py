@@ -496,6 +496,22 @@ class MemberRun:
     unreadable: dict[int, str] = field(default_factory=dict)
 
 
+def save_finished_image(
+    out: Path, run: MemberRun, data: Dataset, image_id: int, results: list[dict[str, Any]], ms: float
+) -> None:
+    """Write the partial record of one image that ``run``'s member has detected (atomically: with it, the
+    image is done)."""
+    record = {
+        "image_id": image_id,
+        "file_name": data.gt.file_name(image_id),
+        "results": results,
+        "ms": round(ms, 3),
+    }
+    atomic_write_json(partial_path(out, run.name, image_id), record)
+    run.unreadable.pop(image_id, None)  # unreadable on an earlier run, read now
+    run.processed += 1
+
+
 def run_entry(
     entry: Entry,
     runs: list[MemberRun],
@@ -563,16 +579,7 @@ def run_entry(
                 ms = (time.perf_counter() - t) * 1000 / len(picked)
                 claim(run)
                 for k, det in zip(picked, dets, strict=True):
-                    image_id = ids[k]
-                    record = {
-                        "image_id": image_id,
-                        "file_name": data.gt.file_name(image_id),
-                        "results": detections_to_coco(det, image_id),
-                        "ms": round(ms, 3),
-                    }
-                    atomic_write_json(partial_path(out, run.name, image_id), record)  # the image is done
-                    run.unreadable.pop(image_id, None)  # unreadable on an earlier run, read now
-                    run.processed += 1
+                    save_finished_image(out, run, data, ids[k], detections_to_coco(det, ids[k]), ms)
             bar.update(len(chunk))
         for run in runs:
             claim(run)
@@ -592,14 +599,18 @@ def run_entry_ray(
     max_images: int | None,
     quiet: bool,
     options: Any,
+    claim: Callable[[MemberRun], None] = lambda run: None,
 ) -> dict[str, float]:
-    """:func:`run_entry` on Ray: the same partial records, written here as the actors' rows arrive."""
+    """:func:`run_entry` on Ray: the same partial records, written here as the actors' rows arrive, and the
+    same ``claim`` before a member's first one."""
     from detens.engines.ray_cache import detect_on_ray
 
     needed_all = sorted({i for run in runs for i in run.todo})
     needed = set(needed_all if max_images is None else needed_all[:max_images])
     timing = {"load_s": 0.0, "read_s": 0.0, "wall_s": 0.0}
     if not needed:
+        for run in runs:
+            claim(run)
         return timing
     by_name = {run.name: run for run in runs}
     todo = {run.name: [i for i in run.todo if i in needed] for run in runs}
@@ -623,12 +634,11 @@ def run_entry_ray(
                 logger.warning("skipped: %s", row["error"])
                 run.unreadable[image_id] = row["error"]
             else:
-                record = {"image_id": image_id, "file_name": data.gt.file_name(image_id),
-                          "results": row["results"], "ms": row["ms"]}
-                atomic_write_json(partial_path(out, run.name, image_id), record)  # the image is done
-                run.unreadable.pop(image_id, None)  # unreadable on an earlier run, read now
-                run.processed += 1
+                claim(run)
+                save_finished_image(out, run, data, image_id, row["results"], row["ms"])
             bar.update(1)
+        for run in runs:
+            claim(run)
     finally:
         bar.close()
         timing["wall_s"] = time.perf_counter() - start
@@ -837,10 +847,8 @@ def cache(args: argparse.Namespace) -> int:
                     entry, runs, data, out, config, categories, args.max_images, args.quiet, claim
                 )
             else:
-                for run in runs:
-                    claim(run)  # the Ray engine writes its rows as they arrive
                 timing = run_entry_ray(
-                    entry, runs, data, out, config, categories, args.max_images, args.quiet, args.ray
+                    entry, runs, data, out, config, categories, args.max_images, args.quiet, args.ray, claim
                 )
             if k + 1 < len(plans):
                 release(entry)  # before the next model is loaded
