@@ -77,6 +77,7 @@ def test_cache_on_ray_equals_local(cluster, dataset):
         unreadable = ray_summary["models"][name]["unreadable"]
         assert broken in json.dumps(unreadable) and list(unreadable) == list(local_summary["models"][name]["unreadable"])
         assert ray_summary["models"][name]["images"] == local_summary["models"][name]["images"] == NUM_IMAGES - 1
+        assert ray_summary["models"][name]["load_s_this_run"] > 0  # the actors' model load
     assert broken in json.dumps(ray_summary["unreadable"])
 
     # a rerun resumes: every image done (the unreadable one is tried again and skipped again)

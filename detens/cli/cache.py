@@ -37,9 +37,11 @@ Writes into ``--out``:
   as they are now and records their digests from then on. Delete ``.partial/`` once everything is
   cached to save space (a later run then starts over);
 - ``cache_summary.json``: per member: images, boxes, unreadable files, detection seconds (summed over
-  images, across resumed runs), wall seconds of the last run, the settings; also written when a run
-  stops early (``stopped_by``: ``interrupt`` or the error; null for a run that ran to its end), with
-  the members it got to, so that their unreadable images stay listed;
+  images, across resumed runs), wall and model-load seconds of the last run (``wall_s_this_run``,
+  ``load_s_this_run``; with ``--engine ray`` the load is the slowest actor's, the actors loading in
+  parallel), the settings; also written when a run stops early (``stopped_by``: ``interrupt`` or the
+  error; null for a run that ran to its end), with the members it got to, so that their unreadable
+  images stay listed;
 - ``config.yaml``: the resolved config (the file with the flags applied).
 
 Sharding: ``--shard i/n`` (``0 <= i < n``) takes the images at positions ``i, i + n, i + 2n, ...`` of the
@@ -602,7 +604,8 @@ def run_entry_ray(
     claim: Callable[[MemberRun], None] = lambda run: None,
 ) -> dict[str, float]:
     """:func:`run_entry` on Ray: the same partial records, written here as the actors' rows arrive, and the
-    same ``claim`` before a member's first one."""
+    same ``claim`` before a member's first one. ``load_s`` is the slowest actor's model load (the actors
+    load in parallel)."""
     from detens.engines.ray_cache import detect_on_ray
 
     needed_all = sorted({i for run in runs for i in run.todo})
@@ -630,6 +633,7 @@ def run_entry_ray(
         )
         for row in rows:
             run, image_id = by_name[row["member"]], row["image_id"]
+            timing["load_s"] = max(timing["load_s"], row["load_s"])
             if row["error"]:
                 logger.warning("skipped: %s", row["error"])
                 run.unreadable[image_id] = row["error"]

@@ -182,14 +182,17 @@ class EntryPredictor:
 
     Called with a batch ``{"image_id": int[B], "path": str[B], "todo": str[B]}`` (``todo``: the members
     that still need each image, comma-separated), returns the columns ``image_id``, ``member``,
-    ``results`` (the COCO results as JSON), ``ms`` (detection time per image) and ``error`` (why the
-    image could not be read; empty when it was).
+    ``results`` (the COCO results as JSON), ``ms`` (detection time per image), ``error`` (why the
+    image could not be read; empty when it was) and ``load_s`` (the seconds this actor took to build the
+    entry, on every row: rows do not say which actor made them).
     """
 
     def __init__(self, model: Any, ensemble: Any, categories: Mapping[int, str] | None, members: Sequence[str]):
         from detens.adapters import build_detector
 
+        start = time.perf_counter()
         built = build_detector(model, ensemble, categories)
+        self.load_s = time.perf_counter() - start
         loaded = list(built.members) if hasattr(built, "members") else [built]
         by_name = {m.name: m for m in loaded}
         missing = sorted(set(members) - set(by_name))
@@ -202,7 +205,9 @@ class EntryPredictor:
         from detens.coco import detections_to_coco
         from detens.sources import ImageReadError, read_image
 
-        columns: dict[str, list[Any]] = {"image_id": [], "member": [], "results": [], "ms": [], "error": []}
+        columns: dict[str, list[Any]] = {
+            "image_id": [], "member": [], "results": [], "ms": [], "error": [], "load_s": []
+        }
         images, ids, paths, wanted = [], [], [], []
         for image_id, path, todo in zip(batch["image_id"], batch["path"], batch["todo"], strict=True):
             names = [n for n in str(todo).split(",") if n]
@@ -215,6 +220,7 @@ class EntryPredictor:
                     columns["results"].append("[]")
                     columns["ms"].append(0.0)
                     columns["error"].append(str(err))
+                    columns["load_s"].append(self.load_s)
                 continue
             ids.append(int(image_id))
             paths.append(str(path))
@@ -232,6 +238,7 @@ class EntryPredictor:
                 columns["results"].append(json.dumps(detections_to_coco(det, ids[k])))
                 columns["ms"].append(round(ms, 3))
                 columns["error"].append("")
+                columns["load_s"].append(self.load_s)
         return columns
 
 
@@ -245,7 +252,8 @@ def detect_on_ray(
     options: RayOptions,
 ) -> Iterator[dict[str, Any]]:
     """Run one entry's members over their images on Ray; yields each finished (image, member) row as
-    it arrives (``image_id``, ``member``, ``results`` (list of COCO dicts), ``ms``, ``error``).
+    it arrives (``image_id``, ``member``, ``results`` (list of COCO dicts), ``ms``, ``error``, ``load_s``:
+    the model-load seconds of the actor that made it).
 
     Args:
         todo: member -> the image ids it still needs.
@@ -276,4 +284,5 @@ def detect_on_ray(
             "results": json.loads(row["results"]),
             "ms": float(row["ms"]),
             "error": str(row["error"]),
+            "load_s": float(row["load_s"]),
         }
