@@ -611,7 +611,9 @@ def test_weights_are_hashed_once_per_run(slice_, tmp_path, monkeypatch):
     assert set(map(json.dumps, digests.values())) == {json.dumps({str(weights): real_digest(weights)})}
 
 
-def test_members_that_read_no_weights_record_no_weights_digest(slice_, tmp_path):
+def test_members_that_read_no_weights_record_no_weights_digest(slice_, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # where Ultralytics would have saved yolo11n.pt had it downloaded it
+    monkeypatch.delenv("DETENS_WEIGHTS", raising=False)
     config = weights_config(
         tmp_path,
         {"type": "precomputed", "results": str(slice_ / "saved_b.json"), "name": "saved"},
