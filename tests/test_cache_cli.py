@@ -503,3 +503,126 @@ def test_saved_predictions_are_checked_before_any_model_loads(slice_, tmp_path, 
     refused(capsys, run(slice_, out, config=str(tmp_path / "badcat.yaml")), r"badcat\.json.*999")
     refused(capsys, run(slice_, out, config=str(tmp_path / "fewer.yaml")), r"1 of the 3 images have no saved predictions in member 'b'")
     assert not out.exists() or not any(out.rglob("*.json"))
+
+
+# ---------------------------------------------------------------------------------------- weights digests
+def weights_config(root: Path, *models: dict) -> str:
+    """An ensemble YAML of ``models`` (``type: ultralytics`` unless given) in ``root``; returns its path."""
+    config = {"name": "weights", "models": [{"type": "ultralytics", **model} for model in models]}
+    (root / "weights.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    return str(root / "weights.yaml")
+
+
+def saved_settings(out: Path, member: str) -> dict:
+    return json.loads((out / ".partial" / member / "_settings.json").read_text())
+
+
+@pytest.mark.slow
+def test_weights_rewritten_in_place_are_refused_unless_overwrite(slice_, tmp_path, capsys):
+    """A model re-exported over the old file: resuming would mix the two models' results."""
+    weights = tmp_path / "yolo26n.tflite"
+    shutil.copy(YOLO26N, weights)
+    config = weights_config(tmp_path, {"weights": str(weights), "name": "yolo"})
+    out = tmp_path / "out"
+    assert run(slice_, out, "--max-images", "1", config=config) == 0
+    first = gt_ids(slice_)[0]
+    assert (out / ".partial" / "yolo" / f"{first}.json").is_file()
+    shutil.copy(YOLO26N.parents[1] / "yolov8n_int8_tflite" / "yolov8n_int8.tflite", weights)  # another model
+    code = run(slice_, out, config=config)
+    refused(capsys, code, rf"{re.escape(str(weights))} changed since the earlier run in .*--overwrite")
+    assert (out / ".partial" / "yolo" / f"{first}.json").is_file()  # a refused run changes nothing
+    # --overwrite discards the old model's results (--max-images 0: without loading the new one)
+    assert run(slice_, out, "--overwrite", "--max-images", "0", config=config) == 0
+    assert not (out / ".partial" / "yolo" / f"{first}.json").exists()
+    assert saved_settings(out, "yolo")["inputs"] == {str(weights): cache_tool.path_digest(weights)}
+
+
+def test_a_weights_folder_changed_in_place_is_refused(slice_, tmp_path, capsys):
+    """An export folder (OpenVINO) counts by all its files and their names."""
+    folder = tmp_path / "model_openvino_model"
+    folder.mkdir()
+    for name in ("model.xml", "model.bin", "metadata.yaml"):
+        (folder / name).write_text(f"{name} of the first export")
+    config = weights_config(tmp_path, {"weights": str(folder), "name": "vino"})
+    out = tmp_path / "out"
+    assert run(slice_, out, "--max-images", "0", config=config) == 0  # records the settings, loads nothing
+    assert saved_settings(out, "vino")["inputs"] == {str(folder): cache_tool.path_digest(folder)}
+    (folder / "model.bin").write_text("model.bin of the second export")
+    code = run(slice_, out, "--max-images", "0", config=config)
+    refused(capsys, code, r"model_openvino_model changed since")
+    assert run(slice_, out, "--max-images", "0", "--overwrite", config=config) == 0
+    assert run(slice_, out, "--max-images", "0", config=config) == 0  # the new content is the recorded one
+
+
+def test_folder_digest_covers_names_and_contents_not_the_place(tmp_path):
+    from detens.cli._inputs import path_digest
+
+    folder = tmp_path / "a"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "model.xml").write_text("graph")
+    (folder / "sub" / "model.bin").write_text("weights")
+    digest = path_digest(folder)
+    shutil.copytree(folder, tmp_path / "elsewhere")
+    assert path_digest(tmp_path / "elsewhere") == digest
+    (folder / "sub" / "model.bin").rename(folder / "sub" / "other.bin")
+    assert path_digest(folder) != digest
+    (folder / "sub" / "other.bin").rename(folder / "sub" / "model.bin")
+    assert path_digest(folder) == digest
+    (folder / "model.xml").write_text("graph 2")
+    assert path_digest(folder) != digest
+    with pytest.raises(FileNotFoundError, match="neither a file nor a folder"):
+        path_digest(tmp_path / "missing")
+
+
+def test_a_cache_without_weights_digests_resumes_and_records_them(slice_, tmp_path):
+    """Caches written before the digests were recorded hold the weights path only: they resume."""
+    weights = tmp_path / "model.pt"
+    weights.write_bytes(b"an export")
+    config = weights_config(tmp_path, {"weights": str(weights), "name": "w"})
+    out = tmp_path / "out"
+    assert run(slice_, out, "--max-images", "0", config=config) == 0
+    settings_path = out / ".partial" / "w" / "_settings.json"
+    settings = json.loads(settings_path.read_text())
+    settings_path.write_text(json.dumps({k: v for k, v in settings.items() if k != "inputs"}))
+    assert run(slice_, out, "--max-images", "0", config=config) == 0
+    assert json.loads(settings_path.read_text()) == settings  # the digest of the weights as they are now
+
+
+def test_weights_are_hashed_once_per_run(slice_, tmp_path, monkeypatch):
+    weights = tmp_path / "model.pt"
+    weights.write_bytes(b"an export")
+    config = weights_config(
+        tmp_path,
+        {"weights": str(weights), "name": "w", "tta": ["identity", "hflip"]},
+        {"weights": str(weights), "name": "w_conf", "conf": 0.25},
+    )
+    hashed = []
+    real_digest = cache_tool.path_digest
+
+    def counted(path):
+        hashed.append(Path(path))
+        return real_digest(path)
+
+    monkeypatch.setattr(cache_tool, "path_digest", counted)
+    out = tmp_path / "out"
+    assert run(slice_, out, "--max-images", "0", config=config) == 0
+    assert hashed == [weights]
+    digests = {member: saved_settings(out, member)["inputs"] for member in ("w", "w|hflip", "w_conf")}
+    assert set(map(json.dumps, digests.values())) == {json.dumps({str(weights): real_digest(weights)})}
+
+
+def test_members_that_read_no_weights_record_no_weights_digest(slice_, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # where Ultralytics would have saved yolo11n.pt had it downloaded it
+    monkeypatch.delenv("DETENS_WEIGHTS", raising=False)
+    config = weights_config(
+        tmp_path,
+        {"type": "precomputed", "results": str(slice_ / "saved_b.json"), "name": "saved"},
+        {"type": "torchvision", "arch": "fasterrcnn_resnet50_fpn", "name": "untrained"},  # no weights
+        {"weights": "yolo11n.pt", "name": "upstream"},  # downloaded when online: no file to hash yet
+    )
+    out = tmp_path / "out"
+    assert run(slice_, out, "--max-images", "0", config=config) == 0
+    results = slice_ / "saved_b.json"
+    assert saved_settings(out, "saved")["inputs"] == {str(results): cache_tool.path_digest(results)}
+    assert "inputs" not in saved_settings(out, "untrained")
+    assert "inputs" not in saved_settings(out, "upstream")

@@ -333,6 +333,25 @@ def test_ray_engines_name_missing_weights_before_starting_actors(tmp_path, monke
     assert started == []
 
 
+def test_ready_for_actors_checks_weights_and_makes_paths_absolute(tmp_path, monkeypatch):
+    """The one set-up of both Ray engines before they start actors."""
+    from detens.adapters.weights import WeightsNotFoundError
+    from detens.engines.ray_cache import ready_for_actors
+    from detens.ensemble_config import EnsembleConfig, ModelConfig
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "w.onnx").write_text("onnx")
+    (tmp_path / "weights").mkdir()
+    onnx = ModelConfig(type="onnx", weights="w.onnx", decoder="yolox", name="o")
+    typo = ModelConfig(weights="yolo11n_TYPO.tflite", name="typo")
+    config = EnsembleConfig(weights_dir="weights", models=[onnx, typo])
+    ready, (model,) = ready_for_actors(config, [onnx])  # the other member's weights are not checked
+    assert model.weights == ready.models[0].weights == str(tmp_path / "w.onnx")
+    assert ready.weights_dir == str(tmp_path / "weights") and config.models[0].weights == "w.onnx"
+    with pytest.raises(WeightsNotFoundError, match=r"model 'typo'"):
+        ready_for_actors(config, config.models)
+
+
 def test_ray_gpus_that_no_node_has_are_named(caplog):
     from detens.engines.ray_cache import check_gpus
 

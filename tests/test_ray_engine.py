@@ -16,6 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "coco_val2017_206"
 NUM_IMAGES = 20
 MODELS = ("yolov8n", "yolo11n", "yolo26n")
+YOLO26N = REPO.parent / "shared" / "models" / "yolo26n_int8_tflite" / "yolo26n_int8.tflite"
 
 ray = pytest.importorskip("ray", reason="the Ray engine tests need ray (pip install 'detens[ray]')")
 pytestmark = [
@@ -76,12 +77,34 @@ def test_cache_on_ray_equals_local(cluster, dataset):
         unreadable = ray_summary["models"][name]["unreadable"]
         assert broken in json.dumps(unreadable) and list(unreadable) == list(local_summary["models"][name]["unreadable"])
         assert ray_summary["models"][name]["images"] == local_summary["models"][name]["images"] == NUM_IMAGES - 1
+        assert ray_summary["models"][name]["load_s_this_run"] > 0  # the actors' model load
     assert broken in json.dumps(ray_summary["unreadable"])
 
     # a rerun resumes: every image done (the unreadable one is tried again and skipped again)
     assert cache(root, root / "on_ray", "--engine", "ray") == 0
     again = json.loads((root / "on_ray" / "cache_summary.json").read_text())
     assert all(again["models"][name]["processed_this_run"] == 0 for name in MODELS)
+
+
+def test_cache_on_ray_overwrite_that_fails_before_its_first_result_keeps_the_earlier_results(
+    cluster, dataset, tmp_path
+):
+    """As with the local engine: --overwrite removes a member's results only once its new ones arrive."""
+    root, _ = dataset
+    weights = tmp_path / "yolo26n.tflite"
+    shutil.copy(YOLO26N, weights)
+    config = {"name": "one", "models": [{"type": "ultralytics", "weights": str(weights), "name": "yolo26n"}]}
+    (tmp_path / "one.yaml").write_text(json.dumps(config))  # JSON is YAML
+    out = tmp_path / "out"
+    args = ["cache", "--config", str(tmp_path / "one.yaml"), "--images", str(root / "images"),
+            "--gt", str(root / "gt.json"), "--out", str(out), "--quiet"]
+    assert main([*args, "--max-images", "1"]) == 0
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert len(list((out / ".partial" / "yolo26n").glob("[0-9]*.json"))) == 1
+    weights.write_bytes(b"a broken export" * 100)  # found on the driver; the actors fail to load it
+    with pytest.raises(ray.exceptions.RayError):
+        main([*args, "--engine", "ray", "--overwrite"])
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
 def test_fuse_on_ray_equals_local(cluster, dataset):

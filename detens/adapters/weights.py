@@ -31,6 +31,8 @@ __all__ = [
     "shared_models_above",
     "weights_dirs",
     "resolve_weights",
+    "resolve_model_weights",
+    "WEIGHTS_TYPES",
     "is_upstream_name",
     "upstream_failure",
     "check_weights_found",
@@ -40,6 +42,8 @@ __all__ = [
 ENV_VAR = "DETENS_WEIGHTS"
 
 Kind = Literal["ultralytics", "torchvision", "onnx", "any"]
+#: The member types that load weights (resolved by :func:`resolve_weights`); saved predictions load none.
+WEIGHTS_TYPES: tuple[Kind, ...] = ("ultralytics", "torchvision", "onnx")
 
 
 class WeightsNotFoundError(FileNotFoundError):
@@ -189,20 +193,31 @@ def resolve_weights(
     )
 
 
+def resolve_model_weights(model: Any, weights_dir: str | Path | None = None) -> ResolvedWeights | None:
+    """Where the weights of a model config (a ``ModelConfig``) are, or None for a member that reads no
+    weights: one of another type than :data:`WEIGHTS_TYPES` (saved predictions), or without ``weights``
+    (a torchvision architecture left untrained).
+
+    Raises:
+        WeightsNotFoundError: its weights are found nowhere (naming the model).
+    """
+    if model.type not in WEIGHTS_TYPES or not model.weights:
+        return None
+    try:
+        return resolve_weights(model.weights, model.type, weights_dir)
+    except WeightsNotFoundError as err:
+        raise WeightsNotFoundError(f"model {model.name or model.weights!r}: {err}") from None
+
+
 def check_weights_found(models: Any, weights_dir: str | Path | None = None) -> None:
-    """Resolve the weights of each model config of a type that loads weights (``ultralytics``,
-    ``torchvision``, ``onnx``), so that a missing file is reported here, once, before workers that would
-    each fail to load it are started.
+    """Resolve the weights of each model config of a type that loads weights, so that a missing file is
+    reported here, once, before workers that would each fail to load it are started.
 
     Raises:
         WeightsNotFoundError: the first model whose weights are found nowhere (naming the model).
     """
     for model in models:
-        if model.type in ("ultralytics", "torchvision", "onnx") and model.weights:
-            try:
-                resolve_weights(model.weights, model.type, weights_dir)
-            except WeightsNotFoundError as err:
-                raise WeightsNotFoundError(f"model {model.name or model.weights!r}: {err}") from None
+        resolve_model_weights(model, weights_dir)
 
 
 def upstream_failure(

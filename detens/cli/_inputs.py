@@ -12,18 +12,36 @@ from typing import Any
 from detens.ensemble_config import EnsembleConfig
 
 
+def _sha256_of_file(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def path_digest(path: str | Path) -> str:
+    """The sha256 (16 hex digits) of a file, or of a folder (an OpenVINO export): one digest over its files
+    in sorted order, each with its name relative to the folder, so that a renamed, added or removed file
+    counts as a change and the folder's place does not.
+
+    Raises:
+        FileNotFoundError: ``path`` is neither a file nor a folder.
+    """
+    path = Path(path)
+    if path.is_file():
+        return _sha256_of_file(path)[:16]
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} is neither a file nor a folder: no digest of its content")
+    files = sorted((p.relative_to(path).as_posix(), p) for p in path.rglob("*") if p.is_file())
+    listing = "".join(f"{relative}\0{_sha256_of_file(p)}\n" for relative, p in files)
+    return hashlib.sha256(listing.encode("utf-8")).hexdigest()[:16]
+
+
 def file_digests(files: Iterable[str | None]) -> dict[str, str]:
     """``{file: sha256}`` of the given files that exist (None and missing names are passed over)."""
-    digests = {}
-    for name in files:
-        if name is None or not Path(name).is_file():
-            continue  # a shipped head by name: the package's own file
-        digest = hashlib.sha256()
-        with open(name, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-        digests[str(name)] = digest.hexdigest()[:16]
-    return digests
+    # a name that is not a file: a shipped head by name, the package's own file
+    return {str(name): path_digest(name) for name in files if name is not None and Path(name).is_file()}
 
 
 def input_fingerprints(config: EnsembleConfig) -> dict[str, str]:

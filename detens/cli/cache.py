@@ -24,19 +24,24 @@ Writes into ``--out``:
 - ``.partial/<member>/<image_id>.json``: one small file per finished image (an image with no box is a
   finished image with an empty list), and ``_settings.json``, the settings that produced them. A killed
   run leaves every file valid (all writes are atomic); running the same command again skips the
-  finished images. Changed settings (``conf``, ``imgsz``, weights, ...) and a ``precomputed`` member's
-  results file rewritten at the same path (its sha256 is recorded) are refused unless
-  ``--overwrite``, which discards the selected members' earlier results: those of this shard's images,
-  and, when they were made with other settings, all of them (every shard's and image's, so that no
-  later run takes them for results of the new settings). Every selected member is checked before
-  anything is written, so a refused run changes nothing; ``--overwrite`` removes a member's earlier
-  results only once its model has given its first new result, so a run that fails before (a bad
-  ``--device``, a missing weights file) leaves them, and ``config.yaml``, as they were. Delete ``.partial/`` once everything is cached
-  to save space (a later run then starts over);
+  finished images. Changed settings (``conf``, ``imgsz``, weights, ...) and a file rewritten at the
+  same path (a member's weights, such as a model re-exported over the old one, or a ``precomputed``
+  member's results file: the sha256 of each is recorded; of a weights folder such as an OpenVINO export,
+  one over its files and their names) are refused unless ``--overwrite``, which discards the selected
+  members' earlier results: those of this shard's images, and, when they were made with other settings,
+  all of them (every shard's and image's, so that no later run takes them for results of the new
+  settings). Every selected member is checked before anything is written, so a refused run changes
+  nothing; ``--overwrite`` removes a member's earlier results only once its model has given its first
+  new result, so a run that fails before (a bad ``--device``, a missing weights file) leaves them, and
+  ``config.yaml``, as they were. A cache written before the digests were recorded resumes on the files
+  as they are now and records their digests from then on. Delete ``.partial/`` once everything is
+  cached to save space (a later run then starts over);
 - ``cache_summary.json``: per member: images, boxes, unreadable files, detection seconds (summed over
-  images, across resumed runs), wall seconds of the last run, the settings; also written when a run
-  stops early (``stopped_by``: ``interrupt`` or the error; null for a run that ran to its end), with
-  the members it got to, so that their unreadable images stay listed;
+  images, across resumed runs), wall and model-load seconds of the last run (``wall_s_this_run``,
+  ``load_s_this_run``; with ``--engine ray`` the load is the slowest actor's, the actors loading in
+  parallel), the settings; also written when a run stops early (``stopped_by``: ``interrupt`` or the
+  error; null for a run that ran to its end), with the members it got to, so that their unreadable
+  images stay listed;
 - ``config.yaml``: the resolved config (the file with the flags applied).
 
 Sharding: ``--shard i/n`` (``0 <= i < n``) takes the images at positions ``i, i + n, i + 2n, ...`` of the
@@ -78,9 +83,16 @@ import yaml
 from tqdm import tqdm
 
 from detens.adapters import build_detector, dataset_categories, detect_loaded, view_names
+from detens.adapters.weights import resolve_model_weights
 from detens.cli import UsageError
 from detens.cli._engine import add_engine_arguments, ray_options
-from detens.cli._inputs import check_inputs_unchanged, check_saved_predictions, file_digests, label_space_name
+from detens.cli._inputs import (
+    check_inputs_unchanged,
+    check_saved_predictions,
+    file_digests,
+    label_space_name,
+    path_digest,
+)
 from detens.coco import CocoGroundTruth, detections_to_coco, load_coco_gt, save_coco_results
 from detens.ensemble_config import (
     NOT_READ_BY_TYPE,
@@ -289,9 +301,14 @@ def select_members(entries: list[Entry], patterns: str | None) -> None:
 
 
 def member_settings(
-    config: EnsembleConfig, entry: Entry, name: str, categories: dict[int, str] | None
+    config: EnsembleConfig,
+    entry: Entry,
+    name: str,
+    categories: dict[int, str] | None,
+    digests: dict[str, str],
 ) -> dict[str, Any]:
-    """What determines a member's detections (resuming with other settings is refused)."""
+    """What determines a member's detections (resuming with other settings is refused); ``digests``: the
+    weights digests of this run (see :func:`weights_inputs`)."""
     model = entry.model
     settings: dict[str, Any] = {key: getattr(model, key) for key in _RESULT_KEYS}
     # a setting the member never reads cannot change its detections (and must not refuse a resume)
@@ -309,8 +326,27 @@ def member_settings(
     settings["categories"] = hashlib.sha256(label_space).hexdigest()[:16] if categories else "coco80"
     if model.type == "precomputed":  # saved predictions are often rewritten in place: their content counts
         settings["inputs"] = file_digests([model.results])
+    weights = weights_inputs(model, config.weights_dir, digests)
+    if weights:  # a re-exported model is often saved over the old one: its content counts too
+        settings["inputs"] = weights
     # JSON round trip: the form it is compared in after being saved
     return json.loads(json.dumps(settings, sort_keys=True))
+
+
+def weights_inputs(model: ModelConfig, weights_dir: str | None, digests: dict[str, str]) -> dict[str, str]:
+    """``{weights as the config gives them: digest of the file or folder they resolve to}``, or nothing for a
+    member that reads no weights or downloads them (an upstream name: no file yet).
+
+    Keyed by the configured name, not the resolved path, so that shards run where the weights lie
+    elsewhere still merge. ``digests`` (resolved path -> digest) is this run's: the views of a model, and
+    models sharing a file, hash it once.
+    """
+    resolved = resolve_model_weights(model, weights_dir)
+    if resolved is None or not resolved.local:
+        return {}
+    if resolved.value not in digests:
+        digests[resolved.value] = path_digest(resolved.value)
+    return {str(model.weights): digests[resolved.value]}
 
 
 def check_saved_members(
@@ -414,7 +450,9 @@ def check_settings(out: Path, member: str, settings: dict[str, Any], overwrite: 
         saved = None
     if not overwrite:
         check_inputs_unchanged(out, saved, settings.get("inputs") or {})
-    if isinstance(saved, dict) and "inputs" not in saved:  # recorded before the digests were: paths only
+    if isinstance(saved, dict) and "inputs" not in saved:
+        # recorded before the digests were (of saved predictions, of weights): paths only. Such a cache
+        # resumes on the files as they are now, whose digests are recorded from then on.
         settings = {k: v for k, v in settings.items() if k != "inputs"}
     if isinstance(saved, dict):  # caches of earlier versions recorded settings their members never read
         unread = NOT_READ_BY_TYPE.get(str(settings.get("type")), ())
@@ -458,6 +496,22 @@ class MemberRun:
     claimed: bool = False  # its earlier results made way for this run's (see replace_results)
     processed: int = 0
     unreadable: dict[int, str] = field(default_factory=dict)
+
+
+def save_finished_image(
+    out: Path, run: MemberRun, data: Dataset, image_id: int, results: list[dict[str, Any]], ms: float
+) -> None:
+    """Write the partial record of one image that ``run``'s member has detected (atomically: with it, the
+    image is done)."""
+    record = {
+        "image_id": image_id,
+        "file_name": data.gt.file_name(image_id),
+        "results": results,
+        "ms": round(ms, 3),
+    }
+    atomic_write_json(partial_path(out, run.name, image_id), record)
+    run.unreadable.pop(image_id, None)  # unreadable on an earlier run, read now
+    run.processed += 1
 
 
 def run_entry(
@@ -527,16 +581,7 @@ def run_entry(
                 ms = (time.perf_counter() - t) * 1000 / len(picked)
                 claim(run)
                 for k, det in zip(picked, dets, strict=True):
-                    image_id = ids[k]
-                    record = {
-                        "image_id": image_id,
-                        "file_name": data.gt.file_name(image_id),
-                        "results": detections_to_coco(det, image_id),
-                        "ms": round(ms, 3),
-                    }
-                    atomic_write_json(partial_path(out, run.name, image_id), record)  # the image is done
-                    run.unreadable.pop(image_id, None)  # unreadable on an earlier run, read now
-                    run.processed += 1
+                    save_finished_image(out, run, data, ids[k], detections_to_coco(det, ids[k]), ms)
             bar.update(len(chunk))
         for run in runs:
             claim(run)
@@ -556,14 +601,19 @@ def run_entry_ray(
     max_images: int | None,
     quiet: bool,
     options: Any,
+    claim: Callable[[MemberRun], None] = lambda run: None,
 ) -> dict[str, float]:
-    """:func:`run_entry` on Ray: the same partial records, written here as the actors' rows arrive."""
+    """:func:`run_entry` on Ray: the same partial records, written here as the actors' rows arrive, and the
+    same ``claim`` before a member's first one. ``load_s`` is the slowest actor's model load (the actors
+    load in parallel)."""
     from detens.engines.ray_cache import detect_on_ray
 
     needed_all = sorted({i for run in runs for i in run.todo})
     needed = set(needed_all if max_images is None else needed_all[:max_images])
     timing = {"load_s": 0.0, "read_s": 0.0, "wall_s": 0.0}
     if not needed:
+        for run in runs:
+            claim(run)
         return timing
     by_name = {run.name: run for run in runs}
     todo = {run.name: [i for i in run.todo if i in needed] for run in runs}
@@ -583,16 +633,16 @@ def run_entry_ray(
         )
         for row in rows:
             run, image_id = by_name[row["member"]], row["image_id"]
+            timing["load_s"] = max(timing["load_s"], row["load_s"])
             if row["error"]:
                 logger.warning("skipped: %s", row["error"])
                 run.unreadable[image_id] = row["error"]
             else:
-                record = {"image_id": image_id, "file_name": data.gt.file_name(image_id),
-                          "results": row["results"], "ms": row["ms"]}
-                atomic_write_json(partial_path(out, run.name, image_id), record)  # the image is done
-                run.unreadable.pop(image_id, None)  # unreadable on an earlier run, read now
-                run.processed += 1
+                claim(run)
+                save_finished_image(out, run, data, image_id, row["results"], row["ms"])
             bar.update(1)
+        for run in runs:
+            claim(run)
     finally:
         bar.close()
         timing["wall_s"] = time.perf_counter() - start
@@ -727,10 +777,11 @@ def cache(args: argparse.Namespace) -> int:
     select_members(entries, args.models)
     check_saved_members(entries, data, config, categories)
     plans: list[tuple[Entry, list[MemberRun]]] = []
+    digests: dict[str, str] = {}
     for entry in entries:
         runs = []
         for name in entry.selected:
-            settings = member_settings(config, entry, name, categories)
+            settings = member_settings(config, entry, name, categories, digests)
             stale = check_settings(out, name, settings, args.overwrite)
             if args.overwrite:
                 todo = list(data.ids)
@@ -800,10 +851,8 @@ def cache(args: argparse.Namespace) -> int:
                     entry, runs, data, out, config, categories, args.max_images, args.quiet, claim
                 )
             else:
-                for run in runs:
-                    claim(run)  # the Ray engine writes its rows as they arrive
                 timing = run_entry_ray(
-                    entry, runs, data, out, config, categories, args.max_images, args.quiet, args.ray
+                    entry, runs, data, out, config, categories, args.max_images, args.quiet, args.ray, claim
                 )
             if k + 1 < len(plans):
                 release(entry)  # before the next model is loaded

@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 
 from detens.adapters.weights import check_weights_found
-from detens.ensemble_config import with_absolute_paths
+from detens.ensemble_config import EnsembleConfig, ModelConfig, with_absolute_paths
 
-__all__ = ["RayOptions", "EntryPredictor", "detect_on_ray", "ray_session"]
+__all__ = ["RayOptions", "EntryPredictor", "detect_on_ray", "ray_session", "ready_for_actors"]
 
 logger = logging.getLogger("detens.ray")
 
@@ -62,6 +62,21 @@ class RayOptions:
         import torch
 
         return 1.0 if torch.cuda.is_available() else 0.0
+
+
+def ready_for_actors(
+    ensemble: EnsembleConfig, models: Sequence[ModelConfig]
+) -> tuple[EnsembleConfig, list[ModelConfig]]:
+    """``ensemble`` and the ``models`` that actors will load, ready to be sent to them: their weights are
+    looked up here, on the driver, so that a missing file is one error naming the model, not a Ray error
+    per actor; and every file they name is made absolute, since the actors' working directory is the
+    cluster's, not this process's.
+
+    Raises:
+        WeightsNotFoundError: the first of ``models`` whose weights are found nowhere.
+    """
+    check_weights_found(models, ensemble.weights_dir)
+    return with_absolute_paths(ensemble), [with_absolute_paths(model) for model in models]
 
 
 def map_on_actors(
@@ -167,14 +182,17 @@ class EntryPredictor:
 
     Called with a batch ``{"image_id": int[B], "path": str[B], "todo": str[B]}`` (``todo``: the members
     that still need each image, comma-separated), returns the columns ``image_id``, ``member``,
-    ``results`` (the COCO results as JSON), ``ms`` (detection time per image) and ``error`` (why the
-    image could not be read; empty when it was).
+    ``results`` (the COCO results as JSON), ``ms`` (detection time per image), ``error`` (why the
+    image could not be read; empty when it was) and ``load_s`` (the seconds this actor took to build the
+    entry, on every row: rows do not say which actor made them).
     """
 
     def __init__(self, model: Any, ensemble: Any, categories: Mapping[int, str] | None, members: Sequence[str]):
         from detens.adapters import build_detector
 
+        start = time.perf_counter()
         built = build_detector(model, ensemble, categories)
+        self.load_s = time.perf_counter() - start
         loaded = list(built.members) if hasattr(built, "members") else [built]
         by_name = {m.name: m for m in loaded}
         missing = sorted(set(members) - set(by_name))
@@ -187,7 +205,9 @@ class EntryPredictor:
         from detens.coco import detections_to_coco
         from detens.sources import ImageReadError, read_image
 
-        columns: dict[str, list[Any]] = {"image_id": [], "member": [], "results": [], "ms": [], "error": []}
+        columns: dict[str, list[Any]] = {
+            "image_id": [], "member": [], "results": [], "ms": [], "error": [], "load_s": []
+        }
         images, ids, paths, wanted = [], [], [], []
         for image_id, path, todo in zip(batch["image_id"], batch["path"], batch["todo"], strict=True):
             names = [n for n in str(todo).split(",") if n]
@@ -200,6 +220,7 @@ class EntryPredictor:
                     columns["results"].append("[]")
                     columns["ms"].append(0.0)
                     columns["error"].append(str(err))
+                    columns["load_s"].append(self.load_s)
                 continue
             ids.append(int(image_id))
             paths.append(str(path))
@@ -217,6 +238,7 @@ class EntryPredictor:
                 columns["results"].append(json.dumps(detections_to_coco(det, ids[k])))
                 columns["ms"].append(round(ms, 3))
                 columns["error"].append("")
+                columns["load_s"].append(self.load_s)
         return columns
 
 
@@ -230,7 +252,8 @@ def detect_on_ray(
     options: RayOptions,
 ) -> Iterator[dict[str, Any]]:
     """Run one entry's members over their images on Ray; yields each finished (image, member) row as
-    it arrives (``image_id``, ``member``, ``results`` (list of COCO dicts), ``ms``, ``error``).
+    it arrives (``image_id``, ``member``, ``results`` (list of COCO dicts), ``ms``, ``error``, ``load_s``:
+    the model-load seconds of the actor that made it).
 
     Args:
         todo: member -> the image ids it still needs.
@@ -243,9 +266,7 @@ def detect_on_ray(
             needed.setdefault(int(image_id), []).append(member)
     if not needed:
         return
-    check_weights_found([model], ensemble.weights_dir)  # here, not once per actor as a Ray error
-    # the actors' working directory is the cluster's, not this process's: they get absolute paths
-    model, ensemble = with_absolute_paths(model), with_absolute_paths(ensemble)
+    ensemble, (model,) = ready_for_actors(ensemble, [model])
     items = [
         {"image_id": image_id, "path": str(Path(path_of(image_id)).absolute()), "todo": ",".join(members)}
         for image_id, members in sorted(needed.items())
@@ -263,4 +284,5 @@ def detect_on_ray(
             "results": json.loads(row["results"]),
             "ms": float(row["ms"]),
             "error": str(row["error"]),
+            "load_s": float(row["load_s"]),
         }

@@ -19,9 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from detens.adapters.weights import check_weights_found
-from detens.engines.ray_cache import RayOptions, map_on_actors
-from detens.ensemble_config import with_absolute_paths
+from detens.engines.ray_cache import RayOptions, map_on_actors, ready_for_actors
 
 __all__ = ["EnsembleFuser", "fuse_on_ray"]
 
@@ -105,9 +103,7 @@ def fuse_on_ray(
     ``error``."""
     if not items:
         return
-    check_weights_found(config.models, config.weights_dir)  # here, not once per actor as a Ray error
-    # the actors' working directory is the cluster's, not this process's: they get absolute paths
-    config = with_absolute_paths(config)
+    config, _ = ready_for_actors(config, config.models)
     rows = map_on_actors(
         [{"name": n, "stem": s, "path": str(Path(p).absolute())} for n, s, p in items],
         EnsembleFuser,
