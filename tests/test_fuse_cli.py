@@ -554,3 +554,19 @@ def test_files_that_share_a_dataset_base_name_are_refused_before_any_result(work
     err = capsys.readouterr().err
     assert err.count("error:") == 1 and "'train/a.jpg', 'val/a.jpg' (relative to --source) and its 'a.jpg'" in err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("name", ["v8/x", "../../escaped"])
+def test_a_member_name_that_is_no_file_name_is_refused_before_any_result(workspace, tmp_path, capsys, name):
+    source = one_image_source(workspace, tmp_path / "src", "a.jpg")
+    config = saved_config(tmp_path, [saved_result(1, 6)], {"a.jpg": 1})
+    data = yaml.safe_load(config.read_text())
+    data["models"][0]["name"] = name
+    config.write_text(yaml.safe_dump(data))
+    out = tmp_path / "runs" / "o"
+    code = fuse_tool.main(["--config", str(config), "--source", str(source), "--out", str(out), "--method", "wbf",
+                           "--quiet", "--save-per-model"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and f"model name {name!r} cannot name the member's files" in err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "escaped.json").exists()

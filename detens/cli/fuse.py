@@ -83,7 +83,12 @@ from detens.cli._inputs import (
 from detens.coco import detections_to_coco, load_coco_gt
 from detens.config import read_yaml_file
 from detens.detections import Detections
-from detens.ensemble_config import EnsembleConfig, load_ensemble_config, save_ensemble_config
+from detens.ensemble_config import (
+    EnsembleConfig,
+    check_member_name,
+    load_ensemble_config,
+    save_ensemble_config,
+)
 from detens.export import yolo_lines
 from detens.fusers import FUSERS, fuse, head_methods, list_methods
 from detens.io import atomic_write_bytes, atomic_write_json, output_stems
@@ -717,6 +722,8 @@ def run(args: argparse.Namespace) -> int:
         """The loaded members against the head and an earlier run; then the run claims --out."""
         nonlocal member_names, weights, params
         if declared is None:
+            for name in loaded:  # named after their weights: checked as a config's names are
+                check_member_name(name)
             params = fusion_params(config, loaded)
         if isinstance(previous, dict) and previous.get("models") not in (None, loaded):
             raise ValueError(
