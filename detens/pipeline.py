@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+import torch
 from torch import Tensor, nn
 
 from detens.convert import (
@@ -463,7 +464,9 @@ class TorchvisionFusion(nn.Module):
 
         Returns:
             list[dict[str, Tensor]]: one ``{"boxes", "scores", "labels"}`` per image, on the input device,
-            boxes and scores in the dtype of the first model's boxes; other keys (masks, ...) are dropped.
+            boxes and scores in the dtype of the first model's boxes if they are a floating-point tensor,
+            else float32 (numpy arrays and lists are accepted, as by ``torchvision_to_detections``); other
+            keys (masks, ...) are dropped.
         """
         if isinstance(per_model_outputs, Mapping) or not isinstance(per_model_outputs, Sequence):
             raise TypeError("per_model_outputs must be a list with one list of output dicts per model")
@@ -498,9 +501,14 @@ class TorchvisionFusion(nn.Module):
                 torchvision_to_detections(per_model[n][b], size, source=names[n])
                 for n in range(len(per_model))
             ]
-            dtype = per_model[0][b]["boxes"].dtype
             fused = fuse(per_image, method=self.method, **params)
-            fused_outputs.append(
-                detections_to_torchvision(fused, dtype=dtype if dtype.is_floating_point else None)
-            )
+            fused_outputs.append(detections_to_torchvision(fused, dtype=_output_dtype(per_model[0][b]["boxes"])))
         return fused_outputs
+
+
+def _output_dtype(boxes: Any) -> torch.dtype:
+    """The dtype of the fused boxes and scores: that of the first model's boxes when they are a floating-point
+    tensor, else float32 (integer tensors, numpy arrays and lists, all accepted as input)."""
+    if isinstance(boxes, Tensor) and boxes.dtype.is_floating_point:
+        return boxes.dtype
+    return torch.float32

@@ -355,6 +355,20 @@ class TestTorchvisionFusion:
         with pytest.raises(TypeError, match=r"per_model_outputs\[0\] must be model 0's list of output dicts.*got dict"):
             fusion([one, one], [(480, 640)])
 
+    @pytest.mark.parametrize("convert", [
+        lambda v: np.array(v, np.float64), lambda v: np.array(v, np.float32), list, lambda v: torch.tensor(v).long(),
+    ], ids=["numpy float64", "numpy float32", "list", "int64 tensor"])
+    def test_numpy_and_list_outputs_fuse_to_float32_tensors(self, convert):
+        boxes, scores = [[10, 10, 50, 50], [12, 11, 50, 52]], [0.9, 0.7]
+        outputs = [[{"boxes": convert([box]), "scores": np.array([score]), "labels": convert([3])}]
+                   for box, score in zip(boxes, scores, strict=True)]
+        as_tensors = [[{"boxes": torch.tensor([box], dtype=torch.float32), "scores": torch.tensor([score]),
+                        "labels": torch.tensor([3])}] for box, score in zip(boxes, scores, strict=True)]
+        fusion = TorchvisionFusion(method=METHOD)
+        fused, expected = fusion(outputs, [(100, 200)]), fusion(as_tensors, [(100, 200)])
+        assert fused[0]["boxes"].dtype == fused[0]["scores"].dtype == torch.float32
+        assert all(torch.equal(fused[0][k], expected[0][k]) for k in expected[0])
+
     def test_theta_head_is_a_submodule(self):
         head = detens.ThetaHead(["frcnn", "ssd"])
         fusion = TorchvisionFusion(method="theta", head=head)
