@@ -456,6 +456,27 @@ class TestEnsemble:
         with pytest.raises(ValueError, match="returned 0 Detections for 1 images"):
             Ensemble([Short("s", [a])], method=METHOD)(["x.jpg"])
 
+    @pytest.mark.parametrize("options, error, message", [
+        ({"iou_thr": 5}, ValueError, r"iou_thr must be in \[0, 1\], got 5"),
+        ({"weights": [1, 2, 3]}, ValueError, r"weights must hold one number per model \(2\), got 3"),
+        ({"method": "soft_nms", "sigma": "0.5"}, TypeError, "sigma must be a number, got str"),
+        ({"method": "theta", "head": detens.ThetaHead(["a", "c"])}, ValueError,
+         r"their sources are \['a', 'b'\] but this head is for models \['a', 'c'\]"),
+    ], ids=["iou_thr", "weights", "sigma", "head"])
+    def test_parameter_values_are_checked_before_any_detector_runs(self, options, error, message):
+        a = Detections.empty((10, 10))
+        detectors = [FixedDetector("a", [a]), FixedDetector("b", [a])]
+        with pytest.raises(error, match=message):
+            Ensemble(detectors, **{"method": "wbf", **options})
+        assert [d.calls for d in detectors] == [0, 0]
+
+    @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+    def test_a_head_on_the_gpu_is_checked_on_its_device(self):
+        a = Detections([[10.0, 20.0, 110.0, 220.0]], [0.9], [1], (480, 640)).to("cuda")
+        ens = Ensemble([FixedDetector("a", [a]), FixedDetector("b", [a])], method="theta",
+                       head=detens.ThetaHead(["a", "b"]).cuda())
+        assert ens([np.zeros((480, 640, 3), np.uint8)])[0].device.type == "cuda"
+
     def test_every_entry_point_takes_head_types_and_calibration(self, tmp_path):
         from detens import DeepEnsembleHead
         from detens.heads import CalibrationHead
