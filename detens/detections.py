@@ -107,8 +107,11 @@ class Detections:
     ``labels`` of shape [0]. Anything outside these ranges raises ``ValueError`` (``TypeError`` for a wrong
     type) naming the field, the index and the value; nothing is silently clipped or converted.
 
-    Numpy arrays and lists are accepted and converted; tensors keep their device.
-    Inputs are never modified: converted tensors are fresh or read-only views of the caller's.
+    Numpy arrays and lists are accepted and converted (boxes and scores to float32, labels to int64);
+    tensors keep their device. detens never writes into its inputs. An input already of that dtype (a
+    float32 tensor or numpy array of boxes or scores, an int64 one of labels) is not copied: the Detections
+    shares its memory, as ``torch.as_tensor`` does, so writing into one changes the other; pass a copy to
+    keep them apart. Other inputs are converted into fresh tensors.
     """
 
     boxes: Tensor

@@ -28,6 +28,7 @@ __all__ = [
     "save_ensemble_config",
     "apply_overrides",
     "with_absolute_paths",
+    "check_member_name",
     "NOT_READ_BY_TYPE",
 ]
 
@@ -50,6 +51,27 @@ _TYPE_KEYS = {
 }
 _ONNX_KEYS = ("decoder", "input_size", "letterbox", "pad_value", "bgr_to_rgb", "mean", "std", "providers")
 _TYPE_ONLY_KEYS = {"weights", "arch", "results", "images", "half", *_ONNX_KEYS}
+
+
+def check_member_name(name: str, where: str = "member name") -> str:
+    """``name`` if it can be the stem of the member's files (``detens fuse``'s ``per_model/<name>.json``,
+    ``detens cache``'s ``<name>.json`` and ``partial/<name>/``) without reaching another folder or being
+    hidden. TTA names such as ``yolo11n|hflip`` or ``yolo26n|scale=0.83`` are fine.
+
+    Raises:
+        TypeError: ``name`` is not a string.
+        ValueError: ``name`` is empty, contains ``/``, ``\\`` or a control character (NUL included), or
+            starts with ``.`` (``..``, a hidden file).
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"{where} must be a string, got {type(name).__name__}: {name!r}")
+    unsafe = not name or name.startswith(".") or any(c in "/\\" or ord(c) < 32 or ord(c) == 127 for c in name)
+    if unsafe:
+        raise ValueError(
+            f"{where} {name!r} cannot name the member's files: it must be non-empty, without '/', '\\' or "
+            "control characters, and not start with '.'"
+        )
+    return name
 
 
 @dataclass
@@ -87,6 +109,8 @@ class ModelConfig:
 
         ADAPTERS.get(self.type)  # unknown type: error listing the valid ones
         label = f"model {self.name or self.weights or self.results or self.arch or self.type!r}"
+        if self.name is not None:
+            check_member_name(self.name, "model name")
         used = _TYPE_KEYS.get(self.type)
         if used is not None:
             for key in sorted(_TYPE_ONLY_KEYS - used):

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from detens.checks import check_integer, check_integers, check_real
+from detens.convert import _invert
 from detens.detections import Detections
 from detens.io import atomic_write_text
 from detens.labels import COCO_CATEGORY_IDS
@@ -23,15 +25,19 @@ def yolo_lines(
 
     Args:
         det (Detections): boxes in pixels, labels in the label space.
-        category_ids (list[int] | None): the category id of each YOLO class number; default COCO's 80.
-        conf (float): keep boxes scored at least ``conf``.
-        decimals (int): digits after the point.
+        category_ids (list[int] | None): the category id of each YOLO class number, each once; default
+            COCO's 80.
+        conf (float): keep boxes scored at least ``conf``, in [0, 1].
+        decimals (int): digits after the point, >= 0.
 
     Raises:
-        ValueError: a label that is not in ``category_ids``.
+        TypeError: ``conf`` or ``decimals`` is not a number, ``category_ids`` not a list of integers.
+        ValueError: ``conf`` outside [0, 1] (NaN included), negative ``decimals``, a category id given
+            twice (its label would have two class numbers), or a label that is not in ``category_ids``.
     """
-    ids = list(COCO_CATEGORY_IDS if category_ids is None else category_ids)
-    index = {int(c): i for i, c in enumerate(ids)}
+    index = _yolo_class_numbers(category_ids)
+    conf = check_real(conf, "conf", 0.0, 1.0)
+    decimals = check_integer(decimals, "decimals", 0)
     det = det.clip().sort_by_score()
     det = det[det.scores >= conf]
     if len(det) == 0:
@@ -45,11 +51,22 @@ def yolo_lines(
     lines = []
     for i, (label, score) in enumerate(zip(det.labels.tolist(), det.scores.tolist(), strict=True)):
         if label not in index:
-            raise ValueError(f"label {label} is not in the label space's category ids ({ids[:10]}...)")
+            raise ValueError(f"label {label} is not in the label space's category ids ({list(index)[:10]}...)")
         lines.append(
             f"{index[label]} {cx[i]:.{decimals}f} {cy[i]:.{decimals}f} {w[i]:.{decimals}f} {h[i]:.{decimals}f} {score:.{decimals}f}"
         )
     return lines
+
+
+def _yolo_class_numbers(category_ids: Sequence[int] | None) -> dict[int, int]:
+    """``{category id: YOLO class number}`` of ``category_ids`` (None: COCO's 80).
+
+    Raises:
+        TypeError: not a list of integers.
+        ValueError: a category id given twice.
+    """
+    ids = COCO_CATEGORY_IDS if category_ids is None else check_integers(category_ids, "category_ids")
+    return _invert(ids)
 
 
 def save_yolo_txt(

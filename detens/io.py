@@ -3,6 +3,7 @@ unique output names for input files."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -21,8 +22,14 @@ os.umask(_UMASK)
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and an atomic rename."""
+    """Write ``data`` to ``path`` through a temporary file in the same folder and an atomic rename.
+
+    Raises:
+        IsADirectoryError: ``path`` is a folder (named in the message, not the temporary file).
+    """
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a folder; give the path of a file to write", str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

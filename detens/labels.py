@@ -7,7 +7,12 @@ adapters map their own indices onto it.
 
 from __future__ import annotations
 
-__all__ = ["COCO_CATEGORY_IDS", "COCO_NAMES", "COCO_ID_TO_NAME", "coco80_to_category_id"]
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+__all__ = ["COCO_CATEGORY_IDS", "COCO_NAMES", "COCO_ID_TO_NAME", "coco80_to_category_id", "label_names"]
 
 #: COCO category id of each of the 80 classes, in the standard 0..79 order.
 COCO_CATEGORY_IDS: tuple[int, ...] = (
@@ -185,3 +190,24 @@ def coco80_to_category_id(index: int) -> int:
     if not 0 <= index < len(COCO_CATEGORY_IDS):
         raise ValueError(f"COCO-80 class index must be in [0, 79], got {index}")
     return COCO_CATEGORY_IDS[index]
+
+
+def label_names(names: Any, what: str = "class_names") -> dict[int, str]:
+    """``{label: name}`` from a mapping of integer labels, or a list or tuple whose positions are the labels.
+
+    Args:
+        what (str): names the argument in errors.
+
+    Raises:
+        TypeError: neither a mapping nor a list or tuple, or a key that is not an integer.
+    """
+    if isinstance(names, Mapping):
+        items = list(names.items())
+    elif isinstance(names, (list, tuple)):
+        items = list(enumerate(names))
+    else:
+        raise TypeError(f"{what} must be a dict {{label: name}} or a list of names, got {type(names).__name__}")
+    bad = [key for key, _ in items if isinstance(key, (bool, np.bool_)) or not isinstance(key, (int, np.integer))]
+    if bad:
+        raise TypeError(f"{what} must be keyed by integer labels, got the key {bad[0]!r}")
+    return {int(key): str(name) for key, name in items}

@@ -20,6 +20,7 @@ Label spaces:
 from __future__ import annotations
 
 import inspect
+import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+import torch
 from torch import Tensor, nn
 
 from detens.convert import (
@@ -85,6 +87,20 @@ def _fusion_params(method: str, head: Any, params: dict[str, Any], model_names: 
     return params
 
 
+def _check_fusion_values(method: str, params: dict[str, Any], names: Sequence[str]) -> None:
+    """Have the fuser check the values of ``params`` (ranges, one weight per member, the head's members) on
+    empty detections of each member, so that a mistake is reported before any detector runs, not after."""
+    device = _device_of(params.get("head"))  # a head computes on its own device
+    fuse([Detections.empty((1, 1), source=name, device=device) for name in names], method, **params)
+
+
+def _device_of(head: Any) -> torch.device:
+    """The device of a head's first parameter or buffer; the CPU for anything else."""
+    tensors = itertools.chain(head.parameters(), head.buffers()) if isinstance(head, nn.Module) else iter(())
+    first = next(tensors, None)
+    return first.device if first is not None else torch.device("cpu")
+
+
 def _lists_per_model(per_model: Sequence[Any], what: str, items: str, example: str) -> list[list[Any]]:
     """``per_model`` as one list per model; one item in place of a model's list (a ``Results``, an output
     dict, a tensor) is a ``TypeError``, not a list of its boxes."""
@@ -120,7 +136,9 @@ class Ensemble:
         method (str): a fusion method of :func:`detens.fuse` (``"wbf"``, ``"theta"``, ...).
         head: for ``method="theta"`` or a head type (``"deep"``, ...): a head or the path of a saved one
             (checked against the detector names).
-        **params: the method's parameters (``iou_thr``, ``weights``, ...), checked here.
+        **params: the method's parameters (``iou_thr``, ``weights``, ...), checked here, names and values
+            (an ``iou_thr`` of 5, weights of another length, a head of other models): a mistake is reported
+            before any detector runs.
 
     Example::
 
@@ -146,6 +164,7 @@ class Ensemble:
             )
         self.method = method
         self.params = _fusion_params(method, head, params, self.names)
+        _check_fusion_values(method, self.params, self.names)
 
     def __repr__(self) -> str:
         return f"Ensemble(detectors={self.names}, method={self.method!r})"
@@ -463,7 +482,9 @@ class TorchvisionFusion(nn.Module):
 
         Returns:
             list[dict[str, Tensor]]: one ``{"boxes", "scores", "labels"}`` per image, on the input device,
-            boxes and scores in the dtype of the first model's boxes; other keys (masks, ...) are dropped.
+            boxes and scores in the dtype of the first model's boxes if they are a floating-point tensor,
+            else float32 (numpy arrays and lists are accepted, as by ``torchvision_to_detections``); other
+            keys (masks, ...) are dropped.
         """
         if isinstance(per_model_outputs, Mapping) or not isinstance(per_model_outputs, Sequence):
             raise TypeError("per_model_outputs must be a list with one list of output dicts per model")
@@ -498,9 +519,14 @@ class TorchvisionFusion(nn.Module):
                 torchvision_to_detections(per_model[n][b], size, source=names[n])
                 for n in range(len(per_model))
             ]
-            dtype = per_model[0][b]["boxes"].dtype
             fused = fuse(per_image, method=self.method, **params)
-            fused_outputs.append(
-                detections_to_torchvision(fused, dtype=dtype if dtype.is_floating_point else None)
-            )
+            fused_outputs.append(detections_to_torchvision(fused, dtype=_output_dtype(per_model[0][b]["boxes"])))
         return fused_outputs
+
+
+def _output_dtype(boxes: Any) -> torch.dtype:
+    """The dtype of the fused boxes and scores: that of the first model's boxes when they are a floating-point
+    tensor, else float32 (integer tensors, numpy arrays and lists, all accepted as input)."""
+    if isinstance(boxes, Tensor) and boxes.dtype.is_floating_point:
+        return boxes.dtype
+    return torch.float32

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import cv2
 import numpy as np
 
+from detens.checks import check_integer, check_real
 from detens.detections import Detections
-from detens.labels import COCO_ID_TO_NAME
+from detens.labels import COCO_ID_TO_NAME, label_names
 
 __all__ = ["draw_detections", "draw_ground_truth", "class_color"]
 
@@ -26,10 +28,27 @@ def class_color(label: int) -> tuple[int, int, int]:
     return _PALETTE[int(label) % len(_PALETTE)]
 
 
+def _check_image(image_bgr: Any) -> None:
+    """Refuse what OpenCV cannot draw on: anything but a uint8 array ``[H, W, 3]``."""
+    if not isinstance(image_bgr, np.ndarray) or image_bgr.ndim != 3 or image_bgr.shape[2] != 3:
+        raise ValueError(
+            f"image_bgr must be a BGR array [H, W, 3], got {getattr(image_bgr, 'shape', type(image_bgr))}"
+        )
+    if image_bgr.dtype != np.uint8:
+        raise TypeError(f"image_bgr must be a uint8 BGR array [H, W, 3], got dtype {image_bgr.dtype}")
+
+
+def _line_width(line_width: Any, height: int, width: int) -> int:
+    """``line_width`` (an integer >= 1), or by default one that scales with the image size."""
+    if line_width is None:
+        return max(1, round((height + width) / 2 * 0.003))
+    return check_integer(line_width, "line_width", 1)
+
+
 def draw_detections(
     image_bgr: np.ndarray,
     det: Detections,
-    names: Mapping[int, str] | None = None,
+    names: Mapping[int, str] | Sequence[str] | None = None,
     conf: float = 0.0,
     line_width: int | None = None,
 ) -> np.ndarray:
@@ -38,26 +57,31 @@ def draw_detections(
     Args:
         image_bgr (np.ndarray[H, W, 3] uint8): the image (not modified).
         det (Detections): boxes in the image's pixels.
-        names (dict[int, str] | None): ``{label: class name}``; default the COCO names; unknown labels are
-            written as numbers.
-        conf (float): draw only boxes scored at least ``conf``.
-        line_width (int | None): box line width in pixels; default scales with the image size.
+        names (dict[int, str] | list[str] | None): ``{label: class name}``, or a list whose positions are
+            the labels (as :func:`detens.interop.supervision.to_supervision` takes them); default the COCO
+            names; unknown labels are written as numbers.
+        conf (float): draw only boxes scored at least ``conf``, in [0, 1].
+        line_width (int | None): box line width in pixels, >= 1; default scales with the image size.
 
     Returns:
         np.ndarray[H, W, 3] uint8: the drawn image.
+
+    Raises:
+        TypeError: an image that is not a uint8 array, ``names`` neither a mapping nor a list, or a
+            ``conf`` or ``line_width`` that is not a number.
+        ValueError: an image not ``[H, W, 3]`` or of another size than ``det``'s, ``conf`` outside [0, 1]
+            (NaN included), ``line_width`` < 1.
     """
-    if not isinstance(image_bgr, np.ndarray) or image_bgr.ndim != 3 or image_bgr.shape[2] != 3:
-        raise ValueError(
-            f"image_bgr must be a BGR array [H, W, 3], got {getattr(image_bgr, 'shape', type(image_bgr))}"
-        )
+    _check_image(image_bgr)
     if tuple(image_bgr.shape[:2]) != tuple(det.image_size):
         raise ValueError(
             f"image is {image_bgr.shape[0]}x{image_bgr.shape[1]} but the detections are for {det.image_size}"
         )
-    names = COCO_ID_TO_NAME if names is None else names
+    names = COCO_ID_TO_NAME if names is None else label_names(names, "names")
+    conf = check_real(conf, "conf", 0.0, 1.0)
     canvas = np.ascontiguousarray(image_bgr.copy())
     height, width = canvas.shape[:2]
-    lw = line_width or max(1, round((height + width) / 2 * 0.003))
+    lw = _line_width(line_width, height, width)
     font_scale = max(0.35, lw / 3)
     font_thickness = max(1, lw - 1)
     if len(det) == 0:
@@ -96,21 +120,18 @@ def draw_ground_truth(
     Args:
         image_bgr (np.ndarray[H, W, 3] uint8): the image (not modified).
         boxes (np.ndarray[G, 4]): xyxy pixels.
-        line_width (int | None): default scales with the image size, like :func:`draw_detections`.
-        dash (int | None): length of a dash in pixels; default 4 line widths.
+        line_width (int | None): >= 1; default scales with the image size, like :func:`draw_detections`.
+        dash (int | None): length of a dash in pixels, >= 1; default 4 line widths.
 
     Returns:
         np.ndarray[H, W, 3] uint8: the drawn image.
     """
-    if not isinstance(image_bgr, np.ndarray) or image_bgr.ndim != 3 or image_bgr.shape[2] != 3:
-        raise ValueError(
-            f"image_bgr must be a BGR array [H, W, 3], got {getattr(image_bgr, 'shape', type(image_bgr))}"
-        )
+    _check_image(image_bgr)
     boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
     canvas = np.ascontiguousarray(image_bgr.copy())
     height, width = canvas.shape[:2]
-    lw = line_width or max(1, round((height + width) / 2 * 0.003))
-    step = dash or 4 * lw
+    lw = _line_width(line_width, height, width)
+    step = 4 * lw if dash is None else check_integer(dash, "dash", 1)
     clipped = np.clip(boxes, 0, [width - 1, height - 1, width - 1, height - 1]).round().astype(int)
     for x1, y1, x2, y2 in clipped.tolist():
         segments = []

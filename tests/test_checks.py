@@ -115,9 +115,9 @@ def test_bad_weights(weights, error, message):
 @pytest.mark.parametrize(
     "weights", [[1, 2.5], (1.0, 2.5), np.array([1.0, 2.5]), torch.tensor([1.0, 2.5]), [np.int64(1), np.float32(2.5)]]
 )
-def test_good_weights_are_a_fresh_float64_tensor(weights):
+def test_good_weights_are_a_fresh_float64_tensor_relative_to_the_largest(weights):
     got = check_weights(weights, 2, torch.device("cpu"))
-    assert got.dtype == torch.float64 and got.tolist() == [1.0, 2.5]
+    assert got.dtype == torch.float64 and got.tolist() == [0.4, 1.0]
     got.add_(1)  # the caller's weights are not touched
     assert np.asarray(weights, dtype=np.float64).tolist() == [1.0, 2.5]
 

@@ -29,6 +29,20 @@ class TestConstruction:
         det.clip().boxes.add_(1)
         assert torch.equal(boxes, torch.tensor(GOOD["boxes"], dtype=torch.float64))
 
+    def test_inputs_of_the_target_dtype_are_shared_others_copied(self):
+        """What the class docstring promises: float32 boxes and scores and int64 labels are used as they
+        are (as torch.as_tensor does); anything else is converted into a fresh tensor."""
+        shared = {"boxes": np.array(GOOD["boxes"], np.float32), "scores": torch.tensor([0.5, 0.6]),
+                  "labels": np.array([1, 3], np.int64)}
+        det = make(**shared)
+        for name, given in shared.items():
+            assert np.shares_memory(getattr(det, name).numpy(), np.asarray(given)), name
+        copied = {"boxes": np.array(GOOD["boxes"], np.float64), "scores": torch.tensor([0.5, 0.6], dtype=torch.float64),
+                  "labels": np.array([1, 3], np.int32)}
+        det = make(**copied)
+        for name, given in copied.items():
+            assert not np.shares_memory(getattr(det, name).numpy(), np.asarray(given)), name
+
     def test_empty(self):
         det = Detections.empty((4, 5))
         assert len(det) == 0 and det.boxes.shape == (0, 4) and det.labels.dtype == torch.int64

@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from detens.adapters import ADAPTERS, build_detector, build_ensemble, member_weights
+from detens.adapters import ADAPTERS, build_detector, build_ensemble, declared_member_names, member_weights
 from detens.ensemble_config import (
     EnsembleConfig,
     FusionConfig,
     ModelConfig,
     OutputConfig,
+    check_member_name,
     ensemble_config_from_dict,
     load_ensemble_config,
     save_ensemble_config,
@@ -103,12 +104,30 @@ def test_tta_config_members():
         ({"models": [{"type": "precomputed", "results": "r.json", "half": True}]}, "'half' is not used"),
         ({"models": [{"weights": "x.pt", "tta": ["rotate"]}]}, "unknown view 'rotate'"),
         ({"models": [{"weights": "a.pt", "name": "m"}, {"weights": "b.pt", "name": "m"}]}, "unique"),
+        # a member's name is the stem of its files (per_model/<name>.json, partial/<name>/)
+        ({"models": [{"weights": "a.pt", "name": "v8/x"}]}, r"model name 'v8/x' cannot name the member's files"),
+        ({"models": [{"weights": "a.pt", "name": "../../escaped"}]}, "cannot name the member's files"),
+        ({"models": [{"weights": "a.pt", "name": "..\\up"}]}, "cannot name the member's files"),
+        ({"models": [{"weights": "a.pt", "name": ".hidden"}]}, "not start with '.'"),
+        ({"models": [{"weights": "a.pt", "name": ""}]}, "must be non-empty"),
+        ({"models": [{"weights": "a.pt", "name": "a\x00b"}]}, "control characters"),
         (minimal(output={"vis_conf": 2.0}), r"vis_conf must be in \[0, 1\]"),
     ],
 )
 def test_invalid_configs(data, fragment):
     with pytest.raises((ValueError, TypeError), match=fragment):
         ensemble_config_from_dict(data)
+
+
+def test_member_names_of_views_are_file_names():
+    config = ensemble_config_from_dict({"models": [
+        {"weights": "a.pt", "name": "yolo11n", "tta": ["identity", "hflip", "scale=0.83", "tiles=2x2+overlap=0.3"]},
+        {"weights": "b.pt", "name": "v8 n_1.2-x"},
+    ]})
+    assert declared_member_names(config) == [
+        "yolo11n", "yolo11n|hflip", "yolo11n|scale=0.83", "yolo11n|tiles=2x2+overlap=0.3", "v8 n_1.2-x"]
+    for name in declared_member_names(config):
+        assert check_member_name(name) == name
 
 
 def test_overrides_and_round_trip(tmp_path):

@@ -42,6 +42,26 @@ class TestYoloLines:
         assert len(path.read_text().splitlines()) == 2
 
 
+    @pytest.mark.parametrize("options, error, message", [
+        ({"decimals": -1}, ValueError, "decimals must be an integer >= 0, got -1"),
+        ({"decimals": 2.5}, TypeError, "decimals must be an integer, got float: 2.5"),
+        ({"conf": "0.5"}, TypeError, "conf must be a number, got str: '0.5'"),
+        ({"conf": float("nan")}, ValueError, r"conf must be in \[0, 1\], got nan"),
+        ({"conf": 1.5}, ValueError, r"conf must be in \[0, 1\], got 1.5"),
+        ({"category_ids": [1, 1, 6, 90]}, ValueError, "category_ids maps classes 0 and 1 to one label 1"),
+        ({"category_ids": [1, "6", 90]}, TypeError, r"category_ids\[1\] must be an integer, got str"),
+        ({"category_ids": "1690"}, TypeError, "category_ids must be a list of integers, got str"),
+    ])
+    def test_bad_options_are_named(self, options, error, message):
+        with pytest.raises(error, match=message):
+            yolo_lines(dets(), **options)
+
+    def test_a_folder_as_the_file_is_named(self, tmp_path):
+        with pytest.raises(IsADirectoryError, match=f"is a folder; give the path of a file to write: '{tmp_path}'"):
+            save_yolo_txt(tmp_path, dets())
+        assert [p.name for p in tmp_path.iterdir()] == []  # no temporary file left behind
+
+
 class TestDraw:
     def test_draws_a_copy(self):
         image = np.zeros((200, 100, 3), np.uint8)
@@ -54,6 +74,26 @@ class TestDraw:
         image = np.zeros((200, 100, 3), np.uint8)
         assert draw_detections(image, dets(), conf=0.95).max() == 0
         np.testing.assert_array_equal(draw_detections(image, Detections.empty((200, 100))), image)
+
+    def test_names_as_a_list_of_positions(self):
+        image = np.zeros((200, 100, 3), np.uint8)
+        names = ["bg", "person", "bicycle", "car", "motorcycle", "airplane", "bus"]  # positions are the labels
+        by_list = draw_detections(image, dets(), names, line_width=1)
+        by_dict = draw_detections(image, dets(), dict(enumerate(names)), line_width=1)
+        np.testing.assert_array_equal(by_list, by_dict)
+        with pytest.raises(TypeError, match="names must be a dict {label: name} or a list of names, got str"):
+            draw_detections(image, dets(), "person")
+
+    @pytest.mark.parametrize("image, options, error, message", [
+        (np.zeros((200, 100, 3), np.float32), {}, TypeError, "image_bgr must be a uint8 BGR array .* got dtype float32"),
+        (np.zeros((200, 100, 3), np.uint8), {"line_width": -3}, ValueError, "line_width must be an integer >= 1, got -3"),
+        (np.zeros((200, 100, 3), np.uint8), {"line_width": 0}, ValueError, "line_width must be an integer >= 1, got 0"),
+        (np.zeros((200, 100, 3), np.uint8), {"line_width": 1.5}, TypeError, "line_width must be an integer, got float"),
+        (np.zeros((200, 100, 3), np.uint8), {"conf": float("nan")}, ValueError, r"conf must be in \[0, 1\], got nan"),
+    ])
+    def test_bad_inputs_are_named(self, image, options, error, message):
+        with pytest.raises(error, match=message):
+            draw_detections(image, dets(), **options)
 
     def test_size_mismatch(self):
         with pytest.raises(ValueError, match="detections are for"):
@@ -79,3 +119,9 @@ class TestDrawGroundTruth:
         assert drawn[0].max() == 255 and drawn[49].max() == 255  # drawn on the image's own edges
         with pytest.raises(ValueError, match=r"BGR array \[H, W, 3\]"):
             draw_ground_truth(np.zeros((5, 5)), np.zeros((0, 4)))
+        with pytest.raises(TypeError, match="got dtype float64"):
+            draw_ground_truth(np.zeros((5, 5, 3)), np.zeros((0, 4)))
+        with pytest.raises(ValueError, match="line_width must be an integer >= 1, got 0"):
+            draw_ground_truth(image, np.zeros((0, 4)), line_width=0)
+        with pytest.raises(ValueError, match="dash must be an integer >= 1, got 0"):
+            draw_ground_truth(image, np.zeros((0, 4)), dash=0)

@@ -515,3 +515,58 @@ def test_saved_category_ids_follow_the_dataset_and_the_class_map(workspace, tmp_
     assert fuse_tool.main(["--config", str(config), "--out", str(tmp_path / "o"), *args]) == 0
     _, fused = read_outputs(tmp_path / "o")
     assert sorted({r["category_id"] for r in fused}) == [1, 2]
+
+
+def one_image_dataset(tmp_path):
+    """A COCO dataset of one image, ``a.jpg`` (id 1), with the categories person (1) and bus (2)."""
+    dataset = tmp_path / "gt.json"
+    dataset.write_text(json.dumps({"images": [{"id": 1, "file_name": "a.jpg", "height": 1080, "width": 810}],
+                                   "annotations": [], "categories": [{"id": 1, "name": "person"},
+                                                                     {"id": 2, "name": "bus"}]}))
+    return dataset
+
+
+def test_images_added_to_a_complete_run_get_ids_of_their_own(workspace, tmp_path):
+    source = one_image_source(workspace, tmp_path / "src", "a.jpg", "new1.jpg")
+    saved = {"a.jpg": 1, "new1.jpg": 2, "new2.jpg": 3}
+    config = saved_config(tmp_path, [saved_result(i, 2) for i in saved.values()], saved, one_image_dataset(tmp_path))
+    args = ["--config", str(config), "--source", str(source), "--out", str(tmp_path / "o"), "--method", "wbf",
+            "--quiet", "--no-vis"]
+    assert fuse_tool.main(args) == 0
+    first_images, _ = read_outputs(tmp_path / "o")
+    assert {im["file_name"]: im["id"] for im in first_images["images"]} == {"a.jpg": 1, "new1.jpg": 2}
+    one_image_source(workspace, source, "new2.jpg")
+    assert fuse_tool.main(args) == 0
+    images, results = read_outputs(tmp_path / "o")
+    assert {im["file_name"]: im["id"] for im in images["images"]} == {"a.jpg": 1, "new1.jpg": 2, "new2.jpg": 3}
+    assert sorted(r["image_id"] for r in results) == [1, 2, 3]  # one fused box per image, none merged
+
+
+def test_files_that_share_a_dataset_base_name_are_refused_before_any_result(workspace, tmp_path, capsys):
+    source = tmp_path / "src"
+    one_image_source(workspace, source / "train", "a.jpg")
+    one_image_source(workspace, source / "val", "a.jpg")
+    saved = {"train/a.jpg": 1, "val/a.jpg": 2}
+    config = saved_config(tmp_path, [saved_result(i, 2) for i in saved.values()], saved, one_image_dataset(tmp_path))
+    code = fuse_tool.main(["--config", str(config), "--source", str(source), "--out", str(tmp_path / "o"),
+                           "--method", "wbf", "--quiet"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "'train/a.jpg', 'val/a.jpg' (relative to --source) and its 'a.jpg'" in err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("name", ["v8/x", "../../escaped"])
+def test_a_member_name_that_is_no_file_name_is_refused_before_any_result(workspace, tmp_path, capsys, name):
+    source = one_image_source(workspace, tmp_path / "src", "a.jpg")
+    config = saved_config(tmp_path, [saved_result(1, 6)], {"a.jpg": 1})
+    data = yaml.safe_load(config.read_text())
+    data["models"][0]["name"] = name
+    config.write_text(yaml.safe_dump(data))
+    out = tmp_path / "runs" / "o"
+    code = fuse_tool.main(["--config", str(config), "--source", str(source), "--out", str(out), "--method", "wbf",
+                           "--quiet", "--save-per-model"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and f"model name {name!r} cannot name the member's files" in err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "escaped.json").exists()

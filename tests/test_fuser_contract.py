@@ -6,6 +6,7 @@ A new fuser is tested here for free; one that needs parameters to run at all dec
 
 from __future__ import annotations
 
+import inspect
 import math
 import random
 
@@ -16,6 +17,7 @@ import torch
 from detens import Detections, fuse
 from detens.detections import MAX_LABEL
 from detens.fusers import FUSERS
+from detens.fusers.wbf import CONF_TYPES
 from detens.heads.theta import ThetaHead
 
 IMAGE_SIZE = (120, 160)
@@ -171,6 +173,29 @@ def test_wrong_length_weights_are_an_error_not_a_reset():
     for name in ("wbf", "nms", "soft_nms", "mean", "vote"):
         with pytest.raises(ValueError, match="one number per model"):
             fuse(random_models(0), name, weights=[1.0, 2.0])
+
+
+WEIGHTED = [name for name in FUSERS.names() if "weights" in inspect.signature(FUSERS.get(name)).parameters]
+FUSER_RUNS = [("wbf", {"conf_type": conf_type}) for conf_type in CONF_TYPES] + [
+    (name, {}) for name in WEIGHTED if name != "wbf"]
+
+
+def test_the_weighted_fusers_are_the_expected_ones():
+    assert sorted(WEIGHTED) == ["mean", "nms", "refine", "soft_nms", "vote", "wbf"]
+
+
+@pytest.mark.parametrize("name, options", FUSER_RUNS, ids=[f"{n}-{o.get('conf_type', '')}" for n, o in FUSER_RUNS])
+@pytest.mark.parametrize("scale", [1e-45, 1e-40, 1e-38, 1e-30, 3.0, 1e300])
+def test_only_the_ratios_of_the_weights_matter(name, options, scale):
+    """Weights far below float32's smallest normal number (1.2e-38) fuse as their ratios do."""
+    per_model = random_models(1)
+    for ratios in ([1.0, 1.0, 1.0], [1.0, 2.0, 0.5], [0.0, 1.0, 4.0]):
+        expected = fuse(per_model, name, weights=ratios, **options)
+        got = fuse(per_model, name, weights=[r * scale for r in ratios], **options)
+        assert len(got) == len(expected) > 0
+        torch.testing.assert_close(got.boxes, expected.boxes, rtol=0, atol=1e-4)
+        torch.testing.assert_close(got.scores, expected.scores, rtol=0, atol=1e-6)
+        assert torch.equal(got.labels, expected.labels)
 
 
 #: (fuser, options, error, message): each option is checked before any work, naming it, the expected type

@@ -355,6 +355,20 @@ class TestTorchvisionFusion:
         with pytest.raises(TypeError, match=r"per_model_outputs\[0\] must be model 0's list of output dicts.*got dict"):
             fusion([one, one], [(480, 640)])
 
+    @pytest.mark.parametrize("convert", [
+        lambda v: np.array(v, np.float64), lambda v: np.array(v, np.float32), list, lambda v: torch.tensor(v).long(),
+    ], ids=["numpy float64", "numpy float32", "list", "int64 tensor"])
+    def test_numpy_and_list_outputs_fuse_to_float32_tensors(self, convert):
+        boxes, scores = [[10, 10, 50, 50], [12, 11, 50, 52]], [0.9, 0.7]
+        outputs = [[{"boxes": convert([box]), "scores": np.array([score]), "labels": convert([3])}]
+                   for box, score in zip(boxes, scores, strict=True)]
+        as_tensors = [[{"boxes": torch.tensor([box], dtype=torch.float32), "scores": torch.tensor([score]),
+                        "labels": torch.tensor([3])}] for box, score in zip(boxes, scores, strict=True)]
+        fusion = TorchvisionFusion(method=METHOD)
+        fused, expected = fusion(outputs, [(100, 200)]), fusion(as_tensors, [(100, 200)])
+        assert fused[0]["boxes"].dtype == fused[0]["scores"].dtype == torch.float32
+        assert all(torch.equal(fused[0][k], expected[0][k]) for k in expected[0])
+
     def test_theta_head_is_a_submodule(self):
         head = detens.ThetaHead(["frcnn", "ssd"])
         fusion = TorchvisionFusion(method="theta", head=head)
@@ -441,6 +455,27 @@ class TestEnsemble:
 
         with pytest.raises(ValueError, match="returned 0 Detections for 1 images"):
             Ensemble([Short("s", [a])], method=METHOD)(["x.jpg"])
+
+    @pytest.mark.parametrize("options, error, message", [
+        ({"iou_thr": 5}, ValueError, r"iou_thr must be in \[0, 1\], got 5"),
+        ({"weights": [1, 2, 3]}, ValueError, r"weights must hold one number per model \(2\), got 3"),
+        ({"method": "soft_nms", "sigma": "0.5"}, TypeError, "sigma must be a number, got str"),
+        ({"method": "theta", "head": detens.ThetaHead(["a", "c"])}, ValueError,
+         r"their sources are \['a', 'b'\] but this head is for models \['a', 'c'\]"),
+    ], ids=["iou_thr", "weights", "sigma", "head"])
+    def test_parameter_values_are_checked_before_any_detector_runs(self, options, error, message):
+        a = Detections.empty((10, 10))
+        detectors = [FixedDetector("a", [a]), FixedDetector("b", [a])]
+        with pytest.raises(error, match=message):
+            Ensemble(detectors, **{"method": "wbf", **options})
+        assert [d.calls for d in detectors] == [0, 0]
+
+    @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+    def test_a_head_on_the_gpu_is_checked_on_its_device(self):
+        a = Detections([[10.0, 20.0, 110.0, 220.0]], [0.9], [1], (480, 640)).to("cuda")
+        ens = Ensemble([FixedDetector("a", [a]), FixedDetector("b", [a])], method="theta",
+                       head=detens.ThetaHead(["a", "b"]).cuda())
+        assert ens([np.zeros((480, 640, 3), np.uint8)])[0].device.type == "cuda"
 
     def test_every_entry_point_takes_head_types_and_calibration(self, tmp_path):
         from detens import DeepEnsembleHead

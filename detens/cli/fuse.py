@@ -20,8 +20,11 @@ Writes into ``--out``:
 - ``images.json``: the images and categories as a COCO dataset without annotations (``info``,
   ``images`` with ``id``, ``file_name`` (relative to the source folder), ``height``, ``width``,
   ``output_stem`` (the stem of its ``labels/`` and ``vis/`` files, unique per image: ``a.jpg`` and ``a.JPG``
-  do not share one), ``categories``, ``annotations: []``), so COCO tools and FiftyOne can open the results; image ids are
-  the ``dataset``'s in the config when it has one, else 1..N;
+  do not share one), ``categories``, ``annotations: []``), so COCO tools and FiftyOne can open the results; each image has
+  its own id: with a ``dataset`` in the config, the id of the dataset's image whose ``file_name`` is the
+  image's relative path, else of its one image with the same base name (a base name that several images
+  share, on either side, is refused before any work); images not in the dataset (or all, without one)
+  get new ids after every id in use, 1..N for a new run;
 - ``labels/<stem>.txt``: YOLO labels ``class cx cy w h conf`` (normalized; scores >= output.labels_conf);
 - ``vis/<stem>.jpg``: the image with the fused boxes and class names (scores >= output.vis_conf);
 - ``per_model/<member>.json`` with ``--save-per-model``: each member's COCO results (same image ids);
@@ -55,7 +58,7 @@ import os
 import shutil
 import time
 from collections import defaultdict
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import cv2
@@ -80,7 +83,12 @@ from detens.cli._inputs import (
 from detens.coco import detections_to_coco, load_coco_gt
 from detens.config import read_yaml_file
 from detens.detections import Detections
-from detens.ensemble_config import EnsembleConfig, load_ensemble_config, save_ensemble_config
+from detens.ensemble_config import (
+    EnsembleConfig,
+    check_member_name,
+    load_ensemble_config,
+    save_ensemble_config,
+)
 from detens.export import yolo_lines
 from detens.fusers import FUSERS, fuse, head_methods, list_methods
 from detens.io import atomic_write_bytes, atomic_write_json, output_stems
@@ -373,32 +381,77 @@ def _config_dict(config: EnsembleConfig) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------- outputs
 def image_ids(names: list[str], dataset: str | None, fixed: dict[str, int] | None = None) -> dict[str, int]:
-    """Image ids: ``fixed`` (an earlier run's), else the dataset's (matched by file name, then by base
-    name), else the next free ids from 1 in file order."""
-    fixed = {n: fixed[n] for n in names if fixed and n in fixed}
-    if fixed:
-        others = [n for n in names if n not in fixed]
-        fresh = image_ids(others, dataset)
-        shift = 0 if dataset is not None else max(fixed.values())
-        return {n: fixed[n] if n in fixed else fresh[n] + shift for n in names}
-    if dataset is None:
-        return {n: i + 1 for i, n in enumerate(names)}
-    gt = load_coco_gt(dataset)
-    by_file = {str(im["file_name"]): int(im["id"]) for im in gt.dataset["images"]}
-    by_base: dict[str, list[int]] = defaultdict(list)
-    for file_name, image_id in by_file.items():
-        by_base[Path(file_name).name].append(image_id)
-    ids: dict[str, int] = {}
-    next_id = max(by_file.values(), default=0) + 1
+    """Image ids, each image its own: ``fixed`` (an earlier run's) are kept; with a ``dataset``, an image
+    the dataset has gets its id (see :func:`dataset_ids`); every other image gets a new id after every id
+    in use (the dataset's and ``fixed``'s), in file order: 1..N without a dataset or an earlier run.
+
+    Raises:
+        ValueError: an image whose dataset id would be ambiguous (see :func:`dataset_ids`).
+    """
+    ids = {n: fixed[n] for n in names if fixed and n in fixed}
+    in_use = set(ids.values())
+    if dataset is not None:
+        files = dataset_files(dataset)
+        ids.update(dataset_ids([n for n in names if n not in ids], files, in_use, dataset))
+        in_use |= set(files.values())
+    next_id = max(in_use | set(ids.values()), default=0) + 1
     for name in names:
-        image_id = by_file.get(name)
-        if image_id is None and len(by_base.get(Path(name).name, [])) == 1:
-            image_id = by_base[Path(name).name][0]
-        if image_id is None:
-            logger.warning("%s is not in %s; it gets the new image id %d", name, dataset, next_id)
-            image_id, next_id = next_id, next_id + 1
-        ids[name] = image_id
-    return ids
+        if name not in ids:
+            if dataset is not None:
+                logger.warning("%s is not in %s; it gets the new image id %d", name, dataset, next_id)
+            ids[name], next_id = next_id, next_id + 1
+    return {n: ids[n] for n in names}
+
+
+def check_image_ids(names: list[str], dataset: str | None, fixed: dict[str, int]) -> None:
+    """Refuse, before any image is fused, what :func:`image_ids` would refuse once they are."""
+    if dataset is not None:
+        fixed = {n: fixed[n] for n in names if n in fixed}
+        dataset_ids([n for n in names if n not in fixed], dataset_files(dataset), set(fixed.values()), dataset)
+
+
+def earlier_ids(records: dict[str, dict[str, Any]]) -> dict[str, int]:
+    """The ids that the images of a complete earlier run were written with (they keep them)."""
+    return {n: int(r["image_id"]) for n, r in records.items() if "image_id" in r}
+
+
+def dataset_files(dataset: str) -> dict[str, int]:
+    """``{file_name: image id}`` of the dataset's images."""
+    return {str(im["file_name"]): int(im["id"]) for im in load_coco_gt(dataset).dataset["images"]}
+
+
+def dataset_ids(names: list[str], files: dict[str, int], taken: set[int], dataset: str) -> dict[str, int]:
+    """The dataset's id of each of ``names`` it has: the image whose ``file_name`` is the name (its path
+    relative to ``--source``), else the one image whose ``file_name`` has the name's base name. An id in
+    ``taken`` (an earlier run's) or matched by path is not given again: that image is another file.
+
+    Raises:
+        ValueError: a name matched only by its base name, which several of ``names`` share (``train/a.jpg``
+            and ``val/a.jpg``) or several of the dataset's free images have: which file is which dataset
+            image cannot be told, and one id given to two files would merge their results.
+    """
+    by_path = {n: files[n] for n in names if files.get(n) is not None and files[n] not in taken}
+    claimed = taken | set(by_path.values())
+    free_by_base: dict[str, list[str]] = defaultdict(list)
+    for file_name, image_id in files.items():
+        if image_id not in claimed:
+            free_by_base[PurePosixPath(file_name).name].append(file_name)
+    claimants: dict[str, list[str]] = defaultdict(list)
+    for name in names:
+        base = PurePosixPath(name).name
+        if name not in files and free_by_base.get(base):
+            claimants[base].append(name)
+    by_base = {}
+    for base, sources in claimants.items():
+        if len(sources) > 1 or len(free_by_base[base]) > 1:
+            raise ValueError(
+                f"cannot tell which file is which image of the dataset {dataset}: "
+                f"{', '.join(map(repr, sources))} (relative to --source) and its "
+                f"{', '.join(map(repr, free_by_base[base]))} match only by the base name {base!r}; run --source on "
+                "the folder the dataset's file_name values are relative to, or fuse these images into separate --out"
+            )
+        by_base[sources[0]] = files[free_by_base[base][0]]
+    return {**by_path, **by_base}
 
 
 def write_outputs(
@@ -414,7 +467,7 @@ def write_outputs(
     records; a complete run then removes ``partial/``."""
     records = {n: r for n in names if (r := read_partial(out, n)) is not None}
     done = [n for n in names if n in records]
-    ids = image_ids(done, config.dataset, {n: int(r["image_id"]) for n, r in records.items() if "image_id" in r})
+    ids = image_ids(done, config.dataset, earlier_ids(records))
     stems = output_stems(names, {n: r["output_stem"] for n, r in records.items() if "output_stem" in r})
     images, results = [], []
     per_model: dict[str, list[dict[str, Any]]] = {m: [] for m in member_names}
@@ -626,6 +679,7 @@ def run(args: argparse.Namespace) -> int:
     done = set(earlier)
     todo = [(p, n) for p, n in zip(images, names, strict=True) if n not in done]
     names = list(earlier) + [n for n in names if n not in done]
+    check_image_ids(names, config.dataset, earlier_ids(earlier))
     stems = output_stems(names, {n: r["output_stem"] for n, r in earlier.items() if "output_stem" in r})
     if isinstance(previous, dict) and "models" in previous:
         member_names, weights = list(previous["models"]), dict(previous.get("weights") or {})
@@ -668,6 +722,8 @@ def run(args: argparse.Namespace) -> int:
         """The loaded members against the head and an earlier run; then the run claims --out."""
         nonlocal member_names, weights, params
         if declared is None:
+            for name in loaded:  # named after their weights: checked as a config's names are
+                check_member_name(name)
             params = fusion_params(config, loaded)
         if isinstance(previous, dict) and previous.get("models") not in (None, loaded):
             raise ValueError(

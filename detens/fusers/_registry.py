@@ -19,9 +19,12 @@ def check_weights(
     device: torch.device,
     dtype: torch.dtype = torch.float64,
 ) -> Tensor:
-    """Per-model weights as a fresh Tensor[N] of ``dtype`` (ones when None); anything else is an error.
+    """Per-model weights as a fresh Tensor[N] of ``dtype``, divided by the largest (ones when None);
+    anything else is an error.
 
     Weights are a list, tuple, array or 1-D tensor of one finite number >= 0 per model, not all 0.
+    Only their ratios matter, and scaling the largest to 1 keeps it that way in the fusers' float32
+    sums, where weights below about 1e-38 would otherwise lose precision or underflow to 0.
     The caller's list or tensor is never modified.
 
     Raises:
@@ -53,4 +56,5 @@ def check_weights(
     total = sum(checked)  # inf when it overflows
     if not 0 < total < math.inf:
         raise ValueError(f"weights must not all be 0 and must sum to a finite number, got {weights!r}")
-    return torch.tensor(checked, dtype=torch.float64).to(device=device, dtype=dtype)
+    relative = torch.tensor(checked, dtype=torch.float64) / max(checked)
+    return relative.to(device=device, dtype=dtype)

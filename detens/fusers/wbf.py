@@ -293,7 +293,7 @@ def wbf_fusion(
     Args:
         per_model (list[Detections]): one per model (N), same image and device; empty ones are fine.
         weights (Sequence[float] | Tensor[N] | None): per-model weights, multiplied into the scores
-            (default: all 1).
+            (default: all 1); only their ratios matter (they are divided by the largest).
         iou_thr (float): a box joins a fused box of its class when their IoU is greater than this.
         skip_box_thr (float): boxes scoring below this (before weighting) are ignored.
         conf_type (str): the fused confidence, as in ensemble_boxes: ``"avg"`` (mean weighted score,

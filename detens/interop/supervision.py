@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from detens.detections import Detections
+from detens.labels import label_names
 
 if TYPE_CHECKING:
     import supervision as sv
@@ -77,7 +78,7 @@ def to_supervision(detections: Detections, class_names: Mapping[int, str] | None
     arrays = {key: value.copy() for key, value in detections.numpy().items()}
     data: dict[str, np.ndarray] = {}
     if class_names is not None:
-        names = _label_names(class_names)
+        names = label_names(class_names, "class_names")
         missing = sorted({int(label) for label in arrays["labels"]} - set(names))
         if missing:
             raise ValueError(
@@ -88,20 +89,6 @@ def to_supervision(detections: Detections, class_names: Mapping[int, str] | None
     return sv.Detections(
         xyxy=arrays["boxes"], confidence=arrays["scores"], class_id=arrays["labels"], data=data
     )
-
-
-def _label_names(class_names: Any) -> dict[int, str]:
-    """``{label: name}`` from a mapping of integer labels, or a list whose positions are the labels."""
-    if isinstance(class_names, Mapping):
-        items = list(class_names.items())
-    elif isinstance(class_names, (list, tuple)):
-        items = list(enumerate(class_names))
-    else:
-        raise TypeError(f"class_names must be a dict {{label: name}} or a list of names, got {type(class_names).__name__}")
-    bad = [key for key, _ in items if isinstance(key, (bool, np.bool_)) or not isinstance(key, (int, np.integer))]
-    if bad:
-        raise TypeError(f"class_names must be keyed by integer labels, got the key {bad[0]!r}")
-    return {int(key): str(name) for key, name in items}
 
 
 def from_supervision(
