@@ -369,7 +369,27 @@ class TestReportOfARealEvaluation:
         assert "the cache could not read" not in (evaluated / "page" / "index.html").read_text()
         record.meta["left_out"] = [{"image_id": 7, "file_name": "broken.jpg", "unreadable_by": {"yolov8n": "corrupt"}}]
         html = write_report(record, tmp_path / "page", examples=0).read_text()
-        assert "<dt>left out</dt><dd>1 image the cache could not read, neither scored nor fitted on: broken.jpg</dd>" in html
+        assert ("<dt>left out of the dataset</dt><dd>1 image the cache could not read, neither scored nor fitted on: "
+                "broken.jpg</dd>") in html
+        assert "left out of the fitting data" not in html
+
+    def test_page_names_the_images_left_out_of_the_fitting_data(self, evaluated, tmp_path):
+        from detens.report.page import write_report
+
+        record = EvaluationRecord.load(evaluated / "results.json")
+        assert record.meta["fit_on"] is None  # cross-validated on the scored images alone
+        unreadable = {"unreadable_by": {"yolov8n": "corrupt"}}
+        record.meta["fit_on"] = {
+            "gt": "/data/extra/instances.json", "predictions": "/data/extra/predictions", "images": 40,
+            "mode": "joined to every fold's fitting side",
+            "left_out": [{"image_id": 3, "file_name": "torn.jpg", **unreadable},
+                         {"image_id": 4, "file_name": "empty.jpg", **unreadable}],
+        }
+        html = write_report(record, tmp_path / "page", examples=0).read_text()
+        assert ("<dt>left out of the fitting data</dt><dd>2 images the cache could not read, not fitted on: "
+                "torn.jpg, empty.jpg</dd>") in html
+        assert html.index("<dt>fitting data</dt>") < html.index("<dt>left out of the fitting data</dt>")
+        assert "left out of the dataset" not in html  # every scored image was read
 
     def test_headless_chromium_loads_the_page_without_errors(self, evaluated):
         browser = chromium()

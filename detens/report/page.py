@@ -256,6 +256,17 @@ def _figure(src: str, caption: str, narrow: bool = False) -> str:
     return f'<figure{kind}><img src="{_e(src)}" alt="{_e(caption)}"><figcaption>{_e(caption)}</figcaption></figure>'
 
 
+def _left_out_text(images: Any, fate: str) -> str | None:
+    """What a record says of the images the cache could not read (``meta.left_out``, ``meta.fit_on.left_out``),
+    the first 10 named; None when it lists none."""
+    images = [image for image in images or [] if isinstance(image, dict)]
+    if not images:
+        return None
+    names = ", ".join(str(image.get("file_name", image.get("image_id"))) for image in images[:10])
+    more = " ..." if len(images) > 10 else ""
+    return f"{len(images)} image{'s' if len(images) > 1 else ''} the cache could not read, {fate}: {names}{more}"
+
+
 def _page(
     record: EvaluationRecord,
     analysis: dict[str, Any],
@@ -276,11 +287,9 @@ def _page(
                     f"{len(record.gt['categories'])} categories"),
         ("predictions", f"{meta.get('predictions', '?')} (members: {', '.join(meta.get('models', []))})"),
     ]
-    left_out = [image for image in meta.get("left_out") or [] if isinstance(image, dict)]
+    left_out = _left_out_text(meta.get("left_out"), "neither scored nor fitted on")
     if left_out:
-        names = ", ".join(str(image.get("file_name", image.get("image_id"))) for image in left_out[:10])
-        facts.append(("left out", f"{len(left_out)} image{'s' if len(left_out) > 1 else ''} the cache could not "
-                                  f"read, neither scored nor fitted on: {names}{' ...' if len(left_out) > 10 else ''}"))
+        facts.append(("left out of the dataset", left_out))
     facts += [
         ("protocol", meta.get("protocol", "?")),
         ("folds", f"{len(folds)} held-out folds of {', '.join(str(f) for f in folds)} images, seed {meta.get('seed')}"
@@ -289,6 +298,9 @@ def _page(
     if fit_on:
         facts.append(("fitting data", f"{fit_on.get('gt')} with {fit_on.get('predictions')} "
                                       f"({fit_on.get('images')} images, {fit_on.get('mode')})"))
+        fit_left_out = _left_out_text(fit_on.get("left_out"), "not fitted on")
+        if fit_left_out:
+            facts.append(("left out of the fitting data", fit_left_out))
     facts += [("COCO evaluator", meta.get("backend", "pycocotools")), ("evaluated", meta.get("created", "?")),
               ("page written", datetime.now(timezone.utc).isoformat(timespec="seconds"))]
     meta_html = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in facts)
