@@ -46,9 +46,13 @@ _NUMBERS = "report.json"
 #: names and the next page removes those it does not draw by them, so a name is written once.
 _FIGURES = {"map": "map.png", "pr": "pr_curves.png", "errors": "errors.png", "reliability": "reliability.png",
             "classes": "class_deltas.png", "votes": "votes.png"}
-#: The page's files that one page may have and the next may not (``examples/`` is the page's too).
+#: The page's files that one page may have and the next may not (besides the side-by-sides).
 _PAGE_FILES = (_INDEX, _NUMBERS, *_FIGURES.values())
-_EXAMPLES = ("helped_*.png", "hurt_*.png")
+_EXAMPLES_DIR = "examples"
+#: Each kind of side-by-side → its PNG, ``rank`` (1: the image helped, or hurt, most) and ``image_id`` to
+#: fill in: a page draws them under these names and the next page removes those it does not draw by them.
+_EXAMPLES = {"helped": f"{_EXAMPLES_DIR}/helped_{{rank}}_{{image_id}}.png",
+             "hurt": f"{_EXAMPLES_DIR}/hurt_{{rank}}_{{image_id}}.png"}
 
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto; max-width: 1280px;
@@ -156,11 +160,18 @@ def _draw(
     atomic_write_text(out_dir / _INDEX, _page(record, analysis, figures, shown, examples_note, conf, command))
 
 
+def _page_files(out_dir: Path) -> list[Path]:
+    """The files of the page in ``out_dir``, relative to it: those the next page replaces or removes (a
+    file of the folder that no page draws stays)."""
+    files = [Path(name) for name in _PAGE_FILES if (out_dir / name).is_file()]
+    examples = [template.format(rank="*", image_id="*") for template in _EXAMPLES.values()]
+    return files + sorted(path.relative_to(out_dir) for pattern in examples for path in out_dir.glob(pattern))
+
+
 def _move_into_place(stage: Path, out_dir: Path) -> None:
     """Replace the page in ``out_dir`` by the one drawn in ``stage``, ``index.html`` last."""
     new = {path.relative_to(stage) for path in stage.rglob("*") if path.is_file()}
-    old = [Path(name) for name in _PAGE_FILES if (out_dir / name).is_file()]
-    old += [path.relative_to(out_dir) for pattern in _EXAMPLES for path in (out_dir / "examples").glob(pattern)]
+    old = _page_files(out_dir)
     index = Path(_INDEX)
     # gone first and back last: a folder caught halfway has no page rather than one whose PNGs are mixed
     (out_dir / index).unlink(missing_ok=True)
@@ -170,7 +181,7 @@ def _move_into_place(stage: Path, out_dir: Path) -> None:
         (out_dir / name).parent.mkdir(parents=True, exist_ok=True)
         os.replace(stage / name, out_dir / name)
     os.replace(stage / index, out_dir / index)
-    examples = out_dir / "examples"
+    examples = out_dir / _EXAMPLES_DIR
     if examples.is_dir() and not any(examples.iterdir()):
         examples.rmdir()
 
@@ -191,7 +202,7 @@ def _examples(
         return {}, f"No side-by-sides: the image folder was not found ({folder}); pass --images."
     truth = CocoGroundTruth(record.gt)
     shown = write_examples(truth, Path(folder), fused, record.results[fused], single.split(":", 1)[1],
-                           record.members, out_dir, count=count, conf=conf)
+                           record.members, out_dir, _EXAMPLES, count=count, conf=conf)
     return shown, ""
 
 
