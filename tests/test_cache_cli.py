@@ -529,7 +529,7 @@ def test_weights_rewritten_in_place_are_refused_unless_overwrite(slice_, tmp_pat
     assert (out / ".partial" / "yolo" / f"{first}.json").is_file()
     shutil.copy(YOLO26N.parents[1] / "yolov8n_int8_tflite" / "yolov8n_int8.tflite", weights)  # another model
     code = run(slice_, out, config=config)
-    refused(capsys, code, rf"{re.escape(str(weights))} changed since the earlier run in .*--overwrite")
+    refused(capsys, code, rf"weights {re.escape(repr(str(weights)))} of 'yolo' are not the file the earlier run in ")
     assert (out / ".partial" / "yolo" / f"{first}.json").is_file()  # a refused run changes nothing
     # --overwrite discards the old model's results (--max-images 0: without loading the new one)
     assert run(slice_, out, "--overwrite", "--max-images", "0", config=config) == 0
@@ -549,9 +549,88 @@ def test_a_weights_folder_changed_in_place_is_refused(slice_, tmp_path, capsys):
     assert saved_settings(out, "vino")["inputs"] == {str(folder): cache_tool.path_digest(folder)}
     (folder / "model.bin").write_text("model.bin of the second export")
     code = run(slice_, out, "--max-images", "0", config=config)
-    refused(capsys, code, r"model_openvino_model changed since")
+    refused(capsys, code, r"model_openvino_model' of 'vino' are not the file the earlier run in")
     assert run(slice_, out, "--max-images", "0", "--overwrite", config=config) == 0
     assert run(slice_, out, "--max-images", "0", config=config) == 0  # the new content is the recorded one
+
+
+def weights_folder(root: Path, content: bytes, name: str = "yolo11n.pt") -> Path:
+    """A weights folder in ``root`` holding ``name`` with ``content``; returns the folder."""
+    root.mkdir(parents=True)
+    (root / name).write_bytes(content)
+    return root
+
+
+def test_weights_found_in_another_folder_must_be_the_file_the_earlier_run_used(
+    slice_, tmp_path, monkeypatch, capsys
+):
+    """The same name in another $DETENS_WEIGHTS folder: the same file resumes, another one is refused."""
+    monkeypatch.chdir(tmp_path)
+    config = weights_config(tmp_path, {"weights": "yolo11n.pt", "name": "yolo"})
+    out = tmp_path / "out"
+    first = weights_folder(tmp_path / "first", b"an export")
+    monkeypatch.setenv("DETENS_WEIGHTS", str(first))
+    assert run(slice_, out, "--max-images", "0", config=config) == 0
+    digest = cache_tool.path_digest(first / "yolo11n.pt")
+    assert saved_settings(out, "yolo")["inputs"] == {"yolo11n.pt": digest}
+    monkeypatch.setenv("DETENS_WEIGHTS", str(weights_folder(tmp_path / "copy", b"an export")))
+    assert run(slice_, out, "--max-images", "0", config=config) == 0
+    other = weights_folder(tmp_path / "other", b"another export")
+    monkeypatch.setenv("DETENS_WEIGHTS", str(other))
+    code = run(slice_, out, "--max-images", "0", config=config)
+    refused(
+        capsys,
+        code,
+        rf"the weights 'yolo11n.pt' of 'yolo' are not the file the earlier run in {re.escape(str(out))} used: "
+        rf"they are now {re.escape(str(other / 'yolo11n.pt'))} .*--overwrite",
+    )
+    assert run(slice_, out, "--max-images", "0", "--overwrite", config=config) == 0
+    assert saved_settings(out, "yolo")["inputs"] == {"yolo11n.pt": cache_tool.path_digest(other / "yolo11n.pt")}
+
+
+def test_weights_no_longer_found_on_disk_are_refused_naming_where_it_looked(
+    slice_, tmp_path, monkeypatch, capsys
+):
+    """A name the earlier run found on disk and that now finds no file: it would be downloaded instead."""
+    monkeypatch.chdir(tmp_path)  # where Ultralytics would have saved yolo11n.pt had it downloaded it
+    config = weights_config(tmp_path, {"weights": "yolo11n.pt", "name": "yolo"})
+    out = tmp_path / "out"
+    folder = weights_folder(tmp_path / "weights", b"an export")
+    monkeypatch.setenv("DETENS_WEIGHTS", str(folder))
+    assert run(slice_, out, "--max-images", "0", config=config) == 0
+    monkeypatch.delenv("DETENS_WEIGHTS")
+    code = run(slice_, out, "--max-images", "0", config=config)
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("error:") == 1 and "Traceback" not in err, err
+    assert "the weights 'yolo11n.pt' of 'yolo' are no longer found on disk" in err
+    assert f"the earlier run in {out} used a file of that name (sha256 " in err
+    assert f"looked at: {tmp_path / 'yolo11n.pt'} (as a path)" in err
+    assert "would be downloaded" in err and "$DETENS_WEIGHTS or --weights-dir" in err and "--overwrite" in err
+    assert "-> None" not in err
+    monkeypatch.setenv("DETENS_WEIGHTS", str(folder))
+    assert run(slice_, out, "--max-images", "0", config=config) == 0  # found again: it resumes
+
+
+def test_onnx_external_data_changed_in_place_is_refused(slice_, tmp_path, capsys):
+    """An ONNX model whose weights lie in an external-data file beside the .onnx: that file counts too."""
+    onnx = pytest.importorskip("onnx")
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    weights = numpy_helper.from_array(np.ones((1, 8), np.float32), "w")
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 8]) for n in ("x", "y")]
+    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g", io[:1], io[1:], [weights])
+    model = tmp_path / "model.onnx"
+    external = {"save_as_external_data": True, "location": "model.data", "size_threshold": 0}
+    onnx.save_model(helper.make_model(graph), model, **external)
+    config = weights_config(tmp_path, {"type": "onnx", "decoder": "yolox", "weights": str(model), "name": "ox"})
+    out = tmp_path / "out"
+    assert run(slice_, out, "--max-images", "0", config=config) == 0
+    before = model.read_bytes()
+    (tmp_path / "model.data").write_bytes(np.full((1, 8), 2, np.float32).tobytes())  # retrained weights
+    assert model.read_bytes() == before
+    code = run(slice_, out, "--max-images", "0", config=config)
+    refused(capsys, code, r"model\.onnx' of 'ox' are not the file the earlier run in .*--overwrite")
 
 
 def test_folder_digest_covers_names_and_contents_not_the_place(tmp_path):

@@ -96,6 +96,13 @@ def test_record_mistakes_name_the_file(tmp_path, case, content, message):
         EvaluationRecord.load(path)
 
 
+def test_example_pngs_must_name_both_kinds(tmp_path):
+    from detens.report.examples import write_examples
+
+    with pytest.raises(ValueError, match=r"pngs must give the PNG of 'helped' and of 'hurt', got \['helped'\]"):
+        write_examples(None, tmp_path, "wbf", [], "m0", {}, tmp_path, {"helped": "helped_{rank}_{image_id}.png"})
+
+
 def test_the_readmes_report_commands_parse():
     """The README's report section runs `detens evaluate --report` and `detens report` with options that
     exist (the commands themselves run on the full data set, minutes; the test below runs them small)."""
@@ -218,6 +225,23 @@ class TestReportFolder:
         drawn = sorted(u for u in references(page / "index.html").urls)
         assert sorted(p.name for p in page.iterdir()) == sorted(["index.html", "report.json", *drawn])
         assert len(drawn) == len(_PAGE_FILES) - 4
+
+    def test_the_examples_a_page_replaces_are_the_examples_it_draws(self, quick, tmp_path):
+        from detens.report.page import _page_files, write_report
+
+        record = EvaluationRecord.load(quick / "results.json")
+        page = tmp_path / "page"
+        write_report(record, page, examples=2)
+        shown = json.loads((page / "report.json").read_text())["examples"]
+        drawn = {Path(example["png"]) for kind in ("helped", "hurt") for example in shown[kind]}
+        assert shown["helped"] and shown["hurt"]
+        assert {path.relative_to(page) for path in (page / "examples").iterdir()} == drawn
+        for name in ("mine.png", "helped_notes.png", "hurt_1_notes.txt"):  # no page draws these
+            (page / "examples" / name).write_text("not the page's")
+        assert {path for path in _page_files(page) if path.parent.name == "examples"} == drawn
+        write_report(record, page, examples=0)
+        left = {path.name for path in (page / "examples").iterdir()}
+        assert left == {"mine.png", "helped_notes.png", "hurt_1_notes.txt"}
 
     def test_a_table_that_its_record_did_not_write_is_refused(self, quick, tmp_path, capsys):
         from detens.cli import main
@@ -369,7 +393,27 @@ class TestReportOfARealEvaluation:
         assert "the cache could not read" not in (evaluated / "page" / "index.html").read_text()
         record.meta["left_out"] = [{"image_id": 7, "file_name": "broken.jpg", "unreadable_by": {"yolov8n": "corrupt"}}]
         html = write_report(record, tmp_path / "page", examples=0).read_text()
-        assert "<dt>left out</dt><dd>1 image the cache could not read, neither scored nor fitted on: broken.jpg</dd>" in html
+        assert ("<dt>left out of the dataset</dt><dd>1 image the cache could not read, neither scored nor fitted on: "
+                "broken.jpg</dd>") in html
+        assert "left out of the fitting data" not in html
+
+    def test_page_names_the_images_left_out_of_the_fitting_data(self, evaluated, tmp_path):
+        from detens.report.page import write_report
+
+        record = EvaluationRecord.load(evaluated / "results.json")
+        assert record.meta["fit_on"] is None  # cross-validated on the scored images alone
+        unreadable = {"unreadable_by": {"yolov8n": "corrupt"}}
+        record.meta["fit_on"] = {
+            "gt": "/data/extra/instances.json", "predictions": "/data/extra/predictions", "images": 40,
+            "mode": "joined to every fold's fitting side",
+            "left_out": [{"image_id": 3, "file_name": "torn.jpg", **unreadable},
+                         {"image_id": 4, "file_name": "empty.jpg", **unreadable}],
+        }
+        html = write_report(record, tmp_path / "page", examples=0).read_text()
+        assert ("<dt>left out of the fitting data</dt><dd>2 images the cache could not read, not fitted on: "
+                "torn.jpg, empty.jpg</dd>") in html
+        assert html.index("<dt>fitting data</dt>") < html.index("<dt>left out of the fitting data</dt>")
+        assert "left out of the dataset" not in html  # every scored image was read
 
     def test_headless_chromium_loads_the_page_without_errors(self, evaluated):
         browser = chromium()

@@ -5,10 +5,12 @@ refuse input files rewritten at the same path."""
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from detens.adapters.onnx_external_data import external_data_files
 from detens.ensemble_config import EnsembleConfig
 
 
@@ -20,22 +22,46 @@ def _sha256_of_file(path: str | Path) -> str:
     return digest.hexdigest()
 
 
+def _listing_digest(root: Path, files: Iterable[Path]) -> str:
+    """One sha256 (16 hex digits) over ``files``, in sorted order, each with its name relative to ``root``
+    (``../`` where it lies outside)."""
+    named = sorted((Path(os.path.relpath(p, root)).as_posix(), p) for p in files)
+    listing = "".join(f"{relative}\0{_sha256_of_file(p)}\n" for relative, p in named)
+    return hashlib.sha256(listing.encode("utf-8")).hexdigest()[:16]
+
+
+def _onnx_external_files(model: Path) -> list[Path]:
+    """The external-data files of an ONNX model, each checked to be a file (onnxruntime reads them at load)."""
+    files = external_data_files(model)
+    missing = [f for f in files if not f.is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"{model} keeps tensors in {', '.join(str(f) for f in missing)}, which "
+            f"{'is not a file' if len(missing) == 1 else 'are not files'}: keep an ONNX model's external-data "
+            "files beside it, as it names them"
+        )
+    return files
+
+
 def path_digest(path: str | Path) -> str:
     """The sha256 (16 hex digits) of a file, or of a folder (an OpenVINO export): one digest over its files
     in sorted order, each with its name relative to the folder, so that a renamed, added or removed file
-    counts as a change and the folder's place does not.
+    counts as a change and the folder's place does not. An ONNX model (``.onnx``) whose tensors lie in
+    external-data files counts with them: one digest over the model and those files, named relative to
+    the model's folder (a model that holds all its tensors: the sha256 of its file).
 
     Raises:
-        FileNotFoundError: ``path`` is neither a file nor a folder.
+        FileNotFoundError: ``path`` is neither a file nor a folder, or an ONNX model's external-data file
+            is missing.
+        ValueError: a ``.onnx`` file that is not an ONNX model.
     """
     path = Path(path)
     if path.is_file():
-        return _sha256_of_file(path)[:16]
+        external = _onnx_external_files(path) if path.suffix.lower() == ".onnx" else []
+        return _listing_digest(path.parent, [path, *external]) if external else _sha256_of_file(path)[:16]
     if not path.is_dir():
         raise FileNotFoundError(f"{path} is neither a file nor a folder: no digest of its content")
-    files = sorted((p.relative_to(path).as_posix(), p) for p in path.rglob("*") if p.is_file())
-    listing = "".join(f"{relative}\0{_sha256_of_file(p)}\n" for relative, p in files)
-    return hashlib.sha256(listing.encode("utf-8")).hexdigest()[:16]
+    return _listing_digest(path, (p for p in path.rglob("*") if p.is_file()))
 
 
 def file_digests(files: Iterable[str | None]) -> dict[str, str]:

@@ -23,19 +23,22 @@ Writes into ``--out``:
 - ``<member>.json``: the member's COCO results, written (atomically) once every image is done;
 - ``.partial/<member>/<image_id>.json``: one small file per finished image (an image with no box is a
   finished image with an empty list), and ``_settings.json``, the settings that produced them. A killed
-  run leaves every file valid (all writes are atomic); running the same command again skips the
-  finished images. Changed settings (``conf``, ``imgsz``, weights, ...) and a file rewritten at the
-  same path (a member's weights, such as a model re-exported over the old one, or a ``precomputed``
-  member's results file: the sha256 of each is recorded; of a weights folder such as an OpenVINO export,
-  one over its files and their names) are refused unless ``--overwrite``, which discards the selected
-  members' earlier results: those of this shard's images, and, when they were made with other settings,
-  all of them (every shard's and image's, so that no later run takes them for results of the new
-  settings). Every selected member is checked before anything is written, so a refused run changes
-  nothing; ``--overwrite`` removes a member's earlier results only once its model has given its first
-  new result, so a run that fails before (a bad ``--device``, a missing weights file) leaves them, and
-  ``config.yaml``, as they were. A cache written before the digests were recorded resumes on the files
-  as they are now and records their digests from then on. Delete ``.partial/`` once everything is
-  cached to save space (a later run then starts over);
+  run leaves every file valid (all writes are atomic); running the same command again skips the finished
+  images. Changed settings (``conf``, ``imgsz``, weights, ...) and changed input files are refused unless
+  ``--overwrite``: a ``precomputed`` member's results file rewritten at the same path, and weights that
+  are not the file the earlier run used (a model re-exported over the old one, or the same name found in
+  another folder through ``$DETENS_WEIGHTS`` or ``--weights-dir``) or that are no longer found on disk (a
+  name that would now be downloaded). The sha256 of each file is recorded; of a weights folder such as an
+  OpenVINO export, one over its files and their names; of an ONNX model whose tensors lie in external-data
+  files, one over the model and those files. ``--overwrite`` discards the selected members' earlier
+  results: those of this shard's images, and, when they were made with other settings, all of them (every
+  shard's and image's, so that no later run takes them for results of the new settings). Every selected
+  member is checked before anything is written, so a refused run changes nothing; ``--overwrite`` removes
+  a member's earlier results only once its model has given its first new result, so a run that fails
+  before (a bad ``--device``, a missing weights file) leaves them, and ``config.yaml``, as they were. A
+  cache written before the digests were recorded resumes on the files as they are now and records their
+  digests from then on. Delete ``.partial/`` once everything is cached to save space (a later run then
+  starts over);
 - ``cache_summary.json``: per member: images, boxes, unreadable files, detection seconds (summed over
   images, across resumed runs), wall and model-load seconds of the last run (``wall_s_this_run``,
   ``load_s_this_run``; with ``--engine ray`` the load is the slowest actor's, the actors loading in
@@ -83,7 +86,7 @@ import yaml
 from tqdm import tqdm
 
 from detens.adapters import build_detector, dataset_categories, detect_loaded, view_names
-from detens.adapters.weights import resolve_model_weights
+from detens.adapters.weights import ResolvedWeights, resolve_model_weights
 from detens.cli import UsageError
 from detens.cli._engine import add_engine_arguments, ray_options
 from detens.cli._inputs import (
@@ -305,10 +308,12 @@ def member_settings(
     entry: Entry,
     name: str,
     categories: dict[int, str] | None,
+    weights: ResolvedWeights | None,
     digests: dict[str, str],
 ) -> dict[str, Any]:
-    """What determines a member's detections (resuming with other settings is refused); ``digests``: the
-    weights digests of this run (see :func:`weights_inputs`)."""
+    """What determines a member's detections (resuming with other settings is refused); ``weights``: where
+    the entry's weights are (None: it reads none), ``digests``: the weights digests of this run (see
+    :func:`weights_inputs`)."""
     model = entry.model
     settings: dict[str, Any] = {key: getattr(model, key) for key in _RESULT_KEYS}
     # a setting the member never reads cannot change its detections (and must not refuse a resume)
@@ -326,27 +331,59 @@ def member_settings(
     settings["categories"] = hashlib.sha256(label_space).hexdigest()[:16] if categories else "coco80"
     if model.type == "precomputed":  # saved predictions are often rewritten in place: their content counts
         settings["inputs"] = file_digests([model.results])
-    weights = weights_inputs(model, config.weights_dir, digests)
-    if weights:  # a re-exported model is often saved over the old one: its content counts too
-        settings["inputs"] = weights
+    weights_digest = weights_inputs(model, weights, digests)
+    if weights_digest:  # a re-exported model is often saved over the old one: its content counts too
+        settings["inputs"] = weights_digest
     # JSON round trip: the form it is compared in after being saved
     return json.loads(json.dumps(settings, sort_keys=True))
 
 
-def weights_inputs(model: ModelConfig, weights_dir: str | None, digests: dict[str, str]) -> dict[str, str]:
-    """``{weights as the config gives them: digest of the file or folder they resolve to}``, or nothing for a
-    member that reads no weights or downloads them (an upstream name: no file yet).
+def weights_inputs(
+    model: ModelConfig, weights: ResolvedWeights | None, digests: dict[str, str]
+) -> dict[str, str]:
+    """``{weights as the config gives them: digest of the file or folder they resolve to}`` (``weights``,
+    see :func:`~detens.adapters.weights.resolve_model_weights`), or nothing for a member that reads no
+    weights or downloads them (an upstream name: no file yet).
 
     Keyed by the configured name, not the resolved path, so that shards run where the weights lie
     elsewhere still merge. ``digests`` (resolved path -> digest) is this run's: the views of a model, and
     models sharing a file, hash it once.
     """
-    resolved = resolve_model_weights(model, weights_dir)
-    if resolved is None or not resolved.local:
+    if weights is None or not weights.local:
         return {}
-    if resolved.value not in digests:
-        digests[resolved.value] = path_digest(resolved.value)
-    return {str(model.weights): digests[resolved.value]}
+    if weights.value not in digests:
+        digests[weights.value] = path_digest(weights.value)
+    return {str(model.weights): digests[weights.value]}
+
+
+def check_weights_unchanged(
+    out: Path, member: str, previous: Any, settings: dict[str, Any], weights: ResolvedWeights
+) -> None:
+    """Refuse to resume a member whose weights are not the file its earlier run in ``out`` used (recorded in
+    ``previous``, its saved settings): the same name may now find another file (rewritten in place, or
+    found through another ``$DETENS_WEIGHTS`` or ``--weights-dir``), or no file at all (an upstream name,
+    which would be downloaded). ``settings``: this run's, ``weights``: where its weights are now."""
+    earlier = previous.get("inputs") if isinstance(previous, dict) else None
+    if not isinstance(earlier, dict):
+        return
+    name = str(settings.get("weights"))
+    if name not in earlier:  # other weights than the earlier run's: refused as changed settings
+        return
+    now = (settings.get("inputs") or {}).get(name)
+    if now is None and not weights.local:
+        raise ValueError(
+            f"the weights {name!r} of {member!r} are no longer found on disk: the earlier run in {out} used a "
+            f"file of that name (sha256 {earlier[name]}), and the name now finds no file, so it would be "
+            f"downloaded, maybe as another file (looked at: {'; '.join(weights.tried)}); let $DETENS_WEIGHTS "
+            "or --weights-dir name the folder that holds the earlier file, use another --out, or --overwrite "
+            "to discard the results made with it"
+        )
+    if now is not None and now != earlier[name]:
+        raise ValueError(
+            f"the weights {name!r} of {member!r} are not the file the earlier run in {out} used: they are now "
+            f"{weights.value} (sha256 {now}), the earlier run's file had sha256 {earlier[name]}; use that "
+            "file again, another --out, or --overwrite to discard the results made with it"
+        )
 
 
 def check_saved_members(
@@ -431,9 +468,12 @@ def read_partial(out: Path, member: str, image_id: int, file_name: str) -> dict[
     return record
 
 
-def check_settings(out: Path, member: str, settings: dict[str, Any], overwrite: bool) -> bool:
-    """Refuse to resume a member's partial results made with other settings (reads only: a refused run
-    changes nothing).
+def check_settings(
+    out: Path, member: str, settings: dict[str, Any], overwrite: bool, weights: ResolvedWeights | None
+) -> bool:
+    """Refuse to resume a member's partial results made with other settings, or with other input files
+    (weights, saved predictions; reads only: a refused run changes nothing). ``weights``: where the
+    member's weights are now (None: it reads none).
 
     Returns:
         bool: whether ``out`` holds partial results of ``member`` made with other settings, which
@@ -448,7 +488,9 @@ def check_settings(out: Path, member: str, settings: dict[str, Any], overwrite: 
         saved = json.loads(saved_path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         saved = None
-    if not overwrite:
+    if not overwrite and weights is not None:  # by the configured name, which may find another file
+        check_weights_unchanged(out, member, saved, settings, weights)
+    elif not overwrite:  # saved predictions, by their path
         check_inputs_unchanged(out, saved, settings.get("inputs") or {})
     if isinstance(saved, dict) and "inputs" not in saved:
         # recorded before the digests were (of saved predictions, of weights): paths only. Such a cache
@@ -779,10 +821,13 @@ def cache(args: argparse.Namespace) -> int:
     plans: list[tuple[Entry, list[MemberRun]]] = []
     digests: dict[str, str] = {}
     for entry in entries:
+        if not entry.selected:  # its weights need not be found
+            continue
+        weights = resolve_model_weights(entry.model, config.weights_dir)
         runs = []
         for name in entry.selected:
-            settings = member_settings(config, entry, name, categories, digests)
-            stale = check_settings(out, name, settings, args.overwrite)
+            settings = member_settings(config, entry, name, categories, weights, digests)
+            stale = check_settings(out, name, settings, args.overwrite, weights)
             if args.overwrite:
                 todo = list(data.ids)
             else:
@@ -794,8 +839,7 @@ def cache(args: argparse.Namespace) -> int:
                     name, settings, todo, len(data.ids) - len(todo), args.overwrite, stale, unreadable=unreadable
                 )
             )
-        if runs:
-            plans.append((entry, runs))
+        plans.append((entry, runs))
     config_saved = False
 
     def claim(run: MemberRun) -> None:

@@ -151,6 +151,7 @@ def write_examples(
     single_name: str,
     members: Mapping[str, Sequence[Mapping[str, Any]]],
     out_dir: Path,
+    pngs: Mapping[str, str],
     count: int = 3,
     conf: float = 0.3,
 ) -> dict[str, list[dict[str, Any]]]:
@@ -162,7 +163,10 @@ def write_examples(
         fused_name (str), fused (list[dict]): the fused method and its pooled results.
         single_name (str): the best member, a key of ``members``.
         members (dict[str, list[dict]]): each member's results.
-        out_dir (Path): the PNGs go to ``out_dir/examples/``.
+        out_dir (Path): the folder the PNGs go under.
+        pngs (dict[str, str]): the PNG of each kind (``"helped"``, ``"hurt"``) relative to ``out_dir``,
+            ``{rank}`` (1: the image helped, or hurt, most) and ``{image_id}`` to fill in
+            (``"examples/helped_{rank}_{image_id}.png"``).
         count (int): images helped and images hurt.
         conf (float): draw detections scored at least this.
 
@@ -171,6 +175,7 @@ def write_examples(
         ``out_dir``), "delta", "ap50": {panel name: AP50 on the image}}``.
 
     Raises:
+        ValueError: ``pngs`` does not name exactly the two kinds.
         FileNotFoundError: an image to draw is missing from ``images_dir`` or unreadable, naming every such
             image; raised before any PNG is written.
     """
@@ -178,6 +183,8 @@ def write_examples(
 
     from detens.io import atomic_write_bytes
 
+    if set(pngs) != {"helped", "hurt"}:
+        raise ValueError(f"pngs must give the PNG of 'helped' and of 'hurt', got {sorted(pngs)}")
     image_ids = truth.annotated_image_ids
     single_ap = per_image_ap(truth, members[single_name], image_ids)
     fused_ap = per_image_ap(truth, fused, image_ids)
@@ -200,7 +207,7 @@ def write_examples(
             ]
             gt = truth.detections(image_id)  # crowds left out
             drawn = draw_side_by_side(image, panels, gt.boxes.numpy(), names, conf)
-            png = Path("examples") / f"{kind}_{rank}_{image_id}.png"
+            png = Path(pngs[kind].format(rank=rank, image_id=image_id))
             ok, encoded = cv2.imencode(".png", drawn)
             if not ok:
                 raise RuntimeError(f"OpenCV could not encode {png}")

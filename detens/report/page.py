@@ -46,9 +46,13 @@ _NUMBERS = "report.json"
 #: names and the next page removes those it does not draw by them, so a name is written once.
 _FIGURES = {"map": "map.png", "pr": "pr_curves.png", "errors": "errors.png", "reliability": "reliability.png",
             "classes": "class_deltas.png", "votes": "votes.png"}
-#: The page's files that one page may have and the next may not (``examples/`` is the page's too).
+#: The page's files that one page may have and the next may not (besides the side-by-sides).
 _PAGE_FILES = (_INDEX, _NUMBERS, *_FIGURES.values())
-_EXAMPLES = ("helped_*.png", "hurt_*.png")
+_EXAMPLES_DIR = "examples"
+#: Each kind of side-by-side → its PNG, ``rank`` (1: the image helped, or hurt, most) and ``image_id`` to
+#: fill in: a page draws them under these names and the next page removes those it does not draw by them.
+_EXAMPLES = {"helped": f"{_EXAMPLES_DIR}/helped_{{rank}}_{{image_id}}.png",
+             "hurt": f"{_EXAMPLES_DIR}/hurt_{{rank}}_{{image_id}}.png"}
 
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto; max-width: 1280px;
@@ -156,11 +160,18 @@ def _draw(
     atomic_write_text(out_dir / _INDEX, _page(record, analysis, figures, shown, examples_note, conf, command))
 
 
+def _page_files(out_dir: Path) -> list[Path]:
+    """The files of the page in ``out_dir``, relative to it: those the next page replaces or removes (a
+    file of the folder that no page draws stays)."""
+    files = [Path(name) for name in _PAGE_FILES if (out_dir / name).is_file()]
+    examples = [template.format(rank="*", image_id="*") for template in _EXAMPLES.values()]
+    return files + sorted(path.relative_to(out_dir) for pattern in examples for path in out_dir.glob(pattern))
+
+
 def _move_into_place(stage: Path, out_dir: Path) -> None:
     """Replace the page in ``out_dir`` by the one drawn in ``stage``, ``index.html`` last."""
     new = {path.relative_to(stage) for path in stage.rglob("*") if path.is_file()}
-    old = [Path(name) for name in _PAGE_FILES if (out_dir / name).is_file()]
-    old += [path.relative_to(out_dir) for pattern in _EXAMPLES for path in (out_dir / "examples").glob(pattern)]
+    old = _page_files(out_dir)
     index = Path(_INDEX)
     # gone first and back last: a folder caught halfway has no page rather than one whose PNGs are mixed
     (out_dir / index).unlink(missing_ok=True)
@@ -170,7 +181,7 @@ def _move_into_place(stage: Path, out_dir: Path) -> None:
         (out_dir / name).parent.mkdir(parents=True, exist_ok=True)
         os.replace(stage / name, out_dir / name)
     os.replace(stage / index, out_dir / index)
-    examples = out_dir / "examples"
+    examples = out_dir / _EXAMPLES_DIR
     if examples.is_dir() and not any(examples.iterdir()):
         examples.rmdir()
 
@@ -191,7 +202,7 @@ def _examples(
         return {}, f"No side-by-sides: the image folder was not found ({folder}); pass --images."
     truth = CocoGroundTruth(record.gt)
     shown = write_examples(truth, Path(folder), fused, record.results[fused], single.split(":", 1)[1],
-                           record.members, out_dir, count=count, conf=conf)
+                           record.members, out_dir, _EXAMPLES, count=count, conf=conf)
     return shown, ""
 
 
@@ -256,6 +267,17 @@ def _figure(src: str, caption: str, narrow: bool = False) -> str:
     return f'<figure{kind}><img src="{_e(src)}" alt="{_e(caption)}"><figcaption>{_e(caption)}</figcaption></figure>'
 
 
+def _left_out_text(images: Any, fate: str) -> str | None:
+    """What a record says of the images the cache could not read (``meta.left_out``, ``meta.fit_on.left_out``),
+    the first 10 named; None when it lists none."""
+    images = [image for image in images or [] if isinstance(image, dict)]
+    if not images:
+        return None
+    names = ", ".join(str(image.get("file_name", image.get("image_id"))) for image in images[:10])
+    more = " ..." if len(images) > 10 else ""
+    return f"{len(images)} image{'s' if len(images) > 1 else ''} the cache could not read, {fate}: {names}{more}"
+
+
 def _page(
     record: EvaluationRecord,
     analysis: dict[str, Any],
@@ -276,11 +298,9 @@ def _page(
                     f"{len(record.gt['categories'])} categories"),
         ("predictions", f"{meta.get('predictions', '?')} (members: {', '.join(meta.get('models', []))})"),
     ]
-    left_out = [image for image in meta.get("left_out") or [] if isinstance(image, dict)]
+    left_out = _left_out_text(meta.get("left_out"), "neither scored nor fitted on")
     if left_out:
-        names = ", ".join(str(image.get("file_name", image.get("image_id"))) for image in left_out[:10])
-        facts.append(("left out", f"{len(left_out)} image{'s' if len(left_out) > 1 else ''} the cache could not "
-                                  f"read, neither scored nor fitted on: {names}{' ...' if len(left_out) > 10 else ''}"))
+        facts.append(("left out of the dataset", left_out))
     facts += [
         ("protocol", meta.get("protocol", "?")),
         ("folds", f"{len(folds)} held-out folds of {', '.join(str(f) for f in folds)} images, seed {meta.get('seed')}"
@@ -289,6 +309,9 @@ def _page(
     if fit_on:
         facts.append(("fitting data", f"{fit_on.get('gt')} with {fit_on.get('predictions')} "
                                       f"({fit_on.get('images')} images, {fit_on.get('mode')})"))
+        fit_left_out = _left_out_text(fit_on.get("left_out"), "not fitted on")
+        if fit_left_out:
+            facts.append(("left out of the fitting data", fit_left_out))
     facts += [("COCO evaluator", meta.get("backend", "pycocotools")), ("evaluated", meta.get("created", "?")),
               ("page written", datetime.now(timezone.utc).isoformat(timespec="seconds"))]
     meta_html = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in facts)
