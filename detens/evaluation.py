@@ -5,7 +5,8 @@ K−1 folds of images and predict the held-out fold; fixed methods predict every
 predictions are pooled into ONE COCO evaluation, so no method is ever scored on an image it was fitted
 on, and the folds (by image, fixed by the seed) are identical for every method. More fitting images
 (``fit_on``) join the fitting side of every fold and are never scored; with ``k = 0`` methods fit on them
-alone and score every image (fit on one dataset, score another).
+alone and score every image (fit on one dataset, score another). Either way the fitting data must not
+hold a scored image (identified by its base file name), or that image would be fitted on and scored.
 
 The methods (:data:`METHODS`):
 
@@ -45,7 +46,7 @@ from detens.fusers import fuse
 from detens.fusers.consensus import average_clusters
 from detens.heads import TRAINERS
 from detens.matching import Clusters, match
-from detens.predictions import EnsemblePredictions, join_predictions
+from detens.predictions import EnsemblePredictions, join_predictions, shared_images
 from detens.registry import Registry
 from detens.targets import assign_targets
 
@@ -521,17 +522,23 @@ def cross_validate(
         backend (str): COCO evaluator for the reported figures (tuning always uses the fast one).
         method_options (dict[str, dict]): extra constructor options per method name.
         fit_on (EnsemblePredictions | None): more fitting images (same categories, the same models in any
-            order): joined to the fitting side of every fold, never scored. Required when ``k`` is 0.
+            order, none of the scored images): joined to the fitting side of every fold, never scored.
+            Required when ``k`` is 0.
 
     Returns:
         dict[str, MethodResult]: per method its metrics (``map`` ... plus ``fusion_ms`` per image), for
         learned methods what each fold's fit chose, and the pooled predictions that were scored.
+
+    Raises:
+        ValueError: ``k`` is 0 without ``fit_on``; ``fit_on`` holds a scored image (the same base file name:
+            :func:`~detens.predictions.shared_images`), other categories or not every model.
     """
     if k == 0 and fit_on is None:
         raise ValueError("k=0 (no cross-validation) needs fit_on: the dataset that learned and tuned methods fit on")
     scored_ids = predictions.gt.annotated_image_ids
     extra_ids: list[int] = []
     if fit_on is not None:
+        _check_fitting_images_unscored(predictions, fit_on)
         predictions, extra_ids = join_predictions(predictions, fit_on)
         if not extra_ids:
             raise ValueError("the extra fitting data has no annotated image")
@@ -569,6 +576,20 @@ def cross_validate(
         if on_method is not None:
             on_method(name, report[name])
     return report
+
+
+def _check_fitting_images_unscored(predictions: EnsemblePredictions, fit_on: EnsemblePredictions) -> None:
+    """Raise ``ValueError`` if the extra fitting data holds an image that ``predictions`` scores: a method
+    fitted on it would be scored on it too, and its figure would not be held out."""
+    shared = shared_images(predictions, fit_on)
+    if shared:
+        shown = ", ".join(shared[:5]) + (", ..." if len(shared) > 5 else "")
+        raise ValueError(
+            f"the extra fitting data shares {len(shared)} annotated image{'s' if len(shared) > 1 else ''} with the "
+            f"scored data (same file name, folders aside: {shown}); the fitting data must not contain scored "
+            "images, or methods are scored on images they were fitted on: remove them from the fitting data "
+            "(or, if they are different images, give them different file names)"
+        )
 
 
 def summarize_repeats(runs: dict[int, dict[str, dict[str, float]]]) -> dict[str, dict[str, Any]]:

@@ -12,7 +12,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 from typing import Any
 
 from torch import Tensor
@@ -21,7 +21,9 @@ from detens.coco import CocoGroundTruth, coco_to_detections, load_coco_results
 from detens.detections import Detections
 from detens.io import read_json_file
 
-__all__ = ["CACHE_SUMMARY", "EnsemblePredictions", "LeftOutImage", "NOT_RESULTS", "join_predictions"]
+__all__ = [
+    "CACHE_SUMMARY", "EnsemblePredictions", "LeftOutImage", "NOT_RESULTS", "join_predictions", "shared_images",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -265,6 +267,32 @@ def join_predictions(
         for ours_by_image, theirs_by_image in zip(evaluated._by_image, extra._by_image, strict=True)
     ]
     return joined, [new_id[i] for i in extra.gt.annotated_image_ids]
+
+
+def shared_images(first: EnsemblePredictions, second: EnsemblePredictions) -> list[str]:
+    """The annotated images that both sets of predictions hold, as their base file names, sorted.
+
+    Image ids belong to one annotation file (two datasets may number different images alike, and
+    :func:`join_predictions` moves such ids apart), so across two files an image is identified by its
+    ``file_name`` without folders: ``val2017/000000000139.jpg`` and ``000000000139.jpg`` are one image. Two
+    different images with one base name count as shared. An image without a ``file_name`` cannot be
+    compared: a warning counts those.
+    """
+    first_names, second_names = _annotated_base_names(first.gt), _annotated_base_names(second.gt)
+    unnamed = sum(name is None for name in first_names + second_names)
+    if unnamed:
+        logger.warning(
+            "%d annotated image%s without a file_name: whether the two datasets share %s cannot be checked",
+            unnamed, "s" if unnamed > 1 else "", "them" if unnamed > 1 else "it",
+        )
+    return sorted((set(first_names) & set(second_names)) - {None})
+
+
+def _annotated_base_names(gt: CocoGroundTruth) -> list[str | None]:
+    """Each annotated image's ``file_name`` without folders (None where it has none)."""
+    names = (gt.image(image_id).get("file_name") for image_id in gt.annotated_image_ids)
+    # either separator: annotation files written on Windows use backslashes
+    return [None if name is None else PureWindowsPath(str(name)).name for name in names]
 
 
 def _left_out_images(

@@ -15,7 +15,9 @@ More fitting data, for every learned and tuned method alike (``wbf_tuned`` inclu
     --fit-on GT PREDICTIONS --cv 0 no cross-validation: fit on that dataset alone and score every image
                                    of --gt (a validation split to fit on, a test split to report)
 
-The extra dataset must have the same categories and every model (file order does not matter).
+The extra dataset must have the same categories and every model (file order does not matter), and no
+annotated image of ``--gt``: an image both hold would be fitted on and scored. Across the two files an
+image is identified by its ``file_name`` without folders (ids are per file); sharing one is an error.
 
 Images the cache could not read (each member's ``unreadable`` in the folder's ``cache_summary.json``)
 are left out of scoring and fitting, for every member alike (the ensemble never saw them whole), with a
@@ -117,11 +119,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     extra = parser.add_mutually_exclusive_group()
     extra.add_argument(
         "--also-fit-on", nargs=2, metavar=("GT", "PREDICTIONS"),
-        help="annotations and prediction folder of more fitting images, joined to every fold's fitting side",
+        help="annotations and prediction folder of more fitting images, joined to every fold's fitting side; "
+        "it may not share an annotated image with --gt (same file name, folders aside)",
     )
     extra.add_argument(
         "--fit-on", nargs=2, metavar=("GT", "PREDICTIONS"),
-        help="with --cv 0: fit learned and tuned methods on this dataset only, score every image of --gt",
+        help="with --cv 0: fit learned and tuned methods on this dataset only, score every image of --gt; "
+        "it may not share an annotated image with --gt (same file name, folders aside)",
     )
     parser.add_argument(
         "--seed", type=parse_seeds, default=[0],
