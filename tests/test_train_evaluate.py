@@ -258,6 +258,35 @@ class TestCrossValidation:
         assert sum(kind == "fit" for kind, _ in RecordingMethod.log) == 3
         assert 0.0 < report["recording"].metrics["map"] <= 1.0
 
+    def test_each_fusion_runs_once_untimed_before_its_timed_images(self, ensemble, monkeypatch):
+        """One-time costs (loading compiled kernels) stay out of ``fusion_ms``: each method, and each fold's
+        fitted method, fuses its first held-out image once before the clock runs."""
+        events: list[tuple] = []
+        original = FixedFusion.predict
+
+        def spy(self, data, image_id):
+            events.append(("predict", image_id))
+            return original(self, data, image_id)
+
+        def clock():  # 2 ms from every reading to the next
+            events.append(("clock",))
+            return 0.002 * events.count(("clock",))
+
+        monkeypatch.setattr(FixedFusion, "predict", spy)
+        for method, plan in (("mean", [ensemble.gt.annotated_image_ids]),
+                             ("wbf", [test for _, test in kfold_image_splits(ensemble.gt.annotated_image_ids, 2, 0)])):
+            if method == "wbf":  # the same fuser, fitted per fold
+                monkeypatch.setattr(FixedFusion, "learned", True)
+            events.clear()
+            report = cross_validate(ensemble, [method], k=2, backend="faster", clock=clock)
+            expected = []
+            for test_ids in plan:
+                expected += [("predict", test_ids[0])]
+                for image_id in test_ids:
+                    expected += [("clock",), ("predict", image_id), ("clock",)]
+            assert events == expected
+            assert report[method].metrics["fusion_ms"] == pytest.approx(2.0)
+
     def test_fixed_methods_predict_every_image_once(self, ensemble):
         report = cross_validate(ensemble, ["mean", "single"], k=2, backend="faster")
         assert list(report) == ["mean", "single:blurry", "single:noisy", "single:sharp"]
