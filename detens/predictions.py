@@ -17,7 +17,7 @@ from typing import Any
 
 from torch import Tensor
 
-from detens.coco import CocoGroundTruth, coco_to_detections, load_coco_results
+from detens.coco import CocoGroundTruth, coco_to_detections, load_coco_results, with_annotation_ids
 from detens.detections import Detections
 from detens.io import read_json_file
 
@@ -217,9 +217,11 @@ def join_predictions(
 
     ``extra`` must have the same categories (the label space) and every model of ``evaluated``; its
     members are matched by name, so its files may list them in any order. Image ids of ``extra`` that
-    collide with ``evaluated``'s are moved past the largest id, and annotation ids are renumbered when
-    the two files share any, so the joined ground truth stays valid COCO (pycocotools indexes
-    annotations by id: a shared id would silently drop one of them).
+    collide with ``evaluated``'s are moved past the largest id, annotations without an id are numbered
+    (:func:`~detens.coco.with_annotation_ids`), and annotation ids are renumbered when the two files share
+    any, so the joined ground truth stays valid COCO (pycocotools indexes annotations by id: a shared id
+    would silently drop one of them). Whether the two hold the same images is not checked here (see
+    :func:`shared_images`).
 
     Images either side left out stay out; the joined predictions' ``left_out`` is ``evaluated``'s (those of
     ``extra`` have no id in the joined ground truth: see ``extra.left_out``).
@@ -253,8 +255,8 @@ def join_predictions(
         {**image, "id": new_id[int(image["id"])]} for image in extra.gt.dataset["images"]
     ]
     extra_annotations = [{**a, "image_id": new_id[int(a["image_id"])]} for a in extra.gt.dataset["annotations"]]
-    annotations = list(evaluated.gt.dataset["annotations"]) + extra_annotations
-    if len({int(a["id"]) for a in annotations}) < len(annotations):
+    annotations = with_annotation_ids([*evaluated.gt.dataset["annotations"], *extra_annotations])
+    if len({a["id"] for a in annotations}) < len(annotations):
         annotations = [{**a, "id": i + 1} for i, a in enumerate(annotations)]
     dataset["annotations"] = annotations
 

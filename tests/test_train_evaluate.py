@@ -444,6 +444,15 @@ def _split_dataset(gt_path, predictions, tmp_path, reverse_models=False, drop_ca
     return out["evaluated"], out["extra"]
 
 
+def _without_annotation_ids(folder):
+    """The predictions of a folder of _split_dataset, its annotation file rewritten without annotation ids."""
+    annotations = json.loads((folder / "instances.json").read_text())
+    for ann in annotations["annotations"]:
+        del ann["id"]
+    (folder / "instances.json").write_text(json.dumps(annotations))
+    return EnsemblePredictions.from_folder(folder / "predictions", load_coco_gt(folder / "instances.json"))
+
+
 class TestExtraFittingData:
     def test_join_keeps_both_and_renumbers_colliding_ids(self, dataset, tmp_path):
         evaluated, extra = _split_dataset(*dataset, tmp_path, reverse_models=True, same_ids=True)
@@ -464,6 +473,16 @@ class TestExtraFittingData:
                 torch.testing.assert_close(mine, theirs)
         for image_id in evaluated.gt.image_ids:
             assert [len(d) for d in joined.per_model(image_id)] == [len(d) for d in evaluated.per_model(image_id)]
+
+    def test_join_numbers_annotations_without_ids(self, dataset, tmp_path):
+        _split_dataset(*dataset, tmp_path)
+        halves = [_without_annotation_ids(tmp_path / part) for part in ("evaluated", "extra")]
+        joined, extra_ids = join_predictions(*halves)
+        ids = [a["id"] for a in joined.gt.dataset["annotations"]]
+        assert len(set(ids)) == len(ids) == sum(len(half.gt.dataset["annotations"]) for half in halves)
+        for old, new in zip(halves[1].gt.annotated_image_ids, extra_ids, strict=True):
+            for mine, theirs in zip(joined.gt.targets(new), halves[1].gt.targets(old), strict=True):
+                torch.testing.assert_close(mine, theirs)
 
     def test_join_refuses_other_categories_or_missing_models(self, dataset, tmp_path):
         evaluated, extra = _split_dataset(*dataset, tmp_path, drop_category=True)
@@ -879,6 +898,19 @@ class TestTools:
         assert code == 2 and not out.exists()
         assert err.startswith("error: the extra fitting data shares 12 annotated images with the scored data")
         assert err.count("\n") == 1 and "must not contain scored images" in err
+
+    @pytest.mark.parametrize("fitting", [["--also-fit-on"], ["--cv", "0", "--fit-on"]])
+    def test_evaluate_cli_fits_on_annotations_without_ids(self, dataset, tmp_path, capsys, fitting):
+        _split_dataset(*dataset, tmp_path)
+        for part in ("evaluated", "extra"):
+            _without_annotation_ids(tmp_path / part)
+        out = tmp_path / "r.json"
+        code = evaluate_cli.main([
+            "--gt", str(tmp_path / "evaluated" / "instances.json"), "--predictions", str(tmp_path / "evaluated" / "predictions"),
+            "--methods", "mean,wbf_tuned", "--backend", "faster", "--out", str(out), "--quiet",
+            *fitting, str(tmp_path / "extra" / "instances.json"), str(tmp_path / "extra" / "predictions")])
+        assert (code, capsys.readouterr().err) == (0, "")
+        assert list(json.loads(out.read_text())) == ["mean", "wbf_tuned"]
 
     def test_evaluate_cli_bootstrap(self, dataset, tmp_path, capsys):
         gt_path, predictions = dataset
