@@ -39,7 +39,7 @@ import torch
 from torchvision.ops import box_iou
 
 from detens.calibration_metrics import detection_calibration
-from detens.coco import detections_to_array, detections_to_coco, evaluate_coco, fastest_backend
+from detens.coco import BACKENDS, detections_to_array, detections_to_coco, evaluate_coco, fastest_backend
 from detens.detections import Detections
 from detens.folds import kfold_image_splits
 from detens.fusers import fuse
@@ -533,11 +533,14 @@ def cross_validate(
         for learned methods what each fold's fit chose, and the pooled predictions that were scored.
 
     Raises:
-        ValueError: ``k`` is 0 without ``fit_on``; ``fit_on`` holds a scored image (the same base file name:
-            :func:`~detens.predictions.shared_images`), other categories or not every model.
+        ValueError: ``k`` is 0 without ``fit_on``; an unknown ``backend``; ``fit_on`` holds a scored image
+            (the same base file name: :func:`~detens.predictions.shared_images`), other categories or not
+            every model.
     """
     if k == 0 and fit_on is None:
         raise ValueError("k=0 (no cross-validation) needs fit_on: the dataset that learned and tuned methods fit on")
+    if backend not in BACKENDS:  # evaluate_coco would say so only after the first method's work
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     scored_ids = predictions.gt.annotated_image_ids
     extra_ids: list[int] = []
     if fit_on is not None:

@@ -287,6 +287,14 @@ class TestCrossValidation:
             assert events == expected
             assert report[method].metrics["fusion_ms"] == pytest.approx(2.0)
 
+    def test_an_unknown_backend_is_refused_before_any_method_runs(self, ensemble, monkeypatch):
+        def never(self, data, image_id):
+            raise AssertionError("a method ran")
+
+        monkeypatch.setattr(FixedFusion, "predict", never)
+        with pytest.raises(ValueError, match="backend must be one of pycocotools, faster, hotcoco, got 'hotcocoo'"):
+            cross_validate(ensemble, ["mean"], k=2, backend="hotcocoo")
+
     def test_fixed_methods_predict_every_image_once(self, ensemble):
         report = cross_validate(ensemble, ["mean", "single"], k=2, backend="faster")
         assert list(report) == ["mean", "single:blurry", "single:noisy", "single:sharp"]
