@@ -50,6 +50,7 @@ __all__ = [
     "save_coco_results",
     "validate_coco_results",
     "group_results_by_image",
+    "with_annotation_ids",
 ]
 
 logger = logging.getLogger(__name__)
@@ -573,24 +574,34 @@ def load_coco_gt(
     )
 
 
+def with_annotation_ids(annotations: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Shallow copies of ``annotations``, those without an ``id`` numbered after the largest given id.
+
+    An annotation's ``id`` is optional in :func:`load_coco_gt`, but pycocotools indexes annotations by it,
+    and code that joins or copies annotation files renumbers by it; new ids above the given ones never
+    collide with them (two annotations with one id are mis-scored).
+    """
+    annotations = [dict(ann) for ann in annotations]
+    next_id = max((int(ann["id"]) for ann in annotations if "id" in ann), default=0) + 1
+    for ann in annotations:
+        if "id" not in ann:
+            ann["id"], next_id = next_id, next_id + 1
+    return annotations
+
+
 def _coco_from_dataset(dataset: Mapping[str, Any]) -> COCO:
     """A pycocotools COCO over shallow copies of the annotations (COCOeval adds keys to them).
 
-    Missing ``area`` is filled with the box area and missing ``iscrowd`` with 0, so hand-made
-    annotation dicts evaluate too.
+    Missing ``id`` is numbered (:func:`with_annotation_ids`), missing ``area`` filled with the box area and
+    missing ``iscrowd`` with 0, so hand-made annotation dicts evaluate too.
     """
     from pycocotools.coco import COCO
 
-    annotations = []
-    next_id = max((int(a["id"]) for a in dataset["annotations"] if "id" in a), default=0) + 1
-    for ann in dataset["annotations"]:
-        ann = dict(ann)
-        if "id" not in ann:  # new ids above the given ones: two annotations with one id are mis-scored
-            ann["id"], next_id = next_id, next_id + 1
+    annotations = with_annotation_ids(dataset["annotations"])
+    for ann in annotations:
         ann.setdefault("iscrowd", 0)
         if "area" not in ann:
             ann["area"] = float(ann["bbox"][2]) * float(ann["bbox"][3])
-        annotations.append(ann)
     coco = COCO()
     coco.dataset = {
         "info": dict(dataset.get("info", {})),

@@ -30,7 +30,11 @@ from detens.coco import (
     validate_coco_results,
 )
 
-__all__ = ["CURVE_IOUS", "coco_curves"]
+__all__ = ["CURVE_BACKENDS", "CURVE_IOUS", "coco_curves"]
+
+#: The evaluators :func:`coco_curves` runs. A table scored by hotcoco gets pycocotools' curves
+#: (:func:`detens.report.analysis.curves_backend`): hotcoco's figures are within 1e-4 of them (tests/test_coco.py).
+CURVE_BACKENDS: tuple[str, ...] = ("pycocotools", "faster")
 
 #: IoU thresholds of the returned precision-recall curves (indices 0 and 5 of COCOeval's ``iouThrs``).
 CURVE_IOUS: tuple[float, ...] = (0.5, 0.75)
@@ -60,8 +64,8 @@ def coco_curves(
     """
     from pycocotools.cocoeval import COCOeval
 
-    if backend not in ("pycocotools", "faster"):
-        raise ValueError(f"backend must be 'pycocotools' or 'faster', got {backend!r}")
+    if backend not in CURVE_BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(CURVE_BACKENDS)}, got {backend!r}")
     truth = load_coco_gt(gt)
     clean = load_coco_results(results) if isinstance(results, (str, Path)) else validate_coco_results(results)
     eval_ids = evaluated_image_ids(truth, image_ids)

@@ -5,7 +5,8 @@ K−1 folds of images and predict the held-out fold; fixed methods predict every
 predictions are pooled into ONE COCO evaluation, so no method is ever scored on an image it was fitted
 on, and the folds (by image, fixed by the seed) are identical for every method. More fitting images
 (``fit_on``) join the fitting side of every fold and are never scored; with ``k = 0`` methods fit on them
-alone and score every image (fit on one dataset, score another).
+alone and score every image (fit on one dataset, score another). Either way the fitting data must not
+hold a scored image (identified by its base file name), or that image would be fitted on and scored.
 
 The methods (:data:`METHODS`):
 
@@ -38,14 +39,14 @@ import torch
 from torchvision.ops import box_iou
 
 from detens.calibration_metrics import detection_calibration
-from detens.coco import detections_to_array, detections_to_coco, evaluate_coco, fastest_backend
+from detens.coco import BACKENDS, detections_to_array, detections_to_coco, evaluate_coco, fastest_backend
 from detens.detections import Detections
 from detens.folds import kfold_image_splits
 from detens.fusers import fuse
 from detens.fusers.consensus import average_clusters
 from detens.heads import TRAINERS
 from detens.matching import Clusters, match
-from detens.predictions import EnsemblePredictions, join_predictions
+from detens.predictions import EnsemblePredictions, join_predictions, shared_images
 from detens.registry import Registry
 from detens.targets import assign_targets
 
@@ -507,6 +508,7 @@ def cross_validate(
     method_options: dict[str, dict[str, Any]] | None = None,
     on_method: Callable[[str, MethodResult], None] | None = None,
     fit_on: EnsemblePredictions | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, MethodResult]:
     """Score every method on pooled held-out predictions; see the module docstring.
 
@@ -521,17 +523,28 @@ def cross_validate(
         backend (str): COCO evaluator for the reported figures (tuning always uses the fast one).
         method_options (dict[str, dict]): extra constructor options per method name.
         fit_on (EnsemblePredictions | None): more fitting images (same categories, the same models in any
-            order): joined to the fitting side of every fold, never scored. Required when ``k`` is 0.
+            order, none of the scored images): joined to the fitting side of every fold, never scored.
+            Required when ``k`` is 0.
+        clock (Callable[[], float]): the timer of ``fusion_ms``, in seconds.
 
     Returns:
-        dict[str, MethodResult]: per method its metrics (``map`` ... plus ``fusion_ms`` per image), for
-        learned methods what each fold's fit chose, and the pooled predictions that were scored.
+        dict[str, MethodResult]: per method its metrics (``map`` ... plus ``fusion_ms``: the mean time of
+        one image's fusion, inputs built beforehand, one-time costs left out: see :func:`_predict_images`),
+        for learned methods what each fold's fit chose, and the pooled predictions that were scored.
+
+    Raises:
+        ValueError: ``k`` is 0 without ``fit_on``; an unknown ``backend``; ``fit_on`` holds a scored image
+            (the same base file name: :func:`~detens.predictions.shared_images`), other categories or not
+            every model.
     """
     if k == 0 and fit_on is None:
         raise ValueError("k=0 (no cross-validation) needs fit_on: the dataset that learned and tuned methods fit on")
+    if backend not in BACKENDS:  # evaluate_coco would say so only after the first method's work
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     scored_ids = predictions.gt.annotated_image_ids
     extra_ids: list[int] = []
     if fit_on is not None:
+        _check_fitting_images_unscored(predictions, fit_on)
         predictions, extra_ids = join_predictions(predictions, fit_on)
         if not extra_ids:
             raise ValueError("the extra fitting data has no annotated image")
@@ -554,13 +567,10 @@ def cross_validate(
                 method = build_method(name, data.model_names, **options)
                 method.fit(data, train_ids)
                 fitted.append(method.describe())
-            for image_id in test_ids:
-                data.per_model(image_id)  # build (and cache) the inputs outside the timed region
-                start = time.perf_counter()
-                fused = method.predict(data, image_id)
-                predict_seconds += time.perf_counter() - start
-                predicted += 1
-                results += detections_to_coco(fused, image_id, decimals=None)
+            fold_results, seconds = _predict_images(method, data, test_ids, clock)
+            results += fold_results
+            predict_seconds += seconds
+            predicted += len(test_ids)
         metrics = evaluate_coco(data.gt, results, image_ids=scored_ids, backend=backend)
         calibration = detection_calibration(data.gt, results, image_ids=scored_ids)
         metrics["ece"] = calibration["ece"]
@@ -569,6 +579,41 @@ def cross_validate(
         if on_method is not None:
             on_method(name, report[name])
     return report
+
+
+def _predict_images(
+    method: EvalMethod, data: EvaluationData, image_ids: Sequence[int], clock: Callable[[], float]
+) -> tuple[list[dict[str, Any]], float]:
+    """``method``'s COCO results on ``image_ids`` and the seconds (by ``clock``) its fusion took.
+
+    The first image is fused once untimed before the timed pass: one-time costs (loading the compiled
+    kernels: about half a second on the first WBF call of a process, ~1 ms per image afterwards; the first
+    call of a freshly fitted head) would otherwise land in the figure of whichever method pays them first.
+    """
+    if image_ids:
+        method.predict(data, image_ids[0])
+    results, seconds = [], 0.0
+    for image_id in image_ids:
+        data.per_model(image_id)  # build (and cache) the inputs outside the timed region
+        start = clock()
+        fused = method.predict(data, image_id)
+        seconds += clock() - start
+        results += detections_to_coco(fused, image_id, decimals=None)
+    return results, seconds
+
+
+def _check_fitting_images_unscored(predictions: EnsemblePredictions, fit_on: EnsemblePredictions) -> None:
+    """Raise ``ValueError`` if the extra fitting data holds an image that ``predictions`` scores: a method
+    fitted on it would be scored on it too, and its figure would not be held out."""
+    shared = shared_images(predictions, fit_on)
+    if shared:
+        shown = ", ".join(shared[:5]) + (", ..." if len(shared) > 5 else "")
+        raise ValueError(
+            f"the extra fitting data shares {len(shared)} annotated image{'s' if len(shared) > 1 else ''} with the "
+            f"scored data (same file name, folders aside: {shown}); the fitting data must not contain scored "
+            "images, or methods are scored on images they were fitted on: remove them from the fitting data "
+            "(or, if they are different images, give them different file names)"
+        )
 
 
 def summarize_repeats(runs: dict[int, dict[str, dict[str, float]]]) -> dict[str, dict[str, Any]]:

@@ -13,8 +13,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 __all__ = [
-    "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "check_writable_file", "read_json_file",
-    "output_stems",
+    "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "check_writable_file", "check_writable_folder",
+    "read_json_file", "output_stems",
 ]
 
 _UMASK = os.umask(0)
@@ -65,7 +65,29 @@ def check_writable_file(path: str | Path, what: str) -> None:
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{what} {path} is a folder; give the path of a file")
-    folder = path.parent
+    _check_writable_from(path.parent, path, what)
+
+
+def check_writable_folder(path: str | Path, what: str) -> None:
+    """Raise now, before the work whose files go into the folder ``path``, when it could not be created or
+    written in.
+
+    Args:
+        what (str): names ``path`` in the message (``"--report"``).
+
+    Raises:
+        ValueError: ``path`` is a file, a part of it is a file, or the folder (or its nearest existing
+            parent) is not writable.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{what} must be a folder, but {path} is a file")
+    _check_writable_from(path, path, what)
+
+
+def _check_writable_from(folder: Path, path: Path, what: str) -> None:
+    """Raise unless ``folder``, or its nearest existing parent where it does not exist yet (it would be
+    created), is a folder this process may write in."""
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     if not folder.is_dir():

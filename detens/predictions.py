@@ -12,16 +12,18 @@ import logging
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 from typing import Any
 
 from torch import Tensor
 
-from detens.coco import CocoGroundTruth, coco_to_detections, load_coco_results
+from detens.coco import CocoGroundTruth, coco_to_detections, load_coco_results, with_annotation_ids
 from detens.detections import Detections
 from detens.io import read_json_file
 
-__all__ = ["CACHE_SUMMARY", "EnsemblePredictions", "LeftOutImage", "NOT_RESULTS", "join_predictions"]
+__all__ = [
+    "CACHE_SUMMARY", "EnsemblePredictions", "LeftOutImage", "NOT_RESULTS", "join_predictions", "shared_images",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -215,9 +217,11 @@ def join_predictions(
 
     ``extra`` must have the same categories (the label space) and every model of ``evaluated``; its
     members are matched by name, so its files may list them in any order. Image ids of ``extra`` that
-    collide with ``evaluated``'s are moved past the largest id, and annotation ids are renumbered when
-    the two files share any, so the joined ground truth stays valid COCO (pycocotools indexes
-    annotations by id: a shared id would silently drop one of them).
+    collide with ``evaluated``'s are moved past the largest id, annotations without an id are numbered
+    (:func:`~detens.coco.with_annotation_ids`), and annotation ids are renumbered when the two files share
+    any, so the joined ground truth stays valid COCO (pycocotools indexes annotations by id: a shared id
+    would silently drop one of them). Whether the two hold the same images is not checked here (see
+    :func:`shared_images`).
 
     Images either side left out stay out; the joined predictions' ``left_out`` is ``evaluated``'s (those of
     ``extra`` have no id in the joined ground truth: see ``extra.left_out``).
@@ -251,8 +255,8 @@ def join_predictions(
         {**image, "id": new_id[int(image["id"])]} for image in extra.gt.dataset["images"]
     ]
     extra_annotations = [{**a, "image_id": new_id[int(a["image_id"])]} for a in extra.gt.dataset["annotations"]]
-    annotations = list(evaluated.gt.dataset["annotations"]) + extra_annotations
-    if len({int(a["id"]) for a in annotations}) < len(annotations):
+    annotations = with_annotation_ids([*evaluated.gt.dataset["annotations"], *extra_annotations])
+    if len({a["id"] for a in annotations}) < len(annotations):
         annotations = [{**a, "id": i + 1} for i, a in enumerate(annotations)]
     dataset["annotations"] = annotations
 
@@ -265,6 +269,32 @@ def join_predictions(
         for ours_by_image, theirs_by_image in zip(evaluated._by_image, extra._by_image, strict=True)
     ]
     return joined, [new_id[i] for i in extra.gt.annotated_image_ids]
+
+
+def shared_images(first: EnsemblePredictions, second: EnsemblePredictions) -> list[str]:
+    """The annotated images that both sets of predictions hold, as their base file names, sorted.
+
+    Image ids belong to one annotation file (two datasets may number different images alike, and
+    :func:`join_predictions` moves such ids apart), so across two files an image is identified by its
+    ``file_name`` without folders: ``val2017/000000000139.jpg`` and ``000000000139.jpg`` are one image. Two
+    different images with one base name count as shared. An image without a ``file_name`` cannot be
+    compared: a warning counts those.
+    """
+    first_names, second_names = _annotated_base_names(first.gt), _annotated_base_names(second.gt)
+    unnamed = sum(name is None for name in first_names + second_names)
+    if unnamed:
+        logger.warning(
+            "%d annotated image%s without a file_name: whether the two datasets share %s cannot be checked",
+            unnamed, "s" if unnamed > 1 else "", "them" if unnamed > 1 else "it",
+        )
+    return sorted((set(first_names) & set(second_names)) - {None})
+
+
+def _annotated_base_names(gt: CocoGroundTruth) -> list[str | None]:
+    """Each annotated image's ``file_name`` without folders (None where it has none)."""
+    names = (gt.image(image_id).get("file_name") for image_id in gt.annotated_image_ids)
+    # either separator: annotation files written on Windows use backslashes
+    return [None if name is None else PureWindowsPath(str(name)).name for name in names]
 
 
 def _left_out_images(

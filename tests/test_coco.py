@@ -21,6 +21,7 @@ from detens.coco import (
     load_coco_gt,
     load_coco_results,
     save_coco_results,
+    with_annotation_ids,
 )
 from detens.detections import Detections
 from detens.labels import COCO_CATEGORY_IDS
@@ -181,6 +182,28 @@ def test_annotations_without_ids_get_new_ones():
     results = [{"image_id": a["image_id"], "category_id": a["category_id"], "bbox": a["bbox"], "score": 1.0}
                for a in dataset["annotations"] if not a["iscrowd"]]
     assert evaluate_coco(load_coco_gt(dataset), results)["map"] == pytest.approx(1.0)
+
+
+def test_annotations_without_ids_are_numbered_after_the_given_ones():
+    dataset = small_gt()
+    del dataset["annotations"][0]["id"], dataset["annotations"][2]["id"]
+    numbered = with_annotation_ids(dataset["annotations"])
+    assert [a["id"] for a in numbered] == [3, 2, 4]
+    assert "id" not in dataset["annotations"][0]  # copies: the caller's dicts stay as they were
+    assert [a["id"] for a in with_annotation_ids([{"bbox": [0, 0, 1, 1]}] * 2)] == [1, 2]
+
+
+def test_bench_replicates_annotations_without_ids():
+    from detens.cli.bench import replicate_coco
+
+    dataset = small_gt()
+    del dataset["annotations"][0]["id"]
+    results = [{"image_id": a["image_id"], "category_id": a["category_id"], "bbox": a["bbox"], "score": 1.0}
+               for a in dataset["annotations"] if not a["iscrowd"]]
+    big_gt, big_results = replicate_coco(dataset, results, 5)
+    ids = [a["id"] for a in big_gt["annotations"]]
+    assert len(ids) == 3 + 3 + 2 and len(set(ids)) == len(ids)  # the third copy holds image 1 only
+    assert evaluate_coco(load_coco_gt(big_gt), big_results)["map"] == pytest.approx(1.0)
 
 
 def test_a_category_without_id_is_refused():

@@ -243,6 +243,49 @@ class TestReportFolder:
         left = {path.name for path in (page / "examples").iterdir()}
         assert left == {"mine.png", "helped_notes.png", "hurt_1_notes.txt"}
 
+    def test_a_hotcoco_table_gets_pycocotools_curves_checked_to_their_agreement(self, quick):
+        from detens.report.analysis import OTHER_EVALUATOR_TOLERANCE, analyze_record
+
+        record = EvaluationRecord.load(quick / "results.json")
+        assert record.meta["backend"] == "pycocotools"
+        reference = analyze_record(record)
+        record.meta["backend"] = "hotcoco"
+        assert analyze_record(record)["curves"] == reference["curves"]
+        record.metrics["wbf"]["map"] += OTHER_EVALUATOR_TOLERANCE / 2  # within the evaluators' agreement
+        analyze_record(record)
+        record.metrics["wbf"]["map"] += OTHER_EVALUATOR_TOLERANCE
+        with pytest.raises(ValueError, match="wbf: the record's predictions give map"):
+            analyze_record(record)
+
+    def test_evaluate_with_hotcoco_writes_its_report(self, quick, tmp_path):
+        pytest.importorskip("hotcoco", reason="--backend hotcoco needs hotcoco")
+        from detens.cli import main
+
+        out, page = tmp_path / "results.json", tmp_path / "page"
+        assert main(["evaluate", "--gt", str(quick / "instances.json"), "--predictions", str(quick / "predictions"),
+                     "--methods", "single,wbf", "--cv", "2", "--backend", "hotcoco", "--out", str(out),
+                     "--report", str(page), "--quiet"]) == 0
+        assert EvaluationRecord.load(out).meta["backend"] == "hotcoco"
+        drawn = json.loads((page / "report.json").read_text())
+        assert drawn["metrics"] == json.loads(out.read_text()) and set(drawn["curves"]) == set(drawn["metrics"])
+        assert main(["report", str(out), "--out", str(tmp_path / "again"), "--examples", "0", "--quiet"]) == 0
+
+    def test_evaluate_checks_the_report_images_before_it_runs(self, quick, tmp_path, capsys):
+        from detens.cli import main
+
+        images = tmp_path / "images"
+        shutil.copytree(quick / "images", images)
+        lost = sorted(images.iterdir())[0].name
+        (images / lost).unlink()
+        out = tmp_path / "results.json"
+        assert main(["evaluate", "--gt", str(quick / "instances.json"), "--predictions", str(quick / "predictions"),
+                     "--methods", "wbf", "--out", str(out), "--report", str(tmp_path / "page"), "--images", str(images),
+                     "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err
+        assert f"--report draws scored images from {images} (--images), but 1 of the 8 are not there: {lost}" in err
+        assert not out.exists() and not (tmp_path / "results.partial.json").exists()  # nothing ran
+
     def test_a_table_that_its_record_did_not_write_is_refused(self, quick, tmp_path, capsys):
         from detens.cli import main
 

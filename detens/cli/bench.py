@@ -357,18 +357,22 @@ def bench_engines(images: str, config: str, work: Path) -> list[dict[str, Any]]:
 
 def replicate_coco(gt: dict[str, Any], results: list[dict[str, Any]], images: int) -> tuple[dict, list]:
     """``gt`` and ``results`` copied until they hold ``images`` images: copy c shifts every image id (and
-    annotation id) by c times the largest one, so each copy is scored like the original."""
+    annotation id, annotations without one numbered first) by c times the largest one, so each copy is
+    scored like the original."""
+    from detens.coco import with_annotation_ids
+
     originals = gt["images"]
     if not originals:
         raise ValueError("the ground truth has no images to replicate")
+    annotations = with_annotation_ids(gt["annotations"])
     image_step = max(int(im["id"]) for im in originals) + 1
-    ann_step = max((int(a["id"]) for a in gt["annotations"]), default=0) + 1
+    ann_step = max((int(a["id"]) for a in annotations), default=0) + 1
     copies = -(-images // len(originals))
     out_images, out_anns, out_results = [], [], []
     for c in range(copies):
         out_images += [{**im, "id": int(im["id"]) + c * image_step} for im in originals]
         out_anns += [{**a, "id": int(a["id"]) + c * ann_step, "image_id": int(a["image_id"]) + c * image_step}
-                     for a in gt["annotations"]]
+                     for a in annotations]
         out_results += [{**r, "image_id": int(r["image_id"]) + c * image_step} for r in results]
     keep = {int(im["id"]) for im in out_images[:images]}
     return (

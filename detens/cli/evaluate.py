@@ -15,7 +15,9 @@ More fitting data, for every learned and tuned method alike (``wbf_tuned`` inclu
     --fit-on GT PREDICTIONS --cv 0 no cross-validation: fit on that dataset alone and score every image
                                    of --gt (a validation split to fit on, a test split to report)
 
-The extra dataset must have the same categories and every model (file order does not matter).
+The extra dataset must have the same categories and every model (file order does not matter), and no
+annotated image of ``--gt``: an image both hold would be fitted on and scored. Across the two files an
+image is identified by its ``file_name`` without folders (ids are per file); sharing one is an error.
 
 Images the cache could not read (each member's ``unreadable`` in the folder's ``cache_summary.json``)
 are left out of scoring and fitting, for every member alike (the ensemble never saw them whole), with a
@@ -54,7 +56,9 @@ the pooled held-out predictions of every method and member (a few MB per method)
 report`` rebuilds the report page later without fitting or fusing again. ``--report DIR`` writes
 that page now: ``DIR/index.html`` with its PNGs (metrics, precision-recall curves, per-class AP changes,
 TIDE error breakdown, calibration, member votes, and images where fusion helped and hurt most, drawn from
-``--images``, by default the ``images`` folder beside ``--gt``).
+``--images``, by default the ``images`` folder beside ``--gt``: every scored image must be there, which is
+checked before the evaluation runs). The curves of a table scored with ``--backend hotcoco`` are drawn by
+pycocotools, which agrees with it to 1e-4.
 """
 
 from __future__ import annotations
@@ -84,7 +88,7 @@ from detens.evaluation import (
 )
 from detens.folds import kfold_image_splits
 from detens.heads import TRAINERS, load_train_config
-from detens.io import atomic_write_json, check_writable_file
+from detens.io import atomic_write_json, check_writable_file, check_writable_folder
 from detens.predictions import EnsemblePredictions
 from detens.report import REPEATED_COLUMNS, markdown_table, plot_reliability, plot_report
 from detens.report.record import EvaluationRecord, partial_path, record_path
@@ -117,11 +121,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     extra = parser.add_mutually_exclusive_group()
     extra.add_argument(
         "--also-fit-on", nargs=2, metavar=("GT", "PREDICTIONS"),
-        help="annotations and prediction folder of more fitting images, joined to every fold's fitting side",
+        help="annotations and prediction folder of more fitting images, joined to every fold's fitting side; "
+        "it may not share an annotated image with --gt (same file name, folders aside)",
     )
     extra.add_argument(
         "--fit-on", nargs=2, metavar=("GT", "PREDICTIONS"),
-        help="with --cv 0: fit learned and tuned methods on this dataset only, score every image of --gt",
+        help="with --cv 0: fit learned and tuned methods on this dataset only, score every image of --gt; "
+        "it may not share an annotated image with --gt (same file name, folders aside)",
     )
     parser.add_argument(
         "--seed", type=parse_seeds, default=[0],
@@ -147,7 +153,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--images", metavar="DIR",
-        help="the images of --gt, for the report's side-by-sides (default: the 'images' folder beside --gt)",
+        help="the images of --gt, for the report's side-by-sides (default: the 'images' folder beside --gt); "
+        "with --report it must hold every scored image",
     )
     parser.add_argument(
         "--bootstrap", type=int, default=0, metavar="B",
@@ -185,8 +192,8 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (("--out", args.out), ("--plot", args.plot), ("--reliability", args.reliability)):
         if value is not None:
             check_writable_file(Path(value), flag)
-    if args.report is not None and Path(args.report).exists() and not Path(args.report).is_dir():
-        raise UsageError(f"--report must be a folder, but {args.report} is a file")
+    if args.report is not None:
+        check_writable_folder(args.report, "--report")
     if args.images is not None and not Path(args.images).is_dir():
         raise UsageError(f"--images: no such folder: {args.images}")
     if args.bootstrap < 0:
@@ -204,6 +211,9 @@ def run(args: argparse.Namespace) -> int:
     gt = load_coco_gt(args.gt)
     models = args.models.split(",") if args.models else None
     predictions = EnsemblePredictions.from_folder(args.predictions, gt, models=models)
+    images = Path(args.images) if args.images else Path(args.gt).parent / "images"
+    if args.report and images.is_dir():
+        _check_report_images(images, predictions.gt, given=args.images is not None)
     fit_on = None
     if args.also_fit_on or args.fit_on:
         fit_gt, fit_folder = args.also_fit_on or args.fit_on
@@ -249,7 +259,6 @@ def run(args: argparse.Namespace) -> int:
         on_method=on_method, fit_on=fit_on,
     )
     table = {name: result.metrics for name, result in report.items()}
-    images = Path(args.images) if args.images else Path(args.gt).parent / "images"
     record = _record(args, report, predictions, protocol, fit_on, images if images.is_dir() else None)
     # the earlier run's files are replaced only now that this run has every row, and --out last: a kill
     # in between leaves a table that its record does not match, which detens report refuses
@@ -290,6 +299,20 @@ def run(args: argparse.Namespace) -> int:
                                         (("plot", args.plot), ("reliability", args.reliability),
                                          ("record", saved), ("page", page), ("bootstrap", bootstrap)) if path))
     return 0
+
+
+def _check_report_images(folder: Path, gt: CocoGroundTruth, given: bool) -> None:
+    """Raise now, not once the evaluation is done, if a scored image is not in ``folder``: the report draws
+    the images where fusion helped and hurt most from it, and any scored image may be one of them."""
+    names = [gt.file_name(image_id) for image_id in gt.annotated_image_ids]
+    missing = [name for name in names if not (folder / name).is_file()]
+    if missing:
+        where = "--images" if given else "the images folder beside --gt; --images names another"
+        shown = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
+        raise UsageError(
+            f"--report draws scored images from {folder} ({where}), but {len(missing)} of the {len(names)} "
+            f"are not there: {shown}"
+        )
 
 
 def _beside(out: Path, suffix: str) -> Path:

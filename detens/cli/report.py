@@ -25,6 +25,7 @@ import shlex
 from pathlib import Path
 
 from detens.cli import UsageError, run_command
+from detens.io import check_writable_folder
 from detens.report.record import EvaluationRecord
 
 
@@ -53,8 +54,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--examples must be >= 0, got {args.examples}")
     if not 0.0 <= args.conf <= 1.0:
         raise UsageError(f"--conf must be in [0, 1], got {args.conf}")
-    if Path(args.out).exists() and not Path(args.out).is_dir():
-        raise UsageError(f"--out must be a folder, but {args.out} is a file")
+    check_writable_folder(args.out, "--out")
     if args.images is not None and not Path(args.images).is_dir():
         raise UsageError(f"--images: no such folder: {args.images}")
     record = EvaluationRecord.load(args.evaluation)
