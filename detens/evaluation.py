@@ -46,7 +46,7 @@ from detens.fusers import fuse
 from detens.fusers.consensus import average_clusters
 from detens.heads import TRAINERS
 from detens.matching import Clusters, match
-from detens.predictions import EnsemblePredictions, join_predictions, shared_images
+from detens.predictions import EnsemblePredictions, join_predictions, shared_images, shares_images_phrase
 from detens.registry import Registry
 from detens.targets import assign_targets
 
@@ -607,12 +607,10 @@ def _check_fitting_images_unscored(predictions: EnsemblePredictions, fit_on: Ens
     fitted on it would be scored on it too, and its figure would not be held out."""
     shared = shared_images(predictions, fit_on)
     if shared:
-        shown = ", ".join(shared[:5]) + (", ..." if len(shared) > 5 else "")
         raise ValueError(
-            f"the extra fitting data shares {len(shared)} annotated image{'s' if len(shared) > 1 else ''} with the "
-            f"scored data (same file name, folders aside: {shown}); the fitting data must not contain scored "
-            "images, or methods are scored on images they were fitted on: remove them from the fitting data "
-            "(or, if they are different images, give them different file names)"
+            f"the extra fitting data {shares_images_phrase(shared, 'the scored data')}; the fitting data "
+            "must not contain scored images, or methods are scored on images they were fitted on: remove them from "
+            "the fitting data (or, if they are different images, give them different file names)"
         )
 
 

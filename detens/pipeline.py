@@ -379,7 +379,8 @@ def fuse_results(
         method (str): a fusion method of :func:`detens.fuse`.
         head: for ``method="theta"`` or a head type (``"deep"``, ...): a head or the path of a saved one.
         model_names (list[str] | None): names of the models (stored as ``Detections.source``; a head
-            given as a path is checked against them). Default ``model0, model1, ...``.
+            given as a path is checked against them). Default: unnamed, a head then takes the models in its
+            own order.
         **params: the method's parameters (``iou_thr``, ``weights``, ...).
 
     Returns:
@@ -443,9 +444,12 @@ class TorchvisionFusion(nn.Module):
         method (str): a fusion method of :func:`detens.fuse`.
         head: for ``method="theta"`` or a head type (``"deep"``, ...): a head (registered as a submodule,
             so ``.to(device)`` moves it) or the path of a saved one.
-        model_names (list[str] | None): names of the models (a head given as a path is checked against
-            them). Default ``model0, model1, ...``.
-        **params: the method's parameters (``iou_thr``, ``weights``, ...).
+        model_names (list[str] | None): names of the models (a head is checked against them). Default:
+            unnamed, a head then takes the models in its own order.
+        **params: the method's parameters (``iou_thr``, ``weights``, ...). Their names are checked here;
+            their values too (an ``iou_thr`` of 5, weights of another length, a head of other models) when
+            the number of models is known here: from ``model_names``, else from the head's models.
+            Without either, the values are checked on the first call.
 
     Example::
 
@@ -462,6 +466,9 @@ class TorchvisionFusion(nn.Module):
         self.method = method
         self.model_names = list(model_names) if model_names is not None else None
         params = _fusion_params(method, head, params, self.model_names)
+        members = _declared_members(self.model_names, params.get("head"))
+        if members is not None:
+            _check_fusion_values(method, params, members)
         self.head = params.pop("head", None)  # an nn.Module head becomes a submodule
         self.params = params
 
@@ -522,6 +529,15 @@ class TorchvisionFusion(nn.Module):
             fused = fuse(per_image, method=self.method, **params)
             fused_outputs.append(detections_to_torchvision(fused, dtype=_output_dtype(per_model[0][b]["boxes"])))
         return fused_outputs
+
+
+def _declared_members(model_names: Sequence[str] | None, head: Any) -> list[str | None] | None:
+    """The members as :meth:`TorchvisionFusion.forward` names them, where known before its first call:
+    ``model_names``, else one unnamed member per model of the head; None when neither tells."""
+    if model_names is not None:
+        return _check_model_names(model_names, len(model_names))
+    head_models = getattr(head, "model_names", None)
+    return None if head_models is None else _check_model_names(None, len(head_models))
 
 
 def _output_dtype(boxes: Any) -> torch.dtype:

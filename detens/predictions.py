@@ -23,6 +23,7 @@ from detens.io import read_json_file
 
 __all__ = [
     "CACHE_SUMMARY", "EnsemblePredictions", "LeftOutImage", "NOT_RESULTS", "join_predictions", "shared_images",
+    "shares_images_phrase",
 ]
 
 logger = logging.getLogger(__name__)
@@ -271,7 +272,9 @@ def join_predictions(
     return joined, [new_id[i] for i in extra.gt.annotated_image_ids]
 
 
-def shared_images(first: EnsemblePredictions, second: EnsemblePredictions) -> list[str]:
+def shared_images(
+    first: EnsemblePredictions, second: EnsemblePredictions, first_ids: Sequence[int] | None = None
+) -> list[str]:
     """The annotated images that both sets of predictions hold, as their base file names, sorted.
 
     Image ids belong to one annotation file (two datasets may number different images alike, and
@@ -279,8 +282,13 @@ def shared_images(first: EnsemblePredictions, second: EnsemblePredictions) -> li
     ``file_name`` without folders: ``val2017/000000000139.jpg`` and ``000000000139.jpg`` are one image. Two
     different images with one base name count as shared. An image without a ``file_name`` cannot be
     compared: a warning counts those.
+
+    Args:
+        first_ids (Sequence[int] | None): the images of ``first`` to compare, annotated or not (default: its
+            annotated images); ``second``'s annotated images are compared.
     """
-    first_names, second_names = _annotated_base_names(first.gt), _annotated_base_names(second.gt)
+    first_ids = first.gt.annotated_image_ids if first_ids is None else first_ids
+    first_names, second_names = _base_names(first.gt, first_ids), _base_names(second.gt, second.gt.annotated_image_ids)
     unnamed = sum(name is None for name in first_names + second_names)
     if unnamed:
         logger.warning(
@@ -290,9 +298,18 @@ def shared_images(first: EnsemblePredictions, second: EnsemblePredictions) -> li
     return sorted((set(first_names) & set(second_names)) - {None})
 
 
-def _annotated_base_names(gt: CocoGroundTruth) -> list[str | None]:
-    """Each annotated image's ``file_name`` without folders (None where it has none)."""
-    names = (gt.image(image_id).get("file_name") for image_id in gt.annotated_image_ids)
+def shares_images_phrase(shared: Sequence[str], other: str) -> str:
+    """How an error names the images of :func:`shared_images` that a dataset shares with ``other``:
+    ``"shares 2 annotated images with <other> (same file name, folders aside: a.jpg, b.jpg)"``, the first
+    five names shown."""
+    shown = ", ".join(shared[:5]) + (", ..." if len(shared) > 5 else "")
+    plural = "s" if len(shared) > 1 else ""
+    return f"shares {len(shared)} annotated image{plural} with {other} (same file name, folders aside: {shown})"
+
+
+def _base_names(gt: CocoGroundTruth, image_ids: Sequence[int]) -> list[str | None]:
+    """Each image's ``file_name`` without folders (None where it has none)."""
+    names = (gt.image(image_id).get("file_name") for image_id in image_ids)
     # either separator: annotation files written on Windows use backslashes
     return [None if name is None else PureWindowsPath(str(name)).name for name in names]
 

@@ -486,6 +486,23 @@ def test_a_crash_in_a_later_member_keeps_the_summary_of_the_earlier_ones(slice_,
     assert summary["models"]["b"]["status"] == "incomplete"
 
 
+@pytest.mark.parametrize("model, named", [
+    ({"name": ".hidden"}, "model name '.hidden'"),
+    ({"name": "up\\escaped"}, r"model name 'up\\\\escaped'"),
+    ({"results_file": ".hidden.json"}, "member name '.hidden'"),  # a name taken from the results file
+    ({"results_file": "tab\there.json"}, r"member name 'tab\\there'"),
+])
+def test_a_member_name_that_cannot_name_its_files_is_refused(slice_, tmp_path, capsys, model, named):
+    results = tmp_path / model.pop("results_file", "saved.json")
+    shutil.copy(slice_ / "saved_b.json", results)
+    config = tmp_path / "names.yaml"
+    config.write_text(yaml.safe_dump({"name": "names", "models": [{"type": "precomputed", "results": str(results),
+                                                                   **model}]}))
+    out = tmp_path / "out"
+    refused(capsys, run(slice_, out, config=str(config)), rf"{named} cannot name the member's files")
+    assert not out.exists() or not any(out.rglob("*.json"))
+
+
 def test_saved_predictions_are_checked_before_any_model_loads(slice_, tmp_path, capsys):
     ids = gt_ids(slice_)
     saved = json.loads((slice_ / "saved_b.json").read_text())

@@ -104,7 +104,6 @@ def test_check_choice_lists_the_choices():
         ([1.0, math.nan], ValueError, r"weights\[1\] must be a number >= 0, got nan"),
         ([1.0, math.inf], ValueError, r"weights\[1\] must be a number >= 0, got inf"),
         ([0.0, 0.0], ValueError, "must not all be 0"),
-        ([1e308, 1e308], ValueError, "sum to a finite number"),
     ],
 )
 def test_bad_weights(weights, error, message):
@@ -120,6 +119,17 @@ def test_good_weights_are_a_fresh_float64_tensor_relative_to_the_largest(weights
     assert got.dtype == torch.float64 and got.tolist() == [0.4, 1.0]
     got.add_(1)  # the caller's weights are not touched
     assert np.asarray(weights, dtype=np.float64).tolist() == [1.0, 2.5]
+
+
+@pytest.mark.parametrize("weights, relative", [
+    ([1e308, 1e308], [1.0, 1.0]),
+    ([1.5e308, 3e307, 0.0], [1.0, 0.2, 0.0]),
+    (np.array([1.7e308, 1.7e308, 1.7e308]), [1.0, 1.0, 1.0]),
+    ([10**308, 10**308], [1.0, 1.0]),  # Python ints, their sum beyond the float range
+])
+def test_finite_weights_near_the_float64_limit_keep_their_ratios(weights, relative):
+    got = check_weights(weights, len(relative), torch.device("cpu"), torch.float32)
+    assert got.dtype == torch.float32 and got.tolist() == pytest.approx(relative)
 
 
 @pytest.mark.parametrize(

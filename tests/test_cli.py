@@ -131,6 +131,27 @@ def test_user_mistakes_are_one_error_line(workspace, capsys, case, argv, expecte
     assert not (workspace / "out").exists() or not any((workspace / "out").iterdir())  # nothing claimed
 
 
+GOOD_GT = {"images": [{"id": 1, "width": 10, "height": 10}], "annotations": [], "categories": [{"id": 1, "name": "a"}]}
+
+
+@pytest.mark.parametrize("gt, results, expected", [
+    ([{"image_id": 1}], [], r"gt\.json holds a list, i\.e\. COCO results, not a COCO annotation file"),
+    ({"annotations": []}, [], r"gt\.json is not a COCO annotation file: it lacks \['images', 'categories'\]"),
+    ({**GOOD_GT, "images": {"id": 1}}, [], r"gt\.json: 'images' must be a list of objects"),
+    (GOOD_GT, {"annotations": []}, r"r\.json must be a list of result dicts, got a dict"),
+    (GOOD_GT, [1], r"r\.json\[0\] must be a dict, got int"),
+], ids=["a list", "no images", "images not a list", "results a dict", "results of numbers"])
+def test_bench_coco_names_the_file_that_is_not_coco(workspace, capsys, gt, results, expected):
+    import re
+
+    (workspace / "gt.json").write_text(json.dumps(gt))
+    (workspace / "r.json").write_text(json.dumps(results))
+    code = main(["bench", "--coco", "gt.json", "r.json", "--coco-sizes", "2", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("error: ") and re.search(expected, err), err
+
+
 def test_debug_shows_the_exception(workspace):
     with pytest.raises(ValueError, match="unknown fusion method"):
         main(fuse_args("--method", "wbff", "--debug"))

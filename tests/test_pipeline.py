@@ -343,6 +343,26 @@ class TestTorchvisionFusion:
         with pytest.raises(ValueError, match="must be positive"):
             fusion(outputs, [(0, 320), (300, 200)])
 
+    @pytest.mark.parametrize("options, error, message", [
+        ({"model_names": ["a", "b"], "iou_thr": 5}, ValueError, r"iou_thr must be in \[0, 1\], got 5"),
+        ({"model_names": ["a", "b"], "weights": [1, 2, 3]}, ValueError,
+         r"weights must hold one number per model \(2\), got 3"),
+        ({"model_names": ["a", "b"], "method": "soft_nms", "sigma": "0.5"}, TypeError, "sigma must be a number"),
+        ({"model_names": ["a", "b"], "method": "theta", "head": detens.ThetaHead(["a", "c"])}, ValueError,
+         r"their sources are \['a', 'b'\] but this head is for models \['a', 'c'\]"),
+        ({"method": "theta", "head": detens.ThetaHead(["a", "c"]), "iou_thr": -1}, ValueError,
+         r"iou_thr must be in \[0, 1\), got -1"),  # the head tells the number of models
+    ], ids=["iou_thr", "weights", "sigma", "head", "head models"])
+    def test_parameter_values_are_checked_when_the_models_are_known(self, options, error, message):
+        with pytest.raises(error, match=message):
+            TorchvisionFusion(**{"method": "wbf", **options})
+
+    def test_parameter_values_are_checked_on_the_first_call_when_the_models_are_unknown(self):
+        fusion = TorchvisionFusion(method="wbf", iou_thr=5)
+        empty = {"boxes": torch.zeros(0, 4), "scores": torch.zeros(0), "labels": torch.zeros(0, dtype=torch.int64)}
+        with pytest.raises(ValueError, match=r"iou_thr must be in \[0, 1\], got 5"):
+            fusion([[empty], [empty]], [(50, 60)])
+
     def test_numpy_images_as_sizes_and_one_dict_per_model(self):
         one = {"boxes": torch.tensor([[100.0, 50.0, 600.0, 400.0]]), "scores": torch.tensor([0.9]),
                "labels": torch.tensor([3])}

@@ -805,6 +805,25 @@ class TestTools:
         assert f"{ids[0]} (lines 1, 6)" in err and f"{ids[1]} (lines 2, 5)" in err
         assert not out.exists()
 
+    def test_train_cli_refuses_extra_data_that_holds_a_training_image(self, dataset, tmp_path, capsys):
+        evaluated, _ = _split_dataset(*dataset, tmp_path, share_one=True)
+        shared_id = evaluated.gt.image_ids[0]
+        out = tmp_path / "head.json"
+        base = ["--gt", str(tmp_path / "evaluated" / "instances.json"), "--predictions",
+                str(tmp_path / "evaluated" / "predictions"), "--epochs", "1", "--quiet", "--out", str(out),
+                "--also-fit-on", str(tmp_path / "extra" / "instances.json"), str(tmp_path / "extra" / "predictions")]
+        code = train_cli.main(base)
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and "Traceback" not in err and not out.exists()
+        assert err.startswith(
+            "error: --also-fit-on's data shares 1 annotated image with the training images of --gt (same file "
+            f"name, folders aside: {evaluated.gt.file_name(shared_id)}); each image must be trained on once")
+        # trained on once when --images-from leaves the shared image out of --gt's training images
+        listing = tmp_path / "ids.txt"
+        listing.write_text("\n".join(str(i) for i in evaluated.gt.annotated_image_ids if i != shared_id))
+        assert train_cli.main([*base, "--images-from", str(listing)]) == 0
+        assert json.loads(out.with_name(out.name + ".log.json").read_text())["images"] == 5 + 7
+
     def test_train_and_evaluate_cli_leave_out_unreadable_images(self, dataset, tmp_path, capsys):
         gt_path, predictions = dataset
         gt = load_coco_gt(gt_path)

@@ -382,12 +382,17 @@ def replicate_coco(gt: dict[str, Any], results: list[dict[str, Any]], images: in
 
 
 def bench_coco(gt_path: str, results_path: str, sizes: list[int]) -> list[dict[str, Any]]:
-    """Seconds of :func:`detens.evaluate_coco` per backend and dataset size (the rows of the table)."""
-    from detens.coco import BACKENDS, evaluate_coco
-    from detens.io import read_json_file
+    """Seconds of :func:`detens.evaluate_coco` per backend and dataset size (the rows of the table).
 
-    gt = read_json_file(Path(gt_path), "COCO annotation file")
-    results = read_json_file(Path(results_path), "COCO results file")
+    Raises:
+        ValueError, TypeError: a file that is not COCO annotations (``gt_path``) or COCO results
+            (``results_path``), naming the file and what it lacks.
+    """
+    from detens.coco import BACKENDS, evaluate_coco, load_coco_gt, load_coco_results
+
+    # checked as evaluate checks them, before the copies hide which file and entry is wrong
+    gt = load_coco_gt(gt_path).dataset
+    results = load_coco_results(results_path)
     rows = []
     for size in sizes:
         big_gt, big_results = replicate_coco(gt, results, size)

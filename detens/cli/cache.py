@@ -101,6 +101,7 @@ from detens.ensemble_config import (
     NOT_READ_BY_TYPE,
     EnsembleConfig,
     ModelConfig,
+    check_member_name,
     load_ensemble_config,
     save_ensemble_config,
 )
@@ -263,14 +264,18 @@ class Entry:
 
 
 def plan_entries(config: EnsembleConfig, categories: dict[int, str] | None) -> list[Entry]:
-    """The config's entries with their member names (an entry without ``name`` is loaded to learn it)."""
+    """The config's entries with their member names (an entry without ``name`` is loaded to learn it).
+
+    A ``name`` of the config was checked when the config was built; a name taken from the weights (or
+    results) file is checked here, as the config's names are (:func:`check_member_name`).
+    """
     entries = []
     for model in config.models:
         if model.name:
             entries.append(Entry(model, view_names(model.name, model)))
         else:
             built = build_detector(model, config, categories)
-            base = built.detector.name if hasattr(built, "members") else built.name
+            base = check_member_name(built.detector.name if hasattr(built, "members") else built.name)
             entries.append(Entry(model, view_names(base, model), built))
     names = [n for e in entries for n in e.names]
     duplicates = sorted({n for n in names if names.count(n) > 1})
@@ -278,11 +283,6 @@ def plan_entries(config: EnsembleConfig, categories: dict[int, str] | None) -> l
         raise ValueError(
             f"members must have different names, got {duplicates} twice; set 'name' in the config"
         )
-    for name in names:
-        if "/" in name or "\\" in name or name.startswith("."):
-            raise ValueError(
-                f"member name {name!r} cannot be a file name; set another 'name' in the config"
-            )
     return entries
 
 

@@ -9,8 +9,10 @@ the head remembers the model names (it matches members by name when it fuses). I
 not read (each member's ``unreadable`` in the folder's ``cache_summary.json``) are left out for every
 member, with a warning that names them, also where ``--images-from`` lists them. ``--images-from`` lists
 each image once (a repeated id is an error, as it would weigh that image twice). ``--also-fit-on`` adds a
-second dataset's images (same categories, the same models in any file order) to the training images. Every key of the YAML config can be overridden with
-``--set key=value`` (repeatable); ``--epochs``, ``--lr``, ``--seed`` are shortcuts. Writes:
+second dataset's images (same categories, the same models in any file order) to the training images; for the
+same reason it may not hold a training image of ``--gt`` (an image is identified by its file name without
+folders). Every key of the YAML config can be overridden with ``--set key=value`` (repeatable); ``--epochs``,
+``--lr``, ``--seed`` are shortcuts. Writes:
 
 - ``--out``: the head (``.json`` or ``.safetensors``; no pickle), loadable by ``detens fuse --head``;
 - ``<out>.config.yaml``: the resolved training config; ``<out>.loss.png``: the loss curve (none for a
@@ -41,7 +43,7 @@ from detens.coco import load_coco_gt
 from detens.config import parse_yaml, save_yaml_config
 from detens.heads import TRAINERS, fit_head, load_train_config
 from detens.io import atomic_write_bytes, atomic_write_json, atomic_write_text, check_writable_file
-from detens.predictions import EnsemblePredictions, join_predictions
+from detens.predictions import EnsemblePredictions, join_predictions, shared_images, shares_images_phrase
 
 logger = logging.getLogger("detens.train")
 
@@ -80,6 +82,19 @@ def read_image_ids(path: Path) -> list[int]:
             "would weigh twice in the fit)"
         )
     return ids
+
+
+def check_no_image_twice(predictions: EnsemblePredictions, image_ids: list[int], extra: EnsemblePredictions) -> None:
+    """Raise ``ValueError`` if ``--also-fit-on``'s data holds a training image of ``--gt`` (the same base file
+    name: :func:`~detens.predictions.shared_images`): joined, that image would weigh twice in the fit, which
+    ``--images-from`` refuses for a repeated id."""
+    shared = shared_images(predictions, extra, first_ids=image_ids)
+    if shared:
+        raise ValueError(
+            f"--also-fit-on's data {shares_images_phrase(shared, 'the training images of --gt')}; "
+            "each image must be trained on once, or it weighs twice in the fit: remove them from one of the two "
+            "(or, if they are different images, give them different file names)"
+        )
 
 
 def parse_set(items: list[str]) -> dict[str, Any]:
@@ -135,7 +150,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", help="comma-separated model names (default: every file, sorted)")
     parser.add_argument(
         "--also-fit-on", nargs=2, metavar=("GT", "PREDICTIONS"),
-        help="annotations and prediction folder of more training images (all their annotated images)",
+        help="annotations and prediction folder of more training images (all their annotated images); it may not "
+        "share a training image with --gt (same file name, folders aside)",
     )
     parser.add_argument("--epochs", type=int, help="training epochs (overrides the config)")
     parser.add_argument("--lr", type=float, help="learning rate (overrides the config)")
@@ -175,6 +191,7 @@ def run(args: argparse.Namespace) -> int:
     if args.also_fit_on:
         extra_gt, extra_folder = args.also_fit_on
         extra = EnsemblePredictions.from_folder(extra_folder, load_coco_gt(extra_gt), models=predictions.model_names)
+        check_no_image_twice(predictions, image_ids, extra)
         left_out_record["left_out_also_fit_on"] = [asdict(image) for image in extra.left_out]
         predictions, extra_ids = join_predictions(predictions, extra)
         image_ids = list(image_ids) + extra_ids

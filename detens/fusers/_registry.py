@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -23,13 +22,14 @@ def check_weights(
     anything else is an error.
 
     Weights are a list, tuple, array or 1-D tensor of one finite number >= 0 per model, not all 0.
-    Only their ratios matter, and scaling the largest to 1 keeps it that way in the fusers' float32
-    sums, where weights below about 1e-38 would otherwise lose precision or underflow to 0.
+    Only their ratios matter, so any finite weights are fine, however large (``[1e308, 1e308]`` is
+    ``[1, 1]``); scaling the largest to 1 keeps the ratios in the fusers' float32 sums, where weights
+    beyond about 3e38 would overflow and weights below about 1e-38 lose precision or underflow to 0.
     The caller's list or tensor is never modified.
 
     Raises:
         TypeError: not a sequence of numbers (a string, a dict, None or bool entries, ...).
-        ValueError: another length, a negative, NaN or inf entry, all 0, or a sum beyond float64.
+        ValueError: another length, a negative, NaN or inf entry, or all 0.
     """
     if weights is None:
         return torch.ones(num_models, dtype=dtype, device=device)
@@ -53,8 +53,9 @@ def check_weights(
         raise ValueError(f"weights must hold one number per model ({num_models}), got {len(checked)}: {weights!r}")
     # one number per model: a few scalar checks, not per box
     checked = [check_real(w, f"weights[{i}]", 0.0) for i, w in enumerate(checked)]
-    total = sum(checked)  # inf when it overflows
-    if not 0 < total < math.inf:
-        raise ValueError(f"weights must not all be 0 and must sum to a finite number, got {weights!r}")
-    relative = torch.tensor(checked, dtype=torch.float64) / max(checked)
+    largest = max(checked)
+    if largest == 0:
+        raise ValueError(f"weights must not all be 0, got {weights!r}")
+    # divided before anything adds them up: finite weights near the float64 limit have a finite ratio
+    relative = torch.tensor(checked, dtype=torch.float64) / largest
     return relative.to(device=device, dtype=dtype)
