@@ -124,6 +124,14 @@ def gt_ids(root: Path) -> list[int]:
     return load_coco_gt(root / "gt.json").image_ids
 
 
+def images_with_the_first_broken(root: Path, folder: Path) -> str:
+    """A copy of ``root``'s images in ``folder`` whose first image (by id) is not a decodable JPEG; its name."""
+    shutil.copytree(root / "images", folder)
+    bad_name = load_coco_gt(root / "gt.json").file_name(gt_ids(root)[0])
+    (folder / bad_name).write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg" * 8)
+    return bad_name
+
+
 # ------------------------------------------------------------------------------------------ real model
 @pytest.mark.slow
 class TestRealModel:
@@ -297,11 +305,8 @@ def test_merge_rejects_the_options_of_a_detection_run(slice_, capsys):
 
 def test_unreadable_image_is_skipped_and_reported(slice_, replay_run):
     ids = gt_ids(slice_)
-    gt = load_coco_gt(slice_ / "gt.json")
     broken = slice_ / "images_broken"
-    shutil.copytree(slice_ / "images", broken)
-    bad_name = gt.file_name(ids[0])
-    (broken / bad_name).write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg" * 8)
+    bad_name = images_with_the_first_broken(slice_, broken)
     out = slice_ / "replay_broken"
     assert run(slice_, out, images=broken) == 0
     summary = summary_of(out)
@@ -333,9 +338,7 @@ def test_unreadable_images_stay_listed_and_are_left_out_of_evaluation(slice_, re
     ids = gt_ids(slice_)
     gt = load_coco_gt(slice_ / "gt.json")
     broken = slice_ / "images_broken_later"
-    shutil.copytree(slice_ / "images", broken)
-    bad_name = gt.file_name(ids[0])
-    (broken / bad_name).write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg" * 8)
+    bad_name = images_with_the_first_broken(slice_, broken)
     out = slice_ / "replay_left_out"
     assert run(slice_, out, "--models", "a") == 0  # a reads every image; the file breaks before b runs
     assert run(slice_, out, "--models", "b", images=broken) == 0
@@ -464,11 +467,8 @@ def test_overwrite_that_fails_before_its_first_result_keeps_the_earlier_results(
 
 
 def test_a_crash_in_a_later_member_keeps_the_summary_of_the_earlier_ones(slice_, tmp_path, monkeypatch):
-    gt = load_coco_gt(slice_ / "gt.json")
     broken = tmp_path / "images"
-    shutil.copytree(slice_ / "images", broken)
-    bad_name = gt.file_name(gt_ids(slice_)[0])
-    (broken / bad_name).write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg" * 8)
+    bad_name = images_with_the_first_broken(slice_, broken)
     real_detect = cache_tool.detect_loaded
 
     def fail_on_b(member, *args, **kwargs):
