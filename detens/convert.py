@@ -36,6 +36,7 @@ __all__ = [
     "torchvision_to_detections",
     "detections_to_torchvision",
     "coco_category_ids_for",
+    "invert_category_ids",
 ]
 
 #: Class index → detens label, as a sequence (``table[index]``) or a mapping.
@@ -87,8 +88,12 @@ def _map_classes(classes: Tensor, category_ids: ClassMap | None, what: str) -> T
     return table[classes]
 
 
-def _invert(category_ids: ClassMap) -> dict[int, int]:
-    """label → class index; an ambiguous map (two classes, one label) is an error."""
+def invert_category_ids(category_ids: ClassMap) -> dict[int, int]:
+    """``{label: class index}`` of a class index → label map (a mapping, or a sequence indexed by class).
+
+    Raises:
+        ValueError: two classes map to one label.
+    """
     items = category_ids.items() if isinstance(category_ids, Mapping) else enumerate(category_ids)
     inverse: dict[int, int] = {}
     for index, label in items:
@@ -163,7 +168,7 @@ def detections_to_results(
         )
     labels = det.labels
     if category_ids is not None:
-        inverse = _invert(category_ids)
+        inverse = invert_category_ids(category_ids)
         unknown = sorted(set(labels.tolist()) - set(inverse))
         if unknown:
             raise ValueError(f"labels {unknown} have no class index in category_ids")

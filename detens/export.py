@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from detens.checks import check_integer, check_integers, check_real
-from detens.convert import _invert
+from detens.convert import invert_category_ids
 from detens.detections import Detections
 from detens.io import atomic_write_text
 from detens.labels import COCO_CATEGORY_IDS
@@ -66,7 +66,7 @@ def _yolo_class_numbers(category_ids: Sequence[int] | None) -> dict[int, int]:
         ValueError: a category id given twice.
     """
     ids = COCO_CATEGORY_IDS if category_ids is None else check_integers(category_ids, "category_ids")
-    return _invert(ids)
+    return invert_category_ids(ids)
 
 
 def save_yolo_txt(

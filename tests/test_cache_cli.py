@@ -28,6 +28,7 @@ pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason="needs ../shared/data/
 
 
 from detens.cli import cache as cache_tool  # noqa: E402
+from detens.cli._inputs import path_digest  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------------------ fixtures
@@ -551,7 +552,7 @@ def test_weights_rewritten_in_place_are_refused_unless_overwrite(slice_, tmp_pat
     # --overwrite discards the old model's results (--max-images 0: without loading the new one)
     assert run(slice_, out, "--overwrite", "--max-images", "0", config=config) == 0
     assert not (out / ".partial" / "yolo" / f"{first}.json").exists()
-    assert saved_settings(out, "yolo")["inputs"] == {str(weights): cache_tool.path_digest(weights)}
+    assert saved_settings(out, "yolo")["inputs"] == {str(weights): path_digest(weights)}
 
 
 def test_a_weights_folder_changed_in_place_is_refused(slice_, tmp_path, capsys):
@@ -563,7 +564,7 @@ def test_a_weights_folder_changed_in_place_is_refused(slice_, tmp_path, capsys):
     config = weights_config(tmp_path, {"weights": str(folder), "name": "vino"})
     out = tmp_path / "out"
     assert run(slice_, out, "--max-images", "0", config=config) == 0  # records the settings, loads nothing
-    assert saved_settings(out, "vino")["inputs"] == {str(folder): cache_tool.path_digest(folder)}
+    assert saved_settings(out, "vino")["inputs"] == {str(folder): path_digest(folder)}
     (folder / "model.bin").write_text("model.bin of the second export")
     code = run(slice_, out, "--max-images", "0", config=config)
     refused(capsys, code, r"model_openvino_model' of 'vino' are not the file the earlier run in")
@@ -588,7 +589,7 @@ def test_weights_found_in_another_folder_must_be_the_file_the_earlier_run_used(
     first = weights_folder(tmp_path / "first", b"an export")
     monkeypatch.setenv("DETENS_WEIGHTS", str(first))
     assert run(slice_, out, "--max-images", "0", config=config) == 0
-    digest = cache_tool.path_digest(first / "yolo11n.pt")
+    digest = path_digest(first / "yolo11n.pt")
     assert saved_settings(out, "yolo")["inputs"] == {"yolo11n.pt": digest}
     monkeypatch.setenv("DETENS_WEIGHTS", str(weights_folder(tmp_path / "copy", b"an export")))
     assert run(slice_, out, "--max-images", "0", config=config) == 0
@@ -602,7 +603,7 @@ def test_weights_found_in_another_folder_must_be_the_file_the_earlier_run_used(
         rf"they are now {re.escape(str(other / 'yolo11n.pt'))} .*--overwrite",
     )
     assert run(slice_, out, "--max-images", "0", "--overwrite", config=config) == 0
-    assert saved_settings(out, "yolo")["inputs"] == {"yolo11n.pt": cache_tool.path_digest(other / "yolo11n.pt")}
+    assert saved_settings(out, "yolo")["inputs"] == {"yolo11n.pt": path_digest(other / "yolo11n.pt")}
 
 
 def test_weights_no_longer_found_on_disk_are_refused_naming_where_it_looked(
@@ -651,8 +652,6 @@ def test_onnx_external_data_changed_in_place_is_refused(slice_, tmp_path, capsys
 
 
 def test_folder_digest_covers_names_and_contents_not_the_place(tmp_path):
-    from detens.cli._inputs import path_digest
-
     folder = tmp_path / "a"
     (folder / "sub").mkdir(parents=True)
     (folder / "model.xml").write_text("graph")
@@ -693,13 +692,15 @@ def test_weights_are_hashed_once_per_run(slice_, tmp_path, monkeypatch):
         {"weights": str(weights), "name": "w_conf", "conf": 0.25},
     )
     hashed = []
-    real_digest = cache_tool.path_digest
+    from detens.cli import _inputs
+
+    real_digest = path_digest
 
     def counted(path):
         hashed.append(Path(path))
         return real_digest(path)
 
-    monkeypatch.setattr(cache_tool, "path_digest", counted)
+    monkeypatch.setattr(_inputs, "path_digest", counted)
     out = tmp_path / "out"
     assert run(slice_, out, "--max-images", "0", config=config) == 0
     assert hashed == [weights]
@@ -719,6 +720,6 @@ def test_members_that_read_no_weights_record_no_weights_digest(slice_, tmp_path,
     out = tmp_path / "out"
     assert run(slice_, out, "--max-images", "0", config=config) == 0
     results = slice_ / "saved_b.json"
-    assert saved_settings(out, "saved")["inputs"] == {str(results): cache_tool.path_digest(results)}
+    assert saved_settings(out, "saved")["inputs"] == {str(results): path_digest(results)}
     assert "inputs" not in saved_settings(out, "untrained")
     assert "inputs" not in saved_settings(out, "upstream")

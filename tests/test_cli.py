@@ -140,7 +140,8 @@ GOOD_GT = {"images": [{"id": 1, "width": 10, "height": 10}], "annotations": [], 
     ({**GOOD_GT, "images": {"id": 1}}, [], r"gt\.json: 'images' must be a list of objects"),
     (GOOD_GT, {"annotations": []}, r"r\.json must be a list of result dicts, got a dict"),
     (GOOD_GT, [1], r"r\.json\[0\] must be a dict, got int"),
-], ids=["a list", "no images", "images not a list", "results a dict", "results of numbers"])
+    ({**GOOD_GT, "images": []}, [], r"gt\.json: the annotation file lists no images"),
+], ids=["a list", "no images", "images not a list", "results a dict", "results of numbers", "images empty"])
 def test_bench_coco_names_the_file_that_is_not_coco(workspace, capsys, gt, results, expected):
     import re
 

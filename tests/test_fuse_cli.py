@@ -419,6 +419,25 @@ def test_a_head_rewritten_at_the_same_path_is_not_resumed_over(workspace, tmp_pa
     assert folder_state(out) == before
 
 
+def test_weights_rewritten_at_the_same_path_are_not_resumed_over(workspace, tmp_path, capsys):
+    weights = tmp_path / "weights"
+    models = REPO.parent / "shared" / "models"
+    for folder in ("yolov8n_int8_tflite", "yolo26n_int8_tflite"):
+        shutil.copytree(models / folder, weights / folder)
+    source, out = one_image_source(workspace, tmp_path / "src", "a.jpg"), tmp_path / "o"
+    assert fuse_into(workspace, source, out, "--weights-dir", str(weights), "--no-vis") == 0
+    before = folder_state(out)
+    # a re-export saved over the old file: same name, other detections
+    shutil.copy(weights / "yolov8n_int8_tflite" / "yolov8n_int8.tflite",
+                weights / "yolo26n_int8_tflite" / "yolo26n_int8.tflite")
+    one_image_source(workspace, source, "b.jpg")
+    assert fuse_into(workspace, source, out, "--weights-dir", str(weights), "--no-vis") == 2
+    err = capsys.readouterr().err
+    assert "yolo26n_int8_tflite/yolo26n_int8.tflite changed since the earlier run" in err, err
+    assert "yolov8n_int8" not in err.split("changed")[0], err
+    assert folder_state(out) == before
+
+
 def torch_no_grad():
     import torch
 

@@ -15,6 +15,7 @@ from detens.convert import (
     coco_category_ids_for,
     detections_to_results,
     detections_to_torchvision,
+    invert_category_ids,
     results_to_detections,
     torchvision_to_detections,
 )
@@ -108,6 +109,18 @@ class TestConversions:
         assert coco_category_ids_for(COCO80) == COCO_CATEGORY_IDS
         assert coco_category_ids_for({0: "cat", 1: "dog"}) is None
         assert coco_category_ids_for(dict(enumerate(reversed(COCO_NAMES)))) is None
+
+    @pytest.mark.parametrize("category_ids", [COCO_CATEGORY_IDS, list(COCO_CATEGORY_IDS), {3: 7, 0: 1, 9: 2}, []])
+    def test_invert_category_ids_matches_a_plain_loop(self, category_ids):
+        pairs = category_ids.items() if isinstance(category_ids, dict) else enumerate(category_ids)
+        expected = {}
+        for index, label in pairs:
+            expected[label] = index
+        assert invert_category_ids(category_ids) == expected
+
+    def test_invert_category_ids_refuses_two_classes_for_one_label(self):
+        with pytest.raises(ValueError, match="category_ids maps classes 3 and 9 to one label 7"):
+            invert_category_ids({3: 7, 9: 7})
 
     @pytest.mark.parametrize("k", [0, 1, 57])
     def test_torchvision_round_trip_is_exact(self, k):

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from detens.adapters.onnx_external_data import external_data_files
-from detens.ensemble_config import EnsembleConfig
+from detens.adapters.weights import ResolvedWeights, resolve_model_weights
+from detens.ensemble_config import EnsembleConfig, ModelConfig
 
 
 def _sha256_of_file(path: str | Path) -> str:
@@ -72,8 +73,35 @@ def file_digests(files: Iterable[str | None]) -> dict[str, str]:
 
 def input_fingerprints(config: EnsembleConfig) -> dict[str, str]:
     """``{file: sha256}`` of the files whose content decides the results beside the config itself: the
-    head and the saved predictions of ``precomputed`` members (they are often rewritten in place)."""
-    return file_digests([config.fusion.head] + [m.results for m in config.models if m.type == "precomputed"])
+    head, the saved predictions of ``precomputed`` members and the members' weights on disk, keyed as the
+    config names them (each is often rewritten in place: a re-exported model saved over the old one).
+
+    Raises:
+        WeightsNotFoundError: a member's weights are found nowhere (naming the member).
+    """
+    fingerprints = file_digests([config.fusion.head] + [m.results for m in config.models if m.type == "precomputed"])
+    digests: dict[str, str] = {}
+    for model in config.models:
+        fingerprints.update(weights_inputs(model, resolve_model_weights(model, config.weights_dir), digests))
+    return fingerprints
+
+
+def weights_inputs(
+    model: ModelConfig, weights: ResolvedWeights | None, digests: dict[str, str]
+) -> dict[str, str]:
+    """``{weights as the config gives them: digest of the file or folder they resolve to}`` (``weights``,
+    see :func:`~detens.adapters.weights.resolve_model_weights`), or nothing for a member that reads no
+    weights or downloads them (an upstream name: no file yet).
+
+    Keyed by the configured name, not the resolved path, so that shards run where the weights lie
+    elsewhere still merge. ``digests`` (resolved path -> digest) is this run's: the views of a model, and
+    models sharing a file, hash it once.
+    """
+    if weights is None or not weights.local:
+        return {}
+    if weights.value not in digests:
+        digests[weights.value] = path_digest(weights.value)
+    return {str(model.weights): digests[weights.value]}
 
 
 def check_inputs_unchanged(out: Path, previous: Any, fingerprints: dict[str, str]) -> None:

@@ -392,6 +392,8 @@ def bench_coco(gt_path: str, results_path: str, sizes: list[int]) -> list[dict[s
 
     # checked as evaluate checks them, before the copies hide which file and entry is wrong
     gt = load_coco_gt(gt_path).dataset
+    if not gt["images"]:
+        raise ValueError(f"{gt_path}: the annotation file lists no images; --coco times their evaluation")
     results = load_coco_results(results_path)
     rows = []
     for size in sizes:

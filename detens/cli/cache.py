@@ -94,7 +94,7 @@ from detens.cli._inputs import (
     check_saved_predictions,
     file_digests,
     label_space_name,
-    path_digest,
+    weights_inputs,
 )
 from detens.coco import CocoGroundTruth, detections_to_coco, load_coco_gt, save_coco_results
 from detens.ensemble_config import (
@@ -336,24 +336,6 @@ def member_settings(
         settings["inputs"] = weights_digest
     # JSON round trip: the form it is compared in after being saved
     return json.loads(json.dumps(settings, sort_keys=True))
-
-
-def weights_inputs(
-    model: ModelConfig, weights: ResolvedWeights | None, digests: dict[str, str]
-) -> dict[str, str]:
-    """``{weights as the config gives them: digest of the file or folder they resolve to}`` (``weights``,
-    see :func:`~detens.adapters.weights.resolve_model_weights`), or nothing for a member that reads no
-    weights or downloads them (an upstream name: no file yet).
-
-    Keyed by the configured name, not the resolved path, so that shards run where the weights lie
-    elsewhere still merge. ``digests`` (resolved path -> digest) is this run's: the views of a model, and
-    models sharing a file, hash it once.
-    """
-    if weights is None or not weights.local:
-        return {}
-    if weights.value not in digests:
-        digests[weights.value] = path_digest(weights.value)
-    return {str(model.weights): digests[weights.value]}
 
 
 def check_weights_unchanged(

@@ -34,7 +34,8 @@ Writes into ``--out``:
   a crash) leaves every file valid (all writes are atomic); running the same command again skips the
   finished images. A complete run removes ``partial/``; running it again on more images adds them, and
   images finished earlier keep their results, ids and output stems whatever the new ``--source``.
-  A resumed run refuses a changed config, head file or ``precomputed`` results file.
+  A resumed run refuses a changed config, head file, ``precomputed`` results file or weights file (the
+  members' weights on disk are recorded by sha256, as `detens cache` does).
   ``--overwrite`` starts over: the earlier outputs wait in ``.replaced/`` until the new run's first
   result, and come back if it fails before.
 
