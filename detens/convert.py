@@ -230,6 +230,12 @@ def _as_image_size(value: Any, what: str) -> tuple[int, int]:
     """``(h, w)``, ``torch.Size``, a 1-D tensor of 2, an image tensor ``[..., H, W]`` or a numpy image
     ``[H, W]`` / ``[H, W, C]`` (OpenCV's layout) → ``(h, w)``; ``what`` names the argument in errors."""
     if isinstance(value, Tensor) and value.ndim >= 2:
+        if value.ndim >= 3 and value.shape[-1] in (1, 3, 4) and value.shape[-3] not in (1, 3, 4):
+            # torch.from_numpy of an OpenCV image: its last two sides are (W, C), not (H, W)
+            raise ValueError(
+                f"{what}: an image tensor must be [..., C, H, W] (torchvision's layout), got shape "
+                f"{list(value.shape)}, which looks like [H, W, C]; permute it, or pass (height, width)"
+            )
         height, width = value.shape[-2:]
         return int(height), int(width)
     if isinstance(value, np.ndarray) and value.ndim >= 2:

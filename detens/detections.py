@@ -215,6 +215,8 @@ class Detections:
                 raise IndexError(f"Detections indices must be one-dimensional, got shape {list(index.shape)}")
             if index.dtype == torch.bool and index.shape != (len(self),):
                 raise IndexError(f"boolean mask must have shape [{len(self)}], got {list(index.shape)}")
+            if index.dtype != torch.bool:
+                index = index.long()  # torch reads uint8 indices as a mask
             index = index.to(self.boxes.device)
         else:
             raise TypeError(

@@ -164,6 +164,21 @@ class TestUltralyticsOptions:
         plain = v8([BUS])[0]
         assert len(det) == int(((plain.labels == PERSON) | (plain.labels == BUS_ID)).sum())
 
+    @pytest.mark.parametrize("class_map, error, fragment", [
+        ({"bus": 1.9}, TypeError, r"class_map\['bus'\] must be an integer, got float"),
+        ({5: -1}, ValueError, r"class_map\[5\] must be an integer in \[0, 2147483647\], got -1"),
+        ({5: 2**40}, ValueError, r"class_map\[5\] must be an integer in"),
+        ({0.7: 5}, TypeError, r"class_map key 0.7 must be an integer, got float"),
+        ({"bus": "person"}, TypeError, r"class_map\['bus'\] must be an integer, got str"),
+        ([1.0] * 80, TypeError, r"class_map\[0\] must be an integer, got float"),
+    ])
+    def test_bad_class_map_is_named(self, class_map, error, fragment):
+        from detens.adapters._labels import build_label_lookup
+
+        names = [f"class{i}" for i in range(79)] + ["bus"]
+        with pytest.raises(error, match=fragment):
+            build_label_lookup(names, default="coco80", class_map=class_map, where="v8")
+
     def test_class_map(self):
         from detens.adapters.ultralytics import UltralyticsDetector
 
@@ -620,6 +635,29 @@ class TestPrecomputed:
                                              r"class_map\), which is not one of the 2 category ids of the label "
                                              r"space: 1, 3; correct its class_map"):
             PrecomputedDetector(results, {"a.jpg": 7}, class_map={1: 5, 3: 3}).check_categories([1, 3])
+
+    @pytest.mark.parametrize("options, error, fragment", [
+        ({"max_det": -1}, ValueError, r"v8: max_det must be an integer >= 1, got -1"),
+        ({"max_det": 2.5}, TypeError, r"v8: max_det must be an integer, got float"),
+        ({"max_det": True}, TypeError, r"v8: max_det must be an integer, got bool"),
+        ({"conf": "0.3"}, TypeError, r"v8: conf must be a number, got str"),
+        ({"conf": 1.5}, ValueError, r"v8: conf must be in \[0, 1\], got 1.5"),
+        ({"class_map": {1: 1.9}}, TypeError, r"v8: class_map\[1\] must be an integer, got float"),
+        ({"class_map": {1: -7}}, ValueError, r"v8: class_map\[1\] must be an integer in \[0, 2147483647\]"),
+        ({"class_map": {1: 2**40}}, ValueError, r"v8: class_map\[1\] must be an integer in"),
+        ({"class_map": {0.7: 5}}, TypeError, r"v8: class_map key 0.7 must be an integer, got float"),
+        ({"class_map": {"person": 5}}, TypeError, r"v8: class_map key 'person' must be an integer, got str"),
+        ({"class_map": [1, 2]}, TypeError, r"v8: class_map must be \{saved category_id: category_id\}, got list"),
+    ])
+    def test_bad_options_are_named(self, options, error, fragment):
+        results = [{"image_id": 7, "category_id": 1, "bbox": [1.0, 2.0, 3.0, 4.0], "score": 0.5}]
+        with pytest.raises(error, match=fragment):
+            PrecomputedDetector(results, {"a.jpg": 7}, name="v8", **options)
+
+    def test_class_map_keys_may_be_digit_strings(self):
+        results = [{"image_id": 7, "category_id": c, "bbox": [1.0, 2.0, 3.0, 4.0], "score": 0.5} for c in (1, 3)]
+        replay = PrecomputedDetector(results, {"a.jpg": 7}, class_map={"3": 30})  # as JSON gives them
+        assert replay.class_map == {3: 30}
 
     def test_missing_or_broken_files_are_named(self, saved, tmp_path):
         folder, _ = saved

@@ -124,6 +124,10 @@ class TestProtocol:
             (slice(None, None, -1), [2, 1, 0]),
             (slice(2, None, -2), [2, 0]),
             (torch.tensor([2, 0, 2]), [2, 0, 2]),
+            (np.array([1, 1, 0], dtype=np.uint8), [1, 1, 0]),  # indices, not a mask of uint8
+            (torch.tensor([0, 2], dtype=torch.uint8), [0, 2]),
+            (torch.tensor([2, 1], dtype=torch.int32), [2, 1]),
+            (np.array([2], dtype=np.int16), [2]),
         ]:
             sub = det[index]
             assert picked(sub) == [rows[i] for i in positions], index

@@ -136,6 +136,20 @@ class TestConversions:
     def test_torchvision_errors(self):
         with pytest.raises(ValueError, match=r"lacks \['labels'\]"):
             torchvision_to_detections({"boxes": torch.zeros(0, 4), "scores": torch.zeros(0)}, (4, 4))
+        empty = {"boxes": torch.zeros(0, 4), "scores": torch.zeros(0), "labels": torch.zeros(0, dtype=torch.int64)}
+        with pytest.raises(ValueError, match=r"got shape \[480, 640, 3\], which looks like \[H, W, C\]"):
+            torchvision_to_detections(empty, torch.zeros(480, 640, 3))
+
+    @pytest.mark.parametrize("image, size", [
+        (torch.zeros(3, 480, 640), (480, 640)),
+        (torch.zeros(2, 1, 480, 640), (480, 640)),
+        (torch.zeros(480, 640), (480, 640)),
+        (torch.zeros(3, 100, 3), (100, 3)),  # a narrow image, channels first
+        (np.zeros((480, 640, 3), np.uint8), (480, 640)),
+    ])
+    def test_image_size_from_an_image(self, image, size):
+        empty = {"boxes": torch.zeros(0, 4), "scores": torch.zeros(0), "labels": torch.zeros(0, dtype=torch.int64)}
+        assert torchvision_to_detections(empty, image).image_size == size
 
 
 # ---------------------------------------------------------------------------------------- Ultralytics

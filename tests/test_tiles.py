@@ -128,6 +128,9 @@ def test_merge_tiles_empty():
         ({"tiles": "2x3"}, "tiles=2x3"),
         ({"tiles": [2, 2], "overlap": 0.2, "vflip": True}, "vflip+tiles=2x2+overlap=0.2"),
         ("tiles=1x1", "identity"),
+        ({"scale": 0.8333333}, "scale=0.8333333"),
+        ({"tiles": [2, 2], "overlap": 1 / 3}, "tiles=2x2+overlap=0.3333333333333333"),
+        ({"tiles": [2, 2], "overlap": 0.00001}, "tiles=2x2+overlap=0.00001"),
     ],
 )
 def test_tiled_view_names(spec, name):
@@ -142,7 +145,7 @@ def test_tiled_view_names(spec, name):
         ("tiles=2", "ROWSxCOLS"),
         ("tiles=0x2", r"integer in \[1, 8\]"),
         ("tiles=9x1", r"integer in \[1, 8\]"),
-        ("tiles=2x2+overlap=0.95", r"overlap must be a number in \[0, 0.9\]"),
+        ("tiles=2x2+overlap=0.95", r"view overlap must be in \[0, 0.9\], got 0.95"),
         ("overlap=0.2", "needs tiles"),
         ({"tiles": "2x2", "stride": 3}, "unknown view option"),
         ("tile=2x2", "unknown view 'tile=2x2'"),
@@ -150,6 +153,21 @@ def test_tiled_view_names(spec, name):
 )
 def test_bad_tiled_views(spec, fragment):
     with pytest.raises(ValueError, match=fragment):
+        View.parse(spec)
+
+
+@pytest.mark.parametrize(
+    "spec, error, fragment",
+    [
+        ({"hflip": "false"}, TypeError, r"view hflip must be True or False, got str: 'false'"),
+        ({"vflip": 0.0001}, TypeError, r"view vflip must be True or False, got float"),
+        ({"scale": "0.5"}, TypeError, r"view scale must be a number, got str: '0.5'"),
+        ({"scale": True}, TypeError, r"view scale must be a number, got bool"),
+        ({"tiles": [2, 2], "overlap": "0.2"}, TypeError, r"view overlap must be a number, got str"),
+    ],
+)
+def test_view_options_of_a_mapping_are_checked_not_converted(spec, error, fragment):
+    with pytest.raises(error, match=fragment):
         View.parse(spec)
 
 

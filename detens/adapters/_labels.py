@@ -16,9 +16,17 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from detens.checks import check_integer
+from detens.detections import MAX_LABEL
 from detens.labels import COCO_CATEGORY_IDS, COCO_ID_TO_NAME, COCO_NAMES
 
-__all__ = ["normalize_class_name", "as_categories", "build_label_lookup", "apply_label_lookup"]
+__all__ = [
+    "normalize_class_name",
+    "as_categories",
+    "build_label_lookup",
+    "apply_label_lookup",
+    "check_category_id_map",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +81,38 @@ def _names_list(model_names: Mapping[int, str] | Sequence[str]) -> list[str]:
     return [str(n) for n in model_names]
 
 
+def _integer_key(key: Any, name: str) -> int:
+    """A map key that is an integer: an int, or its digits as a string (JSON and YAML keys are strings)."""
+    if isinstance(key, str) and key.lstrip("-").isdigit():
+        return int(key)
+    return check_integer(key, f"{name} {key!r}")
+
+
+def _category_id(value: Any, name: str) -> int:
+    """A category id a map gives: an integer in ``[0, MAX_LABEL]`` (a float is not rounded, and a negative
+    id would read as "dropped")."""
+    return check_integer(value, name, 0, MAX_LABEL)
+
+
+def check_category_id_map(class_map: Mapping[Any, Any], where: str) -> dict[int, int]:
+    """``{saved category id: category id}`` (saved predictions' ``class_map``) with every key and value an
+    integer (keys may be digit strings, as JSON and YAML give them), each id in ``[0, MAX_LABEL]``.
+
+    Raises:
+        TypeError: not a mapping, or a key or id that is not an integer (naming it).
+        ValueError: an id out of range.
+    """
+    if not isinstance(class_map, Mapping):
+        raise TypeError(
+            f"{where}: class_map must be {{saved category_id: category_id}}, got {type(class_map).__name__}"
+        )
+    return {
+        _category_id(_integer_key(key, f"{where}: class_map key"), f"{where}: class_map key"):
+            _category_id(cat, f"{where}: class_map[{key!r}]")
+        for key, cat in class_map.items()
+    }
+
+
 def build_label_lookup(
     model_names: Mapping[int, str] | Sequence[str],
     *,
@@ -121,10 +161,10 @@ def build_label_lookup(
                         f"{where}: class_map names class {key!r}, which the model does not have ({names[:10]}...)"
                     )
             else:
-                index = int(key)
+                index = _integer_key(key, f"{where}: class_map key")
             if not 0 <= index < num:
                 raise ValueError(f"{where}: class_map index {index} is outside the model's {num} classes")
-            lookup[index] = int(cat)
+            lookup[index] = _category_id(cat, f"{where}: class_map[{key!r}]")
         return lookup
     if categories is not None:
         target = {normalize_class_name(n): int(cid) for cid, n in categories.items()}

@@ -24,7 +24,6 @@ Example: ``["identity", "hflip", "scale=0.83", "hflip+scale=0.67", "tiles=2x2"]`
 from __future__ import annotations
 
 import inspect
-import math
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -38,7 +37,7 @@ from torch import Tensor
 
 from detens.adapters._base import BaseDetector, Detector, ImageInput, as_image_list, detect_loaded, load_image
 from detens.adapters._tiles import cut_by_inner_edges, merge_tiles, tile_windows
-from detens.checks import check_integer, check_real
+from detens.checks import check_flag, check_integer, check_real
 from detens.detections import Detections
 
 __all__ = ["View", "AugmentedView", "AugmentedDetector"]
@@ -66,6 +65,12 @@ def _albumentations() -> Any:
     return albumentations
 
 
+def _exact(value: float) -> str:
+    """The shortest decimal that reads back as ``value``, without an exponent (``0.83``, ``2``,
+    ``0.8333333``): a view's name must parse back to the same view, and member names are built from it."""
+    return np.format_float_positional(value, trim="-")
+
+
 @dataclass(frozen=True)
 class View:
     """One test-time view: optional flips, then a rescale (with padding back to size when shrinking), of
@@ -86,18 +91,17 @@ class View:
     overlap: float = DEFAULT_OVERLAP
 
     def __post_init__(self) -> None:
-        if not (
-            isinstance(self.scale, (int, float)) and math.isfinite(self.scale) and 0.05 <= self.scale <= 20
-        ):
-            raise ValueError(f"view scale must be a number in [0.05, 20], got {self.scale!r}")
+        # bools and strings are refused, not read: {"hflip": "false"} would otherwise mirror the image
+        object.__setattr__(self, "hflip", check_flag(self.hflip, "view hflip"))
+        object.__setattr__(self, "vflip", check_flag(self.vflip, "view vflip"))
+        object.__setattr__(self, "scale", check_real(self.scale, "view scale", 0.05, 20))
+        object.__setattr__(self, "overlap", check_real(self.overlap, "view overlap", 0.0, 0.9))
         tiles = tuple(self.tiles) if isinstance(self.tiles, (tuple, list)) else None
         if tiles is None or len(tiles) != 2 or not all(
             isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= _MAX_TILES for n in tiles
         ):
             raise ValueError(f"view tiles must be (rows, cols), each an integer in [1, {_MAX_TILES}], got {self.tiles!r}")
         object.__setattr__(self, "tiles", tiles)
-        if not (isinstance(self.overlap, (int, float)) and 0.0 <= self.overlap <= 0.9):
-            raise ValueError(f"view overlap must be a number in [0, 0.9], got {self.overlap!r}")
         if not self.tiled and self.overlap != DEFAULT_OVERLAP:
             raise ValueError(f"view overlap={self.overlap:g} needs tiles (e.g. 'tiles=2x2+overlap={self.overlap:g}')")
 
@@ -115,11 +119,11 @@ class View:
             if isinstance(tiles, str):
                 tiles = _parse_tiles(tiles, str(dict(spec)))
             return cls(
-                bool(spec.get("hflip", False)),
-                bool(spec.get("vflip", False)),
-                float(spec.get("scale", 1.0)),
+                spec.get("hflip", False),
+                spec.get("vflip", False),
+                spec.get("scale", 1.0),
                 tiles,
-                float(spec.get("overlap", DEFAULT_OVERLAP)),
+                spec.get("overlap", DEFAULT_OVERLAP),
             )
         if not isinstance(spec, str) or not spec.strip():
             raise ValueError(
@@ -159,11 +163,11 @@ class View:
     def name(self) -> str:
         parts = [p for p, on in (("hflip", self.hflip), ("vflip", self.vflip)) if on]
         if self.scale != 1.0:
-            parts.append(f"scale={self.scale:g}")
+            parts.append(f"scale={_exact(self.scale)}")
         if self.tiled:
             parts.append(f"tiles={self.tiles[0]}x{self.tiles[1]}")
             if self.overlap != DEFAULT_OVERLAP:
-                parts.append(f"overlap={self.overlap:g}")
+                parts.append(f"overlap={_exact(self.overlap)}")
         return "+".join(parts) or "identity"
 
     @property

@@ -26,6 +26,8 @@ import numpy as np
 import torch
 
 from detens.adapters._base import BaseDetector, ImageInput, as_image_list
+from detens.adapters._labels import check_category_id_map
+from detens.checks import check_integer, check_real
 from detens.coco import coco_to_detections, group_results_by_image, validate_coco_results
 from detens.detections import Detections
 from detens.io import read_json_file
@@ -93,11 +95,9 @@ class PrecomputedDetector(BaseDetector):
             results = results["results"]
         clean = validate_coco_results(results, where)
         super().__init__(name or default_name, 1, categories)
-        if not 0.0 <= float(conf) <= 1.0:
-            raise ValueError(f"conf must be in [0, 1], got {conf!r}")
-        self.conf = float(conf)
-        self.max_det = max_det
-        self.class_map = None if class_map is None else {int(k): int(v) for k, v in class_map.items()}
+        self.conf = check_real(conf, f"{self.name}: conf", 0.0, 1.0)
+        self.max_det = None if max_det is None else check_integer(max_det, f"{self.name}: max_det", 1)
+        self.class_map = None if class_map is None else check_category_id_map(class_map, self.name)
         self.where = where
         # the first result of each saved category id, so that an id outside a label space can be named
         self._first_result: dict[int, tuple[int, int]] = {}
