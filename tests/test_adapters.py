@@ -1,6 +1,6 @@
 """Detector adapters on real images: Ultralytics (every Ultralytics model in ../shared/models and a local
-.pt), torchvision (real architectures, state dicts saved and loaded by path), saved predictions, and
-test-time views."""
+.pt), torchvision (real architectures, state dicts saved and loaded by path), max_det counted among the
+label space's classes only (Ultralytics, ONNX, torchvision), saved predictions, and test-time views."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 import logging
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import cv2
@@ -273,6 +274,9 @@ def test_ultralytics_pt_built_locally(tmp_path, model_yaml):
 
 
 # ------------------------------------------------------------------------------------------- torchvision
+UNCUT = 100_000  # a torchvision model's max detections that keeps every box its NMS keeps
+
+
 def _reference_model(arch: str, conf: float, max_det: int, **kwargs):
     """The torchvision model built directly, with the score threshold and max detections as builder arguments."""
     from torchvision.models import get_model
@@ -302,7 +306,7 @@ def test_torchvision_state_dict_by_path(tmp_path, arch, options):
     torch.manual_seed(0)
     imgsz = options.get("imgsz")
     size_kwargs = {"min_size": imgsz, "max_size": imgsz} if imgsz else {}
-    reference = _reference_model(arch, conf=0.001, max_det=100, **size_kwargs)
+    reference = _reference_model(arch, conf=0.001, max_det=UNCUT, **size_kwargs)
     path = tmp_path / f"{arch}.pth"
     torch.save(reference.state_dict(), path)
 
@@ -316,19 +320,27 @@ def test_torchvision_state_dict_by_path(tmp_path, arch, options):
     assert_valid(bus, (1080, 810))
     assert len(bus) > 0
 
-    assert_same_as_reference(bus, reference)
+    assert_same_as_reference(bus, reference, max_det=100)
 
 
-def assert_same_as_reference(bus: Detections, reference: torch.nn.Module) -> None:
-    """``bus`` (a detector's Detections of bus.jpg) is what the torchvision model ``reference`` outputs."""
+def run_torchvision(model: torch.nn.Module) -> Detections:
+    """The torchvision ``model``'s own output on bus.jpg, labels as it predicts them."""
     rgb = torch.from_numpy(read_image(BUS)[:, :, ::-1].copy()).permute(2, 0, 1).float() / 255
     with torch.inference_mode():
-        expected = reference([rgb])[0]
-    keep = torch.isin(expected["labels"], torch.tensor(COCO_CATEGORY_IDS))  # untrained: "N/A" ids are dropped
-    assert int(keep.sum()) > 0
-    torch.testing.assert_close(bus.boxes, expected["boxes"][keep])
-    torch.testing.assert_close(bus.scores, expected["scores"][keep])
-    torch.testing.assert_close(bus.labels, expected["labels"][keep])
+        output = model([rgb])[0]
+    return Detections(output["boxes"], output["scores"], output["labels"], (1080, 810))
+
+
+def assert_same_as_reference(bus: Detections, reference: torch.nn.Module, max_det: int) -> None:
+    """``bus`` (a detector's Detections of bus.jpg) is what the torchvision model ``reference`` outputs (built with
+    ``UNCUT`` max detections): its boxes of COCO categories, the first ``max_det`` (an untrained model's "N/A" ids
+    are dropped before they take a place)."""
+    expected = run_torchvision(reference)
+    expected = expected[torch.isin(expected.labels, torch.tensor(COCO_CATEGORY_IDS))][:max_det]
+    assert len(expected) > 0
+    torch.testing.assert_close(bus.boxes, expected.boxes)
+    torch.testing.assert_close(bus.scores, expected.scores)
+    torch.testing.assert_close(bus.labels, expected.labels)
 
 
 @pytest.mark.parametrize(
@@ -342,7 +354,7 @@ def test_torchvision_built_model(arch, class_name):
     from detens.adapters.torchvision import TorchvisionDetector
 
     torch.manual_seed(0)
-    reference = _reference_model(arch, conf=0.001, max_det=100)
+    reference = _reference_model(arch, conf=0.001, max_det=UNCUT)
     model = get_model(arch, weights=None, weights_backbone=None)  # its own thresholds: 0.05 / 0.01 and 100 / 300
     model.load_state_dict(reference.state_dict())
     detector = TorchvisionDetector(model, conf=0.001, max_det=100)
@@ -353,7 +365,7 @@ def test_torchvision_built_model(arch, class_name):
     assert (holder.score_thresh, holder.detections_per_img) == (0.001, 100)
     bus = detector([BUS])[0]
     assert_valid(bus, (1080, 810))
-    assert_same_as_reference(bus, reference)
+    assert_same_as_reference(bus, reference, max_det=100)
     assert TorchvisionDetector(model, name="mine").name == "mine"
 
 
@@ -501,6 +513,80 @@ class TestTorchvisionLoading:
         )
         assert set(det.lookup[det.lookup >= 0].tolist()) == {7, 8}
         assert set(det([BUS])[0].labels.tolist()) <= {7, 8}
+
+
+# ------------------------------------------------------------------ max_det counts the label space's boxes
+PEOPLE_AND_BAGS = {1: "person", 31: "handbag"}  # COCO ids and names: labels compare with an all-class run
+K = 5  # the restricted members' max_det; bus.jpg's bus is among every model's 5 best boxes
+
+
+def assert_best_of_kept(restricted: Detections, everything: Detections, categories: Mapping[int, str]) -> None:
+    """The slow reference: ``restricted`` (a member limited to ``categories``, max_det ``K``) holds the ``K`` best
+    boxes of ``everything`` (the same member over every class, uncut) whose label is one of ``categories``; boxes
+    that tie at the cut may stand for each other."""
+    ids = torch.tensor(list(categories))
+    # a class outside ``categories`` is among the K best of every class: a cut before the lookup would show
+    assert not torch.isin(everything.labels[everything.scores.topk(K).indices], ids).all()
+    kept = everything[torch.isin(everything.labels, ids)]
+    assert len(kept) > K
+
+    def rows(det: Detections) -> set[tuple[float, int, tuple[float, ...]]]:
+        return set(zip(det.scores.tolist(), det.labels.tolist(), map(tuple, det.boxes.tolist()), strict=True))
+
+    assert len(restricted) == K and rows(restricted) <= rows(kept)  # K distinct boxes of the kept classes...
+    best = kept.scores.sort(descending=True).values[:K]
+    assert restricted.scores.sort(descending=True).values.tolist() == best.tolist()  # ...the best K
+
+
+@pytest.mark.parametrize(
+    "weights",
+    [
+        "yolov8n_int8_tflite/yolov8n_int8.tflite",
+        "yolo26n_int8_tflite/yolo26n_int8.tflite",
+        "yolo11n_int8_openvino_model",
+    ],
+    ids=["nms-tflite", "end2end-tflite", "nms-openvino"],
+)
+def test_ultralytics_max_det_counts_the_label_space_only(weights):
+    from ultralytics import YOLO
+
+    from detens.adapters.ultralytics import UltralyticsDetector
+
+    model = YOLO(str(SHARED_MODELS / weights), task="detect")  # one loaded model for both: nothing carries over
+    restricted = UltralyticsDetector(model, conf=0.001, max_det=K, categories=PEOPLE_AND_BAGS)([BUS])[0]
+    everything = UltralyticsDetector(model, conf=0.001, max_det=1000)([BUS])[0]
+    assert_best_of_kept(restricted, everything, PEOPLE_AND_BAGS)
+
+
+def test_onnx_max_det_counts_the_label_space_only():
+    from detens.adapters.onnx import OnnxDetector
+
+    weights = SHARED_MODELS / "yolox_nano_onnx" / "yolox_nano.onnx"
+    restricted = OnnxDetector(weights, "yolox", conf=0.001, max_det=K, categories=PEOPLE_AND_BAGS)([BUS])[0]
+    everything = OnnxDetector(weights, "yolox", conf=0.001, max_det=1000)([BUS])[0]
+    assert_best_of_kept(restricted, everything, PEOPLE_AND_BAGS)
+
+
+@pytest.mark.parametrize("arch", ["fasterrcnn_mobilenet_v3_large_320_fpn", "ssdlite320_mobilenet_v3_large"])
+def test_torchvision_max_det_counts_the_label_space_only(arch):
+    """An untrained R-CNN (its boxes come from its RoI heads) and SSD (from the model itself), their weights
+    jittered so that scores differ from box to box (as initialized, every box scores about 1/91)."""
+    from torchvision.models import get_model
+
+    from detens.adapters.torchvision import TorchvisionDetector
+
+    torch.manual_seed(0)
+    reference = _reference_model(arch, conf=0.001, max_det=UNCUT)
+    with torch.no_grad():
+        for parameter in reference.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    model = get_model(arch, weights=None, weights_backbone=None)
+    model.load_state_dict(reference.state_dict())
+    categories = {1: "person", 3: "car", 62: "chair"}
+    restricted = TorchvisionDetector(model, conf=0.001, max_det=K, categories=categories)([BUS])[0]
+    assert_best_of_kept(restricted, run_torchvision(reference), categories)
+    holder = model.roi_heads if hasattr(model, "roi_heads") else model
+    assert holder.detections_per_img == K and "postprocess_detections" not in vars(holder)  # the model as it was
 
 
 # ------------------------------------------------------------------------------------------- precomputed

@@ -304,6 +304,19 @@ class TestOnnxDetector:
         with pytest.raises(ValueError, match="model has 3 classes .*not the 80 COCO classes"):
             OnnxDetector(path, "yolox")
 
+    def test_classes_outside_the_label_space_go_before_nms_and_max_det(self, fake_model):
+        rows = yolox_rows(3)  # persons 0.4 at [4, 14, 20, 22] and 0.36, a car 0.9 over the whole input
+        rows[0, 10, 0], rows[0, 10, 5 + 0], rows[0, 10, 5 + 1] = -0.5, 0.0, 0.95  # a dog 0.4275 on the person 0.4
+        path = fake_model([1, 3, 32, 32], [rows], names={0: "person", 1: "dog", 2: "car"})
+        image = np.zeros((32, 32, 3), np.uint8)
+        for agnostic in (False, True):  # the car takes no place; the dog suppresses no person
+            (det,) = OnnxDetector(
+                path, "yolox", conf=0.3, max_det=1, agnostic_nms=agnostic, categories={1: "person"}
+            )([image])
+            assert det.labels.tolist() == [1] and det.scores.tolist() == pytest.approx([0.4]), agnostic
+        (det,) = OnnxDetector(path, "yolox", conf=0.3, agnostic_nms=True, class_map=[1, 18, 3])([image])
+        assert sorted(det.labels.tolist()) == [3, 18]  # every class kept: the dog suppresses the person
+
     def test_short_class_map(self, fake_model):
         path = fake_model([1, 3, 32, 32], [yolox_rows()])
         with pytest.raises(ValueError, match="class_map lists 79 category ids but the model has 80 classes"):

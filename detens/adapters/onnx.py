@@ -6,8 +6,9 @@ An ONNX export holds the network only. :class:`OnnxDetector` letterboxes each im
 (:class:`Letterbox`: scaled to fit, pasted top-left or centred on ``pad_value``), orders and normalizes
 the channels, runs the session, turns the raw outputs into candidate boxes with a decoder of
 :data:`~detens.adapters.onnx_decoders.DECODERS` (``yolox``, ``nanodet_gfl``, ``ultralytics``), keeps the
-scores above ``conf``, applies per-class NMS (the families' own post-processing) and maps the boxes back
-to the image's pixels. Input and output shapes are checked against the decoder when the model loads.
+scores above ``conf``, drops the classes outside the label space, applies per-class NMS (the families' own
+post-processing), keeps the best ``max_det`` boxes and maps them back to the image's pixels. Input and output
+shapes are checked against the decoder when the model loads.
 
 ``onnxruntime`` is imported when a detector is built (``pip install 'detens[onnx]'``); the CUDA provider
 runs first when onnxruntime offers it, the CPU otherwise.
@@ -365,15 +366,17 @@ class OnnxDetector(BaseDetector):
         boxes = torch.from_numpy(np.ascontiguousarray(box.to_image(boxes[keep])))  # [K, 4] image pixels
         scores = torch.from_numpy(np.ascontiguousarray(scores[keep], dtype=np.float32)).clamp_(0.0, 1.0)
         classes = torch.from_numpy(np.ascontiguousarray(classes[keep]))
+        # classes outside the label space go first: they take no place among the max_det boxes, and suppress
+        # no box of a kept class under agnostic NMS
+        labels, mapped = apply_label_lookup(self.lookup, classes)  # type: ignore[arg-type]
+        boxes, scores, classes, labels = boxes[mapped], scores[mapped], classes[mapped], labels[mapped]
         # NMS before clipping to the image, as every family's own post-processing does: a box reaching past
         # the border overlaps its neighbours by its full extent (a decoder clips where its family does,
         # NanoDet to the network input)
         groups = torch.zeros_like(classes) if self.agnostic_nms else classes
         order = batched_nms(boxes, scores, groups, self.iou)[: self.max_det]  # by decreasing score
         boxes = clip_boxes_to_image(boxes, image_size)
-        labels, mapped = apply_label_lookup(self.lookup, classes[order])  # type: ignore[arg-type]
-        order = order[mapped]
-        return Detections(boxes[order], scores[order], labels[mapped], image_size, self.name)
+        return Detections(boxes[order], scores[order], labels[order], image_size, self.name)
 
     def _predict(self, images: list[np.ndarray]) -> list[Detections]:
         prepared = [self.preprocess(image) for image in images]

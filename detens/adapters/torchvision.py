@@ -17,11 +17,12 @@ model it builds.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import logging
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -115,18 +116,59 @@ def load_state_dict_file(path: str | Path) -> dict[str, torch.Tensor]:
     return dict(obj)
 
 
-def _set_thresholds(model: torch.nn.Module, conf: float, iou: float | None, max_det: int) -> None:
-    """Set the score/NMS/max-detection settings where this architecture keeps them."""
+def _postprocessor(model: torch.nn.Module) -> torch.nn.Module:
+    """The module that keeps the score/NMS/max-detection settings and ``postprocess_detections``."""
     holder = getattr(model, "roi_heads", None)
     if holder is not None and hasattr(holder, "score_thresh"):  # Faster/Mask/Keypoint R-CNN
-        targets = [holder]
-    else:  # RetinaNet, FCOS, SSD, SSDlite
-        targets = [model]
-    for obj in targets:
-        obj.score_thresh = conf
-        if iou is not None:
-            obj.nms_thresh = iou
-        obj.detections_per_img = max_det
+        return holder
+    return model  # RetinaNet, FCOS, SSD, SSDlite
+
+
+def _set_thresholds(model: torch.nn.Module, conf: float, iou: float | None, max_det: int) -> None:
+    """Set the score/NMS/max-detection settings where this architecture keeps them."""
+    holder = _postprocessor(model)
+    holder.score_thresh = conf
+    if iou is not None:
+        holder.nms_thresh = iou
+    holder.detections_per_img = max_det
+
+
+@contextlib.contextmanager
+def _label_space_before_max_det(model: torch.nn.Module, lookup: torch.Tensor, max_det: int) -> Iterator[None]:
+    """While it runs, ``model`` keeps its best ``max_det`` boxes among the classes that ``lookup`` maps to a
+    category; its own cut, after its NMS and before any lookup, would count the other classes' boxes too.
+
+    For that time its ``postprocess_detections`` is asked for every box that its NMS keeps (by decreasing score)
+    and returns the first ``max_det`` of mapped classes: mask and keypoint heads run on those boxes only.
+    """
+    holder = _postprocessor(model)
+    own = holder.__dict__.get("postprocess_detections")  # an override on the instance, put back after
+    postprocess, limit = holder.postprocess_detections, holder.detections_per_img
+
+    def best_mapped(labels: torch.Tensor) -> torch.Tensor:  # [K] model labels -> indices of the kept boxes
+        _, mapped = apply_label_lookup(lookup, labels)
+        return torch.nonzero(mapped).flatten()[:max_det].to(labels.device)
+
+    def postprocess_mapped(*args: Any, **kwargs: Any) -> Any:
+        out = postprocess(*args, **kwargs)
+        if isinstance(out, tuple):  # R-CNNs: per image lists of boxes, scores and labels
+            keeps = [best_mapped(labels) for labels in out[2]]
+            return tuple([x[keep] for x, keep in zip(xs, keeps, strict=True)] for xs in out)
+        kept = []  # RetinaNet, FCOS, SSD: per image {"boxes", "scores", "labels"}
+        for detections in out:
+            keep = best_mapped(detections["labels"])
+            kept.append({key: value[keep] for key, value in detections.items()})
+        return kept
+
+    holder.detections_per_img, holder.postprocess_detections = sys.maxsize, postprocess_mapped
+    try:
+        yield
+    finally:
+        holder.detections_per_img = limit
+        if own is None:
+            del holder.postprocess_detections
+        else:
+            holder.postprocess_detections = own
 
 
 def _check_built_model(model: Any, weights: Any, builder_kwargs: dict[str, Any]) -> torch.nn.Module:
@@ -237,6 +279,7 @@ class TorchvisionDetector(BaseDetector):
             class_names = list(FasterRCNN_ResNet50_FPN_Weights.DEFAULT.meta["categories"])
         self.model = model.eval().to(self.device)
         _set_thresholds(self.model, float(conf), None if iou is None else float(iou), max_det)
+        self.max_det = max_det
         transform = getattr(self.model, "transform", None)
         if imgsz is not None and transform is not None:
             if getattr(transform, "fixed_size", None):
@@ -309,7 +352,8 @@ class TorchvisionDetector(BaseDetector):
             tensors.append(
                 torch.from_numpy(rgb).to(self.device).permute(2, 0, 1).float().div_(255.0)
             )  # [3, H, W]
-        outputs = self.model(tensors)
+        with _label_space_before_max_det(self.model, self.lookup, self.max_det):
+            outputs = self.model(tensors)
         out = []
         for output, image in zip(outputs, images, strict=True):
             boxes = output["boxes"].detach().to("cpu", torch.float32)  # [K, 4]

@@ -169,6 +169,7 @@ class UltralyticsDetector(BaseDetector):
             "iou": float(iou),
             "imgsz": imgsz,
             "max_det": max_det,
+            "classes": None,  # all; said each time, for a loaded model that another detector also calls
             "agnostic_nms": agnostic_nms,
             "verbose": False,
             "save": False,
@@ -182,6 +183,14 @@ class UltralyticsDetector(BaseDetector):
         self.lookup = build_label_lookup(
             self.model_names, default="coco80", categories=categories, class_map=class_map, where=self.name
         )
+        self.max_det = max_det
+        kept = torch.nonzero(self.lookup >= 0).flatten().tolist()
+        if len(kept) < len(self.lookup):
+            # Ultralytics drops the other classes before its NMS and its max_det cut, so that they take no place
+            # among the max_det boxes; older releases cut an end-to-end model's rows (300) to max_det first, so
+            # it is asked for 300 at least and the cut is ours (_predict), after the lookup
+            self.predict_args["classes"] = kept
+            self.predict_args["max_det"] = max(max_det, 300)
         logger.debug(
             "%s: %s (%d classes), %s",
             self.name,
@@ -220,6 +229,7 @@ class UltralyticsDetector(BaseDetector):
             xyxy = boxes.xyxy.detach().to("cpu", torch.float32)  # [K, 4]
             scores = boxes.conf.detach().to("cpu", torch.float32).clamp(0.0, 1.0)  # [K]
             labels, keep = apply_label_lookup(self.lookup, boxes.cls.detach())
+            keep = torch.nonzero(keep).flatten()[: self.max_det]  # by decreasing score, as Ultralytics gives them
             out.append(Detections(xyxy[keep], scores[keep], labels[keep], image.shape[:2], self.name))
         return out
 
