@@ -231,7 +231,9 @@ def train_theta(
     torch.manual_seed(config.seed)
     class_ids = None
     if config.per_class:
-        seen = torch.cat([s.clusters.labels for s in samples] + [s.gt_labels for s in samples])
+        # Only classes with clusters get a row of their own: a class seen only as ground truth has no cluster
+        # to move its row, which would stay near its initial 1/N instead of falling back to the global Θ.
+        seen = torch.cat([s.clusters.labels for s in samples])
         class_ids = sorted(int(i) for i in seen.unique().tolist())
     head = ThetaHead(
         model_names,
