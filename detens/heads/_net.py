@@ -9,7 +9,8 @@ A network head owns
   standardized with the training set's mean and standard deviation (buffers ``feature_mean``,
   ``feature_std``, set by :meth:`NetHead.fit_normalization`);
 - an optional learned class embedding (``class_embed`` > 0) over the category ids seen in training
-  (buffer ``class_ids``; unseen ids share row 0);
+  (buffer ``class_ids``; unseen ids share row 0, which is zero and never trained: no training cluster has
+  an unseen class, so anything else in it would be initialization noise);
 - its networks (built by the subclass with :func:`make_mlp`).
 
 Saving writes the constructor options as ``config`` and every parameter and buffer as a named tensor
@@ -170,7 +171,9 @@ class NetHead(nn.Module):
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
         self.activation = activation
-        self.embedding = nn.Embedding(len(ids) + 1, self.class_embed) if self.class_embed else None
+        # padding_idx: row 0 (every class unseen in training) starts at zero and gets no gradient, so an
+        # unseen class's scores depend on what was learned, not on the random draw of a row nothing trains
+        self.embedding = nn.Embedding(len(ids) + 1, self.class_embed, padding_idx=0) if self.class_embed else None
 
     # ----------------------------------------------------------------------------------- properties
     @property
@@ -225,7 +228,7 @@ class NetHead(nn.Module):
         self.feature_std.copy_(torch.nan_to_num(std, nan=1.0).clamp(min=1e-6))
 
     def class_rows(self, labels: Tensor) -> Tensor:
-        """Tensor[C] int64: the embedding row of each label (0 for ids not seen in training)."""
+        """Tensor[C] int64: the embedding row of each label (0, the zero row, for ids not seen in training)."""
         return class_positions(self.class_ids, labels) + 1
 
     def inputs(self, features: Tensor, labels: Tensor) -> Tensor:
@@ -315,6 +318,9 @@ class NetHead(nn.Module):
     def load(cls, path: str | Path, model_names: Sequence[str] | None = None) -> NetHead:
         """Load a head saved by :meth:`save` (on the CPU, in the saved dtype).
 
+        The class embedding's row of unseen classes is set to zero, as training keeps it: a file written
+        before that rule holds an untrained random row there (its seen classes fuse as they did).
+
         Args:
             path (str | Path): ``.json`` or ``.safetensors``.
             model_names (list[str] | None): the ensemble that will use the head; must be the saved names
@@ -361,6 +367,11 @@ class NetHead(nn.Module):
         if dtypes:
             head = head.to(dtypes.pop())
         head.load_state_dict(tensors, strict=True)
+        if head.embedding is not None:
+            # Files written before the unseen row was kept at zero hold its untrained random draw there;
+            # the seen classes' rows are untouched.
+            with torch.no_grad():
+                head.embedding.weight[0].zero_()
         return head
 
 
