@@ -1452,6 +1452,57 @@ def test_train_config_from_layers_the_user_keys_over_the_head_defaults():
         train_config_from("deep", ("a.yaml", {"epochs": 2}), ("b.yaml", {"epoch": 2}))
 
 
+@pytest.mark.parametrize("kind, keys, error, message", [
+    ("deep", {"box": "nope"}, ValueError, r"box must be one of score_weighted, mean, learned, got 'nope'"),
+    ("deep", {"members": 0}, ValueError, r"members must be an integer >= 1, got 0"),
+    ("deep", {"activation": "gelu"}, ValueError, r"activation must be one of relu, silu, sigmoid, tanh, got 'gelu'"),
+    ("deep", {"hidden": 0}, ValueError, r"hidden must be an integer >= 1, got 0"),
+    ("deep", {"features": ["nope"]}, ValueError, r"features: unknown feature groups \['nope'\]; valid groups: present"),
+    ("superlearner", {"lambda_cls": -1.0}, ValueError, r"lambda_cls must be a number >= 0, got -1.0"),
+    ("selection", {"k": 0}, ValueError, r"k must be an integer >= 1, got 0"),
+    ("selection", {"epsilon": -1.0}, ValueError, r"epsilon must be a positive number, got -1.0"),
+    ("selection", {"combine": "x"}, ValueError, r"combine must be one of mean, score_weighted, got 'x'"),
+    ("selection", {"score": "max"}, ValueError, r"score must be one of mean_present, sum_k, sum_n, got 'max'"),
+    ("selection", {"num_samples": 0}, ValueError, r"num_samples must be an integer >= 1, got 0"),
+    ("calibration", {"tie_break": 2.0}, ValueError, r"tie_break must be in \[0, 1\), got 2.0"),
+    ("calibration", {"shrinkage": -5.0}, ValueError, r"shrinkage must be a number >= 0, got -5.0"),
+    ("calibration", {"fuser_params": {"wbf": {"bogus": 1}}}, TypeError,
+     r"fuser_params \{'bogus': 1\} do not fit the 'wbf' fuser: .*unexpected keyword argument 'bogus'"),
+    ("calibration", {"fusers": ["wbf", "nope"], "fuser_params": {}}, ValueError,
+     r"fusers\[1\]: unknown fusion method 'nope'; valid names: mean"),
+    # per-model weights tell the ensemble's size, and with it a vote's largest min_votes
+    ("calibration", {"fusers": ["vote"], "fuser_params": {"vote": {"weights": [1, 2], "min_votes": 3}}}, ValueError,
+     r"min_votes must be an integer in \[1, 2\], got 3"),
+])
+def test_head_options_are_checked_when_the_config_is_made(kind, keys, error, message):
+    from detens.heads import TRAINERS, config_for, train_config_from
+
+    with pytest.raises(error, match=message):
+        TRAINERS[kind].config_class(**keys)
+    with pytest.raises(error, match=message):
+        config_for(kind, **keys)
+    with pytest.raises((TypeError, ValueError), match=message):  # a TypeError comes back naming the file
+        train_config_from(kind, ("a.yaml", keys))
+
+
+def test_options_that_depend_on_the_ensemble_are_left_to_the_fit():
+    from detens.heads import config_for
+
+    # without weights the ensemble's size is unknown: a vote of 5 models is fine until the data says otherwise
+    assert config_for("calibration", fusers=["vote"], fuser_params={"vote": {"min_votes": 5}}).fusers == ["vote"]
+    assert config_for("calibration", fusers=["wbf"], fuser_params={"wbf": {"weights": [1, 2, 3]}}).fusers == ["wbf"]
+    # the groups of pairwise features select no column for one model, but do for the two or more of most ensembles
+    assert config_for("deep", features=["iou"]).features == ["iou"]
+
+
+def test_a_bad_head_option_fails_before_any_method_runs(ensemble):
+    done = []
+    with pytest.raises(ValueError, match="box must be one of"):
+        cross_validate(ensemble, ["mean", "theta", "deep"], k=2, backend="faster",
+                       method_options={"deep": {"box": "nope"}}, on_method=lambda name, result: done.append(name))
+    assert done == []
+
+
 def test_calibration_fusers_must_be_a_list():
     from detens.heads import config_for
 

@@ -44,7 +44,7 @@ import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor
@@ -385,6 +385,11 @@ def fit_with_match_iou_search(
     return best[1], best[2], best[3]
 
 
+#: Model names of the head that a network config builds to check its options (the real ones come with the data).
+_PROBE_MODELS = ("model0", "model1")
+#: Models of the calibration head that a calibration config builds to check its fusers' options.
+_PROBE_ENSEMBLE_SIZE = 32
+
 #: The IoU thresholds of COCO mAP@[.5:.95].
 COCO_IOU_THRESHOLDS: tuple[float, ...] = tuple(round(0.5 + 0.05 * i, 2) for i in range(10))
 SCORE_TARGETS = ("matched", "iou_fraction")
@@ -393,6 +398,9 @@ SCORE_TARGETS = ("matched", "iou_fraction")
 @dataclass
 class HeadTrainConfig:
     """Settings shared by the network heads; the per-head subclasses add and re-default fields.
+
+    Every option is checked when the config is made, the network ones by the head's own constructor
+    (a head built once on the meta device), so a mistake is reported before any data is read.
 
     Args:
         match_iou (float): the matching IoU of the clusters (``train_head`` uses the clusters it is given;
@@ -420,6 +428,9 @@ class HeadTrainConfig:
         device (str): where to train (``"cpu"``, ``"cuda"``, ``"cuda:1"``); a device this machine lacks is a
             ``ValueError`` when the config is made.
     """
+
+    #: the head type this config trains (None: the base, whose options every network head takes)
+    head_type: ClassVar[str | None] = None
 
     match_iou: float = 0.55
     match_iou_grid: list[float] = field(default_factory=list)
@@ -471,6 +482,23 @@ class HeadTrainConfig:
             check_real(getattr(self, name), name, 0.0)
         check_integer(self.seed, "seed")
         self.device = check_device(self.device)
+        self._check_head_options()
+
+    def _check_head_options(self) -> None:
+        """Build the head once on the meta device (no memory, no data), so that its constructor's checks of
+        the network options (box, members, k, epsilon, activation, features, ...) fail when the config is
+        made, not when the first fit builds the head, after other methods of an evaluation have run."""
+        from detens.heads._net import NetHead
+        from detens.heads._registry import HEADS
+
+        options = self.head_options()
+        if self.head_type is None:  # no head type: the options every network head takes
+            head_class = NetHead
+            options.pop("lambda_box")
+        else:
+            head_class = HEADS.get(self.head_type)
+        with torch.device("meta"):
+            head_class(_PROBE_MODELS, **options)
 
     def head_options(self) -> dict[str, Any]:
         """Constructor options of the head (the network fields of this config)."""
@@ -502,6 +530,8 @@ class DeepTrainConfig(HeadTrainConfig):
             raises the mAP of the training images (:func:`choose_median_box`).
     """
 
+    head_type: ClassVar[str | None] = "deep"
+
     match_iou_grid: list[float] = field(default_factory=lambda: [0.55, 0.7])
     score_target: Literal["matched", "iou_fraction"] = "iou_fraction"
     epochs: int = 10
@@ -531,6 +561,8 @@ class SelectionTrainConfig(HeadTrainConfig):
         lambda_cls (float): weight of the score BCE.
     """
 
+    head_type: ClassVar[str | None] = "selection"
+
     score_target: Literal["matched", "iou_fraction"] = "iou_fraction"
     k: int = 2
     epsilon: float = 0.1
@@ -558,6 +590,8 @@ class SuperLearnerTrainConfig(HeadTrainConfig):
     """The Super Learner head: a low learning rate, strong weight decay and few epochs (it starts as
     ``mean`` fusion and overfits the ~100 images of a fold quickly). lambda_cls (float): weight of the
     score BCE."""
+
+    head_type: ClassVar[str | None] = "superlearner"
 
     match_iou_grid: list[float] = field(default_factory=lambda: [0.55, 0.7])
     epochs: int = 10
@@ -1063,6 +1097,30 @@ class CalibrationTrainConfig:
         unknown = sorted(set(self.fuser_params) - set(self.fusers))
         if unknown:
             raise ValueError(f"fuser_params names fusers {unknown} that are not in fusers {self.fusers}")
+        self._check_head_options()
+
+    def _check_head_options(self) -> None:
+        """Build the head once per fuser, without curves (identity maps: no data, little work), so that its
+        constructor's checks of ``shrinkage``, ``tie_break``, each fuser's name and ``fuser_params`` fail
+        when the config is made, not after the curves are fitted and other methods of an evaluation ran."""
+        from detens.fusers import FUSERS
+        from detens.heads.calibration import CalibrationHead
+
+        for i, fuser in enumerate(self.fusers):
+            if isinstance(fuser, str) and fuser not in FUSERS:
+                try:
+                    FUSERS.get(fuser)  # its message lists the valid names
+                except ValueError as err:
+                    raise ValueError(f"fusers[{i}]: {err}") from None
+            params = self.fuser_params.get(fuser)
+            weights = params.get("weights") if isinstance(params, dict) else None
+            # The ensemble is not known yet: per-model weights tell its size; without them, enough models
+            # that no option bounded by the number of models (a vote's min_votes) is refused for want of them.
+            count = len(weights) if isinstance(weights, list) and weights else _PROBE_ENSEMBLE_SIZE
+            CalibrationHead(
+                [f"model{m}" for m in range(count)], per_class=self.per_class, shrinkage=self.shrinkage,
+                target=self.target, tie_break=self.tie_break, fuser=fuser, fuser_params=params,
+            )
 
 
 def _fit_calibration(predictions, image_ids, config: CalibrationTrainConfig, progress, on_epoch):

@@ -153,7 +153,7 @@ class NetHead(nn.Module):
             raise ValueError(f"features must be a non-empty list of feature groups, got {features!r}")
         unknown = [f for f in features if f not in FEATURE_GROUPS]
         if unknown:
-            raise ValueError(f"unknown feature groups {unknown}; valid groups: {', '.join(FEATURE_GROUPS)}")
+            raise ValueError(f"features: unknown feature groups {unknown}; valid groups: {', '.join(FEATURE_GROUPS)}")
         self.features = [g for g in FEATURE_GROUPS if g in set(features)]
         all_names = feature_names(self.num_models)
         columns = [i for i, name in enumerate(all_names) if name.split("[")[0] in set(self.features)]
