@@ -335,6 +335,21 @@ class TestHeadContract:
         if kind != "selection":  # selection's loss is deterministic only in eval mode; checked below
             assert_close(total, sum(p.sum() for p in per) / count)
 
+    @pytest.mark.parametrize("bad", [5.0, -3.0, float("nan")])
+    def test_score_targets_outside_0_1_are_refused(self, kind, bad):
+        # binary cross-entropy of such a target has no minimum (or is NaN): a loss below 0 would train nonsense
+        head = trained(kind)
+        s = samples(1)[0]
+        targets, _ = score_targets(s.clusters, *head(s.clusters), s.gt_boxes, s.gt_labels, kind="matched")
+        soft = torch.full((len(s.clusters),), 0.5)
+        soft[2] = bad
+        with pytest.raises(ValueError, match=rf"score_targets must lie in \[0, 1\], got {bad} for cluster 2 \(1 of"):
+            head.loss(s.clusters, targets, soft)
+        with pytest.raises(ValueError, match="score_targets must lie in"):
+            head.loss_features(s.clusters, head.features_of(s.clusters), targets, soft)
+        soft[2] = 1.0  # the ends are targets
+        assert float(head.loss(s.clusters, targets, soft)) >= 0
+
     def test_plugs_into_fuse(self, kind, tmp_path):
         head = trained(kind)
         per_model, _, _ = scene(11)

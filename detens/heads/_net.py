@@ -53,7 +53,9 @@ from detens.heads._io import (
 from detens.matching import Clusters
 from detens.targets import Targets
 
-__all__ = ["NetHead", "make_mlp", "ACTIVATIONS", "FEATURE_GROUPS", "BASE_FEATURE_GROUPS", "as_list"]
+__all__ = [
+    "NetHead", "make_mlp", "ACTIVATIONS", "FEATURE_GROUPS", "BASE_FEATURE_GROUPS", "as_list", "check_score_targets",
+]
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "silu": nn.SiLU, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh}
 
@@ -278,7 +280,7 @@ class NetHead(nn.Module):
             targets (Targets | list[Targets]): their targets (``assign_targets``), in the same order.
             score_targets (Tensor[C] | list[Tensor[C]] | None): soft targets in [0, 1] for the fused
                 score (e.g. the IoU-threshold fraction of :func:`detens.heads._fit.score_targets`);
-                default ``targets.matched``.
+                default ``targets.matched``. One outside [0, 1], or NaN, is a ``ValueError``.
 
         Returns:
             Tensor[]: the mean loss (0 when no cluster counts, e.g. C = 0).
@@ -391,6 +393,19 @@ def fuse_with(head: nn.Module, clusters: Clusters) -> Detections:
 _CLAMP = 1e-6  # keeps log(q) finite in the score loss
 
 
+def check_score_targets(soft: Tensor) -> None:
+    """Raise ``ValueError`` unless every soft score target (Tensor[C]) lies in [0, 1]: binary cross-entropy
+    of a target outside it has no minimum (the loss falls below zero without end) and a NaN one makes the
+    loss NaN, so either would train the head on nonsense instead of failing."""
+    inside = (soft >= 0) & (soft <= 1)  # False for NaN too: one test finds both
+    if not bool(inside.all()):
+        i = int((~inside).nonzero()[0])
+        raise ValueError(
+            f"score_targets must lie in [0, 1], got {float(soft[i])} for cluster {i} "
+            f"({int((~inside).sum())} of {soft.numel()} outside)"
+        )
+
+
 def score_and_box_loss(
     boxes: Tensor,
     scores: Tensor,
@@ -400,11 +415,14 @@ def score_and_box_loss(
     lambda_box: float,
 ) -> Tensor:
     """Tensor[C]: ``lambda_cls`` · BCE(fused score, target) + ``lambda_box`` · GIoU loss (matched clusters
-    only); 0 where ignored. ``score_targets`` (Tensor[C]) replaces the 1/0 matched flags when given.
+    only); 0 where ignored. ``score_targets`` (Tensor[C] in [0, 1], else ``ValueError``) replaces the 1/0
+    matched flags when given.
 
     Args:
         boxes (Tensor[C, 4]) normalized xyxy, scores (Tensor[C]) in [0, 1]: the fused objects.
     """
+    if score_targets is not None:
+        check_score_targets(score_targets)
     soft = targets.matched.to(scores.dtype) if score_targets is None else score_targets.to(scores.dtype)
     q = scores.clamp(_CLAMP, 1 - _CLAMP)
     per_cluster = -lambda_cls * (soft * torch.log(q) + (1 - soft) * torch.log1p(-q))
