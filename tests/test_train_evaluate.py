@@ -152,6 +152,19 @@ class TestTraining:
         with pytest.raises(ValueError, match=rf"image_ids must be distinct, got duplicates \[{ids[1]}\]"):
             fit_head("theta", ensemble, [ids[0], ids[1], ids[2], ids[1]], ThetaTrainConfig(epochs=1, match_iou_grid=[]))
 
+    @pytest.mark.parametrize("kind", ["theta", "deep", "calibration"])
+    def test_image_ids_missing_from_the_ground_truth_or_none_at_all(self, ensemble, kind):
+        from detens.heads import config_for
+
+        ids = ensemble.gt.annotated_image_ids
+        config = config_for(kind) if kind == "calibration" else config_for(kind, epochs=1, match_iou_grid=[])
+        with pytest.raises(ValueError, match=r"image_ids \[999999999\] are not in the ground truth \(12 images\)"):
+            fit_head(kind, ensemble, [ids[0], 999999999, ids[1]], config)
+        with pytest.raises(ValueError, match=f"no image ids given: a {kind} head is fitted on the training images"):
+            fit_head(kind, ensemble, [], config)
+        with pytest.raises(ValueError, match=r"image_ids \[999999999\] are not in the ground truth"):
+            build_samples(ensemble, [ids[0], 999999999])
+
     @pytest.mark.parametrize("changes", [{"match_iou": 1.2}, {"epochs": -1}, {"lr": 0}, {"match_iou_grid": [0.5, 1.0]}])
     def test_bad_config(self, changes):
         with pytest.raises(ValueError):
