@@ -112,6 +112,21 @@ class TestFolds:
         with pytest.raises(ValueError, match=message):
             kfold_image_splits(ids, k)
 
+    @pytest.mark.parametrize("k, seed, message", [
+        (2, None, "seed must be an integer, got NoneType: None"),  # would draw other folds on every run
+        (2, 1.5, "seed must be an integer, got float: 1.5"),
+        (2, True, "seed must be an integer, got bool: True"),
+        (True, 0, "k must be an integer, got bool: True"),
+        (2.0, 0, "k must be an integer, got float: 2.0"),
+    ])
+    def test_k_and_seed_must_be_integers(self, k, seed, message):
+        with pytest.raises(TypeError, match=message):
+            kfold_image_splits(list(range(10)), k, seed)
+
+    def test_numpy_integers_are_integers(self):
+        ids = list(range(10))
+        assert kfold_image_splits(ids, np.int64(2), np.int64(3)) == kfold_image_splits(ids, 2, 3)
+
 
 class TestTraining:
     def test_deterministic_and_loss_decreases(self, ensemble):
