@@ -789,6 +789,17 @@ class TestTools:
         assert out.with_name(out.name + ".log").read_text() == "no epochs: a calibration head is fitted without gradient steps\n"
         assert json.loads(out.with_name(out.name + ".log.json").read_text())["loss"] == []
 
+    @pytest.mark.parametrize("flag, value", [("--epochs", "3"), ("--lr", "0.1"), ("--seed", "1")])
+    def test_train_cli_names_a_flag_the_head_type_lacks(self, dataset, tmp_path, capsys, flag, value):
+        gt_path, predictions = dataset
+        out = tmp_path / "calibration.json"
+        code = train_cli.main(["--gt", str(gt_path), "--predictions", str(predictions), "--head", "calibration",
+                               "--out", str(out), "--quiet", flag, value])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("error:") == 1 and "Traceback" not in err and not out.exists()
+        assert f"{flag}: a calibration head has no {flag[2:]} option; its training options are fuser_params" in err
+        assert "--set" not in err
+
     def test_train_cli_images_from_and_errors(self, dataset, tmp_path, capsys):
         gt_path, predictions = dataset
         ids = load_coco_gt(gt_path).annotated_image_ids
