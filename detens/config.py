@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import difflib
 import re
@@ -22,7 +23,26 @@ C = TypeVar("C")
 class _Loader(yaml.SafeLoader):
     """``yaml.SafeLoader`` that also reads ``1e-3`` as a number: YAML 1.1, which PyYAML follows, wants a
     dot in the mantissa (``1.0e-3``) and reads ``1e-3`` as a string, where YAML 1.2 and every user read a
-    number."""
+    number. A key given twice in one mapping is an error naming the key and both lines: PyYAML would keep
+    the last value, so the setting the reader sees first would be silently ignored."""
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            first_line: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # "<<: *defaults": keys after it override, by design
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                if not isinstance(key, collections.abc.Hashable):
+                    continue  # the base class reports an unhashable key
+                if key in first_line:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping", node.start_mark,
+                        f"found duplicate key {key!r} (first on line {first_line[key] + 1}); give each key once",
+                        key_node.start_mark,
+                    )
+                first_line[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
 
 
 _Loader.add_implicit_resolver(
@@ -34,7 +54,7 @@ def parse_yaml(text: str) -> Any:
     """``text`` read as YAML the safe way (no Python tags), exponents without a dot (``1e-3``) as numbers.
 
     Raises:
-        yaml.YAMLError: not valid YAML.
+        yaml.YAMLError: not valid YAML, or a key given twice in one mapping.
     """
     return yaml.load(text, Loader=_Loader)
 
@@ -48,8 +68,8 @@ def read_yaml_file(path: str | Path, what: str = "config file") -> Any:
 
     Raises:
         FileNotFoundError: no such file, naming ``what`` and the path.
-        ConfigError: not UTF-8, or not valid YAML (truncated, a tab in the indentation, a Python tag),
-            naming the file, the line and the column.
+        ConfigError: not UTF-8, or not valid YAML (truncated, a tab in the indentation, a Python tag, a key
+            given twice in one mapping), naming the file, the line and the column.
     """
     path = Path(path)
     if not path.is_file():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from detens.checks import check_integers
+from detens.checks import check_integer, check_integers
 
 __all__ = ["kfold_image_splits"]
 
@@ -16,13 +16,17 @@ def kfold_image_splits(image_ids: Sequence[int], k: int = 2, seed: int = 0) -> l
     The split depends only on the SET of image ids, ``k`` and ``seed`` (ids are sorted before shuffling),
     so every method sees identical folds. Every image is held out exactly once; no image is in both
     the train and the test side of a split.
+
+    Raises:
+        TypeError: ``k`` or ``seed`` not an integer (Python or NumPy); ``seed=None`` would draw other folds
+            on every run. ValueError: ``k`` < 2 or more folds than images, a repeated image id.
     """
     given = check_integers(image_ids, "image_ids")
     ids = sorted(set(given))
     if len(ids) != len(given):
         raise ValueError(f"image_ids contains duplicates ({len(given) - len(ids)} repeated)")
-    if not isinstance(k, int) or k < 2:
-        raise ValueError(f"k (the number of folds) must be an integer >= 2, got {k!r}")
+    k = check_integer(k, "k", 2)
+    seed = check_integer(seed, "seed")
     if k > len(ids):
         raise ValueError(f"cannot make {k} folds from {len(ids)} images")
     random.Random(seed).shuffle(ids)

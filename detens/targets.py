@@ -35,7 +35,7 @@ class Targets:
 
     Args:
         boxes (Tensor[C, 4]): the matched GT box, normalized xyxy (divided by width/height); zeros when
-            the cluster is not matched.
+            the cluster is not matched. NaN or inf is a ``ValueError``.
         matched (Tensor[C] bool): the cluster found a GT box (target label 1); otherwise label 0.
         ignore (Tensor[C] bool): the cluster matched only a crowd GT box and contributes no loss.
         gt_index (Tensor[C] int64 | None): index of the matched GT box, -1 when not matched
@@ -63,9 +63,13 @@ class Targets:
             raise TypeError(
                 f"Targets.matched and Targets.ignore must be bool, got {self.matched.dtype} and {self.ignore.dtype}"
             )
-        if (self.matched & self.ignore).any():
-            i = int((self.matched & self.ignore).nonzero()[0])
-            raise ValueError(f"Targets: cluster {i} is both matched and ignored")
+        # one test (one device sync) for both mistakes; a NaN or inf box would make every loss on it NaN
+        if bool((self.matched & self.ignore).any() | ~torch.isfinite(self.boxes).all()):
+            if (self.matched & self.ignore).any():
+                i = int((self.matched & self.ignore).nonzero()[0])
+                raise ValueError(f"Targets: cluster {i} is both matched and ignored")
+            i = int((~torch.isfinite(self.boxes)).any(1).nonzero()[0])
+            raise ValueError(f"Targets.boxes must be finite, got {self.boxes[i].tolist()} for cluster {i}")
 
     def __len__(self) -> int:
         return int(self.boxes.shape[0])

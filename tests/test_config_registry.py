@@ -68,6 +68,9 @@ class TestFromDict:
             (b"epochs: 3\nname: [unclosed\n", ":3:1:", "expected ',' or ']'"),  # truncated
             (b"epochs: 3\n\tname: x\n", ":2:1:", "found character '\\t'"),
             (b"epochs: 3\nname: '\xff'\n", "", "not a UTF-8 text file"),
+            # PyYAML would keep the last value: the reader of the file sees the first
+            (b"epochs: 3\nname: x\nepochs: 5\n", ":3:1:", "found duplicate key 'epochs' (first on line 1)"),
+            (b"inner:\n  lr: 0.1\n  lr: 0.2\n", ":3:3:", "found duplicate key 'lr' (first on line 2)"),
         ],
     )
     def test_unreadable_yaml_is_a_config_error_naming_file_and_line(self, tmp_path, content, where, fragment):
@@ -115,6 +118,30 @@ def test_training_yaml_mirrors_the_code_defaults(kind):
 
     path = Path(__file__).resolve().parents[1] / "detens" / "configs" / "train" / f"{kind}.yaml"
     assert load_yaml_config(TRAINERS[kind].config_class, path) == config_for(kind)
+
+
+def test_a_key_given_twice_in_a_training_config_names_the_file_the_key_and_its_lines(tmp_path):
+    import re
+
+    from detens.config import ConfigError
+    from detens.heads import load_train_config
+
+    path = tmp_path / "train.yaml"
+    path.write_text("match_iou_grid: []\nepochs: 100\nlr: 0.1\nepochs: 3\n")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}:4:1: .*duplicate key 'epochs' \(first on line 2\)"):
+        load_train_config("theta", str(path))
+    path.write_text("match_iou_grid: []\nepochs: 3\n")
+    assert load_train_config("theta", str(path)).epochs == 3
+
+
+def test_a_merge_key_may_be_overridden_and_a_repeated_key_is_refused_at_any_depth():
+    import yaml
+
+    # "<<" copies the keys of another mapping, which the keys beside it override: YAML means that
+    assert parse_yaml("base: &b {x: 1, y: 2}\nm:\n  <<: *b\n  x: 5\n")["m"] == {"x": 5, "y": 2}
+    with pytest.raises(yaml.YAMLError, match="found duplicate key 'x'"):
+        parse_yaml("m: [{x: 1, x: 2}]")
+    assert parse_yaml("1: a\n'1': b\n") == {1: "a", "1": "b"}  # two keys: an integer and a string
 
 
 @pytest.mark.parametrize(

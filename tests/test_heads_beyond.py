@@ -335,6 +335,21 @@ class TestHeadContract:
         if kind != "selection":  # selection's loss is deterministic only in eval mode; checked below
             assert_close(total, sum(p.sum() for p in per) / count)
 
+    @pytest.mark.parametrize("bad", [5.0, -3.0, float("nan")])
+    def test_score_targets_outside_0_1_are_refused(self, kind, bad):
+        # binary cross-entropy of such a target has no minimum (or is NaN): a loss below 0 would train nonsense
+        head = trained(kind)
+        s = samples(1)[0]
+        targets, _ = score_targets(s.clusters, *head(s.clusters), s.gt_boxes, s.gt_labels, kind="matched")
+        soft = torch.full((len(s.clusters),), 0.5)
+        soft[2] = bad
+        with pytest.raises(ValueError, match=rf"score_targets must lie in \[0, 1\], got {bad} for cluster 2 \(1 of"):
+            head.loss(s.clusters, targets, soft)
+        with pytest.raises(ValueError, match="score_targets must lie in"):
+            head.loss_features(s.clusters, head.features_of(s.clusters), targets, soft)
+        soft[2] = 1.0  # the ends are targets
+        assert float(head.loss(s.clusters, targets, soft)) >= 0
+
     def test_plugs_into_fuse(self, kind, tmp_path):
         head = trained(kind)
         per_model, _, _ = scene(11)
@@ -495,6 +510,30 @@ class TestTraining:
         clusters.labels[:] = 50  # never seen: the shared "unknown" row
         boxes, scores = head(clusters)
         assert torch.isfinite(scores).all()
+
+    @pytest.mark.parametrize("kind", KINDS)
+    def test_the_unseen_class_row_is_zero_after_training(self, kind):
+        # no training cluster has an unseen class: a row of its own would keep its random initialization
+        head = trained(kind, class_embed=3)
+        assert torch.equal(head.embedding.weight[0], torch.zeros(3))
+        assert head.embedding.weight[1:].abs().sum() > 0
+        clusters = samples(1)[0].clusters
+        clusters.labels[:] = 50
+        features = head.features_of(clusters)
+        reference = torch.cat([(features - head.feature_mean) / head.feature_std, torch.zeros(len(clusters), 3)], 1)
+        assert_close(head.inputs(features, clusters.labels), reference)
+
+    def test_a_file_with_a_random_unseen_row_loads_with_it_zeroed(self, tmp_path):
+        head = trained("deep", class_embed=3)
+        path = tmp_path / "head.json"
+        head.save(path)
+        document = json.loads(path.read_text())
+        document["tensors"]["embedding.weight"]["data"][:3] = [0.7, -1.3, 0.4]  # as files written before hold it
+        path.write_text(json.dumps(document))
+        loaded = load_head(path)
+        assert torch.equal(loaded.embedding.weight[0], torch.zeros(3))
+        assert torch.equal(loaded.embedding.weight[1:], head.embedding.weight[1:])
+        outputs_equal(loaded, head, samples(1)[0].clusters)  # the seen classes fuse as before
 
     def test_learned_box_moves_toward_the_accurate_model(self):
         """Model 0 jitters least: the learned box weights should favour it."""

@@ -5,6 +5,8 @@ Dimension legend: C clusters, G ground-truth boxes, N models.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch.testing import assert_close
@@ -295,6 +297,15 @@ class TestTargets:
             Targets(torch.zeros(2, 4), torch.tensor([True]), torch.tensor([True, False]))
         with pytest.raises(TypeError, match="bool"):
             Targets(torch.zeros(1, 4), torch.tensor([1]), torch.tensor([False]))
+
+    @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+    def test_a_box_that_is_not_finite_is_refused(self, bad):
+        boxes = torch.tensor([[0.125, 0.25, 0.375, 0.5], [0.25, bad, 0.5, 0.75]])
+        with pytest.raises(ValueError, match=rf"Targets.boxes must be finite, got \[0.25, {bad}, 0.5, 0.75\] for cluster 1"):
+            Targets(boxes, torch.tensor([True, True]), torch.tensor([False, False]))
+        # an unmatched cluster's box is multiplied by a weight of 0 in the Θ loss: 0 · NaN is NaN all the same
+        with pytest.raises(ValueError, match="for cluster 1"):
+            Targets(boxes, torch.tensor([True, False]), torch.tensor([False, False]))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

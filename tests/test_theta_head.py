@@ -13,7 +13,8 @@ from torch.testing import assert_close
 
 from detens import Detections, fuse, match
 from detens.fusers.consensus import average_clusters
-from detens.heads import HEADS, HeadFileError, list_heads, load_head
+from detens.heads import HEADS, HeadFileError, ThetaTrainConfig, list_heads, load_head
+from detens.heads._fit import ImageSample, train_theta
 from detens.heads.theta import ThetaHead, make_optimizer
 from detens.matching import Clusters
 from detens.targets import Targets, assign_targets
@@ -323,6 +324,24 @@ class TestTraining:
             if shrinkage == 0.0:
                 assert ct[0, 0] > ct[0, 1] and ct[1, 1] > ct[1, 0]  # each class follows its own data
         assert spread[2.0] < 0.05 < 0.1 < spread[0.0]
+
+    def test_a_class_seen_only_as_ground_truth_fuses_with_the_global_theta(self):
+        # class 0 has clusters; class 5 only ground-truth boxes, so no cluster could fit a Θ of its own
+        samples = []
+        for seed in range(3):
+            clusters, targets = synthetic_two_models(seed, num_clusters=60)
+            gt_boxes = torch.cat([targets.boxes[targets.matched] * 100, torch.tensor([[10.0, 10.0, 40.0, 40.0]])])
+            gt_labels = torch.cat([torch.zeros(int(targets.matched.sum()), dtype=torch.int64), torch.tensor([5])])
+            samples.append(ImageSample(seed, clusters, gt_boxes, gt_labels, torch.zeros(len(gt_labels), dtype=torch.bool)))
+        head, _ = train_theta(samples, ["a", "b"], ThetaTrainConfig(per_class=True, epochs=30, match_iou_grid=[]))
+        theta = head.theta.detach()
+        assert (theta - 0.5).abs().min() > 0.04  # the global Θ moved away from 1/N, where a row without data stays
+        clusters, _ = synthetic_two_models(9, num_clusters=20, labels=torch.full((20,), 5))
+        boxes, scores = head(clusters)
+        ref_boxes, ref_scores = slow_fuse([theta.tolist()] * 20, clusters.preds, normalize_box=True)
+        assert_close(boxes.double(), ref_boxes)
+        assert_close(scores.double(), ref_scores)
+        assert head.class_ids.tolist() == [0]
 
     def test_divergence_is_an_error(self):
         clusters, targets = synthetic_two_models(4, num_clusters=50)

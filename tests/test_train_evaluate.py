@@ -112,6 +112,21 @@ class TestFolds:
         with pytest.raises(ValueError, match=message):
             kfold_image_splits(ids, k)
 
+    @pytest.mark.parametrize("k, seed, message", [
+        (2, None, "seed must be an integer, got NoneType: None"),  # would draw other folds on every run
+        (2, 1.5, "seed must be an integer, got float: 1.5"),
+        (2, True, "seed must be an integer, got bool: True"),
+        (True, 0, "k must be an integer, got bool: True"),
+        (2.0, 0, "k must be an integer, got float: 2.0"),
+    ])
+    def test_k_and_seed_must_be_integers(self, k, seed, message):
+        with pytest.raises(TypeError, match=message):
+            kfold_image_splits(list(range(10)), k, seed)
+
+    def test_numpy_integers_are_integers(self):
+        ids = list(range(10))
+        assert kfold_image_splits(ids, np.int64(2), np.int64(3)) == kfold_image_splits(ids, 2, 3)
+
 
 class TestTraining:
     def test_deterministic_and_loss_decreases(self, ensemble):
@@ -151,6 +166,19 @@ class TestTraining:
         ids = ensemble.gt.annotated_image_ids
         with pytest.raises(ValueError, match=rf"image_ids must be distinct, got duplicates \[{ids[1]}\]"):
             fit_head("theta", ensemble, [ids[0], ids[1], ids[2], ids[1]], ThetaTrainConfig(epochs=1, match_iou_grid=[]))
+
+    @pytest.mark.parametrize("kind", ["theta", "deep", "calibration"])
+    def test_image_ids_missing_from_the_ground_truth_or_none_at_all(self, ensemble, kind):
+        from detens.heads import config_for
+
+        ids = ensemble.gt.annotated_image_ids
+        config = config_for(kind) if kind == "calibration" else config_for(kind, epochs=1, match_iou_grid=[])
+        with pytest.raises(ValueError, match=r"image_ids \[999999999\] are not in the ground truth \(12 images\)"):
+            fit_head(kind, ensemble, [ids[0], 999999999, ids[1]], config)
+        with pytest.raises(ValueError, match=f"no image ids given: a {kind} head is fitted on the training images"):
+            fit_head(kind, ensemble, [], config)
+        with pytest.raises(ValueError, match=r"image_ids \[999999999\] are not in the ground truth"):
+            build_samples(ensemble, [ids[0], 999999999])
 
     @pytest.mark.parametrize("changes", [{"match_iou": 1.2}, {"epochs": -1}, {"lr": 0}, {"match_iou_grid": [0.5, 1.0]}])
     def test_bad_config(self, changes):
@@ -760,6 +788,17 @@ class TestTools:
         assert not out.with_name(out.name + ".loss.png").exists()
         assert out.with_name(out.name + ".log").read_text() == "no epochs: a calibration head is fitted without gradient steps\n"
         assert json.loads(out.with_name(out.name + ".log.json").read_text())["loss"] == []
+
+    @pytest.mark.parametrize("flag, value", [("--epochs", "3"), ("--lr", "0.1"), ("--seed", "1")])
+    def test_train_cli_names_a_flag_the_head_type_lacks(self, dataset, tmp_path, capsys, flag, value):
+        gt_path, predictions = dataset
+        out = tmp_path / "calibration.json"
+        code = train_cli.main(["--gt", str(gt_path), "--predictions", str(predictions), "--head", "calibration",
+                               "--out", str(out), "--quiet", flag, value])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("error:") == 1 and "Traceback" not in err and not out.exists()
+        assert f"{flag}: a calibration head has no {flag[2:]} option; its training options are fuser_params" in err
+        assert "--set" not in err
 
     def test_train_cli_images_from_and_errors(self, dataset, tmp_path, capsys):
         gt_path, predictions = dataset
@@ -1450,6 +1489,57 @@ def test_train_config_from_layers_the_user_keys_over_the_head_defaults():
     assert train_config_from("deep", ("a.yaml", {"match_iou": 0.5, "match_iou_grid": []})).match_iou == 0.5
     with pytest.raises(ValueError, match=r"unknown key 'epoch' in b.yaml"):
         train_config_from("deep", ("a.yaml", {"epochs": 2}), ("b.yaml", {"epoch": 2}))
+
+
+@pytest.mark.parametrize("kind, keys, error, message", [
+    ("deep", {"box": "nope"}, ValueError, r"box must be one of score_weighted, mean, learned, got 'nope'"),
+    ("deep", {"members": 0}, ValueError, r"members must be an integer >= 1, got 0"),
+    ("deep", {"activation": "gelu"}, ValueError, r"activation must be one of relu, silu, sigmoid, tanh, got 'gelu'"),
+    ("deep", {"hidden": 0}, ValueError, r"hidden must be an integer >= 1, got 0"),
+    ("deep", {"features": ["nope"]}, ValueError, r"features: unknown feature groups \['nope'\]; valid groups: present"),
+    ("superlearner", {"lambda_cls": -1.0}, ValueError, r"lambda_cls must be a number >= 0, got -1.0"),
+    ("selection", {"k": 0}, ValueError, r"k must be an integer >= 1, got 0"),
+    ("selection", {"epsilon": -1.0}, ValueError, r"epsilon must be a positive number, got -1.0"),
+    ("selection", {"combine": "x"}, ValueError, r"combine must be one of mean, score_weighted, got 'x'"),
+    ("selection", {"score": "max"}, ValueError, r"score must be one of mean_present, sum_k, sum_n, got 'max'"),
+    ("selection", {"num_samples": 0}, ValueError, r"num_samples must be an integer >= 1, got 0"),
+    ("calibration", {"tie_break": 2.0}, ValueError, r"tie_break must be in \[0, 1\), got 2.0"),
+    ("calibration", {"shrinkage": -5.0}, ValueError, r"shrinkage must be a number >= 0, got -5.0"),
+    ("calibration", {"fuser_params": {"wbf": {"bogus": 1}}}, TypeError,
+     r"fuser_params \{'bogus': 1\} do not fit the 'wbf' fuser: .*unexpected keyword argument 'bogus'"),
+    ("calibration", {"fusers": ["wbf", "nope"], "fuser_params": {}}, ValueError,
+     r"fusers\[1\]: unknown fusion method 'nope'; valid names: mean"),
+    # per-model weights tell the ensemble's size, and with it a vote's largest min_votes
+    ("calibration", {"fusers": ["vote"], "fuser_params": {"vote": {"weights": [1, 2], "min_votes": 3}}}, ValueError,
+     r"min_votes must be an integer in \[1, 2\], got 3"),
+])
+def test_head_options_are_checked_when_the_config_is_made(kind, keys, error, message):
+    from detens.heads import TRAINERS, config_for, train_config_from
+
+    with pytest.raises(error, match=message):
+        TRAINERS[kind].config_class(**keys)
+    with pytest.raises(error, match=message):
+        config_for(kind, **keys)
+    with pytest.raises((TypeError, ValueError), match=message):  # a TypeError comes back naming the file
+        train_config_from(kind, ("a.yaml", keys))
+
+
+def test_options_that_depend_on_the_ensemble_are_left_to_the_fit():
+    from detens.heads import config_for
+
+    # without weights the ensemble's size is unknown: a vote of 5 models is fine until the data says otherwise
+    assert config_for("calibration", fusers=["vote"], fuser_params={"vote": {"min_votes": 5}}).fusers == ["vote"]
+    assert config_for("calibration", fusers=["wbf"], fuser_params={"wbf": {"weights": [1, 2, 3]}}).fusers == ["wbf"]
+    # the groups of pairwise features select no column for one model, but do for the two or more of most ensembles
+    assert config_for("deep", features=["iou"]).features == ["iou"]
+
+
+def test_a_bad_head_option_fails_before_any_method_runs(ensemble):
+    done = []
+    with pytest.raises(ValueError, match="box must be one of"):
+        cross_validate(ensemble, ["mean", "theta", "deep"], k=2, backend="faster",
+                       method_options={"deep": {"box": "nope"}}, on_method=lambda name, result: done.append(name))
+    assert done == []
 
 
 def test_calibration_fusers_must_be_a_list():

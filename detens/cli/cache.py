@@ -97,6 +97,7 @@ from detens.cli._inputs import (
     weights_inputs,
 )
 from detens.coco import CocoGroundTruth, detections_to_coco, load_coco_gt, save_coco_results
+from detens.config import parse_yaml
 from detens.ensemble_config import (
     NOT_READ_BY_TYPE,
     EnsembleConfig,
@@ -1081,7 +1082,7 @@ def merge(args: argparse.Namespace) -> int:
 def _ensemble_name(configs: list[Path]) -> str:
     for path in configs:
         try:
-            return str((yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("name", "ensemble"))
+            return str((parse_yaml(path.read_text(encoding="utf-8")) or {}).get("name", "ensemble"))
         except (OSError, yaml.YAMLError):
             continue
     return "ensemble"

@@ -12,7 +12,7 @@ each image once (a repeated id is an error, as it would weigh that image twice).
 second dataset's images (same categories, the same models in any file order) to the training images; for the
 same reason it may not hold a training image of ``--gt`` (an image is identified by its file name without
 folders). Every key of the YAML config can be overridden with ``--set key=value`` (repeatable); ``--epochs``,
-``--lr``, ``--seed`` are shortcuts. Writes:
+``--lr``, ``--seed`` are shortcuts (an error for a head type without that option, ``calibration``). Writes:
 
 - ``--out``: the head (``.json`` or ``.safetensors``; no pickle), loadable by ``detens fuse --head``;
 - ``<out>.config.yaml``: the resolved training config; ``<out>.loss.png``: the loss curve (none for a
@@ -30,7 +30,7 @@ from __future__ import annotations
 import argparse
 import logging
 import time
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -167,7 +167,15 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--out must end in .json or .safetensors, got {out}")
     check_writable_file(out, "--out")
     overrides = parse_set(args.set)
-    overrides.update({k: v for k, v in (("epochs", args.epochs), ("lr", args.lr), ("seed", args.seed)) if v is not None})
+    flags = {k: v for k, v in (("epochs", args.epochs), ("lr", args.lr), ("seed", args.seed)) if v is not None}
+    # Merged into the --set keys below, a flag the head type lacks would be reported as a --set key
+    options = {f.name for f in fields(TRAINERS[args.head].config_class)}
+    for name in flags:
+        if name not in options:
+            raise UsageError(
+                f"--{name}: a {args.head} head has no {name} option; its training options are {', '.join(sorted(options))}"
+            )
+    overrides.update(flags)
     config = load_train_config(args.head, args.config, overrides)
 
     listed = read_image_ids(Path(args.images_from)) if args.images_from else None

@@ -44,7 +44,7 @@ import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor
@@ -157,6 +157,14 @@ def theta_seed_config(**overrides: Any) -> ThetaTrainConfig:
     return ThetaTrainConfig(**{"normalize_box": False, "match_iou_grid": [], "epochs": 200, **overrides})
 
 
+def _check_known_images(gt: Any, image_ids: Sequence[int]) -> None:
+    """Raise ``ValueError`` naming the ids of ``image_ids`` (up to 10) that ``gt`` does not hold: fitting on
+    an image without ground truth would otherwise stop at its first lookup, with a bare ``KeyError``."""
+    unknown = [i for i in image_ids if i not in gt]
+    if unknown:
+        raise ValueError(f"image_ids {unknown[:10]} are not in the ground truth ({len(gt)} images)")
+
+
 def build_samples(
     data: EnsemblePredictions,
     image_ids: Sequence[int] | None = None,
@@ -167,7 +175,12 @@ def build_samples(
     """Match every image's predictions into clusters and pair them with its ground truth.
 
     Images with no cluster and no ground truth carry no signal and are skipped.
+
+    Raises:
+        ValueError: an image id that is not in the ground truth (naming up to 10 of them).
     """
+    if image_ids is not None:
+        _check_known_images(data.gt, image_ids)
     samples = []
     for image_id in data.image_ids if image_ids is None else image_ids:
         per_model = [d.to(device) for d in data.per_model(image_id)]
@@ -231,7 +244,9 @@ def train_theta(
     torch.manual_seed(config.seed)
     class_ids = None
     if config.per_class:
-        seen = torch.cat([s.clusters.labels for s in samples] + [s.gt_labels for s in samples])
+        # Only classes with clusters get a row of their own: a class seen only as ground truth has no cluster
+        # to move its row, which would stay near its initial 1/N instead of falling back to the global Θ.
+        seen = torch.cat([s.clusters.labels for s in samples])
         class_ids = sorted(int(i) for i in seen.unique().tolist())
     head = ThetaHead(
         model_names,
@@ -383,6 +398,11 @@ def fit_with_match_iou_search(
     return best[1], best[2], best[3]
 
 
+#: Model names of the head that a network config builds to check its options (the real ones come with the data).
+_PROBE_MODELS = ("model0", "model1")
+#: Models of the calibration head that a calibration config builds to check its fusers' options.
+_PROBE_ENSEMBLE_SIZE = 32
+
 #: The IoU thresholds of COCO mAP@[.5:.95].
 COCO_IOU_THRESHOLDS: tuple[float, ...] = tuple(round(0.5 + 0.05 * i, 2) for i in range(10))
 SCORE_TARGETS = ("matched", "iou_fraction")
@@ -391,6 +411,9 @@ SCORE_TARGETS = ("matched", "iou_fraction")
 @dataclass
 class HeadTrainConfig:
     """Settings shared by the network heads; the per-head subclasses add and re-default fields.
+
+    Every option is checked when the config is made, the network ones by the head's own constructor
+    (a head built once on the meta device), so a mistake is reported before any data is read.
 
     Args:
         match_iou (float): the matching IoU of the clusters (``train_head`` uses the clusters it is given;
@@ -418,6 +441,9 @@ class HeadTrainConfig:
         device (str): where to train (``"cpu"``, ``"cuda"``, ``"cuda:1"``); a device this machine lacks is a
             ``ValueError`` when the config is made.
     """
+
+    #: the head type this config trains (None: the base, whose options every network head takes)
+    head_type: ClassVar[str | None] = None
 
     match_iou: float = 0.55
     match_iou_grid: list[float] = field(default_factory=list)
@@ -469,6 +495,23 @@ class HeadTrainConfig:
             check_real(getattr(self, name), name, 0.0)
         check_integer(self.seed, "seed")
         self.device = check_device(self.device)
+        self._check_head_options()
+
+    def _check_head_options(self) -> None:
+        """Build the head once on the meta device (no memory, no data), so that its constructor's checks of
+        the network options (box, members, k, epsilon, activation, features, ...) fail when the config is
+        made, not when the first fit builds the head, after other methods of an evaluation have run."""
+        from detens.heads._net import NetHead
+        from detens.heads._registry import HEADS
+
+        options = self.head_options()
+        if self.head_type is None:  # no head type: the options every network head takes
+            head_class = NetHead
+            options.pop("lambda_box")
+        else:
+            head_class = HEADS.get(self.head_type)
+        with torch.device("meta"):
+            head_class(_PROBE_MODELS, **options)
 
     def head_options(self) -> dict[str, Any]:
         """Constructor options of the head (the network fields of this config)."""
@@ -500,6 +543,8 @@ class DeepTrainConfig(HeadTrainConfig):
             raises the mAP of the training images (:func:`choose_median_box`).
     """
 
+    head_type: ClassVar[str | None] = "deep"
+
     match_iou_grid: list[float] = field(default_factory=lambda: [0.55, 0.7])
     score_target: Literal["matched", "iou_fraction"] = "iou_fraction"
     epochs: int = 10
@@ -529,6 +574,8 @@ class SelectionTrainConfig(HeadTrainConfig):
         lambda_cls (float): weight of the score BCE.
     """
 
+    head_type: ClassVar[str | None] = "selection"
+
     score_target: Literal["matched", "iou_fraction"] = "iou_fraction"
     k: int = 2
     epsilon: float = 0.1
@@ -556,6 +603,8 @@ class SuperLearnerTrainConfig(HeadTrainConfig):
     """The Super Learner head: a low learning rate, strong weight decay and few epochs (it starts as
     ``mean`` fusion and overfits the ~100 images of a fold quickly). lambda_cls (float): weight of the
     score BCE."""
+
+    head_type: ClassVar[str | None] = "superlearner"
 
     match_iou_grid: list[float] = field(default_factory=lambda: [0.55, 0.7])
     epochs: int = 10
@@ -888,10 +937,14 @@ def fit_head(
         (head, TrainHistory, config): the head, its history, the config it was trained with.
 
     Raises:
-        ValueError: an image id given more than once (it would weigh twice in the fit).
+        ValueError: no image id, an image id given more than once (it would weigh twice in the fit), or one
+            that is not in the ground truth.
     """
     trainer = _trainer(kind)
     ids = check_distinct_integers(image_ids, "image_ids")
+    if not ids:
+        raise ValueError(f"no image ids given: a {kind} head is fitted on the training images that image_ids lists")
+    _check_known_images(predictions.gt, ids)
     config = config if config is not None else trainer.default()
     if not isinstance(config, trainer.config_class):
         raise TypeError(f"a {kind} head trains with {trainer.config_class.__name__}, got {type(config).__name__}")
@@ -1061,6 +1114,30 @@ class CalibrationTrainConfig:
         unknown = sorted(set(self.fuser_params) - set(self.fusers))
         if unknown:
             raise ValueError(f"fuser_params names fusers {unknown} that are not in fusers {self.fusers}")
+        self._check_head_options()
+
+    def _check_head_options(self) -> None:
+        """Build the head once per fuser, without curves (identity maps: no data, little work), so that its
+        constructor's checks of ``shrinkage``, ``tie_break``, each fuser's name and ``fuser_params`` fail
+        when the config is made, not after the curves are fitted and other methods of an evaluation ran."""
+        from detens.fusers import FUSERS
+        from detens.heads.calibration import CalibrationHead
+
+        for i, fuser in enumerate(self.fusers):
+            if isinstance(fuser, str) and fuser not in FUSERS:
+                try:
+                    FUSERS.get(fuser)  # its message lists the valid names
+                except ValueError as err:
+                    raise ValueError(f"fusers[{i}]: {err}") from None
+            params = self.fuser_params.get(fuser)
+            weights = params.get("weights") if isinstance(params, dict) else None
+            # The ensemble is not known yet: per-model weights tell its size; without them, enough models
+            # that no option bounded by the number of models (a vote's min_votes) is refused for want of them.
+            count = len(weights) if isinstance(weights, list) and weights else _PROBE_ENSEMBLE_SIZE
+            CalibrationHead(
+                [f"model{m}" for m in range(count)], per_class=self.per_class, shrinkage=self.shrinkage,
+                target=self.target, tie_break=self.tie_break, fuser=fuser, fuser_params=params,
+            )
 
 
 def _fit_calibration(predictions, image_ids, config: CalibrationTrainConfig, progress, on_epoch):

@@ -9,7 +9,8 @@ A network head owns
   standardized with the training set's mean and standard deviation (buffers ``feature_mean``,
   ``feature_std``, set by :meth:`NetHead.fit_normalization`);
 - an optional learned class embedding (``class_embed`` > 0) over the category ids seen in training
-  (buffer ``class_ids``; unseen ids share row 0);
+  (buffer ``class_ids``; unseen ids share row 0, which is zero and never trained: no training cluster has
+  an unseen class, so anything else in it would be initialization noise);
 - its networks (built by the subclass with :func:`make_mlp`).
 
 Saving writes the constructor options as ``config`` and every parameter and buffer as a named tensor
@@ -52,7 +53,9 @@ from detens.heads._io import (
 from detens.matching import Clusters
 from detens.targets import Targets
 
-__all__ = ["NetHead", "make_mlp", "ACTIVATIONS", "FEATURE_GROUPS", "BASE_FEATURE_GROUPS", "as_list"]
+__all__ = [
+    "NetHead", "make_mlp", "ACTIVATIONS", "FEATURE_GROUPS", "BASE_FEATURE_GROUPS", "as_list", "check_score_targets",
+]
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "silu": nn.SiLU, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh}
 
@@ -152,7 +155,7 @@ class NetHead(nn.Module):
             raise ValueError(f"features must be a non-empty list of feature groups, got {features!r}")
         unknown = [f for f in features if f not in FEATURE_GROUPS]
         if unknown:
-            raise ValueError(f"unknown feature groups {unknown}; valid groups: {', '.join(FEATURE_GROUPS)}")
+            raise ValueError(f"features: unknown feature groups {unknown}; valid groups: {', '.join(FEATURE_GROUPS)}")
         self.features = [g for g in FEATURE_GROUPS if g in set(features)]
         all_names = feature_names(self.num_models)
         columns = [i for i, name in enumerate(all_names) if name.split("[")[0] in set(self.features)]
@@ -170,7 +173,9 @@ class NetHead(nn.Module):
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
         self.activation = activation
-        self.embedding = nn.Embedding(len(ids) + 1, self.class_embed) if self.class_embed else None
+        # padding_idx: row 0 (every class unseen in training) starts at zero and gets no gradient, so an
+        # unseen class's scores depend on what was learned, not on the random draw of a row nothing trains
+        self.embedding = nn.Embedding(len(ids) + 1, self.class_embed, padding_idx=0) if self.class_embed else None
 
     # ----------------------------------------------------------------------------------- properties
     @property
@@ -225,7 +230,7 @@ class NetHead(nn.Module):
         self.feature_std.copy_(torch.nan_to_num(std, nan=1.0).clamp(min=1e-6))
 
     def class_rows(self, labels: Tensor) -> Tensor:
-        """Tensor[C] int64: the embedding row of each label (0 for ids not seen in training)."""
+        """Tensor[C] int64: the embedding row of each label (0, the zero row, for ids not seen in training)."""
         return class_positions(self.class_ids, labels) + 1
 
     def inputs(self, features: Tensor, labels: Tensor) -> Tensor:
@@ -275,7 +280,7 @@ class NetHead(nn.Module):
             targets (Targets | list[Targets]): their targets (``assign_targets``), in the same order.
             score_targets (Tensor[C] | list[Tensor[C]] | None): soft targets in [0, 1] for the fused
                 score (e.g. the IoU-threshold fraction of :func:`detens.heads._fit.score_targets`);
-                default ``targets.matched``.
+                default ``targets.matched``. One outside [0, 1], or NaN, is a ``ValueError``.
 
         Returns:
             Tensor[]: the mean loss (0 when no cluster counts, e.g. C = 0).
@@ -314,6 +319,9 @@ class NetHead(nn.Module):
     @classmethod
     def load(cls, path: str | Path, model_names: Sequence[str] | None = None) -> NetHead:
         """Load a head saved by :meth:`save` (on the CPU, in the saved dtype).
+
+        The class embedding's row of unseen classes is set to zero, as training keeps it: a file written
+        before that rule holds an untrained random row there (its seen classes fuse as they did).
 
         Args:
             path (str | Path): ``.json`` or ``.safetensors``.
@@ -361,6 +369,11 @@ class NetHead(nn.Module):
         if dtypes:
             head = head.to(dtypes.pop())
         head.load_state_dict(tensors, strict=True)
+        if head.embedding is not None:
+            # Files written before the unseen row was kept at zero hold its untrained random draw there;
+            # the seen classes' rows are untouched.
+            with torch.no_grad():
+                head.embedding.weight[0].zero_()
         return head
 
 
@@ -380,6 +393,19 @@ def fuse_with(head: nn.Module, clusters: Clusters) -> Detections:
 _CLAMP = 1e-6  # keeps log(q) finite in the score loss
 
 
+def check_score_targets(soft: Tensor) -> None:
+    """Raise ``ValueError`` unless every soft score target (Tensor[C]) lies in [0, 1]: binary cross-entropy
+    of a target outside it has no minimum (the loss falls below zero without end) and a NaN one makes the
+    loss NaN, so either would train the head on nonsense instead of failing."""
+    inside = (soft >= 0) & (soft <= 1)  # False for NaN too: one test finds both
+    if not bool(inside.all()):
+        i = int((~inside).nonzero()[0])
+        raise ValueError(
+            f"score_targets must lie in [0, 1], got {float(soft[i])} for cluster {i} "
+            f"({int((~inside).sum())} of {soft.numel()} outside)"
+        )
+
+
 def score_and_box_loss(
     boxes: Tensor,
     scores: Tensor,
@@ -389,11 +415,14 @@ def score_and_box_loss(
     lambda_box: float,
 ) -> Tensor:
     """Tensor[C]: ``lambda_cls`` · BCE(fused score, target) + ``lambda_box`` · GIoU loss (matched clusters
-    only); 0 where ignored. ``score_targets`` (Tensor[C]) replaces the 1/0 matched flags when given.
+    only); 0 where ignored. ``score_targets`` (Tensor[C] in [0, 1], else ``ValueError``) replaces the 1/0
+    matched flags when given.
 
     Args:
         boxes (Tensor[C, 4]) normalized xyxy, scores (Tensor[C]) in [0, 1]: the fused objects.
     """
+    if score_targets is not None:
+        check_score_targets(score_targets)
     soft = targets.matched.to(scores.dtype) if score_targets is None else score_targets.to(scores.dtype)
     q = scores.clamp(_CLAMP, 1 - _CLAMP)
     per_cluster = -lambda_cls * (soft * torch.log(q) + (1 - soft) * torch.log1p(-q))

@@ -46,7 +46,7 @@ from torchvision.ops import generalized_box_iou_loss
 
 from detens.heads._features import present_mean_box, present_median_box
 from detens.heads._io import check_int, check_number
-from detens.heads._net import NetHead, make_mlp
+from detens.heads._net import NetHead, check_score_targets, make_mlp
 from detens.heads._registry import HEADS
 from detens.matching import Clusters, weighted_mean_box
 from detens.targets import Targets
@@ -181,8 +181,11 @@ class DeepEnsembleHead(NetHead):
     def loss_features(
         self, clusters: Clusters, features: Tensor, targets: Targets, score_targets: Tensor | None = None
     ) -> Tensor:
-        """Tensor[C]: BCE of the fused score against ``score_targets`` (default: matched), plus
-        ``lambda_box`` · GIoU loss of the learned weighted box on matched clusters; 0 where ignored."""
+        """Tensor[C]: BCE of the fused score against ``score_targets`` (in [0, 1], else ``ValueError``;
+        default: matched), plus ``lambda_box`` · GIoU loss of the learned weighted box on matched clusters;
+        0 where ignored."""
+        if score_targets is not None:
+            check_score_targets(score_targets)
         x = self.inputs(features, clusters.labels)
         soft = targets.matched.to(x.dtype) if score_targets is None else score_targets.to(x.dtype)
         per_cluster = F.binary_cross_entropy_with_logits(self.score_logits(clusters, x), soft, reduction="none")
