@@ -429,6 +429,13 @@ class CocoGroundTruth:
     def __contains__(self, image_id: object) -> bool:
         return image_id in self._images
 
+    def check_has_images(self, image_ids: Sequence[int]) -> None:
+        """Raise ``ValueError`` naming the ids of ``image_ids`` (up to 10) that this ground truth does not hold:
+        fitting on such an image would otherwise stop at its first lookup, with a bare ``KeyError``."""
+        unknown = [i for i in image_ids if i not in self]
+        if unknown:
+            raise ValueError(f"image_ids {unknown[:10]} are not in the ground truth ({len(self)} images)")
+
     @property
     def image_ids(self) -> list[int]:
         """All image ids, sorted (images with no annotation included)."""

@@ -157,14 +157,6 @@ def theta_seed_config(**overrides: Any) -> ThetaTrainConfig:
     return ThetaTrainConfig(**{"normalize_box": False, "match_iou_grid": [], "epochs": 200, **overrides})
 
 
-def _check_known_images(gt: Any, image_ids: Sequence[int]) -> None:
-    """Raise ``ValueError`` naming the ids of ``image_ids`` (up to 10) that ``gt`` does not hold: fitting on
-    an image without ground truth would otherwise stop at its first lookup, with a bare ``KeyError``."""
-    unknown = [i for i in image_ids if i not in gt]
-    if unknown:
-        raise ValueError(f"image_ids {unknown[:10]} are not in the ground truth ({len(gt)} images)")
-
-
 def build_samples(
     data: EnsemblePredictions,
     image_ids: Sequence[int] | None = None,
@@ -180,7 +172,7 @@ def build_samples(
         ValueError: an image id that is not in the ground truth (naming up to 10 of them).
     """
     if image_ids is not None:
-        _check_known_images(data.gt, image_ids)
+        data.gt.check_has_images(image_ids)
     samples = []
     for image_id in data.image_ids if image_ids is None else image_ids:
         per_model = [d.to(device) for d in data.per_model(image_id)]
@@ -944,7 +936,7 @@ def fit_head(
     ids = check_distinct_integers(image_ids, "image_ids")
     if not ids:
         raise ValueError(f"no image ids given: a {kind} head is fitted on the training images that image_ids lists")
-    _check_known_images(predictions.gt, ids)
+    predictions.gt.check_has_images(ids)
     config = config if config is not None else trainer.default()
     if not isinstance(config, trainer.config_class):
         raise TypeError(f"a {kind} head trains with {trainer.config_class.__name__}, got {type(config).__name__}")

@@ -682,9 +682,7 @@ def fit_calibration(
             "detector's scores to fit its calibration"
         )
     gt = predictions.gt
-    unknown = [i for i in ids if i not in gt]
-    if unknown:
-        raise ValueError(f"image_ids {unknown[:10]} are not in the ground truth ({len(gt)} images)")
+    gt.check_has_images(ids)
 
     names = predictions.model_names
     scores: list[list[Tensor]] = [[] for _ in names]
