@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "check_real", "check_reals", "check_integer", "check_integers", "check_distinct_integers", "check_flag", "check_choice", "check_device",
+    "check_real", "check_reals", "check_integer", "check_integers", "check_seed", "check_distinct_integers", "check_flag", "check_choice", "check_device",
 ]
 
 
@@ -104,6 +104,13 @@ def check_integer(value: Any, name: str, low: int | None = None, high: int | Non
             bound = f"in [{low}, {high}]"
         raise ValueError(f"{name} must be an integer {bound}, got {value!r}")
     return number
+
+
+def check_seed(value: Any, name: str = "seed") -> int:
+    """``value`` as a seed in ``[0, 2**63 - 1]``. A negative seed is refused: ``random.Random`` reads -s as
+    s and ``torch.manual_seed`` reads it as 2**64 - s, so the two generators of one fit would disagree on
+    which run it names."""
+    return check_integer(value, name, 0, 2**63 - 1)
 
 
 def check_integers(values: Any, name: str, low: int | None = None, high: int | None = None) -> list[int]:

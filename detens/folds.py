@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from detens.checks import check_integer, check_integers
+from detens.checks import check_integer, check_integers, check_seed
 
 __all__ = ["kfold_image_splits"]
 
@@ -19,14 +19,14 @@ def kfold_image_splits(image_ids: Sequence[int], k: int = 2, seed: int = 0) -> l
 
     Raises:
         TypeError: ``k`` or ``seed`` not an integer (Python or NumPy); ``seed=None`` would draw other folds
-            on every run. ValueError: ``k`` < 2 or more folds than images, a repeated image id.
+            on every run. ValueError: ``k`` < 2 or more folds than images, a negative ``seed``, a repeated image id.
     """
     given = check_integers(image_ids, "image_ids")
     ids = sorted(set(given))
     if len(ids) != len(given):
         raise ValueError(f"image_ids contains duplicates ({len(given) - len(ids)} repeated)")
     k = check_integer(k, "k", 2)
-    seed = check_integer(seed, "seed")
+    seed = check_seed(seed)
     if k > len(ids):
         raise ValueError(f"cannot make {k} folds from {len(ids)} images")
     random.Random(seed).shuffle(ids)

@@ -199,6 +199,34 @@ def test_complete_run_grows_with_new_images(workspace, tmp_path, monkeypatch):
     assert [r for r in results if r["image_id"] == 1] == first
 
 
+def test_an_interrupted_run_keeps_its_image_ids_on_resume(workspace, tmp_path, monkeypatch):
+    # partial/x.jpg.jpg.json sorts before partial/x.jpg.json, while the source lists x.jpg first
+    source = tmp_path / "ids"
+    source.mkdir()
+    for name in ("x.jpg", "x.jpg.jpg", "y.jpg"):
+        shutil.copy(workspace / "images" / "bus.jpg", source / name)
+    out = tmp_path / "o"
+    args = ["--config", str(workspace / "pair.yaml"), "--out", str(out), "--quiet", "--no-vis", "--source", str(source)]
+    original = fuse_tool.process_image
+    calls = []
+
+    def interrupt_on_third(*a, **k):
+        calls.append(a[1])
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return original(*a, **k)
+
+    monkeypatch.setattr(fuse_tool, "process_image", interrupt_on_third)
+    assert fuse_tool.main(args) == 130
+    interrupted_images, interrupted = read_outputs(out)
+    assert {im["file_name"]: im["id"] for im in interrupted_images["images"]} == {"x.jpg": 1, "x.jpg.jpg": 2}
+    monkeypatch.setattr(fuse_tool, "process_image", original)
+    assert fuse_tool.main(args) == 0
+    images, results = read_outputs(out)
+    assert {im["file_name"]: im["id"] for im in images["images"]} == {"x.jpg": 1, "x.jpg.jpg": 2, "y.jpg": 3}
+    assert sorted(map(json.dumps, interrupted)) == sorted(json.dumps(r) for r in results if r["image_id"] != 3)
+
+
 def test_changed_config_refuses_to_resume(workspace, full_run, capsys):
     before = read_outputs(full_run)
     assert run(workspace, full_run, "--save-per-model", "--method", "mean") == 2

@@ -299,6 +299,21 @@ def test_bad_eps(kw, match):
         theta_loss(theta, preds, present, targets.y(F64), **kw)
 
 
+@pytest.mark.parametrize("row, column, value, match", [
+    (0, 1, float("nan"), "y must be finite, got 1 rows"),
+    (1, 4, float("inf"), "y must be finite"),
+    (0, 4, 2.0, r"score target\) must be in \[0, 1\]"),
+    (1, 4, -0.5, r"score target\) must be in \[0, 1\]"),
+])
+def test_targets_that_would_turn_the_loss_into_nan_are_refused(row, column, value, match):
+    theta, preds, present, targets = random_problem(1)
+    y = targets.y(F64).clone()
+    assert torch.isfinite(theta_loss(theta, preds, present, y))
+    y[row, column] = value
+    with pytest.raises(ValueError, match=match):
+        theta_loss(theta, preds, present, y)
+
+
 def test_shape_errors_name_the_argument():
     theta, preds, present, targets = random_problem(2)
     with pytest.raises(ValueError, match="preds"):

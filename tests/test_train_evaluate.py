@@ -123,6 +123,19 @@ class TestFolds:
         with pytest.raises(TypeError, match=message):
             kfold_image_splits(list(range(10)), k, seed)
 
+    def test_negative_seeds_are_refused(self):
+        # random.Random reads -1 as 1: the two seeds would name the same folds
+        with pytest.raises(ValueError, match=r"seed must be an integer in \[0, 9223372036854775807\], got -1"):
+            kfold_image_splits(list(range(10)), 2, -1)
+
+    @pytest.mark.parametrize("config", ["ThetaTrainConfig", "DeepTrainConfig", "SelectionTrainConfig"])
+    def test_training_configs_refuse_negative_seeds(self, config):
+        import detens.heads._fit as fit
+
+        with pytest.raises(ValueError, match="seed must be an integer in"):
+            getattr(fit, config)(seed=-1)
+        assert getattr(fit, config)(seed=2**63 - 1).seed == 2**63 - 1
+
     def test_numpy_integers_are_integers(self):
         ids = list(range(10))
         assert kfold_image_splits(ids, np.int64(2), np.int64(3)) == kfold_image_splits(ids, 2, 3)

@@ -32,8 +32,9 @@ Writes into ``--out``:
   apart), the method and head type that ran; ``config.yaml``: the resolved config;
 - ``partial/`` while a run is unfinished: one small file per finished image. An interrupted run (Ctrl-C,
   a crash) leaves every file valid (all writes are atomic); running the same command again skips the
-  finished images. A complete run removes ``partial/``; running it again on more images adds them, and
-  images finished earlier keep their results, ids and output stems whatever the new ``--source``.
+  finished images, which keep the ids its outputs gave them. A complete run removes ``partial/``; running
+  it again on more images adds them, and images finished earlier keep their results, ids and output stems
+  whatever the new ``--source``.
   A resumed run refuses a changed config, head file, ``precomputed`` results file or weights file (the
   members' weights on disk are recorded by sha256, as `detens cache` does).
   ``--overwrite`` starts over: the earlier outputs wait in ``.replaced/`` until the new run's first
@@ -416,6 +417,16 @@ def earlier_ids(records: dict[str, dict[str, Any]]) -> dict[str, int]:
     return {n: int(r["image_id"]) for n, r in records.items() if "image_id" in r}
 
 
+def published_ids(out: Path) -> dict[str, int]:
+    """``{file_name: image id}`` of the images that an interrupted run wrote to ``out/images.json``: a
+    resumed run keeps them, whichever images it finishes first (Ray's order, another ``--source``)."""
+    images = _read_json(out / "images.json") if (out / "partial").is_dir() else None
+    if not isinstance(images, dict) or not isinstance(images.get("images"), list):
+        return {}
+    return {im["file_name"]: int(im["id"]) for im in images["images"]
+            if isinstance(im, dict) and isinstance(im.get("file_name"), str) and isinstance(im.get("id"), int)}
+
+
 def dataset_files(dataset: str) -> dict[str, int]:
     """``{file_name: image id}`` of the dataset's images."""
     return {str(im["file_name"]): int(im["id"]) for im in load_coco_gt(dataset).dataset["images"]}
@@ -468,7 +479,8 @@ def write_outputs(
     records; a complete run then removes ``partial/``."""
     records = {n: r for n in names if (r := read_partial(out, n)) is not None}
     done = [n for n in names if n in records]
-    ids = image_ids(done, config.dataset, earlier_ids(records))
+    published = {n: i for n, i in published_ids(out).items() if n in records}
+    ids = image_ids(done, config.dataset, {**published, **earlier_ids(records)})
     stems = output_stems(names, {n: r["output_stem"] for n, r in records.items() if "output_stem" in r})
     images, results = [], []
     per_model: dict[str, list[dict[str, Any]]] = {m: [] for m in member_names}

@@ -57,6 +57,7 @@ from detens.checks import (
     check_integer,
     check_real,
     check_reals,
+    check_seed,
 )
 from detens.matching import Clusters, match
 from detens.predictions import EnsemblePredictions
@@ -147,7 +148,7 @@ class ThetaTrainConfig:
         check_real(self.lr, "lr", 0.0, low_open=True)
         for name in ("epochs", "batch_images", "reassign_every"):
             check_integer(getattr(self, name), name, 0)
-        check_integer(self.seed, "seed")
+        check_seed(self.seed)
         self.device = check_device(self.device)
 
 
@@ -485,7 +486,7 @@ class HeadTrainConfig:
         check_real(self.lr, "lr", 0.0, low_open=True)
         for name in ("weight_decay", "lambda_box"):
             check_real(getattr(self, name), name, 0.0)
-        check_integer(self.seed, "seed")
+        check_seed(self.seed)
         self.device = check_device(self.device)
         self._check_head_options()
 

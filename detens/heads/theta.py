@@ -258,6 +258,10 @@ def theta_loss(
         raise TypeError(f"theta must be floating point, got {theta.dtype}")
     if not 0.0 < float(eps) < 0.5:
         raise ValueError(f"eps must be in (0, 0.5), got {eps}")
+    if not bool(torch.isfinite(y).all()):
+        raise ValueError(f"y must be finite, got {int((~torch.isfinite(y)).any(dim=1).sum())} rows with NaN or inf")
+    if not bool(((y[:, 4] >= 0) & (y[:, 4] <= 1)).all()):
+        raise ValueError("y[:, 4] (the score target) must be in [0, 1]")
     if w is None:
         w = (y[:, 4:5] == 1).to(theta.dtype).expand(-1, 5).clone()
         w[:, 4] = 1
