@@ -6,7 +6,8 @@ Public API (imported lazily, so ``import detens`` stays light and never imports 
   (``to_supervision`` / ``from_supervision`` with ``detens[supervision]``).
 - ``match``, ``Clusters``: cross-model matching into per-object N×5 prediction matrices.
 - ``ThetaHead``, ``assign_targets``: the learned Θ fusion head (seed paper, corrected math).
-- ``fuse``, ``list_fusers``: every fusion method behind one call.
+- ``fuse``, ``list_fusers``, ``list_methods``: every fusion method behind one call (``list_methods``: the
+  fusers and the head types, every name ``fuse(method=...)`` takes).
 - ``evaluate_coco``: COCO mAP with labelled keys.
 - ``Ensemble``, ``fuse_results``, ``TorchvisionFusion``: drop-in use inside existing pipelines.
 - ``SelectionHead``, ``DeepEnsembleHead``, ``SuperLearnerHead``, ``CalibrationHead``, ``BaggedHead``: the
@@ -30,6 +31,7 @@ _EXPORTS = {
     "match": "detens.matching",
     "fuse": "detens.fusers",
     "list_fusers": "detens.fusers",
+    "list_methods": "detens.fusers",
     "ThetaHead": "detens.heads.theta",
     "assign_targets": "detens.targets",
     "Targets": "detens.targets",

@@ -45,13 +45,17 @@ class _Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+# YAML 1.1 reads an exponent as a number only with a dot and a signed exponent (1.0e-3); 1e-3, 1.5e3 and
+# .5e3 would be strings
 _Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"), list("-+0123456789")
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
 )
 
 
 def parse_yaml(text: str) -> Any:
-    """``text`` read as YAML the safe way (no Python tags), exponents without a dot (``1e-3``) as numbers.
+    """``text`` read as YAML the safe way (no Python tags), every exponent (``1e-3``, ``1.5e3``) as a number.
 
     Raises:
         yaml.YAMLError: not valid YAML, or a key given twice in one mapping.

@@ -21,7 +21,8 @@ __all__ = ["yolo_lines", "save_yolo_txt"]
 def yolo_lines(
     det: Detections, category_ids: Sequence[int] | None = None, conf: float = 0.0, decimals: int = 6
 ) -> list[str]:
-    """YOLO label lines of ``det`` (boxes clipped to the image), best score first.
+    """YOLO label lines of ``det`` (boxes clipped to the image), best score first. A box with no area
+    inside the image has no line: a zero width or height is not a label.
 
     Args:
         det (Detections): boxes in pixels, labels in the label space.
@@ -39,7 +40,7 @@ def yolo_lines(
     conf = check_real(conf, "conf", 0.0, 1.0)
     decimals = check_integer(decimals, "decimals", 0)
     det = det.clip().sort_by_score()
-    det = det[det.scores >= conf]
+    det = det[(det.scores >= conf) & (det.area() > 0)]
     if len(det) == 0:
         return []
     height, width = det.image_size

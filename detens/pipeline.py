@@ -132,7 +132,8 @@ class Ensemble:
             space), each with a ``.name`` — e.g. detens' adapters — or models already loaded: an
             ``ultralytics.YOLO`` or a torchvision detection ``nn.Module``, wrapped in their adapter with its
             defaults and named after the model (:func:`detens.adapters.as_detector`; wrap one yourself to
-            name it: ``UltralyticsDetector(model, name="v8")``).
+            name it: ``UltralyticsDetector(model, name="v8")``). An ``AugmentedDetector`` adds one member
+            per view. The boxes of each member carry its name as their ``source``.
         method (str): a fusion method of :func:`detens.fuse` (``"wbf"``, ``"theta"``, ...).
         head: for ``method="theta"`` or a head type (``"deep"``, ...): a head or the path of a saved one
             (checked against the detector names).
@@ -154,8 +155,14 @@ class Ensemble:
         if callable(detectors) or not isinstance(detectors, Sequence) or not detectors:
             raise ValueError("Ensemble needs a non-empty list of detectors")
         from detens.adapters import as_detector
+        from detens.adapters.augmented import AugmentedDetector
 
-        self.detectors = [as_detector(d, f"detectors[{i}]") for i, d in enumerate(detectors)]
+        # an AugmentedDetector returns every view's boxes per image: each view is one member
+        self.detectors = [
+            member
+            for i, d in enumerate(detectors)
+            for member in (d.members if isinstance(d, AugmentedDetector) else [as_detector(d, f"detectors[{i}]")])
+        ]
         self.names = [str(getattr(d, "name", None) or type(d).__name__) for d in self.detectors]
         if len(set(self.names)) != len(self.names):
             raise ValueError(
@@ -192,7 +199,8 @@ class Ensemble:
                     raise TypeError(
                         f"detector {name!r} returned {type(det).__name__} for image {b}, not Detections"
                     )
-            per_model.append([d if d.source is not None else d.with_source(name) for d in out])
+            # the member's name, which a head was checked against, whatever source the detector set
+            per_model.append([d.with_source(name) for d in out])
         for b in range(len(images)):
             sizes = [per_model[n][b].image_size for n in range(len(self.detectors))]
             if len(set(sizes)) != 1:

@@ -112,6 +112,18 @@ def test_every_public_name_of_detens_resolves():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_the_functions_the_shipped_configs_point_to_exist():
+    import re
+
+    import detens
+
+    configs = Path(__file__).resolve().parents[1] / "detens" / "configs"
+    named = {m for path in configs.rglob("*.yaml") for m in re.findall(r"detens\.(\w+)\(", path.read_text())}
+    assert "list_methods" in named
+    assert [n for n in sorted(named) if not callable(getattr(detens, n, None))] == []
+    assert {"wbf", "soft_nms", "deep", "theta", "calibration"} <= set(detens.list_methods())
+
+
 @pytest.mark.parametrize("kind", ["theta", "theta_seed", "deep", "selection", "superlearner", "calibration"])
 def test_training_yaml_mirrors_the_code_defaults(kind):
     from detens.heads import TRAINERS, config_for
@@ -147,9 +159,12 @@ def test_a_merge_key_may_be_overridden_and_a_repeated_key_is_refused_at_any_dept
 @pytest.mark.parametrize(
     ("text", "expected"),
     [("1e-3", 1e-3), ("1E+5", 1e5), ("-2e3", -2000.0), ("1.0e-6", 1e-6), ("10", 10), ("1.5", 1.5),
-     ("1e", "1e"), ("'1e-3'", "1e-3"), ("[1e-3, 2]", [1e-3, 2]), ("e3", "e3")],
+     ("1e", "1e"), ("'1e-3'", "1e-3"), ("[1e-3, 2]", [1e-3, 2]), ("e3", "e3"),
+     # YAML 1.1 itself reads these as strings: a dot with an unsigned exponent, or no digit before the dot
+     ("1.5e3", 1500.0), ("5.e3", 5000.0), (".5e3", 500.0), ("-2.5E2", -250.0), ("1_000e1", 10000.0),
+     (".inf", float("inf")), ("1.2.3e4", "1.2.3e4"), ("12e3abc", "12e3abc")],
 )
-def test_exponents_without_a_dot_are_numbers(text, expected):
+def test_every_exponent_is_a_number(text, expected):
     value = parse_yaml(text)
     assert value == expected and type(value) is type(expected)
 

@@ -27,6 +27,11 @@ class TestYoloLines:
         assert lines[1] == "0 0.2000 0.2000 0.2000 0.2000 0.5000"
         assert lines[2].startswith("5 ")  # bus (id 6) is YOLO class 5
 
+    def test_boxes_outside_the_image_have_no_line(self):
+        outside = Detections([[700.0, 10.0, 720.0, 20.0], [10.0, 250.0, 20.0, 260.0], [99.0, 10.0, 130.0, 20.0]],
+                             [0.9, 0.8, 0.7], [1, 1, 1], (200, 100))
+        assert yolo_lines(outside, decimals=3) == ["0 0.995 0.075 0.010 0.050 0.700"]  # the last: 1 pixel inside
+
     def test_conf_and_custom_label_space(self):
         assert len(yolo_lines(dets(), conf=0.4)) == 2
         lines = yolo_lines(dets()[[0]], category_ids=[7, 1])

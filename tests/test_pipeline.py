@@ -503,6 +503,32 @@ class TestEnsemble:
         with pytest.raises(ValueError, match="returned 0 Detections for 1 images"):
             Ensemble([Short("s", [a])], method=METHOD)(["x.jpg"])
 
+    def test_boxes_carry_the_member_name_the_head_was_checked_against(self):
+        # detectors whose Detections name other sources: their names, not the sources, place them in the head
+        a = Detections([[10.0, 20.0, 110.0, 220.0]], [0.9], [1], (480, 640))
+        b = Detections([[30.0, 20.0, 130.0, 220.0]], [0.6], [1], (480, 640))
+        head = detens.ThetaHead(["a", "b"])
+        with torch.no_grad():
+            head.theta.copy_(torch.tensor([0.9, 0.1]))
+        detectors = [FixedDetector("b", [b.with_source("a")]), FixedDetector("a", [a.with_source("b")])]
+        fused = Ensemble(detectors, method="theta", head=head)([np.zeros((480, 640, 3), np.uint8)])[0]
+        expected = detens.fuse([a.with_source("a"), b.with_source("b")], method="theta", head=head)
+        assert torch.equal(fused.boxes, expected.boxes) and torch.equal(fused.scores, expected.scores)
+        assert fused.boxes[0, 0] == pytest.approx(0.9 * 10 + 0.1 * 30, abs=1e-4)
+
+    def test_an_augmented_detector_adds_a_member_per_view(self):
+        from detens.adapters import AugmentedDetector
+
+        a = Detections([[10.0, 20.0, 110.0, 220.0]], [0.9], [1], (480, 640))
+        views = AugmentedDetector(FixedDetector("a", [a]), ["identity", "hflip"])
+        ens = Ensemble([views, FixedDetector("b", [a])], method=METHOD)
+        assert ens.names == ["a", "a|hflip", "b"]
+        image = np.zeros((480, 640, 3), np.uint8)
+        per_model = ens.run_detectors([image])
+        assert [m[0].source for m in per_model] == ens.names
+        assert torch.equal(per_model[1][0].boxes, torch.tensor([[530.0, 20.0, 630.0, 220.0]]))  # mirrored back
+        assert len(ens([image])[0]) == 2  # the box and its mirror image do not overlap
+
     @pytest.mark.parametrize("options, error, message", [
         ({"iou_thr": 5}, ValueError, r"iou_thr must be in \[0, 1\], got 5"),
         ({"weights": [1, 2, 3]}, ValueError, r"weights must hold one number per model \(2\), got 3"),

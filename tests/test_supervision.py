@@ -233,3 +233,16 @@ class TestFuse:
             detens.fuse([a, a], image_size=(10, 12))
         with pytest.raises(ValueError, match="disagree on the image size"):
             detens.fuse([a, a.to_supervision()], image_size=(100, 100))
+
+    @pytest.mark.parametrize("field, value, message", [
+        ("class_id", [2.5, 1, 1], r"labels\[0\] = 2.5 is not an integer"),
+        ("confidence", [1.5, 0.5, 0.5], r"scores\[0\] = 1.5 is outside \[0, 1\]"),
+        ("xyxy", [[10.0, 2.0, 1.0, 20.0]] * 3, r"boxes\[0\] = \[10.0, 2.0, 1.0, 20.0\] has x2 < x1"),
+    ])
+    def test_a_bad_input_is_named_with_supervision_s_field_names(self, field, value, message):
+        good = random_detections(0, 3).to_supervision()
+        bad = random_detections(1, 3).to_supervision()
+        setattr(bad, field, np.array(value, dtype=np.float32 if field != "class_id" else np.float64))
+        prefix = r"per_model\[1\] \(a supervision.Detections: its xyxy are the boxes, confidence the scores, class_id the labels\): "
+        with pytest.raises(ValueError, match=prefix + r"Detections\." + message):
+            detens.fuse([good, bad], image_size=(480, 640))

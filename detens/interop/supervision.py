@@ -153,8 +153,15 @@ def from_supervision_per_model(
             "image_size=(height, width), e.g. frame.shape[:2]"
         )
     for i in found:
-        items[i] = from_supervision(items[i], image_size)
+        try:
+            items[i] = from_supervision(items[i], image_size)
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"{what}[{i}] (a supervision.Detections: {_FIELDS}): {err}") from err
     return items, len(found) == len(items)
+
+
+# detens' names of supervision's fields, which the messages of Detections use
+_FIELDS = "its xyxy are the boxes, confidence the scores, class_id the labels"
 
 
 def class_names_of(per_model: Sequence[Any], what: str = "per_model") -> dict[int, str] | None:
