@@ -362,6 +362,41 @@ def test_fusion_weights_are_given_in_one_place():
         fuse_tool.fusion_params(config(2.0, {"weights": [1.0, 5.0]}), ["a", "b"])
 
 
+def pair_config(workspace, tmp_path, fusion, named=True):
+    """The workspace's pair of YOLOs with another ``fusion`` (members unnamed unless ``named``)."""
+    config = yaml.safe_load((workspace / "pair.yaml").read_text())
+    config["fusion"] = fusion
+    if not named:
+        for model in config["models"]:
+            model.pop("name")
+    path = tmp_path / "pair.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+@pytest.mark.parametrize("engine", [[], ["--engine", "ray"]])
+@pytest.mark.parametrize("named", [True, False])
+@pytest.mark.parametrize("fusion, fragment", [
+    ({"method": "wbf", "params": {"iou_th": 0.5}},
+     "fusion method 'wbf' takes no parameter ['iou_th']; its parameters: ['weights', 'iou_thr', "),
+    ({"method": "soft_nms", "params": {"bogus": 1}}, "fusion method 'soft_nms' takes no parameter ['bogus']"),
+    ({"method": "wbf", "params": {"iou_thr": 5}}, "iou_thr must be in [0, 1], got 5"),
+    ({"method": "wbf", "params": {"weights": [1, 2, 3]}}, "weights must hold one number per model (2), got 3"),
+    ({"method": "deep", "head": "coco_yolo3_deep.json"}, "was trained for"),
+])
+def test_fusion_params_are_checked_before_any_detector_loads(workspace, tmp_path, capsys, monkeypatch, engine,
+                                                             named, fusion, fragment):
+    if fusion.get("head"):
+        fusion = {**fusion, "head": str(REPO / "detens" / "configs" / "heads" / fusion["head"])}
+    config = pair_config(workspace, tmp_path, fusion, named)
+    monkeypatch.setattr(fuse_tool, "build_ensemble", lambda *a, **k: pytest.fail("models loaded for nothing"))
+    code = fuse_tool.main(["--config", str(config), "--source", str(workspace / "images"), "--out",
+                           str(tmp_path / "o"), "--quiet", *engine])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("error:") == 1 and fragment in err and "Traceback" not in err, err
+    assert not (tmp_path / "o").exists()
+
+
 def one_image_source(workspace, folder, *names):
     folder.mkdir(parents=True, exist_ok=True)
     for name in names or ("bus.jpg",):

@@ -44,8 +44,9 @@ An ``--out`` holding outputs (``labels/``, ``vis/``, ...) that no run wrote is r
 the ``--source`` folder is not read back as input.
 
 Unreadable or corrupt images are reported and skipped. Sub-folders are kept under ``labels/`` and ``vis/``.
-Everything that can be checked before the detectors load (the config, the method, the head and its
-models, the output folder, the images) is checked first, with either ``--engine``. So are the saved
+Everything that can be checked before the detectors load (the config, the method, its parameters' names
+and values, the head and its models, the output folder, the images) is checked first, with either
+``--engine``. So are the saved
 predictions of ``precomputed`` members: every image must be among them, and every ``category_id`` (after
 the member's ``class_map``) one of the categories the run writes, the ``dataset``'s or COCO's 80, with or
 without ``--no-labels``.
@@ -174,7 +175,17 @@ def resolve_config(args: argparse.Namespace) -> EnsembleConfig:
 
 def fusion_params(config: EnsembleConfig, names: list[str] | None) -> dict[str, Any]:
     """The fuser's parameters: the config's, the members' weights and the loaded head, checked against
-    the members (``names``; None: not known yet, checked again once the detectors are loaded)."""
+    the members (``names``; None: not known yet, checked again once the detectors are loaded).
+
+    Checked here, before any detector loads, by the library's own checks (those ``detens.Ensemble`` runs):
+    the parameter names the method takes, and their values (ranges, one weight per member, the head's
+    members) on empty detections of each member; unnamed members count by position.
+
+    Raises:
+        ValueError: an unknown method, weights given twice, a head that does not fit the method or the
+            members, a value out of range.
+        TypeError: a parameter the method does not take (the message lists the ones it takes).
+    """
     method = config.fusion.method
     if method not in list_methods():
         raise unknown_name_error("fusion method", method, list_methods())
@@ -203,6 +214,10 @@ def fusion_params(config: EnsembleConfig, names: list[str] | None) -> dict[str, 
         if method != "theta" and method not in head_methods(params["head"]):
             raise ValueError(f"--method {method} was given a {type_name!r} head ({config.fusion.head}); "
                              f"use --method {type_name}, or leave --method out")
+    from detens.pipeline import _check_fusion_values, _fusion_params
+
+    params = _fusion_params(method, None, params, names)  # the head is loaded: None keeps params["head"]
+    _check_fusion_values(method, params, names if names is not None else [None] * len(weights))
     return params
 
 
