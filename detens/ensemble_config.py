@@ -104,11 +104,16 @@ class ModelConfig:
     providers: list[str] | None = None
     options: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def label(self) -> str:
+        """The model for messages: ``model 'yolov8n'`` (its name, else its weights, results, ...)."""
+        return f"model {self.name or self.weights or self.results or self.arch or self.type!r}"
+
     def __post_init__(self) -> None:
         from detens.adapters import ADAPTERS
 
         ADAPTERS.get(self.type)  # unknown type: error listing the valid ones
-        label = f"model {self.name or self.weights or self.results or self.arch or self.type!r}"
+        label = self.label
         if self.name is not None:
             check_member_name(self.name, "model name")
         used = _TYPE_KEYS.get(self.type)

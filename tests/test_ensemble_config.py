@@ -184,6 +184,24 @@ def test_build_precomputed_ensemble(tmp_path):
 
 
 @pytest.mark.slow
+def test_build_ensemble_checks_class_maps_before_any_model_loads(tmp_path):
+    from detens.adapters import check_class_maps
+
+    # weights found nowhere: building the member would fail on them, the class_map is named first
+    config = minimal()
+    config["models"][0].update(weights="nowhere.pt", name="v8", class_map={0: 1, "bus": 999})
+    message = (r"^model 'v8': class_map\['bus'\] = 999 is not one of the 80 category ids of COCO \(the config names "
+               r"no dataset\): 1-11, 13-25, 27, 28, .*; map the classes onto those ids$")
+    with pytest.raises(ValueError, match=message):
+        build_ensemble(config)
+    dataset = tmp_path / "gt.json"
+    dataset.write_text(json.dumps({"images": [], "annotations": [], "categories": [{"id": 1, "name": "person"},
+                                                                                  {"id": 999, "name": "bus"}]}))
+    check_class_maps({**config, "dataset": str(dataset)}, {1: "person", 999: "bus"})
+    with pytest.raises(ValueError, match=r"class_map\['bus'\] = 999 is not one of the 2 category ids of the dataset"):
+        check_class_maps({**config, "dataset": str(dataset)}, {1: "person", 2: "bus"})
+
+
 def test_build_tta_ensemble_runs():
     members = build_ensemble(REPO / "detens" / "configs" / "ensembles" / "coco_yolo4_tta.yaml")
     assert [m.name for m in members] == [

@@ -592,11 +592,39 @@ def test_saved_category_ids_follow_the_dataset_and_the_class_map(workspace, tmp_
     # a class_map onto the dataset's ids fixes it; an id the map sends outside is named with the map
     config = saved_config(tmp_path, results, {"a.jpg": 1}, dataset, class_map={1: 1, 6: 7})
     assert fuse_tool.main(["--config", str(config), "--out", str(tmp_path / "o"), *args]) == 2
-    assert "has category_id 6 (mapped to 7 by its class_map)" in capsys.readouterr().err
+    assert "model 'saved': class_map[6] = 7 is not one of the 2 category ids of the dataset" in capsys.readouterr().err
     config = saved_config(tmp_path, results, {"a.jpg": 1}, dataset, class_map={1: 1, 6: 2})
     assert fuse_tool.main(["--config", str(config), "--out", str(tmp_path / "o"), *args]) == 0
     _, fused = read_outputs(tmp_path / "o")
     assert sorted({r["category_id"] for r in fused}) == [1, 2]
+
+
+@pytest.mark.parametrize("flags", [[], ["--no-labels"], ["--engine", "ray"]])
+def test_a_class_map_outside_the_label_space_is_refused_before_any_detector_loads(workspace, tmp_path, capsys,
+                                                                                   monkeypatch, flags):
+    monkeypatch.setattr(fuse_tool, "build_ensemble", lambda *a, **k: pytest.fail("models loaded for nothing"))
+    args = ["--source", str(workspace / "images"), "--out", str(tmp_path / "o"), "--quiet", *flags]
+    config = yaml.safe_load((workspace / "pair.yaml").read_text())
+    config["models"][1]["class_map"] = {0: 1, "bus": 999}
+    (tmp_path / "cm.yaml").write_text(yaml.safe_dump(config))
+    assert fuse_tool.main(["--config", str(tmp_path / "cm.yaml"), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "Traceback" not in err
+    assert ("model 'yolo26n': class_map['bus'] = 999 is not one of the 80 category ids of COCO (the config names no "
+            "dataset): 1-11, 13-25, 27, 28,") in err
+    # COCO's ids are not a dataset's: with one, its categories are the label space
+    config["dataset"] = str(one_image_dataset(tmp_path))
+    config["models"][1]["class_map"] = {0: 1, 5: 6}
+    (tmp_path / "cm.yaml").write_text(yaml.safe_dump(config))
+    assert fuse_tool.main(["--config", str(tmp_path / "cm.yaml"), *args]) == 2
+    assert (f"model 'yolo26n': class_map[5] = 6 is not one of the 2 category ids of the dataset "
+            f"{tmp_path / 'gt.json'}: 1, 2;") in capsys.readouterr().err
+    # saved predictions: a mapped id is checked even when no saved result has its key
+    results = [saved_result(1, 1)]
+    config = saved_config(tmp_path, results, {"bus.jpg": 1}, None, class_map={1: 1, 12: 999})
+    assert fuse_tool.main(["--config", str(config), "--method", "wbf", *args]) == 2
+    assert "model 'saved': class_map[12] = 999 is not one of the 80 category ids of COCO" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
 
 
 def one_image_dataset(tmp_path):

@@ -85,7 +85,14 @@ from typing import Any
 import yaml
 from tqdm import tqdm
 
-from detens.adapters import build_detector, dataset_categories, detect_loaded, view_names
+from detens.adapters import (
+    build_detector,
+    check_class_maps,
+    dataset_categories,
+    detect_loaded,
+    label_space_name,
+    view_names,
+)
 from detens.adapters.weights import ResolvedWeights, resolve_model_weights
 from detens.cli import UsageError
 from detens.cli._engine import add_engine_arguments, ray_options
@@ -93,7 +100,6 @@ from detens.cli._inputs import (
     check_inputs_unchanged,
     check_saved_predictions,
     file_digests,
-    label_space_name,
     weights_inputs,
 )
 from detens.coco import CocoGroundTruth, detections_to_coco, load_coco_gt, save_coco_results
@@ -798,6 +804,7 @@ def cache(args: argparse.Namespace) -> int:
 
     summary_path = out / (f"{SHARDS}/cache_summary{tag}.json" if shard else SUMMARY)
     categories = dataset_categories(config)
+    check_class_maps(config, categories)
     entries = plan_entries(config, categories)
     select_members(entries, args.models)
     check_saved_members(entries, data, config, categories)

@@ -49,7 +49,7 @@ and values, the head and its models, the output folder, the images) is checked f
 ``--engine``. So are the saved
 predictions of ``precomputed`` members: every image must be among them, and every ``category_id`` (after
 the member's ``class_map``) one of the categories the run writes, the ``dataset``'s or COCO's 80, with or
-without ``--no-labels``.
+without ``--no-labels``; and every member's ``class_map``: each category id it gives must be one of them.
 """
 
 from __future__ import annotations
@@ -70,9 +70,11 @@ from tqdm import tqdm
 
 from detens.adapters import (
     build_ensemble,
+    check_class_maps,
     dataset_categories,
     declared_member_names,
     detect_loaded,
+    label_space_name,
     member_weights,
 )
 from detens.cli._engine import add_engine_arguments, ray_options
@@ -80,7 +82,6 @@ from detens.cli._inputs import (
     check_inputs_unchanged,
     check_saved_predictions,
     input_fingerprints,
-    label_space_name,
     saved_prediction_members,
 )
 from detens.coco import detections_to_coco, load_coco_gt
@@ -685,6 +686,8 @@ def run(args: argparse.Namespace) -> int:
     out: Path = args.out
     declared = declared_member_names(config)  # None: an entry without a name, known once loaded
     params = fusion_params(config, declared)
+    dataset_names = dataset_categories(config)
+    check_class_maps(config, dataset_names)
     images, root = resolve_source(args.source)
     images = [path for path in images if not _written_by_a_run(path, out)]  # --out inside --source
     if not images:
@@ -713,7 +716,6 @@ def run(args: argparse.Namespace) -> int:
         member_names, weights = list(previous["models"]), dict(previous.get("weights") or {})
     else:
         member_names, weights = list(declared or []), {}
-    dataset_names = dataset_categories(config)
     categories = dataset_names or dict(COCO_ID_TO_NAME)
     yolo_ids = sorted(categories) if config.dataset else list(COCO_CATEGORY_IDS)
     # Saved predictions are checked here, on the driver, for both engines: a Ray run would otherwise
