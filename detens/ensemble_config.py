@@ -273,8 +273,9 @@ def load_ensemble_config(
 
     ``per_model`` holds settings given for the whole ensemble that also replace each model's own value
     (``{"conf": 0.25}`` from a ``--conf`` flag); ``None`` values are ignored. A relative ``fusion.head``
-    is relative to the file's folder; relative ``weights``, ``results``, ``images`` and ``dataset`` are
-    looked up from the working directory first, then beside the file.
+    is relative to the file's folder, and a name that is no file there a shipped head's
+    (``coco_yolo3_deep``); relative ``weights``, ``results``, ``images`` and ``dataset`` are looked up
+    from the working directory first, then beside the file.
     """
     path = find_packaged(path, "ensembles")
     data = read_yaml_file(path, "ensemble config") or {}
@@ -282,9 +283,7 @@ def load_ensemble_config(
         raise ValueError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
     fusion = data.get("fusion")
     if isinstance(fusion, dict) and isinstance(fusion.get("head"), str):
-        head = Path(fusion["head"]).expanduser()
-        if not head.is_absolute():
-            fusion["head"] = str((path.parent / head).resolve())
+        fusion["head"] = _head_beside(fusion["head"], path.parent)
     _files_beside(data, path.parent)
     per_model = {k: v for k, v in (per_model or {}).items() if v is not None}
     data = apply_overrides(data, {**(overrides or {}), **per_model})
@@ -302,6 +301,16 @@ def load_ensemble_config(
                         _NOT_READ_WHY[kind],
                     )
     return ensemble_config_from_dict(data, where=str(path))
+
+
+def _head_beside(value: str, folder: Path) -> str:
+    """A YAML's ``fusion.head``: the file beside the YAML, else the shipped head of that name (as
+    ``--head`` takes one), as an absolute path."""
+    try:
+        return str(find_packaged(value, "heads", folder).resolve())
+    except FileNotFoundError:
+        # not refused here: a --method or --head flag may replace it; loading it names what is missing
+        return str((folder / Path(value).expanduser()).resolve())
 
 
 def _files_beside(data: dict[str, Any], folder: Path) -> None:

@@ -299,6 +299,31 @@ def test_shipped_names_leave_out_the_side_files_of_a_training_run(tmp_path, monk
         packaged.find_packaged("c.json", "heads")
 
 
+def test_a_yaml_head_is_the_file_beside_it_else_a_shipped_head(tmp_path, monkeypatch):
+    from detens.packaged import CONFIG_ROOT
+
+    shipped = CONFIG_ROOT / "heads"
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "run").mkdir()
+    monkeypatch.chdir(tmp_path / "run")
+
+    def head_of(head):
+        path = tmp_path / "cfg" / "e.yaml"
+        path.write_text(yaml.safe_dump(minimal(fusion={"method": "deep", "head": head})))
+        return load_ensemble_config(path).fusion.head
+
+    assert head_of("coco_yolo3_deep") == str(shipped / "coco_yolo3_deep.json")  # as --head takes it
+    assert head_of("coco_yolo3_theta.json") == str(shipped / "coco_yolo3_theta.json")
+    # a file beside the YAML wins over a shipped head; the working directory's is not looked at
+    (tmp_path / "cfg" / "coco_yolo3_deep.json").write_text("{}")
+    (tmp_path / "run" / "coco_yolo3_theta.json").write_text("{}")
+    assert head_of("coco_yolo3_deep.json") == str(tmp_path / "cfg" / "coco_yolo3_deep.json")
+    assert head_of("coco_yolo3_theta.json") == str(shipped / "coco_yolo3_theta.json")
+    # neither: the path beside the YAML, named when the head is loaded (a flag may replace it first)
+    assert head_of("nothing.json") == str(tmp_path / "cfg" / "nothing.json")
+    assert head_of("sub/coco_yolo3_deep") == str(tmp_path / "cfg" / "sub" / "coco_yolo3_deep")
+
+
 def test_shipped_head_names_are_the_heads():
     from detens.packaged import packaged_names
 

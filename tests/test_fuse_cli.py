@@ -346,6 +346,16 @@ def test_shipped_config_head_follows_its_method(tmp_path):
         fuse_tool.fusion_params(config, ["a", "b", "c"])
 
 
+def test_a_shipped_head_named_in_a_yaml_runs(tmp_path):
+    config = yaml.safe_load((REPO / "detens" / "configs" / "ensembles" / "coco_yolo3.yaml").read_text())
+    config["fusion"] = {"method": "deep", "head": "coco_yolo3_deep"}  # "a path, or a shipped name"
+    (tmp_path / "e.yaml").write_text(yaml.safe_dump(config))
+    config = fuse_tool.resolve_config(parse(["--config", str(tmp_path / "e.yaml"), "--source", "x", "--out", "o"]))
+    assert config.fusion.head.endswith("coco_yolo3_deep.json")
+    params = fuse_tool.fusion_params(config, ["yolov8n", "yolo11n", "yolo26n"])
+    assert fuse_tool.method_label(config, params) == "deep"
+
+
 def test_fusion_weights_are_given_in_one_place():
     from detens.config import from_dict
     from detens.ensemble_config import EnsembleConfig

@@ -95,9 +95,9 @@ from detens.ensemble_config import (
 )
 from detens.export import yolo_lines
 from detens.fusers import FUSERS, fuse, head_methods, list_methods
+from detens.heads._io import find_head_file
 from detens.io import atomic_write_bytes, atomic_write_json, output_stems
 from detens.labels import COCO_CATEGORY_IDS, COCO_ID_TO_NAME
-from detens.packaged import find_packaged
 from detens.registry import unknown_name_error
 from detens.sources import ImageReadError, list_images, read_image
 from detens.visualize import draw_detections
@@ -150,7 +150,7 @@ def resolve_config(args: argparse.Namespace) -> EnsembleConfig:
     """The config file with the flags applied (a flag given for every model also replaces each model's
     own value). ``--head`` without ``--method`` runs the head's own type; ``--method`` without ``--head``
     drops the config's head unless the method is the config's own or ``theta`` (which runs any head)."""
-    head = str(find_packaged(args.head, "heads").resolve()) if args.head else None
+    head = str(find_head_file(args.head).resolve()) if args.head else None
     per_model = {"conf": args.conf, "imgsz": args.imgsz, "device": args.device, "batch": args.batch}
     overrides: dict[str, Any] = {
         "weights_dir": args.weights_dir,
