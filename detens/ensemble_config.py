@@ -274,8 +274,9 @@ def load_ensemble_config(
     ``per_model`` holds settings given for the whole ensemble that also replace each model's own value
     (``{"conf": 0.25}`` from a ``--conf`` flag); ``None`` values are ignored. A relative ``fusion.head``
     is relative to the file's folder, and a name that is no file there a shipped head's
-    (``coco_yolo3_deep``); relative ``weights``, ``results``, ``images`` and ``dataset`` are looked up
-    from the working directory first, then beside the file.
+    (``coco_yolo3_deep``); relative ``weights``, ``results``, ``images``, ``dataset`` and ``weights_dir``
+    are looked up from the working directory first, then beside the file. ``overrides`` are not: a
+    command line's paths are the working directory's.
     """
     path = find_packaged(path, "ensembles")
     data = read_yaml_file(path, "ensemble config") or {}
@@ -314,8 +315,8 @@ def _head_beside(value: str, folder: Path) -> str:
 
 
 def _files_beside(data: dict[str, Any], folder: Path) -> None:
-    """Relative file names that do not exist from the working directory but do beside the YAML are
-    made absolute (the YAML's folder is the second place a relative path is looked up)."""
+    """Relative file and folder names that do not exist from the working directory but do beside the
+    YAML are made absolute (the YAML's folder is the second place a relative path is looked up)."""
 
     def beside(value: Any) -> Any:
         if not isinstance(value, str) or not value.strip():
@@ -325,8 +326,9 @@ def _files_beside(data: dict[str, Any], folder: Path) -> None:
             return value
         return str((folder / relative).resolve())
 
-    if "dataset" in data:
-        data["dataset"] = beside(data["dataset"])
+    for key in ("dataset", "weights_dir"):
+        if key in data:
+            data[key] = beside(data[key])
     for model in data.get("models") or []:
         if isinstance(model, dict):
             for key in ("weights", "results", "images"):

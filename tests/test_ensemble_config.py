@@ -324,6 +324,29 @@ def test_a_yaml_head_is_the_file_beside_it_else_a_shipped_head(tmp_path, monkeyp
     assert head_of("sub/coco_yolo3_deep") == str(tmp_path / "cfg" / "sub" / "coco_yolo3_deep")
 
 
+def test_a_relative_weights_dir_is_looked_up_beside_the_yaml(tmp_path, monkeypatch):
+    from detens.adapters.weights import ENV_VAR, resolve_model_weights
+
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere" / "deep"
+    for folder in (project / "cfg", project / "models" / "mine", elsewhere):
+        folder.mkdir(parents=True)
+    (project / "models" / "mine" / "v8.onnx").write_text("weights")
+    path = project / "cfg" / "wd.yaml"
+    path.write_text(yaml.safe_dump({"weights_dir": "../models", "models": [{"weights": "mine/v8.onnx", "name": "v8"}]}))
+    for cwd in (project / "cfg", elsewhere):  # found from either: the YAML's folder is the second place looked
+        monkeypatch.chdir(cwd)
+        config = load_ensemble_config(path)
+        assert Path(config.weights_dir).resolve() == project / "models"
+        assert resolve_model_weights(config.models[0], config.weights_dir).value.endswith("models/mine/v8.onnx")
+    # a command line's folder is the working directory's, as its other paths are
+    config = load_ensemble_config(path, {"weights_dir": "../models"})
+    assert config.weights_dir == "../models"
+    with pytest.raises(FileNotFoundError, match=rf"{tmp_path / 'elsewhere' / 'models' / 'mine' / 'v8.onnx'} \(weights "
+                                                rf"folder; {tmp_path / 'elsewhere' / 'models'} does not exist\)"):
+        resolve_model_weights(config.models[0], config.weights_dir)
+
+
 def test_shipped_head_names_are_the_heads():
     from detens.packaged import packaged_names
 

@@ -511,6 +511,26 @@ def test_weights_rewritten_at_the_same_path_are_not_resumed_over(workspace, tmp_
     assert folder_state(out) == before
 
 
+def test_a_relative_weights_dir_is_the_yamls_and_a_flags_is_the_working_directorys(workspace, tmp_path, capsys,
+                                                                                    monkeypatch):
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere" / "deep"
+    (project / "models" / "mine").mkdir(parents=True)
+    (project / "cfg").mkdir()
+    elsewhere.mkdir(parents=True)
+    shutil.copy(REPO.parent / "shared" / "models" / "yolov8n_int8_tflite" / "yolov8n_int8.tflite",
+                project / "models" / "mine" / "v8.tflite")  # a name no other weights folder has
+    config = {"weights_dir": "../models", "models": [{"weights": "mine/v8.tflite", "name": "v8"}],
+              "fusion": {"method": "wbf"}}
+    (project / "cfg" / "wd.yaml").write_text(yaml.safe_dump(config))
+    source = one_image_source(workspace, tmp_path / "src")
+    monkeypatch.chdir(elsewhere)
+    args = ["--config", str(project / "cfg" / "wd.yaml"), "--source", str(source), "--quiet", "--no-vis"]
+    assert fuse_tool.main([*args, "--out", str(tmp_path / "o")]) == 0
+    assert fuse_tool.main([*args, "--out", str(tmp_path / "o2"), "--weights-dir", "../models"]) == 2
+    missing = tmp_path / "elsewhere" / "models"
+    assert f"{missing / 'mine' / 'v8.tflite'} (weights folder; {missing} does not exist)" in capsys.readouterr().err
+
+
 def torch_no_grad():
     import torch
 

@@ -162,7 +162,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--imgsz", type=int, help="inference size of every model (overrides imgsz)")
     p.add_argument("--device", help="device of every model: cpu, cuda, cuda:0 ... (overrides device)")
     p.add_argument("--batch", type=int, help="images per detector call (overrides batch)")
-    p.add_argument("--weights-dir", help="folder that weights names are relative to (overrides weights_dir)")
+    p.add_argument("--weights-dir", help="folder that weights names are relative to, a relative one from the working "
+                   "directory (overrides weights_dir)")
     p.add_argument(
         "--max-images",
         type=int,
