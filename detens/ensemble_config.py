@@ -104,11 +104,16 @@ class ModelConfig:
     providers: list[str] | None = None
     options: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def label(self) -> str:
+        """The model for messages: ``model 'yolov8n'`` (its name, else its weights, results, ...)."""
+        return f"model {self.name or self.weights or self.results or self.arch or self.type!r}"
+
     def __post_init__(self) -> None:
         from detens.adapters import ADAPTERS
 
         ADAPTERS.get(self.type)  # unknown type: error listing the valid ones
-        label = f"model {self.name or self.weights or self.results or self.arch or self.type!r}"
+        label = self.label
         if self.name is not None:
             check_member_name(self.name, "model name")
         used = _TYPE_KEYS.get(self.type)
@@ -268,8 +273,10 @@ def load_ensemble_config(
 
     ``per_model`` holds settings given for the whole ensemble that also replace each model's own value
     (``{"conf": 0.25}`` from a ``--conf`` flag); ``None`` values are ignored. A relative ``fusion.head``
-    is relative to the file's folder; relative ``weights``, ``results``, ``images`` and ``dataset`` are
-    looked up from the working directory first, then beside the file.
+    is relative to the file's folder, and a name that is no file there a shipped head's
+    (``coco_yolo3_deep``); relative ``weights``, ``results``, ``images``, ``dataset`` and ``weights_dir``
+    are looked up from the working directory first, then beside the file. ``overrides`` are not: a
+    command line's paths are the working directory's.
     """
     path = find_packaged(path, "ensembles")
     data = read_yaml_file(path, "ensemble config") or {}
@@ -277,9 +284,7 @@ def load_ensemble_config(
         raise ValueError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
     fusion = data.get("fusion")
     if isinstance(fusion, dict) and isinstance(fusion.get("head"), str):
-        head = Path(fusion["head"]).expanduser()
-        if not head.is_absolute():
-            fusion["head"] = str((path.parent / head).resolve())
+        fusion["head"] = _head_beside(fusion["head"], path.parent)
     _files_beside(data, path.parent)
     per_model = {k: v for k, v in (per_model or {}).items() if v is not None}
     data = apply_overrides(data, {**(overrides or {}), **per_model})
@@ -299,9 +304,19 @@ def load_ensemble_config(
     return ensemble_config_from_dict(data, where=str(path))
 
 
+def _head_beside(value: str, folder: Path) -> str:
+    """A YAML's ``fusion.head``: the file beside the YAML, else the shipped head of that name (as
+    ``--head`` takes one), as an absolute path."""
+    try:
+        return str(find_packaged(value, "heads", folder).resolve())
+    except FileNotFoundError:
+        # not refused here: a --method or --head flag may replace it; loading it names what is missing
+        return str((folder / Path(value).expanduser()).resolve())
+
+
 def _files_beside(data: dict[str, Any], folder: Path) -> None:
-    """Relative file names that do not exist from the working directory but do beside the YAML are
-    made absolute (the YAML's folder is the second place a relative path is looked up)."""
+    """Relative file and folder names that do not exist from the working directory but do beside the
+    YAML are made absolute (the YAML's folder is the second place a relative path is looked up)."""
 
     def beside(value: Any) -> Any:
         if not isinstance(value, str) or not value.strip():
@@ -311,8 +326,9 @@ def _files_beside(data: dict[str, Any], folder: Path) -> None:
             return value
         return str((folder / relative).resolve())
 
-    if "dataset" in data:
-        data["dataset"] = beside(data["dataset"])
+    for key in ("dataset", "weights_dir"):
+        if key in data:
+            data[key] = beside(data[key])
     for model in data.get("models") or []:
         if isinstance(model, dict):
             for key in ("weights", "results", "images"):

@@ -39,19 +39,26 @@ def packaged_names(kind: Kind) -> list[str]:
     return sorted({p.stem for p in _shipped_files(kind)})
 
 
-def find_packaged(value: str | Path, kind: Kind) -> Path:
+def find_packaged(value: str | Path, kind: Kind, folder: str | Path | None = None) -> Path:
     """``value`` as an existing file, else the shipped file of that name (``coco_yolo3``).
+
+    Args:
+        value: a path, or a bare name.
+        kind: what is shipped under that name: ``"ensembles"``, ``"train"`` or ``"heads"``.
+        folder: where a relative ``value`` lies (the folder of the YAML that names it); None: the working
+            directory.
 
     Raises:
         FileNotFoundError: neither; the message names the path tried and lists the shipped names.
     """
     if kind not in _SUFFIXES:
         raise ValueError(f"kind must be one of {', '.join(_SUFFIXES)}, got {kind!r}")
-    path = Path(value).expanduser()
+    given = Path(value).expanduser()
+    path = Path(folder) / given if folder is not None and not given.is_absolute() else given
     if path.is_file():
         return path
     name = str(value)
-    if path.parent == Path(".") and name:
+    if given.parent == Path(".") and name:
         # a bare name takes the first of the kind's suffixes shipped; a file name, that file
         for candidate in _shipped_files(kind):
             if name in (candidate.stem, candidate.name):

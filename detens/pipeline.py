@@ -135,8 +135,8 @@ class Ensemble:
             name it: ``UltralyticsDetector(model, name="v8")``). An ``AugmentedDetector`` adds one member
             per view. The boxes of each member carry its name as their ``source``.
         method (str): a fusion method of :func:`detens.fuse` (``"wbf"``, ``"theta"``, ...).
-        head: for ``method="theta"`` or a head type (``"deep"``, ...): a head or the path of a saved one
-            (checked against the detector names).
+        head: for ``method="theta"`` or a head type (``"deep"``, ...): a head, the path of a saved one, or
+            a shipped head's name (``"coco_yolo3_deep"``), checked against the detector names.
         **params: the method's parameters (``iou_thr``, ``weights``, ...), checked here, names and values
             (an ``iou_thr`` of 5, weights of another length, a head of other models): a mistake is reported
             before any detector runs.
@@ -385,7 +385,8 @@ def fuse_results(
         per_model_results (list[list[Results]]): ``per_model_results[n][b]``: model n on image b (what
             ``model(images)`` returns, one list per model; same images in the same order).
         method (str): a fusion method of :func:`detens.fuse`.
-        head: for ``method="theta"`` or a head type (``"deep"``, ...): a head or the path of a saved one.
+        head: for ``method="theta"`` or a head type (``"deep"``, ...): a head, the path of a saved one, or
+            a shipped head's name (``"coco_yolo3_deep"``).
         model_names (list[str] | None): names of the models (stored as ``Detections.source``; a head
             given as a path is checked against them). Default: unnamed, a head then takes the models in its
             own order.
@@ -451,7 +452,7 @@ class TorchvisionFusion(nn.Module):
     Args:
         method (str): a fusion method of :func:`detens.fuse`.
         head: for ``method="theta"`` or a head type (``"deep"``, ...): a head (registered as a submodule,
-            so ``.to(device)`` moves it) or the path of a saved one.
+            so ``.to(device)`` moves it), the path of a saved one, or a shipped head's name.
         model_names (list[str] | None): names of the models (a head is checked against them). Default:
             unnamed, a head then takes the models in its own order.
         **params: the method's parameters (``iou_thr``, ``weights``, ...). Their names are checked here;

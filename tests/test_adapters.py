@@ -180,6 +180,20 @@ class TestUltralyticsOptions:
         with pytest.raises(error, match=fragment):
             build_label_lookup(names, default="coco80", class_map=class_map, where="v8")
 
+    def test_class_map_ids_outside_the_categories_are_named(self):
+        from detens.adapters._labels import build_label_lookup
+
+        names, categories = ["person", "bus"], {1: "person", 2: "bus"}
+        with pytest.raises(ValueError, match=r"^v8: class_map\[0\] = 7 is not one of the 2 category ids of the label "
+                                             r"space: 1, 2; neither are class_map\['bus'\] = 6; map the classes"):
+            build_label_lookup(names, default="coco80", categories=categories, class_map={0: 7, "bus": 6}, where="v8")
+        with pytest.raises(ValueError, match=r"^v8: class_map\[1\] = 999 is not one of the 2 category ids"):
+            build_label_lookup(names, default="coco80", categories=categories, class_map=[1, 999], where="v8")
+        lookup = build_label_lookup(names, default="coco80", categories=categories, class_map={"bus": 2})
+        assert lookup.tolist() == [-1, 2]
+        # without categories the label space is the caller's: the ids are not compared with any
+        assert build_label_lookup(names, default="coco80", class_map={"bus": 999}).tolist() == [-1, 999]
+
     def test_class_map(self):
         from detens.adapters.ultralytics import UltralyticsDetector
 
@@ -721,6 +735,14 @@ class TestPrecomputed:
                                              r"class_map\), which is not one of the 2 category ids of the label "
                                              r"space: 1, 3; correct its class_map"):
             PrecomputedDetector(results, {"a.jpg": 7}, class_map={1: 5, 3: 3}).check_categories([1, 3])
+
+    def test_class_map_ids_outside_given_categories_are_named_at_once(self):
+        results = [{"image_id": 7, "category_id": 1, "bbox": [1.0, 2.0, 3.0, 4.0], "score": 0.5}]
+        categories = {1: "person", 2: "bus"}
+        # saved id 6 is in no result: its mapped id is wrong all the same
+        with pytest.raises(ValueError, match=r"^v8: class_map\[6\] = 60 is not one of the 2 category ids"):
+            PrecomputedDetector(results, {"a.jpg": 7}, name="v8", class_map={1: 1, 6: 60}, categories=categories)
+        PrecomputedDetector(results, {"a.jpg": 7}, name="v8", class_map={1: 1, 6: 2}, categories=categories)
 
     @pytest.mark.parametrize("options, error, fragment", [
         ({"max_det": -1}, ValueError, r"v8: max_det must be an integer >= 1, got -1"),

@@ -523,6 +523,16 @@ def test_saved_predictions_are_checked_before_any_model_loads(slice_, tmp_path, 
     assert not out.exists() or not any(out.rglob("*.json"))
 
 
+def test_a_class_map_outside_the_label_space_is_refused_before_any_model_loads(slice_, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(cache_tool, "build_detector", lambda *a, **k: pytest.fail("a model loaded for nothing"))
+    config = {"name": "cm", "models": [{"weights": str(YOLO26N), "name": "v26", "class_map": {0: 1, 5: 999}}]}
+    (tmp_path / "cm.yaml").write_text(yaml.safe_dump(config))
+    out = tmp_path / "out"
+    refused(capsys, run(slice_, out, config=str(tmp_path / "cm.yaml")),
+            r"model 'v26': class_map\[5\] = 999 is not one of the 80 category ids of the dataset .*gt\.json")
+    assert not out.exists() or not any(out.rglob("*.json"))
+
+
 # ---------------------------------------------------------------------------------------- weights digests
 def weights_config(root: Path, *models: dict) -> str:
     """An ensemble YAML of ``models`` (``type: ultralytics`` unless given) in ``root``; returns its path."""

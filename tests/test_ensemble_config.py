@@ -184,6 +184,24 @@ def test_build_precomputed_ensemble(tmp_path):
 
 
 @pytest.mark.slow
+def test_build_ensemble_checks_class_maps_before_any_model_loads(tmp_path):
+    from detens.adapters import check_class_maps
+
+    # weights found nowhere: building the member would fail on them, the class_map is named first
+    config = minimal()
+    config["models"][0].update(weights="nowhere.pt", name="v8", class_map={0: 1, "bus": 999})
+    message = (r"^model 'v8': class_map\['bus'\] = 999 is not one of the 80 category ids of COCO \(the config names "
+               r"no dataset\): 1-11, 13-25, 27, 28, .*; map the classes onto those ids$")
+    with pytest.raises(ValueError, match=message):
+        build_ensemble(config)
+    dataset = tmp_path / "gt.json"
+    dataset.write_text(json.dumps({"images": [], "annotations": [], "categories": [{"id": 1, "name": "person"},
+                                                                                  {"id": 999, "name": "bus"}]}))
+    check_class_maps({**config, "dataset": str(dataset)}, {1: "person", 999: "bus"})
+    with pytest.raises(ValueError, match=r"class_map\['bus'\] = 999 is not one of the 2 category ids of the dataset"):
+        check_class_maps({**config, "dataset": str(dataset)}, {1: "person", 2: "bus"})
+
+
 def test_build_tta_ensemble_runs():
     members = build_ensemble(REPO / "detens" / "configs" / "ensembles" / "coco_yolo4_tta.yaml")
     assert [m.name for m in members] == [
@@ -279,6 +297,54 @@ def test_shipped_names_leave_out_the_side_files_of_a_training_run(tmp_path, monk
         packaged.find_packaged("a.json.log", "heads")
     with pytest.raises(FileNotFoundError, match=r"'c.json' not found"):
         packaged.find_packaged("c.json", "heads")
+
+
+def test_a_yaml_head_is_the_file_beside_it_else_a_shipped_head(tmp_path, monkeypatch):
+    from detens.packaged import CONFIG_ROOT
+
+    shipped = CONFIG_ROOT / "heads"
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "run").mkdir()
+    monkeypatch.chdir(tmp_path / "run")
+
+    def head_of(head):
+        path = tmp_path / "cfg" / "e.yaml"
+        path.write_text(yaml.safe_dump(minimal(fusion={"method": "deep", "head": head})))
+        return load_ensemble_config(path).fusion.head
+
+    assert head_of("coco_yolo3_deep") == str(shipped / "coco_yolo3_deep.json")  # as --head takes it
+    assert head_of("coco_yolo3_theta.json") == str(shipped / "coco_yolo3_theta.json")
+    # a file beside the YAML wins over a shipped head; the working directory's is not looked at
+    (tmp_path / "cfg" / "coco_yolo3_deep.json").write_text("{}")
+    (tmp_path / "run" / "coco_yolo3_theta.json").write_text("{}")
+    assert head_of("coco_yolo3_deep.json") == str(tmp_path / "cfg" / "coco_yolo3_deep.json")
+    assert head_of("coco_yolo3_theta.json") == str(shipped / "coco_yolo3_theta.json")
+    # neither: the path beside the YAML, named when the head is loaded (a flag may replace it first)
+    assert head_of("nothing.json") == str(tmp_path / "cfg" / "nothing.json")
+    assert head_of("sub/coco_yolo3_deep") == str(tmp_path / "cfg" / "sub" / "coco_yolo3_deep")
+
+
+def test_a_relative_weights_dir_is_looked_up_beside_the_yaml(tmp_path, monkeypatch):
+    from detens.adapters.weights import ENV_VAR, resolve_model_weights
+
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere" / "deep"
+    for folder in (project / "cfg", project / "models" / "mine", elsewhere):
+        folder.mkdir(parents=True)
+    (project / "models" / "mine" / "v8.onnx").write_text("weights")
+    path = project / "cfg" / "wd.yaml"
+    path.write_text(yaml.safe_dump({"weights_dir": "../models", "models": [{"weights": "mine/v8.onnx", "name": "v8"}]}))
+    for cwd in (project / "cfg", elsewhere):  # found from either: the YAML's folder is the second place looked
+        monkeypatch.chdir(cwd)
+        config = load_ensemble_config(path)
+        assert Path(config.weights_dir).resolve() == project / "models"
+        assert resolve_model_weights(config.models[0], config.weights_dir).value.endswith("models/mine/v8.onnx")
+    # a command line's folder is the working directory's, as its other paths are
+    config = load_ensemble_config(path, {"weights_dir": "../models"})
+    assert config.weights_dir == "../models"
+    with pytest.raises(FileNotFoundError, match=rf"{tmp_path / 'elsewhere' / 'models' / 'mine' / 'v8.onnx'} \(weights "
+                                                rf"folder; {tmp_path / 'elsewhere' / 'models'} does not exist\)"):
+        resolve_model_weights(config.models[0], config.weights_dir)
 
 
 def test_shipped_head_names_are_the_heads():

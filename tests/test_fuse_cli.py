@@ -346,6 +346,16 @@ def test_shipped_config_head_follows_its_method(tmp_path):
         fuse_tool.fusion_params(config, ["a", "b", "c"])
 
 
+def test_a_shipped_head_named_in_a_yaml_runs(tmp_path):
+    config = yaml.safe_load((REPO / "detens" / "configs" / "ensembles" / "coco_yolo3.yaml").read_text())
+    config["fusion"] = {"method": "deep", "head": "coco_yolo3_deep"}  # "a path, or a shipped name"
+    (tmp_path / "e.yaml").write_text(yaml.safe_dump(config))
+    config = fuse_tool.resolve_config(parse(["--config", str(tmp_path / "e.yaml"), "--source", "x", "--out", "o"]))
+    assert config.fusion.head.endswith("coco_yolo3_deep.json")
+    params = fuse_tool.fusion_params(config, ["yolov8n", "yolo11n", "yolo26n"])
+    assert fuse_tool.method_label(config, params) == "deep"
+
+
 def test_fusion_weights_are_given_in_one_place():
     from detens.config import from_dict
     from detens.ensemble_config import EnsembleConfig
@@ -360,6 +370,41 @@ def test_fusion_weights_are_given_in_one_place():
     assert fuse_tool.fusion_params(config(1.0, {"weights": [1.0, 5.0]}), ["a", "b"])["weights"] == [1.0, 5.0]
     with pytest.raises(ValueError, match=r"fusion weights are given twice: fusion.params.weights \[1.0, 5.0\]"):
         fuse_tool.fusion_params(config(2.0, {"weights": [1.0, 5.0]}), ["a", "b"])
+
+
+def pair_config(workspace, tmp_path, fusion, named=True):
+    """The workspace's pair of YOLOs with another ``fusion`` (members unnamed unless ``named``)."""
+    config = yaml.safe_load((workspace / "pair.yaml").read_text())
+    config["fusion"] = fusion
+    if not named:
+        for model in config["models"]:
+            model.pop("name")
+    path = tmp_path / "pair.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+@pytest.mark.parametrize("engine", [[], ["--engine", "ray"]])
+@pytest.mark.parametrize("named", [True, False])
+@pytest.mark.parametrize("fusion, fragment", [
+    ({"method": "wbf", "params": {"iou_th": 0.5}},
+     "fusion method 'wbf' takes no parameter ['iou_th']; its parameters: ['weights', 'iou_thr', "),
+    ({"method": "soft_nms", "params": {"bogus": 1}}, "fusion method 'soft_nms' takes no parameter ['bogus']"),
+    ({"method": "wbf", "params": {"iou_thr": 5}}, "iou_thr must be in [0, 1], got 5"),
+    ({"method": "wbf", "params": {"weights": [1, 2, 3]}}, "weights must hold one number per model (2), got 3"),
+    ({"method": "deep", "head": "coco_yolo3_deep.json"}, "was trained for"),
+])
+def test_fusion_params_are_checked_before_any_detector_loads(workspace, tmp_path, capsys, monkeypatch, engine,
+                                                             named, fusion, fragment):
+    if fusion.get("head"):
+        fusion = {**fusion, "head": str(REPO / "detens" / "configs" / "heads" / fusion["head"])}
+    config = pair_config(workspace, tmp_path, fusion, named)
+    monkeypatch.setattr(fuse_tool, "build_ensemble", lambda *a, **k: pytest.fail("models loaded for nothing"))
+    code = fuse_tool.main(["--config", str(config), "--source", str(workspace / "images"), "--out",
+                           str(tmp_path / "o"), "--quiet", *engine])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("error:") == 1 and fragment in err and "Traceback" not in err, err
+    assert not (tmp_path / "o").exists()
 
 
 def one_image_source(workspace, folder, *names):
@@ -466,6 +511,26 @@ def test_weights_rewritten_at_the_same_path_are_not_resumed_over(workspace, tmp_
     assert folder_state(out) == before
 
 
+def test_a_relative_weights_dir_is_the_yamls_and_a_flags_is_the_working_directorys(workspace, tmp_path, capsys,
+                                                                                    monkeypatch):
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere" / "deep"
+    (project / "models" / "mine").mkdir(parents=True)
+    (project / "cfg").mkdir()
+    elsewhere.mkdir(parents=True)
+    shutil.copy(REPO.parent / "shared" / "models" / "yolov8n_int8_tflite" / "yolov8n_int8.tflite",
+                project / "models" / "mine" / "v8.tflite")  # a name no other weights folder has
+    config = {"weights_dir": "../models", "models": [{"weights": "mine/v8.tflite", "name": "v8"}],
+              "fusion": {"method": "wbf"}}
+    (project / "cfg" / "wd.yaml").write_text(yaml.safe_dump(config))
+    source = one_image_source(workspace, tmp_path / "src")
+    monkeypatch.chdir(elsewhere)
+    args = ["--config", str(project / "cfg" / "wd.yaml"), "--source", str(source), "--quiet", "--no-vis"]
+    assert fuse_tool.main([*args, "--out", str(tmp_path / "o")]) == 0
+    assert fuse_tool.main([*args, "--out", str(tmp_path / "o2"), "--weights-dir", "../models"]) == 2
+    missing = tmp_path / "elsewhere" / "models"
+    assert f"{missing / 'mine' / 'v8.tflite'} (weights folder; {missing} does not exist)" in capsys.readouterr().err
+
+
 def torch_no_grad():
     import torch
 
@@ -557,11 +622,39 @@ def test_saved_category_ids_follow_the_dataset_and_the_class_map(workspace, tmp_
     # a class_map onto the dataset's ids fixes it; an id the map sends outside is named with the map
     config = saved_config(tmp_path, results, {"a.jpg": 1}, dataset, class_map={1: 1, 6: 7})
     assert fuse_tool.main(["--config", str(config), "--out", str(tmp_path / "o"), *args]) == 2
-    assert "has category_id 6 (mapped to 7 by its class_map)" in capsys.readouterr().err
+    assert "model 'saved': class_map[6] = 7 is not one of the 2 category ids of the dataset" in capsys.readouterr().err
     config = saved_config(tmp_path, results, {"a.jpg": 1}, dataset, class_map={1: 1, 6: 2})
     assert fuse_tool.main(["--config", str(config), "--out", str(tmp_path / "o"), *args]) == 0
     _, fused = read_outputs(tmp_path / "o")
     assert sorted({r["category_id"] for r in fused}) == [1, 2]
+
+
+@pytest.mark.parametrize("flags", [[], ["--no-labels"], ["--engine", "ray"]])
+def test_a_class_map_outside_the_label_space_is_refused_before_any_detector_loads(workspace, tmp_path, capsys,
+                                                                                   monkeypatch, flags):
+    monkeypatch.setattr(fuse_tool, "build_ensemble", lambda *a, **k: pytest.fail("models loaded for nothing"))
+    args = ["--source", str(workspace / "images"), "--out", str(tmp_path / "o"), "--quiet", *flags]
+    config = yaml.safe_load((workspace / "pair.yaml").read_text())
+    config["models"][1]["class_map"] = {0: 1, "bus": 999}
+    (tmp_path / "cm.yaml").write_text(yaml.safe_dump(config))
+    assert fuse_tool.main(["--config", str(tmp_path / "cm.yaml"), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "Traceback" not in err
+    assert ("model 'yolo26n': class_map['bus'] = 999 is not one of the 80 category ids of COCO (the config names no "
+            "dataset): 1-11, 13-25, 27, 28,") in err
+    # COCO's ids are not a dataset's: with one, its categories are the label space
+    config["dataset"] = str(one_image_dataset(tmp_path))
+    config["models"][1]["class_map"] = {0: 1, 5: 6}
+    (tmp_path / "cm.yaml").write_text(yaml.safe_dump(config))
+    assert fuse_tool.main(["--config", str(tmp_path / "cm.yaml"), *args]) == 2
+    assert (f"model 'yolo26n': class_map[5] = 6 is not one of the 2 category ids of the dataset "
+            f"{tmp_path / 'gt.json'}: 1, 2;") in capsys.readouterr().err
+    # saved predictions: a mapped id is checked even when no saved result has its key
+    results = [saved_result(1, 1)]
+    config = saved_config(tmp_path, results, {"bus.jpg": 1}, None, class_map={1: 1, 12: 999})
+    assert fuse_tool.main(["--config", str(config), "--method", "wbf", *args]) == 2
+    assert "model 'saved': class_map[12] = 999 is not one of the 80 category ids of COCO" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
 
 
 def one_image_dataset(tmp_path):

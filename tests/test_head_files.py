@@ -260,6 +260,24 @@ def test_shipped_heads_hold_every_key():
         assert load_head(path).model_names
 
 
+def test_shipped_heads_load_by_name_and_a_missing_file_is_named_before_its_suffix(tmp_path, monkeypatch):
+    from detens.fusers.theta import load_cached_head
+    from detens.heads._io import read_head_file
+
+    monkeypatch.chdir(tmp_path)
+    head = load_head("coco_yolo3_theta", model_names=["yolo26n", "yolov8n", "yolo11n"])
+    assert isinstance(head, ThetaHead) and ThetaHead.load("coco_yolo3_theta").model_names == head.model_names
+    assert read_head_file("coco_yolo3_deep").type == load_cached_head("coco_yolo3_deep").type_name == "calibrated"
+    shipped = r"\(shipped: coco_yolo3_deep, coco_yolo3_theta, coco_yolo3_tiles_deep\)"
+    for missing in ("coco_yolo3_thet", "runs/nowhere/head", "head.txt"):
+        with pytest.raises(FileNotFoundError, match=rf"head file '{missing}' not found: no such file \({tmp_path / missing}\)"
+                                                    rf" and not a shipped name {shipped}"):
+            load_head(missing)
+    (tmp_path / "head.txt").write_text("{}")  # a file: its suffix is what is wrong
+    with pytest.raises(ValueError, match=r"head file 'head.txt' must end in one of .json, .safetensors, got '.txt'"):
+        load_head("head.txt")
+
+
 # -------------------------------------------------------------------------------------- class id order
 def per_class_theta() -> ThetaHead:
     head = ThetaHead(NAMES, per_class=True, class_ids=[1, 3])

@@ -543,6 +543,18 @@ class TestEnsemble:
             Ensemble(detectors, **{"method": "wbf", **options})
         assert [d.calls for d in detectors] == [0, 0]
 
+    def test_a_shipped_head_goes_by_name(self):
+        a = Detections([[10.0, 20.0, 110.0, 220.0]], [0.9], [1], (480, 640))
+        detectors = [FixedDetector(name, [a]) for name in ("yolo26n", "yolov8n", "yolo11n")]
+        ens = Ensemble(detectors, method="theta", head="coco_yolo3_theta")
+        expected = detens.fuse([a.with_source(d.name) for d in detectors], method="theta", head="coco_yolo3_theta")
+        fused = ens([np.zeros((480, 640, 3), np.uint8)])[0]
+        assert torch.equal(fused.boxes, expected.boxes) and torch.equal(fused.scores, expected.scores)
+        with pytest.raises(FileNotFoundError, match=r"head file 'coco_yolo3_thet' not found: no such file .* not a "
+                                                    r"shipped name \(shipped: coco_yolo3_deep, coco_yolo3_theta, "):
+            Ensemble(detectors, method="theta", head="coco_yolo3_thet")
+        assert [d.calls for d in detectors] == [1, 1, 1]
+
     @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
     def test_a_head_on_the_gpu_is_checked_on_its_device(self):
         a = Detections([[10.0, 20.0, 110.0, 220.0]], [0.9], [1], (480, 640)).to("cuda")

@@ -129,6 +129,13 @@ class TestMissing:
         assert "yolo11n.pt" in message and ENV_VAR in message
         assert isinstance(info.value, FileNotFoundError)
 
+    def test_error_names_a_relative_weights_folder_absolutely(self, dirs):
+        _, _, cwd = dirs
+        with pytest.raises(WeightsNotFoundError) as info:
+            resolve_weights("missing.onnx", "onnx", weights_dir="../models")
+        missing = cwd.parent / "models"
+        assert f"{missing / 'missing.onnx'} (weights folder; {missing} does not exist)" in str(info.value)
+
     def test_error_without_any_weights_folder(self, dirs, monkeypatch):
         monkeypatch.setattr("detens.adapters.weights.repository_weights_dir", lambda: dirs[2] / "no_such_dir")
         monkeypatch.setattr("detens.adapters.weights.shared_models_above", lambda start=None: None)

@@ -53,6 +53,8 @@ __all__ = [
     "build_ensemble",
     "member_weights",
     "dataset_categories",
+    "label_space_name",
+    "check_class_maps",
 ]
 
 _LAZY = {
@@ -210,6 +212,33 @@ def dataset_categories(config: EnsembleConfig) -> dict[int, str] | None:
     return load_coco_gt(config.dataset).category_names
 
 
+def label_space_name(config: EnsembleConfig) -> str:
+    """Whose category ids a config's members give, for messages."""
+    return f"the dataset {config.dataset}" if config.dataset else "COCO (the config names no dataset)"
+
+
+def check_class_maps(
+    config: EnsembleConfig | str | Path | Mapping[str, Any], categories: Mapping[int, str] | None = None
+) -> None:
+    """Check every member's ``class_map`` against the config's label space before any model loads: each
+    category id it gives must be one of ``categories`` (the ``dataset``'s, as :func:`dataset_categories`
+    gives them; None: COCO's 80).
+
+    Raises:
+        TypeError: a category id that is not an integer.
+        ValueError: a category id outside the label space, naming the model, the ``class_map`` key, the id
+            and the valid ids.
+    """
+    from detens.adapters._labels import check_class_map_categories
+    from detens.labels import COCO_CATEGORY_IDS
+
+    config = _as_config(config)
+    ids = list(categories) if categories is not None else list(COCO_CATEGORY_IDS)
+    for model in config.models:
+        if model.class_map is not None:
+            check_class_map_categories(model.class_map, ids, model.label, label_space_name(config))
+
+
 def _as_config(config: EnsembleConfig | str | Path | Mapping[str, Any]) -> EnsembleConfig:
     from detens.ensemble_config import EnsembleConfig, ensemble_config_from_dict, load_ensemble_config
 
@@ -266,13 +295,15 @@ def build_ensemble(
             used as they are: a caller that already read a model's files does not read them again.
 
     Raises:
-        ValueError: two members with the same name (set ``name`` in the YAML).
+        ValueError: two members with the same name (set ``name`` in the YAML), a ``class_map`` id outside
+            the label space (the ``dataset``'s categories, or COCO's 80; see :func:`check_class_maps`).
     """
     config = _as_config(config)
     stray = sorted(set(built or {}) - set(range(len(config.models))))
     if stray:
         raise ValueError(f"built names models {stray}, but the config has models 0..{len(config.models) - 1}")
     categories = dataset_categories(config)
+    check_class_maps(config, categories)
     members: list[Detector] = []
     for i, model in enumerate(config.models):
         member = built.get(i) if built else None

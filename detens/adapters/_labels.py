@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -26,6 +26,8 @@ __all__ = [
     "build_label_lookup",
     "apply_label_lookup",
     "check_category_id_map",
+    "check_class_map_categories",
+    "id_ranges",
 ]
 
 logger = logging.getLogger(__name__)
@@ -113,6 +115,67 @@ def check_category_id_map(class_map: Mapping[Any, Any], where: str) -> dict[int,
     }
 
 
+def id_ranges(ids: Sequence[int], limit: int = 24) -> str:
+    """Sorted integer ids as runs, ``"1-11, 13-25, 27, 28"``; at most ``limit`` runs, then a count."""
+    runs: list[list[int]] = []
+    for i in ids:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    parts = [str(a) if a == b else f"{a}, {b}" if b == a + 1 else f"{a}-{b}" for a, b in runs]
+    if not parts:
+        return "none"
+    shown = ", ".join(parts[:limit])
+    return shown + (f", ... ({len(ids)} ids in all)" if len(parts) > limit else "")
+
+
+def check_class_map_categories(
+    class_map: Mapping[Any, Any] | Sequence[Any],
+    category_ids: Iterable[int],
+    where: str,
+    label_space: str = "the label space",
+) -> None:
+    """Check that every category id ``class_map`` gives is one of ``category_ids``: a box mapped outside
+    the label space would be written with an id that nothing (``images.json``, a YOLO label) can name.
+
+    Args:
+        class_map: ``{class index, class name or saved category id: category id}``, or a list with the
+            category id of every class by index.
+        category_ids (Iterable[int]): the label space's category ids.
+        where (str): the member, for messages (``"model 'v8'"``).
+        label_space (str): whose ids ``category_ids`` are, for messages.
+
+    Raises:
+        TypeError: ``class_map`` is neither a mapping nor a list, or an id is not an integer.
+        ValueError: an id outside ``[0, MAX_LABEL]``, or not one of ``category_ids`` (naming the first
+            such key and id, the other wrong ids and the valid ids).
+    """
+    if isinstance(class_map, Mapping):
+        items = list(class_map.items())
+    elif isinstance(class_map, Sequence) and not isinstance(class_map, str):
+        items = list(enumerate(class_map))
+    else:
+        raise TypeError(
+            f"{where}: class_map must be {{index or name: category_id}} or a list of category ids, "
+            f"got {type(class_map).__name__}"
+        )
+    valid = {int(c) for c in category_ids}
+    wrong = [(key, cat) for key, cat in items if _category_id(cat, f"{where}: class_map[{key!r}]") not in valid]
+    if not wrong:
+        return
+    key, cat = wrong[0]
+    others = ""
+    if len(wrong) > 1:
+        others = f"; neither are {', '.join(f'class_map[{k!r}] = {c}' for k, c in wrong[1:6])}" + (
+            " ..." if len(wrong) > 6 else ""
+        )
+    raise ValueError(
+        f"{where}: class_map[{key!r}] = {cat} is not one of the {len(valid)} category ids of {label_space}: "
+        f"{id_ranges(sorted(valid))}{others}; map the classes onto those ids"
+    )
+
+
 def build_label_lookup(
     model_names: Mapping[int, str] | Sequence[str],
     *,
@@ -132,7 +195,8 @@ def build_label_lookup(
             by name (case, ``_`` and Darknet spellings ignored). Classes without a match are dropped.
         class_map: explicit ``{detector index or class name: category id}``; wins over everything else,
             and classes it does not list are dropped. A list gives the category id of every class by index
-            (``[1, 2, 3, ..., 90]``, a model card's ``coco_ids``) and must have one entry per class.
+            (``[1, 2, 3, ..., 90]``, a model card's ``coco_ids``) and must have one entry per class. With
+            ``categories``, each id must be one of them (:func:`check_class_map_categories`).
         where: the detector's name, for messages.
     """
     names = _names_list(model_names)
@@ -152,6 +216,8 @@ def build_label_lookup(
             )
         class_map = dict(enumerate(class_map))
     if class_map is not None:
+        if categories is not None:
+            check_class_map_categories(class_map, categories, where)
         by_name = {normalize_class_name(n): i for i, n in enumerate(names)}
         for key, cat in class_map.items():
             if isinstance(key, str) and not key.lstrip("-").isdigit():

@@ -30,7 +30,7 @@ import torch
 from torchvision.ops import batched_nms, clip_boxes_to_image
 
 from detens.adapters._base import BaseDetector, check_detection_options
-from detens.adapters._labels import apply_label_lookup, build_label_lookup
+from detens.adapters._labels import apply_label_lookup, build_label_lookup, check_class_map_categories
 from detens.adapters.onnx_decoders import DECODERS, Dim, OnnxDecoder
 from detens.adapters.weights import resolve_weights
 from detens.detections import Detections
@@ -276,6 +276,9 @@ class OnnxDetector(BaseDetector):
         self.conf, self.iou, self.max_det, self.agnostic_nms = float(conf), float(iou), max_det, agnostic_nms
         self._label_args = {"categories": categories, "class_map": class_map}
         self.lookup = self._build_lookup() if self.num_classes > 0 else None  # dynamic: at the first run
+        if self.lookup is None and categories is not None and class_map is not None:
+            # the lookup waits for the first run to know the classes; the map's ids can be checked now
+            check_class_map_categories(class_map, categories, self.name)
         logger.debug(
             "%s: %s, decoder %s, input %s, %s, providers %s",
             self.name,

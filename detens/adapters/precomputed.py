@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from detens.adapters._base import BaseDetector, ImageInput, as_image_list
-from detens.adapters._labels import check_category_id_map
+from detens.adapters._labels import check_category_id_map, check_class_map_categories, id_ranges
 from detens.checks import check_integer, check_real
 from detens.coco import coco_to_detections, group_results_by_image, validate_coco_results
 from detens.detections import Detections
@@ -55,7 +55,8 @@ class PrecomputedDetector(BaseDetector):
         max_det (int | None): keep at most this many results per image (the best scored).
         class_map (dict[int, int] | None): ``{saved category_id: category id}``; unlisted ids are dropped.
             Default: the saved ``category_id`` is the label.
-        categories (dict[int, str] | None): names of the label space, for drawing.
+        categories (dict[int, str] | None): names of the label space, for drawing; when given, every id
+            of ``class_map`` must be one of them.
 
     Calling it with image paths (or image ids) returns their saved detections; an image without results
     gets an empty ``Detections``; an image the map does not know is an error. :meth:`check_categories`
@@ -98,6 +99,8 @@ class PrecomputedDetector(BaseDetector):
         self.conf = check_real(conf, f"{self.name}: conf", 0.0, 1.0)
         self.max_det = None if max_det is None else check_integer(max_det, f"{self.name}: max_det", 1)
         self.class_map = None if class_map is None else check_category_id_map(class_map, self.name)
+        if self.class_map is not None and categories is not None:
+            check_class_map_categories(self.class_map, categories, self.name)
         self.where = where
         # the first result of each saved category id, so that an id outside a label space can be named
         self._first_result: dict[int, tuple[int, int]] = {}
@@ -281,18 +284,3 @@ class PrecomputedDetector(BaseDetector):
                 )
             out.append(self._detections(record, size))  # type: ignore[arg-type]
         return out
-
-
-def id_ranges(ids: Sequence[int], limit: int = 24) -> str:
-    """Sorted integer ids as runs, ``"1-11, 13-25, 27, 28"``; at most ``limit`` runs, then a count."""
-    runs: list[list[int]] = []
-    for i in ids:
-        if runs and i == runs[-1][1] + 1:
-            runs[-1][1] = i
-        else:
-            runs.append([i, i])
-    parts = [str(a) if a == b else f"{a}, {b}" if b == a + 1 else f"{a}-{b}" for a, b in runs]
-    if not parts:
-        return "none"
-    shown = ", ".join(parts[:limit])
-    return shown + (f", ... ({len(ids)} ids in all)" if len(parts) > limit else "")

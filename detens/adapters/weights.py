@@ -166,7 +166,9 @@ def resolve_weights(
         dirs = weights_dirs(weights_dir)
         for folder in dirs:
             candidate = folder / as_path
-            tried.append(f"{candidate} (weights folder)")
+            # absolute: a relative folder is the working directory's, which the reader may not know
+            note = "weights folder" if folder.is_dir() else f"weights folder; {folder.resolve()} does not exist"
+            tried.append(f"{candidate.resolve()} ({note})")
             if candidate.exists():
                 return ResolvedWeights(str(candidate), True, tuple(tried))
         if not dirs:

@@ -118,11 +118,6 @@ def check_inputs_unchanged(out: Path, previous: Any, fingerprints: dict[str, str
         )
 
 
-def label_space_name(config: EnsembleConfig) -> str:
-    """Whose category ids a run writes, for messages."""
-    return f"the dataset {config.dataset}" if config.dataset else "COCO (the config names no dataset)"
-
-
 def saved_prediction_members(config: EnsembleConfig, categories: dict[int, str] | None) -> dict[int, Any]:
     """The ``precomputed`` members of ``config``, built, by their index in ``config.models``: they read only
     their files, so they are checked on the driver whatever the engine (``categories``: the dataset's, or

@@ -85,7 +85,14 @@ from typing import Any
 import yaml
 from tqdm import tqdm
 
-from detens.adapters import build_detector, dataset_categories, detect_loaded, view_names
+from detens.adapters import (
+    build_detector,
+    check_class_maps,
+    dataset_categories,
+    detect_loaded,
+    label_space_name,
+    view_names,
+)
 from detens.adapters.weights import ResolvedWeights, resolve_model_weights
 from detens.cli import UsageError
 from detens.cli._engine import add_engine_arguments, ray_options
@@ -93,7 +100,6 @@ from detens.cli._inputs import (
     check_inputs_unchanged,
     check_saved_predictions,
     file_digests,
-    label_space_name,
     weights_inputs,
 )
 from detens.coco import CocoGroundTruth, detections_to_coco, load_coco_gt, save_coco_results
@@ -156,7 +162,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--imgsz", type=int, help="inference size of every model (overrides imgsz)")
     p.add_argument("--device", help="device of every model: cpu, cuda, cuda:0 ... (overrides device)")
     p.add_argument("--batch", type=int, help="images per detector call (overrides batch)")
-    p.add_argument("--weights-dir", help="folder that weights names are relative to (overrides weights_dir)")
+    p.add_argument("--weights-dir", help="folder that weights names are relative to, a relative one from the working "
+                   "directory (overrides weights_dir)")
     p.add_argument(
         "--max-images",
         type=int,
@@ -798,6 +805,7 @@ def cache(args: argparse.Namespace) -> int:
 
     summary_path = out / (f"{SHARDS}/cache_summary{tag}.json" if shard else SUMMARY)
     categories = dataset_categories(config)
+    check_class_maps(config, categories)
     entries = plan_entries(config, categories)
     select_members(entries, args.models)
     check_saved_members(entries, data, config, categories)

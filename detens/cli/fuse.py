@@ -44,11 +44,12 @@ An ``--out`` holding outputs (``labels/``, ``vis/``, ...) that no run wrote is r
 the ``--source`` folder is not read back as input.
 
 Unreadable or corrupt images are reported and skipped. Sub-folders are kept under ``labels/`` and ``vis/``.
-Everything that can be checked before the detectors load (the config, the method, the head and its
-models, the output folder, the images) is checked first, with either ``--engine``. So are the saved
+Everything that can be checked before the detectors load (the config, the method, its parameters' names
+and values, the head and its models, the output folder, the images) is checked first, with either
+``--engine``. So are the saved
 predictions of ``precomputed`` members: every image must be among them, and every ``category_id`` (after
 the member's ``class_map``) one of the categories the run writes, the ``dataset``'s or COCO's 80, with or
-without ``--no-labels``.
+without ``--no-labels``; and every member's ``class_map``: each category id it gives must be one of them.
 """
 
 from __future__ import annotations
@@ -69,9 +70,11 @@ from tqdm import tqdm
 
 from detens.adapters import (
     build_ensemble,
+    check_class_maps,
     dataset_categories,
     declared_member_names,
     detect_loaded,
+    label_space_name,
     member_weights,
 )
 from detens.cli._engine import add_engine_arguments, ray_options
@@ -79,7 +82,6 @@ from detens.cli._inputs import (
     check_inputs_unchanged,
     check_saved_predictions,
     input_fingerprints,
-    label_space_name,
     saved_prediction_members,
 )
 from detens.coco import detections_to_coco, load_coco_gt
@@ -93,9 +95,9 @@ from detens.ensemble_config import (
 )
 from detens.export import yolo_lines
 from detens.fusers import FUSERS, fuse, head_methods, list_methods
+from detens.heads._io import find_head_file
 from detens.io import atomic_write_bytes, atomic_write_json, output_stems
 from detens.labels import COCO_CATEGORY_IDS, COCO_ID_TO_NAME
-from detens.packaged import find_packaged
 from detens.registry import unknown_name_error
 from detens.sources import ImageReadError, list_images, read_image
 from detens.visualize import draw_detections
@@ -133,7 +135,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--imgsz", type=int, help="inference size of every model (overrides imgsz)")
     p.add_argument("--device", help="device of every model: cpu, cuda, cuda:0 ... (overrides device)")
     p.add_argument("--batch", type=int, help="images per detector call (overrides batch)")
-    p.add_argument("--weights-dir", help="folder that weights names are relative to (overrides weights_dir)")
+    p.add_argument("--weights-dir", help="folder that weights names are relative to, a relative one from the working "
+                   "directory (overrides weights_dir)")
     p.add_argument("--vis-conf", type=float, help="minimum score of drawn boxes (overrides output.vis_conf)")
     p.add_argument("--no-vis", action="store_true", help="do not write vis/")
     p.add_argument("--no-labels", action="store_true", help="do not write labels/")
@@ -148,7 +151,7 @@ def resolve_config(args: argparse.Namespace) -> EnsembleConfig:
     """The config file with the flags applied (a flag given for every model also replaces each model's
     own value). ``--head`` without ``--method`` runs the head's own type; ``--method`` without ``--head``
     drops the config's head unless the method is the config's own or ``theta`` (which runs any head)."""
-    head = str(find_packaged(args.head, "heads").resolve()) if args.head else None
+    head = str(find_head_file(args.head).resolve()) if args.head else None
     per_model = {"conf": args.conf, "imgsz": args.imgsz, "device": args.device, "batch": args.batch}
     overrides: dict[str, Any] = {
         "weights_dir": args.weights_dir,
@@ -174,7 +177,17 @@ def resolve_config(args: argparse.Namespace) -> EnsembleConfig:
 
 def fusion_params(config: EnsembleConfig, names: list[str] | None) -> dict[str, Any]:
     """The fuser's parameters: the config's, the members' weights and the loaded head, checked against
-    the members (``names``; None: not known yet, checked again once the detectors are loaded)."""
+    the members (``names``; None: not known yet, checked again once the detectors are loaded).
+
+    Checked here, before any detector loads, by the library's own checks (those ``detens.Ensemble`` runs):
+    the parameter names the method takes, and their values (ranges, one weight per member, the head's
+    members) on empty detections of each member; unnamed members count by position.
+
+    Raises:
+        ValueError: an unknown method, weights given twice, a head that does not fit the method or the
+            members, a value out of range.
+        TypeError: a parameter the method does not take (the message lists the ones it takes).
+    """
     method = config.fusion.method
     if method not in list_methods():
         raise unknown_name_error("fusion method", method, list_methods())
@@ -203,6 +216,10 @@ def fusion_params(config: EnsembleConfig, names: list[str] | None) -> dict[str, 
         if method != "theta" and method not in head_methods(params["head"]):
             raise ValueError(f"--method {method} was given a {type_name!r} head ({config.fusion.head}); "
                              f"use --method {type_name}, or leave --method out")
+    from detens.pipeline import _check_fusion_values, _fusion_params
+
+    params = _fusion_params(method, None, params, names)  # the head is loaded: None keeps params["head"]
+    _check_fusion_values(method, params, names if names is not None else [None] * len(weights))
     return params
 
 
@@ -670,6 +687,8 @@ def run(args: argparse.Namespace) -> int:
     out: Path = args.out
     declared = declared_member_names(config)  # None: an entry without a name, known once loaded
     params = fusion_params(config, declared)
+    dataset_names = dataset_categories(config)
+    check_class_maps(config, dataset_names)
     images, root = resolve_source(args.source)
     images = [path for path in images if not _written_by_a_run(path, out)]  # --out inside --source
     if not images:
@@ -698,7 +717,6 @@ def run(args: argparse.Namespace) -> int:
         member_names, weights = list(previous["models"]), dict(previous.get("weights") or {})
     else:
         member_names, weights = list(declared or []), {}
-    dataset_names = dataset_categories(config)
     categories = dataset_names or dict(COCO_ID_TO_NAME)
     yolo_ids = sorted(categories) if config.dataset else list(COCO_CATEGORY_IDS)
     # Saved predictions are checked here, on the driver, for both engines: a Ray run would otherwise

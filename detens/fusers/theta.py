@@ -26,10 +26,13 @@ def _load_cached(path: str, mtime_ns: int, size: int) -> Any:
 
 
 def load_cached_head(path: str | Path) -> Any:
-    """:func:`detens.heads.load_head`, cached per (path, modification time, size): a rewritten file is reloaded."""
-    resolved = Path(path).resolve()
-    stat = resolved.stat() if resolved.is_file() else None
-    return _load_cached(str(resolved), stat.st_mtime_ns if stat else -1, stat.st_size if stat else -1)
+    """:func:`detens.heads.load_head`, cached per (path, modification time, size): a rewritten file is reloaded.
+    A shipped head's name is its file."""
+    from detens.heads._io import find_head_file
+
+    resolved = find_head_file(path).resolve()
+    stat = resolved.stat()
+    return _load_cached(str(resolved), stat.st_mtime_ns, stat.st_size)
 
 
 def _resolve_head(head: Any, num_models: int) -> Any:
@@ -69,8 +72,8 @@ def theta_fusion(per_model: Sequence[Detections], head: Any = None, iou_thr: flo
         per_model (list[Detections]): one per model of the head: in any order when each names its model in
             ``source`` (the adapters and saved predictions do), else in the head's model order.
         head (ThetaHead | str | Path | None): a head (any registered head type with ``.fuse(clusters)``
-            and ``num_models``), or the path of a saved one (``.json`` / ``.safetensors``, loaded with
-            :func:`detens.heads.load_head`). Required: an untrained ``ThetaHead(model_names)`` fuses like
+            and ``num_models``), the path of a saved one (``.json`` / ``.safetensors``, loaded with
+            :func:`detens.heads.load_head`), or a shipped head's name (``"coco_yolo3_deep"``). Required: an untrained ``ThetaHead(model_names)`` fuses like
             ``mean``. A head with ``.fuse_detections(per_model)`` (the ``calibration`` head) is given the
             models' detections instead of clusters and fuses them with its own fuser.
         iou_thr (float | None): the matching IoU threshold (see :func:`detens.match`); ``None``: the one the

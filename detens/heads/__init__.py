@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from detens.heads._io import HeadFileError, read_head_file
+from detens.heads._io import HeadFileError, find_head_file, read_head_file
 from detens.heads._registry import HEADS
 
 # Importing the modules registers their head types.
@@ -88,7 +88,8 @@ def load_head(path: str | Path, model_names: Sequence[str] | None = None) -> Any
     """Load a saved head of any registered type.
 
     Args:
-        path (str | Path): a ``.json`` or ``.safetensors`` file written by ``head.save``.
+        path (str | Path): a ``.json`` or ``.safetensors`` file written by ``head.save``, or the name of a
+            shipped head (``"coco_yolo3_deep"``, see :func:`detens.packaged.packaged_names`).
         model_names (list[str] | None): when given, the ensemble the head will fuse; a head trained
             for other models raises ``ValueError`` naming both lists (another order is fine: fusion
             matches members by their ``source`` names).
@@ -96,6 +97,7 @@ def load_head(path: str | Path, model_names: Sequence[str] | None = None) -> Any
     Returns:
         the head (an ``nn.Module`` on the CPU).
     """
+    path = find_head_file(path)  # a shipped name: its file, which the head type reads again
     header = read_head_file(path)
     try:
         cls = HEADS.get(header.type)

@@ -41,6 +41,7 @@ __all__ = [
     "SUFFIXES",
     "check_config_keys",
     "check_stored_class_ids",
+    "find_head_file",
     "read_head_file",
     "write_head_file",
 ]
@@ -191,12 +192,23 @@ def _tensor_from_json(path: Path, name: str, entry: Any) -> Tensor:
         raise _bad(path, f"tensor {name!r} holds a value out of the {entry['dtype']} range ({err})") from None
 
 
+def find_head_file(path: str | Path) -> Path:
+    """``path`` as an existing file, else the shipped head of that name (``coco_yolo3_deep``), as
+    ``detens fuse --head`` takes it.
+
+    Raises:
+        FileNotFoundError: neither; the message names the path tried and lists the shipped heads.
+    """
+    from detens.packaged import find_packaged
+
+    return find_packaged(path, "heads")
+
+
 def read_head_file(path: str | Path) -> HeadFile:
-    """Read a ``.json`` or ``.safetensors`` head file; corrupt or foreign files raise :class:`HeadFileError`."""
-    path = Path(path)
+    """Read a ``.json`` or ``.safetensors`` head file, or a shipped head by name (:func:`find_head_file`);
+    corrupt or foreign files raise :class:`HeadFileError`, a missing one ``FileNotFoundError``."""
+    path = find_head_file(path)  # a missing file is named as such, whatever its suffix
     suffix = _suffix(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"head file {str(path)!r} does not exist")
     if suffix == ".json":
         try:
             document = json.loads(path.read_text(encoding="utf-8"))
