@@ -101,13 +101,19 @@ def read_json_file(path: str | Path, what: str) -> Any:
 
     Raises:
         FileNotFoundError: no such file, naming ``what`` (e.g. "COCO results file") and the path.
-        ValueError: the file is not valid JSON, naming the path and the parser's position.
+        ValueError: the file is not valid JSON, or not UTF-8 text (as JSON files must be), naming the path
+            and the position.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{what} not found: {path}")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"{what} {path} is not UTF-8 text, as a JSON file must be: byte {err.object[err.start]:#04x} at "
+            f"position {err.start} ({err.reason}); save it as UTF-8"
+        ) from err
     except json.JSONDecodeError as err:
         raise ValueError(f"{path} is not valid JSON: {err}") from err
 

@@ -1,50 +1,128 @@
 """The commands' jobs as Python calls: ``detens.cache(...)`` and ``detens.fuse_images(...)`` run exactly
 what ``detens cache`` and ``detens fuse`` run (same outputs, resuming, engines), with keyword options named
 like the flags (``--max-det`` is ``max_det``). A mistake raises the library's ``ValueError``/``TypeError``
-instead of ending the process."""
+instead of ending the process.
+
+The options are checked as the command line's flags are, by type: a flag without a value (``overwrite``,
+``quiet``) takes a bool, a number flag an ``int`` (``max_images``, ``actors``) or a number (``conf``), a
+path flag a ``str`` or ``os.PathLike``, the others a ``str``; a string is never read as a number, nor a
+number or a string as a bool (``overwrite="no"`` would otherwise discard finished work)."""
 
 from __future__ import annotations
 
+import argparse
+import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 __all__ = ["cache", "fuse_images"]
 
 
-def _run(command: str, argv: list[str], options: dict[str, Any]) -> int:
+def _models_text(value: Any) -> str:
+    """``models`` as ``--models`` takes it: a string, or a list of names or globs joined with commas."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Sequence) and all(isinstance(v, str) for v in value):
+        with_comma = [v for v in value if "," in v]
+        if with_comma:
+            raise ValueError(
+                f"models: {with_comma[0]!r} holds a comma, which separates the names of --models; give the "
+                "names (or globs) one by one"
+            )
+        return ",".join(value)
+    raise TypeError(
+        f"models must be a str ('yolo26n*,yolov8n') or a list of str, got {type(value).__name__}: {value!r}"
+    )
+
+
+def _checked(action: argparse.Action, key: str, value: Any) -> Any:
+    """``value`` for the option ``key`` as the parser would store it from the command line, or a
+    TypeError/ValueError naming the option and what it takes."""
+    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{key} must be True or False, got {type(value).__name__}: {value!r}")
+        return value
+    if value is None:  # the flag left out
+        if action.required:
+            raise TypeError(f"{key} is required")
+        return action.default
+    kind = action.type
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{key} must be an int, got {type(value).__name__}: {value!r}")
+    elif kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{key} must be a number, got {type(value).__name__}: {value!r}")
+        value = float(value)
+    elif kind is Path:
+        if not isinstance(value, (str, os.PathLike)):
+            raise TypeError(f"{key} must be a path (str or os.PathLike), got {type(value).__name__}: {value!r}")
+        value = Path(value)
+    elif kind is None:
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        if not isinstance(value, str):
+            raise TypeError(f"{key} must be a str, got {type(value).__name__}: {value!r}")
+    else:  # pragma: no cover - a flag type this function does not know yet
+        raise TypeError(f"{key}: the option's type {kind!r} is not checked for Python calls")
+    if action.choices is not None and value not in action.choices:
+        raise ValueError(f"{key} must be one of {', '.join(map(repr, action.choices))}, got {value!r}")
+    return value
+
+
+def _run(command: str, options: dict[str, Any]) -> int:
     from detens.cli import UsageError, command_parser
 
     parser = command_parser(command)
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit:  # argparse already said why on stderr
-        raise ValueError(f"invalid arguments for {command}: {argv}") from None
-    known = sorted(k for k in vars(args) if not k.startswith("_"))
-    unknown = sorted(set(options) - set(known))
+    actions = {action.dest: action for action in parser._actions if action.dest != "help"}
+    unknown = sorted(set(options) - set(actions))
     if unknown:
-        raise TypeError(f"{command}() got unknown options {unknown}; valid: {', '.join(known)}")
+        raise TypeError(f"{command}() got unknown options {unknown}; valid: {', '.join(sorted(actions))}")
+    args = argparse.Namespace(**{dest: action.default for dest, action in actions.items()})
     for key, value in options.items():
-        setattr(args, key, Path(value) if key in ("out", "images", "gt") and value is not None else value)
+        if key == "models" and value is not None:
+            value = _models_text(value)
+        setattr(args, key, _checked(actions[key], key, value))
+    missing = [f"{dest}" for dest, action in actions.items() if action.required and getattr(args, dest) is None]
+    if missing:
+        raise TypeError(f"{command}() needs {', '.join(missing)}")
+    args._run, args._parser = parser.get_default("_run"), parser
     try:
         return int(args._run(args))
     except UsageError as err:
         raise ValueError(str(err)) from None
 
 
-def cache(config: str | Path, images: str | Path, gt: str | Path, out: str | Path, **options: Any) -> int:
-    """Cache each member's detections on a COCO-format dataset (``detens cache``).
+def cache(
+    config: str | Path | None = None,
+    images: str | Path | None = None,
+    gt: str | Path | None = None,
+    out: str | Path | None = None,
+    **options: Any,
+) -> int:
+    """Cache each member's detections on a COCO-format dataset (``detens cache``), or join the shards of
+    earlier runs (``merge=True``, ``detens cache merge``).
 
     Args:
-        config: a shipped ensemble name (``coco_yolo3``) or an ensemble YAML.
+        config: a shipped ensemble name (``coco_yolo3``, the default) or an ensemble YAML.
         images: the folder of the ground truth's images. gt: its COCO annotation file. out: the output folder.
-        **options: the command's other flags, e.g. ``engine="ray"``, ``actors=2``, ``models="yolo26n"``,
-            ``conf=0.001``, ``overwrite=True``, ``quiet=True``.
+            A detection run needs all three; ``merge=True`` takes ``out`` (and optionally ``gt``,
+            ``models``) and nothing that only a detection run uses.
+        **options: the command's other flags, each of the flag's type (see the module): e.g.
+            ``engine="ray"``, ``actors=2``, ``models="yolo26n"`` (or a list of names or globs:
+            ``["yolo26n*", "yolov8n"]``), ``shard="0/4"``, ``conf=0.001``, ``max_images=100``,
+            ``overwrite=True``, ``quiet=True``, ``merge=True``.
 
     Returns:
         int: 0 when done, 130 when interrupted (run again to resume).
+
+    Raises:
+        TypeError: an unknown option, or an option of the wrong type (``overwrite="no"``, ``max_images="3"``).
+        ValueError: a bad value, as the command reports it (``shard="2/2"``, ``engine="rayy"``).
     """
-    argv = ["--config", str(config), "--images", str(images), "--gt", str(gt), "--out", str(out)]
-    return _run("cache", argv, options)
+    given = {"config": config, "images": images, "gt": gt, "out": out}
+    return _run("cache", {**{k: v for k, v in given.items() if v is not None}, **options})
 
 
 def fuse_images(config: str | Path, source: str | Path, out: str | Path, **options: Any) -> int:
@@ -53,7 +131,12 @@ def fuse_images(config: str | Path, source: str | Path, out: str | Path, **optio
     Args:
         config: a shipped ensemble name or an ensemble YAML. source: an image, a folder or a glob.
         out: the output folder (``predictions.json``, ``images.json``, ...).
-        **options: the command's other flags, e.g. ``engine="ray"``, ``head="runs/train/head.json"``,
-            ``method="wbf"``, ``save_per_model=True``, ``quiet=True``.
+        **options: the command's other flags, each of the flag's type (see the module): e.g.
+            ``engine="ray"``, ``head="runs/train/head.json"``, ``method="wbf"``, ``save_per_model=True``,
+            ``quiet=True``.
+
+    Raises:
+        TypeError: an unknown option, or an option of the wrong type (``no_vis="yes"``, ``imgsz=640.0``).
+        ValueError: a bad value, as the command reports it.
     """
-    return _run("fuse", ["--config", str(config), "--source", str(source), "--out", str(out)], options)
+    return _run("fuse", {"config": config, "source": source, "out": out, **options})

@@ -411,6 +411,8 @@ def test_bad_arguments(slice_, tmp_path, capsys):
     refused(capsys, run(slice_, tmp_path / "x", "--models", "c"), r"--models 'c' matches no member; the members are a, b")
     refused(capsys, run(slice_, tmp_path / "x", "--models", "a,aa"), r"matches no member.*Did you mean 'a'")
     refused(capsys, run(slice_, tmp_path / "x", "--shard", "2/2"), r"--shard i/n needs")
+    refused(capsys, run(slice_, tmp_path / "x", "--engine", "ray", "--gpus-per-actor", "-1"),
+            r"--gpus-per-actor must be >= 0, got -1 \(see")
     refused(capsys, run(slice_, tmp_path / "x", images=tmp_path), "none of the 3 images")
 
 
@@ -733,3 +735,209 @@ def test_members_that_read_no_weights_record_no_weights_digest(slice_, tmp_path,
     assert saved_settings(out, "saved")["inputs"] == {str(results): path_digest(results)}
     assert "inputs" not in saved_settings(out, "untrained")
     assert "inputs" not in saved_settings(out, "upstream")
+
+
+# ------------------------------------------------------------------------------------- saved predictions' map
+def permuted_image_map(path: Path) -> None:
+    """Rewrite the COCO image list at ``path`` in place with the file names moved one id along."""
+    dataset = json.loads(path.read_text())
+    names = [im["file_name"] for im in dataset["images"]]
+    for im, name in zip(dataset["images"], names[1:] + names[:1], strict=True):
+        im["file_name"] = name
+    path.write_text(json.dumps(dataset))
+
+
+@pytest.mark.parametrize("beside", [False, True], ids=["images", "images.json beside"])
+def test_an_image_map_rewritten_in_place_is_refused(slice_, tmp_path, capsys, beside):
+    """The file that maps the saved predictions' images to their ids counts as the results do: rewritten,
+    a resume would give the earlier boxes to other images."""
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    shutil.copy(slice_ / "saved_b.json", saved / "predictions.json")
+    image_map = saved / ("images.json" if beside else "map.json")
+    shutil.copy(slice_ / "gt.json", image_map)
+    member = {"type": "precomputed", "results": str(saved / "predictions.json"), "name": "b"}
+    if not beside:
+        member["images"] = str(image_map)
+    config = tmp_path / "map.yaml"
+    config.write_text(yaml.safe_dump({"name": "map", "models": [member]}))
+    out = tmp_path / "out"
+    assert run(slice_, out, "--max-images", "1", config=str(config)) == 0
+    assert set(saved_settings(out, "b")["inputs"]) == {str(saved / "predictions.json"), str(image_map)}
+    permuted_image_map(image_map)
+    refused(capsys, run(slice_, out, config=str(config)), rf"{re.escape(str(image_map))} changed since the earlier run")
+    assert len(list((out / ".partial" / "b").glob("[0-9]*.json"))) == 1  # a refused run changes nothing
+
+
+def test_a_cache_without_the_image_map_digest_resumes_and_records_it(slice_, tmp_path):
+    """Caches of earlier versions recorded the results' digest only: they resume, and record the map's."""
+    member = {"type": "precomputed", "results": str(slice_ / "saved_b.json"), "images": str(slice_ / "gt.json"),
+              "name": "b"}
+    config = tmp_path / "map.yaml"
+    config.write_text(yaml.safe_dump({"name": "map", "models": [member]}))
+    out = tmp_path / "out"
+    assert run(slice_, out, "--max-images", "1", config=str(config)) == 0
+    settings_path = out / ".partial" / "b" / "_settings.json"
+    settings = json.loads(settings_path.read_text())
+    older = {**settings, "inputs": {str(slice_ / "saved_b.json"): settings["inputs"][str(slice_ / "saved_b.json")]}}
+    settings_path.write_text(json.dumps(older))
+    assert run(slice_, out, config=str(config)) == 0
+    assert summary_of(out)["models"]["b"]["resumed"] == 1
+    assert json.loads(settings_path.read_text()) == settings
+
+
+# ---------------------------------------------------------------------------------------- weights folder
+def test_the_weights_folder_neither_refuses_a_resume_nor_a_merge(slice_, tmp_path):
+    """Where weights are looked for is no setting of the results: the weights' digests decide."""
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"  # shards run on two machines
+    assert run(slice_, out, "--models", "b", "--shard", "0/2", "--weights-dir", str(tmp_path / "w1")) == 0
+    assert run(slice_, elsewhere, "--models", "b", "--shard", "1/2", "--weights-dir", str(tmp_path / "w2")) == 0
+    shutil.copy(elsewhere / "shards" / "b.shard-1-of-2.json", out / "shards")
+    assert cache_tool.main(["merge", "--out", str(out), "--quiet"]) == 0
+    assert run(slice_, out, "--models", "b", "--shard", "1/2") == 0  # resumes without --weights-dir
+    assert "weights_dir" not in summary_of(out)["models"]["b"]["settings"]
+    # caches of earlier versions recorded it: they resume and merge too
+    settings_path = out / ".partial" / "b" / "_settings.json"
+    settings_path.write_text(json.dumps({**json.loads(settings_path.read_text()), "weights_dir": "/elsewhere"}))
+    shard = out / "shards" / "b.shard-0-of-2.json"
+    record = json.loads(shard.read_text())
+    shard.write_text(json.dumps({**record, "settings": {**record["settings"], "weights_dir": "/elsewhere"}}))
+    assert run(slice_, out, "--models", "b", "--shard", "1/2", "--weights-dir", str(tmp_path)) == 0
+    assert cache_tool.main(["merge", "--out", str(out), "--quiet"]) == 0
+
+
+def test_a_refused_merge_names_only_the_settings_that_differ(slice_, tmp_path, capsys):
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"  # shards run on two machines
+    assert run(slice_, out, "--models", "b", "--shard", "0/2", "--conf", "0.4") == 0
+    assert run(slice_, elsewhere, "--models", "b", "--shard", "1/2") == 0
+    shutil.copy(elsewhere / "shards" / "b.shard-1-of-2.json", out / "shards")
+    code = cache_tool.main(["merge", "--out", str(out), "--quiet"])
+    refused(capsys, code, r"b: the shards were made with different settings \(conf: 0\.4 in shards \[0\], "
+                          r"0\.001 in shards \[1\]\); re-run the odd ones with --overwrite")
+    assert not (out / "b.json").exists()
+
+
+# ------------------------------------------------------------------------------------------ member names
+@pytest.mark.parametrize("model", [{"name": "cache_summary"}, {"name": "Cache_Summary"},
+                                   {"results_file": "cache_summary.json"}])
+def test_a_member_name_of_the_commands_own_files_is_refused(slice_, tmp_path, capsys, model):
+    """``<member>.json`` of a member named ``cache_summary`` would be overwritten by the summary."""
+    results = tmp_path / model.pop("results_file", "saved.json")
+    shutil.copy(slice_ / "saved_b.json", results)
+    config = tmp_path / "reserved.yaml"
+    config.write_text(yaml.safe_dump({"name": "reserved", "models": [
+        {"type": "precomputed", "results": str(slice_ / "saved_a.json"), "name": "a"},
+        {"type": "precomputed", "results": str(results), **model}]}))
+    out = tmp_path / "out"
+    for extra in ([], ["--shard", "0/2"], ["--models", "a"]):
+        name = model.get("name", "cache_summary")
+        refused(capsys, run(slice_, out, *extra, config=str(config)), rf"member name '{name}' is reserved")
+    assert not out.exists() or not any(out.rglob("*.json"))
+
+
+def test_an_empty_models_flag_is_refused(slice_, tmp_path, capsys):
+    """Leaving --models out selects every member; an empty value (an unset shell variable) is a mistake."""
+    for value in ("", " , "):
+        refused(capsys, run(slice_, tmp_path / "x", "--models", value), rf"--models '{value}' names no member")
+        assert not (tmp_path / "x" / "a.json").exists()
+    out = slice_ / "replay_shards3"
+    if not out.is_dir():
+        for index in range(3):
+            assert run(slice_, out, "--shard", f"{index}/3") == 0
+    refused(capsys, cache_tool.main(["merge", "--out", str(out), "--models", "", "--quiet"]),
+            r"--models '' names no member")
+
+
+def test_entries_without_a_name_are_released_once_their_names_are_learned(slice_, tmp_path, monkeypatch):
+    """One model in memory at a time: a model loaded to learn its members' names is not kept."""
+    import gc
+    import weakref
+
+    for name in ("first", "second", "third"):
+        shutil.copy(slice_ / "saved_b.json", tmp_path / f"{name}.json")
+    config = tmp_path / "unnamed.yaml"
+    config.write_text(yaml.safe_dump({"name": "unnamed", "models": [
+        {"type": "precomputed", "results": str(tmp_path / f"{name}.json")} for name in ("first", "second", "third")]}))
+    real_build = cache_tool.build_detector
+    built = []
+
+    def build_alone(model, *args, **kwargs):
+        gc.collect()
+        alive = [ref() for ref in built if ref() is not None]
+        assert not alive, f"{[d.name for d in alive]} still loaded while {model.results} loads"
+        detector = real_build(model, *args, **kwargs)
+        built.append(weakref.ref(detector))
+        return detector
+
+    monkeypatch.setattr(cache_tool, "build_detector", build_alone)
+    out = tmp_path / "out"
+    assert run(slice_, out, "--models", "second", config=str(config)) == 0
+    assert len(built) == 4  # three to learn the names, then the selected one to run
+    assert sorted(p.name for p in out.glob("*.json")) == ["cache_summary.json", "second.json"]
+
+
+# ------------------------------------------------------------------------------------------- Python calls
+def test_python_calls_check_each_option_like_its_flag(slice_, tmp_path):
+    import detens
+
+    out = tmp_path / "out"
+    common = (str(slice_ / "replay.yaml"), slice_ / "images", slice_ / "gt.json", out)
+    for options, error, message in [
+        ({"overwrite": "no"}, TypeError, r"overwrite must be True or False, got str: 'no'"),
+        ({"max_images": "3"}, TypeError, r"max_images must be an int, got str: '3'"),
+        ({"max_images": True}, TypeError, r"max_images must be an int, got bool"),
+        ({"conf": "0.5"}, TypeError, r"conf must be a number, got str"),
+        ({"shard": (0, 2)}, TypeError, r"shard must be a str, got tuple"),
+        ({"models": 3}, TypeError, r"models must be a str .* or a list of str"),
+        ({"models": ["a", "b,c"]}, ValueError, r"'b,c' holds a comma"),
+        ({"engine": "rayy"}, ValueError, r"engine must be one of 'local', 'ray', got 'rayy'"),
+        ({"shard": "2/2"}, ValueError, r"--shard i/n needs"),
+        ({"gpus_per_actor": 1.0}, ValueError, r"go with --engine ray"),
+    ]:
+        with pytest.raises(error, match=message):
+            detens.cache(*common, quiet=True, **options)
+    assert not out.exists()
+    with pytest.raises(TypeError, match=r"no_vis must be True or False, got str"):
+        detens.fuse_images(str(slice_ / "replay.yaml"), slice_ / "images", tmp_path / "fused", no_vis="yes")
+    with pytest.raises(TypeError, match=r"imgsz must be an int, got float"):
+        detens.fuse_images(str(slice_ / "replay.yaml"), slice_ / "images", tmp_path / "fused", imgsz=640.0)
+    assert not (tmp_path / "fused").exists()
+
+    # a list of names is --models; a float flag takes an int; shards, then merge=True joins them
+    for index in range(2):
+        assert detens.cache(*common, models=["a", "b"], conf=0, shard=f"{index}/2", quiet=True) == 0
+    assert detens.cache(out=out, merge=True, quiet=True) == 0
+    assert summary_of(out)["models"]["a"]["shards"] == 2
+    with pytest.raises(ValueError, match=r"--conf would not be used"):
+        detens.cache(out=out, merge=True, conf=0.5)
+    with pytest.raises(TypeError, match=r"cache\(\) needs out"):
+        detens.cache(merge=True)
+
+
+# ------------------------------------------------------------------------------------- optional dependencies
+def test_a_missing_extra_is_one_error_line_and_an_import_bug_a_traceback(slice_, tmp_path, monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if ray were not installed
+    refused(capsys, run(slice_, tmp_path / "x", "--engine", "ray"), r"the Ray engine needs ray: pip install 'detens\[ray\]'")
+    monkeypatch.delitem(sys.modules, "ray")
+
+    def broken(*args, **kwargs):
+        raise ImportError("cannot import name 'gone' from 'detens.adapters'")
+
+    monkeypatch.setattr(cache_tool, "select_members", broken)
+    with pytest.raises(ImportError, match="cannot import name 'gone'"):
+        run(slice_, tmp_path / "y")
+
+
+def test_import_extra_tells_a_missing_module_from_a_broken_one(tmp_path, monkeypatch):
+    from detens.extras import MissingExtraError, import_extra
+
+    with pytest.raises(MissingExtraError, match=r"pip install 'detens\[x\]'") as info:
+        import_extra("detens_no_such_module.sub", "needs it: pip install 'detens[x]'")
+    assert isinstance(info.value, ImportError)
+    (tmp_path / "detens_broken_extra.py").write_text("import detens_no_such_dependency\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ModuleNotFoundError, match="detens_no_such_dependency") as info:
+        import_extra("detens_broken_extra", "needs it: pip install 'detens[x]'")
+    assert not isinstance(info.value, MissingExtraError)

@@ -458,6 +458,12 @@ class TestResultsFiles:
         with pytest.raises(FileNotFoundError, match="missing.json"):
             load_coco_results(tmp_path / "missing.json")
 
+    def test_a_file_that_is_not_utf8_is_named(self, tmp_path):
+        path = tmp_path / "latin1.json"
+        path.write_bytes('[{"image_id": 1, "note": "café"}]'.encode("latin-1"))
+        with pytest.raises(ValueError, match=r"COCO results file .*latin1\.json is not UTF-8 text.*0xe9 at position 29"):
+            load_coco_results(path)
+
     def test_save_rejects_bad_results(self, tmp_path):
         with pytest.raises(ValueError, match="lacks"):
             save_coco_results([{"image_id": 1}], tmp_path / "r.json")

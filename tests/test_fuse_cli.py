@@ -531,6 +531,24 @@ def test_a_relative_weights_dir_is_the_yamls_and_a_flags_is_the_working_director
     assert f"{missing / 'mine' / 'v8.tflite'} (weights folder; {missing} does not exist)" in capsys.readouterr().err
 
 
+def test_an_image_map_of_saved_predictions_rewritten_at_the_same_path_is_not_resumed_over(workspace, tmp_path, capsys):
+    """The file that gives saved predictions' images their ids counts as the results do: rewritten, the
+    earlier boxes would belong to other images."""
+    source = one_image_source(workspace, tmp_path / "src", "a.jpg")
+    saved = {"a.jpg": 1, "b.jpg": 2}
+    config = saved_config(tmp_path, [saved_result(1, 1), saved_result(2, 6)], saved)
+    args = ["--config", str(config), "--source", str(source), "--out", str(tmp_path / "o"), "--method", "wbf",
+            "--quiet", "--no-vis"]
+    assert fuse_tool.main(args) == 0
+    before = folder_state(tmp_path / "o")
+    (tmp_path / "images.json").write_text(json.dumps(
+        {"images": [{"id": 2, "file_name": "a.jpg"}, {"id": 1, "file_name": "b.jpg"}]}))
+    one_image_source(workspace, source, "b.jpg")
+    assert fuse_tool.main(args) == 2
+    assert f"{tmp_path / 'images.json'} changed since the earlier run" in capsys.readouterr().err
+    assert folder_state(tmp_path / "o") == before
+
+
 def torch_no_grad():
     import torch
 

@@ -102,9 +102,77 @@ def test_cache_on_ray_overwrite_that_fails_before_its_first_result_keeps_the_ear
     before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert len(list((out / ".partial" / "yolo26n").glob("[0-9]*.json"))) == 1
     weights.write_bytes(b"a broken export" * 100)  # found on the driver; the actors fail to load it
-    with pytest.raises(ray.exceptions.RayError):
-        main([*args, "--engine", "ray", "--overwrite"])
+    assert main([*args, "--engine", "ray", "--overwrite"]) == 2
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_an_error_on_an_actor_is_the_local_engines_error(cluster, dataset, tmp_path, capsys):
+    """A corrupt weights file fails on the actors as it fails here: one error line, exit status 2 (not a
+    Ray traceback), and a summary whose ``stopped_by`` holds no terminal colour codes."""
+    root, _ = dataset
+    weights = tmp_path / "yolo26n.tflite"
+    weights.write_bytes(b"a broken export" * 100)
+    config = {"name": "one", "models": [{"type": "ultralytics", "weights": str(weights), "name": "yolo26n"}]}
+    (tmp_path / "one.yaml").write_text(json.dumps(config))  # JSON is YAML
+    capsys.readouterr()
+    for engine in ("local", "ray"):
+        out = tmp_path / engine
+        code = main(["cache", "--config", str(tmp_path / "one.yaml"), "--images", str(root / "images"),
+                     "--gt", str(root / "gt.json"), "--out", str(out), "--quiet", "--engine", engine])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("error:") == 1 and "Traceback" not in err, err
+        assert "not a valid Flatbuffer" in err
+        stopped_by = json.loads((out / "cache_summary.json").read_text())["stopped_by"]
+        assert stopped_by == "error: ValueError: The model is not a valid Flatbuffer buffer"
+    code = main(["fuse", "--config", str(tmp_path / "one.yaml"), "--source", str(root / "images"), "--out",
+                 str(tmp_path / "fused"), "--quiet", "--engine", "ray"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("error:") == 1 and "Traceback" not in err and "not a valid Flatbuffer" in err, err
+
+
+def test_member_names_with_a_comma_run_on_ray(cluster, dataset, tmp_path):
+    """The members an image still needs travel as a list: a name may hold the character that joined them."""
+    root, broken = dataset
+    gt = json.loads((root / "gt.json").read_text())
+    saved = [{"image_id": im["id"], "category_id": 1, "bbox": [10.0, 10.0, 50.0, 50.0], "score": 0.9}
+             for im in gt["images"]]
+    (tmp_path / "saved.json").write_text(json.dumps(saved))
+    member = {"type": "precomputed", "results": str(tmp_path / "saved.json")}
+    config = {"name": "commas", "models": [{**member, "name": "v8,a"}, {**member, "name": "y11"}]}
+    (tmp_path / "commas.yaml").write_text(json.dumps(config))  # JSON is YAML
+    args = ["cache", "--config", str(tmp_path / "commas.yaml"), "--images", str(root / "images"), "--gt",
+            str(root / "gt.json"), "--quiet"]
+    assert main([*args, "--out", str(tmp_path / "local")]) == 0
+    assert main([*args, "--out", str(tmp_path / "on_ray"), "--engine", "ray"]) == 0
+    summary = json.loads((tmp_path / "on_ray" / "cache_summary.json").read_text())
+    for name in ("v8,a", "y11"):
+        assert summary["models"][name]["status"] == "complete"
+        assert summary["models"][name]["images"] == NUM_IMAGES - 1
+        assert ((tmp_path / "on_ray" / f"{name}.json").read_bytes()
+                == (tmp_path / "local" / f"{name}.json").read_bytes())
+
+
+class _TwoArgError(ValueError):
+    def __init__(self, what, why):  # pickles, but does not unpickle (its args are one message)
+        super().__init__(f"{what}: {why}")
+
+
+def test_an_actors_exception_is_raised_again_on_the_driver():
+    from detens.engines.ray_cache import failure_record, raise_failure
+
+    def raised(err):
+        try:
+            raise err
+        except Exception as caught:
+            return failure_record(caught)
+
+    with pytest.raises(FileNotFoundError, match="no such weights") as info:
+        raise_failure(raised(FileNotFoundError("no such weights")))
+    if sys.version_info >= (3, 11):
+        assert "raised on a Ray actor" in info.value.__notes__[0] and "\x1b" not in info.value.__notes__[0]
+    with pytest.raises(ValueError, match=r"_TwoArgError: model: broken") as info:  # its nearest builtin type
+        raise_failure(raised(_TwoArgError("model", "\x1b[36mbroken\x1b[39m")))
+    assert "\x1b" not in "".join(getattr(info.value, "__notes__", []))
 
 
 def test_fuse_on_ray_equals_local(cluster, dataset):

@@ -45,15 +45,15 @@ _CPU, _CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
 
 
 def import_onnxruntime() -> Any:
-    """``import onnxruntime``, or an ImportError that says how to install it."""
-    try:
-        import onnxruntime
-    except ImportError as err:
-        raise ImportError(
-            "the ONNX adapter needs onnxruntime, which is not installed: pip install 'detens[onnx]' "
-            "(or onnxruntime-gpu for CUDA)"
-        ) from err
-    return onnxruntime
+    """``import onnxruntime``, or a :class:`~detens.extras.MissingExtraError` (an ImportError) that says how to
+    install it."""
+    from detens.extras import import_extra
+
+    return import_extra(
+        "onnxruntime",
+        "the ONNX adapter needs onnxruntime, which is not installed: pip install 'detens[onnx]' "
+        "(or onnxruntime-gpu for CUDA)",
+    )
 
 
 def select_providers(
@@ -211,7 +211,7 @@ class OnnxDetector(BaseDetector):
     pixels (clipped to it), scores ``(Tensor[K])``, labels ``(Tensor[K])`` in the label space.
 
     Raises:
-        ImportError: onnxruntime is missing.
+        MissingExtraError: onnxruntime is missing (an ImportError).
         ValueError: an unknown decoder, shapes of the model that the decoder does not take, a class map
             that does not fit the model's classes, or a bad argument.
     """

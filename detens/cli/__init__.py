@@ -2,8 +2,9 @@
 
 Each subcommand is a module of this package with ``add_arguments(parser)`` and ``run(args) -> int``; the
 ``tools/*.py`` scripts call the same modules. A user's mistake (a bad flag, a missing file, a YAML typo, a
-head for other models, a learning rate that makes a fit diverge) ends as one ``error: <message>`` on stderr and exit status 2, without a traceback;
-``--debug`` shows the traceback instead.
+head for other models, a learning rate that makes a fit diverge, an optional dependency not installed) ends
+as one ``error: <message>`` on stderr and exit status 2, without a traceback; ``--debug`` shows the
+traceback instead.
 """
 
 from __future__ import annotations
@@ -98,9 +99,12 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean the input was wrong, not the program: reported without a traceback.
 
     ``FloatingPointError`` is how every head's fit reports that it diverged: the cure is the user's
-    learning rate (the message names it), not a fix of the program.
+    learning rate (the message names it), not a fix of the program. ``MissingExtraError`` says which
+    optional dependency to install; any other ImportError is a broken install or a bug, with its traceback.
     """
-    return (ValueError, TypeError, OSError, yaml.YAMLError, FloatingPointError)
+    from detens.extras import MissingExtraError
+
+    return (ValueError, TypeError, OSError, yaml.YAMLError, FloatingPointError, MissingExtraError)
 
 
 def _message(err: BaseException) -> str:

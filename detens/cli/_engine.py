@@ -30,6 +30,8 @@ def ray_options(args: argparse.Namespace) -> Any:
         return None
     if args.actors < 1:
         raise UsageError(f"--actors must be >= 1, got {args.actors}")
+    if args.gpus_per_actor is not None and not args.gpus_per_actor >= 0:  # NaN too
+        raise UsageError(f"--gpus-per-actor must be >= 0, got {args.gpus_per_actor:g}")
     from detens.engines.ray_cache import RayOptions, import_ray
 
     import_ray()  # a missing ray is reported before any work

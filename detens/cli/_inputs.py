@@ -71,15 +71,33 @@ def file_digests(files: Iterable[str | None]) -> dict[str, str]:
     return {str(name): path_digest(name) for name in files if name is not None and Path(name).is_file()}
 
 
+def saved_prediction_files(model: ModelConfig) -> list[str]:
+    """The files a ``precomputed`` member reads: its results file and the file that maps its images' names
+    to their ids (its ``images``, else the ``images.json`` beside the results, as ``detens fuse`` writes
+    one beside ``predictions.json``), as the config names them. Rewritten in place, the map would send
+    earlier boxes to other images: its content counts as the results' does.
+    """
+    files = [model.results] if model.results is not None else []
+    if isinstance(model.images, (str, os.PathLike)):
+        files.append(str(model.images))
+    elif model.images is None and model.results is not None:
+        beside = Path(model.results).parent / "images.json"
+        if beside.is_file():
+            files.append(str(beside))
+    return [str(name) for name in files]
+
+
 def input_fingerprints(config: EnsembleConfig) -> dict[str, str]:
     """``{file: sha256}`` of the files whose content decides the results beside the config itself: the
-    head, the saved predictions of ``precomputed`` members and the members' weights on disk, keyed as the
-    config names them (each is often rewritten in place: a re-exported model saved over the old one).
+    head, the saved predictions of ``precomputed`` members and their image maps
+    (:func:`saved_prediction_files`) and the members' weights on disk, keyed as the config names them
+    (each is often rewritten in place: a re-exported model saved over the old one).
 
     Raises:
         WeightsNotFoundError: a member's weights are found nowhere (naming the member).
     """
-    fingerprints = file_digests([config.fusion.head] + [m.results for m in config.models if m.type == "precomputed"])
+    saved = [name for m in config.models if m.type == "precomputed" for name in saved_prediction_files(m)]
+    fingerprints = file_digests([config.fusion.head, *saved])
     digests: dict[str, str] = {}
     for model in config.models:
         fingerprints.update(weights_inputs(model, resolve_model_weights(model, config.weights_dir), digests))
@@ -105,8 +123,9 @@ def weights_inputs(
 
 
 def check_inputs_unchanged(out: Path, previous: Any, fingerprints: dict[str, str]) -> None:
-    """Refuse to resume when an input file (a head, saved predictions) changed at the same path since the
-    earlier run, whose record ``previous`` holds their digests under ``inputs``."""
+    """Refuse to resume when an input file (a head, saved predictions, their image map) changed at the same
+    path since the earlier run, whose record ``previous`` holds their digests under ``inputs`` (a file it
+    holds no digest of, recorded by an earlier version, is taken as it is now)."""
     earlier = previous.get("inputs") if isinstance(previous, dict) else None
     if not isinstance(earlier, dict):
         return

@@ -15,8 +15,10 @@ config's ``dataset`` defaults to ``--gt``, so model classes are mapped onto the 
 Order of work: the models in turn. Each model of the config is loaded once and run over all images
 before the next one is loaded (one model in memory at a time); the views of a test-time-augmented model
 share the loaded model and each image is read once for all of them. ``--models`` picks members by name or
-glob (``'yolo26n*'``: the model and all its views); a config entry without ``name`` is loaded up front to
-learn its members' names.
+glob (``'yolo26n*'``: the model and all its views; left out: every member; an empty value is an error); a
+config entry without ``name`` is loaded up front to learn its members' names and released at once (it is
+loaded again when its turn comes). A member may not be named ``cache_summary`` (its ``<member>.json``
+would be the summary), in any case.
 
 Writes into ``--out``:
 
@@ -25,20 +27,23 @@ Writes into ``--out``:
   finished image with an empty list), and ``_settings.json``, the settings that produced them. A killed
   run leaves every file valid (all writes are atomic); running the same command again skips the finished
   images. Changed settings (``conf``, ``imgsz``, weights, ...) and changed input files are refused unless
-  ``--overwrite``: a ``precomputed`` member's results file rewritten at the same path, and weights that
-  are not the file the earlier run used (a model re-exported over the old one, or the same name found in
-  another folder through ``$DETENS_WEIGHTS`` or ``--weights-dir``) or that are no longer found on disk (a
-  name that would now be downloaded). The sha256 of each file is recorded; of a weights folder such as an
-  OpenVINO export, one over its files and their names; of an ONNX model whose tensors lie in external-data
-  files, one over the model and those files. ``--overwrite`` discards the selected members' earlier
-  results: those of this shard's images, and, when they were made with other settings, all of them (every
-  shard's and image's, so that no later run takes them for results of the new settings). Every selected
+  ``--overwrite``: a ``precomputed`` member's results file or image map (its ``images``, or the
+  ``images.json`` beside its results) rewritten at the same path, and weights that are not the file the
+  earlier run used (a model re-exported over the old one, or the same name found in another folder through
+  ``$DETENS_WEIGHTS`` or ``--weights-dir``) or that are no longer found on disk (a name that would now be
+  downloaded). Where the weights were found is no setting: the same files through another
+  ``--weights-dir`` resume (and their shards merge). The sha256 of each file is recorded; of a weights
+  folder such as an OpenVINO export, one over its files and their names; of an ONNX model whose tensors
+  lie in external-data files, one over the model and those files. ``--overwrite`` discards the selected
+  members' earlier results: those of this shard's images, and, when they were made with other settings,
+  all of them (every shard's and image's, so that no later run takes them for results of the new
+  settings). Every selected
   member is checked before anything is written, so a refused run changes nothing; ``--overwrite`` removes
   a member's earlier results only once its model has given its first new result, so a run that fails
   before (a bad ``--device``, a missing weights file) leaves them, and ``config.yaml``, as they were. A
-  cache written before the digests were recorded resumes on the files as they are now and records their
-  digests from then on. Delete ``.partial/`` once everything is cached to save space (a later run then
-  starts over);
+  cache written before the digests (or the image map's) were recorded resumes on the files as they are
+  now and records their digests from then on. Delete ``.partial/`` once everything is cached to save space
+  (a later run then starts over);
 - ``cache_summary.json``: per member: images, boxes, unreadable files, detection seconds (summed over
   images, across resumed runs), wall and model-load seconds of the last run (``wall_s_this_run``,
   ``load_s_this_run``; with ``--engine ray`` the load is the slowest actor's, the actors loading in
@@ -53,7 +58,8 @@ shard's results with the image ids it covers), ``shards/cache_summary.shard-<i>-
 ``shards/config.shard-<i>-of-<n>.yaml``. Run the shards with any launcher (processes, machines, GPUs
 with ``--device``), collect every ``shards/`` folder into one ``--out/shards/``, then ``merge``: it checks
 that every image of the ground truth is covered exactly once by shards made with the same settings,
-naming the missing shards and images otherwise, and writes ``<member>.json`` and ``cache_summary.json``.
+naming the missing shards and images otherwise (and the settings that differ), and writes ``<member>.json``
+and ``cache_summary.json``.
 
 The saved predictions of ``precomputed`` members are checked before any model loads: every image of
 the run must be among them, and every ``category_id`` (after the member's ``class_map``) one of the
@@ -100,6 +106,7 @@ from detens.cli._inputs import (
     check_inputs_unchanged,
     check_saved_predictions,
     file_digests,
+    saved_prediction_files,
     weights_inputs,
 )
 from detens.coco import CocoGroundTruth, detections_to_coco, load_coco_gt, save_coco_results
@@ -130,6 +137,12 @@ _RESULT_KEYS = ("type", "weights", "arch", "results", "images", "half", "class_m
 _SETTING_KEYS = ("conf", "iou", "imgsz", "max_det")
 # onnx-only keys, recorded only when set so that the settings of other members (and old caches) stay as they were
 _ONNX_KEYS = ("decoder", "input_size", "letterbox", "pad_value", "bgr_to_rgb", "mean", "std")
+# Recorded by earlier versions and no longer compared: the weights folder only says where the files were
+# found, and their digests (``inputs``) say whether they are the same files, wherever they lie.
+_NOT_COMPARED = ("weights_dir",)
+# Member names whose files would be taken for the command's own: ``<member>.json`` would be the summary.
+# Compared ignoring case, as on case-insensitive file systems.
+RESERVED_NAMES = ("cache_summary",)
 
 
 # -------------------------------------------------------------------------------------------------- args
@@ -272,11 +285,16 @@ class Entry:
 
 
 def plan_entries(config: EnsembleConfig, categories: dict[int, str] | None) -> list[Entry]:
-    """The config's entries with their member names (an entry without ``name`` is loaded to learn it).
+    """The config's entries with their member names (an entry without ``name`` is loaded to learn it, then
+    released: one model in memory at a time; it is loaded again when its turn comes).
 
     A ``name`` of the config was checked when the config was built; a name taken from the weights (or
-    results) file is checked here, as the config's names are (:func:`check_member_name`).
+    results) file is checked here, as the config's names are (:func:`check_member_name`). Names that
+    would write the command's own files (:data:`RESERVED_NAMES`) are refused.
     """
+    for model in config.models:  # the config's own names, before any model loads
+        if model.name:
+            check_not_reserved(view_names(model.name, model))
     entries = []
     for model in config.models:
         if model.name:
@@ -284,7 +302,9 @@ def plan_entries(config: EnsembleConfig, categories: dict[int, str] | None) -> l
         else:
             built = build_detector(model, config, categories)
             base = check_member_name(built.detector.name if hasattr(built, "members") else built.name)
-            entries.append(Entry(model, view_names(base, model), built))
+            entries.append(Entry(model, check_not_reserved(view_names(base, model))))
+            del built
+            release_memory()
     names = [n for e in entries for n in e.names]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -294,12 +314,40 @@ def plan_entries(config: EnsembleConfig, categories: dict[int, str] | None) -> l
     return entries
 
 
+def model_patterns(text: str | None) -> list[str]:
+    """The names or globs of ``--models`` (None: every member, ``*``).
+
+    Raises:
+        ValueError: ``text`` names nothing (empty, or only commas and spaces): leaving the flag out selects
+            every member, an empty value is a mistake (a shell variable that was not set).
+    """
+    if text is None:
+        return ["*"]
+    wanted = [p.strip() for p in text.split(",") if p.strip()]
+    if not wanted:
+        raise ValueError(f"--models {text!r} names no member; give names or globs separated by commas")
+    return wanted
+
+
+def check_not_reserved(names: list[str]) -> list[str]:
+    """``names`` if none of them is a name whose results file would be the command's own file.
+
+    Raises:
+        ValueError: naming the first reserved member name.
+    """
+    for name in names:
+        if name.casefold() in RESERVED_NAMES:
+            raise ValueError(
+                f"member name {name!r} is reserved: its results file {name}.json would be the summary {SUMMARY} "
+                "of detens cache (and its shard file the shard's summary); set another 'name' in the config"
+            )
+    return names
+
+
 def select_members(entries: list[Entry], patterns: str | None) -> None:
     """Mark the members matching ``--models`` (names or globs); every pattern must match one."""
     names = [n for e in entries for n in e.names]
-    wanted = [p.strip() for p in (patterns or "*").split(",") if p.strip()]
-    if not wanted:
-        raise ValueError(f"--models {patterns!r} names no member; give names or globs separated by commas")
+    wanted = model_patterns(patterns)
     for pattern in wanted:
         if not any(fnmatch.fnmatchcase(n, pattern) for n in names):
             close = difflib.get_close_matches(pattern, names, n=1)
@@ -333,12 +381,11 @@ def member_settings(
         settings["class_map"] = {str(k): v for k, v in (model.class_map or {}).items()} or None
     settings.update({key: getattr(model, key) for key in _ONNX_KEYS if getattr(model, key) is not None})
     settings["view"] = model.tta[entry.names.index(name)] if model.tta else None
-    settings["weights_dir"] = config.weights_dir
     # the label space, not the annotation file's path (a copy of the file elsewhere is the same dataset)
     label_space = json.dumps(sorted((categories or {}).items())).encode("utf-8")
     settings["categories"] = hashlib.sha256(label_space).hexdigest()[:16] if categories else "coco80"
     if model.type == "precomputed":  # saved predictions are often rewritten in place: their content counts
-        settings["inputs"] = file_digests([model.results])
+        settings["inputs"] = file_digests(saved_prediction_files(model))
     weights_digest = weights_inputs(model, weights, digests)
     if weights_digest:  # a re-exported model is often saved over the old one: its content counts too
         settings["inputs"] = weights_digest
@@ -488,7 +535,12 @@ def check_settings(
         settings = {k: v for k, v in settings.items() if k != "inputs"}
     if isinstance(saved, dict):  # caches of earlier versions recorded settings their members never read
         unread = NOT_READ_BY_TYPE.get(str(settings.get("type")), ())
-        saved = {k: v for k, v in saved.items() if k not in unread}
+        saved = {k: v for k, v in saved.items() if k not in unread and k not in _NOT_COMPARED}
+    earlier_inputs = saved.get("inputs") if isinstance(saved, dict) else None
+    if isinstance(earlier_inputs, dict) and isinstance(settings.get("inputs"), dict):
+        # a file whose digest an earlier version did not record (the image map of saved predictions) is
+        # recorded from now on, as for a cache without digests; a recorded file that changed is refused above
+        settings = {**settings, "inputs": {k: v for k, v in settings["inputs"].items() if k in earlier_inputs}}
     if saved == settings:
         return False
     if overwrite:
@@ -684,6 +736,11 @@ def run_entry_ray(
 def release(entry: Entry) -> None:
     """Free a model before the next one is loaded."""
     entry.built = None
+    release_memory()
+
+
+def release_memory() -> None:
+    """Give back the memory of the models no longer referenced (GPU memory too)."""
     gc.collect()
     try:
         import torch
@@ -902,7 +959,9 @@ def cache(args: argparse.Namespace) -> int:
     except BaseException as err:
         # the finished members' unreadable images must stay listed, or evaluate would score them as empty
         try:
-            summarize_stopped_run(f"error: {type(err).__name__}: {err}")
+            from detens.engines.ray_cache import strip_ansi  # Ray colours the text of its errors
+
+            summarize_stopped_run(strip_ansi(f"error: {type(err).__name__}: {err}"))
         except Exception as summary_err:  # the run's own error is the one to report
             logger.error("could not write %s: %s", summary_path, summary_err)
         raise
@@ -970,11 +1029,17 @@ def merge_member(
         raise MergeError(f"{member}: the shards were made on different annotation files")
     if gt is not None and gt_fingerprint(gt) not in fingerprints:
         raise MergeError(f"{member}: the shards were made on another annotation file than --gt")
+    compared = {index: _compared_settings(record["settings"]) for index, record in records.items()}
     groups: dict[str, list[int]] = {}
-    for index, record in records.items():
-        groups.setdefault(json.dumps(record["settings"], sort_keys=True), []).append(index)
+    for index, settings in compared.items():
+        groups.setdefault(json.dumps(settings, sort_keys=True), []).append(index)
     if len(groups) != 1:
-        split = "; ".join(f"shards {indices}: {settings}" for settings, indices in groups.items())
+        firsts = [compared[indices[0]] for indices in groups.values()]
+        keys = sorted({k for one in firsts for k in one if any(one.get(k) != other.get(k) for other in firsts)})
+        split = "; ".join(
+            f"{key}: " + ", ".join(f"{compared[ids[0]].get(key)!r} in shards {ids}" for ids in groups.values())
+            for key in keys
+        )
         raise MergeError(
             f"{member}: the shards were made with different settings ({split}); re-run the odd ones with --overwrite"
         )
@@ -1014,10 +1079,17 @@ def merge_member(
         "shards": count,
         "unreadable": unreadable,
         "seconds": round(sum(float(r["seconds"]) for r in records.values()), 3),
-        "settings": any_record["settings"],
+        "settings": compared[min(compared)],
         "fingerprint": any_record["gt_fingerprint"],
         "all_ids": all_ids,
     }
+
+
+def _compared_settings(settings: Any) -> Any:
+    """A member's recorded settings without those no longer compared (recorded by earlier versions)."""
+    if not isinstance(settings, dict):
+        return settings
+    return {k: v for k, v in settings.items() if k not in _NOT_COMPARED}
 
 
 def merge(args: argparse.Namespace) -> int:
@@ -1032,8 +1104,8 @@ def merge(args: argparse.Namespace) -> int:
         found.setdefault(member, {}).setdefault(count, {})[index] = path
     if not found:
         raise FileNotFoundError(f"no shard files (<member>.shard-<i>-of-<n>.json) in {folder}")
-    if args.models:
-        wanted = [p.strip() for p in args.models.split(",") if p.strip()]
+    if args.models is not None:
+        wanted = model_patterns(args.models)
         found = {m: v for m, v in found.items() if any(fnmatch.fnmatchcase(m, p) for p in wanted)}
         if not found:
             raise ValueError(f"--models {args.models!r} matches no member with shards in {folder}")

@@ -14,20 +14,28 @@ on every node and give every node the same paths to the images and weights (a sh
 
 from __future__ import annotations
 
+import base64
+import builtins
 import json
 import logging
+import pickle
+import re
 import time
+import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
 from detens.adapters.weights import check_weights_found
 from detens.ensemble_config import EnsembleConfig, ModelConfig, with_absolute_paths
 
-__all__ = ["RayOptions", "EntryPredictor", "detect_on_ray", "ray_session", "ready_for_actors"]
+__all__ = [
+    "RayOptions", "EntryPredictor", "detect_on_ray", "failure_record", "raise_failure", "ray_session",
+    "ready_for_actors", "strip_ansi",
+]
 
 logger = logging.getLogger("detens.ray")
 
@@ -87,7 +95,12 @@ def map_on_actors(
     options: RayOptions,
 ) -> Iterator[dict[str, Any]]:
     """Rows of ``items`` through a pool of ``options.actors`` stateful ``actor_class`` actors
-    (``map_batches``, numpy batches of ``batch_size``, ``options.gpus_per_actor()`` GPUs each), as they arrive."""
+    (``map_batches``, numpy batches of ``batch_size``, ``options.gpus_per_actor()`` GPUs each), as they arrive.
+
+    ``actor_class`` returns a ``failure`` column (see :func:`failure_record`): the first row that holds one
+    stops the run with the actor's exception, raised here as it was raised there (a corrupt weights file
+    is the ``ValueError`` the local engine gives, not a Ray error).
+    """
     import_ray()
     import ray
     import ray.data
@@ -95,7 +108,7 @@ def map_on_actors(
     check_gpus(options.gpus_per_actor(), ray.cluster_resources().get("GPU", 0.0), options.address)
     # a few blocks per actor keep every actor busy without splitting the work into tiny tasks
     dataset = ray.data.from_items(items, override_num_blocks=max(1, min(len(items), 4 * options.actors)))
-    return dataset.map_batches(
+    rows = dataset.map_batches(
         actor_class,
         fn_constructor_kwargs=constructor_kwargs,
         batch_size=batch_size,
@@ -103,6 +116,73 @@ def map_on_actors(
         num_gpus=options.gpus_per_actor(),
         batch_format="numpy",
     ).iter_rows()
+    try:
+        for row in rows:
+            if row["failure"]:
+                raise_failure(str(row["failure"]))
+            yield row
+    except ray.exceptions.RayTaskError as err:
+        # what the actors do not catch themselves (see failure_record); Ray Data wraps a UDF's error in
+        # its own UserCodeException, but a plain task error keeps the user's exception: raise that one
+        cause = getattr(err, "cause", None)
+        wrappers = (ray.exceptions.RayError, getattr(ray.exceptions, "UserCodeException", ray.exceptions.RayError))
+        if isinstance(cause, Exception) and not isinstance(cause, wrappers):
+            raise cause from err
+        raise
+    finally:
+        close = getattr(rows, "close", None)
+        if close is not None:  # stops the dataset's execution when the driver stops reading early
+            close()
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without terminal colour codes (Ray colours the actor names in its messages)."""
+    return _ANSI.sub("", text)
+
+
+def failure_record(err: BaseException) -> str:
+    """An exception raised on an actor, as a JSON string for a row's ``failure`` column.
+
+    The actors catch their own errors (model load, detection) and send them as rows: raised out of an
+    actor, Ray Data wraps an error of the constructor in an ``ActorDiedError`` and one of a batch in a
+    ``UserCodeException``, both of which lose the exception itself (its type decides whether the command
+    reports a user's mistake or a bug) and colour its text with terminal codes. :func:`raise_failure` raises
+    it again on the driver.
+    """
+    try:
+        pickled: str | None = base64.b64encode(pickle.dumps(err)).decode("ascii")
+    except Exception:  # an attribute that does not pickle: the type's builtin base stands in for it
+        pickled = None
+    return json.dumps({
+        "pickled": pickled,
+        "type": f"{type(err).__module__}.{type(err).__qualname__}",
+        "builtin_bases": [c.__name__ for c in type(err).__mro__ if c.__module__ == "builtins"],
+        "message": str(err),
+        "traceback": "".join(traceback.format_exception(type(err), err, err.__traceback__)),
+    })
+
+
+def raise_failure(record: str) -> NoReturn:
+    """Raise on the driver the exception of a :func:`failure_record`: the actor's exception itself, or (when
+    it cannot be unpickled here) its nearest builtin type with its message; the actor's traceback is added
+    as a note (Python 3.11+)."""
+    failure = json.loads(record)
+    err: Any = None
+    if failure.get("pickled"):
+        try:
+            err = pickle.loads(base64.b64decode(failure["pickled"]))  # noqa: S301 - our own actors' rows
+        except Exception:
+            err = None
+    if not isinstance(err, BaseException):
+        bases = [getattr(builtins, name, None) for name in failure.get("builtin_bases", [])]
+        kind = next((b for b in bases if isinstance(b, type) and issubclass(b, Exception)), RuntimeError)
+        err = kind(strip_ansi(f"{failure.get('type')}: {failure.get('message')}"))
+    if hasattr(err, "add_note"):
+        err.add_note(f"raised on a Ray actor:\n{strip_ansi(str(failure.get('traceback', '')))}")
+    raise err
 
 
 def check_gpus(per_actor: float, in_cluster: float, address: str | None) -> None:
@@ -124,13 +204,10 @@ def check_gpus(per_actor: float, in_cluster: float, address: str | None) -> None
 
 
 def import_ray() -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise ImportError(
-            "the Ray engine needs ray: pip install 'detens[ray]' (or pip install 'ray[data]')"
-        ) from None
-    return ray
+    """``import ray``, or a :class:`~detens.extras.MissingExtraError` that says how to install it."""
+    from detens.extras import import_extra
+
+    return import_extra("ray", "the Ray engine needs ray: pip install 'detens[ray]' (or pip install 'ray[data]')")
 
 
 class ray_session:  # noqa: N801 - used as a context manager, like open()
@@ -181,13 +258,22 @@ class EntryPredictor:
         members (list[str]): the entry's members (views) to run.
 
     Called with a batch ``{"image_id": int[B], "path": str[B], "todo": str[B]}`` (``todo``: the members
-    that still need each image, comma-separated), returns the columns ``image_id``, ``member``,
-    ``results`` (the COCO results as JSON), ``ms`` (detection time per image), ``error`` (why the
-    image could not be read; empty when it was) and ``load_s`` (the seconds this actor took to build the
-    entry, on every row: rows do not say which actor made them).
+    that still need each image, a JSON list: a member's name may hold any character), returns the columns
+    ``image_id``, ``member``, ``results`` (the COCO results as JSON), ``ms`` (detection time per image),
+    ``error`` (why the image could not be read; empty when it was), ``load_s`` (the seconds this actor
+    took to build the entry, on every row: rows do not say which actor made them) and ``failure`` (empty;
+    else the only row, a :func:`failure_record` of the error that stopped the actor).
     """
 
     def __init__(self, model: Any, ensemble: Any, categories: Mapping[int, str] | None, members: Sequence[str]):
+        self.failure = ""
+        self.load_s = 0.0
+        try:
+            self._build(model, ensemble, categories, members)
+        except Exception as err:  # sent with the first batch (see failure_record)
+            self.failure = failure_record(err)
+
+    def _build(self, model: Any, ensemble: Any, categories: Mapping[int, str] | None, members: Sequence[str]) -> None:
         from detens.adapters import build_detector
 
         start = time.perf_counter()
@@ -201,16 +287,25 @@ class EntryPredictor:
         self.members = {name: by_name[name] for name in members}
 
     def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, list[Any]]:
+        if not self.failure:
+            try:
+                return self._detect(batch)
+            except Exception as err:
+                self.failure = failure_record(err)
+        return {"image_id": [-1], "member": [""], "results": ["[]"], "ms": [0.0], "error": [""], "load_s": [0.0],
+                "failure": [self.failure]}
+
+    def _detect(self, batch: Mapping[str, np.ndarray]) -> dict[str, list[Any]]:
         from detens.adapters import detect_loaded
         from detens.coco import detections_to_coco
         from detens.sources import ImageReadError, read_image
 
         columns: dict[str, list[Any]] = {
-            "image_id": [], "member": [], "results": [], "ms": [], "error": [], "load_s": []
+            "image_id": [], "member": [], "results": [], "ms": [], "error": [], "load_s": [], "failure": []
         }
         images, ids, paths, wanted = [], [], [], []
         for image_id, path, todo in zip(batch["image_id"], batch["path"], batch["todo"], strict=True):
-            names = [n for n in str(todo).split(",") if n]
+            names = [str(n) for n in json.loads(str(todo))]
             try:
                 images.append(read_image(str(path)))
             except ImageReadError as err:
@@ -221,6 +316,7 @@ class EntryPredictor:
                     columns["ms"].append(0.0)
                     columns["error"].append(str(err))
                     columns["load_s"].append(self.load_s)
+                    columns["failure"].append("")
                 continue
             ids.append(int(image_id))
             paths.append(str(path))
@@ -239,6 +335,7 @@ class EntryPredictor:
                 columns["ms"].append(round(ms, 3))
                 columns["error"].append("")
                 columns["load_s"].append(self.load_s)
+                columns["failure"].append("")
         return columns
 
 
@@ -268,7 +365,7 @@ def detect_on_ray(
         return
     ensemble, (model,) = ready_for_actors(ensemble, [model])
     items = [
-        {"image_id": image_id, "path": str(Path(path_of(image_id)).absolute()), "todo": ",".join(members)}
+        {"image_id": image_id, "path": str(Path(path_of(image_id)).absolute()), "todo": json.dumps(members)}
         for image_id, members in sorted(needed.items())
     ]
     constructor_kwargs = {

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from detens.engines.ray_cache import RayOptions, map_on_actors, ready_for_actors
+from detens.engines.ray_cache import RayOptions, failure_record, map_on_actors, ready_for_actors
 
 __all__ = ["EnsembleFuser", "fuse_on_ray"]
 
@@ -34,10 +34,19 @@ class EnsembleFuser:
 
     Called with ``{"name": str[B], "stem": str[B], "path": str[B]}``, returns ``name``, ``record`` (the
     partial record as JSON), ``files`` (JSON of {relative path: base64 bytes}), ``members`` (JSON of
-    {member name: where its weights came from}) and ``error`` (why the image could not be read; empty when it was).
+    {member name: where its weights came from}), ``error`` (why the image could not be read; empty when it was)
+    and ``failure`` (empty; else the only row, a :func:`~detens.engines.ray_cache.failure_record` of the
+    error that stopped the actor: the driver raises it).
     """
 
     def __init__(self, config: Any, categories: Mapping[int, str], yolo_ids: Sequence[int]) -> None:
+        self.failure = ""
+        try:
+            self._build(config, categories, yolo_ids)
+        except Exception as err:  # sent with the first batch (see failure_record)
+            self.failure = failure_record(err)
+
+    def _build(self, config: Any, categories: Mapping[int, str], yolo_ids: Sequence[int]) -> None:
         from detens.adapters import build_ensemble
         from detens.cli.fuse import _weights_of, fusion_params, time_first_call
 
@@ -52,11 +61,22 @@ class EnsembleFuser:
         time_first_call(config.fusion.method, self.params, self.names, min(self.categories))
 
     def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, list[Any]]:
+        if not self.failure:
+            try:
+                return self._fuse(batch)
+            except Exception as err:
+                self.failure = failure_record(err)
+        return {"name": [""], "record": [""], "files": ["{}"], "members": ["{}"], "error": [""],
+                "failure": [self.failure]}
+
+    def _fuse(self, batch: Mapping[str, np.ndarray]) -> dict[str, list[Any]]:
         from detens.adapters import detect_loaded
         from detens.cli.fuse import fuse_image
         from detens.sources import ImageReadError, read_image
 
-        columns: dict[str, list[Any]] = {"name": [], "record": [], "files": [], "members": [], "error": []}
+        columns: dict[str, list[Any]] = {
+            "name": [], "record": [], "files": [], "members": [], "error": [], "failure": []
+        }
         loaded, read_ms = [], []
         for name, stem, path in zip(batch["name"], batch["stem"], batch["path"], strict=True):
             start = time.perf_counter()
@@ -64,7 +84,7 @@ class EnsembleFuser:
                 image = read_image(str(path))
             except ImageReadError as err:
                 for key, value in (("name", str(name)), ("record", ""), ("files", "{}"),
-                                   ("members", self.weights), ("error", str(err))):
+                                   ("members", self.weights), ("error", str(err)), ("failure", "")):
                     columns[key].append(value)
                 continue
             loaded.append((str(name), str(stem), str(path), image))
@@ -88,6 +108,7 @@ class EnsembleFuser:
             columns["files"].append(json.dumps({k: base64.b64encode(v).decode("ascii") for k, v in files.items()}))
             columns["members"].append(self.weights)
             columns["error"].append("")
+            columns["failure"].append("")
         return columns
 
 

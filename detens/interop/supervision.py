@@ -38,13 +38,11 @@ __all__ = [
 
 
 def _import_supervision() -> Any:
-    try:
-        import supervision
-    except ImportError as err:
-        raise ImportError(
-            "supervision interop needs the supervision package: pip install 'detens[supervision]'"
-        ) from err
-    return supervision
+    from detens.extras import import_extra
+
+    return import_extra(
+        "supervision", "supervision interop needs the supervision package: pip install 'detens[supervision]'"
+    )
 
 
 def is_supervision_detections(obj: Any) -> bool:
