@@ -60,16 +60,16 @@ def check_member_name(name: str, where: str = "member name") -> str:
 
     Raises:
         TypeError: ``name`` is not a string.
-        ValueError: ``name`` is empty, contains ``/``, ``\\`` or a control character (NUL included), or
-            starts with ``.`` (``..``, a hidden file).
+        ValueError: ``name`` is empty, contains ``/``, ``\\``, ``,`` (which separates the names given to
+            ``--models``) or a control character (NUL included), or starts with ``.`` (``..``, a hidden file).
     """
     if not isinstance(name, str):
         raise TypeError(f"{where} must be a string, got {type(name).__name__}: {name!r}")
-    unsafe = not name or name.startswith(".") or any(c in "/\\" or ord(c) < 32 or ord(c) == 127 for c in name)
+    unsafe = not name or name.startswith(".") or any(c in "/\\," or ord(c) < 32 or ord(c) == 127 for c in name)
     if unsafe:
         raise ValueError(
-            f"{where} {name!r} cannot name the member's files: it must be non-empty, without '/', '\\' or "
-            "control characters, and not start with '.'"
+            f"{where} {name!r} cannot name the member's files or be chosen by --models: it must be non-empty, "
+            "without '/', '\\', ',' or control characters, and not start with '.'"
         )
     return name
 

@@ -494,6 +494,7 @@ def test_a_crash_in_a_later_member_keeps_the_summary_of_the_earlier_ones(slice_,
     ({"name": "up\\escaped"}, r"model name 'up\\\\escaped'"),
     ({"results_file": ".hidden.json"}, "member name '.hidden'"),  # a name taken from the results file
     ({"results_file": "tab\there.json"}, r"member name 'tab\\there'"),
+    ({"name": "v8,a"}, "model name 'v8,a'"),  # --models could never choose it: commas separate its names
 ])
 def test_a_member_name_that_cannot_name_its_files_is_refused(slice_, tmp_path, capsys, model, named):
     results = tmp_path / model.pop("results_file", "saved.json")

@@ -130,28 +130,6 @@ def test_an_error_on_an_actor_is_the_local_engines_error(cluster, dataset, tmp_p
     assert code == 2 and err.count("error:") == 1 and "Traceback" not in err and "not a valid Flatbuffer" in err, err
 
 
-def test_member_names_with_a_comma_run_on_ray(cluster, dataset, tmp_path):
-    """The members an image still needs travel as a list: a name may hold the character that joined them."""
-    root, broken = dataset
-    gt = json.loads((root / "gt.json").read_text())
-    saved = [{"image_id": im["id"], "category_id": 1, "bbox": [10.0, 10.0, 50.0, 50.0], "score": 0.9}
-             for im in gt["images"]]
-    (tmp_path / "saved.json").write_text(json.dumps(saved))
-    member = {"type": "precomputed", "results": str(tmp_path / "saved.json")}
-    config = {"name": "commas", "models": [{**member, "name": "v8,a"}, {**member, "name": "y11"}]}
-    (tmp_path / "commas.yaml").write_text(json.dumps(config))  # JSON is YAML
-    args = ["cache", "--config", str(tmp_path / "commas.yaml"), "--images", str(root / "images"), "--gt",
-            str(root / "gt.json"), "--quiet"]
-    assert main([*args, "--out", str(tmp_path / "local")]) == 0
-    assert main([*args, "--out", str(tmp_path / "on_ray"), "--engine", "ray"]) == 0
-    summary = json.loads((tmp_path / "on_ray" / "cache_summary.json").read_text())
-    for name in ("v8,a", "y11"):
-        assert summary["models"][name]["status"] == "complete"
-        assert summary["models"][name]["images"] == NUM_IMAGES - 1
-        assert ((tmp_path / "on_ray" / f"{name}.json").read_bytes()
-                == (tmp_path / "local" / f"{name}.json").read_bytes())
-
-
 class _TwoArgError(ValueError):
     def __init__(self, what, why):  # pickles, but does not unpickle (its args are one message)
         super().__init__(f"{what}: {why}")
