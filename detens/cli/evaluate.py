@@ -47,9 +47,10 @@ How much of a gap is the sample of images: ``--bootstrap B`` draws the scored im
 times (fixed by ``--seed``), scores every method on the same draws and writes ``<out>.bootstrap.json``:
 per method its mAP's mean, standard deviation and 95 % interval over the draws, and the same of its
 difference to ``--bootstrap-against`` (default: the first method), with the share of draws where it is
-above. A second table prints the spreads and the differences. Needs one ``--seed``. The mean over draws
-is not the mAP (a class a draw misses leaves that draw's average); read the spreads and the paired
-differences.
+above, and ``draws``, the number of draws these figures are over: a draw of images with crowd regions
+only has no AP to measure and is left out, with a warning. A second table prints the spreads and the
+differences. Needs one ``--seed``. The mean over draws is not the mAP (a class a draw misses leaves that
+draw's average); read the spreads and the paired differences.
 
 With one seed it also saves ``<out>.evaluation.json.gz``: the scored images' ground truth, the table, and
 the pooled held-out predictions of every method and member (a few MB per method), from which ``detens
