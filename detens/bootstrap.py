@@ -14,10 +14,19 @@ The mean of a method's mAP over the draws is not its mAP: COCO averages AP over 
 ground truth, and a draw that misses every image of a rare category averages over the others (on the
 204 official images, YOLO26n's 0.4244 averages about 0.445 over draws). The spreads and the paired
 differences are what the draws measure.
+
+Every drawn image is scored, an image without annotations too (a negative image: its boxes are false
+positives), as :func:`~detens.coco.evaluate_coco` scores the ``image_ids`` it is given. A draw that holds
+no ground truth that COCO counts (only negative images, or crowd regions only) has no AP to measure: its
+mAP is NaN for every method, :func:`bootstrap_map` warns how many draws are such, and
+:func:`summarize_bootstrap` leaves them out (and says how many draws it summarized). Drawing again until
+a draw has ground truth would favour the annotated images; scoring such a draw as COCO's -1 would pull
+the mean and the interval down.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -32,6 +41,8 @@ from detens.coco import (
 )
 
 __all__ = ["resample_image_ids", "resampled_dataset", "bootstrap_map", "summarize_bootstrap"]
+
+logger = logging.getLogger(__name__)
 
 
 def resample_image_ids(image_ids: Sequence[int], resamples: int, seed: int = 0) -> np.ndarray:
@@ -106,15 +117,21 @@ def bootstrap_map(
     Args:
         truth (CocoGroundTruth): the ground truth.
         results (dict[str, list[dict]]): per method, its COCO results on the scored images.
-        image_ids (list[int] | None): the scored images (default: those with ground truth).
+        image_ids (list[int] | None): the scored images (default: those with ground truth); every drawn
+            image is scored, one without annotations too.
         resamples (int): B. seed (int): fixes the draws.
         backend (str | None): COCO evaluator (default: the fastest installed one).
 
     Returns:
-        dict[str, np.ndarray[B]]: per method, its mAP on each draw.
+        dict[str, np.ndarray[B]]: per method, its mAP on each draw; NaN for every method on a draw with no
+        ground truth to measure (module docstring).
+
+    Raises:
+        ValueError: an image id not in ``truth``, no image to draw, or a method's malformed results.
     """
     scored = truth.annotated_image_ids if image_ids is None else list(image_ids)
     draws = resample_image_ids(scored, resamples, seed)
+    truth.check_has_images(sorted({int(i) for i in scored}))
     backend = backend or fastest_backend()
     rows = {name: _rows_by_image(validate_coco_results(list(r), f"the results of {name!r}"))
             for name, r in results.items()}
@@ -122,17 +139,43 @@ def bootstrap_map(
     for b, sample in enumerate(draws.tolist()):
         # one ground truth per draw, shared by every method: the evaluators index it once
         drawn = CocoGroundTruth(_resampled_truth(truth, sample))
+        drawn_ids = range(1, len(sample) + 1)
         for name in results:
-            maps[name][b] = evaluate_coco(drawn, _resampled_rows(rows[name], sample), backend=backend)["map"]
+            score = evaluate_coco(drawn, _resampled_rows(rows[name], sample), image_ids=drawn_ids,
+                                  backend=backend)["map"]
+            # COCO's -1: no category has ground truth that counts in this draw
+            maps[name][b] = np.nan if score < 0 else score
+    unmeasured = int(np.logical_or.reduce([np.isnan(values) for values in maps.values()]).sum()) if maps else 0
+    if unmeasured:
+        logger.warning(
+            "bootstrap_map: %d of %d draws hold no ground truth that COCO counts (only images without "
+            "annotations, or crowd regions only); their mAP is NaN, and summarize_bootstrap leaves them out",
+            unmeasured, len(draws),
+        )
     return maps
 
 
 def summarize_bootstrap(maps: Mapping[str, np.ndarray], against: str) -> dict[str, dict[str, Any]]:
     """Per method: the mean, standard deviation and 95 % interval (2.5th and 97.5th percentiles) of its mAP
     over the draws, and the same of its difference to ``against`` on the same draws, with the share of draws
-    where it is above ``against``."""
+    where it is above ``against``; ``draws``, how many draws these are.
+
+    A draw that is NaN for any method (:func:`bootstrap_map`'s draw with no ground truth to measure) is
+    left out for every method, so that every figure is over the same draws.
+
+    Raises:
+        ValueError: ``against`` is not a method, or no draw has a mAP for every method.
+    """
     if against not in maps:
         raise ValueError(f"the bootstrap compares with {against!r}, which is not among the methods {sorted(maps)}")
+    arrays = {name: np.asarray(values, dtype=np.float64) for name, values in maps.items()}
+    measured = np.logical_and.reduce([~np.isnan(values) for values in arrays.values()])
+    if not measured.any():
+        raise ValueError(
+            f"none of the {measured.size} draws has a mAP for every method: no draw held ground truth that COCO "
+            "counts; score images with annotations"
+        )
+    maps = {name: values[measured] for name, values in arrays.items()}
 
     def spread(values: np.ndarray) -> dict[str, Any]:
         return {
@@ -145,5 +188,6 @@ def summarize_bootstrap(maps: Mapping[str, np.ndarray], against: str) -> dict[st
     for name, values in maps.items():
         difference = values - maps[against]
         summary[name] = {"map": spread(values),
-                         "difference": {**spread(difference), "above": float((difference > 0).mean())}}
+                         "difference": {**spread(difference), "above": float((difference > 0).mean())},
+                         "draws": int(values.size)}
     return summary

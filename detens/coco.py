@@ -44,6 +44,9 @@ __all__ = [
     "CocoGroundTruth",
     "load_coco_gt",
     "evaluate_coco",
+    "CheckedCocoInput",
+    "check_coco_input",
+    "evaluate_checked",
     "detections_to_coco",
     "coco_to_detections",
     "load_coco_results",
@@ -709,6 +712,9 @@ def evaluate_coco(
     ``image_ids``, are dropped (the first case is logged as a warning), so predictions pooled over all
     images can be scored fold by fold.
 
+    The same as :func:`evaluate_checked` of :func:`check_coco_input`: check the inputs once with the latter
+    to score them with several evaluators.
+
     Args:
         gt: a COCO annotation file path, a dict, a ``pycocotools.coco.COCO`` or a :class:`CocoGroundTruth`.
             Never modified.
@@ -732,8 +738,36 @@ def evaluate_coco(
         ValueError: a prediction's ``category_id`` is not a category of the ground truth (the error lists
             the unknown ids), an ``image_ids`` entry is not in the ground truth, or the schema is wrong.
     """
-    from pycocotools.cocoeval import COCOeval
+    return evaluate_checked(check_coco_input(gt, predictions, image_ids), backend)
 
+
+@dataclass(frozen=True, eq=False)
+class CheckedCocoInput:
+    """What :func:`evaluate_coco` scores, checked by :func:`check_coco_input` (make it with that).
+
+    Attributes:
+        truth (CocoGroundTruth): the ground truth.
+        predictions (list[dict] | np.ndarray[K, 7]): the checked results on ``image_ids``, in the form
+            given (dicts, or the rows of :func:`detections_to_array`); the others dropped.
+        image_ids (list[int]): the evaluated images, ascending.
+    """
+
+    truth: CocoGroundTruth
+    predictions: list[dict[str, Any]] | np.ndarray = field(repr=False)
+    image_ids: list[int] = field(repr=False)
+
+
+def check_coco_input(
+    gt: str | Path | Mapping[str, Any] | COCO | CocoGroundTruth,
+    predictions: Sequence[Mapping[str, Any]] | np.ndarray | str | Path,
+    image_ids: Iterable[int] | None = None,
+) -> CheckedCocoInput:
+    """Every check :func:`evaluate_coco` makes of its inputs (same arguments), once: score the result with
+    :func:`evaluate_checked` and any evaluator, as ``detens bench --coco`` times the evaluators alone.
+
+    Raises:
+        ValueError, TypeError: as :func:`evaluate_coco`.
+    """
     truth = load_coco_gt(gt)
     array: np.ndarray | None = None
     if isinstance(predictions, np.ndarray):
@@ -743,8 +777,6 @@ def evaluate_coco(
     else:
         results = validate_coco_results(predictions, "predictions")
 
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     eval_ids = evaluated_image_ids(truth, image_ids)
     check_result_categories(truth, results if array is None else array, "predictions")
 
@@ -756,13 +788,36 @@ def evaluate_coco(
         logger.warning(
             "evaluate_coco: dropped %d predictions on images absent from the ground truth", outside
         )
-    wanted = set(eval_ids)
     if array is not None:
-        array = array[np.isin(array[:, 0], eval_ids)]
+        return CheckedCocoInput(truth, array[np.isin(array[:, 0], eval_ids)], eval_ids)
+    wanted = set(eval_ids)
+    return CheckedCocoInput(truth, [r for r in results if r["image_id"] in wanted], eval_ids)
+
+
+def evaluate_checked(
+    checked: CheckedCocoInput, backend: Literal["pycocotools", "faster", "hotcoco"] = "pycocotools"
+) -> dict[str, float]:
+    """:func:`evaluate_coco` of an input :func:`check_coco_input` has checked: the evaluator's work alone.
+
+    Raises:
+        TypeError: ``checked`` is not what :func:`check_coco_input` returns.
+        ValueError: an unknown ``backend``.
+    """
+    from pycocotools.cocoeval import COCOeval
+
+    if not isinstance(checked, CheckedCocoInput):
+        raise TypeError(f"checked must be what check_coco_input returns, got {type(checked).__name__}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    truth, eval_ids = checked.truth, checked.image_ids
+    results: list[dict[str, Any]] | None = None
+    array: np.ndarray | None = None
+    if isinstance(checked.predictions, np.ndarray):
+        array = checked.predictions
         if backend != "hotcoco" or not len(array):
             results, array = _array_to_results(array), None
     else:
-        results = [r for r in results if r["image_id"] in wanted]
+        results = checked.predictions
 
     if backend == "hotcoco":
         evaluator = _hotcoco_evaluator(truth, results if array is None else array)

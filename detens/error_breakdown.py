@@ -4,7 +4,8 @@ Detection Errors", ECCV 2020) on COCOeval's own matching.
 Every false positive gets one error type, tested in TIDE's order (IoU with the ground-truth boxes of the
 image, ``pos_thr`` = 0.5 and ``bg_thr`` = 0.1 by default, as in TIDE):
 
-- ``loc``: its best IoU with a box of its class is in ``[bg_thr, pos_thr]`` (right class, poor box);
+- ``loc``: its best IoU with a box of its class is in ``[bg_thr, pos_thr]`` (right class, poor box; never
+  on an image without a box of its class);
 - ``cls``: IoU ``>= pos_thr`` with a box of another class (right box, wrong class);
 - ``dupe``: IoU ``>= pos_thr`` with a box of its class that a higher-scored detection already took;
 - ``bkg``: IoU ``<= bg_thr`` with every box (detected background);
@@ -318,10 +319,13 @@ def _classify(
         return _NONE, -1
     if iou.size == 0:
         return ERROR_TYPES.index("bkg"), -1
-    same_iou = np.where(same, iou, 0.0)
-    g = int(same_iou.argmax())
-    if bg_thr <= same_iou[g] <= pos_thr:
-        return ERROR_TYPES.index("loc"), g
+    # without a box of its class in the image there is no box to localize better: at bg_thr = 0 a stand-in
+    # IoU of 0 would pass the test and aim the error at a box of another class
+    if same.any():
+        same_iou = np.where(same, iou, -1.0)
+        g = int(same_iou.argmax())
+        if bg_thr <= same_iou[g] <= pos_thr:
+            return ERROR_TYPES.index("loc"), g
     other_iou = np.where(same, 0.0, iou)
     g = int(other_iou.argmax())
     if other_iou[g] >= pos_thr:

@@ -28,7 +28,7 @@ def class_color(label: int) -> tuple[int, int, int]:
     return _PALETTE[int(label) % len(_PALETTE)]
 
 
-def _check_image(image_bgr: Any) -> None:
+def check_image(image_bgr: Any) -> None:
     """Refuse what OpenCV cannot draw on: anything but a uint8 array ``[H, W, 3]``."""
     if not isinstance(image_bgr, np.ndarray) or image_bgr.ndim != 3 or image_bgr.shape[2] != 3:
         raise ValueError(
@@ -36,6 +36,34 @@ def _check_image(image_bgr: Any) -> None:
         )
     if image_bgr.dtype != np.uint8:
         raise TypeError(f"image_bgr must be a uint8 BGR array [H, W, 3], got dtype {image_bgr.dtype}")
+
+
+def check_boxes(boxes: Any, name: str = "boxes") -> np.ndarray:
+    """``boxes`` as float64 ``[G, 4]`` xyxy pixels, refused unless it is that: a NaN box would be cast to
+    INT_MIN and drawn along a range of billions of pixels, a flat list of 8 numbers read as two boxes.
+
+    Raises:
+        TypeError: not numbers.
+        ValueError: not ``[G, 4]`` (an empty list is no box), a value not finite, or ``x2 < x1`` or
+            ``y2 < y1``, naming ``name``, the box and its values.
+    """
+    try:
+        array = np.asarray(boxes, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be an array [G, 4] of xyxy numbers, got {type(boxes).__name__}") from None
+    if array.size == 0 and array.ndim == 1:
+        return array.reshape(0, 4)
+    if array.ndim != 2 or array.shape[1] != 4:
+        raise ValueError(f"{name} must have shape [G, 4] (x1, y1, x2, y2 per box), got {list(array.shape)}")
+    bad = ~np.isfinite(array).all(axis=1)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{name}[{i}] is not finite: {array[i].tolist()}")
+    inverted = (array[:, 2] < array[:, 0]) | (array[:, 3] < array[:, 1])
+    if inverted.any():
+        i = int(np.flatnonzero(inverted)[0])
+        raise ValueError(f"{name}[{i}] = {array[i].tolist()} has x2 < x1 or y2 < y1; boxes must be xyxy")
+    return array
 
 
 def _line_width(line_width: Any, height: int, width: int) -> int:
@@ -67,12 +95,15 @@ def draw_detections(
         np.ndarray[H, W, 3] uint8: the drawn image.
 
     Raises:
-        TypeError: an image that is not a uint8 array, ``names`` neither a mapping nor a list, or a
-            ``conf`` or ``line_width`` that is not a number.
+        TypeError: an image that is not a uint8 array, ``det`` not ``Detections`` (whose boxes are checked
+            finite xyxy), ``names`` neither a mapping nor a list, or a ``conf`` or ``line_width`` that is
+            not a number.
         ValueError: an image not ``[H, W, 3]`` or of another size than ``det``'s, ``conf`` outside [0, 1]
             (NaN included), ``line_width`` < 1.
     """
-    _check_image(image_bgr)
+    check_image(image_bgr)
+    if not isinstance(det, Detections):
+        raise TypeError(f"det must be Detections, got {type(det).__name__}")
     if tuple(image_bgr.shape[:2]) != tuple(det.image_size):
         raise ValueError(
             f"image is {image_bgr.shape[0]}x{image_bgr.shape[1]} but the detections are for {det.image_size}"
@@ -125,9 +156,14 @@ def draw_ground_truth(
 
     Returns:
         np.ndarray[H, W, 3] uint8: the drawn image.
+
+    Raises:
+        TypeError: an image that is not a uint8 array, or boxes that are not numbers.
+        ValueError: an image not ``[H, W, 3]``; ``boxes`` not ``[G, 4]``, not finite or not xyxy (naming the
+            box); ``line_width`` or ``dash`` < 1.
     """
-    _check_image(image_bgr)
-    boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+    check_image(image_bgr)
+    boxes = check_boxes(boxes, "boxes")
     canvas = np.ascontiguousarray(image_bgr.copy())
     height, width = canvas.shape[:2]
     lw = _line_width(line_width, height, width)

@@ -115,3 +115,87 @@ class TestBootstrapMap:
         truth, results = toy()
         with pytest.raises(ValueError, match="'poor'"):
             bootstrap_map(truth, {"poor": [{"image_id": 1}]}, resamples=2)
+
+
+def by_hand(truth: CocoGroundTruth, results, sample):
+    """One draw built the obvious way, one dict at a time: the k-th drawn image is image k, its annotations
+    and results copied under it; scored by pycocotools itself on every drawn image."""
+    import contextlib
+    import copy
+    import io
+
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    images, annotations, shifted = [], [], []
+    for k, old in enumerate(sample, start=1):
+        images.append({**next(im for im in truth.dataset["images"] if im["id"] == old), "id": k})
+        for a in truth.dataset["annotations"]:
+            if a["image_id"] == old:
+                annotations.append({**a, "id": len(annotations) + 1, "image_id": k})
+        shifted += [{**r, "image_id": k} for r in results if r["image_id"] == old]
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco = COCO()
+        coco.dataset = {"images": images, "annotations": annotations,
+                        "categories": copy.deepcopy(truth.dataset["categories"])}
+        coco.createIndex()
+        evaluator = COCOeval(coco, coco.loadRes(copy.deepcopy(shifted)), "bbox")
+        evaluator.params.imgIds = list(range(1, len(sample) + 1))
+        evaluator.evaluate()
+        evaluator.accumulate()
+        evaluator.summarize()
+    return evaluator.stats[0]
+
+
+class TestImagesWithoutGroundTruth:
+    def toy_with_negatives(self):
+        """toy() with four more images, none annotated, where both methods still predict boxes."""
+        truth, results = toy(3, num_images=6)
+        dataset = dict(truth.dataset)
+        dataset["images"] = dataset["images"] + [
+            {"id": i, "width": 200, "height": 100, "file_name": f"{i}.jpg"} for i in range(7, 11)]
+        for name, score in (("good", 0.95), ("poor", 0.2)):
+            results[name] += [{"image_id": i, "category_id": 1, "bbox": [10.0, 10.0, 30.0, 30.0], "score": score}
+                              for i in range(7, 11)]
+        return CocoGroundTruth(dataset), results
+
+    def test_every_drawn_image_is_scored_negatives_too(self):
+        truth, results = self.toy_with_negatives()
+        every = truth.image_ids
+        assert len(truth.annotated_image_ids) == 5 and len(every) == 10  # 6 and 11 have no annotation
+        maps = bootstrap_map(truth, results, image_ids=every, resamples=12, seed=0, backend="pycocotools")
+        draws = resample_image_ids(every, 12, seed=0)
+        for name in results:
+            expected = np.array([by_hand(truth, results[name], sample) for sample in draws.tolist()])
+            expected[expected < 0] = np.nan  # COCO's -1: nothing to measure
+            np.testing.assert_allclose(maps[name], expected, atol=1e-12, equal_nan=True)
+
+    def test_draws_without_ground_truth_are_nan_and_left_out_of_the_summary(self, caplog):
+        truth, results = self.toy_with_negatives()
+        ids = [truth.annotated_image_ids[0], 6, 7, 8, 9, 10]  # one annotated image of six
+        with caplog.at_level("WARNING", logger="detens.bootstrap"):
+            maps = bootstrap_map(truth, results, image_ids=ids, resamples=40, seed=1, backend="faster")
+        empty = np.isnan(maps["good"])
+        draws = resample_image_ids(ids, 40, seed=1)
+        assert (empty == ~(draws == ids[0]).any(axis=1)).all() and 0 < empty.sum() < 40  # no annotated image
+        assert (np.isnan(maps["poor"]) == empty).all()
+        assert f"{int(empty.sum())} of 40 draws hold no ground truth that COCO counts" in caplog.text
+        summary = summarize_bootstrap(maps, "poor")
+        kept = {name: values[~empty] for name, values in maps.items()}
+        reference = summarize_bootstrap(kept, "poor")
+        assert summary == reference and summary["good"]["draws"] == int((~empty).sum())
+        assert summary["good"]["map"]["mean"] == pytest.approx(kept["good"].mean())
+        assert summary["good"]["difference"]["ci95"] == pytest.approx(
+            [np.percentile(kept["good"] - kept["poor"], 2.5), np.percentile(kept["good"] - kept["poor"], 97.5)])
+
+    def test_no_draw_with_ground_truth_is_an_error(self):
+        truth, results = self.toy_with_negatives()
+        maps = bootstrap_map(truth, results, image_ids=[7, 8], resamples=3, backend="faster")
+        assert np.isnan(maps["good"]).all()
+        with pytest.raises(ValueError, match="none of the 3 draws has a mAP for every method"):
+            summarize_bootstrap(maps, "good")
+
+    def test_an_image_not_in_the_ground_truth_is_named(self):
+        truth, results = toy()
+        with pytest.raises(ValueError, match=r"image_ids \[99\] are not in the ground truth"):
+            bootstrap_map(truth, results, image_ids=[1, 99], resamples=3, backend="faster")

@@ -104,6 +104,16 @@ MISTAKES = [
     ("bench --coco and --engines", ["bench", "--coco", "gt.json", "r.json", "--engines", "images"],
      r"--coco and --engines are two different benchmarks"),
     ("bench --repeats 0", ["bench", "--repeats", "0"], r"--repeats must be at least 1"),
+    ("bench --device unknown", ["bench", "--device", "foo"],
+     r"--device must be a torch device: cpu, cuda or cuda:<index>, got 'foo'"),
+    ("evaluate --out in the page", ["evaluate", "--gt", "gt.json", "--predictions", "p", "--out", "out/page.json",
+                                    "--report", "out"],
+     r"the report page in --report out would write over out/page\.json \(--out\)"),
+    ("evaluate --plot in the page", ["evaluate", "--gt", "gt.json", "--predictions", "p", "--out", "r.json",
+                                     "--plot", "out/map.png", "--report", "out"],
+     r"the report page in --report out would write over out/map\.png \(--plot\)"),
+    ("report over its table", ["report", "out/index.html", "--out", "out"],
+     r"the page in --out out would write over out/index\.html \(EVALUATION\)"),
     ("bench --coco-sizes 0", ["bench", "--coco", "gt.json", "r.json", "--coco-sizes", "0"], r"--coco-sizes must be at least 1"),
     ("evaluate seeds without folds", ["evaluate", "--gt", "gt.json", "--predictions", "p", "--out", "r.json",
                                       "--seed", "0,1", "--cv", "0", "--fit-on", "gt.json", "p"],
@@ -151,6 +161,58 @@ def test_bench_coco_names_the_file_that_is_not_coco(workspace, capsys, gt, resul
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
     assert err.startswith("error: ") and re.search(expected, err), err
+
+
+def test_bench_refuses_a_gpu_this_machine_lacks(workspace, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["bench", "--device", "cuda", "--sizes", "1x5"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert "--device is 'cuda' but no CUDA device is available on this machine; use cpu" in err
+
+
+def test_bench_records_the_command_it_was_given(workspace, capsys):
+    from detens.cli import run_command
+
+    argv = ["bench", "--sizes", "1x5", "--repeats", "1", "--out", "b.json", "--quiet"]
+    assert main(argv) == 0
+    assert json.loads((workspace / "b.json").read_text())["command"] == "detens " + " ".join(argv)
+    assert "`detens bench --sizes 1x5 --repeats 1 --out b.json --quiet`" in capsys.readouterr().out
+    assert run_command("bench", argv[1:], prog="tools/bench.py") == 0  # called from Python, another argv
+    assert json.loads((workspace / "b.json").read_text())["command"] == "tools/bench.py " + " ".join(argv[1:])
+
+
+def test_bench_coco_times_the_evaluators_not_the_input_checks(workspace, monkeypatch):
+    """Every check of the input sleeps 0.3 s: none of it may show in a backend's seconds."""
+    import time
+
+    from detens import coco
+    from detens.cli.bench import bench_coco
+
+    gt = {"images": [{"id": i, "width": 50, "height": 50, "file_name": f"{i}.jpg"} for i in (1, 2)],
+          "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [5, 5, 20, 20], "area": 400, "iscrowd": 0}],
+          "categories": [{"id": 1, "name": "a"}]}
+    results = [{"image_id": 1, "category_id": 1, "bbox": [6, 5, 20, 20], "score": 0.9},
+               {"image_id": 2, "category_id": 1, "bbox": [0, 0, 9, 9], "score": 0.4}]
+    (workspace / "gt.json").write_text(json.dumps(gt))
+    (workspace / "r.json").write_text(json.dumps(results))
+    checks = []
+    for name in ("_check_gt_dataset", "validate_coco_results", "_check_result_array", "check_result_categories"):
+        check = getattr(coco, name)
+
+        def slow(*args, _check=check, _name=name, **kwargs):
+            checks.append(_name)
+            time.sleep(0.3)
+            return _check(*args, **kwargs)
+
+        monkeypatch.setattr(coco, name, slow)
+    rows = bench_coco("gt.json", "r.json", [4])
+    assert {"_check_gt_dataset", "validate_coco_results"} <= set(checks)  # checked all the same, untimed
+    assert [row["backend"] for row in rows] == list(coco.BACKENDS)
+    assert all(row["seconds"] < 0.25 for row in rows), rows
+    assert rows[0]["map"] > 0 and rows[0]["results"] == 4
 
 
 def test_debug_shows_the_exception(workspace):

@@ -357,6 +357,33 @@ class TestEvaluate:
         assert from_list == from_file
         assert raw == raw_copy and predictions == predictions_copy
 
+    @pytest.mark.parametrize("backend", ["pycocotools", "faster", "hotcoco"])
+    def test_a_checked_input_scores_like_evaluate_coco(self, gt, backend, caplog):
+        """check_coco_input then evaluate_checked is evaluate_coco in two steps: the checks, filters and
+        warnings all in the first, so one input is checked once for several evaluators."""
+        from detens.coco import check_coco_input, evaluate_checked
+
+        if backend == "hotcoco":
+            pytest.importorskip("hotcoco", reason="the hotcoco backend needs hotcoco")
+        ids = gt.image_ids[:30]
+        dets = {i: Detections.concat([random_detections(i, 20, gt.image_size(i)), gt.detections(i)]) for i in ids}
+        dicts = [r for i in ids for r in detections_to_coco(dets[i], i, decimals=None)]
+        array = np.concatenate([detections_to_array(dets[i], i) for i in ids])
+        subset = [i for i in ids if i in set(gt.annotated_image_ids)][:20]
+        stray = {**dicts[0], "image_id": 987654321}
+        cases = [(dicts + [stray], None, True), (dicts, subset, False), (array, subset, False), (array[:0], None, False)]
+        for predictions, image_ids, warned in cases:
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="detens.coco"):
+                checked = check_coco_input(gt, predictions, image_ids)
+            assert ("dropped 1 predictions" in caplog.text) == warned
+            assert checked.image_ids == (gt.annotated_image_ids if image_ids is None else sorted(image_ids))
+            assert evaluate_checked(checked, backend) == evaluate_coco(gt, predictions, image_ids, backend)
+        with pytest.raises(TypeError, match="checked must be what check_coco_input returns, got list"):
+            evaluate_checked(dicts)
+        with pytest.raises(ValueError, match="backend must be one of pycocotools, faster, hotcoco, got 'fast'"):
+            evaluate_checked(checked, "fast")
+
     def test_nothing_is_printed(self, gt, capsys):
         evaluate_coco(gt, gt_as_predictions(gt, image_ids=gt.image_ids[:5]), image_ids=gt.image_ids[:5])
         assert capsys.readouterr().out == ""

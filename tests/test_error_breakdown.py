@@ -216,3 +216,91 @@ def test_curves_are_the_metrics_of_the_same_run(seed, backend):
     per_class = [ap for ap in curves["class_ap"].values() if ap is not None]
     assert np.mean(per_class) == pytest.approx(metrics["map"], abs=1e-12)
     assert len(curves["recall"]) == 101 and curves["recall"][0] == 0.0 and curves["recall"][-1] == 1.0
+
+
+# ------------------------------------------------------------------------- bg_thr = 0: no loc without a box
+def test_at_bg_thr_0_a_box_without_its_class_in_the_image_is_no_loc_error():
+    """A dog far from the only box (a cat) touches nothing: background, not a poor box of the cat; a dog
+    over half the cat is a wrong class and poor box (both). At IoU 0 with a cat, a cat is loc."""
+    gt = make_gt([(1, 1, [0, 0, 20, 20], 0)])
+    results = [det(2, [70, 70, 20, 20], 0.9), det(2, [0, 0, 20, 8], 0.85), det(1, [0, 0, 20, 20], 0.8),
+               det(1, [100, 100, 10, 10], 0.7)]
+    for bg_thr in (0.0, 0.1):
+        analysis = analyze_errors(gt, results, bg_thr=bg_thr)
+        types = {score: ERROR_TYPES[e] if e >= 0 else None
+                 for score, e in zip(analysis.det_score.tolist(), analysis.det_error.tolist(), strict=True)}
+        # the far cat: IoU 0 with a cat, loc only when bg_thr admits IoU 0
+        assert types == {0.9: "bkg", 0.85: "both", 0.8: None, 0.7: "loc" if bg_thr == 0 else "bkg"}, bg_thr
+        loc = analysis.det_error == ERROR_TYPES.index("loc")
+        assert (analysis.gt_category[analysis.det_target[loc]] == analysis.det_category[loc]).all()
+
+
+def reference_types(gt: CocoGroundTruth, results, bg_thr: float, pos_thr: float = 0.5) -> dict[float, str | None]:
+    """Each detection's error type, keyed by its score (distinct), by the module docstring's rules written
+    out one detection and one box at a time; pycocotools says which detections are false positives and
+    which boxes true positives took."""
+    import contextlib
+    import copy
+    import io
+
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco = COCO()
+        coco.dataset = copy.deepcopy(gt.dataset)
+        coco.createIndex()
+        evaluator = COCOeval(coco, coco.loadRes(copy.deepcopy(results)), "bbox")
+        evaluator.params.imgIds = gt.annotated_image_ids
+        evaluator.params.iouThrs = np.array([pos_thr])
+        evaluator.evaluate()
+    label, taken = {}, set()
+    for e in evaluator.evalImgs:
+        if e is None or e["aRng"] != [0, 1e10]:
+            continue
+        for dt_id, match, ignored in zip(e["dtIds"], e["dtMatches"][0], e["dtIgnore"][0], strict=True):
+            label[dt_id] = "ignored" if ignored else "tp" if match > 0 else "fp"
+            if match > 0 and not ignored:
+                taken.add(int(match))
+
+    def iou(a, b):
+        w = min(a[0] + a[2], b[0] + b[2]) - max(a[0], b[0])
+        h = min(a[1] + a[3], b[1] + b[3]) - max(a[1], b[1])
+        inter = max(w, 0) * max(h, 0)
+        return inter / (a[2] * a[3] + b[2] * b[3] - inter)
+
+    types = {}
+    for dt_id, r in enumerate(results, start=1):
+        if label.get(dt_id, "none") != "fp":
+            types[r["score"]] = None
+            continue
+        boxes = [a for a in gt.dataset["annotations"] if a["image_id"] == r["image_id"] and not a["iscrowd"]]
+        same = [iou(r["bbox"], a["bbox"]) for a in boxes if a["category_id"] == r["category_id"]]
+        other = [iou(r["bbox"], a["bbox"]) for a in boxes if a["category_id"] != r["category_id"]]
+        taken_same = [iou(r["bbox"], a["bbox"]) for a in boxes
+                      if a["category_id"] == r["category_id"] and a["id"] in taken]
+        if same and bg_thr <= max(same) <= pos_thr:
+            types[r["score"]] = "loc"
+        elif other and max(other) >= pos_thr:
+            types[r["score"]] = "cls"
+        elif taken_same and max(taken_same) >= pos_thr:
+            types[r["score"]] = "dupe"
+        elif max(same + other, default=0.0) <= bg_thr:
+            types[r["score"]] = "bkg"
+        else:
+            types[r["score"]] = "both"
+    return types
+
+
+@pytest.mark.parametrize("bg_thr", [0.0, 0.1])
+@pytest.mark.parametrize("seed", range(10))
+def test_error_types_are_the_rules_written_out(seed, bg_thr):
+    gt, results = random_case(seed, crowds=False, distinct_scores=True, num_images=8)
+    ids = set(gt.annotated_image_ids)
+    results = [r for r in results if r["image_id"] in ids]
+    if not results:
+        pytest.skip("no detection drawn")
+    analysis = analyze_errors(gt, results, bg_thr=bg_thr)
+    ours = {score: ERROR_TYPES[e] if e >= 0 else None
+            for score, e in zip(analysis.det_score.tolist(), analysis.det_error.tolist(), strict=True)}
+    assert ours == reference_types(gt, results, bg_thr)

@@ -130,3 +130,22 @@ class TestDrawGroundTruth:
             draw_ground_truth(image, np.zeros((0, 4)), line_width=0)
         with pytest.raises(ValueError, match="dash must be an integer >= 1, got 0"):
             draw_ground_truth(image, np.zeros((0, 4)), dash=0)
+
+    @pytest.mark.parametrize("boxes, message", [
+        ([[5.0, 5.0, float("nan"), 20.0]], r"boxes\[0\] is not finite: \[5\.0, 5\.0, nan, 20\.0\]"),
+        ([[1, 1, 2, 2], [5, 5, float("inf"), 20]], r"boxes\[1\] is not finite"),
+        ([[5, 5, 20, 20, 0.9]], r"boxes must have shape \[G, 4\] \(x1, y1, x2, y2 per box\), got \[1, 5\]"),
+        ([5, 5, 20, 20, 6, 6, 30, 30], r"boxes must have shape \[G, 4\] .*got \[8\]"),
+        ([[20, 5, 5, 20]], r"boxes\[0\] = \[20\.0, 5\.0, 5\.0, 20\.0\] has x2 < x1 or y2 < y1"),
+    ], ids=["nan", "inf", "a score column", "a flat list", "xywh-like"])
+    def test_boxes_that_are_not_g_by_4_finite_xyxy_are_named(self, boxes, message):
+        # a NaN box used to become INT_MIN pixels and a dash loop over billions of them
+        with pytest.raises(ValueError, match=message):
+            draw_ground_truth(np.zeros((50, 60, 3), np.uint8), boxes)
+        with pytest.raises(TypeError, match=r"boxes must be an array \[G, 4\] of xyxy numbers, got list"):
+            draw_ground_truth(np.zeros((50, 60, 3), np.uint8), [["a", 1, 2, 3]])
+        np.testing.assert_array_equal(draw_ground_truth(np.zeros((5, 5, 3), np.uint8), []), np.zeros((5, 5, 3)))
+
+    def test_draw_detections_takes_detections(self):
+        with pytest.raises(TypeError, match="det must be Detections, got ndarray"):
+            draw_detections(np.zeros((200, 100, 3), np.uint8), np.array([[1.0, 1.0, 5.0, 5.0]]))

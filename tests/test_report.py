@@ -10,6 +10,7 @@ import fcntl
 import gzip
 import json
 import os
+import re
 import select
 import shutil
 import subprocess
@@ -103,6 +104,111 @@ def test_example_pngs_must_name_both_kinds(tmp_path):
         write_examples(None, tmp_path, "wbf", [], "m0", {}, tmp_path, {"helped": "helped_{rank}_{image_id}.png"})
 
 
+MALFORMED_SECTIONS = [
+    ("results a list", "results", [], r"'results' must be a JSON object \(\{method: columns\}\), got list"),
+    ("meta a list", "meta", [], r"'meta' must be a JSON object \(how the run was made\), got list"),
+    ("gt a string", "gt", "instances.json", r"'gt' must be a JSON object .*got str"),
+    ("members a list", "members", [], r"'members' must be a JSON object \(\{model: columns\}\), got list"),
+    ("a metrics row a number", "metrics", {"single:a": 1.0}, r"metrics\['single:a'\] must be a JSON object, got float"),
+]
+
+
+@pytest.mark.parametrize("case, section, value, message", MALFORMED_SECTIONS, ids=[c[0] for c in MALFORMED_SECTIONS])
+def test_a_malformed_section_names_the_file_and_the_section(tmp_path, case, section, value, message):
+    path = tiny_record().save(tmp_path / "r.evaluation.json.gz")
+    document = json.loads(gzip.decompress(path.read_bytes()))
+    document[section] = value
+    path.write_bytes(gzip.compress(json.dumps(document).encode()))
+    with pytest.raises(ValueError, match=f"^{re.escape(str(path))}: the evaluation record's " + message):
+        EvaluationRecord.load(path)
+    record = tiny_record()
+    setattr(record, section, value)
+    with pytest.raises(ValueError, match=message):  # made in Python, the same check
+        EvaluationRecord(record.meta, record.gt, record.metrics, record.calibration, record.results, record.members)
+
+
+def test_page_writes_names_the_files_of_a_page(tmp_path):
+    from detens.report.page import _PAGE_FILES, page_writes
+
+    page = tmp_path / "page"
+    for name in (*_PAGE_FILES, "page.json", "index.html", "map.png", "examples/helped_1_139.png",
+                 "examples/hurt_3_7.png"):
+        assert page_writes(page, page / name), name
+    assert page_writes(str(page), tmp_path / "elsewhere" / ".." / "page" / "page.json")  # the same file
+    for name in ("report.json", "report.evaluation.json.gz", "notes.txt", "examples/mine.png",
+                 "examples/sub/helped_1_2.png", "sub/index.html", "examples/hurt_1_notes.txt"):
+        assert not page_writes(page, page / name), name
+    assert not page_writes(page, tmp_path / "index.html")  # beside the folder, not in it
+
+
+def test_a_resized_image_file_is_refused_naming_it_and_both_sizes(tmp_path):
+    import cv2
+
+    from detens.coco import CocoGroundTruth
+    from detens.report.examples import read_images
+
+    truth = CocoGroundTruth(tiny_record().gt)  # 1.jpg: 100 x 80 (width x height)
+    cv2.imwrite(str(tmp_path / "1.jpg"), np.zeros((80, 100, 3), np.uint8))
+    assert read_images(truth, tmp_path, [1])[1].shape == (80, 100, 3)
+    cv2.imwrite(str(tmp_path / "1.jpg"), np.zeros((40, 50, 3), np.uint8))  # a half-size copy
+    with pytest.raises(ValueError, match=r"1 of the 1 images to draw in .* are not the size the ground truth gives "
+                                         r"them \(width x height\): 1\.jpg is 50x40, the ground truth says 100x80"):
+        read_images(truth, tmp_path, [1])
+
+
+def test_side_by_side_refuses_detections_of_another_image_size():
+    from detens.detections import Detections
+    from detens.report.examples import draw_side_by_side
+
+    det = Detections(np.array([[200.0, 100.0, 390.0, 190.0]]), np.array([0.9]), np.array([0]), (200, 400))
+    same = np.zeros((200, 400, 3), np.uint8)
+    assert draw_side_by_side(same, [("m", det)], det.boxes.numpy(), {0: "person"}, 0.3, panel_width=200).shape[1] == 200
+    with pytest.raises(ValueError, match=r"panel 'm': its detections are for a 400x200 image \(width x height\), "
+                                         r"but the image is 200x100"):
+        draw_side_by_side(np.zeros((100, 200, 3), np.uint8), [("m", det)], np.zeros((0, 4)), {0: "person"}, 0.3)
+    with pytest.raises(ValueError, match=r"gt_boxes\[0\] is not finite"):
+        draw_side_by_side(same, [("m", det)], np.array([[1.0, 2.0, np.nan, 4.0]]), {0: "person"}, 0.3)
+
+
+# a pair of $ is math text to matplotlib (drawn garbled), an odd $ or a bad formula a parse error
+MATH_LOOKING_NAMES = ["hot $x^$ dog", "US$ bill, $5"]
+
+
+@pytest.mark.parametrize("name", MATH_LOOKING_NAMES)
+def test_figures_draw_class_and_method_names_as_written(tmp_path, monkeypatch, name):
+    import matplotlib.text
+
+    from detens.report import plots
+
+    drawn: list[tuple[str, bool]] = []
+    save = plots._save
+
+    def keep_texts(fig, path):
+        fig.canvas.draw()  # tick labels are made here
+        drawn.extend((t.get_text(), t.get_parse_math()) for t in fig.findobj(matplotlib.text.Text) if name in t.get_text())
+        save(fig, path)
+
+    monkeypatch.setattr(plots, "_save", keep_texts)
+    method, single = f"wbf {name}", f"single:{name}"
+    curve = {"recall": [0.0, 0.5, 1.0], "precision": {"0.5": [1.0, 0.8, 0.2]}}
+    calibration = {"ece": 0.1, "bins": [{"count": 3, "mean_score": 0.5, "tp_rate": 0.4}]}
+    breakdown = {"dap": {"cls": 0.01}, "dap_special": {}}
+    support = {"tp": [1, 2], "fp": [0, 1], "iou_thr": 0.55}
+    plots.plot_report({method: {"map": 0.3, "map50": 0.5}}, tmp_path / "map.png", title=name)
+    plots.plot_reliability({method: calibration}, tmp_path / "reliability.png", title=name)
+    plots.plot_pr_curves({method: curve, single: curve}, tmp_path / "pr.png", title=name)
+    plots.plot_class_deltas([(name, 0.2, 0.3)], tmp_path / "classes.png", single, method)
+    plots.plot_error_breakdown({method: breakdown}, tmp_path / "errors.png", ("cls",), title=name)
+    plots.plot_support({method: support}, tmp_path / "votes.png", title=name)
+    assert all((tmp_path / f).read_bytes()[:8] == PNG_SIGNATURE for f in
+               ("map.png", "reliability.png", "pr.png", "classes.png", "errors.png", "votes.png"))
+    # the name is in a title, tick labels and legends of every figure, each drawn as plain text
+    assert len(drawn) >= 12 and all(parse_math is False for _, parse_math in drawn), drawn
+    import matplotlib
+
+    assert matplotlib.rcParams["text.parse_math"] is True  # left as it was
+
+
 def test_the_readmes_report_commands_parse():
     """The README's report section runs `detens evaluate --report` and `detens report` with options that
     exist (the commands themselves run on the full data set, minutes; the test below runs them small)."""
@@ -176,7 +282,7 @@ class TestReportFolder:
 
         page = tmp_path / "page"
         assert main(["report", str(quick / "results.json"), "--out", str(page), "--quiet"]) == 0
-        shown = json.loads((page / "report.json").read_text())["examples"]
+        shown = json.loads((page / "page.json").read_text())["examples"]
         drawn = [e["file_name"] for kind in ("helped", "hurt") for e in shown[kind]]
         assert len(drawn) >= 2
         assert sorted(folder_bytes(page / "examples")) == sorted(Path(e["png"]).name for k in shown for e in shown[k])
@@ -198,6 +304,74 @@ class TestReportFolder:
             assert code == 2 and err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err
             assert f"missing {drawn[-1]}" in err and f"unreadable {drawn[0]}" in err, err
 
+    def test_the_table_may_share_the_pages_folder(self, quick, tmp_path, capsys):
+        from detens.cli import main
+
+        folder = tmp_path / "run"
+        table = folder / "report.json"
+        assert main(["evaluate", "--gt", str(quick / "instances.json"), "--predictions", str(quick / "predictions"),
+                     "--methods", "single,wbf", "--cv", "2", "--out", str(table), "--report", str(folder),
+                     "--quiet"]) == 0
+        written = table.read_bytes()
+        assert json.loads(written) == EvaluationRecord.load(table).metrics  # the table, not the page's numbers
+        assert json.loads((folder / "page.json").read_text())["metrics"] == json.loads(written)
+        capsys.readouterr()
+        assert main(["report", str(table), "--out", str(folder), "--examples", "1", "--quiet"]) == 0, capsys.readouterr().err
+        assert table.read_bytes() == written and (folder / "index.html").is_file()
+
+    def test_a_page_that_would_land_on_the_runs_files_is_refused_before_it_runs(self, quick, tmp_path, capsys):
+        from detens.cli import main
+
+        base = ["evaluate", "--gt", str(quick / "instances.json"), "--predictions", str(quick / "predictions"),
+                "--methods", "wbf", "--report", str(tmp_path), "--quiet"]
+        for extra, clash in ((["--out", str(tmp_path / "page.json")], "page.json (--out)"),
+                             (["--out", str(tmp_path / "r.json"), "--plot", str(tmp_path / "map.png")], "map.png (--plot)"),
+                             (["--out", str(tmp_path / "r.json"), "--reliability", str(tmp_path / "reliability.png")],
+                              "reliability.png (--reliability)")):
+            assert main(base + extra) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and "Traceback" not in err, err
+            assert f"the report page in --report {tmp_path} would write over {tmp_path / clash}" in err, err
+            assert list(tmp_path.iterdir()) == []  # nothing ran
+        shutil.copy(quick / "results.json", tmp_path / "index.html")  # a table named like the page's index
+        shutil.copy(quick / "results.evaluation.json.gz", tmp_path / "index.evaluation.json.gz")
+        assert main(["report", str(tmp_path / "index.html"), "--out", str(tmp_path), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert f"the page in --out {tmp_path} would write over {tmp_path / 'index.html'} (EVALUATION)" in err, err
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["index.evaluation.json.gz", "index.html"]
+
+    def test_an_older_pages_numbers_go_with_it_and_a_table_stays(self, quick, tmp_path):
+        from detens.report.page import write_report
+
+        record = EvaluationRecord.load(quick / "results.json")
+        page = tmp_path / "page"
+        write_report(record, page, examples=0)
+        (page / "page.json").rename(page / "report.json")  # what a page wrote before page.json
+        write_report(record, page, examples=0)
+        assert not (page / "report.json").exists() and (page / "page.json").is_file()
+        shutil.copy(quick / "results.json", page / "report.json")  # a table in the page's folder
+        write_report(record, page, examples=0)
+        assert (page / "report.json").read_bytes() == (quick / "results.json").read_bytes()
+
+    def test_resized_copies_of_the_images_are_one_error(self, quick, tmp_path, capsys):
+        import cv2
+
+        from detens.cli import main
+
+        resized = tmp_path / "half"
+        resized.mkdir()
+        for image in (quick / "images").iterdir():
+            pixels = cv2.imread(str(image))
+            cv2.imwrite(str(resized / image.name), cv2.resize(pixels, (pixels.shape[1] // 2, pixels.shape[0] // 2)))
+        assert main(["report", str(quick / "results.json"), "--out", str(tmp_path / "page"), "--images", str(resized),
+                     "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err, err
+        assert "are not the size the ground truth gives them (width x height)" in err
+        named = re.findall(r"(\S+\.jpg) is (\d+)x(\d+), the ground truth says (\d+)x(\d+)", err)
+        assert named and all(int(w) * 2 in (int(gw), int(gw) - 1) for _, w, _, gw, _ in named), err
+        assert not (tmp_path / "page").exists()
+
     def test_a_new_page_replaces_the_earlier_ones_files(self, quick, tmp_path):
         from detens.cli import main
 
@@ -207,7 +381,7 @@ class TestReportFolder:
         assert main(["report", str(quick / "results.json"), "--out", str(page), "--examples", "0", "--quiet"]) == 0
         assert not (page / "examples").exists() and (page / "notes.txt").read_text() == "mine"
         assert sorted(p.name for p in page.iterdir()) == sorted(
-            ["notes.txt", "index.html", "report.json", *(u for u in references(page / "index.html").urls)])
+            ["notes.txt", "index.html", "page.json", *(u for u in references(page / "index.html").urls)])
 
     def test_the_files_a_page_replaces_are_the_files_it_draws(self, quick, tmp_path):
         from detens.report.page import _PAGE_FILES, write_report
@@ -223,7 +397,7 @@ class TestReportFolder:
             {m: record.results[m] for m in singles}, record.members)
         write_report(without_fusion, page, examples=0)  # no class changes, no votes: neither figure stays
         drawn = sorted(u for u in references(page / "index.html").urls)
-        assert sorted(p.name for p in page.iterdir()) == sorted(["index.html", "report.json", *drawn])
+        assert sorted(p.name for p in page.iterdir()) == sorted(["index.html", "page.json", *drawn])
         assert len(drawn) == len(_PAGE_FILES) - 4
 
     def test_the_examples_a_page_replaces_are_the_examples_it_draws(self, quick, tmp_path):
@@ -232,7 +406,7 @@ class TestReportFolder:
         record = EvaluationRecord.load(quick / "results.json")
         page = tmp_path / "page"
         write_report(record, page, examples=2)
-        shown = json.loads((page / "report.json").read_text())["examples"]
+        shown = json.loads((page / "page.json").read_text())["examples"]
         drawn = {Path(example["png"]) for kind in ("helped", "hurt") for example in shown[kind]}
         assert shown["helped"] and shown["hurt"]
         assert {path.relative_to(page) for path in (page / "examples").iterdir()} == drawn
@@ -266,7 +440,7 @@ class TestReportFolder:
                      "--methods", "single,wbf", "--cv", "2", "--backend", "hotcoco", "--out", str(out),
                      "--report", str(page), "--quiet"]) == 0
         assert EvaluationRecord.load(out).meta["backend"] == "hotcoco"
-        drawn = json.loads((page / "report.json").read_text())
+        drawn = json.loads((page / "page.json").read_text())
         assert drawn["metrics"] == json.loads(out.read_text()) and set(drawn["curves"]) == set(drawn["metrics"])
         assert main(["report", str(out), "--out", str(tmp_path / "again"), "--examples", "0", "--quiet"]) == 0
 
@@ -304,7 +478,7 @@ class TestReportFolder:
         (tmp_path / "results.json").write_text(json.dumps(table))
         assert main(["report", str(tmp_path / "results.json"), "--out", str(tmp_path / "page"), "--examples", "0"]) == 0
         assert "results.partial.json is left by a detens evaluate run that did not finish" in capsys.readouterr().err
-        assert json.loads((tmp_path / "page" / "report.json").read_text())["metrics"] == table
+        assert json.loads((tmp_path / "page" / "page.json").read_text())["metrics"] == table
 
 
 # ------------------------------------------------------------------------------ a real evaluation, 20 images
@@ -378,7 +552,7 @@ class TestReportOfARealEvaluation:
 
     def test_numbers_are_the_tables(self, evaluated):
         table = json.loads((evaluated / "results.json").read_text())
-        report = json.loads((evaluated / "page" / "report.json").read_text())
+        report = json.loads((evaluated / "page" / "page.json").read_text())
         assert report["metrics"] == table
         assert report["methods"][:3] == [m for m in table if m.startswith("single:")]
         for method, metrics in table.items():
@@ -402,8 +576,8 @@ class TestReportOfARealEvaluation:
 
         monkeypatch.chdir(evaluated)
         assert main(["report", "results.json", "--out", "rebuilt", "--examples", "1", "--quiet"]) == 0
-        first = json.loads((evaluated / "page" / "report.json").read_text())
-        again = json.loads((evaluated / "rebuilt" / "report.json").read_text())
+        first = json.loads((evaluated / "page" / "page.json").read_text())
+        again = json.loads((evaluated / "rebuilt" / "page.json").read_text())
         for key in ("metrics", "curves", "errors", "class_deltas", "support", "best_single", "best_fused"):
             assert again[key] == first[key], key
         assert len(again["examples"]["helped"]) <= 1 and again["examples"]["helped"][0] == first["examples"]["helped"][0]

@@ -47,9 +47,10 @@ How much of a gap is the sample of images: ``--bootstrap B`` draws the scored im
 times (fixed by ``--seed``), scores every method on the same draws and writes ``<out>.bootstrap.json``:
 per method its mAP's mean, standard deviation and 95 % interval over the draws, and the same of its
 difference to ``--bootstrap-against`` (default: the first method), with the share of draws where it is
-above. A second table prints the spreads and the differences. Needs one ``--seed``. The mean over draws
-is not the mAP (a class a draw misses leaves that draw's average); read the spreads and the paired
-differences.
+above, and ``draws``, the number of draws these figures are over: a draw of images with crowd regions
+only has no AP to measure and is left out, with a warning. A second table prints the spreads and the
+differences. Needs one ``--seed``. The mean over draws is not the mAP (a class a draw misses leaves that
+draw's average); read the spreads and the paired differences.
 
 With one seed it also saves ``<out>.evaluation.json.gz``: the scored images' ground truth, the table, and
 the pooled held-out predictions of every method and member (a few MB per method), from which ``detens
@@ -57,8 +58,10 @@ report`` rebuilds the report page later without fitting or fusing again. ``--rep
 that page now: ``DIR/index.html`` with its PNGs (metrics, precision-recall curves, per-class AP changes,
 TIDE error breakdown, calibration, member votes, and images where fusion helped and hurt most, drawn from
 ``--images``, by default the ``images`` folder beside ``--gt``: every scored image must be there, which is
-checked before the evaluation runs). The curves of a table scored with ``--backend hotcoco`` are drawn by
-pycocotools, which agrees with it to 1e-4.
+checked before the evaluation runs) and ``DIR/page.json``, the numbers on it. The table may sit in
+``DIR`` (``--out DIR/report.json``); a page file that would land on another output of the run
+(``--out DIR/page.json``, ``--plot DIR/map.png``) is an error before the evaluation runs. The curves of
+a table scored with ``--backend hotcoco`` are drawn by pycocotools, which agrees with it to 1e-4.
 """
 
 from __future__ import annotations
@@ -194,6 +197,7 @@ def run(args: argparse.Namespace) -> int:
             check_writable_file(Path(value), flag)
     if args.report is not None:
         check_writable_folder(args.report, "--report")
+        _refuse_a_page_over_outputs(args)
     if args.images is not None and not Path(args.images).is_dir():
         raise UsageError(f"--images: no such folder: {args.images}")
     if args.bootstrap < 0:
@@ -313,6 +317,24 @@ def _check_report_images(folder: Path, gt: CocoGroundTruth, given: bool) -> None
             f"--report draws scored images from {folder} ({where}), but {len(missing)} of the {len(names)} "
             f"are not there: {shown}"
         )
+
+
+def _refuse_a_page_over_outputs(args: argparse.Namespace) -> None:
+    """Raise now, not once the evaluation is done, if the page in ``--report`` would write or remove a file
+    this run writes (``--out`` is the table that ``detens report`` checks the page's record against)."""
+    from detens.report.page import page_writes
+
+    out = Path(args.out)
+    outputs = [("--out", out), ("the record", record_path(out)), ("the unfinished rows", partial_path(out)),
+               *((f"the {suffix} file", _beside(out, suffix))
+                 for suffix in (".fitted.json", ".calibration.json", ".bootstrap.json", ".run.json")),
+               ("--plot", args.plot), ("--reliability", args.reliability)]
+    for what, path in outputs:
+        if path is not None and page_writes(args.report, path):
+            raise UsageError(
+                f"the report page in --report {args.report} would write over {path} ({what}); "
+                "give the page a folder of its own, or the file another name"
+            )
 
 
 def _beside(out: Path, suffix: str) -> Path:

@@ -3,7 +3,7 @@
     detens report results.json --out report/ [--images DIR] [--examples 3] [--conf 0.3]
 
 EVALUATION is the ``--out`` of ``detens evaluate`` (its ``<out>.evaluation.json.gz`` beside it is read) or
-that record itself. The page (``index.html`` with its PNGs and ``report.json``, the numbers on it) shows
+that record itself. The page (``index.html`` with its PNGs and ``page.json``, the numbers on it) shows
 the metrics table with the best of each column marked, precision-recall curves at IoU 0.5 and 0.75, the
 per-class AP changes of the best fused method against the best single model, the TIDE error breakdown,
 reliability diagrams, how many members support each fused true and false positive, and the images where
@@ -15,7 +15,9 @@ Given the table, the record must hold that very table: a table beside the record
 
 The page is drawn whole before it replaces the one in ``--out``: a mistake (an image to draw missing from
 ``--images`` or unreadable, a record that does not give its table) is one ``error:`` line and leaves
-``--out`` as it was. The earlier page's files that the new one lacks are removed; other files stay.
+``--out`` as it was. The earlier page's files that the new one lacks are removed; other files stay. A
+page that would write over EVALUATION or its record (``--out`` the folder that holds them and EVALUATION
+named like a file of the page, ``page.json`` or ``index.html``) is refused before anything is drawn.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 
 from detens.cli import UsageError, run_command
 from detens.io import check_writable_folder
-from detens.report.record import EvaluationRecord
+from detens.report.record import EvaluationRecord, record_path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,13 +50,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from detens.report.page import write_report
+    from detens.report.page import page_writes, write_report
 
     if args.examples < 0:
         raise UsageError(f"--examples must be >= 0, got {args.examples}")
     if not 0.0 <= args.conf <= 1.0:
         raise UsageError(f"--conf must be in [0, 1], got {args.conf}")
     check_writable_folder(args.out, "--out")
+    # the table and its record stay what the page was drawn from, never a file of the page
+    for what, path in (("EVALUATION", Path(args.evaluation)), ("its record", record_path(args.evaluation))):
+        if page_writes(args.out, path):
+            raise UsageError(
+                f"the page in --out {args.out} would write over {path} ({what}); give the page a folder of its own"
+            )
     if args.images is not None and not Path(args.images).is_dir():
         raise UsageError(f"--images: no such folder: {args.images}")
     record = EvaluationRecord.load(args.evaluation)

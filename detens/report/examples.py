@@ -86,19 +86,34 @@ def draw_side_by_side(
 
     Returns:
         np.ndarray[h, P * panel_width (+ gaps), 3] uint8.
+
+    Raises:
+        ValueError: a panel's detections are for another image size than ``image_bgr``'s (their boxes would
+            be drawn at the wrong scale), or ``gt_boxes`` is not ``[G, 4]`` finite xyxy.
+        TypeError: ``image_bgr`` is not a uint8 array, or a panel's detections are not ``Detections``.
     """
     import cv2
     import torch
 
     from detens.detections import Detections
-    from detens.visualize import draw_detections, draw_ground_truth
+    from detens.visualize import check_boxes, check_image, draw_detections, draw_ground_truth
 
+    check_image(image_bgr)
+    gt_boxes = check_boxes(gt_boxes, "gt_boxes")
     height, width = image_bgr.shape[:2]
+    for title, det in panels:
+        if not isinstance(det, Detections):
+            raise TypeError(f"panel {title!r}: its detections must be Detections, got {type(det).__name__}")
+        if tuple(det.image_size) != (height, width):
+            raise ValueError(
+                f"panel {title!r}: its detections are for a {det.image_size[1]}x{det.image_size[0]} image "
+                f"(width x height), but the image is {width}x{height}"
+            )
     size = (panel_width, max(1, round(height * panel_width / width)))  # (w, h) for OpenCV
     # drawn on the resized image, so that lines and labels have the same size in every report
     small = cv2.resize(image_bgr, size, interpolation=cv2.INTER_AREA)
     scale = torch.tensor([size[0] / width, size[1] / height] * 2)  # [4] xyxy
-    gt_small = np.asarray(gt_boxes, dtype=np.float64).reshape(-1, 4) * scale.double().numpy()
+    gt_small = gt_boxes * scale.double().numpy()
     row = []
     for title, det in panels:
         det_small = Detections(det.boxes * scale, det.scores, det.labels, (size[1], size[0]), det.source)
@@ -119,17 +134,24 @@ def read_images(truth: CocoGroundTruth, images_dir: Path, image_ids: Sequence[in
 
     Raises:
         FileNotFoundError: images missing or unreadable, every one named (up to 5 per kind), at once.
+        ValueError: files whose size is not the ground truth's ``width`` x ``height`` (another copy of the
+            image, resized: the boxes would be drawn at the wrong scale), each named with both sizes (up
+            to 5), at once.
     """
     import cv2
 
-    pixels, missing, unreadable = {}, [], []
+    pixels, missing, unreadable, resized = {}, [], [], []
     for image_id in image_ids:
         path = Path(images_dir) / truth.file_name(image_id)
         image = cv2.imread(str(path)) if path.is_file() else None
         if image is None:
             (unreadable if path.is_file() else missing).append(truth.file_name(image_id))
-        else:
-            pixels[image_id] = image
+            continue
+        height, width = truth.image_size(image_id)
+        if image.shape[:2] != (height, width):
+            resized.append(f"{truth.file_name(image_id)} is {image.shape[1]}x{image.shape[0]}, "
+                           f"the ground truth says {width}x{height}")
+        pixels[image_id] = image
     if missing or unreadable:
         problems = [
             f"{what} {', '.join(names[:5])}{f' and {len(names) - 5} more' if len(names) > 5 else ''}"
@@ -139,6 +161,13 @@ def read_images(truth: CocoGroundTruth, images_dir: Path, image_ids: Sequence[in
         raise FileNotFoundError(
             f"{len(missing) + len(unreadable)} of the {len(image_ids)} images to draw are not usable in {images_dir} "
             f"({'; '.join(problems)}); pass the folder that holds the scored images"
+        )
+    if resized:
+        more = f"; and {len(resized) - 5} more" if len(resized) > 5 else ""
+        raise ValueError(
+            f"{len(resized)} of the {len(image_ids)} images to draw in {images_dir} are not the size the ground "
+            f"truth gives them (width x height): {'; '.join(resized[:5])}{more}; pass the folder of the images "
+            "as annotated, not resized copies"
         )
     return pixels
 
@@ -175,7 +204,8 @@ def write_examples(
         ``out_dir``), "delta", "ap50": {panel name: AP50 on the image}}``.
 
     Raises:
-        ValueError: ``pngs`` does not name exactly the two kinds.
+        ValueError: ``pngs`` does not name exactly the two kinds, or an image file to draw is not the size
+            the ground truth gives it (naming the file and both sizes); raised before any PNG is written.
         FileNotFoundError: an image to draw is missing from ``images_dir`` or unreadable, naming every such
             image; raised before any PNG is written.
     """

@@ -1,16 +1,23 @@
 """The report page: ``index.html`` with inline CSS and no script, its PNGs beside it (``*.png`` and
-``examples/*.png``) and ``report.json`` (every number on the page). Nothing is fetched from elsewhere, so
+``examples/*.png``) and ``page.json`` (every number on the page). Nothing is fetched from elsewhere, so
 the folder opens from disk, offline, and can be copied as a whole.
 
 A page is drawn whole into a hidden folder inside the page's folder and only then moved into place, so
 a page that fails (an image it needs is missing, a record that does not give its table) leaves the folder
 as it was: an earlier page in it stays whole, a new folder is not left behind. The earlier page's files
-that the new one does not have are removed with it.
+that the new one does not have are removed with it; :func:`page_writes` says which paths a page in a
+folder may write or remove, so that a command can refuse to put its page over its other outputs.
+
+Pages written before the numbers file was ``page.json`` named it ``report.json``, the name the docs give
+the table of ``detens evaluate``: such a file is removed as an earlier page's only when its content is a
+page's numbers (a table beside the page stays).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import html
+import json
 import logging
 import os
 import shutil
@@ -36,12 +43,14 @@ from detens.report.plots import (
 from detens.report.record import EvaluationRecord
 from detens.report.table import TABLE_COLUMNS, best_per_column
 
-__all__ = ["write_report"]
+__all__ = ["page_writes", "write_report"]
 
 logger = logging.getLogger(__name__)
 
 _INDEX = "index.html"
-_NUMBERS = "report.json"
+_NUMBERS = "page.json"
+#: What older pages named their numbers file; removed by the next page only when it holds a page's numbers.
+_OLD_NUMBERS = "report.json"
 #: Every figure a page may draw, its key in the page → its file: a page draws its figures under these
 #: names and the next page removes those it does not draw by them, so a name is written once.
 _FIGURES = {"map": "map.png", "pr": "pr_curves.png", "errors": "errors.png", "reliability": "reliability.png",
@@ -160,10 +169,42 @@ def _draw(
     atomic_write_text(out_dir / _INDEX, _page(record, analysis, figures, shown, examples_note, conf, command))
 
 
+def page_writes(out_dir: str | Path, path: str | Path) -> bool:
+    """Whether a page written into ``out_dir`` may write or remove ``path`` (one of the names a page gives
+    its files, the side-by-sides' included): a command checks its other outputs with it before it runs.
+
+    ``report.json`` is not one of them: a page removes an older page's ``report.json`` only when it holds a
+    page's numbers, which a table never does.
+    """
+    try:
+        relative = Path(path).resolve().relative_to(Path(out_dir).resolve()).as_posix()
+    except ValueError:  # not inside the page's folder
+        return False
+    examples = [template.format(rank="*", image_id="*") for template in _EXAMPLES.values()]
+    # one folder deep at most: fnmatch's * also matches "/"
+    return relative in _PAGE_FILES or (
+        relative.count("/") == 1 and any(fnmatch.fnmatchcase(relative, pattern) for pattern in examples)
+    )
+
+
+def _is_old_numbers(path: Path) -> bool:
+    """Whether ``path`` is the numbers file of a page written before it was named ``page.json``: a JSON
+    object with the page's sections. A table of ``detens evaluate`` (``{method: {metric: value}}``) never
+    is: its ``"methods"``, if a method had that name, would be an object, not a list."""
+    try:
+        numbers = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return (isinstance(numbers, dict) and isinstance(numbers.get("methods"), list)
+            and {"meta", "metrics", "examples"} <= set(numbers))
+
+
 def _page_files(out_dir: Path) -> list[Path]:
     """The files of the page in ``out_dir``, relative to it: those the next page replaces or removes (a
     file of the folder that no page draws stays)."""
     files = [Path(name) for name in _PAGE_FILES if (out_dir / name).is_file()]
+    if (out_dir / _OLD_NUMBERS).is_file() and _is_old_numbers(out_dir / _OLD_NUMBERS):
+        files.append(Path(_OLD_NUMBERS))
     examples = [template.format(rank="*", image_id="*") for template in _EXAMPLES.values()]
     return files + sorted(path.relative_to(out_dir) for pattern in examples for path in out_dir.glob(pattern))
 

@@ -3,14 +3,17 @@ reliability diagram of ``{method: detection_calibration(...)}``, precision-recal
 changes, the error breakdown and the member-support histogram.
 
 matplotlib is imported inside each function (``import detens`` stays light) with the Agg backend.
+Every text is drawn as written: class and method names are the user's (``US$ bill, $5``), and
+matplotlib's math text would garble a pair of ``$`` or fail on an odd one.
 """
 
 from __future__ import annotations
 
+import functools
 import textwrap
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = [
     "plot_report",
@@ -20,6 +23,23 @@ __all__ = [
     "plot_error_breakdown",
     "plot_support",
 ]
+
+
+_Plot = TypeVar("_Plot", bound=Callable[..., None])
+
+
+def _plain_text(plot: _Plot) -> _Plot:
+    """``plot`` with matplotlib's math text off while it draws and saves: tick labels are made as the
+    figure is saved, so the setting must hold until then."""
+
+    @functools.wraps(plot)
+    def plain(*args: Any, **kwargs: Any) -> None:
+        import matplotlib
+
+        with matplotlib.rc_context({"text.parse_math": False}):
+            plot(*args, **kwargs)
+
+    return plain  # type: ignore[return-value]
 
 
 def _pyplot() -> Any:
@@ -44,6 +64,7 @@ def _save(fig: Any, path: str | Path) -> None:
     atomic_write_bytes(path, buffer.getvalue())
 
 
+@_plain_text
 def plot_report(report: Mapping[str, Mapping[str, float]], path: str | Path, title: str = "COCO mAP") -> None:
     """Horizontal bar chart of mAP and AP50 per method, written atomically as PNG."""
     plt = _pyplot()
@@ -65,6 +86,7 @@ def plot_report(report: Mapping[str, Mapping[str, float]], path: str | Path, tit
     _save(fig, path)
 
 
+@_plain_text
 def plot_reliability(
     curves: Mapping[str, Mapping[str, Any]], path: str | Path, title: str | None = None
 ) -> None:
@@ -136,6 +158,7 @@ def _method_colors(methods: list[str]) -> dict[str, Any]:
     return colors
 
 
+@_plain_text
 def plot_pr_curves(curves: Mapping[str, Mapping[str, Any]], path: str | Path, title: str | None = None) -> None:
     """Precision-recall curves, one panel per IoU threshold, one line per method, written as PNG.
 
@@ -170,6 +193,7 @@ def plot_pr_curves(curves: Mapping[str, Mapping[str, Any]], path: str | Path, ti
     _save(fig, path)
 
 
+@_plain_text
 def plot_class_deltas(
     rows: list[tuple[str, float, float]], path: str | Path, single: str, fused: str, metric: str = "AP"
 ) -> None:
@@ -200,6 +224,7 @@ def plot_class_deltas(
     _save(fig, path)
 
 
+@_plain_text
 def plot_error_breakdown(
     breakdowns: Mapping[str, Mapping[str, Any]], path: str | Path, types: tuple[str, ...], title: str | None = None
 ) -> None:
@@ -240,6 +265,7 @@ def plot_error_breakdown(
     _save(fig, path)
 
 
+@_plain_text
 def plot_support(supports: Mapping[str, Mapping[str, Any]], path: str | Path, title: str | None = None) -> None:
     """Per fused method, true and false positives by the number of members supporting them, as PNG.
 

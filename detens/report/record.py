@@ -85,6 +85,8 @@ class EvaluationRecord:
     members: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
+        _check_sections({"meta": self.meta, "gt": self.gt, "metrics": self.metrics,
+                         "calibration": self.calibration, "results": self.results, "members": self.members})
         missing = [m for m in self.metrics if m not in self.results]
         if missing:
             raise ValueError(f"the evaluation record has metrics but no predictions for {missing}")
@@ -142,12 +144,16 @@ class EvaluationRecord:
         missing = [k for k in ("meta", "gt", "metrics", "results") if k not in document]
         if missing:
             raise ValueError(f"{path}: the evaluation record lacks {missing}")
+        try:
+            _check_sections(document)
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from err
         # without the table beside it the record still stands alone: it holds its own table
         if table is not None and table.is_file():
             _check_table(table, document["metrics"], path)
         partial = partial_path(path)
         if partial.is_file():
-            created = document["meta"].get("created", "?") if isinstance(document["meta"], dict) else "?"
+            created = document["meta"].get("created", "?")
             logger.warning("%s is left by a detens evaluate run that did not finish; %s is of a complete run "
                            "(evaluated %s)", partial, path, created)
         results = {name: _from_columns(c, f"{path}: results[{name!r}]") for name, c in document["results"].items()}
@@ -157,6 +163,34 @@ class EvaluationRecord:
                        results, members)
         except ValueError as err:
             raise ValueError(f"{path}: {err}") from err
+
+
+#: Each section of a record → what it holds, for the error that names a malformed one.
+_SECTIONS = {
+    "meta": "how the run was made",
+    "gt": "the COCO dataset of the scored images",
+    "metrics": "{method: {metric: value}}",
+    "calibration": "{method: detection_calibration(...)}",
+    "results": "{method: columns}",
+    "members": "{model: columns}",
+}
+
+
+def _check_sections(document: Mapping[str, Any]) -> None:
+    """Raise ``ValueError`` naming the first section of ``document`` (those present) that is not a JSON
+    object, or a row of ``metrics`` or ``calibration`` that is not one."""
+    for section, holds in _SECTIONS.items():
+        if section in document and not isinstance(document[section], dict):
+            raise ValueError(
+                f"the evaluation record's {section!r} must be a JSON object ({holds}), "
+                f"got {type(document[section]).__name__}"
+            )
+    for section in ("metrics", "calibration"):
+        for method, row in document.get(section, {}).items():
+            if not isinstance(row, dict):
+                raise ValueError(
+                    f"the evaluation record's {section}[{method!r}] must be a JSON object, got {type(row).__name__}"
+                )
 
 
 def _check_table(table: Path, metrics: Any, record: Path) -> None:
