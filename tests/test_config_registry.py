@@ -95,7 +95,7 @@ class TestRegistry:
             reg.get("wfb")
         with pytest.raises(ValueError, match="already registered"):
             reg.register("wbf")(len)
-        with pytest.raises(TypeError):
+        with pytest.raises(TypeError, match="^fusion method name must be a string, got int$"):
             reg.get(3)
 
 

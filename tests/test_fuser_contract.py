@@ -72,9 +72,32 @@ class TestFuserContract:
         assert out.image_size == IMAGE_SIZE
 
     def test_one_model_empty_is_normal(self, name):
-        per_model = random_models(0, 2) + [Detections.empty(IMAGE_SIZE)]
-        out = fuse(per_model, name, **params_for(name, 3))
+        """A model without boxes adds no box; where a fuser counts the models, it is one that saw nothing."""
+        pair = random_models(0, 2)
+        assert [len(d) for d in pair] == [6, 7]
+        out = fuse([*pair, Detections.empty(IMAGE_SIZE)], name, **params_for(name, 3))
         assert len(out) > 0
+        if name in ("nms", "soft_nms", "refine"):
+            # they pool every model's boxes (no weights: scores as given), so no box means nothing to pool
+            expected, scale = fuse(pair, name), 1.0
+        elif name in ("wbf", "mean", "theta", "vote"):
+            # the same clusters; each score is averaged over 3 models instead of 2, the empty one adding 0
+            # (wbf: mean score * min(boxes, N) / N, each cluster holding at most one box per model here;
+            # theta: the untrained head weighs each model 1/N); vote: a majority of 3 is 2 models
+            majority = {"min_votes": 2} if name == "vote" else {}
+            expected, scale = fuse(pair, name, **params_for(name, 2), **majority), 2 / 3
+        else:
+            # random_k (k=1) keeps the clusters of mean and draws one model's box of each, so every output box
+            # is an input box (its draw of 3 models differs from a draw of 2: no closer comparison)
+            assert name == "random_k"
+            assert len(out) == len(fuse(pair, "mean"))
+            inputs = torch.cat([d.clip().boxes for d in pair])
+            apart = (out.boxes[:, None] - inputs[None]).abs().amax(-1).min(1).values
+            assert (apart < 1e-3).all()
+            return
+        assert out.labels.tolist() == expected.labels.tolist()
+        torch.testing.assert_close(out.boxes, expected.boxes, rtol=0, atol=1e-4)
+        torch.testing.assert_close(out.scores, expected.scores * scale, rtol=1e-5, atol=1e-7)
 
     @pytest.mark.parametrize("seed", range(5))
     def test_output_is_valid(self, name, seed):
@@ -145,7 +168,7 @@ class TestFuserContract:
         assert as_set(got) == as_set(expected)
 
     def test_bad_input_is_an_error(self, name):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="^per_model is empty: pass one Detections per model"):
             fuse([], name, **params_for(name, 1))
         with pytest.raises(ValueError, match="image size"):
             fuse([Detections.empty((10, 10)), Detections.empty((20, 10))], name, **params_for(name, 2))
@@ -247,4 +270,11 @@ def test_bad_options_name_the_option_and_what_it_must_be(name, options, error, m
      ("soft_nms", {"sigma": np.float64(0.5), "weights": np.array([1, 2, 3])})],
 )
 def test_numpy_scalars_are_numbers(name, options):
-    assert isinstance(fuse(random_models(0), name, **options), Detections)
+    """numpy scalars and arrays fuse exactly as the Python numbers they hold."""
+    got = fuse(random_models(0), name, **options)
+    plain = {key: value.tolist() for key, value in options.items() if isinstance(value, (np.generic, np.ndarray))}
+    assert plain and all(type(v) in (int, float, bool, list) for v in plain.values())
+    expected = fuse(random_models(0), name, **{**options, **plain})
+    assert isinstance(got, Detections) and len(got) > 0
+    assert torch.equal(got.boxes, expected.boxes) and torch.equal(got.scores, expected.scores)
+    assert torch.equal(got.labels, expected.labels)

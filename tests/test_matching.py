@@ -264,16 +264,18 @@ class TestMatchEdgeCases:
         torch.testing.assert_close(clusters.preds[0, 0, :4], torch.tensor([0.0, 0.0, 0.5, 0.5]))
 
     @pytest.mark.parametrize(
-        "bad, error",
+        "bad, error, message",
         [
-            ([], ValueError),
-            (Detections.empty((5, 5)), TypeError),
-            ([Detections.empty((5, 5)), "boxes"], TypeError),
-            ([Detections.empty((5, 5)), Detections.empty((6, 5))], ValueError),
+            ([], ValueError, "^per_model is empty: pass one Detections per model"),
+            (Detections.empty((5, 5)), TypeError,
+             "^per_model must be a list with one Detections per model, got Detections$"),
+            ([Detections.empty((5, 5)), "boxes"], TypeError, r"^per_model\[1\] must be Detections, got str$"),
+            ([Detections.empty((5, 5)), Detections.empty((6, 5))], ValueError,
+             r"^per_model: models disagree on the image size \[\(5, 5\), \(6, 5\)\]"),
         ],
     )
-    def test_bad_input(self, bad, error):
-        with pytest.raises(error):
+    def test_bad_input(self, bad, error, message):
+        with pytest.raises(error, match=message):
             match(bad)
 
     def test_bad_threshold(self):

@@ -4,6 +4,7 @@ never imports ray."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -57,6 +58,31 @@ def cache(root: Path, out: Path, *extra: str) -> int:
                  "--out", str(out), "--quiet", *extra])
 
 
+@contextlib.contextmanager
+def on_ray_only():
+    """While open, ``detens cache`` cannot run the local engine here on the driver (its runner raises) and
+    every call of the Ray path is recorded (the member names it was given): a ``--engine ray`` run that fell
+    back to the local engine would otherwise give the very results it is compared with. The actors run in
+    other processes, where neither patch applies."""
+    import detens.cli.cache as cache_cli
+    import detens.engines.ray_cache as ray_cache
+
+    calls: list[list[str]] = []
+    detect_on_ray = ray_cache.detect_on_ray
+
+    def spy(model, ensemble, categories, todo, *args, **kwargs):
+        calls.append(sorted(todo))
+        return detect_on_ray(model, ensemble, categories, todo, *args, **kwargs)
+
+    def local_engine(*args, **kwargs):
+        raise AssertionError("an --engine ray run ran the local engine")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cache_cli, "run_entry", local_engine)
+        patch.setattr(ray_cache, "detect_on_ray", spy)
+        yield calls
+
+
 def assert_same_results(a: list[dict], b: list[dict]) -> None:
     assert [(r["image_id"], r["category_id"]) for r in a] == [(r["image_id"], r["category_id"]) for r in b]
     for x, y in zip(a, b, strict=True):
@@ -66,7 +92,9 @@ def assert_same_results(a: list[dict], b: list[dict]) -> None:
 def test_cache_on_ray_equals_local(cluster, dataset):
     root, broken = dataset
     assert cache(root, root / "local") == 0
-    assert cache(root, root / "on_ray", "--engine", "ray", "--actors", "2") == 0
+    with on_ray_only() as calls:
+        assert cache(root, root / "on_ray", "--engine", "ray", "--actors", "2") == 0
+    assert calls == [[name] for name in MODELS]  # one Ray job per model of coco_yolo3, in its order
     local_summary = json.loads((root / "local" / "cache_summary.json").read_text())
     ray_summary = json.loads((root / "on_ray" / "cache_summary.json").read_text())
     for name in MODELS:
@@ -81,7 +109,9 @@ def test_cache_on_ray_equals_local(cluster, dataset):
     assert broken in json.dumps(ray_summary["unreadable"])
 
     # a rerun resumes: every image done (the unreadable one is tried again and skipped again)
-    assert cache(root, root / "on_ray", "--engine", "ray") == 0
+    with on_ray_only() as calls:
+        assert cache(root, root / "on_ray", "--engine", "ray") == 0
+    assert calls == [[name] for name in MODELS]  # each model's unreadable image is its only one to do
     again = json.loads((root / "on_ray" / "cache_summary.json").read_text())
     assert all(again["models"][name]["processed_this_run"] == 0 for name in MODELS)
 
@@ -102,7 +132,9 @@ def test_cache_on_ray_overwrite_that_fails_before_its_first_result_keeps_the_ear
     before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert len(list((out / ".partial" / "yolo26n").glob("[0-9]*.json"))) == 1
     weights.write_bytes(b"a broken export" * 100)  # found on the driver; the actors fail to load it
-    assert main([*args, "--engine", "ray", "--overwrite"]) == 2
+    with on_ray_only() as calls:
+        assert main([*args, "--engine", "ray", "--overwrite"]) == 2
+    assert calls == [["yolo26n"]]  # the failure was the actors' (the local engine fails the same way)
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
@@ -117,8 +149,14 @@ def test_an_error_on_an_actor_is_the_local_engines_error(cluster, dataset, tmp_p
     capsys.readouterr()
     for engine in ("local", "ray"):
         out = tmp_path / engine
-        code = main(["cache", "--config", str(tmp_path / "one.yaml"), "--images", str(root / "images"),
-                     "--gt", str(root / "gt.json"), "--out", str(out), "--quiet", "--engine", engine])
+        argv = ["cache", "--config", str(tmp_path / "one.yaml"), "--images", str(root / "images"),
+                "--gt", str(root / "gt.json"), "--out", str(out), "--quiet", "--engine", engine]
+        if engine == "ray":
+            with on_ray_only() as calls:
+                code = main(argv)
+            assert calls == [["yolo26n"]]  # the error came from the Ray path, not from the local engine
+        else:
+            code = main(argv)
         err = capsys.readouterr().err
         assert code == 2 and err.count("error:") == 1 and "Traceback" not in err, err
         assert "not a valid Flatbuffer" in err
@@ -192,8 +230,10 @@ def test_python_calls_run_the_same_jobs(cluster, dataset, tmp_path):
 
     root, _ = dataset
     out = tmp_path / "py"
-    assert detens.cache("coco_yolo3", root / "images", root / "gt.json", out, models="yolo26n", engine="ray",
-                        quiet=True) == 0
+    with on_ray_only() as calls:
+        assert detens.cache("coco_yolo3", root / "images", root / "gt.json", out, models="yolo26n", engine="ray",
+                            quiet=True) == 0
+    assert calls == [["yolo26n"]]
     assert detens.cache("coco_yolo3", root / "images", root / "gt.json", tmp_path / "py_local", models="yolo26n",
                         quiet=True) == 0
     assert_same_results(json.loads((out / "yolo26n.json").read_text()),

@@ -456,7 +456,9 @@ class TestCrossValidation:
 def _split_dataset(gt_path, predictions, tmp_path, reverse_models=False, drop_category=False, same_ids=False,
                    share_one=False):
     """The 12-image slice split into an evaluated half and an extra half, each its own files. ``share_one``:
-    the extra half also holds the evaluated half's first image, under another id and in a folder."""
+    the extra half also holds the evaluated half's first image, under another id and in a folder.
+    ``reverse_models``: the extra half's members are loaded in the reverse of the evaluated half's order
+    (``from_folder`` lists a folder's files by name), so that matching them by name has work to do."""
     full = json.loads(Path(gt_path).read_text())
     ids = sorted(im["id"] for im in full["images"])
     halves = {"evaluated": set(ids[:6]), "extra": set(ids[6:]) | ({ids[0]} if share_one else set())}
@@ -482,14 +484,15 @@ def _split_dataset(gt_path, predictions, tmp_path, reverse_models=False, drop_ca
                 if image["id"] == 10**9:
                     image["file_name"] = "val2017/" + image["file_name"]
         (folder / "instances.json").write_text(json.dumps(data))
-        names = list(MODELS)[::-1] if part == "extra" and reverse_models else list(MODELS)
-        for name in names:
+        for name in MODELS:
             results = [{**r, "image_id": id_map[r["image_id"]]} for r in json.loads((predictions / f"{name}.json").read_text())
                        if r["image_id"] in keep]
             if part == "extra" and drop_category:
                 results = [r for r in results if r["category_id"] != full["categories"][0]["id"]]
             (folder / "predictions" / f"{name}.json").write_text(json.dumps(results))
-        out[part] = EnsemblePredictions.from_folder(folder / "predictions", load_coco_gt(folder / "instances.json"))
+        models = sorted(MODELS)[::-1] if part == "extra" and reverse_models else None  # None: sorted by name
+        out[part] = EnsemblePredictions.from_folder(folder / "predictions", load_coco_gt(folder / "instances.json"),
+                                                    models=models)
     return out["evaluated"], out["extra"]
 
 
@@ -505,7 +508,8 @@ def _without_annotation_ids(folder):
 class TestExtraFittingData:
     def test_join_keeps_both_and_renumbers_colliding_ids(self, dataset, tmp_path):
         evaluated, extra = _split_dataset(*dataset, tmp_path, reverse_models=True, same_ids=True)
-        assert extra.model_names == list(MODELS)[::-1] or set(extra.model_names) == set(MODELS)
+        assert evaluated.model_names == ["blurry", "noisy", "sharp"]
+        assert extra.model_names == ["sharp", "noisy", "blurry"]  # the order join_predictions must undo
         joined, extra_ids = join_predictions(evaluated, extra)
         assert joined.model_names == evaluated.model_names
         assert not set(extra_ids) & set(evaluated.gt.image_ids)
@@ -522,6 +526,16 @@ class TestExtraFittingData:
                 torch.testing.assert_close(mine, theirs)
         for image_id in evaluated.gt.image_ids:
             assert [len(d) for d in joined.per_model(image_id)] == [len(d) for d in evaluated.per_model(image_id)]
+        # the same join as with the extra members listed in the evaluated order
+        in_order = EnsemblePredictions.from_folder(tmp_path / "extra" / "predictions", extra.gt)
+        assert in_order.model_names == evaluated.model_names
+        same, same_ids = join_predictions(evaluated, in_order)
+        assert same_ids == extra_ids and same.model_names == joined.model_names
+        for image_id in joined.gt.image_ids:
+            for mine, theirs in zip(joined.per_model(image_id), same.per_model(image_id), strict=True):
+                assert mine.source == theirs.source
+                assert torch.equal(mine.boxes, theirs.boxes) and torch.equal(mine.scores, theirs.scores)
+                assert torch.equal(mine.labels, theirs.labels)
 
     def test_join_numbers_annotations_without_ids(self, dataset, tmp_path):
         _split_dataset(*dataset, tmp_path)
@@ -564,10 +578,20 @@ class TestExtraFittingData:
 
     def test_fit_on_one_dataset_and_score_another(self, dataset, tmp_path):
         evaluated, extra = _split_dataset(*dataset, tmp_path, reverse_models=True)
+        assert extra.model_names == evaluated.model_names[::-1]  # fit_on's members matched by name
         options = {"iou_grid": [0.5, 0.7], "conf_types": ["avg", "max"], "weight_values": [1.0, 2.0]}
         report = cross_validate(evaluated, ["wbf_tuned"], k=0, backend="faster",
                                 method_options={"wbf_tuned": options}, fit_on=extra)
         [fitted] = report["wbf_tuned"].fitted
+        in_order = EnsemblePredictions.from_folder(tmp_path / "extra" / "predictions", extra.gt)
+        assert in_order.model_names == evaluated.model_names
+        same = cross_validate(evaluated, ["wbf_tuned"], k=0, backend="faster",
+                              method_options={"wbf_tuned": options}, fit_on=in_order)
+        [same_fitted] = same["wbf_tuned"].fitted
+        assert {k: fitted[k] for k in ("iou_thr", "conf_type", "weights", "train_map")} == {
+            k: same_fitted[k] for k in ("iou_thr", "conf_type", "weights", "train_map")}
+        untimed = [{k: v for k, v in r["wbf_tuned"].metrics.items() if k != "fusion_ms"} for r in (report, same)]
+        assert untimed[0] == untimed[1]  # the same fusion scored on the evaluated images
         direct = TunedWBF(evaluated.model_names, **options)
         ordered = extra.select(evaluated.model_names)
         direct.fit(EvaluationData(ordered), ordered.gt.annotated_image_ids)

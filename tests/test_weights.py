@@ -146,9 +146,13 @@ class TestMissing:
         with pytest.raises(WeightsNotFoundError, match="as a path"):
             resolve_weights(dirs[0] / "nope.pt")
 
-    @pytest.mark.parametrize("bad, error", [("", ValueError), (3, TypeError), (None, TypeError)])
-    def test_bad_values(self, bad, error):
-        with pytest.raises(error):
+    @pytest.mark.parametrize("bad, error, message", [
+        ("", ValueError, "^weights must not be empty$"),
+        (3, TypeError, "^weights must be a path or a name, got int: 3$"),
+        (None, TypeError, "^weights must be a path or a name, got NoneType: None$"),
+    ])
+    def test_bad_values(self, bad, error, message):
+        with pytest.raises(error, match=message):
             resolve_weights(bad)
 
     def test_upstream_download_failure_is_a_clear_error(self, monkeypatch):
