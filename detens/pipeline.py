@@ -45,7 +45,7 @@ from detens.fusers import FUSERS, fuse, resolve_method
 if TYPE_CHECKING:
     from ultralytics.engine.results import Results
 
-__all__ = ["Ensemble", "PredictionList", "PredictionStream", "fuse_results", "TorchvisionFusion", "Detector"]
+__all__ = ["Ensemble", "PredictionList", "PredictionStream", "fuse_results", "TorchvisionFusion", "Detector", "check_fusion_params"]
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +87,21 @@ def _fusion_params(method: str, head: Any, params: dict[str, Any], model_names: 
     return params
 
 
-def _check_fusion_values(method: str, params: dict[str, Any], names: Sequence[str]) -> None:
+def check_fusion_params(method: str, params: dict[str, Any], member_names: Sequence[str | None]) -> dict[str, Any]:
+    """``params`` of ``method`` for the members ``member_names`` (None for a member not named yet), checked
+    before any detector runs: the names the method takes, then their values (ranges, one weight per
+    member, a head's members), as :class:`Ensemble` checks them. A head in ``params`` is already loaded.
+
+    Raises:
+        ValueError: an unknown method, a value out of range, a head of other members.
+        TypeError: a parameter the method does not take (the message lists the ones it takes).
+    """
+    checked = _fusion_params(method, None, params, member_names)
+    _check_fusion_values(method, checked, member_names)
+    return checked
+
+
+def _check_fusion_values(method: str, params: dict[str, Any], names: Sequence[str | None]) -> None:
     """Have the fuser check the values of ``params`` (ranges, one weight per member, the head's members) on
     empty detections of each member, so that a mistake is reported before any detector runs, not after."""
     device = _device_of(params.get("head"))  # a head computes on its own device

@@ -216,11 +216,9 @@ def fusion_params(config: EnsembleConfig, names: list[str] | None) -> dict[str, 
         if method != "theta" and method not in head_methods(params["head"]):
             raise ValueError(f"--method {method} was given a {type_name!r} head ({config.fusion.head}); "
                              f"use --method {type_name}, or leave --method out")
-    from detens.pipeline import _check_fusion_values, _fusion_params
+    from detens.pipeline import check_fusion_params
 
-    params = _fusion_params(method, None, params, names)  # the head is loaded: None keeps params["head"]
-    _check_fusion_values(method, params, names if names is not None else [None] * len(weights))
-    return params
+    return check_fusion_params(method, params, names if names is not None else [None] * len(weights))
 
 
 def method_label(config: EnsembleConfig, params: dict[str, Any]) -> str:
