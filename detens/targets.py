@@ -6,7 +6,9 @@ A cluster is matched to a ground-truth box of its class at IoU ≥ ``iou_thr`` (
 in descending fused score, as COCO evaluation matches detections (``COCOeval.evaluateImg``):
 
 1. each cluster, in score order, takes the still-unmatched non-crowd GT box of its class with the
-   highest IoU ≥ ``iou_thr`` (ties: the lowest GT index);
+   highest IoU ≥ ``iou_thr`` (ties: the highest GT index, as COCO's ``>=`` scan picks the last), the IoU
+   computed in float64 pixels as COCO does (normalized coordinates would round an IoU of exactly 0.5
+   below it);
 2. a cluster that finds none but overlaps a *crowd* GT box (``iscrowd=1``) of its class with
    ``intersection / area(cluster box) ≥ iou_thr`` (COCO's crowd IoU) is **ignored**: COCO neither
    rewards nor penalizes it, so it contributes no loss. Crowd boxes can absorb any number of clusters;
@@ -24,6 +26,7 @@ import torch
 from torch import Tensor
 from torchvision.ops import box_iou
 
+from detens.checks import check_real
 from detens.matching import Clusters
 
 __all__ = ["Targets", "assign_targets"]
@@ -119,6 +122,26 @@ class Targets:
         return w
 
 
+def _whole(value: Any, name: str, device: torch.device) -> Tensor:
+    """``value`` (ids or flags) as a flat int64 tensor; a fractional value is an error, not truncated."""
+    tensor = _as_tensor(value, torch.float64, device).reshape(-1) if not _is_integer(value) else None
+    if tensor is not None:
+        fractional = tensor != tensor.round()
+        if bool(fractional.any()) or not bool(torch.isfinite(tensor).all()):
+            i = int((fractional | ~torch.isfinite(tensor)).nonzero()[0])
+            raise ValueError(f"{name}[{i}] = {tensor[i].item()} is not a whole number")
+    return _as_tensor(value, torch.int64, device).reshape(-1)
+
+
+def _is_integer(value: Any) -> bool:
+    dtype = getattr(value, "dtype", None)
+    if isinstance(dtype, torch.dtype):
+        return not dtype.is_floating_point
+    if dtype is not None:
+        return np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.bool_)
+    return False
+
+
 def _as_tensor(value: Any, dtype: torch.dtype, device: torch.device) -> Tensor:
     if not isinstance(value, Tensor):
         value = torch.as_tensor(np.asarray(value))
@@ -148,8 +171,7 @@ def assign_targets(
     Returns:
         Targets with ``boxes`` normalized by ``clusters.image_size``, on the clusters' device.
     """
-    if not 0.0 < float(iou_thr) <= 1.0:
-        raise ValueError(f"iou_thr must be in (0, 1], got {iou_thr}")
+    iou_thr = check_real(iou_thr, "iou_thr", 0.0, 1.0, low_open=True)
     device = clusters.device
     num_clusters = len(clusters)
     dtype = (
@@ -167,13 +189,15 @@ def assign_targets(
         raise ValueError(
             f"fused_scores must have shape [C] = [{num_clusters}], got {list(fused_scores.shape)}"
         )
+    if not (bool(torch.isfinite(fused_boxes).all()) and bool(torch.isfinite(fused_scores).all())):
+        raise ValueError("fused_boxes and fused_scores must be finite (a head that diverged?)")
     gt_boxes = _as_tensor(gt_boxes, dtype, device)
     if gt_boxes.numel() == 0:
         gt_boxes = gt_boxes.reshape(0, 4)
     if gt_boxes.ndim != 2 or gt_boxes.shape[1] != 4:
         raise ValueError(f"gt_boxes must have shape [G, 4], got {list(gt_boxes.shape)}")
     num_gt = gt_boxes.shape[0]
-    gt_labels = _as_tensor(gt_labels, torch.int64, device).reshape(-1)
+    gt_labels = _whole(gt_labels, "gt_labels", device)
     if gt_labels.shape != (num_gt,):
         raise ValueError(
             f"gt_labels must have shape [G] = [{num_gt}] to match gt_boxes, got {list(gt_labels.shape)}"
@@ -181,14 +205,24 @@ def assign_targets(
     if gt_iscrowd is None:
         crowd = torch.zeros(num_gt, dtype=torch.bool, device=device)
     else:
-        crowd = _as_tensor(gt_iscrowd, torch.bool, device).reshape(-1)
+        flags = _whole(gt_iscrowd, "gt_iscrowd", device)
+        if bool(((flags != 0) & (flags != 1)).any()):
+            raise ValueError(f"gt_iscrowd must hold 0/1 flags, got {flags.unique().tolist()}")
+        crowd = flags.bool()
         if crowd.shape != (num_gt,):
             raise ValueError(f"gt_iscrowd must have shape [G] = [{num_gt}], got {list(crowd.shape)}")
     if num_gt and not torch.isfinite(gt_boxes).all():
         raise ValueError("gt_boxes must be finite")
+    inverted = (gt_boxes[:, 2] < gt_boxes[:, 0]) | (gt_boxes[:, 3] < gt_boxes[:, 1])
+    if bool(inverted.any()):
+        g = int(inverted.nonzero()[0])
+        raise ValueError(f"gt_boxes[{g}] = {gt_boxes[g].tolist()} has x2 < x1 or y2 < y1; gt_boxes must be xyxy")
 
     height, width = clusters.image_size
-    gt_norm = gt_boxes / gt_boxes.new_tensor([width, height, width, height])  # [G, 4]
+    size = gt_boxes.new_tensor([width, height, width, height])
+    gt_norm = gt_boxes / size  # [G, 4]
+    fused_pixels = fused_boxes.detach().double() * size.double()  # [C, 4], for COCO's IoUs
+    gt_pixels = gt_boxes.double()
     matched = torch.zeros(num_clusters, dtype=torch.bool, device=device)
     ignore = torch.zeros(num_clusters, dtype=torch.bool, device=device)
     gt_index = torch.full((num_clusters,), -1, dtype=torch.int64, device=device)
@@ -196,7 +230,7 @@ def assign_targets(
         return Targets(torch.zeros((num_clusters, 4), dtype=dtype, device=device), matched, ignore, gt_index)
 
     same_class = clusters.labels[:, None] == gt_labels[None, :]  # [C, G]
-    iou = box_iou(fused_boxes, gt_norm)  # [C, G]
+    iou = box_iou(fused_pixels, gt_pixels)  # [C, G]
     candidate = same_class & ~crowd[None, :] & (iou >= iou_thr)  # [C, G]
 
     # Greedy one-to-one assignment in score order: sequential by nature, so it runs on the (few) clusters
@@ -209,7 +243,7 @@ def assign_targets(
     assigned = np.full(num_clusters, -1, dtype=np.int64)
     for c in order:
         row = np.where(taken, -np.inf, iou_np[c])
-        g = int(row.argmax())
+        g = num_gt - 1 - int(row[::-1].argmax())  # the last of equal IoUs
         if row[g] > -np.inf:
             assigned[c] = g
             taken[g] = True
@@ -218,10 +252,10 @@ def assign_targets(
     boxes = torch.where(matched[:, None], gt_norm[gt_index.clamp(min=0)], torch.zeros_like(fused_boxes))
 
     if crowd.any():
-        lt = torch.maximum(fused_boxes[:, None, :2], gt_norm[None, :, :2])  # [C, G, 2]
-        rb = torch.minimum(fused_boxes[:, None, 2:], gt_norm[None, :, 2:])
+        lt = torch.maximum(fused_pixels[:, None, :2], gt_pixels[None, :, :2])  # [C, G, 2]
+        rb = torch.minimum(fused_pixels[:, None, 2:], gt_pixels[None, :, 2:])
         inter = (rb - lt).clamp(min=0).prod(-1)  # [C, G]
-        area = (fused_boxes[:, 2:] - fused_boxes[:, :2]).clamp(min=0).prod(-1)  # [C]
-        crowd_iou = inter / area[:, None].clamp(min=torch.finfo(dtype).tiny)
+        area = (fused_pixels[:, 2:] - fused_pixels[:, :2]).clamp(min=0).prod(-1)  # [C]
+        crowd_iou = inter / area[:, None].clamp(min=torch.finfo(torch.float64).tiny)
         ignore = ~matched & (same_class & crowd[None, :] & (crowd_iou >= iou_thr)).any(1)
     return Targets(boxes, matched, ignore, gt_index)

@@ -33,9 +33,11 @@ def _crowd_iou(det, gt):
 
 
 def reference_assign(boxes, scores, labels, gt_boxes, gt_labels, crowd, thr, image_size):
-    """Obvious loops: clusters by descending score (stable), best free non-crowd GT, then crowd check."""
+    """Obvious loops: clusters by descending score (stable), best free non-crowd GT (on equal IoU the later
+    one, COCO's ``>=``), then crowd check; IoUs in pixels, as COCO computes them."""
     height, width = image_size
     gts = [[g[0] / width, g[1] / height, g[2] / width, g[3] / height] for g in gt_boxes]
+    pixels = [[b[0] * width, b[1] * height, b[2] * width, b[3] * height] for b in boxes]
     order = sorted(range(len(scores)), key=lambda c: -scores[c])  # sorted() is stable
     taken = [False] * len(gts)
     gt_index = [-1] * len(scores)
@@ -45,15 +47,15 @@ def reference_assign(boxes, scores, labels, gt_boxes, gt_labels, crowd, thr, ima
         for g in range(len(gts)):
             if taken[g] or crowd[g] or gt_labels[g] != labels[c]:
                 continue
-            iou = _iou(boxes[c], gts[g])
-            if iou >= thr and iou > best_iou:
+            iou = _iou(pixels[c], gt_boxes[g])
+            if iou >= thr and iou >= best_iou:
                 best, best_iou = g, iou
         if best >= 0:
             gt_index[c] = best
             taken[best] = True
         else:
             ignore[c] = any(
-                crowd[g] and gt_labels[g] == labels[c] and _crowd_iou(boxes[c], gts[g]) >= thr
+                crowd[g] and gt_labels[g] == labels[c] and _crowd_iou(pixels[c], gt_boxes[g]) >= thr
                 for g in range(len(gts))
             )
     target_boxes = [gts[g] if g >= 0 else [0.0] * 4 for g in gt_index]
@@ -150,6 +152,63 @@ class TestAgainstReference:
             ignored += int(t.ignore.sum())
             unmatched += int((~t.matched & ~t.ignore).sum())
         assert matched > 50 and ignored > 5 and unmatched > 50
+
+
+class TestAsCocoMatches:
+    """The targets are COCO's own matches of the fused boxes (``coco_match.match_category``, which agrees
+    with pycocotools' ``evaluateImg``), on whole-pixel boxes, where equal IoUs and IoUs of exactly the
+    threshold are common."""
+
+    @pytest.mark.parametrize("seed", range(300))
+    def test_whole_pixel_boxes(self, seed):
+        from detens.coco_match import TP, match_category
+
+        g = torch.Generator().manual_seed(seed)
+        height, width = 92, 183
+        def whole_boxes(n):
+            xy = torch.randint(0, 12, (n, 2), generator=g) * 4  # a coarse grid: equal and exact IoUs are common
+            return torch.cat([xy, xy + torch.randint(1, 6, (n, 2), generator=g) * 4], 1).double()
+
+        gt_boxes = whole_boxes(int(torch.randint(1, 8, (1,), generator=g)))
+        boxes = torch.cat([gt_boxes[torch.randint(0, len(gt_boxes), (6,), generator=g)]
+                           + torch.randint(-2, 3, (6, 4), generator=g) * 4, whole_boxes(4)])
+        boxes = torch.cat([torch.minimum(boxes[:, :2], boxes[:, 2:]), torch.maximum(boxes[:, :2], boxes[:, 2:])], 1)
+        scores = torch.randperm(len(boxes), generator=g).double() / len(boxes)
+        norm = boxes / torch.tensor([width, height, width, height], dtype=F64)
+        t = assign_targets(make_clusters(norm, [1] * len(boxes), (height, width)), norm, scores, gt_boxes,
+                           [1] * len(gt_boxes), iou_thr=0.5)
+        order = torch.argsort(scores, descending=True).tolist()
+
+        def xywh(b):
+            return [b[0], b[1], b[2] - b[0], b[3] - b[1]]
+
+        pixels = norm * torch.tensor([width, height, width, height], dtype=F64)  # the fused boxes COCO would see
+        dts = [{"bbox": xywh(pixels[c].tolist()), "score": float(scores[c])} for c in order]
+        gts = [{"id": i + 1, "bbox": xywh(b), "area": 1.0, "iscrowd": 0} for i, b in enumerate(gt_boxes.tolist())]
+        labels, taken = match_category(dts, gts, 0.5)
+        expected = [-1] * len(boxes)
+        for c, label, gt in zip(order, labels, taken, strict=True):
+            expected[c] = gt if label == TP else -1
+        assert t.gt_index.tolist() == expected
+
+    def test_equal_ious_go_to_the_later_box(self):
+        # GTs [0,0,20,10] and [0,10,20,20]; cluster A [0,0,20,20] has IoU 0.5 with both: COCO gives it the
+        # second, so B (on the second only) is a false positive
+        size = torch.tensor([100.0, 100.0, 100.0, 100.0], dtype=F64)
+        boxes = torch.tensor([[0.0, 0.0, 20.0, 20.0], [0.0, 10.0, 20.0, 20.0]], dtype=F64) / size
+        t = assign_targets(make_clusters(boxes, [1, 1], (100, 100)), boxes, torch.tensor([0.9, 0.8], dtype=F64),
+                           torch.tensor([[0.0, 0.0, 20.0, 10.0], [0.0, 10.0, 20.0, 20.0]]), [1, 1])
+        assert t.gt_index.tolist() == [1, -1]
+
+    def test_an_iou_of_exactly_the_threshold_in_pixels_matches(self, dtype=F64):
+        # 92x183 image: [0,40,90,110] and [20,50,90,140] overlap 70x60 = 4200 of 6300 + 6300 - 4200 = 8400
+        # pixels, IoU 0.5; normalized by 183 and 92 it rounds to 0.4999999... (float32 boxes normalized
+        # are not whole pixels to begin with: 40/92 in float32 times 92 is not 40)
+        boxes = (torch.tensor([[0.0, 40.0, 90.0, 110.0]], dtype=F64) / torch.tensor([183.0, 92.0, 183.0, 92.0],
+                                                                                   dtype=F64)).to(dtype)
+        t = assign_targets(make_clusters(boxes, [1], (92, 183)), boxes, torch.tensor([0.9], dtype=dtype),
+                           torch.tensor([[20.0, 50.0, 90.0, 140.0]]), [1])
+        assert t.matched.tolist() == [True]
 
 
 class TestFixtures:
@@ -256,6 +315,13 @@ class TestFixtures:
             ({"fused_boxes": torch.zeros(1, 5)}, "fused_boxes"),
             ({"iou_thr": 0.0}, "iou_thr"),
             ({"gt_iscrowd": torch.zeros(3, dtype=torch.bool)}, "gt_iscrowd"),
+            ({"fused_boxes": torch.tensor([[float("nan"), 0.0, 0.25, 0.25]])}, "must be finite"),
+            ({"fused_scores": torch.tensor([float("inf")])}, "must be finite"),
+            ({"gt_boxes": torch.tensor([[0.0, 0.0, 16.0, 16.0], [5.0, 5.0, 1.0, 1.0]])},
+             r"gt_boxes\[1\] = \[5.0, 5.0, 1.0, 1.0\] has x2 < x1"),
+            ({"gt_labels": [1, 1.5]}, r"gt_labels\[1\] = 1.5 is not a whole number"),
+            ({"gt_iscrowd": [0, 2]}, r"gt_iscrowd must hold 0/1 flags, got \[0, 2\]"),
+            ({"gt_iscrowd": [0.5, 0]}, r"gt_iscrowd\[0\] = 0.5 is not a whole number"),
         ],
     )
     def test_bad_input(self, kwargs, match):
@@ -269,6 +335,15 @@ class TestFixtures:
         args.update(kwargs)
         with pytest.raises(ValueError, match=match):
             assign_targets(make_clusters(boxes, [1]), **args)
+
+
+@pytest.mark.parametrize("iou_thr, message", [("0.5", "iou_thr must be a number, got str"),
+                                               (True, "iou_thr must be a number, got bool")])
+def test_iou_thr_must_be_a_number(iou_thr, message):
+    boxes = torch.tensor([[0.0, 0.0, 0.25, 0.25]])
+    with pytest.raises(TypeError, match=message):
+        assign_targets(make_clusters(boxes, [1]), boxes, torch.tensor([0.5]), [[0.0, 0.0, 16.0, 16.0]], [1],
+                       iou_thr=iou_thr)
 
 
 class TestTargets:
