@@ -649,6 +649,23 @@ class TestFitCalibration:
         with pytest.raises(ValueError, match="shrinkage must be a number >= 0"):
             fit_calibration(sharp, [0, 1], shrinkage=-1.0)
 
+    def test_tp50_refuses_a_model_that_never_reaches_iou_half(self):
+        # "loose" overlaps the object, never by 0.5: 20x30 = 600 inside the 40x40 = 1600 GT box, IoU 0.375
+        loose = [{"image_id": i, "category_id": 1, "bbox": _xywh([20.0, 20.0, 40.0, 50.0]), "score": 0.8} for i in range(4)]
+        preds = synthetic(models={"sharp": _sharp_results(), "loose": loose})
+        assert fit_calibration(preds, preds.image_ids).curve("loose")[1].max() == pytest.approx(0.375)
+        with pytest.raises(ValueError, match="model 'loose': none of its 4 detections .* reaches IoU 0.5"):
+            fit_calibration(preds, preds.image_ids, target="tp50")
+
+    def test_a_model_given_twice_is_refused(self):
+        preds = synthetic(models={"sharp": _sharp_results(), "copy": _sharp_results()})
+        head = fit_calibration(preds, preds.image_ids)
+        sharp, copy = preds.per_model(1)
+        assert len(head.calibrate([copy])) == 1  # a subset of the models is fine
+        for call in (head.calibrate, lambda per_model: fuse(per_model, "wbf", calibration=head)):
+            with pytest.raises(ValueError, match=r"two Detections name the same model \['sharp'\]"):
+                call([sharp, sharp, copy])
+
     def test_fitted_head_round_trips_and_fuses(self, tmp_path):
         preds = synthetic(models={"sharp": _sharp_results(), "copy": _sharp_results()})
         head = fit_calibration(preds, preds.image_ids, per_class=True)

@@ -1561,6 +1561,16 @@ def test_head_options_are_checked_when_the_config_is_made(kind, keys, error, mes
         train_config_from(kind, ("a.yaml", keys))
 
 
+@pytest.mark.parametrize("fusers", [["refine"], ["soft_nms"], ["wbf", "refine"]])
+def test_any_list_of_fusers_is_a_calibration_config_as_it_is(fusers):
+    from detens.heads import config_for
+
+    config = config_for("calibration", fusers=fusers)
+    assert config.fusers == fusers and config.fuser_params == {}
+    with pytest.raises(ValueError, match=r"fuser_params names fusers \['wbf'\] that are not in fusers \['refine'\]"):
+        config_for("calibration", fusers=["refine"], fuser_params={"wbf": {"iou_thr": 0.6}})
+
+
 def test_options_that_depend_on_the_ensemble_are_left_to_the_fit():
     from detens.heads import config_for
 

@@ -1092,7 +1092,8 @@ class CalibrationTrainConfig:
     target: Literal["iou", "tp50"] = "iou"
     tie_break: float = 1e-4
     fusers: list[str] = field(default_factory=lambda: ["wbf", "soft_nms", "refine"])
-    fuser_params: dict[str, dict[str, Any]] = field(default_factory=lambda: {"wbf": {"iou_thr": 0.55}})
+    # empty: each fuser's own defaults (WBF's iou_thr is 0.55), so that any list of fusers is valid as it is
+    fuser_params: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if isinstance(self.fusers, str) or not isinstance(self.fusers, (list, tuple)):

@@ -364,8 +364,6 @@ def clusters_in_member_order(clusters: Any, model_names: list[str], what: str, r
     order = member_order(clusters.sources, model_names, what)
     if order == list(range(len(model_names))):
         return clusters
-    if len(set(order)) != len(order):
-        raise ValueError(f"two of the clusters' models name the same model: sources {list(clusters.sources)}")
     if not reorder:
         raise ValueError(
             f"the clusters' models are {list(clusters.sources)} but this {what} is for {list(model_names)} in that order; "
@@ -403,11 +401,15 @@ def member_order(sources: Sequence[Any], model_names: Sequence[str], what: str =
     By name when every source is one of ``model_names`` (any order); else by position when there are as
     many Detections as models, none of their sources names another model or another position's model
     (a missing source, None or empty, says nothing). Anything else raises ``ValueError`` naming both
-    lists: applying one model's weights to another's boxes would be a silent wrong result.
+    lists: applying one model's weights to another's boxes would be a silent wrong result. So does a model
+    named twice.
     """
     sources = list(sources)
     names = list(model_names)
     if all(s in names for s in sources):
+        repeated = sorted({s for s in sources if sources.count(s) > 1})
+        if repeated:  # one model's boxes twice, another's never: always a mistake
+            raise ValueError(f"two Detections name the same model {repeated}: sources {sources}")
         return [names.index(s) for s in sources]
     positional = len(sources) == len(names) and all(not s or s == names[i] for i, s in enumerate(sources))
     if not positional:
@@ -432,7 +434,5 @@ def in_member_order(per_model: Sequence[Any], model_names: Sequence[str], what: 
             "were given; pass one per model"
         )
     order = member_order([d.source for d in per_model], model_names, what)
-    if len(set(order)) != len(order):
-        raise ValueError(f"two Detections name the same model: sources {[d.source for d in per_model]}")
     by_model = dict(zip(order, per_model, strict=True))
     return [by_model[i] for i in range(len(model_names))]

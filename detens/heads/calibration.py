@@ -667,7 +667,8 @@ def fit_calibration(
 
     Raises:
         ValueError: fewer than 2 images; a model without any detection on them; a model none of whose
-            detections overlaps a ground-truth box of its class (no positive target: its curve would be 0).
+            detections overlaps a ground-truth box of its class, or with ``target="tp50"`` none reaches IoU
+            0.5 with one (no positive target: its curve would be 0).
     """
     if not isinstance(per_class, bool):
         raise TypeError(f"per_class must be bool, got {per_class!r}")
@@ -716,6 +717,12 @@ def fit_calibration(
                 "ids in the dataset's label space?)"
             )
         t = (u >= 0.5).to(torch.float64) if target == "tp50" else u
+        if not bool((t > 0).any()):
+            raise ValueError(
+                f"model {name!r}: none of its {s.numel()} detections on the {len(ids)} training images reaches "
+                "IoU 0.5 with a ground-truth box of its class, so its tp50 calibrated score would be 0 "
+                "everywhere (target 'iou' still learns from the overlaps it has)"
+            )
         knots_x, knots_y, knots_w = isotonic_blocks(s, t)
         curves[name] = (knots_x, knots_y)
         if per_class:
