@@ -453,7 +453,12 @@ def head_kind(name: str) -> str | None:
 
 
 def expand_methods(names: Sequence[str], model_names: Sequence[str]) -> list[str]:
-    """``single`` expands to ``single:<model>`` for every model; other names pass through (validated)."""
+    """``single`` expands to ``single:<model>`` for every model; other names pass through (validated).
+
+    Raises:
+        ValueError: a method named twice (``single`` names every ``single:<model>``): it would run twice
+            and show once.
+    """
     expanded = []
     for name in names:
         if name == "single":
@@ -461,6 +466,9 @@ def expand_methods(names: Sequence[str], model_names: Sequence[str]) -> list[str
         else:
             _lookup(name)
             expanded.append(name)
+    repeated = sorted({n for n in expanded if expanded.count(n) > 1})
+    if repeated:
+        raise ValueError(f"methods {list(names)} name {repeated} twice ('single' is every single:<model>)")
     return expanded
 
 
@@ -471,6 +479,9 @@ def check_method_names(names: Sequence[str]) -> None:
     for name in names:
         if name != "single":
             _lookup(name)
+    repeated = sorted({n for n in names if list(names).count(n) > 1})
+    if repeated:
+        raise ValueError(f"methods name {repeated} twice")
 
 
 def _lookup(name: str) -> tuple[Callable[..., EvalMethod], dict[str, Any]]:

@@ -240,6 +240,14 @@ def join_predictions(
             f"the extra fitting data has other categories than the evaluated data: category ids only in the extra "
             f"data {only_extra[:10]}, only in the evaluated data {only_ours[:10]}; fit and score in one label space"
         )
+    ours_names, theirs_names = evaluated.gt.category_names, extra.gt.category_names
+    renamed = [(c, ours_names[c], theirs_names[c]) for c in ours if ours_names.get(c) != theirs_names.get(c)]
+    if renamed:
+        shown = ", ".join(f"{c}: {a!r} here, {b!r} in the extra data" for c, a, b in renamed[:5])
+        raise ValueError(
+            f"the extra fitting data names {len(renamed)} category ids otherwise than the evaluated data ({shown}); "
+            "its ids would mean other classes: fit and score in one label space"
+        )
     missing = [m for m in evaluated.model_names if m not in extra.model_names]
     if missing:
         raise ValueError(

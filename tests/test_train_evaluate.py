@@ -554,6 +554,13 @@ class TestExtraFittingData:
         evaluated, extra = _split_dataset(*dataset, tmp_path / "b")
         with pytest.raises(ValueError, match=r"no predictions of \['noisy'\]"):
             join_predictions(evaluated, extra.select(["sharp", "blurry"]))
+        # the same ids, named otherwise: another label space numbered alike
+        renamed = json.loads((tmp_path / "b" / "extra" / "instances.json").read_text())
+        first = renamed["categories"][0]
+        first["name"] = "not_" + first["name"]
+        other = EnsemblePredictions.from_folder(tmp_path / "b" / "extra" / "predictions", load_coco_gt(renamed))
+        with pytest.raises(ValueError, match=rf"names 1 category ids otherwise than the evaluated data \({first['id']}: "):
+            join_predictions(evaluated, other)
 
     def test_extra_images_join_every_fold_and_are_never_scored(self, dataset, tmp_path, monkeypatch):
         evaluated, extra = _split_dataset(*dataset, tmp_path)
@@ -1136,6 +1143,16 @@ class TestTools:
         assert list(EvaluationRecord.load(out).metrics) == list(json.loads(out.read_text()))
         capsys.readouterr()
 
+        # another run stopped before its first row: the rows left are never the earlier run's
+        def interrupted_at_once(*args, **kwargs):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(evaluate_cli, "cross_validate", interrupted_at_once)
+        assert evaluate_cli.main(base + ["--methods", "mean"]) == 130
+        assert not (tmp_path / "report.partial.json").exists()
+        assert {f.name: f.read_bytes() for f in tmp_path.glob("report*") if f.name in before} == before
+        capsys.readouterr()
+
         # killed after the record, before the table: the table left beside it is refused
         monkeypatch.setattr(evaluate_cli, "cross_validate", real)
         def interrupt(*args):
@@ -1569,6 +1586,16 @@ def test_any_list_of_fusers_is_a_calibration_config_as_it_is(fusers):
     assert config.fusers == fusers and config.fuser_params == {}
     with pytest.raises(ValueError, match=r"fuser_params names fusers \['wbf'\] that are not in fusers \['refine'\]"):
         config_for("calibration", fusers=["refine"], fuser_params={"wbf": {"iou_thr": 0.6}})
+
+
+def test_a_method_named_twice_is_refused():
+    from detens.evaluation import expand_methods
+
+    assert expand_methods(["single", "wbf"], ["a", "b"]) == ["single:a", "single:b", "wbf"]
+    with pytest.raises(ValueError, match=r"name \['single:b'\] twice \('single' is every single:<model>\)"):
+        expand_methods(["single", "single:b", "wbf"], ["a", "b"])
+    with pytest.raises(ValueError, match=r"name \['wbf'\] twice"):
+        expand_methods(["wbf", "wbf"], ["a", "b"])
 
 
 def test_options_that_depend_on_the_ensemble_are_left_to_the_fit():

@@ -41,7 +41,7 @@ The files of a run replace those of an earlier run with the same ``--out`` only 
 run, ``--out`` last, so a run that fails or is interrupted leaves the earlier run's files as they were.
 Its finished rows are not lost: ``<out>.partial.json`` holds them (``--out``'s form; the means of the
 seeds done so far with several seeds), rewritten as each method (seed) finishes and removed when the run
-completes. ``detens report`` refuses a table that its record's run did not write.
+completes; a run starts by removing an earlier run's, so the rows there are always the running one's. ``detens report`` refuses a table that its record's run did not write.
 
 How much of a gap is the sample of images: ``--bootstrap B`` draws the scored images with replacement B
 times (fixed by ``--seed``), scores every method on the same draws and writes ``<out>.bootstrap.json``:
@@ -107,6 +107,8 @@ def parse_seeds(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"--seed takes an integer or comma-separated integers (0,1,2), got {text!r}") from None
     if len(set(seeds)) != len(seeds):
         raise argparse.ArgumentTypeError(f"--seed lists a seed twice: {text!r}")
+    if any(seed < 0 for seed in seeds):
+        raise argparse.ArgumentTypeError(f"--seed takes seeds >= 0, got {text!r}")
     return seeds
 
 
@@ -232,6 +234,7 @@ def run(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     partial = partial_path(out)
+    partial.unlink(missing_ok=True)  # an earlier run's rows: this run's own replace them as they finish
     finished: dict[str, MethodResult] = {}
 
     def on_method(name: str, result: MethodResult) -> None:
