@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["Detections", "MAX_LABEL", "MAX_IMAGE_SIDE"]
+__all__ = ["Detections", "MAX_LABEL", "MAX_IMAGE_SIDE", "check_xyxy"]
 
 #: The largest class id: labels are category ids, written to JSON and offset per class in batched NMS, and
 #: int32 is what every COCO tool and exporter can hold.
@@ -41,6 +41,19 @@ def _as_tensor(value: Any, name: str, dtype: torch.dtype | None, device: torch.d
     if tensor.dtype == torch.bool or tensor.is_complex():
         raise TypeError(f"Detections.{name} must be real-valued, got dtype {tensor.dtype}")
     return tensor.to(device=device if device is not None else tensor.device, dtype=dtype or tensor.dtype)
+
+
+def check_xyxy(boxes: Tensor, name: str, hint: str = "") -> None:
+    """Raise ``ValueError`` naming the first box of ``boxes`` (Tensor[N, 4]) that is not finite or not xyxy
+    (``x2 < x1`` or ``y2 < y1``) as ``{name}[i]``, with its values; ``hint`` ends the second message."""
+    bad = ~torch.isfinite(boxes).all(dim=1)
+    if bad.any():
+        i = int(bad.nonzero()[0])
+        raise ValueError(f"{name}[{i}] is not finite: {boxes[i].tolist()}")
+    inverted = (boxes[:, 2] < boxes[:, 0]) | (boxes[:, 3] < boxes[:, 1])
+    if inverted.any():
+        i = int(inverted.nonzero()[0])
+        raise ValueError(f"{name}[{i}] = {boxes[i].tolist()} has x2 < x1 or y2 < y1; boxes must be xyxy{hint}")
 
 
 def _is_whole(value: Any) -> bool:
@@ -139,17 +152,8 @@ class Detections:
                     f"Detections.{name} must have shape [K] = [{num_boxes}] to match boxes, got {list(tensor.shape)}"
                 )
         if num_boxes:
-            bad = ~torch.isfinite(boxes).all(dim=1)
-            if bad.any():
-                i = int(bad.nonzero()[0])
-                raise ValueError(f"Detections.boxes[{i}] is not finite: {boxes[i].tolist()}")
-            inverted = (boxes[:, 2] < boxes[:, 0]) | (boxes[:, 3] < boxes[:, 1])
-            if inverted.any():
-                i = int(inverted.nonzero()[0])
-                raise ValueError(
-                    f"Detections.boxes[{i}] = {boxes[i].tolist()} has x2 < x1 or y2 < y1; "
-                    "boxes must be xyxy (convert xywh or cxcywh boxes with torchvision.ops.box_convert first)"
-                )
+            check_xyxy(boxes, "Detections.boxes",
+                       " (convert xywh or cxcywh boxes with torchvision.ops.box_convert first)")
             bad = ~torch.isfinite(scores) | (scores < 0) | (scores > 1)
             if bad.any():
                 i = int(bad.nonzero()[0])

@@ -27,6 +27,7 @@ from torch import Tensor
 from torchvision.ops import box_iou
 
 from detens.checks import check_real
+from detens.detections import check_xyxy
 from detens.matching import Clusters
 
 __all__ = ["Targets", "assign_targets"]
@@ -211,12 +212,7 @@ def assign_targets(
         crowd = flags.bool()
         if crowd.shape != (num_gt,):
             raise ValueError(f"gt_iscrowd must have shape [G] = [{num_gt}], got {list(crowd.shape)}")
-    if num_gt and not torch.isfinite(gt_boxes).all():
-        raise ValueError("gt_boxes must be finite")
-    inverted = (gt_boxes[:, 2] < gt_boxes[:, 0]) | (gt_boxes[:, 3] < gt_boxes[:, 1])
-    if bool(inverted.any()):
-        g = int(inverted.nonzero()[0])
-        raise ValueError(f"gt_boxes[{g}] = {gt_boxes[g].tolist()} has x2 < x1 or y2 < y1; gt_boxes must be xyxy")
+    check_xyxy(gt_boxes, "gt_boxes")
 
     height, width = clusters.image_size
     size = gt_boxes.new_tensor([width, height, width, height])

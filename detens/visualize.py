@@ -7,9 +7,10 @@ from typing import Any
 
 import cv2
 import numpy as np
+import torch
 
 from detens.checks import check_integer, check_real
-from detens.detections import Detections
+from detens.detections import Detections, check_xyxy
 from detens.labels import COCO_ID_TO_NAME, label_names
 
 __all__ = ["draw_detections", "draw_ground_truth", "class_color"]
@@ -55,14 +56,7 @@ def check_boxes(boxes: Any, name: str = "boxes") -> np.ndarray:
         return array.reshape(0, 4)
     if array.ndim != 2 or array.shape[1] != 4:
         raise ValueError(f"{name} must have shape [G, 4] (x1, y1, x2, y2 per box), got {list(array.shape)}")
-    bad = ~np.isfinite(array).all(axis=1)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{name}[{i}] is not finite: {array[i].tolist()}")
-    inverted = (array[:, 2] < array[:, 0]) | (array[:, 3] < array[:, 1])
-    if inverted.any():
-        i = int(np.flatnonzero(inverted)[0])
-        raise ValueError(f"{name}[{i}] = {array[i].tolist()} has x2 < x1 or y2 < y1; boxes must be xyxy")
+    check_xyxy(torch.from_numpy(array), name)
     return array
 
 
