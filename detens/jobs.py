@@ -43,9 +43,7 @@ def _checked(action: argparse.Action, key: str, value: Any) -> Any:
         if not isinstance(value, bool):
             raise TypeError(f"{key} must be True or False, got {type(value).__name__}: {value!r}")
         return value
-    if value is None:  # the flag left out
-        if action.required:
-            raise TypeError(f"{key} is required")
+    if value is None:  # the flag left out (a required one is named by _run)
         return action.default
     kind = action.type
     if kind is int:

@@ -87,16 +87,19 @@ def _fusion_params(method: str, head: Any, params: dict[str, Any], model_names: 
     return params
 
 
-def check_fusion_params(method: str, params: dict[str, Any], member_names: Sequence[str | None]) -> dict[str, Any]:
+def check_fusion_params(
+    method: str, params: dict[str, Any], member_names: Sequence[str | None], head: Any = None
+) -> dict[str, Any]:
     """``params`` of ``method`` for the members ``member_names`` (None for a member not named yet), checked
     before any detector runs: the names the method takes, then their values (ranges, one weight per
-    member, a head's members), as :class:`Ensemble` checks them. A head in ``params`` is already loaded.
+    member, a head's members), as :class:`Ensemble` checks them. ``head`` (a head, or the path or shipped
+    name of one, loaded here) joins ``params``; None keeps a head ``params`` holds.
 
     Raises:
         ValueError: an unknown method, a value out of range, a head of other members.
         TypeError: a parameter the method does not take (the message lists the ones it takes).
     """
-    checked = _fusion_params(method, None, params, member_names)
+    checked = _fusion_params(method, head, params, member_names)
     _check_fusion_values(method, checked, member_names)
     return checked
 
@@ -184,8 +187,7 @@ class Ensemble:
                 "name a loaded model by wrapping it: UltralyticsDetector(model, name=...)"
             )
         self.method = method
-        self.params = _fusion_params(method, head, params, self.names)
-        _check_fusion_values(method, self.params, self.names)
+        self.params = check_fusion_params(method, params, self.names, head)
 
     def __repr__(self) -> str:
         return f"Ensemble(detectors={self.names}, method={self.method!r})"

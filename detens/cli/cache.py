@@ -535,7 +535,7 @@ def check_settings(
         settings = {k: v for k, v in settings.items() if k != "inputs"}
     if isinstance(saved, dict):  # caches of earlier versions recorded settings their members never read
         unread = NOT_READ_BY_TYPE.get(str(settings.get("type")), ())
-        saved = {k: v for k, v in saved.items() if k not in unread and k not in _NOT_COMPARED}
+        saved = {k: v for k, v in _compared_settings(saved).items() if k not in unread}
     earlier_inputs = saved.get("inputs") if isinstance(saved, dict) else None
     if isinstance(earlier_inputs, dict) and isinstance(settings.get("inputs"), dict):
         # a file whose digest an earlier version did not record (the image map of saved predictions) is
