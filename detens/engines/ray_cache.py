@@ -33,7 +33,7 @@ from detens.adapters.weights import check_weights_found
 from detens.ensemble_config import EnsembleConfig, ModelConfig, with_absolute_paths
 
 __all__ = [
-    "RayOptions", "EntryPredictor", "detect_on_ray", "failure_record", "raise_failure", "ray_session",
+    "RayOptions", "EntryPredictor", "FailureReportingActor", "detect_on_ray", "failure_record", "raise_failure", "ray_session",
     "ready_for_actors", "strip_ansi",
 ]
 
@@ -248,7 +248,37 @@ class ray_session:  # noqa: N801 - used as a context manager, like open()
             ray.shutdown()
 
 
-class EntryPredictor:
+class FailureReportingActor:
+    """A Ray Data actor that sends the error which stops it as a row (:func:`failure_record`), not as a Ray
+    error: a subclass builds itself in ``_build`` (the constructor's arguments) and maps a batch in
+    ``_map``, and names in ``failure_row`` the values of its other columns in the row that carries the
+    failure."""
+
+    failure_row: dict[str, Any] = {}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.failure = ""
+        try:
+            self._build(*args, **kwargs)
+        except Exception as err:  # sent with the first batch
+            self.failure = failure_record(err)
+
+    def _build(self, *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError
+
+    def _map(self, batch: Mapping[str, np.ndarray]) -> dict[str, list[Any]]:
+        raise NotImplementedError
+
+    def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, list[Any]]:
+        if not self.failure:
+            try:
+                return self._map(batch)
+            except Exception as err:
+                self.failure = failure_record(err)
+        return {**{key: [value] for key, value in self.failure_row.items()}, "failure": [self.failure]}
+
+
+class EntryPredictor(FailureReportingActor):
     """A Ray Data actor: one ``models`` entry of an ensemble config, loaded once per actor.
 
     Args:
@@ -265,13 +295,8 @@ class EntryPredictor:
     else the only row, a :func:`failure_record` of the error that stopped the actor).
     """
 
-    def __init__(self, model: Any, ensemble: Any, categories: Mapping[int, str] | None, members: Sequence[str]):
-        self.failure = ""
-        self.load_s = 0.0
-        try:
-            self._build(model, ensemble, categories, members)
-        except Exception as err:  # sent with the first batch (see failure_record)
-            self.failure = failure_record(err)
+    failure_row = {"image_id": -1, "member": "", "results": "[]", "ms": 0.0, "error": "", "load_s": 0.0}
+    load_s = 0.0
 
     def _build(self, model: Any, ensemble: Any, categories: Mapping[int, str] | None, members: Sequence[str]) -> None:
         from detens.adapters import build_detector
@@ -286,16 +311,7 @@ class EntryPredictor:
             raise ValueError(f"the built entry has members {sorted(by_name)}, not {missing}")
         self.members = {name: by_name[name] for name in members}
 
-    def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, list[Any]]:
-        if not self.failure:
-            try:
-                return self._detect(batch)
-            except Exception as err:
-                self.failure = failure_record(err)
-        return {"image_id": [-1], "member": [""], "results": ["[]"], "ms": [0.0], "error": [""], "load_s": [0.0],
-                "failure": [self.failure]}
-
-    def _detect(self, batch: Mapping[str, np.ndarray]) -> dict[str, list[Any]]:
+    def _map(self, batch: Mapping[str, np.ndarray]) -> dict[str, list[Any]]:
         from detens.adapters import detect_loaded
         from detens.coco import detections_to_coco
         from detens.sources import ImageReadError, read_image

@@ -19,12 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from detens.engines.ray_cache import RayOptions, failure_record, map_on_actors, ready_for_actors
+from detens.engines.ray_cache import FailureReportingActor, RayOptions, map_on_actors, ready_for_actors
 
 __all__ = ["EnsembleFuser", "fuse_on_ray"]
 
 
-class EnsembleFuser:
+class EnsembleFuser(FailureReportingActor):
     """A Ray Data actor running an ensemble config end to end on batches of image paths.
 
     Args:
@@ -39,12 +39,7 @@ class EnsembleFuser:
     error that stopped the actor: the driver raises it).
     """
 
-    def __init__(self, config: Any, categories: Mapping[int, str], yolo_ids: Sequence[int]) -> None:
-        self.failure = ""
-        try:
-            self._build(config, categories, yolo_ids)
-        except Exception as err:  # sent with the first batch (see failure_record)
-            self.failure = failure_record(err)
+    failure_row = {"name": "", "record": "", "files": "{}", "members": "{}", "error": ""}
 
     def _build(self, config: Any, categories: Mapping[int, str], yolo_ids: Sequence[int]) -> None:
         from detens.adapters import build_ensemble
@@ -60,16 +55,7 @@ class EnsembleFuser:
         # the one-time compile happens here, not in the first image's fusion time
         time_first_call(config.fusion.method, self.params, self.names, min(self.categories))
 
-    def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, list[Any]]:
-        if not self.failure:
-            try:
-                return self._fuse(batch)
-            except Exception as err:
-                self.failure = failure_record(err)
-        return {"name": [""], "record": [""], "files": ["{}"], "members": ["{}"], "error": [""],
-                "failure": [self.failure]}
-
-    def _fuse(self, batch: Mapping[str, np.ndarray]) -> dict[str, list[Any]]:
+    def _map(self, batch: Mapping[str, np.ndarray]) -> dict[str, list[Any]]:
         from detens.adapters import detect_loaded
         from detens.cli.fuse import fuse_image
         from detens.sources import ImageReadError, read_image
