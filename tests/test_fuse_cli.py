@@ -545,6 +545,34 @@ def test_an_image_map_of_saved_predictions_rewritten_at_the_same_path_is_not_res
     assert folder_state(tmp_path / "o") == before
 
 
+def test_the_dataset_mapping_saved_predictions_images_counts_as_their_image_map(workspace, tmp_path, capsys):
+    """Saved predictions with no image map of their own find their images in the config's dataset: that
+    file, rewritten, would give the earlier boxes to other images as a rewritten map would."""
+    source = one_image_source(workspace, tmp_path / "src", "a.jpg")
+    (tmp_path / "saved").mkdir()  # no images.json beside the results
+    results = tmp_path / "saved" / "results.json"
+    results.write_text(json.dumps([saved_result(1, 1), saved_result(2, 6)]))
+    dataset = tmp_path / "dataset.json"
+    categories = [{"id": 1, "name": "person"}, {"id": 6, "name": "bus"}]
+    images = [{"id": 1, "file_name": "a.jpg", "height": 1080, "width": 810},
+              {"id": 2, "file_name": "b.jpg", "height": 1080, "width": 810}]
+    dataset.write_text(json.dumps({"images": images, "annotations": [], "categories": categories}))
+    config = tmp_path / "saved.yaml"
+    config.write_text(yaml.safe_dump({"name": "saved", "dataset": str(dataset), "models": [
+        {"type": "precomputed", "results": str(results), "name": "saved"}]}))
+    args = ["--config", str(config), "--source", str(source), "--out", str(tmp_path / "o"), "--method", "wbf",
+            "--quiet", "--no-vis"]
+    assert fuse_tool.main(args) == 0
+    assert str(dataset) in json.loads((tmp_path / "o" / "summary.json").read_text())["inputs"]
+    before = folder_state(tmp_path / "o")
+    images[0]["file_name"], images[1]["file_name"] = "b.jpg", "a.jpg"
+    dataset.write_text(json.dumps({"images": images, "annotations": [], "categories": categories}))
+    one_image_source(workspace, source, "b.jpg")
+    assert fuse_tool.main(args) == 2
+    assert f"{dataset} changed since the earlier run" in capsys.readouterr().err
+    assert folder_state(tmp_path / "o") == before
+
+
 def torch_no_grad():
     import torch
 

@@ -71,11 +71,13 @@ def file_digests(files: Iterable[str | None]) -> dict[str, str]:
     return {str(name): path_digest(name) for name in files if name is not None and Path(name).is_file()}
 
 
-def saved_prediction_files(model: ModelConfig) -> list[str]:
+def saved_prediction_files(model: ModelConfig, dataset: str | None = None) -> list[str]:
     """The files a ``precomputed`` member reads: its results file and the file that maps its images' names
     to their ids (its ``images``, else the ``images.json`` beside the results, as ``detens fuse`` writes
-    one beside ``predictions.json``), as the config names them. Rewritten in place, the map would send
-    earlier boxes to other images: its content counts as the results' does.
+    one beside ``predictions.json``, else the ensemble's ``dataset``), as the config names them. Rewritten
+    in place, the map would send earlier boxes to other images: its content counts as the results' does.
+    ``detens cache`` passes no ``dataset``: its dataset is the ground truth, whose ids and file names it
+    checks itself (an annotation fixed in place must not block a resume).
     """
     files = [model.results] if model.results is not None else []
     if isinstance(model.images, (str, os.PathLike)):
@@ -84,6 +86,8 @@ def saved_prediction_files(model: ModelConfig) -> list[str]:
         beside = Path(model.results).parent / "images.json"
         if beside.is_file():
             files.append(str(beside))
+        elif dataset is not None:
+            files.append(str(dataset))
     return [str(name) for name in files]
 
 
@@ -96,7 +100,9 @@ def input_fingerprints(config: EnsembleConfig) -> dict[str, str]:
     Raises:
         WeightsNotFoundError: a member's weights are found nowhere (naming the member).
     """
-    saved = [name for m in config.models if m.type == "precomputed" for name in saved_prediction_files(m)]
+    saved = [
+        name for m in config.models if m.type == "precomputed" for name in saved_prediction_files(m, config.dataset)
+    ]
     fingerprints = file_digests([config.fusion.head, *saved])
     digests: dict[str, str] = {}
     for model in config.models:
