@@ -807,6 +807,34 @@ def test_the_weights_folder_neither_refuses_a_resume_nor_a_merge(slice_, tmp_pat
     assert cache_tool.main(["merge", "--out", str(out), "--quiet"]) == 0
 
 
+def rewrite_shard_inputs(shard: Path, inputs: dict[str, str] | None) -> None:
+    """Give a shard file's settings these ``inputs`` digests (None: none recorded, as earlier versions)."""
+    record = json.loads(shard.read_text())
+    settings = {k: v for k, v in record["settings"].items() if k != "inputs"}
+    if inputs is not None:
+        settings["inputs"] = inputs
+    shard.write_text(json.dumps({**record, "settings": settings}))
+
+
+def test_shards_of_a_version_recording_fewer_digests_merge_with_newer_ones(slice_, tmp_path, capsys):
+    """A digest only some shards recorded cannot tell them apart; two shards' different digests of one
+    file still do, whichever shards recorded nothing."""
+    out = tmp_path / "out"
+    for index in range(3):
+        assert run(slice_, out, "--models", "b", "--shard", f"{index}/3") == 0
+    shards = [out / "shards" / f"b.shard-{index}-of-3.json" for index in range(3)]
+    recorded = json.loads(shards[0].read_text())["settings"]["inputs"]
+    assert recorded  # the saved predictions' digest
+    rewrite_shard_inputs(shards[1], None)
+    rewrite_shard_inputs(shards[2], {**recorded, "map.json": "0" * 64})
+    assert cache_tool.main(["merge", "--out", str(out), "--quiet"]) == 0
+    assert summary_of(out)["models"]["b"]["settings"]["inputs"] == {**recorded, "map.json": "0" * 64}
+    other = {name: "f" * 64 for name in recorded}
+    rewrite_shard_inputs(shards[2], other)
+    code = cache_tool.main(["merge", "--out", str(out), "--quiet"])
+    refused(capsys, code, r"different settings \(inputs: .* in shards \[0\], None in shards \[1\], .* in shards \[2\]\)")
+
+
 def test_a_refused_merge_names_only_the_settings_that_differ(slice_, tmp_path, capsys):
     out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"  # shards run on two machines
     assert run(slice_, out, "--models", "b", "--shard", "0/2", "--conf", "0.4") == 0

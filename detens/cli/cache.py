@@ -1029,7 +1029,7 @@ def merge_member(
         raise MergeError(f"{member}: the shards were made on different annotation files")
     if gt is not None and gt_fingerprint(gt) not in fingerprints:
         raise MergeError(f"{member}: the shards were made on another annotation file than --gt")
-    compared = {index: _compared_settings(record["settings"]) for index, record in records.items()}
+    compared = _common_inputs({index: _compared_settings(record["settings"]) for index, record in records.items()})
     groups: dict[str, list[int]] = {}
     for index, settings in compared.items():
         groups.setdefault(json.dumps(settings, sort_keys=True), []).append(index)
@@ -1079,10 +1079,46 @@ def merge_member(
         "shards": count,
         "unreadable": unreadable,
         "seconds": round(sum(float(r["seconds"]) for r in records.values()), 3),
-        "settings": compared[min(compared)],
+        "settings": _all_inputs({index: _compared_settings(record["settings"]) for index, record in records.items()}),
         "fingerprint": any_record["gt_fingerprint"],
         "all_ids": all_ids,
     }
+
+
+def _common_inputs(settings: dict[int, Any]) -> dict[int, Any]:
+    """Shards' settings as they are compared: an ``inputs`` digest is compared only where two shards
+    recorded different contents for the file. Shards of an earlier version, which recorded fewer digests
+    (or none), merge with newer ones, as a resume of such a cache does."""
+    seen: dict[str, set[str]] = {}
+    for one in settings.values():
+        inputs = one.get("inputs") if isinstance(one, dict) else None
+        for name, digest in (inputs or {}).items() if isinstance(inputs, dict) else ():
+            seen.setdefault(name, set()).add(json.dumps(digest))
+    split = {name for name, digests in seen.items() if len(digests) > 1}
+    compared = {}
+    for index, one in settings.items():
+        if isinstance(one, dict) and "inputs" in one:
+            inputs = one["inputs"] if isinstance(one["inputs"], dict) else {}
+            one = {k: v for k, v in one.items() if k != "inputs"}
+            kept = {name: digest for name, digest in inputs.items() if name in split}
+            if kept:
+                one["inputs"] = kept
+        compared[index] = one
+    return compared
+
+
+def _all_inputs(settings: dict[int, Any]) -> Any:
+    """The merged member's settings (the shards agree on all but the files some did not record): the first
+    shard's, with the digest of every file any shard recorded, so later runs compare them all."""
+    first = settings[min(settings)]
+    if not isinstance(first, dict):
+        return first
+    inputs: dict[str, str] = {}
+    for index in sorted(settings, reverse=True):
+        one = settings[index]
+        if isinstance(one, dict) and isinstance(one.get("inputs"), dict):
+            inputs.update(one["inputs"])
+    return {**first, "inputs": inputs} if inputs else first
 
 
 def _compared_settings(settings: Any) -> Any:
