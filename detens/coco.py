@@ -856,7 +856,13 @@ def _hotcoco_evaluator(truth: CocoGroundTruth, results: list[dict[str, Any]] | n
     import hotcoco
 
     if truth._hot_coco is None:
-        truth._hot_coco = hotcoco.COCO(truth.coco.dataset)
+        dataset = truth.coco.dataset
+        categories = dataset.get("categories", [])
+        if any("name" not in c for c in categories):
+            # hotcoco writes a line to stderr for each unnamed category; names are not used in scoring
+            named = [c if "name" in c else {**c, "name": f"category {c['id']}"} for c in categories]
+            dataset = {**dataset, "categories": named}
+        truth._hot_coco = hotcoco.COCO(dataset)
     if not isinstance(results, np.ndarray):
         results = [dict(r) for r in results]
     detections = truth._hot_coco.load_res(results)

@@ -295,6 +295,20 @@ class TestEvaluate:
             evaluate_coco(gt, predictions, image_ids=subset), abs=1e-4)
         assert evaluate_coco(gt, [], backend="hotcoco") == {key: 0.0 for key in METRIC_KEYS}
 
+    def test_hotcoco_scores_unnamed_categories_quietly(self, capfd):
+        """Category names play no part in scoring; hotcoco would print a line about each missing one."""
+        pytest.importorskip("hotcoco", reason="the hotcoco backend needs hotcoco")
+        dataset = {
+            "images": [{"id": 1, "width": 100, "height": 100, "file_name": "a.jpg"}],
+            "annotations": [{"id": 1, "image_id": 1, "category_id": 3, "bbox": [10, 10, 40, 30], "area": 1200,
+                             "iscrowd": 0}],
+            "categories": [{"id": 3}],
+        }
+        found = [{"image_id": 1, "category_id": 3, "bbox": [10, 10, 40, 30], "score": 0.9}]
+        assert evaluate_coco(load_coco_gt(dataset), found, backend="hotcoco")["map"] == pytest.approx(1.0)
+        assert "name" not in capfd.readouterr().err
+        assert "name" not in dataset["categories"][0]  # the caller's dataset is left as it was
+
     @pytest.mark.parametrize("backend", ["pycocotools", "faster", "hotcoco"])
     def test_array_form_scores_like_the_dicts(self, gt, backend):
         if backend == "hotcoco":
