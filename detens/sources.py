@@ -114,6 +114,10 @@ def read_image(path: str | Path) -> np.ndarray:
     Grayscale and 16-bit images are converted; the alpha channel is dropped. Unlike ``cv2.imread`` this
     reads paths with any characters (it decodes the bytes), and never returns ``None``.
 
+    The pixels are those stored in the file: an EXIF orientation tag is not applied. COCO annotations,
+    and the ``width``/``height`` of their images, describe the stored pixels, so boxes found on an image
+    that OpenCV had turned upright would land elsewhere than its ground truth (and off its recorded size).
+
     Raises:
         ImageReadError: the file is missing, unreadable, empty or not a decodable image.
     """
@@ -125,7 +129,8 @@ def read_image(path: str | Path) -> np.ndarray:
     if data.size == 0:
         raise ImageReadError(f"cannot read image {str(path)!r}: the file is empty")
     try:
-        image = cv2.imdecode(data, cv2.IMREAD_COLOR)
+        # OpenCV turns an image upright by its EXIF orientation unless told not to
+        image = cv2.imdecode(data, cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
     except cv2.error as err:  # a header OpenCV refuses, e.g. more pixels than its limit allows
         reason = (err.err or str(err)).strip().splitlines()[0]
         limit = " (OpenCV's limit on pixels is the OPENCV_IO_MAX_IMAGE_PIXELS variable)" if "PIXELS" in reason else ""

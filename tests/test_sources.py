@@ -83,6 +83,23 @@ class TestReadImage:
             read_image(path)
         assert "broken file.jpg" in str(info.value)
 
+    def test_exif_orientation_is_not_applied(self, tmp_path):
+        """COCO annotations describe the stored pixels: a JPEG tagged "rotate 90°" reads as stored."""
+        stored = np.zeros((40, 100, 3), np.uint8)
+        stored[:, :10] = 255  # a bright band on the left, to see a rotation
+        ok, encoded = cv2.imencode(".jpg", stored)
+        assert ok
+        # APP1 Exif: a big-endian TIFF header and one IFD entry, Orientation (0x0112) = 6
+        exif = b"Exif\x00\x00MM\x00\x2a\x00\x00\x00\x08\x00\x01\x01\x12\x00\x03\x00\x00\x00\x01\x00\x06\x00\x00\x00\x00\x00\x00"
+        data = encoded.tobytes()
+        tagged = tmp_path / "tagged.jpg"
+        tagged.write_bytes(data[:2] + b"\xff\xe1" + (len(exif) + 2).to_bytes(2, "big") + exif + data[2:])
+        assert cv2.imdecode(np.fromfile(tagged, np.uint8), cv2.IMREAD_COLOR).shape == (100, 40, 3)  # the tag is read
+        plain = cv2.imdecode(encoded, cv2.IMREAD_COLOR)
+        image = read_image(tagged)
+        assert image.shape == (40, 100, 3)
+        np.testing.assert_array_equal(image, plain)
+
     def test_truncated_png(self, tmp_path):
         good = _write_png(tmp_path / "full.png", shape=(64, 64, 3))
         cut = tmp_path / "cut.png"
