@@ -10,7 +10,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import cv2
@@ -64,13 +64,37 @@ def _is_glob(pattern: str) -> bool:
     return any(c in _GLOB_CHARS for c in pattern)
 
 
+def _folder_images(root: Path, recursive: bool) -> Iterator[Path]:
+    """The image files in ``root`` (and below it when ``recursive``), hidden files and folders skipped.
+
+    Linked folders are followed, as a glob's ``**`` follows them: a dataset folder often links its parts
+    in (``data/val2017 -> /datasets/coco/val2017``), and skipping them would lose those images silently.
+    A link back to a folder above it is not followed, or the walk would never end.
+    """
+    above = {os.fspath(root): frozenset({os.path.realpath(root)})}  # each folder → the real folders down to it
+    for folder, dirs, files in os.walk(root, followlinks=True):
+        chain = above.pop(folder)
+        kept = []
+        for name in dirs if recursive else []:
+            real = os.path.realpath(os.path.join(folder, name))
+            if name.startswith(".") or real in chain:
+                continue
+            above[os.path.join(folder, name)] = chain | {real}
+            kept.append(name)
+        dirs[:] = kept
+        for name in files:
+            candidate = Path(folder, name)
+            if not name.startswith(".") and is_image_file(candidate) and candidate.is_file():
+                yield candidate
+
+
 def list_images(source: str | Path | Iterable[str | Path], recursive: bool = True) -> list[Path]:
     """The image files of ``source``, sorted.
 
     Args:
         source: an image file (kept whatever its extension, so a bad file is reported when read), a folder
-            (searched recursively for files with an :data:`IMAGE_EXTENSIONS` extension; hidden files and
-            folders are skipped), a glob pattern (``"data/**/*.jpg"``), or a list of these.
+            (searched recursively for files with an :data:`IMAGE_EXTENSIONS` extension, linked folders
+            followed; hidden files and folders are skipped), a glob pattern (``"data/**/*.jpg"``), or a list of these.
         recursive (bool): search folders recursively and let ``**`` in a glob match any depth.
 
     Returns:
@@ -89,13 +113,7 @@ def list_images(source: str | Path | Iterable[str | Path], recursive: bool = Tru
         if path.is_file():
             found.add(path)
         elif path.is_dir():
-            pattern = "**/*" if recursive else "*"
-            for candidate in path.glob(pattern):
-                relative_parts = candidate.relative_to(path).parts
-                if any(part.startswith(".") for part in relative_parts):
-                    continue
-                if candidate.is_file() and is_image_file(candidate):
-                    found.add(candidate)
+            found.update(_folder_images(path, recursive))
         elif _is_glob(str(item)):
             for match in glob.glob(os.path.expanduser(str(item)), recursive=recursive):
                 candidate = Path(match)

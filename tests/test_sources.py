@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+
 import cv2
 import numpy as np
 import pytest
@@ -52,6 +54,21 @@ class TestListImages:
     def test_missing_source_is_an_error(self, tmp_path):
         with pytest.raises(FileNotFoundError, match="nope"):
             list_images(tmp_path / "nope")
+
+    def test_linked_folders_are_followed_and_a_loop_ends(self, tree, tmp_path_factory):
+        elsewhere = tmp_path_factory.mktemp("elsewhere")
+        _write_png(elsewhere / "linked.png")
+        try:
+            os.symlink(elsewhere, tree / "val", target_is_directory=True)  # a dataset's part linked in
+            os.symlink(tree, tree / "sub" / "up", target_is_directory=True)  # a link back up the tree
+        except (OSError, NotImplementedError):
+            pytest.skip("no symbolic links here")
+        assert [p.relative_to(tree).as_posix() for p in list_images(tree)] == [
+            "a with space.PNG",
+            "b.png",
+            "sub/deeper/c.jpg",
+            "val/linked.png",
+        ]
 
     def test_empty_folder_gives_empty_list(self, tmp_path):
         assert list_images(tmp_path) == []
