@@ -102,6 +102,7 @@ def list_images(source: str | Path | Iterable[str | Path], recursive: bool = Tru
 
     Raises:
         FileNotFoundError: ``source`` is neither an existing file, a folder nor a glob.
+        ValueError: ``source`` is an empty string.
     """
     if isinstance(source, (str, Path)):
         sources = [source]
@@ -109,6 +110,9 @@ def list_images(source: str | Path | Iterable[str | Path], recursive: bool = Tru
         sources = list(source)
     found: set[Path] = set()
     for item in sources:
+        if isinstance(item, str) and not item:
+            # Path("") is the current folder: an unset variable in `--source "$IMAGES"` would run on it
+            raise ValueError("image source is an empty string; give a file, a folder or a glob pattern")
         path = Path(item).expanduser()
         if path.is_file():
             found.add(path)

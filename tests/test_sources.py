@@ -70,6 +70,12 @@ class TestListImages:
             "val/linked.png",
         ]
 
+    @pytest.mark.parametrize("source", ["", ["b.png", ""]])
+    def test_an_empty_string_is_not_the_current_folder(self, tree, monkeypatch, source):
+        monkeypatch.chdir(tree)
+        with pytest.raises(ValueError, match="empty string"):
+            list_images(source)
+
     def test_empty_folder_gives_empty_list(self, tmp_path):
         assert list_images(tmp_path) == []
 
