@@ -176,21 +176,21 @@ def as_bgr(image: np.ndarray, where: str = "image") -> np.ndarray:
         )
     if image.ndim == 3 and image.shape[2] == 1:
         image = image[:, :, 0]
-    if image.ndim == 2:
-        image = cv2.cvtColor(image, cv2.COLOR_GRAY2BGR)
-    elif image.ndim == 3 and image.shape[2] == 4:
-        image = cv2.cvtColor(image, cv2.COLOR_BGRA2BGR)
-    if image.ndim != 3 or image.shape[2] != 3:
+    if image.ndim != 2 and (image.ndim != 3 or image.shape[2] not in (3, 4)):
         raise ValueError(f"{where} must have shape [H, W, 3] (BGR), got {list(image.shape)}")
+    # checked before cv2.cvtColor, which raises its own cryptic error for an empty array or another dtype
     if image.shape[0] == 0 or image.shape[1] == 0:
         raise ValueError(f"{where} is empty: shape {list(image.shape)}")
-    if image.dtype != np.uint8:
-        if image.dtype == np.uint16:
-            image = (image // 257).astype(np.uint8)
-        elif np.issubdtype(image.dtype, np.floating):
-            raise TypeError(
-                f"{where} has dtype {image.dtype}; pass uint8 BGR in 0..255 (float images are ambiguous: 0..1 or 0..255)"
-            )
-        else:
-            raise TypeError(f"{where} must be uint8 BGR, got dtype {image.dtype}")
+    if np.issubdtype(image.dtype, np.floating):
+        raise TypeError(
+            f"{where} has dtype {image.dtype}; pass uint8 BGR in 0..255 (float images are ambiguous: 0..1 or 0..255)"
+        )
+    if image.dtype not in (np.uint8, np.uint16):
+        raise TypeError(f"{where} must be uint8 BGR, got dtype {image.dtype}")
+    if image.ndim == 2:
+        image = cv2.cvtColor(image, cv2.COLOR_GRAY2BGR)
+    elif image.shape[2] == 4:
+        image = cv2.cvtColor(image, cv2.COLOR_BGRA2BGR)
+    if image.dtype == np.uint16:
+        image = (image // 257).astype(np.uint8)
     return image

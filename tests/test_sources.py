@@ -146,6 +146,12 @@ class TestAsBgr:
             (np.zeros((3, 4, 2), np.uint8), ValueError, r"\[H, W, 3\]"),
             (np.zeros((0, 4, 3), np.uint8), ValueError, "empty"),
             (np.zeros((3, 4, 3), np.float32), TypeError, "float"),
+            # gray and BGRA are converted by OpenCV, which must not see what it cannot convert
+            (np.zeros((3, 4), np.float64), TypeError, "float"),
+            (np.zeros((3, 4, 4), np.int64), TypeError, "uint8"),
+            (np.zeros((3, 4), bool), TypeError, "uint8"),
+            (np.zeros((0, 4), np.uint8), ValueError, "empty"),
+            (np.zeros((3, 0, 4), np.uint8), ValueError, "empty"),
         ],
     )
     def test_rejects(self, image, error, fragment):
