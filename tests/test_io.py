@@ -1,0 +1,31 @@
+"""``detens.io``: checked JSON reads and atomic writes."""
+
+from __future__ import annotations
+
+import pytest
+
+from detens.io import read_json_file
+
+
+class TestReadJsonFile:
+    def test_reads_json(self, tmp_path):
+        path = tmp_path / "a.json"
+        path.write_text('{"images": [], "n": 1}', encoding="utf-8")
+        assert read_json_file(path, "annotation file") == {"images": [], "n": 1}
+
+    @pytest.mark.parametrize("text", ['{"annotations": [1, 2], "annotations": []}', '[{"score": 0.9, "score": 0.1}]'])
+    def test_a_repeated_key_is_an_error(self, tmp_path, text):
+        path = tmp_path / "twice.json"
+        path.write_text(text, encoding="utf-8")
+        with pytest.raises(ValueError, match=r"annotation file .*twice\.json has the key '(annotations|score)' twice"):
+            read_json_file(path, "annotation file")
+
+    @pytest.mark.parametrize(
+        "text, fragment",
+        [('{"id": ' + "1" * 5000 + "}", "cannot be read as JSON"), ("[" * 100_000 + "]" * 100_000, "too deeply")],
+    )
+    def test_what_json_cannot_hold_names_the_file(self, tmp_path, text, fragment):
+        path = tmp_path / "odd.json"
+        path.write_text(text, encoding="utf-8")
+        with pytest.raises(ValueError, match=rf"results file .*odd\.json.*{fragment}"):
+            read_json_file(path, "results file")
