@@ -31,7 +31,10 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     if path.is_dir():
         raise IsADirectoryError(errno.EISDIR, "is a folder; give the path of a file to write", str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # the temporary name holds only the start of the file's: the whole, plus the random part and ".tmp",
+    # would pass the file system's limit on a name (255 bytes) for a name that itself fits
+    hint = os.fsencode(path.name)[:64].decode("utf-8", "ignore")
+    fd, tmp = tempfile.mkstemp(prefix=f".{hint}.", suffix=".tmp", dir=path.parent)
     try:
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the file the usual permissions
         with os.fdopen(fd, "wb") as f:

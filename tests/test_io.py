@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from detens.io import read_json_file
+from detens.io import atomic_write_text, read_json_file
 
 
 class TestReadJsonFile:
@@ -29,3 +29,13 @@ class TestReadJsonFile:
         path.write_text(text, encoding="utf-8")
         with pytest.raises(ValueError, match=rf"results file .*odd\.json.*{fragment}"):
             read_json_file(path, "results file")
+
+
+class TestAtomicWrite:
+    @pytest.mark.parametrize("stem", ["x" * 240, "画" * 80])  # 249 and 249 bytes with ".jpg.json"
+    def test_a_long_name_that_fits_can_be_written(self, tmp_path, stem):
+        path = tmp_path / f"{stem}.jpg.json"
+        path.write_text("old", encoding="utf-8")  # the file system takes the name itself
+        atomic_write_text(path, "new")
+        assert path.read_text(encoding="utf-8") == "new"
+        assert [p.name for p in tmp_path.iterdir()] == [path.name]
