@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import errno
+import json
+import os
+
 import pytest
 
-from detens.io import atomic_write_text, read_json_file
+from detens.io import atomic_write_json, atomic_write_text, read_json_file
 
 
 class TestReadJsonFile:
@@ -39,3 +43,17 @@ class TestAtomicWrite:
         atomic_write_text(path, "new")
         assert path.read_text(encoding="utf-8") == "new"
         assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+    @pytest.mark.parametrize("failing", ["fsync", "replace"])
+    def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(self, tmp_path, monkeypatch, failing):
+        path = tmp_path / "out.json"
+        atomic_write_json(path, {"old": 1})
+
+        def disk_full(*args):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(os, failing, disk_full)
+        with pytest.raises(OSError, match="No space"):
+            atomic_write_json(path, {"new": 2})
+        assert json.loads(path.read_text(encoding="utf-8")) == {"old": 1}
+        assert [p.name for p in tmp_path.iterdir()] == ["out.json"]
