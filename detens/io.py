@@ -36,8 +36,8 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     hint = os.fsencode(path.name)[:64].decode("utf-8", "ignore")
     fd, tmp = tempfile.mkstemp(prefix=f".{hint}.", suffix=".tmp", dir=path.parent)
     try:
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the file the usual permissions
-        with os.fdopen(fd, "wb") as f:
+        with os.fdopen(fd, "wb") as f:  # first, so that the descriptor is closed whatever fails next
+            os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the file the usual permissions
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

@@ -57,3 +57,16 @@ class TestAtomicWrite:
             atomic_write_json(path, {"new": 2})
         assert json.loads(path.read_text(encoding="utf-8")) == {"old": 1}
         assert [p.name for p in tmp_path.iterdir()] == ["out.json"]
+
+    @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open descriptors in /proc")
+    def test_a_failed_chmod_closes_the_temporary_file(self, tmp_path, monkeypatch):
+        def refused(*args):
+            raise PermissionError(errno.EPERM, "Operation not permitted")
+
+        monkeypatch.setattr(os, "chmod", refused)
+        before = len(os.listdir("/proc/self/fd"))
+        for _ in range(5):
+            with pytest.raises(PermissionError):
+                atomic_write_text(tmp_path / "out.txt", "x")
+        assert len(os.listdir("/proc/self/fd")) == before
+        assert list(tmp_path.iterdir()) == []
