@@ -20,9 +20,11 @@ __all__ = ["IMAGE_EXTENSIONS", "ImageReadError", "list_images", "read_image", "a
 
 logger = logging.getLogger(__name__)
 
-#: File extensions (lower case, with the dot) that OpenCV's ``imread`` decodes.
+#: File extensions (lower case, with the dot) that OpenCV's ``imread`` decodes. GIF needs OpenCV 4.11 or
+#: later; an older one reports a GIF as unreadable, which beats leaving it out of a folder without a word.
 IMAGE_EXTENSIONS: frozenset[str] = frozenset(
     {
+        ".gif",
         ".bmp",
         ".dib",
         ".jpg",

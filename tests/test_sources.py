@@ -76,6 +76,10 @@ class TestListImages:
         with pytest.raises(ValueError, match="empty string"):
             list_images(source)
 
+    def test_a_gif_is_listed(self, tmp_path):
+        (tmp_path / "anim.gif").write_bytes(b"GIF89a")  # listing looks at names only
+        assert list_images(tmp_path) == [tmp_path / "anim.gif"]
+
     def test_empty_folder_gives_empty_list(self, tmp_path):
         assert list_images(tmp_path) == []
 
