@@ -66,6 +66,12 @@ def _is_glob(pattern: str) -> bool:
     return any(c in _GLOB_CHARS for c in pattern)
 
 
+def _is_file_or_broken_link(path: Path) -> bool:
+    """A file, or a link to nothing: listed, so that reading it reports the missing target (a folder of
+    links into storage that is not mounted would otherwise give no images, and a run over none)."""
+    return path.is_file() or (path.is_symlink() and not path.exists())
+
+
 def _folder_images(root: Path, recursive: bool) -> Iterator[Path]:
     """The image files in ``root`` (and below it when ``recursive``), hidden files and folders skipped.
 
@@ -86,7 +92,7 @@ def _folder_images(root: Path, recursive: bool) -> Iterator[Path]:
         dirs[:] = kept
         for name in files:
             candidate = Path(folder, name)
-            if not name.startswith(".") and is_image_file(candidate) and candidate.is_file():
+            if not name.startswith(".") and is_image_file(candidate) and _is_file_or_broken_link(candidate):
                 yield candidate
 
 
@@ -123,7 +129,7 @@ def list_images(source: str | Path | Iterable[str | Path], recursive: bool = Tru
         elif _is_glob(str(item)):
             for match in glob.glob(os.path.expanduser(str(item)), recursive=recursive):
                 candidate = Path(match)
-                if candidate.is_file() and is_image_file(candidate):
+                if is_image_file(candidate) and _is_file_or_broken_link(candidate):
                     found.add(candidate)
         else:
             raise FileNotFoundError(

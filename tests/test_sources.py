@@ -76,6 +76,16 @@ class TestListImages:
         with pytest.raises(ValueError, match="empty string"):
             list_images(source)
 
+    def test_a_broken_link_is_listed_and_its_read_names_it(self, tmp_path):
+        try:
+            os.symlink(tmp_path / "storage" / "a.jpg", tmp_path / "a.jpg")  # storage not mounted
+        except (OSError, NotImplementedError):
+            pytest.skip("no symbolic links here")
+        assert list_images(tmp_path) == [tmp_path / "a.jpg"]
+        assert list_images(str(tmp_path / "*.jpg")) == [tmp_path / "a.jpg"]
+        with pytest.raises(ImageReadError, match="a.jpg"):
+            read_image(tmp_path / "a.jpg")
+
     def test_a_gif_is_listed(self, tmp_path):
         (tmp_path / "anim.gif").write_bytes(b"GIF89a")  # listing looks at names only
         assert list_images(tmp_path) == [tmp_path / "anim.gif"]
