@@ -31,10 +31,13 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     if path.is_dir():
         raise IsADirectoryError(errno.EISDIR, "is a folder; give the path of a file to write", str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # the temporary name holds only the start of the file's: the whole, plus the random part and ".tmp",
+    # would pass the file system's limit on a name (255 bytes) for a name that itself fits
+    hint = os.fsencode(path.name)[:64].decode("utf-8", "ignore")
+    fd, tmp = tempfile.mkstemp(prefix=f".{hint}.", suffix=".tmp", dir=path.parent)
     try:
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the file the usual permissions
-        with os.fdopen(fd, "wb") as f:
+        with os.fdopen(fd, "wb") as f:  # first, so that the descriptor is closed whatever fails next
+            os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the file the usual permissions
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -102,13 +105,13 @@ def read_json_file(path: str | Path, what: str) -> Any:
     Raises:
         FileNotFoundError: no such file, naming ``what`` (e.g. "COCO results file") and the path.
         ValueError: the file is not valid JSON, or not UTF-8 text (as JSON files must be), naming the path
-            and the position.
+            and the position; an object gives one key twice.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{what} not found: {path}")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_object_without_repeated_keys)
     except UnicodeDecodeError as err:
         raise ValueError(
             f"{what} {path} is not UTF-8 text, as a JSON file must be: byte {err.object[err.start]:#04x} at "
@@ -116,6 +119,27 @@ def read_json_file(path: str | Path, what: str) -> Any:
         ) from err
     except json.JSONDecodeError as err:
         raise ValueError(f"{path} is not valid JSON: {err}") from err
+    except _RepeatedKeyError as err:
+        raise ValueError(
+            f"{what} {path} has the key {err.args[0]!r} twice in one object; a JSON reader keeps only the last "
+            "value, so the others would be lost without a word (two 'annotations' lists, say): merge them"
+        ) from None
+    except ValueError as err:  # e.g. an integer of more digits than Python converts
+        raise ValueError(f"{what} {path} cannot be read as JSON: {err}") from err
+    except RecursionError:
+        raise ValueError(f"{what} {path} nests arrays or objects too deeply to be read") from None
+
+
+class _RepeatedKeyError(ValueError):
+    """A key given twice in one JSON object (``args[0]``)."""
+
+
+def _object_without_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) < len(pairs):
+        seen: set[str] = set()
+        raise _RepeatedKeyError(next(key for key, _ in pairs if key in seen or seen.add(key)))
+    return obj
 
 
 def output_stems(names: Sequence[str], fixed: Mapping[str, str] | None = None) -> dict[str, str]:

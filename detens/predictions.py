@@ -98,6 +98,7 @@ class EnsemblePredictions:
         validated: bool = False,
         unreadable: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
+        _check_not_one_name(model_names, "model_names")
         if len(model_names) != len(results):
             raise ValueError(f"{len(model_names)} model names but {len(results)} result lists")
         if len(set(model_names)) != len(model_names):
@@ -152,6 +153,8 @@ class EnsemblePredictions:
             ValueError: no results file in the folder; a summary that is not valid JSON or not of
                 ``detens cache``'s form; the errors of the constructor.
         """
+        if models is not None:
+            _check_not_one_name(models, "models")
         folder = Path(folder)
         if not folder.is_dir():
             raise FileNotFoundError(f"prediction folder not found: {folder}")
@@ -199,6 +202,7 @@ class EnsemblePredictions:
 
     def select(self, models: Sequence[str]) -> EnsemblePredictions:
         """The same predictions restricted to (and ordered as) ``models`` (the same images left out)."""
+        _check_not_one_name(models, "models")
         unknown = [m for m in models if m not in self.model_names]
         if unknown:
             raise ValueError(f"unknown models {unknown}; this ensemble has {self.model_names}")
@@ -209,6 +213,12 @@ class EnsemblePredictions:
         subset.left_out = list(self.left_out)
         subset._by_image = [self._by_image[self.model_names.index(m)] for m in models]
         return subset
+
+
+def _check_not_one_name(names: Any, what: str) -> None:
+    """A string is a sequence too: ``"yolo"`` would be the four models ``y``, ``o``, ``l``, ``o``."""
+    if isinstance(names, str):
+        raise TypeError(f"{what} must be a list of model names, got the string {names!r}; write [{names!r}]")
 
 
 def join_predictions(

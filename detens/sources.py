@@ -10,7 +10,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import cv2
@@ -20,9 +20,11 @@ __all__ = ["IMAGE_EXTENSIONS", "ImageReadError", "list_images", "read_image", "a
 
 logger = logging.getLogger(__name__)
 
-#: File extensions (lower case, with the dot) that OpenCV's ``imread`` decodes.
+#: File extensions (lower case, with the dot) that OpenCV's ``imread`` decodes. GIF needs OpenCV 4.11 or
+#: later; an older one reports a GIF as unreadable, which beats leaving it out of a folder without a word.
 IMAGE_EXTENSIONS: frozenset[str] = frozenset(
     {
+        ".gif",
         ".bmp",
         ".dib",
         ".jpg",
@@ -64,13 +66,43 @@ def _is_glob(pattern: str) -> bool:
     return any(c in _GLOB_CHARS for c in pattern)
 
 
+def _is_file_or_broken_link(path: Path) -> bool:
+    """A file, or a link to nothing: listed, so that reading it reports the missing target (a folder of
+    links into storage that is not mounted would otherwise give no images, and a run over none)."""
+    return path.is_file() or (path.is_symlink() and not path.exists())
+
+
+def _folder_images(root: Path, recursive: bool) -> Iterator[Path]:
+    """The image files in ``root`` (and below it when ``recursive``), hidden files and folders skipped.
+
+    Linked folders are followed, as a glob's ``**`` follows them: a dataset folder often links its parts
+    in (``data/val2017 -> /datasets/coco/val2017``), and skipping them would lose those images silently.
+    A link back to a folder above it is not followed, or the walk would never end.
+    """
+    above = {os.fspath(root): frozenset({os.path.realpath(root)})}  # each folder → the real folders down to it
+    for folder, dirs, files in os.walk(root, followlinks=True):
+        chain = above.pop(folder)
+        kept = []
+        for name in dirs if recursive else []:
+            real = os.path.realpath(os.path.join(folder, name))
+            if name.startswith(".") or real in chain:
+                continue
+            above[os.path.join(folder, name)] = chain | {real}
+            kept.append(name)
+        dirs[:] = kept
+        for name in files:
+            candidate = Path(folder, name)
+            if not name.startswith(".") and is_image_file(candidate) and _is_file_or_broken_link(candidate):
+                yield candidate
+
+
 def list_images(source: str | Path | Iterable[str | Path], recursive: bool = True) -> list[Path]:
     """The image files of ``source``, sorted.
 
     Args:
         source: an image file (kept whatever its extension, so a bad file is reported when read), a folder
-            (searched recursively for files with an :data:`IMAGE_EXTENSIONS` extension; hidden files and
-            folders are skipped), a glob pattern (``"data/**/*.jpg"``), or a list of these.
+            (searched recursively for files with an :data:`IMAGE_EXTENSIONS` extension, linked folders
+            followed; hidden files and folders are skipped), a glob pattern (``"data/**/*.jpg"``), or a list of these.
         recursive (bool): search folders recursively and let ``**`` in a glob match any depth.
 
     Returns:
@@ -78,6 +110,7 @@ def list_images(source: str | Path | Iterable[str | Path], recursive: bool = Tru
 
     Raises:
         FileNotFoundError: ``source`` is neither an existing file, a folder nor a glob.
+        ValueError: ``source`` is an empty string.
     """
     if isinstance(source, (str, Path)):
         sources = [source]
@@ -85,21 +118,18 @@ def list_images(source: str | Path | Iterable[str | Path], recursive: bool = Tru
         sources = list(source)
     found: set[Path] = set()
     for item in sources:
+        if isinstance(item, str) and not item:
+            # Path("") is the current folder: an unset variable in `--source "$IMAGES"` would run on it
+            raise ValueError("image source is an empty string; give a file, a folder or a glob pattern")
         path = Path(item).expanduser()
         if path.is_file():
             found.add(path)
         elif path.is_dir():
-            pattern = "**/*" if recursive else "*"
-            for candidate in path.glob(pattern):
-                relative_parts = candidate.relative_to(path).parts
-                if any(part.startswith(".") for part in relative_parts):
-                    continue
-                if candidate.is_file() and is_image_file(candidate):
-                    found.add(candidate)
+            found.update(_folder_images(path, recursive))
         elif _is_glob(str(item)):
             for match in glob.glob(os.path.expanduser(str(item)), recursive=recursive):
                 candidate = Path(match)
-                if candidate.is_file() and is_image_file(candidate):
+                if is_image_file(candidate) and _is_file_or_broken_link(candidate):
                     found.add(candidate)
         else:
             raise FileNotFoundError(
@@ -114,6 +144,10 @@ def read_image(path: str | Path) -> np.ndarray:
     Grayscale and 16-bit images are converted; the alpha channel is dropped. Unlike ``cv2.imread`` this
     reads paths with any characters (it decodes the bytes), and never returns ``None``.
 
+    The pixels are those stored in the file: an EXIF orientation tag is not applied. COCO annotations,
+    and the ``width``/``height`` of their images, describe the stored pixels, so boxes found on an image
+    that OpenCV had turned upright would land elsewhere than its ground truth (and off its recorded size).
+
     Raises:
         ImageReadError: the file is missing, unreadable, empty or not a decodable image.
     """
@@ -125,7 +159,8 @@ def read_image(path: str | Path) -> np.ndarray:
     if data.size == 0:
         raise ImageReadError(f"cannot read image {str(path)!r}: the file is empty")
     try:
-        image = cv2.imdecode(data, cv2.IMREAD_COLOR)
+        # OpenCV turns an image upright by its EXIF orientation unless told not to
+        image = cv2.imdecode(data, cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
     except cv2.error as err:  # a header OpenCV refuses, e.g. more pixels than its limit allows
         reason = (err.err or str(err)).strip().splitlines()[0]
         limit = " (OpenCV's limit on pixels is the OPENCV_IO_MAX_IMAGE_PIXELS variable)" if "PIXELS" in reason else ""
@@ -149,21 +184,21 @@ def as_bgr(image: np.ndarray, where: str = "image") -> np.ndarray:
         )
     if image.ndim == 3 and image.shape[2] == 1:
         image = image[:, :, 0]
-    if image.ndim == 2:
-        image = cv2.cvtColor(image, cv2.COLOR_GRAY2BGR)
-    elif image.ndim == 3 and image.shape[2] == 4:
-        image = cv2.cvtColor(image, cv2.COLOR_BGRA2BGR)
-    if image.ndim != 3 or image.shape[2] != 3:
+    if image.ndim != 2 and (image.ndim != 3 or image.shape[2] not in (3, 4)):
         raise ValueError(f"{where} must have shape [H, W, 3] (BGR), got {list(image.shape)}")
+    # checked before cv2.cvtColor, which raises its own cryptic error for an empty array or another dtype
     if image.shape[0] == 0 or image.shape[1] == 0:
         raise ValueError(f"{where} is empty: shape {list(image.shape)}")
-    if image.dtype != np.uint8:
-        if image.dtype == np.uint16:
-            image = (image // 257).astype(np.uint8)
-        elif np.issubdtype(image.dtype, np.floating):
-            raise TypeError(
-                f"{where} has dtype {image.dtype}; pass uint8 BGR in 0..255 (float images are ambiguous: 0..1 or 0..255)"
-            )
-        else:
-            raise TypeError(f"{where} must be uint8 BGR, got dtype {image.dtype}")
+    if np.issubdtype(image.dtype, np.floating):
+        raise TypeError(
+            f"{where} has dtype {image.dtype}; pass uint8 BGR in 0..255 (float images are ambiguous: 0..1 or 0..255)"
+        )
+    if image.dtype not in (np.uint8, np.uint16):
+        raise TypeError(f"{where} must be uint8 BGR, got dtype {image.dtype}")
+    if image.ndim == 2:
+        image = cv2.cvtColor(image, cv2.COLOR_GRAY2BGR)
+    elif image.shape[2] == 4:
+        image = cv2.cvtColor(image, cv2.COLOR_BGRA2BGR)
+    if image.dtype == np.uint16:
+        image = (image // 257).astype(np.uint8)
     return image

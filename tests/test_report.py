@@ -156,6 +156,23 @@ def test_a_resized_image_file_is_refused_naming_it_and_both_sizes(tmp_path):
         read_images(truth, tmp_path, [1])
 
 
+def test_an_exif_rotated_image_is_drawn_as_stored(tmp_path):
+    """The ground truth's boxes and size describe the stored pixels; an EXIF "rotate 90°" tag is not applied."""
+    import cv2
+
+    from detens.coco import CocoGroundTruth
+    from detens.report.examples import read_images
+
+    truth = CocoGroundTruth(tiny_record().gt)  # 1.jpg: 100 x 80 (width x height)
+    ok, encoded = cv2.imencode(".jpg", np.zeros((80, 100, 3), np.uint8))
+    assert ok
+    # APP1 Exif: a big-endian TIFF header and one IFD entry, Orientation (0x0112) = 6
+    exif = b"Exif\x00\x00MM\x00\x2a\x00\x00\x00\x08\x00\x01\x01\x12\x00\x03\x00\x00\x00\x01\x00\x06\x00\x00\x00\x00\x00\x00"
+    data = encoded.tobytes()
+    (tmp_path / "1.jpg").write_bytes(data[:2] + b"\xff\xe1" + (len(exif) + 2).to_bytes(2, "big") + exif + data[2:])
+    assert read_images(truth, tmp_path, [1])[1].shape == (80, 100, 3)
+
+
 def test_side_by_side_refuses_detections_of_another_image_size():
     from detens.detections import Detections
     from detens.report.examples import draw_side_by_side

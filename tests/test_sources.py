@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+
 import cv2
 import numpy as np
 import pytest
@@ -53,6 +55,41 @@ class TestListImages:
         with pytest.raises(FileNotFoundError, match="nope"):
             list_images(tmp_path / "nope")
 
+    def test_linked_folders_are_followed_and_a_loop_ends(self, tree, tmp_path_factory):
+        elsewhere = tmp_path_factory.mktemp("elsewhere")
+        _write_png(elsewhere / "linked.png")
+        try:
+            os.symlink(elsewhere, tree / "val", target_is_directory=True)  # a dataset's part linked in
+            os.symlink(tree, tree / "sub" / "up", target_is_directory=True)  # a link back up the tree
+        except (OSError, NotImplementedError):
+            pytest.skip("no symbolic links here")
+        assert [p.relative_to(tree).as_posix() for p in list_images(tree)] == [
+            "a with space.PNG",
+            "b.png",
+            "sub/deeper/c.jpg",
+            "val/linked.png",
+        ]
+
+    @pytest.mark.parametrize("source", ["", ["b.png", ""]])
+    def test_an_empty_string_is_not_the_current_folder(self, tree, monkeypatch, source):
+        monkeypatch.chdir(tree)
+        with pytest.raises(ValueError, match="empty string"):
+            list_images(source)
+
+    def test_a_broken_link_is_listed_and_its_read_names_it(self, tmp_path):
+        try:
+            os.symlink(tmp_path / "storage" / "a.jpg", tmp_path / "a.jpg")  # storage not mounted
+        except (OSError, NotImplementedError):
+            pytest.skip("no symbolic links here")
+        assert list_images(tmp_path) == [tmp_path / "a.jpg"]
+        assert list_images(str(tmp_path / "*.jpg")) == [tmp_path / "a.jpg"]
+        with pytest.raises(ImageReadError, match="a.jpg"):
+            read_image(tmp_path / "a.jpg")
+
+    def test_a_gif_is_listed(self, tmp_path):
+        (tmp_path / "anim.gif").write_bytes(b"GIF89a")  # listing looks at names only
+        assert list_images(tmp_path) == [tmp_path / "anim.gif"]
+
     def test_empty_folder_gives_empty_list(self, tmp_path):
         assert list_images(tmp_path) == []
 
@@ -83,6 +120,23 @@ class TestReadImage:
             read_image(path)
         assert "broken file.jpg" in str(info.value)
 
+    def test_exif_orientation_is_not_applied(self, tmp_path):
+        """COCO annotations describe the stored pixels: a JPEG tagged "rotate 90°" reads as stored."""
+        stored = np.zeros((40, 100, 3), np.uint8)
+        stored[:, :10] = 255  # a bright band on the left, to see a rotation
+        ok, encoded = cv2.imencode(".jpg", stored)
+        assert ok
+        # APP1 Exif: a big-endian TIFF header and one IFD entry, Orientation (0x0112) = 6
+        exif = b"Exif\x00\x00MM\x00\x2a\x00\x00\x00\x08\x00\x01\x01\x12\x00\x03\x00\x00\x00\x01\x00\x06\x00\x00\x00\x00\x00\x00"
+        data = encoded.tobytes()
+        tagged = tmp_path / "tagged.jpg"
+        tagged.write_bytes(data[:2] + b"\xff\xe1" + (len(exif) + 2).to_bytes(2, "big") + exif + data[2:])
+        assert cv2.imdecode(np.fromfile(tagged, np.uint8), cv2.IMREAD_COLOR).shape == (100, 40, 3)  # the tag is read
+        plain = cv2.imdecode(encoded, cv2.IMREAD_COLOR)
+        image = read_image(tagged)
+        assert image.shape == (40, 100, 3)
+        np.testing.assert_array_equal(image, plain)
+
     def test_truncated_png(self, tmp_path):
         good = _write_png(tmp_path / "full.png", shape=(64, 64, 3))
         cut = tmp_path / "cut.png"
@@ -106,6 +160,12 @@ class TestAsBgr:
             (np.zeros((3, 4, 2), np.uint8), ValueError, r"\[H, W, 3\]"),
             (np.zeros((0, 4, 3), np.uint8), ValueError, "empty"),
             (np.zeros((3, 4, 3), np.float32), TypeError, "float"),
+            # gray and BGRA are converted by OpenCV, which must not see what it cannot convert
+            (np.zeros((3, 4), np.float64), TypeError, "float"),
+            (np.zeros((3, 4, 4), np.int64), TypeError, "uint8"),
+            (np.zeros((3, 4), bool), TypeError, "uint8"),
+            (np.zeros((0, 4), np.uint8), ValueError, "empty"),
+            (np.zeros((3, 0, 4), np.uint8), ValueError, "empty"),
         ],
     )
     def test_rejects(self, image, error, fragment):

@@ -143,7 +143,8 @@ def read_images(truth: CocoGroundTruth, images_dir: Path, image_ids: Sequence[in
     pixels, missing, unreadable, resized = {}, [], [], []
     for image_id in image_ids:
         path = Path(images_dir) / truth.file_name(image_id)
-        image = cv2.imread(str(path)) if path.is_file() else None
+        # the stored pixels, which the ground truth's boxes describe: OpenCV would turn an EXIF-tagged image
+        image = cv2.imread(str(path), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION) if path.is_file() else None
         if image is None:
             (unreadable if path.is_file() else missing).append(truth.file_name(image_id))
             continue

@@ -1,0 +1,30 @@
+"""``detens.predictions``: saved per-model predictions, loaded and selected by model name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from detens.coco import CocoGroundTruth
+from detens.predictions import EnsemblePredictions
+
+GT = {
+    "images": [{"id": 1, "width": 100, "height": 80, "file_name": "1.jpg"}],
+    "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [1, 2, 30, 40], "area": 1200, "iscrowd": 0}],
+    "categories": [{"id": 1, "name": "a"}],
+}
+RESULTS = [{"image_id": 1, "category_id": 1, "bbox": [1, 2, 30, 40], "score": 0.9}]
+
+
+def test_one_model_name_as_a_string_is_refused_not_spelled_out(tmp_path):
+    gt = CocoGroundTruth(GT)
+    (tmp_path / "yolo.json").write_text(json.dumps(RESULTS), encoding="utf-8")
+    with pytest.raises(TypeError, match=r"models must be a list of model names, got the string 'yolo'"):
+        EnsemblePredictions.from_folder(tmp_path, gt, models="yolo")
+    with pytest.raises(TypeError, match=r"model_names .* the string 'ab'"):
+        EnsemblePredictions("ab", [RESULTS, RESULTS], gt)
+    predictions = EnsemblePredictions.from_folder(tmp_path, gt, models=["yolo"])
+    assert predictions.model_names == ["yolo"]
+    with pytest.raises(TypeError, match="the string 'yolo'"):
+        predictions.select("yolo")
