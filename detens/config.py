@@ -14,7 +14,14 @@ from typing import Any, TypeVar
 import yaml
 
 __all__ = [
-    "ConfigError", "from_dict", "load_yaml_config", "parse_yaml", "read_yaml_file", "to_dict", "save_yaml_config"
+    "ConfigError",
+    "dump_yaml",
+    "from_dict",
+    "load_yaml_config",
+    "parse_yaml",
+    "read_yaml_file",
+    "to_dict",
+    "save_yaml_config",
 ]
 
 C = TypeVar("C")
@@ -47,11 +54,16 @@ class _Loader(yaml.SafeLoader):
 
 # YAML 1.1 reads an exponent as a number only with a dot and a signed exponent (1.0e-3); 1e-3, 1.5e3 and
 # .5e3 would be strings
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$"),
-    list("-+0123456789."),
-)
+_EXPONENT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$")
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT, list("-+0123456789."))
+
+
+class _Dumper(yaml.SafeDumper):
+    """``yaml.SafeDumper`` that quotes a string :func:`parse_yaml` would read as a number: being YAML 1.1, a
+    plain SafeDumper writes ``"1e3"`` bare, and the file would read back as 1000.0."""
+
+
+_Dumper.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT, list("-+0123456789."))
 
 
 def parse_yaml(text: str) -> Any:
@@ -61,6 +73,11 @@ def parse_yaml(text: str) -> Any:
         yaml.YAMLError: not valid YAML, or a key given twice in one mapping.
     """
     return yaml.load(text, Loader=_Loader)
+
+
+def dump_yaml(data: Any) -> str:
+    """``data`` as YAML (keys in their order) that :func:`parse_yaml` reads back as ``data``."""
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False)
 
 
 class ConfigError(ValueError):
@@ -191,4 +208,4 @@ def load_yaml_config(cls: type[C], path: str | Path, overrides: dict[str, Any] |
 def save_yaml_config(config: Any, path: str | Path) -> None:
     from detens.io import atomic_write_text
 
-    atomic_write_text(path, yaml.safe_dump(to_dict(config), sort_keys=False))
+    atomic_write_text(path, dump_yaml(to_dict(config)))

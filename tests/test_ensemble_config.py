@@ -143,6 +143,19 @@ def test_overrides_and_round_trip(tmp_path):
         load_ensemble_config(path, {"fusion.metod": "nms"})
 
 
+def test_strings_that_read_as_numbers_survive_the_round_trip(tmp_path):
+    from detens.cli.fuse import check_resume
+
+    # a plain YAML 1.1 dumper writes "1e3" bare, which the loader reads back as the number 1000.0
+    config = ensemble_config_from_dict(
+        {"name": "1e3", "models": [{"weights": "2E-5", "name": "1.5e3"}, {"weights": ".5e3", "name": "b"}]}
+    )
+    save_ensemble_config(config, tmp_path / "config.yaml")
+    assert load_ensemble_config(tmp_path / "config.yaml") == config
+    (tmp_path / "predictions.json").write_text("[]")
+    check_resume(tmp_path, config, overwrite=False)  # the same config: no "different config" refusal
+
+
 def test_model_settings_fall_back_to_the_defaults():
     config = ensemble_config_from_dict(minimal(conf=0.2, imgsz=320))
     model = config.models[0]
