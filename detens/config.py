@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -155,7 +156,13 @@ def _convert(value: Any, annotation: Any, where: str) -> Any:
     if annotation is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError(f"{where}: expected a number, got {type(value).__name__} {value!r}")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond the float range
+            number = math.inf
+        if not math.isfinite(number):  # .nan and .inf are YAML floats; no setting means either
+            raise ValueError(f"{where}: expected a finite number, got {value!r}")
+        return number
     if annotation is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{where}: expected an integer, got {type(value).__name__} {value!r}")

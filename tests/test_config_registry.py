@@ -44,6 +44,10 @@ class TestFromDict:
             ({"inner": {"optimizer": "sgd"}}, "'sgd' is not one of 'gd', 'adam'"),
             ({"weights": "1,2"}, "does not fit"),
             ({"inner": 3}, "expected a mapping"),
+            ({"inner": {"lr": float("nan")}}, "expected a finite number, got nan"),
+            ({"inner": {"lr": float("-inf")}}, "expected a finite number, got -inf"),
+            ({"weights": [1.0, float("inf")]}, "expected a finite number, got inf"),
+            ({"inner": {"lr": 10**400}}, "expected a finite number"),  # beyond the float range
         ],
     )
     def test_wrong_types(self, data, fragment):

@@ -112,6 +112,12 @@ def test_tta_config_members():
         ({"models": [{"weights": "a.pt", "name": ""}]}, "must be non-empty"),
         ({"models": [{"weights": "a.pt", "name": "a\x00b"}]}, "control characters"),
         (minimal(output={"vis_conf": 2.0}), r"vis_conf must be in \[0, 1\]"),
+        ({"models": [{"weights": "a.pt", "weight": float("nan")}]}, r"models\[0\]\.weight: expected a finite number"),
+        ({"models": [{"weights": "a.pt", "weight": float("inf")}]}, r"models\[0\]\.weight: expected a finite number"),
+        (
+            {"models": [{"type": "onnx", "weights": "a.onnx", "decoder": "yolox", "mean": [0, float("nan"), 0]}]},
+            r"models\[0\]\.mean\[1\]: expected a finite number",
+        ),
     ],
 )
 def test_invalid_configs(data, fragment):
