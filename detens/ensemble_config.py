@@ -163,6 +163,11 @@ class ModelConfig:
             raise ValueError(f"{label}: iou must be in (0, 1], got {self.iou}")
         if self.weight < 0:
             raise ValueError(f"{label}: weight must be >= 0, got {self.weight}")
+        # a member's own value replaces the ensemble's, so it is held to the same bounds
+        for key, low in (("imgsz", 32), ("max_det", 1), ("batch", 1)):
+            value = getattr(self, key)
+            if value is not None and value < low:
+                raise ValueError(f"{label}: {key} must be >= {low}, got {value}")
         if self.tta:
             from detens.adapters.augmented import View
 

@@ -112,6 +112,10 @@ def test_tta_config_members():
         ({"models": [{"weights": "a.pt", "name": ""}]}, "must be non-empty"),
         ({"models": [{"weights": "a.pt", "name": "a\x00b"}]}, "control characters"),
         (minimal(output={"vis_conf": 2.0}), r"vis_conf must be in \[0, 1\]"),
+        ({"models": [{"weights": "a.pt", "imgsz": -640}]}, r"model 'a.pt': imgsz must be >= 32, got -640"),
+        ({"models": [{"weights": "a.pt", "max_det": 0}]}, r"model 'a.pt': max_det must be >= 1, got 0"),
+        ({"models": [{"weights": "a.pt", "batch": -1}]}, r"model 'a.pt': batch must be >= 1, got -1"),
+        ({"models": [{"type": "torchvision", "arch": "ssd300_vgg16", "imgsz": 16}]}, "imgsz must be >= 32, got 16"),
         ({"models": [{"weights": "a.pt", "weight": float("nan")}]}, r"models\[0\]\.weight: expected a finite number"),
         ({"models": [{"weights": "a.pt", "weight": float("inf")}]}, r"models\[0\]\.weight: expected a finite number"),
         (
