@@ -199,7 +199,8 @@ def label_names(names: Any, what: str = "class_names") -> dict[int, str]:
         what (str): names the argument in errors.
 
     Raises:
-        TypeError: neither a mapping nor a list or tuple, or a key that is not an integer.
+        TypeError: neither a mapping nor a list or tuple, a key that is not an integer, or a name that is not
+            a string.
     """
     if isinstance(names, Mapping):
         items = list(names.items())
@@ -210,4 +211,10 @@ def label_names(names: Any, what: str = "class_names") -> dict[int, str]:
     bad = [key for key, _ in items if isinstance(key, (bool, np.bool_)) or not isinstance(key, (int, np.integer))]
     if bad:
         raise TypeError(f"{what} must be keyed by integer labels, got the key {bad[0]!r}")
-    return {int(key): str(name) for key, name in items}
+    # not str(name): YAML reads the names yes/no as booleans and ~ as None, which would be drawn as
+    # "True" and "None"
+    named = [(key, name) for key, name in items if not isinstance(name, str)]
+    if named:
+        key, name = named[0]
+        raise TypeError(f"{what} must map each label to a string, got {type(name).__name__} {name!r} for label {key}")
+    return {int(key): name for key, name in items}
