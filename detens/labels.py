@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from detens.checks import check_integer
+
 __all__ = ["COCO_CATEGORY_IDS", "COCO_NAMES", "COCO_ID_TO_NAME", "coco80_to_category_id", "label_names"]
 
 #: COCO category id of each of the 80 classes, in the standard 0..79 order.
@@ -186,10 +188,13 @@ COCO_ID_TO_NAME: dict[int, str] = dict(zip(COCO_CATEGORY_IDS, COCO_NAMES, strict
 
 
 def coco80_to_category_id(index: int) -> int:
-    """Ultralytics COCO class index 0..79 → COCO category id."""
-    if not 0 <= index < len(COCO_CATEGORY_IDS):
-        raise ValueError(f"COCO-80 class index must be in [0, 79], got {index}")
-    return COCO_CATEGORY_IDS[index]
+    """Ultralytics COCO class index 0..79 → COCO category id.
+
+    Raises:
+        TypeError: ``index`` is not an integer (``True`` included, which would read as class 1).
+        ValueError: ``index`` outside ``[0, 79]``.
+    """
+    return COCO_CATEGORY_IDS[check_integer(index, "COCO-80 class index", 0, len(COCO_CATEGORY_IDS) - 1)]
 
 
 def label_names(names: Any, what: str = "class_names") -> dict[int, str]:

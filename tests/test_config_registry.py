@@ -188,3 +188,18 @@ def test_yaml_files_and_set_overrides_read_1e_3_as_a_number(tmp_path):
     path.write_text("lr: !!python/object:os.system {}\n")
     with pytest.raises(ValueError, match="invalid YAML"):
         read_yaml_file(path)
+
+
+@pytest.mark.parametrize(
+    ("index", "error", "message"),
+    [(True, TypeError, "must be an integer, got bool"), (3.0, TypeError, "must be an integer, got float"),
+     (80, ValueError, r"must be an integer in \[0, 79\], got 80"), (-1, ValueError, r"must be an integer in \[0, 79\], got -1")],
+)
+def test_coco80_indices_are_integers_in_range(index, error, message):
+    import numpy as np
+
+    from detens.labels import coco80_to_category_id
+
+    assert coco80_to_category_id(0) == 1 and coco80_to_category_id(np.int64(79)) == 90
+    with pytest.raises(error, match=f"COCO-80 class index {message}"):
+        coco80_to_category_id(index)
