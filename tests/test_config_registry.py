@@ -102,6 +102,15 @@ class TestRegistry:
         with pytest.raises(TypeError, match="^fusion method name must be a string, got int$"):
             reg.get(3)
 
+    def test_names_are_non_empty_strings(self):
+        reg = Registry("fusion method")
+        reg.register("wbf")(len)
+        for bad in (3, "", None):
+            with pytest.raises(TypeError, match="fusion method names must be non-empty strings"):
+                reg.register(bad)
+        assert reg.names() == ["wbf"] and len(reg) == 1
+        assert ["wbf"] not in reg and {"a": 1} not in reg and "wbf" in reg
+
 
 def test_every_public_name_of_detens_resolves():
     import subprocess
