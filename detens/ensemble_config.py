@@ -181,6 +181,12 @@ class FusionConfig:
     params: dict[str, Any] = field(default_factory=dict)
     head: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.head is not None and not self.head.strip():
+            raise ValueError(
+                f"fusion.head must be a head file or a shipped head's name, got {self.head!r}; leave it out for none"
+            )
+
 
 @dataclass
 class OutputConfig:
@@ -288,7 +294,7 @@ def load_ensemble_config(
     if not isinstance(data, dict):
         raise ValueError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
     fusion = data.get("fusion")
-    if isinstance(fusion, dict) and isinstance(fusion.get("head"), str):
+    if isinstance(fusion, dict) and isinstance(fusion.get("head"), str) and fusion["head"].strip():
         fusion["head"] = _head_beside(fusion["head"], path.parent)
     _files_beside(data, path.parent)
     per_model = {k: v for k, v in (per_model or {}).items() if v is not None}

@@ -112,6 +112,7 @@ def test_tta_config_members():
         ({"models": [{"weights": "a.pt", "name": ""}]}, "must be non-empty"),
         ({"models": [{"weights": "a.pt", "name": "a\x00b"}]}, "control characters"),
         (minimal(output={"vis_conf": 2.0}), r"vis_conf must be in \[0, 1\]"),
+        (minimal(fusion={"head": " "}), r"fusion.head must be a head file or a shipped head's name, got ' '"),
         ({"models": [{"weights": "a.pt", "imgsz": -640}]}, r"model 'a.pt': imgsz must be >= 32, got -640"),
         ({"models": [{"weights": "a.pt", "max_det": 0}]}, r"model 'a.pt': max_det must be >= 1, got 0"),
         ({"models": [{"weights": "a.pt", "batch": -1}]}, r"model 'a.pt': batch must be >= 1, got -1"),
@@ -345,6 +346,8 @@ def test_a_yaml_head_is_the_file_beside_it_else_a_shipped_head(tmp_path, monkeyp
     # neither: the path beside the YAML, named when the head is loaded (a flag may replace it first)
     assert head_of("nothing.json") == str(tmp_path / "cfg" / "nothing.json")
     assert head_of("sub/coco_yolo3_deep") == str(tmp_path / "cfg" / "sub" / "coco_yolo3_deep")
+    with pytest.raises(ValueError, match="fusion.head must be a head file or a shipped head's name, got ''"):
+        head_of("")  # not the YAML's folder
 
 
 def test_a_relative_weights_dir_is_looked_up_beside_the_yaml(tmp_path, monkeypatch):
