@@ -52,11 +52,28 @@ class _Loader(yaml.SafeLoader):
                 first_line[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep=deep)
 
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        # YAML 1.1 reads 0640 as octal (416) and 1:30 as base 60 (90), where YAML 1.2 and a reader see 640
+        # and a string: refused rather than guessed
+        text = str(self.construct_scalar(node))
+        digits = text.lstrip("+-").replace("_", "")
+        if ":" in digits or (len(digits) > 1 and digits[0] == "0" and digits[1] not in "xXbB"):
+            how = "a base-60" if ":" in digits else "an octal"
+            fix = "quote it" if ":" in digits else "write it without the leading 0, or quote it"
+            raise yaml.constructor.ConstructorError(
+                None, None,
+                f"found {text!r}, which YAML 1.1 reads as {how} number ({super().construct_yaml_int(node)}); "
+                f"{fix} for a string",
+                node.start_mark,
+            )
+        return super().construct_yaml_int(node)
+
 
 # YAML 1.1 reads an exponent as a number only with a dot and a signed exponent (1.0e-3); 1e-3, 1.5e3 and
 # .5e3 would be strings
 _EXPONENT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$")
 _Loader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT, list("-+0123456789."))
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
 
 
 class _Dumper(yaml.SafeDumper):

@@ -75,6 +75,9 @@ class TestFromDict:
             # PyYAML would keep the last value: the reader of the file sees the first
             (b"epochs: 3\nname: x\nepochs: 5\n", ":3:1:", "found duplicate key 'epochs' (first on line 1)"),
             (b"inner:\n  lr: 0.1\n  lr: 0.2\n", ":3:3:", "found duplicate key 'lr' (first on line 2)"),
+            # YAML 1.1 would read these as 416 and 90, where the writer meant 640 and a reader sees a time
+            (b"epochs: 0640\n", ":1:9:", "found '0640', which YAML 1.1 reads as an octal number (416)"),
+            (b"name: 1:30\n", ":1:7:", "found '1:30', which YAML 1.1 reads as a base-60 number (90); quote it"),
         ],
     )
     def test_unreadable_yaml_is_a_config_error_naming_file_and_line(self, tmp_path, content, where, fragment):
@@ -180,6 +183,20 @@ def test_a_merge_key_may_be_overridden_and_a_repeated_key_is_refused_at_any_dept
 def test_every_exponent_is_a_number(text, expected):
     value = parse_yaml(text)
     assert value == expected and type(value) is type(expected)
+
+
+@pytest.mark.parametrize(("text", "expected"), [("0", 0), ("-0", 0), ("10_000", 10000), ("0x1F", 31), ("0b101", 5),
+                                                ("'0640'", "0640"), ("'1:30'", "1:30"), ("0.5", 0.5), ("007.5", 7.5)])
+def test_integers_read_the_same_in_yaml_1_1_and_1_2(text, expected):
+    value = parse_yaml(text)
+    assert value == expected and type(value) is type(expected)
+
+
+def test_a_set_flag_with_a_leading_zero_is_refused():
+    from detens.cli.train import parse_set
+
+    with pytest.raises(ValueError, match=r"--set 'seed=010': the value is not valid YAML \(found '010', which YAML 1\.1"):
+        parse_set(["seed=010"])
 
 
 def test_yaml_files_and_set_overrides_read_1e_3_as_a_number(tmp_path):
