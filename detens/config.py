@@ -222,7 +222,8 @@ def to_dict(config: Any) -> dict[str, Any]:
 def load_yaml_config(cls: type[C], path: str | Path, overrides: dict[str, Any] | None = None) -> C:
     """Read ``path`` (YAML) into ``cls``; ``overrides`` (e.g. CLI flags) win over the file."""
     path = Path(path)
-    data = read_yaml_file(path) or {}
+    data = read_yaml_file(path)
+    data = {} if data is None else data  # an empty file; not `or {}`, which would take [] or 0 for one
     if not isinstance(data, dict):
         raise ValueError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})

@@ -290,7 +290,8 @@ def load_ensemble_config(
     command line's paths are the working directory's.
     """
     path = find_packaged(path, "ensembles")
-    data = read_yaml_file(path, "ensemble config") or {}
+    data = read_yaml_file(path, "ensemble config")
+    data = {} if data is None else data  # an empty file; not `or {}`, which would take [] or 0 for one
     if not isinstance(data, dict):
         raise ValueError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
     fusion = data.get("fusion")

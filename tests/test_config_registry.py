@@ -60,6 +60,18 @@ class TestFromDict:
         cfg = load_yaml_config(Outer, path, overrides={"name": "cli", "epochs": None})
         assert cfg.epochs == 9 and cfg.name == "cli"
 
+    @pytest.mark.parametrize(("text", "kind"), [("[]", "list"), ("false", "bool"), ("0", "int"), ("''", "str")])
+    def test_a_top_level_that_is_no_mapping_is_refused_even_when_empty(self, tmp_path, text, kind):
+        from detens.ensemble_config import load_ensemble_config
+
+        path = tmp_path / "c.yaml"
+        path.write_text(text)
+        for load in (lambda: load_yaml_config(Outer, path), lambda: load_ensemble_config(path)):
+            with pytest.raises(ValueError, match=f"the top level must be a mapping, got {kind}"):
+                load()
+        path.write_text("# nothing set: the defaults\n")
+        assert load_yaml_config(Outer, path) == Outer()
+
     def test_missing_file(self, tmp_path):
         with pytest.raises(FileNotFoundError, match="nope.yaml"):
             load_yaml_config(Outer, tmp_path / "nope.yaml")
