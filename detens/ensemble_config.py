@@ -157,6 +157,19 @@ class ModelConfig:
                 raise ValueError(
                     f"{label}: type 'precomputed' needs class_map as {{saved category_id: category_id}}"
                 )
+        if self.class_map is not None and not self.class_map:
+            # a map drops the classes it does not list: an empty one would drop every box of the member
+            raise ValueError(f"{label}: class_map is empty, so every box would be dropped; leave class_map out")
+        if isinstance(self.class_map, dict):
+            # 1 and '1' (a JSON-style key) are the same class: one of the two ids would be silently lost
+            seen: dict[int, int | str] = {}
+            for key in self.class_map:
+                if isinstance(key, int) or key.lstrip("-").isdigit():
+                    if int(key) in seen:
+                        raise ValueError(
+                            f"{label}: class_map gives class {int(key)} twice, as {seen[int(key)]!r} and {key!r}"
+                        )
+                    seen[int(key)] = key
         if self.conf is not None and not 0.0 <= self.conf <= 1.0:
             raise ValueError(f"{label}: conf must be in [0, 1], got {self.conf}")
         if self.iou is not None and not 0.0 < self.iou <= 1.0:
