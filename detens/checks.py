@@ -176,4 +176,12 @@ def check_device(value: Any, name: str = "device") -> str:
                 f"{name} is {value!r} but this machine has {torch.cuda.device_count()} CUDA device(s) "
                 f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})"
             )
+    elif device.type != "cpu":
+        # torch parses more device types than a machine has (mps off a Mac; meta, which holds no data)
+        available = {
+            "mps": lambda: torch.backends.mps.is_available(),
+            "xpu": lambda: hasattr(torch, "xpu") and torch.xpu.is_available(),
+        }.get(device.type)
+        if available is None or not available():
+            raise ValueError(f"{name} is {value!r} but this machine has no {device.type} device; use cpu or cuda")
     return value if isinstance(value, str) else str(device)

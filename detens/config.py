@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -14,7 +15,14 @@ from typing import Any, TypeVar
 import yaml
 
 __all__ = [
-    "ConfigError", "from_dict", "load_yaml_config", "parse_yaml", "read_yaml_file", "to_dict", "save_yaml_config"
+    "ConfigError",
+    "dump_yaml",
+    "from_dict",
+    "load_yaml_config",
+    "parse_yaml",
+    "read_yaml_file",
+    "to_dict",
+    "save_yaml_config",
 ]
 
 C = TypeVar("C")
@@ -44,14 +52,36 @@ class _Loader(yaml.SafeLoader):
                 first_line[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep=deep)
 
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        # YAML 1.1 reads 0640 as octal (416) and 1:30 as base 60 (90), where YAML 1.2 and a reader see 640
+        # and a string: refused rather than guessed
+        text = str(self.construct_scalar(node))
+        digits = text.lstrip("+-").replace("_", "")
+        if ":" in digits or (len(digits) > 1 and digits[0] == "0" and digits[1] not in "xXbB"):
+            how = "a base-60" if ":" in digits else "an octal"
+            fix = "quote it" if ":" in digits else "write it without the leading 0, or quote it"
+            raise yaml.constructor.ConstructorError(
+                None, None,
+                f"found {text!r}, which YAML 1.1 reads as {how} number ({super().construct_yaml_int(node)}); "
+                f"{fix} for a string",
+                node.start_mark,
+            )
+        return super().construct_yaml_int(node)
+
 
 # YAML 1.1 reads an exponent as a number only with a dot and a signed exponent (1.0e-3); 1e-3, 1.5e3 and
 # .5e3 would be strings
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$"),
-    list("-+0123456789."),
-)
+_EXPONENT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$")
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT, list("-+0123456789."))
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
+
+
+class _Dumper(yaml.SafeDumper):
+    """``yaml.SafeDumper`` that quotes a string :func:`parse_yaml` would read as a number: being YAML 1.1, a
+    plain SafeDumper writes ``"1e3"`` bare, and the file would read back as 1000.0."""
+
+
+_Dumper.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT, list("-+0123456789."))
 
 
 def parse_yaml(text: str) -> Any:
@@ -61,6 +91,11 @@ def parse_yaml(text: str) -> Any:
         yaml.YAMLError: not valid YAML, or a key given twice in one mapping.
     """
     return yaml.load(text, Loader=_Loader)
+
+
+def dump_yaml(data: Any) -> str:
+    """``data`` as YAML (keys in their order) that :func:`parse_yaml` reads back as ``data``."""
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False)
 
 
 class ConfigError(ValueError):
@@ -138,7 +173,13 @@ def _convert(value: Any, annotation: Any, where: str) -> Any:
     if annotation is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError(f"{where}: expected a number, got {type(value).__name__} {value!r}")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond the float range
+            number = math.inf
+        if not math.isfinite(number):  # .nan and .inf are YAML floats; no setting means either
+            raise ValueError(f"{where}: expected a finite number, got {value!r}")
+        return number
     if annotation is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{where}: expected an integer, got {type(value).__name__} {value!r}")
@@ -181,7 +222,8 @@ def to_dict(config: Any) -> dict[str, Any]:
 def load_yaml_config(cls: type[C], path: str | Path, overrides: dict[str, Any] | None = None) -> C:
     """Read ``path`` (YAML) into ``cls``; ``overrides`` (e.g. CLI flags) win over the file."""
     path = Path(path)
-    data = read_yaml_file(path) or {}
+    data = read_yaml_file(path)
+    data = {} if data is None else data  # an empty file; not `or {}`, which would take [] or 0 for one
     if not isinstance(data, dict):
         raise ValueError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})
@@ -191,4 +233,4 @@ def load_yaml_config(cls: type[C], path: str | Path, overrides: dict[str, Any] |
 def save_yaml_config(config: Any, path: str | Path) -> None:
     from detens.io import atomic_write_text
 
-    atomic_write_text(path, yaml.safe_dump(to_dict(config), sort_keys=False))
+    atomic_write_text(path, dump_yaml(to_dict(config)))

@@ -157,12 +157,30 @@ class ModelConfig:
                 raise ValueError(
                     f"{label}: type 'precomputed' needs class_map as {{saved category_id: category_id}}"
                 )
+        if self.class_map is not None and not self.class_map:
+            # a map drops the classes it does not list: an empty one would drop every box of the member
+            raise ValueError(f"{label}: class_map is empty, so every box would be dropped; leave class_map out")
+        if isinstance(self.class_map, dict):
+            # 1 and '1' (a JSON-style key) are the same class: one of the two ids would be silently lost
+            seen: dict[int, int | str] = {}
+            for key in self.class_map:
+                if isinstance(key, int) or key.lstrip("-").isdigit():
+                    if int(key) in seen:
+                        raise ValueError(
+                            f"{label}: class_map gives class {int(key)} twice, as {seen[int(key)]!r} and {key!r}"
+                        )
+                    seen[int(key)] = key
         if self.conf is not None and not 0.0 <= self.conf <= 1.0:
             raise ValueError(f"{label}: conf must be in [0, 1], got {self.conf}")
         if self.iou is not None and not 0.0 < self.iou <= 1.0:
             raise ValueError(f"{label}: iou must be in (0, 1], got {self.iou}")
         if self.weight < 0:
             raise ValueError(f"{label}: weight must be >= 0, got {self.weight}")
+        # a member's own value replaces the ensemble's, so it is held to the same bounds
+        for key, low in (("imgsz", 32), ("max_det", 1), ("batch", 1)):
+            value = getattr(self, key)
+            if value is not None and value < low:
+                raise ValueError(f"{label}: {key} must be >= {low}, got {value}")
         if self.tta:
             from detens.adapters.augmented import View
 
@@ -175,6 +193,12 @@ class FusionConfig:
     method: str = "wbf"
     params: dict[str, Any] = field(default_factory=dict)
     head: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.head is not None and not self.head.strip():
+            raise ValueError(
+                f"fusion.head must be a head file or a shipped head's name, got {self.head!r}; leave it out for none"
+            )
 
 
 @dataclass
@@ -279,11 +303,12 @@ def load_ensemble_config(
     command line's paths are the working directory's.
     """
     path = find_packaged(path, "ensembles")
-    data = read_yaml_file(path, "ensemble config") or {}
+    data = read_yaml_file(path, "ensemble config")
+    data = {} if data is None else data  # an empty file; not `or {}`, which would take [] or 0 for one
     if not isinstance(data, dict):
         raise ValueError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
     fusion = data.get("fusion")
-    if isinstance(fusion, dict) and isinstance(fusion.get("head"), str):
+    if isinstance(fusion, dict) and isinstance(fusion.get("head"), str) and fusion["head"].strip():
         fusion["head"] = _head_beside(fusion["head"], path.parent)
     _files_beside(data, path.parent)
     per_model = {k: v for k, v in (per_model or {}).items() if v is not None}

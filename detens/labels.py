@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from detens.checks import check_integer
+
 __all__ = ["COCO_CATEGORY_IDS", "COCO_NAMES", "COCO_ID_TO_NAME", "coco80_to_category_id", "label_names"]
 
 #: COCO category id of each of the 80 classes, in the standard 0..79 order.
@@ -186,10 +188,13 @@ COCO_ID_TO_NAME: dict[int, str] = dict(zip(COCO_CATEGORY_IDS, COCO_NAMES, strict
 
 
 def coco80_to_category_id(index: int) -> int:
-    """Ultralytics COCO class index 0..79 → COCO category id."""
-    if not 0 <= index < len(COCO_CATEGORY_IDS):
-        raise ValueError(f"COCO-80 class index must be in [0, 79], got {index}")
-    return COCO_CATEGORY_IDS[index]
+    """Ultralytics COCO class index 0..79 → COCO category id.
+
+    Raises:
+        TypeError: ``index`` is not an integer (``True`` included, which would read as class 1).
+        ValueError: ``index`` outside ``[0, 79]``.
+    """
+    return COCO_CATEGORY_IDS[check_integer(index, "COCO-80 class index", 0, len(COCO_CATEGORY_IDS) - 1)]
 
 
 def label_names(names: Any, what: str = "class_names") -> dict[int, str]:
@@ -199,7 +204,8 @@ def label_names(names: Any, what: str = "class_names") -> dict[int, str]:
         what (str): names the argument in errors.
 
     Raises:
-        TypeError: neither a mapping nor a list or tuple, or a key that is not an integer.
+        TypeError: neither a mapping nor a list or tuple, a key that is not an integer, or a name that is not
+            a string.
     """
     if isinstance(names, Mapping):
         items = list(names.items())
@@ -210,4 +216,10 @@ def label_names(names: Any, what: str = "class_names") -> dict[int, str]:
     bad = [key for key, _ in items if isinstance(key, (bool, np.bool_)) or not isinstance(key, (int, np.integer))]
     if bad:
         raise TypeError(f"{what} must be keyed by integer labels, got the key {bad[0]!r}")
-    return {int(key): str(name) for key, name in items}
+    # not str(name): YAML reads the names yes/no as booleans and ~ as None, which would be drawn as
+    # "True" and "None"
+    named = [(key, name) for key, name in items if not isinstance(name, str)]
+    if named:
+        key, name = named[0]
+        raise TypeError(f"{what} must map each label to a string, got {type(name).__name__} {name!r} for label {key}")
+    return {int(key): name for key, name in items}

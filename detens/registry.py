@@ -24,6 +24,10 @@ class Registry(Generic[T]):
         self._items: dict[str, T] = {}
 
     def register(self, name: str) -> Callable[[T], T]:
+        # checked here: one name that is not a string would break names() and every error listing them
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"{self.kind} names must be non-empty strings, got {type(name).__name__}: {name!r}")
+
         def decorator(obj: T) -> T:
             if name in self._items:
                 raise ValueError(f"{self.kind} {name!r} is already registered")
@@ -44,7 +48,7 @@ class Registry(Generic[T]):
         return sorted(self._items)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._items
+        return isinstance(name, str) and name in self._items  # a list or dict is no name, not an error
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())

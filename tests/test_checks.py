@@ -188,6 +188,20 @@ def test_check_device_accepts_what_this_machine_has():
             check_device("cuda:0")
 
 
+@pytest.mark.parametrize("value", ["meta", "mps", "xpu:0", "hpu", torch.device("meta")])
+def test_check_device_refuses_device_types_this_machine_lacks(monkeypatch, value):
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    if hasattr(torch, "xpu"):
+        monkeypatch.setattr(torch.xpu, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"device is .* but this machine has no \w+ device; use cpu or cuda"):
+        check_device(value)
+
+
+def test_check_device_accepts_mps_where_the_machine_has_it(monkeypatch):
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    assert check_device("mps") == "mps"
+
+
 def test_check_device_without_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match="device is 'cuda' but no CUDA device is available on this machine; use cpu"):

@@ -44,6 +44,10 @@ class TestFromDict:
             ({"inner": {"optimizer": "sgd"}}, "'sgd' is not one of 'gd', 'adam'"),
             ({"weights": "1,2"}, "does not fit"),
             ({"inner": 3}, "expected a mapping"),
+            ({"inner": {"lr": float("nan")}}, "expected a finite number, got nan"),
+            ({"inner": {"lr": float("-inf")}}, "expected a finite number, got -inf"),
+            ({"weights": [1.0, float("inf")]}, "expected a finite number, got inf"),
+            ({"inner": {"lr": 10**400}}, "expected a finite number"),  # beyond the float range
         ],
     )
     def test_wrong_types(self, data, fragment):
@@ -55,6 +59,18 @@ class TestFromDict:
         save_yaml_config(from_dict(Outer, {"epochs": 9}), path)
         cfg = load_yaml_config(Outer, path, overrides={"name": "cli", "epochs": None})
         assert cfg.epochs == 9 and cfg.name == "cli"
+
+    @pytest.mark.parametrize(("text", "kind"), [("[]", "list"), ("false", "bool"), ("0", "int"), ("''", "str")])
+    def test_a_top_level_that_is_no_mapping_is_refused_even_when_empty(self, tmp_path, text, kind):
+        from detens.ensemble_config import load_ensemble_config
+
+        path = tmp_path / "c.yaml"
+        path.write_text(text)
+        for load in (lambda: load_yaml_config(Outer, path), lambda: load_ensemble_config(path)):
+            with pytest.raises(ValueError, match=f"the top level must be a mapping, got {kind}"):
+                load()
+        path.write_text("# nothing set: the defaults\n")
+        assert load_yaml_config(Outer, path) == Outer()
 
     def test_missing_file(self, tmp_path):
         with pytest.raises(FileNotFoundError, match="nope.yaml"):
@@ -71,6 +87,9 @@ class TestFromDict:
             # PyYAML would keep the last value: the reader of the file sees the first
             (b"epochs: 3\nname: x\nepochs: 5\n", ":3:1:", "found duplicate key 'epochs' (first on line 1)"),
             (b"inner:\n  lr: 0.1\n  lr: 0.2\n", ":3:3:", "found duplicate key 'lr' (first on line 2)"),
+            # YAML 1.1 would read these as 416 and 90, where the writer meant 640 and a reader sees a time
+            (b"epochs: 0640\n", ":1:9:", "found '0640', which YAML 1.1 reads as an octal number (416)"),
+            (b"name: 1:30\n", ":1:7:", "found '1:30', which YAML 1.1 reads as a base-60 number (90); quote it"),
         ],
     )
     def test_unreadable_yaml_is_a_config_error_naming_file_and_line(self, tmp_path, content, where, fragment):
@@ -97,6 +116,15 @@ class TestRegistry:
             reg.register("wbf")(len)
         with pytest.raises(TypeError, match="^fusion method name must be a string, got int$"):
             reg.get(3)
+
+    def test_names_are_non_empty_strings(self):
+        reg = Registry("fusion method")
+        reg.register("wbf")(len)
+        for bad in (3, "", None):
+            with pytest.raises(TypeError, match="fusion method names must be non-empty strings"):
+                reg.register(bad)
+        assert reg.names() == ["wbf"] and len(reg) == 1
+        assert ["wbf"] not in reg and {"a": 1} not in reg and "wbf" in reg
 
 
 def test_every_public_name_of_detens_resolves():
@@ -169,6 +197,20 @@ def test_every_exponent_is_a_number(text, expected):
     assert value == expected and type(value) is type(expected)
 
 
+@pytest.mark.parametrize(("text", "expected"), [("0", 0), ("-0", 0), ("10_000", 10000), ("0x1F", 31), ("0b101", 5),
+                                                ("'0640'", "0640"), ("'1:30'", "1:30"), ("0.5", 0.5), ("007.5", 7.5)])
+def test_integers_read_the_same_in_yaml_1_1_and_1_2(text, expected):
+    value = parse_yaml(text)
+    assert value == expected and type(value) is type(expected)
+
+
+def test_a_set_flag_with_a_leading_zero_is_refused():
+    from detens.cli.train import parse_set
+
+    with pytest.raises(ValueError, match=r"--set 'seed=010': the value is not valid YAML \(found '010', which YAML 1\.1"):
+        parse_set(["seed=010"])
+
+
 def test_yaml_files_and_set_overrides_read_1e_3_as_a_number(tmp_path):
     from detens.cli.train import parse_set
     from detens.heads import load_train_config
@@ -184,3 +226,18 @@ def test_yaml_files_and_set_overrides_read_1e_3_as_a_number(tmp_path):
     path.write_text("lr: !!python/object:os.system {}\n")
     with pytest.raises(ValueError, match="invalid YAML"):
         read_yaml_file(path)
+
+
+@pytest.mark.parametrize(
+    ("index", "error", "message"),
+    [(True, TypeError, "must be an integer, got bool"), (3.0, TypeError, "must be an integer, got float"),
+     (80, ValueError, r"must be an integer in \[0, 79\], got 80"), (-1, ValueError, r"must be an integer in \[0, 79\], got -1")],
+)
+def test_coco80_indices_are_integers_in_range(index, error, message):
+    import numpy as np
+
+    from detens.labels import coco80_to_category_id
+
+    assert coco80_to_category_id(0) == 1 and coco80_to_category_id(np.int64(79)) == 90
+    with pytest.raises(error, match=f"COCO-80 class index {message}"):
+        coco80_to_category_id(index)

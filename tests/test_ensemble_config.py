@@ -112,6 +112,22 @@ def test_tta_config_members():
         ({"models": [{"weights": "a.pt", "name": ""}]}, "must be non-empty"),
         ({"models": [{"weights": "a.pt", "name": "a\x00b"}]}, "control characters"),
         (minimal(output={"vis_conf": 2.0}), r"vis_conf must be in \[0, 1\]"),
+        (minimal(fusion={"head": " "}), r"fusion.head must be a head file or a shipped head's name, got ' '"),
+        ({"models": [{"weights": "a.pt", "class_map": {}}]}, "class_map is empty, so every box would be dropped"),
+        ({"models": [{"weights": "a.pt", "class_map": []}]}, "class_map is empty"),
+        ({"models": [{"type": "precomputed", "results": "r.json", "class_map": {}}]}, "class_map is empty"),
+        ({"models": [{"weights": "a.pt", "class_map": {1: 2, "1": 3}}]}, "class_map gives class 1 twice, as 1 and '1'"),
+        ({"models": [{"weights": "a.pt", "class_map": {"7": 2, "person": 1, "07": 3}}]}, "class 7 twice, as '7' and '07'"),
+        ({"models": [{"weights": "a.pt", "imgsz": -640}]}, r"model 'a.pt': imgsz must be >= 32, got -640"),
+        ({"models": [{"weights": "a.pt", "max_det": 0}]}, r"model 'a.pt': max_det must be >= 1, got 0"),
+        ({"models": [{"weights": "a.pt", "batch": -1}]}, r"model 'a.pt': batch must be >= 1, got -1"),
+        ({"models": [{"type": "torchvision", "arch": "ssd300_vgg16", "imgsz": 16}]}, "imgsz must be >= 32, got 16"),
+        ({"models": [{"weights": "a.pt", "weight": float("nan")}]}, r"models\[0\]\.weight: expected a finite number"),
+        ({"models": [{"weights": "a.pt", "weight": float("inf")}]}, r"models\[0\]\.weight: expected a finite number"),
+        (
+            {"models": [{"type": "onnx", "weights": "a.onnx", "decoder": "yolox", "mean": [0, float("nan"), 0]}]},
+            r"models\[0\]\.mean\[1\]: expected a finite number",
+        ),
     ],
 )
 def test_invalid_configs(data, fragment):
@@ -141,6 +157,19 @@ def test_overrides_and_round_trip(tmp_path):
     assert load_ensemble_config(tmp_path / "resolved.yaml") == config
     with pytest.raises(ValueError, match="Did you mean 'method'"):
         load_ensemble_config(path, {"fusion.metod": "nms"})
+
+
+def test_strings_that_read_as_numbers_survive_the_round_trip(tmp_path):
+    from detens.cli.fuse import check_resume
+
+    # a plain YAML 1.1 dumper writes "1e3" bare, which the loader reads back as the number 1000.0
+    config = ensemble_config_from_dict(
+        {"name": "1e3", "models": [{"weights": "2E-5", "name": "1.5e3"}, {"weights": ".5e3", "name": "b"}]}
+    )
+    save_ensemble_config(config, tmp_path / "config.yaml")
+    assert load_ensemble_config(tmp_path / "config.yaml") == config
+    (tmp_path / "predictions.json").write_text("[]")
+    check_resume(tmp_path, config, overwrite=False)  # the same config: no "different config" refusal
 
 
 def test_model_settings_fall_back_to_the_defaults():
@@ -322,6 +351,8 @@ def test_a_yaml_head_is_the_file_beside_it_else_a_shipped_head(tmp_path, monkeyp
     # neither: the path beside the YAML, named when the head is loaded (a flag may replace it first)
     assert head_of("nothing.json") == str(tmp_path / "cfg" / "nothing.json")
     assert head_of("sub/coco_yolo3_deep") == str(tmp_path / "cfg" / "sub" / "coco_yolo3_deep")
+    with pytest.raises(ValueError, match="fusion.head must be a head file or a shipped head's name, got ''"):
+        head_of("")  # not the YAML's folder
 
 
 def test_a_relative_weights_dir_is_looked_up_beside_the_yaml(tmp_path, monkeypatch):

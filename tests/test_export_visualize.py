@@ -89,6 +89,16 @@ class TestDraw:
         with pytest.raises(TypeError, match="names must be a dict {label: name} or a list of names, got str"):
             draw_detections(image, dets(), "person")
 
+    @pytest.mark.parametrize("names, message", [
+        (["bg", "person", True, "car"], "got bool True for label 2"),  # `- yes` in a YAML list of names
+        ({1: "person", 6: None}, "got NoneType None for label 6"),  # `6: ~`
+        ({1: "person", 3: 7}, "got int 7 for label 3"),
+    ])
+    def test_names_that_are_not_strings_are_refused(self, names, message):
+        image = np.zeros((200, 100, 3), np.uint8)
+        with pytest.raises(TypeError, match=f"names must map each label to a string, {message}"):
+            draw_detections(image, dets(), names)
+
     @pytest.mark.parametrize("image, options, error, message", [
         (np.zeros((200, 100, 3), np.float32), {}, TypeError, "image_bgr must be a uint8 BGR array .* got dtype float32"),
         (np.zeros((200, 100, 3), np.uint8), {"line_width": -3}, ValueError, "line_width must be an integer >= 1, got -3"),

@@ -65,7 +65,6 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import cv2
-import yaml
 from tqdm import tqdm
 
 from detens.adapters import (
@@ -85,7 +84,7 @@ from detens.cli._inputs import (
     saved_prediction_members,
 )
 from detens.coco import detections_to_coco, load_coco_gt
-from detens.config import parse_yaml, read_yaml_file
+from detens.config import dump_yaml, parse_yaml, read_yaml_file
 from detens.detections import Detections
 from detens.ensemble_config import (
     EnsembleConfig,
@@ -277,7 +276,7 @@ def check_resume(out: Path, config: EnsembleConfig, overwrite: bool) -> None:
     saved = out / "config.yaml"
     if saved.is_file() and ((out / "partial").is_dir() or (out / "predictions.json").is_file()):
         previous = read_yaml_file(saved, "saved run config")
-        current = parse_yaml(yaml.safe_dump(_config_dict(config), sort_keys=False))  # read back as `previous` was
+        current = parse_yaml(dump_yaml(_config_dict(config)))  # read back as `previous` was
         if previous != current:
             raise ValueError(
                 f"{out} holds results of a different config (see {saved}); use another --out, "
