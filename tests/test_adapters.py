@@ -180,6 +180,34 @@ class TestUltralyticsOptions:
         with pytest.raises(error, match=fragment):
             build_label_lookup(names, default="coco80", class_map=class_map, where="v8")
 
+    @pytest.mark.parametrize("class_map, fragment", [
+        ({"bus": 6, 79: 5}, r"maps class 79 \('bus'\) twice, as 'bus' and 79"),
+        ({"motorbike": 4, "motorcycle": 3}, r"maps class 3 \('motorcycle'\) twice, as 'motorbike' and 'motorcycle'"),
+        ({1: 2, "1": 3}, r"maps class 1 \('class1'\) twice, as 1 and '1'"),
+    ])
+    def test_a_class_mapped_twice_is_refused(self, class_map, fragment):
+        """Each key of a class map is a promise about one class: a second key for it would win unseen."""
+        from detens.adapters._labels import build_label_lookup
+
+        names = ["class0", "class1", "class2", "motorcycle"] + [f"class{i}" for i in range(4, 79)] + ["bus"]
+        with pytest.raises(ValueError, match=fragment):
+            build_label_lookup(names, default="coco80", class_map=class_map, where="v8")
+
+    def test_a_saved_category_id_mapped_twice_is_refused(self):
+        from detens.adapters._labels import check_category_id_map
+
+        assert check_category_id_map({"1": 2, 3: 4}, "saved") == {1: 2, 3: 4}
+        with pytest.raises(ValueError, match=r"^saved: class_map gives saved category id 1 twice \(1 and '1'\)"):
+            check_category_id_map({1: 2, "1": 3}, "saved")
+
+    def test_a_label_space_naming_two_categories_alike_is_not_matched_by_name(self):
+        from detens.adapters._labels import build_label_lookup
+
+        names = ["person", "motorcycle"]
+        with pytest.raises(ValueError, match=r"names categories 4 and 9 alike \('motorbike'\).*class_map="):
+            build_label_lookup(names, default="coco80", categories={1: "person", 4: "Motorcycle", 9: "motorbike"})
+        assert build_label_lookup(names, default="coco80", categories={1: "person", 4: "motorcycle"}).tolist() == [1, 4]
+
     def test_class_map_ids_outside_the_categories_are_named(self):
         from detens.adapters._labels import build_label_lookup
 

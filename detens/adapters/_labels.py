@@ -108,11 +108,15 @@ def check_category_id_map(class_map: Mapping[Any, Any], where: str) -> dict[int,
         raise TypeError(
             f"{where}: class_map must be {{saved category_id: category_id}}, got {type(class_map).__name__}"
         )
-    return {
-        _category_id(_integer_key(key, f"{where}: class_map key"), f"{where}: class_map key"):
-            _category_id(cat, f"{where}: class_map[{key!r}]")
-        for key, cat in class_map.items()
-    }
+    checked: dict[int, int] = {}
+    given: dict[int, Any] = {}
+    for key, cat in class_map.items():
+        saved = _category_id(_integer_key(key, f"{where}: class_map key"), f"{where}: class_map key")
+        if saved in given:  # 1 and "1" are one saved id: which category it means would be the later key's
+            raise ValueError(f"{where}: class_map gives saved category id {saved} twice ({given[saved]!r} and {key!r})")
+        given[saved] = key
+        checked[saved] = _category_id(cat, f"{where}: class_map[{key!r}]")
+    return checked
 
 
 def id_ranges(ids: Sequence[int], limit: int = 24) -> str:
@@ -219,6 +223,7 @@ def build_label_lookup(
         if categories is not None:
             check_class_map_categories(class_map, categories, where)
         by_name = {normalize_class_name(n): i for i, n in enumerate(names)}
+        given: dict[int, Any] = {}
         for key, cat in class_map.items():
             if isinstance(key, str) and not key.lstrip("-").isdigit():
                 index = by_name.get(normalize_class_name(key))
@@ -230,10 +235,24 @@ def build_label_lookup(
                 index = _integer_key(key, f"{where}: class_map key")
             if not 0 <= index < num:
                 raise ValueError(f"{where}: class_map index {index} is outside the model's {num} classes")
+            if index in given:  # by index and by name, or by two spellings: the later key would win unseen
+                raise ValueError(
+                    f"{where}: class_map maps class {index} ({names[index]!r}) twice, as {given[index]!r} and {key!r}"
+                )
+            given[index] = key
             lookup[index] = _category_id(cat, f"{where}: class_map[{key!r}]")
         return lookup
     if categories is not None:
-        target = {normalize_class_name(n): int(cid) for cid, n in categories.items()}
+        target: dict[str, int] = {}
+        for cid, n in categories.items():
+            spelled = normalize_class_name(n)
+            if spelled in target and target[spelled] != int(cid):
+                # a model class of that name would go to whichever id came last
+                raise ValueError(
+                    f"{where}: the label space names categories {target[spelled]} and {cid} alike ({n!r}), so "
+                    "classes cannot be matched to it by name; pass class_map={index: category_id}"
+                )
+            target[spelled] = int(cid)
         unmatched = []
         for i, name in enumerate(names):
             cid = target.get(normalize_class_name(name))
