@@ -158,8 +158,11 @@ class EnsemblePredictions:
         folder = Path(folder)
         if not folder.is_dir():
             raise FileNotFoundError(f"prediction folder not found: {folder}")
-        # cache_summary.json is detens cache's report, not a model's results
-        available = sorted(p.stem for p in folder.glob("*.json") if p.name not in NOT_RESULTS)
+        # cache_summary.json is detens cache's report, not a model's results; hidden files are other tools'
+        # (macOS writes ._<name>.json beside each file copied to some disks)
+        available = sorted(
+            p.stem for p in folder.glob("*.json") if p.name not in NOT_RESULTS and not p.name.startswith(".")
+        )
         if models is None:
             models = available
         missing = [m for m in models if m not in available]

@@ -28,3 +28,10 @@ def test_one_model_name_as_a_string_is_refused_not_spelled_out(tmp_path):
     assert predictions.model_names == ["yolo"]
     with pytest.raises(TypeError, match="the string 'yolo'"):
         predictions.select("yolo")
+
+
+def test_hidden_json_files_are_not_taken_for_models(tmp_path):
+    """Copied to some disks, macOS writes ``._<name>.json`` beside each file: not a model's results."""
+    (tmp_path / "yolo.json").write_text(json.dumps(RESULTS), encoding="utf-8")
+    (tmp_path / "._yolo.json").write_bytes(b"\x00\x05\x16\x07 AppleDouble")
+    assert EnsemblePredictions.from_folder(tmp_path, CocoGroundTruth(GT)).model_names == ["yolo"]
