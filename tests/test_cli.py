@@ -177,6 +177,21 @@ def test_bench_refuses_a_gpu_this_machine_lacks(workspace, capsys, monkeypatch):
     assert "--device is 'cuda' but no CUDA device is available on this machine; use cpu" in err
 
 
+@pytest.mark.parametrize("module, argv, expected", [
+    ("ensemble_boxes", ["--sizes", "1x5", "--repeats", "1"], r"pip install ensemble-boxes"),
+    ("ray", ["--engines", "images"], r"pip install 'detens\[ray\]'"),
+], ids=["fusers without ensemble_boxes", "engines without ray"])
+def test_bench_names_the_package_it_lacks(workspace, capsys, monkeypatch, module, argv, expected):
+    """ensemble_boxes and ray are no dependencies of an installed detens: one error line, before any timing."""
+    import re
+
+    monkeypatch.setitem(sys.modules, module, None)  # as if it were not installed
+    assert main(["bench", *argv, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("error: ") and re.search(expected, err), err
+
+
 def test_bench_records_the_command_it_was_given(workspace, capsys):
     from detens.cli import run_command
 
