@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -526,6 +527,25 @@ class TestTorchvisionLoading:
         torch.save({"backbone.weight": torch.zeros(3)}, tmp_path / "bad.pth")
         with pytest.raises(ValueError, match="does not fit torchvision"):
             TorchvisionDetector(self.ARCH, weights=tmp_path / "bad.pth", device="cpu")
+
+    @pytest.mark.parametrize("name, content", [
+        ("garbage.pth", lambda state: b"not a checkpoint" * 64),
+        ("truncated.pth", "truncated"),
+        ("garbage.safetensors", lambda state: b'{"a":'),
+    ], ids=["not a torch file", "truncated", "not safetensors"])
+    def test_unreadable_weights_file_is_a_value_error_naming_it(self, tmp_path, state, name, content):
+        """A weights file that is damaged is the user's to replace: a ValueError naming it, as the CLI
+        reports in one line, not torch's or safetensors' own exception without the path."""
+        from detens.adapters.torchvision import TorchvisionDetector
+
+        path = tmp_path / name
+        if content == "truncated":
+            torch.save(state, tmp_path / "whole.pth")
+            path.write_bytes((tmp_path / "whole.pth").read_bytes()[:5000])
+        else:
+            path.write_bytes(content(state))
+        with pytest.raises(ValueError, match=re.escape(repr(str(path))) + " could not be read as a state dict"):
+            TorchvisionDetector(self.ARCH, weights=path, device="cpu")
 
     def test_unknown_arch_suggests(self):
         from detens.adapters.torchvision import TorchvisionDetector

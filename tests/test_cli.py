@@ -145,6 +145,19 @@ def test_user_mistakes_are_one_error_line(workspace, capsys, case, argv, expecte
     assert not (workspace / "out").exists() or not any((workspace / "out").iterdir())  # nothing claimed
 
 
+def test_a_corrupt_weights_file_is_one_error_line_naming_it(workspace, capsys):
+    """A truncated .pt checkpoint is the user's file to replace, as a corrupt ONNX model is: no traceback."""
+    (workspace / "broken.pt").write_bytes(b"not a checkpoint" * 64)
+    config = {"name": "broken", "models": [{"type": "ultralytics", "weights": "broken.pt", "name": "x"}]}
+    (workspace / "broken.yaml").write_text(yaml.safe_dump(config))
+    code = main(fuse_args("--config", "broken.yaml", "--method", "wbf", "--quiet"))
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    assert "could not load" in err and str(workspace / "broken.pt") in err, err
+    assert not (workspace / "out").exists()
+
+
 GOOD_GT = {"images": [{"id": 1, "width": 10, "height": 10}], "annotations": [], "categories": [{"id": 1, "name": "a"}]}
 
 
@@ -175,6 +188,21 @@ def test_bench_refuses_a_gpu_this_machine_lacks(workspace, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert "--device is 'cuda' but no CUDA device is available on this machine; use cpu" in err
+
+
+@pytest.mark.parametrize("module, argv, expected", [
+    ("ensemble_boxes", ["--sizes", "1x5", "--repeats", "1"], r"pip install ensemble-boxes"),
+    ("ray", ["--engines", "images"], r"pip install 'detens\[ray\]'"),
+], ids=["fusers without ensemble_boxes", "engines without ray"])
+def test_bench_names_the_package_it_lacks(workspace, capsys, monkeypatch, module, argv, expected):
+    """ensemble_boxes and ray are no dependencies of an installed detens: one error line, before any timing."""
+    import re
+
+    monkeypatch.setitem(sys.modules, module, None)  # as if it were not installed
+    assert main(["bench", *argv, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("error: ") and re.search(expected, err), err
 
 
 def test_bench_records_the_command_it_was_given(workspace, capsys):

@@ -187,6 +187,25 @@ def test_unknown_method_lists_the_valid_names():
         fuse([Detections.empty(IMAGE_SIZE)], "wfb")
 
 
+@pytest.mark.parametrize("name", FUSERS.names())
+def test_an_unknown_parameter_names_the_method_and_its_parameters(name):
+    """As Ensemble and fuse_results say it: the method the caller named and what it takes, not Python's
+    complaint about an internal function."""
+    with pytest.raises(TypeError) as info:
+        fuse(random_models(0), name, **params_for(name, 3), bogus_option=1)
+    message = str(info.value)
+    assert message.startswith(f"fusion method {name!r} takes no parameter ['bogus_option']; its parameters: ")
+    assert "_fusion()" not in message and "calibration" in message
+
+
+def test_an_unknown_parameter_of_a_head_type_names_that_type():
+    from detens.heads.deep import DeepEnsembleHead
+
+    head = DeepEnsembleHead(["m0", "m1", "m2"])
+    with pytest.raises(TypeError, match=r"^fusion method 'deep' takes no parameter \['iou'\]; its parameters: .*'head'"):
+        fuse(random_models(0), "deep", head=head, iou=0.5)
+
+
 def test_theta_without_head_is_an_error():
     with pytest.raises(ValueError, match="theta fusion needs head="):
         fuse(random_models(0), "theta")

@@ -98,11 +98,20 @@ def _module_num_classes(model: torch.nn.Module) -> int | None:
 def load_state_dict_file(path: str | Path) -> dict[str, torch.Tensor]:
     """A state dict from ``.safetensors``, or from a torch file (plain, or under ``model``/``state_dict``)."""
     path = Path(path)
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
 
-        return load_file(str(path))
-    obj = torch.load(path, map_location="cpu", weights_only=True)
+            return load_file(str(path))
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        # A damaged or foreign file raises pickle's, torch's or safetensors' own error, some without the
+        # path (a truncated torch file is "[Errno 22] Invalid argument"): the file is the user's to replace
+        detail = next((line.strip() for line in str(err).splitlines() if line.strip()), "")
+        raise ValueError(
+            f"{str(path)!r} could not be read as a state dict ({type(err).__name__}: {detail}); save weights "
+            "with torch.save(model.state_dict(), path) or safetensors' save_file"
+        ) from err
     if isinstance(obj, Mapping):
         for key in ("model", "state_dict", "model_state_dict"):
             if key in obj and isinstance(obj[key], Mapping):

@@ -91,7 +91,8 @@ def _loaded_model(model: Any) -> tuple[Any, ResolvedWeights]:
 
 
 def load_yolo(resolved: ResolvedWeights) -> Any:
-    """``ultralytics.YOLO(resolved.value, task="detect")``; download failures become WeightsNotFoundError."""
+    """``ultralytics.YOLO(resolved.value, task="detect")``; download failures become WeightsNotFoundError, a
+    local file Ultralytics cannot read a ValueError naming it."""
     os.environ.setdefault("YOLO_AUTOINSTALL", "false")
     from ultralytics import YOLO
 
@@ -103,8 +104,11 @@ def load_yolo(resolved: ResolvedWeights) -> Any:
         raise
     except Exception as err:
         if resolved.local:
-            raise RuntimeError(
-                f"ultralytics could not load {resolved.value!r}: {type(err).__name__}: {err}"
+            # A local file that Ultralytics cannot read (truncated, not a checkpoint) is the user's to
+            # replace: a ValueError, as the ONNX adapter's, so the CLI reports one line, not a traceback
+            detail = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+            raise ValueError(
+                f"ultralytics could not load {resolved.value!r}: {type(err).__name__}: {detail}"
             ) from err
         raise
 

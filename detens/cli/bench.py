@@ -38,6 +38,7 @@ Synthetic images (``synthetic_image``), 480×640 pixels, 80 classes:
 So boxes of different models cluster around shared objects (each object draws tens to hundreds of
 same-class boxes at the larger sizes), as in the low-confidence outputs of real detectors.
 ``--device`` must be a device this machine has (checked with the other options, before any timing).
+ensemble_boxes is not a dependency of detens: ``pip install ensemble-boxes`` (it comes with ``detens[dev]``).
 
     detens bench --coco GT RESULTS [--coco-sizes 200 1000 5000] [--out results.json]
 
@@ -67,6 +68,7 @@ import torch
 
 from detens import Detections, match
 from detens.cli import UsageError, positive_int
+from detens.extras import import_extra
 from detens.fusers import fuse
 from detens.io import atomic_write_json, check_writable_file
 
@@ -331,6 +333,16 @@ def check_args(args: argparse.Namespace) -> str:
             raise UsageError(str(err)) from None
     if mode == "coco" and min(args.coco_sizes) < 1:
         raise UsageError(f"--coco-sizes must be at least 1, got {min(args.coco_sizes)}")
+    # What these two benchmarks compare against is not a dependency of an installed detens: say what to
+    # install before any timing, not with a traceback once the first size has run.
+    if mode == "fusers":
+        import_extra(
+            "ensemble_boxes",
+            "detens bench times detens' WBF against ensemble_boxes', which is not installed: pip install "
+            "ensemble-boxes (it comes with 'detens[dev]'); --coco and --engines do not need it",
+        )
+    if mode == "engines":
+        import_extra("ray", "detens bench --engines times the Ray engine, which needs ray: pip install 'detens[ray]'")
     return mode
 
 

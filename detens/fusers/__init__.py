@@ -11,6 +11,8 @@ expected IoU with the ground truth, so that the models' scores become comparable
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -91,6 +93,7 @@ def fuse(
         ``supervision.Detections`` when every input was one.
     """
     fuser = FUSERS.get(resolve_method(method, params))
+    _check_parameter_names(method, fuser, params)
     as_supervision, class_names = False, None
     if isinstance(per_model, Sequence) and not isinstance(per_model, Detections):
         from detens.interop.supervision import class_names_of, from_supervision_per_model
@@ -106,6 +109,32 @@ def fuse(
         per_model = _resolve_calibration(calibration).calibrate(per_model)
     fused = fuser(per_model, **params)
     return fused.to_supervision(class_names) if as_supervision else fused
+
+
+@functools.cache
+def _parameter_names(fuser: Any) -> tuple[str, ...] | None:
+    """The keyword parameters of ``fuser`` after its detections; None when it takes any (``**kwargs``) or
+    has no signature to read."""
+    try:
+        signature = inspect.signature(fuser)
+    except (TypeError, ValueError):
+        return None
+    parameters = list(signature.parameters.values())[1:]
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    return tuple(p.name for p in parameters if p.kind is not inspect.Parameter.VAR_POSITIONAL)
+
+
+def _check_parameter_names(method: str, fuser: Any, params: dict[str, Any]) -> None:
+    """Raise TypeError naming ``method`` (not the function behind it) and what it takes when ``params``
+    holds a name it does not take, as :class:`~detens.pipeline.Ensemble` does."""
+    names = _parameter_names(fuser)
+    if names is None:
+        return
+    unknown = sorted(set(params) - set(names))
+    if unknown:
+        taken = [*names, "calibration", "image_size"]  # fuse's own, before any fuser
+        raise TypeError(f"fusion method {method!r} takes no parameter {unknown}; its parameters: {taken}")
 
 
 def _resolve_calibration(calibration: Any) -> Any:
