@@ -159,9 +159,10 @@ def test_an_error_on_an_actor_is_the_local_engines_error(cluster, dataset, tmp_p
             code = main(argv)
         err = capsys.readouterr().err
         assert code == 2 and err.count("error:") == 1 and "Traceback" not in err, err
-        assert "not a valid Flatbuffer" in err
+        assert "not a valid Flatbuffer" in err and str(weights) in err, err
         stopped_by = json.loads((out / "cache_summary.json").read_text())["stopped_by"]
-        assert stopped_by == "error: ValueError: The model is not a valid Flatbuffer buffer"
+        assert stopped_by == (f"error: ValueError: ultralytics could not load {str(weights)!r}: "
+                              "ValueError: The model is not a valid Flatbuffer buffer")
     code = main(["fuse", "--config", str(tmp_path / "one.yaml"), "--source", str(root / "images"), "--out",
                  str(tmp_path / "fused"), "--quiet", "--engine", "ray"])
     err = capsys.readouterr().err

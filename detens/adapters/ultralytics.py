@@ -104,13 +104,15 @@ def load_yolo(resolved: ResolvedWeights) -> Any:
         raise
     except Exception as err:
         if resolved.local:
-            # A local file that Ultralytics cannot read (truncated, not a checkpoint) is the user's to
-            # replace: a ValueError, as the ONNX adapter's, so the CLI reports one line, not a traceback
-            detail = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
-            raise ValueError(
-                f"ultralytics could not load {resolved.value!r}: {type(err).__name__}: {detail}"
-            ) from err
+            raise unreadable_weights(resolved, err) from err
         raise
+
+
+def unreadable_weights(resolved: ResolvedWeights, err: Exception) -> ValueError:
+    """A local file that Ultralytics cannot read (truncated, not a checkpoint, a damaged export) is the
+    user's to replace: a ValueError naming it, as the ONNX adapter's, so the CLI reports one line."""
+    detail = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+    return ValueError(f"ultralytics could not load {resolved.value!r}: {type(err).__name__}: {detail}")
 
 
 class UltralyticsDetector(BaseDetector):
@@ -209,7 +211,14 @@ class UltralyticsDetector(BaseDetector):
             return dict(self.model.names)
         # Exports: ``YOLO.names`` would load the file a second time in a throwaway predictor; a first
         # (warm-up) prediction sets up the real predictor once, with our arguments, and gives the names.
-        self.model.predict(np.zeros((64, 64, 3), dtype=np.uint8), **self.predict_args)
+        # It is also where an export is first read, so a damaged one fails here.
+        try:
+            self.model.predict(np.zeros((64, 64, 3), dtype=np.uint8), **self.predict_args)
+        except Exception as err:
+            predictor = getattr(self.model, "predictor", None)
+            if self.resolved.local and getattr(predictor, "model", None) is None:  # the file was never read
+                raise unreadable_weights(self.resolved, err) from err
+            raise
         return dict(self.model.predictor.model.names)
 
     def _report_fixed_size(self, imgsz: int) -> None:
