@@ -869,6 +869,10 @@ class TestTools:
         listing.write_text("999999999\n")
         assert train_cli.main(args + ["--out", str(out), "--images-from", str(listing)]) == 2
         assert "not in" in capsys.readouterr().err
+        for missing in (tmp_path / "nope.txt", tmp_path):
+            assert train_cli.main(args + ["--out", str(out), "--images-from", str(missing)]) == 2
+            assert capsys.readouterr().err == (f"error: detens train: --images-from: no such file: {missing} "
+                                               "(one image id per line) (see detens train --help)\n")
         assert train_cli.main(args + ["--out", str(out), "--set", "epoch=3"]) == 2
         assert "unknown key 'epoch'" in capsys.readouterr().err
         with pytest.raises(ValueError, match="unknown key 'epoch'"):  # --debug: the exception itself
@@ -1543,6 +1547,34 @@ def test_train_config_from_layers_the_user_keys_over_the_head_defaults():
     assert train_config_from("deep", ("a.yaml", {"match_iou": 0.5, "match_iou_grid": []})).match_iou == 0.5
     with pytest.raises(ValueError, match=r"unknown key 'epoch' in b.yaml"):
         train_config_from("deep", ("a.yaml", {"epochs": 2}), ("b.yaml", {"epoch": 2}))
+
+
+def test_a_shipped_training_config_of_another_head_type_is_named_as_such():
+    """Each shipped YAML loads for its own head type; given to a head type whose options it does not fit,
+    the error says whose config it is, rather than listing its first key as unknown."""
+    from dataclasses import fields
+
+    import yaml
+
+    from detens.heads import load_train_config
+    from detens.heads._fit import TRAINERS
+
+    def options(head):
+        return {f.name for f in fields(TRAINERS[head].config_class)}
+
+    mismatched = 0
+    for shipped in TRAINERS:
+        load_train_config(shipped, shipped)
+        keys = set(yaml.safe_load((REPO / "detens" / "configs" / "train" / f"{shipped}.yaml").read_text()))
+        for kind in TRAINERS:
+            if keys <= options(kind):
+                load_train_config(kind, shipped)
+                continue
+            mismatched += 1
+            with pytest.raises(ValueError, match=rf"{shipped}\.yaml is a training config of an? .*\b{shipped}\b.* head "
+                                                 rf"\(its keys are that type's\), not of a {kind} head"):
+                load_train_config(kind, shipped)
+    assert mismatched >= 20  # most pairs of the six head types differ
 
 
 @pytest.mark.parametrize("kind, keys, error, message", [

@@ -178,6 +178,8 @@ def run(args: argparse.Namespace) -> int:
     overrides.update(flags)
     config = load_train_config(args.head, args.config, overrides)
 
+    if args.images_from and not Path(args.images_from).is_file():
+        raise UsageError(f"--images-from: no such file: {args.images_from} (one image id per line)")
     listed = read_image_ids(Path(args.images_from)) if args.images_from else None
     gt = load_coco_gt(args.gt)
     models = args.models.split(",") if args.models else None

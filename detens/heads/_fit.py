@@ -895,10 +895,27 @@ def load_train_config(kind: str, path: str | None = None, overrides: dict[str, A
             raise FileNotFoundError(f"training config is empty: {config_path}")
         if not isinstance(data, dict):
             raise ValueError(f"{config_path}: the top level must be a mapping, got {type(data).__name__}")
+        _check_head_type_of(kind, config_path, data)
         layers.append((str(config_path), data))
     if overrides:
         layers.append(("--set", overrides))
     return train_config_from(kind, *layers)
+
+
+def _check_head_type_of(kind: str, path: Any, data: dict[str, Any]) -> None:
+    """Refuse a training config written for another head type, naming that type: its keys would otherwise
+    be reported one by one as unknown, which hides the mix-up."""
+    def options(head: str) -> set[str]:
+        return {f.name for f in fields(TRAINERS[head].config_class)}
+
+    if set(data) <= options(kind):
+        return
+    others = sorted(head for head in TRAINERS if head != kind and set(data) <= options(head))
+    if others:
+        raise ValueError(
+            f"{path} is a training config of a {' / '.join(others)} head (its keys are that type's), not of a "
+            f"{kind} head; give a {kind} one (the shipped one is named {kind!r})"
+        )
 
 
 def _trainer(kind: str) -> Trainer:
