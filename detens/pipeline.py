@@ -19,7 +19,6 @@ Label spaces:
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import logging
 import time
@@ -40,7 +39,7 @@ from detens.convert import (
     torchvision_to_detections,
 )
 from detens.detections import Detections
-from detens.fusers import FUSERS, fuse, resolve_method
+from detens.fusers import FUSERS, check_parameter_names, fuse, resolve_method
 
 if TYPE_CHECKING:
     from ultralytics.engine.results import Results
@@ -69,21 +68,7 @@ def _fusion_params(method: str, head: Any, params: dict[str, Any], model_names: 
             head = load_head(head, model_names=list(model_names) if model_names is not None else None)
         params["head"] = head
     fuser = FUSERS.get(resolve_method(method, params))  # a fuser, or a head type given its head
-    try:
-        signature = inspect.signature(fuser)
-    except (TypeError, ValueError):  # builtins or C callables: let the fuser check
-        return params
-    accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values())
-    if not accepts_any:
-        names = [
-            n
-            for n, p in list(signature.parameters.items())[1:]
-            if p.kind is not inspect.Parameter.VAR_POSITIONAL
-        ]
-        names.append("calibration")  # detens.fuse's own step before any fuser
-        unknown = sorted(set(params) - set(names))
-        if unknown:
-            raise TypeError(f"fusion method {method!r} takes no parameter {unknown}; its parameters: {names}")
+    check_parameter_names(method, fuser, params, own=("calibration",))  # detens.fuse's own step before any fuser
     return params
 
 

@@ -1592,7 +1592,7 @@ def test_a_shipped_training_config_of_another_head_type_is_named_as_such():
     ("calibration", {"tie_break": 2.0}, ValueError, r"tie_break must be in \[0, 1\), got 2.0"),
     ("calibration", {"shrinkage": -5.0}, ValueError, r"shrinkage must be a number >= 0, got -5.0"),
     ("calibration", {"fuser_params": {"wbf": {"bogus": 1}}}, TypeError,
-     r"fuser_params \{'bogus': 1\} do not fit the 'wbf' fuser: .*unexpected keyword argument 'bogus'"),
+     r"fuser_params \{'bogus': 1\} do not fit the 'wbf' fuser: .*takes no parameter \['bogus'\]"),
     ("calibration", {"fusers": ["wbf", "nope"], "fuser_params": {}}, ValueError,
      r"fusers\[1\]: unknown fusion method 'nope'; valid names: mean"),
     # per-model weights tell the ensemble's size, and with it a vote's largest min_votes

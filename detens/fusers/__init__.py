@@ -26,7 +26,7 @@ from detens.registry import unknown_name_error
 from detens.fusers import consensus, nms, refine, subset, theta, wbf  # noqa: E402,F401  isort: skip
 from detens.fusers.theta import head_methods  # noqa: E402  isort: skip
 
-__all__ = ["FUSERS", "fuse", "list_fusers", "list_methods", "check_weights", "head_methods", "resolve_method"]
+__all__ = ["FUSERS", "fuse", "list_fusers", "list_methods", "check_weights", "head_methods", "resolve_method", "check_parameter_names"]
 
 
 def list_fusers() -> list[str]:
@@ -93,7 +93,7 @@ def fuse(
         ``supervision.Detections`` when every input was one.
     """
     fuser = FUSERS.get(resolve_method(method, params))
-    _check_parameter_names(method, fuser, params)
+    check_parameter_names(method, fuser, params, own=("calibration", "image_size"))
     as_supervision, class_names = False, None
     if isinstance(per_model, Sequence) and not isinstance(per_model, Detections):
         from detens.interop.supervision import class_names_of, from_supervision_per_model
@@ -125,16 +125,16 @@ def _parameter_names(fuser: Any) -> tuple[str, ...] | None:
     return tuple(p.name for p in parameters if p.kind is not inspect.Parameter.VAR_POSITIONAL)
 
 
-def _check_parameter_names(method: str, fuser: Any, params: dict[str, Any]) -> None:
+def check_parameter_names(method: str, fuser: Any, params: dict[str, Any], own: Sequence[str] = ()) -> None:
     """Raise TypeError naming ``method`` (not the function behind it) and what it takes when ``params``
-    holds a name it does not take, as :class:`~detens.pipeline.Ensemble` does."""
+    holds a name that neither ``fuser`` nor the caller (``own``: :func:`fuse`'s ``calibration``, ...) takes.
+    A fuser without a signature to read, or taking ``**kwargs``, checks its parameters itself."""
     names = _parameter_names(fuser)
     if names is None:
         return
-    unknown = sorted(set(params) - set(names))
+    unknown = sorted(set(params) - set(names) - set(own))
     if unknown:
-        taken = [*names, "calibration", "image_size"]  # fuse's own, before any fuser
-        raise TypeError(f"fusion method {method!r} takes no parameter {unknown}; its parameters: {taken}")
+        raise TypeError(f"fusion method {method!r} takes no parameter {unknown}; its parameters: {[*names, *own]}")
 
 
 def _resolve_calibration(calibration: Any) -> Any:
