@@ -147,8 +147,11 @@ def check_flag(value: Any, name: str) -> bool:
 
 
 def check_choice(value: Any, name: str, choices: Collection[str]) -> str:
-    """``value`` if it is one of the string ``choices``; the error lists them."""
-    if not isinstance(value, str) or value not in choices:
+    """``value`` if it is one of the string ``choices``; the error lists them (a TypeError for a value that
+    is no string at all)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be one of {', '.join(choices)}, got {type(value).__name__} {value!r}")
+    if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
     return value
 

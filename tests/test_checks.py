@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -82,8 +83,10 @@ def test_check_flag(value, ok):
 
 def test_check_choice_lists_the_choices():
     assert check_choice("b", "c", ("a", "b")) == "b"
-    for bad in ("z", None, ["a"]):
-        with pytest.raises(ValueError, match="c must be one of a, b, got"):
+    with pytest.raises(ValueError, match="^c must be one of a, b, got 'z'$"):
+        check_choice("z", "c", ("a", "b"))
+    for bad, shown in ((None, "NoneType None"), (["a"], "list ['a']"), (1, "int 1")):
+        with pytest.raises(TypeError, match=f"^c must be one of a, b, got {re.escape(shown)}$"):
             check_choice(bad, "c", ("a", "b"))
 
 
