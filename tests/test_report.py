@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from detens.report.record import EvaluationRecord, record_path
 from detens.report.table import best_per_column
@@ -185,6 +186,18 @@ def test_side_by_side_refuses_detections_of_another_image_size():
         draw_side_by_side(np.zeros((100, 200, 3), np.uint8), [("m", det)], np.zeros((0, 4)), {0: "person"}, 0.3)
     with pytest.raises(ValueError, match=r"gt_boxes\[0\] is not finite"):
         draw_side_by_side(same, [("m", det)], np.array([[1.0, 2.0, np.nan, 4.0]]), {0: "person"}, 0.3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_side_by_side_draws_detections_on_the_gpu():
+    from detens.detections import Detections
+    from detens.report.examples import draw_side_by_side
+
+    det = Detections(np.array([[200.0, 100.0, 390.0, 190.0]]), np.array([0.9]), np.array([0]), (200, 400))
+    image = np.zeros((200, 400, 3), np.uint8)
+    on_gpu = draw_side_by_side(image, [("m", det.to("cuda"))], det.boxes.numpy(), {0: "person"}, 0.3, panel_width=200)
+    on_cpu = draw_side_by_side(image, [("m", det)], det.boxes.numpy(), {0: "person"}, 0.3, panel_width=200)
+    np.testing.assert_array_equal(on_gpu, on_cpu)
 
 
 # a pair of $ is math text to matplotlib (drawn garbled), an odd $ or a bad formula a parse error

@@ -13,6 +13,7 @@ from detens.adapters import AugmentedDetector, View
 from detens.adapters._tiles import EDGE_MARGIN, cut_by_inner_edges, merge_tiles, tile_windows
 from detens.adapters.augmented import DEFAULT_OVERLAP, AugmentedView
 from detens.detections import Detections
+from detens.fusers import fuse
 
 
 def reference_cut(boxes: torch.Tensor, window, image_size, margin=EDGE_MARGIN) -> list[bool]:
@@ -273,6 +274,27 @@ def test_tiled_member_of_several_images_and_nothing_found():
     member = AugmentedView(ScriptedDetector(second_image_only), "tiles=2x2")
     first, second = member(images)
     assert len(first) == 0 and second.boxes.tolist() == [[1.0, 1.0, 5.0, 5.0]]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_views_of_a_cuda_detector_stay_on_its_device():
+    """The identity view is the detector itself: the other views must answer on its device too, or fuse
+    refuses the members' Detections."""
+
+    class OnCuda(ScriptedDetector):
+        def __call__(self, images):
+            return [d.to("cuda") for d in super().__call__(images)]
+
+    image = np.random.default_rng(0).integers(0, 255, (90, 140, 3), dtype=np.uint8)
+    views = ["identity", "hflip", "scale=0.5", "hflip+tiles=2x3+overlap=0.25"]
+    on_gpu = AugmentedDetector(OnCuda(random_answers), views, merge_iou=0.6)([image])[0]
+    on_cpu = AugmentedDetector(ScriptedDetector(random_answers), views, merge_iou=0.6)([image])[0]
+    assert all(d.device.type == "cuda" for d in on_gpu)
+    for gpu, cpu in zip(on_gpu, on_cpu, strict=True):
+        torch.testing.assert_close(gpu.boxes.cpu(), cpu.boxes)
+        torch.testing.assert_close(gpu.scores.cpu(), cpu.scores)
+        assert gpu.labels.cpu().tolist() == cpu.labels.tolist()
+    assert fuse(on_gpu, "wbf").device.type == "cuda"
 
 
 def test_tiled_member_rejects_bad_merge_settings():

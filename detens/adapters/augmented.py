@@ -299,12 +299,13 @@ class AugmentedView(BaseDetector):
         for window in windows:
             det = next(found)
             x1, y1, x2, y2 = window
-            tile_boxes = per_tile.invert_boxes(det.boxes.cpu(), (y2 - y1, x2 - x1))
-            tile_boxes += torch.tensor([x1, y1, x1, y1], dtype=tile_boxes.dtype)
+            # on the detector's own device: the identity view is the detector itself, and fuse needs one device
+            tile_boxes = per_tile.invert_boxes(det.boxes, (y2 - y1, x2 - x1))
+            tile_boxes += torch.tensor([x1, y1, x1, y1], dtype=tile_boxes.dtype, device=tile_boxes.device)
             keep = ~cut_by_inner_edges(tile_boxes, window, size)  # type: ignore[arg-type]
             boxes.append(tile_boxes[keep])
-            scores.append(det.scores.cpu()[keep])
-            labels.append(det.labels.cpu()[keep])
+            scores.append(det.scores[keep])
+            labels.append(det.labels[keep])
         merged = Detections(torch.cat(boxes), torch.cat(scores), torch.cat(labels), size, self.name)  # type: ignore[arg-type]
         if self.view.tiled:
             merged = merged[merge_tiles(merged.boxes, merged.scores, merged.labels, self.merge_iou, self.max_det)]

@@ -116,7 +116,8 @@ def draw_side_by_side(
     gt_small = gt_boxes * scale.double().numpy()
     row = []
     for title, det in panels:
-        det_small = Detections(det.boxes * scale, det.scores, det.labels, (size[1], size[0]), det.source)
+        boxes = det.boxes * scale.to(det.boxes.device)  # a panel may be on the GPU
+        det_small = Detections(boxes, det.scores, det.labels, (size[1], size[0]), det.source)
         drawn = draw_detections(small, det_small, names, conf=conf, line_width=2)
         drawn = draw_ground_truth(drawn, gt_small, line_width=1, dash=5)  # on top, so never hidden
         header = np.full((28, panel_width, 3), 255, dtype=np.uint8)
