@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["Detections", "MAX_LABEL", "MAX_IMAGE_SIDE", "check_xyxy"]
+__all__ = ["Detections", "MAX_LABEL", "MAX_IMAGE_SIDE", "check_xyxy", "compute_device"]
 
 #: The largest class id: labels are category ids, written to JSON and offset per class in batched NMS, and
 #: int32 is what every COCO tool and exporter can hold.
@@ -54,6 +54,12 @@ def check_xyxy(boxes: Tensor, name: str, hint: str = "") -> None:
     if inverted.any():
         i = int(inverted.nonzero()[0])
         raise ValueError(f"{name}[{i}] = {boxes[i].tolist()} has x2 < x1 or y2 < y1; boxes must be xyxy{hint}")
+
+
+
+def compute_device(device: torch.device) -> torch.device:
+    """Where float64 work can run: the input device, or the CPU for backends without float64 (MPS)."""
+    return device if device.type in ("cpu", "cuda") else torch.device("cpu")
 
 
 def _is_whole(value: Any) -> bool:

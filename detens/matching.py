@@ -31,7 +31,7 @@ from torch import Tensor
 from torchvision.ops import batched_nms, nms
 
 from detens.checks import check_choice, check_real
-from detens.detections import Detections
+from detens.detections import Detections, compute_device
 
 __all__ = ["Clusters", "MATCH_BACKENDS", "match", "check_per_model", "impute_absent_boxes", "weighted_mean_box"]
 
@@ -299,12 +299,16 @@ def match(per_model: Sequence[Detections], iou_thr: float = 0.55, *, backend: st
     # the very same IoU values with the threshold.
     # The rounds are discrete (and partly numpy): they see detached copies. ``preds`` below is filled from
     # the inputs themselves, so a head's output stays differentiable with respect to the input boxes.
-    boxes64 = boxes.detach().double()
-    if backend == "compiled" or (backend == "auto" and device.type == "cpu"):
+    work = compute_device(device)  # the rounds' float64 IoUs run where float64 does (not on MPS)
+    boxes64 = boxes.detach().to(work, torch.float64)
+    if backend == "compiled" or (backend == "auto" and work.type == "cpu"):
         rounds = _compiled_rounds
     else:
         rounds = _tensor_rounds
-    chosen, cluster_of, cluster_labels = rounds(boxes64, labels, model_id, num_models, by_priority, iou_thr)
+    chosen, cluster_of, cluster_labels = (
+        t.to(device)
+        for t in rounds(boxes64, labels.to(work), model_id.to(work), num_models, by_priority.to(work), iou_thr)
+    )
     num_clusters = cluster_labels.numel()
     if num_clusters == 0:
         return Clusters.empty(num_models, image_size, device, sources)

@@ -27,7 +27,7 @@ from torch import Tensor
 from torchvision.ops import box_iou
 
 from detens.checks import check_real
-from detens.detections import check_xyxy
+from detens.detections import check_xyxy, compute_device
 from detens.matching import Clusters
 
 __all__ = ["Targets", "assign_targets"]
@@ -217,8 +217,9 @@ def assign_targets(
     height, width = clusters.image_size
     size = gt_boxes.new_tensor([width, height, width, height])
     gt_norm = gt_boxes / size  # [G, 4]
-    fused_pixels = fused_boxes.detach().double() * size.double()  # [C, 4], for COCO's IoUs
-    gt_pixels = gt_boxes.double()
+    work = compute_device(device)  # COCO's IoUs in float64, where float64 runs (not on MPS)
+    fused_pixels = fused_boxes.detach().to(work, torch.float64) * size.to(work, torch.float64)  # [C, 4]
+    gt_pixels = gt_boxes.to(work, torch.float64)
     matched = torch.zeros(num_clusters, dtype=torch.bool, device=device)
     ignore = torch.zeros(num_clusters, dtype=torch.bool, device=device)
     gt_index = torch.full((num_clusters,), -1, dtype=torch.int64, device=device)
@@ -226,8 +227,8 @@ def assign_targets(
         return Targets(torch.zeros((num_clusters, 4), dtype=dtype, device=device), matched, ignore, gt_index)
 
     same_class = clusters.labels[:, None] == gt_labels[None, :]  # [C, G]
-    iou = box_iou(fused_pixels, gt_pixels)  # [C, G]
-    candidate = same_class & ~crowd[None, :] & (iou >= iou_thr)  # [C, G]
+    iou = box_iou(fused_pixels, gt_pixels)  # [C, G] float64 on ``work``
+    candidate = same_class & ~crowd[None, :] & (iou >= iou_thr).to(device)  # [C, G]
 
     # Greedy one-to-one assignment in score order: sequential by nature, so it runs on the (few) clusters
     # with at least one candidate, over numpy rows of the precomputed IoU matrix.
@@ -253,5 +254,5 @@ def assign_targets(
         inter = (rb - lt).clamp(min=0).prod(-1)  # [C, G]
         area = (fused_pixels[:, 2:] - fused_pixels[:, :2]).clamp(min=0).prod(-1)  # [C]
         crowd_iou = inter / area[:, None].clamp(min=torch.finfo(torch.float64).tiny)
-        ignore = ~matched & (same_class & crowd[None, :] & (crowd_iou >= iou_thr)).any(1)
+        ignore = ~matched & (same_class & crowd[None, :] & (crowd_iou >= iou_thr).to(device)).any(1)
     return Targets(boxes, matched, ignore, gt_index)

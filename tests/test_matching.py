@@ -299,6 +299,23 @@ class TestMatchEdgeCases:
         assert as_reference_form(gpu.to("cpu")) == as_reference_form(cpu)
 
 
+    @pytest.mark.skipif(not torch.backends.mps.is_available(), reason="needs MPS (Apple GPU)")
+    @pytest.mark.parametrize("backend", ["auto", *BACKENDS])
+    def test_mps_matches_cpu(self, backend):
+        """MPS has no float64: the rounds' IoUs are computed on the CPU, the clusters returned on MPS."""
+        per_model = random_per_model(random.Random(2), num_models=3)
+        mps = match([d.to("mps") for d in per_model], backend=backend)
+        assert mps.preds.device.type == "mps" and mps.labels.device.type == "mps"
+        assert as_reference_form(mps.to("cpu")) == as_reference_form(match(per_model))
+
+    def test_float64_work_runs_where_the_backend_has_float64(self):
+        from detens.detections import compute_device
+
+        for kept in ("cpu", "cuda", "cuda:1"):
+            assert compute_device(torch.device(kept)) == torch.device(kept)
+        assert compute_device(torch.device("mps")) == torch.device("cpu")
+
+
 class TestBackendsAgree:
     @pytest.mark.parametrize("seed", range(3))
     def test_on_benchmark_images(self, seed):

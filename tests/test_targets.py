@@ -400,3 +400,19 @@ def test_cuda_matches_cpu():
     assert gpu.boxes.device.type == "cuda"
     assert gpu.gt_index.cpu().tolist() == cpu.gt_index.tolist()
     assert gpu.ignore.cpu().tolist() == cpu.ignore.tolist()
+
+
+@pytest.mark.skipif(not torch.backends.mps.is_available(), reason="needs MPS (Apple GPU)")
+def test_mps_matches_cpu():
+    """MPS has no float64: COCO's IoUs are computed on the CPU, the targets returned on MPS."""
+    image_size, boxes, scores, labels, gt_boxes, gt_labels, crowd = random_case(3)
+    cpu = assign_targets(
+        make_clusters(boxes, labels, image_size), boxes, scores, gt_boxes, gt_labels, gt_iscrowd=crowd
+    )
+    mps = assign_targets(
+        make_clusters(boxes, labels, image_size).to("mps"), boxes.to("mps"), scores.to("mps"),
+        gt_boxes.to("mps"), gt_labels.to("mps"), gt_iscrowd=crowd.to("mps"),
+    )
+    assert mps.boxes.device.type == "mps"
+    assert torch.equal(mps.matched.cpu(), cpu.matched) and torch.equal(mps.ignore.cpu(), cpu.ignore)
+    assert torch.equal(mps.gt_index.cpu(), cpu.gt_index)

@@ -17,14 +17,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["compute_device", "disjoint_groups", "lockstep_layout", "LockstepLayout"]
+__all__ = ["disjoint_groups", "lockstep_layout", "LockstepLayout"]
 
 _MAX_SPLIT_ROUNDS = 8
-
-
-def compute_device(device: torch.device) -> torch.device:
-    """Where float64 work can run: the input device, or the CPU for backends without float64 (MPS)."""
-    return device if device.type in ("cpu", "cuda") else torch.device("cpu")
 
 
 def _split_axis(lo: Tensor, hi: Tensor, group: Tensor, margin: float) -> tuple[Tensor, int]:

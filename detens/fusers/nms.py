@@ -21,8 +21,8 @@ from torch import Tensor
 from torchvision.ops import batched_nms
 
 from detens.checks import check_choice, check_real
-from detens.detections import Detections
-from detens.fusers._lockstep import compute_device, disjoint_groups, lockstep_layout
+from detens.detections import Detections, compute_device
+from detens.fusers._lockstep import disjoint_groups, lockstep_layout
 from detens.fusers._order import lexicographic_order
 from detens.fusers._registry import FUSERS, check_weights
 from detens.matching import check_per_model

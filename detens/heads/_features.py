@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 from torchvision.ops import box_iou
 
+from detens.detections import compute_device
 from detens.matching import Clusters, weighted_mean_box
 
 __all__ = [
@@ -252,8 +253,9 @@ def member_visibility(model_names: Sequence[str], clusters: Clusters) -> Tensor:
 
     height, width = clusters.image_size
     num = len(clusters)
-    scale = torch.tensor([width, height, width, height], dtype=torch.float64, device=clusters.device)
-    boxes = present_mean_box(clusters.preds.to(torch.float64), clusters.present) * scale  # [C, 4] pixels
+    work = compute_device(clusters.device)  # pixels in float64, where float64 runs (not on MPS)
+    scale = torch.tensor([width, height, width, height], dtype=torch.float64, device=work)
+    boxes = present_mean_box(clusters.preds.to(work, torch.float64), clusters.present.to(work)) * scale  # [C, 4]
     columns = []
     for name in model_names:
         view = _tiled_view(name)
@@ -264,7 +266,7 @@ def member_visibility(model_names: Sequence[str], clusters: Clusters) -> Tensor:
         for window in view.windows((height, width)):
             x1, y1, x2, y2 = window
             inside = (boxes[:, 0] >= x1) & (boxes[:, 1] >= y1) & (boxes[:, 2] <= x2) & (boxes[:, 3] <= y2)
-            seen |= inside & ~cut_by_inner_edges(boxes, window, (height, width))
+            seen |= (inside & ~cut_by_inner_edges(boxes, window, (height, width))).to(clusters.device)
         columns.append(seen)
     return torch.stack(columns, 1) if columns else torch.zeros(num, 0, dtype=torch.bool, device=clusters.device)
 

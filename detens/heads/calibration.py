@@ -53,9 +53,8 @@ from torch import Tensor, nn
 from torchvision.ops import box_iou
 
 from detens.checks import check_distinct_integers
-from detens.detections import Detections
+from detens.detections import Detections, compute_device
 from detens.fusers import FUSERS, fuse
-from detens.fusers._lockstep import compute_device
 from detens.heads._features import class_positions
 from detens.heads._io import (
     HeadFileError,
