@@ -267,7 +267,10 @@ class Ensemble:
             raise ValueError(f"on_error must be one of {list(_ON_ERROR)}, got {on_error!r}")
         from detens.sources import list_images
 
-        predictions = PredictionStream(self, list(list_images(source)), batch_size, on_error)
+        paths = list(list_images(source))
+        if not paths:  # a normal answer, but most often a mistyped folder or glob pattern
+            logger.warning("no image files in %r: nothing to predict (see detens.sources.IMAGE_EXTENSIONS)", source)
+        predictions = PredictionStream(self, paths, batch_size, on_error)
         return predictions if stream else PredictionList(predictions, predictions.paths, predictions.skipped)
 
 

@@ -634,6 +634,20 @@ def test_ensemble_predict_with_precomputed_detectors(tmp_path):
         ens.run_detectors([np.zeros((48, 64, 3), np.uint8)], paths)
 
 
+def test_ensemble_predict_over_no_images_answers_empty_and_warns(tmp_path, caplog):
+    """No images is a normal answer, and a warning: a mistyped folder or glob pattern looks the same."""
+    from detens.adapters import PrecomputedDetector
+
+    ens = Ensemble([PrecomputedDetector([], {"a.jpg": 1}, name="saved")], method=METHOD)
+    with caplog.at_level("WARNING", logger="detens.pipeline"):
+        assert list(ens.predict(tmp_path)) == []
+        assert list(ens.predict(str(tmp_path / "*.jpg"), stream=True)) == []
+    assert [r.getMessage() for r in caplog.records] == [
+        f"no image files in {source!r}: nothing to predict (see detens.sources.IMAGE_EXTENSIONS)"
+        for source in (tmp_path, str(tmp_path / "*.jpg"))
+    ]
+
+
 # ------------------------------------------------------------------------------- unreadable images, predict
 class ImageSizeDetector:
     """One box over the whole image: its Detections show which image it was given."""
