@@ -525,8 +525,21 @@ class TestTorchvisionLoading:
         from detens.adapters.torchvision import TorchvisionDetector
 
         torch.save({"backbone.weight": torch.zeros(3)}, tmp_path / "bad.pth")
-        with pytest.raises(ValueError, match="does not fit torchvision"):
+        with pytest.raises(ValueError, match="does not fit torchvision") as raised:
             TorchvisionDetector(self.ARCH, weights=tmp_path / "bad.pth", device="cpu")
+        # one line, naming a few keys and how many: torch's own message lists every one of them
+        message = str(raised.value)
+        assert "\n" not in message and len(message) < 600, message
+        assert re.search(r"missing keys: backbone\.features\.\S+, .*, \.\.\. \(\d{3} in all\); "
+                         r"unexpected keys: backbone\.weight$", message), message
+
+    def test_a_state_dict_of_other_shapes_names_them(self, tmp_path, state):
+        from detens.adapters.torchvision import TorchvisionDetector
+
+        torch.save(state, tmp_path / "ninety.pth")
+        with pytest.raises(ValueError, match=r"with num_classes=3: other shapes: head\.classification_head\.\S+ "
+                                             r"\[\d+(, \d+)*\] \(the model's: \[\d+"):
+            TorchvisionDetector(self.ARCH, weights=tmp_path / "ninety.pth", device="cpu", num_classes=3)
 
     @pytest.mark.parametrize("name, content", [
         ("garbage.pth", lambda state: b"not a checkpoint" * 64),

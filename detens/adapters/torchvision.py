@@ -95,6 +95,26 @@ def _module_num_classes(model: torch.nn.Module) -> int | None:
     return None
 
 
+def _misfit(model: torch.nn.Module, state: dict[str, torch.Tensor], shown: int = 3) -> str:
+    """How a state dict differs from a model's, in a line: torch's own message lists every key, which for
+    a state dict of another architecture runs to tens of kilobytes."""
+    expected = model.state_dict()
+
+    def some(names: list[str]) -> str:
+        return ", ".join(names[:shown]) + (f", ... ({len(names)} in all)" if len(names) > shown else "")
+
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    resized = [
+        f"{k} {list(state[k].shape)} (the model's: {list(expected[k].shape)})"
+        for k in expected
+        if k in state and hasattr(state[k], "shape") and state[k].shape != expected[k].shape
+    ]
+    parts = [f"{what}: {some(names)}" for what, names in (
+        ("missing keys", missing), ("unexpected keys", unexpected), ("other shapes", resized)) if names]
+    return "; ".join(parts) or "the state dict does not load"
+
+
 def load_state_dict_file(path: str | Path) -> dict[str, torch.Tensor]:
     """A state dict from ``.safetensors``, or from a torch file (plain, or under ``model``/``state_dict``)."""
     path = Path(path)
@@ -339,7 +359,7 @@ class TorchvisionDetector(BaseDetector):
             except RuntimeError as err:
                 raise ValueError(
                     f"{resolved.value!r} does not fit torchvision {arch!r}"
-                    f"{f' with num_classes={num_classes}' if num_classes else ''}: {err}"
+                    f"{f' with num_classes={num_classes}' if num_classes else ''}: {_misfit(model, state)}"
                 ) from err
             return model
         try:
