@@ -791,6 +791,8 @@ def test_a_cache_without_the_image_map_digest_resumes_and_records_it(slice_, tmp
 def test_the_weights_folder_neither_refuses_a_resume_nor_a_merge(slice_, tmp_path):
     """Where weights are looked for is no setting of the results: the weights' digests decide."""
     out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"  # shards run on two machines
+    (tmp_path / "w1").mkdir()
+    (tmp_path / "w2").mkdir()
     assert run(slice_, out, "--models", "b", "--shard", "0/2", "--weights-dir", str(tmp_path / "w1")) == 0
     assert run(slice_, elsewhere, "--models", "b", "--shard", "1/2", "--weights-dir", str(tmp_path / "w2")) == 0
     shutil.copy(elsewhere / "shards" / "b.shard-1-of-2.json", out / "shards")
@@ -922,6 +924,8 @@ def test_python_calls_check_each_option_like_its_flag(slice_, tmp_path):
         ({"engine": "rayy"}, ValueError, r"engine must be one of 'local', 'ray', got 'rayy'"),
         ({"shard": "2/2"}, ValueError, r"--shard i/n needs"),
         ({"gpus_per_actor": 1.0}, ValueError, r"go with --engine ray"),
+        ({"weights_dir": tmp_path / "nope"}, ValueError, r"weights_dir: no such folder: '.*nope'"),
+        ({"weights_dir": 3}, TypeError, r"weights_dir must be a path \(str or os.PathLike\), got int"),
     ]:
         with pytest.raises(error, match=message):
             detens.cache(*common, quiet=True, **options)

@@ -522,9 +522,15 @@ def test_a_relative_weights_dir_is_the_yamls_and_a_flags_is_the_working_director
     monkeypatch.chdir(elsewhere)
     args = ["--config", str(project / "cfg" / "wd.yaml"), "--source", str(source), "--quiet", "--no-vis"]
     assert fuse_tool.main([*args, "--out", str(tmp_path / "o")]) == 0
+    # the flag's folder is the working directory's: there is none, and a flag naming nothing is a mistake
+    with pytest.raises(SystemExit) as stop:  # argparse's own errors exit from parse_args
+        fuse_tool.main([*args, "--out", str(tmp_path / "o2"), "--weights-dir", "../models"])
+    assert stop.value.code == 2
+    assert "argument --weights-dir: no such folder: '../models'" in capsys.readouterr().err
+    (tmp_path / "elsewhere" / "models").mkdir()
     assert fuse_tool.main([*args, "--out", str(tmp_path / "o2"), "--weights-dir", "../models"]) == 2
     missing = tmp_path / "elsewhere" / "models"
-    assert f"{missing / 'mine' / 'v8.tflite'} (weights folder; {missing} does not exist)" in capsys.readouterr().err
+    assert f"{missing / 'mine' / 'v8.tflite'} (weights folder)" in capsys.readouterr().err
 
 
 def test_an_image_map_of_saved_predictions_rewritten_at_the_same_path_is_not_resumed_over(workspace, tmp_path, capsys):

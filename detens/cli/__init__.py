@@ -12,13 +12,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import yaml
 
-__all__ = ["COMMANDS", "UsageError", "add_threads_argument", "build_parser", "positive_int", "command_parser", "main", "run_command"]
+__all__ = ["COMMANDS", "UsageError", "add_threads_argument", "add_weights_dir_argument", "existing_folder", "build_parser", "positive_int", "command_parser", "main", "run_command"]
 
 #: subcommand -> (module, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -52,6 +53,23 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
     return value
+
+
+def existing_folder(text: str) -> str:
+    """argparse type: the path of a folder that exists (kept as written)."""
+    if not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"no such folder: {text!r}")
+    return text
+
+
+def add_weights_dir_argument(parser: argparse.ArgumentParser) -> None:
+    """``--weights-dir``, for the commands that load detectors. A folder that does not exist is refused even
+    when the weights are found elsewhere (``$DETENS_WEIGHTS`` is looked in first): it is a mistyped path."""
+    parser.add_argument(
+        "--weights-dir", type=existing_folder,
+        help="folder that weights names are relative to, a relative one from the working directory "
+        "(overrides weights_dir)",
+    )
 
 
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:

@@ -76,6 +76,7 @@ from detens.adapters import (
     label_space_name,
     member_weights,
 )
+from detens.cli import add_weights_dir_argument
 from detens.cli._engine import add_engine_arguments, ray_options
 from detens.cli._inputs import (
     check_inputs_unchanged,
@@ -134,8 +135,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--imgsz", type=int, help="inference size of every model (overrides imgsz)")
     p.add_argument("--device", help="device of every model: cpu, cuda, cuda:0 ... (overrides device)")
     p.add_argument("--batch", type=int, help="images per detector call (overrides batch)")
-    p.add_argument("--weights-dir", help="folder that weights names are relative to, a relative one from the working "
-                   "directory (overrides weights_dir)")
+    add_weights_dir_argument(p)
     p.add_argument("--vis-conf", type=float, help="minimum score of drawn boxes (overrides output.vis_conf)")
     p.add_argument("--no-vis", action="store_true", help="do not write vis/")
     p.add_argument("--no-labels", action="store_true", help="do not write labels/")
