@@ -452,6 +452,15 @@ def test_overwrite_that_fails_before_its_first_result_leaves_the_folder_as_it_wa
     assert not (tmp_path / "new").exists()
 
 
+def test_a_second_run_on_the_same_out_is_refused(workspace, tmp_path, capsys, lock_in_another_process):
+    source, out = one_image_source(workspace, tmp_path / "src"), tmp_path / "o"
+    holder = lock_in_another_process(out)
+    assert fuse_into(workspace, source, out) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and f"pid {holder.pid}" in err and "Traceback" not in err, err
+    assert [p.name for p in out.iterdir()] == [".detens.lock"]  # nothing written beside the other run's
+
+
 def test_a_rerun_keeps_earlier_images_with_their_ids_and_files(workspace, tmp_path):
     source, out = one_image_source(workspace, tmp_path / "src", "x.jpg", "y.jpg"), tmp_path / "o"
     assert fuse_into(workspace, source, out, "--no-vis") == 0

@@ -42,6 +42,8 @@ Writes into ``--out``:
 
 An ``--out`` holding outputs (``labels/``, ``vis/``, ...) that no run wrote is refused; an ``--out`` inside
 the ``--source`` folder is not read back as input.
+A second run on an ``--out`` that a running one uses is refused, naming it (``--out/.detens.lock``, held
+until the run ends, however it ends).
 
 Unreadable or corrupt images are reported and skipped. Sub-folders are kept under ``labels/`` and ``vis/``.
 Everything that can be checked before the detectors load (the config, the method, its parameters' names
@@ -95,7 +97,7 @@ from detens.ensemble_config import (
 from detens.export import yolo_lines
 from detens.fusers import FUSERS, fuse, head_methods, list_methods
 from detens.heads._io import find_head_file
-from detens.io import atomic_write_bytes, atomic_write_json, output_stems
+from detens.io import atomic_write_bytes, atomic_write_json, output_lock, output_stems
 from detens.labels import COCO_CATEGORY_IDS, COCO_ID_TO_NAME
 from detens.registry import unknown_name_error
 from detens.sources import ImageReadError, list_images, read_image
@@ -679,6 +681,11 @@ def time_first_call(method: str, params: dict[str, Any], member_names: list[str]
 
 # -------------------------------------------------------------------------------------------------- run
 def run(args: argparse.Namespace) -> int:
+    with output_lock(args.out, "detens fuse"):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     engine = ray_options(args)
     config = resolve_config(args)
     out: Path = args.out
