@@ -480,6 +480,38 @@ def test_a_rerun_keeps_earlier_images_with_their_ids_and_files(workspace, tmp_pa
     assert sorted(p.name for p in (out / "labels").iterdir()) == ["x.txt", "x_png.txt", "y.txt"]
 
 
+def test_a_run_killed_while_partial_is_unpacked_or_removed_loses_no_image(workspace, tmp_path, monkeypatch):
+    source, out = one_image_source(workspace, tmp_path / "src", "x.jpg", "y.jpg"), tmp_path / "o"
+    real_rmtree, real_write = shutil.rmtree, fuse_tool.atomic_write_json
+
+    def killed_after_the_first_record(path, *args, **kwargs):
+        records = sorted(Path(path).rglob("*.jpg.json")) if Path(path).is_dir() else []
+        if not records:
+            return real_rmtree(path, *args, **kwargs)
+        records[0].unlink()
+        raise KeyboardInterrupt  # the process ends here, the other records stay
+
+    monkeypatch.setattr(shutil, "rmtree", killed_after_the_first_record)
+    assert fuse_into(workspace, source, out, "--no-vis") == 130
+    monkeypatch.setattr(shutil, "rmtree", real_rmtree)
+    assert (out / "images.json").is_file()
+    complete = read_outputs(out)
+    # the other image alone: the one whose record went keeps its results and id
+    assert fuse_into(workspace, source / "y.jpg", out, "--no-vis") == 0
+    assert read_outputs(out) == complete
+
+    def killed_after_one_unpacked(path, obj, *args, **kwargs):
+        if Path(path).name == "y.jpg.json":
+            raise KeyboardInterrupt
+        return real_write(path, obj, *args, **kwargs)
+
+    monkeypatch.setattr(fuse_tool, "atomic_write_json", killed_after_one_unpacked)
+    assert fuse_into(workspace, source / "x.jpg", out, "--no-vis") == 130
+    monkeypatch.setattr(fuse_tool, "atomic_write_json", real_write)
+    assert fuse_into(workspace, source / "x.jpg", out, "--no-vis") == 0
+    assert read_outputs(out) == complete
+
+
 def test_a_head_rewritten_at_the_same_path_is_not_resumed_over(workspace, tmp_path, capsys):
     from detens import ThetaHead
 

@@ -113,6 +113,10 @@ OUTPUT_NAMES = (
 )
 # Where --overwrite keeps the earlier outputs until the new run has its first result.
 REPLACED = ".replaced"
+# partial/ is built here and renamed into place, and renamed here before it is deleted: a run killed
+# half-way through either leaves a whole partial/ or none, never one that lacks finished images.
+UNPACKING = ".partial.unpacking"
+REMOVING = ".partial.removing"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -363,6 +367,8 @@ def unpack_finished_run(out: Path) -> int:
     Returns the number of images unpacked."""
     if (out / "partial").is_dir():
         return 0
+    staging = out / UNPACKING
+    _remove(staging)  # what a run killed while unpacking left
     images, results = _read_json(out / "images.json"), _read_json(out / "predictions.json")
     if not isinstance(images, dict) or not isinstance(results, list):
         return 0
@@ -387,7 +393,9 @@ def unpack_finished_run(out: Path) -> int:
             record["output_stem"] = image["output_stem"]
         if per_model:
             record["per_model"] = {m: grouped.get(int(image["id"]), []) for m, grouped in per_model.items()}
-        atomic_write_json(partial_path(out, image["file_name"]), record)
+        atomic_write_json(staging / f"{image['file_name']}.json", record)
+    if staging.is_dir():
+        staging.rename(out / "partial")
     return len(images.get("images", []))
 
 
@@ -563,7 +571,10 @@ def write_outputs(
     }
     atomic_write_json(out / "summary.json", summary, indent=2)
     if complete:
-        shutil.rmtree(out / "partial", ignore_errors=True)
+        _remove(out / REMOVING)
+        if (out / "partial").is_dir():
+            (out / "partial").rename(out / REMOVING)
+        shutil.rmtree(out / REMOVING, ignore_errors=True)
     return summary
 
 
