@@ -3,19 +3,26 @@ unique output names for input files."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
+import socket
+import sys
 import tempfile
+import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 __all__ = [
     "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "check_writable_file", "check_writable_folder",
-    "read_json_file", "output_stems",
+    "read_json_file", "output_stems", "output_lock", "LOCK_NAME",
 ]
+
+#: The lock file a command holds in its output folder while it writes there (see :func:`output_lock`).
+LOCK_NAME = ".detens.lock"
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -53,6 +60,86 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 def atomic_write_json(path: str | Path, obj: Any, indent: int | None = None) -> None:
     atomic_write_text(path, json.dumps(obj, indent=indent))
+
+
+@contextlib.contextmanager
+def output_lock(folder: str | Path, command: str, name: str = LOCK_NAME) -> Iterator[None]:
+    """Hold ``folder/<name>`` (``.detens.lock``) while ``command`` reads and writes the folder's outputs.
+
+    Two runs on one output folder would each rebuild the outputs from their own view of the finished
+    work (one removing what the other still counts on), and both report success over a corrupt result;
+    the second is refused instead, naming the first. The lock is the kernel's (``flock``), released when
+    its process ends however it ends, so a run killed with SIGKILL never blocks the next one; the file
+    only names its holder (pid, host, command) for the message. A folder that does not exist is created,
+    and removed again at the end if the command left it empty. Where the platform or the file system has
+    no such locks, the command runs unlocked, as before.
+
+    Raises:
+        ValueError: another process holds the lock, naming it.
+    """
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        yield  # not a folder: the command says so, with its own message
+        return
+    created = [p for p in (folder, *folder.parents) if not p.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = _acquire(folder / name, command)
+        try:
+            yield
+        finally:
+            if fd is not None:
+                # removed while still held: a process waiting on this file sees it is gone and retries
+                (folder / name).unlink(missing_ok=True)
+                os.close(fd)
+    finally:
+        for path in created:  # innermost first
+            with contextlib.suppress(OSError):  # not empty: the command wrote there
+                path.rmdir()
+
+
+def _acquire(path: Path, command: str) -> int | None:
+    """The descriptor of ``path`` locked by this process, or None where locks are not available."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not a POSIX system
+        return None
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ValueError(_held_by(path)) from None
+        except OSError as err:  # pragma: no cover - a file system without locks (some network mounts)
+            os.close(fd)
+            if err.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                return None
+            raise
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the holder removed the file as it let go: lock the one at the path now
+    holder = {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
+              "argv": sys.argv, "started": time.strftime("%Y-%m-%d %H:%M:%S %z")}
+    os.ftruncate(fd, 0)
+    os.write(fd, json.dumps(holder).encode("utf-8"))
+    return fd
+
+
+def _held_by(path: Path) -> str:
+    """Who holds the lock at ``path``, as far as its file tells."""
+    folder = path.parent
+    try:
+        holder = json.loads(path.read_text(encoding="utf-8"))
+        who = f"{holder['command']} (pid {holder['pid']} on {holder['host']}, started {holder['started']})"
+    except (OSError, ValueError, KeyError, TypeError):
+        who = "another detens run"
+    return (f"{folder} is in use by {who}; two runs on one output folder would spoil each other's outputs: "
+            "wait for it to end, or use another output folder")
 
 
 def check_writable_file(path: str | Path, what: str) -> None:

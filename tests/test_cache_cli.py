@@ -974,3 +974,18 @@ def test_import_extra_tells_a_missing_module_from_a_broken_one(tmp_path, monkeyp
     with pytest.raises(ModuleNotFoundError, match="detens_no_such_dependency") as info:
         import_extra("detens_broken_extra", "needs it: pip install 'detens[x]'")
     assert not isinstance(info.value, MissingExtraError)
+
+
+def test_a_second_run_on_the_same_out_is_refused_and_shards_of_a_split_are_not(slice_, tmp_path, capsys,
+                                                                                lock_in_another_process):
+    out = tmp_path / "o"
+    holder = lock_in_another_process(out)
+    assert run(slice_, out) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and f"pid {holder.pid}" in err and "Traceback" not in err, err
+    assert [p.name for p in out.iterdir()] == [".detens.lock"]  # nothing written beside the other run's
+    sharded = tmp_path / "sharded"
+    holder = lock_in_another_process(sharded, ".detens.shard-0-of-2.lock")
+    assert run(slice_, sharded, "--shard", "0/2") == 2
+    assert f"pid {holder.pid}" in capsys.readouterr().err
+    assert run(slice_, sharded, "--shard", "1/2") == 0

@@ -452,6 +452,15 @@ def test_overwrite_that_fails_before_its_first_result_leaves_the_folder_as_it_wa
     assert not (tmp_path / "new").exists()
 
 
+def test_a_second_run_on_the_same_out_is_refused(workspace, tmp_path, capsys, lock_in_another_process):
+    source, out = one_image_source(workspace, tmp_path / "src"), tmp_path / "o"
+    holder = lock_in_another_process(out)
+    assert fuse_into(workspace, source, out) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and f"pid {holder.pid}" in err and "Traceback" not in err, err
+    assert [p.name for p in out.iterdir()] == [".detens.lock"]  # nothing written beside the other run's
+
+
 def test_a_rerun_keeps_earlier_images_with_their_ids_and_files(workspace, tmp_path):
     source, out = one_image_source(workspace, tmp_path / "src", "x.jpg", "y.jpg"), tmp_path / "o"
     assert fuse_into(workspace, source, out, "--no-vis") == 0
@@ -469,6 +478,38 @@ def test_a_rerun_keeps_earlier_images_with_their_ids_and_files(workspace, tmp_pa
         ("x.jpg", 1, "x"), ("y.jpg", 2, "y"), ("x.png", 3, "x_png")]
     assert [r for r in results if r["image_id"] in (1, 2)] == first
     assert sorted(p.name for p in (out / "labels").iterdir()) == ["x.txt", "x_png.txt", "y.txt"]
+
+
+def test_a_run_killed_while_partial_is_unpacked_or_removed_loses_no_image(workspace, tmp_path, monkeypatch):
+    source, out = one_image_source(workspace, tmp_path / "src", "x.jpg", "y.jpg"), tmp_path / "o"
+    real_rmtree, real_write = shutil.rmtree, fuse_tool.atomic_write_json
+
+    def killed_after_the_first_record(path, *args, **kwargs):
+        records = sorted(Path(path).rglob("*.jpg.json")) if Path(path).is_dir() else []
+        if not records:
+            return real_rmtree(path, *args, **kwargs)
+        records[0].unlink()
+        raise KeyboardInterrupt  # the process ends here, the other records stay
+
+    monkeypatch.setattr(shutil, "rmtree", killed_after_the_first_record)
+    assert fuse_into(workspace, source, out, "--no-vis") == 130
+    monkeypatch.setattr(shutil, "rmtree", real_rmtree)
+    assert (out / "images.json").is_file()
+    complete = read_outputs(out)
+    # the other image alone: the one whose record went keeps its results and id
+    assert fuse_into(workspace, source / "y.jpg", out, "--no-vis") == 0
+    assert read_outputs(out) == complete
+
+    def killed_after_one_unpacked(path, obj, *args, **kwargs):
+        if Path(path).name == "y.jpg.json":
+            raise KeyboardInterrupt
+        return real_write(path, obj, *args, **kwargs)
+
+    monkeypatch.setattr(fuse_tool, "atomic_write_json", killed_after_one_unpacked)
+    assert fuse_into(workspace, source / "x.jpg", out, "--no-vis") == 130
+    monkeypatch.setattr(fuse_tool, "atomic_write_json", real_write)
+    assert fuse_into(workspace, source / "x.jpg", out, "--no-vis") == 0
+    assert read_outputs(out) == complete
 
 
 def test_a_head_rewritten_at_the_same_path_is_not_resumed_over(workspace, tmp_path, capsys):

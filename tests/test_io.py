@@ -70,3 +70,35 @@ class TestAtomicWrite:
                 atomic_write_text(tmp_path / "out.txt", "x")
         assert len(os.listdir("/proc/self/fd")) == before
         assert list(tmp_path.iterdir()) == []
+
+
+class TestOutputLock:
+    def test_a_second_run_is_refused_naming_the_first(self, tmp_path, lock_in_another_process):
+        from detens.io import output_lock
+
+        holder = lock_in_another_process(tmp_path / "out")
+        with pytest.raises(ValueError, match=rf"is in use by detens fuse \(pid {holder.pid} on "):
+            with output_lock(tmp_path / "out", "detens fuse"):
+                pytest.fail("both hold the lock")
+
+    def test_a_killed_holder_does_not_block_the_next_run(self, tmp_path, lock_in_another_process):
+        from detens.io import LOCK_NAME, output_lock
+
+        holder = lock_in_another_process(tmp_path / "out")
+        holder.kill()  # SIGKILL: no clean-up, the lock file stays behind
+        holder.wait()
+        assert (tmp_path / "out" / LOCK_NAME).is_file()
+        with output_lock(tmp_path / "out", "detens fuse"):
+            (tmp_path / "out" / "done.json").write_text("{}")
+        assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["done.json"]
+
+    def test_a_folder_it_created_goes_when_left_empty(self, tmp_path):
+        from detens.io import output_lock
+
+        with output_lock(tmp_path / "a" / "b", "detens fuse"):
+            assert (tmp_path / "a" / "b").is_dir()
+        assert list(tmp_path.iterdir()) == []
+        (tmp_path / "kept").mkdir()
+        with output_lock(tmp_path / "kept", "detens fuse"):
+            pass
+        assert (tmp_path / "kept").is_dir() and list((tmp_path / "kept").iterdir()) == []

@@ -52,6 +52,10 @@ Writes into ``--out``:
   images stay listed;
 - ``config.yaml``: the resolved config (the file with the flags applied).
 
+A second run on an ``--out`` that a running one uses is refused, naming it (``--out/.detens.lock``, held
+until the run ends, however it ends); the shards of one split may run at once into one ``--out``, each
+shard once.
+
 Sharding: ``--shard i/n`` (``0 <= i < n``) takes the images at positions ``i, i + n, i + 2n, ...`` of the
 ground truth's images sorted by id, and writes ``--out/shards/<member>.shard-<i>-of-<n>.json`` (the
 shard's results with the image ids it covers), ``shards/cache_summary.shard-<i>-of-<n>.json`` and
@@ -119,7 +123,7 @@ from detens.ensemble_config import (
     load_ensemble_config,
     save_ensemble_config,
 )
-from detens.io import atomic_write_json, atomic_write_text
+from detens.io import LOCK_NAME, atomic_write_json, atomic_write_text, output_lock
 from detens.labels import COCO_ID_TO_NAME
 from detens.sources import ImageReadError, read_image
 
@@ -1206,9 +1210,13 @@ def _ensemble_name(configs: list[Path]) -> str:
 # ------------------------------------------------------------------------------------------------- main
 def run(args: argparse.Namespace) -> int:
     check_args(args)
-    if args.merge:
-        return merge(args)
-    return cache(args)
+    # the shards of one split may run at once into one --out (their files are apart); the same shard twice
+    # may not, nor two unsharded runs or merges, which write the same <member>.json and summary
+    lock = f".detens.{shard_tag(args.shard)}.lock" if args.shard else LOCK_NAME
+    with output_lock(args.out, "detens cache merge" if args.merge else "detens cache", lock):
+        if args.merge:
+            return merge(args)
+        return cache(args)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,6 +42,8 @@ Writes into ``--out``:
 
 An ``--out`` holding outputs (``labels/``, ``vis/``, ...) that no run wrote is refused; an ``--out`` inside
 the ``--source`` folder is not read back as input.
+A second run on an ``--out`` that a running one uses is refused, naming it (``--out/.detens.lock``, held
+until the run ends, however it ends).
 
 Unreadable or corrupt images are reported and skipped. Sub-folders are kept under ``labels/`` and ``vis/``.
 Everything that can be checked before the detectors load (the config, the method, its parameters' names
@@ -96,7 +98,7 @@ from detens.ensemble_config import (
 from detens.export import yolo_lines
 from detens.fusers import FUSERS, fuse, head_methods, list_methods
 from detens.heads._io import find_head_file
-from detens.io import atomic_write_bytes, atomic_write_json, output_stems
+from detens.io import atomic_write_bytes, atomic_write_json, output_lock, output_stems
 from detens.labels import COCO_CATEGORY_IDS, COCO_ID_TO_NAME
 from detens.registry import unknown_name_error
 from detens.sources import ImageReadError, list_images, read_image
@@ -112,6 +114,10 @@ OUTPUT_NAMES = (
 )
 # Where --overwrite keeps the earlier outputs until the new run has its first result.
 REPLACED = ".replaced"
+# partial/ is built here and renamed into place, and renamed here before it is deleted: a run killed
+# half-way through either leaves a whole partial/ or none, never one that lacks finished images.
+UNPACKING = ".partial.unpacking"
+REMOVING = ".partial.removing"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -361,6 +367,8 @@ def unpack_finished_run(out: Path) -> int:
     Returns the number of images unpacked."""
     if (out / "partial").is_dir():
         return 0
+    staging = out / UNPACKING
+    _remove(staging)  # what a run killed while unpacking left
     images, results = _read_json(out / "images.json"), _read_json(out / "predictions.json")
     if not isinstance(images, dict) or not isinstance(results, list):
         return 0
@@ -385,7 +393,9 @@ def unpack_finished_run(out: Path) -> int:
             record["output_stem"] = image["output_stem"]
         if per_model:
             record["per_model"] = {m: grouped.get(int(image["id"]), []) for m, grouped in per_model.items()}
-        atomic_write_json(partial_path(out, image["file_name"]), record)
+        atomic_write_json(staging / f"{image['file_name']}.json", record)
+    if staging.is_dir():
+        staging.rename(out / "partial")
     return len(images.get("images", []))
 
 
@@ -561,7 +571,10 @@ def write_outputs(
     }
     atomic_write_json(out / "summary.json", summary, indent=2)
     if complete:
-        shutil.rmtree(out / "partial", ignore_errors=True)
+        _remove(out / REMOVING)
+        if (out / "partial").is_dir():
+            (out / "partial").rename(out / REMOVING)
+        shutil.rmtree(out / REMOVING, ignore_errors=True)
     return summary
 
 
@@ -679,6 +692,11 @@ def time_first_call(method: str, params: dict[str, Any], member_names: list[str]
 
 # -------------------------------------------------------------------------------------------------- run
 def run(args: argparse.Namespace) -> int:
+    with output_lock(args.out, "detens fuse"):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     engine = ray_options(args)
     config = resolve_config(args)
     out: Path = args.out

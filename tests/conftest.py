@@ -1,0 +1,40 @@
+"""Fixtures shared by several test modules."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+_HOLD = """
+import sys
+from detens.io import output_lock
+with output_lock(sys.argv[1], "detens fuse", sys.argv[2]):
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+@pytest.fixture
+def lock_in_another_process():
+    """``lock(folder, name=".detens.lock")``: another process holding the output lock of ``folder`` until the
+    test ends (or the test kills it: ``.kill()`` on the returned process)."""
+    started = []
+
+    def lock(folder, name=".detens.lock"):
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+        process = subprocess.Popen([sys.executable, "-c", _HOLD, str(folder), name], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, text=True, env=env)
+        started.append(process)
+        assert process.stdout.readline().strip() == "held"
+        return process
+
+    yield lock
+    for process in started:
+        process.kill()
+        process.wait()
