@@ -38,3 +38,10 @@ def lock_in_another_process():
     for process in started:
         process.kill()
         process.wait()
+
+
+@pytest.fixture(autouse=True)
+def _no_weights_folders_of_the_environment(monkeypatch):
+    """Weights are looked up in ``$DETENS_WEIGHTS`` before ``--weights-dir`` and a config's folder: a value
+    set in the developer's shell would decide which files the tests load. Tests that need it set it."""
+    monkeypatch.delenv("DETENS_WEIGHTS", raising=False)
