@@ -49,6 +49,11 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as err:
+        Path(tmp).unlink(missing_ok=True)
+        if err.filename is None and err.errno is not None:  # a full disk: say which file was not written
+            raise type(err)(err.errno, f"{err.strerror}, writing", str(path)) from err
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
