@@ -199,6 +199,17 @@ def test_complete_run_grows_with_new_images(workspace, tmp_path, monkeypatch):
     assert [r for r in results if r["image_id"] == 1] == first
 
 
+def test_a_rerun_with_nothing_to_do_keeps_the_timings(workspace, tmp_path):
+    """A finished run's images come back from its files, which hold no timings: its own are kept."""
+    source, out = one_image_source(workspace, tmp_path / "src", "x.jpg"), tmp_path / "o"
+    assert fuse_into(workspace, source, out, "--no-vis") == 0
+    first = json.loads((out / "summary.json").read_text())
+    assert first["ms_per_image"] and first["processed_this_run"] == 1
+    assert fuse_into(workspace, source, out, "--no-vis") == 0
+    again = json.loads((out / "summary.json").read_text())
+    assert again["processed_this_run"] == 0 and again["ms_per_image"] == first["ms_per_image"]
+
+
 def test_an_interrupted_run_keeps_its_image_ids_on_resume(workspace, tmp_path, monkeypatch):
     # partial/x.jpg.jpg.json sorts before partial/x.jpg.json, while the source lists x.jpg first
     source = tmp_path / "ids"

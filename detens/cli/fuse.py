@@ -526,6 +526,10 @@ def write_outputs(
         for stage, ms in record.get("times_ms", {}).items():
             stage_ms[stage] += ms
             stage_count[stage] += 1
+    ms_per_image = {k: round(v / stage_count[k], 2) for k, v in stage_ms.items()}
+    if not ms_per_image and done:  # records rebuilt from a finished run's files carry no timings: keep its own
+        earlier = _read_json(out / "summary.json")
+        ms_per_image = (earlier.get("ms_per_image") or {}) if isinstance(earlier, dict) else {}
     complete = len(done) + len(unreadable) == len(names) and not run["interrupted"]
     info = {
         "description": f"detens fused detections: ensemble {config.name!r}, method {run['method']!r}",
@@ -562,7 +566,7 @@ def write_outputs(
         "interrupted": run["interrupted"],
         "boxes": boxes_total,
         f"boxes_score_ge_{config.output.vis_conf:g}": boxes_shown,
-        "ms_per_image": {k: round(v / stage_count[k], 2) for k, v in stage_ms.items()},
+        "ms_per_image": ms_per_image,
         "fuse_first_call_ms": run["first_call_ms"],
         "wall_s_this_run": round(run["wall_s"], 3),
         "images_per_s_this_run": round(run["processed"] / run["wall_s"], 3) if run["wall_s"] > 0 else None,
