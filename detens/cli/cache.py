@@ -966,7 +966,7 @@ def cache(args: argparse.Namespace) -> int:
 
             summarize_stopped_run(strip_ansi(f"error: {type(err).__name__}: {err}"))
         except Exception as summary_err:  # the run's own error is the one to report
-            logger.error("could not write %s: %s", summary_path, summary_err)
+            logger.warning("could not record the stopped run in %s: %s", summary_path, summary_err)
         raise
     finally:
         stack.close()
