@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path, PureWindowsPath
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from detens.coco import CocoGroundTruth, coco_to_detections, load_coco_results, with_annotation_ids
@@ -118,6 +119,7 @@ class EnsemblePredictions:
             gt = kept
         self.gt = gt
         known = set(gt.image_ids)
+        categories = set(gt.category_ids)
         # Per model: image id → (boxes Tensor[K, 4] xyxy, scores Tensor[K], labels Tensor[K]), converted
         # once: far smaller than the result dicts, and per_model() then costs one validation.
         self._by_image: list[dict[int, tuple[Tensor, Tensor, Tensor]]] = []
@@ -135,6 +137,16 @@ class EnsemblePredictions:
             for image_id, image_results in grouped.items():
                 det = coco_to_detections(image_results, gt.image_size(image_id), source=name, validate=validated)
                 by_image[image_id] = (det.boxes, det.scores, det.labels)
+            # Checked here, per model: scoring would only refuse these at the first COCO evaluation that sees
+            # them, without naming the model, after every method before it has been fitted and scored.
+            used = torch.cat([labels for _, _, labels in by_image.values()]) if by_image else torch.zeros(0)
+            foreign = sorted({int(c) for c in used.unique().tolist()} - categories)
+            if foreign:
+                raise ValueError(
+                    f"predictions of {name!r} use category ids {foreign[:10]}{' ...' if len(foreign) > 10 else ''} "
+                    f"that the ground truth does not define (its categories: {sorted(categories)}); map the "
+                    "model's classes onto the dataset's category ids (a member's class_map) and cache again"
+                )
             self._by_image.append(by_image)
 
     @classmethod

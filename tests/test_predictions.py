@@ -35,3 +35,16 @@ def test_hidden_json_files_are_not_taken_for_models(tmp_path):
     (tmp_path / "yolo.json").write_text(json.dumps(RESULTS), encoding="utf-8")
     (tmp_path / "._yolo.json").write_bytes(b"\x00\x05\x16\x07 AppleDouble")
     assert EnsemblePredictions.from_folder(tmp_path, CocoGroundTruth(GT)).model_names == ["yolo"]
+
+
+def test_a_category_the_ground_truth_lacks_is_refused_naming_the_model(tmp_path):
+    """Caught on loading, not at the first COCO evaluation, which names no model and comes after fitting."""
+    gt = CocoGroundTruth(GT)
+    foreign = [*RESULTS, {"image_id": 1, "category_id": 3, "bbox": [5, 5, 10, 10], "score": 0.5}]
+    (tmp_path / "good.json").write_text(json.dumps(RESULTS), encoding="utf-8")
+    (tmp_path / "coco80.json").write_text(json.dumps(foreign), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"predictions of 'coco80' use category ids \[3\] .* categories: \[1\]"):
+        EnsemblePredictions.from_folder(tmp_path, gt)
+    with pytest.raises(ValueError, match=r"predictions of 'b' use category ids \[3\]"):
+        EnsemblePredictions(["a", "b"], [RESULTS, foreign], gt)
+    assert EnsemblePredictions.from_folder(tmp_path, gt, models=["good"]).model_names == ["good"]
