@@ -201,7 +201,7 @@ class EnsemblePredictions:
 
     @property
     def image_ids(self) -> list[int]:
-        """Images of the ground truth (every one is evaluated, with or without predictions)."""
+        """Images of the ground truth, with or without predictions (``detens evaluate`` scores the annotated ones)."""
         return list(self.gt.image_ids)
 
     def per_model(self, image_id: int) -> list[Detections]:

@@ -1656,3 +1656,19 @@ def test_calibration_fusers_must_be_a_list():
     with pytest.raises(TypeError, match="fuser_params must be a mapping of fuser name to parameters, got list"):
         config_for("calibration", fuser_params=["wbf"])
     assert config_for("calibration", fusers=["wbf"]).fusers == ["wbf"]
+
+
+def test_images_without_annotations_are_said_to_be_left_out_of_scoring(dataset, tmp_path, capsys):
+    """A plain COCOeval over the file counts their false positives; the log says the table does not."""
+    gt_path, predictions = dataset
+    gt = json.loads(gt_path.read_text())
+    top = max(im["id"] for im in gt["images"])
+    gt["images"] += [{"id": top + 1, "file_name": "bg1.jpg", "width": 64, "height": 48},
+                     {"id": top + 2, "file_name": "bg2.jpg", "width": 64, "height": 48}]
+    (tmp_path / "instances.json").write_text(json.dumps(gt))
+    assert evaluate_cli.main([
+        "--gt", str(tmp_path / "instances.json"), "--predictions", str(predictions), "--methods", "single:sharp",
+        "--cv", "2", "--out", str(tmp_path / "report.json"),
+    ]) == 0  # the command's log goes to stderr, above the progress bars, unless --quiet
+    assert "2 images of --gt without annotations are neither scored nor fitted on" in capsys.readouterr().err
+    assert EvaluationRecord.load(tmp_path / "report.json").meta["scored_images"] == 12

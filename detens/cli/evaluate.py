@@ -12,8 +12,13 @@ More fitting data, for every learned and tuned method alike (``wbf_tuned`` inclu
 
     --also-fit-on GT PREDICTIONS   another dataset's annotations and prediction folder, joined to the
                                    fitting side of every fold; never scored
-    --fit-on GT PREDICTIONS --cv 0 no cross-validation: fit on that dataset alone and score every image
-                                   of --gt (a validation split to fit on, a test split to report)
+    --fit-on GT PREDICTIONS --cv 0 no cross-validation: fit on that dataset alone and score every
+                                   annotated image of --gt (a validation split to fit on, a test split
+                                   to report)
+
+Only images with at least one annotation are scored and fitted on (crowd regions count): an image of
+``--gt`` without annotations is left out, so its false positives cost nothing, and the table can be
+higher than a COCOeval over every image of the file. The log says how many images that leaves out.
 
 The extra dataset must have the same categories and every model (file order does not matter), and no
 annotated image of ``--gt``: an image both hold would be fitted on and scored. Across the two files an
@@ -131,7 +136,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     extra.add_argument(
         "--fit-on", nargs=2, metavar=("GT", "PREDICTIONS"),
-        help="with --cv 0: fit learned and tuned methods on this dataset only, score every image of --gt; "
+        help="with --cv 0: fit learned and tuned methods on this dataset only, score every annotated image of --gt; "
         "it may not share an annotated image with --gt (same file name, folders aside)",
     )
     parser.add_argument(
@@ -259,6 +264,15 @@ def run(args: argparse.Namespace) -> int:
         "%d models %s, %d images with ground truth, %s",
         predictions.num_models, predictions.model_names, len(predictions.gt.annotated_image_ids), protocol,
     )
+    unannotated = len(predictions.gt.image_ids) - len(predictions.gt.annotated_image_ids)
+    if unannotated:
+        # a user's own dataset often holds background images; their false positives would lower every mAP
+        # that a plain COCOeval over the file gives, so the table differs from that unless this is said
+        logger.info(
+            "%d image%s of --gt without annotations %s neither scored nor fitted on "
+            "(only images with ground truth are evaluated)", unannotated, "s" if unannotated > 1 else "",
+            "are" if unannotated > 1 else "is",
+        )
     if len(args.seed) > 1:
         return _run_repeats(args, predictions, methods, options, fit_on, protocol)
     report = cross_validate(
