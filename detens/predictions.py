@@ -79,6 +79,8 @@ class EnsemblePredictions:
             could not read as ``{file_name: error}``, the form of each member's ``unreadable`` in
             ``detens cache``'s ``cache_summary.json``. File names that are not in ``gt`` are ignored (those
             images are not evaluated anyway). Default: none.
+        folder (str | Path | None): where the results were read from (``<folder>/<model>.json``), named in
+            errors; :meth:`from_folder` passes it.
 
     Attributes:
         model_names (list[str]): as given.
@@ -98,6 +100,7 @@ class EnsemblePredictions:
         gt: CocoGroundTruth,
         validated: bool = False,
         unreadable: Mapping[str, Mapping[str, str]] | None = None,
+        folder: str | Path | None = None,
     ) -> None:
         _check_not_one_name(model_names, "model_names")
         if len(model_names) != len(results):
@@ -143,7 +146,7 @@ class EnsemblePredictions:
             foreign = sorted({int(c) for c in used.unique().tolist()} - categories)
             if foreign:
                 raise ValueError(
-                    f"predictions of {name!r} use category ids {foreign[:10]}{' ...' if len(foreign) > 10 else ''} "
+                    f"predictions of {name!r}{'' if folder is None else f' ({Path(folder) / name}.json)'} use category ids {foreign[:10]}{' ...' if len(foreign) > 10 else ''} "
                     f"that the ground truth does not define (its categories: {sorted(categories)}); map the "
                     "model's classes onto the dataset's category ids (a member's class_map) and cache again"
                 )
@@ -186,7 +189,7 @@ class EnsemblePredictions:
             raise ValueError(f"{folder} holds no <model>.json prediction files")
         unreadable = _summary_unreadable(folder / CACHE_SUMMARY, models)
         results = [load_coco_results(folder / f"{m}.json") for m in models]
-        predictions = cls(models, results, gt, validated=True, unreadable=unreadable)
+        predictions = cls(models, results, gt, validated=True, unreadable=unreadable, folder=folder)
         if predictions.left_out:
             logger.warning(
                 "%s: left out %d image%s that the cache could not read (%s), neither scored nor fitted on: %s",

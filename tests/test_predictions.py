@@ -43,7 +43,7 @@ def test_a_category_the_ground_truth_lacks_is_refused_naming_the_model(tmp_path)
     foreign = [*RESULTS, {"image_id": 1, "category_id": 3, "bbox": [5, 5, 10, 10], "score": 0.5}]
     (tmp_path / "good.json").write_text(json.dumps(RESULTS), encoding="utf-8")
     (tmp_path / "coco80.json").write_text(json.dumps(foreign), encoding="utf-8")
-    with pytest.raises(ValueError, match=r"predictions of 'coco80' use category ids \[3\] .* categories: \[1\]"):
+    with pytest.raises(ValueError, match=r"predictions of 'coco80' \(.*coco80\.json\) use category ids \[3\] .* categories: \[1\]"):
         EnsemblePredictions.from_folder(tmp_path, gt)
     with pytest.raises(ValueError, match=r"predictions of 'b' use category ids \[3\]"):
         EnsemblePredictions(["a", "b"], [RESULTS, foreign], gt)
