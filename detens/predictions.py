@@ -89,7 +89,8 @@ class EnsemblePredictions:
 
     Raises:
         ValueError: model names repeated or not one per result list; results of images that are not in
-            ``gt``; ``unreadable`` naming another model; every annotated image of ``gt`` left out.
+            ``gt`` or of categories it does not define; ``unreadable`` naming another model; every annotated
+            image of ``gt`` left out.
         TypeError: ``unreadable`` not a mapping of model names to ``{file_name: error}`` mappings.
     """
 
