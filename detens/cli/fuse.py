@@ -51,7 +51,10 @@ and values, the head and its models, the output folder, the images) is checked f
 ``--engine``. So are the saved
 predictions of ``precomputed`` members: every image must be among them, and every ``category_id`` (after
 the member's ``class_map``) one of the categories the run writes, the ``dataset``'s or COCO's 80, with or
-without ``--no-labels``; and every member's ``class_map``: each category id it gives must be one of them.
+without ``--no-labels``; and every member's ``class_map``: each category id it gives must be one of them;
+and so must every category id a head (or ``calibration``) has per-class parameters for: one trained on
+another label space (COCO's, for a dataset of one's own) would fuse the ids it shares with the run's as
+the classes they were there.
 """
 
 from __future__ import annotations
@@ -224,6 +227,35 @@ def fusion_params(config: EnsembleConfig, names: list[str] | None) -> dict[str, 
     from detens.pipeline import check_fusion_params
 
     return check_fusion_params(method, params, names if names is not None else [None] * len(weights))
+
+
+def check_head_label_space(
+    config: EnsembleConfig, params: dict[str, Any], categories: dict[int, str] | None
+) -> None:
+    """Refuse a head (or ``calibration``) with per-class parameters for a category id the run's label space
+    lacks: it was trained on another label space, whose ids mean other classes (a COCO head's 5, airplane,
+    would fuse a dataset's 5, vehicle, with airplane's weights), and nothing else tells the two apart.
+
+    Raises:
+        ValueError: naming the head, the foreign ids and the label space.
+    """
+    from detens.adapters._labels import id_ranges
+    from detens.heads import head_class_ids, load_head
+
+    ids = set(categories) if categories is not None else set(COCO_CATEGORY_IDS)
+    for key, where in (("head", config.fusion.head), ("calibration", params.get("calibration"))):
+        head = params.get(key)
+        if isinstance(head, (str, Path)):
+            head = load_head(head)
+        if head is None:
+            continue
+        foreign = [c for c in head_class_ids(head) if c not in ids]
+        if foreign:
+            raise ValueError(
+                f"{key} {str(where)!r} has per-class parameters for category ids {id_ranges(foreign)}, which are "
+                f"not among the {len(ids)} category ids of {label_space_name(config)}: {id_ranges(sorted(ids))}; "
+                "it was trained on another label space: train one on this dataset (detens cache, detens train)"
+            )
 
 
 def method_label(config: EnsembleConfig, params: dict[str, Any]) -> str:
@@ -708,6 +740,7 @@ def _run(args: argparse.Namespace) -> int:
     params = fusion_params(config, declared)
     dataset_names = dataset_categories(config)
     check_class_maps(config, dataset_names)
+    check_head_label_space(config, params, dataset_names)
     images, root = resolve_source(args.source)
     images = [path for path in images if not _written_by_a_run(path, out)]  # --out inside --source
     if not images:
