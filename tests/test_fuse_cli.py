@@ -849,3 +849,20 @@ def torch_tensor(values):
     import torch
 
     return torch.tensor(values, dtype=torch.float64)
+
+
+def test_yolo_classes_are_positions_in_images_json_categories(workspace, tmp_path):
+    source = one_image_source(workspace, tmp_path / "src", "a.jpg")
+    dataset = tmp_path / "gt.json"
+    dataset.write_text(json.dumps({"images": [{"id": 1, "file_name": "a.jpg", "height": 1080, "width": 810}],
+                                   "annotations": [], "categories": [{"id": 9, "name": "animal"},
+                                                                     {"id": 1, "name": "human"},
+                                                                     {"id": 5, "name": "vehicle"}]}))
+    config = saved_config(tmp_path, [saved_result(1, 5)], {"a.jpg": 1}, dataset)
+    assert fuse_tool.main(["--config", str(config), "--source", str(source), "--out", str(tmp_path / "o"),
+                           "--method", "wbf", "--quiet", "--no-vis"]) == 0
+    images, _ = read_outputs(tmp_path / "o")
+    names = [c["name"] for c in images["categories"]]
+    assert names == ["human", "vehicle", "animal"]
+    (line,) = (tmp_path / "o" / "labels" / "a.txt").read_text().splitlines()
+    assert names[int(line.split()[0])] == "vehicle"

@@ -26,6 +26,8 @@ Writes into ``--out``:
   share, on either side, is refused before any work); images not in the dataset (or all, without one)
   get new ids after every id in use, 1..N for a new run;
 - ``labels/<stem>.txt``: YOLO labels ``class cx cy w h conf`` (normalized; scores >= output.labels_conf);
+  ``class`` is the position of the box's category in ``images.json``'s ``categories``, which are sorted by
+  id (a dataset's ids 1, 5, 9 are classes 0, 1, 2; COCO's 80 are Ultralytics' 0..79);
 - ``vis/<stem>.jpg``: the image with the fused boxes and class names (scores >= output.vis_conf);
 - ``per_model/<member>.json`` with ``--save-per-model``: each member's COCO results (same image ids);
 - ``summary.json``: images, boxes, time per image per stage (the one-time compile of the fusion kernels
