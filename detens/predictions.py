@@ -118,6 +118,7 @@ class EnsemblePredictions:
             gt = kept
         self.gt = gt
         known = set(gt.image_ids)
+        categories = set(gt.category_ids)
         # Per model: image id → (boxes Tensor[K, 4] xyxy, scores Tensor[K], labels Tensor[K]), converted
         # once: far smaller than the result dicts, and per_model() then costs one validation.
         self._by_image: list[dict[int, tuple[Tensor, Tensor, Tensor]]] = []
@@ -130,6 +131,19 @@ class EnsemblePredictions:
                 raise ValueError(
                     f"predictions of {name!r} refer to {len(unknown)} image ids that are not in the ground truth, "
                     f"e.g. {unknown[:5]}; cache predictions on the same annotation file"
+                )
+            # Checked here, not when scoring: a head fitted on another label space's ids (COCO's, under a
+            # dataset of one's own) would match its 5 (airplane) to the dataset's 5 as if one class, and a
+            # head type that never scores while fitting would be written without a word.
+            foreign = sorted({int(r["category_id"]) for r in model_results} - categories)
+            if foreign:
+                from detens.adapters._labels import id_ranges
+
+                raise ValueError(
+                    f"predictions of {name!r} use category ids that the ground truth does not define: "
+                    f"{id_ranges(foreign)} (its {len(categories)} categories: {id_ranges(sorted(categories))}); "
+                    "cache them with this annotation file (a member's class_map maps its classes onto the "
+                    "dataset's category ids)"
                 )
             by_image = {}
             for image_id, image_results in grouped.items():

@@ -35,3 +35,28 @@ def test_hidden_json_files_are_not_taken_for_models(tmp_path):
     (tmp_path / "yolo.json").write_text(json.dumps(RESULTS), encoding="utf-8")
     (tmp_path / "._yolo.json").write_bytes(b"\x00\x05\x16\x07 AppleDouble")
     assert EnsemblePredictions.from_folder(tmp_path, CocoGroundTruth(GT)).model_names == ["yolo"]
+
+
+def test_category_ids_the_ground_truth_lacks_are_refused_when_loaded(tmp_path, capsys):
+    """COCO ids under a dataset of one's own: a theta head without a matching-IoU search, or a calibration
+    head, never scores while it fits, and was written as if trained on the dataset."""
+    gt = {**GT, "categories": [{"id": 1, "name": "human"}, {"id": 5, "name": "vehicle"}]}
+    coco = [*RESULTS, {**RESULTS[0], "category_id": 3}, {**RESULTS[0], "category_id": 62}]
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for name in ("a", "b"):
+        (cache / f"{name}.json").write_text(json.dumps(coco), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"predictions of 'a' use category ids that the ground truth does not "
+                                         r"define: 3, 62 \(its 2 categories: 1, 5\); .*class_map"):
+        EnsemblePredictions.from_folder(cache, CocoGroundTruth(gt))
+    (tmp_path / "gt.json").write_text(json.dumps(gt), encoding="utf-8")
+    from detens.cli import train as train_cli
+
+    for head in ("theta", "calibration"):
+        out = tmp_path / f"{head}.json"
+        options = ["--set", "match_iou_grid=[]"] if head == "theta" else []
+        code = train_cli.main(["--gt", str(tmp_path / "gt.json"), "--predictions", str(cache), "--head", head,
+                               "--quiet", "--out", str(out), *options])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("error:") == 1 and "use category ids that the ground truth" in err
+        assert not out.exists()
