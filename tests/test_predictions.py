@@ -60,3 +60,23 @@ def test_category_ids_the_ground_truth_lacks_are_refused_when_loaded(tmp_path, c
         err = capsys.readouterr().err
         assert code == 2 and err.count("error:") == 1 and "use category ids that the ground truth" in err
         assert not out.exists()
+
+
+def test_train_says_how_many_images_without_annotations_it_leaves_out(tmp_path, capsys):
+    images = [{"id": i, "width": 100, "height": 80, "file_name": f"{i}.jpg"} for i in (1, 2, 3)]
+    gt = {**GT, "images": images, "annotations": [*GT["annotations"], {**GT["annotations"][0], "id": 2, "image_id": 2}]}
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for name in ("a", "b"):
+        results = [{**RESULTS[0], "image_id": i} for i in (1, 2, 3)]
+        (cache / f"{name}.json").write_text(json.dumps(results), encoding="utf-8")
+    (tmp_path / "gt.json").write_text(json.dumps(gt), encoding="utf-8")
+    from detens.cli import train as train_cli
+
+    args = ["--gt", str(tmp_path / "gt.json"), "--predictions", str(cache), "--head", "calibration"]
+    assert train_cli.main([*args, "--out", str(tmp_path / "h.json")]) == 0
+    err = capsys.readouterr().err
+    assert f"1 of the 3 images of {tmp_path / 'gt.json'} have no annotation and are not trained on" in err
+    (tmp_path / "ids.txt").write_text("1\n2\n3\n")
+    assert train_cli.main([*args, "--out", str(tmp_path / "h2.json"), "--images-from", str(tmp_path / "ids.txt")]) == 0
+    assert "have no annotation" not in capsys.readouterr().err
