@@ -866,3 +866,17 @@ def test_yolo_classes_are_positions_in_images_json_categories(workspace, tmp_pat
     assert names == ["human", "vehicle", "animal"]
     (line,) = (tmp_path / "o" / "labels" / "a.txt").read_text().splitlines()
     assert names[int(line.split()[0])] == "vehicle"
+
+
+def test_images_new_to_the_dataset_are_reported_in_one_warning(workspace, tmp_path, capsys):
+    names = ["a.jpg", *(f"new{i}.jpg" for i in range(7))]
+    source = one_image_source(workspace, tmp_path / "src", *names)
+    results = [saved_result(1, 1)]
+    images = {name: i + 1 for i, name in enumerate(names)}
+    config = saved_config(tmp_path, [{**r, "image_id": i} for r in results for i in images.values()], images,
+                          one_image_dataset(tmp_path))
+    assert fuse_tool.main(["--config", str(config), "--source", str(source), "--out", str(tmp_path / "o"),
+                           "--method", "wbf", "--no-vis"]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "not in" in line]
+    assert warnings == [f"WARNING detens.fuse: 7 images not in {tmp_path / 'gt.json'} get new image ids 2-8: new0.jpg, new1.jpg, "
+                        "new2.jpg, new3.jpg, new4.jpg, ... (7 in all)"]

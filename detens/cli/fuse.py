@@ -455,11 +455,16 @@ def image_ids(names: list[str], dataset: str | None, fixed: dict[str, int] | Non
         ids.update(dataset_ids([n for n in names if n not in ids], files, in_use, dataset))
         in_use |= set(files.values())
     next_id = max(in_use | set(ids.values()), default=0) + 1
-    for name in names:
-        if name not in ids:
-            if dataset is not None:
-                logger.warning("%s is not in %s; it gets the new image id %d", name, dataset, next_id)
-            ids[name], next_id = next_id, next_id + 1
+    new = [name for name in names if name not in ids]
+    for name in new:
+        ids[name], next_id = next_id, next_id + 1
+    if dataset is not None and new:
+        # One line for all: fusing new images under a dataset's label space is the usual deployment, and
+        # a line per image buried a folder's run in warnings.
+        shown = ", ".join(new[:5]) + (f", ... ({len(new)} in all)" if len(new) > 5 else "")
+        ids_given = f"the new image id {ids[new[0]]}" if len(new) == 1 else f"new image ids {ids[new[0]]}-{ids[new[-1]]}"
+        logger.warning("%d image%s not in %s get%s %s: %s", len(new), "s" if len(new) > 1 else "", dataset,
+                       "" if len(new) > 1 else "s", ids_given, shown)
     return {n: ids[n] for n in names}
 
 
