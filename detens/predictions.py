@@ -141,15 +141,21 @@ class EnsemblePredictions:
             for image_id, image_results in grouped.items():
                 det = coco_to_detections(image_results, gt.image_size(image_id), source=name, validate=validated)
                 by_image[image_id] = (det.boxes, det.scores, det.labels)
-            # Checked here, per model: scoring would only refuse these at the first COCO evaluation that sees
-            # them, without naming the model, after every method before it has been fitted and scored.
+            # Checked here, per model: scoring would refuse these only at the first COCO evaluation that sees
+            # them, naming no model, after every method before it has been fitted and scored; and a head
+            # fitted on another label space's ids (COCO's, under a dataset of one's own) would take its 5
+            # (airplane) for the dataset's 5, and a head type that never scores while fitting would be
+            # written without a word.
             used = torch.cat([labels for _, _, labels in by_image.values()]) if by_image else torch.zeros(0)
             foreign = sorted({int(c) for c in used.unique().tolist()} - categories)
             if foreign:
+                from detens.adapters._labels import id_ranges
+
+                where = "" if folder is None else f" ({Path(folder) / name}.json)"
                 raise ValueError(
-                    f"predictions of {name!r}{'' if folder is None else f' ({Path(folder) / name}.json)'} use category ids {foreign[:10]}{' ...' if len(foreign) > 10 else ''} "
-                    f"that the ground truth does not define (its categories: {sorted(categories)}); map the "
-                    "model's classes onto the dataset's category ids (a member's class_map) and cache again"
+                    f"predictions of {name!r}{where} use category ids that the ground truth does not define: "
+                    f"{id_ranges(foreign)} (the ground truth's: {id_ranges(sorted(categories))}); map the model's "
+                    "classes onto the dataset's category ids (a member's class_map) and cache them again"
                 )
             self._by_image.append(by_image)
 

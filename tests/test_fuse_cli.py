@@ -810,3 +810,73 @@ def test_a_member_name_that_is_no_file_name_is_refused_before_any_result(workspa
     err = capsys.readouterr().err
     assert err.count("error:") == 1 and f"model name {name!r} cannot name the member's files" in err
     assert not (tmp_path / "runs").exists() and not (tmp_path / "escaped.json").exists()
+
+
+def test_a_head_with_classes_of_another_label_space_is_refused_before_any_result(workspace, tmp_path, capsys):
+    from detens.heads.calibration import CalibrationHead
+    from detens.heads.theta import ThetaHead
+
+    source = one_image_source(workspace, tmp_path / "src", "a.jpg")
+    config = saved_config(tmp_path, [saved_result(1, 1), saved_result(1, 2)], {"a.jpg": 1},
+                          one_image_dataset(tmp_path))
+    args = ["--config", str(config), "--source", str(source), "--quiet", "--no-vis"]
+    # per-class rows of COCO's 3 (car) and 62: trained where 2 is bicycle, not this dataset's bus
+    ThetaHead(["saved", "twin"], per_class=True, class_ids=[1, 3, 62]).save(tmp_path / "coco.json")
+    assert fuse_tool.main([*args, "--out", str(tmp_path / "o"), "--head", str(tmp_path / "coco.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "Traceback" not in err
+    assert (f"head '{tmp_path / 'coco.json'}' has per-class parameters for category ids 3, 62, which are not "
+            f"among the 2 category ids of the dataset {tmp_path / 'gt.json'}: 1, 2;") in err
+    assert not (tmp_path / "o").exists()
+    curve = (torch_tensor([0.0, 1.0]), torch_tensor([0.0, 1.0]))
+    calibration = CalibrationHead(["saved", "twin"], {"saved": curve, "twin": curve},
+                                  class_curves={"twin": {7: curve}}, per_class=True)
+    calibration.save(tmp_path / "calibration.json")
+    assert fuse_tool.main([*args, "--out", str(tmp_path / "o"), "--head", str(tmp_path / "calibration.json")]) == 2
+    assert "category ids 7, which are not among the 2 category ids" in capsys.readouterr().err
+    # the dataset's own classes, or none of its own, fuse
+    ThetaHead(["saved", "twin"], per_class=True, class_ids=[1, 2]).save(tmp_path / "own.json")
+    assert fuse_tool.main([*args, "--out", str(tmp_path / "o"), "--head", str(tmp_path / "own.json")]) == 0
+    ThetaHead(["saved", "twin"]).save(tmp_path / "agnostic.json")
+    assert fuse_tool.main([*args, "--out", str(tmp_path / "o2"), "--head", str(tmp_path / "agnostic.json")]) == 0
+    # with no dataset the label space is COCO's, where 3 and 62 are classes
+    config = saved_config(tmp_path, [saved_result(1, 1), saved_result(1, 3)], {"a.jpg": 1})
+    assert fuse_tool.main(["--config", str(config), "--source", str(source), "--quiet", "--no-vis",
+                           "--out", str(tmp_path / "o3"), "--head", str(tmp_path / "coco.json")]) == 0
+
+
+def torch_tensor(values):
+    import torch
+
+    return torch.tensor(values, dtype=torch.float64)
+
+
+def test_yolo_classes_are_positions_in_images_json_categories(workspace, tmp_path):
+    source = one_image_source(workspace, tmp_path / "src", "a.jpg")
+    dataset = tmp_path / "gt.json"
+    dataset.write_text(json.dumps({"images": [{"id": 1, "file_name": "a.jpg", "height": 1080, "width": 810}],
+                                   "annotations": [], "categories": [{"id": 9, "name": "animal"},
+                                                                     {"id": 1, "name": "human"},
+                                                                     {"id": 5, "name": "vehicle"}]}))
+    config = saved_config(tmp_path, [saved_result(1, 5)], {"a.jpg": 1}, dataset)
+    assert fuse_tool.main(["--config", str(config), "--source", str(source), "--out", str(tmp_path / "o"),
+                           "--method", "wbf", "--quiet", "--no-vis"]) == 0
+    images, _ = read_outputs(tmp_path / "o")
+    names = [c["name"] for c in images["categories"]]
+    assert names == ["human", "vehicle", "animal"]
+    (line,) = (tmp_path / "o" / "labels" / "a.txt").read_text().splitlines()
+    assert names[int(line.split()[0])] == "vehicle"
+
+
+def test_images_new_to_the_dataset_are_reported_in_one_warning(workspace, tmp_path, capsys):
+    names = ["a.jpg", *(f"new{i}.jpg" for i in range(7))]
+    source = one_image_source(workspace, tmp_path / "src", *names)
+    results = [saved_result(1, 1)]
+    images = {name: i + 1 for i, name in enumerate(names)}
+    config = saved_config(tmp_path, [{**r, "image_id": i} for r in results for i in images.values()], images,
+                          one_image_dataset(tmp_path))
+    assert fuse_tool.main(["--config", str(config), "--source", str(source), "--out", str(tmp_path / "o"),
+                           "--method", "wbf", "--no-vis"]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "not in" in line]
+    assert warnings == [f"WARNING detens.fuse: 7 images not in {tmp_path / 'gt.json'} get new image ids 2-8: new0.jpg, new1.jpg, "
+                        "new2.jpg, new3.jpg, new4.jpg, ... (7 in all)"]

@@ -43,8 +43,52 @@ def test_a_category_the_ground_truth_lacks_is_refused_naming_the_model(tmp_path)
     foreign = [*RESULTS, {"image_id": 1, "category_id": 3, "bbox": [5, 5, 10, 10], "score": 0.5}]
     (tmp_path / "good.json").write_text(json.dumps(RESULTS), encoding="utf-8")
     (tmp_path / "coco80.json").write_text(json.dumps(foreign), encoding="utf-8")
-    with pytest.raises(ValueError, match=r"predictions of 'coco80' \(.*coco80\.json\) use category ids \[3\] .* categories: \[1\]"):
+    with pytest.raises(ValueError, match=r"predictions of 'coco80' \(.*coco80\.json\) use category ids that the ground truth does not "
+                                         r"define: 3 \(the ground truth's: 1\)"):
         EnsemblePredictions.from_folder(tmp_path, gt)
-    with pytest.raises(ValueError, match=r"predictions of 'b' use category ids \[3\]"):
+    with pytest.raises(ValueError, match=r"predictions of 'b' use category ids that the ground truth does not define: 3 "):
         EnsemblePredictions(["a", "b"], [RESULTS, foreign], gt)
     assert EnsemblePredictions.from_folder(tmp_path, gt, models=["good"]).model_names == ["good"]
+def test_category_ids_the_ground_truth_lacks_are_refused_when_loaded(tmp_path, capsys):
+    """COCO ids under a dataset of one's own: a theta head without a matching-IoU search, or a calibration
+    head, never scores while it fits, and was written as if trained on the dataset."""
+    gt = {**GT, "categories": [{"id": 1, "name": "human"}, {"id": 5, "name": "vehicle"}]}
+    coco = [*RESULTS, {**RESULTS[0], "category_id": 3}, {**RESULTS[0], "category_id": 62}]
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for name in ("a", "b"):
+        (cache / f"{name}.json").write_text(json.dumps(coco), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"predictions of 'a' \(.*a\.json\) use category ids that the ground truth does not "
+                                         r"define: 3, 62 \(the ground truth's: 1, 5\); .*class_map"):
+        EnsemblePredictions.from_folder(cache, CocoGroundTruth(gt))
+    (tmp_path / "gt.json").write_text(json.dumps(gt), encoding="utf-8")
+    from detens.cli import train as train_cli
+
+    for head in ("theta", "calibration"):
+        out = tmp_path / f"{head}.json"
+        options = ["--set", "match_iou_grid=[]"] if head == "theta" else []
+        code = train_cli.main(["--gt", str(tmp_path / "gt.json"), "--predictions", str(cache), "--head", head,
+                               "--quiet", "--out", str(out), *options])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("error:") == 1 and "use category ids that the ground truth" in err
+        assert not out.exists()
+
+
+def test_train_says_how_many_images_without_annotations_it_leaves_out(tmp_path, capsys):
+    images = [{"id": i, "width": 100, "height": 80, "file_name": f"{i}.jpg"} for i in (1, 2, 3)]
+    gt = {**GT, "images": images, "annotations": [*GT["annotations"], {**GT["annotations"][0], "id": 2, "image_id": 2}]}
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for name in ("a", "b"):
+        results = [{**RESULTS[0], "image_id": i} for i in (1, 2, 3)]
+        (cache / f"{name}.json").write_text(json.dumps(results), encoding="utf-8")
+    (tmp_path / "gt.json").write_text(json.dumps(gt), encoding="utf-8")
+    from detens.cli import train as train_cli
+
+    args = ["--gt", str(tmp_path / "gt.json"), "--predictions", str(cache), "--head", "calibration"]
+    assert train_cli.main([*args, "--out", str(tmp_path / "h.json")]) == 0
+    err = capsys.readouterr().err
+    assert f"1 of the 3 images of {tmp_path / 'gt.json'} have no annotation and are not trained on" in err
+    (tmp_path / "ids.txt").write_text("1\n2\n3\n")
+    assert train_cli.main([*args, "--out", str(tmp_path / "h2.json"), "--images-from", str(tmp_path / "ids.txt")]) == 0
+    assert "have no annotation" not in capsys.readouterr().err

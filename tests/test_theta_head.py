@@ -177,6 +177,14 @@ class TestForward:
         with pytest.raises(ValueError, match=r"trained for 2 models \['a', 'b'\] but 3"):
             fuse(random_detections(0), "theta", head=head)
 
+    def test_named_members_that_do_not_fit_the_head_are_named(self):
+        one = Detections([[10.0, 10.0, 40.0, 40.0]], [0.8], [1], (50, 100))
+        head = ThetaHead(["a", "b", "c"])
+        with pytest.raises(ValueError, match=r"but 2 models' detections were given \(missing: \['b'\]\)"):
+            fuse([one.with_source("c"), one.with_source("a")], "theta", head=head)
+        with pytest.raises(ValueError, match=r"\(missing: \['b', 'c'\]; not the head's: \['x'\]\)"):
+            fuse([one.with_source("a"), one.with_source("x")], "theta", head=head)
+
 
 class TestDeviceAndDtype:
     @pytest.mark.parametrize("device", DEVICES)

@@ -26,6 +26,8 @@ Writes into ``--out``:
   share, on either side, is refused before any work); images not in the dataset (or all, without one)
   get new ids after every id in use, 1..N for a new run;
 - ``labels/<stem>.txt``: YOLO labels ``class cx cy w h conf`` (normalized; scores >= output.labels_conf);
+  ``class`` is the position of the box's category in ``images.json``'s ``categories``, which are sorted by
+  id (a dataset's ids 1, 5, 9 are classes 0, 1, 2; COCO's 80 are Ultralytics' 0..79);
 - ``vis/<stem>.jpg``: the image with the fused boxes and class names (scores >= output.vis_conf);
 - ``per_model/<member>.json`` with ``--save-per-model``: each member's COCO results (same image ids);
 - ``summary.json``: images, boxes, time per image per stage (the one-time compile of the fusion kernels
@@ -51,7 +53,10 @@ and values, the head and its models, the output folder, the images) is checked f
 ``--engine``. So are the saved
 predictions of ``precomputed`` members: every image must be among them, and every ``category_id`` (after
 the member's ``class_map``) one of the categories the run writes, the ``dataset``'s or COCO's 80, with or
-without ``--no-labels``; and every member's ``class_map``: each category id it gives must be one of them.
+without ``--no-labels``; and every member's ``class_map``: each category id it gives must be one of them;
+and so must every category id a head (or ``calibration``) has per-class parameters for: one trained on
+another label space (COCO's, for a dataset of one's own) would fuse the ids it shares with the run's as
+the classes they were there.
 """
 
 from __future__ import annotations
@@ -224,6 +229,35 @@ def fusion_params(config: EnsembleConfig, names: list[str] | None) -> dict[str, 
     from detens.pipeline import check_fusion_params
 
     return check_fusion_params(method, params, names if names is not None else [None] * len(weights))
+
+
+def check_head_label_space(
+    config: EnsembleConfig, params: dict[str, Any], categories: dict[int, str] | None
+) -> None:
+    """Refuse a head (or ``calibration``) with per-class parameters for a category id the run's label space
+    lacks: it was trained on another label space, whose ids mean other classes (a COCO head's 5, airplane,
+    would fuse a dataset's 5, vehicle, with airplane's weights), and nothing else tells the two apart.
+
+    Raises:
+        ValueError: naming the head, the foreign ids and the label space.
+    """
+    from detens.adapters._labels import id_ranges
+    from detens.heads import head_class_ids, load_head
+
+    ids = set(categories) if categories is not None else set(COCO_CATEGORY_IDS)
+    for key, where in (("head", config.fusion.head), ("calibration", params.get("calibration"))):
+        head = params.get(key)
+        if isinstance(head, (str, Path)):
+            head = load_head(head)
+        if head is None:
+            continue
+        foreign = [c for c in head_class_ids(head) if c not in ids]
+        if foreign:
+            raise ValueError(
+                f"{key} {str(where)!r} has per-class parameters for category ids {id_ranges(foreign)}, which are "
+                f"not among the {len(ids)} category ids of {label_space_name(config)}: {id_ranges(sorted(ids))}; "
+                "it was trained on another label space: train one on this dataset (detens cache, detens train)"
+            )
 
 
 def method_label(config: EnsembleConfig, params: dict[str, Any]) -> str:
@@ -421,11 +455,16 @@ def image_ids(names: list[str], dataset: str | None, fixed: dict[str, int] | Non
         ids.update(dataset_ids([n for n in names if n not in ids], files, in_use, dataset))
         in_use |= set(files.values())
     next_id = max(in_use | set(ids.values()), default=0) + 1
-    for name in names:
-        if name not in ids:
-            if dataset is not None:
-                logger.warning("%s is not in %s; it gets the new image id %d", name, dataset, next_id)
-            ids[name], next_id = next_id, next_id + 1
+    new = [name for name in names if name not in ids]
+    for name in new:
+        ids[name], next_id = next_id, next_id + 1
+    if dataset is not None and new:
+        # One line for all: fusing new images under a dataset's label space is the usual deployment, and
+        # a line per image buried a folder's run in warnings.
+        shown = ", ".join(new[:5]) + (f", ... ({len(new)} in all)" if len(new) > 5 else "")
+        ids_given = f"the new image id {ids[new[0]]}" if len(new) == 1 else f"new image ids {ids[new[0]]}-{ids[new[-1]]}"
+        logger.warning("%d image%s not in %s get%s %s: %s", len(new), "s" if len(new) > 1 else "", dataset,
+                       "" if len(new) > 1 else "s", ids_given, shown)
     return {n: ids[n] for n in names}
 
 
@@ -708,6 +747,7 @@ def _run(args: argparse.Namespace) -> int:
     params = fusion_params(config, declared)
     dataset_names = dataset_categories(config)
     check_class_maps(config, dataset_names)
+    check_head_label_space(config, params, dataset_names)
     images, root = resolve_source(args.source)
     images = [path for path in images if not _written_by_a_run(path, out)]  # --out inside --source
     if not images:

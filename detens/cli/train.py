@@ -185,6 +185,13 @@ def run(args: argparse.Namespace) -> int:
     models = args.models.split(",") if args.models else None
     predictions = EnsemblePredictions.from_folder(args.predictions, gt, models=models)
     image_ids = predictions.gt.annotated_image_ids if listed is None else listed
+    if listed is None and len(image_ids) < len(predictions.gt.image_ids):
+        # a dataset of one's own often holds images with none of its classes: say they are not fitted on
+        logger.info(
+            "%d of the %d images of %s have no annotation and are not trained on (list them in --images-from "
+            "to fit on them as images without objects)",
+            len(predictions.gt.image_ids) - len(image_ids), len(predictions.gt.image_ids), args.gt,
+        )
     unknown = sorted(set(image_ids) - set(gt.image_ids))
     if unknown:
         raise ValueError(f"--images-from lists image ids not in {args.gt}: {unknown[:10]}")

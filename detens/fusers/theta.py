@@ -35,7 +35,7 @@ def load_cached_head(path: str | Path) -> Any:
     return _load_cached(str(resolved), stat.st_mtime_ns, stat.st_size)
 
 
-def _resolve_head(head: Any, num_models: int) -> Any:
+def _resolve_head(head: Any, num_models: int, sources: Sequence[str | None] = ()) -> Any:
     if head is None:
         raise ValueError(
             "theta fusion needs head=: a trained head (detens.ThetaHead, or any head of detens.heads) or the path "
@@ -51,9 +51,17 @@ def _resolve_head(head: Any, num_models: int) -> Any:
     head_models = getattr(head, "num_models", None)
     if head_models != num_models:
         names = getattr(head, "model_names", None)
+        which = ""
+        if names is not None and sources and all(s is not None for s in sources):
+            # named members: say which, not only how many, so a dropped or renamed detector is found at once
+            missing = [n for n in names if n not in sources]
+            extra = [s for s in sources if s not in names]
+            parts = [f"missing: {missing}"] if missing else []
+            parts += [f"not the head's: {extra}"] if extra else []
+            which = f" ({'; '.join(parts)})" if parts else ""
         raise ValueError(
-            f"the head was trained for {head_models} models {names} but {num_models} models' detections were given; "
-            "pass one Detections per model (named by their source, or in the head's model order)"
+            f"the head was trained for {head_models} models {names} but {num_models} models' detections were given"
+            f"{which}; pass one Detections per model (named by their source, or in the head's model order)"
         )
     return head
 
@@ -84,7 +92,7 @@ def theta_fusion(per_model: Sequence[Detections], head: Any = None, iou_thr: flo
         Detections: fused boxes, source ``"fused:theta"`` (or ``"fused:<head type>"`` for another head; the wrapped
             head's type for a ``calibrated`` one).
     """
-    head = _resolve_head(head, len(per_model))
+    head = _resolve_head(head, len(per_model), [getattr(d, "source", None) for d in per_model])
     model_names = getattr(head, "model_names", None)
     if model_names is not None:
         from detens.heads._io import in_member_order

@@ -72,6 +72,7 @@ __all__ = [
     "config_for",
     "fit_calibration",
     "fit_head",
+    "head_class_ids",
     "list_heads",
     "load_head",
     "load_train_config",
@@ -82,6 +83,26 @@ __all__ = [
 
 def list_heads() -> list[str]:
     return HEADS.names()
+
+
+def head_class_ids(head: Any) -> list[int]:
+    """The category ids ``head`` holds parameters of its own for, sorted: per-class Θ rows, class embedding
+    rows, per-class calibration curves, also inside a calibrated or bagged head. ``[]`` for a head that
+    treats every class alike.
+
+    Training gives such rows only to the ids its (class-mapped) predictions had, so every one of them is a
+    category of the label space the head was trained on: an id outside another label space shows the head
+    belongs to a different one, whose ids mean other classes.
+    """
+    import torch
+
+    ids: set[int] = set()
+    for module in head.modules() if isinstance(head, torch.nn.Module) else ():
+        if isinstance(module, CalibrationHead):
+            ids.update(c for name in module.model_names for c in module.class_ids(name))
+        elif isinstance(getattr(module, "class_ids", None), torch.Tensor):
+            ids.update(int(c) for c in module.class_ids.tolist())
+    return sorted(ids)
 
 
 def load_head(path: str | Path, model_names: Sequence[str] | None = None) -> Any:
