@@ -115,6 +115,10 @@ class EvalMethod:
     def fit(self, data: EvaluationData, train_ids: Sequence[int]) -> None:
         """Fit on the training images (only called when ``learned``)."""
 
+    def check_data(self, data: EvaluationData) -> None:
+        """Refuse ``data`` before any method runs when it cannot be this method's (a head file trained on
+        another label space); nothing to check by default."""
+
     def predict(self, data: EvaluationData, image_id: int) -> Detections:
         raise NotImplementedError
 
@@ -347,6 +351,11 @@ class PretrainedHead(EvalMethod):
                 f"{list(model_names)}"
             )
 
+    def check_data(self, data: EvaluationData) -> None:
+        from detens.heads import check_head_label_space
+
+        check_head_label_space(self.head, data.gt.category_ids, f"head {self.path!r}", "the ground truth")
+
     def predict(self, data: EvaluationData, image_id: int) -> Detections:
         # each Detections names its model (the file name), so the head takes them in its own order
         return fuse(data.per_model(image_id), "theta", head=self.head)
@@ -567,6 +576,8 @@ def cross_validate(
     method_options = method_options or {}
     # Every method is built before any runs, so a bad option or head file fails before hours of work.
     built = {name: build_method(name, data.model_names, **method_options.get(name, {})) for name in names}
+    for method in built.values():
+        method.check_data(data)
     report: dict[str, MethodResult] = {}
     for name in names:
         options = method_options.get(name, {})

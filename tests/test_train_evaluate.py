@@ -447,6 +447,19 @@ class TestCrossValidation:
         ThetaHead(["a", "b", "c"]).save(tmp_path / "other.json")
         with pytest.raises(ValueError, match=r"trained for models \['a', 'b', 'c'\], but the predictions have"):
             cross_validate(ensemble, [f"head:{tmp_path / 'other.json'}"], k=2, backend="faster")
+        # per-class rows of ids the ground truth lacks: trained on another label space, whose ids mean
+        # other classes
+        foreign = max(ensemble.gt.category_ids) + 1
+        own = ensemble.gt.category_ids[0]
+        ThetaHead(ensemble.model_names, per_class=True, class_ids=[own, foreign]).save(tmp_path / "foreign.json")
+        with pytest.raises(ValueError, match=rf"^head '.*foreign\.json' has per-class parameters for category ids "
+                                             rf"{foreign}, which are not among the \d+ category ids of the ground "
+                                             r"truth: .*train one on this dataset"):
+            cross_validate(ensemble, ["recording", f"head:{tmp_path / 'foreign.json'}"], k=2, backend="faster")
+        assert RecordingMethod.log == []
+        ThetaHead(ensemble.model_names, per_class=True, class_ids=[own]).save(tmp_path / "own.json")
+        report = cross_validate(ensemble, [f"head:{tmp_path / 'own.json'}"], k=2, backend="faster")
+        assert report[f"head:{tmp_path / 'own.json'}"].metrics["map"] > 0
 
     def test_unknown_method(self, ensemble):
         with pytest.raises(ValueError, match="unknown evaluation method 'wbf_tunned'.*Did you mean 'wbf_tuned'"):

@@ -241,23 +241,15 @@ def check_head_label_space(
     Raises:
         ValueError: naming the head, the foreign ids and the label space.
     """
-    from detens.adapters._labels import id_ranges
-    from detens.heads import head_class_ids, load_head
+    from detens.heads import check_head_label_space, load_head
 
     ids = set(categories) if categories is not None else set(COCO_CATEGORY_IDS)
     for key, where in (("head", config.fusion.head), ("calibration", params.get("calibration"))):
         head = params.get(key)
         if isinstance(head, (str, Path)):
             head = load_head(head)
-        if head is None:
-            continue
-        foreign = [c for c in head_class_ids(head) if c not in ids]
-        if foreign:
-            raise ValueError(
-                f"{key} {str(where)!r} has per-class parameters for category ids {id_ranges(foreign)}, which are "
-                f"not among the {len(ids)} category ids of {label_space_name(config)}: {id_ranges(sorted(ids))}; "
-                "it was trained on another label space: train one on this dataset (detens cache, detens train)"
-            )
+        if head is not None:
+            check_head_label_space(head, ids, f"{key} {str(where)!r}", label_space_name(config))
 
 
 def method_label(config: EnsembleConfig, params: dict[str, Any]) -> str:

@@ -26,7 +26,7 @@ calibration=head)`` does the same with any fuser). The calibrated head also fuse
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +73,7 @@ __all__ = [
     "fit_calibration",
     "fit_head",
     "head_class_ids",
+    "check_head_label_space",
     "list_heads",
     "load_head",
     "load_train_config",
@@ -103,6 +104,25 @@ def head_class_ids(head: Any) -> list[int]:
         elif isinstance(getattr(module, "class_ids", None), torch.Tensor):
             ids.update(int(c) for c in module.class_ids.tolist())
     return sorted(ids)
+
+
+def check_head_label_space(head: Any, category_ids: Iterable[int], what: str, label_space: str) -> None:
+    """Refuse ``head`` when it holds per-class parameters (:func:`head_class_ids`) for an id outside
+    ``category_ids``: it was trained on another label space, whose ids mean other classes.
+
+    Raises:
+        ValueError: naming the head (``what``), the foreign ids and the label space.
+    """
+    from detens.adapters._labels import id_ranges
+
+    ids = set(category_ids)
+    foreign = [c for c in head_class_ids(head) if c not in ids]
+    if foreign:
+        raise ValueError(
+            f"{what} has per-class parameters for category ids {id_ranges(foreign)}, which are not among the "
+            f"{len(ids)} category ids of {label_space}: {id_ranges(sorted(ids))}; it was trained on another "
+            "label space: train one on this dataset (detens cache, detens train)"
+        )
 
 
 def load_head(path: str | Path, model_names: Sequence[str] | None = None) -> Any:
