@@ -56,7 +56,6 @@ def check_xyxy(boxes: Tensor, name: str, hint: str = "") -> None:
         raise ValueError(f"{name}[{i}] = {boxes[i].tolist()} has x2 < x1 or y2 < y1; boxes must be xyxy{hint}")
 
 
-
 def compute_device(device: torch.device) -> torch.device:
     """Where float64 work can run: the input device, or the CPU for backends without float64 (MPS)."""
     return device if device.type in ("cpu", "cuda") else torch.device("cpu")

@@ -1032,7 +1032,8 @@ def merge_member(
         raise MergeError(f"{member}: the shards were made on different annotation files")
     if gt is not None and gt_fingerprint(gt) not in fingerprints:
         raise MergeError(f"{member}: the shards were made on another annotation file than --gt")
-    compared = _common_inputs({index: _compared_settings(record["settings"]) for index, record in records.items()})
+    recorded = {index: _compared_settings(record["settings"]) for index, record in records.items()}
+    compared = _common_inputs(recorded)
     groups: dict[str, list[int]] = {}
     for index, settings in compared.items():
         groups.setdefault(json.dumps(settings, sort_keys=True), []).append(index)
@@ -1082,7 +1083,7 @@ def merge_member(
         "shards": count,
         "unreadable": unreadable,
         "seconds": round(sum(float(r["seconds"]) for r in records.values()), 3),
-        "settings": _all_inputs({index: _compared_settings(record["settings"]) for index, record in records.items()}),
+        "settings": _all_inputs(recorded),
         "fingerprint": any_record["gt_fingerprint"],
         "all_ids": all_ids,
     }
@@ -1095,8 +1096,9 @@ def _common_inputs(settings: dict[int, Any]) -> dict[int, Any]:
     seen: dict[str, set[str]] = {}
     for one in settings.values():
         inputs = one.get("inputs") if isinstance(one, dict) else None
-        for name, digest in (inputs or {}).items() if isinstance(inputs, dict) else ():
-            seen.setdefault(name, set()).add(json.dumps(digest))
+        if isinstance(inputs, dict):
+            for name, digest in inputs.items():
+                seen.setdefault(name, set()).add(json.dumps(digest))
     split = {name for name, digests in seen.items() if len(digests) > 1}
     compared = {}
     for index, one in settings.items():

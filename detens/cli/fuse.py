@@ -231,7 +231,7 @@ def fusion_params(config: EnsembleConfig, names: list[str] | None) -> dict[str, 
     return check_fusion_params(method, params, names if names is not None else [None] * len(weights))
 
 
-def check_head_label_space(
+def check_heads_label_space(
     config: EnsembleConfig, params: dict[str, Any], categories: dict[int, str] | None
 ) -> None:
     """Refuse a head (or ``calibration``) with per-class parameters for a category id the run's label space
@@ -739,7 +739,7 @@ def _run(args: argparse.Namespace) -> int:
     params = fusion_params(config, declared)
     dataset_names = dataset_categories(config)
     check_class_maps(config, dataset_names)
-    check_head_label_space(config, params, dataset_names)
+    check_heads_label_space(config, params, dataset_names)
     images, root = resolve_source(args.source)
     images = [path for path in images if not _written_by_a_run(path, out)]  # --out inside --source
     if not images:
