@@ -143,18 +143,25 @@ def test_per_model_and_resolved_config(full_run):
     assert resolved["output"]["save_per_model"] is True and resolved["fusion"]["method"] == "wbf"
 
 
-def test_resume_after_interruption(workspace, full_run, monkeypatch):
-    out = workspace / "out interrupted"
+def interrupt_on_image(monkeypatch, number):
+    """Make ``detens fuse`` stop as at Ctrl-C when it comes to its ``number``-th image (from 1); returns
+    the undo, which puts the real ``process_image`` back."""
     original = fuse_tool.process_image
     calls = []
 
-    def interrupt_on_second(*args, **kwargs):
+    def interrupting(*args, **kwargs):
         calls.append(args[1])
-        if len(calls) == 2:
+        if len(calls) == number:
             raise KeyboardInterrupt
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(fuse_tool, "process_image", interrupt_on_second)
+    monkeypatch.setattr(fuse_tool, "process_image", interrupting)
+    return lambda: monkeypatch.setattr(fuse_tool, "process_image", original)
+
+
+def test_resume_after_interruption(workspace, full_run, monkeypatch):
+    out = workspace / "out interrupted"
+    undo = interrupt_on_image(monkeypatch, 2)
     assert run(workspace, out, "--save-per-model") == 130
     partial_images, partial_results = read_outputs(out)  # valid, and says it is incomplete
     assert partial_images["info"]["complete"] is False
@@ -163,7 +170,7 @@ def test_resume_after_interruption(workspace, full_run, monkeypatch):
     assert json.loads((out / "summary.json").read_text())["interrupted"] is True
     assert (out / "partial").is_dir()
 
-    monkeypatch.setattr(fuse_tool, "process_image", original)
+    undo()
     assert run(workspace, out, "--save-per-model") == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["processed_this_run"] == 2 and summary["resumed"] == 1 and summary["done"] == 3
@@ -218,20 +225,11 @@ def test_an_interrupted_run_keeps_its_image_ids_on_resume(workspace, tmp_path, m
         shutil.copy(workspace / "images" / "bus.jpg", source / name)
     out = tmp_path / "o"
     args = ["--config", str(workspace / "pair.yaml"), "--out", str(out), "--quiet", "--no-vis", "--source", str(source)]
-    original = fuse_tool.process_image
-    calls = []
-
-    def interrupt_on_third(*a, **k):
-        calls.append(a[1])
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return original(*a, **k)
-
-    monkeypatch.setattr(fuse_tool, "process_image", interrupt_on_third)
+    undo = interrupt_on_image(monkeypatch, 3)
     assert fuse_tool.main(args) == 130
     interrupted_images, interrupted = read_outputs(out)
     assert {im["file_name"]: im["id"] for im in interrupted_images["images"]} == {"x.jpg": 1, "x.jpg.jpg": 2}
-    monkeypatch.setattr(fuse_tool, "process_image", original)
+    undo()
     assert fuse_tool.main(args) == 0
     images, results = read_outputs(out)
     assert {im["file_name"]: im["id"] for im in images["images"]} == {"x.jpg": 1, "x.jpg.jpg": 2, "y.jpg": 3}
