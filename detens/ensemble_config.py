@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -296,23 +297,30 @@ def load_ensemble_config(
     ``overrides`` (dotted keys, e.g. from CLI flags) win over the file.
 
     ``per_model`` holds settings given for the whole ensemble that also replace each model's own value
-    (``{"conf": 0.25}`` from a ``--conf`` flag); ``None`` values are ignored. A relative ``fusion.head``
-    is relative to the file's folder, and a name that is no file there a shipped head's
-    (``coco_yolo3_deep``); relative ``weights``, ``results``, ``images``, ``dataset`` and ``weights_dir``
-    are looked up from the working directory first, then beside the file. ``overrides`` are not: a
-    command line's paths are the working directory's.
+    (``{"conf": 0.25}`` from a ``--conf`` flag); ``None`` values are ignored.
+
+    Every relative path the file gives is relative to the file's folder, wherever the command runs:
+    ``dataset``, ``weights_dir``, ``fusion.head``, the head files of ``fusion.params`` (``calibration``),
+    and each model's ``weights``, ``results`` and ``images``. A value that is no file there keeps its
+    other meaning: a shipped head's name (``coco_yolo3_deep``) for a head, a name in the weights folders
+    or an upstream name (``yolo11n.pt``) for ``weights``. Such paths are made absolute (as written when
+    the working directory is the file's folder). ``overrides`` are not: a command line's paths are the
+    working directory's, as are those of a config built in Python.
+
+    Raises:
+        ValueError: a relative path that is not beside the file but is in the working directory (which
+            earlier versions looked at first), naming both places; weights found there too under that
+            name in a weights folder, or an upstream name, are not refused.
     """
     path = find_packaged(path, "ensembles")
     data = read_yaml_file(path, "ensemble config")
     data = {} if data is None else data  # an empty file; not `or {}`, which would take [] or 0 for one
     if not isinstance(data, dict):
         raise ValueError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
-    fusion = data.get("fusion")
-    if isinstance(fusion, dict) and isinstance(fusion.get("head"), str) and fusion["head"].strip():
-        fusion["head"] = _head_beside(fusion["head"], path.parent)
-    _files_beside(data, path.parent)
+    _paths_beside(data, path)
     per_model = {k: v for k, v in (per_model or {}).items() if v is not None}
     data = apply_overrides(data, {**(overrides or {}), **per_model})
+    _check_weights_not_only_here(data, path)
     for model in data.get("models") or []:
         if isinstance(model, dict):
             kind = model.get("type", "ultralytics")
@@ -329,6 +337,123 @@ def load_ensemble_config(
     return ensemble_config_from_dict(data, where=str(path))
 
 
+#: ``fusion.params`` that the fusers take as head files: ``detens.fuse``'s ``calibration`` and theta's ``head``.
+_HEAD_PARAMS = ("calibration", "head")
+
+
+def _paths_beside(data: dict[str, Any], source: Path) -> None:
+    """Every relative path the YAML at ``source`` gives, made relative to the YAML's folder (see
+    :func:`load_ensemble_config`), in place."""
+    folder = source.parent
+    fusion = data.get("fusion")
+    if isinstance(fusion, dict):
+        if isinstance(fusion.get("head"), str) and fusion["head"].strip():
+            fusion["head"] = _head_beside(fusion["head"], folder)
+        params = fusion.get("params")
+        if isinstance(params, dict):
+            for key in _HEAD_PARAMS:
+                if key in params:
+                    params[key] = _head_param_beside(params[key], folder)
+    for key in ("dataset", "weights_dir"):
+        if key in data:
+            data[key] = _file_beside(data[key], folder, key, source)
+    for n, model in enumerate(data.get("models") or []):
+        if not isinstance(model, dict):
+            continue
+        for key in ("results", "images"):
+            if key in model:
+                model[key] = _file_beside(model[key], folder, f"models[{n}].{key}", source)
+        if "weights" in model:
+            model["weights"] = _weights_beside(model["weights"], folder)
+
+
+def _relative(value: Any, folder: Path) -> tuple[Path, Path] | None:
+    """``(beside the YAML, from the working directory)`` for a relative path; None for anything else (an
+    absolute path, ``~/...``, an empty value, a value that is not a string: each left as it is)."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    given = Path(value).expanduser()
+    return None if given.is_absolute() else (folder / given, given)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist
+        return False
+
+
+def _beside_as_written(beside: Path, here: Path, value: str) -> str:
+    """An existing path beside the YAML: ``value`` as written when the working directory finds the same
+    file (the YAML's folder is the working directory), so that the outputs of earlier runs, which record the
+    value, still resume; else its absolute path."""
+    return value if _same_file(beside, here) else str(beside.resolve())
+
+
+def _only_here_error(source: Path, where: str, value: str, beside: Path, here: Path) -> ValueError:
+    return ValueError(
+        f"{source}: {where} {value!r} is relative to the YAML's folder, where there is no {beside.resolve()}; the "
+        f"{'folder' if here.is_dir() else 'file'} {here.resolve()} in the working directory is not looked at (a "
+        "YAML means the same files wherever the command runs): give its path relative to the YAML, or an "
+        "absolute path"
+    )
+
+
+def _file_beside(value: Any, folder: Path, where: str, source: Path) -> Any:
+    """A file or folder the YAML names (``dataset``, ``results``, ...), relative to the YAML's folder."""
+    relative = _relative(value, folder)
+    if relative is None:
+        return value
+    beside, here = relative
+    if beside.exists():
+        return _beside_as_written(beside, here, value)
+    if here.exists():
+        raise _only_here_error(source, where, value, beside, here)
+    return str(beside.resolve())  # not found: named so when it is read
+
+
+def _weights_beside(value: Any, folder: Path) -> Any:
+    """A model's ``weights``: a path beside the YAML, else a name in the weights folders or an upstream
+    name, left as it is for :func:`~detens.adapters.weights.resolve_model_weights` (which
+    :func:`_check_weights_not_only_here` guards)."""
+    relative = _relative(value, folder)
+    if relative is None or not relative[0].exists():
+        return value
+    return _beside_as_written(*relative, value)
+
+
+def _check_weights_not_only_here(data: dict[str, Any], source: Path) -> None:
+    """Refuse relative weights that are not beside the YAML but are in the working directory, where
+    :func:`~detens.adapters.weights.resolve_weights` looks first, unless they mean the same there: the file
+    a weights folder (``weights_dir`` as the flags leave it) holds under that name, or an upstream name
+    that Ultralytics downloaded into the working directory."""
+    from detens.adapters.weights import WEIGHTS_TYPES, is_upstream_name, weights_dirs
+
+    folders = None
+    for n, model in enumerate(data.get("models") or []):
+        value = model.get("weights") if isinstance(model, dict) else None
+        relative = _relative(value, source.parent)
+        if relative is None or relative[0].exists() or not relative[1].exists():
+            continue
+        kind = model.get("type", "ultralytics")
+        if is_upstream_name(value, kind if kind in WEIGHTS_TYPES else "any"):
+            continue
+        if folders is None:
+            weights_dir = data.get("weights_dir")
+            folders = weights_dirs(weights_dir if isinstance(weights_dir, str) else None)
+        if not any(_same_file(folder / relative[1], relative[1]) for folder in folders):
+            raise _only_here_error(source, f"models[{n}].weights", value, *relative)
+
+
+def _head_param_beside(value: Any, folder: Path) -> Any:
+    """A head file among ``fusion.params`` (``calibration``), found as ``fusion.head`` is."""
+    relative = _relative(value, folder)
+    if relative is None:
+        return value
+    beside, here = relative
+    return _beside_as_written(beside, here, value) if beside.is_file() else _head_beside(value, folder)
+
+
 def _head_beside(value: str, folder: Path) -> str:
     """A YAML's ``fusion.head``: the file beside the YAML, else the shipped head of that name (as
     ``--head`` takes one), as an absolute path."""
@@ -337,28 +462,6 @@ def _head_beside(value: str, folder: Path) -> str:
     except FileNotFoundError:
         # not refused here: a --method or --head flag may replace it; loading it names what is missing
         return str((folder / Path(value).expanduser()).resolve())
-
-
-def _files_beside(data: dict[str, Any], folder: Path) -> None:
-    """Relative file and folder names that do not exist from the working directory but do beside the
-    YAML are made absolute (the YAML's folder is the second place a relative path is looked up)."""
-
-    def beside(value: Any) -> Any:
-        if not isinstance(value, str) or not value.strip():
-            return value
-        relative = Path(value).expanduser()
-        if relative.is_absolute() or relative.exists() or not (folder / relative).exists():
-            return value
-        return str((folder / relative).resolve())
-
-    for key in ("dataset", "weights_dir"):
-        if key in data:
-            data[key] = beside(data[key])
-    for model in data.get("models") or []:
-        if isinstance(model, dict):
-            for key in ("weights", "results", "images"):
-                if key in model:
-                    model[key] = beside(model[key])
 
 
 def _absolute(value: str | None) -> str | None:
@@ -370,19 +473,21 @@ def _absolute(value: str | None) -> str | None:
 
 def with_absolute_paths(config: EnsembleConfig | ModelConfig) -> EnsembleConfig | ModelConfig:
     """The config with every relative file it names that exists from the working directory made
-    absolute (weights, results, images, dataset, weights folder, head); other values (a download name
+    absolute (weights, results, images, dataset, weights folder, head, the head files of
+    ``fusion.params``); other values (a download name
     such as ``yolo11n.pt``) as they are. For workers whose working directory is not this process's (Ray
     actors on a cluster started elsewhere)."""
     if isinstance(config, ModelConfig):
         return replace(
             config, weights=_absolute(config.weights), results=_absolute(config.results), images=_absolute(config.images)
         )
+    params = {k: _absolute(v) if k in _HEAD_PARAMS else v for k, v in config.fusion.params.items()}
     return replace(
         config,
         weights_dir=_absolute(config.weights_dir),
         dataset=_absolute(config.dataset),
         models=[with_absolute_paths(model) for model in config.models],
-        fusion=replace(config.fusion, head=_absolute(config.fusion.head)),
+        fusion=replace(config.fusion, head=_absolute(config.fusion.head), params=params),
     )
 
 

@@ -4,6 +4,7 @@ import dataclasses
 import json
 import logging
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -376,6 +377,135 @@ def test_a_relative_weights_dir_is_looked_up_beside_the_yaml(tmp_path, monkeypat
     with pytest.raises(FileNotFoundError, match=rf"{tmp_path / 'elsewhere' / 'models' / 'mine' / 'v8.onnx'} \(weights "
                                                 rf"folder; {tmp_path / 'elsewhere' / 'models'} does not exist\)"):
         resolve_model_weights(config.models[0], config.weights_dir)
+
+
+def _yaml_naming_files(folder: Path) -> Path:
+    """An ensemble YAML in ``folder`` that names every kind of file by a relative path."""
+    config = {
+        "dataset": "gt.json", "weights_dir": "models",
+        "models": [{"type": "onnx", "weights": "w.onnx", "decoder": "yolox", "name": "o"},
+                   {"type": "precomputed", "results": "r.json", "images": "i.json", "name": "p"}],
+        "fusion": {"method": "theta", "head": "h.json", "params": {"calibration": "cal.json"}},
+    }
+    path = folder / "e.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+_NAMED = ("gt.json", "models", "w.onnx", "r.json", "i.json", "h.json", "cal.json")
+
+
+def _named_files(config):
+    return [config.dataset, config.weights_dir, config.models[0].weights, config.models[1].results,
+            config.models[1].images, config.fusion.head, config.fusion.params["calibration"]]
+
+
+def test_every_relative_path_of_a_yaml_is_beside_it_wherever_the_command_runs(tmp_path, monkeypatch):
+    """The working directory's files of the same names, which earlier versions looked at first (and not at
+    all for fusion.params.calibration), are not looked at."""
+    cfg, run = tmp_path / "cfg", tmp_path / "run"
+    for folder in (cfg, run):
+        folder.mkdir()
+        for name in _NAMED:
+            (folder / name).mkdir() if name == "models" else (folder / name).write_text(folder.name)
+    path = _yaml_naming_files(cfg)
+    monkeypatch.chdir(run)
+    assert _named_files(load_ensemble_config(path)) == [str(cfg / name) for name in _NAMED]
+    monkeypatch.chdir(tmp_path)  # a relative path to the YAML: its folder is relative too
+    assert _named_files(load_ensemble_config("cfg/e.yaml")) == [str(cfg / name) for name in _NAMED]
+    # run from the YAML's folder, the paths mean the same either way: kept as written, so that the runs
+    # that recorded them (detens cache's settings, detens fuse's config.yaml) resume
+    monkeypatch.chdir(cfg)
+    config = load_ensemble_config("e.yaml")
+    assert _named_files(config)[:5] + _named_files(config)[6:] == [n for n in _NAMED if n != "h.json"]
+    assert config.fusion.head == str(cfg / "h.json")  # as it always was
+
+
+def test_a_relative_path_found_only_from_the_working_directory_is_refused_naming_both(tmp_path, monkeypatch):
+    from detens.packaged import CONFIG_ROOT
+
+    cfg, run = tmp_path / "cfg", tmp_path / "run"
+    for folder in (cfg, run):
+        folder.mkdir()
+    monkeypatch.chdir(run)
+    path = _yaml_naming_files(cfg)
+    # nothing anywhere: made absolute beside the YAML, so that what reads it names that path; the weights
+    # and a head keep their other meanings (a name in the weights folders, a shipped head)
+    config = load_ensemble_config(path)
+    assert config.dataset == str(cfg / "gt.json") and config.models[1].results == str(cfg / "r.json")
+    assert config.models[0].weights == "w.onnx" and config.fusion.params["calibration"] == str(cfg / "cal.json")
+    for where, name in (("dataset", "gt.json"), ("weights_dir", "models"), ("models[0].weights", "w.onnx"),
+                        ("models[1].results", "r.json"), ("models[1].images", "i.json")):
+        (run / name).mkdir() if name == "models" else (run / name).write_text("here")
+        with pytest.raises(ValueError) as refused:
+            load_ensemble_config(path)
+        assert str(refused.value) == (
+            f"{path}: {where} {name!r} is relative to the YAML's folder, where there is no {cfg / name}; the "
+            f"{'folder' if name == 'models' else 'file'} {run / name} in the working directory is not looked at "
+            "(a YAML means the same files wherever the command runs): give its path relative to the YAML, or "
+            "an absolute path"
+        )
+        shutil.rmtree(run / name) if name == "models" else (run / name).unlink()
+    # weights named from inside their weights folder are that folder's: the same file either way
+    (run / "w.onnx").write_text("here")
+    monkeypatch.setenv("DETENS_WEIGHTS", str(run))
+    assert load_ensemble_config(path).models[0].weights == "w.onnx"
+    monkeypatch.setenv("DETENS_WEIGHTS", str(tmp_path / "other"))
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "w.onnx").write_text("other")  # another file of that name: which one is meant?
+    with pytest.raises(ValueError, match=r"models\[0\].weights 'w.onnx' is relative to the YAML's folder"):
+        load_ensemble_config(path)
+    monkeypatch.delenv("DETENS_WEIGHTS")
+    (run / "w.onnx").unlink()
+    # heads are not looked for there: a shipped head's name is that head, as for fusion.head
+    (run / "cal.json").write_text("here")
+    assert load_ensemble_config(path).fusion.params["calibration"] == str(cfg / "cal.json")
+    (run / "coco_yolo3_theta.json").write_text("here")
+    path.write_text(yaml.safe_dump({"models": [{"weights": "yolo11n.pt"}],
+                                    "fusion": {"params": {"calibration": "coco_yolo3_theta.json"}}}))
+    config = load_ensemble_config(path)
+    assert config.fusion.params["calibration"] == str(CONFIG_ROOT / "heads" / "coco_yolo3_theta.json")
+    # upstream weights that Ultralytics downloaded into the working directory are found there, as upstream
+    (run / "yolo11n.pt").write_text("downloaded")
+    assert load_ensemble_config(path).models[0].weights == "yolo11n.pt"
+    # absolute paths and ~ are taken as they are
+    home = tmp_path / "home"
+    (home / "gt.json").parent.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    path.write_text(yaml.safe_dump({"dataset": "~/gt.json", "models": [{"type": "precomputed", "results": str(run / "r.json")}]}))
+    config = load_ensemble_config(path)
+    assert config.dataset == "~/gt.json" and config.models[0].results == str(run / "r.json")
+
+
+def test_a_yaml_calibration_beside_it_fuses_from_another_working_directory(tmp_path, monkeypatch, capsys):
+    """``detens fuse`` with a calibration head named beside the YAML: an earlier version looked for it in the
+    working directory."""
+    import torch
+    from ultralytics.utils import ASSETS
+
+    from detens.cli import fuse as fuse_tool
+    from detens.heads import CalibrationHead
+
+    cfg, run, source = tmp_path / "cfg", tmp_path / "run", tmp_path / "src"
+    for folder in (cfg, run, source):
+        folder.mkdir()
+    shutil.copy(Path(ASSETS) / "bus.jpg", source / "a.jpg")
+    box = {"image_id": 1, "category_id": 6, "bbox": [20.0, 230.0, 780.0, 520.0], "score": 0.9}
+    (cfg / "saved.json").write_text(json.dumps([box]))
+    (cfg / "images.json").write_text(json.dumps({"images": [{"id": 1, "file_name": "a.jpg"}]}))
+    halved = (torch.tensor([0.0, 1.0], dtype=torch.float64), torch.tensor([0.0, 0.5], dtype=torch.float64))
+    CalibrationHead(["saved", "twin"], {"saved": halved, "twin": halved}).save(cfg / "cal.json")
+    member = {"type": "precomputed", "results": "saved.json", "images": "images.json"}
+    (cfg / "e.yaml").write_text(yaml.safe_dump({
+        "models": [{**member, "name": "saved"}, {**member, "name": "twin"}],
+        "fusion": {"method": "wbf", "params": {"calibration": "cal.json"}},
+    }))
+    monkeypatch.chdir(run)
+    code = fuse_tool.main(["--config", str(cfg / "e.yaml"), "--source", str(source), "--out", "o", "--quiet",
+                           "--no-vis"])
+    assert code == 0, capsys.readouterr().err
+    fused = json.loads((run / "o" / "predictions.json").read_text())
+    assert [round(r["score"], 3) for r in fused] == [0.45]  # the calibration ran
 
 
 def test_shipped_head_names_are_the_heads():

@@ -3,7 +3,8 @@
 :func:`resolve_weights` looks, in this order:
 
 1. at the value as a path (absolute, or relative to the working directory; ``~`` expanded; an ensemble
-   YAML also makes a relative path that exists beside the YAML absolute before it gets here);
+   YAML's relative weights are relative to the YAML's folder: it makes one that exists there absolute
+   before it gets here, and refuses one found only from the working directory);
 2. at the value as a name relative to the weights folders, in this order: ``$DETENS_WEIGHTS`` (one
    folder, or several separated by ``os.pathsep``) when set; the folder the caller passes (``weights_dir``
    of an ensemble YAML); the first ``shared/models`` folder found walking up from the working directory
