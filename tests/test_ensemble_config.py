@@ -518,11 +518,12 @@ def test_with_absolute_paths_makes_existing_relative_files_absolute(tmp_path, mo
     from detens.ensemble_config import EnsembleConfig, FusionConfig, ModelConfig, with_absolute_paths
 
     monkeypatch.chdir(tmp_path)
-    for name in ("w.onnx", "r.json", "i.json", "gt.json", "head.json"):
+    for name in ("w.onnx", "r.json", "i.json", "gt.json", "head.json", "cal.json"):
         (tmp_path / name).write_text("{}")
     (tmp_path / "weights").mkdir()
+    fusion = FusionConfig(method="theta", head="head.json", params={"calibration": "cal.json", "iou_thr": 0.5})
     config = EnsembleConfig(
-        weights_dir="weights", dataset="gt.json", fusion=FusionConfig(method="theta", head="head.json"),
+        weights_dir="weights", dataset="gt.json", fusion=fusion,
         models=[ModelConfig(weights="yolo11n.pt", name="a"),  # a download name: not a file here
                 ModelConfig(type="precomputed", results="r.json", images="i.json", name="b"),
                 ModelConfig(weights=str(tmp_path / "w.onnx"), name="c")],
@@ -530,6 +531,7 @@ def test_with_absolute_paths_makes_existing_relative_files_absolute(tmp_path, mo
     absolute = with_absolute_paths(config)
     assert absolute.weights_dir == str(tmp_path / "weights") and absolute.dataset == str(tmp_path / "gt.json")
     assert absolute.fusion.head == str(tmp_path / "head.json") and absolute.fusion.method == "theta"
+    assert absolute.fusion.params == {"calibration": str(tmp_path / "cal.json"), "iou_thr": 0.5}
     assert [m.weights for m in absolute.models] == ["yolo11n.pt", None, str(tmp_path / "w.onnx")]
     assert (absolute.models[1].results, absolute.models[1].images) == (str(tmp_path / "r.json"), str(tmp_path / "i.json"))
     assert config.models[1].results == "r.json"  # the caller's config is left as it was
