@@ -989,3 +989,108 @@ def test_a_second_run_on_the_same_out_is_refused_and_shards_of_a_split_are_not(s
     assert run(slice_, sharded, "--shard", "0/2") == 2
     assert f"pid {holder.pid}" in capsys.readouterr().err
     assert run(slice_, sharded, "--shard", "1/2") == 0
+
+
+def test_an_unsharded_run_or_a_merge_and_a_shard_of_one_out_cannot_run_at_once(slice_, tmp_path, capsys,
+                                                                                lock_in_another_process):
+    """Each takes its own lock: without looking at the other kind's, both would write one member's partial
+    results and settings with no check on each other."""
+    out = tmp_path / "o"
+    holder = lock_in_another_process(out)  # an unsharded run (or a merge)
+    assert run(slice_, out, "--shard", "0/2") == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "Traceback" not in err, err
+    assert f"{out} is in use by detens fuse (pid {holder.pid} on " in err
+    assert "a shard cannot run on the same --out as an unsharded run or a merge" in err
+    assert [p.name for p in out.iterdir()] == [".detens.lock"]  # nothing written beside the other run's
+    holder.kill()
+    holder.wait()
+    assert run(slice_, out, "--shard", "0/2") == 0  # the file a killed holder left holds nothing
+
+    holder = lock_in_another_process(out, ".detens.shard-1-of-2.lock")
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and "lock" not in p.name}
+    for second in (lambda: run(slice_, out), lambda: cache_tool.main(["merge", "--out", str(out), "--quiet"])):
+        assert second() == 2
+        err = capsys.readouterr().err
+        assert err.count("error:") == 1 and f"pid {holder.pid}" in err and "unsharded run or a merge" in err, err
+    after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and "lock" not in p.name}
+    assert after == before
+    assert run(slice_, out, "--shard", "0/2") == 0  # shards of a split run beside each other
+    holder.kill()
+    holder.wait()
+    assert run(slice_, out, "--shard", "1/2") == 0
+    assert cache_tool.main(["merge", "--out", str(out), "--quiet"]) == 0
+
+
+def test_a_shard_with_other_settings_than_a_running_shards_is_refused_naming_both(slice_, tmp_path, capsys,
+                                                                                 lock_in_another_process):
+    out = tmp_path / "o"
+    assert run(slice_, out, "--models", "b", "--shard", "0/2", "--max-images", "1") == 0
+    holder = lock_in_another_process(out, ".detens.shard-0-of-2.lock")  # shard 0 goes on
+    recorded = (out / ".partial" / "b" / "_settings.json").read_bytes()
+    code = run(slice_, out, "--models", "b", "--shard", "1/2", "--conf", "0.4")
+    refused(capsys, code, rf"'b' made with other settings \(conf: 0.001 -> 0.4\), and detens fuse \(pid {holder.pid} "
+                          r"on .*\) is writing more of them: use another --out, or wait for it to end")
+    # --overwrite would take its results away while it writes more of them
+    code = run(slice_, out, "--models", "b", "--shard", "1/2", "--conf", "0.4", "--overwrite")
+    refused(capsys, code, rf"--overwrite would discard every result of 'b' in {out}, made with other settings "
+                          rf"\(conf: 0.001 -> 0.4\), while detens fuse \(pid {holder.pid} on")
+    assert (out / ".partial" / "b" / "_settings.json").read_bytes() == recorded
+    assert run(slice_, out, "--models", "b", "--shard", "1/2") == 0  # its settings: welcome
+    # settings recorded by an unsharded run are every shard's too
+    unsharded = tmp_path / "unsharded"
+    assert run(slice_, unsharded, "--models", "b", "--max-images", "1") == 0
+    refused(capsys, run(slice_, unsharded, "--models", "b", "--shard", "1/2", "--conf", "0.4"),
+            r"other settings \(conf: 0.001 -> 0.4\); use another --out, or --overwrite to discard them")
+
+
+def test_shards_starting_at_once_with_other_settings_do_not_both_record_theirs(slice_, tmp_path, capfd, monkeypatch):
+    """The settings are compared and recorded as one step: the second shard finds the first one's."""
+    import threading
+
+    out = tmp_path / "o"
+    compare = cache_tool.check_settings
+    second_compared = threading.Event()
+    codes = {}
+
+    def compare_while_the_other_starts(out_, member, settings, *args, **kwargs):
+        if threading.current_thread() is threading.main_thread():
+            other = threading.Thread(target=lambda: codes.setdefault(
+                1, run(slice_, out, "--models", "b", "--shard", "1/2", "--conf", "0.4")))
+            other.start()
+            # unlocked, the other shard would compare now, find nothing recorded and record its own
+            second_compared.wait(timeout=3)
+            result = compare(out_, member, settings, *args, **kwargs)
+            codes["other"] = other
+            return result
+        second_compared.set()
+        return compare(out_, member, settings, *args, **kwargs)
+
+    monkeypatch.setattr(cache_tool, "check_settings", compare_while_the_other_starts)
+    codes[0] = run(slice_, out, "--models", "b", "--shard", "0/2")
+    codes.pop("other").join(timeout=60)
+    assert codes == {0: 0, 1: 2}
+    err = capfd.readouterr().err
+    assert err.count("error:") == 1 and "'b' made with other settings (conf: 0.001 -> 0.4), and detens cache " \
+                                        "--shard 0/2 (pid" in err, err
+    assert json.loads((out / ".partial" / "b" / "_settings.json").read_text())["conf"] == 0.001
+
+
+def test_an_overwrite_compares_the_settings_again_when_it_records_them(slice_, tmp_path, capsys, monkeypatch):
+    """With --overwrite a member records its settings at its first result: a shard that started meanwhile
+    with other settings has recorded its own, and they are not written over."""
+    out = tmp_path / "o"
+    detect = cache_tool.detect_loaded
+    started = []
+
+    def other_shard_first(*args, **kwargs):
+        if not started:
+            started.append(True)
+            assert run(slice_, out, "--models", "b", "--shard", "1/2", "--conf", "0.4") == 0
+        return detect(*args, **kwargs)
+
+    monkeypatch.setattr(cache_tool, "detect_loaded", other_shard_first)
+    code = run(slice_, out, "--models", "b", "--shard", "0/2", "--overwrite")
+    refused(capsys, code, r"'b' made with other settings \(conf: 0.4 -> 0.001\); use another --out")
+    assert json.loads((out / ".partial" / "b" / "_settings.json").read_text())["conf"] == 0.4
+    assert not (out / "shards" / "b.shard-0-of-2.json").exists()

@@ -54,7 +54,12 @@ Writes into ``--out``:
 
 A second run on an ``--out`` that a running one uses is refused, naming it (``--out/.detens.lock``, held
 until the run ends, however it ends); the shards of one split may run at once into one ``--out``, each
-shard once.
+shard once, but none beside an unsharded run or a merge of that ``--out`` (whichever starts second is
+refused, naming the other). The shards share each member's ``_settings.json``: a shard whose settings
+differ from those recorded (by another shard or an unsharded run) is refused, naming the settings that
+differ, also when the two start at the same moment (the settings are compared and recorded holding
+``--out/.detens.cache.lock`` for that moment); its ``--overwrite`` is refused too while another shard
+writes results with the recorded settings.
 
 Sharding: ``--shard i/n`` (``0 <= i < n``) takes the images at positions ``i, i + n, i + 2n, ...`` of the
 ground truth's images sorted by id, and writes ``--out/shards/<member>.shard-<i>-of-<n>.json`` (the
@@ -79,15 +84,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import errno
 import fnmatch
 import gc
 import hashlib
 import json
 import logging
+import os
 import re
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -509,29 +516,54 @@ def read_partial(out: Path, member: str, image_id: int, file_name: str) -> dict[
 
 
 def check_settings(
-    out: Path, member: str, settings: dict[str, Any], overwrite: bool, weights: ResolvedWeights | None
-) -> bool:
+    out: Path,
+    member: str,
+    settings: dict[str, Any],
+    overwrite: bool,
+    weights: ResolvedWeights | None,
+    shard: tuple[int, int] | None = None,
+) -> str | None:
     """Refuse to resume a member's partial results made with other settings, or with other input files
     (weights, saved predictions; reads only: a refused run changes nothing). ``weights``: where the
-    member's weights are now (None: it reads none).
+    member's weights are now (None: it reads none); ``shard``: this run's (its own lock is no other run).
 
     Returns:
-        bool: whether ``out`` holds partial results of ``member`` made with other settings, which
-        ``overwrite`` discards all of (those of other shards and other images included: the member's
-        settings are recorded once for all its partial results).
+        str | None: how the settings recorded in ``out`` for ``member`` differ from ``settings``
+        (``"conf: 0.001 -> 0.4"``), which ``overwrite`` discards all the results of (those of other shards
+        and other images included: the member's settings are recorded once for all its partial results);
+        None when none are recorded or they are the same.
     """
-    folder = partial_dir(out, member)
-    saved_path = folder / SETTINGS
+    saved_path = partial_dir(out, member) / SETTINGS
     if not saved_path.is_file():
-        return False
-    try:
-        saved = json.loads(saved_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        saved = None
+        return None
+    saved = _read_settings(saved_path)
     if not overwrite and weights is not None:  # by the configured name, which may find another file
         check_weights_unchanged(out, member, saved, settings, weights)
     elif not overwrite:  # saved predictions, by their path
         check_inputs_unchanged(out, saved, settings.get("inputs") or {})
+    details = settings_difference(saved, settings)
+    if details is not None and not overwrite:
+        raise other_settings_error(out, member, details, shard)
+    return details
+
+
+def recorded_difference(out: Path, member: str, settings: dict[str, Any]) -> str | None:
+    """How the settings recorded in ``out`` for ``member`` differ from ``settings``; None where they agree
+    or none are recorded."""
+    saved_path = partial_dir(out, member) / SETTINGS
+    return settings_difference(_read_settings(saved_path), settings) if saved_path.is_file() else None
+
+
+def _read_settings(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # unreadable: other settings than any run's
+
+
+def settings_difference(saved: Any, settings: dict[str, Any]) -> str | None:
+    """How the recorded settings ``saved`` differ from a run's ``settings`` (``"conf: 0.001 -> 0.4"``), or
+    None where they agree."""
     if isinstance(saved, dict) and "inputs" not in saved:
         # recorded before the digests were (of saved predictions, of weights): paths only. Such a cache
         # resumes on the files as they are now, whose digests are recorded from then on.
@@ -545,29 +577,64 @@ def check_settings(
         # recorded from now on, as for a cache without digests; a recorded file that changed is refused above
         settings = {**settings, "inputs": {k: v for k, v in settings["inputs"].items() if k in earlier_inputs}}
     if saved == settings:
-        return False
-    if overwrite:
-        return True
+        return None
     changed = sorted(k for k in set(settings) | set(saved or {}) if (saved or {}).get(k) != settings.get(k))
-    details = ", ".join(f"{k}: {(saved or {}).get(k)!r} -> {settings.get(k)!r}" for k in changed)
-    raise ValueError(
-        f"{folder} holds results of {member!r} made with other settings ({details}); "
-        "use another --out, or --overwrite to discard them"
-    )
+    return ", ".join(f"{k}: {(saved or {}).get(k)!r} -> {settings.get(k)!r}" for k in changed)
 
 
-def replace_results(out: Path, run: MemberRun, output: Path, ids: list[int]) -> None:
+def other_settings_error(out: Path, member: str, details: str, shard: tuple[int, int] | None) -> ValueError:
+    """The refusal of a run whose settings for ``member`` are not those recorded in ``out`` (``details``,
+    recorded -> this run's), naming a shard that is writing results with the recorded ones."""
+    held = f"{partial_dir(out, member)} holds results of {member!r} made with other settings ({details})"
+    running = running_shards(out, shard)
+    if running:
+        return ValueError(f"{held}, and {running[0]} is writing more of them: use another --out, or wait for it "
+                          "to end (then --overwrite discards them)")
+    return ValueError(f"{held}; use another --out, or --overwrite to discard them")
+
+
+def check_none_running(out: Path, member: str, details: str, shard: tuple[int, int] | None) -> None:
+    """Refuse to discard ``member``'s results made with other settings (``details``) while another shard
+    writes more of them (it would go on writing them among this run's).
+
+    Raises:
+        ValueError: naming the shard.
+    """
+    running = running_shards(out, shard)
+    if running:
+        raise ValueError(
+            f"--overwrite would discard every result of {member!r} in {out}, made with other settings "
+            f"({details}), while {running[0]} is writing them: wait for it to end, or use another --out"
+        )
+
+
+def replace_results(out: Path, run: MemberRun, output: Path, ids: list[int], shard: tuple[int, int] | None) -> None:
     """Record the member's settings; with ``--overwrite``, first remove its earlier results: ``output``
     and the partial results of ``ids``, or all of them when they were made with other settings (a later
-    run on other images or shards would otherwise take them for results of these settings)."""
+    run on other images or shards would otherwise take them for results of these settings).
+
+    Called holding :func:`brief_lock`: the settings recorded are compared again, since another shard may
+    have recorded its own after this run checked them (with ``--overwrite``, a member records its settings
+    only once its model has given a result), and results made with other settings are not discarded while
+    another shard writes them.
+
+    Raises:
+        ValueError: either, naming the settings that differ and the shard.
+    """
+    folder = partial_dir(out, run.name)
+    details = recorded_difference(out, run.name, run.settings)
+    if details is not None and run.stale is None:  # recorded by a shard that started after this run checked
+        raise other_settings_error(out, run.name, details, shard)
+    if details is not None:
+        check_none_running(out, run.name, details, shard)
     if run.overwrite:
         output.unlink(missing_ok=True)
-        if run.stale:
-            shutil.rmtree(partial_dir(out, run.name), ignore_errors=True)
+        if details is not None:
+            shutil.rmtree(folder, ignore_errors=True)
         else:
             for image_id in ids:
                 partial_path(out, run.name, image_id).unlink(missing_ok=True)
-    atomic_write_json(partial_dir(out, run.name) / SETTINGS, run.settings, indent=2)
+    atomic_write_json(folder / SETTINGS, run.settings, indent=2)
     run.claimed = True
 
 
@@ -579,8 +646,11 @@ class MemberRun:
     todo: list[int]
     resumed: int
     overwrite: bool = False
-    stale: bool = False  # earlier partial results made with other settings (discarded by overwrite)
+    # with overwrite: how the settings of the earlier partial results differ (discarded by overwrite, all
+    # of them), None where they agree; None for a run without overwrite
+    stale: str | None = None
     claimed: bool = False  # its earlier results made way for this run's (see replace_results)
+    weights: ResolvedWeights | None = None  # where its weights are (None: it reads none)
     processed: int = 0
     unreadable: dict[int, str] = field(default_factory=dict)
 
@@ -878,7 +948,6 @@ def cache(args: argparse.Namespace) -> int:
         runs = []
         for name in entry.selected:
             settings = member_settings(config, entry, name, categories, weights, digests)
-            stale = check_settings(out, name, settings, args.overwrite, weights)
             if args.overwrite:
                 todo = list(data.ids)
             else:
@@ -887,28 +956,43 @@ def cache(args: argparse.Namespace) -> int:
             unreadable = {i: earlier[i] for i in todo if i in earlier}
             runs.append(
                 MemberRun(
-                    name, settings, todo, len(data.ids) - len(todo), args.overwrite, stale, unreadable=unreadable
+                    name, settings, todo, len(data.ids) - len(todo), args.overwrite, unreadable=unreadable,
+                    weights=weights,
                 )
             )
         plans.append((entry, runs))
     config_saved = False
 
-    def claim(run: MemberRun) -> None:
-        """Let ``run`` write into ``out``; only now does ``--overwrite`` remove the member's earlier results."""
+    def claim_held(run: MemberRun) -> None:
+        """Let ``run`` write into ``out`` (holding :func:`brief_lock`); only now does ``--overwrite`` remove
+        the member's earlier results."""
         nonlocal config_saved
         if run.claimed:
             return
-        replace_results(out, run, out / member_output(run.name, shard), data.ids)
+        replace_results(out, run, out / member_output(run.name, shard), data.ids, shard)
         if not config_saved:
             save_ensemble_config(config, config_path)
             config_saved = True
 
-    # After the checks of every member: a refused run changes nothing. --overwrite waits for each member's
-    # first result, so that a run failing before it (a bad --device, a missing file) loses nothing.
-    for _, runs in plans:
-        for run in runs:
-            if not args.overwrite:
-                claim(run)
+    def claim(run: MemberRun) -> None:
+        if not run.claimed:
+            with brief_lock(out):
+                claim_held(run)
+
+    # Compared and recorded holding the lock, so that a shard starting at the same time finds these
+    # settings or records its own first. After the checks of every member: a refused run changes nothing.
+    # --overwrite waits for each member's first result, so that a run failing before it (a bad --device, a
+    # missing file) loses nothing.
+    with brief_lock(out):
+        for _, runs in plans:
+            for run in runs:
+                run.stale = check_settings(out, run.name, run.settings, args.overwrite, run.weights, shard)
+                if run.stale is not None:
+                    check_none_running(out, run.name, run.stale, shard)
+        for _, runs in plans:
+            for run in runs:
+                if not args.overwrite:
+                    claim_held(run)
 
     members: dict[str, dict[str, Any]] = {}
     header = {
@@ -993,6 +1077,133 @@ def print_summary(out: Path, summary: dict[str, Any], names: list[str], summary_
         lines.append("not finished: run the same command again to resume")
     lines.append(f"results in {out}/, summary {summary_path}")
     print("\n".join(lines))
+
+
+# ------------------------------------------------------------------------------------------------- locks
+# A run holds its lock in --out until it ends: an unsharded run and a merge LOCK_NAME, shard i/n its own
+# (the shards of one split write apart, so they may run at once; the same shard twice may not). Every run
+# also checks, holding BRIEF_LOCK, that no run of the other kind holds --out: a shard and an unsharded run
+# (or a merge) would write one member's partial results, settings and outputs with no check on each other.
+# BRIEF_LOCK is held only for moments: while a run takes its lock and looks at the others', and while it
+# compares and records the members' settings, so that two runs starting at once cannot both find no
+# settings recorded and each record its own.
+BRIEF_LOCK = ".detens.cache.lock"
+_SHARD_LOCK = re.compile(r"^\.detens\.shard-(?P<index>\d+)-of-(?P<count>\d+)\.lock$")
+
+
+def shard_lock_name(shard: tuple[int, int]) -> str:
+    return f".detens.{shard_tag(shard)}.lock"
+
+
+@contextlib.contextmanager
+def cache_lock(out: Path, shard: tuple[int, int] | None, merging: bool) -> Iterator[None]:
+    """Hold ``out`` for one ``detens cache`` run (see :data:`BRIEF_LOCK`): shard ``shard``, or, for None, an
+    unsharded run or (``merging``) a merge.
+
+    Raises:
+        ValueError: a run holds the same lock, or a run of the other kind holds ``out``, naming it.
+    """
+    if out.exists() and not out.is_dir():
+        yield  # not a folder: the command says so, with its own message
+        return
+    created = [p for p in (out, *out.parents) if not p.exists()]
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        with contextlib.ExitStack() as held:
+            with brief_lock(out):
+                if shard is None:
+                    held.enter_context(output_lock(out, "detens cache merge" if merging else "detens cache"))
+                    for path in sorted(out.glob(".detens.shard-*.lock")):
+                        _refuse_if_held(path, out)
+                else:
+                    held.enter_context(output_lock(out, f"detens cache --shard {shard[0]}/{shard[1]}",
+                                                   shard_lock_name(shard)))
+                    _refuse_if_held(out / LOCK_NAME, out)
+            yield
+    finally:
+        for path in created:  # innermost first; left where the run wrote there
+            with contextlib.suppress(OSError):
+                path.rmdir()
+
+
+@contextlib.contextmanager
+def brief_lock(out: Path) -> Iterator[None]:
+    """Hold ``out/``:data:`BRIEF_LOCK`, waiting for it (its holders keep it for moments). Removed on release
+    while still held: a process waiting on the old file sees it is gone and locks the new one. Where the
+    platform or the file system has no locks, nothing is held, as :func:`~detens.io.output_lock` does."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not a POSIX system
+        yield
+        return
+    path = out / BRIEF_LOCK
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as err:  # pragma: no cover - a file system without locks
+            os.close(fd)
+            if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
+            yield
+            return
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        os.close(fd)
+
+
+def lock_holder(path: Path) -> str | None:
+    """Who holds the run lock at ``path`` (``detens cache --shard 0/2 (pid 12 on host, started ...)``), or
+    None when no process holds it (a lock file left by a killed run holds nothing)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not a POSIX system
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pass  # held
+    except OSError:  # pragma: no cover - a file system without locks: no run can be told apart
+        return None
+    else:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        holder = json.loads(path.read_text(encoding="utf-8"))
+        return f"{holder['command']} (pid {holder['pid']} on {holder['host']}, started {holder['started']})"
+    except (OSError, ValueError, KeyError, TypeError):
+        match = _SHARD_LOCK.match(path.name)
+        return f"detens cache --shard {match['index']}/{match['count']}" if match else "another detens cache run"
+
+
+def _refuse_if_held(path: Path, out: Path) -> None:
+    holder = lock_holder(path)
+    if holder is not None:
+        raise ValueError(
+            f"{out} is in use by {holder}; a shard cannot run on the same --out as an unsharded run or a merge "
+            "(both would write the same members' results): wait for it to end, or use another --out"
+        )
+
+
+def running_shards(out: Path, shard: tuple[int, int] | None) -> list[str]:
+    """The shards other than ``shard`` that run on ``out`` now, as :func:`lock_holder` names them."""
+    own = shard_lock_name(shard) if shard is not None else None
+    paths = sorted(p for p in out.glob(".detens.shard-*.lock") if p.name != own)
+    return [holder for holder in map(lock_holder, paths) if holder is not None]
 
 
 # ------------------------------------------------------------------------------------------------- merge
@@ -1212,10 +1423,7 @@ def _ensemble_name(configs: list[Path]) -> str:
 # ------------------------------------------------------------------------------------------------- main
 def run(args: argparse.Namespace) -> int:
     check_args(args)
-    # the shards of one split may run at once into one --out (their files are apart); the same shard twice
-    # may not, nor two unsharded runs or merges, which write the same <member>.json and summary
-    lock = f".detens.{shard_tag(args.shard)}.lock" if args.shard else LOCK_NAME
-    with output_lock(args.out, "detens cache merge" if args.merge else "detens cache", lock):
+    with cache_lock(args.out, args.shard, args.merge):
         if args.merge:
             return merge(args)
         return cache(args)
