@@ -3,6 +3,8 @@
 A wrong type is a ``TypeError``, a value outside the allowed range a ``ValueError``; both name the option,
 what it must be and what it got. Strings are never parsed into numbers and bools are not numbers: an
 option written ``"0.5"`` or ``True`` in a config is a mistake worth reporting, not a value to guess.
+
+:func:`first_few` is how every message lists the first few of many items (ids, images, keys).
 """
 
 from __future__ import annotations
@@ -10,13 +12,14 @@ from __future__ import annotations
 import math
 import numbers
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 __all__ = [
     "check_real", "check_reals", "check_integer", "check_integers", "check_seed", "check_distinct_integers", "check_flag", "check_choice", "check_device",
+    "first_few",
 ]
 
 
@@ -188,3 +191,27 @@ def check_device(value: Any, name: str = "device") -> str:
         if available is None or not available():
             raise ValueError(f"{name} is {value!r} but this machine has no {device.type} device; use cpu or cuda")
     return value if isinstance(value, str) else str(device)
+
+
+def first_few(
+    items: Sequence[Any],
+    limit: int = 10,
+    sep: str = ", ",
+    *,
+    show: Callable[[Any], str] = str,
+    total: int | None = None,
+    noun: str = "",
+) -> str:
+    """The first ``limit`` of ``items`` for a message, each as ``show`` writes it, joined by ``sep``; when
+    there are more, ``... (N in all)`` after one more ``sep``: ``"1, 2, 3, ... (12 in all)"``.
+
+    Args:
+        total: the count to give (default: ``len(items)``), when the items stand for more things (runs of
+            ids such as ``1-11``).
+        noun: what is counted, as in ``(300 ids in all)``.
+    """
+    shown = sep.join(show(item) for item in items[:limit])
+    if len(items) <= limit:
+        return shown
+    count = len(items) if total is None else total
+    return f"{shown}{sep}... ({count} {f'{noun} ' if noun else ''}in all)"

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from detens.checks import first_few
 from detens.coco import CocoGroundTruth, coco_to_detections, load_coco_results, with_annotation_ids
 from detens.detections import Detections
 from detens.io import read_json_file
@@ -57,8 +58,7 @@ class LeftOutImage:
 
 
 def _describe_images(images: Sequence[LeftOutImage], limit: int = 10) -> str:
-    shown = "; ".join(image.describe() for image in images[:limit])
-    return shown + (f"; ... ({len(images)} in all)" if len(images) > limit else "")
+    return first_few(images, limit, "; ", show=LeftOutImage.describe)
 
 
 class EnsemblePredictions:

@@ -289,6 +289,18 @@ def test_merge_with_a_missing_shard_fails_clearly(slice_, capsys):
     assert "a: shards of different splits (n=2, n=3)" in capsys.readouterr().err
 
 
+def test_merge_lists_the_first_images_of_a_missing_shard_then_their_count(tmp_path):
+    ids = list(range(1, 25))
+    shard = {"format": cache_tool.SHARD_FORMAT, "member": "a", "shard": [0, 2], "gt_fingerprint": "f",
+             "dataset_image_ids": ids, "image_ids": ids[0::2], "unreadable": [], "settings": {}, "seconds": 0.0,
+             "results": []}
+    (tmp_path / "a.json").write_text(json.dumps(shard))
+    with pytest.raises(cache_tool.MergeError) as refused:
+        cache_tool.merge_member("a", {0: tmp_path / "a.json"}, 2, None)
+    assert str(refused.value) == ("a: shard 1/2 is missing (12 images: 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, ... "
+                                  "(12 in all)); run --shard 1/2")
+
+
 def test_merge_with_nothing_to_merge(slice_, capsys):
     assert cache_tool.main(["merge", "--out", str(slice_ / "nowhere"), "--quiet"]) == 2
     assert "no shard files" in capsys.readouterr().err

@@ -17,6 +17,7 @@ from detens.checks import (
     check_integers,
     check_real,
     check_reals,
+    first_few,
 )
 from detens.fusers import check_weights
 
@@ -227,3 +228,25 @@ def test_check_distinct_integers():
         check_distinct_integers([3, 1, 3, 1, 2], "ids")
     with pytest.raises(TypeError, match="ids must be a list of integers"):
         check_distinct_integers("139", "ids")
+
+
+def test_first_few_lists_some_then_how_many_in_all():
+    assert first_few(list(range(1, 4))) == "1, 2, 3"
+    assert first_few(list(range(1, 11))) == ", ".join(map(str, range(1, 11)))  # all fit: no count
+    assert first_few(list(range(1, 13)), 3) == "1, 2, 3, ... (12 in all)"
+    assert first_few(["a b", "c"], 1, "; ") == "a b; ... (2 in all)"
+    assert first_few([1, 2, 3], 2, show=lambda i: f"#{i}") == "#1, #2, ... (3 in all)"
+    assert first_few(["1-11", "13-25", "27"], 2, total=24, noun="ids") == "1-11, 13-25, ... (24 ids in all)"
+    assert first_few([]) == ""
+
+
+def test_messages_list_their_first_few_items_one_way():
+    """The lists of ids, images and keys in messages, written by one helper."""
+    from detens.adapters._labels import id_ranges
+    from detens.predictions import LeftOutImage, _describe_images
+
+    ids = [i for i in range(1, 200) if i % 3]  # 1, 2, 4, 5, 7, ...: one run every three ids
+    assert id_ranges(ids, 3) == f"1, 2, 4, 5, 7, 8, ... ({len(ids)} ids in all)"
+    assert id_ranges([]) == "none"
+    left_out = [LeftOutImage(i, f"{i}.jpg", {"a": "corrupt"}) for i in range(3)]
+    assert _describe_images(left_out, 2) == "0 (0.jpg, unreadable by a); 1 (1.jpg, unreadable by a); ... (3 in all)"

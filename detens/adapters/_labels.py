@@ -16,7 +16,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from detens.checks import check_integer
+from detens.checks import check_integer, first_few
 from detens.detections import MAX_LABEL
 from detens.labels import COCO_CATEGORY_IDS, COCO_ID_TO_NAME, COCO_NAMES
 
@@ -128,10 +128,7 @@ def id_ranges(ids: Sequence[int], limit: int = 24) -> str:
         else:
             runs.append([i, i])
     parts = [str(a) if a == b else f"{a}, {b}" if b == a + 1 else f"{a}-{b}" for a, b in runs]
-    if not parts:
-        return "none"
-    shown = ", ".join(parts[:limit])
-    return shown + (f", ... ({len(ids)} ids in all)" if len(parts) > limit else "")
+    return first_few(parts, limit, total=len(ids), noun="ids") if parts else "none"
 
 
 def check_class_map_categories(

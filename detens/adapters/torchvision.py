@@ -32,6 +32,7 @@ import torch
 from detens.adapters._base import BaseDetector, check_detection_options, type_name
 from detens.adapters._labels import apply_label_lookup, build_label_lookup
 from detens.adapters.weights import resolve_weights, upstream_failure
+from detens.checks import first_few
 from detens.detections import Detections
 
 __all__ = [
@@ -101,7 +102,7 @@ def _misfit(model: torch.nn.Module, state: dict[str, torch.Tensor], shown: int =
     expected = model.state_dict()
 
     def some(names: list[str]) -> str:
-        return ", ".join(names[:shown]) + (f", ... ({len(names)} in all)" if len(names) > shown else "")
+        return first_few(names, shown)
 
     missing = [k for k in expected if k not in state]
     unexpected = [k for k in state if k not in expected]

@@ -94,7 +94,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,6 +111,7 @@ from detens.adapters import (
     view_names,
 )
 from detens.adapters.weights import ResolvedWeights, resolve_model_weights
+from detens.checks import first_few
 from detens.cli import UsageError, add_weights_dir_argument
 from detens.cli._engine import add_engine_arguments, ray_options
 from detens.cli._inputs import (
@@ -1211,11 +1212,6 @@ class MergeError(ValueError):
     """The shards cannot be joined; the message says what is missing or inconsistent."""
 
 
-def _ranges(ids: Sequence[int], limit: int = 10) -> str:
-    shown = ", ".join(str(i) for i in ids[:limit])
-    return shown + (f" ... ({len(ids)} in all)" if len(ids) > limit else "")
-
-
 def merge_member(
     member: str, files: dict[int, Path], count: int, gt: CocoGroundTruth | None
 ) -> dict[str, Any]:
@@ -1264,7 +1260,7 @@ def merge_member(
         for index in missing_shards:
             expected = all_ids[index::count]
             problems.append(
-                f"shard {index}/{count} is missing ({len(expected)} images: {_ranges(expected)}); "
+                f"shard {index}/{count} is missing ({len(expected)} images: {first_few(expected)}); "
                 f"run --shard {index}/{count}"
             )
     covered: dict[int, int] = {}
@@ -1277,10 +1273,10 @@ def merge_member(
         i for position, i in enumerate(all_ids) if i not in covered and position % count not in missing_shards
     ]
     if uncovered:
-        problems.append(f"images in no shard: {_ranges(uncovered)}")
+        problems.append(f"images in no shard: {first_few(uncovered)}")
     unknown = sorted(set(covered) - set(all_ids))
     if unknown:
-        problems.append(f"shards hold images not in the annotation file: {_ranges(unknown)}")
+        problems.append(f"shards hold images not in the annotation file: {first_few(unknown)}")
     if problems:
         raise MergeError(f"{member}: " + "; ".join(problems))
     results = [r for index in sorted(records) for r in records[index]["results"]]
