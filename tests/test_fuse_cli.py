@@ -538,6 +538,21 @@ def test_overwrite_killed_after_its_first_result_stands(workspace, tmp_path, cap
     assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
 
 
+def test_a_run_removes_the_temporaries_of_killed_writers_from_its_out(workspace, tmp_path):
+    from detens.io import _host_tag
+
+    source, out = one_image_source(workspace, tmp_path / "src", "x.jpg"), tmp_path / "o"
+    assert fuse_into(workspace, source, out) == 0
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    dead = f"labels/.x.txt.abcd_123.{_host_tag()}-{int(gone.stdout)}.tmp"
+    live = f"vis/.x.jpg.abcd_123.{_host_tag()}-{os.getpid()}.tmp"
+    for name in (dead, live, f".predictions.json.abcd_123.{_host_tag()}-{int(gone.stdout)}.tmp"):
+        (out / name).write_text("cut short")
+    assert fuse_into(workspace, source, out) == 0  # nothing left to fuse: no detector loads
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.tmp")) == [live]
+
+
 class Killed(BaseException):
     """The process ends here (``kill -9``): nothing after runs, no ``except`` or ``finally`` of its own."""
 

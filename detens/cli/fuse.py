@@ -800,7 +800,7 @@ def time_first_call(method: str, params: dict[str, Any], member_names: list[str]
 
 # -------------------------------------------------------------------------------------------------- run
 def run(args: argparse.Namespace) -> int:
-    with output_lock(args.out, "detens fuse"):
+    with output_lock(args.out, "detens fuse", outputs=(*OUTPUT_NAMES, *WORK_FOLDERS)):
         if args.out.is_dir():
             recover_replaced(args.out)
         return _run(args)
