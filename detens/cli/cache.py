@@ -1215,7 +1215,7 @@ def run(args: argparse.Namespace) -> int:
     # the shards of one split may run at once into one --out (their files are apart); the same shard twice
     # may not, nor two unsharded runs or merges, which write the same <member>.json and summary
     lock = f".detens.{shard_tag(args.shard)}.lock" if args.shard else LOCK_NAME
-    with output_lock(args.out, "detens cache merge" if args.merge else "detens cache", lock):
+    with output_lock(args.out, "detens cache merge" if args.merge else "detens cache", lock, (PARTIAL, SHARDS)):
         if args.merge:
             return merge(args)
         return cache(args)
