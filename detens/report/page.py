@@ -308,6 +308,26 @@ def _figure(src: str, caption: str, narrow: bool = False) -> str:
     return f'<figure{kind}><img src="{_e(src)}" alt="{_e(caption)}"><figcaption>{_e(caption)}</figcaption></figure>'
 
 
+def _images_text(record: EvaluationRecord) -> str:
+    """How many images were scored, and how many of them have no annotations (scored with --all-images:
+    their detections are false positives)."""
+    scored = len(record.image_ids)
+    annotated = len({int(a["image_id"]) for a in record.gt["annotations"]})
+    if annotated == scored:
+        return f"{scored} images with ground truth scored"
+    return (f"{scored} images scored, {annotated} with ground truth and {scored - annotated} without "
+            "(their detections are false positives)")
+
+
+def _categories_text(scored: int, listed: int) -> str:
+    """The categories COCO's mAP averages over (those with ground truth in the scored images) against those
+    the label space lists: a category without ground truth has no AP and counts in no mean."""
+    if scored == listed:
+        return f"{listed} categories, all with ground truth"
+    return (f"{scored} categories with ground truth, over which the APs are averaged "
+            f"({listed} in the label space, {listed - scored} without ground truth here)")
+
+
 def _left_out_text(images: Any, fate: str) -> str | None:
     """What a record says of the images the cache could not read (``meta.left_out``, ``meta.fit_on.left_out``),
     the first 10 named; None when it lists none."""
@@ -334,9 +354,9 @@ def _page(
     fit_on = meta.get("fit_on")
     folds = meta.get("folds") or []
     facts = [
-        ("dataset", f"{meta.get('gt', '?')}: {len(record.image_ids)} images with ground truth scored, "
+        ("dataset", f"{meta.get('gt', '?')}: {_images_text(record)}, "
                     f"{sum(1 for a in record.gt['annotations'] if not a.get('iscrowd', 0))} boxes, "
-                    f"{len(record.gt['categories'])} categories"),
+                    f"{_categories_text(len(analysis['scored_categories']), len(record.gt['categories']))}"),
         ("predictions", f"{meta.get('predictions', '?')} (members: {', '.join(meta.get('models', []))})"),
     ]
     left_out = _left_out_text(meta.get("left_out"), "neither scored nor fitted on")
