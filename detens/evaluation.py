@@ -529,13 +529,14 @@ def cross_validate(
     on_method: Callable[[str, MethodResult], None] | None = None,
     fit_on: EnsemblePredictions | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    all_images: bool = False,
 ) -> dict[str, MethodResult]:
     """Score every method on pooled held-out predictions; see the module docstring.
 
     Args:
         predictions (EnsemblePredictions): the N models' saved predictions and the ground truth; every
             annotated image of ``predictions.gt`` is scored (images left out there, which the cache could
-            not read, are neither scored nor fitted on).
+            not read, are neither scored nor fitted on), every image with ``all_images``.
         methods (list[str]): method names (``single`` expands to every model).
         k (int): folds (>= 2); 0: no cross-validation, learned and tuned methods are fitted on
             ``fit_on`` alone and score every image of ``predictions`` (fit on one dataset, score on another).
@@ -546,6 +547,11 @@ def cross_validate(
             order, none of the scored images): joined to the fitting side of every fold, never scored.
             Required when ``k`` is 0.
         clock (Callable[[], float]): the timer of ``fusion_ms``, in seconds.
+        all_images (bool): score and fit on the images without annotations too, of ``predictions`` and of
+            ``fit_on``, as negative images (their detections are false positives), as a COCOeval over
+            every image of the file does; by default they are left out. They join the folds apart
+            (:func:`~detens.folds.kfold_image_splits`' ``negative_ids``): the annotated images keep the
+            folds of the default run.
 
     Returns:
         dict[str, MethodResult]: per method its metrics (``map`` ... plus ``fusion_ms``: the mean time of
@@ -561,17 +567,19 @@ def cross_validate(
         raise ValueError("k=0 (no cross-validation) needs fit_on: the dataset that learned and tuned methods fit on")
     if backend not in BACKENDS:  # evaluate_coco would say so only after the first method's work
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    scored_ids = predictions.gt.annotated_image_ids
+    annotated_ids = predictions.gt.annotated_image_ids
+    negative_ids = sorted(set(predictions.gt.image_ids) - set(annotated_ids)) if all_images else []
+    scored_ids = sorted(annotated_ids + negative_ids)
     extra_ids: list[int] = []
     if fit_on is not None:
-        _check_fitting_images_unscored(predictions, fit_on)
-        predictions, extra_ids = join_predictions(predictions, fit_on)
-        if not extra_ids:
+        _check_fitting_images_unscored(predictions, fit_on, all_images)
+        if not fit_on.gt.annotated_image_ids:
             raise ValueError("the extra fitting data has no annotated image")
+        predictions, extra_ids = join_predictions(predictions, fit_on, all_images=all_images)
     data = EvaluationData(predictions, scored_ids)
     names = expand_methods(methods, data.model_names)
     folds = [(extra_ids, scored_ids)] if k == 0 else [
-        (train + extra_ids, test) for train, test in kfold_image_splits(scored_ids, k, seed)
+        (train + extra_ids, test) for train, test in kfold_image_splits(annotated_ids, k, seed, negative_ids)
     ]
     method_options = method_options or {}
     # Every method is built before any runs, so a bad option or head file fails before hours of work.
@@ -624,13 +632,21 @@ def _predict_images(
     return results, seconds
 
 
-def _check_fitting_images_unscored(predictions: EnsemblePredictions, fit_on: EnsemblePredictions) -> None:
+def _check_fitting_images_unscored(
+    predictions: EnsemblePredictions, fit_on: EnsemblePredictions, all_images: bool = False
+) -> None:
     """Raise ``ValueError`` if the extra fitting data holds an image that ``predictions`` scores: a method
-    fitted on it would be scored on it too, and its figure would not be held out."""
-    shared = shared_images(predictions, fit_on)
+    fitted on it would be scored on it too, and its figure would not be held out. The annotated images of
+    either side are compared; every image with ``all_images`` (where those without annotations are scored
+    and fitted on too)."""
+    if all_images:
+        shared = shared_images(predictions, fit_on, predictions.gt.image_ids, fit_on.gt.image_ids)
+    else:
+        shared = shared_images(predictions, fit_on)
     if shared:
+        phrase = shares_images_phrase(shared, "the scored data", annotated=not all_images)
         raise ValueError(
-            f"the extra fitting data {shares_images_phrase(shared, 'the scored data')}; the fitting data "
+            f"the extra fitting data {phrase}; the fitting data "
             "must not contain scored images, or methods are scored on images they were fitted on: remove them from "
             "the fitting data (or, if they are different images, give them different file names)"
         )

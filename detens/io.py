@@ -1,31 +1,50 @@
 """File I/O: atomic writes (a killed run never leaves a half-written output), checked JSON reads, and
-unique output names for input files."""
+unique output names for input files.
+
+An atomic write goes through a hidden temporary file beside its target,
+``.<name>.<random>.<host>-<pid>.tmp``, that names its writer: ``<host>`` (8 hex digits) stands for the
+host and its pid namespace, ``<pid>`` for the writing process. A process killed mid-write (``kill -9``,
+a crash of the machine) leaves that file behind; :func:`output_lock` removes the ones in a command's
+output folder whose writer is known to be gone (see :func:`remove_stale_temporaries`).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import functools
+import hashlib
 import json
+import logging
 import os
+import re
 import socket
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 __all__ = [
     "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "check_writable_file", "check_writable_folder",
-    "read_json_file", "output_stems", "output_lock", "LOCK_NAME",
+    "read_json_file", "output_stems", "output_lock", "LOCK_NAME", "remove_stale_temporaries",
 ]
+
+logger = logging.getLogger("detens.io")
 
 #: The lock file a command holds in its output folder while it writes there (see :func:`output_lock`).
 LOCK_NAME = ".detens.lock"
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
+
+# mkstemp's random part is 8 of these characters (never "-", which the writer's tag has)
+_TEMPORARY = re.compile(r"^\..+\.[a-z0-9_]{8}\.(?P<host>[0-9a-f]{8})-(?P<pid>[1-9][0-9]*)\.tmp$", re.DOTALL)
+_TEMPORARY_UNNAMED = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$", re.DOTALL)  # written before writers were named
+#: A temporary file untouched this long is left over whoever wrote it: a write takes seconds.
+STALE_TEMPORARY_S = 24 * 3600
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -38,10 +57,10 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     if path.is_dir():
         raise IsADirectoryError(errno.EISDIR, "is a folder; give the path of a file to write", str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
-    # the temporary name holds only the start of the file's: the whole, plus the random part and ".tmp",
-    # would pass the file system's limit on a name (255 bytes) for a name that itself fits
+    # the temporary name holds only the start of the file's: the whole, plus the random part, the writer's
+    # tag and ".tmp", would pass the file system's limit on a name (255 bytes) for a name that itself fits
     hint = os.fsencode(path.name)[:64].decode("utf-8", "ignore")
-    fd, tmp = tempfile.mkstemp(prefix=f".{hint}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{hint}.", suffix=f".{_host_tag()}-{os.getpid()}.tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:  # first, so that the descriptor is closed whatever fails next
             os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the file the usual permissions
@@ -59,6 +78,80 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         raise
 
 
+@functools.cache
+def _host_tag() -> str:
+    """8 hex digits for the processes that ``os.kill`` can see from this one: the host (its name and, where
+    it has one, its machine id) and the pid namespace (containers on one host can share its name)."""
+    parts = [socket.gethostname()]
+    with contextlib.suppress(OSError):
+        parts.append(Path("/etc/machine-id").read_text(encoding="utf-8").strip())
+    with contextlib.suppress(OSError, AttributeError):
+        parts.append(os.readlink("/proc/self/ns/pid"))
+    return hashlib.blake2s("\0".join(parts).encode("utf-8", "backslashreplace"), digest_size=4).hexdigest()
+
+
+def _writer_is_gone(name: str) -> bool:
+    """Whether the temporary file ``name`` was written by a process of this host that no longer runs."""
+    match = _TEMPORARY.match(name)
+    if match is None or match["host"] != _host_tag() or os.name != "posix":  # Windows' kill would kill
+        return False
+    try:
+        os.kill(int(match["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, OverflowError):  # PermissionError: it runs, as another user
+        return False
+    return False  # it runs (or its pid was given to another process since: then the age rule applies)
+
+
+def _is_stale_temporary(entry: os.DirEntry[str], now: float) -> bool:
+    if not (_TEMPORARY.match(entry.name) or _TEMPORARY_UNNAMED.match(entry.name)):
+        return False
+    if not entry.is_file(follow_symlinks=False):
+        return False
+    return _writer_is_gone(entry.name) or now - entry.stat(follow_symlinks=False).st_mtime > STALE_TEMPORARY_S
+
+
+def remove_stale_temporaries(folder: str | Path, subfolders: Iterable[str] = ()) -> int:
+    """Remove the temporary files of atomic writes that were cut short (their process killed) from
+    ``folder`` and, searched through, its ``subfolders`` (names relative to it; one that does not exist or
+    is no folder is passed over); returns how many.
+
+    Safe while other processes write there, on this host or others (the shards of one ``detens cache``
+    split): a temporary file goes when its writer, a process of this host, no longer runs, or when nothing
+    touched it for a day (:data:`STALE_TEMPORARY_S`; a write takes seconds). The age is the only rule for
+    a writer of another host, which cannot be asked, and for the files of versions that did not name
+    their writer; it also clears a file whose writer's pid was given to another process since. What
+    cannot be read or removed is left as it is: the run does not depend on it.
+    """
+    folder = Path(folder)
+    now = time.time()
+    removed = 0
+
+    def visit(directory: Path, recursive: bool) -> None:
+        nonlocal removed
+        try:
+            with os.scandir(directory) as listing:
+                entries = list(listing)
+        except OSError:  # gone, not a folder, unreadable
+            return
+        for entry in entries:
+            with contextlib.suppress(OSError):  # FileNotFoundError: another run removed it first
+                if recursive and entry.is_dir(follow_symlinks=False):
+                    visit(Path(entry.path), True)
+                elif _is_stale_temporary(entry, now):
+                    os.unlink(entry.path)
+                    removed += 1
+
+    visit(folder, False)
+    for name in subfolders:
+        visit(folder / name, True)
+    if removed:
+        logger.info("removed %d temporary file%s in %s left by writes that were cut short (a killed run)",
+                    removed, "" if removed == 1 else "s", folder)
+    return removed
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
@@ -68,7 +161,9 @@ def atomic_write_json(path: str | Path, obj: Any, indent: int | None = None) -> 
 
 
 @contextlib.contextmanager
-def output_lock(folder: str | Path, command: str, name: str = LOCK_NAME) -> Iterator[None]:
+def output_lock(
+    folder: str | Path, command: str, name: str = LOCK_NAME, outputs: Iterable[str] = ()
+) -> Iterator[None]:
     """Hold ``folder/<name>`` (``.detens.lock``) while ``command`` reads and writes the folder's outputs.
 
     Two runs on one output folder would each rebuild the outputs from their own view of the finished
@@ -78,6 +173,10 @@ def output_lock(folder: str | Path, command: str, name: str = LOCK_NAME) -> Iter
     only names its holder (pid, host, command) for the message. A folder that does not exist is created,
     and removed again at the end if the command left it empty. Where the platform or the file system has
     no such locks, the command runs unlocked, as before.
+
+    Once the lock is held, the temporary files that killed writers left in ``folder`` and in its
+    subfolders ``outputs`` (those the command writes in, searched through) are removed; see
+    :func:`remove_stale_temporaries`, which spares those of processes still writing (another shard's).
 
     Raises:
         ValueError: another process holds the lock, naming it.
@@ -91,6 +190,7 @@ def output_lock(folder: str | Path, command: str, name: str = LOCK_NAME) -> Iter
     try:
         fd = _acquire(folder / name, command)
         try:
+            remove_stale_temporaries(folder, outputs)
             yield
         finally:
             if fd is not None:

@@ -247,7 +247,7 @@ def _check_not_one_name(names: Any, what: str) -> None:
 
 
 def join_predictions(
-    evaluated: EnsemblePredictions, extra: EnsemblePredictions
+    evaluated: EnsemblePredictions, extra: EnsemblePredictions, all_images: bool = False
 ) -> tuple[EnsemblePredictions, list[int]]:
     """One set of predictions holding the images of both, for fitting on ``extra`` besides ``evaluated``.
 
@@ -262,9 +262,14 @@ def join_predictions(
     Images either side left out stay out; the joined predictions' ``left_out`` is ``evaluated``'s (those of
     ``extra`` have no id in the joined ground truth: see ``extra.left_out``).
 
+    Args:
+        all_images (bool): return the joined ids of every image of ``extra``, those without annotations
+            too (to fit on as negative images), not only of its annotated images.
+
     Returns:
         (EnsemblePredictions, list[int]): the joined predictions (models in ``evaluated``'s order, the
-        ground truth of both) and the joined ids of ``extra``'s annotated images.
+        ground truth of both) and the joined ids of ``extra``'s annotated images (every image of ``extra``
+        with ``all_images``).
     """
     from detens.coco import CocoGroundTruth
 
@@ -312,13 +317,17 @@ def join_predictions(
         {**ours_by_image, **{new_id[i]: arrays for i, arrays in theirs_by_image.items()}}
         for ours_by_image, theirs_by_image in zip(evaluated._by_image, extra._by_image, strict=True)
     ]
-    return joined, [new_id[i] for i in extra.gt.annotated_image_ids]
+    return joined, [new_id[i] for i in (extra.gt.image_ids if all_images else extra.gt.annotated_image_ids)]
 
 
 def shared_images(
-    first: EnsemblePredictions, second: EnsemblePredictions, first_ids: Sequence[int] | None = None
+    first: EnsemblePredictions,
+    second: EnsemblePredictions,
+    first_ids: Sequence[int] | None = None,
+    second_ids: Sequence[int] | None = None,
 ) -> list[str]:
-    """The annotated images that both sets of predictions hold, as their base file names, sorted.
+    """The annotated images (or those given) that both sets of predictions hold, as their base file names,
+    sorted.
 
     Image ids belong to one annotation file (two datasets may number different images alike, and
     :func:`join_predictions` moves such ids apart), so across two files an image is identified by its
@@ -328,26 +337,30 @@ def shared_images(
 
     Args:
         first_ids (Sequence[int] | None): the images of ``first`` to compare, annotated or not (default: its
-            annotated images); ``second``'s annotated images are compared.
+            annotated images).
+        second_ids (Sequence[int] | None): the same of ``second``.
     """
+    kind = "annotated image" if second_ids is None else "image"
     first_ids = first.gt.annotated_image_ids if first_ids is None else first_ids
-    first_names, second_names = _base_names(first.gt, first_ids), _base_names(second.gt, second.gt.annotated_image_ids)
+    second_ids = second.gt.annotated_image_ids if second_ids is None else second_ids
+    first_names, second_names = _base_names(first.gt, first_ids), _base_names(second.gt, second_ids)
     unnamed = sum(name is None for name in first_names + second_names)
     if unnamed:
         logger.warning(
-            "%d annotated image%s without a file_name: whether the two datasets share %s cannot be checked",
-            unnamed, "s" if unnamed > 1 else "", "them" if unnamed > 1 else "it",
+            "%d %s%s without a file_name: whether the two datasets share %s cannot be checked",
+            unnamed, kind, "s" if unnamed > 1 else "", "them" if unnamed > 1 else "it",
         )
     return sorted((set(first_names) & set(second_names)) - {None})
 
 
-def shares_images_phrase(shared: Sequence[str], other: str) -> str:
+def shares_images_phrase(shared: Sequence[str], other: str, annotated: bool = True) -> str:
     """How an error names the images of :func:`shared_images` that a dataset shares with ``other``:
     ``"shares 2 annotated images with <other> (same file name, folders aside: a.jpg, b.jpg)"``, the first
-    five names shown."""
+    five names shown; ``annotated=False`` where images without annotations were compared too."""
     shown = ", ".join(shared[:5]) + (", ..." if len(shared) > 5 else "")
     plural = "s" if len(shared) > 1 else ""
-    return f"shares {len(shared)} annotated image{plural} with {other} (same file name, folders aside: {shown})"
+    kind = "annotated image" if annotated else "image"
+    return f"shares {len(shared)} {kind}{plural} with {other} (same file name, folders aside: {shown})"
 
 
 def _base_names(gt: CocoGroundTruth, image_ids: Sequence[int]) -> list[str | None]:

@@ -212,6 +212,15 @@ class TestMap:
         assert_close(isotonic_predict(kx, ky, s), expected)
         assert_close(isotonic_predict(*curve([0.5], [0.4]), s), torch.full((7,), 0.4, dtype=torch.float64))
 
+    @pytest.mark.skipif(not torch.backends.mps.is_available(), reason="needs MPS (Apple GPU)")
+    def test_mps_scores_map_on_the_cpu(self):
+        """MPS has no float64: the map runs on the CPU and equals the CPU's."""
+        kx, ky = curve([0.2, 0.6, 0.8], [0.1, 0.5, 0.9])
+        s = torch.linspace(0, 1, 11)
+        out = isotonic_predict(kx, ky, s.to("mps"))
+        assert out.device.type == "cpu" and out.dtype == torch.float64
+        assert_close(out, isotonic_predict(kx, ky, s))
+
     @pytest.mark.parametrize("seed", range(10))
     def test_monotone_and_strictly_increasing_with_a_tie_break(self, seed):
         rng = np.random.default_rng(seed)

@@ -283,6 +283,63 @@ def test_python_dash_m_reports_a_mistake_without_traceback(tmp_path):
     ] != []
 
 
+_CTRL_C_IN_IMPORT = """
+import runpy, sys
+
+class CtrlC:
+    def find_spec(self, name, path=None, target=None):
+        if name == MODULE:
+            raise KeyboardInterrupt  # as if the user pressed Ctrl-C while Python imports it
+        return None
+
+MODULE, entry, sys.argv = sys.argv[1], sys.argv[2], sys.argv[2:]
+sys.meta_path.insert(0, CtrlC())
+if entry == "-m":
+    sys.argv[0] = "detens"
+    runpy.run_module("detens", run_name="__main__", alter_sys=True)
+else:
+    runpy.run_path(entry, run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("entry", ["-m", "tools/fuse.py"])
+@pytest.mark.parametrize("module", ["torch", "detens.cli._logging"])  # the command's imports, the run's set-up
+def test_ctrl_c_while_python_imports_is_the_usual_interruption(tmp_path, entry, module):
+    """``python -m detens`` (as the ``detens`` script) and a tools/ script: Ctrl-C before the command runs
+    ends as one during the run, one line and exit status 130, not a traceback."""
+    command = ["fuse"] if entry == "-m" else []
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", _CTRL_C_IN_IMPORT, module, entry if entry == "-m" else str(REPO / entry), *command,
+         "--source", str(tmp_path), "--out", str(tmp_path / "o")],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300,
+    )
+    assert (done.returncode, done.stderr) == (130, "error: interrupted\n")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_ctrl_c_while_the_command_is_imported(tmp_path, capsys, monkeypatch, debug):
+    from detens.cli import run_command
+
+    class CtrlC:
+        def find_spec(self, name, path=None, target=None):
+            if name == "detens.cli.fuse":
+                raise KeyboardInterrupt
+            return None
+
+    monkeypatch.delitem(sys.modules, "detens.cli.fuse", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [CtrlC(), *sys.meta_path])
+    argv = ["--source", str(tmp_path), "--out", str(tmp_path / "o"), *(["--debug"] if debug else [])]
+    for call in (lambda: main(["fuse", *argv]), lambda: run_command("fuse", argv)):
+        if debug:  # --debug shows where it was
+            with pytest.raises(KeyboardInterrupt):
+                call()
+        else:
+            assert call() == 130
+            assert capsys.readouterr().err == "error: interrupted\n"
+
+
 @needs_data
 @pytest.mark.slow
 def test_built_package_runs_outside_the_repository(tmp_path):

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import cv2
@@ -459,6 +464,176 @@ def test_overwrite_that_fails_before_its_first_result_leaves_the_folder_as_it_wa
         with pytest.raises(RuntimeError, match="^the detector broke$"):
             fuse_tool.main(into_new)
     assert not (tmp_path / "new").exists()
+
+
+_KILLED_ON_IMAGE = """
+import os, signal, sys
+from detens.cli import fuse
+
+real, calls = fuse.process_image, []
+
+
+def process_image(*args, **kwargs):
+    calls.append(args[1])
+    if len(calls) == int(sys.argv[1]):
+        os.kill(os.getpid(), signal.SIGKILL)  # no clean-up of any kind
+    return real(*args, **kwargs)
+
+
+fuse.process_image = process_image
+sys.exit(fuse.main(sys.argv[2:]))
+"""
+
+
+def killed_on_image(workspace, number, source, out, *extra):
+    """Run ``detens fuse`` in another process, killed (SIGKILL) when it comes to its ``number``-th image."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", _KILLED_ON_IMAGE, str(number), "--config", str(workspace / "pair.yaml"), "--source",
+         str(source), "--out", str(out), "--quiet", *extra],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+
+
+def fuse_loudly(workspace, source, out, *extra):
+    """:func:`fuse_into` without ``--quiet``: its log lines reach ``sys.stderr``."""
+    return fuse_tool.main(["--config", str(workspace / "pair.yaml"), "--source", str(source), "--out", str(out),
+                           *extra])
+
+
+def test_overwrite_killed_before_its_first_result_is_undone_by_the_next_run(workspace, tmp_path, capsys):
+    source, out = one_image_source(workspace, tmp_path / "src", "x.jpg", "y.jpg"), tmp_path / "o"
+    assert fuse_into(workspace, source, out, "--no-vis") == 0
+    before = folder_state(out)
+    killed_on_image(workspace, 1, source, out, "--no-vis", "--overwrite", "--method", "mean")
+    assert (out / ".replaced").is_dir() and yaml.safe_load((out / "config.yaml").read_text())["fusion"]["method"] == "mean"
+    # the next run puts them back before anything else, as the killed run would have had it failed, and
+    # says so; this one then fails its own check (the earlier run's config is back: "mean" is another)
+    capsys.readouterr()
+    assert fuse_loudly(workspace, source, out, "--no-vis", "--method", "mean") == 2
+    err = capsys.readouterr().err
+    assert "killed before its first result: the earlier outputs it had set aside in .replaced/ are back" in err, err
+    assert "different config" in err and folder_state(out) == before
+
+    # killed again; an --overwrite run then sets aside the earlier outputs (not the killed run's) and replaces them
+    killed_on_image(workspace, 1, source, out, "--no-vis", "--overwrite", "--method", "mean")
+    assert fuse_loudly(workspace, source, out, "--no-vis", "--overwrite", "--method", "mean") == 0
+    assert "are back" in capsys.readouterr().err
+    images, _ = read_outputs(out)
+    assert images["info"]["method"] == "mean" and [im["file_name"] for im in images["images"]] == ["x.jpg", "y.jpg"]
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
+
+
+def test_overwrite_killed_after_its_first_result_stands(workspace, tmp_path, capsys):
+    source, out = one_image_source(workspace, tmp_path / "src", "x.jpg", "y.jpg"), tmp_path / "o"
+    assert fuse_into(workspace, source, out, "--no-vis") == 0
+    killed_on_image(workspace, 2, source, out, "--no-vis", "--overwrite", "--method", "mean")
+    assert (out / ".replaced").is_dir() and (out / "partial" / "x.jpg.json").is_file()
+    capsys.readouterr()
+    assert fuse_loudly(workspace, source, out, "--no-vis", "--method", "mean") == 0  # resumes the killed run
+    assert "removed the earlier outputs in .replaced/" in capsys.readouterr().err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["method"] == "mean" and summary["resumed"] == 1 and summary["processed_this_run"] == 1
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
+
+
+def test_a_run_removes_the_temporaries_of_killed_writers_from_its_out(workspace, tmp_path):
+    from detens.io import _host_tag
+
+    source, out = one_image_source(workspace, tmp_path / "src", "x.jpg"), tmp_path / "o"
+    assert fuse_into(workspace, source, out) == 0
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    dead = f"labels/.x.txt.abcd_123.{_host_tag()}-{int(gone.stdout)}.tmp"
+    live = f"vis/.x.jpg.abcd_123.{_host_tag()}-{os.getpid()}.tmp"
+    for name in (dead, live, f".predictions.json.abcd_123.{_host_tag()}-{int(gone.stdout)}.tmp"):
+        (out / name).write_text("cut short")
+    assert fuse_into(workspace, source, out) == 0  # nothing left to fuse: no detector loads
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.tmp")) == [live]
+
+
+class Killed(BaseException):
+    """The process ends here (``kill -9``): nothing after runs, no ``except`` or ``finally`` of its own."""
+
+
+def an_interrupted_run(out):
+    """The files of an interrupted ``detens fuse`` run (one image finished, ``partial/`` kept)."""
+    for name, text in {"config.yaml": "fusion: {method: wbf}\n", "summary.json": "{}", "images.json": "{}",
+                       "predictions.json": "[]", "partial/_run.json": "{}", "partial/x.jpg.json": "{}",
+                       "labels/x.txt": "0 0.5 0.5 0.1 0.1 0.9\n", "vis/x.jpg": "jpeg"}.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(text)
+
+
+def an_overwrite_killed_before_its_first_result(out):
+    """What ``--overwrite`` leaves when killed on its first image: the earlier outputs set aside, its
+    config and run file written, the image's labels written but not its record."""
+    fuse_tool.set_aside_outputs(out)
+    (out / "partial").mkdir()
+    for name, text in {"config.yaml": "fusion: {method: mean}\n", "partial/_run.json": '{"new": 1}',
+                       "labels/y.txt": "1 0.5 0.5 0.1 0.1 0.9\n"}.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(text)
+
+
+def cut_short_at(monkeypatch, step):
+    """Make the ``step``-th move, removal or write of ``detens fuse``'s folder handling raise :class:`Killed`."""
+    count = 0
+
+    def counted(real):
+        def operation(*args, **kwargs):
+            nonlocal count
+            count += 1
+            if count == step:
+                raise Killed
+            return real(*args, **kwargs)
+
+        return operation
+
+    monkeypatch.setattr(fuse_tool, "_remove", counted(fuse_tool._remove))
+    monkeypatch.setattr(fuse_tool, "atomic_write_json", counted(fuse_tool.atomic_write_json))
+    monkeypatch.setattr(Path, "rename", counted(Path.rename))
+
+
+@pytest.mark.parametrize("killed_while", ["setting aside", "restoring"])
+def test_outputs_set_aside_come_back_whichever_step_was_killed(tmp_path, monkeypatch, killed_while):
+    """A run killed while it sets the earlier outputs aside, or while it restores them (itself, or as the
+    next run recovering from a killed one), loses none of them: the next run finishes the restore."""
+    for step in itertools.count(1):
+        out = tmp_path / str(step)
+        an_interrupted_run(out)
+        before = folder_state(out)
+        if killed_while == "restoring":
+            an_overwrite_killed_before_its_first_result(out)
+        with monkeypatch.context() as patched:
+            cut_short_at(patched, step)
+            try:
+                if killed_while == "setting aside":
+                    an_overwrite_killed_before_its_first_result(out)
+                else:
+                    fuse_tool.recover_replaced(out)
+                cut_short = False
+            except Killed:
+                cut_short = True
+        fuse_tool.recover_replaced(out)
+        assert folder_state(out) == before, step
+        assert sorted(os.listdir(out)) == ["config.yaml", "images.json", "labels", "partial", "predictions.json",
+                                           "summary.json", "vis"], step
+        if not cut_short:
+            break
+    assert step > 3
+
+
+def test_a_replaced_folder_of_an_earlier_version_is_restored_too(tmp_path):
+    """Versions before the list of what was set aside moved everything first, then wrote their own."""
+    out = tmp_path / "o"
+    an_interrupted_run(out)
+    before = folder_state(out)
+    an_overwrite_killed_before_its_first_result(out)
+    (out / ".replaced" / "_set_aside.json").unlink()
+    fuse_tool.recover_replaced(out)
+    assert folder_state(out) == before and not (out / ".replaced").exists()
 
 
 def test_a_second_run_on_the_same_out_is_refused(workspace, tmp_path, capsys, lock_in_another_process):

@@ -5,10 +5,15 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
+import time
+from pathlib import Path
 
 import pytest
 
 from detens.io import atomic_write_json, atomic_write_text, read_json_file
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 class TestReadJsonFile:
@@ -105,3 +110,101 @@ class TestOutputLock:
         with output_lock(tmp_path / "kept", "detens fuse"):
             pass
         assert (tmp_path / "kept").is_dir() and list((tmp_path / "kept").iterdir()) == []
+
+
+_KILLED_MID_WRITE = """
+import os, sys
+from detens import io
+
+def stuck(fd):  # the data is written, not yet synced: the process is killed here
+    print("writing", flush=True)
+    sys.stdin.read()
+
+os.fsync = stuck
+io.atomic_write_text(sys.argv[1], "never finished")
+"""
+
+
+class TestStaleTemporaries:
+    """A writer killed mid-write (``kill -9``) leaves its temporary file; the next run in the folder removes
+    it, and never one that a live writer (another shard, on this host or another) is still writing."""
+
+    def test_the_temporary_file_names_its_writer(self, tmp_path, monkeypatch):
+        from detens.io import _host_tag
+
+        replaced = []
+        real_replace = os.replace
+        monkeypatch.setattr(os, "replace", lambda src, dst: replaced.append(os.path.basename(src)) or real_replace(src, dst))
+        atomic_write_text(tmp_path / "out.json", "{}")
+        assert len(replaced) == 1
+        assert re.fullmatch(rf"\.out\.json\.[a-z0-9_]{{8}}\.{_host_tag()}-{os.getpid()}\.tmp", replaced[0]), replaced
+
+    def test_only_those_of_gone_writers_are_removed(self, tmp_path):
+        import subprocess
+        import sys
+
+        from detens.io import _host_tag, output_lock
+
+        finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                                  text=True, check=True)
+        dead, here, elsewhere = int(finished.stdout), _host_tag(), "0123abcd" if _host_tag() != "0123abcd" else "abcd0123"
+        out = tmp_path / "out"
+        (out / "labels" / "sub").mkdir(parents=True)
+        (out / "elsewhere").mkdir()
+        names = {
+            "labels/sub/.a.txt.k2j4_x9q.{here}-{dead}.tmp": "removed",  # its writer is gone
+            ".predictions.json.aaaaaaaa.{here}-{dead}.tmp": "removed",
+            "labels/.b.txt.bbbbbbbb.{here}-{live}.tmp": "kept",  # this process: still writing
+            ".summary.json.cccccccc.{elsewhere}-{dead}.tmp": "kept",  # another host's: cannot be asked
+            ".images.json.dddddddd.tmp": "kept",  # a version that did not name the writer
+            "elsewhere/.c.txt.eeeeeeee.{here}-{dead}.tmp": "kept",  # not a folder the command writes in
+            ".notes.tmp": "kept",  # no temporary of ours
+            "labels/a.txt": "kept",
+        }
+        for name in names:
+            path = out / name.format(here=here, dead=dead, live=os.getpid(), elsewhere=elsewhere)
+            path.write_text("x")
+        # untouched for two days: whoever wrote them is gone, whatever their names say
+        for name in (f".old.json.ffffffff.{elsewhere}-{dead}.tmp", ".old.json.gggggggg.tmp",
+                     f"labels/.old.txt.hhhhhhhh.{here}-{os.getpid()}.tmp"):
+            (out / name).write_text("x")
+            os.utime(out / name, (time.time() - 2 * 86400,) * 2)
+            names[name] = "removed"
+        with output_lock(out, "detens fuse", outputs=("labels", "vis")):
+            pass
+        left = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+        expected = {name.format(here=here, dead=dead, live=os.getpid(), elsewhere=elsewhere)
+                    for name, fate in names.items() if fate == "kept"}
+        assert left == expected
+
+    def test_a_killed_shard_s_temporary_goes_a_running_one_s_stays(self, tmp_path):
+        """Two shards write into one folder; one is killed mid-write, the other is still writing when a
+        run of the killed shard starts again."""
+        import signal
+        import subprocess
+        import sys
+
+        from detens.io import output_lock
+
+        out = tmp_path / "out"
+        (out / "shards").mkdir(parents=True)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+        writers = [
+            subprocess.Popen([sys.executable, "-c", _KILLED_MID_WRITE, str(out / "shards" / f"m.shard-{i}-of-2.json")],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+            for i in range(2)
+        ]
+        try:
+            for writer in writers:
+                assert writer.stdout.readline().strip() == "writing"
+            writers[0].send_signal(signal.SIGKILL)
+            writers[0].wait()
+            assert len(list((out / "shards").glob(".m.shard-*.tmp"))) == 2
+            with output_lock(out, "detens cache", ".detens.shard-0-of-2.lock", ("shards",)):
+                left = [p.name for p in (out / "shards").iterdir()]
+            assert len(left) == 1 and left[0].startswith(".m.shard-1-of-2.json.") and left[0].endswith(
+                f"-{writers[1].pid}.tmp"), left
+        finally:
+            for writer in writers:
+                writer.kill()
+                writer.wait()

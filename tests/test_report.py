@@ -334,6 +334,76 @@ class TestReportFolder:
             assert code == 2 and err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err
             assert f"missing {drawn[-1]}" in err and f"unreadable {drawn[0]}" in err, err
 
+    @pytest.mark.parametrize("problem", ["missing", "unreadable", "resized"])
+    def test_an_unusable_image_ends_the_page_before_any_method_is_analyzed(self, quick, tmp_path, capsys, monkeypatch,
+                                                                           problem):
+        import cv2
+
+        import detens.report.page as page_module
+        from detens.cli import main
+
+        page = tmp_path / "page"
+        assert main(["report", str(quick / "results.json"), "--out", str(page), "--examples", "1", "--quiet"]) == 0
+        earlier = folder_bytes(page)
+        drawn = json.loads((page / "page.json").read_text())["examples"]["helped"][0]["file_name"]
+        images = tmp_path / "images"
+        shutil.copytree(quick / "images", images)
+        if problem == "missing":
+            (images / drawn).unlink()
+        elif problem == "unreadable":
+            (images / drawn).write_bytes(b"not an image")
+        else:
+            pixels = cv2.imread(str(images / drawn))
+            cv2.imwrite(str(images / drawn), pixels[::2, ::2])
+        analyzed = []
+        original = page_module.analyze_record
+        monkeypatch.setattr(page_module, "analyze_record", lambda *a, **k: analyzed.append(1) or original(*a, **k))
+        capsys.readouterr()
+        code = main(["report", str(quick / "results.json"), "--out", str(page), "--examples", "1", "--images",
+                     str(images), "--quiet"])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and err.startswith("error: ") and drawn in err, err
+        assert analyzed == []  # the long work never started
+        assert folder_bytes(page) == earlier
+        assert main(["report", str(quick / "results.json"), "--out", str(page), "--examples", "1", "--quiet"]) == 0
+        assert analyzed == [1]
+
+    def test_the_header_counts_the_categories_cocoeval_averages_over(self, quick, tmp_path):
+        import contextlib
+        import io
+
+        from pycocotools.coco import COCO
+        from pycocotools.cocoeval import COCOeval
+
+        from detens.report.page import write_report
+
+        record = EvaluationRecord.load(quick / "results.json")
+        listed = len(record.gt["categories"])
+        averaged = None
+        for method, results in record.results.items():
+            with contextlib.redirect_stdout(io.StringIO()):
+                coco = COCO()
+                coco.dataset = json.loads(json.dumps(record.gt))
+                coco.createIndex()
+                evaluator = COCOeval(coco, coco.loadRes(json.loads(json.dumps(results))), "bbox")
+                evaluator.params.imgIds = record.image_ids
+                evaluator.evaluate()
+                evaluator.accumulate()
+                evaluator.summarize()
+            precision = evaluator.eval["precision"][:, :, :, 0, 2]  # [T, R, K], area all, 100 detections
+            # COCOeval leaves -1 where a category has no ground truth and averages over the others alone
+            counted = [c for k, c in enumerate(evaluator.params.catIds) if (precision[:, :, k] > -1).all()]
+            assert np.mean(precision[:, :, [evaluator.params.catIds.index(c) for c in counted]]) == pytest.approx(
+                record.metrics[method]["map"], abs=1e-12)
+            assert averaged in (None, counted)
+            averaged = counted
+        assert 0 < len(averaged) < listed
+        html = write_report(record, tmp_path / "page", examples=0).read_text()
+        assert (f"{len(averaged)} categories with ground truth, over which the APs are averaged ({listed} in the "
+                f"label space, {listed - len(averaged)} without ground truth here)") in html
+        assert f"{listed} categories" not in html.replace(f"({listed} in the label space", "")
+        assert json.loads((tmp_path / "page" / "page.json").read_text())["scored_categories"] == averaged
+
     def test_the_table_may_share_the_pages_folder(self, quick, tmp_path, capsys):
         from detens.cli import main
 

@@ -140,6 +140,29 @@ class TestFolds:
         ids = list(range(10))
         assert kfold_image_splits(ids, np.int64(2), np.int64(3)) == kfold_image_splits(ids, 2, 3)
 
+    @pytest.mark.parametrize("k, seed", [(2, 0), (3, 1), (5, 7)])
+    def test_negative_images_leave_the_annotated_images_folds_as_they_were(self, k, seed):
+        annotated, negatives = list(range(100, 123)), [7, 3, 50, 1, 999, 2, 8]
+        plain = kfold_image_splits(annotated, k, seed)
+        joined = kfold_image_splits(annotated, k, seed, negatives)
+        held_out = []
+        for (plain_train, plain_test), (train, test) in zip(plain, joined, strict=True):
+            assert [i for i in test if i in annotated] == plain_test
+            assert [i for i in train if i in annotated] == plain_train
+            assert not set(train) & set(test) and sorted(train + test) == sorted(annotated + negatives)
+            held_out += [i for i in test if i in negatives]
+        assert sorted(held_out) == sorted(negatives)  # each negative image held out once
+        sizes = [len(test) for _, test in joined]
+        assert max(sizes) - min(sizes) <= 1  # dealt on where the annotated images' round ended
+        assert joined == kfold_image_splits(annotated[::-1], k, seed, negatives[::-1])  # the sets alone count
+        assert kfold_image_splits(annotated, k, seed, []) == plain
+
+    @pytest.mark.parametrize("negatives, message", [([1, 1], "negative_ids contains duplicates"),
+                                                    ([5, 2], r"image ids \[2\] are in both image_ids and negative_ids")])
+    def test_negative_images_are_distinct_images(self, negatives, message):
+        with pytest.raises(ValueError, match=message):
+            kfold_image_splits([1, 2, 3], 2, 0, negatives)
+
 
 class TestTraining:
     def test_deterministic_and_loss_decreases(self, ensemble):
@@ -1685,3 +1708,227 @@ def test_images_without_annotations_are_said_to_be_left_out_of_scoring(dataset, 
     ]) == 0  # the command's log goes to stderr, above the progress bars, unless --quiet
     assert "2 images of --gt without annotations are neither scored nor fitted on" in capsys.readouterr().err
     assert EvaluationRecord.load(tmp_path / "report.json").meta["scored_images"] == 12
+
+
+# --------------------------------------------------------------- images without annotations: --all-images
+@pytest.fixture(scope="module")
+def with_background(dataset, tmp_path_factory):
+    """The 12-image slice with two images without annotations added (file names bg1.jpg, bg2.jpg), on
+    which every model has false positives, some scored high."""
+    gt_path, predictions = dataset
+    root = tmp_path_factory.mktemp("background")
+    gt = json.loads(gt_path.read_text())
+    top = max(im["id"] for im in gt["images"])
+    background = [top + 1, top + 2]
+    gt["images"] += [{"id": image_id, "file_name": f"bg{n}.jpg", "width": 640, "height": 480}
+                     for n, image_id in enumerate(background, 1)]
+    (root / "instances.json").write_text(json.dumps(gt))
+    (root / "predictions").mkdir()
+    category_ids = sorted({a["category_id"] for a in gt["annotations"]})
+    for index, name in enumerate(MODELS):
+        rng = random.Random(100 + index)
+        results = json.loads((predictions / f"{name}.json").read_text())
+        for image_id in background:
+            for _ in range(6):
+                results.append({"image_id": image_id, "category_id": rng.choice(category_ids),
+                                "bbox": [rng.uniform(0, 500), rng.uniform(0, 380), rng.uniform(20, 120),
+                                         rng.uniform(20, 90)], "score": rng.uniform(0.05, 0.95)})
+        (root / "predictions" / f"{name}.json").write_text(json.dumps(results))
+    return root / "instances.json", root / "predictions", background
+
+
+def cocoeval_map(gt_path, results, image_ids=None):
+    """pycocotools' COCOeval on the annotation file, as one runs it by hand: every image of the file by
+    default."""
+    import contextlib
+    import copy
+    import io
+
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco = COCO(str(gt_path))
+        evaluator = COCOeval(coco, coco.loadRes(copy.deepcopy(results)), "bbox")
+        if image_ids is not None:
+            evaluator.params.imgIds = list(image_ids)
+        evaluator.evaluate()
+        evaluator.accumulate()
+        evaluator.summarize()
+    return float(evaluator.stats[0])
+
+
+class TestAllImages:
+    def _evaluate(self, gt_path, predictions, out, *flags):
+        assert evaluate_cli.main(["--gt", str(gt_path), "--predictions", str(predictions), "--methods",
+                                  "single:sharp,wbf", "--cv", "2", "--out", str(out), "--quiet", *flags]) == 0
+        return json.loads(out.read_text())
+
+    def _wbf_results(self, gt_path, predictions, image_ids):
+        from detens.coco import detections_to_coco
+
+        ensemble = EnsemblePredictions.from_folder(predictions, load_coco_gt(gt_path))
+        return [r for i in image_ids for r in detections_to_coco(fuse(ensemble.per_model(i), "wbf"), i, decimals=None)]
+
+    def test_single_models_and_fixed_fusers_equal_cocoeval_over_the_whole_file(self, with_background, tmp_path):
+        gt_path, predictions, background = with_background
+        every = sorted(im["id"] for im in json.loads(gt_path.read_text())["images"])
+        annotated = [i for i in every if i not in background]
+        sharp = json.loads((predictions / "sharp.json").read_text())
+        wbf = self._wbf_results(gt_path, predictions, every)
+
+        table = self._evaluate(gt_path, predictions, tmp_path / "all.json", "--all-images")
+        assert table["single:sharp"]["map"] == pytest.approx(cocoeval_map(gt_path, sharp), abs=1e-12)
+        assert table["wbf"]["map"] == pytest.approx(cocoeval_map(gt_path, wbf), abs=1e-12)
+        # without the flag: the annotated images alone, the figures of the file without its background images
+        plain = self._evaluate(gt_path, predictions, tmp_path / "plain.json")
+        assert plain["single:sharp"]["map"] == pytest.approx(cocoeval_map(gt_path, sharp, annotated), abs=1e-12)
+        assert plain["wbf"]["map"] == pytest.approx(cocoeval_map(gt_path, wbf, annotated), abs=1e-12)
+        for method in ("single:sharp", "wbf"):
+            assert table[method]["map"] < plain[method]["map"]  # the background images' false positives count
+
+    def test_without_the_flag_the_table_is_that_of_the_file_without_its_background_images(
+            self, dataset, with_background, tmp_path):
+        gt_path, predictions, _ = with_background
+        plain = self._evaluate(gt_path, predictions, tmp_path / "plain.json")
+        before = self._evaluate(*dataset, tmp_path / "before.json")
+        strip = ("fusion_ms",)
+        assert ({m: {k: v for k, v in row.items() if k not in strip} for m, row in plain.items()}
+                == {m: {k: v for k, v in row.items() if k not in strip} for m, row in before.items()})
+
+    def test_the_record_and_its_page_hold_the_background_images(self, with_background, tmp_path):
+        from detens.report.page import write_report
+
+        gt_path, predictions, background = with_background
+        table = self._evaluate(gt_path, predictions, tmp_path / "all.json", "--all-images")
+        record = EvaluationRecord.load(tmp_path / "all.json")
+        assert record.meta["all_images"] is True and record.meta["scored_images"] == 14
+        assert set(background) <= set(record.image_ids) and len(record.image_ids) == 14
+        assert sum(record.meta["folds"]) == 14 and "images without annotations scored" in record.meta["protocol"]
+        assert {r["image_id"] for r in record.results["wbf"]} >= set(background)
+        html = write_report(record, tmp_path / "page", examples=0).read_text()  # its curves check the table
+        assert "14 images scored, 12 with ground truth and 2 without (their detections are false positives)" in html
+        assert json.loads((tmp_path / "page" / "page.json").read_text())["metrics"] == table
+        plain = self._evaluate(gt_path, predictions, tmp_path / "plain.json")
+        assert plain and EvaluationRecord.load(tmp_path / "plain.json").meta["all_images"] is False
+
+    def test_learned_methods_fit_on_the_background_images_in_their_folds(self, with_background, monkeypatch):
+        gt_path, predictions, background = with_background
+        ensemble = EnsemblePredictions.from_folder(predictions, load_coco_gt(gt_path))
+        seen = []
+        original = TunedWBF.fit
+
+        def spy(self, data, train_ids):
+            seen.append(list(train_ids))
+            original(self, data, train_ids)
+
+        monkeypatch.setattr(TunedWBF, "fit", spy)
+        options = {"wbf_tuned": {"iou_grid": [0.5], "conf_types": ["avg"], "weight_values": [1.0]}}
+        for all_images in (False, True):
+            cross_validate(ensemble, ["wbf_tuned"], k=2, backend="faster", method_options=options,
+                           all_images=all_images)
+        without, with_negatives = seen[:2], seen[2:]
+        annotated = ensemble.gt.annotated_image_ids
+        assert [[i for i in ids if i in annotated] for ids in with_negatives] == without  # the same folds
+        assert not {i for ids in without for i in ids} & set(background)
+        # each background image is fitted on in the one fold that does not score it
+        assert sorted(i for ids in with_negatives for i in ids if i in background) == background
+        for (_, test), train in zip(kfold_image_splits(annotated, 2, 0, background), with_negatives, strict=True):
+            assert sorted(train) == sorted(set(ensemble.gt.image_ids) - set(test))
+
+    def test_the_fitting_datas_background_images_are_fitted_on_too(self, dataset, with_background, tmp_path,
+                                                                 monkeypatch):
+        gt_path, predictions, background = with_background
+        evaluated = EnsemblePredictions.from_folder(dataset[1], load_coco_gt(dataset[0]))
+        # the fitting data: the background images alone would have no annotated image, so with one annotated
+        gt = json.loads(gt_path.read_text())
+        keep = {background[0], background[1], gt["annotations"][0]["image_id"]}
+        fitting = {"images": [{**im, "file_name": "fit_" + im["file_name"]} for im in gt["images"] if im["id"] in keep],
+                   "annotations": [a for a in gt["annotations"] if a["image_id"] in keep],
+                   "categories": gt["categories"]}
+        (tmp_path / "predictions").mkdir()
+        for name in MODELS:
+            results = [r for r in json.loads((predictions / f"{name}.json").read_text()) if r["image_id"] in keep]
+            (tmp_path / "predictions" / f"{name}.json").write_text(json.dumps(results))
+        fit_on = EnsemblePredictions.from_folder(tmp_path / "predictions", load_coco_gt(fitting))
+        seen = []
+        original = TunedWBF.fit
+
+        def spy(self, data, train_ids):
+            seen.append(len(train_ids))
+            original(self, data, train_ids)
+
+        monkeypatch.setattr(TunedWBF, "fit", spy)
+        options = {"wbf_tuned": {"iou_grid": [0.5], "conf_types": ["avg"], "weight_values": [1.0]}}
+        for all_images in (False, True):
+            cross_validate(evaluated, ["wbf_tuned"], k=0, backend="faster", method_options=options, fit_on=fit_on,
+                           all_images=all_images)
+        assert seen == [1, 3]
+
+    def test_an_image_without_annotations_in_both_datasets_is_refused_when_both_are_scored_or_fitted(
+            self, with_background, tmp_path):
+        gt_path, predictions, background = with_background
+        ensemble = EnsemblePredictions.from_folder(predictions, load_coco_gt(gt_path))
+        gt = json.loads(gt_path.read_text())
+        first_annotated = gt["annotations"][0]["image_id"]
+        keep = {background[0], first_annotated}
+        fitting = {"images": [{**im, "file_name": im["file_name"] if im["id"] in background else "other.jpg"}
+                              for im in gt["images"] if im["id"] in keep],
+                   "annotations": [a for a in gt["annotations"] if a["image_id"] in keep],
+                   "categories": gt["categories"]}
+        (tmp_path / "predictions").mkdir()
+        for name in MODELS:
+            results = [r for r in json.loads((predictions / f"{name}.json").read_text()) if r["image_id"] in keep]
+            (tmp_path / "predictions" / f"{name}.json").write_text(json.dumps(results))
+        fit_on = EnsemblePredictions.from_folder(tmp_path / "predictions", load_coco_gt(fitting))
+        cross_validate(ensemble, ["mean"], k=2, backend="faster", fit_on=fit_on)  # bg1.jpg neither scored nor fitted
+        with pytest.raises(ValueError, match=r"shares 1 image with the scored data \(same file name, folders aside: "
+                                             r"bg1\.jpg\); the fitting data must not contain scored images"):
+            cross_validate(ensemble, ["mean"], k=2, backend="faster", fit_on=fit_on, all_images=True)
+
+    def test_train_fits_on_every_image(self, with_background, tmp_path, capsys):
+        gt_path, predictions, background = with_background
+        args = ["--gt", str(gt_path), "--predictions", str(predictions), "--head", "calibration", "--quiet"]
+        assert train_cli.main([*args, "--out", str(tmp_path / "all.json"), "--all-images"]) == 0
+        assert json.loads((tmp_path / "all.json.log.json").read_text())["images"] == 14
+        every = sorted(im["id"] for im in json.loads(gt_path.read_text())["images"])
+        (tmp_path / "ids.txt").write_text("\n".join(map(str, every)) + "\n")
+        assert train_cli.main([*args, "--out", str(tmp_path / "listed.json"), "--images-from",
+                               str(tmp_path / "ids.txt")]) == 0
+        assert (tmp_path / "all.json").read_bytes() == (tmp_path / "listed.json").read_bytes()
+        assert train_cli.main([*args, "--out", str(tmp_path / "plain.json")]) == 0
+        assert json.loads((tmp_path / "plain.json.log.json").read_text())["images"] == 12
+        assert (tmp_path / "plain.json").read_bytes() != (tmp_path / "all.json").read_bytes()
+        capsys.readouterr()
+        assert train_cli.main([*args, "--out", str(tmp_path / "both.json"), "--all-images", "--images-from",
+                               str(tmp_path / "ids.txt")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--images-from lists the images to train on and --all-images" in err
+
+    def test_train_fits_on_every_image_of_the_extra_data_too_and_on_each_once(self, with_background, tmp_path, capsys):
+        gt_path, predictions, background = with_background
+        gt = json.loads(gt_path.read_text())
+        keep = {*background, gt["annotations"][0]["image_id"]}
+        for name, rename in (("apart", lambda n: "fit_" + n), ("shared", lambda n: n if n.startswith("bg") else "x.jpg")):
+            folder = tmp_path / name
+            (folder / "predictions").mkdir(parents=True)
+            fitting = {"images": [{**im, "file_name": rename(im["file_name"])} for im in gt["images"] if im["id"] in keep],
+                       "annotations": [a for a in gt["annotations"] if a["image_id"] in keep],
+                       "categories": gt["categories"]}
+            (folder / "instances.json").write_text(json.dumps(fitting))
+            for model in MODELS:
+                results = [r for r in json.loads((predictions / f"{model}.json").read_text()) if r["image_id"] in keep]
+                (folder / "predictions" / f"{model}.json").write_text(json.dumps(results))
+        args = ["--gt", str(gt_path), "--predictions", str(predictions), "--head", "calibration", "--quiet"]
+        for flags, images in (([], 12 + 1), (["--all-images"], 14 + 3)):
+            out = tmp_path / f"head{len(flags)}.json"
+            assert train_cli.main([*args, *flags, "--out", str(out), "--also-fit-on", str(tmp_path / "apart" / "instances.json"),
+                                   str(tmp_path / "apart" / "predictions")]) == 0
+            assert json.loads(out.with_name(out.name + ".log.json").read_text())["images"] == images
+        also = ["--also-fit-on", str(tmp_path / "shared" / "instances.json"), str(tmp_path / "shared" / "predictions")]
+        assert train_cli.main([*args, "--out", str(tmp_path / "s.json"), *also]) == 0  # bg1.jpg, bg2.jpg not trained on
+        capsys.readouterr()
+        assert train_cli.main([*args, "--out", str(tmp_path / "s2.json"), "--all-images", *also]) == 2
+        err = capsys.readouterr().err
+        assert "--also-fit-on's data shares 2 images with the training images of --gt (same file name, folders aside: " \
+               "bg1.jpg, bg2.jpg)" in err, err

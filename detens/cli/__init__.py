@@ -4,7 +4,11 @@ Each subcommand is a module of this package with ``add_arguments(parser)`` and `
 ``tools/*.py`` scripts call the same modules. A user's mistake (a bad flag, a missing file, a YAML typo, a
 head for other models, a learning rate that makes a fit diverge, an optional dependency not installed) ends
 as one ``error: <message>`` on stderr and exit status 2, without a traceback; ``--debug`` shows the
-traceback instead.
+traceback instead. Ctrl-C ends as ``error: interrupted`` and exit status 130 (after what the command
+saves of its finished work) at any point, the imports of the detector libraries included.
+
+This module imports only the standard library: a Ctrl-C while it is imported, before :func:`main` can
+catch it, would print a traceback.
 """
 
 from __future__ import annotations
@@ -14,10 +18,8 @@ import contextlib
 import importlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
-
-import yaml
 
 __all__ = ["COMMANDS", "UsageError", "add_threads_argument", "add_weights_dir_argument", "existing_folder", "build_parser", "positive_int", "command_parser", "main", "run_command"]
 
@@ -120,6 +122,8 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     learning rate (the message names it), not a fix of the program. ``MissingExtraError`` says which
     optional dependency to install; any other ImportError is a broken install or a bug, with its traceback.
     """
+    import yaml
+
     from detens.extras import MissingExtraError
 
     return (ValueError, TypeError, OSError, yaml.YAMLError, FloatingPointError, MissingExtraError)
@@ -152,17 +156,36 @@ def _dispatch(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         if args.debug:
             raise
-        print("error: interrupted", file=sys.stderr)
-        return 130
+        return _interrupted()
+
+
+def _interrupted() -> int:
+    print("error: interrupted", file=sys.stderr)
+    return 130
+
+
+def _interruptible(argv: Sequence[str], start: Callable[[], int]) -> int:
+    """``start()``, with a Ctrl-C before the command runs (while its modules, torch among them, are
+    imported, or its arguments parsed) ending as one during the run does."""
+    try:
+        return start()
+    except KeyboardInterrupt:
+        if "--debug" in argv:  # not parsed yet, maybe
+            raise
+        return _interrupted()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``detens COMMAND [options]``; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    wanted = [argv[0]] if argv and argv[0] in COMMANDS else None  # import only the command that runs
-    args = build_parser(wanted).parse_args(argv)
-    args._command_line = ["detens", *argv]  # for outputs that record how they were made
-    return _dispatch(args)
+
+    def start() -> int:
+        wanted = [argv[0]] if argv and argv[0] in COMMANDS else None  # import only the command that runs
+        args = build_parser(wanted).parse_args(argv)
+        args._command_line = ["detens", *argv]  # for outputs that record how they were made
+        return _dispatch(args)
+
+    return _interruptible(argv, start)
 
 
 def command_parser(command: str, prog: str | None = None) -> argparse.ArgumentParser:
@@ -174,7 +197,11 @@ def command_parser(command: str, prog: str | None = None) -> argparse.ArgumentPa
 def run_command(command: str, argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     """One subcommand with its own argv, as the ``tools/<command>.py`` scripts call it."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = command_parser(command, prog)
-    args = parser.parse_args(argv)
-    args._command_line = [*parser.prog.split(), *argv]  # for outputs that record how they were made
-    return _dispatch(args)
+
+    def start() -> int:
+        parser = command_parser(command, prog)
+        args = parser.parse_args(argv)
+        args._command_line = [*parser.prog.split(), *argv]  # for outputs that record how they were made
+        return _dispatch(args)
+
+    return _interruptible(argv, start)

@@ -131,7 +131,7 @@ from detens.ensemble_config import (
     load_ensemble_config,
     save_ensemble_config,
 )
-from detens.io import LOCK_NAME, atomic_write_json, atomic_write_text, output_lock
+from detens.io import LOCK_NAME, atomic_write_json, atomic_write_text, output_lock, remove_stale_temporaries
 from detens.labels import COCO_ID_TO_NAME
 from detens.sources import ImageReadError, read_image
 
@@ -1120,6 +1120,8 @@ def cache_lock(out: Path, shard: tuple[int, int] | None, merging: bool) -> Itera
                     held.enter_context(output_lock(out, f"detens cache --shard {shard[0]}/{shard[1]}",
                                                    shard_lock_name(shard)))
                     _refuse_if_held(out / LOCK_NAME, out)
+            # once the gate is open again: other runs need not wait for the look through the folders
+            remove_stale_temporaries(out, (PARTIAL, SHARDS))
             yield
     finally:
         for path in created:  # innermost first; left where the run wrote there

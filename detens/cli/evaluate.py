@@ -19,6 +19,10 @@ More fitting data, for every learned and tuned method alike (``wbf_tuned`` inclu
 Only images with at least one annotation are scored and fitted on (crowd regions count): an image of
 ``--gt`` without annotations is left out, so its false positives cost nothing, and the table can be
 higher than a COCOeval over every image of the file. The log says how many images that leaves out.
+``--all-images`` keeps them, as that COCOeval does: they are scored (their detections are false
+positives) and learned and tuned methods fit on them as negative images, those of the fitting data
+(``--also-fit-on``, ``--fit-on``) too. They join the folds apart, dealt by the same seed after the
+annotated images, which keep the folds of a run without the flag.
 
 The extra dataset must have the same categories and every model (file order does not matter), and no
 annotated image of ``--gt``: an image both hold would be fitted on and scored. Across the two files an
@@ -136,8 +140,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     extra.add_argument(
         "--fit-on", nargs=2, metavar=("GT", "PREDICTIONS"),
-        help="with --cv 0: fit learned and tuned methods on this dataset only, score every annotated image of --gt; "
+        help="with --cv 0: fit learned and tuned methods on this dataset only, score every annotated image of --gt "
+        "(every image with --all-images); "
         "it may not share an annotated image with --gt (same file name, folders aside)",
+    )
+    parser.add_argument(
+        "--all-images", action="store_true",
+        help="also score the images without annotations, as a COCOeval over every image of --gt does (their "
+        "detections are false positives), and fit on them, and on those of the fitting data, as negative images; "
+        "default: only annotated images are scored and fitted on",
     )
     parser.add_argument(
         "--seed", type=parse_seeds, default=[0],
@@ -229,6 +240,7 @@ def run(args: argparse.Namespace) -> int:
     if args.also_fit_on or args.fit_on:
         fit_gt, fit_folder = args.also_fit_on or args.fit_on
         fit_on = EnsemblePredictions.from_folder(fit_folder, load_coco_gt(fit_gt), models=predictions.model_names)
+    scored = _scored_ids(predictions, args.all_images)
 
     against = None
     if args.bootstrap:
@@ -257,27 +269,35 @@ def run(args: argparse.Namespace) -> int:
     seeds = ", ".join(map(str, args.seed))
     protocol = f"{args.cv}-fold CV (seed{'s' if len(args.seed) > 1 else ''} {seeds})" if args.cv else "no CV"
     if fit_on is not None:
-        protocol += f", fitting on {len(fit_on.gt.annotated_image_ids)} images of {Path(fit_gt).parent.name}" + (
+        protocol += f", fitting on {len(_scored_ids(fit_on, args.all_images))} images of {Path(fit_gt).parent.name}" + (
             " too" if args.cv else ""
         )
+    if args.all_images:
+        protocol += ", images without annotations scored"
     logger.info(
         "%d models %s, %d images with ground truth, %s",
         predictions.num_models, predictions.model_names, len(predictions.gt.annotated_image_ids), protocol,
     )
     unannotated = len(predictions.gt.image_ids) - len(predictions.gt.annotated_image_ids)
-    if unannotated:
+    if unannotated and args.all_images:
+        logger.info(
+            "%d image%s of --gt without annotations %s scored and fitted on as negative images (--all-images): "
+            "their detections are false positives", unannotated, "s" if unannotated > 1 else "",
+            "are" if unannotated > 1 else "is",
+        )
+    elif unannotated:
         # a user's own dataset often holds background images; their false positives would lower every mAP
         # that a plain COCOeval over the file gives, so the table differs from that unless this is said
         logger.info(
             "%d image%s of --gt without annotations %s neither scored nor fitted on "
-            "(only images with ground truth are evaluated)", unannotated, "s" if unannotated > 1 else "",
-            "are" if unannotated > 1 else "is",
+            "(only images with ground truth are evaluated; --all-images scores them)", unannotated,
+            "s" if unannotated > 1 else "", "are" if unannotated > 1 else "is",
         )
     if len(args.seed) > 1:
         return _run_repeats(args, predictions, methods, options, fit_on, protocol)
     report = cross_validate(
         predictions, methods, k=args.cv, seed=args.seed[0], backend=args.backend, method_options=options,
-        on_method=on_method, fit_on=fit_on,
+        on_method=on_method, fit_on=fit_on, all_images=args.all_images,
     )
     table = {name: result.metrics for name, result in report.items()}
     record = _record(args, report, predictions, protocol, fit_on, images if images.is_dir() else None)
@@ -305,7 +325,7 @@ def run(args: argparse.Namespace) -> int:
     if args.bootstrap:
         summary = summarize_bootstrap(
             bootstrap_map(predictions.gt, {name: result.results for name, result in report.items()},
-                          resamples=args.bootstrap, seed=args.seed[0]),
+                          image_ids=scored, resamples=args.bootstrap, seed=args.seed[0]),
             against,
         )
         bootstrap = _beside(out, ".bootstrap.json")
@@ -399,7 +419,7 @@ def _run_repeats(
 
         report = cross_validate(
             predictions, methods, k=args.cv, seed=seed, backend=args.backend, method_options=options,
-            on_method=on_method, fit_on=fit_on,
+            on_method=on_method, fit_on=fit_on, all_images=args.all_images,
         )
         runs[seed] = {name: result.metrics for name, result in report.items()}
         for name, result in report.items():
@@ -432,7 +452,7 @@ def _record(
     """What the report page needs from this run: the table, its pooled predictions, the members', the
     scored images' ground truth, and how the run was made."""
     gt: CocoGroundTruth = predictions.gt
-    scored = gt.annotated_image_ids
+    scored = _scored_ids(predictions, args.all_images)
     members: dict[str, list[dict[str, Any]]] = {name: [] for name in predictions.model_names}
     for image_id in scored:
         for name, det in zip(predictions.model_names, predictions.per_model(image_id), strict=True):
@@ -442,7 +462,7 @@ def _record(
         **_run_meta(args, predictions, protocol, fit_on),
         "images": str(images.resolve()) if images is not None else None,
         "seed": args.seed[0],
-        "folds": _fold_sizes(scored, args.cv, args.seed[0]),
+        "folds": _fold_sizes(gt, args.cv, args.seed[0], args.all_images),
     }
     return EvaluationRecord(
         meta=meta,
@@ -460,11 +480,10 @@ def _repeats_meta(
     """How a run of several seeds was made, for ``<out>.run.json`` (such a run writes no record): the
     record's ``meta`` with ``seeds`` and ``folds_by_seed`` for what one cross-validation has (``images``,
     ``seed``, ``folds``)."""
-    scored = predictions.gt.annotated_image_ids
     return {
         **_run_meta(args, predictions, protocol, fit_on),
         "seeds": args.seed,
-        "folds_by_seed": {str(seed): _fold_sizes(scored, args.cv, seed) for seed in args.seed},
+        "folds_by_seed": {str(seed): _fold_sizes(predictions.gt, args.cv, seed, args.all_images) for seed in args.seed},
     }
 
 
@@ -484,12 +503,13 @@ def _run_meta(
         "fit_on": None if fit_on is None else {
             "gt": str(Path((args.also_fit_on or args.fit_on)[0]).resolve()),
             "predictions": str(Path((args.also_fit_on or args.fit_on)[1]).resolve()),
-            "images": len(fit_on.gt.annotated_image_ids),
+            "images": len(_scored_ids(fit_on, args.all_images)),
             "mode": "joined to every fold's fitting side" if args.also_fit_on else "the only fitting data",
             "left_out": _left_out(fit_on),
         },
         "backend": args.backend,
-        "scored_images": len(predictions.gt.annotated_image_ids),
+        "all_images": args.all_images,
+        "scored_images": len(_scored_ids(predictions, args.all_images)),
         "left_out": _left_out(predictions),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "detens_version": detens.__version__,
@@ -501,10 +521,20 @@ def _left_out(predictions: EnsemblePredictions) -> list[dict[str, Any]]:
     return [asdict(image) for image in predictions.left_out]
 
 
-def _fold_sizes(scored: list[int], cv: int, seed: int) -> list[int]:
-    """The number of held-out images of each fold that cross_validate scores (the same function, the same
+def _scored_ids(predictions: EnsemblePredictions, all_images: bool) -> list[int]:
+    """The images cross_validate scores (or, of the fitting data, fits on): the annotated ones, every one
+    with ``--all-images``."""
+    return predictions.gt.image_ids if all_images else predictions.gt.annotated_image_ids
+
+
+def _fold_sizes(gt: CocoGroundTruth, cv: int, seed: int, all_images: bool) -> list[int]:
+    """The number of held-out images of each fold that cross_validate scores (the same split, the same
     seed); none without cross-validation."""
-    return [len(test) for _, test in kfold_image_splits(scored, cv, seed)] if cv else []
+    if not cv:
+        return []
+    annotated = gt.annotated_image_ids
+    negatives = sorted(set(gt.image_ids) - set(annotated)) if all_images else []
+    return [len(test) for _, test in kfold_image_splits(annotated, cv, seed, negatives)]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -40,7 +40,8 @@ Writes into ``--out``:
   A resumed run refuses a changed config, head file, ``precomputed`` results file or weights file (the
   members' weights on disk are recorded by sha256, as `detens cache` does).
   ``--overwrite`` starts over: the earlier outputs wait in ``.replaced/`` until the new run's first
-  result, and come back if it fails before.
+  result, and come back if it fails before; if it is killed before (``kill -9``, a crash), the next run
+  on ``--out`` puts them back first, saying so.
 
 An ``--out`` holding outputs (``labels/``, ``vis/``, ...) that no run wrote is refused; an ``--out`` inside
 the ``--source`` folder is not read back as input.
@@ -117,12 +118,18 @@ ASSETS_SOURCE = "ultralytics-assets"
 OUTPUT_NAMES = (
     "partial", "labels", "vis", "per_model", "predictions.json", "images.json", "summary.json", "config.yaml",
 )
-# Where --overwrite keeps the earlier outputs until the new run has its first result.
+# Where --overwrite keeps the earlier outputs until the new run has its first result, with the list of
+# what it moved there (SET_ASIDE); renamed to REPLACED_REMOVING before it is deleted, so that a run killed
+# while deleting it leaves no half of it that the next run would take for earlier outputs to restore.
 REPLACED = ".replaced"
+SET_ASIDE = "_set_aside.json"
+REPLACED_REMOVING = ".replaced.removing"
 # partial/ is built here and renamed into place, and renamed here before it is deleted: a run killed
 # half-way through either leaves a whole partial/ or none, never one that lacks finished images.
 UNPACKING = ".partial.unpacking"
 REMOVING = ".partial.removing"
+# Folders of a run's own work beside its outputs (never read as input, searched for stale temporaries).
+WORK_FOLDERS = (REPLACED, REPLACED_REMOVING, UNPACKING, REMOVING)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -345,31 +352,97 @@ def _remove(target: Path) -> None:
 
 def clear_outputs(out: Path) -> None:
     """Remove what a run writes into ``out`` (never anything else)."""
-    for item in (*OUTPUT_NAMES, REPLACED):
+    for item in (*OUTPUT_NAMES, REPLACED, REPLACED_REMOVING):
         _remove(out / item)
 
 
 def set_aside_outputs(out: Path) -> None:
     """``--overwrite``: move the earlier run's outputs into ``out/REPLACED`` (renames: instant, nothing
-    lost), from where :func:`restore_outputs` puts them back if the new run fails before its first result."""
+    lost), from where :func:`restore_outputs` puts them back if the new run fails before its first result.
+
+    The list of what moves is written first (``REPLACED/SET_ASIDE``): a restore cut short and resumed
+    needs it to tell the earlier outputs in ``out`` (not moved yet, or back already) from the new run's.
+    """
+    items = [item for item in OUTPUT_NAMES if (out / item).exists()]
+    if not items:
+        return
     aside = out / REPLACED
-    _remove(aside)
-    for item in OUTPUT_NAMES:
-        if (out / item).exists():
-            aside.mkdir(parents=True, exist_ok=True)
-            (out / item).rename(aside / item)
+    aside.mkdir()  # an earlier run's was restored or removed first, under the lock (recover_replaced)
+    atomic_write_json(aside / SET_ASIDE, {"moved": items, "restoring": False})
+    for item in items:
+        (out / item).rename(aside / item)
 
 
 def restore_outputs(out: Path) -> None:
-    """Undo :func:`set_aside_outputs`: what the failed run wrote goes, the earlier outputs come back."""
+    """Undo :func:`set_aside_outputs`: what the failed run wrote goes, the earlier outputs come back.
+
+    Killed at any step, it is run again (by :func:`recover_replaced`) and ends as if it had not been: the
+    decision to restore is recorded before anything moves, and an output goes only while the earlier
+    one that replaces it is still aside, or when the earlier run had none of that name.
+    """
     aside = out / REPLACED
     if not aside.is_dir():
         return
+    state = _read_json(aside / SET_ASIDE)
+    if isinstance(state, dict) and isinstance(state.get("moved"), list):
+        moved = [item for item in state["moved"] if item in OUTPUT_NAMES]
+    else:
+        # a version that kept no list (it moved everything before writing anything), or a run killed
+        # between creating the folder and writing the list (it moved nothing, and wrote nothing)
+        moved = [item for item in OUTPUT_NAMES if (aside / item).exists()]
+        if not moved:
+            discard_replaced(out)
+            return
+    if not (isinstance(state, dict) and state.get("restoring") is True):
+        atomic_write_json(aside / SET_ASIDE, {"moved": moved, "restoring": True})
     for item in OUTPUT_NAMES:
-        _remove(out / item)
-        if (aside / item).exists():
+        if item not in moved:
+            _remove(out / item)  # the failed run's: the earlier run had none
+        elif (aside / item).exists():
+            _remove(out / item)  # the failed run's: the earlier one is still aside
             (aside / item).rename(out / item)
-    shutil.rmtree(aside)
+    discard_replaced(out)
+
+
+def discard_replaced(out: Path) -> None:
+    """Delete ``out/REPLACED``: renamed out of the way first, as one step, then deleted."""
+    if (out / REPLACED).is_dir():
+        _discard_removing(out)
+        (out / REPLACED).rename(out / REPLACED_REMOVING)
+    _discard_removing(out)
+
+
+def _discard_removing(out: Path) -> None:
+    # what cannot be deleted (permissions) is left for the next run: nothing reads it
+    if (out / REPLACED_REMOVING).exists():
+        shutil.rmtree(out / REPLACED_REMOVING, ignore_errors=True)
+
+
+def has_finished_image(out: Path) -> bool:
+    """Whether ``out/partial/`` holds the record of a finished image."""
+    folder = out / "partial"
+    return folder.is_dir() and any(path != folder / "_run.json" for path in folder.rglob("*.json"))
+
+
+def recover_replaced(out: Path) -> None:
+    """Finish, before anything else, what an ``--overwrite`` run that was killed (``kill -9``, a crash)
+    left in ``out/REPLACED``, as it would have done itself had it failed: with no finished image yet, the
+    earlier outputs come back (:func:`restore_outputs`); with one, the new run stands and they go. A
+    restore cut short goes on. The caller holds the output lock, so the run that left them has ended."""
+    _discard_removing(out)  # its deletion was cut short: it was decided
+    aside = out / REPLACED
+    if not aside.is_dir():
+        return
+    state = _read_json(aside / SET_ASIDE)
+    restoring = isinstance(state, dict) and state.get("restoring") is True
+    if not restoring and has_finished_image(out):
+        discard_replaced(out)
+        logger.info("%s: removed the earlier outputs in %s/, which a killed --overwrite run had replaced "
+                    "(it has finished images, which stand)", out, REPLACED)
+    else:
+        restore_outputs(out)
+        logger.warning("%s: an --overwrite run was killed before its first result: the earlier outputs it had "
+                       "set aside in %s/ are back", out, REPLACED)
 
 
 def finished_records(out: Path) -> dict[str, dict[str, Any]]:
@@ -686,7 +759,7 @@ def process_image(
 def _written_by_a_run(path: Path, out: Path) -> bool:
     """Whether ``path`` lies in one of the folders a run writes into ``out`` (its drawings are images)."""
     parents = path.resolve().parents
-    return any((out / name).resolve() in parents for name in (*OUTPUT_NAMES, REPLACED))
+    return any((out / name).resolve() in parents for name in (*OUTPUT_NAMES, *WORK_FOLDERS))
 
 
 def _read_json(path: Path) -> Any:
@@ -727,7 +800,9 @@ def time_first_call(method: str, params: dict[str, Any], member_names: list[str]
 
 # -------------------------------------------------------------------------------------------------- run
 def run(args: argparse.Namespace) -> int:
-    with output_lock(args.out, "detens fuse"):
+    with output_lock(args.out, "detens fuse", outputs=(*OUTPUT_NAMES, *WORK_FOLDERS)):
+        if args.out.is_dir():
+            recover_replaced(args.out)
         return _run(args)
 
 
@@ -900,7 +975,7 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     claim_output()
-    shutil.rmtree(out / REPLACED, ignore_errors=True)  # the new run stands: the earlier outputs go
+    discard_replaced(out)  # the new run stands: the earlier outputs go
     run_info = {
         "method": method_label(config, params),
         "processed": processed,

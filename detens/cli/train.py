@@ -11,7 +11,10 @@ member, with a warning that names them, also where ``--images-from`` lists them.
 each image once (a repeated id is an error, as it would weigh that image twice). ``--also-fit-on`` adds a
 second dataset's images (same categories, the same models in any file order) to the training images; for the
 same reason it may not hold a training image of ``--gt`` (an image is identified by its file name without
-folders). Every key of the YAML config can be overridden with ``--set key=value`` (repeatable); ``--epochs``,
+folders). By default the images with annotations are trained on; ``--all-images`` trains on every image of
+``--gt`` and of ``--also-fit-on``'s file, those without annotations as negative images (their detections
+are false positives), as ``detens evaluate --all-images`` fits (it and ``--images-from`` exclude each other).
+Every key of the YAML config can be overridden with ``--set key=value`` (repeatable); ``--epochs``,
 ``--lr``, ``--seed`` are shortcuts (an error for a head type without that option, ``calibration``). Writes:
 
 - ``--out``: the head (``.json`` or ``.safetensors``; no pickle), loadable by ``detens fuse --head``;
@@ -84,14 +87,19 @@ def read_image_ids(path: Path) -> list[int]:
     return ids
 
 
-def check_no_image_twice(predictions: EnsemblePredictions, image_ids: list[int], extra: EnsemblePredictions) -> None:
+def check_no_image_twice(
+    predictions: EnsemblePredictions, image_ids: list[int], extra: EnsemblePredictions, all_images: bool = False
+) -> None:
     """Raise ``ValueError`` if ``--also-fit-on``'s data holds a training image of ``--gt`` (the same base file
     name: :func:`~detens.predictions.shared_images`): joined, that image would weigh twice in the fit, which
-    ``--images-from`` refuses for a repeated id."""
-    shared = shared_images(predictions, extra, first_ids=image_ids)
+    ``--images-from`` refuses for a repeated id. ``extra``'s annotated images are compared, every one with
+    ``all_images`` (all are trained on)."""
+    shared = shared_images(predictions, extra, first_ids=image_ids,
+                           second_ids=extra.gt.image_ids if all_images else None)
     if shared:
+        phrase = shares_images_phrase(shared, "the training images of --gt", annotated=not all_images)
         raise ValueError(
-            f"--also-fit-on's data {shares_images_phrase(shared, 'the training images of --gt')}; "
+            f"--also-fit-on's data {phrase}; "
             "each image must be trained on once, or it weighs twice in the fit: remove them from one of the two "
             "(or, if they are different images, give them different file names)"
         )
@@ -147,11 +155,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="file with the image ids to train on, one per line, each once (default: all with GT); images the "
         "cache could not read are left out",
     )
+    parser.add_argument(
+        "--all-images", action="store_true",
+        help="train on every image of --gt and of --also-fit-on's file, those without annotations as negative "
+        "images (their detections are false positives); default: the annotated images",
+    )
     parser.add_argument("--models", help="comma-separated model names (default: every file, sorted)")
     parser.add_argument(
         "--also-fit-on", nargs=2, metavar=("GT", "PREDICTIONS"),
-        help="annotations and prediction folder of more training images (all their annotated images); it may not "
-        "share a training image with --gt (same file name, folders aside)",
+        help="annotations and prediction folder of more training images (all their annotated images; every image "
+        "with --all-images); it may not share a training image with --gt (same file name, folders aside)",
     )
     parser.add_argument("--epochs", type=int, help="training epochs (overrides the config)")
     parser.add_argument("--lr", type=float, help="learning rate (overrides the config)")
@@ -178,18 +191,25 @@ def run(args: argparse.Namespace) -> int:
     overrides.update(flags)
     config = load_train_config(args.head, args.config, overrides)
 
+    if args.images_from and args.all_images:
+        raise UsageError("--images-from lists the images to train on and --all-images takes every image: give one")
     if args.images_from and not Path(args.images_from).is_file():
         raise UsageError(f"--images-from: no such file: {args.images_from} (one image id per line)")
     listed = read_image_ids(Path(args.images_from)) if args.images_from else None
     gt = load_coco_gt(args.gt)
     models = args.models.split(",") if args.models else None
     predictions = EnsemblePredictions.from_folder(args.predictions, gt, models=models)
-    image_ids = predictions.gt.annotated_image_ids if listed is None else listed
+    if listed is not None:
+        image_ids = listed
+    elif args.all_images:
+        image_ids = predictions.gt.image_ids
+    else:
+        image_ids = predictions.gt.annotated_image_ids
     if listed is None and len(image_ids) < len(predictions.gt.image_ids):
         # a dataset of one's own often holds images with none of its classes: say they are not fitted on
         logger.info(
-            "%d of the %d images of %s have no annotation and are not trained on (list them in --images-from "
-            "to fit on them as images without objects)",
+            "%d of the %d images of %s have no annotation and are not trained on (--all-images, or listing them "
+            "in --images-from, fits on them as images without objects)",
             len(predictions.gt.image_ids) - len(image_ids), len(predictions.gt.image_ids), args.gt,
         )
     unknown = sorted(set(image_ids) - set(gt.image_ids))
@@ -208,9 +228,9 @@ def run(args: argparse.Namespace) -> int:
     if args.also_fit_on:
         extra_gt, extra_folder = args.also_fit_on
         extra = EnsemblePredictions.from_folder(extra_folder, load_coco_gt(extra_gt), models=predictions.model_names)
-        check_no_image_twice(predictions, image_ids, extra)
+        check_no_image_twice(predictions, image_ids, extra, args.all_images)
         left_out_record["left_out_also_fit_on"] = [asdict(image) for image in extra.left_out]
-        predictions, extra_ids = join_predictions(predictions, extra)
+        predictions, extra_ids = join_predictions(predictions, extra, all_images=args.all_images)
         image_ids = list(image_ids) + extra_ids
 
     epoch_lines: list[str] = []

@@ -227,10 +227,11 @@ def isotonic_predict(knots_x: Tensor, knots_y: Tensor, x: Tensor, tie_break: flo
         tie_break (float): ε of ``(1 − ε) · f(x) + ε · x`` (strictly increasing when ε > 0).
 
     Returns:
-        Tensor[K] float64 on x's device.
+        Tensor[K] float64 on x's device, or on the CPU for a device without float64 (MPS).
     """
     _check_curve(torch.as_tensor(knots_x), torch.as_tensor(knots_y), "the curve")
-    s = torch.as_tensor(x).to(torch.float64)
+    x = torch.as_tensor(x)
+    s = x.to(device=compute_device(x.device), dtype=torch.float64)
     packed = _pack({_GLOBAL: (torch.as_tensor(knots_x).double(), torch.as_tensor(knots_y).double())})
     packed = packed.to(s.device)
     value = _interpolate(packed, torch.zeros(s.shape, dtype=torch.int64, device=s.device), s)

@@ -96,7 +96,9 @@ def analyze_record(record: EvaluationRecord, support_scores: tuple[float, ...] =
         dict: ``methods`` (table order, singles first), ``best_single``, ``best_fused``, ``curves``
         (``{method: coco_curves(...)}`` less the metrics), ``errors`` (``{method: error_breakdown(...)}``),
         ``class_deltas`` (best fused vs best single, AP@[.5:.95]), ``support`` (``{str(score): {fused
-        method: member_support(...)}}``, empty without members).
+        method: member_support(...)}}``, empty without members), ``scored_categories`` (the category ids
+        COCOeval averages over: those with ground truth that counts in the scored images; the others have
+        no AP, -1 in COCOeval, and are left out of every mean).
 
     The curves come from the table's evaluator (``meta["backend"]``) or, for a table scored by hotcoco, from
     pycocotools (:func:`curves_backend`); the table is then checked to :data:`OTHER_EVALUATOR_TOLERANCE`
@@ -118,6 +120,9 @@ def analyze_record(record: EvaluationRecord, support_scores: tuple[float, ...] =
         check_same_run(method, record.metrics[method], result.pop("metrics"), tolerance)
         curves[method] = result
         errors[method] = error_breakdown(truth, record.results[method], image_ids)
+    # the same ground truth under every method: any one's per-class AP says which classes have one
+    class_ap = next(iter(curves.values()))["class_ap"] if curves else {}
+    scored_categories = sorted(c for c, ap in class_ap.items() if ap is not None)
     best_single, best_fused = best_methods(record.metrics)
     deltas = None
     if best_single and best_fused:
@@ -138,4 +143,5 @@ def analyze_record(record: EvaluationRecord, support_scores: tuple[float, ...] =
         "errors": errors,
         "class_deltas": deltas,
         "support": support,
+        "scored_categories": scored_categories,
     }

@@ -30,7 +30,7 @@ from typing import Any
 from detens.coco import CocoGroundTruth
 from detens.error_breakdown import ERROR_TYPES, SPECIAL_ERRORS
 from detens.io import atomic_write_json, atomic_write_text
-from detens.report.analysis import analyze_record
+from detens.report.analysis import analyze_record, best_methods
 from detens.report.examples import write_examples
 from detens.report.plots import (
     plot_class_deltas,
@@ -117,13 +117,16 @@ def write_report(
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"out_dir must be a folder, but {out_dir} is a file")
-    analysis = analyze_record(record, support_scores=(0.0, conf))
     # the outermost folder this call creates: a failed page takes it away again
     created = next((f for f in reversed((out_dir, *out_dir.parents)) if not f.exists()), None)
     out_dir.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=".page-", dir=out_dir))
     try:
-        _draw(record, analysis, stage, images_dir, examples, conf, command)
+        # the side-by-sides first: they need only the table's best rows, and an image missing from the
+        # folder ends the page in seconds rather than after the analysis of every method
+        shown, examples_note = _examples(record, images_dir, stage, examples, conf)
+        analysis = analyze_record(record, support_scores=(0.0, conf))
+        _draw(record, analysis, stage, shown, examples_note, conf, command)
         _move_into_place(stage, out_dir)
     except BaseException:
         if created is not None:
@@ -135,15 +138,13 @@ def write_report(
 
 
 def _draw(
-    record: EvaluationRecord, analysis: dict[str, Any], out_dir: Path, images_dir: str | Path | None, examples: int,
-    conf: float, command: str | None,
+    record: EvaluationRecord, analysis: dict[str, Any], out_dir: Path, shown: dict[str, list[dict[str, Any]]],
+    examples_note: str, conf: float, command: str | None,
 ) -> None:
-    """Every file of the page into ``out_dir``, an empty folder."""
+    """Every file of the page but the side-by-sides (:func:`_examples` drew them) into ``out_dir``."""
     methods = analysis["methods"]
     meta = record.meta
     protocol = meta.get("protocol", "")
-    # first, so that a missing image ends the page before any figure is drawn
-    shown, examples_note = _examples(record, analysis, images_dir, out_dir, examples, conf)
 
     figures = {key: _FIGURES[key] for key in ("map", "pr", "errors", "reliability")}  # the ones every page has
     plot_report({m: record.metrics[m] for m in methods}, out_dir / figures["map"], title=f"COCO mAP, {protocol}")
@@ -228,11 +229,11 @@ def _move_into_place(stage: Path, out_dir: Path) -> None:
 
 
 def _examples(
-    record: EvaluationRecord, analysis: dict[str, Any], images_dir: str | Path | None, out_dir: Path, count: int,
-    conf: float,
+    record: EvaluationRecord, images_dir: str | Path | None, out_dir: Path, count: int, conf: float,
 ) -> tuple[dict[str, list[dict[str, Any]]], str]:
-    """The side-by-sides, or none and the reason."""
-    single, fused = analysis["best_single"], analysis["best_fused"]
+    """The side-by-sides, or none and the reason. The best single model and the best fused method are the
+    table's (:func:`~detens.report.analysis.best_methods`), as the analysis finds them."""
+    single, fused = best_methods(record.metrics)
     folder = images_dir if images_dir is not None else record.meta.get("images")
     if count == 0:
         return {}, "No side-by-sides were asked for."
@@ -308,6 +309,26 @@ def _figure(src: str, caption: str, narrow: bool = False) -> str:
     return f'<figure{kind}><img src="{_e(src)}" alt="{_e(caption)}"><figcaption>{_e(caption)}</figcaption></figure>'
 
 
+def _images_text(record: EvaluationRecord) -> str:
+    """How many images were scored, and how many of them have no annotations (scored with --all-images:
+    their detections are false positives)."""
+    scored = len(record.image_ids)
+    annotated = len({int(a["image_id"]) for a in record.gt["annotations"]})
+    if annotated == scored:
+        return f"{scored} images with ground truth scored"
+    return (f"{scored} images scored, {annotated} with ground truth and {scored - annotated} without "
+            "(their detections are false positives)")
+
+
+def _categories_text(scored: int, listed: int) -> str:
+    """The categories COCO's mAP averages over (those with ground truth in the scored images) against those
+    the label space lists: a category without ground truth has no AP and counts in no mean."""
+    if scored == listed:
+        return f"{listed} categories, all with ground truth"
+    return (f"{scored} categories with ground truth, over which the APs are averaged "
+            f"({listed} in the label space, {listed - scored} without ground truth here)")
+
+
 def _left_out_text(images: Any, fate: str) -> str | None:
     """What a record says of the images the cache could not read (``meta.left_out``, ``meta.fit_on.left_out``),
     the first 10 named; None when it lists none."""
@@ -334,9 +355,9 @@ def _page(
     fit_on = meta.get("fit_on")
     folds = meta.get("folds") or []
     facts = [
-        ("dataset", f"{meta.get('gt', '?')}: {len(record.image_ids)} images with ground truth scored, "
+        ("dataset", f"{meta.get('gt', '?')}: {_images_text(record)}, "
                     f"{sum(1 for a in record.gt['annotations'] if not a.get('iscrowd', 0))} boxes, "
-                    f"{len(record.gt['categories'])} categories"),
+                    f"{_categories_text(len(analysis['scored_categories']), len(record.gt['categories']))}"),
         ("predictions", f"{meta.get('predictions', '?')} (members: {', '.join(meta.get('models', []))})"),
     ]
     left_out = _left_out_text(meta.get("left_out"), "neither scored nor fitted on")
