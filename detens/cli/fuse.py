@@ -84,6 +84,7 @@ from detens.adapters import (
     label_space_name,
     member_weights,
 )
+from detens.checks import first_few
 from detens.cli import add_weights_dir_argument
 from detens.cli._engine import add_engine_arguments, ray_options
 from detens.cli._inputs import (
@@ -526,7 +527,7 @@ def image_ids(names: list[str], dataset: str | None, fixed: dict[str, int] | Non
     if dataset is not None and new:
         # One line for all: fusing new images under a dataset's label space is the usual deployment, and
         # a line per image buried a folder's run in warnings.
-        shown = ", ".join(new[:5]) + (f", ... ({len(new)} in all)" if len(new) > 5 else "")
+        shown = first_few(new, 5)
         ids_given = f"the new image id {ids[new[0]]}" if len(new) == 1 else f"new image ids {ids[new[0]]}-{ids[new[-1]]}"
         logger.warning("%d image%s not in %s get%s %s: %s", len(new), "s" if len(new) > 1 else "", dataset,
                        "" if len(new) > 1 else "s", ids_given, shown)

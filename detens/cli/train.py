@@ -41,6 +41,7 @@ import torch
 import yaml
 from tqdm import tqdm
 
+from detens.checks import first_few
 from detens.cli import UsageError, add_threads_argument, run_command
 from detens.coco import load_coco_gt
 from detens.config import parse_yaml, save_yaml_config
@@ -76,12 +77,11 @@ def read_image_ids(path: Path) -> list[int]:
         raise ValueError(f"{path} lists no image ids")
     repeated = {i: numbers for i, numbers in lines.items() if len(numbers) > 1}
     if repeated:
-        shown = ", ".join(
-            f"{i} (lines {', '.join(map(str, numbers))})" for i, numbers in sorted(repeated.items())[:10]
+        shown = first_few(
+            [f"{i} (lines {', '.join(map(str, numbers))})" for i, numbers in sorted(repeated.items())], noun="ids"
         )
-        more = f" ... ({len(repeated)} ids in all)" if len(repeated) > 10 else ""
         raise ValueError(
-            f"{path} lists image ids more than once: {shown}{more}; list each image once (a repeated image "
+            f"{path} lists image ids more than once: {shown}; list each image once (a repeated image "
             "would weigh twice in the fit)"
         )
     return ids
