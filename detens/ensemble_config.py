@@ -31,6 +31,7 @@ __all__ = [
     "with_absolute_paths",
     "check_member_name",
     "NOT_READ_BY_TYPE",
+    "HEAD_PARAMS",
 ]
 
 # keys each adapter type uses besides the common ones
@@ -338,7 +339,7 @@ def load_ensemble_config(
 
 
 #: ``fusion.params`` that the fusers take as head files: ``detens.fuse``'s ``calibration`` and theta's ``head``.
-_HEAD_PARAMS = ("calibration", "head")
+HEAD_PARAMS = ("calibration", "head")
 
 
 def _paths_beside(data: dict[str, Any], source: Path) -> None:
@@ -351,7 +352,7 @@ def _paths_beside(data: dict[str, Any], source: Path) -> None:
             fusion["head"] = _head_beside(fusion["head"], folder)
         params = fusion.get("params")
         if isinstance(params, dict):
-            for key in _HEAD_PARAMS:
+            for key in HEAD_PARAMS:
                 if key in params:
                     params[key] = _head_param_beside(params[key], folder)
     for key in ("dataset", "weights_dir"):
@@ -481,7 +482,7 @@ def with_absolute_paths(config: EnsembleConfig | ModelConfig) -> EnsembleConfig 
         return replace(
             config, weights=_absolute(config.weights), results=_absolute(config.results), images=_absolute(config.images)
         )
-    params = {k: _absolute(v) if k in _HEAD_PARAMS else v for k, v in config.fusion.params.items()}
+    params = {k: _absolute(v) if k in HEAD_PARAMS else v for k, v in config.fusion.params.items()}
     return replace(
         config,
         weights_dir=_absolute(config.weights_dir),

@@ -507,6 +507,15 @@ def test_a_yaml_calibration_beside_it_fuses_from_another_working_directory(tmp_p
     fused = json.loads((run / "o" / "predictions.json").read_text())
     assert [round(r["score"], 3) for r in fused] == [0.45]  # the calibration ran
 
+    # rewritten in place, the calibration no longer made the results: the run is not resumed over them
+    capsys.readouterr()
+    quarter = (torch.tensor([0.0, 1.0], dtype=torch.float64), torch.tensor([0.0, 0.25], dtype=torch.float64))
+    CalibrationHead(["saved", "twin"], {"saved": quarter, "twin": quarter}).save(cfg / "cal.json")
+    code = fuse_tool.main(["--config", str(cfg / "e.yaml"), "--source", str(source), "--out", "o", "--quiet",
+                           "--no-vis"])
+    assert code == 2 and "cal.json changed since the earlier run" in capsys.readouterr().err
+    assert json.loads((run / "o" / "predictions.json").read_text()) == fused
+
 
 def test_shipped_head_names_are_the_heads():
     from detens.packaged import packaged_names

@@ -12,7 +12,7 @@ from typing import Any
 
 from detens.adapters.onnx_external_data import external_data_files
 from detens.adapters.weights import ResolvedWeights, resolve_model_weights
-from detens.ensemble_config import EnsembleConfig, ModelConfig
+from detens.ensemble_config import HEAD_PARAMS, EnsembleConfig, ModelConfig
 
 
 def _sha256_of_file(path: str | Path) -> str:
@@ -93,7 +93,7 @@ def saved_prediction_files(model: ModelConfig, dataset: str | None = None) -> li
 
 def input_fingerprints(config: EnsembleConfig) -> dict[str, str]:
     """``{file: sha256}`` of the files whose content decides the results beside the config itself: the
-    head, the saved predictions of ``precomputed`` members and their image maps
+    head and the head files among the fusion's parameters (a ``calibration``), the saved predictions of ``precomputed`` members and their image maps
     (:func:`saved_prediction_files`) and the members' weights on disk, keyed as the config names them
     (each is often rewritten in place: a re-exported model saved over the old one).
 
@@ -103,7 +103,8 @@ def input_fingerprints(config: EnsembleConfig) -> dict[str, str]:
     saved = [
         name for m in config.models if m.type == "precomputed" for name in saved_prediction_files(m, config.dataset)
     ]
-    fingerprints = file_digests([config.fusion.head, *saved])
+    heads = [config.fusion.head, *(v for k, v in config.fusion.params.items() if k in HEAD_PARAMS and isinstance(v, str))]
+    fingerprints = file_digests([*heads, *saved])
     digests: dict[str, str] = {}
     for model in config.models:
         fingerprints.update(weights_inputs(model, resolve_model_weights(model, config.weights_dir), digests))
