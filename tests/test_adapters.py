@@ -488,6 +488,35 @@ def test_torchvision_rejects(make, kwargs, error, fragment):
         TorchvisionDetector(make(), **kwargs)
 
 
+@pytest.mark.parametrize("device, fragment", [
+    ("cuda", "yolov8n: device is 'cuda' but no CUDA device is available on this machine"),
+    ("cuda:1", "yolov8n: device is 'cuda:1' but no CUDA device is available"),
+    ("0", "yolov8n: device '0', a CUDA index, is 'cuda:0' but no CUDA device is available"),
+    ("0,1", "yolov8n: device '0,1', a CUDA index, is 'cuda:0' but no CUDA device is available"),
+    ("gpu", "yolov8n: device must be a torch device: cpu, cuda or cuda:<index>, got 'gpu'"),
+])
+def test_ultralytics_device_this_machine_lacks_is_refused_before_loading(monkeypatch, device, fragment):
+    """Ultralytics itself would say so only at the first prediction, as a failure to load the weights."""
+    from detens.adapters import ultralytics as adapter
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(adapter, "load_yolo", lambda resolved: pytest.fail("loaded before the device was checked"))
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        adapter.UltralyticsDetector("yolov8n_int8_tflite/yolov8n_int8.tflite", name="yolov8n", device=device)
+
+
+@pytest.mark.parametrize("built", [False, True], ids=["builder name", "built model"])
+def test_torchvision_device_this_machine_lacks_is_refused_before_building(monkeypatch, built):
+    from detens.adapters import torchvision as adapter
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(adapter.TorchvisionDetector, "_build", lambda *a, **k: pytest.fail("built first"))
+    arch = "ssdlite320_mobilenet_v3_large"
+    model = _reference_model(arch, 0.001, 10) if built else arch
+    with pytest.raises(ValueError, match=r"ssd: device is 'cuda' but no CUDA device is available on this machine"):
+        adapter.TorchvisionDetector(model, weights=None, name="ssd", device="cuda")
+
+
 @pytest.fixture(scope="module")
 def state():
     """The state dict of an untrained SSDlite."""

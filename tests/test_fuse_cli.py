@@ -1053,3 +1053,16 @@ def test_images_new_to_the_dataset_are_reported_in_one_warning(workspace, tmp_pa
     warnings = [line for line in capsys.readouterr().err.splitlines() if "not in" in line]
     assert warnings == [f"WARNING detens.fuse: 7 images not in {tmp_path / 'gt.json'} get new image ids 2-8: new0.jpg, new1.jpg, "
                         "new2.jpg, new3.jpg, new4.jpg, ... (7 in all)"]
+
+
+def test_a_device_this_machine_lacks_is_one_error_line_before_any_model_loads(workspace, tmp_path, monkeypatch,
+                                                                              capsys):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    source, out = one_image_source(workspace, tmp_path / "src"), tmp_path / "o"
+    assert fuse_into(workspace, source, out, "--device", "cuda") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: ") and "device is 'cuda' but no CUDA device is available on this machine" in err[-1]
+    assert "could not load" not in err[-1] and "Traceback" not in "\n".join(err)
+    assert not out.exists()

@@ -32,7 +32,7 @@ import torch
 from detens.adapters._base import BaseDetector, check_detection_options, type_name
 from detens.adapters._labels import apply_label_lookup, build_label_lookup
 from detens.adapters.weights import resolve_weights, upstream_failure
-from detens.checks import first_few
+from detens.checks import check_device, first_few
 from detens.detections import Detections
 
 __all__ = [
@@ -287,7 +287,9 @@ class TorchvisionDetector(BaseDetector):
             super().__init__(name or arch, batch, categories)
             self.arch = arch
             self.device = torch.device(
-                device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")
+                check_device(device, f"{self.name}: device")
+                if device is not None
+                else ("cuda" if torch.cuda.is_available() else "cpu")
             )
             model = self._build(weights, num_classes, weights_dir, builder_kwargs)
             from torchvision.models import get_model_weights
@@ -299,7 +301,9 @@ class TorchvisionDetector(BaseDetector):
             super().__init__(name or self.arch, batch, categories)
             parameter = next(model.parameters(), None)
             self.device = torch.device(
-                device if device is not None else (parameter.device if parameter is not None else "cpu")
+                check_device(device, f"{self.name}: device")
+                if device is not None
+                else (parameter.device if parameter is not None else "cpu")
             )
             if num_classes is None:
                 num_classes = _module_num_classes(model)

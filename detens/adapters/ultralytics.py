@@ -29,6 +29,7 @@ import torch
 from detens.adapters._base import BaseDetector, check_detection_options, type_name
 from detens.adapters._labels import apply_label_lookup, build_label_lookup
 from detens.adapters.weights import ResolvedWeights, resolve_weights, upstream_failure
+from detens.checks import check_device
 from detens.detections import Detections
 
 __all__ = ["UltralyticsDetector", "load_yolo", "is_ultralytics_model"]
@@ -88,6 +89,21 @@ def _loaded_model(model: Any) -> tuple[Any, ResolvedWeights]:
         )
     source = str(model.ckpt_path or model.model_name or "ultralytics")
     return model, ResolvedWeights(source, local=Path(source).exists())
+
+
+def check_ultralytics_device(device: str, name: str = "device") -> None:
+    """Refuse, before a model is loaded, a ``device`` this machine lacks: a torch device string (``cpu``,
+    ``cuda:1``) or Ultralytics' own CUDA indices (``"0"``, ``"0,1"``), which are passed on as written.
+
+    Raises:
+        ValueError: no such device here (Ultralytics would say so only at the first prediction).
+    """
+    indices = str(device).split(",")
+    if all(index.strip().isdigit() for index in indices):
+        for index in indices:
+            check_device(f"cuda:{int(index)}", f"{name} {device!r}, a CUDA index,")
+    else:
+        check_device(device, name)
 
 
 def load_yolo(resolved: ResolvedWeights) -> Any:
@@ -167,6 +183,8 @@ class UltralyticsDetector(BaseDetector):
         else:
             model, self.resolved = _loaded_model(weights)
         super().__init__(name or _display_name(self.resolved.value), batch, categories)
+        if device is not None:
+            check_ultralytics_device(device, f"{self.name}: device")
         self.model = model if model is not None else load_yolo(self.resolved)
         if self.resolved.value.endswith((".yaml", ".yml")):
             logger.warning("%s: built from %s, the model is UNTRAINED", self.name, self.resolved.value)
