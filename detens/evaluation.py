@@ -354,7 +354,7 @@ class PretrainedHead(EvalMethod):
     def check_data(self, data: EvaluationData) -> None:
         from detens.heads import check_head_label_space
 
-        check_head_label_space(self.head, data.gt.category_ids, f"head {self.path!r}", "the ground truth")
+        check_head_label_space(self.head, data.gt.category_names, f"head {self.path!r}", "the ground truth")
 
     def predict(self, data: EvaluationData, image_id: int) -> Detections:
         # each Detections names its model (the file name), so the head takes them in its own order

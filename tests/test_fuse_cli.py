@@ -1018,6 +1018,44 @@ def test_a_head_with_classes_of_another_label_space_is_refused_before_any_result
                            "--out", str(tmp_path / "o3"), "--head", str(tmp_path / "coco.json")]) == 0
 
 
+def test_a_head_whose_ids_name_other_classes_is_refused_by_name(workspace, tmp_path, capsys):
+    from detens.heads.theta import ThetaHead
+
+    source = one_image_source(workspace, tmp_path / "src", "a.jpg")
+    # no dataset: COCO, where 1, 5 and 9 exist too (person, airplane, boat), so the ids alone pass
+    config = saved_config(tmp_path, [saved_result(1, 1), saved_result(1, 5)], {"a.jpg": 1})
+    args = ["--config", str(config), "--source", str(source), "--quiet", "--no-vis"]
+    custom = ThetaHead(["saved", "twin"], per_class=True, class_ids=[1, 5, 9])
+    custom.label_space = {1: "cat", 5: "dog", 9: "bird"}
+    custom.save(tmp_path / "custom.safetensors")
+    assert fuse_tool.main([*args, "--out", str(tmp_path / "o"), "--head", str(tmp_path / "custom.safetensors")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "Traceback" not in err
+    assert (f"head '{tmp_path / 'custom.safetensors'}' was trained on a label space whose category ids name other "
+            "classes than in COCO (the config names no dataset): 1 is 'cat' in the head but 'person' there, 5 is "
+            "'dog' in the head but 'airplane' there, 9 is 'bird' in the head but 'boat' there; its per-class "
+            "parameters would fuse the wrong classes") in err
+    assert not (tmp_path / "o").exists()
+    # COCO's own names, spelled otherwise (case, spacing, a VOC alias), are COCO's classes
+    coco = ThetaHead(["saved", "twin"], per_class=True, class_ids=[1, 4, 5])
+    coco.label_space = {1: "PERSON", 4: "motorbike", 5: " Aeroplane "}
+    coco.save(tmp_path / "coco.json")
+    assert fuse_tool.main([*args, "--out", str(tmp_path / "o"), "--head", str(tmp_path / "coco.json")]) == 0
+    # a class-agnostic head has nothing of its own per class: any label space, whatever it records
+    agnostic = ThetaHead(["saved", "twin"])
+    agnostic.label_space = {1: "cat", 5: "dog", 9: "bird"}
+    agnostic.save(tmp_path / "agnostic.json")
+    assert fuse_tool.main([*args, "--out", str(tmp_path / "o2"), "--head", str(tmp_path / "agnostic.json")]) == 0
+    # a dataset's categories are the names compared; one it leaves unnamed is not compared
+    dataset = tmp_path / "gt.json"
+    dataset.write_text(json.dumps({"images": [{"id": 1, "file_name": "a.jpg", "height": 1080, "width": 810}],
+                                   "annotations": [], "categories": [{"id": 1, "name": "cat"}, {"id": 5},
+                                                                     {"id": 9, "name": "Bird"}]}))
+    config = saved_config(tmp_path, [saved_result(1, 1), saved_result(1, 5)], {"a.jpg": 1}, dataset)
+    assert fuse_tool.main(["--config", str(config), "--source", str(source), "--quiet", "--no-vis",
+                           "--out", str(tmp_path / "o3"), "--head", str(tmp_path / "custom.safetensors")]) == 0
+
+
 def torch_tensor(values):
     import torch
 

@@ -368,3 +368,66 @@ def test_bagged_member_class_ids_out_of_order_are_refused(tmp_path):
     document["config"]["members"][1]["class_ids"] = [3, 1]
     with pytest.raises(HeadFileError, match=r"member 1: config class_ids \[3, 1\] must be in increasing order"):
         load_head(write(tmp_path, document))
+
+
+# ---------------------------------------------------------------------------------------- label space
+LABEL_SPACE = {9: "bird", 1: "Cat", 5: "dog  (mixed) é"}  # kept as given, ids sorted
+
+
+@pytest.mark.parametrize("suffix", [".json", ".safetensors"])
+@pytest.mark.parametrize("head", [*HEADS, "bagged"])
+def test_label_space_round_trips_in_both_formats(tmp_path, head, suffix):
+    made = BaggedHead([DeepEnsembleHead(NAMES, hidden=4, depth=1) for _ in range(2)]) if head == "bagged" else HEADS[head]()
+    assert made.label_space is None
+    made.save(tmp_path / f"plain{suffix}")
+    assert load_head(tmp_path / f"plain{suffix}").label_space is None
+    made.label_space = dict(LABEL_SPACE)
+    made.save(tmp_path / f"head{suffix}")
+    loaded = load_head(tmp_path / f"head{suffix}")
+    assert loaded.label_space == LABEL_SPACE and list(loaded.label_space) == [1, 5, 9]
+    assert type(loaded).load(tmp_path / f"head{suffix}").label_space == LABEL_SPACE
+    loaded.save(tmp_path / f"again{suffix}")
+    assert load_head(tmp_path / f"again{suffix}").label_space == LABEL_SPACE
+
+
+def test_label_space_is_a_list_of_categories_and_a_file_without_it_loads(tmp_path):
+    head = ThetaHead(NAMES, per_class=True, class_ids=[1, 5])
+    head.label_space = {5: "dog", 1: "cat"}
+    document = saved(tmp_path, head)
+    assert document["label_space"] == [{"id": 1, "name": "cat"}, {"id": 5, "name": "dog"}]
+    del document["label_space"]  # as files written before heads recorded one
+    assert load_head(write(tmp_path, document, "old.json")).label_space is None
+
+
+@pytest.mark.parametrize("value, message", [
+    ([{"id": 1, "name": "cat"}, {"id": 1, "name": "dog"}], "gives category id 1 twice"),
+    ([{"id": 1, "name": ""}], "name of category id 1 must be a non-empty string"),
+    ([{"id": 1, "name": 7}], "name of category id 1 must be a non-empty string"),
+    ([{"id": -1, "name": "cat"}], "label_space category id"),
+    ([{"id": True, "name": "cat"}], "label_space category id"),
+    ([{"id": 1}], r"label_space\[0\] must be an object with keys id and name"),
+    ({"1": "cat"}, "label_space category id"),
+    ("cat", "label_space must map category ids to names"),
+])
+@pytest.mark.parametrize("suffix", [".json", ".safetensors"])
+def test_bad_label_space_is_a_head_file_error(tmp_path, value, message, suffix):
+    if suffix == ".json":
+        path = write(tmp_path, set_path(saved(tmp_path, ThetaHead(NAMES)), ("label_space",), value))
+    else:
+        from safetensors.torch import save_file
+
+        ThetaHead(NAMES).save(tmp_path / "good.safetensors")
+        with safetensors_open(tmp_path / "good.safetensors") as (metadata, tensors):
+            pass
+        path = tmp_path / "bad.safetensors"
+        save_file(tensors, str(path), metadata={**metadata, "label_space": json.dumps(value)})
+    with pytest.raises(HeadFileError, match=rf"is not a valid detens head file: .*{message}"):
+        load_head(path)
+
+
+@contextlib.contextmanager
+def safetensors_open(path: Path):
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        yield dict(f.metadata()), {name: f.get_tensor(name) for name in f.keys()}

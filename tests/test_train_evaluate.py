@@ -484,6 +484,38 @@ class TestCrossValidation:
         report = cross_validate(ensemble, [f"head:{tmp_path / 'own.json'}"], k=2, backend="faster")
         assert report[f"head:{tmp_path / 'own.json'}"].metrics["map"] > 0
 
+    def test_a_pretrained_head_whose_ids_name_other_classes_is_refused(self, ensemble, tmp_path):
+        if "recording" not in METHODS:
+            METHODS.register("recording")(RecordingMethod)
+        RecordingMethod.log.clear()
+        names = ensemble.gt.category_names
+        ids = ensemble.gt.category_ids[:3]
+        # a custom dataset numbered 1, 5, 9 like COCO: every id exists here, each names another class
+        head = ThetaHead(ensemble.model_names, per_class=True, class_ids=ids)
+        head.label_space = dict(zip(ids, ["cat", "dog", "bird"], strict=True))
+        head.save(tmp_path / "custom.json")
+        shown = ", ".join(f"{c} is {n!r} in the head but {names[c]!r} there"
+                          for c, n in zip(ids, ["cat", "dog", "bird"], strict=True))
+        with pytest.raises(ValueError, match=rf"^head '.*custom\.json' was trained on a label space whose category "
+                                             rf"ids name other classes than in the ground truth: {re.escape(shown)}; "
+                                             r"its per-class parameters would fuse the wrong classes"):
+            cross_validate(ensemble, ["recording", f"head:{tmp_path / 'custom.json'}"], k=2, backend="faster")
+        assert RecordingMethod.log == []
+        # the ground truth's names in other spellings are its classes
+        head.label_space = {c: f" {names[c].upper().replace(' ', '_')}" for c in ids}
+        head.save(tmp_path / "spelled.json")
+        report = cross_validate(ensemble, [f"head:{tmp_path / 'spelled.json'}"], k=2, backend="faster")
+        assert report[f"head:{tmp_path / 'spelled.json'}"].metrics["map"] > 0
+
+    def test_fit_head_records_the_ground_truths_label_space(self, ensemble, tmp_path):
+        config = ThetaTrainConfig(epochs=1, per_class=True, match_iou_grid=[])
+        head, _, _ = fit_head("theta", ensemble, ensemble.gt.annotated_image_ids, config)
+        assert head.label_space == ensemble.gt.category_names
+        head.save(tmp_path / "head.safetensors")
+        assert load_head(tmp_path / "head.safetensors").label_space == ensemble.gt.category_names
+        method = build_method(f"head:{tmp_path / 'head.safetensors'}", ensemble.model_names)
+        method.check_data(EvaluationData(ensemble))
+
     def test_unknown_method(self, ensemble):
         with pytest.raises(ValueError, match="unknown evaluation method 'wbf_tunned'.*Did you mean 'wbf_tuned'"):
             cross_validate(ensemble, ["wbf_tunned"])

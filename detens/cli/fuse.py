@@ -243,21 +243,22 @@ def check_heads_label_space(
     config: EnsembleConfig, params: dict[str, Any], categories: dict[int, str] | None
 ) -> None:
     """Refuse a head (or ``calibration``) with per-class parameters for a category id the run's label space
-    lacks: it was trained on another label space, whose ids mean other classes (a COCO head's 5, airplane,
-    would fuse a dataset's 5, vehicle, with airplane's weights), and nothing else tells the two apart.
+    lacks or names otherwise than the label space the head records: it was trained on another label space,
+    whose ids mean other classes (a COCO head's 5, airplane, would fuse a dataset's 5, vehicle, with
+    airplane's weights). See :func:`detens.heads.check_head_label_space`.
 
     Raises:
-        ValueError: naming the head, the foreign ids and the label space.
+        ValueError: naming the head, the offending ids and the label space.
     """
     from detens.heads import check_head_label_space, load_head
 
-    ids = set(categories) if categories is not None else set(COCO_CATEGORY_IDS)
+    names = categories if categories is not None else COCO_ID_TO_NAME
     for key, where in (("head", config.fusion.head), ("calibration", params.get("calibration"))):
         head = params.get(key)
         if isinstance(head, (str, Path)):
             head = load_head(head)
         if head is not None:
-            check_head_label_space(head, ids, f"{key} {str(where)!r}", label_space_name(config))
+            check_head_label_space(head, names, f"{key} {str(where)!r}", label_space_name(config))
 
 
 def method_label(config: EnsembleConfig, params: dict[str, Any]) -> str:

@@ -26,7 +26,7 @@ calibration=head)`` does the same with any fuser). The calibrated head also fuse
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -106,17 +106,51 @@ def head_class_ids(head: Any) -> list[int]:
     return sorted(ids)
 
 
-def check_head_label_space(head: Any, category_ids: Iterable[int], what: str, label_space: str) -> None:
-    """Refuse ``head`` when it holds per-class parameters (:func:`head_class_ids`) for an id outside
-    ``category_ids``: it was trained on another label space, whose ids mean other classes.
+def check_head_label_space(
+    head: Any, categories: Mapping[int, str] | Iterable[int], what: str, label_space: str
+) -> None:
+    """Refuse ``head`` in the label space ``categories`` when its per-class parameters
+    (:func:`head_class_ids`) would fuse other classes than the ones they were trained for:
+
+    - an id of them outside ``categories``: the head was trained on another label space;
+    - an id of them that the head's recorded label space (``head.label_space``, which
+      :func:`fit_head` records from the ground truth and the head file keeps) names otherwise than
+      ``categories`` (a ``{id: name}`` mapping) does: the same ids mean other classes (a custom dataset's
+      1, 5, 9 = cat, dog, bird used on COCO, where they are person, airplane, boat). Names are compared as
+      the class maps compare them (case, ``_``/``-`` and spacing ignored, known aliases such as
+      motorbike/motorcycle taken as one name); an id either side leaves unnamed is not compared.
+
+    Nothing is compared by name when ``categories`` gives ids only, or the head records no label space
+    (a file written before heads recorded one): its ids alone are checked, as before. A head without
+    per-class parameters treats every class alike, so it is accepted in any label space, whatever it
+    records: nothing of it belongs to a class.
 
     Raises:
-        ValueError: naming the head (``what``), the foreign ids and the label space.
+        ValueError: naming the head (``what``), a few offending ids (with both names) and the label space.
     """
-    from detens.adapters._labels import id_ranges
+    from detens.adapters._labels import id_ranges, normalize_class_name
+    from detens.heads._io import head_label_space, named_categories
 
-    ids = set(category_ids)
-    foreign = [c for c in head_class_ids(head) if c not in ids]
+    own = head_class_ids(head)
+    if not own:
+        return
+    recorded = head_label_space(head)
+    if isinstance(categories, Mapping) and recorded is not None:
+        theirs, ours = named_categories(categories), named_categories(recorded)
+        renamed = [
+            (c, ours[c], theirs[c]) for c in own
+            if c in ours and c in theirs and normalize_class_name(ours[c]) != normalize_class_name(theirs[c])
+        ]
+        if renamed:
+            shown = ", ".join(f"{c} is {a!r} in the head but {b!r} there" for c, a, b in renamed[:5])
+            more = f" (and {len(renamed) - 5} more)" if len(renamed) > 5 else ""
+            raise ValueError(
+                f"{what} was trained on a label space whose category ids name other classes than in "
+                f"{label_space}: {shown}{more}; its per-class parameters would fuse the wrong classes: "
+                "train one on this dataset (detens cache, detens train)"
+            )
+    ids = set(categories)
+    foreign = [c for c in own if c not in ids]
     if foreign:
         raise ValueError(
             f"{what} has per-class parameters for category ids {id_ranges(foreign)}, which are not among the "

@@ -59,6 +59,7 @@ from detens.checks import (
     check_reals,
     check_seed,
 )
+from detens.heads._io import named_categories
 from detens.matching import Clusters, match
 from detens.predictions import EnsemblePredictions
 from detens.targets import Targets, assign_targets
@@ -944,7 +945,10 @@ def fit_head(
         on_epoch (callable | None): called with (epoch, mean loss) after every epoch.
 
     Returns:
-        (head, TrainHistory, config): the head, its history, the config it was trained with.
+        (head, TrainHistory, config): the head, its history, the config it was trained with. The head's
+        ``label_space`` is the ground truth's named categories ``{id: name}``, saved with it, so that a
+        head used in another label space whose ids name other classes is refused
+        (:func:`detens.heads.check_head_label_space`).
 
     Raises:
         ValueError: no image id, an image id given more than once (it would weigh twice in the fit), or one
@@ -958,7 +962,11 @@ def fit_head(
     config = config if config is not None else trainer.default()
     if not isinstance(config, trainer.config_class):
         raise TypeError(f"a {kind} head trains with {trainer.config_class.__name__}, got {type(config).__name__}")
-    return trainer.fit(predictions, ids, config, progress, on_epoch)
+    head, history, config = trainer.fit(predictions, ids, config, progress, on_epoch)
+    categories = getattr(predictions.gt, "category_names", None)
+    if categories is not None:
+        head.label_space = named_categories(categories) or None
+    return head, history, config
 
 
 def choose_by_inner_cv(

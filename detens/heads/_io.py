@@ -8,11 +8,16 @@ A head file carries:
 - ``config``: the head's constructor options (JSON-serializable), every one of them: a loader refuses a
   config that lacks one (:func:`check_config_keys`) instead of filling in the constructor's default, which
   need not be what the head was trained with;
-- ``tensors``: named tensors (the learned parameters).
+- ``tensors``: named tensors (the learned parameters);
+- ``label_space`` (optional): the label space the head was trained in, ``[{"id": 1, "name": "person"},
+  ...]`` sorted by id, which :func:`detens.heads.check_head_label_space` compares by name with the label
+  space the head is used in. Files without it (written before it was recorded, or by a head trained
+  outside :func:`detens.heads.fit_head`) load as before; their ids alone are checked.
 
 In ``.json`` files each tensor is ``{"dtype": "float32", "shape": [...], "data": [flat values]}``
 (Python floats round-trip float32 and float64 exactly). In ``.safetensors`` files the tensors are stored
-natively and the other fields go into the string metadata (``model_names`` and ``config`` JSON-encoded).
+natively and the other fields go into the string metadata (``model_names``, ``config`` and
+``label_space`` JSON-encoded).
 """
 
 from __future__ import annotations
@@ -40,8 +45,11 @@ __all__ = [
     "FORMAT_VERSION",
     "SUFFIXES",
     "check_config_keys",
+    "check_label_space",
     "check_stored_class_ids",
     "find_head_file",
+    "head_label_space",
+    "named_categories",
     "read_head_file",
     "write_head_file",
 ]
@@ -57,7 +65,7 @@ _DTYPES: dict[str, torch.dtype] = {
 }
 _DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
 #: What a head file holds besides its tensors.
-_FIELDS = ("format", "format_version", "type", "model_names", "config")
+_FIELDS = ("format", "format_version", "type", "model_names", "config", "label_space")
 
 
 class HeadFileError(ValueError):
@@ -72,6 +80,7 @@ class HeadFile:
     model_names: list[str]
     config: dict[str, Any] = field(default_factory=dict)
     tensors: dict[str, Tensor] = field(default_factory=dict)
+    label_space: dict[int, str] | None = None
 
 
 def _suffix(path: Path) -> str:
@@ -121,16 +130,68 @@ def check_model_names(model_names: Any, what: str = "model_names") -> list[str]:
     return names
 
 
+def check_label_space(label_space: Any, what: str = "label_space") -> dict[int, str]:
+    """``{category id: name}`` sorted by id, from a mapping or a COCO-style ``[{"id", "name"}, ...]`` list;
+    each id a valid label (0 .. MAX_LABEL, once), each name a non-empty string, kept as given.
+
+    Raises:
+        TypeError, ValueError: naming ``what`` and the offending entry.
+    """
+    if isinstance(label_space, Mapping):
+        pairs = list(label_space.items())
+    elif isinstance(label_space, list):
+        pairs = []
+        for i, entry in enumerate(label_space):
+            if not isinstance(entry, Mapping) or set(entry) != {"id", "name"}:
+                raise TypeError(f"{what}[{i}] must be an object with keys id and name, got {entry!r}")
+            pairs.append((entry["id"], entry["name"]))
+    else:
+        raise TypeError(f"{what} must map category ids to names, got {type(label_space).__name__}")
+    out: dict[int, str] = {}
+    for key, name in pairs:
+        cat = check_integer(key, f"{what} category id", 0, MAX_LABEL)
+        if cat in out:
+            raise ValueError(f"{what} gives category id {cat} twice")
+        if not isinstance(name, str) or not name.strip():
+            raise TypeError(f"{what}: the name of category id {cat} must be a non-empty string, got {name!r}")
+        out[cat] = name
+    return dict(sorted(out.items()))
+
+
+def named_categories(categories: Mapping[int, str]) -> dict[int, str]:
+    """The categories of ``categories`` that have a name: a ground truth's ``category_names`` gives the id
+    itself (``"5"``) for a category without one, which names nothing to compare."""
+    return {
+        int(cat): name for cat, name in categories.items()
+        if isinstance(name, str) and name.strip() and name.strip() != str(cat)
+    }
+
+
+def head_label_space(head: Any) -> dict[int, str] | None:
+    """The label space ``head`` (or a head inside it) records, ``{category id: name}``; None when none does."""
+    modules = head.modules() if isinstance(head, torch.nn.Module) else (head,)
+    for module in modules:
+        label_space = getattr(module, "label_space", None)
+        if label_space is not None:
+            return label_space
+    return None
+
+
 def write_head_file(
     path: str | Path,
     head_type: str,
     model_names: list[str],
     config: dict[str, Any],
     tensors: dict[str, Tensor],
+    label_space: Mapping[int, str] | None = None,
 ) -> None:
-    """Write a head atomically as ``.json`` or ``.safetensors`` (chosen by the suffix)."""
+    """Write a head atomically as ``.json`` or ``.safetensors`` (chosen by the suffix); ``label_space``
+    (``{category id: name}``, None: not written) is the one the head was trained in."""
     path = Path(path)
     suffix = _suffix(path)
+    categories = None
+    if label_space is not None:
+        categories = [{"id": c, "name": n} for c, n in check_label_space(label_space).items()]
     cpu = {}
     for name, tensor in tensors.items():
         if tensor.dtype not in _DTYPE_NAMES:
@@ -147,6 +208,7 @@ def write_head_file(
             "type": head_type,
             "model_names": list(model_names),
             "config": config,
+            **({"label_space": categories} if categories is not None else {}),
             "tensors": {
                 name: {"dtype": _DTYPE_NAMES[t.dtype], "shape": list(t.shape), "data": t.reshape(-1).tolist()}
                 for name, t in cpu.items()
@@ -163,6 +225,8 @@ def write_head_file(
             "model_names": json.dumps(list(model_names)),
             "config": json.dumps(config, allow_nan=False),
         }
+        if categories is not None:
+            metadata["label_space"] = json.dumps(categories)
         atomic_write_bytes(path, save(cpu, metadata=metadata))
 
 
@@ -225,6 +289,7 @@ def read_head_file(path: str | Path) -> HeadFile:
             raise _bad(path, "missing the 'tensors' object")
         tensors = {name: _tensor_from_json(path, name, entry) for name, entry in raw_tensors.items()}
         model_names, config = fields.get("model_names"), fields.get("config")
+        label_space = fields.get("label_space")
     else:
         from safetensors import SafetensorError, safe_open
 
@@ -240,6 +305,7 @@ def read_head_file(path: str | Path) -> HeadFile:
         try:
             model_names = json.loads(fields.get("model_names", "null"))
             config = json.loads(fields.get("config", "null"))
+            label_space = json.loads(fields["label_space"]) if "label_space" in fields else None
         except (json.JSONDecodeError, RecursionError) as err:
             raise _bad(path, f"metadata is not valid JSON ({type(err).__name__}: {err})") from None
         if fields.get("format_version") == str(FORMAT_VERSION):
@@ -261,12 +327,17 @@ def read_head_file(path: str | Path) -> HeadFile:
         raise _bad(path, str(err)) from err
     if not isinstance(config, dict):
         raise _bad(path, f"'config' must be an object, got {type(config).__name__}")
+    if label_space is not None:
+        try:
+            label_space = check_label_space(label_space)
+        except (TypeError, ValueError) as err:
+            raise _bad(path, str(err)) from None
     for name, tensor in tensors.items():
         if tensor.dtype not in _DTYPE_NAMES:
             raise _bad(path, f"tensor {name!r} has dtype {tensor.dtype}; head files hold {', '.join(_DTYPES)}")
         if tensor.is_floating_point() and not torch.isfinite(tensor).all():
             raise _bad(path, f"tensor {name!r} holds NaN or inf")
-    return HeadFile(head_type, model_names, config, tensors)
+    return HeadFile(head_type, model_names, config, tensors, label_space)
 
 
 def check_config_keys(config: Mapping[str, Any], keys: Sequence[str], where: str, what: str) -> None:

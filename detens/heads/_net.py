@@ -132,6 +132,9 @@ class NetHead(nn.Module):
     visibility_by_default: ClassVar[bool] = True
     #: constructor options of the subclass (besides the base ones), saved in ``config``.
     extra_config: ClassVar[tuple[str, ...]] = ()
+    #: the label space the head was trained in, {category id: name} (set by fit_head, saved with the head);
+    #: None when unknown.
+    label_space: dict[int, str] | None = None
 
     def __init__(
         self,
@@ -314,7 +317,7 @@ class NetHead(nn.Module):
 
     def save(self, path: str | Path) -> None:
         """Write the head as ``.json`` or ``.safetensors`` (by suffix), atomically; no pickle."""
-        write_head_file(path, self.type_name, self.model_names, *self.parts())
+        write_head_file(path, self.type_name, self.model_names, *self.parts(), self.label_space)
 
     @classmethod
     def load(cls, path: str | Path, model_names: Sequence[str] | None = None) -> NetHead:
@@ -333,7 +336,9 @@ class NetHead(nn.Module):
                 tensor the head cannot be built from; the message names the file and the field.
         """
         stored = read_head_for(path, cls.type_name, model_names)
-        return cls.from_parts(stored.model_names, stored.config, stored.tensors, repr(str(path)))
+        head = cls.from_parts(stored.model_names, stored.config, stored.tensors, repr(str(path)))
+        head.label_space = stored.label_space
+        return head
 
     @classmethod
     def from_parts(cls, model_names: list[str], config: dict[str, Any], tensors: dict[str, Tensor], where: str) -> NetHead:

@@ -49,6 +49,9 @@ class BaggedHead(nn.Module):
     """
 
     type_name = "bagged"
+    #: the label space the head was trained in, {category id: name} (set by fit_head, saved with the head);
+    #: None when unknown.
+    label_space: dict[int, str] | None = None
 
     def __init__(self, members: Sequence[NetHead]) -> None:
         super().__init__()
@@ -102,14 +105,16 @@ class BaggedHead(nn.Module):
 
     def save(self, path: str | Path) -> None:
         """Write every member's config and tensors as ``.json`` or ``.safetensors``, atomically; no pickle."""
-        write_head_file(path, self.type_name, self.model_names, *self.parts())
+        write_head_file(path, self.type_name, self.model_names, *self.parts(), self.label_space)
 
     @classmethod
     def load(cls, path: str | Path, model_names: Sequence[str] | None = None) -> BaggedHead:
         """Load a head saved by :meth:`save` (on the CPU); ``model_names`` as for every head
         (:func:`detens.heads.load_head`)."""
         stored = read_head_for(path, cls.type_name, model_names)
-        return cls.from_parts(stored.model_names, stored.config, stored.tensors, repr(str(path)))
+        head = cls.from_parts(stored.model_names, stored.config, stored.tensors, repr(str(path)))
+        head.label_space = stored.label_space
+        return head
 
     @classmethod
     def from_parts(

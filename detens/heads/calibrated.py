@@ -46,6 +46,9 @@ class CalibratedHead(nn.Module):
     """
 
     type_name = "calibrated"
+    #: the label space the head was trained in, {category id: name} (set by fit_head, saved with the head);
+    #: None when unknown.
+    label_space: dict[int, str] | None = None
 
     def __init__(self, calibration: CalibrationHead, head: NetHead | BaggedHead) -> None:
         super().__init__()
@@ -95,7 +98,7 @@ class CalibratedHead(nn.Module):
 
     def save(self, path: str | Path) -> None:
         """Write both parts as ``.json`` or ``.safetensors`` (by suffix), atomically; no pickle."""
-        write_head_file(path, self.type_name, self.model_names, *self.parts())
+        write_head_file(path, self.type_name, self.model_names, *self.parts(), self.label_space)
 
     @classmethod
     def load(cls, path: str | Path, model_names: Sequence[str] | None = None) -> CalibratedHead:
@@ -124,9 +127,11 @@ class CalibratedHead(nn.Module):
         )
         head = head_cls.from_parts(stored.model_names, config["head"], part_tensors("head"), f"{where} head")
         try:
-            return cls(calibration, head)
+            calibrated = cls(calibration, head)
         except (TypeError, ValueError) as err:
             raise HeadFileError(f"{where}: {err}") from err
+        calibrated.label_space = stored.label_space
+        return calibrated
 
 
 class CalibratedPredictions:

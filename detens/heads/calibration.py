@@ -315,6 +315,9 @@ class CalibrationHead(nn.Module):
     """
 
     type_name = "calibration"
+    #: the label space the head was trained in, {category id: name} (set by fit_head, saved with the head);
+    #: None when unknown.
+    label_space: dict[int, str] | None = None
 
     def __init__(
         self,
@@ -515,7 +518,7 @@ class CalibrationHead(nn.Module):
         other; ``curves`` (Tensor[R, 3] int64): one row per curve, (model index, class id or -1 for the
         model's curve, number of knots).
         """
-        write_head_file(path, self.type_name, self.model_names, self.config(), self._tensors())
+        write_head_file(path, self.type_name, self.model_names, self.config(), self._tensors(), self.label_space)
 
     @classmethod
     def load(cls, path: str | Path, model_names: Sequence[str] | None = None) -> CalibrationHead:
@@ -534,7 +537,9 @@ class CalibrationHead(nn.Module):
             names = check_model_names(model_names)
             if sorted(names) != sorted(stored.model_names):
                 read_head_for(path, cls.type_name, names)  # raises, naming both lists
-        return cls.from_parts(stored.model_names, stored.config, stored.tensors, repr(str(path)), order=names)
+        head = cls.from_parts(stored.model_names, stored.config, stored.tensors, repr(str(path)), order=names)
+        head.label_space = stored.label_space
+        return head
 
     def parts(self) -> tuple[dict[str, Any], dict[str, Tensor]]:
         """``(config, tensors)`` as :meth:`save` writes them (for heads that hold this one)."""

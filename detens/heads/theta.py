@@ -332,6 +332,9 @@ class ThetaHead(nn.Module):
     """
 
     type_name = "theta"
+    #: the label space the head was trained in, {category id: name} (set by fit_head, saved with the head);
+    #: None when unknown.
+    label_space: dict[int, str] | None = None
 
     def __init__(
         self,
@@ -604,7 +607,7 @@ class ThetaHead(nn.Module):
         tensors = {"theta": self.theta.detach()}
         if self.per_class:
             tensors["class_theta"] = self.class_theta.detach()
-        write_head_file(path, self.type_name, self.model_names, self.config(), tensors)
+        write_head_file(path, self.type_name, self.model_names, self.config(), tensors, self.label_space)
 
     @classmethod
     def load(cls, path: str | Path, model_names: Sequence[str] | None = None) -> ThetaHead:
@@ -650,6 +653,7 @@ class ThetaHead(nn.Module):
             head.theta.copy_(stored.tensors["theta"])
             if head.per_class:
                 head.class_theta.copy_(stored.tensors["class_theta"])
+        head.label_space = stored.label_space
         return head
 
 
