@@ -310,8 +310,9 @@ def load_ensemble_config(
 
     Raises:
         ValueError: a relative path that is not beside the file but is in the working directory (which
-            earlier versions looked at first), naming both places; weights found there too under that
-            name in a weights folder, or an upstream name, are not refused.
+            earlier versions looked at first, and alone for a ``calibration`` head), naming both places;
+            weights found there too under that name in a weights folder, an upstream name, and
+            ``fusion.head`` (which ``--head`` may replace) are not refused.
     """
     path = find_packaged(path, "ensembles")
     data = read_yaml_file(path, "ensemble config")
@@ -354,7 +355,7 @@ def _paths_beside(data: dict[str, Any], source: Path) -> None:
         if isinstance(params, dict):
             for key in HEAD_PARAMS:
                 if key in params:
-                    params[key] = _head_param_beside(params[key], folder)
+                    params[key] = _head_param_beside(params[key], folder, f"fusion.params.{key}", source)
     for key in ("dataset", "weights_dir"):
         if key in data:
             data[key] = _file_beside(data[key], folder, key, source)
@@ -446,13 +447,20 @@ def _check_weights_not_only_here(data: dict[str, Any], source: Path) -> None:
             raise _only_here_error(source, f"models[{n}].weights", value, *relative)
 
 
-def _head_param_beside(value: Any, folder: Path) -> Any:
-    """A head file among ``fusion.params`` (``calibration``), found as ``fusion.head`` is."""
+def _head_param_beside(value: Any, folder: Path, where: str, source: Path) -> Any:
+    """A head file among ``fusion.params`` (``calibration``), found as ``fusion.head`` is; one that is only
+    in the working directory, where earlier versions looked for it alone, is refused (no flag replaces it,
+    unlike ``fusion.head``, which ``--head`` does)."""
     relative = _relative(value, folder)
     if relative is None:
         return value
     beside, here = relative
-    return _beside_as_written(beside, here, value) if beside.is_file() else _head_beside(value, folder)
+    if beside.is_file():
+        return _beside_as_written(beside, here, value)
+    found = _head_beside(value, folder)
+    if not Path(found).is_file() and here.exists():
+        raise _only_here_error(source, where, value, beside, here)
+    return found
 
 
 def _head_beside(value: str, folder: Path) -> str:

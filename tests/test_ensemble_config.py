@@ -434,8 +434,10 @@ def test_a_relative_path_found_only_from_the_working_directory_is_refused_naming
     config = load_ensemble_config(path)
     assert config.dataset == str(cfg / "gt.json") and config.models[1].results == str(cfg / "r.json")
     assert config.models[0].weights == "w.onnx" and config.fusion.params["calibration"] == str(cfg / "cal.json")
+    # a calibration head too, which earlier versions looked for in the working directory alone
     for where, name in (("dataset", "gt.json"), ("weights_dir", "models"), ("models[0].weights", "w.onnx"),
-                        ("models[1].results", "r.json"), ("models[1].images", "i.json")):
+                        ("models[1].results", "r.json"), ("models[1].images", "i.json"),
+                        ("fusion.params.calibration", "cal.json")):
         (run / name).mkdir() if name == "models" else (run / name).write_text("here")
         with pytest.raises(ValueError) as refused:
             load_ensemble_config(path)
@@ -457,9 +459,7 @@ def test_a_relative_path_found_only_from_the_working_directory_is_refused_naming
         load_ensemble_config(path)
     monkeypatch.delenv("DETENS_WEIGHTS")
     (run / "w.onnx").unlink()
-    # heads are not looked for there: a shipped head's name is that head, as for fusion.head
-    (run / "cal.json").write_text("here")
-    assert load_ensemble_config(path).fusion.params["calibration"] == str(cfg / "cal.json")
+    # a shipped head's name is that head, as for fusion.head, whatever the working directory holds
     (run / "coco_yolo3_theta.json").write_text("here")
     path.write_text(yaml.safe_dump({"models": [{"weights": "yolo11n.pt"}],
                                     "fusion": {"params": {"calibration": "coco_yolo3_theta.json"}}}))
