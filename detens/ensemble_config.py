@@ -392,12 +392,15 @@ def _beside_as_written(beside: Path, here: Path, value: str) -> str:
     return value if _same_file(beside, here) else str(beside.resolve())
 
 
-def _only_here_error(source: Path, where: str, value: str, beside: Path, here: Path) -> ValueError:
+def _only_here_error(source: Path, where: str, value: str, beside: Path, here: Path, fix: str = "") -> ValueError:
+    """``fix``: one more way out than a path relative to the YAML or an absolute one (the YAML may be a
+    shipped config, which its user does not edit)."""
+    # here.absolute(), not resolve(): the path as the working directory shows it, not a link's target
     return ValueError(
         f"{source}: {where} {value!r} is relative to the YAML's folder, where there is no {beside.resolve()}; the "
-        f"{'folder' if here.is_dir() else 'file'} {here.resolve()} in the working directory is not looked at (a "
+        f"{'folder' if here.is_dir() else 'file'} {here.absolute()} in the working directory is not looked at (a "
         "YAML means the same files wherever the command runs): give its path relative to the YAML, or an "
-        "absolute path"
+        f"absolute path{fix}"
     )
 
 
@@ -444,7 +447,11 @@ def _check_weights_not_only_here(data: dict[str, Any], source: Path) -> None:
             weights_dir = data.get("weights_dir")
             folders = weights_dirs(weights_dir if isinstance(weights_dir, str) else None)
         if not any(_same_file(folder / relative[1], relative[1]) for folder in folders):
-            raise _only_here_error(source, f"models[{n}].weights", value, *relative)
+            raise _only_here_error(
+                source, f"models[{n}].weights", value, *relative,
+                fix="; or, for a name relative to a weights folder, pass the folder that holds it (--weights-dir, "
+                "$DETENS_WEIGHTS)",
+            )
 
 
 def _head_param_beside(value: Any, folder: Path, where: str, source: Path) -> Any:

@@ -441,11 +441,14 @@ def test_a_relative_path_found_only_from_the_working_directory_is_refused_naming
         (run / name).mkdir() if name == "models" else (run / name).write_text("here")
         with pytest.raises(ValueError) as refused:
             load_ensemble_config(path)
+        # weights may also be a name in a weights folder: a shipped config's user passes the folder
+        folder = "; or, for a name relative to a weights folder, pass the folder that holds it (--weights-dir, " \
+                 "$DETENS_WEIGHTS)" if where.endswith("weights") else ""
         assert str(refused.value) == (
             f"{path}: {where} {name!r} is relative to the YAML's folder, where there is no {cfg / name}; the "
             f"{'folder' if name == 'models' else 'file'} {run / name} in the working directory is not looked at "
             "(a YAML means the same files wherever the command runs): give its path relative to the YAML, or "
-            "an absolute path"
+            f"an absolute path{folder}"
         )
         shutil.rmtree(run / name) if name == "models" else (run / name).unlink()
     # weights named from inside their weights folder are that folder's: the same file either way
@@ -475,6 +478,34 @@ def test_a_relative_path_found_only_from_the_working_directory_is_refused_naming
     path.write_text(yaml.safe_dump({"dataset": "~/gt.json", "models": [{"type": "precomputed", "results": str(run / "r.json")}]}))
     config = load_ensemble_config(path)
     assert config.dataset == "~/gt.json" and config.models[0].results == str(run / "r.json")
+
+
+def test_a_shipped_configs_weights_in_the_working_directory_are_refused_saying_how_to_use_them(tmp_path, monkeypatch):
+    """A wheel's user who runs a shipped config from the folder of its weights (found there by earlier
+    versions) cannot edit the YAML: the message says to name that folder as a weights folder, and names
+    the working directory's entry as it is there, not the target of a link."""
+    import detens.adapters.weights as weights
+
+    monkeypatch.delenv("DETENS_WEIGHTS", raising=False)
+    monkeypatch.setattr(weights, "shared_models_above", lambda start=None: None)  # no weights folder: a wheel's
+    monkeypatch.setattr(weights, "repository_weights_dir", lambda: None)
+    shipped = load_ensemble_config("coco_yolo3")
+    name = shipped.models[0].weights  # yolov8n_int8_tflite/yolov8n_int8.tflite: a name in a weights folder
+    elsewhere = tmp_path / "downloads" / name
+    elsewhere.parent.mkdir(parents=True)
+    elsewhere.write_text("weights")
+    run = tmp_path / "run"
+    (run / name).parent.mkdir(parents=True)
+    (run / name).symlink_to(elsewhere)
+    monkeypatch.chdir(run)
+    with pytest.raises(ValueError) as refused:
+        load_ensemble_config("coco_yolo3")
+    message = str(refused.value)
+    assert f"models[0].weights {name!r} is relative to the YAML's folder" in message
+    assert f"the file {run / name} in the working directory is not looked at" in message, message
+    assert message.endswith("; or, for a name relative to a weights folder, pass the folder that holds it "
+                            "(--weights-dir, $DETENS_WEIGHTS)"), message
+    assert load_ensemble_config("coco_yolo3", {"weights_dir": "."}).models[0].weights == name  # --weights-dir .
 
 
 def test_a_yaml_calibration_beside_it_fuses_from_another_working_directory(tmp_path, monkeypatch, capsys):
