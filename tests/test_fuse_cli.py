@@ -455,15 +455,17 @@ def test_overwrite_that_fails_before_its_first_result_leaves_the_folder_as_it_wa
             fuse_tool.main(["--config", str(workspace / "pair.yaml"), "--source", str(source), "--out", str(out),
                             "--quiet", "--overwrite", "--method", "mean", "--debug"])
     assert folder_state(out) == before
-    # a new folder that fails the same way is not left behind, and the run ends as the first one did
-    into_new = ["--config", str(workspace / "pair.yaml"), "--source", str(source), "--out", str(tmp_path / "new"),
-                "--quiet", "--debug"]
-    if isinstance(failure, KeyboardInterrupt):
-        assert fuse_tool.main(into_new) == 130
-    else:
-        with pytest.raises(RuntimeError, match="^the detector broke$"):
-            fuse_tool.main(into_new)
-    assert not (tmp_path / "new").exists()
+    # a new folder that fails the same way is not left behind, and the run ends as the first one did;
+    # with --overwrite too, which finds nothing to set aside there
+    for overwrite in ([], ["--overwrite"]):
+        into_new = ["--config", str(workspace / "pair.yaml"), "--source", str(source), "--out",
+                    str(tmp_path / "new"), "--quiet", "--debug", *overwrite]
+        if isinstance(failure, KeyboardInterrupt):
+            assert fuse_tool.main(into_new) == 130
+        else:
+            with pytest.raises(RuntimeError, match="^the detector broke$"):
+                fuse_tool.main(into_new)
+        assert not (tmp_path / "new").exists(), overwrite
 
 
 _KILLED_ON_IMAGE = """

@@ -869,9 +869,10 @@ def _run(args: argparse.Namespace) -> int:
         """The run failed before its first result: --out goes back to what it was."""
         if not claimed:
             return
-        if args.overwrite:
-            restore_outputs(out)
-        elif not was_run_folder:
+        if was_run_folder:
+            if args.overwrite:
+                restore_outputs(out)
+        else:  # --overwrite too: it set nothing aside
             clear_outputs(out)  # only what this run created (check_output_folder found none of it)
             if not out_existed and not any(out.iterdir()):
                 out.rmdir()
