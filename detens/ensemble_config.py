@@ -508,5 +508,8 @@ def with_absolute_paths(config: EnsembleConfig | ModelConfig) -> EnsembleConfig 
 
 
 def save_ensemble_config(config: EnsembleConfig, path: str | Path) -> None:
-    """Write the config as YAML (atomically)."""
-    save_yaml_config(config, path)
+    """Write the config as YAML (atomically), its relative files that exist from the working directory made
+    absolute (:func:`with_absolute_paths`): read back, a YAML's relative paths are its own folder's, so the
+    saved file (``detens fuse``'s ``config.yaml``, ``detens cache``'s) loads as the same config from
+    anywhere."""
+    save_yaml_config(with_absolute_paths(config), path)

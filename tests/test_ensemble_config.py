@@ -548,6 +548,50 @@ def test_a_yaml_calibration_beside_it_fuses_from_another_working_directory(tmp_p
     assert json.loads((run / "o" / "predictions.json").read_text()) == fused
 
 
+def test_the_config_a_run_saves_loads_as_the_same_config_from_the_same_working_directory(tmp_path, monkeypatch,
+                                                                                         capsys):
+    """Run from the YAML's folder, its relative paths are kept as written (they mean the same from there);
+    the saved config.yaml, whose relative paths would be read beside it, names them absolutely. A folder
+    whose config.yaml an earlier version wrote with the paths as given still resumes."""
+    from ultralytics.utils import ASSETS
+
+    from detens.cli import fuse as fuse_tool
+    from detens.config import save_yaml_config
+    from detens.ensemble_config import with_absolute_paths
+
+    cfg, source = tmp_path / "cfg", tmp_path / "src"
+    for folder in (cfg, source):
+        folder.mkdir()
+    shutil.copy(Path(ASSETS) / "bus.jpg", source / "a.jpg")
+    shutil.copy(Path(ASSETS) / "zidane.jpg", source / "b.jpg")
+    box = {"category_id": 6, "bbox": [20.0, 230.0, 780.0, 520.0], "score": 0.9}
+    (cfg / "saved.json").write_text(json.dumps([{"image_id": 1, **box}, {"image_id": 2, **box}]))
+    (cfg / "images.json").write_text(json.dumps({"images": [{"id": 1, "file_name": "a.jpg"},
+                                                            {"id": 2, "file_name": "b.jpg"}]}))
+    member = {"type": "precomputed", "results": "saved.json", "images": "images.json"}
+    (cfg / "e.yaml").write_text(yaml.safe_dump({"models": [{**member, "name": "one"}, {**member, "name": "two"}],
+                                                "fusion": {"method": "wbf"}}))
+    monkeypatch.chdir(cfg)
+    config = load_ensemble_config("e.yaml", {"output.vis": False})  # as the runs below resolve it
+    assert config.models[0].results == "saved.json"  # kept as written
+
+    def fuse(config_path, out, images):
+        capsys.readouterr()
+        code = fuse_tool.main(["--config", config_path, "--source", str(images), "--out", out, "--quiet", "--no-vis"])
+        assert code == 0, capsys.readouterr().err
+
+    fuse("e.yaml", "runs/a", source / "a.jpg")
+    assert load_ensemble_config("runs/a/config.yaml") == with_absolute_paths(config)
+    fuse("runs/a/config.yaml", "runs/b", source / "a.jpg")
+    fuse("e.yaml", "runs/a", source)  # resumes over the absolute paths it saved
+    assert json.loads((cfg / "runs" / "a" / "summary.json").read_text())["resumed"] == 1
+
+    fuse("e.yaml", "runs/old", source / "a.jpg")
+    save_yaml_config(config, cfg / "runs" / "old" / "config.yaml")  # as earlier versions saved it
+    fuse("e.yaml", "runs/old", source)
+    assert json.loads((cfg / "runs" / "old" / "summary.json").read_text())["resumed"] == 1
+
+
 def test_shipped_head_names_are_the_heads():
     from detens.packaged import packaged_names
 

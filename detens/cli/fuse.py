@@ -101,6 +101,7 @@ from detens.ensemble_config import (
     check_member_name,
     load_ensemble_config,
     save_ensemble_config,
+    with_absolute_paths,
 )
 from detens.export import yolo_lines
 from detens.fusers import FUSERS, fuse, head_methods, list_methods
@@ -316,8 +317,10 @@ def check_resume(out: Path, config: EnsembleConfig, overwrite: bool) -> None:
     saved = out / "config.yaml"
     if saved.is_file() and ((out / "partial").is_dir() or (out / "predictions.json").is_file()):
         previous = read_yaml_file(saved, "saved run config")
-        current = parse_yaml(dump_yaml(_config_dict(config)))  # read back as `previous` was
-        if previous != current:
+        # read back as `previous` was: as save_ensemble_config writes it, or, for a folder of an earlier
+        # version, which wrote the paths as the config gave them, so
+        current = [parse_yaml(dump_yaml(_config_dict(c))) for c in (with_absolute_paths(config), config)]
+        if previous not in current:
             raise ValueError(
                 f"{out} holds results of a different config (see {saved}); use another --out, "
                 "or --overwrite to discard them"
