@@ -638,6 +638,34 @@ def test_a_replaced_folder_of_an_earlier_version_is_restored_too(tmp_path):
     assert folder_state(out) == before and not (out / ".replaced").exists()
 
 
+def test_earlier_outputs_that_could_not_all_be_deleted_do_not_stop_the_next_runs(tmp_path, monkeypatch):
+    """A file that cannot be deleted now (held open on a network mount, permissions) is left in
+    .replaced.removing; the next --overwrite run's earlier outputs still go, and so does the rest later."""
+    out = tmp_path / "o"
+    an_interrupted_run(out)
+    undeletable = []
+    real_rmtree = shutil.rmtree
+
+    def rmtree(path, *args, **kwargs):
+        if Path(path).name == fuse_tool.REPLACED_REMOVING and undeletable:
+            return  # as ignore_errors leaves it when a file there cannot be deleted
+        return real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(fuse_tool.shutil, "rmtree", rmtree)
+    undeletable.append(True)
+    for method in ("mean", "nms"):  # two --overwrite runs that stand
+        fuse_tool.set_aside_outputs(out)
+        (out / "partial").mkdir()
+        (out / "config.yaml").write_text(f"fusion: {{method: {method}}}\n")
+        (out / "partial" / "y.jpg.json").write_text(method)
+        fuse_tool.discard_replaced(out)
+        assert not (out / ".replaced").exists() and (out / ".replaced.removing").is_dir()
+    undeletable.clear()
+    fuse_tool.recover_replaced(out)  # the next run, when the files can go
+    assert sorted(os.listdir(out)) == ["config.yaml", "partial"]
+    assert (out / "partial" / "y.jpg.json").read_text() == "nms"
+
+
 def test_a_second_run_on_the_same_out_is_refused(workspace, tmp_path, capsys, lock_in_another_process):
     source, out = one_image_source(workspace, tmp_path / "src"), tmp_path / "o"
     holder = lock_in_another_process(out)

@@ -412,7 +412,12 @@ def discard_replaced(out: Path) -> None:
     """Delete ``out/REPLACED``: renamed out of the way first, as one step, then deleted."""
     if (out / REPLACED).is_dir():
         _discard_removing(out)
-        (out / REPLACED).rename(out / REPLACED_REMOVING)
+        removing = out / REPLACED_REMOVING
+        if removing.exists():
+            # what an earlier deletion left (a file held open on a network mount) keeps the name: this one
+            # goes inside it, where nothing reads it either, rather than failing every run from now on
+            removing = removing / f"{REPLACED}-{time.time_ns()}"
+        (out / REPLACED).rename(removing)
     _discard_removing(out)
 
 
