@@ -627,6 +627,23 @@ def test_outputs_set_aside_come_back_whichever_step_was_killed(tmp_path, monkeyp
     assert step > 3
 
 
+def test_a_run_killed_before_it_moved_anything_is_not_said_to_have_replaced_the_earlier_outputs(tmp_path, caplog):
+    """Killed between writing the list of what it sets aside and moving partial/ (the first), the run left
+    the earlier outputs where they were: its finished images are theirs, and none of them is removed."""
+    out = tmp_path / "o"
+    an_interrupted_run(out)
+    before = folder_state(out)
+    with pytest.MonkeyPatch.context() as patched:
+        cut_short_at(patched, 2)  # the list is written; partial/ does not move
+        with pytest.raises(Killed):
+            fuse_tool.set_aside_outputs(out)
+    assert json.loads((out / ".replaced" / "_set_aside.json").read_text())["moved"][0] == "partial"
+    with caplog.at_level("INFO", logger="detens"):
+        fuse_tool.recover_replaced(out)
+    assert folder_state(out) == before and not (out / ".replaced").exists()
+    assert "removed the earlier outputs" not in caplog.text and "are back" in caplog.text, caplog.text
+
+
 def test_a_replaced_folder_of_an_earlier_version_is_restored_too(tmp_path):
     """Versions before the list of what was set aside moved everything first, then wrote their own."""
     out = tmp_path / "o"

@@ -444,7 +444,10 @@ def recover_replaced(out: Path) -> None:
         return
     state = _read_json(aside / SET_ASIDE)
     restoring = isinstance(state, dict) and state.get("restoring") is True
-    if not restoring and has_finished_image(out):
+    # killed before partial/ (moved first) was: the finished images in out are the earlier run's
+    moved = state.get("moved") if isinstance(state, dict) else None
+    earlier_in_place = isinstance(moved, list) and "partial" in moved and not (aside / "partial").exists()
+    if not restoring and not earlier_in_place and has_finished_image(out):
         discard_replaced(out)
         logger.info("%s: removed the earlier outputs in %s/, which a killed --overwrite run had replaced "
                     "(it has finished images, which stand)", out, REPLACED)
