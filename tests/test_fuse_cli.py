@@ -655,6 +655,22 @@ def test_a_replaced_folder_of_an_earlier_version_is_restored_too(tmp_path):
     assert folder_state(out) == before and not (out / ".replaced").exists()
 
 
+@pytest.mark.parametrize("moved", range(1, len(fuse_tool.OUTPUT_NAMES)))
+def test_a_replaced_folder_of_an_earlier_version_killed_while_moving_is_restored_too(tmp_path, moved):
+    """Such a version killed half-way through moving the earlier outputs (in OUTPUT_NAMES' order) left
+    the rest where they were: they stay."""
+    out = tmp_path / "o"
+    an_interrupted_run(out)
+    (out / "per_model").mkdir()
+    (out / "per_model" / "a.json").write_text("[]")
+    before = folder_state(out)
+    (out / ".replaced").mkdir()
+    for item in fuse_tool.OUTPUT_NAMES[:moved]:
+        (out / item).rename(out / ".replaced" / item)
+    fuse_tool.recover_replaced(out)
+    assert folder_state(out) == before and not (out / ".replaced").exists()
+
+
 def test_earlier_outputs_that_could_not_all_be_deleted_do_not_stop_the_next_runs(tmp_path, monkeypatch):
     """A file that cannot be deleted now (held open on a network mount, permissions) is left in
     .replaced.removing; the next --overwrite run's earlier outputs still go, and so does the rest later."""

@@ -397,6 +397,10 @@ def restore_outputs(out: Path) -> None:
         if not moved:
             discard_replaced(out)
             return
+        if "config.yaml" not in moved:
+            # that version moved in OUTPUT_NAMES' order, config.yaml (every run folder's) last: killed
+            # before it, it had written nothing, and what is in out is the earlier outputs it had not moved
+            moved = list(OUTPUT_NAMES)
     if not (isinstance(state, dict) and state.get("restoring") is True):
         atomic_write_json(aside / SET_ASIDE, {"moved": moved, "restoring": True})
     for item in OUTPUT_NAMES:
