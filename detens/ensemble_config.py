@@ -310,8 +310,9 @@ def load_ensemble_config(
 
     Raises:
         ValueError: a relative path that is not beside the file but is in the working directory (which
-            earlier versions looked at first), naming both places; weights found there too under that
-            name in a weights folder, or an upstream name, are not refused.
+            earlier versions looked at first, and alone for a ``calibration`` head), naming both places;
+            weights found there too under that name in a weights folder, an upstream name, and
+            ``fusion.head`` (which ``--head`` may replace) are not refused.
     """
     path = find_packaged(path, "ensembles")
     data = read_yaml_file(path, "ensemble config")
@@ -354,7 +355,7 @@ def _paths_beside(data: dict[str, Any], source: Path) -> None:
         if isinstance(params, dict):
             for key in HEAD_PARAMS:
                 if key in params:
-                    params[key] = _head_param_beside(params[key], folder)
+                    params[key] = _head_param_beside(params[key], folder, f"fusion.params.{key}", source)
     for key in ("dataset", "weights_dir"):
         if key in data:
             data[key] = _file_beside(data[key], folder, key, source)
@@ -391,12 +392,15 @@ def _beside_as_written(beside: Path, here: Path, value: str) -> str:
     return value if _same_file(beside, here) else str(beside.resolve())
 
 
-def _only_here_error(source: Path, where: str, value: str, beside: Path, here: Path) -> ValueError:
+def _only_here_error(source: Path, where: str, value: str, beside: Path, here: Path, fix: str = "") -> ValueError:
+    """``fix``: one more way out than a path relative to the YAML or an absolute one (the YAML may be a
+    shipped config, which its user does not edit)."""
+    # here.absolute(), not resolve(): the path as the working directory shows it, not a link's target
     return ValueError(
         f"{source}: {where} {value!r} is relative to the YAML's folder, where there is no {beside.resolve()}; the "
-        f"{'folder' if here.is_dir() else 'file'} {here.resolve()} in the working directory is not looked at (a "
+        f"{'folder' if here.is_dir() else 'file'} {here.absolute()} in the working directory is not looked at (a "
         "YAML means the same files wherever the command runs): give its path relative to the YAML, or an "
-        "absolute path"
+        f"absolute path{fix}"
     )
 
 
@@ -443,16 +447,27 @@ def _check_weights_not_only_here(data: dict[str, Any], source: Path) -> None:
             weights_dir = data.get("weights_dir")
             folders = weights_dirs(weights_dir if isinstance(weights_dir, str) else None)
         if not any(_same_file(folder / relative[1], relative[1]) for folder in folders):
-            raise _only_here_error(source, f"models[{n}].weights", value, *relative)
+            raise _only_here_error(
+                source, f"models[{n}].weights", value, *relative,
+                fix="; or, for a name relative to a weights folder, pass the folder that holds it (--weights-dir, "
+                "$DETENS_WEIGHTS)",
+            )
 
 
-def _head_param_beside(value: Any, folder: Path) -> Any:
-    """A head file among ``fusion.params`` (``calibration``), found as ``fusion.head`` is."""
+def _head_param_beside(value: Any, folder: Path, where: str, source: Path) -> Any:
+    """A head file among ``fusion.params`` (``calibration``), found as ``fusion.head`` is; one that is only
+    in the working directory, where earlier versions looked for it alone, is refused (no flag replaces it,
+    unlike ``fusion.head``, which ``--head`` does)."""
     relative = _relative(value, folder)
     if relative is None:
         return value
     beside, here = relative
-    return _beside_as_written(beside, here, value) if beside.is_file() else _head_beside(value, folder)
+    if beside.is_file():
+        return _beside_as_written(beside, here, value)
+    found = _head_beside(value, folder)
+    if not Path(found).is_file() and here.exists():
+        raise _only_here_error(source, where, value, beside, here)
+    return found
 
 
 def _head_beside(value: str, folder: Path) -> str:
@@ -493,5 +508,8 @@ def with_absolute_paths(config: EnsembleConfig | ModelConfig) -> EnsembleConfig 
 
 
 def save_ensemble_config(config: EnsembleConfig, path: str | Path) -> None:
-    """Write the config as YAML (atomically)."""
-    save_yaml_config(config, path)
+    """Write the config as YAML (atomically), its relative files that exist from the working directory made
+    absolute (:func:`with_absolute_paths`): read back, a YAML's relative paths are its own folder's, so the
+    saved file (``detens fuse``'s ``config.yaml``, ``detens cache``'s) loads as the same config from
+    anywhere."""
+    save_yaml_config(with_absolute_paths(config), path)

@@ -434,16 +434,21 @@ def test_a_relative_path_found_only_from_the_working_directory_is_refused_naming
     config = load_ensemble_config(path)
     assert config.dataset == str(cfg / "gt.json") and config.models[1].results == str(cfg / "r.json")
     assert config.models[0].weights == "w.onnx" and config.fusion.params["calibration"] == str(cfg / "cal.json")
+    # a calibration head too, which earlier versions looked for in the working directory alone
     for where, name in (("dataset", "gt.json"), ("weights_dir", "models"), ("models[0].weights", "w.onnx"),
-                        ("models[1].results", "r.json"), ("models[1].images", "i.json")):
+                        ("models[1].results", "r.json"), ("models[1].images", "i.json"),
+                        ("fusion.params.calibration", "cal.json")):
         (run / name).mkdir() if name == "models" else (run / name).write_text("here")
         with pytest.raises(ValueError) as refused:
             load_ensemble_config(path)
+        # weights may also be a name in a weights folder: a shipped config's user passes the folder
+        folder = "; or, for a name relative to a weights folder, pass the folder that holds it (--weights-dir, " \
+                 "$DETENS_WEIGHTS)" if where.endswith("weights") else ""
         assert str(refused.value) == (
             f"{path}: {where} {name!r} is relative to the YAML's folder, where there is no {cfg / name}; the "
             f"{'folder' if name == 'models' else 'file'} {run / name} in the working directory is not looked at "
             "(a YAML means the same files wherever the command runs): give its path relative to the YAML, or "
-            "an absolute path"
+            f"an absolute path{folder}"
         )
         shutil.rmtree(run / name) if name == "models" else (run / name).unlink()
     # weights named from inside their weights folder are that folder's: the same file either way
@@ -457,9 +462,7 @@ def test_a_relative_path_found_only_from_the_working_directory_is_refused_naming
         load_ensemble_config(path)
     monkeypatch.delenv("DETENS_WEIGHTS")
     (run / "w.onnx").unlink()
-    # heads are not looked for there: a shipped head's name is that head, as for fusion.head
-    (run / "cal.json").write_text("here")
-    assert load_ensemble_config(path).fusion.params["calibration"] == str(cfg / "cal.json")
+    # a shipped head's name is that head, as for fusion.head, whatever the working directory holds
     (run / "coco_yolo3_theta.json").write_text("here")
     path.write_text(yaml.safe_dump({"models": [{"weights": "yolo11n.pt"}],
                                     "fusion": {"params": {"calibration": "coco_yolo3_theta.json"}}}))
@@ -475,6 +478,34 @@ def test_a_relative_path_found_only_from_the_working_directory_is_refused_naming
     path.write_text(yaml.safe_dump({"dataset": "~/gt.json", "models": [{"type": "precomputed", "results": str(run / "r.json")}]}))
     config = load_ensemble_config(path)
     assert config.dataset == "~/gt.json" and config.models[0].results == str(run / "r.json")
+
+
+def test_a_shipped_configs_weights_in_the_working_directory_are_refused_saying_how_to_use_them(tmp_path, monkeypatch):
+    """A wheel's user who runs a shipped config from the folder of its weights (found there by earlier
+    versions) cannot edit the YAML: the message says to name that folder as a weights folder, and names
+    the working directory's entry as it is there, not the target of a link."""
+    import detens.adapters.weights as weights
+
+    monkeypatch.delenv("DETENS_WEIGHTS", raising=False)
+    monkeypatch.setattr(weights, "shared_models_above", lambda start=None: None)  # no weights folder: a wheel's
+    monkeypatch.setattr(weights, "repository_weights_dir", lambda: None)
+    shipped = load_ensemble_config("coco_yolo3")
+    name = shipped.models[0].weights  # yolov8n_int8_tflite/yolov8n_int8.tflite: a name in a weights folder
+    elsewhere = tmp_path / "downloads" / name
+    elsewhere.parent.mkdir(parents=True)
+    elsewhere.write_text("weights")
+    run = tmp_path / "run"
+    (run / name).parent.mkdir(parents=True)
+    (run / name).symlink_to(elsewhere)
+    monkeypatch.chdir(run)
+    with pytest.raises(ValueError) as refused:
+        load_ensemble_config("coco_yolo3")
+    message = str(refused.value)
+    assert f"models[0].weights {name!r} is relative to the YAML's folder" in message
+    assert f"the file {run / name} in the working directory is not looked at" in message, message
+    assert message.endswith("; or, for a name relative to a weights folder, pass the folder that holds it "
+                            "(--weights-dir, $DETENS_WEIGHTS)"), message
+    assert load_ensemble_config("coco_yolo3", {"weights_dir": "."}).models[0].weights == name  # --weights-dir .
 
 
 def test_a_yaml_calibration_beside_it_fuses_from_another_working_directory(tmp_path, monkeypatch, capsys):
@@ -515,6 +546,50 @@ def test_a_yaml_calibration_beside_it_fuses_from_another_working_directory(tmp_p
                            "--no-vis"])
     assert code == 2 and "cal.json changed since the earlier run" in capsys.readouterr().err
     assert json.loads((run / "o" / "predictions.json").read_text()) == fused
+
+
+def test_the_config_a_run_saves_loads_as_the_same_config_from_the_same_working_directory(tmp_path, monkeypatch,
+                                                                                         capsys):
+    """Run from the YAML's folder, its relative paths are kept as written (they mean the same from there);
+    the saved config.yaml, whose relative paths would be read beside it, names them absolutely. A folder
+    whose config.yaml an earlier version wrote with the paths as given still resumes."""
+    from ultralytics.utils import ASSETS
+
+    from detens.cli import fuse as fuse_tool
+    from detens.config import save_yaml_config
+    from detens.ensemble_config import with_absolute_paths
+
+    cfg, source = tmp_path / "cfg", tmp_path / "src"
+    for folder in (cfg, source):
+        folder.mkdir()
+    shutil.copy(Path(ASSETS) / "bus.jpg", source / "a.jpg")
+    shutil.copy(Path(ASSETS) / "zidane.jpg", source / "b.jpg")
+    box = {"category_id": 6, "bbox": [20.0, 230.0, 780.0, 520.0], "score": 0.9}
+    (cfg / "saved.json").write_text(json.dumps([{"image_id": 1, **box}, {"image_id": 2, **box}]))
+    (cfg / "images.json").write_text(json.dumps({"images": [{"id": 1, "file_name": "a.jpg"},
+                                                            {"id": 2, "file_name": "b.jpg"}]}))
+    member = {"type": "precomputed", "results": "saved.json", "images": "images.json"}
+    (cfg / "e.yaml").write_text(yaml.safe_dump({"models": [{**member, "name": "one"}, {**member, "name": "two"}],
+                                                "fusion": {"method": "wbf"}}))
+    monkeypatch.chdir(cfg)
+    config = load_ensemble_config("e.yaml", {"output.vis": False})  # as the runs below resolve it
+    assert config.models[0].results == "saved.json"  # kept as written
+
+    def fuse(config_path, out, images):
+        capsys.readouterr()
+        code = fuse_tool.main(["--config", config_path, "--source", str(images), "--out", out, "--quiet", "--no-vis"])
+        assert code == 0, capsys.readouterr().err
+
+    fuse("e.yaml", "runs/a", source / "a.jpg")
+    assert load_ensemble_config("runs/a/config.yaml") == with_absolute_paths(config)
+    fuse("runs/a/config.yaml", "runs/b", source / "a.jpg")
+    fuse("e.yaml", "runs/a", source)  # resumes over the absolute paths it saved
+    assert json.loads((cfg / "runs" / "a" / "summary.json").read_text())["resumed"] == 1
+
+    fuse("e.yaml", "runs/old", source / "a.jpg")
+    save_yaml_config(config, cfg / "runs" / "old" / "config.yaml")  # as earlier versions saved it
+    fuse("e.yaml", "runs/old", source)
+    assert json.loads((cfg / "runs" / "old" / "summary.json").read_text())["resumed"] == 1
 
 
 def test_shipped_head_names_are_the_heads():

@@ -455,15 +455,17 @@ def test_overwrite_that_fails_before_its_first_result_leaves_the_folder_as_it_wa
             fuse_tool.main(["--config", str(workspace / "pair.yaml"), "--source", str(source), "--out", str(out),
                             "--quiet", "--overwrite", "--method", "mean", "--debug"])
     assert folder_state(out) == before
-    # a new folder that fails the same way is not left behind, and the run ends as the first one did
-    into_new = ["--config", str(workspace / "pair.yaml"), "--source", str(source), "--out", str(tmp_path / "new"),
-                "--quiet", "--debug"]
-    if isinstance(failure, KeyboardInterrupt):
-        assert fuse_tool.main(into_new) == 130
-    else:
-        with pytest.raises(RuntimeError, match="^the detector broke$"):
-            fuse_tool.main(into_new)
-    assert not (tmp_path / "new").exists()
+    # a new folder that fails the same way is not left behind, and the run ends as the first one did;
+    # with --overwrite too, which finds nothing to set aside there
+    for overwrite in ([], ["--overwrite"]):
+        into_new = ["--config", str(workspace / "pair.yaml"), "--source", str(source), "--out",
+                    str(tmp_path / "new"), "--quiet", "--debug", *overwrite]
+        if isinstance(failure, KeyboardInterrupt):
+            assert fuse_tool.main(into_new) == 130
+        else:
+            with pytest.raises(RuntimeError, match="^the detector broke$"):
+                fuse_tool.main(into_new)
+        assert not (tmp_path / "new").exists(), overwrite
 
 
 _KILLED_ON_IMAGE = """
@@ -625,6 +627,23 @@ def test_outputs_set_aside_come_back_whichever_step_was_killed(tmp_path, monkeyp
     assert step > 3
 
 
+def test_a_run_killed_before_it_moved_anything_is_not_said_to_have_replaced_the_earlier_outputs(tmp_path, caplog):
+    """Killed between writing the list of what it sets aside and moving partial/ (the first), the run left
+    the earlier outputs where they were: its finished images are theirs, and none of them is removed."""
+    out = tmp_path / "o"
+    an_interrupted_run(out)
+    before = folder_state(out)
+    with pytest.MonkeyPatch.context() as patched:
+        cut_short_at(patched, 2)  # the list is written; partial/ does not move
+        with pytest.raises(Killed):
+            fuse_tool.set_aside_outputs(out)
+    assert json.loads((out / ".replaced" / "_set_aside.json").read_text())["moved"][0] == "partial"
+    with caplog.at_level("INFO", logger="detens"):
+        fuse_tool.recover_replaced(out)
+    assert folder_state(out) == before and not (out / ".replaced").exists()
+    assert "removed the earlier outputs" not in caplog.text and "are back" in caplog.text, caplog.text
+
+
 def test_a_replaced_folder_of_an_earlier_version_is_restored_too(tmp_path):
     """Versions before the list of what was set aside moved everything first, then wrote their own."""
     out = tmp_path / "o"
@@ -634,6 +653,50 @@ def test_a_replaced_folder_of_an_earlier_version_is_restored_too(tmp_path):
     (out / ".replaced" / "_set_aside.json").unlink()
     fuse_tool.recover_replaced(out)
     assert folder_state(out) == before and not (out / ".replaced").exists()
+
+
+@pytest.mark.parametrize("moved", range(1, len(fuse_tool.OUTPUT_NAMES)))
+def test_a_replaced_folder_of_an_earlier_version_killed_while_moving_is_restored_too(tmp_path, moved):
+    """Such a version killed half-way through moving the earlier outputs (in OUTPUT_NAMES' order) left
+    the rest where they were: they stay."""
+    out = tmp_path / "o"
+    an_interrupted_run(out)
+    (out / "per_model").mkdir()
+    (out / "per_model" / "a.json").write_text("[]")
+    before = folder_state(out)
+    (out / ".replaced").mkdir()
+    for item in fuse_tool.OUTPUT_NAMES[:moved]:
+        (out / item).rename(out / ".replaced" / item)
+    fuse_tool.recover_replaced(out)
+    assert folder_state(out) == before and not (out / ".replaced").exists()
+
+
+def test_earlier_outputs_that_could_not_all_be_deleted_do_not_stop_the_next_runs(tmp_path, monkeypatch):
+    """A file that cannot be deleted now (held open on a network mount, permissions) is left in
+    .replaced.removing; the next --overwrite run's earlier outputs still go, and so does the rest later."""
+    out = tmp_path / "o"
+    an_interrupted_run(out)
+    undeletable = []
+    real_rmtree = shutil.rmtree
+
+    def rmtree(path, *args, **kwargs):
+        if Path(path).name == fuse_tool.REPLACED_REMOVING and undeletable:
+            return  # as ignore_errors leaves it when a file there cannot be deleted
+        return real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(fuse_tool.shutil, "rmtree", rmtree)
+    undeletable.append(True)
+    for method in ("mean", "nms"):  # two --overwrite runs that stand
+        fuse_tool.set_aside_outputs(out)
+        (out / "partial").mkdir()
+        (out / "config.yaml").write_text(f"fusion: {{method: {method}}}\n")
+        (out / "partial" / "y.jpg.json").write_text(method)
+        fuse_tool.discard_replaced(out)
+        assert not (out / ".replaced").exists() and (out / ".replaced.removing").is_dir()
+    undeletable.clear()
+    fuse_tool.recover_replaced(out)  # the next run, when the files can go
+    assert sorted(os.listdir(out)) == ["config.yaml", "partial"]
+    assert (out / "partial" / "y.jpg.json").read_text() == "nms"
 
 
 def test_a_second_run_on_the_same_out_is_refused(workspace, tmp_path, capsys, lock_in_another_process):

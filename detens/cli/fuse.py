@@ -101,6 +101,7 @@ from detens.ensemble_config import (
     check_member_name,
     load_ensemble_config,
     save_ensemble_config,
+    with_absolute_paths,
 )
 from detens.export import yolo_lines
 from detens.fusers import FUSERS, fuse, head_methods, list_methods
@@ -317,8 +318,10 @@ def check_resume(out: Path, config: EnsembleConfig, overwrite: bool) -> None:
     saved = out / "config.yaml"
     if saved.is_file() and ((out / "partial").is_dir() or (out / "predictions.json").is_file()):
         previous = read_yaml_file(saved, "saved run config")
-        current = parse_yaml(dump_yaml(_config_dict(config)))  # read back as `previous` was
-        if previous != current:
+        # read back as `previous` was: as save_ensemble_config writes it, or, for a folder of an earlier
+        # version, which wrote the paths as the config gave them, so
+        current = [parse_yaml(dump_yaml(_config_dict(c))) for c in (with_absolute_paths(config), config)]
+        if previous not in current:
             raise ValueError(
                 f"{out} holds results of a different config (see {saved}); use another --out, "
                 "or --overwrite to discard them"
@@ -395,6 +398,10 @@ def restore_outputs(out: Path) -> None:
         if not moved:
             discard_replaced(out)
             return
+        if "config.yaml" not in moved:
+            # that version moved in OUTPUT_NAMES' order, config.yaml (every run folder's) last: killed
+            # before it, it had written nothing, and what is in out is the earlier outputs it had not moved
+            moved = list(OUTPUT_NAMES)
     if not (isinstance(state, dict) and state.get("restoring") is True):
         atomic_write_json(aside / SET_ASIDE, {"moved": moved, "restoring": True})
     for item in OUTPUT_NAMES:
@@ -410,7 +417,12 @@ def discard_replaced(out: Path) -> None:
     """Delete ``out/REPLACED``: renamed out of the way first, as one step, then deleted."""
     if (out / REPLACED).is_dir():
         _discard_removing(out)
-        (out / REPLACED).rename(out / REPLACED_REMOVING)
+        removing = out / REPLACED_REMOVING
+        if removing.exists():
+            # what an earlier deletion left (a file held open on a network mount) keeps the name: this one
+            # goes inside it, where nothing reads it either, rather than failing every run from now on
+            removing = removing / f"{REPLACED}-{time.time_ns()}"
+        (out / REPLACED).rename(removing)
     _discard_removing(out)
 
 
@@ -437,7 +449,10 @@ def recover_replaced(out: Path) -> None:
         return
     state = _read_json(aside / SET_ASIDE)
     restoring = isinstance(state, dict) and state.get("restoring") is True
-    if not restoring and has_finished_image(out):
+    # killed before partial/ (moved first) was: the finished images in out are the earlier run's
+    moved = state.get("moved") if isinstance(state, dict) else None
+    earlier_in_place = isinstance(moved, list) and "partial" in moved and not (aside / "partial").exists()
+    if not restoring and not earlier_in_place and has_finished_image(out):
         discard_replaced(out)
         logger.info("%s: removed the earlier outputs in %s/, which a killed --overwrite run had replaced "
                     "(it has finished images, which stand)", out, REPLACED)
@@ -870,9 +885,10 @@ def _run(args: argparse.Namespace) -> int:
         """The run failed before its first result: --out goes back to what it was."""
         if not claimed:
             return
-        if args.overwrite:
-            restore_outputs(out)
-        elif not was_run_folder:
+        if was_run_folder:
+            if args.overwrite:
+                restore_outputs(out)
+        else:  # --overwrite too: it set nothing aside
             clear_outputs(out)  # only what this run created (check_output_folder found none of it)
             if not out_existed and not any(out.iterdir()):
                 out.rmdir()
