@@ -29,7 +29,8 @@ from typing import Any
 
 __all__ = [
     "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "check_writable_file", "check_writable_folder",
-    "read_json_file", "output_stems", "output_lock", "LOCK_NAME", "remove_stale_temporaries",
+    "read_json_file", "output_stems", "output_lock", "LOCK_NAME", "remove_stale_temporaries", "lock_descriptor",
+    "lock_holder_text", "run_folder",
 ]
 
 logger = logging.getLogger("detens.io")
@@ -182,12 +183,10 @@ def output_lock(
         ValueError: another process holds the lock, naming it.
     """
     folder = Path(folder)
-    if folder.exists() and not folder.is_dir():
-        yield  # not a folder: the command says so, with its own message
-        return
-    created = [p for p in (folder, *folder.parents) if not p.exists()]
-    folder.mkdir(parents=True, exist_ok=True)
-    try:
+    with run_folder(folder) as usable:
+        if not usable:
+            yield
+            return
         fd = _acquire(folder / name, command)
         try:
             remove_stale_temporaries(folder, outputs)
@@ -197,6 +196,20 @@ def output_lock(
                 # removed while still held: a process waiting on this file sees it is gone and retries
                 (folder / name).unlink(missing_ok=True)
                 os.close(fd)
+
+
+@contextlib.contextmanager
+def run_folder(folder: Path) -> Iterator[bool]:
+    """Create ``folder`` (and its missing parents) for a run, and remove again at the end those the run
+    left empty. Yields False, creating nothing, when ``folder`` is a file: the command says so itself, with
+    its own message."""
+    if folder.exists() and not folder.is_dir():
+        yield False
+        return
+    created = [p for p in (folder, *folder.parents) if not p.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        yield True
     finally:
         for path in created:  # innermost first
             with contextlib.suppress(OSError):  # not empty: the command wrote there
@@ -206,28 +219,11 @@ def output_lock(
 def _acquire(path: Path, command: str) -> int | None:
     """The descriptor of ``path`` locked by this process, or None where locks are not available."""
     try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not a POSIX system
+        fd = lock_descriptor(path, wait=False)
+    except BlockingIOError:
+        raise ValueError(_held_by(path)) from None
+    if fd is None:
         return None
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise ValueError(_held_by(path)) from None
-        except OSError as err:  # pragma: no cover - a file system without locks (some network mounts)
-            os.close(fd)
-            if err.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-                return None
-            raise
-        try:
-            same = os.stat(path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(fd)  # the holder removed the file as it let go: lock the one at the path now
     holder = {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
               "argv": sys.argv, "started": time.strftime("%Y-%m-%d %H:%M:%S %z")}
     os.ftruncate(fd, 0)
@@ -235,15 +231,52 @@ def _acquire(path: Path, command: str) -> int | None:
     return fd
 
 
-def _held_by(path: Path) -> str:
-    """Who holds the lock at ``path``, as far as its file tells."""
-    folder = path.parent
+def lock_descriptor(path: Path, wait: bool) -> int | None:
+    """A descriptor of the file ``path`` (created if need be) that this process holds an exclusive ``flock``
+    on, or None where the platform or the file system has no such locks.
+
+    A holder removes the file as it lets go (:func:`output_lock`), so a lock taken on a file that is no
+    longer at ``path`` is dropped and the one now there is locked instead.
+
+    Raises:
+        BlockingIOError: ``wait`` is False and another process holds it.
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not a POSIX system
+        return None
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:  # BlockingIOError: held; the others: a file system without locks (some mounts)
+            os.close(fd)
+            if isinstance(err, BlockingIOError) or err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
+            return None
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)
+
+
+def lock_holder_text(path: Path) -> str | None:
+    """Who holds the lock at ``path`` as its file tells (``detens fuse (pid 12 on host, started ...)``), or
+    None when the file is gone or does not say."""
     try:
         holder = json.loads(path.read_text(encoding="utf-8"))
-        who = f"{holder['command']} (pid {holder['pid']} on {holder['host']}, started {holder['started']})"
+        return f"{holder['command']} (pid {holder['pid']} on {holder['host']}, started {holder['started']})"
     except (OSError, ValueError, KeyError, TypeError):
-        who = "another detens run"
-    return (f"{folder} is in use by {who}; two runs on one output folder would spoil each other's outputs: "
+        return None
+
+
+def _held_by(path: Path) -> str:
+    """Who holds the lock at ``path``, as far as its file tells."""
+    who = lock_holder_text(path) or "another detens run"
+    return (f"{path.parent} is in use by {who}; two runs on one output folder would spoil each other's outputs: "
             "wait for it to end, or use another output folder")
 
 

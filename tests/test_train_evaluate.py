@@ -521,6 +521,22 @@ class TestCrossValidation:
             cross_validate(ensemble, ["wbf_tunned"])
 
 
+ONE_GRID_POINT = {"wbf_tuned": {"iou_grid": [0.5], "conf_types": ["avg"], "weight_values": [1.0]}}
+
+
+def tuned_wbf_fits(monkeypatch) -> list[list[int]]:
+    """The image ids each ``wbf_tuned`` fit from now on is given, one list per fit."""
+    seen = []
+    original = TunedWBF.fit
+
+    def spy(self, data, train_ids):
+        seen.append(list(train_ids))
+        original(self, data, train_ids)
+
+    monkeypatch.setattr(TunedWBF, "fit", spy)
+    return seen
+
+
 def _split_dataset(gt_path, predictions, tmp_path, reverse_models=False, drop_category=False, same_ids=False,
                    share_one=False):
     """The 12-image slice split into an evaluated half and an extra half, each its own files. ``share_one``:
@@ -632,15 +648,8 @@ class TestExtraFittingData:
 
     def test_extra_images_join_every_fold_and_are_never_scored(self, dataset, tmp_path, monkeypatch):
         evaluated, extra = _split_dataset(*dataset, tmp_path)
-        seen = []
-        original = TunedWBF.fit
-
-        def spy(self, data, train_ids):
-            seen.append(list(train_ids))
-            original(self, data, train_ids)
-
-        monkeypatch.setattr(TunedWBF, "fit", spy)
-        options = {"wbf_tuned": {"iou_grid": [0.5], "conf_types": ["avg"], "weight_values": [1.0]}}
+        seen = tuned_wbf_fits(monkeypatch)
+        options = ONE_GRID_POINT
         plain = cross_validate(evaluated, ["mean", "wbf_tuned"], k=2, backend="faster", method_options=options)
         joined = cross_validate(evaluated, ["mean", "wbf_tuned"], k=2, backend="faster", method_options=options,
                                 fit_on=extra)
@@ -1847,17 +1856,9 @@ class TestAllImages:
     def test_learned_methods_fit_on_the_background_images_in_their_folds(self, with_background, monkeypatch):
         gt_path, predictions, background = with_background
         ensemble = EnsemblePredictions.from_folder(predictions, load_coco_gt(gt_path))
-        seen = []
-        original = TunedWBF.fit
-
-        def spy(self, data, train_ids):
-            seen.append(list(train_ids))
-            original(self, data, train_ids)
-
-        monkeypatch.setattr(TunedWBF, "fit", spy)
-        options = {"wbf_tuned": {"iou_grid": [0.5], "conf_types": ["avg"], "weight_values": [1.0]}}
+        seen = tuned_wbf_fits(monkeypatch)
         for all_images in (False, True):
-            cross_validate(ensemble, ["wbf_tuned"], k=2, backend="faster", method_options=options,
+            cross_validate(ensemble, ["wbf_tuned"], k=2, backend="faster", method_options=ONE_GRID_POINT,
                            all_images=all_images)
         without, with_negatives = seen[:2], seen[2:]
         annotated = ensemble.gt.annotated_image_ids
@@ -1867,6 +1868,16 @@ class TestAllImages:
         assert sorted(i for ids in with_negatives for i in ids if i in background) == background
         for (_, test), train in zip(kfold_image_splits(annotated, 2, 0, background), with_negatives, strict=True):
             assert sorted(train) == sorted(set(ensemble.gt.image_ids) - set(test))
+
+    @staticmethod
+    def _fitting_data(gt: dict, predictions: Path, folder: Path) -> EnsemblePredictions:
+        """The images of ``gt`` (a COCO dict) with the members' predictions on them, cached in ``folder``."""
+        kept = {image["id"] for image in gt["images"]}
+        folder.mkdir()
+        for name in MODELS:
+            results = [r for r in json.loads((predictions / f"{name}.json").read_text()) if r["image_id"] in kept]
+            (folder / f"{name}.json").write_text(json.dumps(results))
+        return EnsemblePredictions.from_folder(folder, load_coco_gt(gt))
 
     def test_the_fitting_datas_background_images_are_fitted_on_too(self, dataset, with_background, tmp_path,
                                                                  monkeypatch):
@@ -1878,24 +1889,12 @@ class TestAllImages:
         fitting = {"images": [{**im, "file_name": "fit_" + im["file_name"]} for im in gt["images"] if im["id"] in keep],
                    "annotations": [a for a in gt["annotations"] if a["image_id"] in keep],
                    "categories": gt["categories"]}
-        (tmp_path / "predictions").mkdir()
-        for name in MODELS:
-            results = [r for r in json.loads((predictions / f"{name}.json").read_text()) if r["image_id"] in keep]
-            (tmp_path / "predictions" / f"{name}.json").write_text(json.dumps(results))
-        fit_on = EnsemblePredictions.from_folder(tmp_path / "predictions", load_coco_gt(fitting))
-        seen = []
-        original = TunedWBF.fit
-
-        def spy(self, data, train_ids):
-            seen.append(len(train_ids))
-            original(self, data, train_ids)
-
-        monkeypatch.setattr(TunedWBF, "fit", spy)
-        options = {"wbf_tuned": {"iou_grid": [0.5], "conf_types": ["avg"], "weight_values": [1.0]}}
+        fit_on = self._fitting_data(fitting, predictions, tmp_path / "predictions")
+        seen = tuned_wbf_fits(monkeypatch)
         for all_images in (False, True):
-            cross_validate(evaluated, ["wbf_tuned"], k=0, backend="faster", method_options=options, fit_on=fit_on,
-                           all_images=all_images)
-        assert seen == [1, 3]
+            cross_validate(evaluated, ["wbf_tuned"], k=0, backend="faster", method_options=ONE_GRID_POINT,
+                           fit_on=fit_on, all_images=all_images)
+        assert [len(ids) for ids in seen] == [1, 3]
 
     def test_an_image_without_annotations_in_both_datasets_is_refused_when_both_are_scored_or_fitted(
             self, with_background, tmp_path):
@@ -1908,11 +1907,7 @@ class TestAllImages:
                               for im in gt["images"] if im["id"] in keep],
                    "annotations": [a for a in gt["annotations"] if a["image_id"] in keep],
                    "categories": gt["categories"]}
-        (tmp_path / "predictions").mkdir()
-        for name in MODELS:
-            results = [r for r in json.loads((predictions / f"{name}.json").read_text()) if r["image_id"] in keep]
-            (tmp_path / "predictions" / f"{name}.json").write_text(json.dumps(results))
-        fit_on = EnsemblePredictions.from_folder(tmp_path / "predictions", load_coco_gt(fitting))
+        fit_on = self._fitting_data(fitting, predictions, tmp_path / "predictions")
         cross_validate(ensemble, ["mean"], k=2, backend="faster", fit_on=fit_on)  # bg1.jpg neither scored nor fitted
         with pytest.raises(ValueError, match=r"shares 1 image with the scored data \(same file name, folders aside: "
                                              r"bg1\.jpg\); the fitting data must not contain scored images"):

@@ -84,7 +84,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
-import errno
 import fnmatch
 import gc
 import hashlib
@@ -131,7 +130,16 @@ from detens.ensemble_config import (
     load_ensemble_config,
     save_ensemble_config,
 )
-from detens.io import LOCK_NAME, atomic_write_json, atomic_write_text, output_lock, remove_stale_temporaries
+from detens.io import (
+    LOCK_NAME,
+    atomic_write_json,
+    atomic_write_text,
+    lock_descriptor,
+    lock_holder_text,
+    output_lock,
+    remove_stale_temporaries,
+    run_folder,
+)
 from detens.labels import COCO_ID_TO_NAME
 from detens.sources import ImageReadError, read_image
 
@@ -1104,29 +1112,22 @@ def cache_lock(out: Path, shard: tuple[int, int] | None, merging: bool) -> Itera
     Raises:
         ValueError: a run holds the same lock, or a run of the other kind holds ``out``, naming it.
     """
-    if out.exists() and not out.is_dir():
-        yield  # not a folder: the command says so, with its own message
-        return
-    created = [p for p in (out, *out.parents) if not p.exists()]
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        with contextlib.ExitStack() as held:
-            with brief_lock(out):
-                if shard is None:
-                    held.enter_context(output_lock(out, "detens cache merge" if merging else "detens cache"))
-                    for path in sorted(out.glob(".detens.shard-*.lock")):
-                        _refuse_if_held(path, out)
-                else:
-                    held.enter_context(output_lock(out, f"detens cache --shard {shard[0]}/{shard[1]}",
-                                                   shard_lock_name(shard)))
-                    _refuse_if_held(out / LOCK_NAME, out)
-            # once the gate is open again: other runs need not wait for the look through the folders
-            remove_stale_temporaries(out, (PARTIAL, SHARDS))
+    with run_folder(out) as usable, contextlib.ExitStack() as held:
+        if not usable:
             yield
-    finally:
-        for path in created:  # innermost first; left where the run wrote there
-            with contextlib.suppress(OSError):
-                path.rmdir()
+            return
+        with brief_lock(out):
+            if shard is None:
+                held.enter_context(output_lock(out, "detens cache merge" if merging else "detens cache"))
+                for path in sorted(out.glob(".detens.shard-*.lock")):
+                    _refuse_if_held(path, out)
+            else:
+                held.enter_context(output_lock(out, f"detens cache --shard {shard[0]}/{shard[1]}",
+                                               shard_lock_name(shard)))
+                _refuse_if_held(out / LOCK_NAME, out)
+        # once the gate is open again: other runs need not wait for the look through the folders
+        remove_stale_temporaries(out, (PARTIAL, SHARDS))
+        yield
 
 
 @contextlib.contextmanager
@@ -1134,34 +1135,13 @@ def brief_lock(out: Path) -> Iterator[None]:
     """Hold ``out/``:data:`BRIEF_LOCK`, waiting for it (its holders keep it for moments). Removed on release
     while still held: a process waiting on the old file sees it is gone and locks the new one. Where the
     platform or the file system has no locks, nothing is held, as :func:`~detens.io.output_lock` does."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not a POSIX system
-        yield
-        return
-    path = out / BRIEF_LOCK
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError as err:  # pragma: no cover - a file system without locks
-            os.close(fd)
-            if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-                raise
-            yield
-            return
-        try:
-            same = os.stat(path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(fd)
+    fd = lock_descriptor(out / BRIEF_LOCK, wait=True)
     try:
         yield
     finally:
-        path.unlink(missing_ok=True)
-        os.close(fd)
+        if fd is not None:
+            (out / BRIEF_LOCK).unlink(missing_ok=True)
+            os.close(fd)
 
 
 def lock_holder(path: Path) -> str | None:
@@ -1185,12 +1165,10 @@ def lock_holder(path: Path) -> str | None:
         return None
     finally:
         os.close(fd)
-    try:
-        holder = json.loads(path.read_text(encoding="utf-8"))
-        return f"{holder['command']} (pid {holder['pid']} on {holder['host']}, started {holder['started']})"
-    except (OSError, ValueError, KeyError, TypeError):
-        match = _SHARD_LOCK.match(path.name)
-        return f"detens cache --shard {match['index']}/{match['count']}" if match else "another detens cache run"
+    if (text := lock_holder_text(path)) is not None:
+        return text
+    match = _SHARD_LOCK.match(path.name)
+    return f"detens cache --shard {match['index']}/{match['count']}" if match else "another detens cache run"
 
 
 def _refuse_if_held(path: Path, out: Path) -> None:
