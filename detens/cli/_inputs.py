@@ -93,9 +93,10 @@ def saved_prediction_files(model: ModelConfig, dataset: str | None = None) -> li
 
 def input_fingerprints(config: EnsembleConfig) -> dict[str, str]:
     """``{file: sha256}`` of the files whose content decides the results beside the config itself: the
-    head and the head files among the fusion's parameters (a ``calibration``), the saved predictions of ``precomputed`` members and their image maps
-    (:func:`saved_prediction_files`) and the members' weights on disk, keyed as the config names them
-    (each is often rewritten in place: a re-exported model saved over the old one).
+    head and the head files among the fusion's parameters (a ``calibration``), the saved predictions of
+    ``precomputed`` members and their image maps (:func:`saved_prediction_files`) and the members' weights
+    on disk, keyed as the config names them (each is often rewritten in place: a re-exported model saved
+    over the old one).
 
     Raises:
         WeightsNotFoundError: a member's weights are found nowhere (naming the member).
@@ -103,7 +104,8 @@ def input_fingerprints(config: EnsembleConfig) -> dict[str, str]:
     saved = [
         name for m in config.models if m.type == "precomputed" for name in saved_prediction_files(m, config.dataset)
     ]
-    heads = [config.fusion.head, *(v for k, v in config.fusion.params.items() if k in HEAD_PARAMS and isinstance(v, str))]
+    params = config.fusion.params
+    heads = [config.fusion.head, *(v for k, v in params.items() if k in HEAD_PARAMS and isinstance(v, str))]
     fingerprints = file_digests([*heads, *saved])
     digests: dict[str, str] = {}
     for model in config.models:

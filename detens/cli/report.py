@@ -16,9 +16,10 @@ Given the table, the record must hold that very table: a table beside the record
 The page is drawn whole before it replaces the one in ``--out``: a mistake (an image to draw missing from
 ``--images`` or unreadable, a record that does not give its table) is one ``error:`` line and leaves
 ``--out`` as it was. The images to draw are picked and read first, from the table's best single model and
-best fused method, so an image missing from the folder is reported before any method's figures are computed. The earlier page's files that the new one lacks are removed; other files stay. A
-page that would write over EVALUATION or its record (``--out`` the folder that holds them and EVALUATION
-named like a file of the page, ``page.json`` or ``index.html``) is refused before anything is drawn.
+best fused method, so an image missing from the folder is reported before any method's figures are
+computed. The earlier page's files that the new one lacks are removed; other files stay. A page that would
+write over EVALUATION or its record (``--out`` the folder that holds them and EVALUATION named like a file
+of the page, ``page.json`` or ``index.html``) is refused before anything is drawn.
 """
 
 from __future__ import annotations
