@@ -130,6 +130,8 @@ REPLACED_REMOVING = ".replaced.removing"
 # half-way through either leaves a whole partial/ or none, never one that lacks finished images.
 UNPACKING = ".partial.unpacking"
 REMOVING = ".partial.removing"
+# The unfinished run's own record in partial/, beside the records of its finished images.
+RUN_RECORD = "_run.json"
 # Folders of a run's own work beside its outputs (never read as input, searched for stale temporaries).
 WORK_FOLDERS = (REPLACED, REPLACED_REMOVING, UNPACKING, REMOVING)
 
@@ -435,7 +437,7 @@ def _discard_removing(out: Path) -> None:
 def has_finished_image(out: Path) -> bool:
     """Whether ``out/partial/`` holds the record of a finished image."""
     folder = out / "partial"
-    return folder.is_dir() and any(path != folder / "_run.json" for path in folder.rglob("*.json"))
+    return folder.is_dir() and any(path != folder / RUN_RECORD for path in folder.rglob("*.json"))
 
 
 def recover_replaced(out: Path) -> None:
@@ -468,7 +470,7 @@ def finished_records(out: Path) -> dict[str, dict[str, Any]]:
     records = {}
     folder = out / "partial"
     for path in sorted(folder.rglob("*.json")) if folder.is_dir() else []:
-        if path == folder / "_run.json":
+        if path == folder / RUN_RECORD:
             continue
         record = _read_json(path)
         name = record.get("file_name") if isinstance(record, dict) else None
@@ -839,7 +841,7 @@ def _run(args: argparse.Namespace) -> int:
     check_output_folder(out)
     check_resume(out, config, args.overwrite)
     out_existed, was_run_folder = out.exists(), is_run_folder(out)
-    run_file = out / "partial" / "_run.json"
+    run_file = out / "partial" / RUN_RECORD
     previous = None if args.overwrite else (_read_json(run_file) or _read_json(out / "summary.json"))
     fingerprints = input_fingerprints(config)
     check_inputs_unchanged(out, previous, fingerprints)
