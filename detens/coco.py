@@ -450,6 +450,11 @@ class CocoGroundTruth:
         return sorted(i for i, anns in self._anns.items() if anns)
 
     @property
+    def unannotated_image_ids(self) -> list[int]:
+        """Image ids without any annotation (negative images), sorted."""
+        return sorted(i for i, anns in self._anns.items() if not anns)
+
+    @property
     def category_ids(self) -> list[int]:
         return sorted(int(c["id"]) for c in self.dataset["categories"])
 

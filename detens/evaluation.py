@@ -568,7 +568,7 @@ def cross_validate(
     if backend not in BACKENDS:  # evaluate_coco would say so only after the first method's work
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     annotated_ids = predictions.gt.annotated_image_ids
-    negative_ids = sorted(set(predictions.gt.image_ids) - set(annotated_ids)) if all_images else []
+    negative_ids = predictions.gt.unannotated_image_ids if all_images else []
     scored_ids = sorted(annotated_ids + negative_ids)
     extra_ids: list[int] = []
     if fit_on is not None:

@@ -93,6 +93,7 @@ class TestGroundTruth:
     def test_image_without_annotations_gives_empty_targets(self, gt):
         empty = [i for i in gt.image_ids if i not in set(gt.annotated_image_ids)]
         assert empty, "the shared file has images without annotations"
+        assert gt.unannotated_image_ids == [i for i in gt.image_ids if not gt.annotations(i)] == empty
         boxes, labels, iscrowd = gt.targets(empty[0])
         assert boxes.shape == (0, 4) and labels.shape == (0,) and iscrowd.shape == (0,)
         assert len(gt.detections(empty[0])) == 0

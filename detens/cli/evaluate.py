@@ -278,7 +278,7 @@ def run(args: argparse.Namespace) -> int:
         "%d models %s, %d images with ground truth, %s",
         predictions.num_models, predictions.model_names, len(predictions.gt.annotated_image_ids), protocol,
     )
-    unannotated = len(predictions.gt.image_ids) - len(predictions.gt.annotated_image_ids)
+    unannotated = len(predictions.gt.unannotated_image_ids)
     if unannotated and args.all_images:
         logger.info(
             "%d image%s of --gt without annotations %s scored and fitted on as negative images (--all-images): "
@@ -532,9 +532,8 @@ def _fold_sizes(gt: CocoGroundTruth, cv: int, seed: int, all_images: bool) -> li
     seed); none without cross-validation."""
     if not cv:
         return []
-    annotated = gt.annotated_image_ids
-    negatives = sorted(set(gt.image_ids) - set(annotated)) if all_images else []
-    return [len(test) for _, test in kfold_image_splits(annotated, cv, seed, negatives)]
+    negatives = gt.unannotated_image_ids if all_images else []
+    return [len(test) for _, test in kfold_image_splits(gt.annotated_image_ids, cv, seed, negatives)]
 
 
 def main(argv: list[str] | None = None) -> int:
