@@ -562,7 +562,7 @@ class Killed(BaseException):
 def an_interrupted_run(out):
     """The files of an interrupted ``detens fuse`` run (one image finished, ``partial/`` kept)."""
     for name, text in {"config.yaml": "fusion: {method: wbf}\n", "summary.json": "{}", "images.json": "{}",
-                       "predictions.json": "[]", "partial/_run.json": "{}", "partial/x.jpg.json": "{}",
+                       "predictions.json": "[]", fuse_tool.RUN_RECORD: "{}", "partial/x.jpg.json": "{}",
                        "labels/x.txt": "0 0.5 0.5 0.1 0.1 0.9\n", "vis/x.jpg": "jpeg"}.items():
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_text(text)
@@ -570,10 +570,9 @@ def an_interrupted_run(out):
 
 def an_overwrite_killed_before_its_first_result(out):
     """What ``--overwrite`` leaves when killed on its first image: the earlier outputs set aside, its
-    config and run file written, the image's labels written but not its record."""
+    config and run record written, the image's labels written but not its record."""
     fuse_tool.set_aside_outputs(out)
-    (out / "partial").mkdir()
-    for name, text in {"config.yaml": "fusion: {method: mean}\n", "partial/_run.json": '{"new": 1}',
+    for name, text in {"config.yaml": "fusion: {method: mean}\n", fuse_tool.RUN_RECORD: '{"new": 1}',
                        "labels/y.txt": "1 0.5 0.5 0.1 0.1 0.9\n"}.items():
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_text(text)
@@ -621,7 +620,7 @@ def test_outputs_set_aside_come_back_whichever_step_was_killed(tmp_path, monkeyp
         fuse_tool.recover_replaced(out)
         assert folder_state(out) == before, step
         assert sorted(os.listdir(out)) == ["config.yaml", "images.json", "labels", "partial", "predictions.json",
-                                           "summary.json", "vis"], step
+                                           "summary.json", fuse_tool.RUN_RECORD, "vis"], step
         if not cut_short:
             break
     assert step > 3
@@ -757,6 +756,92 @@ def test_a_run_killed_while_partial_is_unpacked_or_removed_loses_no_image(worksp
     monkeypatch.setattr(fuse_tool, "atomic_write_json", real_write)
     assert fuse_into(workspace, source / "x.jpg", out, "--no-vis") == 0
     assert read_outputs(out) == complete
+
+
+def test_an_image_named_like_the_run_record_is_kept_and_not_redone(workspace, tmp_path, monkeypatch):
+    """A file given directly keeps its name whatever its extension: one named ``_run`` has the partial
+    record ``partial/_run.json``, where earlier versions kept the run's own record."""
+    source, out = one_image_source(workspace, tmp_path / "src", "_run", "x.jpg", "y.jpg"), tmp_path / "o"
+    calls = []
+    original = fuse_tool.process_image
+    monkeypatch.setattr(fuse_tool, "process_image", lambda *a, **k: calls.append(a[1]) or original(*a, **k))
+    assert fuse_into(workspace, source / "_run", out, "--no-vis") == 0
+    assert fuse_into(workspace, source / "_run", out, "--no-vis") == 0
+    assert calls == ["_run"]  # the rerun found it finished
+    first_images, first = read_outputs(out)
+    assert [(im["file_name"], im["id"]) for im in first_images["images"]] == [("_run", 1)] and first
+
+    # the folder (which lists no file without an image extension) is interrupted after x.jpg: the record
+    # of _run, unpacked from the complete run, and the run's own record are both there
+    undo = interrupt_on_image(monkeypatch, 2)
+    assert fuse_into(workspace, source, out, "--no-vis") == 130
+    assert json.loads((out / "partial" / "_run.json").read_text())["file_name"] == "_run"
+    assert json.loads((out / fuse_tool.RUN_RECORD).read_text())["models"] == ["yolov8n", "yolo26n"]
+    undo()
+    assert fuse_into(workspace, source, out, "--no-vis") == 0
+    assert calls == ["_run", "x.jpg", "y.jpg"]
+    images, results = read_outputs(out)
+    assert [(im["file_name"], im["id"]) for im in images["images"]] == [("_run", 1), ("x.jpg", 2), ("y.jpg", 3)]
+    assert [r for r in results if r["image_id"] == 1] == first
+    assert sorted(os.listdir(out)) == ["config.yaml", "images.json", "labels", "predictions.json", "summary.json"]
+
+
+def test_a_run_killed_before_its_first_result_resumes(workspace, tmp_path):
+    """It leaves its config and its run record, and no partial/ yet: a run folder all the same."""
+    source, out = one_image_source(workspace, tmp_path / "src", "x.jpg"), tmp_path / "o"
+    killed_on_image(workspace, 1, source, out, "--no-vis")
+    assert (out / fuse_tool.RUN_RECORD).is_file() and not (out / "partial").exists()
+    assert fuse_into(workspace, source, out, "--no-vis") == 0
+    images, _ = read_outputs(out)
+    assert [im["file_name"] for im in images["images"]] == ["x.jpg"] and not (out / fuse_tool.RUN_RECORD).exists()
+
+def an_earlier_versions_run_record(out):
+    """Turn the unfinished run in ``out`` into what earlier versions left: their run record in partial/."""
+    (out / fuse_tool.RUN_RECORD).rename(out / "partial" / "_run.json")
+
+
+def test_an_unfinished_run_of_an_earlier_version_resumes(workspace, tmp_path, capsys):
+    from detens import ThetaHead
+
+    head_file = tmp_path / "head.json"
+    ThetaHead(["yolov8n", "yolo26n"]).save(head_file)
+    source, out = one_image_source(workspace, tmp_path / "src", "x.jpg", "y.jpg"), tmp_path / "o"
+    killed_on_image(workspace, 2, source, out, "--head", str(head_file), "--no-vis")  # no summary.json
+    an_earlier_versions_run_record(out)
+    assert sorted(os.listdir(out / "partial")) == ["_run.json", "x.jpg.json"] and not (out / "summary.json").exists()
+    assert fuse_tool.has_finished_image(out) and list(fuse_tool.finished_records(out)) == ["x.jpg"]
+
+    # its record is the one a resumed run checks its inputs against
+    intact = head_file.read_bytes()
+    head = ThetaHead(["yolov8n", "yolo26n"])
+    with torch_no_grad():
+        head.theta.copy_(head.theta.new_tensor([0.9, 0.1]))
+    head.save(head_file)
+    # the killed run's lock file names it only: the next run removes it
+    before = {name: data for name, data in folder_state(out).items() if name != ".detens.lock"}
+    assert fuse_into(workspace, source, out, "--head", str(head_file), "--no-vis") == 2
+    assert "head.json changed since the earlier run" in capsys.readouterr().err
+    assert folder_state(out) == before
+
+    head_file.write_bytes(intact)
+    assert fuse_into(workspace, source, out, "--head", str(head_file), "--no-vis") == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed"] == 1 and summary["processed_this_run"] == 1 and summary["complete"] is True
+    images, _ = read_outputs(out)
+    assert [(im["file_name"], im["id"]) for im in images["images"]] == [("x.jpg", 1), ("y.jpg", 2)]
+    assert not (out / "partial").exists() and not (out / fuse_tool.RUN_RECORD).exists()
+
+
+def test_only_an_image_record_at_the_earlier_run_record_path_is_a_finished_image(tmp_path):
+    out = tmp_path / "o"
+    (out / "partial").mkdir(parents=True)
+    (out / "partial" / "_run.json").write_text(json.dumps({"models": ["a"], "weights": {}, "inputs": {}}))
+    assert not fuse_tool.has_finished_image(out) and fuse_tool.finished_records(out) == {}
+    assert fuse_tool.earlier_run_record(out) == {"models": ["a"], "weights": {}, "inputs": {}}
+    image = {"file_name": "_run", "height": 2, "width": 2, "fused": []}
+    (out / "partial" / "_run.json").write_text(json.dumps(image))
+    assert fuse_tool.has_finished_image(out) and fuse_tool.finished_records(out) == {"_run": image}
+    assert fuse_tool.earlier_run_record(out) is None
 
 
 def test_a_head_rewritten_at_the_same_path_is_not_resumed_over(workspace, tmp_path, capsys):

@@ -142,7 +142,8 @@ def test_page_writes_names_the_files_of_a_page(tmp_path):
     assert not page_writes(page, tmp_path / "index.html")  # beside the folder, not in it
 
 
-def test_a_resized_image_file_is_refused_naming_it_and_both_sizes(tmp_path):
+@pytest.mark.parametrize("pixels", [True, False])
+def test_a_resized_image_file_is_refused_naming_it_and_both_sizes(tmp_path, pixels):
     import cv2
 
     from detens.coco import CocoGroundTruth
@@ -150,14 +151,32 @@ def test_a_resized_image_file_is_refused_naming_it_and_both_sizes(tmp_path):
 
     truth = CocoGroundTruth(tiny_record().gt)  # 1.jpg: 100 x 80 (width x height)
     cv2.imwrite(str(tmp_path / "1.jpg"), np.zeros((80, 100, 3), np.uint8))
-    assert read_images(truth, tmp_path, [1])[1].shape == (80, 100, 3)
+    read = read_images(truth, tmp_path, [1], pixels=pixels)
+    assert (read[1].shape == (80, 100, 3)) if pixels else read == {}
     cv2.imwrite(str(tmp_path / "1.jpg"), np.zeros((40, 50, 3), np.uint8))  # a half-size copy
     with pytest.raises(ValueError, match=r"1 of the 1 images to draw in .* are not the size the ground truth gives "
                                          r"them \(width x height\): 1\.jpg is 50x40, the ground truth says 100x80"):
-        read_images(truth, tmp_path, [1])
+        read_images(truth, tmp_path, [1], pixels=pixels)
+    (tmp_path / "1.jpg").write_bytes(b"not an image")
+    with pytest.raises(FileNotFoundError, match=r"1 of the 1 images to draw are not usable in .* \(unreadable 1\.jpg\)"):
+        read_images(truth, tmp_path, [1], pixels=pixels)
 
 
-def test_an_exif_rotated_image_is_drawn_as_stored(tmp_path):
+def test_checking_the_images_to_draw_decodes_none_that_pillow_knows(tmp_path, monkeypatch):
+    """What evaluate --report checks of every scored image before it runs: their pixels would not fit in memory."""
+    import cv2
+
+    from detens.coco import CocoGroundTruth
+    from detens.report import examples
+
+    truth = CocoGroundTruth(tiny_record().gt)  # 1.jpg: 100 x 80 (width x height)
+    cv2.imwrite(str(tmp_path / "1.jpg"), np.zeros((80, 100, 3), np.uint8))
+    monkeypatch.setattr(examples, "_decode", lambda path: pytest.fail(f"{path} decoded"))
+    assert examples.read_images(truth, tmp_path, [1], pixels=False) == {}
+
+
+@pytest.mark.parametrize("pixels", [True, False])
+def test_an_exif_rotated_image_is_drawn_as_stored(tmp_path, pixels):
     """The ground truth's boxes and size describe the stored pixels; an EXIF "rotate 90°" tag is not applied."""
     import cv2
 
@@ -171,7 +190,8 @@ def test_an_exif_rotated_image_is_drawn_as_stored(tmp_path):
     exif = b"Exif\x00\x00MM\x00\x2a\x00\x00\x00\x08\x00\x01\x01\x12\x00\x03\x00\x00\x00\x01\x00\x06\x00\x00\x00\x00\x00\x00"
     data = encoded.tobytes()
     (tmp_path / "1.jpg").write_bytes(data[:2] + b"\xff\xe1" + (len(exif) + 2).to_bytes(2, "big") + exif + data[2:])
-    assert read_images(truth, tmp_path, [1])[1].shape == (80, 100, 3)
+    read = read_images(truth, tmp_path, [1], pixels=pixels)  # checked from the header: no rotated size refused
+    assert (read[1].shape == (80, 100, 3)) if pixels else read == {}
 
 
 def test_side_by_side_refuses_detections_of_another_image_size():
@@ -544,21 +564,36 @@ class TestReportFolder:
         assert drawn["metrics"] == json.loads(out.read_text()) and set(drawn["curves"]) == set(drawn["metrics"])
         assert main(["report", str(out), "--out", str(tmp_path / "again"), "--examples", "0", "--quiet"]) == 0
 
-    def test_evaluate_checks_the_report_images_before_it_runs(self, quick, tmp_path, capsys):
-        from detens.cli import main
+    @pytest.mark.parametrize("fault", ["missing", "corrupt", "resized"])
+    def test_evaluate_checks_the_report_images_before_it_runs(self, quick, tmp_path, capsys, monkeypatch, fault):
+        import cv2
+
+        from detens.cli import evaluate, main
 
         images = tmp_path / "images"
         shutil.copytree(quick / "images", images)
-        lost = sorted(images.iterdir())[0].name
-        (images / lost).unlink()
+        bad = sorted(images.iterdir())[0]
+        if fault == "missing":
+            bad.unlink()
+            problem = f"1 of the 8 images to draw are not usable in {images} (missing {bad.name})"
+        elif fault == "corrupt":
+            bad.write_bytes(bad.read_bytes()[:100])  # a copy cut short, its header incomplete
+            problem = f"1 of the 8 images to draw are not usable in {images} (unreadable {bad.name})"
+        else:
+            pixels = cv2.imread(str(bad))
+            cv2.imwrite(str(bad), cv2.resize(pixels, (pixels.shape[1] // 2, pixels.shape[0] // 2)))
+            height, width = pixels.shape[:2]
+            problem = (f"1 of the 8 images to draw in {images} are not the size the ground truth gives them (width x "
+                       f"height): {bad.name} is {width // 2}x{height // 2}, the ground truth says {width}x{height}")
+        monkeypatch.setattr(evaluate, "cross_validate", lambda *a, **k: pytest.fail("the evaluation ran"))
         out = tmp_path / "results.json"
         assert main(["evaluate", "--gt", str(quick / "instances.json"), "--predictions", str(quick / "predictions"),
                      "--methods", "wbf", "--out", str(out), "--report", str(tmp_path / "page"), "--images", str(images),
                      "--quiet"]) == 2
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and "Traceback" not in err
-        assert f"--report draws scored images from {images} (--images), but 1 of the 8 are not there: {lost}" in err
-        assert not out.exists() and not (tmp_path / "results.partial.json").exists()  # nothing ran
+        assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err, err
+        assert f"--report draws the scored images from --images: {problem}" in err, err
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["images"]  # nothing written: no table, no page
 
     def test_a_table_that_its_record_did_not_write_is_refused(self, quick, tmp_path, capsys):
         from detens.cli import main

@@ -66,10 +66,11 @@ the pooled held-out predictions of every method and member (a few MB per method)
 report`` rebuilds the report page later without fitting or fusing again. ``--report DIR`` writes
 that page now: ``DIR/index.html`` with its PNGs (metrics, precision-recall curves, per-class AP changes,
 TIDE error breakdown, calibration, member votes, and images where fusion helped and hurt most, drawn from
-``--images``, by default the ``images`` folder beside ``--gt``: every scored image must be there, which is
-checked before the evaluation runs) and ``DIR/page.json``, the numbers on it. The table may sit in
-``DIR`` (``--out DIR/report.json``); a page file that would land on another output of the run
-(``--out DIR/page.json``, ``--plot DIR/map.png``) is an error before the evaluation runs. The curves of
+``--images``, by default the ``images`` folder beside ``--gt``: every scored image must be there, readable
+and of the size the ground truth gives it, which is checked from the files' headers before the evaluation
+runs) and ``DIR/page.json``, the numbers on it. The table may sit in ``DIR`` (``--out DIR/report.json``);
+a page file that would land on another output of the run (``--out DIR/page.json``, ``--plot
+DIR/map.png``) is an error before the evaluation runs. The curves of
 a table scored with ``--backend hotcoco`` are drawn by pycocotools, which agrees with it to 1e-4.
 """
 
@@ -175,7 +176,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--images", metavar="DIR",
         help="the images of --gt, for the report's side-by-sides (default: the 'images' folder beside --gt); "
-        "with --report it must hold every scored image",
+        "with --report it must hold every scored image, as annotated (checked before the evaluation)",
     )
     parser.add_argument(
         "--bootstrap", type=int, default=0, metavar="B",
@@ -343,17 +344,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_report_images(folder: Path, gt: CocoGroundTruth, given: bool) -> None:
-    """Raise now, not once the evaluation is done, if a scored image is not in ``folder``: the report draws
-    the images where fusion helped and hurt most from it, and any scored image may be one of them."""
-    names = [gt.file_name(image_id) for image_id in gt.annotated_image_ids]
-    missing = [name for name in names if not (folder / name).is_file()]
-    if missing:
-        where = "--images" if given else "the images folder beside --gt; --images names another"
-        shown = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
-        raise UsageError(
-            f"--report draws scored images from {folder} ({where}), but {len(missing)} of the {len(names)} "
-            f"are not there: {shown}"
-        )
+    """Raise now, not once the evaluation is done, if a scored image in ``folder`` is missing, unreadable or
+    not the size its ground truth gives it: the report draws the images where fusion helped and hurt most
+    from it, and any scored image may be one of them. The check the report makes of the images it draws,
+    from the files' headers: every scored image's pixels at once would be more than memory holds."""
+    from detens.report.examples import read_images
+
+    try:
+        read_images(gt, folder, gt.annotated_image_ids, pixels=False)
+    except (FileNotFoundError, ValueError) as err:
+        where = "--images" if given else "the images folder beside --gt (--images names another)"
+        raise UsageError(f"--report draws the scored images from {where}: {err}") from None
 
 
 def _refuse_a_page_over_outputs(args: argparse.Namespace) -> None:

@@ -32,11 +32,14 @@ Writes into ``--out``:
 - ``per_model/<member>.json`` with ``--save-per-model``: each member's COCO results (same image ids);
 - ``summary.json``: images, boxes, time per image per stage (the one-time compile of the fusion kernels
   apart), the method and head type that ran; ``config.yaml``: the resolved config;
-- ``partial/`` while a run is unfinished: one small file per finished image. An interrupted run (Ctrl-C,
-  a crash) leaves every file valid (all writes are atomic); running the same command again skips the
-  finished images, which keep the ids its outputs gave them. A complete run removes ``partial/``; running
-  it again on more images adds them, and images finished earlier keep their results, ids and output stems
-  whatever the new ``--source``.
+- ``partial/`` while a run is unfinished: one small file per finished image, ``partial/<name>.json``
+  (``<name>``: the image's path relative to the source folder), and beside it ``unfinished_run.json``, the
+  run's members, their weights and the digests of its inputs, which a resumed run checks. An interrupted
+  run (Ctrl-C, a crash) leaves every file valid (all writes are atomic); running the same command again
+  skips the finished images, which keep the ids its outputs gave them. A complete run removes both;
+  running it again on more images adds them, and images finished earlier keep their results, ids and
+  output stems whatever the new ``--source``. A run left unfinished by an earlier version, which kept its
+  record as ``partial/_run.json``, resumes too.
   A resumed run refuses a changed config, head file, ``precomputed`` results file or weights file (the
   members' weights on disk are recorded by sha256, as `detens cache` does).
   ``--overwrite`` starts over: the earlier outputs wait in ``.replaced/`` until the new run's first
@@ -116,9 +119,16 @@ logger = logging.getLogger("detens.fuse")
 
 DEFAULT_CONFIG = "coco_yolo3"
 ASSETS_SOURCE = "ultralytics-assets"
+# The unfinished run's own record, beside partial/ rather than in it: any name there is the record of
+# the image of that name (partial/<name>.json) or a folder of images, as a file given directly keeps its
+# name whatever its extension. Removed with partial/ when the run completes.
+RUN_RECORD = "unfinished_run.json"
+# Where earlier versions kept it, which an image named _run shares: still read, when it is no image's.
+EARLIER_RUN_RECORD = "partial/_run.json"
 # Outputs that --overwrite removes (never anything else in --out).
 OUTPUT_NAMES = (
-    "partial", "labels", "vis", "per_model", "predictions.json", "images.json", "summary.json", "config.yaml",
+    "partial", RUN_RECORD, "labels", "vis", "per_model", "predictions.json", "images.json", "summary.json",
+    "config.yaml",
 )
 # Where --overwrite keeps the earlier outputs until the new run has its first result, with the list of
 # what it moved there (SET_ASIDE); renamed to REPLACED_REMOVING before it is deleted, so that a run killed
@@ -130,8 +140,6 @@ REPLACED_REMOVING = ".replaced.removing"
 # half-way through either leaves a whole partial/ or none, never one that lacks finished images.
 UNPACKING = ".partial.unpacking"
 REMOVING = ".partial.removing"
-# The unfinished run's own record in partial/, beside the records of its finished images.
-RUN_RECORD = "_run.json"
 # Folders of a run's own work beside its outputs (never read as input, searched for stale temporaries).
 WORK_FOLDERS = (REPLACED, REPLACED_REMOVING, UNPACKING, REMOVING)
 
@@ -318,7 +326,7 @@ def check_resume(out: Path, config: EnsembleConfig, overwrite: bool) -> None:
     if overwrite:
         return
     saved = out / "config.yaml"
-    if saved.is_file() and ((out / "partial").is_dir() or (out / "predictions.json").is_file()):
+    if saved.is_file() and (has_unfinished_run(out) or (out / "predictions.json").is_file()):
         previous = read_yaml_file(saved, "saved run config")
         # read back as `previous` was: as save_ensemble_config writes it, or, for a folder of an earlier
         # version, which wrote the paths as the config gave them, so
@@ -330,9 +338,15 @@ def check_resume(out: Path, config: EnsembleConfig, overwrite: bool) -> None:
             )
 
 
+def has_unfinished_run(out: Path) -> bool:
+    """Whether ``out`` holds what an unfinished run writes before its summary: its run record (before
+    its first result) or its finished images."""
+    return (out / RUN_RECORD).is_file() or (out / "partial").is_dir()
+
+
 def is_run_folder(out: Path) -> bool:
     """Whether ``out`` holds a detens fuse run (its config and its results, finished or not)."""
-    return (out / "config.yaml").is_file() and ((out / "summary.json").is_file() or (out / "partial").is_dir())
+    return (out / "config.yaml").is_file() and ((out / "summary.json").is_file() or has_unfinished_run(out))
 
 
 def check_output_folder(out: Path) -> None:
@@ -346,7 +360,7 @@ def check_output_folder(out: Path) -> None:
     if foreign:
         raise ValueError(
             f"--out {out} already holds {', '.join(foreign)}, which no detens fuse run wrote there (it has no "
-            "config.yaml with summary.json or partial/); choose another --out"
+            f"config.yaml with summary.json, partial/ or {RUN_RECORD}); choose another --out"
         )
 
 
@@ -437,7 +451,27 @@ def _discard_removing(out: Path) -> None:
 def has_finished_image(out: Path) -> bool:
     """Whether ``out/partial/`` holds the record of a finished image."""
     folder = out / "partial"
-    return folder.is_dir() and any(path != folder / RUN_RECORD for path in folder.rglob("*.json"))
+    return folder.is_dir() and any(
+        path != out / EARLIER_RUN_RECORD or is_image_record(path, out) for path in folder.rglob("*.json")
+    )
+
+
+def is_image_record(path: Path, out: Path) -> bool:
+    """Whether ``path`` holds the partial record of an image, at that image's own path (an earlier
+    version's run record at ``partial/_run.json`` names no image)."""
+    record = _read_json(path)
+    name = record.get("file_name") if isinstance(record, dict) else None
+    return isinstance(name, str) and path == partial_path(out, name)
+
+
+def earlier_run_record(out: Path) -> Any:
+    """The record of the run that left ``out``: an unfinished run's (:data:`RUN_RECORD`, or that of an
+    earlier version in ``partial/``, unless an image's record has replaced it there), else the summary of
+    a complete or interrupted one; None when there is none."""
+    record = _read_json(out / RUN_RECORD)
+    if not record and (out / EARLIER_RUN_RECORD).is_file() and not is_image_record(out / EARLIER_RUN_RECORD, out):
+        record = _read_json(out / EARLIER_RUN_RECORD)
+    return record or _read_json(out / "summary.json")
 
 
 def recover_replaced(out: Path) -> None:
@@ -469,9 +503,8 @@ def finished_records(out: Path) -> dict[str, dict[str, Any]]:
     other sources included)."""
     records = {}
     folder = out / "partial"
+    # an earlier version's run record (EARLIER_RUN_RECORD) names no image: the check below passes it over
     for path in sorted(folder.rglob("*.json")) if folder.is_dir() else []:
-        if path == folder / RUN_RECORD:
-            continue
         record = _read_json(path)
         name = record.get("file_name") if isinstance(record, dict) else None
         if isinstance(name, str) and path == partial_path(out, name):
@@ -702,6 +735,8 @@ def write_outputs(
         if (out / "partial").is_dir():
             (out / "partial").rename(out / REMOVING)
         shutil.rmtree(out / REMOVING, ignore_errors=True)
+        # after partial/: a run killed in between leaves a run record that says what summary.json says
+        (out / RUN_RECORD).unlink(missing_ok=True)
     return summary
 
 
@@ -841,8 +876,8 @@ def _run(args: argparse.Namespace) -> int:
     check_output_folder(out)
     check_resume(out, config, args.overwrite)
     out_existed, was_run_folder = out.exists(), is_run_folder(out)
-    run_file = out / "partial" / RUN_RECORD
-    previous = None if args.overwrite else (_read_json(run_file) or _read_json(out / "summary.json"))
+    run_file = out / RUN_RECORD
+    previous = None if args.overwrite else earlier_run_record(out)
     fingerprints = input_fingerprints(config)
     check_inputs_unchanged(out, previous, fingerprints)
 

@@ -127,8 +127,17 @@ def draw_side_by_side(
     return np.hstack(row[:-1])
 
 
-def read_images(truth: CocoGroundTruth, images_dir: Path, image_ids: Sequence[int]) -> dict[int, np.ndarray]:
-    """The pixels of ``image_ids``, read from ``images_dir`` (their ``file_name`` relative to it).
+def read_images(
+    truth: CocoGroundTruth, images_dir: Path, image_ids: Sequence[int], pixels: bool = True
+) -> dict[int, np.ndarray]:
+    """The pixels of ``image_ids``, read from ``images_dir`` (their ``file_name`` relative to it), each file
+    checked to be the image the ground truth describes.
+
+    Args:
+        pixels (bool): False: check the files only, decoding none that Pillow can read the header of (its
+            size), and return ``{}``: how a caller checks every image it may draw before a long run
+            picks them, without holding them all in memory. A file with a sound header and corrupt pixels
+            passes this check and fails the one that reads them.
 
     Returns:
         dict[int, np.ndarray[H, W, 3] uint8]: per image, BGR as OpenCV reads it.
@@ -139,21 +148,25 @@ def read_images(truth: CocoGroundTruth, images_dir: Path, image_ids: Sequence[in
             image, resized: the boxes would be drawn at the wrong scale), each named with both sizes (up
             to 5), at once.
     """
-    import cv2
-
-    pixels, missing, unreadable, resized = {}, [], [], []
+    read, missing, unreadable, resized = {}, [], [], []
     for image_id in image_ids:
         path = Path(images_dir) / truth.file_name(image_id)
-        # the stored pixels, which the ground truth's boxes describe: OpenCV would turn an EXIF-tagged image
-        image = cv2.imread(str(path), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION) if path.is_file() else None
-        if image is None:
-            (unreadable if path.is_file() else missing).append(truth.file_name(image_id))
+        if not path.is_file():
+            missing.append(truth.file_name(image_id))
+            continue
+        if pixels:
+            image = _decode(path)
+            size = None if image is None else image.shape[:2]
+        else:
+            image, size = None, _stored_size(path)
+        if size is None:
+            unreadable.append(truth.file_name(image_id))
             continue
         height, width = truth.image_size(image_id)
-        if image.shape[:2] != (height, width):
-            resized.append(f"{truth.file_name(image_id)} is {image.shape[1]}x{image.shape[0]}, "
-                           f"the ground truth says {width}x{height}")
-        pixels[image_id] = image
+        if size != (height, width):
+            resized.append(f"{truth.file_name(image_id)} is {size[1]}x{size[0]}, the ground truth says {width}x{height}")
+        if image is not None:
+            read[image_id] = image
     if missing or unreadable:
         problems = [
             f"{what} {', '.join(names[:5])}{f' and {len(names) - 5} more' if len(names) > 5 else ''}"
@@ -171,7 +184,29 @@ def read_images(truth: CocoGroundTruth, images_dir: Path, image_ids: Sequence[in
             f"truth gives them (width x height): {'; '.join(resized[:5])}{more}; pass the folder of the images "
             "as annotated, not resized copies"
         )
-    return pixels
+    return read
+
+
+def _decode(path: Path) -> np.ndarray | None:
+    """The stored pixels of an image file (BGR), which the ground truth's boxes describe: OpenCV would
+    otherwise turn an EXIF-tagged image upright. None when OpenCV cannot decode it."""
+    import cv2
+
+    return cv2.imread(str(path), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
+
+
+def _stored_size(path: Path) -> tuple[int, int] | None:
+    """``(height, width)`` of the pixels stored in an image file, as :func:`_decode` would give them (an EXIF
+    orientation is not applied), from its header where Pillow reads it; None when it is no image."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            width, height = image.size
+        return height, width
+    except Exception:  # a format Pillow lacks (OpenEXR, Radiance HDR) or a header it refuses: OpenCV decides
+        image = _decode(path)
+        return None if image is None else image.shape[:2]
 
 
 def write_examples(
