@@ -129,6 +129,7 @@ def check_head_label_space(
         ValueError: naming the head (``what``), a few offending ids (with both names) and the label space.
     """
     from detens.adapters._labels import id_ranges, normalize_class_name
+    from detens.checks import first_few
     from detens.heads._io import head_label_space, named_categories
 
     own = head_class_ids(head)
@@ -142,11 +143,10 @@ def check_head_label_space(
             if c in ours and c in theirs and normalize_class_name(ours[c]) != normalize_class_name(theirs[c])
         ]
         if renamed:
-            shown = ", ".join(f"{c} is {a!r} in the head but {b!r} there" for c, a, b in renamed[:5])
-            more = f" (and {len(renamed) - 5} more)" if len(renamed) > 5 else ""
+            shown = first_few(renamed, 5, show=lambda r: f"{r[0]} is {r[1]!r} in the head but {r[2]!r} there")
             raise ValueError(
                 f"{what} was trained on a label space whose category ids name other classes than in "
-                f"{label_space}: {shown}{more}; its per-class parameters would fuse the wrong classes: "
+                f"{label_space}: {shown}; its per-class parameters would fuse the wrong classes: "
                 "train one on this dataset (detens cache, detens train)"
             )
     ids = set(categories)
