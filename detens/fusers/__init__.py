@@ -11,11 +11,8 @@ expected IoU with the ground truth, so that the models' scores become comparable
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import functools
 import inspect
-import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -97,8 +94,7 @@ def fuse(
             of its ids otherwise. Without it, ``supervision.Detections`` that carry their class names
             (``data["class_name"]``) have those names compared (their ids are only the classes of this
             image: none is refused for being absent). A head without per-class parameters is accepted in
-            any label space. A head object is checked once per label space (a head file once per version),
-            so fusing image by image costs nothing more.
+            any label space.
         **params: the fuser's own parameters (``iou_thr``, ``weights``, ``head``, ...).
 
     Returns:
@@ -114,7 +110,9 @@ def fuse(
     if label_space is not None:
         if not isinstance(label_space, Mapping):
             raise TypeError(f"label_space must map category ids to names ({{id: name}}), got {type(label_space).__name__}")
-        label_space = _checked_label_space(label_space)
+        from detens.heads._io import check_label_space
+
+        label_space = check_label_space(label_space, "label_space")
     as_supervision, class_names = False, None
     if isinstance(per_model, Sequence) and not isinstance(per_model, Detections):
         from detens.interop.supervision import class_names_of, from_supervision_per_model
@@ -164,66 +162,24 @@ def check_parameter_names(method: str, fuser: Any, params: dict[str, Any], own: 
         raise TypeError(f"fusion method {method!r} takes no parameter {unknown}; its parameters: {[*names, *own]}")
 
 
-def _checked_label_space(label_space: Mapping[Any, Any]) -> dict[int, str]:
-    """``label_space`` checked (sorted by id), once per content: fusing image by image passes the same one."""
-    from detens.heads._io import check_label_space
-
-    items = tuple(label_space.items())
-    try:
-        hash(items)
-    except TypeError:  # a name that is no string: said by the check
-        return check_label_space(label_space, "label_space")
-    return _checked_label_space_items(items)
-
-
-@functools.lru_cache(maxsize=8)
-def _checked_label_space_items(items: tuple[tuple[Any, Any], ...]) -> dict[int, str]:
-    from detens.heads._io import check_label_space
-
-    return check_label_space(dict(items), "label_space")
-
-
-@dataclasses.dataclass
-class _Accepted:
-    label_space: tuple[tuple[int, str], ...] | None = None  # the last whole label space it was accepted in
-    names: dict[int, str] = dataclasses.field(default_factory=dict)  # class names it was accepted under
-
-
-# A head's per-class ids and recorded label space are set when it is built or loaded (a head file is one
-# object per version), so what it was accepted in need not be checked again image after image.
-_ACCEPTED: weakref.WeakKeyDictionary[Any, _Accepted] = weakref.WeakKeyDictionary()
-
-
 def _check_head_label_space(
     head: Any, given: Any, what: str, label_space: dict[int, str] | None, class_names: dict[int, str] | None
 ) -> None:
     """Refuse ``head`` (``given`` as a head or its path, to the argument ``what``) in ``label_space``, or,
-    without it, under the class names the supervision inputs carry (those of one image's classes), if any."""
+    without it, under the class names the supervision inputs carry (those of one image's classes), if any.
+    Tens of microseconds: checked on every call, against milliseconds of fusion."""
     if label_space is None and class_names is None:
         return
     from detens.heads import check_head_label_space
 
-    try:
-        accepted = _ACCEPTED.get(head) or _Accepted()
-    except TypeError:  # an object that cannot be weakly referenced: checked every time
-        accepted = _Accepted()
-    whole = tuple(label_space.items()) if label_space is not None else None
-    if whole is not None and accepted.label_space == whole:
-        return
-    if whole is None and all(accepted.names.get(c) == name for c, name in class_names.items()):
-        return  # the names are compared id by id: those accepted before are accepted in any mix
     if isinstance(given, (str, Path)):
         named = f"{what} {str(given)!r}"
     else:
         named = "the head" if what == "head" else f"the {what} head"
     if label_space is not None:
         check_head_label_space(head, label_space, named, "label_space")
-        accepted.label_space = whole
     else:
         check_head_label_space(head, class_names, named, "the detections' class names", complete=False)
-        accepted.names.update(class_names)
-    with contextlib.suppress(TypeError):
-        _ACCEPTED[head] = accepted
 
 
 def _resolve_calibration(calibration: Any) -> Any:
