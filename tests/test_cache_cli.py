@@ -1034,6 +1034,11 @@ def test_an_unsharded_run_or_a_merge_and_a_shard_of_one_out_cannot_run_at_once(s
     assert cache_tool.main(["merge", "--out", str(out), "--quiet"]) == 0
 
 
+# what a refusal can tell of a running shard: whether it writes the recorded settings or, with --overwrite, its
+# own is recorded nowhere
+RUNS_AND_MAY_WRITE = r"runs on the same --out, and may be writing more of them \(or, with --overwrite, results of its own settings\)"
+
+
 def test_a_shard_with_other_settings_than_a_running_shards_is_refused_naming_both(slice_, tmp_path, capsys,
                                                                                  lock_in_another_process):
     out = tmp_path / "o"
@@ -1041,12 +1046,14 @@ def test_a_shard_with_other_settings_than_a_running_shards_is_refused_naming_bot
     holder = lock_in_another_process(out, ".detens.shard-0-of-2.lock")  # shard 0 goes on
     recorded = (out / ".partial" / "b" / "_settings.json").read_bytes()
     code = run(slice_, out, "--models", "b", "--shard", "1/2", "--conf", "0.4")
-    refused(capsys, code, rf"'b' made with other settings \(conf: 0.001 -> 0.4\), and detens fuse \(pid {holder.pid} "
-                          r"on .*\) is writing more of them: use another --out, or wait for it to end")
+    refused(capsys, code, rf"'b' made with other settings \(conf: 0.001 -> 0.4\); detens fuse \(pid {holder.pid} "
+                          rf"on .*\) {RUNS_AND_MAY_WRITE}: use another --out, or wait for it to end \(then "
+                          r"--overwrite discards them\)$")
     # --overwrite would take its results away while it writes more of them
     code = run(slice_, out, "--models", "b", "--shard", "1/2", "--conf", "0.4", "--overwrite")
     refused(capsys, code, rf"--overwrite would discard every result of 'b' in {out}, made with other settings "
-                          rf"\(conf: 0.001 -> 0.4\), while detens fuse \(pid {holder.pid} on")
+                          rf"\(conf: 0.001 -> 0.4\), while detens fuse \(pid {holder.pid} on .*\) "
+                          rf"{RUNS_AND_MAY_WRITE}: wait for it to end, or use another --out$")
     assert (out / ".partial" / "b" / "_settings.json").read_bytes() == recorded
     assert run(slice_, out, "--models", "b", "--shard", "1/2") == 0  # its settings: welcome
     # settings recorded by an unsharded run are every shard's too
@@ -1083,7 +1090,7 @@ def test_shards_starting_at_once_with_other_settings_do_not_both_record_theirs(s
     codes.pop("other").join(timeout=60)
     assert codes == {0: 0, 1: 2}
     err = capfd.readouterr().err
-    assert err.count("error:") == 1 and "'b' made with other settings (conf: 0.001 -> 0.4), and detens cache " \
+    assert err.count("error:") == 1 and "'b' made with other settings (conf: 0.001 -> 0.4); detens cache " \
                                         "--shard 0/2 (pid" in err, err
     assert json.loads((out / ".partial" / "b" / "_settings.json").read_text())["conf"] == 0.001
 
@@ -1103,6 +1110,57 @@ def test_an_overwrite_compares_the_settings_again_when_it_records_them(slice_, t
 
     monkeypatch.setattr(cache_tool, "detect_loaded", other_shard_first)
     code = run(slice_, out, "--models", "b", "--shard", "0/2", "--overwrite")
-    refused(capsys, code, r"'b' made with other settings \(conf: 0.4 -> 0.001\); use another --out")
+    # it has --overwrite: the advice is to run it again, not to add the flag
+    refused(capsys, code, r"'b' made with other settings \(conf: 0.4 -> 0.001\), recorded by another shard since "
+                          r"this run started: run this command again \(its --overwrite then discards them\), or use "
+                          r"another --out$")
     assert json.loads((out / ".partial" / "b" / "_settings.json").read_text())["conf"] == 0.4
     assert not (out / "shards" / "b.shard-0-of-2.json").exists()
+
+
+def test_an_overwrite_refused_as_it_claims_beside_a_running_shard_is_told_to_wait_and_run_again(
+        slice_, tmp_path, capsys, monkeypatch, lock_in_another_process):
+    out = tmp_path / "o"
+    detect = cache_tool.detect_loaded
+    started = []
+
+    def other_shard_first(*args, **kwargs):
+        if not started:
+            started.append(True)
+            assert run(slice_, out, "--models", "b", "--shard", "1/2", "--conf", "0.4") == 0
+            lock_in_another_process(out, ".detens.shard-1-of-2.lock")  # and shard 1 runs again
+        return detect(*args, **kwargs)
+
+    monkeypatch.setattr(cache_tool, "detect_loaded", other_shard_first)
+    code = run(slice_, out, "--models", "b", "--shard", "0/2", "--overwrite")
+    refused(capsys, code, r"'b' made with other settings \(conf: 0.4 -> 0.001\), recorded by another shard since "
+                          rf"this run started; detens fuse \(pid \d+ on .*\) {RUNS_AND_MAY_WRITE}: wait for it to end "
+                          r"and run this command again \(its --overwrite then discards them\), or use another --out$")
+    assert json.loads((out / ".partial" / "b" / "_settings.json").read_text())["conf"] == 0.4
+
+
+def test_a_shard_refused_beside_an_overwrite_shard_is_not_told_it_writes_the_recorded_settings(
+        slice_, tmp_path, capfd, monkeypatch):
+    """A running --overwrite shard that has not claimed the member yet writes results of its own settings, not
+    more of those recorded: the refusals of other shards meanwhile say it may write either."""
+    out = tmp_path / "o"
+    assert run(slice_, out, "--models", "b", "--shard", "0/2", "--max-images", "1") == 0  # records conf 0.001
+    detect = cache_tool.detect_loaded
+    codes = []
+
+    def other_shards_meanwhile(*args, **kwargs):
+        if not codes:
+            for overwrite in ([], ["--overwrite"]):
+                codes.append(run(slice_, out, "--models", "b", "--shard", "1/2", "--conf", "0.25", *overwrite))
+        return detect(*args, **kwargs)
+
+    monkeypatch.setattr(cache_tool, "detect_loaded", other_shards_meanwhile)
+    assert run(slice_, out, "--models", "b", "--shard", "0/2", "--conf", "0.4", "--overwrite") == 0
+    assert codes == [2, 2]
+    err, overwrite_err = capfd.readouterr().err.splitlines()  # --quiet: sys.stderr is a copy of fd 2
+    shard_0 = r"detens cache --shard 0/2 \(pid \d+ on .*\)"
+    assert re.search(rf"'b' made with other settings \(conf: 0.001 -> 0.25\); {shard_0} {RUNS_AND_MAY_WRITE}: "
+                     r"use another --out, or wait", err), err
+    assert re.search(rf"^error: --overwrite would discard .* made with other settings \(conf: 0.001 -> 0.25\), while "
+                     rf"{shard_0} {RUNS_AND_MAY_WRITE}: wait", overwrite_err), overwrite_err
+    assert json.loads((out / ".partial" / "b" / "_settings.json").read_text())["conf"] == 0.4  # shard 0's own

@@ -471,6 +471,25 @@ class TestFuseWithCalibration:
         assert as_set(fuse(per_model, "wbf", calibration=path, iou_thr=0.5)) == expected
         assert as_set(fuse(per_model, "wbf", calibration=str(path), iou_thr=0.5)) == expected
 
+    def test_a_calibration_head_of_other_classes_is_refused_in_a_label_space(self, tmp_path):
+        head = make_head()  # per-class curves of classes 0 and 1
+        head.label_space = {0: "cat", 1: "dog"}
+        head.save(tmp_path / "head.json")
+        per_model = random_models(31)
+        for calibration, named in ((head, "the calibration head"), (tmp_path / "head.json", r"calibration '.*head\.json'")):
+            with pytest.raises(ValueError, match=rf"^{named} was trained on a label space whose category ids name other "
+                                                 r"classes than in label_space: 1 is 'dog' in the head but 'person' there;"):
+                fuse(per_model, "wbf", calibration=calibration, label_space={0: "cat", 1: "person", 2: "car"})
+            with pytest.raises(ValueError, match=rf"^{named} has per-class parameters for category ids 0, which are not "
+                                                 r"among the 2 category ids of label_space"):
+                fuse(per_model, "wbf", calibration=calibration, label_space={1: "dog", 2: "car"})
+            got = fuse(per_model, "wbf", calibration=calibration, label_space={0: "Cat", 1: "dog", 2: "car"})
+            assert as_set(got) == as_set(fuse(per_model, "wbf", calibration=head))
+        agnostic = CalibrationHead(NAMES, {name: curve([0.2, 0.8], [0.1, 0.9]) for name in NAMES}, fuser="wbf")
+        agnostic.label_space = {0: "cat", 1: "dog"}
+        assert as_set(fuse(per_model, "wbf", calibration=agnostic, label_space={0: "person"})) == as_set(
+            fuse(per_model, "wbf", calibration=agnostic))
+
     def test_not_a_calibration_head(self):
         from detens.heads.theta import ThetaHead
 

@@ -318,8 +318,11 @@ def test_ctrl_c_while_python_imports_is_the_usual_interruption(tmp_path, entry, 
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("debug", [False, True])
-def test_ctrl_c_while_the_command_is_imported(tmp_path, capsys, monkeypatch, debug):
+@pytest.mark.parametrize(("flags", "debug"), [
+    ([], False), (["--debug"], True), (["--debu"], True), (["--deb"], True),  # argparse takes the abbreviations
+    (["--", "--debug"], False),  # a positional argument after --, refused by argparse
+])
+def test_ctrl_c_while_the_command_is_imported(tmp_path, capsys, monkeypatch, flags, debug):
     from detens.cli import run_command
 
     class CtrlC:
@@ -330,7 +333,7 @@ def test_ctrl_c_while_the_command_is_imported(tmp_path, capsys, monkeypatch, deb
 
     monkeypatch.delitem(sys.modules, "detens.cli.fuse", raising=False)
     monkeypatch.setattr(sys, "meta_path", [CtrlC(), *sys.meta_path])
-    argv = ["--source", str(tmp_path), "--out", str(tmp_path / "o"), *(["--debug"] if debug else [])]
+    argv = ["--source", str(tmp_path), "--out", str(tmp_path / "o"), *flags]
     for call in (lambda: main(["fuse", *argv]), lambda: run_command("fuse", argv)):
         if debug:  # --debug shows where it was
             with pytest.raises(KeyboardInterrupt):
@@ -338,6 +341,32 @@ def test_ctrl_c_while_the_command_is_imported(tmp_path, capsys, monkeypatch, deb
         else:
             assert call() == 130
             assert capsys.readouterr().err == "error: interrupted\n"
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_debug_before_parsing_is_read_as_argparse_reads_it(command):
+    """What a Ctrl-C before parsing takes for ``--debug`` is what the command's parser takes for it, on every
+    command line that the parser accepts (an ambiguous abbreviation, such as ``--de`` beside ``--device``,
+    is refused by the parser, so either reading is right there)."""
+    import contextlib
+    import io
+
+    from detens.cli import _asks_for_debug, command_parser
+
+    parser = command_parser(command)
+    for action in parser._actions:  # only --debug is looked at: leave out the command's required inputs
+        action.required = False
+    accepted = []
+    for argv in (["--debug"], ["--debu"], ["--deb"], ["--de"], ["--d"], ["--debug=1"], ["--deb="], ["--debugs"],
+                 ["-debug"], ["--", "--debug"], ["--quiet"], ["--quiet", "--debug"], []):
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):
+                debug = parser.parse_args(argv).debug
+        except SystemExit:
+            continue
+        assert _asks_for_debug(argv) == debug, argv
+        accepted.append(argv)
+    assert ["--deb"] in accepted and ["--debug=1"] not in accepted, accepted
 
 
 @needs_data

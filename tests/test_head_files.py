@@ -399,6 +399,17 @@ def test_label_space_is_a_list_of_categories_and_a_file_without_it_loads(tmp_pat
     assert load_head(write(tmp_path, document, "old.json")).label_space is None
 
 
+def test_a_label_space_of_many_renamed_ids_is_shortened_in_the_refusal():
+    from detens.heads import check_head_label_space
+
+    head = ThetaHead(NAMES, per_class=True, class_ids=list(range(1, 8)))
+    head.label_space = {c: f"class {c}" for c in range(1, 8)}
+    shown = ", ".join(f"{c} is 'class {c}' in the head but 'other {c}' there" for c in range(1, 6))
+    with pytest.raises(ValueError, match=rf"^the head was trained on a label space whose category ids name other "
+                                         rf"classes than in the dataset: {shown}, \.\.\. \(7 in all\); its per-class"):
+        check_head_label_space(head, {c: f"other {c}" for c in range(1, 8)}, "the head", "the dataset")
+
+
 @pytest.mark.parametrize("value, message", [
     ([{"id": 1, "name": "cat"}, {"id": 1, "name": "dog"}], "gives category id 1 twice"),
     ([{"id": 1, "name": ""}], "name of category id 1 must be a non-empty string"),

@@ -380,6 +380,68 @@ class TestHeadContract:
         assert len(fused) == len(match(per_model, 0.8)) != len(match(per_model, 0.3))
 
 
+class TestFuseChecksTheLabelSpace:
+    """``detens.fuse(..., head=, label_space=)``: a head with per-class parameters for other classes is refused."""
+
+    @staticmethod
+    def per_class_head(label_space=None):
+        head = DeepEnsembleHead(NAMES, class_ids=[0, 1, 2], class_embed=2, hidden=4, depth=1)
+        head.label_space = label_space
+        return head
+
+    def test_a_head_whose_ids_name_other_classes_is_refused_naming_them(self, tmp_path):
+        head = self.per_class_head({0: "cat", 1: "dog", 2: "bird"})
+        head.save(tmp_path / "head.json")
+        per_model, _, _ = scene(11)
+        here = {0: "person", 1: "dog", 2: "car", 3: "bus"}
+        renamed = r"0 is 'cat' in the head but 'person' there, 2 is 'bird' in the head but 'car' there"
+        with pytest.raises(ValueError, match=rf"^the head was trained on a label space whose category ids name other "
+                                             rf"classes than in label_space: {renamed}; its per-class parameters"):
+            fuse(per_model, "deep", head=head, label_space=here)
+        for method in ("deep", "theta"):  # given as a file: named by its path
+            with pytest.raises(ValueError, match=rf"^head '.*head\.json' was trained on .*: {renamed};"):
+                fuse(per_model, method, head=tmp_path / "head.json", label_space=here)
+        # a head without a recorded label space is checked by its ids alone
+        with pytest.raises(ValueError, match=r"^the head has per-class parameters for category ids 0, which are not "
+                                             r"among the 2 category ids of label_space: 1, 2; it was trained on"):
+            fuse(per_model, "deep", head=self.per_class_head(), label_space={1: "dog", 2: "car"})
+
+    def test_a_head_of_these_classes_or_of_none_is_accepted(self, tmp_path):
+        per_model, _, _ = scene(11)
+        head = self.per_class_head({0: "cat", 1: "dog", 2: "bird"})
+        expected = fuse(per_model, "deep", head=head)
+        got = fuse(per_model, "deep", head=head, label_space={0: "Cat", 1: "dog", 2: "BIRD", 7: "car"})
+        assert_close(got.boxes, expected.boxes)
+        assert_close(got.scores, expected.scores)
+        # no per-class parameters: nothing of it belongs to a class, whatever it records
+        agnostic = DeepEnsembleHead(NAMES, hidden=4, depth=1)
+        agnostic.label_space = {0: "cat"}
+        agnostic.save(tmp_path / "agnostic.json")
+        assert len(fuse(per_model, "deep", head=agnostic, label_space={5: "person"})) > 0
+        assert len(fuse(per_model, "theta", head=str(tmp_path / "agnostic.json"), label_space={5: "person"})) > 0
+
+    def test_a_bad_label_space_is_named(self):
+        per_model, _, _ = scene(11)
+        with pytest.raises(TypeError, match=r"^label_space must map category ids to names \(\{id: name\}\), got list"):
+            fuse(per_model, "wbf", label_space=["cat"])
+        with pytest.raises(TypeError, match=r"^label_space: the name of category id 1 must be a non-empty string"):
+            fuse(per_model, "deep", head=self.per_class_head(), label_space={1: ["cat"]})
+
+    def test_each_call_is_checked_image_after_image(self, tmp_path):
+        head = self.per_class_head({0: "cat", 1: "dog", 2: "bird"})
+        head.save(tmp_path / "head.json")
+        here = {0: "cat", 1: "dog", 2: "bird"}
+        for seed in range(3):
+            per_model, _, _ = scene(seed)
+            fuse(per_model, "deep", head=head, label_space=here)
+            fuse(per_model, "theta", head=tmp_path / "head.json", label_space=here)
+        # accepted before in one label space, refused in another
+        with pytest.raises(ValueError, match="'cat' in the head but 'person' there"):
+            fuse(per_model, "deep", head=head, label_space={**here, 0: "person"})
+        with pytest.raises(ValueError, match="'cat' in the head but 'person' there"):
+            fuse(per_model, "theta", head=tmp_path / "head.json", label_space={**here, 0: "person"})
+
+
 class TestUntrainedHeadsAreBaselines:
     def test_deep_starts_as_mean_score_with_score_weighted_box(self):
         clusters = samples(1)[0].clusters

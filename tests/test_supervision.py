@@ -211,6 +211,27 @@ class TestFuse:
         with pytest.raises(ValueError, match=r"class_id 0 is 'person' in per_model\[0\] and 'cat' in per_model\[1\]"):
             detens.fuse([named_a, a.to_supervision({0: "cat"})], image_size=SIZE)
 
+    def test_the_class_names_they_carry_check_a_head(self):
+        from detens.heads.deep import DeepEnsembleHead
+
+        a = Detections([[10.0, 20.0, 110.0, 220.0]], [0.9], [0], SIZE)
+        b = Detections([[12.0, 20.0, 110.0, 221.0], [300.0, 300.0, 400.0, 400.0]], [0.8, 0.5], [0, 2], SIZE)
+        head = DeepEnsembleHead(["a", "b"], class_ids=[0, 2, 5], class_embed=2, hidden=4, depth=1)
+        head.label_space = {0: "cat", 2: "car", 5: "bus"}
+        names = {0: "person", 2: "car"}
+        with pytest.raises(ValueError, match=r"^the head was trained on a label space whose category ids name other "
+                                             r"classes than in the detections' class names: 0 is 'cat' in the head "
+                                             r"but 'person' there;"):
+            detens.fuse([a.to_supervision({0: "person"}), b.to_supervision(names)], "deep", head=head, image_size=SIZE)
+        # they name the classes of this image only: the head's class 5, absent here, is no reason to refuse it
+        head.label_space = {0: "Person", 2: "car", 5: "bus"}
+        fused = detens.fuse([a.to_supervision({0: "person"}), b.to_supervision(names)], "deep", head=head,
+                            image_size=SIZE)
+        assert isinstance(fused, sv.Detections) and len(fused) == 2
+        # a label_space given is the whole label space, and is what is checked
+        with pytest.raises(ValueError, match=r"category ids 5, which are not among the 2 category ids of label_space"):
+            detens.fuse([a.to_supervision(), b.to_supervision()], "deep", head=head, image_size=SIZE, label_space=names)
+
     def test_all_empty(self):
         fused = detens.fuse([sv.Detections.empty(), sv.Detections.empty()], image_size=(20, 30))
         assert isinstance(fused, sv.Detections) and len(fused) == 0

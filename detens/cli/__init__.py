@@ -170,9 +170,28 @@ def _interruptible(argv: Sequence[str], start: Callable[[], int]) -> int:
     try:
         return start()
     except KeyboardInterrupt:
-        if "--debug" in argv:  # not parsed yet, maybe
+        if _asks_for_debug(argv):  # not parsed yet, maybe
             raise
         return _interrupted()
+
+
+def _asks_for_debug(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` gives ``--debug``, as argparse will read it: whole or abbreviated (``--deb``), up to a
+    ``--``, after which every argument is a positional one.
+
+    argparse takes any prefix of an option that no other option of the command starts with. The shortest
+    one is ``--d`` for a command with no other ``--d...`` option, ``--deb`` beside ``--device``; where a
+    shorter prefix is ambiguous argparse refuses the command line, so counting each prefix of ``--debug``
+    past the dashes agrees with argparse on each line it accepts, and needs the options of no command
+    (importing them is what a Ctrl-C here interrupts). ``--debug=...`` is refused by argparse: the flag
+    takes no value.
+    """
+    for arg in argv:
+        if arg == "--":
+            return False
+        if len(arg) > 2 and "--debug".startswith(arg):
+            return True
+    return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -59,7 +59,8 @@ refused, naming the other). The shards share each member's ``_settings.json``: a
 differ from those recorded (by another shard or an unsharded run) is refused, naming the settings that
 differ, also when the two start at the same moment (the settings are compared and recorded holding
 ``--out/.detens.cache.lock`` for that moment); its ``--overwrite`` is refused too while another shard
-writes results with the recorded settings.
+runs, which may be writing results with the recorded settings, and when another shard recorded its own
+settings after this one started (run it again once that shard has ended).
 
 Sharding: ``--shard i/n`` (``0 <= i < n``) takes the images at positions ``i, i + n, i + 2n, ...`` of the
 ground truth's images sorted by id, and writes ``--out/shards/<member>.shard-<i>-of-<n>.json`` (the
@@ -591,20 +592,38 @@ def settings_difference(saved: Any, settings: dict[str, Any]) -> str | None:
     return ", ".join(f"{k}: {(saved or {}).get(k)!r} -> {settings.get(k)!r}" for k in changed)
 
 
-def other_settings_error(out: Path, member: str, details: str, shard: tuple[int, int] | None) -> ValueError:
+def other_settings_error(
+    out: Path, member: str, details: str, shard: tuple[int, int] | None, overwrite: bool = False
+) -> ValueError:
     """The refusal of a run whose settings for ``member`` are not those recorded in ``out`` (``details``,
-    recorded -> this run's), naming a shard that is writing results with the recorded ones."""
+    recorded -> this run's), naming a shard that runs on ``out``. ``overwrite``: the run has ``--overwrite``
+    and found other settings recorded only as it claimed the member, by a shard that started meanwhile."""
     held = f"{partial_dir(out, member)} holds results of {member!r} made with other settings ({details})"
     running = running_shards(out, shard)
+    if overwrite:  # the advice to add --overwrite would be the one it followed
+        held = f"{held}, recorded by another shard since this run started"
+        again = "run this command again (its --overwrite then discards them)"
+        if running:
+            return ValueError(f"{held}; {_running_text(running[0])}: wait for it to end and {again}, "
+                              "or use another --out")
+        return ValueError(f"{held}: {again}, or use another --out")
     if running:
-        return ValueError(f"{held}, and {running[0]} is writing more of them: use another --out, or wait for it "
-                          "to end (then --overwrite discards them)")
+        return ValueError(f"{held}; {_running_text(running[0])}: use another --out, or wait for it to end (then "
+                          "--overwrite discards them)")
     return ValueError(f"{held}; use another --out, or --overwrite to discard them")
+
+
+def _running_text(holder: str) -> str:
+    # Which settings a running shard writes is recorded nowhere: one that resumed or claimed the member writes
+    # more results with the recorded settings, one with --overwrite that has not yet claimed it (its first
+    # result) writes results of its own settings in their place, and one may run other members only.
+    return (f"{holder} runs on the same --out, and may be writing more of them (or, with --overwrite, results "
+            "of its own settings)")
 
 
 def check_none_running(out: Path, member: str, details: str, shard: tuple[int, int] | None) -> None:
     """Refuse to discard ``member``'s results made with other settings (``details``) while another shard
-    writes more of them (it would go on writing them among this run's).
+    runs on ``out``: it may be writing more of them (it would go on writing them among this run's).
 
     Raises:
         ValueError: naming the shard.
@@ -613,7 +632,7 @@ def check_none_running(out: Path, member: str, details: str, shard: tuple[int, i
     if running:
         raise ValueError(
             f"--overwrite would discard every result of {member!r} in {out}, made with other settings "
-            f"({details}), while {running[0]} is writing them: wait for it to end, or use another --out"
+            f"({details}), while {_running_text(running[0])}: wait for it to end, or use another --out"
         )
 
 
@@ -633,7 +652,7 @@ def replace_results(out: Path, run: MemberRun, output: Path, ids: list[int], sha
     folder = partial_dir(out, run.name)
     details = recorded_difference(out, run.name, run.settings)
     if details is not None and run.stale is None:  # recorded by a shard that started after this run checked
-        raise other_settings_error(out, run.name, details, shard)
+        raise other_settings_error(out, run.name, details, shard, overwrite=run.overwrite)
     if details is not None:
         check_none_running(out, run.name, details, shard)
     if run.overwrite:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,7 @@ def fuse(
     method: str = "wbf",
     calibration: Any = None,
     image_size: tuple[int, int] | None = None,
+    label_space: Mapping[int, str] | None = None,
     **params: Any,
 ) -> Detections:
     """Fuse the detections of several models on one image.
@@ -86,14 +87,32 @@ def fuse(
             ``fuser`` is not used here: ``method`` and ``params`` decide the fusion.
         image_size (tuple[int, int] | None): ``(height, width)`` of the image; required when ``per_model``
             holds ``supervision.Detections`` (they do not record it), else checked against the Detections'.
+        label_space (Mapping[int, str] | None): the category names of the detections' labels,
+            ``{id: name}``; when given, a head (``head=``, or ``calibration``) whose per-class parameters
+            were trained on other classes is refused (see :func:`detens.heads.check_head_label_space`): one
+            with parameters for an id that ``label_space`` lacks, or whose recorded label space names one
+            of its ids otherwise. Without it, ``supervision.Detections`` that carry their class names
+            (``data["class_name"]``) have those names compared (their ids are only the classes of this
+            image: none is refused for being absent). A head without per-class parameters is accepted in
+            any label space.
         **params: the fuser's own parameters (``iou_thr``, ``weights``, ``head``, ...).
 
     Returns:
         Detections: fused boxes in the input's label space, clipped to the image, sorted by score; a
         ``supervision.Detections`` when every input was one.
+
+    Raises:
+        ValueError: among others, a head trained on other classes than ``label_space``'s, naming the ids.
     """
+    given_head = params.get("head")  # for messages: a path that resolve_method may load
     fuser = FUSERS.get(resolve_method(method, params))
-    check_parameter_names(method, fuser, params, own=("calibration", "image_size"))
+    check_parameter_names(method, fuser, params, own=("calibration", "image_size", "label_space"))
+    if label_space is not None:
+        if not isinstance(label_space, Mapping):
+            raise TypeError(f"label_space must map category ids to names ({{id: name}}), got {type(label_space).__name__}")
+        from detens.heads._io import check_label_space
+
+        label_space = check_label_space(label_space, "label_space")
     as_supervision, class_names = False, None
     if isinstance(per_model, Sequence) and not isinstance(per_model, Detections):
         from detens.interop.supervision import class_names_of, from_supervision_per_model
@@ -106,7 +125,13 @@ def fuse(
             f"image_size={tuple(image_size)} but the Detections are of a {per_model[0].image_size} image"
         )
     if calibration is not None:
-        per_model = _resolve_calibration(calibration).calibrate(per_model)
+        given, calibration = calibration, _resolve_calibration(calibration)
+        _check_head_label_space(calibration, given, "calibration", label_space, class_names)
+        per_model = calibration.calibrate(per_model)
+    if params.get("head") is not None and (label_space is not None or class_names is not None):
+        if isinstance(params["head"], (str, Path)):  # loaded as the fuser would load it: once per file version
+            params["head"] = theta.load_cached_head(params["head"])
+        _check_head_label_space(params["head"], given_head, "head", label_space, class_names)
     fused = fuser(per_model, **params)
     return fused.to_supervision(class_names) if as_supervision else fused
 
@@ -135,6 +160,26 @@ def check_parameter_names(method: str, fuser: Any, params: dict[str, Any], own: 
     unknown = sorted(set(params) - set(names) - set(own))
     if unknown:
         raise TypeError(f"fusion method {method!r} takes no parameter {unknown}; its parameters: {[*names, *own]}")
+
+
+def _check_head_label_space(
+    head: Any, given: Any, what: str, label_space: dict[int, str] | None, class_names: dict[int, str] | None
+) -> None:
+    """Refuse ``head`` (``given`` as a head or its path, to the argument ``what``) in ``label_space``, or,
+    without it, under the class names the supervision inputs carry (those of one image's classes), if any.
+    Tens of microseconds: checked on every call, against milliseconds of fusion."""
+    if label_space is None and class_names is None:
+        return
+    from detens.heads import check_head_label_space
+
+    if isinstance(given, (str, Path)):
+        named = f"{what} {str(given)!r}"
+    else:
+        named = "the head" if what == "head" else f"the {what} head"
+    if label_space is not None:
+        check_head_label_space(head, label_space, named, "label_space")
+    else:
+        check_head_label_space(head, class_names, named, "the detections' class names", complete=False)
 
 
 def _resolve_calibration(calibration: Any) -> Any:
