@@ -1095,9 +1095,12 @@ def test_shards_starting_at_once_with_other_settings_do_not_both_record_theirs(s
     assert json.loads((out / ".partial" / "b" / "_settings.json").read_text())["conf"] == 0.001
 
 
-def test_an_overwrite_compares_the_settings_again_when_it_records_them(slice_, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("running", [False, True])
+def test_an_overwrite_compares_the_settings_again_when_it_records_them(
+        slice_, tmp_path, capsys, monkeypatch, lock_in_another_process, running):
     """With --overwrite a member records its settings at its first result: a shard that started meanwhile
-    with other settings has recorded its own, and they are not written over."""
+    with other settings has recorded its own, and they are not written over. The refusal tells the run,
+    which has --overwrite, to run again (not to add the flag), once the other shard ends if it runs."""
     out = tmp_path / "o"
     detect = cache_tool.detect_loaded
     started = []
@@ -1106,37 +1109,21 @@ def test_an_overwrite_compares_the_settings_again_when_it_records_them(slice_, t
         if not started:
             started.append(True)
             assert run(slice_, out, "--models", "b", "--shard", "1/2", "--conf", "0.4") == 0
+            if running:
+                lock_in_another_process(out, ".detens.shard-1-of-2.lock")  # and shard 1 runs again
         return detect(*args, **kwargs)
 
     monkeypatch.setattr(cache_tool, "detect_loaded", other_shard_first)
     code = run(slice_, out, "--models", "b", "--shard", "0/2", "--overwrite")
-    # it has --overwrite: the advice is to run it again, not to add the flag
-    refused(capsys, code, r"'b' made with other settings \(conf: 0.4 -> 0.001\), recorded by another shard since "
-                          r"this run started: run this command again \(its --overwrite then discards them\), or use "
-                          r"another --out$")
+    held = r"'b' made with other settings \(conf: 0.4 -> 0.001\), recorded by another shard since this run started"
+    again = r"run this command again \(its --overwrite then discards them\), or use another --out$"
+    if running:
+        refused(capsys, code, rf"{held}; detens fuse \(pid \d+ on .*\) {RUNS_AND_MAY_WRITE}: wait for it to end and "
+                              rf"{again}")
+    else:
+        refused(capsys, code, rf"{held}: {again}")
     assert json.loads((out / ".partial" / "b" / "_settings.json").read_text())["conf"] == 0.4
     assert not (out / "shards" / "b.shard-0-of-2.json").exists()
-
-
-def test_an_overwrite_refused_as_it_claims_beside_a_running_shard_is_told_to_wait_and_run_again(
-        slice_, tmp_path, capsys, monkeypatch, lock_in_another_process):
-    out = tmp_path / "o"
-    detect = cache_tool.detect_loaded
-    started = []
-
-    def other_shard_first(*args, **kwargs):
-        if not started:
-            started.append(True)
-            assert run(slice_, out, "--models", "b", "--shard", "1/2", "--conf", "0.4") == 0
-            lock_in_another_process(out, ".detens.shard-1-of-2.lock")  # and shard 1 runs again
-        return detect(*args, **kwargs)
-
-    monkeypatch.setattr(cache_tool, "detect_loaded", other_shard_first)
-    code = run(slice_, out, "--models", "b", "--shard", "0/2", "--overwrite")
-    refused(capsys, code, r"'b' made with other settings \(conf: 0.4 -> 0.001\), recorded by another shard since "
-                          rf"this run started; detens fuse \(pid \d+ on .*\) {RUNS_AND_MAY_WRITE}: wait for it to end "
-                          r"and run this command again \(its --overwrite then discards them\), or use another --out$")
-    assert json.loads((out / ".partial" / "b" / "_settings.json").read_text())["conf"] == 0.4
 
 
 def test_a_shard_refused_beside_an_overwrite_shard_is_not_told_it_writes_the_recorded_settings(
