@@ -459,9 +459,14 @@ def has_finished_image(out: Path) -> bool:
 def is_image_record(path: Path, out: Path) -> bool:
     """Whether ``path`` holds the partial record of an image, at that image's own path (an earlier
     version's run record at ``partial/_run.json`` names no image)."""
-    record = _read_json(path)
+    return _recorded_image(_read_json(path), path, out) is not None
+
+
+def _recorded_image(record: Any, path: Path, out: Path) -> str | None:
+    """The name of the image whose partial record ``record`` (read from ``path``) is, at that image's own
+    path; None for anything else."""
     name = record.get("file_name") if isinstance(record, dict) else None
-    return isinstance(name, str) and path == partial_path(out, name)
+    return name if isinstance(name, str) and path == partial_path(out, name) else None
 
 
 def earlier_run_record(out: Path) -> Any:
@@ -469,8 +474,9 @@ def earlier_run_record(out: Path) -> Any:
     earlier version in ``partial/``, unless an image's record has replaced it there), else the summary of
     a complete or interrupted one; None when there is none."""
     record = _read_json(out / RUN_RECORD)
-    if not record and (out / EARLIER_RUN_RECORD).is_file() and not is_image_record(out / EARLIER_RUN_RECORD, out):
-        record = _read_json(out / EARLIER_RUN_RECORD)
+    if not record:
+        earlier = _read_json(out / EARLIER_RUN_RECORD)
+        record = None if _recorded_image(earlier, out / EARLIER_RUN_RECORD, out) is not None else earlier
     return record or _read_json(out / "summary.json")
 
 
@@ -506,8 +512,8 @@ def finished_records(out: Path) -> dict[str, dict[str, Any]]:
     # an earlier version's run record (EARLIER_RUN_RECORD) names no image: the check below passes it over
     for path in sorted(folder.rglob("*.json")) if folder.is_dir() else []:
         record = _read_json(path)
-        name = record.get("file_name") if isinstance(record, dict) else None
-        if isinstance(name, str) and path == partial_path(out, name):
+        name = _recorded_image(record, path, out)
+        if name is not None:
             records[name] = record
     return records
 
