@@ -162,17 +162,20 @@ def test_a_resized_image_file_is_refused_naming_it_and_both_sizes(tmp_path, pixe
         read_images(truth, tmp_path, [1], pixels=pixels)
 
 
-def test_checking_the_images_to_draw_decodes_none_that_pillow_knows(tmp_path, monkeypatch):
-    """What evaluate --report checks of every scored image before it runs: their pixels would not fit in memory."""
+@pytest.mark.parametrize("pixels", [True, False])
+def test_an_image_whose_header_is_sound_and_pixels_are_not_is_unreadable(tmp_path, pixels):
+    """What evaluate --report checks of every scored image before it runs: what drawing would fail on."""
     import cv2
 
     from detens.coco import CocoGroundTruth
-    from detens.report import examples
+    from detens.report.examples import read_images
 
     truth = CocoGroundTruth(tiny_record().gt)  # 1.jpg: 100 x 80 (width x height)
-    cv2.imwrite(str(tmp_path / "1.jpg"), np.zeros((80, 100, 3), np.uint8))
-    monkeypatch.setattr(examples, "_decode", lambda path: pytest.fail(f"{path} decoded"))
-    assert examples.read_images(truth, tmp_path, [1], pixels=False) == {}
+    ok, encoded = cv2.imencode(".png", np.random.default_rng(0).integers(0, 256, (80, 100, 3), np.uint8))
+    assert ok
+    (tmp_path / "1.jpg").write_bytes(encoded.tobytes()[: encoded.size // 2])  # the header whole, half the pixels
+    with pytest.raises(FileNotFoundError, match=r"1 of the 1 images to draw are not usable in .* \(unreadable 1\.jpg\)"):
+        read_images(truth, tmp_path, [1], pixels=pixels)
 
 
 @pytest.mark.parametrize("pixels", [True, False])
@@ -190,7 +193,7 @@ def test_an_exif_rotated_image_is_drawn_as_stored(tmp_path, pixels):
     exif = b"Exif\x00\x00MM\x00\x2a\x00\x00\x00\x08\x00\x01\x01\x12\x00\x03\x00\x00\x00\x01\x00\x06\x00\x00\x00\x00\x00\x00"
     data = encoded.tobytes()
     (tmp_path / "1.jpg").write_bytes(data[:2] + b"\xff\xe1" + (len(exif) + 2).to_bytes(2, "big") + exif + data[2:])
-    read = read_images(truth, tmp_path, [1], pixels=pixels)  # checked from the header: no rotated size refused
+    read = read_images(truth, tmp_path, [1], pixels=pixels)  # stored size: no rotated size refused
     assert (read[1].shape == (80, 100, 3)) if pixels else read == {}
 
 

@@ -67,7 +67,7 @@ report`` rebuilds the report page later without fitting or fusing again. ``--rep
 that page now: ``DIR/index.html`` with its PNGs (metrics, precision-recall curves, per-class AP changes,
 TIDE error breakdown, calibration, member votes, and images where fusion helped and hurt most, drawn from
 ``--images``, by default the ``images`` folder beside ``--gt``: every scored image must be there, readable
-and of the size the ground truth gives it, which is checked from the files' headers before the evaluation
+and of the size the ground truth gives it, which is checked (each image decoded once) before the evaluation
 runs) and ``DIR/page.json``, the numbers on it. The table may sit in ``DIR`` (``--out DIR/report.json``);
 a page file that would land on another output of the run (``--out DIR/page.json``, ``--plot
 DIR/map.png``) is an error before the evaluation runs. The curves of
@@ -347,7 +347,7 @@ def _check_report_images(folder: Path, gt: CocoGroundTruth, given: bool) -> None
     """Raise now, not once the evaluation is done, if a scored image in ``folder`` is missing, unreadable or
     not the size its ground truth gives it: the report draws the images where fusion helped and hurt most
     from it, and any scored image may be one of them. The check the report makes of the images it draws,
-    from the files' headers: every scored image's pixels at once would be more than memory holds."""
+    each image decoded and let go: every scored image's pixels at once would be more than memory holds."""
     from detens.report.examples import read_images
 
     try:

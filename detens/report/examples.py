@@ -134,10 +134,10 @@ def read_images(
     checked to be the image the ground truth describes.
 
     Args:
-        pixels (bool): False: check the files only, decoding none that Pillow can read the header of (its
-            size), and return ``{}``: how a caller checks every image it may draw before a long run
-            picks them, without holding them all in memory. A file with a sound header and corrupt pixels
-            passes this check and fails the one that reads them.
+        pixels (bool): False: check the files only, and return ``{}``: how a caller checks every image it may
+            draw before a long run picks them, without holding them all in memory. Each file is decoded as
+            drawing decodes it (a few milliseconds an image), so a file whose header is sound and whose
+            pixels are not (a truncated PNG) is refused here too.
 
     Returns:
         dict[int, np.ndarray[H, W, 3] uint8]: per image, BGR as OpenCV reads it.
@@ -154,18 +154,16 @@ def read_images(
         if not path.is_file():
             missing.append(truth.file_name(image_id))
             continue
-        if pixels:
-            image = _decode(path)
-            size = None if image is None else image.shape[:2]
-        else:
-            image, size = None, _stored_size(path)
-        if size is None:
+        image = _decode(path)
+        if image is None:
             unreadable.append(truth.file_name(image_id))
             continue
-        height, width = truth.image_size(image_id)
-        if size != (height, width):
-            resized.append(f"{truth.file_name(image_id)} is {size[1]}x{size[0]}, the ground truth says {width}x{height}")
-        if image is not None:
+        (height, width), (stored_height, stored_width) = truth.image_size(image_id), image.shape[:2]
+        if (stored_height, stored_width) != (height, width):
+            resized.append(
+                f"{truth.file_name(image_id)} is {stored_width}x{stored_height}, the ground truth says {width}x{height}"
+            )
+        if pixels:
             read[image_id] = image
     if missing or unreadable:
         problems = [
@@ -193,20 +191,6 @@ def _decode(path: Path) -> np.ndarray | None:
     import cv2
 
     return cv2.imread(str(path), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
-
-
-def _stored_size(path: Path) -> tuple[int, int] | None:
-    """``(height, width)`` of the pixels stored in an image file, as :func:`_decode` would give them (an EXIF
-    orientation is not applied), from its header where Pillow reads it; None when it is no image."""
-    from PIL import Image
-
-    try:
-        with Image.open(path) as image:
-            width, height = image.size
-        return height, width
-    except Exception:  # a format Pillow lacks (OpenEXR, Radiance HDR) or a header it refuses: OpenCV decides
-        image = _decode(path)
-        return None if image is None else image.shape[:2]
 
 
 def write_examples(
