@@ -88,7 +88,7 @@ from detens.adapters import (
     member_weights,
 )
 from detens.checks import first_few
-from detens.cli import add_weights_dir_argument
+from detens.cli import add_weights_dir_argument, folder_path
 from detens.cli._engine import add_engine_arguments, ray_options
 from detens.cli._inputs import (
     check_inputs_unchanged,
@@ -153,7 +153,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         required=True,
         help=f"an image, a folder (recursive), a glob (quote it), or {ASSETS_SOURCE!r} (Ultralytics' sample images)",
     )
-    p.add_argument("--out", type=Path, required=True, help="output folder (created; a re-run resumes)")
+    p.add_argument("--out", type=folder_path, required=True, help="output folder (created; a re-run resumes)")
     p.add_argument(
         "--method", help=f"fusion method or head type (overrides fusion.method): {', '.join(list_methods())}"
     )
