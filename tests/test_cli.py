@@ -164,6 +164,12 @@ def test_an_empty_folder_is_refused_not_taken_for_the_working_directory(workspac
     assert sorted(p.name for p in workspace.iterdir()) == before
 
 
+def test_an_empty_head_is_refused_not_passed_over(workspace, capsys):
+    assert main(fuse_args("--config", "missing_weights.yaml", "--head", "")) == 2
+    err = capsys.readouterr().err
+    assert "error: head file '' not found" in err and "Traceback" not in err, err
+
+
 def test_an_empty_out_is_refused_in_python_calls_too(workspace):
     import detens
 

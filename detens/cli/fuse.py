@@ -180,7 +180,8 @@ def resolve_config(args: argparse.Namespace) -> EnsembleConfig:
     """The config file with the flags applied (a flag given for every model also replaces each model's
     own value). ``--head`` without ``--method`` runs the head's own type; ``--method`` without ``--head``
     drops the config's head unless the method is the config's own or ``theta`` (which runs any head)."""
-    head = str(find_head_file(args.head).resolve()) if args.head else None
+    # an empty --head (an unset shell variable) is a head file not found, not the config's own head
+    head = str(find_head_file(args.head).resolve()) if args.head is not None else None
     per_model = {"conf": args.conf, "imgsz": args.imgsz, "device": args.device, "batch": args.batch}
     overrides: dict[str, Any] = {
         "weights_dir": args.weights_dir,
