@@ -260,6 +260,16 @@ class TestFuseResultsSynthetic:
             fuse_results([r1, r2], method=METHOD)  # each box would have been read as an image
         assert len(fuse_results([[r1], [r2]], method=METHOD)) == 1
 
+    def test_model_names_as_one_string_are_refused_not_split_into_characters(self):
+        r1 = make_results(*random_boxes(0, 3))
+        r2 = make_results(*random_boxes(1, 3))
+        with pytest.raises(TypeError, match=r"model_names must be a list with one name per model, got str: 'ab'"):
+            fuse_results([[r1], [r2]], method=METHOD, model_names="ab")
+        with pytest.raises(TypeError, match=r"model_names must be a list with one name per model, got str: 'ab'"):
+            TorchvisionFusion(method=METHOD, model_names="ab")
+        fused = fuse_results([[r1], [r2]], method=METHOD, model_names=("a", "b"))[0]
+        assert len(fused) == len(fuse_results([[r1], [r2]], method=METHOD)[0])
+
     def test_custom_class_names_use_indices(self):
         names = {0: "cat", 1: "dog"}
         r1 = make_results([[0.0, 0.0, 50.0, 50.0]], [0.9], [1], names=names)
