@@ -232,9 +232,9 @@ class Ensemble:
         Returns:
             list[Detections]: one fused Detections per image, in order.
         """
-        if isinstance(images, (str, Path, np.ndarray)):
-            images = [images]
-        return self._detect_and_fuse(list(images))
+        from detens.adapters._base import as_image_list
+
+        return self._detect_and_fuse(as_image_list(images))
 
     def _detect_and_fuse(self, images: list[Any], paths: Sequence[Any] | None = None) -> list[Detections]:
         if not images:
@@ -537,6 +537,11 @@ class TorchvisionFusion(nn.Module):
             )
         if isinstance(image_sizes, Tensor) and image_sizes.ndim == 2 and image_sizes.shape[1] == 2:
             image_sizes = image_sizes.tolist()  # [B, 2]
+        if isinstance(image_sizes, (str, bytes, Mapping)) or not isinstance(image_sizes, Iterable):
+            raise TypeError(
+                "image_sizes must be a list with the (height, width) of each image, got "
+                f"{type(image_sizes).__name__}: {image_sizes!r}"
+            )
         sizes = [_as_image_size(s, f"image_sizes[{i}]") for i, s in enumerate(image_sizes)]
         if len(sizes) != counts[0]:
             raise ValueError(f"got {len(sizes)} image sizes for {counts[0]} images")

@@ -379,6 +379,8 @@ class TestTorchvisionFusion:
             fusion(outputs, [240, 320])
         with pytest.raises(ValueError, match="must be positive"):
             fusion(outputs, [(0, 320), (300, 200)])
+        with pytest.raises(TypeError, match="image_sizes must be a list with the \\(height, width\\) of each image, got NoneType"):
+            fusion(outputs, None)
 
     @pytest.mark.parametrize("options, error, message", [
         ({"model_names": ["a", "b"], "iou_thr": 5}, ValueError, r"iou_thr must be in \[0, 1\], got 5"),
@@ -512,6 +514,14 @@ class TestEnsemble:
 
         with pytest.raises(ValueError, match="returned 0 Detections for 1 images"):
             Ensemble([Short("s", [a])], method=METHOD)(["x.jpg"])
+
+    @pytest.mark.parametrize("images", [None, 3])
+    def test_images_of_another_type_are_named(self, images):
+        ens = Ensemble([FixedDetector("a", [Detections.empty((10, 10))])], method=METHOD)
+        with pytest.raises(TypeError, match=f"images must be a list of paths or BGR numpy arrays, got {type(images).__name__}"):
+            ens(images)
+        with pytest.raises(TypeError, match=f"image source must be a path, a glob pattern or a list of them, got {type(images).__name__}"):
+            ens.predict(images)
 
     def test_boxes_carry_the_member_name_the_head_was_checked_against(self):
         # detectors whose Detections name other sources: their names, not the sources, place them in the head
