@@ -910,6 +910,9 @@ def test_view_images():
         ("scale=0", "scale"),
         ("", "non-empty"),
         ({"flip": True}, "unknown view option"),
+        ("scale=0.5+scale=0.8", "view 'scale=0.5\\+scale=0.8' gives scale twice"),
+        ("hflip+hflip", "gives hflip twice"),
+        ("tiles=2x2+overlap=0.2+tiles=3x3", "gives tiles twice"),
     ],
 )
 def test_bad_views(spec, fragment):
