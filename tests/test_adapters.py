@@ -807,6 +807,20 @@ class TestPrecomputed:
             PrecomputedDetector(results, {"a.jpg": 7})
         assert "1 of the results' image ids are not among the 1 images (e.g. [1000007])" in caplog.text
 
+    @pytest.mark.parametrize("images, error, message", [
+        ({"a.jpg": 7.5}, TypeError, r"the image id of 'a\.jpg' in images \(\{file_name: image_id\}\) must be an integer, got float"),
+        ({"a.jpg": "7"}, TypeError, "must be an integer, got str: '7'"),
+        ({"a.jpg": None}, TypeError, "must be an integer, got NoneType"),
+        ({"a.jpg": 7, "b.jpg": 7}, ValueError, "image id 7 is given to both 'a.jpg' and 'b.jpg'"),
+        ([{"id": 7, "file_name": "a.jpg"}, {"id": 7, "file_name": "b.jpg"}], ValueError,
+         "image id 7 is given to both 'a.jpg' and 'b.jpg'"),
+        ([{"id": 7.0, "file_name": "a.jpg"}], TypeError, r"images\[0\]\.id must be an integer, got float"),
+    ], ids=["float", "str", "None", "two files", "two records", "record float"])
+    def test_an_image_map_with_ids_that_are_no_image_ids_is_refused(self, images, error, message):
+        results = [{"image_id": 7, "category_id": 1, "bbox": [1.0, 2.0, 3.0, 4.0], "score": 0.5}]
+        with pytest.raises(error, match=message):
+            PrecomputedDetector(results, images)
+
     def test_category_ids_outside_a_label_space_are_named(self, tmp_path):
         results = [{"image_id": 7, "category_id": c, "bbox": [1.0, 2.0, 3.0, 4.0], "score": 0.5}
                    for c in (1, 999, 12, 999, 3)]
@@ -1012,3 +1026,4 @@ def test_readme_bring_your_detectors_snippet(monkeypatch):
     assert [len(d) for d in namespace["saved"](namespace["images"])] == [
         len(d) for d in namespace["yolo"](namespace["images"])
     ]
+
