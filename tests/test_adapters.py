@@ -1027,3 +1027,17 @@ def test_readme_bring_your_detectors_snippet(monkeypatch):
         len(d) for d in namespace["yolo"](namespace["images"])
     ]
 
+
+def test_an_empty_detector_name_is_refused_not_replaced_by_the_default():
+    from detens.adapters import TorchvisionDetector, UltralyticsDetector
+
+    results = [{"image_id": 7, "category_id": 1, "bbox": [1.0, 2.0, 3.0, 4.0], "score": 0.5}]
+    makers = [
+        lambda name: PrecomputedDetector(results, {"a.jpg": 7}, name=name),
+        lambda name: UltralyticsDetector(MODELS[0], name=name),
+        lambda name: TorchvisionDetector("fasterrcnn_mobilenet_v3_large_320_fpn", weights=None, name=name),
+    ]
+    for make in makers:
+        with pytest.raises(ValueError, match="detector name must be a non-empty string, got ''"):
+            make("")
+    assert PrecomputedDetector(results, {"a.jpg": 7}, name="saved").name == "saved"

@@ -276,7 +276,7 @@ class AugmentedView(BaseDetector):
         self.detector = detector
         self.merge_iou, self.max_det = float(merge_iou), max_det
         super().__init__(
-            name or f"{detector.name}|{self.view.name}",
+            name if name is not None else f"{detector.name}|{self.view.name}",
             getattr(detector, "batch", 1),
             getattr(detector, "categories", None),
         )

@@ -95,7 +95,7 @@ class PrecomputedDetector(BaseDetector):
             embedded_images = results.get("images", embedded_images)
             results = results["results"]
         clean = validate_coco_results(results, where)
-        super().__init__(name or default_name, 1, categories)
+        super().__init__(name if name is not None else default_name, 1, categories)
         self.conf = check_real(conf, f"{self.name}: conf", 0.0, 1.0)
         self.max_det = None if max_det is None else check_integer(max_det, f"{self.name}: max_det", 1)
         self.class_map = None if class_map is None else check_category_id_map(class_map, self.name)
