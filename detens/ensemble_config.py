@@ -236,6 +236,11 @@ class EnsembleConfig:
     def __post_init__(self) -> None:
         if not self.models:
             raise ValueError("an ensemble config needs at least one entry under 'models'")
+        # an empty path is the working directory (or the YAML's folder), not "none", which null says
+        for key, what in (("weights_dir", "a folder"), ("dataset", "a COCO annotation file")):
+            value = getattr(self, key)
+            if value is not None and not value.strip():
+                raise ValueError(f"{key} must be {what}, got {value!r}; leave it out (null) for none")
         if not 0.0 <= self.conf <= 1.0:
             raise ValueError(f"conf must be in [0, 1], got {self.conf}")
         if not 0.0 < self.iou <= 1.0:

@@ -43,7 +43,7 @@ def _checked(action: argparse.Action, key: str, value: Any) -> Any:
         if not isinstance(value, bool):
             raise TypeError(f"{key} must be True or False, got {type(value).__name__}: {value!r}")
         return value
-    from detens.cli import existing_folder
+    from detens.cli import existing_folder, folder_path
 
     if value is None:  # the flag left out (a required one is named by _run)
         return action.default
@@ -59,6 +59,13 @@ def _checked(action: argparse.Action, key: str, value: Any) -> Any:
         if not isinstance(value, (str, os.PathLike)):
             raise TypeError(f"{key} must be a path (str or os.PathLike), got {type(value).__name__}: {value!r}")
         value = Path(value)
+    elif kind is folder_path:
+        if not isinstance(value, (str, os.PathLike)):
+            raise TypeError(f"{key} must be a path (str or os.PathLike), got {type(value).__name__}: {value!r}")
+        try:
+            value = folder_path(os.fspath(value))
+        except argparse.ArgumentTypeError as err:
+            raise ValueError(f"{key}: {err}") from None
     elif kind is existing_folder:
         if not isinstance(value, (str, os.PathLike)):
             raise TypeError(f"{key} must be a path (str or os.PathLike), got {type(value).__name__}: {value!r}")

@@ -116,10 +116,21 @@ def _lists_per_model(per_model: Sequence[Any], what: str, items: str, example: s
     return [list(entry) for entry in per_model]
 
 
+def _model_name_list(model_names: Sequence[str] | None) -> list[str] | None:
+    """``model_names`` as a list; a string is refused, not split into one name per character."""
+    if model_names is None:
+        return None
+    if isinstance(model_names, (str, bytes)) or not isinstance(model_names, Iterable):
+        raise TypeError(
+            f"model_names must be a list with one name per model, got {type(model_names).__name__}: {model_names!r}"
+        )
+    return list(model_names)
+
+
 def _check_model_names(model_names: Sequence[str] | None, num_models: int) -> list[str | None]:
     if model_names is None:  # unnamed: a head then takes the models in its own order
         return [None] * num_models
-    names = [str(n) for n in model_names]
+    names = [str(n) for n in _model_name_list(model_names)]
     if len(names) != num_models:
         raise ValueError(f"model_names has {len(names)} names for {num_models} models: {names}")
     return names
@@ -221,9 +232,9 @@ class Ensemble:
         Returns:
             list[Detections]: one fused Detections per image, in order.
         """
-        if isinstance(images, (str, Path, np.ndarray)):
-            images = [images]
-        return self._detect_and_fuse(list(images))
+        from detens.adapters._base import as_image_list
+
+        return self._detect_and_fuse(as_image_list(images))
 
     def _detect_and_fuse(self, images: list[Any], paths: Sequence[Any] | None = None) -> list[Detections]:
         if not images:
@@ -417,6 +428,7 @@ def fuse_results(
         raise ValueError(
             f"models returned different numbers of Results {counts}; they must run on the same images"
         )
+    model_names = _model_name_list(model_names)
     names = _check_model_names(model_names, len(per_model))
     # A head given as a path is checked against the model names only when the caller gave them.
     params = _fusion_params(method, head, params, model_names)
@@ -477,7 +489,7 @@ class TorchvisionFusion(nn.Module):
     ) -> None:
         super().__init__()
         self.method = method
-        self.model_names = list(model_names) if model_names is not None else None
+        self.model_names = _model_name_list(model_names)
         params = _fusion_params(method, head, params, self.model_names)
         members = _declared_members(self.model_names, params.get("head"))
         if members is not None:
@@ -525,6 +537,11 @@ class TorchvisionFusion(nn.Module):
             )
         if isinstance(image_sizes, Tensor) and image_sizes.ndim == 2 and image_sizes.shape[1] == 2:
             image_sizes = image_sizes.tolist()  # [B, 2]
+        if isinstance(image_sizes, (str, bytes, Mapping)) or not isinstance(image_sizes, Iterable):
+            raise TypeError(
+                "image_sizes must be a list with the (height, width) of each image, got "
+                f"{type(image_sizes).__name__}: {image_sizes!r}"
+            )
         sizes = [_as_image_size(s, f"image_sizes[{i}]") for i, s in enumerate(image_sizes)]
         if len(sizes) != counts[0]:
             raise ValueError(f"got {len(sizes)} image sizes for {counts[0]} images")

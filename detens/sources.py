@@ -111,11 +111,16 @@ def list_images(source: str | Path | Iterable[str | Path], recursive: bool = Tru
     Raises:
         FileNotFoundError: ``source`` is neither an existing file, a folder nor a glob.
         ValueError: ``source`` is an empty string.
+        TypeError: ``source`` is none of these (None, a number).
     """
     if isinstance(source, (str, Path)):
         sources = [source]
-    else:
+    elif isinstance(source, Iterable) and not isinstance(source, bytes):
         sources = list(source)
+    else:
+        raise TypeError(
+            f"image source must be a path, a glob pattern or a list of them, got {type(source).__name__}: {source!r}"
+        )
     found: set[Path] = set()
     for item in sources:
         if isinstance(item, str) and not item:

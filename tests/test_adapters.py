@@ -807,6 +807,20 @@ class TestPrecomputed:
             PrecomputedDetector(results, {"a.jpg": 7})
         assert "1 of the results' image ids are not among the 1 images (e.g. [1000007])" in caplog.text
 
+    @pytest.mark.parametrize("images, error, message", [
+        ({"a.jpg": 7.5}, TypeError, r"the image id of 'a\.jpg' in images \(\{file_name: image_id\}\) must be an integer, got float"),
+        ({"a.jpg": "7"}, TypeError, "must be an integer, got str: '7'"),
+        ({"a.jpg": None}, TypeError, "must be an integer, got NoneType"),
+        ({"a.jpg": 7, "b.jpg": 7}, ValueError, "image id 7 is given to both 'a.jpg' and 'b.jpg'"),
+        ([{"id": 7, "file_name": "a.jpg"}, {"id": 7, "file_name": "b.jpg"}], ValueError,
+         "image id 7 is given to both 'a.jpg' and 'b.jpg'"),
+        ([{"id": 7.0, "file_name": "a.jpg"}], TypeError, r"images\[0\]\.id must be an integer, got float"),
+    ], ids=["float", "str", "None", "two files", "two records", "record float"])
+    def test_an_image_map_with_ids_that_are_no_image_ids_is_refused(self, images, error, message):
+        results = [{"image_id": 7, "category_id": 1, "bbox": [1.0, 2.0, 3.0, 4.0], "score": 0.5}]
+        with pytest.raises(error, match=message):
+            PrecomputedDetector(results, images)
+
     def test_category_ids_outside_a_label_space_are_named(self, tmp_path):
         results = [{"image_id": 7, "category_id": c, "bbox": [1.0, 2.0, 3.0, 4.0], "score": 0.5}
                    for c in (1, 999, 12, 999, 3)]
@@ -910,6 +924,9 @@ def test_view_images():
         ("scale=0", "scale"),
         ("", "non-empty"),
         ({"flip": True}, "unknown view option"),
+        ("scale=0.5+scale=0.8", "view 'scale=0.5\\+scale=0.8' gives scale twice"),
+        ("hflip+hflip", "gives hflip twice"),
+        ("tiles=2x2+overlap=0.2+tiles=3x3", "gives tiles twice"),
     ],
 )
 def test_bad_views(spec, fragment):
@@ -1009,3 +1026,18 @@ def test_readme_bring_your_detectors_snippet(monkeypatch):
     assert [len(d) for d in namespace["saved"](namespace["images"])] == [
         len(d) for d in namespace["yolo"](namespace["images"])
     ]
+
+
+def test_an_empty_detector_name_is_refused_not_replaced_by_the_default():
+    from detens.adapters import TorchvisionDetector, UltralyticsDetector
+
+    results = [{"image_id": 7, "category_id": 1, "bbox": [1.0, 2.0, 3.0, 4.0], "score": 0.5}]
+    makers = [
+        lambda name: PrecomputedDetector(results, {"a.jpg": 7}, name=name),
+        lambda name: UltralyticsDetector(MODELS[0], name=name),
+        lambda name: TorchvisionDetector("fasterrcnn_mobilenet_v3_large_320_fpn", weights=None, name=name),
+    ]
+    for make in makers:
+        with pytest.raises(ValueError, match="detector name must be a non-empty string, got ''"):
+            make("")
+    assert PrecomputedDetector(results, {"a.jpg": 7}, name="saved").name == "saved"

@@ -145,6 +145,39 @@ def test_user_mistakes_are_one_error_line(workspace, capsys, case, argv, expecte
     assert not (workspace / "out").exists() or not any((workspace / "out").iterdir())  # nothing claimed
 
 
+EMPTY_FOLDERS = [
+    ("fuse --out", ["fuse", "--source", "images", "--out", ""], "--out"),
+    ("cache --out", ["cache", "--images", "images", "--gt", "gt.json", "--out", ""], "--out"),
+    ("cache --images", ["cache", "--images", "", "--gt", "gt.json", "--out", "out"], "--images"),
+]
+
+
+@pytest.mark.parametrize("case, argv, flag", EMPTY_FOLDERS, ids=[m[0] for m in EMPTY_FOLDERS])
+def test_an_empty_folder_is_refused_not_taken_for_the_working_directory(workspace, capsys, case, argv, flag):
+    before = sorted(p.name for p in workspace.iterdir())
+    try:
+        code = main(argv)
+    except SystemExit as stop:
+        code = stop.code
+    err = capsys.readouterr().err
+    assert code == 2 and f"argument {flag}: expected a folder, got an empty path" in err, err
+    assert sorted(p.name for p in workspace.iterdir()) == before
+
+
+def test_an_empty_head_is_refused_not_passed_over(workspace, capsys):
+    assert main(fuse_args("--config", "missing_weights.yaml", "--head", "")) == 2
+    err = capsys.readouterr().err
+    assert "error: head file '' not found" in err and "Traceback" not in err, err
+
+
+def test_an_empty_out_is_refused_in_python_calls_too(workspace):
+    import detens
+
+    with pytest.raises(ValueError, match="out: expected a folder, got an empty path"):
+        detens.fuse_images("coco_yolo3", "images", "")
+    assert not (workspace / "config.yaml").exists()
+
+
 def test_a_corrupt_weights_file_is_one_error_line_naming_it(workspace, capsys):
     """A truncated .pt checkpoint is the user's file to replace, as a corrupt ONNX model is: no traceback."""
     (workspace / "broken.pt").write_bytes(b"not a checkpoint" * 64)

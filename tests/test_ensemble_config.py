@@ -114,6 +114,8 @@ def test_tta_config_members():
         ({"models": [{"weights": "a.pt", "name": "a\x00b"}]}, "control characters"),
         (minimal(output={"vis_conf": 2.0}), r"vis_conf must be in \[0, 1\]"),
         (minimal(fusion={"head": " "}), r"fusion.head must be a head file or a shipped head's name, got ' '"),
+        (minimal(weights_dir=""), r"weights_dir must be a folder, got ''; leave it out \(null\) for none"),
+        (minimal(dataset=" "), r"dataset must be a COCO annotation file, got ' '; leave it out \(null\) for none"),
         ({"models": [{"weights": "a.pt", "class_map": {}}]}, "class_map is empty, so every box would be dropped"),
         ({"models": [{"weights": "a.pt", "class_map": []}]}, "class_map is empty"),
         ({"models": [{"type": "precomputed", "results": "r.json", "class_map": {}}]}, "class_map is empty"),

@@ -260,6 +260,16 @@ class TestFuseResultsSynthetic:
             fuse_results([r1, r2], method=METHOD)  # each box would have been read as an image
         assert len(fuse_results([[r1], [r2]], method=METHOD)) == 1
 
+    def test_model_names_as_one_string_are_refused_not_split_into_characters(self):
+        r1 = make_results(*random_boxes(0, 3))
+        r2 = make_results(*random_boxes(1, 3))
+        with pytest.raises(TypeError, match=r"model_names must be a list with one name per model, got str: 'ab'"):
+            fuse_results([[r1], [r2]], method=METHOD, model_names="ab")
+        with pytest.raises(TypeError, match=r"model_names must be a list with one name per model, got str: 'ab'"):
+            TorchvisionFusion(method=METHOD, model_names="ab")
+        fused = fuse_results([[r1], [r2]], method=METHOD, model_names=("a", "b"))[0]
+        assert len(fused) == len(fuse_results([[r1], [r2]], method=METHOD)[0])
+
     def test_custom_class_names_use_indices(self):
         names = {0: "cat", 1: "dog"}
         r1 = make_results([[0.0, 0.0, 50.0, 50.0]], [0.9], [1], names=names)
@@ -369,6 +379,8 @@ class TestTorchvisionFusion:
             fusion(outputs, [240, 320])
         with pytest.raises(ValueError, match="must be positive"):
             fusion(outputs, [(0, 320), (300, 200)])
+        with pytest.raises(TypeError, match="image_sizes must be a list with the \\(height, width\\) of each image, got NoneType"):
+            fusion(outputs, None)
 
     @pytest.mark.parametrize("options, error, message", [
         ({"model_names": ["a", "b"], "iou_thr": 5}, ValueError, r"iou_thr must be in \[0, 1\], got 5"),
@@ -502,6 +514,14 @@ class TestEnsemble:
 
         with pytest.raises(ValueError, match="returned 0 Detections for 1 images"):
             Ensemble([Short("s", [a])], method=METHOD)(["x.jpg"])
+
+    @pytest.mark.parametrize("images", [None, 3])
+    def test_images_of_another_type_are_named(self, images):
+        ens = Ensemble([FixedDetector("a", [Detections.empty((10, 10))])], method=METHOD)
+        with pytest.raises(TypeError, match=f"images must be a list of paths or BGR numpy arrays, got {type(images).__name__}"):
+            ens(images)
+        with pytest.raises(TypeError, match=f"image source must be a path, a glob pattern or a list of them, got {type(images).__name__}"):
+            ens.predict(images)
 
     def test_boxes_carry_the_member_name_the_head_was_checked_against(self):
         # detectors whose Detections name other sources: their names, not the sources, place them in the head

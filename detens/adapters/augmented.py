@@ -131,9 +131,15 @@ class View:
             )
         hflip = vflip = False
         scale, tiles, overlap = 1.0, (1, 1), DEFAULT_OVERLAP
+        given: set[str] = set()
         for part in spec.replace(" ", "").lower().split("+"):
             if part in ("identity", "none", "original"):
                 continue
+            option = re.split("[=:]", part, maxsplit=1)[0]
+            if option in given:
+                # 'scale=0.5+scale=0.8' would take the last value, 'hflip+hflip' flip once: a typo either way
+                raise ValueError(f"view {spec!r} gives {option} twice; give each of {', '.join(_OPTIONS)} once")
+            given.add(option)
             if part == "hflip":
                 hflip = True
             elif part == "vflip":
@@ -270,7 +276,7 @@ class AugmentedView(BaseDetector):
         self.detector = detector
         self.merge_iou, self.max_det = float(merge_iou), max_det
         super().__init__(
-            name or f"{detector.name}|{self.view.name}",
+            name if name is not None else f"{detector.name}|{self.view.name}",
             getattr(detector, "batch", 1),
             getattr(detector, "categories", None),
         )

@@ -254,7 +254,7 @@ class OnnxDetector(BaseDetector):
             raise ValueError(f"std must not contain 0, got {self.std.tolist()}")
 
         self.resolved = resolve_weights(weights, "onnx", weights_dir)
-        super().__init__(name or Path(self.resolved.value).stem, batch, categories)
+        super().__init__(name if name is not None else Path(self.resolved.value).stem, batch, categories)
         ort = import_onnxruntime()
         options = ort.SessionOptions()
         # some exports list their initializers as graph inputs: one warning each, hundreds per load

@@ -95,7 +95,7 @@ class PrecomputedDetector(BaseDetector):
             embedded_images = results.get("images", embedded_images)
             results = results["results"]
         clean = validate_coco_results(results, where)
-        super().__init__(name or default_name, 1, categories)
+        super().__init__(name if name is not None else default_name, 1, categories)
         self.conf = check_real(conf, f"{self.name}: conf", 0.0, 1.0)
         self.max_det = None if max_det is None else check_integer(max_det, f"{self.name}: max_det", 1)
         self.class_map = None if class_map is None else check_category_id_map(class_map, self.name)
@@ -131,6 +131,7 @@ class PrecomputedDetector(BaseDetector):
                 f"{where}: COCO results do not name their images; pass images= (a COCO annotation file, or a "
                 "{file_name: image_id} mapping)"
             )
+        source = str(images) if isinstance(images, (str, os.PathLike)) else "images"
         if isinstance(images, (str, os.PathLike)):
             images = read_json_file(Path(images), "COCO annotation file")
         dataset = getattr(images, "dataset", None)  # CocoGroundTruth or pycocotools COCO
@@ -139,9 +140,22 @@ class PrecomputedDetector(BaseDetector):
         if isinstance(images, Mapping) and "images" in images:
             images = images["images"]
         records: dict[int, dict[str, Any]] = {}
+
+        def add(image_id: Any, record: dict[str, Any], name: str) -> None:
+            # an id read as another (1.5 as 1, "1" as 1), or given to two files, would send one image's
+            # saved boxes to another, or leave an image without them
+            image_id = check_integer(image_id, name)
+            if image_id in records:
+                raise ValueError(
+                    f"{source}: image id {image_id} is given to both {records[image_id].get('file_name')!r} and "
+                    f"{record.get('file_name')!r}; each image needs an id of its own"
+                )
+            records[image_id] = {**record, "id": image_id}
+
         if isinstance(images, Mapping):  # {file_name: image_id}
             for file_name, image_id in images.items():
-                records[int(image_id)] = {"id": int(image_id), "file_name": str(file_name)}
+                add(image_id, {"file_name": str(file_name)},
+                    f"the image id of {str(file_name)!r} in {source} ({{file_name: image_id}})")
             return records
         if isinstance(images, Sequence) and not isinstance(images, str):
             for i, rec in enumerate(images):
@@ -149,7 +163,7 @@ class PrecomputedDetector(BaseDetector):
                     raise ValueError(
                         f"images[{i}] must be a COCO image record with 'id' and 'file_name', got {rec!r}"
                     )
-                records[int(rec["id"])] = dict(rec)
+                add(rec["id"], dict(rec), f"images[{i}].id" if source == "images" else f"{source}: images[{i}].id")
             return records
         raise TypeError(
             f"images must be a COCO annotation file/dict or a {{file_name: image_id}} mapping, got {type(images).__name__}"

@@ -284,7 +284,7 @@ class TorchvisionDetector(BaseDetector):
         self.weights_source: str | None = None
         if isinstance(arch, str):
             _check_arch(arch)
-            super().__init__(name or arch, batch, categories)
+            super().__init__(name if name is not None else arch, batch, categories)
             self.arch = arch
             self.device = torch.device(
                 check_device(device, f"{self.name}: device")
@@ -298,7 +298,7 @@ class TorchvisionDetector(BaseDetector):
         else:
             model = _check_built_model(arch, weights, builder_kwargs)
             self.arch = type(model).__name__
-            super().__init__(name or self.arch, batch, categories)
+            super().__init__(name if name is not None else self.arch, batch, categories)
             parameter = next(model.parameters(), None)
             self.device = torch.device(
                 check_device(device, f"{self.name}: device")

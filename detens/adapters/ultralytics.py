@@ -182,7 +182,7 @@ class UltralyticsDetector(BaseDetector):
             model = None
         else:
             model, self.resolved = _loaded_model(weights)
-        super().__init__(name or _display_name(self.resolved.value), batch, categories)
+        super().__init__(name if name is not None else _display_name(self.resolved.value), batch, categories)
         if device is not None:
             check_ultralytics_device(device, f"{self.name}: device")
         self.model = model if model is not None else load_yolo(self.resolved)

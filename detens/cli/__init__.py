@@ -19,9 +19,10 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
-__all__ = ["COMMANDS", "UsageError", "add_threads_argument", "add_weights_dir_argument", "existing_folder", "build_parser", "positive_int", "command_parser", "main", "run_command"]
+__all__ = ["COMMANDS", "UsageError", "add_threads_argument", "add_weights_dir_argument", "existing_folder", "folder_path", "build_parser", "positive_int", "command_parser", "main", "run_command"]
 
 #: subcommand -> (module, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -62,6 +63,15 @@ def existing_folder(text: str) -> str:
     if not os.path.isdir(text):
         raise argparse.ArgumentTypeError(f"no such folder: {text!r}")
     return text
+
+
+def folder_path(text: str) -> Path:
+    """argparse type: the path of a folder, which may not exist yet. An empty one is refused rather than
+    read as the working directory (``Path("")`` is ``.``): it is most often an unset shell variable
+    (``--out "$OUT"``), and the command would write its outputs among the user's own files."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected a folder, got an empty path (write . for the working directory)")
+    return Path(text)
 
 
 def add_weights_dir_argument(parser: argparse.ArgumentParser) -> None:

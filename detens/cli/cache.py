@@ -112,7 +112,7 @@ from detens.adapters import (
 )
 from detens.adapters.weights import ResolvedWeights, resolve_model_weights
 from detens.checks import first_few
-from detens.cli import UsageError, add_weights_dir_argument
+from detens.cli import UsageError, add_weights_dir_argument, folder_path
 from detens.cli._engine import add_engine_arguments, ray_options
 from detens.cli._inputs import (
     check_inputs_unchanged,
@@ -177,11 +177,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--images",
-        type=Path,
+        type=folder_path,
         help="folder holding the images (the ground truth's file_name is relative to it)",
     )
     p.add_argument("--gt", type=Path, help="COCO annotation file: the images' ids, file names and categories")
-    p.add_argument("--out", type=Path, required=True, help="output folder (created; a re-run resumes)")
+    p.add_argument("--out", type=folder_path, required=True, help="output folder (created; a re-run resumes)")
     p.add_argument(
         "--models",
         help="comma-separated member names or globs to cache (quote them: 'yolo26n*,yolov8n'); default: all",

@@ -88,7 +88,7 @@ from detens.adapters import (
     member_weights,
 )
 from detens.checks import first_few
-from detens.cli import add_weights_dir_argument
+from detens.cli import add_weights_dir_argument, folder_path
 from detens.cli._engine import add_engine_arguments, ray_options
 from detens.cli._inputs import (
     check_inputs_unchanged,
@@ -153,7 +153,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         required=True,
         help=f"an image, a folder (recursive), a glob (quote it), or {ASSETS_SOURCE!r} (Ultralytics' sample images)",
     )
-    p.add_argument("--out", type=Path, required=True, help="output folder (created; a re-run resumes)")
+    p.add_argument("--out", type=folder_path, required=True, help="output folder (created; a re-run resumes)")
     p.add_argument(
         "--method", help=f"fusion method or head type (overrides fusion.method): {', '.join(list_methods())}"
     )
@@ -180,7 +180,8 @@ def resolve_config(args: argparse.Namespace) -> EnsembleConfig:
     """The config file with the flags applied (a flag given for every model also replaces each model's
     own value). ``--head`` without ``--method`` runs the head's own type; ``--method`` without ``--head``
     drops the config's head unless the method is the config's own or ``theta`` (which runs any head)."""
-    head = str(find_head_file(args.head).resolve()) if args.head else None
+    # an empty --head (an unset shell variable) is a head file not found, not the config's own head
+    head = str(find_head_file(args.head).resolve()) if args.head is not None else None
     per_model = {"conf": args.conf, "imgsz": args.imgsz, "device": args.device, "batch": args.batch}
     overrides: dict[str, Any] = {
         "weights_dir": args.weights_dir,
