@@ -955,6 +955,47 @@ class TestTools:
         with pytest.raises(ValueError, match="unknown key 'epoch'"):  # --debug: the exception itself
             train_cli.main(args + ["--out", str(out), "--set", "epoch=3", "--debug"])
 
+    @pytest.mark.parametrize("command, target", [
+        ("train", "gt"), ("train", "member"), ("train", "member left out"),
+        ("evaluate", "gt"), ("evaluate", "member"), ("evaluate", "member left out"),
+    ])
+    def test_an_output_over_an_input_is_refused_before_the_run(self, dataset, tmp_path, capsys, command, target):
+        gt_path, predictions = dataset
+        shutil.copy(gt_path, tmp_path / "instances.json")
+        shutil.copytree(predictions, tmp_path / "predictions")
+        out = {"gt": tmp_path / "instances.json", "member": tmp_path / "predictions" / "sharp.json",
+               "member left out": tmp_path / "predictions" / "noisy.json"}[target]
+        before = {path: path.read_bytes() for path in [tmp_path / "instances.json", *(tmp_path / "predictions").iterdir()]}
+        args = ["--gt", str(tmp_path / "instances.json"), "--predictions", str(tmp_path / "predictions"),
+                "--models", "sharp,blurry", "--out", str(out), "--quiet"]
+        if command == "train":
+            code = train_cli.main([*args, "--head", "calibration"])
+        else:
+            code = evaluate_cli.main([*args, "--methods", "mean", "--backend", "faster"])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("error:") == 1 and "Traceback" not in err, err
+        named = "--gt" if target == "gt" else f"{out.name} in --predictions"
+        assert f"--out {out} is {named}: the run would write over its own input" in err, err
+        assert {path: path.read_bytes() for path in before} == before
+        assert sorted(tmp_path.rglob("*")) == sorted([*before, tmp_path / "predictions"])
+
+    @pytest.mark.parametrize("flags, expected", [
+        (["--out", "{tmp}/report.json", "--plot", "{tmp}/report.json"], "--plot and --out"),
+        (["--out", "{tmp}/report.json", "--plot", "{tmp}/a.png", "--reliability", "{tmp}/a.png"],
+         "--reliability and --plot"),
+        (["--out", "{tmp}/report.evaluation.json.gz"], "the record and --out"),
+        (["--out", "{tmp}/report.json", "--reliability", "{tmp}/report.fitted.json"],
+         "--reliability and the .fitted.json file"),
+    ], ids=["plot over the table", "reliability over the plot", "table over its record", "over the fits"])
+    def test_evaluate_refuses_two_outputs_on_one_file(self, dataset, tmp_path, capsys, flags, expected):
+        gt_path, predictions = dataset
+        code = evaluate_cli.main(["--gt", str(gt_path), "--predictions", str(predictions), "--methods", "mean",
+                                  "--quiet", *(flag.format(tmp=tmp_path) for flag in flags)])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("error:") == 1 and "Traceback" not in err, err
+        assert f"{expected} would both be written to {tmp_path}" in err, err
+        assert not any(tmp_path.iterdir())
+
     def test_train_cli_refuses_an_image_listed_twice(self, dataset, tmp_path, capsys):
         gt_path, predictions = dataset
         ids = load_coco_gt(gt_path).annotated_image_ids

@@ -51,6 +51,8 @@ run, ``--out`` last, so a run that fails or is interrupted leaves the earlier ru
 Its finished rows are not lost: ``<out>.partial.json`` holds them (``--out``'s form; the means of the
 seeds done so far with several seeds), rewritten as each method (seed) finishes and removed when the run
 completes; a run starts by removing an earlier run's, so the rows there are always the running one's. ``detens report`` refuses a table that its record's run did not write.
+Two outputs on one file (``--plot`` on ``--out``, an ``--out`` named like its record) and an output on an
+input (``--gt``, a JSON file of a prediction folder, a head file) are errors before the evaluation runs.
 
 How much of a gap is the sample of images: ``--bootstrap B`` draws the scored images with replacement B
 times (fixed by ``--seed``), scores every method on the same draws and writes ``<out>.bootstrap.json``:
@@ -214,6 +216,8 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (("--out", args.out), ("--plot", args.plot), ("--reliability", args.reliability)):
         if value is not None:
             check_writable_file(Path(value), flag)
+    _refuse_outputs_on_one_file(_outputs(args))
+    _refuse_outputs_over_inputs(_outputs(args), _inputs(args, methods))
     if args.report is not None:
         check_writable_folder(args.report, "--report")
         _refuse_a_page_over_outputs(args)
@@ -357,18 +361,65 @@ def _check_report_images(folder: Path, gt: CocoGroundTruth, given: bool) -> None
         raise UsageError(f"--report draws the scored images from {where}: {err}") from None
 
 
-def _refuse_a_page_over_outputs(args: argparse.Namespace) -> None:
-    """Raise now, not once the evaluation is done, if the page in ``--report`` would write or remove a file
-    this run writes (``--out`` is the table that ``detens report`` checks the page's record against)."""
-    from detens.report.page import page_writes
-
+def _outputs(args: argparse.Namespace) -> list[tuple[str, Path]]:
+    """Every file this run writes (or removes, as an earlier run's), each with what names it in a message."""
     out = Path(args.out)
     outputs = [("--out", out), ("the record", record_path(out)), ("the unfinished rows", partial_path(out)),
                *((f"the {suffix} file", _beside(out, suffix))
                  for suffix in (".fitted.json", ".calibration.json", ".bootstrap.json", ".run.json")),
                ("--plot", args.plot), ("--reliability", args.reliability)]
+    return [(what, Path(path)) for what, path in outputs if path is not None]
+
+
+def _inputs(args: argparse.Namespace, methods: list[str]) -> list[tuple[str, Path]]:
+    """The files this run reads, each with what names it in a message: a prediction folder's every JSON
+    file, those of the members that ``--models`` leaves out included (they are the folder's data all the
+    same)."""
+    inputs = [("--gt", Path(args.gt))]
+    folders = [("--predictions", Path(args.predictions))]
+    if args.also_fit_on or args.fit_on:
+        flag = "--also-fit-on" if args.also_fit_on else "--fit-on"
+        fit_gt, fit_folder = args.also_fit_on or args.fit_on
+        inputs.append((f"{flag}'s annotation file", Path(fit_gt)))
+        folders.append((flag, Path(fit_folder)))
+    for flag, folder in folders:
+        inputs += [(f"{path.name} in {flag}", path) for path in sorted(folder.glob("*.json"))]
+    inputs += [(f"the head file of --methods {m}", Path(m.split(":", 1)[1])) for m in methods if m.startswith("head:")]
+    inputs += [(f"--train-config {item}", Path(item.partition("=")[2])) for item in args.train_config]
+    return inputs
+
+
+def _refuse_outputs_on_one_file(outputs: list[tuple[str, Path]]) -> None:
+    """Raise now, not once the evaluation is done, if two outputs of the run are one file: the one written
+    later would replace the other (a ``--plot`` PNG over the table, the table over its record)."""
+    seen: dict[Path, str] = {}
     for what, path in outputs:
-        if path is not None and page_writes(args.report, path):
+        other = seen.setdefault(path.resolve(), what)
+        if other != what:
+            raise UsageError(
+                f"{what} and {other} would both be written to {path}; give each output a file of its own"
+            )
+
+
+def _refuse_outputs_over_inputs(outputs: list[tuple[str, Path]], inputs: list[tuple[str, Path]]) -> None:
+    """Raise now, not once the evaluation is done, if an output of the run is one of its input files,
+    which the run would destroy."""
+    read = {path.resolve(): what for what, path in inputs}
+    for what, path in outputs:
+        if path.resolve() in read:
+            raise UsageError(
+                f"{what} {path} is {read[path.resolve()]}: the run would write over its own input; "
+                "give the output another name"
+            )
+
+
+def _refuse_a_page_over_outputs(args: argparse.Namespace) -> None:
+    """Raise now, not once the evaluation is done, if the page in ``--report`` would write or remove a file
+    this run writes (``--out`` is the table that ``detens report`` checks the page's record against)."""
+    from detens.report.page import page_writes
+
+    for what, path in _outputs(args):
+        if page_writes(args.report, path):
             raise UsageError(
                 f"the report page in --report {args.report} would write over {path} ({what}); "
                 "give the page a folder of its own, or the file another name"

@@ -25,6 +25,9 @@ Every key of the YAML config can be overridden with ``--set key=value`` (repeata
   ``left_out_also_fit_on`` of the second dataset); ``<out>.log``: the epoch lines of every fit run (a
   search runs several, each headed ``fit <i>``).
 
+An output on an input file (``--gt``, ``--images-from``, a JSON file of a prediction folder) is an error
+before the fit.
+
 The terminal shows one progress bar per fit (epoch and loss); ``--quiet`` hides it.
 """
 
@@ -179,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
     if out.suffix.lower() not in (".json", ".safetensors"):
         raise UsageError(f"--out must end in .json or .safetensors, got {out}")
     check_writable_file(out, "--out")
+    _refuse_outputs_over_inputs(args)
     overrides = parse_set(args.set)
     flags = {k: v for k, v in (("epochs", args.epochs), ("lr", args.lr), ("seed", args.seed)) if v is not None}
     # Merged into the --set keys below, a flag the head type lacks would be reported as a --set key
@@ -283,6 +287,31 @@ def run(args: argparse.Namespace) -> int:
     learned = f"Θ = {[round(v, 4) for v in head.theta.detach().cpu().tolist()]}; " if hasattr(head, "theta") else ""
     logger.info("trained %s head in %.1f s; %shead written to %s", args.head, seconds, learned, out)
     return 0
+
+
+def _refuse_outputs_over_inputs(args: argparse.Namespace) -> None:
+    """Raise now, not once the head is trained, if a file the run writes is one it reads (the annotation
+    file, the image list, a JSON file of a prediction folder, those of the members that ``--models`` leaves
+    out included): the run would destroy its own input."""
+    out = Path(args.out)
+    outputs = [("--out", out), *((f"the {suffix} file", out.with_name(out.name + suffix))
+                                 for suffix in (".config.yaml", ".loss.png", ".log", ".log.json"))]
+    inputs = [("--gt", Path(args.gt))]
+    if args.images_from:
+        inputs.append(("--images-from", Path(args.images_from)))
+    folders = [("--predictions", Path(args.predictions))]
+    if args.also_fit_on:
+        inputs.append(("--also-fit-on's annotation file", Path(args.also_fit_on[0])))
+        folders.append(("--also-fit-on", Path(args.also_fit_on[1])))
+    for flag, folder in folders:
+        inputs += [(f"{path.name} in {flag}", path) for path in sorted(folder.glob("*.json"))]
+    read = {path.resolve(): what for what, path in inputs}
+    for what, path in outputs:
+        if path.resolve() in read:
+            raise UsageError(
+                f"{what} {path} is {read[path.resolve()]}: the run would write over its own input; "
+                "give --out another name"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
