@@ -1792,6 +1792,39 @@ def test_images_without_annotations_are_said_to_be_left_out_of_scoring(dataset, 
     assert EvaluationRecord.load(tmp_path / "report.json").meta["scored_images"] == 12
 
 
+def _without_annotations(gt_path, tmp_path) -> Path:
+    """The annotation file of ``gt_path`` with its images and none of its annotations."""
+    gt = json.loads(Path(gt_path).read_text())
+    (tmp_path / "background.json").write_text(json.dumps({**gt, "annotations": []}))
+    return tmp_path / "background.json"
+
+
+def test_no_annotated_image_to_score_is_refused_before_any_fit(dataset, ensemble, tmp_path, monkeypatch):
+    gt_path, predictions = dataset
+    background = EnsemblePredictions.from_folder(predictions, load_coco_gt(_without_annotations(gt_path, tmp_path)))
+    fits = tuned_wbf_fits(monkeypatch)
+    for options in ({"k": 2, "all_images": True}, {"k": 0, "fit_on": ensemble}):
+        with pytest.raises(ValueError, match="the scored data has no annotated image: there is no ground truth"):
+            cross_validate(background, ["wbf_tuned", "mean"], backend="faster", **options)
+    assert fits == []
+
+
+@pytest.mark.parametrize("command", ["evaluate", "train"])
+def test_the_commands_name_a_gt_without_annotations(dataset, tmp_path, capsys, command):
+    gt_path, predictions = dataset
+    background = _without_annotations(gt_path, tmp_path)
+    args = ["--gt", str(background), "--predictions", str(predictions), "--quiet"]
+    if command == "evaluate":
+        code = evaluate_cli.main([*args, "--methods", "mean", "--all-images", "--out", str(tmp_path / "r.json")])
+        expected = f"--gt {background} has no annotated image: there is no ground truth to score methods against"
+    else:
+        code = train_cli.main([*args, "--head", "calibration", "--out", str(tmp_path / "head.json")])
+        expected = f"--gt {background} has no annotated image to train on"
+    err = capsys.readouterr().err
+    assert code == 2 and err == f"error: detens {command}: {expected} (see detens {command} --help)\n", err
+    assert sorted(tmp_path.iterdir()) == [background]
+
+
 # --------------------------------------------------------------- images without annotations: --all-images
 @pytest.fixture(scope="module")
 def with_background(dataset, tmp_path_factory):

@@ -238,6 +238,8 @@ def run(args: argparse.Namespace) -> int:
     gt = load_coco_gt(args.gt)
     models = args.models.split(",") if args.models else None
     predictions = EnsemblePredictions.from_folder(args.predictions, gt, models=models)
+    if not predictions.gt.annotated_image_ids:
+        raise UsageError(f"--gt {args.gt} has no annotated image: there is no ground truth to score methods against")
     images = Path(args.images) if args.images else Path(args.gt).parent / "images"
     if args.report and images.is_dir():
         _check_report_images(images, predictions.gt, given=args.images is not None)

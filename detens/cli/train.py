@@ -236,6 +236,8 @@ def run(args: argparse.Namespace) -> int:
         left_out_record["left_out_also_fit_on"] = [asdict(image) for image in extra.left_out]
         predictions, extra_ids = join_predictions(predictions, extra, all_images=args.all_images)
         image_ids = list(image_ids) + extra_ids
+    if not image_ids:
+        raise UsageError(f"--gt {args.gt} has no annotated image to train on")
 
     epoch_lines: list[str] = []
     fits = 0
