@@ -112,6 +112,11 @@ class TestFolds:
         with pytest.raises(ValueError, match=message):
             kfold_image_splits(ids, k)
 
+    def test_too_few_annotated_images_for_the_folds_are_counted_apart_from_the_negative_ones(self):
+        with pytest.raises(ValueError, match=r"^cannot make 3 folds from 2 images with annotations \(each fold "
+                           r"needs one; the 10 without are dealt after them\)$"):
+            kfold_image_splits([1, 2], 3, negative_ids=list(range(10, 20)))
+
     @pytest.mark.parametrize("k, seed, message", [
         (2, None, "seed must be an integer, got NoneType: None"),  # would draw other folds on every run
         (2, 1.5, "seed must be an integer, got float: 1.5"),
