@@ -926,6 +926,16 @@ class TestTools:
         assert f"{flag}: a calibration head has no {flag[2:]} option; its training options are fuser_params" in err
         assert "--set" not in err
 
+    @pytest.mark.parametrize("value", ["nan", "inf"])
+    def test_train_cli_names_lr_for_a_learning_rate_that_is_not_finite(self, dataset, tmp_path, capsys, value):
+        gt_path, predictions = dataset
+        out = tmp_path / "head.json"
+        with pytest.raises(SystemExit) as stop:
+            train_cli.main(["--gt", str(gt_path), "--predictions", str(predictions), "--out", str(out), "--lr", value])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and not out.exists()
+        assert err == f"error: detens train: argument --lr: expected a finite number, got '{value}' (see detens train --help)\n"
+
     def test_train_cli_images_from_and_errors(self, dataset, tmp_path, capsys):
         gt_path, predictions = dataset
         ids = load_coco_gt(gt_path).annotated_image_ids

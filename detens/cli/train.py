@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import time
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -143,6 +144,18 @@ def plot_loss(losses: list[float], path: Path, title: str) -> None:
     atomic_write_bytes(path, buffer.getvalue())
 
 
+def finite_float(text: str) -> float:
+    """argparse type: a finite number. ``float`` takes ``nan`` and ``inf`` too, which the config's check would
+    then report as a ``--set`` key the user never gave."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gt", required=True, help="COCO annotation file")
     parser.add_argument("--predictions", required=True, help="folder of <model>.json COCO results")
@@ -170,7 +183,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "with --all-images); it may not share a training image with --gt (same file name, folders aside)",
     )
     parser.add_argument("--epochs", type=int, help="training epochs (overrides the config)")
-    parser.add_argument("--lr", type=float, help="learning rate (overrides the config)")
+    parser.add_argument("--lr", type=finite_float, help="learning rate (overrides the config)")
     parser.add_argument("--seed", type=int, help="random seed (overrides the config)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     add_threads_argument(parser)
