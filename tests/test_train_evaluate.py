@@ -1840,6 +1840,25 @@ def test_the_commands_name_a_gt_without_annotations(dataset, tmp_path, capsys, c
     assert sorted(tmp_path.iterdir()) == [background]
 
 
+@pytest.mark.parametrize("command, flag", [("evaluate", "--fit-on"), ("evaluate", "--also-fit-on"),
+                                           ("train", "--also-fit-on")])
+def test_fitting_data_without_annotations_is_named(dataset, tmp_path, capsys, command, flag):
+    """Not trained on as if given: train would fit on --gt alone, evaluate said only 'the extra fitting data'."""
+    gt_path, predictions = dataset
+    background = _without_annotations(gt_path, tmp_path)
+    args = ["--gt", str(gt_path), "--predictions", str(predictions), flag, str(background), str(predictions), "--quiet"]
+    if command == "evaluate":
+        code = evaluate_cli.main([*args, "--methods", "mean", "--cv", "0" if flag == "--fit-on" else "2",
+                                  "--out", str(tmp_path / "r.json")])
+    else:
+        code = train_cli.main([*args, "--head", "calibration", "--out", str(tmp_path / "head.json")])
+    err = capsys.readouterr().err
+    verb = "fit" if command == "evaluate" else "train"
+    assert code == 2 and err == (f"error: detens {command}: {flag}'s annotation file {background} has no annotated "
+                                 f"image to {verb} on (see detens {command} --help)\n"), err
+    assert sorted(tmp_path.iterdir()) == [background]
+
+
 # --------------------------------------------------------------- images without annotations: --all-images
 @pytest.fixture(scope="module")
 def with_background(dataset, tmp_path_factory):

@@ -247,6 +247,9 @@ def run(args: argparse.Namespace) -> int:
     if args.also_fit_on or args.fit_on:
         fit_gt, fit_folder = args.also_fit_on or args.fit_on
         fit_on = EnsemblePredictions.from_folder(fit_folder, load_coco_gt(fit_gt), models=predictions.model_names)
+        if not fit_on.gt.annotated_image_ids:
+            flag = "--also-fit-on" if args.also_fit_on else "--fit-on"
+            raise UsageError(f"{flag}'s annotation file {fit_gt} has no annotated image to fit on")
     scored = _scored_ids(predictions, args.all_images)
 
     against = None

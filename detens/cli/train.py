@@ -245,6 +245,8 @@ def run(args: argparse.Namespace) -> int:
     if args.also_fit_on:
         extra_gt, extra_folder = args.also_fit_on
         extra = EnsemblePredictions.from_folder(extra_folder, load_coco_gt(extra_gt), models=predictions.model_names)
+        if not args.all_images and not extra.gt.annotated_image_ids:  # it would add no image to the fit
+            raise UsageError(f"--also-fit-on's annotation file {extra_gt} has no annotated image to train on")
         check_no_image_twice(predictions, image_ids, extra, args.all_images)
         left_out_record["left_out_also_fit_on"] = [asdict(image) for image in extra.left_out]
         predictions, extra_ids = join_predictions(predictions, extra, all_images=args.all_images)
