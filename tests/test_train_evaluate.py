@@ -1025,6 +1025,17 @@ class TestTools:
         assert f"{ids[0]} (lines 1, 6)" in err and f"{ids[1]} (lines 2, 5)" in err
         assert not out.exists()
 
+    def test_train_cli_names_an_image_list_that_is_not_text(self, dataset, tmp_path, capsys):
+        gt_path, predictions = dataset
+        listing = tmp_path / "ids.txt"
+        listing.write_bytes(b"\xff\xd8\xff\xe0 a JPEG given by mistake")
+        out = tmp_path / "head.json"
+        code = train_cli.main(["--gt", str(gt_path), "--predictions", str(predictions), "--head", "calibration",
+                               "--quiet", "--out", str(out), "--images-from", str(listing)])
+        err = capsys.readouterr().err
+        assert code == 2 and not out.exists()
+        assert err == f"error: {listing} is not a text file of image ids, one per line (invalid start byte at byte 0)\n"
+
     def test_train_cli_refuses_extra_data_that_holds_a_training_image(self, dataset, tmp_path, capsys):
         evaluated, _ = _split_dataset(*dataset, tmp_path, share_one=True)
         shared_id = evaluated.gt.image_ids[0]

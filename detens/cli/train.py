@@ -62,12 +62,16 @@ def read_image_ids(path: Path) -> list[int]:
     """One integer image id per line (blank lines and ``#`` comments ignored), each id once.
 
     Raises:
-        ValueError: a line that is not an integer, an id on more than one line (naming the ids and their
-            lines), or no id at all.
+        ValueError: a file that is not UTF-8 text, a line that is not an integer, an id on more than one line
+            (naming the ids and their lines), or no id at all.
     """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not a text file of image ids, one per line ({err.reason} at byte {err.start})") from None
     ids = []
     lines: dict[int, list[int]] = {}
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
