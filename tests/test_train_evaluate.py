@@ -971,15 +971,18 @@ class TestTools:
             train_cli.main(args + ["--out", str(out), "--set", "epoch=3", "--debug"])
 
     @pytest.mark.parametrize("command, target", [
-        ("train", "gt"), ("train", "member"), ("train", "member left out"),
-        ("evaluate", "gt"), ("evaluate", "member"), ("evaluate", "member left out"),
+        ("train", "gt"), ("train", "member"), ("train", "member left out"), ("train", "prediction folder"),
+        ("evaluate", "gt"), ("evaluate", "member"), ("evaluate", "member left out"), ("evaluate", "prediction folder"),
     ])
     def test_an_output_over_an_input_is_refused_before_the_run(self, dataset, tmp_path, capsys, command, target):
+        """A new .json file in a prediction folder is an input too: every later run would read it as a
+        member's predictions."""
         gt_path, predictions = dataset
         shutil.copy(gt_path, tmp_path / "instances.json")
         shutil.copytree(predictions, tmp_path / "predictions")
         out = {"gt": tmp_path / "instances.json", "member": tmp_path / "predictions" / "sharp.json",
-               "member left out": tmp_path / "predictions" / "noisy.json"}[target]
+               "member left out": tmp_path / "predictions" / "noisy.json",
+               "prediction folder": tmp_path / "predictions" / "results.json"}[target]
         before = {path: path.read_bytes() for path in [tmp_path / "instances.json", *(tmp_path / "predictions").iterdir()]}
         args = ["--gt", str(tmp_path / "instances.json"), "--predictions", str(tmp_path / "predictions"),
                 "--models", "sharp,blurry", "--out", str(out), "--quiet"]
@@ -989,8 +992,12 @@ class TestTools:
             code = evaluate_cli.main([*args, "--methods", "mean", "--backend", "faster"])
         err = capsys.readouterr().err
         assert code == 2 and err.count("error:") == 1 and "Traceback" not in err, err
-        named = "--gt" if target == "gt" else f"{out.name} in --predictions"
-        assert f"--out {out} is {named}: the run would write over its own input" in err, err
+        if target == "prediction folder":
+            assert (f"--out {out} would be written into the prediction folder of --predictions, where every .json "
+                    "file is read as a member's predictions; give it another folder") in err, err
+        else:
+            named = "--gt" if target == "gt" else f"{out.name} in --predictions"
+            assert f"--out {out} is {named}: the run would write over its own input" in err, err
         assert {path: path.read_bytes() for path in before} == before
         assert sorted(tmp_path.rglob("*")) == sorted([*before, tmp_path / "predictions"])
 

@@ -52,7 +52,8 @@ Its finished rows are not lost: ``<out>.partial.json`` holds them (``--out``'s f
 seeds done so far with several seeds), rewritten as each method (seed) finishes and removed when the run
 completes; a run starts by removing an earlier run's, so the rows there are always the running one's. ``detens report`` refuses a table that its record's run did not write.
 Two outputs on one file (``--plot`` on ``--out``, an ``--out`` named like its record) and an output on an
-input (``--gt``, a JSON file of a prediction folder, a head file) are errors before the evaluation runs.
+input (``--gt``, a JSON file of a prediction folder, a head file) are errors before the evaluation runs, as is
+a new ``.json`` output in a prediction folder (every later run would read it as a member's predictions).
 
 How much of a gap is the sample of images: ``--bootstrap B`` draws the scored images with replacement B
 times (fixed by ``--seed``), scores every method on the same draws and writes ``<out>.bootstrap.json``:
@@ -217,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
         if value is not None:
             check_writable_file(Path(value), flag)
     _refuse_outputs_on_one_file(_outputs(args))
-    _refuse_outputs_over_inputs(_outputs(args), _inputs(args, methods))
+    _refuse_outputs_over_inputs(_outputs(args), _inputs(args, methods), _prediction_folders(args))
     if args.report is not None:
         check_writable_folder(args.report, "--report")
         _refuse_a_page_over_outputs(args)
@@ -376,18 +377,23 @@ def _outputs(args: argparse.Namespace) -> list[tuple[str, Path]]:
     return [(what, Path(path)) for what, path in outputs if path is not None]
 
 
+def _prediction_folders(args: argparse.Namespace) -> list[tuple[str, Path]]:
+    """The prediction folders this run reads, each with its flag."""
+    folders = [("--predictions", Path(args.predictions))]
+    if args.also_fit_on or args.fit_on:
+        folders.append(("--also-fit-on" if args.also_fit_on else "--fit-on", Path((args.also_fit_on or args.fit_on)[1])))
+    return folders
+
+
 def _inputs(args: argparse.Namespace, methods: list[str]) -> list[tuple[str, Path]]:
     """The files this run reads, each with what names it in a message: a prediction folder's every JSON
     file, those of the members that ``--models`` leaves out included (they are the folder's data all the
     same)."""
     inputs = [("--gt", Path(args.gt))]
-    folders = [("--predictions", Path(args.predictions))]
     if args.also_fit_on or args.fit_on:
-        flag = "--also-fit-on" if args.also_fit_on else "--fit-on"
-        fit_gt, fit_folder = args.also_fit_on or args.fit_on
-        inputs.append((f"{flag}'s annotation file", Path(fit_gt)))
-        folders.append((flag, Path(fit_folder)))
-    for flag, folder in folders:
+        inputs.append((f"{'--also-fit-on' if args.also_fit_on else '--fit-on'}'s annotation file",
+                       Path((args.also_fit_on or args.fit_on)[0])))
+    for flag, folder in _prediction_folders(args):
         inputs += [(f"{path.name} in {flag}", path) for path in sorted(folder.glob("*.json"))]
     inputs += [(f"the head file of --methods {m}", Path(m.split(":", 1)[1])) for m in methods if m.startswith("head:")]
     inputs += [(f"--train-config {item}", Path(item.partition("=")[2])) for item in args.train_config]
@@ -406,9 +412,12 @@ def _refuse_outputs_on_one_file(outputs: list[tuple[str, Path]]) -> None:
             )
 
 
-def _refuse_outputs_over_inputs(outputs: list[tuple[str, Path]], inputs: list[tuple[str, Path]]) -> None:
+def _refuse_outputs_over_inputs(
+    outputs: list[tuple[str, Path]], inputs: list[tuple[str, Path]], folders: list[tuple[str, Path]]
+) -> None:
     """Raise now, not once the evaluation is done, if an output of the run is one of its input files,
-    which the run would destroy."""
+    which the run would destroy, or a JSON file in a prediction folder, which every later run would read
+    as a member's predictions."""
     read = {path.resolve(): what for what, path in inputs}
     for what, path in outputs:
         if path.resolve() in read:
@@ -416,6 +425,19 @@ def _refuse_outputs_over_inputs(outputs: list[tuple[str, Path]], inputs: list[tu
                 f"{what} {path} is {read[path.resolve()]}: the run would write over its own input; "
                 "give the output another name"
             )
+    refuse_results_in_prediction_folders(outputs, folders)
+
+
+def refuse_results_in_prediction_folders(outputs: list[tuple[str, Path]], folders: list[tuple[str, Path]]) -> None:
+    """Raise if an output is a ``.json`` file in a prediction folder: :meth:`EnsemblePredictions.from_folder`
+    reads each as a member's COCO results, so the folder would no longer load (``detens train`` shares it)."""
+    for what, path in outputs:
+        for flag, folder in folders:
+            if path.suffix == ".json" and not path.name.startswith(".") and path.resolve().parent == folder.resolve():
+                raise UsageError(
+                    f"{what} {path} would be written into the prediction folder of {flag}, where every .json file "
+                    "is read as a member's predictions; give it another folder"
+                )
 
 
 def _refuse_a_page_over_outputs(args: argparse.Namespace) -> None:

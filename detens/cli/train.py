@@ -26,7 +26,8 @@ Every key of the YAML config can be overridden with ``--set key=value`` (repeata
   search runs several, each headed ``fit <i>``).
 
 An output on an input file (``--gt``, ``--images-from``, a JSON file of a prediction folder) is an error
-before the fit.
+before the fit, as is a new ``.json`` output in a prediction folder (every later run would read it as a
+member's predictions).
 
 The terminal shows one progress bar per fit (epoch and loss); ``--quiet`` hides it.
 """
@@ -47,6 +48,7 @@ from tqdm import tqdm
 
 from detens.checks import first_few
 from detens.cli import UsageError, add_threads_argument, run_command
+from detens.cli.evaluate import refuse_results_in_prediction_folders
 from detens.coco import load_coco_gt
 from detens.config import parse_yaml, save_yaml_config
 from detens.heads import TRAINERS, fit_head, load_train_config
@@ -313,7 +315,8 @@ def run(args: argparse.Namespace) -> int:
 def _refuse_outputs_over_inputs(args: argparse.Namespace) -> None:
     """Raise now, not once the head is trained, if a file the run writes is one it reads (the annotation
     file, the image list, a JSON file of a prediction folder, those of the members that ``--models`` leaves
-    out included): the run would destroy its own input."""
+    out included): the run would destroy its own input; or a JSON file in a prediction folder, which every
+    later run would read as a member's predictions."""
     out = Path(args.out)
     outputs = [("--out", out), *((f"the {suffix} file", out.with_name(out.name + suffix))
                                  for suffix in (".config.yaml", ".loss.png", ".log", ".log.json"))]
@@ -333,6 +336,7 @@ def _refuse_outputs_over_inputs(args: argparse.Namespace) -> None:
                 f"{what} {path} is {read[path.resolve()]}: the run would write over its own input; "
                 "give --out another name"
             )
+    refuse_results_in_prediction_folders(outputs, folders)
 
 
 def main(argv: list[str] | None = None) -> int:
