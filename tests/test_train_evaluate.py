@@ -1001,6 +1001,18 @@ class TestTools:
         assert {path: path.read_bytes() for path in before} == before
         assert sorted(tmp_path.rglob("*")) == sorted([*before, tmp_path / "predictions"])
 
+    def test_evaluate_refuses_a_report_page_in_a_prediction_folder(self, dataset, tmp_path, capsys):
+        gt_path, predictions = dataset
+        shutil.copytree(predictions, tmp_path / "predictions")
+        code = evaluate_cli.main(["--gt", str(gt_path), "--predictions", str(tmp_path / "predictions"),
+                                  "--methods", "mean", "--quiet", "--out", str(tmp_path / "report.json"),
+                                  "--report", str(tmp_path / "predictions")])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("error:") == 1, err
+        assert (f"the report page's numbers {tmp_path / 'predictions' / 'page.json'} would be written into the "
+                "prediction folder of --predictions") in err, err
+        assert sorted(p.name for p in tmp_path.rglob("*")) == ["blurry.json", "noisy.json", "predictions", "sharp.json"]
+
     @pytest.mark.parametrize("flags, expected", [
         (["--out", "{tmp}/report.json", "--plot", "{tmp}/report.json"], "--plot and --out"),
         (["--out", "{tmp}/report.json", "--plot", "{tmp}/a.png", "--reliability", "{tmp}/a.png"],

@@ -222,6 +222,8 @@ def run(args: argparse.Namespace) -> int:
     if args.report is not None:
         check_writable_folder(args.report, "--report")
         _refuse_a_page_over_outputs(args)
+        refuse_results_in_prediction_folders([("the report page's numbers", Path(args.report) / "page.json")],
+                                             _prediction_folders(args))
     if args.images is not None and not Path(args.images).is_dir():
         raise UsageError(f"--images: no such folder: {args.images}")
     if args.bootstrap < 0:
