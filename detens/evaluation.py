@@ -559,7 +559,8 @@ def cross_validate(
         for learned methods what each fold's fit chose, and the pooled predictions that were scored.
 
     Raises:
-        ValueError: ``k`` is 0 without ``fit_on``; an unknown ``backend``; ``fit_on`` holds a scored image
+        ValueError: ``k`` is 0 without ``fit_on``; an unknown ``backend``; no annotated image in
+            ``predictions``; ``fit_on`` holds a scored image
             (the same base file name: :func:`~detens.predictions.shared_images`), other categories or not
             every model.
     """
@@ -568,6 +569,8 @@ def cross_validate(
     if backend not in BACKENDS:  # evaluate_coco would say so only after the first method's work
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     annotated_ids = predictions.gt.annotated_image_ids
+    if not annotated_ids:  # COCO's AP is undefined without ground truth: refused before any method is fitted
+        raise ValueError("the scored data has no annotated image: there is no ground truth to score methods against")
     negative_ids = predictions.gt.unannotated_image_ids if all_images else []
     scored_ids = sorted(annotated_ids + negative_ids)
     extra_ids: list[int] = []

@@ -45,7 +45,9 @@ def kfold_image_splits(
     k = check_integer(k, "k", 2)
     seed = check_seed(seed)
     if k > len(ids):
-        raise ValueError(f"cannot make {k} folds from {len(ids)} images")
+        # the negative images only join folds dealt from the annotated ones, so they cannot make up the count
+        without = f" with annotations (each fold needs one; the {len(negatives)} without are dealt after them)"
+        raise ValueError(f"cannot make {k} folds from {len(ids)} images{without if negatives else ''}")
     random.Random(seed).shuffle(ids)
     folds = [ids[i::k] for i in range(k)]
     random.Random(seed).shuffle(negatives)

@@ -74,6 +74,19 @@ def test_record_round_trip_keeps_every_float_bit(tmp_path):
     assert record.save(tmp_path / "again.evaluation.json.gz").read_bytes() == path.read_bytes()  # reproducible
 
 
+def test_a_table_of_several_seeds_is_said_to_have_no_record(tmp_path):
+    """Such a run writes its table and <out>.run.json; 'detens evaluate writes it' would send the user to
+    run the very command that wrote the table."""
+    (tmp_path / "report.json").write_text(json.dumps({"mean": {"map": 0.5}}))
+    (tmp_path / "report.run.json").write_text(json.dumps({"seeds": [0, 1]}))
+    with pytest.raises(FileNotFoundError) as error:
+        EvaluationRecord.load(tmp_path / "report.json")
+    assert str(error.value) == (
+        f"evaluation record not found: {tmp_path / 'report.evaluation.json.gz'} ({tmp_path / 'report.run.json'} "
+        "is of a detens evaluate run of several seeds, which writes none: run one --seed for a report page)"
+    )
+
+
 RECORD_MISTAKES = [
     ("missing", None, r"evaluation record not found: .*missing\.evaluation\.json\.gz.*detens evaluate"),
     ("not gzip", b"{}", r"not a gzip-compressed JSON evaluation record"),

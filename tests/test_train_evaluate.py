@@ -112,6 +112,11 @@ class TestFolds:
         with pytest.raises(ValueError, match=message):
             kfold_image_splits(ids, k)
 
+    def test_too_few_annotated_images_for_the_folds_are_counted_apart_from_the_negative_ones(self):
+        with pytest.raises(ValueError, match=r"^cannot make 3 folds from 2 images with annotations \(each fold "
+                           r"needs one; the 10 without are dealt after them\)$"):
+            kfold_image_splits([1, 2], 3, negative_ids=list(range(10, 20)))
+
     @pytest.mark.parametrize("k, seed, message", [
         (2, None, "seed must be an integer, got NoneType: None"),  # would draw other folds on every run
         (2, 1.5, "seed must be an integer, got float: 1.5"),
@@ -921,6 +926,16 @@ class TestTools:
         assert f"{flag}: a calibration head has no {flag[2:]} option; its training options are fuser_params" in err
         assert "--set" not in err
 
+    @pytest.mark.parametrize("value", ["nan", "inf"])
+    def test_train_cli_names_lr_for_a_learning_rate_that_is_not_finite(self, dataset, tmp_path, capsys, value):
+        gt_path, predictions = dataset
+        out = tmp_path / "head.json"
+        with pytest.raises(SystemExit) as stop:
+            train_cli.main(["--gt", str(gt_path), "--predictions", str(predictions), "--out", str(out), "--lr", value])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and not out.exists()
+        assert err == f"error: detens train: argument --lr: expected a finite number, got '{value}' (see detens train --help)\n"
+
     def test_train_cli_images_from_and_errors(self, dataset, tmp_path, capsys):
         gt_path, predictions = dataset
         ids = load_coco_gt(gt_path).annotated_image_ids
@@ -955,6 +970,66 @@ class TestTools:
         with pytest.raises(ValueError, match="unknown key 'epoch'"):  # --debug: the exception itself
             train_cli.main(args + ["--out", str(out), "--set", "epoch=3", "--debug"])
 
+    @pytest.mark.parametrize("command, target", [
+        ("train", "gt"), ("train", "member"), ("train", "member left out"), ("train", "prediction folder"),
+        ("evaluate", "gt"), ("evaluate", "member"), ("evaluate", "member left out"), ("evaluate", "prediction folder"),
+    ])
+    def test_an_output_over_an_input_is_refused_before_the_run(self, dataset, tmp_path, capsys, command, target):
+        """A new .json file in a prediction folder is an input too: every later run would read it as a
+        member's predictions."""
+        gt_path, predictions = dataset
+        shutil.copy(gt_path, tmp_path / "instances.json")
+        shutil.copytree(predictions, tmp_path / "predictions")
+        out = {"gt": tmp_path / "instances.json", "member": tmp_path / "predictions" / "sharp.json",
+               "member left out": tmp_path / "predictions" / "noisy.json",
+               "prediction folder": tmp_path / "predictions" / "results.json"}[target]
+        before = {path: path.read_bytes() for path in [tmp_path / "instances.json", *(tmp_path / "predictions").iterdir()]}
+        args = ["--gt", str(tmp_path / "instances.json"), "--predictions", str(tmp_path / "predictions"),
+                "--models", "sharp,blurry", "--out", str(out), "--quiet"]
+        if command == "train":
+            code = train_cli.main([*args, "--head", "calibration"])
+        else:
+            code = evaluate_cli.main([*args, "--methods", "mean", "--backend", "faster"])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("error:") == 1 and "Traceback" not in err, err
+        if target == "prediction folder":
+            assert (f"--out {out} would be written into the prediction folder of --predictions, where every .json "
+                    "file is read as a member's predictions; give it another folder") in err, err
+        else:
+            named = "--gt" if target == "gt" else f"{out.name} in --predictions"
+            assert f"--out {out} is {named}: the run would write over its own input" in err, err
+        assert {path: path.read_bytes() for path in before} == before
+        assert sorted(tmp_path.rglob("*")) == sorted([*before, tmp_path / "predictions"])
+
+    def test_evaluate_refuses_a_report_page_in_a_prediction_folder(self, dataset, tmp_path, capsys):
+        gt_path, predictions = dataset
+        shutil.copytree(predictions, tmp_path / "predictions")
+        code = evaluate_cli.main(["--gt", str(gt_path), "--predictions", str(tmp_path / "predictions"),
+                                  "--methods", "mean", "--quiet", "--out", str(tmp_path / "report.json"),
+                                  "--report", str(tmp_path / "predictions")])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("error:") == 1, err
+        assert (f"the report page's numbers {tmp_path / 'predictions' / 'page.json'} would be written into the "
+                "prediction folder of --predictions") in err, err
+        assert sorted(p.name for p in tmp_path.rglob("*")) == ["blurry.json", "noisy.json", "predictions", "sharp.json"]
+
+    @pytest.mark.parametrize("flags, expected", [
+        (["--out", "{tmp}/report.json", "--plot", "{tmp}/report.json"], "--plot and --out"),
+        (["--out", "{tmp}/report.json", "--plot", "{tmp}/a.png", "--reliability", "{tmp}/a.png"],
+         "--reliability and --plot"),
+        (["--out", "{tmp}/report.evaluation.json.gz"], "the record and --out"),
+        (["--out", "{tmp}/report.json", "--reliability", "{tmp}/report.fitted.json"],
+         "--reliability and the .fitted.json file"),
+    ], ids=["plot over the table", "reliability over the plot", "table over its record", "over the fits"])
+    def test_evaluate_refuses_two_outputs_on_one_file(self, dataset, tmp_path, capsys, flags, expected):
+        gt_path, predictions = dataset
+        code = evaluate_cli.main(["--gt", str(gt_path), "--predictions", str(predictions), "--methods", "mean",
+                                  "--quiet", *(flag.format(tmp=tmp_path) for flag in flags)])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("error:") == 1 and "Traceback" not in err, err
+        assert f"{expected} would both be written to {tmp_path}" in err, err
+        assert not any(tmp_path.iterdir())
+
     def test_train_cli_refuses_an_image_listed_twice(self, dataset, tmp_path, capsys):
         gt_path, predictions = dataset
         ids = load_coco_gt(gt_path).annotated_image_ids
@@ -968,6 +1043,17 @@ class TestTools:
         assert f"lists image ids more than once: {min(ids[:2])} (lines " in err
         assert f"{ids[0]} (lines 1, 6)" in err and f"{ids[1]} (lines 2, 5)" in err
         assert not out.exists()
+
+    def test_train_cli_names_an_image_list_that_is_not_text(self, dataset, tmp_path, capsys):
+        gt_path, predictions = dataset
+        listing = tmp_path / "ids.txt"
+        listing.write_bytes(b"\xff\xd8\xff\xe0 a JPEG given by mistake")
+        out = tmp_path / "head.json"
+        code = train_cli.main(["--gt", str(gt_path), "--predictions", str(predictions), "--head", "calibration",
+                               "--quiet", "--out", str(out), "--images-from", str(listing)])
+        err = capsys.readouterr().err
+        assert code == 2 and not out.exists()
+        assert err == f"error: {listing} is not a text file of image ids, one per line (invalid start byte at byte 0)\n"
 
     def test_train_cli_refuses_extra_data_that_holds_a_training_image(self, dataset, tmp_path, capsys):
         evaluated, _ = _split_dataset(*dataset, tmp_path, share_one=True)
@@ -1749,6 +1835,58 @@ def test_images_without_annotations_are_said_to_be_left_out_of_scoring(dataset, 
     ]) == 0  # the command's log goes to stderr, above the progress bars, unless --quiet
     assert "2 images of --gt without annotations are neither scored nor fitted on" in capsys.readouterr().err
     assert EvaluationRecord.load(tmp_path / "report.json").meta["scored_images"] == 12
+
+
+def _without_annotations(gt_path, tmp_path) -> Path:
+    """The annotation file of ``gt_path`` with its images and none of its annotations."""
+    gt = json.loads(Path(gt_path).read_text())
+    (tmp_path / "background.json").write_text(json.dumps({**gt, "annotations": []}))
+    return tmp_path / "background.json"
+
+
+def test_no_annotated_image_to_score_is_refused_before_any_fit(dataset, ensemble, tmp_path, monkeypatch):
+    gt_path, predictions = dataset
+    background = EnsemblePredictions.from_folder(predictions, load_coco_gt(_without_annotations(gt_path, tmp_path)))
+    fits = tuned_wbf_fits(monkeypatch)
+    for options in ({"k": 2, "all_images": True}, {"k": 0, "fit_on": ensemble}):
+        with pytest.raises(ValueError, match="the scored data has no annotated image: there is no ground truth"):
+            cross_validate(background, ["wbf_tuned", "mean"], backend="faster", **options)
+    assert fits == []
+
+
+@pytest.mark.parametrize("command", ["evaluate", "train"])
+def test_the_commands_name_a_gt_without_annotations(dataset, tmp_path, capsys, command):
+    gt_path, predictions = dataset
+    background = _without_annotations(gt_path, tmp_path)
+    args = ["--gt", str(background), "--predictions", str(predictions), "--quiet"]
+    if command == "evaluate":
+        code = evaluate_cli.main([*args, "--methods", "mean", "--all-images", "--out", str(tmp_path / "r.json")])
+        expected = f"--gt {background} has no annotated image: there is no ground truth to score methods against"
+    else:
+        code = train_cli.main([*args, "--head", "calibration", "--out", str(tmp_path / "head.json")])
+        expected = f"--gt {background} has no annotated image to train on"
+    err = capsys.readouterr().err
+    assert code == 2 and err == f"error: detens {command}: {expected} (see detens {command} --help)\n", err
+    assert sorted(tmp_path.iterdir()) == [background]
+
+
+@pytest.mark.parametrize("command, flag", [("evaluate", "--fit-on"), ("evaluate", "--also-fit-on"),
+                                           ("train", "--also-fit-on")])
+def test_fitting_data_without_annotations_is_named(dataset, tmp_path, capsys, command, flag):
+    """Not trained on as if given: train would fit on --gt alone, evaluate said only 'the extra fitting data'."""
+    gt_path, predictions = dataset
+    background = _without_annotations(gt_path, tmp_path)
+    args = ["--gt", str(gt_path), "--predictions", str(predictions), flag, str(background), str(predictions), "--quiet"]
+    if command == "evaluate":
+        code = evaluate_cli.main([*args, "--methods", "mean", "--cv", "0" if flag == "--fit-on" else "2",
+                                  "--out", str(tmp_path / "r.json")])
+    else:
+        code = train_cli.main([*args, "--head", "calibration", "--out", str(tmp_path / "head.json")])
+    err = capsys.readouterr().err
+    verb = "fit" if command == "evaluate" else "train"
+    assert code == 2 and err == (f"error: detens {command}: {flag}'s annotation file {background} has no annotated "
+                                 f"image to {verb} on (see detens {command} --help)\n"), err
+    assert sorted(tmp_path.iterdir()) == [background]
 
 
 # --------------------------------------------------------------- images without annotations: --all-images

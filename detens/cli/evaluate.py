@@ -51,6 +51,9 @@ run, ``--out`` last, so a run that fails or is interrupted leaves the earlier ru
 Its finished rows are not lost: ``<out>.partial.json`` holds them (``--out``'s form; the means of the
 seeds done so far with several seeds), rewritten as each method (seed) finishes and removed when the run
 completes; a run starts by removing an earlier run's, so the rows there are always the running one's. ``detens report`` refuses a table that its record's run did not write.
+Two outputs on one file (``--plot`` on ``--out``, an ``--out`` named like its record) and an output on an
+input (``--gt``, a JSON file of a prediction folder, a head file) are errors before the evaluation runs, as is
+a new ``.json`` output in a prediction folder (every later run would read it as a member's predictions).
 
 How much of a gap is the sample of images: ``--bootstrap B`` draws the scored images with replacement B
 times (fixed by ``--seed``), scores every method on the same draws and writes ``<out>.bootstrap.json``:
@@ -214,9 +217,13 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (("--out", args.out), ("--plot", args.plot), ("--reliability", args.reliability)):
         if value is not None:
             check_writable_file(Path(value), flag)
+    _refuse_outputs_on_one_file(_outputs(args))
+    _refuse_outputs_over_inputs(_outputs(args), _inputs(args, methods), _prediction_folders(args))
     if args.report is not None:
         check_writable_folder(args.report, "--report")
         _refuse_a_page_over_outputs(args)
+        refuse_results_in_prediction_folders([("the report page's numbers", Path(args.report) / "page.json")],
+                                             _prediction_folders(args))
     if args.images is not None and not Path(args.images).is_dir():
         raise UsageError(f"--images: no such folder: {args.images}")
     if args.bootstrap < 0:
@@ -234,6 +241,8 @@ def run(args: argparse.Namespace) -> int:
     gt = load_coco_gt(args.gt)
     models = args.models.split(",") if args.models else None
     predictions = EnsemblePredictions.from_folder(args.predictions, gt, models=models)
+    if not predictions.gt.annotated_image_ids:
+        raise UsageError(f"--gt {args.gt} has no annotated image: there is no ground truth to score methods against")
     images = Path(args.images) if args.images else Path(args.gt).parent / "images"
     if args.report and images.is_dir():
         _check_report_images(images, predictions.gt, given=args.images is not None)
@@ -241,6 +250,9 @@ def run(args: argparse.Namespace) -> int:
     if args.also_fit_on or args.fit_on:
         fit_gt, fit_folder = args.also_fit_on or args.fit_on
         fit_on = EnsemblePredictions.from_folder(fit_folder, load_coco_gt(fit_gt), models=predictions.model_names)
+        if not fit_on.gt.annotated_image_ids:
+            flag = "--also-fit-on" if args.also_fit_on else "--fit-on"
+            raise UsageError(f"{flag}'s annotation file {fit_gt} has no annotated image to fit on")
     scored = _scored_ids(predictions, args.all_images)
 
     against = None
@@ -357,18 +369,86 @@ def _check_report_images(folder: Path, gt: CocoGroundTruth, given: bool) -> None
         raise UsageError(f"--report draws the scored images from {where}: {err}") from None
 
 
-def _refuse_a_page_over_outputs(args: argparse.Namespace) -> None:
-    """Raise now, not once the evaluation is done, if the page in ``--report`` would write or remove a file
-    this run writes (``--out`` is the table that ``detens report`` checks the page's record against)."""
-    from detens.report.page import page_writes
-
+def _outputs(args: argparse.Namespace) -> list[tuple[str, Path]]:
+    """Every file this run writes (or removes, as an earlier run's), each with what names it in a message."""
     out = Path(args.out)
     outputs = [("--out", out), ("the record", record_path(out)), ("the unfinished rows", partial_path(out)),
                *((f"the {suffix} file", _beside(out, suffix))
                  for suffix in (".fitted.json", ".calibration.json", ".bootstrap.json", ".run.json")),
                ("--plot", args.plot), ("--reliability", args.reliability)]
+    return [(what, Path(path)) for what, path in outputs if path is not None]
+
+
+def _prediction_folders(args: argparse.Namespace) -> list[tuple[str, Path]]:
+    """The prediction folders this run reads, each with its flag."""
+    folders = [("--predictions", Path(args.predictions))]
+    if args.also_fit_on or args.fit_on:
+        folders.append(("--also-fit-on" if args.also_fit_on else "--fit-on", Path((args.also_fit_on or args.fit_on)[1])))
+    return folders
+
+
+def _inputs(args: argparse.Namespace, methods: list[str]) -> list[tuple[str, Path]]:
+    """The files this run reads, each with what names it in a message: a prediction folder's every JSON
+    file, those of the members that ``--models`` leaves out included (they are the folder's data all the
+    same)."""
+    inputs = [("--gt", Path(args.gt))]
+    if args.also_fit_on or args.fit_on:
+        inputs.append((f"{'--also-fit-on' if args.also_fit_on else '--fit-on'}'s annotation file",
+                       Path((args.also_fit_on or args.fit_on)[0])))
+    for flag, folder in _prediction_folders(args):
+        inputs += [(f"{path.name} in {flag}", path) for path in sorted(folder.glob("*.json"))]
+    inputs += [(f"the head file of --methods {m}", Path(m.split(":", 1)[1])) for m in methods if m.startswith("head:")]
+    inputs += [(f"--train-config {item}", Path(item.partition("=")[2])) for item in args.train_config]
+    return inputs
+
+
+def _refuse_outputs_on_one_file(outputs: list[tuple[str, Path]]) -> None:
+    """Raise now, not once the evaluation is done, if two outputs of the run are one file: the one written
+    later would replace the other (a ``--plot`` PNG over the table, the table over its record)."""
+    seen: dict[Path, str] = {}
     for what, path in outputs:
-        if path is not None and page_writes(args.report, path):
+        other = seen.setdefault(path.resolve(), what)
+        if other != what:
+            raise UsageError(
+                f"{what} and {other} would both be written to {path}; give each output a file of its own"
+            )
+
+
+def _refuse_outputs_over_inputs(
+    outputs: list[tuple[str, Path]], inputs: list[tuple[str, Path]], folders: list[tuple[str, Path]]
+) -> None:
+    """Raise now, not once the evaluation is done, if an output of the run is one of its input files,
+    which the run would destroy, or a JSON file in a prediction folder, which every later run would read
+    as a member's predictions."""
+    read = {path.resolve(): what for what, path in inputs}
+    for what, path in outputs:
+        if path.resolve() in read:
+            raise UsageError(
+                f"{what} {path} is {read[path.resolve()]}: the run would write over its own input; "
+                "give the output another name"
+            )
+    refuse_results_in_prediction_folders(outputs, folders)
+
+
+def refuse_results_in_prediction_folders(outputs: list[tuple[str, Path]], folders: list[tuple[str, Path]]) -> None:
+    """Raise if an output is a ``.json`` file in a prediction folder: :meth:`EnsemblePredictions.from_folder`
+    reads each as a member's COCO results, so the folder would no longer load (``detens train`` shares it)."""
+    for what, path in outputs:
+        for flag, folder in folders:
+            if path.suffix == ".json" and not path.name.startswith(".") and path.resolve().parent == folder.resolve():
+                raise UsageError(
+                    f"{what} {path} would be written into the prediction folder of {flag}, where every .json file "
+                    "is read as a member's predictions; give it another folder"
+                )
+
+
+def _refuse_a_page_over_outputs(args: argparse.Namespace) -> None:
+    """Raise now, not once the evaluation is done, if the page in ``--report`` would write or remove a file
+    this run writes (``--out`` is the table that ``detens report`` checks the page's record against)."""
+    from detens.report.page import page_writes
+
+    for what, path in _outputs(args):
+        if page_writes(args.report, path):
             raise UsageError(
                 f"the report page in --report {args.report} would write over {path} ({what}); "
                 "give the page a folder of its own, or the file another name"

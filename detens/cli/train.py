@@ -25,6 +25,10 @@ Every key of the YAML config can be overridden with ``--set key=value`` (repeata
   ``left_out_also_fit_on`` of the second dataset); ``<out>.log``: the epoch lines of every fit run (a
   search runs several, each headed ``fit <i>``).
 
+An output on an input file (``--gt``, ``--images-from``, a JSON file of a prediction folder) is an error
+before the fit, as is a new ``.json`` output in a prediction folder (every later run would read it as a
+member's predictions).
+
 The terminal shows one progress bar per fit (epoch and loss); ``--quiet`` hides it.
 """
 
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import time
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -43,6 +48,7 @@ from tqdm import tqdm
 
 from detens.checks import first_few
 from detens.cli import UsageError, add_threads_argument, run_command
+from detens.cli.evaluate import refuse_results_in_prediction_folders
 from detens.coco import load_coco_gt
 from detens.config import parse_yaml, save_yaml_config
 from detens.heads import TRAINERS, fit_head, load_train_config
@@ -58,12 +64,16 @@ def read_image_ids(path: Path) -> list[int]:
     """One integer image id per line (blank lines and ``#`` comments ignored), each id once.
 
     Raises:
-        ValueError: a line that is not an integer, an id on more than one line (naming the ids and their
-            lines), or no id at all.
+        ValueError: a file that is not UTF-8 text, a line that is not an integer, an id on more than one line
+            (naming the ids and their lines), or no id at all.
     """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not a text file of image ids, one per line ({err.reason} at byte {err.start})") from None
     ids = []
     lines: dict[int, list[int]] = {}
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
@@ -140,6 +150,18 @@ def plot_loss(losses: list[float], path: Path, title: str) -> None:
     atomic_write_bytes(path, buffer.getvalue())
 
 
+def finite_float(text: str) -> float:
+    """argparse type: a finite number. ``float`` takes ``nan`` and ``inf`` too, which the config's check would
+    then report as a ``--set`` key the user never gave."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gt", required=True, help="COCO annotation file")
     parser.add_argument("--predictions", required=True, help="folder of <model>.json COCO results")
@@ -167,7 +189,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "with --all-images); it may not share a training image with --gt (same file name, folders aside)",
     )
     parser.add_argument("--epochs", type=int, help="training epochs (overrides the config)")
-    parser.add_argument("--lr", type=float, help="learning rate (overrides the config)")
+    parser.add_argument("--lr", type=finite_float, help="learning rate (overrides the config)")
     parser.add_argument("--seed", type=int, help="random seed (overrides the config)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     add_threads_argument(parser)
@@ -179,6 +201,7 @@ def run(args: argparse.Namespace) -> int:
     if out.suffix.lower() not in (".json", ".safetensors"):
         raise UsageError(f"--out must end in .json or .safetensors, got {out}")
     check_writable_file(out, "--out")
+    _refuse_outputs_over_inputs(args)
     overrides = parse_set(args.set)
     flags = {k: v for k, v in (("epochs", args.epochs), ("lr", args.lr), ("seed", args.seed)) if v is not None}
     # Merged into the --set keys below, a flag the head type lacks would be reported as a --set key
@@ -228,10 +251,14 @@ def run(args: argparse.Namespace) -> int:
     if args.also_fit_on:
         extra_gt, extra_folder = args.also_fit_on
         extra = EnsemblePredictions.from_folder(extra_folder, load_coco_gt(extra_gt), models=predictions.model_names)
+        if not args.all_images and not extra.gt.annotated_image_ids:  # it would add no image to the fit
+            raise UsageError(f"--also-fit-on's annotation file {extra_gt} has no annotated image to train on")
         check_no_image_twice(predictions, image_ids, extra, args.all_images)
         left_out_record["left_out_also_fit_on"] = [asdict(image) for image in extra.left_out]
         predictions, extra_ids = join_predictions(predictions, extra, all_images=args.all_images)
         image_ids = list(image_ids) + extra_ids
+    if not image_ids:
+        raise UsageError(f"--gt {args.gt} has no annotated image to train on")
 
     epoch_lines: list[str] = []
     fits = 0
@@ -283,6 +310,33 @@ def run(args: argparse.Namespace) -> int:
     learned = f"Θ = {[round(v, 4) for v in head.theta.detach().cpu().tolist()]}; " if hasattr(head, "theta") else ""
     logger.info("trained %s head in %.1f s; %shead written to %s", args.head, seconds, learned, out)
     return 0
+
+
+def _refuse_outputs_over_inputs(args: argparse.Namespace) -> None:
+    """Raise now, not once the head is trained, if a file the run writes is one it reads (the annotation
+    file, the image list, a JSON file of a prediction folder, those of the members that ``--models`` leaves
+    out included): the run would destroy its own input; or a JSON file in a prediction folder, which every
+    later run would read as a member's predictions."""
+    out = Path(args.out)
+    outputs = [("--out", out), *((f"the {suffix} file", out.with_name(out.name + suffix))
+                                 for suffix in (".config.yaml", ".loss.png", ".log", ".log.json"))]
+    inputs = [("--gt", Path(args.gt))]
+    if args.images_from:
+        inputs.append(("--images-from", Path(args.images_from)))
+    folders = [("--predictions", Path(args.predictions))]
+    if args.also_fit_on:
+        inputs.append(("--also-fit-on's annotation file", Path(args.also_fit_on[0])))
+        folders.append(("--also-fit-on", Path(args.also_fit_on[1])))
+    for flag, folder in folders:
+        inputs += [(f"{path.name} in {flag}", path) for path in sorted(folder.glob("*.json"))]
+    read = {path.resolve(): what for what, path in inputs}
+    for what, path in outputs:
+        if path.resolve() in read:
+            raise UsageError(
+                f"{what} {path} is {read[path.resolve()]}: the run would write over its own input; "
+                "give --out another name"
+            )
+    refuse_results_in_prediction_folders(outputs, folders)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -133,9 +133,11 @@ class EvaluationRecord:
         table = None if Path(path).name.endswith(RECORD_SUFFIX) else Path(path)
         path = record_path(path)
         if not path.is_file():
-            raise FileNotFoundError(
-                f"evaluation record not found: {path} (detens evaluate writes it beside its --out)"
-            )
+            # a run of several seeds writes its table and <stem>.run.json, but no record
+            run = path.with_name(path.name[: -len(RECORD_SUFFIX)] + ".run.json")
+            why = (f"{run} is of a detens evaluate run of several seeds, which writes none: run one --seed for a "
+                   "report page") if run.is_file() else "detens evaluate writes it beside its --out"
+            raise FileNotFoundError(f"evaluation record not found: {path} ({why})")
         try:
             document = json.loads(gzip.decompress(path.read_bytes()).decode("utf-8"))
         except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as err:
