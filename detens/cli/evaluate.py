@@ -92,6 +92,7 @@ import torch
 import detens
 from detens.bootstrap import bootstrap_map, summarize_bootstrap
 from detens.cli import UsageError, add_threads_argument, run_command
+from detens.cli._outputs import refuse_outputs_over_inputs, refuse_results_in_prediction_folders
 from detens.coco import BACKENDS, CocoGroundTruth, detections_to_coco, load_coco_gt
 from detens.evaluation import (
     METHODS,
@@ -218,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
         if value is not None:
             check_writable_file(Path(value), flag)
     _refuse_outputs_on_one_file(_outputs(args))
-    _refuse_outputs_over_inputs(_outputs(args), _inputs(args, methods), _prediction_folders(args))
+    refuse_outputs_over_inputs(_outputs(args), _inputs(args, methods), _prediction_folders(args))
     if args.report is not None:
         check_writable_folder(args.report, "--report")
         _refuse_a_page_over_outputs(args)
@@ -388,15 +389,11 @@ def _prediction_folders(args: argparse.Namespace) -> list[tuple[str, Path]]:
 
 
 def _inputs(args: argparse.Namespace, methods: list[str]) -> list[tuple[str, Path]]:
-    """The files this run reads, each with what names it in a message: a prediction folder's every JSON
-    file, those of the members that ``--models`` leaves out included (they are the folder's data all the
-    same)."""
+    """The files this run reads besides its prediction folders, each with what names it in a message."""
     inputs = [("--gt", Path(args.gt))]
     if args.also_fit_on or args.fit_on:
         inputs.append((f"{'--also-fit-on' if args.also_fit_on else '--fit-on'}'s annotation file",
                        Path((args.also_fit_on or args.fit_on)[0])))
-    for flag, folder in _prediction_folders(args):
-        inputs += [(f"{path.name} in {flag}", path) for path in sorted(folder.glob("*.json"))]
     inputs += [(f"the head file of --methods {m}", Path(m.split(":", 1)[1])) for m in methods if m.startswith("head:")]
     inputs += [(f"--train-config {item}", Path(item.partition("=")[2])) for item in args.train_config]
     return inputs
@@ -412,34 +409,6 @@ def _refuse_outputs_on_one_file(outputs: list[tuple[str, Path]]) -> None:
             raise UsageError(
                 f"{what} and {other} would both be written to {path}; give each output a file of its own"
             )
-
-
-def _refuse_outputs_over_inputs(
-    outputs: list[tuple[str, Path]], inputs: list[tuple[str, Path]], folders: list[tuple[str, Path]]
-) -> None:
-    """Raise now, not once the evaluation is done, if an output of the run is one of its input files,
-    which the run would destroy, or a JSON file in a prediction folder, which every later run would read
-    as a member's predictions."""
-    read = {path.resolve(): what for what, path in inputs}
-    for what, path in outputs:
-        if path.resolve() in read:
-            raise UsageError(
-                f"{what} {path} is {read[path.resolve()]}: the run would write over its own input; "
-                "give the output another name"
-            )
-    refuse_results_in_prediction_folders(outputs, folders)
-
-
-def refuse_results_in_prediction_folders(outputs: list[tuple[str, Path]], folders: list[tuple[str, Path]]) -> None:
-    """Raise if an output is a ``.json`` file in a prediction folder: :meth:`EnsemblePredictions.from_folder`
-    reads each as a member's COCO results, so the folder would no longer load (``detens train`` shares it)."""
-    for what, path in outputs:
-        for flag, folder in folders:
-            if path.suffix == ".json" and not path.name.startswith(".") and path.resolve().parent == folder.resolve():
-                raise UsageError(
-                    f"{what} {path} would be written into the prediction folder of {flag}, where every .json file "
-                    "is read as a member's predictions; give it another folder"
-                )
 
 
 def _refuse_a_page_over_outputs(args: argparse.Namespace) -> None:

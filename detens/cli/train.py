@@ -48,7 +48,7 @@ from tqdm import tqdm
 
 from detens.checks import first_few
 from detens.cli import UsageError, add_threads_argument, run_command
-from detens.cli.evaluate import refuse_results_in_prediction_folders
+from detens.cli._outputs import refuse_outputs_over_inputs
 from detens.coco import load_coco_gt
 from detens.config import parse_yaml, save_yaml_config
 from detens.heads import TRAINERS, fit_head, load_train_config
@@ -313,10 +313,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _refuse_outputs_over_inputs(args: argparse.Namespace) -> None:
-    """Raise now, not once the head is trained, if a file the run writes is one it reads (the annotation
-    file, the image list, a JSON file of a prediction folder, those of the members that ``--models`` leaves
-    out included): the run would destroy its own input; or a JSON file in a prediction folder, which every
-    later run would read as a member's predictions."""
+    """Raise now, not once the head is trained, if a file the run writes is one it reads or a JSON file in
+    a prediction folder (:func:`detens.cli._outputs.refuse_outputs_over_inputs`)."""
     out = Path(args.out)
     outputs = [("--out", out), *((f"the {suffix} file", out.with_name(out.name + suffix))
                                  for suffix in (".config.yaml", ".loss.png", ".log", ".log.json"))]
@@ -327,16 +325,7 @@ def _refuse_outputs_over_inputs(args: argparse.Namespace) -> None:
     if args.also_fit_on:
         inputs.append(("--also-fit-on's annotation file", Path(args.also_fit_on[0])))
         folders.append(("--also-fit-on", Path(args.also_fit_on[1])))
-    for flag, folder in folders:
-        inputs += [(f"{path.name} in {flag}", path) for path in sorted(folder.glob("*.json"))]
-    read = {path.resolve(): what for what, path in inputs}
-    for what, path in outputs:
-        if path.resolve() in read:
-            raise UsageError(
-                f"{what} {path} is {read[path.resolve()]}: the run would write over its own input; "
-                "give --out another name"
-            )
-    refuse_results_in_prediction_folders(outputs, folders)
+    refuse_outputs_over_inputs(outputs, inputs, folders)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,47 @@
+"""Checks of where ``detens evaluate`` and ``detens train`` write, made before the run: an output on one of
+the run's own input files would destroy it, and a JSON output in a prediction folder would break the
+folder for every later run.
+
+Paths come as ``(what, path)`` pairs, ``what`` naming the path in a message (``"--out"``, ``"--gt"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from detens.cli import UsageError
+
+__all__ = ["refuse_outputs_over_inputs", "refuse_results_in_prediction_folders"]
+
+
+def refuse_outputs_over_inputs(
+    outputs: Sequence[tuple[str, Path]], inputs: Sequence[tuple[str, Path]], folders: Sequence[tuple[str, Path]]
+) -> None:
+    """Raise if an output is one of ``inputs`` or one of the ``.json`` files in the prediction ``folders``
+    (those of the members that ``--models`` leaves out included: they are the folder's data all the same),
+    or a new ``.json`` file in one of those folders (:func:`refuse_results_in_prediction_folders`)."""
+    read = {path.resolve(): what for what, path in inputs}
+    for flag, folder in folders:
+        read.update((path.resolve(), f"{path.name} in {flag}") for path in sorted(Path(folder).glob("*.json")))
+    for what, path in outputs:
+        if path.resolve() in read:
+            raise UsageError(
+                f"{what} {path} is {read[path.resolve()]}: the run would write over its own input; "
+                "give the output another name"
+            )
+    refuse_results_in_prediction_folders(outputs, folders)
+
+
+def refuse_results_in_prediction_folders(
+    outputs: Sequence[tuple[str, Path]], folders: Sequence[tuple[str, Path]]
+) -> None:
+    """Raise if an output is a ``.json`` file in a prediction folder: :meth:`EnsemblePredictions.from_folder`
+    reads each as a member's COCO results, so the folder would no longer load."""
+    for what, path in outputs:
+        for flag, folder in folders:
+            if path.suffix == ".json" and not path.name.startswith(".") and path.resolve().parent == folder.resolve():
+                raise UsageError(
+                    f"{what} {path} would be written into the prediction folder of {flag}, where every .json file "
+                    "is read as a member's predictions; give it another folder"
+                )
