@@ -476,6 +476,21 @@ class TestReportFolder:
         assert f"the page in --out {tmp_path} would write over {tmp_path / 'index.html'} (EVALUATION)" in err, err
         assert sorted(p.name for p in tmp_path.iterdir()) == ["index.evaluation.json.gz", "index.html"]
 
+    def test_an_empty_page_folder_is_refused_not_taken_for_the_working_directory(
+        self, quick, tmp_path, monkeypatch, capsys
+    ):
+        from detens.cli import main
+
+        monkeypatch.chdir(tmp_path)
+        for argv in (["report", str(quick / "results.json"), "--out", ""],
+                     ["evaluate", "--gt", str(quick / "instances.json"), "--predictions", str(quick / "predictions"),
+                      "--methods", "mean", "--out", str(tmp_path / "r.json"), "--report", ""]):
+            assert main([*argv, "--quiet"]) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and "Traceback" not in err, err
+            assert "must be a folder, got an empty path (write . for the working directory)" in err, err
+            assert list(tmp_path.iterdir()) == []
+
     def test_an_older_pages_numbers_go_with_it_and_a_table_stays(self, quick, tmp_path):
         from detens.report.page import write_report
 
