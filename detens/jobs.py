@@ -59,18 +59,11 @@ def _checked(action: argparse.Action, key: str, value: Any) -> Any:
         if not isinstance(value, (str, os.PathLike)):
             raise TypeError(f"{key} must be a path (str or os.PathLike), got {type(value).__name__}: {value!r}")
         value = Path(value)
-    elif kind is folder_path:
+    elif kind in (folder_path, existing_folder):
         if not isinstance(value, (str, os.PathLike)):
             raise TypeError(f"{key} must be a path (str or os.PathLike), got {type(value).__name__}: {value!r}")
         try:
-            value = folder_path(os.fspath(value))
-        except argparse.ArgumentTypeError as err:
-            raise ValueError(f"{key}: {err}") from None
-    elif kind is existing_folder:
-        if not isinstance(value, (str, os.PathLike)):
-            raise TypeError(f"{key} must be a path (str or os.PathLike), got {type(value).__name__}: {value!r}")
-        try:
-            value = existing_folder(os.fspath(value))
+            value = kind(os.fspath(value))
         except argparse.ArgumentTypeError as err:
             raise ValueError(f"{key}: {err}") from None
     elif kind is None:
