@@ -130,7 +130,7 @@ def _model_name_list(model_names: Sequence[str] | None) -> list[str] | None:
 def _check_model_names(model_names: Sequence[str] | None, num_models: int) -> list[str | None]:
     if model_names is None:  # unnamed: a head then takes the models in its own order
         return [None] * num_models
-    names = [str(n) for n in _model_name_list(model_names)]
+    names = [str(n) for n in model_names]
     if len(names) != num_models:
         raise ValueError(f"model_names has {len(names)} names for {num_models} models: {names}")
     return names
