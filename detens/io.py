@@ -304,12 +304,9 @@ def check_writable_folder(path: str | Path, what: str) -> None:
         what (str): names ``path`` in the message (``"--report"``).
 
     Raises:
-        ValueError: ``path`` is empty (``Path("")`` is the working directory: most often an unset shell
-            variable, and the files would land among the user's own), is a file, a part of it is a file, or
-            the folder (or its nearest existing parent) is not writable.
+        ValueError: ``path`` is a file, a part of it is a file, or the folder (or its nearest existing
+            parent) is not writable.
     """
-    if not os.fspath(path):
-        raise ValueError(f"{what} must be a folder, got an empty path (write . for the working directory)")
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ValueError(f"{what} must be a folder, but {path} is a file")

@@ -482,13 +482,18 @@ class TestReportFolder:
         from detens.cli import main
 
         monkeypatch.chdir(tmp_path)
-        for argv in (["report", str(quick / "results.json"), "--out", ""],
-                     ["evaluate", "--gt", str(quick / "instances.json"), "--predictions", str(quick / "predictions"),
-                      "--methods", "mean", "--out", str(tmp_path / "r.json"), "--report", ""]):
-            assert main([*argv, "--quiet"]) == 2
+        for flag, argv in (("--out", ["report", str(quick / "results.json"), "--out", ""]),
+                           ("--report", ["evaluate", "--gt", str(quick / "instances.json"), "--predictions",
+                                         str(quick / "predictions"), "--methods", "mean", "--out",
+                                         str(tmp_path / "r.json"), "--report", ""])):
+            try:  # refused as the arguments are parsed
+                code = main([*argv, "--quiet"])
+            except SystemExit as stop:
+                code = stop.code
+            assert code == 2
             err = capsys.readouterr().err
             assert err.count("\n") == 1 and "Traceback" not in err, err
-            assert "must be a folder, got an empty path (write . for the working directory)" in err, err
+            assert f"argument {flag}: expected a folder, got an empty path (write . for the working directory)" in err, err
             assert list(tmp_path.iterdir()) == []
 
     def test_an_older_pages_numbers_go_with_it_and_a_table_stays(self, quick, tmp_path):

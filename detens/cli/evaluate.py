@@ -91,7 +91,7 @@ import torch
 
 import detens
 from detens.bootstrap import bootstrap_map, summarize_bootstrap
-from detens.cli import UsageError, add_threads_argument, run_command
+from detens.cli import UsageError, add_threads_argument, folder_path, run_command
 from detens.cli._outputs import refuse_outputs_over_inputs, refuse_results_in_prediction_folders
 from detens.coco import BACKENDS, CocoGroundTruth, detections_to_coco, load_coco_gt
 from detens.evaluation import (
@@ -174,7 +174,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--reliability", help="reliability diagram PNG: per method, score vs true-positive rate at IoU 0.5 (10 bins)"
     )
     parser.add_argument(
-        "--report", metavar="DIR",
+        "--report", type=folder_path, metavar="DIR",
         help="write the report page there (index.html and PNGs; rebuild it later with detens report)",
     )
     parser.add_argument(
@@ -218,13 +218,13 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (("--out", args.out), ("--plot", args.plot), ("--reliability", args.reliability)):
         if value is not None:
             check_writable_file(Path(value), flag)
-    _refuse_outputs_on_one_file(_outputs(args))
-    refuse_outputs_over_inputs(_outputs(args), _inputs(args, methods), _prediction_folders(args))
+    outputs, folders = _outputs(args), _prediction_folders(args)
+    _refuse_outputs_on_one_file(outputs)
+    refuse_outputs_over_inputs(outputs, _inputs(args, methods), folders)
     if args.report is not None:
         check_writable_folder(args.report, "--report")
-        _refuse_a_page_over_outputs(args)
-        refuse_results_in_prediction_folders([("the report page's numbers", Path(args.report) / "page.json")],
-                                             _prediction_folders(args))
+        _refuse_a_page_over_outputs(args.report, outputs)
+        refuse_results_in_prediction_folders([("the report page's numbers", Path(args.report) / "page.json")], folders)
     if args.images is not None and not Path(args.images).is_dir():
         raise UsageError(f"--images: no such folder: {args.images}")
     if args.bootstrap < 0:
@@ -248,11 +248,10 @@ def run(args: argparse.Namespace) -> int:
     if args.report and images.is_dir():
         _check_report_images(images, predictions.gt, given=args.images is not None)
     fit_on = None
-    if args.also_fit_on or args.fit_on:
-        fit_gt, fit_folder = args.also_fit_on or args.fit_on
+    if (fitting := _fitting_data(args)) is not None:
+        flag, fit_gt, fit_folder = fitting
         fit_on = EnsemblePredictions.from_folder(fit_folder, load_coco_gt(fit_gt), models=predictions.model_names)
         if not fit_on.gt.annotated_image_ids:
-            flag = "--also-fit-on" if args.also_fit_on else "--fit-on"
             raise UsageError(f"{flag}'s annotation file {fit_gt} has no annotated image to fit on")
     scored = _scored_ids(predictions, args.all_images)
 
@@ -380,20 +379,29 @@ def _outputs(args: argparse.Namespace) -> list[tuple[str, Path]]:
     return [(what, Path(path)) for what, path in outputs if path is not None]
 
 
+def _fitting_data(args: argparse.Namespace) -> tuple[str, Path, Path] | None:
+    """``(flag, annotation file, prediction folder)`` of ``--also-fit-on`` or ``--fit-on``; None without either."""
+    for flag, given in (("--also-fit-on", args.also_fit_on), ("--fit-on", args.fit_on)):
+        if given:
+            return flag, Path(given[0]), Path(given[1])
+    return None
+
+
 def _prediction_folders(args: argparse.Namespace) -> list[tuple[str, Path]]:
     """The prediction folders this run reads, each with its flag."""
     folders = [("--predictions", Path(args.predictions))]
-    if args.also_fit_on or args.fit_on:
-        folders.append(("--also-fit-on" if args.also_fit_on else "--fit-on", Path((args.also_fit_on or args.fit_on)[1])))
+    if (fitting := _fitting_data(args)) is not None:
+        flag, _, folder = fitting
+        folders.append((flag, folder))
     return folders
 
 
 def _inputs(args: argparse.Namespace, methods: list[str]) -> list[tuple[str, Path]]:
     """The files this run reads besides its prediction folders, each with what names it in a message."""
     inputs = [("--gt", Path(args.gt))]
-    if args.also_fit_on or args.fit_on:
-        inputs.append((f"{'--also-fit-on' if args.also_fit_on else '--fit-on'}'s annotation file",
-                       Path((args.also_fit_on or args.fit_on)[0])))
+    if (fitting := _fitting_data(args)) is not None:
+        flag, fit_gt, _ = fitting
+        inputs.append((f"{flag}'s annotation file", fit_gt))
     inputs += [(f"the head file of --methods {m}", Path(m.split(":", 1)[1])) for m in methods if m.startswith("head:")]
     inputs += [(f"--train-config {item}", Path(item.partition("=")[2])) for item in args.train_config]
     return inputs
@@ -411,15 +419,15 @@ def _refuse_outputs_on_one_file(outputs: list[tuple[str, Path]]) -> None:
             )
 
 
-def _refuse_a_page_over_outputs(args: argparse.Namespace) -> None:
-    """Raise now, not once the evaluation is done, if the page in ``--report`` would write or remove a file
-    this run writes (``--out`` is the table that ``detens report`` checks the page's record against)."""
+def _refuse_a_page_over_outputs(report: Path, outputs: list[tuple[str, Path]]) -> None:
+    """Raise now, not once the evaluation is done, if the page in ``--report`` would write or remove one of
+    the run's ``outputs`` (``--out`` is the table that ``detens report`` checks the page's record against)."""
     from detens.report.page import page_writes
 
-    for what, path in _outputs(args):
-        if page_writes(args.report, path):
+    for what, path in outputs:
+        if page_writes(report, path):
             raise UsageError(
-                f"the report page in --report {args.report} would write over {path} ({what}); "
+                f"the report page in --report {report} would write over {path} ({what}); "
                 "give the page a folder of its own, or the file another name"
             )
 
@@ -551,8 +559,8 @@ def _run_meta(
         "protocol": protocol,
         "cv": args.cv,
         "fit_on": None if fit_on is None else {
-            "gt": str(Path((args.also_fit_on or args.fit_on)[0]).resolve()),
-            "predictions": str(Path((args.also_fit_on or args.fit_on)[1]).resolve()),
+            "gt": str(_fitting_data(args)[1].resolve()),
+            "predictions": str(_fitting_data(args)[2].resolve()),
             "images": len(_scored_ids(fit_on, args.all_images)),
             "mode": "joined to every fold's fitting side" if args.also_fit_on else "the only fitting data",
             "left_out": _left_out(fit_on),

@@ -28,14 +28,16 @@ import argparse
 import shlex
 from pathlib import Path
 
-from detens.cli import UsageError, run_command
+from detens.cli import UsageError, folder_path, run_command
 from detens.io import check_writable_folder
 from detens.report.record import EvaluationRecord, record_path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("evaluation", help="the --out JSON of detens evaluate, or its .evaluation.json.gz")
-    parser.add_argument("--out", required=True, metavar="DIR", help="the page's folder (index.html and PNGs)")
+    parser.add_argument(
+        "--out", type=folder_path, required=True, metavar="DIR", help="the page's folder (index.html and PNGs)"
+    )
     parser.add_argument(
         "--images", metavar="DIR",
         help="the scored images, for the side-by-sides (default: the folder the evaluation found); "
