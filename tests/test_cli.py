@@ -88,6 +88,8 @@ MISTAKES = [
                                   "--seed", "1,1"], r"--seed lists a seed twice: '1,1'"),
     ("evaluate --seed negative", ["evaluate", "--gt", "gt.json", "--predictions", "p", "--out", "r.json",
                                   "--seed", "0,-1"], r"--seed takes seeds >= 0, got '0,-1'"),
+    ("evaluate --methods empty", ["evaluate", "--gt", "gt.json", "--predictions", "p", "--out", "r.json",
+                                  "--methods", " , "], r"--methods ' , ' names no method; give method names"),
     ("evaluate a method twice", ["evaluate", "--gt", "gt.json", "--predictions", "p", "--out", "r.json",
                                  "--methods", "wbf,mean,wbf"], r"methods name \['wbf'\] twice"),
     ("evaluate seeds with --report", ["evaluate", "--gt", "gt.json", "--predictions", "p", "--out", "r.json",

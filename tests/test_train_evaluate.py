@@ -1870,6 +1870,30 @@ def test_the_commands_name_a_gt_without_annotations(dataset, tmp_path, capsys, c
     assert sorted(tmp_path.iterdir()) == [background]
 
 
+@pytest.mark.parametrize("command", ["evaluate", "train"])
+def test_models_are_read_as_methods_are(dataset, tmp_path, capsys, command):
+    """The spaces around a name are not part of it and an empty name between commas is passed over, as in
+    --methods; a value that names no model (an unset shell variable) is an error, not every model."""
+    gt_path, predictions = dataset
+
+    def run(models, out):
+        args = ["--gt", str(gt_path), "--predictions", str(predictions), "--models", models, "--out", str(out),
+                "--quiet"]
+        if command == "evaluate":
+            return evaluate_cli.main([*args, "--methods", "mean", "--backend", "faster"])
+        return train_cli.main([*args, "--head", "calibration"])
+
+    out = tmp_path / "out.json"
+    assert run(" blurry , sharp,", out) == 0
+    chosen = EvaluationRecord.load(out).meta["models"] if command == "evaluate" else load_head(out).model_names
+    assert chosen == ["blurry", "sharp"]
+    for value in ("", " , "):
+        assert run(value, tmp_path / "refused.json") == 2
+        err = capsys.readouterr().err
+        assert err == f"error: --models {value!r} names no model; give model names separated by commas\n", err
+        assert not (tmp_path / "refused.json").exists()
+
+
 @pytest.mark.parametrize("command, flag", [("evaluate", "--fit-on"), ("evaluate", "--also-fit-on"),
                                            ("train", "--also-fit-on")])
 def test_fitting_data_without_annotations_is_named(dataset, tmp_path, capsys, command, flag):

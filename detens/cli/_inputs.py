@@ -1,6 +1,7 @@
 """Checks of a command's input files shared by ``detens fuse`` and ``detens cache``: the saved predictions of
 ``precomputed`` members (checked before any detector loads) and the digests that make a resumed run
-refuse input files rewritten at the same path."""
+refuse input files rewritten at the same path; and the comma-separated lists of names that several
+commands take (``--models``, ``--methods``), read alike by each."""
 
 from __future__ import annotations
 
@@ -13,6 +14,27 @@ from typing import Any
 from detens.adapters.onnx_external_data import external_data_files
 from detens.adapters.weights import ResolvedWeights, resolve_model_weights
 from detens.ensemble_config import HEAD_PARAMS, EnsembleConfig, ModelConfig
+
+
+def comma_separated(flag: str, text: str, noun: str, expected: str) -> list[str]:
+    """The names that ``text``, the value of ``flag``, separates by commas, each without the spaces around
+    it (``--models "a, b"``: ``a`` and ``b``); an empty one between commas (``a,,b``, a trailing comma) is
+    passed over. ``noun`` and ``expected`` say in a message what the names are and what to give.
+
+    Raises:
+        ValueError: ``text`` names nothing (empty, or only commas and spaces): leaving the flag out is how a
+            command takes its default, so an empty value is a mistake (a shell variable that was not set).
+    """
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise ValueError(f"{flag} {text!r} names no {noun}; give {expected} separated by commas")
+    return names
+
+
+def model_names(text: str | None) -> list[str] | None:
+    """The models of a prediction folder that ``--models`` of ``detens train`` and ``detens evaluate`` names
+    (:func:`comma_separated`); None, every model of the folder, where the flag is left out."""
+    return None if text is None else comma_separated("--models", text, "model", "model names")
 
 
 def _sha256_of_file(path: str | Path) -> str:

@@ -117,6 +117,7 @@ from detens.cli._engine import add_engine_arguments, ray_options
 from detens.cli._inputs import (
     check_inputs_unchanged,
     check_saved_predictions,
+    comma_separated,
     file_digests,
     saved_prediction_files,
     weights_inputs,
@@ -343,10 +344,7 @@ def model_patterns(text: str | None) -> list[str]:
     """
     if text is None:
         return ["*"]
-    wanted = [p.strip() for p in text.split(",") if p.strip()]
-    if not wanted:
-        raise ValueError(f"--models {text!r} names no member; give names or globs separated by commas")
-    return wanted
+    return comma_separated("--models", text, "member", "names or globs")
 
 
 def check_not_reserved(names: list[str]) -> list[str]:

@@ -92,6 +92,7 @@ import torch
 import detens
 from detens.bootstrap import bootstrap_map, summarize_bootstrap
 from detens.cli import UsageError, add_threads_argument, folder_path, run_command
+from detens.cli._inputs import comma_separated, model_names
 from detens.cli._outputs import refuse_outputs_over_inputs, refuse_results_in_prediction_folders
 from detens.coco import BACKENDS, CocoGroundTruth, detections_to_coco, load_coco_gt
 from detens.evaluation import (
@@ -200,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--cv must be the number of folds (>= 2), or 0 with --fit-on; got {args.cv}")
     if (args.cv == 0) != (args.fit_on is not None):
         raise UsageError("--cv 0 and --fit-on go together: without cross-validation the fitting data is --fit-on's")
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    methods = comma_separated("--methods", args.methods, "method", "method names")
     check_method_names(methods)
     options, options_by_head = {}, {}
     for item in args.train_config:
@@ -240,8 +241,7 @@ def run(args: argparse.Namespace) -> int:
             if value is not None:
                 raise UsageError(f"{flag} draws one cross-validation's predictions; give it one --seed, not {len(args.seed)}")
     gt = load_coco_gt(args.gt)
-    models = args.models.split(",") if args.models else None
-    predictions = EnsemblePredictions.from_folder(args.predictions, gt, models=models)
+    predictions = EnsemblePredictions.from_folder(args.predictions, gt, models=model_names(args.models))
     if not predictions.gt.annotated_image_ids:
         raise UsageError(f"--gt {args.gt} has no annotated image: there is no ground truth to score methods against")
     images = Path(args.images) if args.images else Path(args.gt).parent / "images"

@@ -48,6 +48,7 @@ from tqdm import tqdm
 
 from detens.checks import first_few
 from detens.cli import UsageError, add_threads_argument, run_command
+from detens.cli._inputs import model_names
 from detens.cli._outputs import refuse_outputs_over_inputs
 from detens.coco import load_coco_gt
 from detens.config import parse_yaml, save_yaml_config
@@ -220,8 +221,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--images-from: no such file: {args.images_from} (one image id per line)")
     listed = read_image_ids(Path(args.images_from)) if args.images_from else None
     gt = load_coco_gt(args.gt)
-    models = args.models.split(",") if args.models else None
-    predictions = EnsemblePredictions.from_folder(args.predictions, gt, models=models)
+    predictions = EnsemblePredictions.from_folder(args.predictions, gt, models=model_names(args.models))
     if listed is not None:
         image_ids = listed
     elif args.all_images:
