@@ -6,6 +6,7 @@ a different noise level per model), so the tests exercise the real tools without
 
 from __future__ import annotations
 
+import codecs
 import json
 import logging
 import math
@@ -1054,6 +1055,23 @@ class TestTools:
         err = capsys.readouterr().err
         assert code == 2 and not out.exists()
         assert err == f"error: {listing} is not a text file of image ids, one per line (invalid start byte at byte 0)\n"
+
+    def test_train_cli_reads_an_image_list_saved_with_a_byte_order_mark(self, dataset, tmp_path, capsys):
+        """As Windows editors save UTF-8 text: the mark is not part of the first id."""
+        gt_path, predictions = dataset
+        ids = load_coco_gt(gt_path).annotated_image_ids
+        listing = tmp_path / "ids.txt"
+        listing.write_bytes(codecs.BOM_UTF8 + "\r\n".join(map(str, ids[:4])).encode("utf-8"))
+        out = tmp_path / "head.json"
+        args = ["--gt", str(gt_path), "--predictions", str(predictions), "--head", "calibration", "--quiet",
+                "--out", str(out), "--images-from", str(listing)]
+        assert train_cli.main(args) == 0, capsys.readouterr().err
+        assert json.loads(out.with_name(out.name + ".log.json").read_text())["images"] == 4
+        # a byte that is no UTF-8 is named at its place in the file, the mark counted
+        listing.write_bytes(codecs.BOM_UTF8 + b"12\xff")
+        assert train_cli.main(args) == 2
+        err = capsys.readouterr().err
+        assert err == f"error: {listing} is not a text file of image ids, one per line (invalid start byte at byte 5)\n"
 
     def test_train_cli_refuses_extra_data_that_holds_a_training_image(self, dataset, tmp_path, capsys):
         evaluated, _ = _split_dataset(*dataset, tmp_path, share_one=True)

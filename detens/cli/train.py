@@ -62,14 +62,16 @@ HEAD_TYPES = sorted(TRAINERS)
 
 
 def read_image_ids(path: Path) -> list[int]:
-    """One integer image id per line (blank lines and ``#`` comments ignored), each id once.
+    """One integer image id per line (blank lines and ``#`` comments ignored), each id once. A UTF-8 byte
+    order mark at the start of the file (Windows editors save one) is not part of the first line.
 
     Raises:
         ValueError: a file that is not UTF-8 text, a line that is not an integer, an id on more than one line
             (naming the ids and their lines), or no id at all.
     """
     try:
-        text = path.read_text(encoding="utf-8")
+        # not "utf-8-sig": its error offsets would not count the mark's 3 bytes
+        text = path.read_text(encoding="utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as err:
         raise ValueError(f"{path} is not a text file of image ids, one per line ({err.reason} at byte {err.start})") from None
     ids = []
