@@ -770,8 +770,14 @@ class TestReportOfARealEvaluation:
         record = EvaluationRecord.load(evaluated / "results.json")
         record.meta["images"] = str(tmp_path / "moved_away")
         index = write_report(record, tmp_path / "page", examples=2)
-        assert "No side-by-sides: the image folder was not found" in index.read_text()
+        assert f"No side-by-sides: the image folder {tmp_path / 'moved_away'} was not found; pass --images." in (
+            index.read_text())
         assert not (tmp_path / "page" / "examples").exists()
+        # the evaluation found no images beside --gt, and none are given: there is no folder to name
+        record.meta["images"] = None
+        html = write_report(record, tmp_path / "page", examples=2).read_text()
+        assert "No side-by-sides: the evaluation record names no image folder; pass --images." in html
+        assert "(None)" not in html
 
     def test_page_names_the_images_left_out(self, evaluated, tmp_path):
         from detens.report.page import write_report

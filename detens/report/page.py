@@ -239,9 +239,13 @@ def _examples(
         return {}, "No side-by-sides were asked for."
     if single is None or fused is None or not record.members:
         return {}, "Side-by-sides need a single model and a fused method in the table (add 'single' to --methods)."
-    if folder is None or not Path(folder).is_dir():
-        logger.warning("report: no image folder (%s); the page has no side-by-sides", folder)
-        return {}, f"No side-by-sides: the image folder was not found ({folder}); pass --images."
+    if folder is None:
+        logger.warning("report: the evaluation record names no image folder and none was given; the page has no "
+                       "side-by-sides")
+        return {}, "No side-by-sides: the evaluation record names no image folder; pass --images."
+    if not Path(folder).is_dir():
+        logger.warning("report: the image folder %s was not found; the page has no side-by-sides", folder)
+        return {}, f"No side-by-sides: the image folder {folder} was not found; pass --images."
     truth = CocoGroundTruth(record.gt)
     shown = write_examples(truth, Path(folder), fused, record.results[fused], single.split(":", 1)[1],
                            record.members, out_dir, _EXAMPLES, count=count, conf=conf)
