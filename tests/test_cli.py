@@ -166,10 +166,36 @@ def test_an_empty_folder_is_refused_not_taken_for_the_working_directory(workspac
     assert sorted(p.name for p in workspace.iterdir()) == before
 
 
-def test_an_empty_head_is_refused_not_passed_over(workspace, capsys):
-    assert main(fuse_args("--config", "missing_weights.yaml", "--head", "")) == 2
+EMPTY_FILES = [
+    ("fuse --config", fuse_args("--config", ""), "--config"),
+    ("fuse --head", fuse_args("--config", "missing_weights.yaml", "--head", ""), "--head"),
+    ("cache --config", ["cache", "--config", "", "--images", "images", "--gt", "gt.json", "--out", "out"], "--config"),
+    ("train --config", ["train", "--gt", "gt.json", "--predictions", "p", "--out", "h.json", "--config", ""],
+     "--config"),
+    ("bench --config", ["bench", "--engines", "images", "--config", ""], "--config"),
+    ("evaluate head:", ["evaluate", "--gt", "gt.json", "--predictions", "p", "--out", "r.json", "--methods",
+                        "mean,head:"], "--methods 'head:'"),
+]
+
+
+@pytest.mark.parametrize("case, argv, flag", EMPTY_FILES, ids=[m[0] for m in EMPTY_FILES])
+def test_an_empty_file_or_name_is_refused_not_looked_up_as_the_working_directory(workspace, capsys, case, argv,
+                                                                                 flag):
+    """An empty --head is not passed over either (the config's own head would run)."""
+    before = sorted(p.name for p in workspace.iterdir())
+    assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "error: head file '' not found" in err and "Traceback" not in err, err
+    assert err.count("\n") == 1 and f"{flag}: expected a file or a shipped name, got an empty path" in err, err
+    assert str(workspace) not in err
+    assert sorted(p.name for p in workspace.iterdir()) == before
+
+
+def test_an_empty_head_is_refused_in_python_calls_too(workspace):
+    import detens
+
+    with pytest.raises(ValueError, match="--head: expected a file or a shipped name, got an empty path"):
+        detens.fuse_images("missing_weights.yaml", "images", "out", head="")
+    assert not (workspace / "out").exists()
 
 
 def test_an_empty_out_is_refused_in_python_calls_too(workspace):

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-__all__ = ["COMMANDS", "UsageError", "add_threads_argument", "add_weights_dir_argument", "existing_folder", "folder_path", "build_parser", "positive_int", "command_parser", "main", "run_command"]
+__all__ = ["COMMANDS", "UsageError", "add_threads_argument", "add_weights_dir_argument", "existing_folder", "file_or_shipped_name", "folder_path", "build_parser", "positive_int", "command_parser", "main", "run_command"]
 
 #: subcommand -> (module, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -72,6 +72,23 @@ def folder_path(text: str) -> Path:
     if not text:
         raise argparse.ArgumentTypeError("expected a folder, got an empty path (write . for the working directory)")
     return Path(text)
+
+
+def file_or_shipped_name(flag: str, value: str | None) -> str | None:
+    """``value`` of ``flag``, a file or the name of a file shipped in the package (``--config``, ``--head``),
+    as given (None: the flag left out). An empty one is refused, as :func:`folder_path` refuses an empty
+    folder: it is most often an unset shell variable, and looked up as a path it would be reported as the
+    working directory, which is no file.
+
+    Checked as the command runs, not as an argparse type: the Python calls of :mod:`detens.jobs` check
+    each option by its type and would not know a new one.
+
+    Raises:
+        UsageError: an empty ``value``.
+    """
+    if value == "":
+        raise UsageError(f"{flag}: expected a file or a shipped name, got an empty path")
+    return value
 
 
 def add_weights_dir_argument(parser: argparse.ArgumentParser) -> None:

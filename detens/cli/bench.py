@@ -67,7 +67,7 @@ import numpy as np
 import torch
 
 from detens import Detections, match
-from detens.cli import UsageError, positive_int
+from detens.cli import UsageError, file_or_shipped_name, positive_int
 from detens.extras import import_extra
 from detens.fusers import fuse
 from detens.io import atomic_write_json, check_writable_file
@@ -342,6 +342,7 @@ def check_args(args: argparse.Namespace) -> str:
             "ensemble-boxes (it comes with 'detens[dev]'); --coco and --engines do not need it",
         )
     if mode == "engines":
+        file_or_shipped_name("--config", args.config)
         import_extra("ray", "detens bench --engines times the Ray engine, which needs ray: pip install 'detens[ray]'")
     return mode
 

@@ -112,7 +112,7 @@ from detens.adapters import (
 )
 from detens.adapters.weights import ResolvedWeights, resolve_model_weights
 from detens.checks import first_few
-from detens.cli import UsageError, add_weights_dir_argument, folder_path
+from detens.cli import UsageError, add_weights_dir_argument, file_or_shipped_name, folder_path
 from detens.cli._engine import add_engine_arguments, ray_options
 from detens.cli._inputs import (
     check_inputs_unchanged,
@@ -275,7 +275,8 @@ def resolve_config(args: argparse.Namespace) -> EnsembleConfig:
         "device": args.device,
         "batch": args.batch,
     }
-    config = load_ensemble_config(args.config, {"weights_dir": args.weights_dir}, per_model)
+    config = load_ensemble_config(file_or_shipped_name("--config", args.config), {"weights_dir": args.weights_dir},
+                                  per_model)
     if config.dataset is None:  # the label space is the ground truth's
         config.dataset = str(Path(args.gt).absolute())
     return config

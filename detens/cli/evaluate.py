@@ -91,7 +91,7 @@ import torch
 
 import detens
 from detens.bootstrap import bootstrap_map, summarize_bootstrap
-from detens.cli import UsageError, add_threads_argument, folder_path, run_command
+from detens.cli import UsageError, add_threads_argument, file_or_shipped_name, folder_path, run_command
 from detens.cli._inputs import comma_separated, model_names
 from detens.cli._outputs import refuse_outputs_over_inputs, refuse_results_in_prediction_folders
 from detens.coco import BACKENDS, CocoGroundTruth, detections_to_coco, load_coco_gt
@@ -203,6 +203,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--cv 0 and --fit-on go together: without cross-validation the fitting data is --fit-on's")
     methods = comma_separated("--methods", args.methods, "method", "method names")
     check_method_names(methods)
+    for method in methods:
+        if method.startswith("head:"):
+            file_or_shipped_name(f"--methods {method!r}", method.removeprefix("head:"))
     options, options_by_head = {}, {}
     for item in args.train_config:
         kind, _, path = item.partition("=")

@@ -88,7 +88,7 @@ from detens.adapters import (
     member_weights,
 )
 from detens.checks import first_few
-from detens.cli import add_weights_dir_argument, folder_path
+from detens.cli import add_weights_dir_argument, file_or_shipped_name, folder_path
 from detens.cli._engine import add_engine_arguments, ray_options
 from detens.cli._inputs import (
     check_inputs_unchanged,
@@ -180,8 +180,9 @@ def resolve_config(args: argparse.Namespace) -> EnsembleConfig:
     """The config file with the flags applied (a flag given for every model also replaces each model's
     own value). ``--head`` without ``--method`` runs the head's own type; ``--method`` without ``--head``
     drops the config's head unless the method is the config's own or ``theta`` (which runs any head)."""
-    # an empty --head (an unset shell variable) is a head file not found, not the config's own head
-    head = str(find_head_file(args.head).resolve()) if args.head is not None else None
+    # an empty --head (an unset shell variable) is refused, not taken for the config's own head
+    given = file_or_shipped_name("--head", args.head)
+    head = str(find_head_file(given).resolve()) if given is not None else None
     per_model = {"conf": args.conf, "imgsz": args.imgsz, "device": args.device, "batch": args.batch}
     overrides: dict[str, Any] = {
         "weights_dir": args.weights_dir,
@@ -192,7 +193,7 @@ def resolve_config(args: argparse.Namespace) -> EnsembleConfig:
         "output.labels": False if args.no_labels else None,
         "output.vis_conf": args.vis_conf,
     }
-    config = load_ensemble_config(args.config, overrides, per_model)
+    config = load_ensemble_config(file_or_shipped_name("--config", args.config), overrides, per_model)
     if head is None and args.method is not None and config.fusion.head is not None:
         if args.method not in (load_ensemble_config(args.config).fusion.method, "theta"):
             # The YAML's head belongs to the YAML's method; another --method does not use it.

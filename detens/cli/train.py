@@ -47,7 +47,7 @@ import yaml
 from tqdm import tqdm
 
 from detens.checks import first_few
-from detens.cli import UsageError, add_threads_argument, run_command
+from detens.cli import UsageError, add_threads_argument, file_or_shipped_name, run_command
 from detens.cli._inputs import model_names
 from detens.cli._outputs import refuse_outputs_over_inputs
 from detens.coco import load_coco_gt
@@ -215,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
                 f"--{name}: a {args.head} head has no {name} option; its training options are {', '.join(sorted(options))}"
             )
     overrides.update(flags)
-    config = load_train_config(args.head, args.config, overrides)
+    config = load_train_config(args.head, file_or_shipped_name("--config", args.config), overrides)
 
     if args.images_from and args.all_images:
         raise UsageError("--images-from lists the images to train on and --all-images takes every image: give one")
