@@ -122,6 +122,21 @@ def test_unreadable_files_are_reported_and_skipped(full_run):
     )
 
 
+def test_a_run_without_a_readable_image_lists_only_the_outputs_it_wrote(workspace, tmp_path, capsys):
+    source, out = tmp_path / "src", tmp_path / "o"
+    source.mkdir()
+    for name in ("corrupt.jpg", "empty.jpg"):
+        shutil.copy(workspace / "images" / name, source / name)
+    assert fuse_tool.main(["--config", str(workspace / "pair.yaml"), "--source", str(source), "--out", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert f"results in {out}/: predictions.json, images.json, summary.json, config.yaml" in lines, lines
+    assert not (out / "labels").exists() and not (out / "vis").exists()
+    shutil.copy(workspace / "images" / "bus.jpg", source / "bus.jpg")
+    assert fuse_tool.main(["--config", str(workspace / "pair.yaml"), "--source", str(source), "--out", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert f"results in {out}/: predictions.json, images.json, labels/, vis/, summary.json, config.yaml" in lines, lines
+
+
 def test_labels_and_vis(full_run):
     images, predictions = read_outputs(full_run)
     for image in images["images"]:

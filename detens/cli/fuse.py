@@ -1069,14 +1069,11 @@ def print_summary(out: Path, config: EnsembleConfig, summary: dict[str, Any]) ->
     ]
     for name, err in summary["unreadable"].items():
         lines.append(f"unreadable: {name}: {err}")
-    written = ["predictions.json", "images.json"]
-    if config.output.labels:
-        written.append("labels/")
-    if config.output.vis:
-        written.append("vis/")
-    if config.output.save_per_model:
-        written.append("per_model/")
-    written += ["summary.json", "config.yaml"]
+    # labels/ and vis/ hold a file per image done: a run whose every image was unreadable writes neither
+    folders = {"labels": config.output.labels, "vis": config.output.vis, "per_model": config.output.save_per_model}
+    written = ["predictions.json", "images.json",
+               *(f"{name}/" for name, wanted in folders.items() if wanted and (out / name).is_dir()),
+               "summary.json", "config.yaml"]
     lines.append(f"results in {out}/: {', '.join(written)}")
     if summary["interrupted"]:
         lines.append("interrupted: run the same command again to finish")
