@@ -756,10 +756,13 @@ def test_a_run_killed_while_partial_is_unpacked_or_removed_loses_no_image(worksp
     assert fuse_into(workspace, source, out, "--no-vis") == 130
     monkeypatch.setattr(shutil, "rmtree", real_rmtree)
     assert (out / "images.json").is_file()
+    # killed before the run record went: it says what the complete summary.json says, and the next run ends it
+    assert (out / fuse_tool.RUN_RECORD).is_file() and json.loads((out / "summary.json").read_text())["complete"]
     complete = read_outputs(out)
     # the other image alone: the one whose record went keeps its results and id
     assert fuse_into(workspace, source / "y.jpg", out, "--no-vis") == 0
     assert read_outputs(out) == complete
+    assert not (out / fuse_tool.RUN_RECORD).exists() and not (out / fuse_tool.REMOVING).exists()
 
     def killed_after_one_unpacked(path, obj, *args, **kwargs):
         if Path(path).name == "y.jpg.json":
