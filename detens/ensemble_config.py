@@ -290,7 +290,7 @@ _OWN_VALUE_ONLY = {"torchvision": ("iou", "imgsz")}
 #: model type -> the common settings its members never read (an ONNX member runs at its input_size; saved
 #: predictions were made earlier): a value given for every model is reported for these members rather
 #: than passed over, and ``detens cache`` does not record it among their settings.
-NOT_READ_BY_TYPE: dict[str, tuple[str, ...]] = {"onnx": ("imgsz",), "precomputed": ("iou", "imgsz")}
+NOT_READ_BY_TYPE: dict[str, tuple[str, ...]] = {"onnx": ("imgsz",), "precomputed": ("iou", "imgsz", "device", "batch")}
 _NOT_READ_WHY = {"onnx": "it runs at its input_size", "precomputed": "its predictions were made earlier"}
 
 

@@ -302,9 +302,11 @@ def test_a_flag_for_every_model_names_the_members_that_do_not_read_it(tmp_path, 
     with caplog.at_level(logging.WARNING, logger="detens.ensemble_config"):
         load_ensemble_config(path, per_model={"conf": 0.1})
         assert not caplog.records  # every member reads conf
-        config = load_ensemble_config(path, per_model={"imgsz": 320, "iou": 0.5})
+        config = load_ensemble_config(path, per_model={"imgsz": 320, "iou": 0.5, "device": "cpu", "batch": 4})
     assert config.setting(config.models[0], "imgsz") == 320 and config.models[1].input_size == [416, 416]
     assert sorted(r.getMessage() for r in caplog.records) == [
+        "batch 4, given for every model, is not used by 'saved' (type 'precomputed': its predictions were made earlier)",
+        "device cpu, given for every model, is not used by 'saved' (type 'precomputed': its predictions were made earlier)",
         "imgsz 320, given for every model, is not used by 'saved' (type 'precomputed': its predictions were made earlier)",
         "imgsz 320, given for every model, is not used by 'yolox' (type 'onnx': it runs at its input_size)",
         "iou 0.5, given for every model, is not used by 'saved' (type 'precomputed': its predictions were made earlier)",
