@@ -247,7 +247,9 @@ BAD_OPTIONS = [
     ("nms", {"iou_thr": True}, TypeError, "iou_thr must be a number, got bool"),
     ("wbf", {"iou_thr": "0.5"}, TypeError, "iou_thr must be a number, got str: '0.5'"),
     ("wbf", {"skip_box_thr": "0.1"}, TypeError, "skip_box_thr must be a number, got str"),
-    ("wbf", {"skip_box_thr": math.nan}, ValueError, "skip_box_thr must be a number >= 0, got nan"),
+    ("wbf", {"skip_box_thr": math.nan}, ValueError, r"skip_box_thr must be in \[0, 1\], got nan"),
+    # scores lie in [0, 1]: a threshold above 1 would drop every box
+    ("wbf", {"skip_box_thr": 1.5}, ValueError, r"skip_box_thr must be in \[0, 1\], got 1.5"),
     ("wbf", {"allows_overflow": "yes"}, TypeError, "allows_overflow must be True or False, got str"),
     ("wbf", {"conf_type": None}, TypeError, "conf_type must be one of avg, max, .*got NoneType None"),
     ("soft_nms", {"sigma": math.inf}, ValueError, "sigma must be a positive number, got inf"),

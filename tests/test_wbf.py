@@ -223,7 +223,8 @@ class TestBadInput:
 
     def test_everything_filtered_gives_empty(self):
         per_model = self._models()
-        assert len(wbf_fusion(per_model, skip_box_thr=1.01)) == 0
+        assert all(bool((d.scores < 1.0).all()) for d in per_model)
+        assert len(wbf_fusion(per_model, skip_box_thr=1.0)) == 0
         outside = Detections([[-50, -50, -10, -10], [400, 10, 500, 20]], [0.9, 0.8], [1, 1], (200, 300))
         assert len(wbf_fusion([outside])) == 0
 

@@ -295,7 +295,7 @@ def wbf_fusion(
         weights (Sequence[float] | Tensor[N] | None): per-model weights, multiplied into the scores
             (default: all 1); only their ratios matter (they are divided by the largest).
         iou_thr (float): a box joins a fused box of its class when their IoU is greater than this.
-        skip_box_thr (float): boxes scoring below this (before weighting) are ignored.
+        skip_box_thr (float): boxes scoring below this (before weighting) are ignored; in [0, 1], as scores are.
         conf_type (str): the fused confidence, as in ensemble_boxes: ``"avg"`` (mean weighted score,
             times min(N, boxes)/Σweights), ``"max"`` (max weighted score / max weight),
             ``"box_and_model_avg"``, ``"absent_model_aware_avg"``.
@@ -310,7 +310,7 @@ def wbf_fusion(
     """
     check_per_model(per_model)
     iou_thr = check_real(iou_thr, "iou_thr", 0.0, 1.0)
-    skip_box_thr = check_real(skip_box_thr, "skip_box_thr", 0.0)
+    skip_box_thr = check_real(skip_box_thr, "skip_box_thr", 0.0, 1.0)
     check_choice(conf_type, "conf_type", CONF_TYPES)
     allows_overflow = check_flag(allows_overflow, "allows_overflow")
     check_choice(backend, "backend", WBF_BACKENDS)
