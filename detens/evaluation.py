@@ -83,13 +83,21 @@ class EvaluationData:
         predictions (EnsemblePredictions): every image a method may fit on or be scored on.
         image_ids (list[int] | None): the images that are scored (default: every annotated image);
             the others (extra fitting images) are only ever fitted on.
+        fit_ids (list[int] | None): the images that methods are fitted on, in one fold or another (default:
+            ``image_ids``), which :meth:`EvalMethod.check_data` looks at.
     """
 
-    def __init__(self, predictions: EnsemblePredictions, image_ids: Sequence[int] | None = None) -> None:
+    def __init__(
+        self,
+        predictions: EnsemblePredictions,
+        image_ids: Sequence[int] | None = None,
+        fit_ids: Sequence[int] | None = None,
+    ) -> None:
         self.predictions = predictions
         self.gt = predictions.gt
         self.model_names = predictions.model_names
         self.image_ids = list(self.gt.annotated_image_ids if image_ids is None else image_ids)
+        self.fit_ids = list(self.image_ids if fit_ids is None else fit_ids)
         self._per_model: dict[int, list[Detections]] = {}
 
     def per_model(self, image_id: int) -> list[Detections]:
@@ -117,7 +125,8 @@ class EvalMethod:
 
     def check_data(self, data: EvaluationData) -> None:
         """Refuse ``data`` before any method runs when it cannot be this method's (a head file trained on
-        another label space); nothing to check by default."""
+        another label space; a member without the detections that the calibration curve of a head to fit
+        needs); nothing to check by default."""
 
     def predict(self, data: EvaluationData, image_id: int) -> Detections:
         raise NotImplementedError
@@ -308,6 +317,11 @@ class HeadMethod(EvalMethod):
         self.seconds = 0.0
         self.final_loss: float | None = None
         self.selection: dict[str, Any] = {}
+
+    def check_data(self, data: EvaluationData) -> None:
+        from detens.heads import check_fit_data
+
+        check_fit_data(self.kind, data.predictions, data.fit_ids, self.config)
 
     def fit(self, data: EvaluationData, train_ids: Sequence[int]) -> None:
         from detens.heads import fit_head
@@ -562,7 +576,10 @@ def cross_validate(
         ValueError: ``k`` is 0 without ``fit_on``; an unknown ``backend``; no annotated image in
             ``predictions``; ``fit_on`` holds a scored image
             (the same base file name: :func:`~detens.predictions.shared_images`), other categories or not
-            every model.
+            every model; a head to fit that calibrates every member's scores (``calibration``, ``deep``) and
+            a member without detections (on a ground-truth object) on the fitting images
+            (:func:`~detens.heads.check_fit_data`): all before any method runs. A fit's own error names the
+            method and the fold it was fitting.
     """
     if k == 0 and fit_on is None:
         raise ValueError("k=0 (no cross-validation) needs fit_on: the dataset that learned and tuned methods fit on")
@@ -579,11 +596,11 @@ def cross_validate(
         if not fit_on.gt.annotated_image_ids:
             raise ValueError("the extra fitting data has no annotated image")
         predictions, extra_ids = join_predictions(predictions, fit_on, all_images=all_images)
-    data = EvaluationData(predictions, scored_ids)
-    names = expand_methods(methods, data.model_names)
+    names = expand_methods(methods, predictions.model_names)
     folds = [(extra_ids, scored_ids)] if k == 0 else [
         (train + extra_ids, test) for train, test in kfold_image_splits(annotated_ids, k, seed, negative_ids)
     ]
+    data = EvaluationData(predictions, scored_ids, sorted({i for train, _ in folds for i in train}))
     method_options = method_options or {}
     # Every method is built before any runs, so a bad option or head file fails before hours of work.
     built = {name: build_method(name, data.model_names, **method_options.get(name, {})) for name in names}
@@ -595,10 +612,17 @@ def cross_validate(
         method = built[name]
         plan = folds if method.learned else [([], scored_ids)]
         results, fitted, predict_seconds, predicted = [], [], 0.0, 0
-        for train_ids, test_ids in plan:
+        for fold, (train_ids, test_ids) in enumerate(plan, 1):
             if method.learned:
                 method = build_method(name, data.model_names, **options)
-                method.fit(data, train_ids)
+                try:
+                    method.fit(data, train_ids)
+                except ValueError as err:
+                    # a fit names its images by their number only: which method and fold failed is said here
+                    where = f"fitted on the {len(train_ids)} images of the extra fitting data" if k == 0 else (
+                        f"fold {fold} of {k}, fitted on its {len(train_ids)} training images ({len(test_ids)} held out)"
+                    )
+                    raise ValueError(f"{name}, {where}: {err}") from None
                 fitted.append(method.describe())
             fold_results, seconds = _predict_images(method, data, test_ids, clock)
             results += fold_results

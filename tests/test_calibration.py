@@ -559,13 +559,17 @@ def _xywh(box):
 GT_BOX = [20.0, 20.0, 60.0, 60.0]
 HALF_BOX = [20.0, 20.0, 60.0, 40.0]  # IoU 0.5 with GT_BOX
 CROWD_BOX = [80.0, 0.0, 160.0, 80.0]
+#: a model that overlaps the object of each of 4 images, never by 0.5: 20x30 = 600 inside the 40x40 = 1600
+#: GT box, IoU 0.375
+LOOSE = [{"image_id": i, "category_id": 1, "bbox": _xywh([20.0, 20.0, 40.0, 50.0]), "score": 0.8} for i in range(4)]
 
 
-def synthetic(num_images: int = 4, models: dict | None = None) -> EnsemblePredictions:
-    """Each image: one object of class 1 at GT_BOX, one crowd region of class 1 at CROWD_BOX.
+def synthetic(num_images: int = 4, models: dict | None = None, prefix: str = "") -> EnsemblePredictions:
+    """Each image (``<prefix><id>.jpg``): one object of class 1 at GT_BOX, one crowd region of class 1 at
+    CROWD_BOX.
 
     Default models: ``sharp`` (see :func:`_sharp_results`) and ``lost``, whose boxes hit nothing."""
-    images = [{"id": i, "width": 160, "height": 120, "file_name": f"{i}.jpg"} for i in range(num_images)]
+    images = [{"id": i, "width": 160, "height": 120, "file_name": f"{prefix}{i}.jpg"} for i in range(num_images)]
     annotations = []
     for i in range(num_images):
         for k, (box, crowd) in enumerate(((GT_BOX, 0), (CROWD_BOX, 1))):
@@ -678,9 +682,7 @@ class TestFitCalibration:
             fit_calibration(sharp, [0, 1], shrinkage=-1.0)
 
     def test_tp50_refuses_a_model_that_never_reaches_iou_half(self):
-        # "loose" overlaps the object, never by 0.5: 20x30 = 600 inside the 40x40 = 1600 GT box, IoU 0.375
-        loose = [{"image_id": i, "category_id": 1, "bbox": _xywh([20.0, 20.0, 40.0, 50.0]), "score": 0.8} for i in range(4)]
-        preds = synthetic(models={"sharp": _sharp_results(), "loose": loose})
+        preds = synthetic(models={"sharp": _sharp_results(), "loose": LOOSE})
         assert fit_calibration(preds, preds.image_ids).curve("loose")[1].max() == pytest.approx(0.375)
         with pytest.raises(ValueError, match="model 'loose': none of its 4 detections .* reaches IoU 0.5"):
             fit_calibration(preds, preds.image_ids, target="tp50")
@@ -701,6 +703,71 @@ class TestFitCalibration:
         head.save(path)
         per_model = preds.per_model(1)
         assert as_set(fuse(per_model, "wbf", calibration=path)) == as_set(head.fuse_detections(per_model))
+
+
+#: fast settings of the network heads, for the runs that fit them
+FAST_NET = {"epochs": 1, "hidden": 8, "depth": 1, "match_iou_grid": []}
+FAST_DEEP = {**FAST_NET, "median_box": False}
+
+
+class TestCrossValidationRefusesMembersWithoutCurves:
+    """A head that fits calibration curves cannot fit one for a member without detections on a ground-truth
+    object: cross_validate refuses it before any method runs, and a fold that lacks them is named."""
+
+    @pytest.mark.parametrize("method, options, models, message", [
+        ("calibration", {}, {"quiet": []}, "calibration: model 'quiet' has no detection on the 4 training images; "
+         "a calibration curve needs its scores"),
+        ("deep", FAST_DEEP, {"quiet": []}, r"deep calibrates every member's scores before it is fitted \(calibrate: "
+         r"true; false fits it on the raw scores\): model 'quiet' has no detection on the 4 training images"),
+        ("superlearner", {**FAST_NET, "calibrate": True}, {"quiet": []},
+         "superlearner calibrates every member's scores .*: model 'quiet' has no detection"),
+        ("calibration", {}, None, "calibration: model 'lost': none of its 4 detections on the 4 training images "
+         "overlaps a ground-truth box"),
+        ("calibration", {"target": "tp50"}, {"loose": LOOSE}, "calibration: model 'loose': none of its 4 detections "
+         ".* reaches IoU 0.5"),
+    ])
+    def test_before_any_method_runs(self, method, options, models, message):
+        from detens.evaluation import cross_validate
+
+        preds = synthetic() if models is None else synthetic(models={"sharp": _sharp_results(), **models})
+        ran = []
+        with pytest.raises(ValueError, match=f"^{message}"):
+            cross_validate(preds, ["mean", method], k=2, backend="faster", method_options={method: options},
+                           on_method=lambda name, result: ran.append(name))
+        assert ran == []
+
+    def test_only_the_fitting_images_count(self):
+        from detens.evaluation import cross_validate
+
+        # detections on the scored images are no use to a fit on the extra fitting data alone
+        evaluated = synthetic(models={"sharp": _sharp_results(), "quiet": _sharp_results()})
+        fit_on = synthetic(models={"sharp": _sharp_results(), "quiet": []}, prefix="fit_")
+        with pytest.raises(ValueError, match="^calibration: model 'quiet' has no detection on the 4 training images"):
+            cross_validate(evaluated, ["mean", "calibration"], k=0, backend="faster", fit_on=fit_on,
+                           on_method=lambda name, result: pytest.fail(f"{name} ran"))
+
+    @pytest.mark.parametrize("method", ["mean", "wbf", "single", "theta", "deep"])
+    def test_methods_that_fit_without_the_members_detections_run(self, method):
+        from detens.evaluation import cross_validate
+
+        preds = synthetic(models={"sharp": _sharp_results(), "quiet": []})
+        options = {"deep": {**FAST_DEEP, "calibrate": False}, "theta": {"epochs": 1, "match_iou_grid": []}}
+        report = cross_validate(preds, [method], k=2, backend="faster",
+                                method_options={method: options[method]} if method in options else None)
+        assert all(0.0 <= result.metrics["map"] <= 1.0 for result in report.values())
+
+    @pytest.mark.parametrize("method", ["calibration", "deep"])
+    def test_a_fold_whose_training_images_lack_the_members_detections_is_named(self, method):
+        from detens.evaluation import cross_validate
+        from detens.folds import kfold_image_splits
+
+        held_out = kfold_image_splits([0, 1, 2, 3], 2, 0)[1][1][0]  # the member's only image: fold 2 fits without it
+        quiet = [{"image_id": held_out, "category_id": 1, "bbox": _xywh(GT_BOX), "score": 0.9}]
+        preds = synthetic(models={"sharp": _sharp_results(), "quiet": quiet})
+        options = FAST_DEEP if method == "deep" else {}
+        with pytest.raises(ValueError, match=rf"^{method}, fold 2 of 2, fitted on its 2 training images \(2 held "
+                                             r"out\): model 'quiet' has no detection on the 2 training images"):
+            cross_validate(preds, [method], k=2, backend="faster", method_options={method: options})
 
 
 def _sharp_results(num_images: int = 4) -> list[dict]:

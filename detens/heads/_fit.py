@@ -88,6 +88,7 @@ __all__ = [
     "config_for",
     "fit_with_match_iou_search",
     "choose_by_inner_cv",
+    "check_fit_data",
     "fit_head",
 ]
 
@@ -967,6 +968,35 @@ def fit_head(
     if categories is not None:
         head.label_space = named_categories(categories) or None
     return head, history, config
+
+
+def check_fit_data(kind: str, predictions: EnsemblePredictions, image_ids: Sequence[int], config: Any = None) -> None:
+    """Refuse ``image_ids`` of ``predictions`` before any fit when a head of type ``kind`` trained with
+    ``config`` (default: the kind's default) could not be fitted on them for want of a member's data.
+
+    The calibration head, and a network head with ``calibrate``, fit every member's calibration curve,
+    which needs the member's detections, some of them on a ground-truth object
+    (:func:`~detens.heads.calibration.check_calibration_data`). The other heads fit with a member that never
+    detects anything (it is absent from every cluster), so nothing is checked for them.
+
+    Raises:
+        ValueError: naming the head type, why it needs the member's data, and the member.
+    """
+    from detens.heads.calibration import check_calibration_data
+
+    config = config if config is not None else _trainer(kind).default()
+    if kind == "calibration":
+        why, target = "", config.target
+    elif getattr(config, "calibrate", False):
+        # the target of fit_calibration's defaults, with which _cluster_trainer fits these curves
+        why = " calibrates every member's scores before it is fitted (calibrate: true; false fits it on the raw scores)"
+        target = "iou"
+    else:
+        return
+    try:
+        check_calibration_data(predictions, image_ids, target)
+    except ValueError as err:
+        raise ValueError(f"{kind}{why}: {err}") from None
 
 
 def choose_by_inner_cv(

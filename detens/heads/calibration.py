@@ -73,7 +73,10 @@ from detens.matching import check_per_model
 if TYPE_CHECKING:
     from detens.predictions import EnsemblePredictions
 
-__all__ = ["CalibrationHead", "fit_calibration", "isotonic_fit", "isotonic_blocks", "isotonic_predict", "TARGETS"]
+__all__ = [
+    "CalibrationHead", "check_calibration_data", "fit_calibration", "isotonic_fit", "isotonic_blocks", "isotonic_predict",
+    "TARGETS",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -257,6 +260,11 @@ def _check_curve(x: Tensor, y: Tensor, what: str) -> tuple[Tensor, Tensor]:
     return x, y
 
 
+def _check_target(target: Any) -> None:
+    if target not in TARGETS:
+        raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {target!r}")
+
+
 def _identity_curve() -> tuple[Tensor, Tensor]:
     return torch.tensor([0.0, 1.0], dtype=torch.float64), torch.tensor([0.0, 1.0], dtype=torch.float64)
 
@@ -335,8 +343,7 @@ class CalibrationHead(nn.Module):
         self.model_names = check_model_names(model_names)
         if not isinstance(per_class, bool):
             raise TypeError(f"per_class must be bool, got {per_class!r}")
-        if target not in TARGETS:
-            raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {target!r}")
+        _check_target(target)
         self.per_class = per_class
         self.shrinkage = check_number(shrinkage, "shrinkage")
         self.target = target
@@ -677,8 +684,7 @@ def fit_calibration(
     """
     if not isinstance(per_class, bool):
         raise TypeError(f"per_class must be bool, got {per_class!r}")
-    if target not in TARGETS:
-        raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {target!r}")
+    _check_target(target)
     shrinkage = check_number(shrinkage, "shrinkage")
     fuser, fuser_params = _check_fuser(fuser, fuser_params, list(predictions.model_names))
     ids = check_distinct_integers(image_ids, "image_ids")
@@ -687,6 +693,48 @@ def fit_calibration(
             f"fit_calibration needs at least 2 images, got {len(ids)}: one image says too little about a "
             "detector's scores to fit its calibration"
         )
+    names = predictions.model_names
+    curves: dict[str, tuple[Tensor, Tensor]] = {}
+    class_curves: dict[str, dict[int, tuple[Tensor, Tensor]]] = {}
+    for name, (s, t, c, ignored) in zip(names, _training_points(predictions, ids, target), strict=True):
+        knots_x, knots_y, knots_w = isotonic_blocks(s, t)
+        curves[name] = (knots_x, knots_y)
+        if per_class:
+            pseudo_w = shrinkage * knots_w / knots_w.sum()  # the model's curve as prior pseudo-detections
+            own = {}
+            for class_id in torch.unique(c).tolist():
+                mask = c == class_id
+                own[int(class_id)] = isotonic_fit(
+                    torch.cat([s[mask], knots_x]), torch.cat([t[mask], knots_y]),
+                    torch.cat([torch.ones(int(mask.sum()), dtype=torch.float64), pseudo_w]),
+                )
+            class_curves[name] = own
+        logger.info(
+            "calibration of %s: %d detections (%d ignored in crowd regions), %d knots%s", name, s.numel(),
+            ignored, curves[name][0].numel(), f", {len(class_curves[name])} class curves" if per_class else "",
+        )
+    return CalibrationHead(
+        names,
+        curves,
+        class_curves if per_class else None,
+        per_class=per_class,
+        shrinkage=shrinkage,
+        target=target,
+        tie_break=tie_break,
+        fuser=fuser,
+        fuser_params=fuser_params,
+    )
+
+
+def _training_points(
+    predictions: EnsemblePredictions, ids: list[int], target: str
+) -> list[tuple[Tensor, Tensor, Tensor, int]]:
+    """Per model, what its curve is fitted on: the scores, targets (by ``target``) and labels (Tensor[K]
+    each) of its detections on the images ``ids`` that count, and how many were left out in crowd regions.
+
+    Raises:
+        ValueError: a model without the data a curve needs (see :func:`fit_calibration`), named.
+    """
     gt = predictions.gt
     gt.check_has_images(ids)
 
@@ -706,8 +754,7 @@ def fit_calibration(
             targets[m].append(iou[counted])
             labels[m].append(det.labels.to("cpu")[counted])
 
-    curves: dict[str, tuple[Tensor, Tensor]] = {}
-    class_curves: dict[str, dict[int, tuple[Tensor, Tensor]]] = {}
+    points = []
     for m, name in enumerate(names):
         if not scores[m] or sum(t.numel() for t in scores[m]) == 0:
             raise ValueError(
@@ -728,30 +775,16 @@ def fit_calibration(
                 "IoU 0.5 with a ground-truth box of its class, so its tp50 calibrated score would be 0 "
                 "everywhere (target 'iou' still learns from the overlaps it has)"
             )
-        knots_x, knots_y, knots_w = isotonic_blocks(s, t)
-        curves[name] = (knots_x, knots_y)
-        if per_class:
-            pseudo_w = shrinkage * knots_w / knots_w.sum()  # the model's curve as prior pseudo-detections
-            own = {}
-            for class_id in torch.unique(c).tolist():
-                mask = c == class_id
-                own[int(class_id)] = isotonic_fit(
-                    torch.cat([s[mask], knots_x]), torch.cat([t[mask], knots_y]),
-                    torch.cat([torch.ones(int(mask.sum()), dtype=torch.float64), pseudo_w]),
-                )
-            class_curves[name] = own
-        logger.info(
-            "calibration of %s: %d detections (%d ignored in crowd regions), %d knots%s", name, s.numel(),
-            ignored[m], curves[name][0].numel(), f", {len(class_curves[name])} class curves" if per_class else "",
-        )
-    return CalibrationHead(
-        names,
-        curves,
-        class_curves if per_class else None,
-        per_class=per_class,
-        shrinkage=shrinkage,
-        target=target,
-        tie_break=tie_break,
-        fuser=fuser,
-        fuser_params=fuser_params,
-    )
+        points.append((s, t, c, ignored[m]))
+    return points
+
+
+def check_calibration_data(
+    predictions: EnsemblePredictions, image_ids: Sequence[int], target: Literal["iou", "tp50"] = "iou"
+) -> None:
+    """Raise the ``ValueError`` that :func:`fit_calibration` would raise on ``image_ids`` for want of a
+    model's data (no detection there, none that overlaps a ground-truth box of its class, or with
+    ``"tp50"`` none that reaches IoU 0.5), without fitting the curves: a run that fits calibrations later
+    (a cross-validation) refuses such a member before any other work."""
+    _check_target(target)
+    _training_points(predictions, check_distinct_integers(image_ids, "image_ids"), target)
