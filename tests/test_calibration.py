@@ -704,6 +704,14 @@ class TestFitCalibration:
         per_model = preds.per_model(1)
         assert as_set(fuse(per_model, "wbf", calibration=path)) == as_set(head.fuse_detections(per_model))
 
+    def test_fitted_head_records_the_label_space(self, tmp_path):
+        preds = synthetic(models={"sharp": _sharp_results(), "copy": _sharp_results()})
+        head = fit_calibration(preds, preds.image_ids).with_fuser("soft_nms")
+        path = tmp_path / "head.json"
+        head.save(path)
+        assert json.loads(path.read_text())["label_space"] == [{"id": 1, "name": "one"}, {"id": 2, "name": "two"}]
+        assert load_head(path).label_space == {1: "one", 2: "two"}
+
 
 #: fast settings of the network heads, for the runs that fit them
 FAST_NET = {"epochs": 1, "hidden": 8, "depth": 1, "match_iou_grid": []}

@@ -59,7 +59,7 @@ from detens.checks import (
     check_reals,
     check_seed,
 )
-from detens.heads._io import named_categories
+from detens.heads._io import ground_truth_label_space
 from detens.matching import Clusters, match
 from detens.predictions import EnsemblePredictions
 from detens.targets import Targets, assign_targets
@@ -964,9 +964,7 @@ def fit_head(
     if not isinstance(config, trainer.config_class):
         raise TypeError(f"a {kind} head trains with {trainer.config_class.__name__}, got {type(config).__name__}")
     head, history, config = trainer.fit(predictions, ids, config, progress, on_epoch)
-    categories = getattr(predictions.gt, "category_names", None)
-    if categories is not None:
-        head.label_space = named_categories(categories) or None
+    head.label_space = ground_truth_label_space(predictions.gt)
     return head, history, config
 
 

@@ -12,7 +12,8 @@ A head file carries:
 - ``label_space`` (optional): the label space the head was trained in, ``[{"id": 1, "name": "person"},
   ...]`` sorted by id, which :func:`detens.heads.check_head_label_space` compares by name with the label
   space the head is used in. Files without it (written before it was recorded, or by a head trained
-  outside :func:`detens.heads.fit_head`) load as before; their ids alone are checked.
+  outside :func:`detens.heads.fit_head` and :func:`detens.heads.fit_calibration`) load as before; their ids
+  alone are checked.
 
 In ``.json`` files each tensor is ``{"dtype": "float32", "shape": [...], "data": [flat values]}``
 (Python floats round-trip float32 and float64 exactly). In ``.safetensors`` files the tensors are stored
@@ -48,6 +49,7 @@ __all__ = [
     "check_label_space",
     "check_stored_class_ids",
     "find_head_file",
+    "ground_truth_label_space",
     "head_label_space",
     "named_categories",
     "read_head_file",
@@ -165,6 +167,13 @@ def named_categories(categories: Mapping[int, str]) -> dict[int, str]:
         int(cat): name for cat, name in categories.items()
         if isinstance(name, str) and name.strip() and name.strip() != str(cat)
     }
+
+
+def ground_truth_label_space(gt: Any) -> dict[int, str] | None:
+    """The label space a head fitted on the ground truth ``gt`` records: its named categories
+    (:func:`named_categories`), None when it names none."""
+    categories = getattr(gt, "category_names", None)
+    return (named_categories(categories) or None) if categories is not None else None
 
 
 def head_label_space(head: Any) -> dict[int, str] | None:

@@ -62,6 +62,7 @@ from detens.heads._io import (
     check_config_keys,
     check_model_names,
     check_number,
+    ground_truth_label_space,
     in_member_order,
     member_order,
     read_head_for,
@@ -323,8 +324,8 @@ class CalibrationHead(nn.Module):
     """
 
     type_name = "calibration"
-    #: the label space the head was trained in, {category id: name} (set by fit_head, saved with the head);
-    #: None when unknown.
+    #: the label space the head was trained in, {category id: name} (set by fit_head and fit_calibration,
+    #: kept by with_fuser, saved with the head); None when unknown.
     label_space: dict[int, str] | None = None
 
     def __init__(
@@ -490,18 +491,21 @@ class CalibrationHead(nn.Module):
         return fuse(self.calibrate(ordered), self.fuser, **{**self.fuser_params, **params})
 
     def with_fuser(self, fuser: str, fuser_params: Mapping[str, Any] | None = None) -> CalibrationHead:
-        """The same curves followed by another fuser (the curves do not depend on the fuser: no refit)."""
+        """The same curves (and label space) followed by another fuser (the curves do not depend on the fuser:
+        no refit)."""
         curves = {name: own[_GLOBAL] for name, own in zip(self.model_names, self._curves, strict=True)}
         class_curves = {
             name: {c: knots for c, knots in own.items() if c != _GLOBAL}
             for name, own in zip(self.model_names, self._curves, strict=True)
         }
-        return CalibrationHead(
+        head = CalibrationHead(
             self.model_names,
             curves,
             {name: own for name, own in class_curves.items() if own},
             **{**self.config(), "fuser": fuser, "fuser_params": fuser_params},
         )
+        head.label_space = self.label_space
+        return head
 
     # ----------------------------------------------------------------------------------------- files
     def _tensors(self) -> dict[str, Tensor]:
@@ -675,7 +679,8 @@ def fit_calibration(
         tie_break (float): ε of ``(1 − ε) · f(s) + ε · s``.
 
     Returns:
-        CalibrationHead: for ``predictions.model_names``.
+        CalibrationHead: for ``predictions.model_names``; its ``label_space`` is the ground truth's named
+        categories, saved with it (as :func:`detens.heads.fit_head` records them).
 
     Raises:
         ValueError: fewer than 2 images; a model without any detection on them; a model none of whose
@@ -713,7 +718,7 @@ def fit_calibration(
             "calibration of %s: %d detections (%d ignored in crowd regions), %d knots%s", name, s.numel(),
             ignored, curves[name][0].numel(), f", {len(class_curves[name])} class curves" if per_class else "",
         )
-    return CalibrationHead(
+    head = CalibrationHead(
         names,
         curves,
         class_curves if per_class else None,
@@ -724,6 +729,8 @@ def fit_calibration(
         fuser=fuser,
         fuser_params=fuser_params,
     )
+    head.label_space = ground_truth_label_space(predictions.gt)
+    return head
 
 
 def _training_points(
