@@ -50,9 +50,13 @@ def find_packaged(value: str | Path, kind: Kind, folder: str | Path | None = Non
 
     Raises:
         FileNotFoundError: neither; the message names the path tried and lists the shipped names.
+        ValueError: an empty ``value``, which as a path is the working directory (most often an unset
+            variable), not a file.
     """
     if kind not in _SUFFIXES:
         raise ValueError(f"kind must be one of {', '.join(_SUFFIXES)}, got {kind!r}")
+    if isinstance(value, str) and value == "":
+        raise ValueError(f"{_WHAT[kind]}: expected a file or a shipped name, got {value!r}")
     given = Path(value).expanduser()
     path = Path(folder) / given if folder is not None and not given.is_absolute() else given
     if path.is_file():
