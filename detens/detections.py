@@ -99,7 +99,10 @@ def _check_labels(labels: Tensor) -> None:
         labels = labels.to(torch.float64)  # float32 cannot hold MAX_LABEL exactly
         bad = ~((labels >= 0) & (labels <= MAX_LABEL) & (labels == labels.round()))  # NaN is bad too
     else:
-        bad = (labels < 0) | (labels > MAX_LABEL)
+        # compared in int64: in int8 or int16 MAX_LABEL wraps to -1, and uint16..uint64 have no comparisons;
+        # a uint64 above 2**63 - 1 wraps to a negative number, refused too
+        wide = labels.to(torch.int64)
+        bad = (wide < 0) | (wide > MAX_LABEL)
     if bad.any():
         i = int(bad.nonzero()[0])
         raise ValueError(

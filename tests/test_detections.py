@@ -91,6 +91,21 @@ class TestConstruction:
         det = make(labels=labels)
         assert det.labels.dtype == torch.int64 and det.labels.tolist() == [int(v) for v in labels]
 
+    @pytest.mark.parametrize(
+        "dtype", [np.int8, np.int16, np.uint16, np.uint32, np.uint64, torch.int8, torch.uint16, torch.uint64]
+    )
+    def test_labels_of_any_integer_dtype(self, dtype):
+        """Small signed ints once compared with a wrapped MAX_LABEL (every label refused) and unsigned
+        ones above uint8 have no comparison kernels; the range check must not depend on the dtype."""
+        as_array = np.array if isinstance(dtype, type) else torch.tensor
+        assert make(labels=as_array([1, 3], dtype=dtype)).labels.tolist() == [1, 3]
+        if dtype in (np.uint64, torch.uint64):
+            with pytest.raises(ValueError, match=r"labels\[1\] = 9223372036854775813 is not an integer class id"):
+                make(labels=as_array([1, 2**63 + 5], dtype=dtype))
+        elif dtype in (np.int8, torch.int8):
+            with pytest.raises(ValueError, match=r"labels\[1\] = -3 is not an integer class id"):
+                make(labels=as_array([1, -3], dtype=dtype))
+
     def test_with_source_checks_the_name(self):
         assert make().with_source("m").source == "m"
         with pytest.raises(TypeError, match="source must be a string or None"):
