@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from detens.checks import check_device
+
 __all__ = ["Detections", "MAX_LABEL", "MAX_IMAGE_SIDE", "check_xyxy", "compute_device"]
 
 #: The largest class id: labels are category ids, written to JSON and offset per class in batched NMS, and
@@ -59,6 +61,13 @@ def check_xyxy(boxes: Tensor, name: str, hint: str = "") -> None:
 def compute_device(device: torch.device) -> torch.device:
     """Where float64 work can run: the input device, or the CPU for backends without float64 (MPS)."""
     return device if device.type in ("cpu", "cuda") else torch.device("cpu")
+
+
+def _raise_for_device(device: Any, what: str) -> None:
+    """Called where torch failed to place a tensor on ``device``: a ``ValueError`` naming ``what`` when this
+    machine lacks that device, since torch's own error ("Found no NVIDIA driver on your system", "Torch not
+    compiled with CUDA enabled", an unknown device type) names neither the argument nor a way out."""
+    check_device(f"cuda:{device}" if isinstance(device, int) else device, what)
 
 
 def _is_whole(value: Any) -> bool:
@@ -177,8 +186,13 @@ class Detections:
         cls, image_size: tuple[int, int], source: str | None = None, device: torch.device | str | None = None
     ) -> Detections:
         """No detections: the normal answer for an image where nothing was found."""
+        try:
+            boxes = torch.zeros((0, 4), device=device)
+        except (RuntimeError, AssertionError):
+            _raise_for_device(device, "Detections.empty: device")
+            raise
         return cls(
-            torch.zeros((0, 4), device=device),
+            boxes,
             torch.zeros((0,), device=device),
             torch.zeros((0,), dtype=torch.int64, device=device),
             image_size,
@@ -255,13 +269,22 @@ class Detections:
         return self.image_size[1]
 
     def to(self, device: torch.device | str) -> Detections:
-        """The same detections on ``device`` (boxes and scores stay float32, labels int64)."""
+        """The same detections on ``device`` (boxes and scores stay float32, labels int64).
+
+        Raises:
+            ValueError: ``device`` is not a device name, or one this machine lacks (``"cuda"`` without a GPU).
+        """
         if not isinstance(device, (torch.device, str, int)) or isinstance(device, bool):
             raise TypeError(
                 f"Detections.to takes a device (torch.device, 'cuda:0', ...), got {device!r}: boxes and scores "
                 "are always float32 and labels int64"
             )
-        return self._derived(self.boxes.to(device), self.scores.to(device), self.labels.to(device))
+        try:
+            boxes = self.boxes.to(device)
+        except (RuntimeError, AssertionError):
+            _raise_for_device(device, "Detections.to: device")
+            raise
+        return self._derived(boxes, self.scores.to(device), self.labels.to(device))
 
     def with_source(self, source: str | None) -> Detections:
         _check_source(source)

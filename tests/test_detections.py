@@ -169,6 +169,27 @@ class TestProtocol:
         with pytest.raises(TypeError, match="Detections.to takes a device.*got torch.float16"):
             det.to(torch.float16)
 
+    @pytest.mark.parametrize(
+        "device, message",
+        [
+            ("cdua", "must be a torch device: cpu, cuda or cuda:<index>, got 'cdua'"),
+            pytest.param(
+                "cuda", "is 'cuda' but no CUDA device is available",
+                marks=pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA"),
+            ),
+            pytest.param(
+                0, "is 'cuda:0' but no CUDA device is available",
+                marks=pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA"),
+            ),
+        ],
+    )
+    def test_a_device_this_machine_lacks_is_named(self, device, message):
+        """torch's own error ("Found no NVIDIA driver on your system") names neither the call nor the argument."""
+        with pytest.raises(ValueError, match=f"Detections.to: device {message}"):
+            make().to(device)
+        with pytest.raises(ValueError, match=f"Detections.empty: device {message}"):
+            Detections.empty((4, 5), device=device)
+
     @pytest.mark.parametrize("index", [2, -3, np.int64(5)])
     def test_integer_index_out_of_range_is_an_error(self, index):
         with pytest.raises(IndexError, match="out of range for 2 boxes"):
