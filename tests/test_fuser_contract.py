@@ -130,6 +130,7 @@ class TestFuserContract:
         got = fuse(with_grad, name, **params_for(name, 3))
         expected = fuse(per_model, name, **params_for(name, 3))
         assert torch.equal(got.boxes, expected.boxes) and torch.equal(got.scores, expected.scores)
+        assert not got.boxes.requires_grad and not got.scores.requires_grad  # results hold no autograd graph
 
     def test_model_order_does_not_matter(self, name):
         if name in ORDER_DEPENDENT:
