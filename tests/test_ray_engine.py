@@ -269,3 +269,28 @@ def test_fuse_on_ray_checks_saved_predictions_before_any_work(cluster, tmp_path,
     assert err.count("error:") == 1 and "Traceback" not in err
     assert "1 of the 2 images have no saved predictions in member 'saved'" in err and images[1]["file_name"] in err
     assert not (tmp_path / "o").exists()
+
+
+def test_weights_found_from_the_drivers_working_directory_are_found_by_the_actors(cluster, dataset, tmp_path,
+                                                                                  monkeypatch):
+    """Weights named relative to a ``shared/models`` above the driver's working directory load on actors
+    whose working directory is elsewhere (a cluster started from another folder), for both jobs."""
+    root, _ = dataset
+    (tmp_path / "shared" / "models").mkdir(parents=True)
+    shutil.copy(YOLO26N, tmp_path / "shared" / "models" / "only_here.tflite")
+    config = {"name": "one", "models": [{"type": "ultralytics", "weights": "only_here.tflite", "name": "one"}],
+              "fusion": {"method": "wbf"}}
+    (tmp_path / "one.yaml").write_text(json.dumps(config))  # JSON is YAML
+    images = tmp_path / "images"
+    images.mkdir()
+    for path in sorted((root / "images").iterdir())[:2]:
+        shutil.copy(path, images / path.name)
+    monkeypatch.chdir(tmp_path)  # the cluster's workers stay in the folder it was started from
+    import detens
+
+    assert detens.fuse_images("one.yaml", images, tmp_path / "fused", engine="ray", quiet=True) == 0
+    summary = json.loads((tmp_path / "fused" / "summary.json").read_text())
+    assert summary["done"] == 2 and summary["weights"] == {"one": str(tmp_path / "shared/models/only_here.tflite")}
+    assert detens.cache("one.yaml", root / "images", root / "gt.json", tmp_path / "cached", engine="ray",
+                        max_images=2, quiet=True) == 0
+    assert json.loads((tmp_path / "cached" / "cache_summary.json").read_text())["models"]["one"]["images"] == 2

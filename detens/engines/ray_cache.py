@@ -23,13 +23,13 @@ import re
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
 import numpy as np
 
-from detens.adapters.weights import check_weights_found
+from detens.adapters.weights import resolve_model_weights
 from detens.ensemble_config import EnsembleConfig, ModelConfig, with_absolute_paths
 
 __all__ = [
@@ -77,14 +77,33 @@ def ready_for_actors(
 ) -> tuple[EnsembleConfig, list[ModelConfig]]:
     """``ensemble`` and the ``models`` that actors will load, ready to be sent to them: their weights are
     looked up here, on the driver, so that a missing file is one error naming the model, not a Ray error
-    per actor; and every file they name is made absolute, since the actors' working directory is the
-    cluster's, not this process's.
+    per actor, and sent as the paths found here; and every file they name is made absolute, since the
+    actors' working directory is the cluster's, not this process's.
 
     Raises:
         WeightsNotFoundError: the first of ``models`` whose weights are found nowhere.
     """
-    check_weights_found(models, ensemble.weights_dir)
-    return with_absolute_paths(ensemble), [with_absolute_paths(model) for model in models]
+    ready = [_with_found_weights(model, ensemble.weights_dir) for model in models]
+    found = {id(model): done for model, done in zip(models, ready, strict=True)}
+    absolute = with_absolute_paths(ensemble)
+    # the actors look weights up again where they run: a name found through this process's working
+    # directory (a shared/models above it) or environment ($DETENS_WEIGHTS) is not found there
+    members = [found.get(id(given), model) for given, model in zip(ensemble.models, absolute.models, strict=True)]
+    return replace(absolute, models=members), ready
+
+
+def _with_found_weights(model: ModelConfig, weights_dir: str | None) -> ModelConfig:
+    """``model`` with its files made absolute, and its weights, when they are on disk, the path this process
+    found them at.
+
+    Raises:
+        WeightsNotFoundError: its weights are found nowhere (naming the model).
+    """
+    resolved = resolve_model_weights(model, weights_dir)
+    model = with_absolute_paths(model)
+    if resolved is not None and resolved.local:
+        model = replace(model, weights=str(Path(resolved.value).absolute()))
+    return model
 
 
 def map_on_actors(
