@@ -202,11 +202,18 @@ def output_lock(
 def run_folder(folder: Path) -> Iterator[bool]:
     """Create ``folder`` (and its missing parents) for a run, and remove again at the end those the run
     left empty. Yields False, creating nothing, when ``folder`` is a file: the command says so itself, with
-    its own message."""
+    its own message.
+
+    Raises:
+        NotADirectoryError: a folder above ``folder`` is a file, naming it.
+    """
     if folder.exists() and not folder.is_dir():
         yield False
         return
     created = [p for p in (folder, *folder.parents) if not p.exists()]
+    above = next((p for p in folder.parents if p not in created), None)
+    if above is not None and not above.is_dir():  # mkdir's own error names the folder, not the file in its way
+        raise NotADirectoryError(f"{folder} cannot be created: {above} is a file, not a folder")
     folder.mkdir(parents=True, exist_ok=True)
     try:
         yield True

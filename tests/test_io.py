@@ -111,6 +111,17 @@ class TestOutputLock:
             pass
         assert (tmp_path / "kept").is_dir() and list((tmp_path / "kept").iterdir()) == []
 
+    def test_a_file_in_the_folders_path_is_named(self, tmp_path):
+        from detens.io import output_lock
+
+        (tmp_path / "notes.txt").write_text("x")
+        for out in (tmp_path / "notes.txt" / "out", tmp_path / "notes.txt" / "a" / "b"):
+            message = f"{out} cannot be created: {tmp_path / 'notes.txt'} is a file, not a folder"
+            with pytest.raises(NotADirectoryError, match=f"^{re.escape(message)}$"):
+                with output_lock(out, "detens fuse"):
+                    pytest.fail("a folder under a file")
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
 
 _KILLED_MID_WRITE = """
 import os, sys
