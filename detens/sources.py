@@ -77,10 +77,17 @@ def _folder_images(root: Path, recursive: bool) -> Iterator[Path]:
 
     Linked folders are followed, as a glob's ``**`` follows them: a dataset folder often links its parts
     in (``data/val2017 -> /datasets/coco/val2017``), and skipping them would lose those images silently.
-    A link back to a folder above it is not followed, or the walk would never end.
+    A link back to a folder above it is not followed, or the walk would never end. A folder that cannot be
+    listed (no permission), and a link to nothing that is not named like an image (maybe a linked folder on
+    storage that is not mounted), are logged as warnings: their images would otherwise be missing without
+    a word.
     """
+
+    def unlisted(err: OSError) -> None:
+        logger.warning("cannot list the folder %s (%s): its images are left out", err.filename, err.strerror or err)
+
     above = {os.fspath(root): frozenset({os.path.realpath(root)})}  # each folder → the real folders down to it
-    for folder, dirs, files in os.walk(root, followlinks=True):
+    for folder, dirs, files in os.walk(root, onerror=unlisted, followlinks=True):
         chain = above.pop(folder)
         kept = []
         for name in dirs if recursive else []:
@@ -92,8 +99,12 @@ def _folder_images(root: Path, recursive: bool) -> Iterator[Path]:
         dirs[:] = kept
         for name in files:
             candidate = Path(folder, name)
-            if not name.startswith(".") and is_image_file(candidate) and _is_file_or_broken_link(candidate):
+            if name.startswith("."):
+                continue
+            if is_image_file(candidate) and _is_file_or_broken_link(candidate):
                 yield candidate
+            elif recursive and candidate.is_symlink() and not candidate.exists():
+                logger.warning("%s links to %s, which does not exist: left out", candidate, os.readlink(candidate))
 
 
 def list_images(source: str | Path | Iterable[str | Path], recursive: bool = True) -> list[Path]:

@@ -86,6 +86,29 @@ class TestListImages:
         with pytest.raises(ImageReadError, match="a.jpg"):
             read_image(tmp_path / "a.jpg")
 
+    def test_a_folder_that_cannot_be_listed_is_a_warning(self, tree, monkeypatch, caplog):
+        locked = tree / "sub" / "deeper"
+        scandir = os.scandir
+
+        def no_permission(path="."):  # as for a folder without read permission (root reads any)
+            if os.fspath(path) == os.fspath(locked):
+                raise PermissionError(13, "Permission denied", os.fspath(path))
+            return scandir(path)
+
+        monkeypatch.setattr(os, "scandir", no_permission)
+        with caplog.at_level("WARNING", logger="detens.sources"):
+            assert [p.name for p in list_images(tree)] == ["a with space.PNG", "b.png"]
+        assert f"cannot list the folder {locked} (Permission denied): its images are left out" in caplog.text
+
+    def test_a_link_to_a_missing_folder_is_a_warning(self, tree, caplog):
+        try:
+            os.symlink(tree / "storage" / "val2017", tree / "val2017", target_is_directory=True)  # not mounted
+        except (OSError, NotImplementedError):
+            pytest.skip("no symbolic links here")
+        with caplog.at_level("WARNING", logger="detens.sources"):
+            assert len(list_images(tree)) == 3
+        assert f"{tree / 'val2017'} links to {tree / 'storage' / 'val2017'}, which does not exist" in caplog.text
+
     def test_a_gif_is_listed(self, tmp_path):
         (tmp_path / "anim.gif").write_bytes(b"GIF89a")  # listing looks at names only
         assert list_images(tmp_path) == [tmp_path / "anim.gif"]
