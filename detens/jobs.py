@@ -11,7 +11,9 @@ number or a string as a bool (``overwrite="no"`` would otherwise discard finishe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -95,10 +97,28 @@ def _run(command: str, options: dict[str, Any]) -> int:
     if missing:
         raise TypeError(f"{command}() needs {', '.join(missing)}")
     args._run, args._parser = parser.get_default("_run"), parser
+    if args.quiet:  # as the command's --quiet: the detector libraries' loading messages too
+        from detens.cli._logging import quiet_libraries
+
+        quiet_libraries()
     try:
-        return int(args._run(args))
+        with _native_stderr_silenced() if args.quiet else contextlib.nullcontext():
+            return int(args._run(args))
     except UsageError as err:
         raise ValueError(str(err)) from None
+
+
+def _native_stderr_silenced() -> contextlib.AbstractContextManager[None]:
+    """The command's silencing of what native libraries write to file descriptor 2, where Python's
+    ``sys.stderr`` is that descriptor; elsewhere (a notebook's) it would move the caller's log records
+    off ``sys.stderr``, and the native lines do not reach it anyway."""
+    from detens.cli._logging import native_stderr_silenced
+
+    try:
+        on_fd_2 = sys.stderr.fileno() == 2
+    except (AttributeError, OSError, ValueError):
+        on_fd_2 = False
+    return native_stderr_silenced() if on_fd_2 else contextlib.nullcontext()
 
 
 def cache(

@@ -294,3 +294,17 @@ def test_weights_found_from_the_drivers_working_directory_are_found_by_the_actor
     assert detens.cache("one.yaml", root / "images", root / "gt.json", tmp_path / "cached", engine="ray",
                         max_images=2, quiet=True) == 0
     assert json.loads((tmp_path / "cached" / "cache_summary.json").read_text())["models"]["one"]["images"] == 2
+
+
+def test_a_quiet_python_call_silences_the_detector_libraries_as_the_command_does(tmp_path):
+    config = {"name": "one", "models": [{"type": "ultralytics", "weights": str(YOLO26N), "name": "yolo26n"}],
+              "fusion": {"method": "wbf"}}
+    (tmp_path / "one.yaml").write_text(json.dumps(config))  # JSON is YAML
+    image = sorted((DATA / "images").iterdir())[0]
+    code = (f"import detens, sys; sys.exit(detens.fuse_images({str(tmp_path / 'one.yaml')!r}, {str(image)!r}, "
+            f"{str(tmp_path / 'out')!r}, quiet=True))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    # Ultralytics' "Loading ... for LiteRT inference", and LiteRT's own line on file descriptor 2
+    assert "Loading" not in done.stdout + done.stderr and "XNNPACK" not in done.stdout + done.stderr, done
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["done"] == 1
