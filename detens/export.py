@@ -32,10 +32,13 @@ def yolo_lines(
         decimals (int): digits after the point, >= 0.
 
     Raises:
-        TypeError: ``conf`` or ``decimals`` is not a number, ``category_ids`` not a list of integers.
+        TypeError: ``det`` is not ``Detections``, ``conf`` or ``decimals`` is not a number, ``category_ids``
+            not a list of integers.
         ValueError: ``conf`` outside [0, 1] (NaN included), negative ``decimals``, a category id given
             twice (its label would have two class numbers), or a label that is not in ``category_ids``.
     """
+    if not isinstance(det, Detections):
+        raise TypeError(f"det must be Detections, got {type(det).__name__}")
     index = _yolo_class_numbers(category_ids)
     conf = check_real(conf, "conf", 0.0, 1.0)
     decimals = check_integer(decimals, "decimals", 0)

@@ -61,6 +61,13 @@ class TestYoloLines:
         with pytest.raises(error, match=message):
             yolo_lines(dets(), **options)
 
+    def test_det_must_be_detections(self, tmp_path):
+        with pytest.raises(TypeError, match="det must be Detections, got ndarray"):
+            yolo_lines(np.array([[1.0, 1.0, 5.0, 5.0]]))
+        with pytest.raises(TypeError, match="det must be Detections, got list"):
+            save_yolo_txt(tmp_path / "a.txt", [[1.0, 1.0, 5.0, 5.0]])
+        assert list(tmp_path.iterdir()) == []
+
     def test_a_folder_as_the_file_is_named(self, tmp_path):
         with pytest.raises(IsADirectoryError, match=f"is a folder; give the path of a file to write: '{tmp_path}'"):
             save_yolo_txt(tmp_path, dets())
