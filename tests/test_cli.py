@@ -76,7 +76,7 @@ MISTAKES = [
     ("evaluate --images missing", ["evaluate", "--gt", "gt.json", "--predictions", "p", "--out", "r.json",
                                    "--images", "no_such_folder"], r"--images: no such folder: no_such_folder"),
     ("evaluate --report a file", ["evaluate", "--gt", "gt.json", "--predictions", "p", "--out", "r.json",
-                                  "--report", "typo.yaml"], r"--report must be a folder"),
+                                  "--report", "typo.yaml"], r"argument --report: expected a folder, got .typo\.yaml., which is a file"),
     ("evaluate --report under a file", ["evaluate", "--gt", "gt.json", "--predictions", "p", "--out", "r.json",
                                         "--report", "typo.yaml/page"],
      r"--report typo\.yaml/page cannot be written: typo\.yaml is a file, not a folder"),
@@ -164,6 +164,19 @@ def test_an_empty_folder_is_refused_not_taken_for_the_working_directory(workspac
     err = capsys.readouterr().err
     assert code == 2 and f"argument {flag}: expected a folder, got an empty path" in err, err
     assert sorted(p.name for p in workspace.iterdir()) == before
+
+
+@pytest.mark.parametrize("case, argv, flag", EMPTY_FOLDERS, ids=[m[0] for m in EMPTY_FOLDERS])
+def test_a_file_is_refused_as_a_folder(workspace, capsys, case, argv, flag):
+    (workspace / "a_file").write_text("mine")
+    argv = [("a_file" if value == "" else value) for value in argv]
+    try:
+        code = main(argv)
+    except SystemExit as stop:
+        code = stop.code
+    err = capsys.readouterr().err
+    assert code == 2 and f"argument {flag}: expected a folder, got 'a_file', which is a file" in err, err
+    assert (workspace / "a_file").read_text() == "mine"
 
 
 EMPTY_FILES = [

@@ -68,9 +68,12 @@ def existing_folder(text: str) -> str:
 def folder_path(text: str) -> Path:
     """argparse type: the path of a folder, which may not exist yet. An empty one is refused rather than
     read as the working directory (``Path("")`` is ``.``): it is most often an unset shell variable
-    (``--out "$OUT"``), and the command would write its outputs among the user's own files."""
+    (``--out "$OUT"``), and the command would write its outputs among the user's own files. So is a path
+    that is a file, before anything is done (creating the folder would fail only then, as "File exists")."""
     if not text:
         raise argparse.ArgumentTypeError("expected a folder, got an empty path (write . for the working directory)")
+    if os.path.exists(text) and not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"expected a folder, got {text!r}, which is a file")
     return Path(text)
 
 
