@@ -1270,3 +1270,17 @@ def test_a_device_this_machine_lacks_is_one_error_line_before_any_model_loads(wo
     assert err[-1].startswith("error: ") and "device is 'cuda' but no CUDA device is available on this machine" in err[-1]
     assert "could not load" not in err[-1] and "Traceback" not in "\n".join(err)
     assert not out.exists()
+
+
+def test_the_summary_lists_unreadable_images_in_the_images_order(tmp_path):
+    """Ray reports images as its actors finish them: the summary does not depend on that order."""
+    from detens.ensemble_config import load_ensemble_config
+
+    names = ["a.jpg", "b.jpg", "c.jpg"]
+    met = {"c.jpg": "empty file", "a.jpg": "could not decode"}  # the order an engine met them in
+    run = {"method": "wbf", "processed": 2, "resumed": 0, "interrupted": False, "first_call_ms": None,
+           "wall_s": 1.0, "weights": {}, "inputs": {}}
+    summary = fuse_tool.write_outputs(tmp_path, load_ensemble_config("coco_yolo3"), names, ["m"], {1: "person"},
+                                      met, run)
+    assert list(summary["unreadable"]) == ["a.jpg", "c.jpg"] and summary["unreadable"]["c.jpg"] == "empty file"
+    assert list(json.loads((tmp_path / "summary.json").read_text())["unreadable"]) == ["a.jpg", "c.jpg"]

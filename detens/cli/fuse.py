@@ -726,7 +726,8 @@ def write_outputs(
         "complete": complete,
         "processed_this_run": run["processed"],
         "resumed": run["resumed"],
-        "unreadable": unreadable,
+        # in the images' order, whichever order the engine met them in (Ray's rows come as they finish)
+        "unreadable": {n: unreadable[n] for n in names if n in unreadable},
         "interrupted": run["interrupted"],
         "boxes": boxes_total,
         f"boxes_score_ge_{config.output.vis_conf:g}": boxes_shown,
