@@ -131,15 +131,20 @@ MISTAKES = [
 ]
 
 
-@pytest.mark.parametrize("case, argv, expected", MISTAKES, ids=[m[0] for m in MISTAKES])
-def test_user_mistakes_are_one_error_line(workspace, capsys, case, argv, expected):
-    import re
-
+def exit_code_and_stderr(argv: list[str], capsys) -> tuple[int, str]:
+    """``detens`` run on ``argv``: its exit status and what it wrote to stderr."""
     try:
         code = main(argv)
     except SystemExit as stop:  # argparse's own errors (bad flags) exit from parse_args
         code = stop.code
-    err = capsys.readouterr().err
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case, argv, expected", MISTAKES, ids=[m[0] for m in MISTAKES])
+def test_user_mistakes_are_one_error_line(workspace, capsys, case, argv, expected):
+    import re
+
+    code, err = exit_code_and_stderr(argv, capsys)
     assert code == 2, err
     error_lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(error_lines) == 1 and "Traceback" not in err, err
@@ -157,11 +162,7 @@ EMPTY_FOLDERS = [
 @pytest.mark.parametrize("case, argv, flag", EMPTY_FOLDERS, ids=[m[0] for m in EMPTY_FOLDERS])
 def test_an_empty_folder_is_refused_not_taken_for_the_working_directory(workspace, capsys, case, argv, flag):
     before = sorted(p.name for p in workspace.iterdir())
-    try:
-        code = main(argv)
-    except SystemExit as stop:
-        code = stop.code
-    err = capsys.readouterr().err
+    code, err = exit_code_and_stderr(argv, capsys)
     assert code == 2 and f"argument {flag}: expected a folder, got an empty path" in err, err
     assert sorted(p.name for p in workspace.iterdir()) == before
 
@@ -170,11 +171,7 @@ def test_an_empty_folder_is_refused_not_taken_for_the_working_directory(workspac
 def test_a_file_is_refused_as_a_folder(workspace, capsys, case, argv, flag):
     (workspace / "a_file").write_text("mine")
     argv = [("a_file" if value == "" else value) for value in argv]
-    try:
-        code = main(argv)
-    except SystemExit as stop:
-        code = stop.code
-    err = capsys.readouterr().err
+    code, err = exit_code_and_stderr(argv, capsys)
     assert code == 2 and f"argument {flag}: expected a folder, got 'a_file', which is a file" in err, err
     assert (workspace / "a_file").read_text() == "mine"
 
