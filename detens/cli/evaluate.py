@@ -554,6 +554,7 @@ def _run_meta(
     """How the run was made, whatever its seeds: the command, the data, the protocol, and the images of
     either dataset that the cache could not read, neither scored nor fitted on."""
     command = getattr(args, "_command_line", None)
+    fitting = _fitting_data(args)
     return {
         "command": shlex.join(command) if command else "detens evaluate (called from Python)",
         "gt": str(Path(args.gt).resolve()),
@@ -561,9 +562,9 @@ def _run_meta(
         "models": predictions.model_names,
         "protocol": protocol,
         "cv": args.cv,
-        "fit_on": None if fit_on is None else {
-            "gt": str(_fitting_data(args)[1].resolve()),
-            "predictions": str(_fitting_data(args)[2].resolve()),
+        "fit_on": None if fit_on is None or fitting is None else {
+            "gt": str(fitting[1].resolve()),
+            "predictions": str(fitting[2].resolve()),
             "images": len(_scored_ids(fit_on, args.all_images)),
             "mode": "joined to every fold's fitting side" if args.also_fit_on else "the only fitting data",
             "left_out": _left_out(fit_on),

@@ -353,9 +353,8 @@ def is_run_folder(out: Path) -> bool:
 
 def check_output_folder(out: Path) -> None:
     """Refuse an ``out`` whose ``labels/``, ``vis/``, ... no detens run wrote: a run would write over them
-    (and ``--overwrite`` delete them)."""
-    if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"--out {out} exists and is not a folder")
+    (and ``--overwrite`` delete them). An ``out`` that is a file is refused earlier, by ``--out``'s type
+    (:func:`detens.cli.folder_path`)."""
     if not out.is_dir() or is_run_folder(out):
         return
     foreign = [name for name in OUTPUT_NAMES if (out / name).exists()]
