@@ -47,7 +47,7 @@ from detens.fusers.consensus import average_clusters
 from detens.heads import TRAINERS
 from detens.matching import Clusters, match
 from detens.predictions import EnsemblePredictions, join_predictions, shared_images, shares_images_phrase
-from detens.registry import Registry
+from detens.registry import Registry, unknown_name_error
 from detens.targets import assign_targets
 
 __all__ = [
@@ -65,6 +65,7 @@ __all__ = [
     "MAX_K",
     "expand_methods",
     "check_method_names",
+    "method_names",
     "head_kind",
     "cross_validate",
     "summarize_repeats",
@@ -475,6 +476,24 @@ def head_kind(name: str) -> str | None:
     return _HEAD_KINDS.get(name)
 
 
+def method_names() -> list[str]:
+    """Every name a list of methods takes: ``single`` (every model alone) and the registered methods, those
+    ending in ``:`` with a suffix (``single:<model>``, ``head:<file>``)."""
+    return sorted(["single", *METHODS.names()])
+
+
+def _check_method_name(name: str) -> None:
+    """Raise the registry's unknown-name error for a name that is no method, listing :func:`method_names`
+    (``single`` too, which expands before any lookup and is not registered itself)."""
+    if name == "single":
+        return
+    try:
+        _lookup(name)
+    except ValueError:
+        key = name.split(":", 1)[0] + ":" if ":" in name else name
+        raise unknown_name_error(METHODS.kind, key, method_names()) from None
+
+
 def expand_methods(names: Sequence[str], model_names: Sequence[str]) -> list[str]:
     """``single`` expands to ``single:<model>`` for every model; other names pass through (validated).
 
@@ -487,7 +506,7 @@ def expand_methods(names: Sequence[str], model_names: Sequence[str]) -> list[str
         if name == "single":
             expanded += [f"single:{m}" for m in model_names]
         else:
-            _lookup(name)
+            _check_method_name(name)
             expanded.append(name)
     repeated = sorted({n for n in expanded if expanded.count(n) > 1})
     if repeated:
@@ -498,10 +517,9 @@ def expand_methods(names: Sequence[str], model_names: Sequence[str]) -> list[str
 def check_method_names(names: Sequence[str]) -> None:
     """Raise ``ValueError`` (listing the valid names) for a name that is not a method, before any data loads."""
     if not names:
-        raise ValueError(f"no methods given; valid: single, {', '.join(METHODS.names())}")
+        raise ValueError(f"no methods given; valid names: {', '.join(method_names())}")
     for name in names:
-        if name != "single":
-            _lookup(name)
+        _check_method_name(name)
     repeated = sorted({n for n in names if list(names).count(n) > 1})
     if repeated:
         raise ValueError(f"methods name {repeated} twice")

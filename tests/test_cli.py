@@ -152,6 +152,32 @@ def test_user_mistakes_are_one_error_line(workspace, capsys, case, argv, expecte
     assert not (workspace / "out").exists() or not any((workspace / "out").iterdir())  # nothing claimed
 
 
+@pytest.mark.parametrize("value", ["", ",", " , "])
+def test_an_empty_methods_value_lists_every_method_name(workspace, capsys, value):
+    """An unset shell variable leaves --methods empty: the error says what could have been given."""
+    from detens.evaluation import method_names
+
+    code, err = exit_code_and_stderr(
+        ["evaluate", "--gt", "gt.json", "--predictions", "p", "--out", "r.json", "--methods", value], capsys
+    )
+    assert code == 2
+    assert err == (f"error: --methods {value!r} names no method; give method names separated by commas; "
+                   f"valid names: {', '.join(method_names())}\n")
+    assert {"single", "single:", "head:", "wbf", "deep", "calibration"} <= set(method_names())
+
+
+def test_an_unknown_method_lists_single_among_the_valid_names(workspace, capsys):
+    """``single`` expands to every model before any lookup, so the registry alone does not know it."""
+    from detens.evaluation import method_names
+
+    code, err = exit_code_and_stderr(
+        ["evaluate", "--gt", "gt.json", "--predictions", "p", "--out", "r.json", "--methods", "wbf,Single"], capsys
+    )
+    assert code == 2
+    assert err == (f"error: unknown evaluation method 'Single'; valid names: {', '.join(method_names())}. "
+                   "Did you mean 'single'?\n")
+
+
 EMPTY_FOLDERS = [
     ("fuse --out", ["fuse", "--source", "images", "--out", ""], "--out"),
     ("cache --out", ["cache", "--images", "images", "--gt", "gt.json", "--out", ""], "--out"),

@@ -1801,6 +1801,21 @@ def test_any_list_of_fusers_is_a_calibration_config_as_it_is(fusers):
         config_for("calibration", fusers=["refine"], fuser_params={"wbf": {"iou_thr": 0.6}})
 
 
+def test_a_method_name_that_is_none_is_refused_with_every_valid_name():
+    from detens.evaluation import check_method_names, expand_methods, method_names
+
+    valid = ", ".join(method_names())
+    assert method_names() == sorted(["single", *METHODS.names()])
+    with pytest.raises(ValueError, match=rf"^no methods given; valid names: {re.escape(valid)}$"):
+        check_method_names([])
+    for check in (check_method_names, lambda names: expand_methods(names, ["a", "b"])):
+        with pytest.raises(ValueError, match=rf"^unknown evaluation method 'singel'; valid names: {re.escape(valid)}\. "
+                                             r"Did you mean 'single'\?$"):
+            check(["wbf", "singel"])
+        with pytest.raises(ValueError, match=rf"^unknown evaluation method 'sngle:'; valid names: {re.escape(valid)}\."):
+            check(["sngle:a"])
+
+
 def test_a_method_named_twice_is_refused():
     from detens.evaluation import expand_methods
 
@@ -1908,7 +1923,8 @@ def test_models_are_read_as_methods_are(dataset, tmp_path, capsys, command):
     for value in ("", " , "):
         assert run(value, tmp_path / "refused.json") == 2
         err = capsys.readouterr().err
-        assert err == f"error: --models {value!r} names no model; give model names separated by commas\n", err
+        assert err == (f"error: --models {value!r} names no model; give model names separated by commas; "
+                       "valid names: blurry, noisy, sharp\n"), err
         assert not (tmp_path / "refused.json").exists()
 
 

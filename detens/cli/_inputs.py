@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +16,11 @@ from detens.adapters.weights import ResolvedWeights, resolve_model_weights
 from detens.ensemble_config import HEAD_PARAMS, EnsembleConfig, ModelConfig
 
 
-def comma_separated(flag: str, text: str, noun: str, expected: str) -> list[str]:
+def comma_separated(flag: str, text: str, noun: str, expected: str, valid: Sequence[str] = ()) -> list[str]:
     """The names that ``text``, the value of ``flag``, separates by commas, each without the spaces around
     it (``--models "a, b"``: ``a`` and ``b``); an empty one between commas (``a,,b``, a trailing comma) is
-    passed over. ``noun`` and ``expected`` say in a message what the names are and what to give.
+    passed over. ``noun`` and ``expected`` say in a message what the names are and what to give, ``valid``
+    the names there are to give (none: not listed).
 
     Raises:
         ValueError: ``text`` names nothing (empty, or only commas and spaces): leaving the flag out is how a
@@ -27,14 +28,30 @@ def comma_separated(flag: str, text: str, noun: str, expected: str) -> list[str]
     """
     names = [part.strip() for part in text.split(",") if part.strip()]
     if not names:
-        raise ValueError(f"{flag} {text!r} names no {noun}; give {expected} separated by commas")
+        listed = f"; valid names: {', '.join(valid)}" if valid else ""
+        raise ValueError(f"{flag} {text!r} names no {noun}; give {expected} separated by commas{listed}")
     return names
 
 
-def model_names(text: str | None) -> list[str] | None:
-    """The models of a prediction folder that ``--models`` of ``detens train`` and ``detens evaluate`` names
-    (:func:`comma_separated`); None, every model of the folder, where the flag is left out."""
-    return None if text is None else comma_separated("--models", text, "model", "model names")
+def folder_models(folder: str | Path) -> list[str]:
+    """The models of a prediction folder, sorted, as :meth:`~detens.predictions.EnsemblePredictions.from_folder`
+    reads them by default (its ``<model>.json`` files, not ``detens cache``'s summary nor hidden files);
+    none where ``folder`` is not a folder."""
+    from detens.predictions import NOT_RESULTS  # torch and the COCO tools, which not every command needs
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return sorted(p.stem for p in folder.glob("*.json") if p.name not in NOT_RESULTS and not p.name.startswith("."))
+
+
+def model_names(text: str | None, folder: str | Path) -> list[str] | None:
+    """The models of the prediction folder ``folder`` that ``--models`` of ``detens train`` and ``detens
+    evaluate`` names (:func:`comma_separated`, whose error lists the folder's models); None, every model
+    of the folder, where the flag is left out."""
+    if text is None:
+        return None
+    return comma_separated("--models", text, "model", "model names", valid=folder_models(folder))
 
 
 def _sha256_of_file(path: str | Path) -> str:

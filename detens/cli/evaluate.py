@@ -102,6 +102,7 @@ from detens.evaluation import (
     cross_validate,
     expand_methods,
     head_kind,
+    method_names,
     summarize_repeats,
 )
 from detens.folds import kfold_image_splits
@@ -201,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--cv must be the number of folds (>= 2), or 0 with --fit-on; got {args.cv}")
     if (args.cv == 0) != (args.fit_on is not None):
         raise UsageError("--cv 0 and --fit-on go together: without cross-validation the fitting data is --fit-on's")
-    methods = comma_separated("--methods", args.methods, "method", "method names")
+    methods = comma_separated("--methods", args.methods, "method", "method names", valid=method_names())
     check_method_names(methods)
     for method in methods:
         if method.startswith("head:"):
@@ -244,7 +245,8 @@ def run(args: argparse.Namespace) -> int:
             if value is not None:
                 raise UsageError(f"{flag} draws one cross-validation's predictions; give it one --seed, not {len(args.seed)}")
     gt = load_coco_gt(args.gt)
-    predictions = EnsemblePredictions.from_folder(args.predictions, gt, models=model_names(args.models))
+    models = model_names(args.models, args.predictions)
+    predictions = EnsemblePredictions.from_folder(args.predictions, gt, models=models)
     if not predictions.gt.annotated_image_ids:
         raise UsageError(f"--gt {args.gt} has no annotated image: there is no ground truth to score methods against")
     images = Path(args.images) if args.images else Path(args.gt).parent / "images"

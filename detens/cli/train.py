@@ -223,7 +223,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--images-from: no such file: {args.images_from} (one image id per line)")
     listed = read_image_ids(Path(args.images_from)) if args.images_from else None
     gt = load_coco_gt(args.gt)
-    predictions = EnsemblePredictions.from_folder(args.predictions, gt, models=model_names(args.models))
+    models = model_names(args.models, args.predictions)
+    predictions = EnsemblePredictions.from_folder(args.predictions, gt, models=models)
     if listed is not None:
         image_ids = listed
     elif args.all_images:
