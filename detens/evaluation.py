@@ -100,6 +100,9 @@ class EvaluationData:
         self.image_ids = list(self.gt.annotated_image_ids if image_ids is None else image_ids)
         self.fit_ids = list(self.image_ids if fit_ids is None else fit_ids)
         self._per_model: dict[int, list[Detections]] = {}
+        # each calibration target's check of fit_ids (check_fit_data's answers): one pass over the images'
+        # detections serves every head that fits curves of that target
+        self.calibration_checks: dict[str, str | None] = {}
 
     def per_model(self, image_id: int) -> list[Detections]:
         if image_id not in self._per_model:
@@ -322,7 +325,7 @@ class HeadMethod(EvalMethod):
     def check_data(self, data: EvaluationData) -> None:
         from detens.heads import check_fit_data
 
-        check_fit_data(self.kind, data.predictions, data.fit_ids, self.config)
+        check_fit_data(self.kind, data.predictions, data.fit_ids, self.config, answers=data.calibration_checks)
 
     def fit(self, data: EvaluationData, train_ids: Sequence[int]) -> None:
         from detens.heads import fit_head

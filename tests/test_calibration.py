@@ -14,7 +14,7 @@ from torch.testing import assert_close
 from detens import Detections, fuse
 from detens.coco import load_coco_gt
 from detens.fusers.refine import refine_fusion
-from detens.heads import HEADS, CalibrationHead, HeadFileError, fit_calibration, load_head
+from detens.heads import HEADS, CalibrationHead, DeepTrainConfig, HeadFileError, fit_calibration, load_head
 from detens.heads.calibration import isotonic_blocks, isotonic_fit, isotonic_predict
 from detens.predictions import EnsemblePredictions
 
@@ -776,6 +776,125 @@ class TestCrossValidationRefusesMembersWithoutCurves:
         with pytest.raises(ValueError, match=rf"^{method}, fold 2 of 2, fitted on its 2 training images \(2 held "
                                              r"out\): model 'quiet' has no detection on the 2 training images"):
             cross_validate(preds, [method], k=2, backend="faster", method_options={method: options})
+
+
+class Tp50DeepConfig(DeepTrainConfig):
+    """A deep head whose members' curves are fitted to tp50 instead of the IoU."""
+
+    calibration_target = "tp50"
+
+
+class _Stop(Exception):
+    """Raised by an ``on_method`` callback: the first method ran, so every check before it was made."""
+
+
+def _stop(name, result):
+    raise _Stop(name)
+
+
+@pytest.fixture
+def calibration_checks(monkeypatch):
+    """The targets of every pass that check_calibration_data makes over the images, in order."""
+    import detens.heads.calibration as calibration
+
+    targets = []
+    original = calibration.check_calibration_data
+
+    def counted(predictions, image_ids, target="iou"):
+        targets.append(target)
+        return original(predictions, image_ids, target)
+
+    monkeypatch.setattr(calibration, "check_calibration_data", counted)
+    return targets
+
+
+class TestTheFitDataCheck:
+    """check_fit_data checks the data for the curves the fit will fit, and a run checks it once per target."""
+
+    def test_it_checks_for_the_target_that_the_fit_uses(self):
+        from detens.evaluation import cross_validate
+        from detens.heads import check_fit_data, config_for, fit_head
+
+        # loose overlaps every object (IoU 0.375) but never reaches IoU 0.5: an IoU curve, no tp50 one
+        preds = synthetic(models={"sharp": _sharp_results(), "loose": LOOSE})
+        ids = preds.image_ids
+        iou = config_for("deep", **FAST_DEEP)
+        check_fit_data("deep", preds, ids, iou)
+        assert fit_head("deep", preds, ids, iou)[0].calibration.target == "iou"
+        tp50 = Tp50DeepConfig(**FAST_DEEP)
+        reason = r"model 'loose': none of its 4 detections on the 4 training images reaches IoU 0\.5"
+        with pytest.raises(ValueError, match=rf"^deep calibrates every member's scores before it is fitted .*: {reason}"):
+            check_fit_data("deep", preds, ids, tp50)
+        with pytest.raises(ValueError, match=reason):  # what the check foresaw: the fit's own refusal
+            fit_head("deep", preds, ids, tp50)
+        with pytest.raises(ValueError, match=rf"^deep calibrates .*: {reason}"):
+            cross_validate(preds, ["mean", "deep"], k=2, backend="faster", method_options={"deep": {"config": tp50}},
+                           on_method=lambda name, result: pytest.fail(f"{name} ran"))
+        both_hit = synthetic(models={"sharp": _sharp_results(), "copy": _sharp_results()})
+        check_fit_data("deep", both_hit, both_hit.image_ids, tp50)
+        assert fit_head("deep", both_hit, both_hit.image_ids, tp50)[0].calibration.target == "tp50"
+
+    def test_a_config_of_another_head_type_is_refused(self):
+        from detens.heads import check_fit_data, config_for
+
+        preds = synthetic(models={"sharp": _sharp_results()})
+        with pytest.raises(TypeError, match="a deep head trains with DeepTrainConfig, got CalibrationTrainConfig"):
+            check_fit_data("deep", preds, preds.image_ids, config_for("calibration"))
+
+    def test_methods_fitting_curves_of_one_target_check_the_data_once(self, calibration_checks):
+        from detens.evaluation import cross_validate
+
+        preds = synthetic(models={"sharp": _sharp_results(), "copy": _sharp_results()})
+        options = {"deep": FAST_DEEP, "superlearner": {**FAST_NET, "calibrate": True}}
+        with pytest.raises(_Stop, match="^mean$"):
+            cross_validate(preds, ["mean", "calibration", "deep", "superlearner"], k=2, backend="faster",
+                           method_options=options, on_method=_stop)
+        assert calibration_checks == ["iou"]
+
+    def test_each_target_is_checked_once(self, calibration_checks):
+        from detens.evaluation import cross_validate
+
+        preds = synthetic(models={"sharp": _sharp_results(), "copy": _sharp_results()})
+        options = {"calibration": {"target": "tp50"}, "deep": FAST_DEEP, "superlearner": {**FAST_NET, "calibrate": True},
+                   "selection": {**FAST_NET, "calibrate": False}}
+        with pytest.raises(_Stop):
+            cross_validate(preds, ["mean", "calibration", "deep", "selection", "superlearner"], k=2,
+                           backend="faster", method_options=options, on_method=_stop)
+        assert calibration_checks == ["tp50", "iou"]
+
+    @pytest.mark.parametrize("member, passes", [
+        ("copy", [True] * 5),  # every curve can be fitted
+        ("quiet", [False] * 5),  # no detection: no curve of either target
+        ("loose", [True, True, False, True, False]),  # an IoU curve, no tp50 one
+    ])
+    def test_the_answers_are_those_of_a_check_per_method(self, calibration_checks, member, passes):
+        from detens.evaluation import EvaluationData, build_method
+        from detens.heads import check_fit_data
+
+        results = {"copy": _sharp_results(), "quiet": [], "loose": LOOSE}[member]
+        preds = synthetic(models={"sharp": _sharp_results(), member: results})
+        data = EvaluationData(preds)
+        methods = [build_method("calibration", preds.model_names), build_method("deep", preds.model_names, **FAST_DEEP),
+                   build_method("calibration", preds.model_names, target="tp50"),
+                   build_method("superlearner", preds.model_names, **FAST_NET, calibrate=True),
+                   build_method("deep", preds.model_names, config=Tp50DeepConfig(**FAST_DEEP))]
+
+        def answers(check):
+            found = []
+            for method in methods:
+                try:
+                    check(method)
+                    found.append(None)
+                except ValueError as err:
+                    found.append(str(err))
+            return found
+
+        shared = answers(lambda method: method.check_data(data))
+        assert calibration_checks == ["iou", "tp50"]
+        alone = answers(lambda method: check_fit_data(method.kind, preds, data.fit_ids, method.config))
+        assert calibration_checks == ["iou", "tp50"] + ["iou", "iou", "tp50", "iou", "tp50"]
+        assert shared == alone
+        assert [answer is None for answer in shared] == passes
 
 
 def _sharp_results(num_images: int = 4) -> list[dict]:

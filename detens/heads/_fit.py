@@ -88,6 +88,7 @@ __all__ = [
     "config_for",
     "fit_with_match_iou_search",
     "choose_by_inner_cv",
+    "calibration_target",
     "check_fit_data",
     "fit_head",
 ]
@@ -429,9 +430,9 @@ class HeadTrainConfig:
             inside the training images (:func:`choose_by_inner_cv`; empty: just ``bags``). With a grid,
             ``bags`` must stay 1: any other value would be overwritten by the choice, so it is an error.
         inner_folds (int): folds of that inner cross-validation (>= 2; unused without ``bags_grid``).
-        calibrate (bool): first fit each model's calibration curve (score -> expected IoU, MoCaE) on the
-            training images, then fit the head on the calibrated scores; the result is a
-            :class:`~detens.heads.calibrated.CalibratedHead` holding both.
+        calibrate (bool): first fit each model's calibration curve (score -> expected IoU, MoCaE: the
+            class's ``calibration_target``) on the training images, then fit the head on the calibrated
+            scores; the result is a :class:`~detens.heads.calibrated.CalibratedHead` holding both.
         seed (int): seeds initialization, shuffling and the knapsack noise.
         device (str): where to train (``"cpu"``, ``"cuda"``, ``"cuda:1"``); a device this machine lacks is a
             ``ValueError`` when the config is made.
@@ -439,6 +440,9 @@ class HeadTrainConfig:
 
     #: the head type this config trains (None: the base, whose options every network head takes)
     head_type: ClassVar[str | None] = None
+    #: the target of the members' calibration curves that ``calibrate`` fits (MoCaE's expected IoU): the one
+    #: the fit uses and the one :func:`check_fit_data` checks the data for, read from here by both
+    calibration_target: ClassVar[Literal["iou", "tp50"]] = "iou"
 
     match_iou: float = 0.55
     match_iou_grid: list[float] = field(default_factory=list)
@@ -968,33 +972,67 @@ def fit_head(
     return head, history, config
 
 
-def check_fit_data(kind: str, predictions: EnsemblePredictions, image_ids: Sequence[int], config: Any = None) -> None:
+def calibration_target(config: Any) -> Literal["iou", "tp50"] | None:
+    """The target of the calibration curves that a fit with ``config`` fits before anything else (the
+    ``target`` of :func:`~detens.heads.calibration.fit_calibration`): the calibration head's ``target``, a
+    network head's ``calibration_target`` when it calibrates (``calibrate``); None for a fit without curves.
+    The trainers and :func:`check_fit_data` all read it here, so the data checked is the data fitted."""
+    if isinstance(config, CalibrationTrainConfig):
+        return config.target
+    if getattr(config, "calibrate", False):
+        return config.calibration_target
+    return None
+
+
+def check_fit_data(
+    kind: str,
+    predictions: EnsemblePredictions,
+    image_ids: Sequence[int],
+    config: Any = None,
+    answers: dict[str, str | None] | None = None,
+) -> None:
     """Refuse ``image_ids`` of ``predictions`` before any fit when a head of type ``kind`` trained with
     ``config`` (default: the kind's default) could not be fitted on them for want of a member's data.
 
-    The calibration head, and a network head with ``calibrate``, fit every member's calibration curve,
-    which needs the member's detections, some of them on a ground-truth object
-    (:func:`~detens.heads.calibration.check_calibration_data`). The other heads fit with a member that never
-    detects anything (it is absent from every cluster), so nothing is checked for them.
+    The calibration head, and a network head with ``calibrate``, fit every member's calibration curve
+    (of :func:`calibration_target`), which needs the member's detections, some of them on a ground-truth
+    object (:func:`~detens.heads.calibration.check_calibration_data`). The other heads fit with a member that
+    never detects anything (it is absent from every cluster), so nothing is checked for them.
+
+    Args:
+        answers (dict[str, str | None] | None): what earlier calls found on these same ``predictions`` and
+            ``image_ids``, by calibration target: why a member's curve cannot be fitted, or None where every
+            curve can. Looked up first and filled in, so that several heads fitting curves of one target
+            pass over the images' detections once. None: the data is checked on every call.
 
     Raises:
         ValueError: naming the head type, why it needs the member's data, and the member.
+        TypeError: ``config`` is not the kind's config class.
     """
     from detens.heads.calibration import check_calibration_data
 
-    config = config if config is not None else _trainer(kind).default()
-    if kind == "calibration":
-        why, target = "", config.target
-    elif getattr(config, "calibrate", False):
-        # the target of fit_calibration's defaults, with which _cluster_trainer fits these curves
-        why = " calibrates every member's scores before it is fitted (calibrate: true; false fits it on the raw scores)"
-        target = "iou"
-    else:
+    trainer = _trainer(kind)
+    config = config if config is not None else trainer.default()
+    if not isinstance(config, trainer.config_class):
+        raise TypeError(f"a {kind} head trains with {trainer.config_class.__name__}, got {type(config).__name__}")
+    target = calibration_target(config)
+    if target is None:
         return
-    try:
-        check_calibration_data(predictions, image_ids, target)
-    except ValueError as err:
-        raise ValueError(f"{kind}{why}: {err}") from None
+    if answers is None or target not in answers:
+        try:
+            check_calibration_data(predictions, image_ids, target)
+            problem = None
+        except ValueError as err:
+            problem = str(err)
+        if answers is not None:
+            answers[target] = problem
+    else:
+        problem = answers[target]
+    if problem is not None:
+        why = "" if isinstance(config, CalibrationTrainConfig) else (
+            " calibrates every member's scores before it is fitted (calibrate: true; false fits it on the raw scores)"
+        )
+        raise ValueError(f"{kind}{why}: {problem}")
 
 
 def choose_by_inner_cv(
@@ -1081,7 +1119,7 @@ def _cluster_trainer(train: Callable[..., tuple[Any, TrainHistory]]) -> Callable
             from detens.heads.calibrated import CalibratedPredictions
             from detens.heads.calibration import fit_calibration
 
-            calibration = fit_calibration(predictions, image_ids)
+            calibration = fit_calibration(predictions, image_ids, target=calibration_target(config))
             predictions = CalibratedPredictions(predictions, calibration)
         head, history, fitted = fit_with_match_iou_search(
             lambda samples, trial: train(samples, predictions.model_names, trial, on_epoch),
@@ -1192,7 +1230,8 @@ def _fit_calibration(predictions, image_ids, config: CalibrationTrainConfig, pro
 
     start = time.perf_counter()
     calibrated = fit_calibration(
-        predictions, image_ids, per_class=config.per_class, shrinkage=config.shrinkage, target=config.target,
+        predictions, image_ids, per_class=config.per_class, shrinkage=config.shrinkage,
+        target=calibration_target(config),
         fuser=config.fusers[0], fuser_params=config.fuser_params.get(config.fusers[0]), tie_break=config.tie_break,
     )
     best = (0.0, calibrated, config.fusers[0])
