@@ -24,8 +24,8 @@ from detens.detections import Detections
 from detens.io import read_json_file
 
 __all__ = [
-    "CACHE_SUMMARY", "EnsemblePredictions", "LeftOutImage", "NOT_RESULTS", "join_predictions", "shared_images",
-    "shares_images_phrase",
+    "CACHE_SUMMARY", "EnsemblePredictions", "LeftOutImage", "NOT_RESULTS", "folder_models", "join_predictions",
+    "shared_images", "shares_images_phrase",
 ]
 
 logger = logging.getLogger(__name__)
@@ -35,6 +35,17 @@ CACHE_SUMMARY = "cache_summary.json"
 
 #: JSON files of a prediction folder that are not a model's results (``detens cache``'s summary).
 NOT_RESULTS: frozenset[str] = frozenset({CACHE_SUMMARY})
+
+
+def folder_models(folder: str | Path) -> list[str]:
+    """The models of a prediction folder, sorted: the stems of its ``<model>.json`` files; none where
+    ``folder`` is not a folder."""
+    # cache_summary.json is detens cache's report, not a model's results; hidden files are other tools'
+    # (macOS writes ._<name>.json beside each file copied to some disks)
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return sorted(p.stem for p in folder.glob("*.json") if p.name not in NOT_RESULTS and not p.name.startswith("."))
 
 
 @dataclass(frozen=True)
@@ -180,11 +191,7 @@ class EnsemblePredictions:
         folder = Path(folder)
         if not folder.is_dir():
             raise FileNotFoundError(f"prediction folder not found: {folder}")
-        # cache_summary.json is detens cache's report, not a model's results; hidden files are other tools'
-        # (macOS writes ._<name>.json beside each file copied to some disks)
-        available = sorted(
-            p.stem for p in folder.glob("*.json") if p.name not in NOT_RESULTS and not p.name.startswith(".")
-        )
+        available = folder_models(folder)
         if models is None:
             models = available
         missing = [m for m in models if m not in available]

@@ -33,24 +33,14 @@ def comma_separated(flag: str, text: str, noun: str, expected: str, valid: Seque
     return names
 
 
-def folder_models(folder: str | Path) -> list[str]:
-    """The models of a prediction folder, sorted, as :meth:`~detens.predictions.EnsemblePredictions.from_folder`
-    reads them by default (its ``<model>.json`` files, not ``detens cache``'s summary nor hidden files);
-    none where ``folder`` is not a folder."""
-    from detens.predictions import NOT_RESULTS  # torch and the COCO tools, which not every command needs
-
-    folder = Path(folder)
-    if not folder.is_dir():
-        return []
-    return sorted(p.stem for p in folder.glob("*.json") if p.name not in NOT_RESULTS and not p.name.startswith("."))
-
-
 def model_names(text: str | None, folder: str | Path) -> list[str] | None:
     """The models of the prediction folder ``folder`` that ``--models`` of ``detens train`` and ``detens
     evaluate`` names (:func:`comma_separated`, whose error lists the folder's models); None, every model
     of the folder, where the flag is left out."""
     if text is None:
         return None
+    from detens.predictions import folder_models  # torch and the COCO tools, which not every command needs
+
     return comma_separated("--models", text, "model", "model names", valid=folder_models(folder))
 
 
