@@ -19,7 +19,7 @@ import numpy as np
 
 __all__ = [
     "check_real", "check_reals", "check_integer", "check_integers", "check_seed", "check_distinct_integers", "check_flag", "check_choice", "check_device",
-    "first_few",
+    "check_whole", "first_few", "native_byte_order",
 ]
 
 
@@ -97,7 +97,29 @@ def check_integer(value: Any, name: str, low: int | None = None, high: int | Non
     scalar = _scalar(value)
     if isinstance(scalar, bool) or not isinstance(scalar, numbers.Integral):
         raise TypeError(f"{name} must be an integer, got {type(value).__name__}: {value!r}")
-    number = int(scalar)
+    return _in_range(int(scalar), value, name, low, high)
+
+
+def check_whole(value: Any, name: str, low: int | None = None, high: int | None = None) -> int:
+    """``value`` as an int in ``[low, high]``, given as an integer or as an integer-valued float (``3.0``: ids
+    read from a float array, as ``Detections`` takes its labels).
+
+    Any other float is a ``ValueError`` naming it, never truncated: ``1.5`` is not the id 1. Bools, strings
+    and None are a ``TypeError``, as in :func:`check_integer`.
+    """
+    scalar = _scalar(value)
+    if isinstance(scalar, bool) or not isinstance(scalar, numbers.Real):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}: {value!r}")
+    if isinstance(scalar, numbers.Integral):
+        return _in_range(int(scalar), scalar, name, low, high)
+    number = float(scalar)
+    if not number.is_integer():  # nan and inf too
+        raise ValueError(f"{name} must be a whole number, got {scalar!r}")
+    return _in_range(int(number), scalar, name, low, high)
+
+
+def _in_range(number: int, value: Any, name: str, low: int | None, high: int | None) -> int:
+    """``number`` (``value`` as an int) if it lies in ``[low, high]``, else a ValueError naming ``value``."""
     if (low is not None and number < low) or (high is not None and number > high):
         if high is None:
             bound = f">= {low}"
@@ -191,6 +213,15 @@ def check_device(value: Any, name: str = "device") -> str:
         if available is None or not available():
             raise ValueError(f"{name} is {value!r} but this machine has no {device.type} device; use cpu or cuda")
     return value if isinstance(value, str) else str(device)
+
+
+def native_byte_order(array: np.ndarray) -> np.ndarray:
+    """``array`` in this machine's byte order: itself when it is in it already, else a converted copy.
+
+    A big-endian array (``dtype('>f4')``, as some file formats store numbers) holds the same values, but
+    ``torch.as_tensor`` and ``torch.from_numpy`` refuse it.
+    """
+    return array if array.dtype.isnative else array.astype(array.dtype.newbyteorder("="))
 
 
 def first_few(

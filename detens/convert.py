@@ -16,14 +16,15 @@ when a ``Results`` is built.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from detens.detections import Detections
+from detens.checks import check_whole, native_byte_order
+from detens.detections import MAX_LABEL, Detections
 from detens.labels import COCO_CATEGORY_IDS, COCO_NAMES
 
 if TYPE_CHECKING:
@@ -56,52 +57,61 @@ def coco_category_ids_for(names: Mapping[int, str] | Sequence[str]) -> tuple[int
     return COCO_CATEGORY_IDS if tuple(names) == COCO_NAMES else None
 
 
-def _class_table(category_ids: ClassMap, device: torch.device) -> tuple[Tensor, Tensor]:
-    """A lookup table [M] (index → label) and a validity mask [M] for vectorized mapping."""
+def _class_pairs(category_ids: ClassMap) -> list[tuple[int, int]]:
+    """``(class index, label)`` of each entry of ``category_ids``, checked as ``Detections`` checks labels:
+    whole numbers (``3`` or ``3.0``), labels in ``[0, MAX_LABEL]``, class indices >= 0.
+
+    Raises:
+        TypeError: ``category_ids`` is no sequence or mapping, or an entry is no number (a bool, a string).
+        ValueError: naming the entry: a fraction (``1.5`` is not the id 1), or a value out of range.
+    """
     if isinstance(category_ids, Mapping):
-        keys = [int(k) for k in category_ids]
-        if any(k < 0 for k in keys):
-            raise ValueError(f"category_ids keys must be class indices >= 0, got {sorted(keys)}")
-        size = max(keys, default=-1) + 1
-        table = torch.full((size,), -1, dtype=torch.int64)
-        for k, v in category_ids.items():
-            table[int(k)] = int(v)
-    else:
-        table = torch.as_tensor([int(v) for v in category_ids], dtype=torch.int64)
-    valid = table >= 0
-    return table.to(device), valid.to(device)
+        return [
+            (check_whole(index, "category_ids key", 0),
+             check_whole(label, f"category_ids[{index!r}]", 0, MAX_LABEL))
+            for index, label in category_ids.items()
+        ]
+    if isinstance(category_ids, (str, bytes)) or not isinstance(category_ids, Iterable):
+        raise TypeError(
+            "category_ids must be a list of category ids (one per class index) or a {class index: id} dict, "
+            f"got {type(category_ids).__name__}: {category_ids!r}"
+        )
+    return [
+        (index, check_whole(label, f"category_ids[{index}]", 0, MAX_LABEL)) for index, label in enumerate(category_ids)
+    ]
 
 
 def _map_classes(classes: Tensor, category_ids: ClassMap | None, what: str) -> Tensor:
     """Class indices (Tensor[K] int64) → labels through ``category_ids``."""
     if category_ids is None:
         return classes
-    table, valid = _class_table(category_ids, classes.device)
-    inside = (classes >= 0) & (classes < table.numel())
-    ok = inside.clone()
-    ok[inside] = valid[classes[inside]]
-    if not bool(ok.all()):
-        bad = sorted(set(classes[~ok].tolist()))
-        raise ValueError(
-            f"{what}: class indices {bad} have no entry in category_ids ({table.numel()} entries)"
-        )
-    return table[classes]
+    pairs = sorted(_class_pairs(category_ids))
+    if not pairs:
+        found = torch.zeros_like(classes, dtype=torch.bool)
+    else:
+        # searched, not looked up in a table indexed by class: a class index of 10**12 needs no table that long
+        indices = torch.tensor([i for i, _ in pairs], dtype=torch.int64, device=classes.device)  # [M] ascending
+        labels = torch.tensor([label for _, label in pairs], dtype=torch.int64, device=classes.device)  # [M]
+        position = torch.searchsorted(indices, classes).clamp(max=len(pairs) - 1)  # [K]
+        found = indices[position] == classes
+    if not bool(found.all()):
+        bad = sorted(set(classes[~found].tolist()))
+        raise ValueError(f"{what}: class indices {bad} have no entry in category_ids ({len(pairs)} entries)")
+    return labels[position] if pairs else classes
 
 
 def invert_category_ids(category_ids: ClassMap) -> dict[int, int]:
     """``{label: class index}`` of a class index → label map (a mapping, or a sequence indexed by class).
 
     Raises:
+        TypeError, ValueError: an entry that is no whole number in range (see :func:`results_to_detections`).
         ValueError: two classes map to one label.
     """
-    items = category_ids.items() if isinstance(category_ids, Mapping) else enumerate(category_ids)
     inverse: dict[int, int] = {}
-    for index, label in items:
-        if int(label) in inverse:
-            raise ValueError(
-                f"category_ids maps classes {inverse[int(label)]} and {index} to one label {label}"
-            )
-        inverse[int(label)] = int(index)
+    for index, label in _class_pairs(category_ids):
+        if label in inverse:
+            raise ValueError(f"category_ids maps classes {inverse[label]} and {index} to one label {label}")
+        inverse[label] = index
     return inverse
 
 
@@ -115,6 +125,8 @@ def results_to_detections(
         result (Results): from ``model(...)`` / ``model.predict(...)``; ``result.boxes`` must be set.
         category_ids (Sequence[int] | Mapping[int, int] | None): the label of each class index, e.g.
             ``COCO_CATEGORY_IDS`` (see :func:`coco_category_ids_for`); ``None`` keeps the class indices.
+            Ids are whole numbers (``3`` or ``3.0``, as ``Detections`` takes labels) in ``[0, MAX_LABEL]``;
+            ``1.5`` is an error, not the id 1.
         source (str | None): stored in ``Detections.source`` (e.g. the model name).
 
     Returns:
@@ -125,7 +137,7 @@ def results_to_detections(
         kind = "OBB" if getattr(result, "obb", None) is not None else "non-detection"
         raise TypeError(f"results_to_detections needs a detection Results with .boxes; got a {kind} Results")
     data = boxes.data
-    data = torch.as_tensor(data) if isinstance(data, np.ndarray) else data  # after Results.numpy()
+    data = torch.as_tensor(native_byte_order(data)) if isinstance(data, np.ndarray) else data  # after Results.numpy()
     if data.ndim != 2 or data.shape[1] not in (6, 7):
         raise ValueError(f"Results.boxes.data must have shape [K, 6] or [K, 7], got {list(data.shape)}")
     classes = data[:, -1]

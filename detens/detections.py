@@ -8,6 +8,7 @@ Boxes are always xyxy in absolute pixels (float32); conversions happen only at I
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from detens.checks import check_device
+from detens.checks import check_device, native_byte_order
 
 __all__ = ["Detections", "MAX_LABEL", "MAX_IMAGE_SIDE", "check_xyxy", "compute_device"]
 
@@ -33,7 +34,7 @@ def _as_tensor(value: Any, name: str, dtype: torch.dtype | None, device: torch.d
         tensor = value
     elif isinstance(value, (np.ndarray, list, tuple)):
         try:
-            tensor = torch.as_tensor(np.asarray(value))
+            tensor = torch.as_tensor(native_byte_order(np.asarray(value)))
         except (TypeError, ValueError) as err:
             raise TypeError(f"Detections.{name} must be numeric, got {type(value).__name__}: {err}") from err
     else:
@@ -67,13 +68,13 @@ def _raise_for_device(device: Any, what: str) -> None:
     """Called where torch failed to place a tensor on ``device``: a ``ValueError`` naming ``what`` when this
     machine lacks that device, since torch's own error ("Found no NVIDIA driver on your system", "Torch not
     compiled with CUDA enabled", an unknown device type) names neither the argument nor a way out."""
-    check_device(f"cuda:{device}" if isinstance(device, int) else device, what)
+    check_device(f"cuda:{device}" if isinstance(device, numbers.Integral) else device, what)
 
 
 def _is_whole(value: Any) -> bool:
     if isinstance(value, (bool, np.bool_)):
         return False
-    return isinstance(value, (int, np.integer)) or (isinstance(value, (float, np.floating)) and float(value).is_integer())
+    return isinstance(value, numbers.Integral) or (isinstance(value, numbers.Real) and float(value).is_integer())
 
 
 def _validate_image_size(image_size: Any) -> tuple[int, int]:
@@ -141,7 +142,8 @@ class Detections:
     tensors keep their device. detens never writes into its inputs. An input already of that dtype (a
     float32 tensor or numpy array of boxes or scores, an int64 one of labels) is not copied: the Detections
     shares its memory, as ``torch.as_tensor`` does, so writing into one changes the other; pass a copy to
-    keep them apart. Other inputs are converted into fresh tensors.
+    keep them apart. Other inputs are converted into fresh tensors, numpy arrays in another byte order than
+    the machine's (``dtype('>f4')``) included: they hold the same values.
     """
 
     boxes: Tensor
@@ -186,6 +188,8 @@ class Detections:
         cls, image_size: tuple[int, int], source: str | None = None, device: torch.device | str | None = None
     ) -> Detections:
         """No detections: the normal answer for an image where nothing was found."""
+        if isinstance(device, numbers.Integral) and not isinstance(device, (bool, np.bool_)):
+            device = int(device)  # a CUDA index; torch takes a Python int only
         try:
             boxes = torch.zeros((0, 4), device=device)
         except (RuntimeError, AssertionError):
@@ -222,11 +226,11 @@ class Detections:
     def __getitem__(self, index: int | slice | Tensor | np.ndarray | Sequence[int]) -> Detections:
         """Select boxes by int, slice, boolean mask [K] or integer indices; always returns Detections."""
         if isinstance(index, (np.ndarray, list, tuple)):
-            array = np.asarray(index)
+            array = native_byte_order(np.asarray(index))
             index = torch.as_tensor(array if array.size else array.astype(np.int64))
         if isinstance(index, Tensor) and index.ndim == 0 and not index.is_floating_point() and index.dtype != torch.bool:
             index = int(index)
-        if isinstance(index, (int, np.integer)) and not isinstance(index, (bool, np.bool_)):
+        if isinstance(index, numbers.Integral) and not isinstance(index, (bool, np.bool_)):
             if not -len(self) <= index < len(self):
                 raise IndexError(f"Detections index {int(index)} is out of range for {len(self)} boxes")
             index = int(index) % len(self)
@@ -274,11 +278,13 @@ class Detections:
         Raises:
             ValueError: ``device`` is not a device name, or one this machine lacks (``"cuda"`` without a GPU).
         """
-        if not isinstance(device, (torch.device, str, int)) or isinstance(device, bool):
+        if not isinstance(device, (torch.device, str, numbers.Integral)) or isinstance(device, (bool, np.bool_)):
             raise TypeError(
                 f"Detections.to takes a device (torch.device, 'cuda:0', ...), got {device!r}: boxes and scores "
                 "are always float32 and labels int64"
             )
+        if isinstance(device, numbers.Integral):  # a CUDA index; torch takes a Python int only
+            device = int(device)
         try:
             boxes = self.boxes.to(device)
         except (RuntimeError, AssertionError):

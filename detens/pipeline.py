@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from detens.checks import check_flag, check_integer
 from detens.convert import (
     _as_image_size,
     coco_category_ids_for,
@@ -262,8 +263,8 @@ class Ensemble:
         Args:
             source: an image path, a folder, a glob pattern or a list of paths (a path that does not exist
                 is a ``FileNotFoundError`` before anything runs, see ``list_images``).
-            batch_size: images per detector call.
-            stream: return an iterator instead of a list (constant memory over large folders).
+            batch_size: images per detector call: an integer >= 1 (a Python or NumPy integer).
+            stream: True to return an iterator instead of a list (constant memory over large folders).
             on_error: ``"skip"`` (default) reports and skips unreadable images; ``"raise"`` stops at the
                 first one with its :class:`~detens.sources.ImageReadError`.
 
@@ -271,9 +272,13 @@ class Ensemble:
             PredictionList | PredictionStream: one fused Detections per image read, in the order of
             ``detens.sources.list_images(source)``; ``.paths[i]`` is the image of the i-th Detections and
             ``.skipped`` maps each skipped image to the reason (a stream fills both as it goes).
+
+        Raises:
+            TypeError: ``batch_size`` is no integer (a float, a bool) or ``stream`` no bool.
+            ValueError: ``batch_size`` < 1, or ``on_error`` is neither ``"skip"`` nor ``"raise"``.
         """
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        batch_size = check_integer(batch_size, "batch_size", 1)
+        stream = check_flag(stream, "stream")
         if on_error not in _ON_ERROR:
             raise ValueError(f"on_error must be one of {list(_ON_ERROR)}, got {on_error!r}")
         from detens.sources import list_images

@@ -17,7 +17,9 @@ from detens.checks import (
     check_integers,
     check_real,
     check_reals,
+    check_whole,
     first_few,
+    native_byte_order,
 )
 from detens.fusers import check_weights
 
@@ -71,6 +73,49 @@ def test_check_integer(value, bounds, expected, error, message):
     else:
         with pytest.raises(error, match=message):
             check_integer(value, "n", *bounds)
+
+
+@pytest.mark.parametrize(
+    "value, bounds, error, message",
+    [
+        (3, (0, None), None, None),
+        (np.int16(3), (0, None), None, None),
+        (3.0, (0, None), None, None),
+        (np.float32(7.0), (0, 10), None, None),
+        (-0.0, (0, None), None, None),
+        (torch.tensor(5.0), (0, None), None, None),
+        (np.array(2.0, dtype=">f8"), (0, None), None, None),
+        (1.5, (0, None), ValueError, "n must be a whole number, got 1.5"),
+        (np.float64(2.25), (0, None), ValueError, "n must be a whole number, got 2.25"),
+        (math.nan, (None, None), ValueError, "n must be a whole number, got nan"),
+        (math.inf, (None, None), ValueError, "n must be a whole number, got inf"),
+        (-1.0, (0, None), ValueError, "n must be an integer >= 0, got -1.0"),
+        (2.0**31, (0, 2**31 - 1), ValueError, r"n must be an integer in \[0, 2147483647\], got 2147483648.0"),
+        (True, (0, None), TypeError, "n must be an integer, got bool: True"),
+        (np.bool_(False), (0, None), TypeError, "n must be an integer, got bool"),
+        ("3", (0, None), TypeError, "n must be an integer, got str: '3'"),
+        (None, (0, None), TypeError, "n must be an integer, got NoneType"),
+    ],
+)
+def test_check_whole(value, bounds, error, message):
+    """Integers, and floats that are integers, as the ints they are; any other float is named, never truncated."""
+    if error is None:
+        number = float(value) if not isinstance(value, (int, np.integer)) else value
+        assert check_whole(value, "n", *bounds) == int(number) and float(number).is_integer()
+        assert type(check_whole(value, "n", *bounds)) is int
+    else:
+        with pytest.raises(error, match=message):
+            check_whole(value, "n", *bounds)
+
+
+@pytest.mark.parametrize("dtype", ["<f4", ">f4", ">f8", ">i2", ">i8", ">u4", "<i8", "|u1", "|b1"])
+def test_native_byte_order_keeps_the_values(dtype):
+    array = np.array([[0, 1, 2], [3, 250, 7]]).astype(dtype)
+    native = native_byte_order(array)
+    assert native.dtype.isnative and native.dtype == array.dtype.newbyteorder("=")
+    assert np.array_equal(native, array) and native.shape == array.shape
+    assert (native is array) == array.dtype.isnative  # a native array is not copied
+    assert torch.equal(torch.as_tensor(native), torch.as_tensor(array.astype(array.dtype.newbyteorder("="))))
 
 
 @pytest.mark.parametrize("value, ok", [(True, True), (False, True), (np.bool_(True), True), (1, False), ("yes", False), (None, False)])

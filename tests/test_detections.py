@@ -43,6 +43,27 @@ class TestConstruction:
         for name, given in copied.items():
             assert not np.shares_memory(getattr(det, name).numpy(), np.asarray(given)), name
 
+    @pytest.mark.parametrize("field, dtype", [
+        ("boxes", ">f4"), ("boxes", ">f8"), ("scores", ">f4"), ("scores", ">f8"), ("labels", ">i8"),
+        ("labels", ">i4"), ("labels", ">u2"), ("labels", ">f4"),
+    ])
+    def test_arrays_of_the_other_byte_order_hold_the_same_values(self, field, dtype):
+        """A big-endian array (as some file formats store numbers) is the same detections as a native one;
+        torch cannot wrap it, so it is converted, never refused."""
+        given = np.array(GOOD[field]).astype(dtype)
+        det = make(**{field: given})
+        reference = make(**{field: given.astype(given.dtype.newbyteorder("="))})
+        for name in ("boxes", "scores", "labels"):
+            got, expected = getattr(det, name), getattr(reference, name)
+            assert got.dtype == expected.dtype and torch.equal(got, expected), name
+        assert np.array_equal(given, np.array(GOOD[field]).astype(dtype)) and given.dtype == np.dtype(dtype)  # untouched
+
+    def test_bad_values_in_the_other_byte_order_are_named(self):
+        with pytest.raises(ValueError, match=r"labels\[1\] = 1.5 is not an integer class id"):
+            make(labels=np.array([1.0, 1.5], dtype=">f8"))
+        with pytest.raises(ValueError, match=r"scores\[0\] = 2.0 is outside \[0, 1\]"):
+            make(scores=np.array([2.0, 0.5], dtype=">f4"))
+
     def test_empty(self):
         det = Detections.empty((4, 5))
         assert len(det) == 0 and det.boxes.shape == (0, 4) and det.labels.dtype == torch.int64
@@ -143,6 +164,8 @@ class TestProtocol:
             (torch.tensor([0, 2], dtype=torch.uint8), [0, 2]),
             (torch.tensor([2, 1], dtype=torch.int32), [2, 1]),
             (np.array([2], dtype=np.int16), [2]),
+            (np.array([2, 0], dtype=">i8"), [2, 0]),  # the other byte order: the same indices
+            (np.array(1, dtype=">i4"), [1]),
         ]:
             sub = det[index]
             assert picked(sub) == [rows[i] for i in positions], index
@@ -179,6 +202,10 @@ class TestProtocol:
             ),
             pytest.param(
                 0, "is 'cuda:0' but no CUDA device is available",
+                marks=pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA"),
+            ),
+            pytest.param(  # a CUDA index as numpy gives it, as an int is taken
+                np.int64(0), "is 'cuda:0' but no CUDA device is available",
                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA"),
             ),
         ],

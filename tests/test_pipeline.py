@@ -105,6 +105,62 @@ class TestConversions:
         with pytest.raises(ValueError, match="box 1 has class index"):
             fuse_results([[result], [result]])
 
+    @pytest.mark.parametrize(
+        "category_ids, error, fragment",
+        [
+            ([1, 2.5, 3], ValueError, r"category_ids\[1\] must be a whole number, got 2.5"),
+            (np.array([1.0, 2.0, 3.5]), ValueError, r"category_ids\[2\] must be a whole number, got 3.5"),
+            ({0: 1, 1: 2.5, 2: 3}, ValueError, r"category_ids\[1\] must be a whole number, got 2.5"),
+            ({0: 1, 1.5: 2, 2: 3}, ValueError, r"category_ids key must be a whole number, got 1.5"),
+            ([1, float("nan"), 3], ValueError, r"category_ids\[1\] must be a whole number, got nan"),
+            ([1, -2, 3], ValueError, r"category_ids\[1\] must be an integer in \[0, 2147483647\], got -2"),
+            ([1, 2**31, 3], ValueError, r"category_ids\[1\] must be an integer in \[0, 2147483647\]"),
+            ({-1: 1, 0: 2}, ValueError, r"category_ids key must be an integer >= 0, got -1"),
+            ([1, "2", 3], TypeError, r"category_ids\[1\] must be an integer, got str: '2'"),
+            ([1, True, 3], TypeError, r"category_ids\[1\] must be an integer, got bool"),
+            ("123", TypeError, "category_ids must be a list of category ids"),
+        ],
+    )
+    def test_category_ids_that_are_no_whole_numbers_are_named(self, category_ids, error, fragment):
+        """2.5 was truncated to the id 2 without a word; ids follow the label rules of Detections."""
+        result = make_results([[0.0, 0.0, 5.0, 5.0], [1.0, 1.0, 6.0, 6.0]], [0.5, 0.6], [0.0, 2.0])
+        det = Detections([[0.0, 0.0, 5.0, 5.0]], [0.5], [1], (480, 640))
+        for call in (lambda: results_to_detections(result, category_ids), lambda: invert_category_ids(category_ids),
+                     lambda: detections_to_results(det, result, category_ids)):
+            with pytest.raises(error, match=fragment):
+                call()
+
+    @pytest.mark.parametrize(
+        "category_ids",
+        [
+            [7.0, 1.0, 90.0],  # whole floats, as Detections takes labels
+            np.array([7, 1, 90], dtype=">i8"),
+            np.array([7.0, 1.0, 90.0], dtype=np.float32),
+            torch.tensor([7, 1, 90]),
+            {0: np.int64(7), np.int32(1): 1, 2.0: 90},
+            {10**12: 5, 0: 7, 1: 1, 2: 90},  # a class index far beyond the others needs no table that long
+        ],
+    )
+    def test_category_ids_map_like_a_plain_loop(self, category_ids):
+        classes = [2.0, 0.0, 1.0, 2.0]
+        result = make_results([[0.0, 0.0, 5.0, 5.0]] * 4, [0.5, 0.6, 0.7, 0.8], classes)
+        pairs = category_ids.items() if isinstance(category_ids, dict) else enumerate(category_ids)
+        table = {int(index): int(label) for index, label in pairs}
+        det = results_to_detections(result, category_ids)
+        assert det.labels.dtype == torch.int64 and det.labels.tolist() == [table[int(c)] for c in classes]
+        back = detections_to_results(det, result, category_ids)
+        assert torch.equal(back.boxes.data, result.boxes.data)
+
+    def test_results_as_big_endian_numpy(self):
+        """Results.numpy() of boxes in the other byte order: the same detections as the native ones."""
+        result = make_results(*random_boxes(3, 6))
+        native = results_to_detections(result, COCO_CATEGORY_IDS)
+        flipped = result.numpy()
+        flipped.boxes.data = flipped.boxes.data.astype(">f4")
+        det = results_to_detections(flipped, COCO_CATEGORY_IDS)
+        for name in ("boxes", "scores", "labels"):
+            assert torch.equal(getattr(det, name), getattr(native, name)), name
+
     def test_coco_category_ids_only_for_coco_names(self):
         assert coco_category_ids_for(COCO80) == COCO_CATEGORY_IDS
         assert coco_category_ids_for({0: "cat", 1: "dog"}) is None
@@ -743,18 +799,36 @@ class TestPredictUnreadableImages:
         assert fused == [] and fused.paths == [] and list(fused.skipped) == bad
 
     @pytest.mark.parametrize(
-        "kwargs, fragment",
+        "kwargs, error, fragment",
         [
-            ({"on_error": "ignore"}, r"on_error must be one of \['skip', 'raise'\], got 'ignore'"),
-            ({"on_error": None}, "on_error must be one of"),
-            ({"batch_size": 0}, "batch_size must be a positive integer, got 0"),
-            ({"batch_size": True}, "batch_size must be a positive integer, got True"),
+            ({"on_error": "ignore"}, ValueError, r"on_error must be one of \['skip', 'raise'\], got 'ignore'"),
+            ({"on_error": None}, ValueError, "on_error must be one of"),
+            ({"batch_size": 0}, ValueError, "batch_size must be an integer >= 1, got 0"),
+            ({"batch_size": np.int64(-2)}, ValueError, "batch_size must be an integer >= 1"),
+            ({"batch_size": True}, TypeError, "batch_size must be an integer, got bool: True"),
+            ({"batch_size": np.bool_(True)}, TypeError, "batch_size must be an integer, got bool"),
+            ({"batch_size": 2.0}, TypeError, "batch_size must be an integer, got float: 2.0"),
+            ({"batch_size": np.float32(2)}, TypeError, "batch_size must be an integer, got float32"),
+            ({"batch_size": "2"}, TypeError, "batch_size must be an integer, got str: '2'"),
+            ({"stream": "no"}, TypeError, "stream must be True or False, got str: 'no'"),
+            ({"stream": 1}, TypeError, "stream must be True or False, got int: 1"),
         ],
     )
-    def test_bad_arguments(self, folder_with_bad_images, kwargs, fragment):
+    def test_bad_arguments(self, folder_with_bad_images, kwargs, error, fragment):
         folder, _, _ = folder_with_bad_images
-        with pytest.raises(ValueError, match=fragment):
+        with pytest.raises(error, match=fragment):
             Ensemble([ImageSizeDetector()], method=METHOD).predict(folder, **kwargs)
+
+    @pytest.mark.parametrize("batch_size", [np.int64(2), np.int32(1), np.uint8(8), torch.tensor(2)])
+    @pytest.mark.parametrize("stream", [False, np.bool_(True)])
+    def test_numpy_integers_are_batch_sizes(self, folder_with_bad_images, batch_size, stream):
+        """A batch size computed with numpy (or torch) is the same as the int it holds."""
+        folder, _, _ = folder_with_bad_images
+        ens = Ensemble([ImageSizeDetector()], method=METHOD)
+        got = ens.predict(folder, batch_size=batch_size, stream=stream)
+        reference = ens.predict(folder, batch_size=int(batch_size))
+        assert [d.image_size for d in got] == [d.image_size for d in reference]
+        assert got.paths == reference.paths and got.skipped == reference.skipped
 
 
 # ---------------------------------------------------------------------------------- loaded models as members
