@@ -4,34 +4,55 @@ like the flags (``--max-det`` is ``max_det``). A mistake raises the library's ``
 instead of ending the process.
 
 The options are checked as the command line's flags are, by type: a flag without a value (``overwrite``,
-``quiet``) takes a bool, a number flag an ``int`` (``max_images``, ``actors``) or a number (``conf``), a
-path flag a ``str`` or ``os.PathLike``, the others a ``str``; a string is never read as a number, nor a
-number or a string as a bool (``overwrite="no"`` would otherwise discard finished work)."""
+``quiet``) takes a bool, a number flag an integer (``max_images``, ``actors``: an ``int`` or a NumPy integer)
+or a number (``conf``), a path flag a ``str`` or ``os.PathLike``, the others a ``str``; a string is never read
+as a number, nor a number or a string as a bool (``overwrite="no"`` would otherwise discard finished work).
+
+``quiet=True`` quiets the detector libraries for the call only: their log levels and the environment
+variables they read are put back when it returns or raises."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import numbers
 import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from detens.checks import check_flag
 
 __all__ = ["cache", "fuse_images"]
 
 
 def _models_text(value: Any) -> str:
-    """``models`` as ``--models`` takes it: a string, or a list of names or globs joined with commas."""
+    """``models`` as ``--models`` takes it: a string, or a list of names or globs joined with commas.
+
+    Raises:
+        ValueError: ``models`` names no member (``[]``, ``""``, ``" , "``), or a name of the list is empty or
+            holds a comma: leaving ``models`` out selects every member, so naming none is a mistake.
+    """
     if isinstance(value, str):
+        if not any(part.strip() for part in value.split(",")):
+            raise ValueError(
+                f"models={value!r} names no member; give names or globs ('yolo26n*,yolov8n' or a list of "
+                "them), or leave models out for every member"
+            )
         return value
     if isinstance(value, Sequence) and all(isinstance(v, str) for v in value):
-        with_comma = [v for v in value if "," in v]
-        if with_comma:
+        if not value:
             raise ValueError(
-                f"models: {with_comma[0]!r} holds a comma, which separates the names of --models; give the "
-                "names (or globs) one by one"
+                f"models={value!r} names no member; give a list of names or globs (['yolo26n*', 'yolov8n']), "
+                "or leave models out for every member"
             )
+        for i, name in enumerate(value):
+            if not name.strip():
+                raise ValueError(f"models[{i}] is {name!r}: each entry names a member or is a glob of names")
+            if "," in name:
+                raise ValueError(
+                    f"models[{i}] = {name!r} holds a comma, which no member name holds (the command line "
+                    "separates names with commas); give the names (or globs) one by one"
+                )
         return ",".join(value)
     raise TypeError(
         f"models must be a str ('yolo26n*,yolov8n') or a list of str, got {type(value).__name__}: {value!r}"
@@ -42,19 +63,18 @@ def _checked(action: argparse.Action, key: str, value: Any) -> Any:
     """``value`` for the option ``key`` as the parser would store it from the command line, or a
     TypeError/ValueError naming the option and what it takes."""
     if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
-        if not isinstance(value, bool):
-            raise TypeError(f"{key} must be True or False, got {type(value).__name__}: {value!r}")
-        return value
+        return check_flag(value, key)
     from detens.cli import existing_folder, folder_path
 
     if value is None:  # the flag left out (a required one is named by _run)
         return action.default
     kind = action.type
-    if kind is int:
-        if isinstance(value, bool) or not isinstance(value, int):
+    if kind is int:  # numpy integers too (np.int64 from an array); bools and floats are no counts
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             raise TypeError(f"{key} must be an int, got {type(value).__name__}: {value!r}")
+        value = int(value)
     elif kind is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(f"{key} must be a number, got {type(value).__name__}: {value!r}")
         value = float(value)
     elif kind is Path:
@@ -97,28 +117,14 @@ def _run(command: str, options: dict[str, Any]) -> int:
     if missing:
         raise TypeError(f"{command}() needs {', '.join(missing)}")
     args._run, args._parser = parser.get_default("_run"), parser
-    if args.quiet:  # as the command's --quiet: the detector libraries' loading messages too
-        from detens.cli._logging import quiet_libraries
+    from detens.cli._logging import quieted
 
-        quiet_libraries()
     try:
-        with _native_stderr_silenced() if args.quiet else contextlib.nullcontext():
+        # as the command's --quiet (the detector libraries' loading messages too), for this call only
+        with quieted(args.quiet, only_where_stderr_is_fd_2=True):
             return int(args._run(args))
     except UsageError as err:
         raise ValueError(str(err)) from None
-
-
-def _native_stderr_silenced() -> contextlib.AbstractContextManager[None]:
-    """The command's silencing of what native libraries write to file descriptor 2, where Python's
-    ``sys.stderr`` is that descriptor; elsewhere (a notebook's) it would move the caller's log records
-    off ``sys.stderr``, and the native lines do not reach it anyway."""
-    from detens.cli._logging import native_stderr_silenced
-
-    try:
-        on_fd_2 = sys.stderr.fileno() == 2
-    except (AttributeError, OSError, ValueError):
-        on_fd_2 = False
-    return native_stderr_silenced() if on_fd_2 else contextlib.nullcontext()
 
 
 def cache(

@@ -891,6 +891,22 @@ def test_an_empty_models_flag_is_refused(slice_, tmp_path, capsys):
             r"--models '' names no member")
 
 
+def test_an_empty_models_argument_is_refused_in_the_python_calls_own_words(slice_, tmp_path):
+    """``detens.cache`` names its own argument (``models=[]``), not the command's flag."""
+    import detens
+
+    common = (str(slice_ / "replay.yaml"), slice_ / "images", slice_ / "gt.json", tmp_path / "x")
+    for value, shown in (([], r"models=\[\]"), ((), r"models=\(\)"), ("", "models=''"), (" , ", "models=' , '")):
+        for arguments in ((*common,), ()):
+            options = {"models": value, "quiet": True} if arguments else {"out": common[-1], "merge": True, "models": value}
+            with pytest.raises(ValueError, match=rf"^{shown} names no member; give .*or leave models out") as info:
+                detens.cache(*arguments, **options)
+            assert "--models" not in str(info.value)
+    with pytest.raises(ValueError, match=r"^models\[1\] is ' ': each entry names a member"):
+        detens.cache(*common, models=["a", " "], quiet=True)
+    assert not (tmp_path / "x").exists()
+
+
 def test_entries_without_a_name_are_released_once_their_names_are_learned(slice_, tmp_path, monkeypatch):
     """One model in memory at a time: a model loaded to learn its members' names is not kept."""
     import gc

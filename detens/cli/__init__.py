@@ -14,7 +14,6 @@ catch it, would print a traceback.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import os
 import sys
@@ -167,13 +166,11 @@ def _message(err: BaseException) -> str:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    from detens.cli._logging import log_above_progress_bars, native_stderr_silenced, quiet_libraries
+    from detens.cli._logging import log_above_progress_bars, quieted
 
     log_above_progress_bars(args.quiet)
-    if args.quiet:
-        quiet_libraries()
     try:
-        with native_stderr_silenced() if args.quiet else contextlib.nullcontext():
+        with quieted(args.quiet):
             return int(args._run(args))
     except UsageError as err:
         print(f"error: {args._parser.prog}: {err} (see {args._parser.prog} --help)", file=sys.stderr)

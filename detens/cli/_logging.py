@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 from tqdm import tqdm
 
-__all__ = ["log_above_progress_bars", "native_stderr_silenced", "quiet_libraries"]
+__all__ = ["libraries_quieted", "log_above_progress_bars", "native_stderr_silenced", "quiet_libraries", "quieted"]
 
 
 class _TqdmHandler(logging.Handler):
@@ -30,17 +30,71 @@ def log_above_progress_bars(quiet: bool) -> None:
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, handlers=[handler], force=True)
 
 
+#: What the detector libraries read at import to decide how much they say.
+_QUIET_ENVIRON = {"YOLO_VERBOSE": "False", "TF_CPP_MIN_LOG_LEVEL": "2"}
+_QUIET_LOGGERS = ("ultralytics", "openvino", "onnxruntime")
+
+
 def quiet_libraries() -> None:
     """Silence the detector libraries' loading chatter (Ultralytics' model summaries, LiteRT/TensorFlow
-    and OpenVINO info lines); warnings and errors still show."""
-    os.environ.setdefault("YOLO_VERBOSE", "False")  # read when ultralytics is first imported
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    for name in ("ultralytics", "openvino", "onnxruntime"):
+    and OpenVINO info lines); warnings and errors still show. Left so for the rest of the process:
+    :func:`libraries_quieted` puts it back."""
+    for key, value in _QUIET_ENVIRON.items():  # a value the user set is theirs to keep
+        os.environ.setdefault(key, value)
+    for name in _QUIET_LOGGERS:  # "ultralytics" is Ultralytics' LOGGER, when imported already
         logging.getLogger(name).setLevel(logging.WARNING)
-    if "ultralytics" in sys.modules:  # imported already: its verbosity flag was read at import
-        from ultralytics.utils import LOGGER
 
-        LOGGER.setLevel(logging.WARNING)
+
+@contextlib.contextmanager
+def libraries_quieted() -> Iterator[None]:
+    """:func:`quiet_libraries` for a block, and on its way out (returned or raised) the environment and
+    logger levels as they were.
+
+    Ultralytics imported within the block read ``YOLO_VERBOSE=False`` into its ``VERBOSE`` flag and its
+    logger; they are set up again as an import after the block would set them.
+    """
+    added = [key for key in _QUIET_ENVIRON if key not in os.environ]
+    levels = {name: logging.getLogger(name).level for name in _QUIET_LOGGERS}
+    had_ultralytics = "ultralytics.utils" in sys.modules
+    quiet_libraries()
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+        utils = None if had_ultralytics else sys.modules.get("ultralytics.utils")
+        for name, level in levels.items():
+            if not (name == "ultralytics" and utils is not None):  # set by its import within the block
+                logging.getLogger(name).setLevel(level)
+        if utils is not None and "YOLO_VERBOSE" in added:
+            utils.VERBOSE = True  # the default of an unset YOLO_VERBOSE
+            utils.set_logging(utils.LOGGING_NAME, verbose=True)
+
+
+def _stderr_is_fd_2() -> bool:
+    try:
+        return sys.stderr.fileno() == 2
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+@contextlib.contextmanager
+def quieted(quiet: bool, *, only_where_stderr_is_fd_2: bool = False) -> Iterator[None]:
+    """``--quiet`` for a block (nothing when ``quiet`` is False): :func:`libraries_quieted` and
+    :func:`native_stderr_silenced`, both undone on the way out.
+
+    Args:
+        only_where_stderr_is_fd_2: silence file descriptor 2 only where Python's ``sys.stderr`` writes to
+            it: for the Python calls, whose caller may have its own ``sys.stderr`` (a notebook's), which the
+            silencing would replace by a copy of descriptor 2 and which native lines do not reach anyway.
+            The commands silence it wherever descriptor 2 exists.
+    """
+    if not quiet:
+        yield
+        return
+    silence = not only_where_stderr_is_fd_2 or _stderr_is_fd_2()
+    with libraries_quieted(), native_stderr_silenced() if silence else contextlib.nullcontext():
+        yield
 
 
 @contextlib.contextmanager

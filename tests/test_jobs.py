@@ -1,0 +1,168 @@
+"""The commands' jobs as Python calls (``detens.cache``, ``detens.fuse_images``): options of NumPy types, and
+``quiet=True`` undone when the call returns or raises. The command's own work is replaced by a stand-in that
+records what it was given and what it found; the jobs on real data are tested in test_cache_cli.py and
+test_fuse_cli.py."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import detens
+from detens.cli import UsageError, run_command
+from detens.cli import cache as cache_command
+from detens.cli import fuse as fuse_command
+
+REPO = Path(__file__).resolve().parents[1]
+LOGGERS = ("ultralytics", "openvino", "onnxruntime")
+ENVIRON = ("YOLO_VERBOSE", "TF_CPP_MIN_LOG_LEVEL")
+
+
+def _state() -> dict:
+    """What --quiet changes: the detector libraries' logger levels and the environment they read."""
+    return {
+        "levels": {name: logging.getLogger(name).level for name in LOGGERS},
+        "environ": {key: os.environ.get(key) for key in ENVIRON},
+    }
+
+
+def _stderr_is_devnull() -> bool:
+    null, fd_2 = os.stat(os.devnull), os.fstat(2)
+    return (fd_2.st_dev, fd_2.st_ino) == (null.st_dev, null.st_ino)
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    """Replace the cache and fuse commands' work by a stand-in: ``stand_in.seen`` holds, per call, the
+    options it was given and the state it ran in; ``stand_in.error`` (if set) is raised by it."""
+
+    class StandIn:
+        seen: list[dict] = []
+        error: BaseException | None = None
+
+        def __call__(self, args):
+            self.seen.append({"args": args, "state": _state(), "stderr": sys.stderr,
+                              "fd_2_silenced": _stderr_is_devnull()})
+            if self.error is not None:
+                raise self.error
+            return 0
+
+    run = StandIn()
+    run.seen = []
+    monkeypatch.setattr(cache_command, "run", run)
+    monkeypatch.setattr(fuse_command, "run", run)
+    for key in ENVIRON:
+        monkeypatch.delenv(key, raising=False)
+    levels = {name: logging.getLogger(name).level for name in LOGGERS}
+    yield run
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+
+
+# ---------------------------------------------------------------------------------------------- option types
+def test_numpy_numbers_are_options_of_their_kind(stand_in, tmp_path):
+    """Counts and numbers computed with NumPy are the ints and floats they hold; a float is still no count."""
+    assert detens.cache(out=tmp_path / "o", merge=True, max_images=np.int64(2), imgsz=np.int32(320),
+                        conf=np.float32(0.25), iou=np.int16(1), overwrite=np.bool_(True)) == 0
+    args = stand_in.seen[-1]["args"]
+    assert (args.max_images, args.imgsz, args.conf, args.iou, args.overwrite) == (2, 320, 0.25, 1.0, True)
+    assert [type(v) for v in (args.max_images, args.imgsz, args.conf, args.iou, args.overwrite)] == [
+        int, int, float, float, bool]
+    assert detens.fuse_images("cfg.yaml", "images", tmp_path / "f", imgsz=np.uint16(640)) == 0
+    assert stand_in.seen[-1]["args"].imgsz == 640 and type(stand_in.seen[-1]["args"].imgsz) is int
+
+    for options, message in [
+        ({"max_images": 2.0}, r"max_images must be an int, got float: 2.0"),
+        ({"max_images": np.float64(2.0)}, r"max_images must be an int, got float64"),
+        ({"max_images": np.bool_(True)}, r"max_images must be an int, got bool"),
+        ({"conf": np.bool_(True)}, r"conf must be a number, got bool"),
+        ({"overwrite": np.int64(1)}, r"overwrite must be True or False, got int64"),
+    ]:
+        with pytest.raises(TypeError, match=message):
+            detens.cache(out=tmp_path / "o", merge=True, **options)
+    assert len(stand_in.seen) == 2  # the refused calls ran nothing
+
+
+# ---------------------------------------------------------------------------------------------------- quiet
+@pytest.mark.parametrize(
+    "error, raised",
+    [(None, None), (UsageError("bad"), ValueError), (ValueError("bad"), ValueError),
+     (KeyboardInterrupt(), KeyboardInterrupt)],
+)
+@pytest.mark.parametrize("job", ["cache", "fuse_images"])
+def test_quiet_is_undone_when_the_call_returns_or_raises(stand_in, tmp_path, job, error, raised):
+    logging.getLogger("openvino").setLevel(logging.DEBUG)  # a level of the caller's own, kept
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0"  # so is a value the caller set
+    before = _state()
+    stand_in.error = error
+    call = {
+        "cache": lambda: detens.cache(out=tmp_path / "o", merge=True, quiet=True),
+        "fuse_images": lambda: detens.fuse_images("cfg.yaml", "images", tmp_path / "f", quiet=True),
+    }[job]
+    if raised is None:
+        assert call() == 0
+    else:
+        with pytest.raises(raised):
+            call()
+    during = stand_in.seen[-1]["state"]
+    assert during["levels"] == dict.fromkeys(LOGGERS, logging.WARNING)
+    assert during["environ"] == {"YOLO_VERBOSE": "False", "TF_CPP_MIN_LOG_LEVEL": "0"}
+    assert _state() == before
+
+
+def test_quiet_python_calls_leave_a_stderr_of_the_callers_own(stand_in, tmp_path, capsys):
+    """Where ``sys.stderr`` is no file descriptor 2 (pytest's capture here, a notebook's elsewhere), the Python
+    call keeps it and leaves descriptor 2 alone; the command silences descriptor 2 as it always has."""
+    callers, before = sys.stderr, _state()
+    assert detens.cache(out=tmp_path / "o", merge=True, quiet=True) == 0
+    assert stand_in.seen[-1]["stderr"] is callers and not stand_in.seen[-1]["fd_2_silenced"]
+
+    assert run_command("cache", ["--out", str(tmp_path / "o"), "--merge", "--quiet"]) == 0
+    assert stand_in.seen[-1]["fd_2_silenced"] and stand_in.seen[-1]["state"]["environ"]["YOLO_VERBOSE"] == "False"
+    assert sys.stderr is callers and not _stderr_is_devnull()
+    assert _state() == before  # the command puts them back as well, for a caller that goes on
+
+
+_ULTRALYTICS_STATE = """
+import json, logging, os, sys
+from detens.cli._logging import libraries_quieted
+
+def state():
+    import ultralytics.utils as utils
+    logger = logging.getLogger("ultralytics")
+    handlers = [h.level for h in logger.handlers if h.name == "ultralytics.utils.set_logging"]
+    return {"VERBOSE": utils.VERBOSE, "level": logger.level, "handlers": handlers,
+            "YOLO_VERBOSE": os.environ.get("YOLO_VERBOSE")}
+
+if sys.argv[1] == "quieted":
+    with libraries_quieted():
+        during = state()
+    print(json.dumps({"during": during, "after": state()}))
+else:
+    print(json.dumps({"after": state()}))
+"""
+
+
+@pytest.mark.slow
+def test_ultralytics_imported_while_quiet_is_set_up_as_a_later_import_would_be():
+    """Imported within a quiet call, Ultralytics reads YOLO_VERBOSE=False into its flag and logger; after the
+    call they are what a plain import gives (each in a fresh process: an import happens once)."""
+    env = {key: value for key, value in os.environ.items() if key not in ENVIRON}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+
+    def run(mode):
+        done = subprocess.run([sys.executable, "-c", _ULTRALYTICS_STATE, mode], env=env, capture_output=True,
+                              text=True, check=True)
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    quieted, plain = run("quieted"), run("plain")
+    assert quieted["during"]["VERBOSE"] is False and quieted["during"]["level"] > logging.WARNING
+    assert quieted["after"] == plain["after"]
+    assert plain["after"]["VERBOSE"] is True and plain["after"]["YOLO_VERBOSE"] is None
