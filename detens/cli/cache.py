@@ -94,7 +94,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -336,16 +336,17 @@ def plan_entries(config: EnsembleConfig, categories: dict[int, str] | None) -> l
     return entries
 
 
-def model_patterns(text: str | None) -> list[str]:
-    """The names or globs of ``--models`` (None: every member, ``*``).
+def model_patterns(text: str | None, members: Sequence[str]) -> list[str]:
+    """The names or globs of ``--models`` (None: every member, ``*``) among ``members``.
 
     Raises:
-        ValueError: ``text`` names nothing (empty, or only commas and spaces): leaving the flag out selects
-            every member, an empty value is a mistake (a shell variable that was not set).
+        ValueError: ``text`` names nothing (empty, or only commas and spaces; the message lists ``members``):
+            leaving the flag out selects every member, an empty value is a mistake (a shell variable that
+            was not set).
     """
     if text is None:
         return ["*"]
-    return comma_separated("--models", text, "member", "names or globs")
+    return comma_separated("--models", text, "member", "names or globs", valid=members)
 
 
 def check_not_reserved(names: list[str]) -> list[str]:
@@ -366,7 +367,7 @@ def check_not_reserved(names: list[str]) -> list[str]:
 def select_members(entries: list[Entry], patterns: str | None) -> None:
     """Mark the members matching ``--models`` (names or globs); every pattern must match one."""
     names = [n for e in entries for n in e.names]
-    wanted = model_patterns(patterns)
+    wanted = model_patterns(patterns, names)
     for pattern in wanted:
         if not any(fnmatch.fnmatchcase(n, pattern) for n in names):
             close = difflib.get_close_matches(pattern, names, n=1)
@@ -1351,7 +1352,7 @@ def merge(args: argparse.Namespace) -> int:
     if not found:
         raise FileNotFoundError(f"no shard files (<member>.shard-<i>-of-<n>.json) in {folder}")
     if args.models is not None:
-        wanted = model_patterns(args.models)
+        wanted = model_patterns(args.models, sorted(found))
         found = {m: v for m, v in found.items() if any(fnmatch.fnmatchcase(m, p) for p in wanted)}
         if not found:
             raise ValueError(f"--models {args.models!r} matches no member with shards in {folder}")
