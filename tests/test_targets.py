@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch.testing import assert_close
@@ -305,6 +306,22 @@ class TestFixtures:
             gt_iscrowd=[0],
         )
         assert t.matched.tolist() == [True]
+
+    @pytest.mark.parametrize("seed", range(6))
+    @pytest.mark.parametrize("labels_dtype", ["i8", "f8"])
+    def test_big_endian_arrays_are_the_same_numbers(self, seed, labels_dtype):
+        """Arrays in the other byte order (``dtype('>f8')``, as some file formats store numbers) give the
+        targets of the same arrays in this machine's order."""
+        image_size, boxes, scores, labels, gt_boxes, gt_labels, crowd = random_case(seed)
+        clusters = make_clusters(boxes, labels, image_size)
+        arrays = [boxes.numpy(), scores.numpy(), gt_boxes.numpy(), gt_labels.numpy().astype(labels_dtype),
+                  crowd.numpy().astype("i8")]
+        expected = assign_targets(clusters, *arrays[:4], gt_iscrowd=arrays[4])
+        swapped = [a.astype(a.dtype.newbyteorder(">" if a.dtype.byteorder in "=<" else "<")) for a in arrays]
+        assert all(not a.dtype.isnative and np.array_equal(a, b) for a, b in zip(swapped, arrays, strict=True))
+        got = assign_targets(clusters, *swapped[:4], gt_iscrowd=swapped[4])
+        for name in ("boxes", "matched", "ignore", "gt_index"):
+            assert torch.equal(getattr(got, name), getattr(expected, name)), name
 
     @pytest.mark.parametrize(
         "kwargs, match",

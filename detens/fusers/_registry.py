@@ -6,7 +6,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from detens.checks import check_real
+from detens.checks import check_real, native_byte_order
 from detens.registry import Registry
 
 FUSERS: Registry = Registry("fusion method")
@@ -21,7 +21,8 @@ def check_weights(
     """Per-model weights as a fresh Tensor[N] of ``dtype``, divided by the largest (ones when None);
     anything else is an error.
 
-    Weights are a list, tuple, array or 1-D tensor of one finite number >= 0 per model, not all 0.
+    Weights are a list, tuple, array (either byte order) or 1-D tensor of one finite number >= 0 per model,
+    not all 0.
     Only their ratios matter, so any finite weights are fine, however large (``[1e308, 1e308]`` is
     ``[1, 1]``); scaling the largest to 1 keeps the ratios in the fusers' float32 sums, where weights
     beyond about 3e38 would overflow and weights below about 1e-38 lose precision or underflow to 0.
@@ -34,8 +35,10 @@ def check_weights(
     if weights is None:
         return torch.ones(num_models, dtype=dtype, device=device)
     if isinstance(weights, (Tensor, np.ndarray)):
+        # a big-endian array (dtype('>f4')) holds the same numbers, but torch refuses it as it is
+        native = native_byte_order(weights) if isinstance(weights, np.ndarray) else weights
         try:
-            values = torch.as_tensor(weights).detach()
+            values = torch.as_tensor(native).detach()
         except TypeError:
             values = None  # an object array
         if values is None or values.dtype == torch.bool or values.is_complex():
