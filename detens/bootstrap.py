@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from detens.checks import check_integer, check_seed
 from detens.coco import (
     CocoGroundTruth,
     evaluate_coco,
@@ -50,9 +51,8 @@ def resample_image_ids(image_ids: Sequence[int], resamples: int, seed: int = 0) 
     ids = np.array(sorted(set(int(i) for i in image_ids)), dtype=np.int64)
     if ids.size == 0:
         raise ValueError("the bootstrap needs at least one scored image")
-    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 1:
-        raise ValueError(f"resamples must be an integer >= 1, got {resamples!r}")
-    rng = np.random.default_rng(seed)
+    resamples = check_integer(resamples, "resamples", 1)
+    rng = np.random.default_rng(check_seed(seed))
     return ids[rng.integers(0, ids.size, size=(resamples, ids.size))]
 
 
@@ -119,7 +119,7 @@ def bootstrap_map(
         results (dict[str, list[dict]]): per method, its COCO results on the scored images.
         image_ids (list[int] | None): the scored images (default: those with ground truth); every drawn
             image is scored, one without annotations too.
-        resamples (int): B. seed (int): fixes the draws.
+        resamples (int): B, >= 1. seed (int): fixes the draws, in ``[0, 2**63 - 1]``.
         backend (str | None): COCO evaluator (default: the fastest installed one).
 
     Returns:
@@ -127,7 +127,9 @@ def bootstrap_map(
         ground truth to measure (module docstring).
 
     Raises:
-        ValueError: an image id not in ``truth``, no image to draw, or a method's malformed results.
+        TypeError: ``resamples`` or ``seed`` is no integer (a bool, a float).
+        ValueError: an image id not in ``truth``, no image to draw, ``resamples`` or ``seed`` out of range, or
+            a method's malformed results.
     """
     scored = truth.annotated_image_ids if image_ids is None else list(image_ids)
     draws = resample_image_ids(scored, resamples, seed)

@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from detens.checks import check_integer, check_real
 from detens.coco import (
     CocoGroundTruth,
     check_result_categories,
@@ -203,15 +204,15 @@ def analyze_errors(
         max_dets (int): detections kept per image and class, ``>= 1`` (COCO's 100).
 
     Raises:
+        TypeError: a threshold that is no number, ``max_dets`` no integer (a bool, a float).
         ValueError: a threshold out of range, a category the ground truth does not define, an image id
             not in the ground truth, a malformed result (naming its index and field).
     """
-    if not 0.0 < pos_thr < 1.0:
-        raise ValueError(f"pos_thr must be in (0, 1), got {pos_thr!r}")
-    if not 0.0 <= bg_thr < pos_thr:
+    pos_thr = check_real(pos_thr, "pos_thr", 0.0, 1.0, low_open=True, high_open=True)
+    bg_thr = check_real(bg_thr, "bg_thr", 0.0)
+    if not bg_thr < pos_thr:
         raise ValueError(f"bg_thr must be in [0, pos_thr = {pos_thr}), got {bg_thr!r}")
-    if isinstance(max_dets, bool) or not isinstance(max_dets, int) or max_dets < 1:
-        raise ValueError(f"max_dets must be an integer >= 1, got {max_dets!r}")
+    max_dets = check_integer(max_dets, "max_dets", 1)
     truth = load_coco_gt(gt)
     clean = load_coco_results(results) if isinstance(results, (str, Path)) else validate_coco_results(results)
     check_result_categories(truth, clean, "results")

@@ -256,6 +256,38 @@ class TestUltralyticsOptions:
             UltralyticsDetector("yolov8n_int8_tflite/yolov8n_int8.tflite", **kwargs)
 
 
+    @pytest.mark.parametrize(
+        "kwargs, message",
+        [
+            ({"imgsz": 640.0}, "imgsz must be an integer, got float: 640.0"),
+            ({"imgsz": True}, "imgsz must be an integer, got bool: True"),
+            ({"imgsz": "640"}, "imgsz must be an integer, got str: '640'"),
+            ({"batch": 2.0}, "batch must be an integer, got float: 2.0"),
+            ({"batch": True}, "batch must be an integer, got bool: True"),
+            ({"max_det": 300.0}, "max_det must be an integer, got float: 300.0"),
+        ],
+    )
+    def test_integer_options_of_another_type_are_a_type_error(self, kwargs, message):
+        from detens.adapters.ultralytics import UltralyticsDetector
+
+        with pytest.raises(TypeError, match=message):
+            UltralyticsDetector("yolov8n_int8_tflite/yolov8n_int8.tflite", **kwargs)
+
+    def test_numpy_integer_options_detect_as_python_ints(self, v8):
+        from detens.adapters.ultralytics import UltralyticsDetector
+
+        detector = UltralyticsDetector(
+            "yolov8n_int8_tflite/yolov8n_int8.tflite", conf=0.25, imgsz=np.int64(640), max_det=np.int32(300),
+            batch=np.int64(2),
+        )
+        assert detector.batch == 2 and type(detector.batch) is int
+        assert all(type(detector.predict_args[key]) is int for key in ("imgsz", "max_det"))
+        got, expected = detector([BUS, ZIDANE]), v8([BUS, ZIDANE])
+        for g, e in zip(got, expected, strict=True):
+            assert len(g) > 0 and torch.equal(g.boxes, e.boxes) and torch.equal(g.scores, e.scores)
+            assert torch.equal(g.labels, e.labels)
+
+
 class TestUltralyticsLoadedModel:
     def test_task_guessed_and_explicit_name(self):
         from ultralytics import YOLO
@@ -486,6 +518,44 @@ def test_torchvision_rejects(make, kwargs, error, fragment):
 
     with pytest.raises(error, match=fragment):
         TorchvisionDetector(make(), **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"imgsz": 320.0}, TypeError, "imgsz must be an integer, got float: 320.0"),
+        ({"imgsz": False}, TypeError, "imgsz must be an integer, got bool: False"),
+        ({"imgsz": 16}, ValueError, "imgsz must be an integer >= 32, got 16"),
+        ({"batch": 1.0}, TypeError, "batch must be an integer, got float: 1.0"),
+        ({"batch": 0}, ValueError, "batch must be an integer >= 1, got 0"),
+        ({"num_classes": 5.0}, TypeError, "num_classes must be an integer, got float: 5.0"),
+        ({"num_classes": "5"}, TypeError, "num_classes must be an integer, got str: '5'"),
+        ({"num_classes": 0}, ValueError, "num_classes must be an integer >= 1, got 0"),
+    ],
+)
+def test_torchvision_integer_options_are_checked_before_building(monkeypatch, kwargs, error, message):
+    from torchvision import models
+
+    from detens.adapters.torchvision import TorchvisionDetector
+
+    monkeypatch.setattr(models, "get_model", lambda *a, **k: pytest.fail("built before its options were checked"))
+    with pytest.raises(error, match=message):
+        TorchvisionDetector("fasterrcnn_mobilenet_v3_large_320_fpn", weights=None, **kwargs)
+
+
+def test_torchvision_numpy_integer_options_are_the_python_ints_they_hold():
+    from detens.adapters.torchvision import TorchvisionDetector
+
+    options = {"imgsz": 320, "max_det": 50, "batch": 2, "num_classes": 5}
+    expected = TorchvisionDetector("fasterrcnn_mobilenet_v3_large_320_fpn", weights=None, **options)
+    detector = TorchvisionDetector(
+        "fasterrcnn_mobilenet_v3_large_320_fpn", weights=None, **{k: np.int64(v) for k, v in options.items()}
+    )
+    transform = detector.model.transform
+    assert transform.min_size == (320,) and transform.max_size == 320 and type(transform.max_size) is int
+    assert (detector.batch, detector.max_det, detector.model.roi_heads.detections_per_img) == (2, 50, 50)
+    assert all(type(v) is int for v in (detector.batch, detector.max_det, detector.model.roi_heads.detections_per_img))
+    assert detector.lookup.tolist() == expected.lookup.tolist() == list(range(5))
 
 
 @pytest.mark.parametrize("device, fragment", [

@@ -48,12 +48,30 @@ class TestResampling:
         assert not (draws == resample_image_ids(ids, 200, seed=4)).all()
         assert any(len(set(row)) < 4 for row in draws.tolist())  # repeats happen
 
-    @pytest.mark.parametrize("resamples", [0, -1, True, 2.0])
-    def test_bad_counts(self, resamples):
-        with pytest.raises(ValueError, match="resamples must be an integer >= 1"):
-            resample_image_ids([1, 2], resamples)
+    @pytest.mark.parametrize(
+        "options, error, message",
+        [
+            ({"resamples": 0}, ValueError, "resamples must be an integer >= 1, got 0"),
+            ({"resamples": -1}, ValueError, "resamples must be an integer >= 1, got -1"),
+            ({"resamples": True}, TypeError, "resamples must be an integer, got bool: True"),
+            ({"resamples": 2.0}, TypeError, "resamples must be an integer, got float: 2.0"),
+            ({"resamples": "2"}, TypeError, "resamples must be an integer, got str: '2'"),
+            ({"resamples": 2, "seed": -1}, ValueError, r"seed must be an integer in \[0, .*\], got -1"),
+            ({"resamples": 2, "seed": 1.0}, TypeError, "seed must be an integer, got float: 1.0"),
+            ({"resamples": 2, "seed": None}, TypeError, "seed must be an integer, got NoneType: None"),
+        ],
+    )
+    def test_bad_counts_and_seeds(self, options, error, message):
+        with pytest.raises(error, match=message):
+            resample_image_ids([1, 2], **options)
         with pytest.raises(ValueError, match="at least one scored image"):
             resample_image_ids([], 3)
+
+    def test_numpy_integers_draw_as_the_python_ints_they_hold(self):
+        expected = resample_image_ids([5, 9, 2, 7], 20, seed=3)
+        for resamples, seed in [(np.int64(20), 3), (20, np.int32(3)), (np.uint8(20), np.int64(3))]:
+            got = resample_image_ids([5, 9, 2, 7], resamples, seed=seed)
+            assert got.dtype == np.int64 and np.array_equal(got, expected)
 
     def test_a_drawn_image_is_copied_under_a_new_id(self):
         truth, results = toy()

@@ -130,6 +130,32 @@ class TestEdges:
         with pytest.raises(ValueError, match=r"category ids \[7\]"):
             error_breakdown(HAND_GT, [det(7, [0, 0, 5, 5], 0.5)])
 
+    @pytest.mark.parametrize(
+        "options, error, message",
+        [
+            ({"max_dets": 0}, ValueError, "max_dets must be an integer >= 1, got 0"),
+            ({"max_dets": True}, TypeError, "max_dets must be an integer, got bool: True"),
+            ({"max_dets": 100.0}, TypeError, "max_dets must be an integer, got float: 100.0"),
+            ({"max_dets": "100"}, TypeError, "max_dets must be an integer, got str: '100'"),
+            ({"pos_thr": "0.5"}, TypeError, "pos_thr must be a number, got str: '0.5'"),
+            ({"pos_thr": 1.0}, ValueError, r"pos_thr must be in \(0, 1\), got 1.0"),
+            ({"bg_thr": None}, TypeError, "bg_thr must be a number, got NoneType: None"),
+            ({"bg_thr": -0.1}, ValueError, "bg_thr must be a number >= 0, got -0.1"),
+            ({"bg_thr": 0.5}, ValueError, r"bg_thr must be in \[0, pos_thr = 0.5\), got 0.5"),
+        ],
+    )
+    def test_options_of_another_type_are_a_type_error_naming_them(self, options, error, message):
+        with pytest.raises(error, match=message):
+            analyze_errors(HAND_GT, HAND_RESULTS, **options)
+
+    def test_numpy_options_are_the_python_numbers_they_hold(self):
+        for max_dets in (1, 2, 100):
+            expected = error_breakdown(HAND_GT, HAND_RESULTS, max_dets=max_dets)
+            got = error_breakdown(
+                HAND_GT, HAND_RESULTS, pos_thr=np.float32(0.5), bg_thr=np.float64(0.1), max_dets=np.int64(max_dets)
+            )
+            assert got == expected
+
 
 # ----------------------------------------------------------------------------------------- random cases
 def random_case(seed: int, crowds: bool = True, distinct_scores: bool = False, num_images: int = 6):

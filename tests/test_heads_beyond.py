@@ -567,6 +567,25 @@ class TestTraining:
             train_head("deep", [], NAMES)
         assert SuperLearnerTrainConfig().lr < DeepTrainConfig().lr
 
+    @pytest.mark.parametrize(
+        "bags_grid, error, message",
+        [
+            ([1, 2.0], TypeError, r"bags_grid\[1\] must be an integer, got float: 2.0"),
+            ([True, 2], TypeError, r"bags_grid\[0\] must be an integer, got bool: True"),
+            ([1, "3"], TypeError, r"bags_grid\[1\] must be an integer, got str: '3'"),
+            ((1, 2), TypeError, r"bags_grid must be a list of integers >= 1, got tuple: \(1, 2\)"),
+            ("1,2", TypeError, "bags_grid must be a list of integers >= 1, got str: '1,2'"),
+            ([1, 0], ValueError, r"bags_grid must be a list of integers >= 1, got \[1, 0\]"),
+        ],
+    )
+    def test_bags_grid_of_another_type_is_a_type_error_naming_the_entry(self, bags_grid, error, message):
+        with pytest.raises(error, match=message):
+            SuperLearnerTrainConfig(bags_grid=bags_grid)
+
+    def test_numpy_integers_in_bags_grid_are_the_python_ints_they_hold(self):
+        config = SuperLearnerTrainConfig(bags_grid=[np.int64(3), np.int32(1), 3])
+        assert config.bags_grid == [1, 3] and all(type(b) is int for b in config.bags_grid)
+
     def test_class_embedding_handles_unseen_classes(self):
         head = trained("deep", class_embed=3)
         assert head.class_ids.tolist() == [0, 1, 2]

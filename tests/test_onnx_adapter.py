@@ -341,6 +341,36 @@ class TestOnnxDetector:
             OnnxDetector(path, "yolox")
         assert OnnxDetector(path, "yolox", input_size=[32, 32]).input_size == (32, 32)
 
+    @pytest.mark.parametrize(
+        "input_size, error, message",
+        [
+            (32, TypeError, r"input_size must be two positive integers \(height, width\), got int: 32"),
+            ("32x32", TypeError, r"input_size must be two positive integers \(height, width\), got str: '32x32'"),
+            ((32.0, 32), TypeError, "input_size height must be an integer, got float: 32.0"),
+            ([32, True], TypeError, "input_size width must be an integer, got bool: True"),
+            ((32,), ValueError, r"input_size must be two positive integers \(height, width\), got \(32,\)"),
+            ((0, 32), ValueError, "input_size height must be an integer >= 1, got 0"),
+        ],
+    )
+    def test_input_size_errors_are_named_before_the_model_is_read(self, tmp_path, input_size, error, message):
+        with pytest.raises(error, match=message):
+            OnnxDetector(tmp_path / "missing.onnx", "yolox", input_size=input_size)
+        for name in DECODERS.names():
+            with pytest.raises(error, match=message):
+                DECODERS.get(name)(input_size)
+
+    def test_numpy_integer_input_sizes_are_the_python_ints_they_hold(self, fake_model):
+        path = fake_model(["batch", 3, "height", "width"], [yolox_rows()])
+        image = np.zeros((64, 128, 3), dtype=np.uint8)
+        (expected,) = OnnxDetector(path, "yolox", conf=0.3, input_size=(32, 32))([image])
+        for input_size in (np.array([32, 32]), (np.int64(32), np.int32(32)), torch.Size([32, 32])):
+            detector = OnnxDetector(path, "yolox", conf=0.3, input_size=input_size, max_det=np.int64(300))
+            assert detector.input_size == (32, 32) and all(type(s) is int for s in detector.input_size)
+            assert detector.decoder.input_size == (32, 32) and type(detector.max_det) is int
+            (det,) = detector([image])
+            assert len(det) == 3 and torch.equal(det.boxes, expected.boxes) and torch.equal(det.scores, expected.scores)
+            assert torch.equal(det.labels, expected.labels)
+
     def test_argument_errors(self, fake_model):
         path = fake_model([1, 3, 32, 32], [yolox_rows()])
         with pytest.raises(ValueError, match="unknown ONNX decoder 'yolov8'.*valid names"):

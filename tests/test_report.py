@@ -297,6 +297,25 @@ def test_the_readmes_report_commands_parse():
     assert "](docs/report_yolo3.png)" in section
 
 
+@pytest.mark.parametrize(
+    "examples, error, message",
+    [
+        (-1, ValueError, "examples must be an integer >= 0, got -1"),
+        (True, TypeError, "examples must be an integer, got bool: True"),
+        (2.0, TypeError, "examples must be an integer, got float: 2.0"),
+        ("3", TypeError, "examples must be an integer, got str: '3'"),
+    ],
+)
+def test_a_count_of_examples_that_is_no_integer_is_a_type_error_before_anything_is_written(
+    tmp_path, examples, error, message
+):
+    from detens.report.page import write_report
+
+    with pytest.raises(error, match=message):
+        write_report(None, tmp_path / "page", examples=examples)
+    assert list(tmp_path.iterdir()) == []
+
+
 # ------------------------------------------------------------- a quick evaluation: synthetic members, 8 images
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
@@ -495,6 +514,20 @@ class TestReportFolder:
             assert err.count("\n") == 1 and "Traceback" not in err, err
             assert f"argument {flag}: expected a folder, got an empty path (write . for the working directory)" in err, err
             assert list(tmp_path.iterdir()) == []
+
+    def test_a_numpy_integer_count_of_examples_draws_the_page_of_the_python_int(self, quick, tmp_path):
+        from detens.report.page import write_report
+
+        record = EvaluationRecord.load(quick / "results.json")
+        write_report(record, tmp_path / "int", examples=1)
+        write_report(record, tmp_path / "numpy", examples=np.int64(1))
+
+        def files(folder):  # the time each page was written apart
+            return {name: re.sub(rb"page written</dt><dd>[^<]*", b"", data) if name == "index.html" else data
+                    for name, data in folder_bytes(folder).items()}
+
+        assert files(tmp_path / "numpy") == files(tmp_path / "int")
+        assert len(json.loads((tmp_path / "int" / "page.json").read_text())["examples"]["helped"]) == 1
 
     def test_an_older_pages_numbers_go_with_it_and_a_table_stays(self, quick, tmp_path):
         from detens.report.page import write_report

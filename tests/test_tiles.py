@@ -172,6 +172,31 @@ def test_view_options_of_a_mapping_are_checked_not_converted(spec, error, fragme
         View.parse(spec)
 
 
+@pytest.mark.parametrize(
+    "tiles, error, fragment",
+    [
+        ((2.0, 2), TypeError, r"view tiles rows must be an integer, got float: 2.0"),
+        ((2, True), TypeError, r"view tiles cols must be an integer, got bool: True"),
+        ((2, "2"), TypeError, r"view tiles cols must be an integer, got str: '2'"),
+        (2, TypeError, r"view tiles must be \(rows, cols\), each an integer in \[1, 8\], got int: 2"),
+        ("2x2", TypeError, r"view tiles must be \(rows, cols\), each an integer in \[1, 8\], got str: '2x2'"),
+        ((2, 2, 2), ValueError, r"view tiles must be \(rows, cols\), each an integer in \[1, 8\], got \(2, 2, 2\)"),
+        ((0, 2), ValueError, r"view tiles rows must be an integer in \[1, 8\], got 0"),
+        ((2, np.int64(9)), ValueError, r"view tiles cols must be an integer in \[1, 8\], got (np\.int64\()?9"),
+    ],
+)
+def test_view_tiles_of_another_type_are_a_type_error_naming_them(tiles, error, fragment):
+    with pytest.raises(error, match=fragment):
+        View(tiles=tiles)
+
+
+def test_numpy_integer_tiles_are_the_python_ints_they_hold():
+    for tiles in [(np.int64(2), np.int64(3)), [np.int32(2), 3], np.array([2, 3]).tolist()]:
+        view = View.parse({"tiles": tiles})
+        assert view == View(tiles=(2, 3)) and view.name == "tiles=2x3"
+        assert all(type(n) is int for n in view.tiles)
+
+
 def test_tiled_view_is_not_one_image():
     view = View.parse("tiles=2x2")
     with pytest.raises(ValueError, match="is tiled"):

@@ -73,10 +73,8 @@ class BaseDetector:
     def __init__(self, name: str, batch: int = 1, categories: dict[int, str] | None = None) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"detector name must be a non-empty string, got {name!r}")
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-            raise ValueError(f"batch must be a positive integer, got {batch!r}")
         self.name = name
-        self.batch = batch
+        self.batch = check_integer(batch, "batch", 1)
         self.categories = category_names(categories)
 
     def __call__(self, images: ImageInput | Sequence[ImageInput]) -> list[Detections]:

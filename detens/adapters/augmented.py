@@ -96,12 +96,17 @@ class View:
         object.__setattr__(self, "vflip", check_flag(self.vflip, "view vflip"))
         object.__setattr__(self, "scale", check_real(self.scale, "view scale", 0.05, 20))
         object.__setattr__(self, "overlap", check_real(self.overlap, "view overlap", 0.0, 0.9))
-        tiles = tuple(self.tiles) if isinstance(self.tiles, (tuple, list)) else None
-        if tiles is None or len(tiles) != 2 or not all(
-            isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= _MAX_TILES for n in tiles
-        ):
+        if not isinstance(self.tiles, (tuple, list)):
+            raise TypeError(
+                f"view tiles must be (rows, cols), each an integer in [1, {_MAX_TILES}], "
+                f"got {type(self.tiles).__name__}: {self.tiles!r}"
+            )
+        if len(self.tiles) != 2:
             raise ValueError(f"view tiles must be (rows, cols), each an integer in [1, {_MAX_TILES}], got {self.tiles!r}")
-        object.__setattr__(self, "tiles", tiles)
+        rows, cols = self.tiles
+        rows = check_integer(rows, "view tiles rows", 1, _MAX_TILES)
+        cols = check_integer(cols, "view tiles cols", 1, _MAX_TILES)
+        object.__setattr__(self, "tiles", (rows, cols))
         if not self.tiled and self.overlap != DEFAULT_OVERLAP:
             raise ValueError(f"view overlap={self.overlap:g} needs tiles (e.g. 'tiles=2x2+overlap={self.overlap:g}')")
 

@@ -31,7 +31,7 @@ from torchvision.ops import batched_nms, clip_boxes_to_image
 
 from detens.adapters._base import BaseDetector, check_detection_options
 from detens.adapters._labels import apply_label_lookup, build_label_lookup, check_class_map_categories
-from detens.adapters.onnx_decoders import DECODERS, Dim, OnnxDecoder
+from detens.adapters.onnx_decoders import DECODERS, Dim, OnnxDecoder, check_input_size
 from detens.adapters.weights import resolve_weights
 from detens.detections import Detections
 from detens.labels import COCO_NAMES
@@ -241,6 +241,8 @@ class OnnxDetector(BaseDetector):
         weights_dir: str | Path | None = None,
     ) -> None:
         check_detection_options(conf, iou, max_det)
+        if input_size is not None:  # named before the model is loaded
+            input_size = check_input_size(input_size)
         decoder_cls = DECODERS.get(decoder)  # unknown name: the error lists the valid ones
         defaults = decoder_cls.preprocessing
         self.letterbox: LetterboxMode = letterbox if letterbox is not None else defaults["letterbox"]  # type: ignore[assignment]
@@ -273,7 +275,7 @@ class OnnxDetector(BaseDetector):
         self.decoder: OnnxDecoder = decoder_cls(self.input_size, **dict(decoder_options or {}))
         self.output_shapes = [_shape(o.shape) for o in self.session.get_outputs()]
         self.num_classes = self.decoder.check_outputs(self.output_shapes, where=self.resolved.value)
-        self.conf, self.iou, self.max_det, self.agnostic_nms = float(conf), float(iou), max_det, agnostic_nms
+        self.conf, self.iou, self.max_det, self.agnostic_nms = float(conf), float(iou), int(max_det), agnostic_nms
         self._label_args = {"categories": categories, "class_map": class_map}
         self.lookup = self._build_lookup() if self.num_classes > 0 else None  # dynamic: at the first run
         if self.lookup is None and categories is not None and class_map is not None:
@@ -312,9 +314,7 @@ class OnnxDetector(BaseDetector):
                     f"{where}: the model's input {list(shape)} has no fixed height and width; pass input_size=(H, W)"
                 )
             input_size = declared  # type: ignore[assignment]
-        size = tuple(input_size)  # type: ignore[arg-type]
-        if len(size) != 2 or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in size):
-            raise ValueError(f"input_size must be two positive integers (height, width), got {input_size!r}")
+        size = check_input_size(input_size)
         expected = ("B", 3, *size)
         fits = len(shape) == 4 and all(
             not (isinstance(w, int) and isinstance(g, int) and w != g)
@@ -325,7 +325,7 @@ class OnnxDetector(BaseDetector):
                 f"{where}: expected the input of shape [B, 3, {size[0]}, {size[1]}] (input_size {list(size)}), "
                 f"the model's input {inputs[0].name!r} has shape {['?' if d is None else d for d in shape]}"
             )
-        return inputs[0].name, (int(size[0]), int(size[1])), shape[0] if isinstance(shape[0], int) else None
+        return inputs[0].name, size, shape[0] if isinstance(shape[0], int) else None
 
     def _build_lookup(self) -> torch.Tensor:
         names = _class_names_from_metadata(self.session)

@@ -21,12 +21,16 @@ declared output shapes before any image runs (:meth:`OnnxDecoder.check_outputs`)
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
+from detens.checks import check_integer
 from detens.registry import Registry
 
-__all__ = ["DECODERS", "OnnxDecoder", "YoloxDecoder", "NanodetGflDecoder", "UltralyticsDecoder", "Dim"]
+__all__ = [
+    "DECODERS", "OnnxDecoder", "YoloxDecoder", "NanodetGflDecoder", "UltralyticsDecoder", "Dim", "check_input_size",
+]
 
 #: One dimension of a declared ONNX shape: an int, or a name / None where the model leaves it dynamic.
 Dim = int | str | None
@@ -38,6 +42,22 @@ DECODERS: Registry[type[OnnxDecoder]] = Registry("ONNX decoder")
 def _grid_size(size: int, stride: int) -> int:
     # a stride-2 convolution with padding keeps the partial last cell: ceil, not floor
     return -(-size // stride)
+
+
+def check_input_size(value: Any) -> tuple[int, int]:
+    """``value``, a network input ``(height, width)`` (a list, tuple or array of two integers >= 1, NumPy
+    integers included), as two Python ints.
+
+    Raises:
+        TypeError: ``value`` is no list of two (a number, a string), or an entry is no integer.
+        ValueError: not two entries, or one below 1.
+    """
+    expected = "input_size must be two positive integers (height, width)"
+    if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray)):
+        raise TypeError(f"{expected}, got {type(value).__name__}: {value!r}")
+    if len(value) != 2:
+        raise ValueError(f"{expected}, got {value!r}")
+    return check_integer(value[0], "input_size height", 1), check_integer(value[1], "input_size width", 1)
 
 
 def _level_points(input_size: tuple[int, int], strides: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -80,11 +100,7 @@ class OnnxDecoder:
     }
 
     def __init__(self, input_size: tuple[int, int]) -> None:
-        if len(input_size) != 2 or any(
-            isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in input_size
-        ):
-            raise ValueError(f"input_size must be two positive integers (height, width), got {input_size!r}")
-        self.input_size = (int(input_size[0]), int(input_size[1]))
+        self.input_size = check_input_size(input_size)
 
     def expected_outputs(self, num_classes: int | str) -> list[tuple[Dim, ...]]:
         """The output shapes this decoder takes, ``"B"`` for the batch dimension."""

@@ -32,7 +32,7 @@ import torch
 from detens.adapters._base import BaseDetector, check_detection_options, type_name
 from detens.adapters._labels import apply_label_lookup, build_label_lookup
 from detens.adapters.weights import resolve_weights, upstream_failure
-from detens.checks import check_device, first_few
+from detens.checks import check_device, check_integer, first_few
 from detens.detections import Detections
 
 __all__ = [
@@ -279,8 +279,9 @@ class TorchvisionDetector(BaseDetector):
         **builder_kwargs: Any,
     ) -> None:
         check_detection_options(conf, iou, max_det)
-        if imgsz is not None and (isinstance(imgsz, bool) or not isinstance(imgsz, int) or imgsz < 32):
-            raise ValueError(f"imgsz must be an integer >= 32 or None, got {imgsz!r}")
+        max_det = int(max_det)  # checked: a NumPy integer as the Python int the model's attribute holds
+        imgsz = None if imgsz is None else check_integer(imgsz, "imgsz", 32)
+        num_classes = None if num_classes is None else check_integer(num_classes, "num_classes", 1)
         self.weights_source: str | None = None
         if isinstance(arch, str):
             _check_arch(arch)

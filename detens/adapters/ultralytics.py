@@ -29,7 +29,7 @@ import torch
 from detens.adapters._base import BaseDetector, check_detection_options, type_name
 from detens.adapters._labels import apply_label_lookup, build_label_lookup
 from detens.adapters.weights import ResolvedWeights, resolve_weights, upstream_failure
-from detens.checks import check_device
+from detens.checks import check_device, check_integer
 from detens.detections import Detections
 
 __all__ = ["UltralyticsDetector", "load_yolo", "is_ultralytics_model"]
@@ -175,8 +175,9 @@ class UltralyticsDetector(BaseDetector):
         weights_dir: str | Path | None = None,
     ) -> None:
         check_detection_options(conf, iou, max_det)
-        if isinstance(imgsz, bool) or not isinstance(imgsz, int) or imgsz < 32:
-            raise ValueError(f"imgsz must be an integer >= 32, got {imgsz!r}")
+        # Python ints from here on, NumPy integers included: Ultralytics' config check wants an int
+        max_det = int(max_det)
+        imgsz = check_integer(imgsz, "imgsz", 32)
         if isinstance(weights, (str, os.PathLike)):
             self.resolved = resolve_weights(weights, "ultralytics", weights_dir)
             model = None

@@ -55,6 +55,7 @@ from detens.checks import (
     check_distinct_integers,
     check_flag,
     check_integer,
+    check_integers,
     check_real,
     check_reals,
     check_seed,
@@ -470,11 +471,14 @@ class HeadTrainConfig:
         if not isinstance(self.calibrate, bool):
             raise TypeError(f"calibrate must be true or false, got {self.calibrate!r}")
         check_integer(self.bags, "bags", 1)
-        if not isinstance(self.bags_grid, list) or any(
-            isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in self.bags_grid
-        ):
+        if not isinstance(self.bags_grid, list):
+            raise TypeError(
+                f"bags_grid must be a list of integers >= 1, got {type(self.bags_grid).__name__}: {self.bags_grid!r}"
+            )
+        grid = check_integers(self.bags_grid, "bags_grid")
+        if any(b < 1 for b in grid):
             raise ValueError(f"bags_grid must be a list of integers >= 1, got {self.bags_grid!r}")
-        self.bags_grid = sorted(set(self.bags_grid))
+        self.bags_grid = sorted(set(grid))
         if self.bags_grid and self.bags != 1:
             # the inner cross-validation overwrites bags with its choice, so a value given here is silently lost
             raise ValueError(

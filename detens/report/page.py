@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from detens.checks import check_integer
 from detens.coco import CocoGroundTruth
 from detens.error_breakdown import ERROR_TYPES, SPECIAL_ERRORS
 from detens.io import atomic_write_json, atomic_write_text
@@ -110,8 +111,7 @@ def write_report(
             predictions do not give its table.
         FileNotFoundError: an image to draw is missing from the image folder or unreadable.
     """
-    if isinstance(examples, bool) or not isinstance(examples, int) or examples < 0:
-        raise ValueError(f"examples must be an integer >= 0, got {examples!r}")
+    examples = check_integer(examples, "examples", 0)
     if not 0.0 <= conf <= 1.0:
         raise ValueError(f"conf must be in [0, 1], got {conf!r}")
     out_dir = Path(out_dir)
