@@ -6,10 +6,10 @@ YOLO class numbers are positions in an ordered list of category ids (``category_
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from detens.checks import check_integer, check_integers, check_real
+from detens.checks import check_integer, check_real
 from detens.convert import invert_category_ids
 from detens.detections import Detections
 from detens.io import atomic_write_text
@@ -27,15 +27,17 @@ def yolo_lines(
     Args:
         det (Detections): boxes in pixels, labels in the label space.
         category_ids (list[int] | None): the category id of each YOLO class number, each once; default
-            COCO's 80.
+            COCO's 80. Ids are whole numbers (``3`` or ``3.0``, as :mod:`detens.convert` takes them) in
+            ``[0, MAX_LABEL]``; ``1.5`` is an error, not the id 1.
         conf (float): keep boxes scored at least ``conf``, in [0, 1].
         decimals (int): digits after the point, >= 0.
 
     Raises:
         TypeError: ``det`` is not ``Detections``, ``conf`` or ``decimals`` is not a number, ``category_ids``
-            not a list of integers.
-        ValueError: ``conf`` outside [0, 1] (NaN included), negative ``decimals``, a category id given
-            twice (its label would have two class numbers), or a label that is not in ``category_ids``.
+            not a list of numbers (an entry a string or a bool).
+        ValueError: ``conf`` outside [0, 1] (NaN included), negative ``decimals``, a category id that is no
+            whole number or out of range (naming its entry), a category id given twice (its label would
+            have two class numbers), or a label that is not in ``category_ids``.
     """
     if not isinstance(det, Detections):
         raise TypeError(f"det must be Detections, got {type(det).__name__}")
@@ -66,11 +68,21 @@ def _yolo_class_numbers(category_ids: Sequence[int] | None) -> dict[int, int]:
     """``{category id: YOLO class number}`` of ``category_ids`` (None: COCO's 80).
 
     Raises:
-        TypeError: not a list of integers.
-        ValueError: a category id given twice.
+        TypeError: not a list of numbers, or an entry that is no number.
+        ValueError: an entry that is no whole number in ``[0, MAX_LABEL]``, or a category id given twice.
     """
-    ids = COCO_CATEGORY_IDS if category_ids is None else check_integers(category_ids, "category_ids")
-    return invert_category_ids(ids)
+    if category_ids is None:
+        return invert_category_ids(COCO_CATEGORY_IDS)
+    # a string is not iterated ("1690" is not the ids 1, 6, 9 and 0); a mapping is no list: YOLO class
+    # numbers are the positions 0..n-1, which a mapping's keys could skip
+    if isinstance(category_ids, (str, bytes, Mapping)) or not isinstance(category_ids, Iterable):
+        raise TypeError(
+            f"category_ids must be a list of integers, got {type(category_ids).__name__}: {category_ids!r}"
+        )
+    if getattr(category_ids, "ndim", 1) != 1:
+        raise ValueError(f"category_ids must be a flat list of integers, got shape {list(category_ids.shape)}")
+    # each entry as convert checks it (and Detections its labels): 3 or 3.0, never 1.5 read as 1
+    return invert_category_ids(category_ids)
 
 
 def save_yolo_txt(

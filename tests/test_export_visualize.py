@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from detens.detections import Detections
 from detens.export import save_yolo_txt, yolo_lines
@@ -56,10 +57,29 @@ class TestYoloLines:
         ({"category_ids": [1, 1, 6, 90]}, ValueError, "category_ids maps classes 0 and 1 to one label 1"),
         ({"category_ids": [1, "6", 90]}, TypeError, r"category_ids\[1\] must be an integer, got str"),
         ({"category_ids": "1690"}, TypeError, "category_ids must be a list of integers, got str"),
+        ({"category_ids": [1, 6.5, 90]}, ValueError, r"category_ids\[1\] must be a whole number, got 6.5"),
+        ({"category_ids": [1, 6, float("nan")]}, ValueError, r"category_ids\[2\] must be a whole number, got nan"),
+        ({"category_ids": [1, True, 90]}, TypeError, r"category_ids\[1\] must be an integer, got bool"),
+        ({"category_ids": [1, -6, 90]}, ValueError, r"category_ids\[1\] must be an integer in \[0, \d+\], got -6"),
+        ({"category_ids": {0: 1, 1: 6, 2: 90}}, TypeError, "category_ids must be a list of integers, got dict"),
+        ({"category_ids": np.array([[1, 6, 90]])}, ValueError, r"category_ids must be a flat list .*shape \[1, 3\]"),
     ])
     def test_bad_options_are_named(self, options, error, message):
         with pytest.raises(error, match=message):
             yolo_lines(dets(), **options)
+
+    @pytest.mark.parametrize("category_ids", [
+        [1.0, 6.0, 90.0],
+        [1, np.float32(6.0), np.int64(90)],
+        np.array([1.0, 6.0, 90.0]),
+        np.array([1.0, 6.0, 90.0], dtype=">f4"),
+        np.array([1, 6, 90], dtype=">i8"),
+        torch.tensor([1.0, 6.0, 90.0]),
+    ], ids=["floats", "numpy scalars", "float array", "big-endian floats", "big-endian ints", "tensor"])
+    def test_whole_number_category_ids_are_the_ids_they_hold(self, category_ids):
+        """Ids read from a float array (3.0), as detens.convert and Detections' labels take them."""
+        assert yolo_lines(dets(), category_ids=category_ids) == yolo_lines(dets(), category_ids=[1, 6, 90])
+        assert len(yolo_lines(dets(), category_ids=[1, 6, 90])) == 3
 
     def test_det_must_be_detections(self, tmp_path):
         with pytest.raises(TypeError, match="det must be Detections, got ndarray"):
