@@ -30,6 +30,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from detens.adapters.weights import resolve_model_weights
+from detens.checks import check_flag
 from detens.ensemble_config import EnsembleConfig, ModelConfig, with_absolute_paths
 
 __all__ = [
@@ -231,40 +232,79 @@ def import_ray() -> Any:
 
 class ray_session:  # noqa: N801 - used as a context manager, like open()
     """``ray.init`` for the engine (an existing cluster at ``options.address``, else a local one), and
-    ``ray.shutdown`` on exit when this session started it."""
+    ``ray.shutdown`` on exit when this session started it.
 
-    def __init__(self, options: RayOptions) -> None:
+    Ray's logger levels and Ray Data's progress-bar setting are the process's: what the session changes
+    (``ray.init`` sets the ``ray`` logger's level; ``quiet`` sets more) is put back on exit, returned or
+    raised, as it was before the session.
+
+    Args:
+        options (RayOptions): the cluster to use or start.
+        quiet (bool | None): warnings and errors only, for the session: the ``ray`` and ``ray.data``
+            loggers at ERROR and no Ray Data progress bars. None: quiet when the root logger is above INFO,
+            as the commands set it for ``--quiet``; a plain Python session's root logger (WARNING) reads as
+            quiet too, so callers that know should say.
+    """
+
+    def __init__(self, options: RayOptions, *, quiet: bool | None = None) -> None:
         self.options = options
+        self.quiet = None if quiet is None else check_flag(quiet, "quiet")
         self.started = False
+        self._levels: dict[str, int] = {}  # logger name -> its level before the session
+        self._progress_bars: tuple[Any, bool] | None = None  # (Ray Data's context, its setting before)
 
     def __enter__(self) -> Any:
         ray = import_ray()
-        quiet = logging.getLogger().getEffectiveLevel() > logging.INFO  # the command's --quiet
-        if quiet:  # ray sets its loggers up when imported: quiet them after that
-            import ray.data
+        quiet = self.quiet if self.quiet is not None else logging.getLogger().getEffectiveLevel() > logging.INFO
+        try:
+            if quiet:  # ray sets its loggers up when imported: quiet them after that
+                import ray.data
 
-            for name in ("ray", "ray.data"):
-                logging.getLogger(name).setLevel(logging.ERROR)
-            ray.data.DataContext.get_current().enable_progress_bars = False
-        if not ray.is_initialized():
-            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
-            if quiet:
-                kwargs["logging_level"] = logging.ERROR
-            if self.options.address:
-                kwargs["address"] = self.options.address
-            elif self.options.num_cpus is not None:
-                kwargs["num_cpus"] = int(self.options.num_cpus)
-            start = time.perf_counter()
-            ray.init(**kwargs)
-            self.started = True
-            logger.info("ray started in %.1f s: %s", time.perf_counter() - start, ray.cluster_resources())
+                for name in ("ray", "ray.data"):
+                    self._set_level(name, logging.ERROR)
+                context = ray.data.DataContext.get_current()
+                self._progress_bars = (context, context.enable_progress_bars)
+                context.enable_progress_bars = False
+            if not ray.is_initialized():
+                kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+                if quiet:
+                    kwargs["logging_level"] = logging.ERROR
+                if self.options.address:
+                    kwargs["address"] = self.options.address
+                elif self.options.num_cpus is not None:
+                    kwargs["num_cpus"] = int(self.options.num_cpus)
+                self._levels.setdefault("ray", logging.getLogger("ray").level)  # ray.init sets it
+                start = time.perf_counter()
+                ray.init(**kwargs)
+                self.started = True
+                logger.info("ray started in %.1f s: %s", time.perf_counter() - start, ray.cluster_resources())
+        except BaseException:
+            self._put_back()
+            raise
         return ray
 
     def __exit__(self, *exc: Any) -> None:
-        if self.started:
-            import ray
+        try:
+            if self.started:
+                import ray
 
-            ray.shutdown()
+                ray.shutdown()
+        finally:
+            self._put_back()
+
+    def _set_level(self, name: str, level: int) -> None:
+        self._levels.setdefault(name, logging.getLogger(name).level)
+        logging.getLogger(name).setLevel(level)
+
+    def _put_back(self) -> None:
+        """The logger levels and the progress-bar setting as they were before the session."""
+        for name, level in self._levels.items():
+            logging.getLogger(name).setLevel(level)
+        self._levels.clear()
+        if self._progress_bars is not None:
+            context, enabled = self._progress_bars
+            context.enable_progress_bars = enabled
+            self._progress_bars = None
 
 
 class FailureReportingActor:

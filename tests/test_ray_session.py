@@ -1,0 +1,132 @@
+"""ray_session's hold on the process's Ray logging state: quiet when asked, and everything it changed put
+back when it ends. Ray's own init and shutdown are stood in for, so no cluster starts; what is checked is
+the state of Ray's real loggers and Ray Data's real DataContext."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+ray = pytest.importorskip("ray")
+ray_data = pytest.importorskip("ray.data")
+
+from detens.engines.ray_cache import RayOptions, ray_session  # noqa: E402
+
+RAY_LOGGERS = ("ray", "ray.data")
+
+
+def progress_bars() -> bool:
+    return ray_data.DataContext.get_current().enable_progress_bars
+
+
+def state() -> tuple[dict[str, int], bool]:
+    return {name: logging.getLogger(name).level for name in RAY_LOGGERS}, progress_bars()
+
+
+@pytest.fixture(autouse=True)
+def process_state():
+    """Each test starts from levels of its own, none of them Ray's defaults, so that a level put back is
+    told from one Ray sets; the process's logging is left as the test found it."""
+    root = logging.getLogger()
+    saved = root.level, state()
+    logging.getLogger("ray").setLevel(logging.DEBUG)
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    ray_data.DataContext.get_current().enable_progress_bars = True
+    yield
+    root.setLevel(saved[0])
+    for name, level in saved[1][0].items():
+        logging.getLogger(name).setLevel(level)
+    ray_data.DataContext.get_current().enable_progress_bars = saved[1][1]
+
+
+class FakeRay:
+    """``ray.init``, ``ray.shutdown`` and ``ray.is_initialized`` without a cluster; ``init`` sets the ``ray``
+    logger's level as the real one does (``logging_level``, INFO by default)."""
+
+    def __init__(self, monkeypatch, initialized=False, fail=None):
+        self.initialized, self.fail, self.calls = initialized, fail, []
+        monkeypatch.setattr(ray, "is_initialized", lambda: self.initialized)
+        monkeypatch.setattr(ray, "init", self.init)
+        monkeypatch.setattr(ray, "shutdown", self.shutdown)
+        monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 1.0})
+
+    def init(self, **kwargs):
+        self.calls.append(("init", kwargs))
+        logging.getLogger("ray").setLevel(kwargs.get("logging_level", logging.INFO))
+        if self.fail is not None:
+            raise self.fail
+        self.initialized = True
+
+    def shutdown(self):
+        self.calls.append(("shutdown", {}))
+        self.initialized = False
+
+
+BEFORE = ({"ray": logging.DEBUG, "ray.data": logging.WARNING}, True)
+QUIETED = ({"ray": logging.ERROR, "ray.data": logging.ERROR}, False)
+
+
+@pytest.mark.parametrize("initialized", [False, True], ids=["started here", "already running"])
+def test_quiet_lasts_for_the_session_only(monkeypatch, initialized):
+    fake = FakeRay(monkeypatch, initialized)
+    assert state() == BEFORE
+    with ray_session(RayOptions(), quiet=True):
+        assert state() == QUIETED
+    assert state() == BEFORE
+    started = [] if initialized else [("init", {"include_dashboard": False, "log_to_driver": False,
+                                                "logging_level": logging.ERROR}), ("shutdown", {})]
+    assert fake.calls == started
+
+
+def test_quiet_false_leaves_ray_as_it_is_whatever_the_root_logger_says(monkeypatch):
+    """A plain Python session's root logger is at WARNING: it is no request to be quiet."""
+    fake = FakeRay(monkeypatch)
+    logging.getLogger().setLevel(logging.WARNING)
+    with ray_session(RayOptions(), quiet=False):
+        assert state() == ({"ray": logging.INFO, "ray.data": logging.WARNING}, True)  # INFO: ray.init's own
+    assert fake.calls[0] == ("init", {"include_dashboard": False, "log_to_driver": False})
+    assert state() == BEFORE  # ray.init's level is put back too
+
+
+@pytest.mark.parametrize("root, quieted", [(logging.INFO, False), (logging.WARNING, True)])
+def test_without_quiet_the_root_logger_decides_as_before(monkeypatch, root, quieted):
+    FakeRay(monkeypatch, initialized=True)
+    logging.getLogger().setLevel(root)
+    with ray_session(RayOptions()):
+        assert state() == (QUIETED if quieted else BEFORE)
+    assert state() == BEFORE
+
+
+def test_the_state_comes_back_when_the_block_raises(monkeypatch):
+    fake = FakeRay(monkeypatch)
+    with pytest.raises(KeyError, match="in the block"), ray_session(RayOptions(), quiet=True):
+        raise KeyError("in the block")
+    assert state() == BEFORE and [name for name, _ in fake.calls] == ["init", "shutdown"]
+
+
+def test_the_state_comes_back_when_ray_init_fails(monkeypatch):
+    fake = FakeRay(monkeypatch, fail=ConnectionError("no cluster at ray://nowhere:10001"))
+    session = ray_session(RayOptions(address="ray://nowhere:10001"), quiet=True)
+    with pytest.raises(ConnectionError, match="no cluster"), session:
+        pytest.fail("the block ran without a cluster")
+    assert state() == BEFORE
+    assert [name for name, _ in fake.calls] == ["init"] and not session.started  # nothing to shut down
+
+
+def test_the_state_comes_back_when_shutdown_fails(monkeypatch):
+    FakeRay(monkeypatch)
+
+    def shutdown():
+        raise RuntimeError("shutdown failed")
+
+    monkeypatch.setattr(ray, "shutdown", shutdown)
+    with pytest.raises(RuntimeError, match="shutdown failed"), ray_session(RayOptions(), quiet=True):
+        assert state() == QUIETED
+    assert state() == BEFORE
+
+
+@pytest.mark.parametrize("quiet", ["yes", 1, 0.0])
+def test_quiet_must_be_a_bool(quiet):
+    with pytest.raises(TypeError, match=f"quiet must be True or False, got {type(quiet).__name__}"):
+        ray_session(RayOptions(), quiet=quiet)
