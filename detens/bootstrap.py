@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from detens.checks import check_integer, check_seed
+from detens.checks import check_integer, check_integers, check_seed
 from detens.coco import (
     CocoGroundTruth,
     evaluate_coco,
@@ -48,7 +48,7 @@ logger = logging.getLogger(__name__)
 
 def resample_image_ids(image_ids: Sequence[int], resamples: int, seed: int = 0) -> np.ndarray:
     """``np.ndarray[B, I]`` int64: B draws of I image ids with replacement, fixed by ``seed`` and the SET of ids."""
-    ids = np.array(sorted(set(int(i) for i in image_ids)), dtype=np.int64)
+    ids = np.array(sorted(set(check_integers(image_ids, "image_ids"))), dtype=np.int64)
     if ids.size == 0:
         raise ValueError("the bootstrap needs at least one scored image")
     resamples = check_integer(resamples, "resamples", 1)

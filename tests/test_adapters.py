@@ -1108,6 +1108,8 @@ def test_an_empty_detector_name_is_refused_not_replaced_by_the_default():
         lambda name: TorchvisionDetector("fasterrcnn_mobilenet_v3_large_320_fpn", weights=None, name=name),
     ]
     for make in makers:
-        with pytest.raises(ValueError, match="detector name must be a non-empty string, got ''"):
+        with pytest.raises(ValueError, match="detector name must not be empty"):
             make("")
+        with pytest.raises(TypeError, match="detector name must be a str, got int: 3"):
+            make(3)
     assert PrecomputedDetector(results, {"a.jpg": 7}, name="saved").name == "saved"

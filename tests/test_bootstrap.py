@@ -66,6 +66,8 @@ class TestResampling:
             resample_image_ids([1, 2], **options)
         with pytest.raises(ValueError, match="at least one scored image"):
             resample_image_ids([], 3)
+        with pytest.raises(TypeError, match="image_ids"):  # never truncated to the image 1
+            resample_image_ids([1.5, 2], 3)
 
     def test_numpy_integers_draw_as_the_python_ints_they_hold(self):
         expected = resample_image_ids([5, 9, 2, 7], 20, seed=3)

@@ -130,3 +130,34 @@ def test_the_state_comes_back_when_shutdown_fails(monkeypatch):
 def test_quiet_must_be_a_bool(quiet):
     with pytest.raises(TypeError, match=f"quiet must be True or False, got {type(quiet).__name__}"):
         ray_session(RayOptions(), quiet=quiet)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"actors": 2.5}, TypeError, r"actors must be an integer, got float: 2\.5"),
+        ({"actors": "2"}, TypeError, r"actors must be an integer, got str"),
+        ({"actors": True}, TypeError, r"actors must be an integer, got bool"),
+        ({"actors": 0}, ValueError, r"actors must be an integer >= 1, got 0"),
+        ({"num_cpus": 2.5}, TypeError, r"num_cpus must be an integer, got float: 2\.5"),
+        ({"num_cpus": "2"}, TypeError, r"num_cpus must be an integer, got str"),
+        ({"num_cpus": 0}, ValueError, r"num_cpus must be an integer >= 1, got 0"),
+        ({"num_gpus": "1"}, TypeError, r"num_gpus must be a number, got str"),
+        ({"num_gpus": -1}, ValueError, r"num_gpus must be .*0.*, got -1"),
+        ({"num_gpus": float("nan")}, ValueError, r"num_gpus must be"),
+        ({"address": 10001}, TypeError, r"address must be a str, got int"),
+    ],
+)
+def test_ray_options_of_another_kind_or_out_of_range_are_named(options, error, message):
+    """A count is never truncated (2.5 actors are not 2) nor read from a string."""
+    with pytest.raises(error, match=message):
+        RayOptions(**options)
+
+
+def test_ray_options_keep_numpy_numbers_as_the_python_numbers_they_hold():
+    import numpy as np
+
+    options = RayOptions(actors=np.int64(3), num_cpus=np.int32(2), num_gpus=np.float32(0.5))
+    assert (options.actors, options.num_cpus, options.num_gpus) == (3, 2, 0.5)
+    assert [type(v) for v in (options.actors, options.num_cpus, options.num_gpus)] == [int, int, float]
+    assert RayOptions().gpus_per_actor() in (0.0, 1.0) and RayOptions(num_gpus=0.25).gpus_per_actor() == 0.25

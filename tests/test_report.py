@@ -316,6 +316,18 @@ def test_a_count_of_examples_that_is_no_integer_is_a_type_error_before_anything_
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    ("conf", "error", "message"),
+    [("0.3", TypeError, "conf must be a number, got str: '0.3'"), (1.5, ValueError, r"conf must be in \[0, 1\]")],
+)
+def test_a_conf_of_another_kind_or_out_of_range_is_named_before_anything_is_written(tmp_path, conf, error, message):
+    from detens.report.page import write_report
+
+    with pytest.raises(error, match=message):
+        write_report(None, tmp_path / "page", conf=conf)
+    assert list(tmp_path.iterdir()) == []
+
+
 # ------------------------------------------------------------- a quick evaluation: synthetic members, 8 images
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):

@@ -1524,7 +1524,7 @@ class TestCalibratedHeads:
             CalibratedHead(CalibrationHead(names), ThetaHead(names))
         with pytest.raises(TypeError, match="calibration must be a CalibrationHead"):
             CalibratedHead(DeepEnsembleHead(names), DeepEnsembleHead(names))
-        with pytest.raises(TypeError, match="calibrate must be true or false"):
+        with pytest.raises(TypeError, match="calibrate must be True or False"):
             self.small(calibrate="yes")
 
 

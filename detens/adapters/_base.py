@@ -71,8 +71,10 @@ class BaseDetector:
     categories: dict[int, str]
 
     def __init__(self, name: str, batch: int = 1, categories: dict[int, str] | None = None) -> None:
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"detector name must be a non-empty string, got {name!r}")
+        if not isinstance(name, str):
+            raise TypeError(f"detector name must be a str, got {type(name).__name__}: {name!r}")
+        if not name:
+            raise ValueError("detector name must not be empty")
         self.name = name
         self.batch = check_integer(batch, "batch", 1)
         self.categories = category_names(categories)

@@ -1050,7 +1050,7 @@ def cache(args: argparse.Namespace) -> int:
     if args.ray is not None and plans:
         from detens.engines.ray_cache import ray_session
 
-        session = stack.enter_context(ray_session(args.ray))
+        session = stack.enter_context(ray_session(args.ray, quiet=args.quiet))
     try:
         for k, (entry, runs) in enumerate(plans):
             if session is None:

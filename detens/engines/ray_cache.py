@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from detens.adapters.weights import resolve_model_weights
-from detens.checks import check_flag
+from detens.checks import check_flag, check_integer, check_real
 from detens.ensemble_config import EnsembleConfig, ModelConfig, with_absolute_paths
 
 __all__ = [
@@ -58,12 +58,15 @@ class RayOptions:
     num_cpus: int | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.actors, bool) or not isinstance(self.actors, int) or self.actors < 1:
-            raise ValueError(f"actors must be an integer >= 1, got {self.actors!r}")
-        if self.num_gpus is not None and not 0 <= float(self.num_gpus):
-            raise ValueError(f"num_gpus must be >= 0, got {self.num_gpus!r}")
-        if self.num_cpus is not None and (isinstance(self.num_cpus, bool) or int(self.num_cpus) < 1):
-            raise ValueError(f"num_cpus must be >= 1, got {self.num_cpus!r}")
+        """Checks each option (a TypeError for a value of another kind: ``"2"``, ``2.5`` actors, a bool; a
+        ValueError out of range) and keeps NumPy numbers as the Python numbers Ray takes."""
+        if self.address is not None and not isinstance(self.address, str):
+            raise TypeError(f"address must be a str, got {type(self.address).__name__}: {self.address!r}")
+        object.__setattr__(self, "actors", check_integer(self.actors, "actors", 1))
+        if self.num_gpus is not None:
+            object.__setattr__(self, "num_gpus", check_real(self.num_gpus, "num_gpus", 0.0))
+        if self.num_cpus is not None:
+            object.__setattr__(self, "num_cpus", check_integer(self.num_cpus, "num_cpus", 1))
 
     def gpus_per_actor(self) -> float:
         if self.num_gpus is not None:

@@ -468,9 +468,8 @@ class HeadTrainConfig:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.calibrate, bool):
-            raise TypeError(f"calibrate must be true or false, got {self.calibrate!r}")
-        check_integer(self.bags, "bags", 1)
+        self.calibrate = check_flag(self.calibrate, "calibrate")
+        self.bags = check_integer(self.bags, "bags", 1)
         if not isinstance(self.bags_grid, list):
             raise TypeError(
                 f"bags_grid must be a list of integers >= 1, got {type(self.bags_grid).__name__}: {self.bags_grid!r}"

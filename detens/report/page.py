@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from detens.checks import check_integer
+from detens.checks import check_integer, check_real
 from detens.coco import CocoGroundTruth
 from detens.error_breakdown import ERROR_TYPES, SPECIAL_ERRORS
 from detens.io import atomic_write_json, atomic_write_text
@@ -112,8 +112,7 @@ def write_report(
         FileNotFoundError: an image to draw is missing from the image folder or unreadable.
     """
     examples = check_integer(examples, "examples", 0)
-    if not 0.0 <= conf <= 1.0:
-        raise ValueError(f"conf must be in [0, 1], got {conf!r}")
+    conf = check_real(conf, "conf", 0.0, 1.0)
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"out_dir must be a folder, but {out_dir} is a file")
