@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from detens.checks import check_integer, check_real
 from detens.config import from_dict, read_yaml_file, save_yaml_config
 from detens.packaged import find_packaged
 
@@ -53,6 +54,18 @@ _TYPE_KEYS = {
 }
 _ONNX_KEYS = ("decoder", "input_size", "letterbox", "pad_value", "bgr_to_rgb", "mean", "std", "providers")
 _TYPE_ONLY_KEYS = {"weights", "arch", "results", "images", "half", *_ONNX_KEYS}
+
+
+def _check_number_kinds(config: Any, label: str, reals: tuple[str, ...], integers: tuple[str, ...]) -> None:
+    """Each of ``config``'s fields ``reals`` a number and ``integers`` an integer (or None), as Python
+    numbers (NumPy ones converted), before their ranges are checked: a config made in Python is not
+    type-checked as a YAML file is, and a string would fail in a comparison that names nothing."""
+    prefix = f"{label}: " if label else ""
+    for keys, check in ((reals, check_real), (integers, check_integer)):
+        for key in keys:
+            value = getattr(config, key)
+            if value is not None:
+                setattr(config, key, check(value, f"{prefix}{key}"))
 
 
 def check_member_name(name: str, where: str = "member name") -> str:
@@ -172,6 +185,8 @@ class ModelConfig:
                             f"{label}: class_map gives class {int(key)} twice, as {seen[int(key)]!r} and {key!r}"
                         )
                     seen[int(key)] = key
+        self.weight = check_real(self.weight, f"{label}: weight")
+        _check_number_kinds(self, label, reals=("conf", "iou"), integers=("imgsz", "max_det", "batch"))
         if self.conf is not None and not 0.0 <= self.conf <= 1.0:
             raise ValueError(f"{label}: conf must be in [0, 1], got {self.conf}")
         if self.iou is not None and not 0.0 < self.iou <= 1.0:
@@ -241,6 +256,7 @@ class EnsembleConfig:
             value = getattr(self, key)
             if value is not None and not value.strip():
                 raise ValueError(f"{key} must be {what}, got {value!r}; leave it out (null) for none")
+        _check_number_kinds(self, "", reals=("conf", "iou"), integers=("imgsz", "max_det", "batch"))
         if not 0.0 <= self.conf <= 1.0:
             raise ValueError(f"conf must be in [0, 1], got {self.conf}")
         if not 0.0 < self.iou <= 1.0:

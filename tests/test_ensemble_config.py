@@ -183,6 +183,36 @@ def test_model_settings_fall_back_to_the_defaults():
     assert config.setting(model, "conf") == 0.5
 
 
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: ModelConfig(weights="x.pt", imgsz="640"), r"model 'x.pt': imgsz must be an integer, got str: '640'"),
+        (lambda: ModelConfig(weights="x.pt", batch=2.0), r"model 'x.pt': batch must be an integer, got float"),
+        (lambda: ModelConfig(weights="x.pt", conf="0.3"), r"model 'x.pt': conf must be a number, got str"),
+        (lambda: ModelConfig(weights="x.pt", weight=None), r"model 'x.pt': weight must be a number, got NoneType"),
+        (lambda: EnsembleConfig(models=[ModelConfig(weights="x.pt")], max_det="300"), r"^max_det must be an integer"),
+        (lambda: EnsembleConfig(models=[ModelConfig(weights="x.pt")], iou=True), r"^iou must be a number, got bool"),
+    ],
+)
+def test_configs_made_in_python_name_a_setting_of_another_kind(make, message):
+    """A YAML file's values are type-checked as they are read; a config made in Python is checked by its
+    dataclass, which names the setting instead of failing in a comparison."""
+    with pytest.raises(TypeError, match=message):
+        make()
+
+
+def test_numpy_numbers_in_configs_made_in_python_are_the_python_numbers_they_hold():
+    import numpy as np
+
+    model = ModelConfig(weights="x.pt", imgsz=np.int64(320), conf=np.float32(0.25), weight=np.int32(2))
+    config = EnsembleConfig(models=[model], batch=np.int16(4), iou=np.float64(0.6))
+    assert (model.imgsz, model.conf, model.weight, config.batch, config.iou) == (320, 0.25, 2.0, 4, 0.6)
+    assert [type(v) for v in (model.imgsz, model.conf, model.weight, config.batch, config.iou)] == [
+        int, float, float, int, float
+    ]
+    assert ensemble_config_from_dict(dataclasses.asdict(config)) == config
+
+
 def test_build_precomputed_ensemble(tmp_path):
     """A whole ensemble from a dict, without running any detector: saved predictions of two 'models'."""
     images = [{"id": 1, "file_name": "a.jpg", "height": 10, "width": 20}]
