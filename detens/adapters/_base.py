@@ -131,13 +131,15 @@ def detect_loaded(
     return dets
 
 
-def check_detection_options(conf: float, iou: float | None, max_det: int) -> None:
-    """The options every model-running adapter shares: ``conf`` in [0, 1], ``iou`` in (0, 1] (None: the
-    model's own), ``max_det`` a positive integer; anything else is a ``ValueError`` naming the option."""
-    check_real(conf, "conf", 0.0, 1.0)
+def check_detection_options(conf: float, iou: float | None, max_det: int) -> tuple[float, float | None, int]:
+    """The options every model-running adapter shares, as Python numbers (NumPy ones converted: the
+    detector libraries' own checks want a real ``int``): ``conf`` in [0, 1], ``iou`` in (0, 1] (None: the
+    model's own), ``max_det`` a positive integer; a value of another kind is a ``TypeError`` and one out of
+    range a ``ValueError``, naming the option."""
+    conf = check_real(conf, "conf", 0.0, 1.0)
     if iou is not None:
-        check_real(iou, "iou", 0.0, 1.0, low_open=True)
-    check_integer(max_det, "max_det", 1)
+        iou = check_real(iou, "iou", 0.0, 1.0, low_open=True)
+    return conf, iou, check_integer(max_det, "max_det", 1)
 
 
 def type_name(obj: Any) -> str:

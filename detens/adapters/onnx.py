@@ -240,7 +240,7 @@ class OnnxDetector(BaseDetector):
         decoder_options: Mapping[str, Any] | None = None,
         weights_dir: str | Path | None = None,
     ) -> None:
-        check_detection_options(conf, iou, max_det)
+        conf, iou, max_det = check_detection_options(conf, iou, max_det)
         if input_size is not None:  # named before the model is loaded
             input_size = check_input_size(input_size)
         decoder_cls = DECODERS.get(decoder)  # unknown name: the error lists the valid ones

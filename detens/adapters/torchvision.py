@@ -278,8 +278,7 @@ class TorchvisionDetector(BaseDetector):
         weights_dir: str | Path | None = None,
         **builder_kwargs: Any,
     ) -> None:
-        check_detection_options(conf, iou, max_det)
-        max_det = int(max_det)  # checked: a NumPy integer as the Python int the model's attribute holds
+        conf, iou, max_det = check_detection_options(conf, iou, max_det)
         imgsz = None if imgsz is None else check_integer(imgsz, "imgsz", 32)
         num_classes = None if num_classes is None else check_integer(num_classes, "num_classes", 1)
         self.weights_source: str | None = None

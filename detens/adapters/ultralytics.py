@@ -174,9 +174,7 @@ class UltralyticsDetector(BaseDetector):
         agnostic_nms: bool = False,
         weights_dir: str | Path | None = None,
     ) -> None:
-        check_detection_options(conf, iou, max_det)
-        # Python ints from here on, NumPy integers included: Ultralytics' config check wants an int
-        max_det = int(max_det)
+        conf, iou, max_det = check_detection_options(conf, iou, max_det)
         imgsz = check_integer(imgsz, "imgsz", 32)
         if isinstance(weights, (str, os.PathLike)):
             self.resolved = resolve_weights(weights, "ultralytics", weights_dir)
