@@ -374,38 +374,65 @@ def _object_without_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any
     return obj
 
 
-def output_stems(names: Sequence[str], fixed: Mapping[str, str] | None = None) -> dict[str, str]:
+def output_stems(
+    names: Sequence[str], fixed: Mapping[str, str] | None = None, suffixes: Sequence[str] = ()
+) -> dict[str, str]:
     """``file name → output stem``: a distinct stem per distinct input, for ``labels/<stem>.txt`` and the like.
 
     Args:
         names (list[str]): relative POSIX paths of the inputs (``"a.jpg"``, ``"sub/b.png"``), all different.
         fixed (dict[str, str] | None): stems already given to some of the names (by an earlier run, whose
             files carry them): those keep theirs, and the other names avoid them.
+        suffixes (list[str]): what the caller appends to a stem to name its files (``[".txt", ".jpg"]``).
+            A stem keeps its name's folders, so the files of ``x.jpg/a.png`` go in a folder ``x.jpg/``:
+            no stem may name a file there (``x``, of ``x.png``, with ``.jpg``).
 
-    A name keeps its path without the extension (``sub/b``) when no other name has that stem. Names that
-    share one get their extension appended (``a.jpg``, ``a.png`` → ``a_jpg``, ``a_png``), then a counter
-    where that is still not enough (``a.jpg`` and ``a.JPG`` → ``a_jpg``, ``a_jpg_2``, in sorted name order).
-    Stems are compared ignoring case, so the outputs stay apart on case-insensitive file systems too.
+    A name keeps its path without the extension (``sub/b``) when no other name has that stem and none of
+    its files would be another's folder. Otherwise it gets its extension appended (``a.jpg``, ``a.png`` →
+    ``a_jpg``, ``a_png``; ``x.png`` beside the folder ``x.jpg/`` → ``x_png``), then a counter where that is
+    still not enough (``a.jpg`` and ``a.JPG`` → ``a_jpg``, ``a_jpg_2``, in sorted name order). Stems, and
+    files against folders, are compared ignoring case, so the outputs stay apart on case-insensitive file
+    systems too. The stems do not depend on the order of ``names``.
 
     Raises:
-        ValueError: a name given twice.
+        ValueError: a name given twice; a stem of ``fixed`` whose file would be the folder of another
+            name's files (the earlier file is there already: those names need another output folder).
     """
     if duplicated := sorted(n for n, count in Counter(names).items() if count > 1):
         raise ValueError(f"names must be distinct, got {duplicated[:5]} more than once")
     stems = {n: fixed[n] for n in names if fixed and n in fixed}
+    # every stem lies in its name's folder (a fixed one too: it was made by this function)
+    folders: dict[str, str] = {}
+    for path in (*names, *stems.values()):
+        for parent in PurePosixPath(path).parents:
+            if str(parent) != ".":
+                folders.setdefault(str(parent).casefold(), path)
+
+    def in_a_folder(stem: str) -> tuple[str, str] | None:
+        """``(file, name)``: a file of ``stem`` that would be the folder of the name's files; None if none."""
+        return next(((f"{stem}{s}", folders[f]) for s in suffixes if (f := f"{stem}{s}".casefold()) in folders),
+                    None)
+
+    for name, stem in sorted(stems.items()):
+        if (clash := in_a_folder(stem)) is not None:
+            raise ValueError(
+                f"{name!r} has the output stem {stem!r} from an earlier run, and its file {clash[0]!r} is where the "
+                f"outputs of {clash[1]!r} need a folder (a file and a folder cannot share a path): give "
+                f"{clash[1]!r} another output folder"
+            )
     taken = {stem.casefold() for stem in stems.values()}
     new = [n for n in names if n not in stems]
     base = {n: str(PurePosixPath(n).with_suffix("")) if PurePosixPath(n).suffix else n for n in new}
     counts = Counter(stem.casefold() for stem in base.values())
     for name, stem in base.items():
-        if counts[stem.casefold()] == 1 and stem.casefold() not in taken:
+        if counts[stem.casefold()] == 1 and stem.casefold() not in taken and in_a_folder(stem) is None:
             stems[name] = stem
     taken |= {stems[n].casefold() for n in new if n in stems}
     for name in sorted(n for n in new if n not in stems):
         suffix = PurePosixPath(name).suffix.lstrip(".").lower()
         candidate = stem = f"{base[name]}_{suffix}" if suffix else base[name]
         copy = 2
-        while stem.casefold() in taken:
+        while stem.casefold() in taken or in_a_folder(stem) is not None:
             stem, copy = f"{candidate}_{copy}", copy + 1
         stems[name] = stem
         taken.add(stem.casefold())

@@ -71,6 +71,7 @@ def full_run(workspace):
 
 
 EXPECTED = ["bus.jpg", "sub/bus small.png", "zidane copy.jpg"]
+IDS = [1, 4, 5]  # their places among the listed images: bus.jpg, corrupt.jpg, empty.jpg, sub/..., zidane ...
 
 
 def read_outputs(out):
@@ -81,7 +82,8 @@ def read_outputs(out):
 def test_predictions_json(full_run):
     images, predictions = read_outputs(full_run)
     assert [im["file_name"] for im in images["images"]] == EXPECTED
-    assert [im["id"] for im in images["images"]] == [1, 2, 3]
+    # the source's order, given before any image is read: the unreadable corrupt.jpg and empty.jpg keep 2 and 3
+    assert [im["id"] for im in images["images"]] == IDS
     assert [(im["height"], im["width"]) for im in images["images"]] == [
         (1080, 810),
         (540, 405),
@@ -90,10 +92,10 @@ def test_predictions_json(full_run):
     assert images["info"]["complete"] is True and images["info"]["models"] == ["yolov8n", "yolo26n"]
     assert images["annotations"] == [] and not (full_run / "partial").exists()  # complete: partial/ removed
     results = validate_coco_results(predictions)
-    assert {r["image_id"] for r in results} == {1, 2, 3}
-    for image_id in (1, 2):  # both copies of bus.jpg: the bus is found
+    assert {r["image_id"] for r in results} == set(IDS)
+    for image_id in IDS[:2]:  # both copies of bus.jpg: the bus is found
         assert max(r["score"] for r in results if r["image_id"] == image_id and r["category_id"] == 6) > 0.5
-    people = [r for r in results if r["image_id"] == 3 and r["category_id"] == 1 and r["score"] > 0.5]
+    people = [r for r in results if r["image_id"] == IDS[2] and r["category_id"] == 1 and r["score"] > 0.5]
     assert len(people) >= 2
     assert len(images["categories"]) == 80
 
@@ -103,7 +105,7 @@ def test_outputs_open_with_pycocotools(full_run):
 
     coco = COCO(str(full_run / "images.json"))
     fused = coco.loadRes(str(full_run / "predictions.json"))
-    assert sorted(fused.getImgIds()) == [1, 2, 3]
+    assert sorted(fused.getImgIds()) == IDS
     assert len(fused.getAnnIds()) == len(json.loads((full_run / "predictions.json").read_text())) > 0
 
 
@@ -158,7 +160,7 @@ def test_labels_and_vis(full_run):
 def test_per_model_and_resolved_config(full_run):
     for name in ("yolov8n", "yolo26n"):
         results = validate_coco_results(json.loads((full_run / "per_model" / f"{name}.json").read_text()))
-        assert {r["image_id"] for r in results} == {1, 2, 3}
+        assert {r["image_id"] for r in results} == set(IDS)
     resolved = yaml.safe_load((full_run / "config.yaml").read_text())
     assert resolved["output"]["save_per_model"] is True and resolved["fusion"]["method"] == "wbf"
 
@@ -254,6 +256,165 @@ def test_an_interrupted_run_keeps_its_image_ids_on_resume(workspace, tmp_path, m
     images, results = read_outputs(out)
     assert {im["file_name"]: im["id"] for im in images["images"]} == {"x.jpg": 1, "x.jpg.jpg": 2, "y.jpg": 3}
     assert sorted(map(json.dumps, interrupted)) == sorted(json.dumps(r) for r in results if r["image_id"] != 3)
+
+
+TIMINGS = ("ms_per_image", "fuse_first_call_ms", "wall_s_this_run", "images_per_s_this_run", "processed_this_run",
+           "resumed")
+
+
+def run_outputs(out):
+    """What a run wrote, less what differs between an uninterrupted run and an interrupted-and-resumed one
+    by design (timings, the counts of this run's images): images.json, predictions.json, summary.json and the
+    files of labels/ and vis/."""
+    summary = json.loads((out / "summary.json").read_text())
+    files = {p.relative_to(out).as_posix(): p.read_bytes() for folder in ("labels", "vis")
+             for p in sorted((out / folder).rglob("*")) if p.is_file()}
+    return (*read_outputs(out), {k: v for k, v in summary.items() if k not in TIMINGS}, files)
+
+
+def mixed_source(workspace, folder):
+    """x.jpg, then x.jpg.jpg, whose partial record sorts first, an unreadable image listed before both, and y.jpg."""
+    one_image_source(workspace, folder, "x.jpg", "x.jpg.jpg", "y.jpg")
+    shutil.copy(workspace / "images" / "corrupt.jpg", folder / "a corrupt.jpg")
+    return folder
+
+
+def test_an_interrupted_and_resumed_run_writes_what_an_uninterrupted_one_writes(workspace, tmp_path, monkeypatch):
+    source = mixed_source(workspace, tmp_path / "src")
+    assert fuse_into(workspace, source, tmp_path / "whole") == 0
+    whole = run_outputs(tmp_path / "whole")
+
+    out = tmp_path / "o"
+    undo = interrupt_on_image(monkeypatch, 3)
+    assert fuse_into(workspace, source, out) == 130
+    interrupted_images, _ = read_outputs(out)
+    undo()
+    assert fuse_into(workspace, source, out) == 0
+    assert run_outputs(out) == whole
+    # the ids the interrupted run wrote were already the final ones: the source's order, the unreadable
+    # image's included
+    assert interrupted_images["images"] == whole[0]["images"][:2]
+    assert {im["file_name"]: im["id"] for im in whole[0]["images"]} == {"x.jpg": 2, "x.jpg.jpg": 3, "y.jpg": 4}
+
+
+def test_ids_that_an_interrupted_earlier_version_gave_in_finishing_order_are_renumbered(workspace, tmp_path,
+                                                                                         monkeypatch, capsys):
+    """An earlier version planned no ids: an interrupted run numbered its finished images in the order they
+    finished (Ray's), and a resumed run kept those. Now they are renumbered, saying so, as an uninterrupted
+    run numbers them."""
+    source = mixed_source(workspace, tmp_path / "src")
+    assert fuse_into(workspace, source, tmp_path / "whole", "--no-vis") == 0
+    whole = run_outputs(tmp_path / "whole")
+
+    out = tmp_path / "o"
+    undo = interrupt_on_image(monkeypatch, 3)
+    assert fuse_into(workspace, source, out, "--no-vis") == 130
+    undo()
+    # what the earlier version left, had x.jpg.jpg finished first: no plan, and the ids in finishing order
+    record = json.loads((out / fuse_tool.RUN_RECORD).read_text())
+    del record["image_ids"]
+    (out / fuse_tool.RUN_RECORD).write_text(json.dumps(record))
+    finishing_order = {3: 1, 2: 2}  # x.jpg.jpg, then x.jpg
+    images, results = read_outputs(out)
+    for image in images["images"]:
+        image["id"] = finishing_order[image["id"]]
+    (out / "images.json").write_text(json.dumps(images))
+    (out / "predictions.json").write_text(json.dumps([{**r, "image_id": finishing_order[r["image_id"]]}
+                                                      for r in results]))
+
+    capsys.readouterr()
+    assert fuse_loudly(workspace, source, out, "--no-vis") == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "renumbered" in line]
+    assert len(warned) == 1 and warned[0].endswith(
+        "renumbered 1 image that an unfinished run of an earlier version wrote to images.json, numbered as they "
+        "finished and with no id for an unreadable image; the ids follow the source's order now, as in an "
+        "uninterrupted run: x.jpg.jpg 1 -> 3"), warned
+    assert run_outputs(out) == whole
+
+
+def test_no_output_file_is_at_the_path_of_a_folder_of_others(workspace, tmp_path, monkeypatch):
+    """``x.png`` beside the folder ``x.jpg/``: its drawing is not ``vis/x.jpg``, the folder of ``x.jpg/a.jpg``'s;
+    beside ``x.png.json/``: its partial record is not ``partial/x.png.json``, the folder of ``b.jpg``'s."""
+    source = tmp_path / "src"
+    one_image_source(workspace, source / "x.jpg", "a.jpg")
+    one_image_source(workspace, source / "x.png.json", "b.jpg")
+    bus = cv2.imread(str(workspace / "images" / "bus.jpg"))
+    cv2.imwrite(str(source / "x.png"), cv2.resize(bus, (405, 540)))
+    assert fuse_into(workspace, source, tmp_path / "whole") == 0
+    whole = run_outputs(tmp_path / "whole")
+    images = {im["file_name"]: im for im in whole[0]["images"]}
+    assert {name: im["output_stem"] for name, im in images.items()} == {
+        "x.jpg/a.jpg": "x.jpg/a", "x.png": "x_png", "x.png.json/b.jpg": "x.png.json/b"}
+    assert sorted(whole[3]) == ["labels/x.jpg/a.txt", "labels/x.png.json/b.txt", "labels/x_png.txt",
+                                "vis/x.jpg/a.jpg", "vis/x.png.json/b.jpg", "vis/x_png.jpg"]
+    assert cv2.imread(str(tmp_path / "whole" / "vis" / "x_png.jpg")).shape[:2] == (540, 405)  # x.png's drawing
+
+    # interrupted with both records in partial/: a resumed run finds each
+    out = tmp_path / "o"
+    undo = interrupt_on_image(monkeypatch, 3)
+    assert fuse_into(workspace, source, out) == 130
+    assert sorted(p.relative_to(out / "partial").as_posix() for p in (out / "partial").rglob("*.json")) == [
+        "x.jpg/a.jpg.json", "x.png.json"]
+    undo()
+    calls = []
+    original = fuse_tool.process_image
+    monkeypatch.setattr(fuse_tool, "process_image", lambda *a, **k: calls.append(a[1]) or original(*a, **k))
+    assert fuse_into(workspace, source, out) == 0
+    assert calls == ["x.png.json/b.jpg"] and run_outputs(out) == whole
+
+
+def test_a_record_of_an_earlier_version_in_a_folder_named_as_a_record_is_found(workspace, tmp_path, monkeypatch):
+    """Earlier versions kept every folder's own name in partial/: ``partial/d.json/b.jpg.json``."""
+    source = one_image_source(workspace, tmp_path / "src" / "d.json", "b.jpg", "c.jpg").parent
+    out = tmp_path / "o"
+    undo = interrupt_on_image(monkeypatch, 2)
+    assert fuse_into(workspace, source, out, "--no-vis") == 130
+    undo()
+    (out / "partial" / "d.json_").rename(out / "partial" / "d.json")
+    calls = []
+    original = fuse_tool.process_image
+    monkeypatch.setattr(fuse_tool, "process_image", lambda *a, **k: calls.append(a[1]) or original(*a, **k))
+    assert fuse_into(workspace, source, out, "--no-vis") == 0
+    images, _ = read_outputs(out)
+    assert calls == ["d.json/c.jpg"]
+    assert [im["file_name"] for im in images["images"]] == ["d.json/b.jpg", "d.json/c.jpg"]
+
+
+def test_new_images_whose_folder_is_an_earlier_images_file_are_refused_before_any_result(workspace, tmp_path,
+                                                                                         capsys):
+    """``x.png`` of a complete run keeps its stem ``x``, and its drawing ``vis/x.jpg``: the folder ``x.jpg/``
+    added since cannot have its drawings there."""
+    source, out = one_image_source(workspace, tmp_path / "src", "x.png"), tmp_path / "o"
+    assert fuse_into(workspace, source, out) == 0
+    before = folder_state(out)
+    one_image_source(workspace, source / "x.jpg", "a.jpg")
+    capsys.readouterr()
+    assert fuse_into(workspace, source, out) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "Traceback" not in err, err
+    assert ("'x.png' has the output stem 'x' from an earlier run, and its file 'x.jpg' is where the outputs of "
+            "'x.jpg/a.jpg' need a folder") in err, err
+    assert folder_state(out) == before
+
+
+def test_a_run_that_read_no_image_names_no_members_and_does_not_stop_the_next(workspace, tmp_path):
+    """Members without a name in the config are named once loaded: a run that loads none (no image readable)
+    records none, and the next run, which loads them, is no change of members."""
+    config = tmp_path / "unnamed.yaml"
+    config.write_text(yaml.safe_dump({"name": "unnamed", "fusion": {"method": "wbf"},
+                                      "models": [{"weights": "yolo26n_int8_tflite/yolo26n_int8.tflite"}]}))
+    source, out = tmp_path / "src", tmp_path / "o"
+    source.mkdir()
+    shutil.copy(workspace / "images" / "corrupt.jpg", source / "corrupt.jpg")
+    args = ["--config", str(config), "--source", str(source), "--out", str(out), "--quiet", "--no-vis"]
+    assert fuse_tool.main(args) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["models"], summary["weights"], summary["fuse_first_call_ms"]) == ([], {}, None)
+    one_image_source(workspace, source, "bus.jpg")
+    assert fuse_tool.main(args) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["models"] == ["yolo26n_int8"] and summary["done"] == 1, summary
+    assert summary["weights"]["yolo26n_int8"].endswith("yolo26n_int8.tflite")
 
 
 def test_changed_config_refuses_to_resume(workspace, full_run, capsys):
@@ -1280,7 +1441,8 @@ def test_the_summary_lists_unreadable_images_in_the_images_order(tmp_path):
     met = {"c.jpg": "empty file", "a.jpg": "could not decode"}  # the order an engine met them in
     run = {"method": "wbf", "processed": 2, "resumed": 0, "interrupted": False, "first_call_ms": None,
            "wall_s": 1.0, "weights": {}, "inputs": {}}
-    summary = fuse_tool.write_outputs(tmp_path, load_ensemble_config("coco_yolo3"), names, ["m"], {1: "person"},
-                                      met, run)
+    ids = {"a.jpg": 1, "b.jpg": 2, "c.jpg": 3}
+    summary = fuse_tool.write_outputs(tmp_path, load_ensemble_config("coco_yolo3"), names, ids, ["m"],
+                                      {1: "person"}, met, run)
     assert list(summary["unreadable"]) == ["a.jpg", "c.jpg"] and summary["unreadable"]["c.jpg"] == "empty file"
     assert list(json.loads((tmp_path / "summary.json").read_text())["unreadable"]) == ["a.jpg", "c.jpg"]

@@ -53,3 +53,51 @@ def test_stems_are_distinct_ignoring_case(names):
     for name, stem in stems.items():  # a stem is the name's own path without its extension, maybe extended
         base = str(PurePosixPath(name).with_suffix("")) if PurePosixPath(name).suffix else name
         assert stem.startswith(base)
+
+
+@pytest.mark.parametrize(
+    "names, expected",
+    [
+        # x.png's vis/x.jpg would be the folder of x.jpg/a.png's vis/x.jpg/a.jpg
+        (["x.png", "x.jpg/a.png"], {"x.png": "x_png", "x.jpg/a.png": "x.jpg/a"}),
+        # its labels/x.txt, the folder of x.txt/b.png's labels/x.txt/b.txt; also ignoring case
+        (["x.png", "X.TXT/b.png"], {"x.png": "x_png", "X.TXT/b.png": "X.TXT/b"}),
+        # deeper, and the extended stem avoids a folder too
+        (["s/x.png", "s/x.jpg/a.png", "s/x_png.txt/c.png"],
+         {"s/x.png": "s/x_png_2", "s/x.jpg/a.png": "s/x.jpg/a", "s/x_png.txt/c.png": "s/x_png.txt/c"}),
+        # a name without an extension
+        (["x", "x.jpg/a.png"], {"x": "x_2", "x.jpg/a.png": "x.jpg/a"}),
+        # a folder named like a stem, not like a file: no clash (labels/x.txt beside labels/x/)
+        (["x.png", "x/a.png"], {"x.png": "x", "x/a.png": "x/a"}),
+    ],
+)
+def test_no_file_is_at_the_path_of_a_folder(names, expected):
+    stems = output_stems(names, suffixes=(".txt", ".jpg"))
+    assert stems == expected
+    assert output_stems(names[::-1], suffixes=(".txt", ".jpg")) == expected
+
+
+def test_an_earlier_stem_keeps_its_name_and_the_new_ones_avoid_its_files():
+    assert output_stems(["x.png", "x.jpg/a.png"], {"x.jpg/a.png": "x.jpg/a"}, (".txt", ".jpg")) == {
+        "x.png": "x_png", "x.jpg/a.png": "x.jpg/a"}
+
+
+def test_an_earlier_file_where_a_new_folder_must_go_is_an_error():
+    with pytest.raises(ValueError, match=r"'x.png' has the output stem 'x' from an earlier run, and its file "
+                                         r"'x.jpg' is where the outputs of 'x.jpg/a.png' need a folder"):
+        output_stems(["x.png", "x.jpg/a.png"], {"x.png": "x"}, (".txt", ".jpg"))
+
+
+dotted = st.text(alphabet="ab.", min_size=1, max_size=4).filter(lambda s: s not in (".", ".."))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(st.lists(st.lists(dotted, min_size=1, max_size=3).map("/".join), unique=True, max_size=12))
+def test_output_files_and_folders_never_share_a_path(names):
+    """The files ``<stem>.a`` and ``<stem>.b`` of every name, and the folders that hold them, are distinct
+    paths (ignoring case), as a file system needs them."""
+    stems = output_stems(names, suffixes=(".a", ".b"))
+    for suffix in (".a", ".b"):
+        files = [f"{stem}{suffix}".casefold() for stem in stems.values()]
+        folders = {str(p).casefold() for stem in stems.values() for p in PurePosixPath(stem).parents}
+        assert len(set(files)) == len(files) and not set(files) & folders

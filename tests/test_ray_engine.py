@@ -213,6 +213,116 @@ def test_fuse_on_ray_equals_local(cluster, dataset):
     assert summary["weights"] == json.loads((root / "fused_local" / "summary.json").read_text())["weights"]
 
 
+@pytest.fixture(scope="module")
+def small(dataset):
+    """Five readable images and the unreadable one, a one-model ensemble, and its local engine's outputs."""
+    root, broken = dataset
+    source = root / "small"
+    source.mkdir()
+    readable = sorted(p.name for p in (root / "images").iterdir() if p.name != broken)[:5]
+    for name in [*readable, broken]:
+        shutil.copy(root / "images" / name, source / name)
+    config = {"name": "one", "models": [{"type": "ultralytics", "weights": str(YOLO26N), "name": "yolo26n"}],
+              "fusion": {"method": "wbf"}}
+    (root / "one.yaml").write_text(json.dumps(config))  # JSON is YAML
+    assert fuse_one(root, source, root / "small_local") == 0
+    return root, source, root / "small_local"
+
+
+def fuse_one(root: Path, source: Path, out: Path, *extra: str) -> int:
+    return main(["fuse", "--config", str(root / "one.yaml"), "--source", str(source), "--out", str(out), "--quiet",
+                 "--save-per-model", *extra])
+
+
+# what differs between two runs of the same images by design: how long they took
+TIMES = ("ms_per_image", "fuse_first_call_ms", "wall_s_this_run", "images_per_s_this_run")
+
+
+def untimed(summary: dict) -> dict:
+    return {k: v for k, v in summary.items() if k not in TIMES}
+
+
+def assert_same_fused(out: Path, expected: Path) -> None:
+    """``out`` holds the images, ids, results, labels and unreadable images of ``expected``."""
+    assert json.loads((out / "images.json").read_text()) == json.loads((expected / "images.json").read_text())
+    for name in ("predictions.json", "per_model/yolo26n.json"):
+        assert_same_results(json.loads((out / name).read_text()), json.loads((expected / name).read_text()))
+    labels = sorted(p.relative_to(expected).as_posix() for p in (expected / "labels").rglob("*.txt"))
+    assert labels == sorted(p.relative_to(out).as_posix() for p in (out / "labels").rglob("*.txt"))
+    assert all((out / label).read_text() == (expected / label).read_text() for label in labels)
+    summary, expected_summary = (json.loads((folder / "summary.json").read_text()) for folder in (out, expected))
+    assert summary["unreadable"] == expected_summary["unreadable"] and summary["complete"]
+
+
+def test_fuse_summaries_are_the_local_engines(cluster, small, tmp_path):
+    """The Ray engine's summary.json is the local engine's but for the times, which it reports too."""
+    root, source, local = small
+    assert fuse_one(root, source, tmp_path / "on_ray", "--engine", "ray", "--actors", "2") == 0
+    assert_same_fused(tmp_path / "on_ray", local)
+    summaries = [json.loads((out / "summary.json").read_text()) for out in (local, tmp_path / "on_ray")]
+    assert untimed(summaries[0]) == untimed(summaries[1])
+    assert summaries[0]["weights"] == {"yolo26n": str(YOLO26N)} and summaries[0]["done"] == 5
+    for summary in summaries:  # the actors time their first fusion call as the local engine does
+        assert summary["fuse_first_call_ms"] > 0 and set(summary["ms_per_image"]) == {
+            "read", "detect:yolo26n", "fuse", "draw"}
+
+
+def test_fuse_summaries_are_the_local_engines_when_no_image_is_readable(cluster, small, tmp_path):
+    """Neither engine ran a detector on an image: neither names the weights or times a first fusion call
+    (the local engine loads no detector for no image; Ray's actors load theirs anyway)."""
+    root, _, _ = small
+    unreadable = tmp_path / "unreadable"
+    unreadable.mkdir()
+    for name in ("a.jpg", "b.jpg"):
+        (unreadable / name).write_bytes(b"not a jpeg" * 20)
+    assert fuse_one(root, unreadable, tmp_path / "none_local") == 0
+    assert fuse_one(root, unreadable, tmp_path / "none_on_ray", "--engine", "ray", "--actors", "2") == 0
+    summaries = [json.loads((tmp_path / out / "summary.json").read_text()) for out in ("none_local", "none_on_ray")]
+    assert {k: v for k, v in summaries[0].items() if k not in TIMES[2:]} == {
+        k: v for k, v in summaries[1].items() if k not in TIMES[2:]}
+    assert summaries[1]["weights"] == {} and summaries[1]["fuse_first_call_ms"] is None
+    assert summaries[1]["models"] == ["yolo26n"] and list(summaries[1]["unreadable"]) == ["a.jpg", "b.jpg"]
+
+
+@pytest.mark.parametrize("resumed_on", ["ray", "local"])
+def test_an_interrupted_ray_run_whose_images_finished_out_of_order_resumes_to_the_uninterrupted_ids(
+    cluster, small, tmp_path, monkeypatch, resumed_on
+):
+    """Ray's actors finish images out of order (here: the last first) and the run is interrupted after two
+    of them: the ids it wrote, and those of the resumed run, on either engine, are the uninterrupted run's."""
+    import detens.cli.fuse as fuse_cli
+    import detens.engines.ray_fuse as ray_fuse
+
+    root, source, local = small
+    out = tmp_path / "o"
+    fuse_on_ray, write_image = ray_fuse.fuse_on_ray, fuse_cli.write_image
+    written: list[str] = []
+
+    def last_first(items, *args, **kwargs):
+        # all of them first: the order Ray's actors finish in varies from run to run
+        yield from sorted(fuse_on_ray(items, *args, **kwargs), key=lambda row: row["name"], reverse=True)
+
+    def interrupted_after_two(folder, record, files):
+        if len(written) == 2:
+            raise KeyboardInterrupt
+        written.append(record["file_name"])
+        write_image(folder, record, files)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ray_fuse, "fuse_on_ray", last_first)
+        patch.setattr(fuse_cli, "write_image", interrupted_after_two)
+        assert fuse_one(root, source, out, "--engine", "ray", "--actors", "2") == 130
+    expected = json.loads((local / "images.json").read_text())["images"]
+    assert written == [im["file_name"] for im in expected[:-3:-1]]  # Ray's path ran, last image first
+    interrupted = json.loads((out / "images.json").read_text())["images"]
+    assert interrupted == expected[-2:]  # the ids of an uninterrupted run already
+
+    assert fuse_one(root, source, out, *(["--engine", "ray"] if resumed_on == "ray" else [])) == 0
+    assert_same_fused(out, local)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed"] == 2 and summary["processed_this_run"] == 3
+
+
 def test_ray_flags_need_the_ray_engine(capsys, tmp_path):
     assert main(["fuse", "--source", str(tmp_path), "--out", str(tmp_path / "o"), "--actors", "2"]) == 2
     assert "go with --engine ray" in capsys.readouterr().err

@@ -20,23 +20,39 @@ Writes into ``--out``:
 - ``images.json``: the images and categories as a COCO dataset without annotations (``info``,
   ``images`` with ``id``, ``file_name`` (relative to the source folder), ``height``, ``width``,
   ``output_stem`` (the stem of its ``labels/`` and ``vis/`` files, unique per image: ``a.jpg`` and ``a.JPG``
-  do not share one), ``categories``, ``annotations: []``), so COCO tools and FiftyOne can open the results; each image has
-  its own id: with a ``dataset`` in the config, the id of the dataset's image whose ``file_name`` is the
-  image's relative path, else of its one image with the same base name (a base name that several images
-  share, on either side, is refused before any work); images not in the dataset (or all, without one)
-  get new ids after every id in use, 1..N for a new run;
+  do not share one, and no image's file is at the path of a folder of others': ``x.png`` beside a folder
+  ``x.jpg/`` of images gets ``x_png``, not ``x``, whose ``vis/x.jpg`` would be that folder), ``categories``,
+  ``annotations: []``), so COCO tools and FiftyOne can open the results; the images are listed by id, and
+  each image has its own id: with a ``dataset`` in the config, the id of the dataset's image whose
+  ``file_name`` is the image's relative path, else of its one image with the same base name (a base name
+  that several images share, on either side, is refused before any work); images not in the dataset (or
+  all, without one) get new ids after every id in use, in the source's order: 1..N for a new run of N
+  images. Every image's id is given when the run starts, before any image is read, so that it depends
+  neither on the order in which images finish (Ray's actors finish out of order) nor on an interruption:
+  a resumed run gives the ids an uninterrupted one gives. An image that turns out unreadable leaves its
+  id unused;
 - ``labels/<stem>.txt``: YOLO labels ``class cx cy w h conf`` (normalized; scores >= output.labels_conf);
   ``class`` is the position of the box's category in ``images.json``'s ``categories``, which are sorted by
   id (a dataset's ids 1, 5, 9 are classes 0, 1, 2; COCO's 80 are Ultralytics' 0..79);
 - ``vis/<stem>.jpg``: the image with the fused boxes and class names (scores >= output.vis_conf);
 - ``per_model/<member>.json`` with ``--save-per-model``: each member's COCO results (same image ids);
 - ``summary.json``: images, boxes, time per image per stage (the one-time compile of the fusion kernels
-  apart), the method and head type that ran; ``config.yaml``: the resolved config;
+  apart: ``fuse_first_call_ms``, the first fusion call, timed on a tiny made-up image as the members
+  load; on Ray each actor makes its own, and the one given is that of the actor whose result arrived
+  first), the method and head type that ran, the members (``models``) and where their weights came from
+  (``weights``). Both engines record the detectors that fused the images: a run that reads no image
+  (every one unreadable) records no ``weights`` (``{}``) and no ``fuse_first_call_ms`` (null), and for
+  ``models`` the names the config gives (``[]`` where it gives none). The local engine loads no detector
+  (nor downloads its weights) for no image; the Ray engine's actors load theirs anyway, but it records
+  the same; ``config.yaml``: the resolved config;
 - ``partial/`` while a run is unfinished: one small file per finished image, ``partial/<name>.json``
-  (``<name>``: the image's path relative to the source folder), and beside it ``unfinished_run.json``, the
-  run's members, their weights and the digests of its inputs, which a resumed run checks. An interrupted
+  (``<name>``: the image's path relative to the source folder, where a folder named like a record,
+  ``x.png.json/``, gets a ``_`` appended), and beside it ``unfinished_run.json``, the run's members, their
+  weights, the digests of its inputs, which a resumed run checks, and the id of every image. An interrupted
   run (Ctrl-C, a crash) leaves every file valid (all writes are atomic); running the same command again
-  skips the finished images, which keep the ids its outputs gave them. A complete run removes both;
+  skips the finished images, which keep the ids its outputs gave them (those of a run left unfinished by
+  an earlier version, which numbered images as they finished, are renumbered, with a warning). A
+  complete run removes both;
   running it again on more images adds them, and images finished earlier keep their results, ids and
   output stems whatever the new ``--source``. A run left unfinished by an earlier version, which kept its
   record as ``partial/_run.json``, resumes too.
@@ -69,6 +85,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import shutil
 import time
 from collections import defaultdict
@@ -125,6 +142,8 @@ ASSETS_SOURCE = "ultralytics-assets"
 RUN_RECORD = "unfinished_run.json"
 # Where earlier versions kept it, which an image named _run shares: still read, when it is no image's.
 EARLIER_RUN_RECORD = "partial/_run.json"
+# The name of a folder in partial/ that could be a record's: it gets a "_" more (see partial_path).
+_RECORD_LIKE = re.compile(r".*\.json_*", re.IGNORECASE | re.DOTALL)
 # Outputs that --overwrite removes (never anything else in --out).
 OUTPUT_NAMES = (
     "partial", RUN_RECORD, "labels", "vis", "per_model", "predictions.json", "images.json", "summary.json",
@@ -140,6 +159,8 @@ REPLACED_REMOVING = ".replaced.removing"
 # half-way through either leaves a whole partial/ or none, never one that lacks finished images.
 UNPACKING = ".partial.unpacking"
 REMOVING = ".partial.removing"
+# What fuse_image appends to an image's output stem: labels/<stem>.txt, vis/<stem>.jpg.
+STEM_SUFFIXES = (".txt", ".jpg")
 # Folders of a run's own work beside its outputs (never read as input, searched for stale temporaries).
 WORK_FOLDERS = (REPLACED, REPLACED_REMOVING, UNPACKING, REMOVING)
 
@@ -310,16 +331,31 @@ def relative_name(path: Path, root: Path) -> str:
 
 # ----------------------------------------------------------------------------------------------- partial
 def partial_path(out: Path, name: str) -> Path:
-    return out / "partial" / f"{name}.json"
+    """Where the partial record of the image ``name`` goes: ``partial/<name>.json``, with a ``_`` appended to
+    each folder of ``name`` whose own name ends as a record's does (``.json``, then any ``_``): the record of
+    ``x.png`` and the folder ``x.png.json/`` of other images would otherwise share a path."""
+    return _record_path(out / "partial", name)
+
+
+def _record_path(folder: Path, name: str) -> Path:
+    *parents, last = name.split("/")
+    # an appended "_" is undone by no other folder's: one that already ends in ".json_" gets one more too
+    parents = [f"{part}_" if _RECORD_LIKE.fullmatch(part) else part for part in parents]
+    return folder.joinpath(*parents, f"{last}.json")
+
+
+def _partial_paths(out: Path, name: str) -> tuple[Path, ...]:
+    """:func:`partial_path`, then ``partial/<name>.json``, where earlier versions put every record (read still:
+    a run they left unfinished resumes)."""
+    return tuple(dict.fromkeys((partial_path(out, name), out / "partial" / f"{name}.json")))
 
 
 def read_partial(out: Path, name: str) -> dict[str, Any] | None:
-    path = partial_path(out, name)
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
-    return record if isinstance(record, dict) and record.get("file_name") == name else None
+    for path in _partial_paths(out, name):
+        record = _read_json(path)
+        if isinstance(record, dict) and record.get("file_name") == name:
+            return record
+    return None
 
 
 def check_resume(out: Path, config: EnsembleConfig, overwrite: bool) -> None:
@@ -467,7 +503,7 @@ def _recorded_image(record: Any, path: Path, out: Path) -> str | None:
     """The name of the image whose partial record ``record`` (read from ``path``) is, at that image's own
     path; None for anything else."""
     name = record.get("file_name") if isinstance(record, dict) else None
-    return name if isinstance(name, str) and path == partial_path(out, name) else None
+    return name if isinstance(name, str) and path in _partial_paths(out, name) else None
 
 
 def earlier_run_record(out: Path) -> Any:
@@ -551,10 +587,18 @@ def unpack_finished_run(out: Path) -> int:
             record["output_stem"] = image["output_stem"]
         if per_model:
             record["per_model"] = {m: grouped.get(int(image["id"]), []) for m, grouped in per_model.items()}
-        atomic_write_json(staging / f"{image['file_name']}.json", record)
+        atomic_write_json(_record_path(staging, image["file_name"]), record)
     if staging.is_dir():
         staging.rename(out / "partial")
     return len(images.get("images", []))
+
+
+def discard_partial(out: Path) -> None:
+    """Delete ``out/partial/``: renamed out of the way first, as one step, then deleted."""
+    _remove(out / REMOVING)
+    if (out / "partial").is_dir():
+        (out / "partial").rename(out / REMOVING)
+    shutil.rmtree(out / REMOVING, ignore_errors=True)
 
 
 def _config_dict(config: EnsembleConfig) -> dict[str, Any]:
@@ -592,11 +636,40 @@ def image_ids(names: list[str], dataset: str | None, fixed: dict[str, int] | Non
     return {n: ids[n] for n in names}
 
 
-def check_image_ids(names: list[str], dataset: str | None, fixed: dict[str, int]) -> None:
-    """Refuse, before any image is fused, what :func:`image_ids` would refuse once they are."""
-    if dataset is not None:
-        fixed = {n: fixed[n] for n in names if n in fixed}
-        dataset_ids([n for n in names if n not in fixed], dataset_files(dataset), set(fixed.values()), dataset)
+def plan_image_ids(
+    out: Path, names: list[str], dataset: str | None, earlier: dict[str, dict[str, Any]], previous: Any
+) -> dict[str, int]:
+    """The id of every image of the run (:func:`image_ids` over ``names``, in their order), given before any
+    image is fused and saved in the run record, so that an image's id depends on neither the order in which
+    images finish (Ray's actors) nor an interruption: a resumed run gives the ids an uninterrupted one
+    gives. An image that turns out unreadable leaves its id unused.
+
+    Kept: the ids of a complete earlier run's images (``earlier``'s) and those an unfinished run planned
+    (``previous``, its run record). An unfinished run of an earlier version planned none, and wrote its
+    finished images with ids in the order they finished in, unreadable images skipped: those that differ
+    from the ids planned now are renumbered, with a warning (the images' results are unchanged).
+
+    Raises:
+        ValueError: an image whose dataset id would be ambiguous (see :func:`dataset_ids`).
+    """
+    planned = previous.get("image_ids") if isinstance(previous, dict) else None
+    fixed = {}
+    if isinstance(planned, dict):
+        listed = set(names)
+        fixed = {n: i for n, i in planned.items() if n in listed and type(i) is int}
+    fixed.update(earlier_ids(earlier))
+    ids = image_ids(names, dataset, fixed)
+    published = published_ids(out)
+    renumbered = [f"{n} {published[n]} -> {ids[n]}" for n in names
+                  if n in earlier and published.get(n, ids[n]) != ids[n]]
+    if renumbered:
+        logger.warning(
+            "%s: renumbered %d image%s that an unfinished run of an earlier version wrote to images.json, numbered "
+            "as they finished and with no id for an unreadable image; the ids follow the source's order now, as "
+            "in an uninterrupted run: %s",
+            out, len(renumbered), "s" if len(renumbered) > 1 else "", first_few(renumbered, 5),
+        )
+    return ids
 
 
 def earlier_ids(records: dict[str, dict[str, Any]]) -> dict[str, int]:
@@ -605,8 +678,8 @@ def earlier_ids(records: dict[str, dict[str, Any]]) -> dict[str, int]:
 
 
 def published_ids(out: Path) -> dict[str, int]:
-    """``{file_name: image id}`` of the images that an interrupted run wrote to ``out/images.json``: a
-    resumed run keeps them, whichever images it finishes first (Ray's order, another ``--source``)."""
+    """``{file_name: image id}`` of the images that an unfinished run wrote to ``out/images.json`` (a complete
+    one's, once :func:`unpack_finished_run` has put them back in ``partial/``)."""
     images = _read_json(out / "images.json") if (out / "partial").is_dir() else None
     if not isinstance(images, dict) or not isinstance(images.get("images"), list):
         return {}
@@ -657,18 +730,19 @@ def write_outputs(
     out: Path,
     config: EnsembleConfig,
     names: list[str],
+    ids: dict[str, int],
     member_names: list[str],
     categories: dict[int, str],
     unreadable: dict[str, str],
     run: dict[str, Any],
 ) -> dict[str, Any]:
     """Assemble predictions.json, images.json, per_model/*.json and summary.json from the partial
-    records; a complete run then removes ``partial/``."""
+    records of ``names`` (the run's images, with their ``ids``: :func:`plan_image_ids`), images in the order
+    of their ids; a complete run then removes ``partial/``."""
     records = {n: r for n in names if (r := read_partial(out, n)) is not None}
-    done = [n for n in names if n in records]
-    published = {n: i for n, i in published_ids(out).items() if n in records}
-    ids = image_ids(done, config.dataset, {**published, **earlier_ids(records)})
-    stems = output_stems(names, {n: r["output_stem"] for n, r in records.items() if "output_stem" in r})
+    done = sorted((n for n in names if n in records), key=ids.__getitem__)
+    stems = output_stems(names, {n: r["output_stem"] for n, r in records.items() if "output_stem" in r},
+                         STEM_SUFFIXES)
     images, results = [], []
     per_model: dict[str, list[dict[str, Any]]] = {m: [] for m in member_names}
     stage_ms: dict[str, float] = defaultdict(float)
@@ -739,10 +813,7 @@ def write_outputs(
     }
     atomic_write_json(out / "summary.json", summary, indent=2)
     if complete:
-        _remove(out / REMOVING)
-        if (out / "partial").is_dir():
-            (out / "partial").rename(out / REMOVING)
-        shutil.rmtree(out / REMOVING, ignore_errors=True)
+        discard_partial(out)
         # after partial/: a run killed in between leaves a run record that says what summary.json says
         (out / RUN_RECORD).unlink(missing_ok=True)
     return summary
@@ -892,15 +963,22 @@ def _run(args: argparse.Namespace) -> int:
     names = [relative_name(p, root) for p in images]
     if len(set(names)) != len(names):  # several roots: fall back to full paths
         names = [p.absolute().as_posix().lstrip("/") for p in images]
-    if not args.overwrite:
-        unpack_finished_run(out)
+    unpacked = 0 if args.overwrite else unpack_finished_run(out)
     # images finished earlier (also those of other sources) keep their results, ids and file stems
     earlier = {} if args.overwrite else finished_records(out)
     done = set(earlier)
     todo = [(p, n) for p, n in zip(images, names, strict=True) if n not in done]
-    names = list(earlier) + [n for n in names if n not in done]
-    check_image_ids(names, config.dataset, earlier_ids(earlier))
-    stems = output_stems(names, {n: r["output_stem"] for n, r in earlier.items() if "output_stem" in r})
+    listed = set(names)
+    # the source's order, whichever of its images an interrupted run finished (Ray's come as they finish)
+    names = [n for n in earlier if n not in listed] + names
+    try:
+        ids = plan_image_ids(out, names, config.dataset, earlier, previous)
+        stems = output_stems(names, {n: r["output_stem"] for n, r in earlier.items() if "output_stem" in r},
+                             STEM_SUFFIXES)
+    except ValueError:
+        if unpacked:  # refused: the complete run's folder stays as it was (its files still hold every image)
+            discard_partial(out)
+        raise
     if isinstance(previous, dict) and "models" in previous:
         member_names, weights = list(previous["models"]), dict(previous.get("weights") or {})
     else:
@@ -945,14 +1023,16 @@ def _run(args: argparse.Namespace) -> int:
             for name in loaded:  # named after their weights: checked as a config's names are
                 check_member_name(name)
             params = fusion_params(config, loaded)
-        if isinstance(previous, dict) and previous.get("models") not in (None, loaded):
+        # an earlier run that read no image names no members ([] where the config names none): nothing to compare
+        if isinstance(previous, dict) and previous.get("models") and previous["models"] != loaded:
             raise ValueError(
                 f"the ensemble's members changed since the earlier run in {out} ({previous['models']} -> "
                 f"{loaded}); use another --out, or --overwrite"
             )
         member_names, weights = loaded, sources
         claim_output()
-        atomic_write_json(run_file, {"models": member_names, "weights": weights, "inputs": fingerprints})
+        atomic_write_json(run_file, {"models": member_names, "weights": weights, "inputs": fingerprints,
+                                     "image_ids": ids})
 
     def load_members() -> None:
         """Load the detectors once an image needs them (a rerun with nothing readable left loads none)."""
@@ -981,13 +1061,16 @@ def _run(args: argparse.Namespace) -> int:
             with ray_session(engine):
                 items = [(name, stems[name], str(path)) for path, name in todo]
                 for row in fuse_on_ray(items, config, categories, yolo_ids, engine):
-                    if not members:  # the actors' members, as the local engine's first load
-                        members = list(row["members"])
-                        check_members(list(row["members"]), dict(row["members"]))
                     if row["error"]:
                         unreadable[row["name"]] = row["error"]
                         logger.warning("skipped: %s", row["error"])
                     else:
+                        if not members:
+                            # as the local engine's first load: the members (and their one-time fusion
+                            # cost) that fused an image, those of the actor whose image came first
+                            members = list(row["members"])
+                            check_members(list(row["members"]), dict(row["members"]))
+                            first_call_ms = row["first_call_ms"]
                         write_image(out, row["record"], row["files"])
                         processed += 1
                     bar.update(1)
@@ -1049,7 +1132,7 @@ def _run(args: argparse.Namespace) -> int:
         "inputs": fingerprints,
         "first_call_ms": first_call_ms,
     }
-    summary = write_outputs(out, config, names, member_names, categories, unreadable, run_info)
+    summary = write_outputs(out, config, names, ids, member_names, categories, unreadable, run_info)
     if not args.quiet:
         print_summary(out, config, summary)
     return 130 if interrupted else 0

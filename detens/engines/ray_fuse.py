@@ -34,12 +34,13 @@ class EnsembleFuser(FailureReportingActor):
 
     Called with ``{"name": str[B], "stem": str[B], "path": str[B]}``, returns ``name``, ``record`` (the
     partial record as JSON), ``files`` (JSON of {relative path: base64 bytes}), ``members`` (JSON of
-    {member name: where its weights came from}), ``error`` (why the image could not be read; empty when it was)
-    and ``failure`` (empty; else the only row, a :func:`~detens.engines.ray_cache.failure_record` of the
-    error that stopped the actor: the driver raises it).
+    {member name: where its weights came from}), ``first_call_ms`` (this actor's :func:`time_first_call
+    <detens.cli.fuse.time_first_call>`, on every row: rows do not say which actor made them), ``error`` (why
+    the image could not be read; empty when it was) and ``failure`` (empty; else the only row, a
+    :func:`~detens.engines.ray_cache.failure_record` of the error that stopped the actor: the driver raises it).
     """
 
-    failure_row = {"name": "", "record": "", "files": "{}", "members": "{}", "error": ""}
+    failure_row = {"name": "", "record": "", "files": "{}", "members": "{}", "first_call_ms": 0.0, "error": ""}
 
     def _build(self, config: Any, categories: Mapping[int, str], yolo_ids: Sequence[int]) -> None:
         from detens.adapters import build_ensemble
@@ -53,7 +54,7 @@ class EnsembleFuser(FailureReportingActor):
         self.categories = dict(categories)
         self.yolo_ids = list(yolo_ids)
         # the one-time compile happens here, not in the first image's fusion time
-        time_first_call(config.fusion.method, self.params, self.names, min(self.categories))
+        self.first_call_ms = time_first_call(config.fusion.method, self.params, self.names, min(self.categories))
 
     def _map(self, batch: Mapping[str, np.ndarray]) -> dict[str, list[Any]]:
         from detens.adapters import detect_loaded
@@ -61,7 +62,7 @@ class EnsembleFuser(FailureReportingActor):
         from detens.sources import ImageReadError, read_image
 
         columns: dict[str, list[Any]] = {
-            "name": [], "record": [], "files": [], "members": [], "error": [], "failure": []
+            "name": [], "record": [], "files": [], "members": [], "first_call_ms": [], "error": [], "failure": []
         }
         loaded, read_ms = [], []
         for name, stem, path in zip(batch["name"], batch["stem"], batch["path"], strict=True):
@@ -69,8 +70,8 @@ class EnsembleFuser(FailureReportingActor):
             try:
                 image = read_image(str(path))
             except ImageReadError as err:
-                for key, value in (("name", str(name)), ("record", ""), ("files", "{}"),
-                                   ("members", self.weights), ("error", str(err)), ("failure", "")):
+                for key, value in (("name", str(name)), ("record", ""), ("files", "{}"), ("members", self.weights),
+                                   ("first_call_ms", self.first_call_ms), ("error", str(err)), ("failure", "")):
                     columns[key].append(value)
                 continue
             loaded.append((str(name), str(stem), str(path), image))
@@ -93,6 +94,7 @@ class EnsembleFuser(FailureReportingActor):
             columns["record"].append(json.dumps(record))
             columns["files"].append(json.dumps({k: base64.b64encode(v).decode("ascii") for k, v in files.items()}))
             columns["members"].append(self.weights)
+            columns["first_call_ms"].append(self.first_call_ms)
             columns["error"].append("")
             columns["failure"].append("")
         return columns
@@ -107,7 +109,7 @@ def fuse_on_ray(
 ) -> Iterator[dict[str, Any]]:
     """Fuse ``items`` (``(name, stem, path)`` per image) on Ray; yields each image's row as it arrives:
     ``name``, ``record`` (dict, None when unreadable), ``files`` ({relative path: bytes}), ``members`` ({name: weights}),
-    ``error``."""
+    ``first_call_ms`` (the one-time cost of the first fusion call on the actor that made the row), ``error``."""
     if not items:
         return
     config, _ = ready_for_actors(config, config.models)
@@ -124,5 +126,6 @@ def fuse_on_ray(
             "record": json.loads(row["record"]) if row["record"] else None,
             "files": {k: base64.b64decode(v) for k, v in json.loads(row["files"]).items()},
             "members": json.loads(row["members"]),
+            "first_call_ms": float(row["first_call_ms"]),
             "error": str(row["error"]),
         }
