@@ -1058,7 +1058,7 @@ def _run(args: argparse.Namespace) -> int:
             from detens.engines.ray_cache import ray_session
             from detens.engines.ray_fuse import fuse_on_ray
 
-            with ray_session(engine):
+            with ray_session(engine, quiet=args.quiet):
                 items = [(name, stems[name], str(path)) for path, name in todo]
                 for row in fuse_on_ray(items, config, categories, yolo_ids, engine):
                     if row["error"]:

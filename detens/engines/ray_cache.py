@@ -243,22 +243,20 @@ class ray_session:  # noqa: N801 - used as a context manager, like open()
 
     Args:
         options (RayOptions): the cluster to use or start.
-        quiet (bool | None): warnings and errors only, for the session: the ``ray`` and ``ray.data``
-            loggers at ERROR and no Ray Data progress bars. None: quiet when the root logger is above INFO,
-            as the commands set it for ``--quiet``; a plain Python session's root logger (WARNING) reads as
-            quiet too, so callers that know should say.
+        quiet (bool): warnings and errors only, for the session (the commands' ``--quiet``): the ``ray`` and
+            ``ray.data`` loggers at ERROR and no Ray Data progress bars.
     """
 
-    def __init__(self, options: RayOptions, *, quiet: bool | None = None) -> None:
+    def __init__(self, options: RayOptions, *, quiet: bool = False) -> None:
         self.options = options
-        self.quiet = None if quiet is None else check_flag(quiet, "quiet")
+        self.quiet = check_flag(quiet, "quiet")
         self.started = False
         self._levels: dict[str, int] = {}  # logger name -> its level before the session
         self._progress_bars: tuple[Any, bool] | None = None  # (Ray Data's context, its setting before)
 
     def __enter__(self) -> Any:
         ray = import_ray()
-        quiet = self.quiet if self.quiet is not None else logging.getLogger().getEffectiveLevel() > logging.INFO
+        quiet = self.quiet
         try:
             if quiet:  # ray sets its loggers up when imported: quiet them after that
                 import ray.data
