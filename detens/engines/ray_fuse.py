@@ -35,7 +35,7 @@ class EnsembleFuser(FailureReportingActor):
     Called with ``{"name": str[B], "stem": str[B], "path": str[B]}``, returns ``name``, ``record`` (the
     partial record as JSON), ``files`` (JSON of {relative path: base64 bytes}), ``members`` (JSON of
     {member name: where its weights came from}), ``first_call_ms`` (this actor's :func:`time_first_call
-    <detens.cli.fuse.time_first_call>`, on every row: rows do not say which actor made them), ``error`` (why
+    <detens.engines.fusing.time_first_call>`, on every row: rows do not say which actor made them), ``error`` (why
     the image could not be read; empty when it was) and ``failure`` (empty; else the only row, a
     :func:`~detens.engines.ray_cache.failure_record` of the error that stopped the actor: the driver raises it).
     """
@@ -44,12 +44,12 @@ class EnsembleFuser(FailureReportingActor):
 
     def _build(self, config: Any, categories: Mapping[int, str], yolo_ids: Sequence[int]) -> None:
         from detens.adapters import build_ensemble
-        from detens.cli.fuse import _weights_of, fusion_params, time_first_call
+        from detens.engines.fusing import fusion_params, time_first_call, weights_of
 
         self.config = config
         self.members = build_ensemble(config)
         self.names = [m.name for m in self.members]
-        self.weights = json.dumps({m.name: _weights_of(m) for m in self.members})
+        self.weights = json.dumps({m.name: weights_of(m) for m in self.members})
         self.params = fusion_params(config, self.names)
         self.categories = dict(categories)
         self.yolo_ids = list(yolo_ids)
@@ -58,7 +58,7 @@ class EnsembleFuser(FailureReportingActor):
 
     def _map(self, batch: Mapping[str, np.ndarray]) -> dict[str, list[Any]]:
         from detens.adapters import detect_loaded
-        from detens.cli.fuse import fuse_image
+        from detens.engines.fusing import fuse_image
         from detens.sources import ImageReadError, read_image
 
         columns: dict[str, list[Any]] = {

@@ -1,0 +1,142 @@
+"""The work of a ``detens fuse`` run that every engine does, the local one in the command's process and
+Ray's actors alike: the fuser's parameters of an ensemble config, the one-time cost of the first fusion
+call, and one image fused into its partial record and output files (computed, not written: the driver
+writes them, so both engines' outputs are one code's)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import cv2
+
+from detens.adapters import member_weights
+from detens.coco import detections_to_coco
+from detens.detections import Detections
+from detens.ensemble_config import EnsembleConfig
+from detens.export import yolo_lines
+from detens.fusers import FUSERS, fuse, head_methods, list_methods
+from detens.registry import unknown_name_error
+from detens.visualize import draw_detections
+
+__all__ = ["fusion_params", "fuse_image", "results_of", "time_first_call", "weights_of"]
+
+
+def fusion_params(config: EnsembleConfig, names: list[str] | None) -> dict[str, Any]:
+    """The fuser's parameters: the config's, the members' weights and the loaded head, checked against
+    the members (``names``; None: not known yet, checked again once the detectors are loaded).
+
+    Checked here, before any detector loads, by the library's own checks (those ``detens.Ensemble`` runs):
+    the parameter names the method takes, and their values (ranges, one weight per member, the head's
+    members) on empty detections of each member; unnamed members count by position.
+
+    Raises:
+        ValueError: an unknown method, weights given twice, a head that does not fit the method or the
+            members, a value out of range.
+        TypeError: a parameter the method does not take (the message lists the ones it takes).
+    """
+    method = config.fusion.method
+    if method not in list_methods():
+        raise unknown_name_error("fusion method", method, list_methods())
+    params = dict(config.fusion.params)
+    weights = member_weights(config)
+    if any(w != 1.0 for w in weights):
+        if "weights" in params:
+            raise ValueError(
+                f"fusion weights are given twice: fusion.params.weights {params['weights']} and the members' "
+                f"weight {weights}; set them in one place"
+            )
+        params["weights"] = weights
+    if config.fusion.head is not None:
+        if method in FUSERS and method != "theta":
+            raise ValueError(
+                f"a head ({config.fusion.head}) is given but the method is the fixed fuser {method!r}; "
+                "leave --method out (the head's type runs) or drop the head"
+            )
+        from detens.heads import load_head
+
+        params["head"] = load_head(config.fusion.head, model_names=names)
+    elif method not in FUSERS or method == "theta":
+        raise ValueError(f"method {method!r} needs a trained head: pass --head (a head file or a shipped name)")
+    if "head" in params:
+        type_name = getattr(params["head"], "type_name", None)
+        if method != "theta" and method not in head_methods(params["head"]):
+            raise ValueError(f"--method {method} was given a {type_name!r} head ({config.fusion.head}); "
+                             f"use --method {type_name}, or leave --method out")
+    from detens.pipeline import check_fusion_params
+
+    return check_fusion_params(method, params, names if names is not None else [None] * len(weights))
+
+
+def results_of(det: Detections) -> list[dict[str, Any]]:
+    return [{k: v for k, v in r.items() if k != "image_id"} for r in detections_to_coco(det, 0)]
+
+
+def fuse_image(
+    name: str,
+    stem: str,
+    image: Any,
+    per_model: list[Detections],
+    config: EnsembleConfig,
+    params: dict[str, Any],
+    categories: dict[int, str],
+    yolo_ids: list[int],
+    times: dict[str, float],
+) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """Fuse one image: its partial record and its output files (``labels/<stem>.txt``, ``vis/<stem>.jpg``
+    relative to ``--out``, as bytes), computed without writing anything."""
+    t = time.perf_counter()
+    fused = fuse(per_model, config.fusion.method, **params)
+    times["fuse"] = (time.perf_counter() - t) * 1000
+    t = time.perf_counter()
+    files: dict[str, bytes] = {}
+    if config.output.labels:
+        lines = yolo_lines(fused, yolo_ids, conf=config.output.labels_conf)
+        files[f"labels/{stem}.txt"] = "".join(line + "\n" for line in lines).encode("utf-8")
+    if config.output.vis:
+        drawn = draw_detections(image, fused, categories, conf=config.output.vis_conf)
+        ok, encoded = cv2.imencode(".jpg", drawn, [cv2.IMWRITE_JPEG_QUALITY, 90])
+        if not ok:
+            raise RuntimeError(f"OpenCV could not encode the drawing of {name}")
+        files[f"vis/{stem}.jpg"] = encoded.tobytes()
+    record: dict[str, Any] = {
+        "file_name": name,
+        "height": fused.image_size[0],
+        "width": fused.image_size[1],
+        "fused": results_of(fused),
+        "output_stem": stem,
+    }
+    if config.output.save_per_model:
+        record["per_model"] = {det.source: results_of(det) for det in per_model}
+    times["draw"] = (time.perf_counter() - t) * 1000  # labels and the drawing, encoded
+    record["times_ms"] = {k: round(v, 3) for k, v in times.items()}
+    return record, files
+
+
+def weights_of(member: Any) -> str | None:
+    """Where a member's weights came from (resolved path or upstream name), for the summary."""
+    inner = getattr(member, "detector", member)  # a test-time view: its detector
+    resolved = getattr(inner, "resolved", None)
+    if resolved is not None:
+        return resolved.value
+    return getattr(inner, "weights_source", None)
+
+
+def time_first_call(method: str, params: dict[str, Any], member_names: list[str], label: int) -> float:
+    """Milliseconds of one fusion of a tiny made-up image: the one-time costs (compiling the matching
+    kernels, first use of the head) that would otherwise be charged to the first real image."""
+    import torch
+
+    per_model = [
+        Detections(
+            boxes=torch.tensor([[10.0 + i, 10.0, 50.0, 50.0 + i]]),
+            scores=torch.tensor([0.5]),
+            labels=torch.tensor([label]),
+            image_size=(64, 64),
+            source=name,
+        )
+        for i, name in enumerate(member_names)
+    ]
+    start = time.perf_counter()
+    fuse(per_model, method, **params)
+    return round((time.perf_counter() - start) * 1000, 2)
