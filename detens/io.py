@@ -43,7 +43,9 @@ os.umask(_UMASK)
 
 # mkstemp's random part is 8 of these characters (never "-", which the writer's tag has)
 _TEMPORARY = re.compile(r"^\..+\.[a-z0-9_]{8}\.(?P<host>[0-9a-f]{8})-(?P<pid>[1-9][0-9]*)\.tmp$", re.DOTALL)
-_TEMPORARY_UNNAMED = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$", re.DOTALL)  # written before writers were named
+# written before writers were named: only those of the files the commands write (JSON, YAML, labels,
+# drawings), since nothing else in the name tells them from a user's own hidden file
+_TEMPORARY_UNNAMED = re.compile(r"^\..+\.(?:json|yaml|txt|jpg)\.[a-z0-9_]{8}\.tmp$", re.DOTALL)
 #: A temporary file untouched this long is left over whoever wrote it: a write takes seconds.
 STALE_TEMPORARY_S = 24 * 3600
 

@@ -161,6 +161,7 @@ class TestStaleTemporaries:
         dead, here, elsewhere = int(finished.stdout), _host_tag(), "0123abcd" if _host_tag() != "0123abcd" else "abcd0123"
         out = tmp_path / "out"
         (out / "labels" / "sub").mkdir(parents=True)
+        (out / "vis").mkdir()
         (out / "elsewhere").mkdir()
         names = {
             "labels/sub/.a.txt.k2j4_x9q.{here}-{dead}.tmp": "removed",  # its writer is gone
@@ -170,6 +171,7 @@ class TestStaleTemporaries:
             ".images.json.dddddddd.tmp": "kept",  # a version that did not name the writer
             "elsewhere/.c.txt.eeeeeeee.{here}-{dead}.tmp": "kept",  # not a folder the command writes in
             ".notes.tmp": "kept",  # no temporary of ours
+            ".notes.iiiiiiii.tmp": "kept",  # as earlier versions named theirs, but of no file the commands write
             "labels/a.txt": "kept",
         }
         for name in names:
@@ -177,10 +179,12 @@ class TestStaleTemporaries:
             path.write_text("x")
         # untouched for two days: whoever wrote them is gone, whatever their names say
         for name in (f".old.json.ffffffff.{elsewhere}-{dead}.tmp", ".old.json.gggggggg.tmp",
-                     f"labels/.old.txt.hhhhhhhh.{here}-{os.getpid()}.tmp"):
+                     f"labels/.old.txt.hhhhhhhh.{here}-{os.getpid()}.tmp", "vis/.old.jpg.jjjjjjjj.tmp"):
             (out / name).write_text("x")
             os.utime(out / name, (time.time() - 2 * 86400,) * 2)
             names[name] = "removed"
+        # a user's hidden file named as earlier versions named their temporaries, however old, is theirs
+        os.utime(out / ".notes.iiiiiiii.tmp", (time.time() - 2 * 86400,) * 2)
         with output_lock(out, "detens fuse", outputs=("labels", "vis")):
             pass
         left = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
