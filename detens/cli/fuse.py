@@ -99,7 +99,6 @@ from detens.adapters import (
     check_class_maps,
     dataset_categories,
     declared_member_names,
-    detect_loaded,
     label_space_name,
 )
 from detens.checks import first_few
@@ -114,7 +113,7 @@ from detens.cli._inputs import (
 from detens.coco import load_coco_gt
 from detens.config import dump_yaml, parse_yaml, read_yaml_file
 from detens.detections import Detections
-from detens.engines.fusing import fuse_image, fusion_params, time_first_call, weights_of
+from detens.engines.fusing import detect_batch, fuse_image, fusion_params, time_first_call, weights_of
 from detens.ensemble_config import (
     EnsembleConfig,
     check_member_name,
@@ -968,18 +967,11 @@ def _run(args: argparse.Namespace) -> int:
             if not members:
                 load_members()
             arrays = [image for _, image in loaded]
-            paths = [path for path, _ in loaded]
-            per_member: list[list[Detections]] = []
-            detect_ms: dict[str, float] = {}
-            for member in members:
-                t = time.perf_counter()
-                per_member.append(detect_loaded(member, arrays, paths))
-                detect_ms[f"detect:{member.name}"] = (time.perf_counter() - t) * 1000 / len(arrays)
+            per_image, detect_ms = detect_batch(members, arrays, [path for path, _ in loaded])
             for i, name in enumerate(loaded_names):
                 times = {"read": read_ms[i], **detect_ms}
-                dets = [per_member[n][i].with_source(member_names[n]) for n in range(len(members))]
                 process_image(
-                    out, name, stems[name], arrays[i], dets, config, params, categories, yolo_ids, times
+                    out, name, stems[name], arrays[i], per_image[i], config, params, categories, yolo_ids, times
                 )
                 processed += 1
                 bar.update(1)

@@ -6,11 +6,14 @@ writes them, so both engines' outputs are one code's)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import cv2
+import numpy as np
 
-from detens.adapters import member_weights
+from detens.adapters import detect_loaded, member_weights
 from detens.coco import detections_to_coco
 from detens.detections import Detections
 from detens.ensemble_config import EnsembleConfig
@@ -19,7 +22,7 @@ from detens.fusers import FUSERS, fuse, head_methods, list_methods
 from detens.registry import unknown_name_error
 from detens.visualize import draw_detections
 
-__all__ = ["fusion_params", "fuse_image", "results_of", "time_first_call", "weights_of"]
+__all__ = ["detect_batch", "fusion_params", "fuse_image", "results_of", "time_first_call", "weights_of"]
 
 
 def fusion_params(config: EnsembleConfig, names: list[str] | None) -> dict[str, Any]:
@@ -66,6 +69,21 @@ def fusion_params(config: EnsembleConfig, names: list[str] | None) -> dict[str, 
     from detens.pipeline import check_fusion_params
 
     return check_fusion_params(method, params, names if names is not None else [None] * len(weights))
+
+
+def detect_batch(
+    members: Sequence[Any], arrays: Sequence[np.ndarray], paths: Sequence[str | Path]
+) -> tuple[list[list[Detections]], dict[str, float]]:
+    """Every member's detections of a batch of images, per image (``[image][member]``, each named after
+    its member), and each member's detection time per image in ms (``{"detect:<member>": ms}``)."""
+    per_member, detect_ms = [], {}
+    for member in members:
+        start = time.perf_counter()
+        per_member.append(detect_loaded(member, arrays, paths))
+        detect_ms[f"detect:{member.name}"] = (time.perf_counter() - start) * 1000 / len(arrays)
+    per_image = [[detections[i].with_source(member.name) for member, detections in zip(members, per_member, strict=True)]
+                 for i in range(len(arrays))]
+    return per_image, detect_ms
 
 
 def results_of(det: Detections) -> list[dict[str, Any]]:

@@ -57,8 +57,7 @@ class EnsembleFuser(FailureReportingActor):
         self.first_call_ms = time_first_call(config.fusion.method, self.params, self.names, min(self.categories))
 
     def _map(self, batch: Mapping[str, np.ndarray]) -> dict[str, list[Any]]:
-        from detens.adapters import detect_loaded
-        from detens.engines.fusing import fuse_image
+        from detens.engines.fusing import detect_batch, fuse_image
         from detens.sources import ImageReadError, read_image
 
         columns: dict[str, list[Any]] = {
@@ -78,17 +77,12 @@ class EnsembleFuser(FailureReportingActor):
             read_ms.append((time.perf_counter() - start) * 1000)
         if not loaded:
             return columns
-        arrays = [image for *_, image in loaded]
-        paths = [path for _, _, path, _ in loaded]
-        per_member, detect_ms = [], {}
-        for member in self.members:
-            start = time.perf_counter()
-            per_member.append(detect_loaded(member, arrays, paths))
-            detect_ms[f"detect:{member.name}"] = (time.perf_counter() - start) * 1000 / len(arrays)
+        per_image, detect_ms = detect_batch(
+            self.members, [image for *_, image in loaded], [path for _, _, path, _ in loaded]
+        )
         for i, (name, stem, _, image) in enumerate(loaded):
-            dets = [per_member[n][i].with_source(self.names[n]) for n in range(len(self.members))]
             times = {"read": read_ms[i], **detect_ms}
-            record, files = fuse_image(name, stem, image, dets, self.config, self.params, self.categories,
+            record, files = fuse_image(name, stem, image, per_image[i], self.config, self.params, self.categories,
                                        self.yolo_ids, times)
             columns["name"].append(name)
             columns["record"].append(json.dumps(record))
