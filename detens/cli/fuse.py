@@ -113,7 +113,14 @@ from detens.cli._inputs import (
 from detens.coco import load_coco_gt
 from detens.config import dump_yaml, parse_yaml, read_yaml_file
 from detens.detections import Detections
-from detens.engines.fusing import detect_batch, fuse_image, fusion_params, time_first_call, weights_of
+from detens.engines.fusing import (
+    FuseSettings,
+    detect_batch,
+    fuse_image,
+    fusion_params,
+    time_first_call,
+    weights_of,
+)
 from detens.ensemble_config import (
     EnsembleConfig,
     check_member_name,
@@ -781,14 +788,11 @@ def process_image(
     stem: str,
     image: Any,
     per_model: list[Detections],
-    config: EnsembleConfig,
-    params: dict[str, Any],
-    categories: dict[int, str],
-    yolo_ids: list[int],
+    settings: FuseSettings,
     times: dict[str, float],
 ) -> dict[str, Any]:
     """:func:`fuse_image` and :func:`write_image`; returns the record."""
-    record, files = fuse_image(name, stem, image, per_model, config, params, categories, yolo_ids, times)
+    record, files = fuse_image(name, stem, image, per_model, settings, times)
     write_image(out, record, files)
     return record
 
@@ -968,11 +972,10 @@ def _run(args: argparse.Namespace) -> int:
                 load_members()
             arrays = [image for _, image in loaded]
             per_image, detect_ms = detect_batch(members, arrays, [path for path, _ in loaded])
+            settings = FuseSettings(config, params, categories, yolo_ids)  # params: of the loaded members
             for i, name in enumerate(loaded_names):
                 times = {"read": read_ms[i], **detect_ms}
-                process_image(
-                    out, name, stems[name], arrays[i], per_image[i], config, params, categories, yolo_ids, times
-                )
+                process_image(out, name, stems[name], arrays[i], per_image[i], settings, times)
                 processed += 1
                 bar.update(1)
     except KeyboardInterrupt:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from detens.fusers import FUSERS, fuse, head_methods, list_methods
 from detens.registry import unknown_name_error
 from detens.visualize import draw_detections
 
-__all__ = ["detect_batch", "fusion_params", "fuse_image", "results_of", "time_first_call", "weights_of"]
+__all__ = ["FuseSettings", "detect_batch", "fusion_params", "fuse_image", "results_of", "time_first_call", "weights_of"]
 
 
 def fusion_params(config: EnsembleConfig, names: list[str] | None) -> dict[str, Any]:
@@ -90,19 +91,30 @@ def results_of(det: Detections) -> list[dict[str, Any]]:
     return [{k: v for k, v in r.items() if k != "image_id"} for r in detections_to_coco(det, 0)]
 
 
+@dataclass(frozen=True)
+class FuseSettings:
+    """What a run fuses and writes every image with.
+
+    Args:
+        config (EnsembleConfig): the run's config (its ``fusion.method`` and ``output`` options).
+        params (dict[str, Any]): the fuser's parameters (:func:`fusion_params`, of the loaded members).
+        categories (dict[int, str]): the label space, for drawing.
+        yolo_ids (list[int]): the category id of each YOLO class number, for the labels.
+    """
+
+    config: EnsembleConfig
+    params: dict[str, Any]
+    categories: dict[int, str]
+    yolo_ids: list[int]
+
+
 def fuse_image(
-    name: str,
-    stem: str,
-    image: Any,
-    per_model: list[Detections],
-    config: EnsembleConfig,
-    params: dict[str, Any],
-    categories: dict[int, str],
-    yolo_ids: list[int],
-    times: dict[str, float],
+    name: str, stem: str, image: Any, per_model: list[Detections], settings: FuseSettings, times: dict[str, float]
 ) -> tuple[dict[str, Any], dict[str, bytes]]:
     """Fuse one image: its partial record and its output files (``labels/<stem>.txt``, ``vis/<stem>.jpg``
     relative to ``--out``, as bytes), computed without writing anything."""
+    config, categories, yolo_ids = settings.config, settings.categories, settings.yolo_ids
+    params = settings.params
     t = time.perf_counter()
     fused = fuse(per_model, config.fusion.method, **params)
     times["fuse"] = (time.perf_counter() - t) * 1000

@@ -44,17 +44,14 @@ class EnsembleFuser(FailureReportingActor):
 
     def _build(self, config: Any, categories: Mapping[int, str], yolo_ids: Sequence[int]) -> None:
         from detens.adapters import build_ensemble
-        from detens.engines.fusing import fusion_params, time_first_call, weights_of
+        from detens.engines.fusing import FuseSettings, fusion_params, time_first_call, weights_of
 
-        self.config = config
         self.members = build_ensemble(config)
-        self.names = [m.name for m in self.members]
+        names = [m.name for m in self.members]
         self.weights = json.dumps({m.name: weights_of(m) for m in self.members})
-        self.params = fusion_params(config, self.names)
-        self.categories = dict(categories)
-        self.yolo_ids = list(yolo_ids)
+        self.settings = FuseSettings(config, fusion_params(config, names), dict(categories), list(yolo_ids))
         # the one-time compile happens here, not in the first image's fusion time
-        self.first_call_ms = time_first_call(config.fusion.method, self.params, self.names, min(self.categories))
+        self.first_call_ms = time_first_call(config.fusion.method, self.settings.params, names, min(categories))
 
     def _map(self, batch: Mapping[str, np.ndarray]) -> dict[str, list[Any]]:
         from detens.engines.fusing import detect_batch, fuse_image
@@ -82,8 +79,7 @@ class EnsembleFuser(FailureReportingActor):
         )
         for i, (name, stem, _, image) in enumerate(loaded):
             times = {"read": read_ms[i], **detect_ms}
-            record, files = fuse_image(name, stem, image, per_image[i], self.config, self.params, self.categories,
-                                       self.yolo_ids, times)
+            record, files = fuse_image(name, stem, image, per_image[i], self.settings, times)
             columns["name"].append(name)
             columns["record"].append(json.dumps(record))
             columns["files"].append(json.dumps({k: base64.b64encode(v).decode("ascii") for k, v in files.items()}))
