@@ -6,6 +6,7 @@ import collections.abc
 import dataclasses
 import difflib
 import math
+import numbers
 import re
 import types
 import typing
@@ -170,8 +171,8 @@ def _convert(value: Any, annotation: Any, where: str) -> Any:
             raise TypeError(f"{where}: expected a mapping, got {type(value).__name__}")
         key_type, value_type = args if args else (Any, Any)
         return {_convert(k, key_type, where): _convert(v, value_type, f"{where}.{k}") for k, v in value.items()}
-    if annotation is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if annotation is float:  # NumPy numbers too (a dict built in Python); bools are no numbers
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(f"{where}: expected a number, got {type(value).__name__} {value!r}")
         try:
             number = float(value)
@@ -181,9 +182,9 @@ def _convert(value: Any, annotation: Any, where: str) -> Any:
             raise ValueError(f"{where}: expected a finite number, got {value!r}")
         return number
     if annotation is int:
-        if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             raise TypeError(f"{where}: expected an integer, got {type(value).__name__} {value!r}")
-        return value
+        return int(value)
     if annotation is bool:
         if not isinstance(value, bool):
             raise TypeError(f"{where}: expected true/false, got {type(value).__name__} {value!r}")

@@ -54,6 +54,17 @@ class TestFromDict:
         with pytest.raises((TypeError, ValueError), match=fragment):
             from_dict(Outer, data)
 
+    def test_numpy_numbers_are_the_python_numbers_they_hold(self):
+        """A mapping built in Python may hold NumPy numbers; a NumPy float is still no integer, nor a bool one."""
+        import numpy as np
+
+        cfg = from_dict(Outer, {"epochs": np.int64(7), "inner": {"lr": np.float32(0.5)}, "weights": [np.int8(2)]})
+        assert (cfg.epochs, cfg.inner.lr, cfg.weights) == (7, 0.5, [2.0])
+        assert [type(v) for v in (cfg.epochs, cfg.inner.lr, cfg.weights[0])] == [int, float, float]
+        for data in ({"epochs": np.float64(7.0)}, {"epochs": np.bool_(True)}, {"inner": {"lr": np.bool_(True)}}):
+            with pytest.raises(TypeError, match="expected"):
+                from_dict(Outer, data)
+
     def test_yaml_round_trip_and_overrides(self, tmp_path):
         path = tmp_path / "c.yaml"
         save_yaml_config(from_dict(Outer, {"epochs": 9}), path)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from torch.testing import assert_close
@@ -317,6 +318,15 @@ class TestTraining:
     def test_unknown_optimizer(self):
         with pytest.raises(ValueError, match="valid names: gd, adam"):
             make_optimizer(ThetaHead(["a"]), "sgd-momentum")
+
+    @pytest.mark.parametrize(("lr", "error", "message"), [
+        ("0.1", TypeError, "lr must be a number, got str"), (True, TypeError, "lr must be a number, got bool"),
+        (0.0, ValueError, "lr must be a positive number, got 0.0"), (float("nan"), ValueError, "lr must be"),
+    ])
+    def test_a_learning_rate_of_another_kind_or_not_positive_is_named(self, lr, error, message):
+        with pytest.raises(error, match=message):
+            make_optimizer(ThetaHead(["a"]), "gd", lr=lr)
+        assert make_optimizer(ThetaHead(["a"]), "gd", lr=np.float32(0.25)).param_groups[0]["lr"] == 0.25
 
     def test_per_class_shrinkage(self):
         # class 0: model 0 accurate; class 1: model 1 accurate (models swapped)

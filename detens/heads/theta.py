@@ -669,8 +669,7 @@ def make_optimizer(
         lr (float): the learning rate α.
         **kwargs: passed to the torch optimizer (e.g. ``betas`` for Adam).
     """
-    if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not lr > 0:
-        raise ValueError(f"lr must be a positive number, got {lr!r}")
+    lr = check_real(lr, "lr", 0.0, low_open=True)
     params = [p for p in head.parameters() if p.requires_grad]
     if name == "gd":
         optimizer: torch.optim.Optimizer = torch.optim.SGD(params, lr=lr, **kwargs)
