@@ -226,6 +226,34 @@ def test_an_empty_file_or_name_is_refused_not_looked_up_as_the_working_directory
     assert sorted(p.name for p in workspace.iterdir()) == before
 
 
+@pytest.mark.parametrize("quiet", [[], ["--quiet"]])
+def test_a_command_run_in_a_process_leaves_its_logging_as_it_found_it(tmp_path, capsys, quiet):
+    """``bench`` runs ``fuse --quiet`` in its own process: its INFO lines must still show afterwards."""
+    import logging
+
+    from detens.cli import run_command
+
+    root, seen = logging.getLogger(), []
+
+    class Kept(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    kept = Kept()
+    level, handlers = root.level, root.handlers[:]
+    root.addHandler(kept)
+    root.setLevel(logging.DEBUG)
+    try:
+        code = run_command("report", [str(tmp_path / "missing.json"), "--out", str(tmp_path / "page"), *quiet])
+        assert code == 2 and "evaluation record not found" in capsys.readouterr().err
+        assert root.level == logging.DEBUG and kept in root.handlers
+        logging.getLogger("detens.bench").info("after the command")
+        assert seen == ["after the command"]
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
 def test_an_empty_head_is_refused_in_python_calls_too(workspace):
     import detens
 

@@ -168,9 +168,8 @@ def _message(err: BaseException) -> str:
 def _dispatch(args: argparse.Namespace) -> int:
     from detens.cli._logging import log_above_progress_bars, quieted
 
-    log_above_progress_bars(args.quiet)
     try:
-        with quieted(args.quiet):
+        with log_above_progress_bars(args.quiet), quieted(args.quiet):
             return int(args._run(args))
     except UsageError as err:
         print(f"error: {args._parser.prog}: {err} (see {args._parser.prog} --help)", file=sys.stderr)

@@ -23,11 +23,22 @@ class _TqdmHandler(logging.Handler):
             self.handleError(record)
 
 
-def log_above_progress_bars(quiet: bool) -> None:
-    """Route the root logger through tqdm (INFO, or WARNING when ``quiet``), replacing its handlers."""
+@contextlib.contextmanager
+def log_above_progress_bars(quiet: bool) -> Iterator[None]:
+    """Route the root logger through tqdm (INFO, or WARNING when ``quiet``) for a block, its own handlers
+    set aside; on the way out they and its level are as they were, so that a caller that runs a command
+    in its process (``bench`` runs ``fuse --quiet``) keeps logging as before."""
+    root = logging.getLogger()
+    level, handlers = root.level, root.handlers[:]
     handler = _TqdmHandler()
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, handlers=[handler], force=True)
+    root.handlers[:] = [handler]
+    root.setLevel(logging.WARNING if quiet else logging.INFO)
+    try:
+        yield
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
 
 
 #: What the detector libraries read at import to decide how much they say.
