@@ -834,6 +834,29 @@ class TestTheFitDataCheck:
         check_fit_data("deep", both_hit, both_hit.image_ids, tp50)
         assert fit_head("deep", both_hit, both_hit.image_ids, tp50)[0].calibration.target == "tp50"
 
+    @pytest.mark.parametrize("kind, options, reason", [
+        ("deep", {**FAST_DEEP, "features": ["iou"]}, r"features \['iou'\] select no column for 1 models"),
+        ("calibration", {"fusers": ["vote"], "fuser_params": {"vote": {"min_votes": 2}}},
+         r"min_votes must be an integer in \[1, 1\], got 2"),
+    ])
+    def test_options_that_do_not_fit_the_ensemble_are_refused_before_any_method_runs(self, kind, options, reason):
+        """A pairwise feature with one member, a vote of two with one member: the config alone cannot tell
+        (it does not know the ensemble), the ensemble can, before any method of an evaluation runs."""
+        from detens.evaluation import cross_validate
+        from detens.heads import check_fit_data, config_for, fit_head
+
+        config = config_for(kind, **options)
+        two = synthetic(models={"sharp": _sharp_results(), "copy": _sharp_results()})
+        check_fit_data(kind, two, two.image_ids, config)
+        one = synthetic(models={"sharp": _sharp_results()})
+        with pytest.raises(ValueError, match=rf"^{kind}, for the models sharp: .*{reason}"):
+            check_fit_data(kind, one, one.image_ids, config)
+        with pytest.raises(ValueError, match=reason):  # what the check foresaw: the fit's own refusal
+            fit_head(kind, one, one.image_ids, config)
+        with pytest.raises(ValueError, match=rf"{kind}, for the models sharp: .*{reason}"):
+            cross_validate(one, ["mean", kind], k=2, backend="faster", method_options={kind: options},
+                           on_method=lambda name, result: pytest.fail(f"{name} ran"))
+
     def test_a_config_of_another_head_type_is_refused(self):
         from detens.heads import check_fit_data, config_for
 

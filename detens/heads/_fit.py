@@ -499,10 +499,12 @@ class HeadTrainConfig:
         self.device = check_device(self.device)
         self._check_head_options()
 
-    def _check_head_options(self) -> None:
+    def _check_head_options(self, model_names: Sequence[str] = _PROBE_MODELS) -> None:
         """Build the head once on the meta device (no memory, no data), so that its constructor's checks of
         the network options (box, members, k, epsilon, activation, features, ...) fail when the config is
-        made, not when the first fit builds the head, after other methods of an evaluation have run."""
+        made, not when the first fit builds the head, after other methods of an evaluation have run; again
+        for the ensemble's ``model_names`` (:func:`check_fit_data`), where a check depends on them (a feature
+        list that selects no column for these models)."""
         from detens.heads._net import NetHead
         from detens.heads._registry import HEADS
 
@@ -513,7 +515,7 @@ class HeadTrainConfig:
         else:
             head_class = HEADS.get(self.head_type)
         with torch.device("meta"):
-            head_class(_PROBE_MODELS, **options)
+            head_class(list(model_names), **options)
 
     def head_options(self) -> dict[str, Any]:
         """Constructor options of the head (the network fields of this config)."""
@@ -1000,7 +1002,9 @@ def check_fit_data(
     The calibration head, and a network head with ``calibrate``, fit every member's calibration curve
     (of :func:`calibration_target`), which needs the member's detections, some of them on a ground-truth
     object (:func:`~detens.heads.calibration.check_calibration_data`). The other heads fit with a member that
-    never detects anything (it is absent from every cluster), so nothing is checked for them.
+    never detects anything (it is absent from every cluster), so nothing is checked for them. First, the
+    options that depend on the ensemble are checked with its models, by building the head as the fit will
+    (a feature list that selects no column for these members, a vote's ``min_votes`` above their number).
 
     Args:
         answers (dict[str, str | None] | None): what earlier calls found on these same ``predictions`` and
@@ -1009,7 +1013,8 @@ def check_fit_data(
             pass over the images' detections once. None: the data is checked on every call.
 
     Raises:
-        ValueError: naming the head type, why it needs the member's data, and the member.
+        ValueError: naming the head type, why it needs the member's data, and the member; or an option that
+            does not fit the ensemble, naming the head type and the models.
         TypeError: ``config`` is not the kind's config class.
     """
     from detens.heads.calibration import check_calibration_data
@@ -1018,6 +1023,12 @@ def check_fit_data(
     config = config if config is not None else trainer.default()
     if not isinstance(config, trainer.config_class):
         raise TypeError(f"a {kind} head trains with {trainer.config_class.__name__}, got {type(config).__name__}")
+    check_options = getattr(config, "_check_head_options", None)
+    if check_options is not None:
+        try:
+            check_options(predictions.model_names)
+        except ValueError as err:
+            raise ValueError(f"{kind}, for the models {', '.join(predictions.model_names)}: {err}") from None
     target = calibration_target(config)
     if target is None:
         return
@@ -1204,10 +1215,12 @@ class CalibrationTrainConfig:
             raise ValueError(f"fuser_params names fusers {unknown} that are not in fusers {self.fusers}")
         self._check_head_options()
 
-    def _check_head_options(self) -> None:
+    def _check_head_options(self, model_names: Sequence[str] | None = None) -> None:
         """Build the head once per fuser, without curves (identity maps: no data, little work), so that its
         constructor's checks of ``shrinkage``, ``tie_break``, each fuser's name and ``fuser_params`` fail
-        when the config is made, not after the curves are fitted and other methods of an evaluation ran."""
+        when the config is made, not after the curves are fitted and other methods of an evaluation ran;
+        again for the ensemble's ``model_names`` (:func:`check_fit_data`), where a fuser's option depends on
+        their number (a vote's ``min_votes``)."""
         from detens.fusers import FUSERS
         from detens.heads.calibration import CalibrationHead
 
@@ -1223,7 +1236,8 @@ class CalibrationTrainConfig:
             # that no option bounded by the number of models (a vote's min_votes) is refused for want of them.
             count = len(weights) if isinstance(weights, list) and weights else _PROBE_ENSEMBLE_SIZE
             CalibrationHead(
-                [f"model{m}" for m in range(count)], per_class=self.per_class, shrinkage=self.shrinkage,
+                list(model_names) if model_names is not None else [f"model{m}" for m in range(count)],
+                per_class=self.per_class, shrinkage=self.shrinkage,
                 target=self.target, tie_break=self.tie_break, fuser=fuser, fuser_params=params,
             )
 
