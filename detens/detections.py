@@ -64,6 +64,11 @@ def compute_device(device: torch.device) -> torch.device:
     return device if device.type in ("cpu", "cuda") else torch.device("cpu")
 
 
+def _as_torch_device(device: Any) -> Any:
+    """``device`` as torch takes it: a NumPy integer (a CUDA index) as a Python int, which torch wants."""
+    return int(device) if isinstance(device, numbers.Integral) and not isinstance(device, (bool, np.bool_)) else device
+
+
 def _raise_for_device(device: Any, what: str) -> None:
     """Called where torch failed to place a tensor on ``device``: a ``ValueError`` naming ``what`` when this
     machine lacks that device, since torch's own error ("Found no NVIDIA driver on your system", "Torch not
@@ -188,8 +193,7 @@ class Detections:
         cls, image_size: tuple[int, int], source: str | None = None, device: torch.device | str | None = None
     ) -> Detections:
         """No detections: the normal answer for an image where nothing was found."""
-        if isinstance(device, numbers.Integral) and not isinstance(device, (bool, np.bool_)):
-            device = int(device)  # a CUDA index; torch takes a Python int only
+        device = _as_torch_device(device)
         try:
             boxes = torch.zeros((0, 4), device=device)
         except (RuntimeError, AssertionError):
@@ -283,8 +287,7 @@ class Detections:
                 f"Detections.to takes a device (torch.device, 'cuda:0', ...), got {device!r}: boxes and scores "
                 "are always float32 and labels int64"
             )
-        if isinstance(device, numbers.Integral):  # a CUDA index; torch takes a Python int only
-            device = int(device)
+        device = _as_torch_device(device)
         try:
             boxes = self.boxes.to(device)
         except (RuntimeError, AssertionError):

@@ -275,7 +275,7 @@ class OnnxDetector(BaseDetector):
         self.decoder: OnnxDecoder = decoder_cls(self.input_size, **dict(decoder_options or {}))
         self.output_shapes = [_shape(o.shape) for o in self.session.get_outputs()]
         self.num_classes = self.decoder.check_outputs(self.output_shapes, where=self.resolved.value)
-        self.conf, self.iou, self.max_det, self.agnostic_nms = float(conf), float(iou), int(max_det), agnostic_nms
+        self.conf, self.iou, self.max_det, self.agnostic_nms = conf, float(iou), max_det, agnostic_nms
         self._label_args = {"categories": categories, "class_map": class_map}
         self.lookup = self._build_lookup() if self.num_classes > 0 else None  # dynamic: at the first run
         if self.lookup is None and categories is not None and class_map is not None:

@@ -256,9 +256,8 @@ class ray_session:  # noqa: N801 - used as a context manager, like open()
 
     def __enter__(self) -> Any:
         ray = import_ray()
-        quiet = self.quiet
         try:
-            if quiet:  # ray sets its loggers up when imported: quiet them after that
+            if self.quiet:  # ray sets its loggers up when imported: quiet them after that
                 import ray.data
 
                 for name in ("ray", "ray.data"):
@@ -268,7 +267,7 @@ class ray_session:  # noqa: N801 - used as a context manager, like open()
                 context.enable_progress_bars = False
             if not ray.is_initialized():
                 kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
-                if quiet:
+                if self.quiet:
                     kwargs["logging_level"] = logging.ERROR
                 if self.options.address:
                     kwargs["address"] = self.options.address
