@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason="needs ../shared/data/
 
 
 from detens.cli import cache as cache_tool  # noqa: E402
-from detens.cli._inputs import path_digest  # noqa: E402
+from detens.jobs._inputs import path_digest  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------------------ fixtures
@@ -717,7 +717,7 @@ def test_weights_are_hashed_once_per_run(slice_, tmp_path, monkeypatch):
         {"weights": str(weights), "name": "w_conf", "conf": 0.25},
     )
     hashed = []
-    from detens.cli import _inputs
+    from detens.jobs import _inputs
 
     real_digest = path_digest
 

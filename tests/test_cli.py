@@ -428,7 +428,7 @@ else:
 
 
 @pytest.mark.parametrize("entry", ["-m", "tools/fuse.py"])
-@pytest.mark.parametrize("module", ["torch", "detens.cli._logging"])  # the command's imports, the run's set-up
+@pytest.mark.parametrize("module", ["torch", "detens.jobs._logging"])  # the command's imports, the run's set-up
 def test_ctrl_c_while_python_imports_is_the_usual_interruption(tmp_path, entry, module):
     """``python -m detens`` (as the ``detens`` script) and a tools/ script: Ctrl-C before the command runs
     ends as one during the run, one line and exit status 130, not a traceback."""

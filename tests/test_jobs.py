@@ -5,6 +5,7 @@ test_fuse_cli.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -16,9 +17,10 @@ import numpy as np
 import pytest
 
 import detens
-from detens.cli import UsageError, run_command
 from detens.cli import cache as cache_command
 from detens.cli import fuse as fuse_command
+from detens.cli import run_command
+from detens.jobs._options import UsageError
 
 REPO = Path(__file__).resolve().parents[1]
 LOGGERS = ("ultralytics", "openvino", "onnxruntime")
@@ -132,7 +134,7 @@ def test_quiet_python_calls_leave_a_stderr_of_the_callers_own(stand_in, tmp_path
 
 _ULTRALYTICS_STATE = """
 import json, logging, os, sys
-from detens.cli._logging import libraries_quieted
+from detens.jobs._logging import libraries_quieted
 
 def state():
     import ultralytics.utils as utils
@@ -166,3 +168,46 @@ def test_ultralytics_imported_while_quiet_is_set_up_as_a_later_import_would_be()
     assert quieted["during"]["VERBOSE"] is False and quieted["during"]["level"] > logging.WARNING
     assert quieted["after"] == plain["after"]
     assert plain["after"]["VERBOSE"] is True and plain["after"]["YOLO_VERBOSE"] is None
+
+
+# ------------------------------------------------------------------------------------- the options of each job
+@pytest.mark.parametrize("command", sorted(detens.jobs.JOBS))
+def test_each_flag_of_a_command_is_an_option_of_its_job_with_the_same_default(command):
+    """The command line and the Python call reach the job through one options class: a flag the job does not
+    know, or a default that differs between the two, would make them run different jobs."""
+    from detens.cli import command_parser
+
+    try:
+        _, options_class = detens.jobs.job(command)
+    except ModuleNotFoundError:
+        pytest.skip(f"the job of {command} is still run through its parser")
+    parser = command_parser(command)
+    flags = {a.dest: a.default for a in parser._actions if a.dest not in ("help", "debug")}
+    fields = {f.name: f.default for f in dataclasses.fields(options_class) if f.name in options_class.option_names()}
+    assert sorted(flags) == sorted(fields)
+    assert {name: flags[name] for name in flags} == fields
+    required = {a.dest for a in parser._actions if a.required}
+    assert required == {f.name for f in dataclasses.fields(options_class) if f.metadata.get("required")}
+
+
+def test_options_are_checked_as_they_are_made(tmp_path):
+    from detens.jobs.report import ReportOptions
+
+    (tmp_path / "file").write_text("")
+    options = ReportOptions.from_python({"evaluation": tmp_path / "r.json", "out": str(tmp_path / "page"),
+                                          "examples": np.int64(2)})
+    assert (options.evaluation, options.out, options.examples, options.conf) == (
+        str(tmp_path / "r.json"), tmp_path / "page", 2, 0.3)
+    assert type(options.examples) is int and options.command_line is None
+    for given, error, message in [
+        ({"out": tmp_path / "page"}, TypeError, r"report\(\) needs evaluation"),
+        ({"evaluation": "r.json", "out": tmp_path / "file"}, ValueError, r"out: expected a folder, got .*which is a file"),
+        ({"evaluation": "r.json", "out": ""}, ValueError, r"out: expected a folder, got an empty path"),
+        ({"evaluation": "r.json", "out": "p", "examples": 2.0}, TypeError, r"examples must be an int, got float"),
+        ({"evaluation": "r.json", "out": "p", "conf": "0.3"}, TypeError, r"conf must be a number, got str"),
+        ({"evaluation": "r.json", "out": "p", "quiet": "no"}, TypeError, r"quiet must be True or False"),
+        ({"evaluation": "r.json", "out": "p", "pages": 2}, TypeError, r"report\(\) got unknown options \['pages'\]; valid: conf, evaluation"),
+        ({"evaluation": "r.json", "out": "p", "command_line": ["x"]}, TypeError, r"unknown options \['command_line'\]"),
+    ]:
+        with pytest.raises(error, match=message):
+            ReportOptions.from_python(given)

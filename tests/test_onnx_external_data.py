@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from detens.adapters.onnx_external_data import external_data_files
-from detens.cli._inputs import path_digest
+from detens.jobs._inputs import path_digest
 
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402

@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, NoReturn
 
-__all__ = ["COMMANDS", "UsageError", "add_threads_argument", "add_weights_dir_argument", "existing_folder", "file_or_shipped_name", "folder_path", "build_parser", "positive_int", "command_parser", "main", "run_command"]
+__all__ = ["COMMANDS", "add_threads_argument", "add_weights_dir_argument", "existing_folder", "folder_path", "build_parser", "positive_int", "command_parser", "main", "run_command"]
 
 #: subcommand -> (module, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -34,10 +32,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-class UsageError(ValueError):
-    """A mistake in how a command was called, found after argument parsing (reported like a bad flag)."""
-
-
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a bad command line as one ``error:`` line (exit status 2), like every other
     user mistake, instead of a usage block."""
@@ -46,51 +40,38 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")  # same form as UsageError
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
+def _argparse_type(check_name: str) -> Callable[[str], Any]:
+    """An argparse type running the check ``check_name`` of :mod:`detens.jobs._options` (imported when the
+    command line is parsed, not with this module), its ValueError reported as argparse reports a bad flag."""
+
+    def convert(text: str) -> Any:
+        from detens.jobs import _options
+
+        try:
+            return getattr(_options, check_name)(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    convert.__name__ = check_name.removeprefix("check_")
+    return convert
 
 
-def existing_folder(text: str) -> str:
-    """argparse type: the path of a folder that exists (kept as written)."""
-    if not os.path.isdir(text):
-        raise argparse.ArgumentTypeError(f"no such folder: {text!r}")
-    return text
+#: argparse type: an integer >= 1
+positive_int = _argparse_type("check_positive_int")
+#: argparse type: the path of a folder that exists (kept as written)
+existing_folder = _argparse_type("check_existing_folder")
+#: argparse type: the path of a folder, which may not exist yet (see :func:`detens.jobs._options.check_folder`)
+folder_path = _argparse_type("check_folder")
 
 
-def folder_path(text: str) -> Path:
-    """argparse type: the path of a folder, which may not exist yet. An empty one is refused rather than
-    read as the working directory (``Path("")`` is ``.``): it is most often an unset shell variable
-    (``--out "$OUT"``), and the command would write its outputs among the user's own files. So is a path
-    that is a file, before anything is done (creating the folder would fail only then, as "File exists")."""
-    if not text:
-        raise argparse.ArgumentTypeError("expected a folder, got an empty path (write . for the working directory)")
-    if os.path.exists(text) and not os.path.isdir(text):
-        raise argparse.ArgumentTypeError(f"expected a folder, got {text!r}, which is a file")
-    return Path(text)
+def __getattr__(name: str) -> Any:
+    # the jobs' error, for callers that catch it by this module's name; imported on use, as this module
+    # imports only the standard library
+    if name == "UsageError":
+        from detens.jobs._options import UsageError
 
-
-def file_or_shipped_name(flag: str, value: str | None) -> str | None:
-    """``value`` of ``flag``, a file or the name of a file shipped in the package (``--config``, ``--head``),
-    as given (None: the flag left out). An empty one is refused, as :func:`folder_path` refuses an empty
-    folder: it is most often an unset shell variable, and looked up as a path it would be reported as the
-    working directory, which is no file.
-
-    Checked as the command runs, not as an argparse type: the Python calls of :mod:`detens.jobs` check
-    each option by its type and would not know a new one.
-
-    Raises:
-        UsageError: an empty ``value``.
-    """
-    if value == "":
-        raise UsageError(f"{flag}: expected a file or a shipped name, got an empty path")
-    return value
+        return UsageError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def add_weights_dir_argument(parser: argparse.ArgumentParser) -> None:
@@ -144,6 +125,12 @@ def build_parser(commands: Sequence[str] | None = None) -> argparse.ArgumentPars
     return parser
 
 
+def _usage_error() -> type[ValueError]:
+    from detens.jobs._options import UsageError
+
+    return UsageError
+
+
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean the input was wrong, not the program: reported without a traceback.
 
@@ -166,12 +153,12 @@ def _message(err: BaseException) -> str:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    from detens.cli._logging import log_above_progress_bars, quieted
+    from detens.jobs._logging import log_above_progress_bars, quieted
 
     try:
         with log_above_progress_bars(args.quiet), quieted(args.quiet):
             return int(args._run(args))
-    except UsageError as err:
+    except _usage_error() as err:
         print(f"error: {args._parser.prog}: {err} (see {args._parser.prog} --help)", file=sys.stderr)
         return 2
     except _user_errors() as err:

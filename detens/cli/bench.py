@@ -67,10 +67,11 @@ import numpy as np
 import torch
 
 from detens import Detections, match
-from detens.cli import UsageError, file_or_shipped_name, positive_int
+from detens.cli import positive_int
 from detens.extras import import_extra
 from detens.fusers import fuse
 from detens.io import atomic_write_json, check_writable_file
+from detens.jobs._options import UsageError, file_or_shipped_name
 
 logger = logging.getLogger("bench")
 

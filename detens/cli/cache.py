@@ -112,16 +112,8 @@ from detens.adapters import (
 )
 from detens.adapters.weights import ResolvedWeights, resolve_model_weights
 from detens.checks import first_few
-from detens.cli import UsageError, add_weights_dir_argument, file_or_shipped_name, folder_path
-from detens.cli._engine import add_engine_arguments, ray_options
-from detens.cli._inputs import (
-    check_inputs_unchanged,
-    check_saved_predictions,
-    comma_separated,
-    file_digests,
-    saved_prediction_files,
-    weights_inputs,
-)
+from detens.cli import add_weights_dir_argument, folder_path
+from detens.cli._engine import add_engine_arguments
 from detens.coco import CocoGroundTruth, detections_to_coco, load_coco_gt, save_coco_results
 from detens.config import parse_yaml
 from detens.ensemble_config import (
@@ -142,6 +134,16 @@ from detens.io import (
     remove_stale_temporaries,
     run_folder,
 )
+from detens.jobs._engine import ray_options
+from detens.jobs._inputs import (
+    check_inputs_unchanged,
+    check_saved_predictions,
+    comma_separated,
+    file_digests,
+    saved_prediction_files,
+    weights_inputs,
+)
+from detens.jobs._options import UsageError, file_or_shipped_name
 from detens.labels import COCO_ID_TO_NAME
 from detens.sources import ImageReadError, read_image
 

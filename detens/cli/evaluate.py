@@ -91,9 +91,7 @@ import torch
 
 import detens
 from detens.bootstrap import bootstrap_map, summarize_bootstrap
-from detens.cli import UsageError, add_threads_argument, file_or_shipped_name, folder_path, run_command
-from detens.cli._inputs import comma_separated, model_names
-from detens.cli._outputs import refuse_outputs_over_inputs, refuse_results_in_prediction_folders
+from detens.cli import add_threads_argument, folder_path, run_command
 from detens.coco import BACKENDS, CocoGroundTruth, detections_to_coco, load_coco_gt
 from detens.evaluation import (
     METHODS,
@@ -108,6 +106,9 @@ from detens.evaluation import (
 from detens.folds import kfold_image_splits
 from detens.heads import TRAINERS, load_train_config
 from detens.io import atomic_write_json, check_writable_file, check_writable_folder
+from detens.jobs._inputs import comma_separated, model_names
+from detens.jobs._options import UsageError, file_or_shipped_name
+from detens.jobs._outputs import refuse_outputs_over_inputs, refuse_results_in_prediction_folders
 from detens.predictions import EnsemblePredictions
 from detens.report import REPEATED_COLUMNS, markdown_table, plot_reliability, plot_report
 from detens.report.record import EvaluationRecord, partial_path, record_path

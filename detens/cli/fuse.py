@@ -102,14 +102,8 @@ from detens.adapters import (
     label_space_name,
 )
 from detens.checks import first_few
-from detens.cli import add_weights_dir_argument, file_or_shipped_name, folder_path
-from detens.cli._engine import add_engine_arguments, ray_options
-from detens.cli._inputs import (
-    check_inputs_unchanged,
-    check_saved_predictions,
-    input_fingerprints,
-    saved_prediction_members,
-)
+from detens.cli import add_weights_dir_argument, folder_path
+from detens.cli._engine import add_engine_arguments
 from detens.coco import load_coco_gt
 from detens.config import dump_yaml, parse_yaml, read_yaml_file
 from detens.detections import Detections
@@ -131,6 +125,14 @@ from detens.ensemble_config import (
 from detens.fusers import head_methods, list_methods
 from detens.heads._io import find_head_file
 from detens.io import atomic_write_bytes, atomic_write_json, output_lock, output_stems
+from detens.jobs._engine import ray_options
+from detens.jobs._inputs import (
+    check_inputs_unchanged,
+    check_saved_predictions,
+    input_fingerprints,
+    saved_prediction_members,
+)
+from detens.jobs._options import file_or_shipped_name
 from detens.labels import COCO_CATEGORY_IDS, COCO_ID_TO_NAME
 from detens.sources import ImageReadError, list_images, read_image
 

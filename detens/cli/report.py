@@ -25,12 +25,8 @@ of the page, ``page.json`` or ``index.html``) is refused before anything is draw
 from __future__ import annotations
 
 import argparse
-import shlex
-from pathlib import Path
 
-from detens.cli import UsageError, folder_path, run_command
-from detens.io import check_writable_folder
-from detens.report.record import EvaluationRecord, record_path
+from detens.cli import folder_path, run_command
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,29 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from detens.report.page import page_writes, write_report
+    from detens.jobs.report import ReportOptions, run
 
-    if args.examples < 0:
-        raise UsageError(f"--examples must be >= 0, got {args.examples}")
-    if not 0.0 <= args.conf <= 1.0:
-        raise UsageError(f"--conf must be in [0, 1], got {args.conf}")
-    check_writable_folder(args.out, "--out")
-    # the table and its record stay what the page was drawn from, never a file of the page
-    for what, path in (("EVALUATION", Path(args.evaluation)), ("its record", record_path(args.evaluation))):
-        if page_writes(args.out, path):
-            raise UsageError(
-                f"the page in --out {args.out} would write over {path} ({what}); give the page a folder of its own"
-            )
-    if args.images is not None and not Path(args.images).is_dir():
-        raise UsageError(f"--images: no such folder: {args.images}")
-    record = EvaluationRecord.load(args.evaluation)
-    command = getattr(args, "_command_line", None)
-    page = write_report(
-        record, args.out, images_dir=args.images, examples=args.examples, conf=args.conf,
-        command=shlex.join(command) if command else None,
-    )
-    print(f"page: {page}")
-    return 0
+    return run(ReportOptions.from_namespace(args))
 
 
 def main(argv: list[str] | None = None) -> int:

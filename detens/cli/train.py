@@ -47,13 +47,14 @@ import yaml
 from tqdm import tqdm
 
 from detens.checks import first_few
-from detens.cli import UsageError, add_threads_argument, file_or_shipped_name, run_command
-from detens.cli._inputs import model_names
-from detens.cli._outputs import refuse_outputs_over_inputs
+from detens.cli import add_threads_argument, run_command
 from detens.coco import load_coco_gt
 from detens.config import parse_yaml, save_yaml_config
 from detens.heads import TRAINERS, fit_head, load_train_config
 from detens.io import atomic_write_bytes, atomic_write_json, atomic_write_text, check_writable_file
+from detens.jobs._inputs import model_names
+from detens.jobs._options import UsageError, file_or_shipped_name
+from detens.jobs._outputs import refuse_outputs_over_inputs
 from detens.predictions import EnsemblePredictions, join_predictions, shared_images, shares_images_phrase
 
 logger = logging.getLogger("detens.train")
@@ -317,7 +318,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _refuse_outputs_over_inputs(args: argparse.Namespace) -> None:
     """Raise now, not once the head is trained, if a file the run writes is one it reads or a JSON file in
-    a prediction folder (:func:`detens.cli._outputs.refuse_outputs_over_inputs`)."""
+    a prediction folder (:func:`detens.jobs._outputs.refuse_outputs_over_inputs`)."""
     out = Path(args.out)
     outputs = [("--out", out), *((f"the {suffix} file", out.with_name(out.name + suffix))
                                  for suffix in (".config.yaml", ".loss.png", ".log", ".log.json"))]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from detens.cli import UsageError
+from detens.jobs._options import UsageError
 
 __all__ = ["refuse_outputs_over_inputs", "refuse_results_in_prediction_folders"]
 

@@ -14,6 +14,7 @@ variables they read are put back when it returns or raises."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import numbers
 import os
 from collections.abc import Sequence
@@ -21,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from detens.checks import check_flag
+from detens.jobs._options import JobOptions, UsageError
 
-__all__ = ["cache", "fuse_images"]
+__all__ = ["JOBS", "cache", "fuse_images", "job"]
 
 
 def _models_text(value: Any) -> str:
@@ -100,8 +102,50 @@ def _checked(action: argparse.Action, key: str, value: Any) -> Any:
     return value
 
 
+#: command -> (job module, its options class); each module has ``run(options) -> int``
+JOBS: dict[str, tuple[str, str]] = {
+    "cache": ("detens.jobs.cache", "CacheOptions"),
+    "fuse": ("detens.jobs.fuse", "FuseOptions"),
+    "train": ("detens.jobs.train", "TrainOptions"),
+    "evaluate": ("detens.jobs.evaluate", "EvaluateOptions"),
+    "bench": ("detens.jobs.bench", "BenchOptions"),
+    "report": ("detens.jobs.report", "ReportOptions"),
+}
+
+
+def job(command: str) -> tuple[Any, type[JobOptions]]:
+    """The job module of ``command`` and its options class.
+
+    Raises:
+        ValueError: an unknown command, naming the valid ones.
+    """
+    if command not in JOBS:
+        raise ValueError(f"unknown job {command!r}; valid: {', '.join(JOBS)}")
+    name, options_class = JOBS[command]
+    module = importlib.import_module(name)
+    return module, getattr(module, options_class)
+
+
 def _run(command: str, options: dict[str, Any]) -> int:
-    from detens.cli import UsageError, command_parser
+    try:
+        module, options_class = job(command)
+    except ModuleNotFoundError:
+        return _run_through_parser(command, options)
+    if options.get("models") is not None:
+        options = {**options, "models": _models_text(options["models"])}
+    checked = options_class.from_python(options)
+    from detens.jobs._logging import quieted
+
+    try:
+        # as the command's --quiet (the detector libraries' loading messages too), for this call only
+        with quieted(checked.quiet, only_where_stderr_is_fd_2=True):
+            return int(module.run(checked))
+    except UsageError as err:
+        raise ValueError(str(err)) from None
+
+
+def _run_through_parser(command: str, options: dict[str, Any]) -> int:
+    from detens.cli import command_parser
 
     parser = command_parser(command)
     actions = {action.dest: action for action in parser._actions if action.dest != "help"}
@@ -117,7 +161,7 @@ def _run(command: str, options: dict[str, Any]) -> int:
     if missing:
         raise TypeError(f"{command}() needs {', '.join(missing)}")
     args._run, args._parser = parser.get_default("_run"), parser
-    from detens.cli._logging import quieted
+    from detens.jobs._logging import quieted
 
     try:
         # as the command's --quiet (the detector libraries' loading messages too), for this call only

@@ -1,0 +1,238 @@
+"""What a job takes: its options as one dataclass, each field checked and converted as it is set, so a job
+started from Python (``detens.cache(...)``) gets the values the command line gives it (``detens cache ...``).
+
+A job's options are a keyword-only dataclass deriving from :class:`JobOptions`, each field made by one of
+the kinds below; the command's flags are the fields' names (``max_det`` is ``--max-det``). A value of the
+wrong type is a TypeError naming the option, a bad value a ValueError: a string is never read as a number,
+nor a number or a string as a bool (``overwrite="no"`` would otherwise discard finished work).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from detens.checks import check_flag
+
+__all__ = [
+    "JobOptions", "UsageError", "check_existing_folder", "check_folder", "check_positive_int",
+    "file_or_shipped_name", "flag", "folder", "existing_folder", "integer", "internal", "number", "path",
+    "text",
+]
+
+
+class UsageError(ValueError):
+    """A mistake in how a job was called, found after its options were read (the command reports it like a
+    bad flag, naming the command and its ``--help``)."""
+
+
+# --------------------------------------------------------------------------------------- the checks of values
+def check_folder(value: str) -> Path:
+    """The path of a folder, which may not exist yet. An empty one is refused rather than read as the working
+    directory (``Path("")`` is ``.``): it is most often an unset shell variable (``--out "$OUT"``), and the
+    job would write its outputs among the user's own files. So is a path that is a file, before anything is
+    done (creating the folder would fail only then, as "File exists").
+
+    Raises:
+        ValueError: ``value`` is empty or a file.
+    """
+    if not value:
+        raise ValueError("expected a folder, got an empty path (write . for the working directory)")
+    if os.path.exists(value) and not os.path.isdir(value):
+        raise ValueError(f"expected a folder, got {value!r}, which is a file")
+    return Path(value)
+
+
+def check_existing_folder(value: str) -> str:
+    """The path of a folder that exists, kept as written.
+
+    Raises:
+        ValueError: no folder is at ``value``.
+    """
+    if not os.path.isdir(value):
+        raise ValueError(f"no such folder: {value!r}")
+    return value
+
+
+def check_positive_int(value: str | int) -> int:
+    """An integer >= 1, from its text or a number (an integral one: ``2.0`` is refused).
+
+    Raises:
+        ValueError: ``value`` is no integer or below 1.
+    """
+    if isinstance(value, str):
+        try:
+            value = int(value)
+        except ValueError:
+            raise ValueError(f"expected an integer >= 1, got {value!r}") from None
+    if value < 1:
+        raise ValueError(f"expected an integer >= 1, got {value}")
+    return int(value)
+
+
+def file_or_shipped_name(flag: str, value: str | None) -> str | None:
+    """``value`` of ``flag``, a file or the name of a file shipped in the package (``--config``, ``--head``),
+    as given (None: the option left out). An empty one is refused, as :func:`check_folder` refuses an empty
+    folder: it is most often an unset shell variable, and looked up as a path it would be reported as the
+    working directory, which is no file.
+
+    Raises:
+        UsageError: an empty ``value``.
+    """
+    if value == "":
+        raise UsageError(f"{flag}: expected a file or a shipped name, got an empty path")
+    return value
+
+
+# ------------------------------------------------------------------------------------------ the kinds of fields
+def _field(default: Any, kind: str, *, required: bool = False, choices: Sequence[Any] | None = None) -> Any:
+    return dataclasses.field(
+        default=default, metadata={"kind": kind, "required": required, "choices": choices}
+    )
+
+
+def flag() -> Any:
+    """An option without a value (``--overwrite``): True or False (a NumPy bool too), default False."""
+    return _field(False, "flag")
+
+
+def integer(default: int | None = None, *, positive: bool = False) -> Any:
+    """A count (an ``int`` or a NumPy integer; never a float or a bool); ``positive``: at least 1."""
+    return _field(default, "positive_int" if positive else "int")
+
+
+def number(default: float | None = None) -> Any:
+    """A real number (an int, a float, a NumPy number; never a bool), stored as a float."""
+    return _field(default, "float")
+
+
+def path(default: Path | None = None, *, required: bool = False) -> Any:
+    """A file or folder path (a ``str`` or an ``os.PathLike``), stored as a ``Path``."""
+    return _field(default, "path", required=required)
+
+
+def folder(*, required: bool = False) -> Any:
+    """A folder to write to, which may not exist yet (:func:`check_folder`), stored as a ``Path``."""
+    return _field(None, "folder", required=required)
+
+
+def existing_folder() -> Any:
+    """A folder that exists (:func:`check_existing_folder`), stored as the ``str`` given."""
+    return _field(None, "existing_folder")
+
+
+def text(default: str | None = None, *, required: bool = False, choices: Sequence[str] | None = None) -> Any:
+    """A string option (an ``os.PathLike`` is taken as its path), one of ``choices`` where given."""
+    return _field(default, "str", required=required, choices=choices)
+
+
+def internal(default: Any = None) -> Any:
+    """What the command line passes to the job that is no option of it (the command line itself)."""
+    return _field(default, "internal")
+
+
+def _checked(kind: str, key: str, value: Any) -> Any:
+    """``value`` of the option ``key`` of ``kind``, converted, or a TypeError/ValueError naming the option."""
+    if kind == "flag":
+        return check_flag(value, key)
+    if kind in ("int", "positive_int"):  # numpy integers too (np.int64 from an array); bools and floats are no counts
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{key} must be an int, got {type(value).__name__}: {value!r}")
+        if kind == "positive_int" and value < 1:
+            raise ValueError(f"{key} must be an int >= 1, got {value}")
+        return int(value)
+    if kind == "float":
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{key} must be a number, got {type(value).__name__}: {value!r}")
+        return float(value)
+    if kind in ("path", "folder", "existing_folder"):
+        if not isinstance(value, (str, os.PathLike)):
+            raise TypeError(f"{key} must be a path (str or os.PathLike), got {type(value).__name__}: {value!r}")
+        if kind == "path":
+            return Path(value)
+        try:
+            return (check_folder if kind == "folder" else check_existing_folder)(os.fspath(value))
+        except ValueError as err:
+            raise ValueError(f"{key}: {err}") from None
+    if kind == "str":
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        if not isinstance(value, str):
+            raise TypeError(f"{key} must be a str, got {type(value).__name__}: {value!r}")
+        return value
+    raise TypeError(f"{key}: unknown kind of option {kind!r}")  # pragma: no cover - a field made without a kind
+
+
+@dataclasses.dataclass(kw_only=True)
+class JobOptions:
+    """The options of a job. Subclasses are keyword-only dataclasses whose fields come from :func:`flag`,
+    :func:`integer`, :func:`number`, :func:`path`, :func:`folder`, :func:`existing_folder`, :func:`text` and
+    :func:`internal`; each value is checked and converted when the options are made (None: the option left
+    out, its default kept; a required one left out is a TypeError).
+
+    Attributes:
+        quiet (bool): warnings only: no progress bars, no library chatter.
+        command_line (tuple[str, ...] | None): the command line that started the job, recorded in outputs
+            that say how they were made (None from Python).
+    """
+
+    #: the job's name in messages: ``cache()`` of ``detens.cache``
+    job: ClassVar[str] = "job"
+
+    quiet: bool = flag()
+    command_line: tuple[str, ...] | None = internal()
+
+    def __post_init__(self) -> None:
+        missing = []
+        for spec in dataclasses.fields(self):
+            kind = spec.metadata.get("kind")
+            value = getattr(self, spec.name)
+            if kind is None or kind == "internal":
+                continue
+            if value is None:
+                if spec.metadata["required"]:
+                    missing.append(spec.name)
+                continue
+            value = _checked(kind, spec.name, value)
+            choices = spec.metadata["choices"]
+            if choices is not None and value not in choices:
+                raise ValueError(f"{spec.name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+            setattr(self, spec.name, value)
+        if missing:
+            raise TypeError(f"{self.job}() needs {', '.join(missing)}")
+
+    @classmethod
+    def option_names(cls) -> list[str]:
+        """The options a caller sets (every field but the internal ones)."""
+        return [f.name for f in dataclasses.fields(cls) if f.metadata.get("kind") != "internal"]
+
+    @classmethod
+    def from_python(cls, options: Mapping[str, Any]) -> JobOptions:
+        """The options of a Python call (``None`` for an option: left out).
+
+        Raises:
+            TypeError: an option the job does not have, one of the wrong type, or a required one left out.
+            ValueError: a bad value (a path that is a file where a folder is expected, a value not among the
+                choices).
+        """
+        valid = cls.option_names()
+        unknown = sorted(set(options) - set(valid))
+        if unknown:
+            raise TypeError(f"{cls.job}() got unknown options {unknown}; valid: {', '.join(sorted(valid))}")
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+        return cls(**{key: defaults[key] if value is None else value for key, value in options.items()})
+
+    @classmethod
+    def from_namespace(cls, args: Any) -> JobOptions:
+        """The options of a parsed command line: the attributes of ``args`` named like the fields (the
+        command line itself from ``args._command_line``, where the parser's caller recorded it)."""
+        names = cls.option_names()
+        command_line = getattr(args, "_command_line", None)
+        return cls(
+            **{name: getattr(args, name) for name in names},
+            command_line=tuple(command_line) if command_line is not None else None,
+        )
