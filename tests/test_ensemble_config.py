@@ -163,7 +163,7 @@ def test_overrides_and_round_trip(tmp_path):
 
 
 def test_strings_that_read_as_numbers_survive_the_round_trip(tmp_path):
-    from detens.cli.fuse import check_resume
+    from detens.jobs.fuse import check_resume
 
     # a plain YAML 1.1 dumper writes "1e3" bare, which the loader reads back as the number 1000.0
     config = ensemble_config_from_dict(

@@ -24,7 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
-from detens.cli import fuse as fuse_tool  # noqa: E402
+from detens.cli import fuse as fuse_cli  # noqa: E402
+from detens.jobs import fuse as fuse_tool  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +50,7 @@ def workspace(tmp_path_factory):
 
 
 def run(workspace, out, *extra):
-    return fuse_tool.main(
+    return fuse_cli.main(
         [
             "--config",
             str(workspace / "pair.yaml"),
@@ -129,12 +130,12 @@ def test_a_run_without_a_readable_image_lists_only_the_outputs_it_wrote(workspac
     source.mkdir()
     for name in ("corrupt.jpg", "empty.jpg"):
         shutil.copy(workspace / "images" / name, source / name)
-    assert fuse_tool.main(["--config", str(workspace / "pair.yaml"), "--source", str(source), "--out", str(out)]) == 0
+    assert fuse_cli.main(["--config", str(workspace / "pair.yaml"), "--source", str(source), "--out", str(out)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert f"results in {out}/: predictions.json, images.json, summary.json, config.yaml" in lines, lines
     assert not (out / "labels").exists() and not (out / "vis").exists()
     shutil.copy(workspace / "images" / "bus.jpg", source / "bus.jpg")
-    assert fuse_tool.main(["--config", str(workspace / "pair.yaml"), "--source", str(source), "--out", str(out)]) == 0
+    assert fuse_cli.main(["--config", str(workspace / "pair.yaml"), "--source", str(source), "--out", str(out)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert f"results in {out}/: predictions.json, images.json, labels/, vis/, summary.json, config.yaml" in lines, lines
 
@@ -215,13 +216,13 @@ def test_complete_run_grows_with_new_images(workspace, tmp_path, monkeypatch):
     source.mkdir()
     shutil.copy(workspace / "images" / "bus.jpg", source / "bus.jpg")
     args = ["--config", str(workspace / "pair.yaml"), "--out", str(tmp_path / "o"), "--quiet", "--no-vis"]
-    assert fuse_tool.main([*args, "--source", str(source)]) == 0
+    assert fuse_cli.main([*args, "--source", str(source)]) == 0
     first_images, first = read_outputs(tmp_path / "o")
     shutil.copy(workspace / "images" / "zidane copy.jpg", source / "zidane.jpg")
     calls = []
     original = fuse_tool.process_image
     monkeypatch.setattr(fuse_tool, "process_image", lambda *a, **k: calls.append(a[1]) or original(*a, **k))
-    assert fuse_tool.main([*args, "--source", str(source)]) == 0
+    assert fuse_cli.main([*args, "--source", str(source)]) == 0
     images, results = read_outputs(tmp_path / "o")
     assert calls == ["zidane.jpg"]  # bus.jpg came from the complete run's outputs
     assert [im["file_name"] for im in images["images"]] == ["bus.jpg", "zidane.jpg"]
@@ -248,11 +249,11 @@ def test_an_interrupted_run_keeps_its_image_ids_on_resume(workspace, tmp_path, m
     out = tmp_path / "o"
     args = ["--config", str(workspace / "pair.yaml"), "--out", str(out), "--quiet", "--no-vis", "--source", str(source)]
     undo = interrupt_on_image(monkeypatch, 3)
-    assert fuse_tool.main(args) == 130
+    assert fuse_cli.main(args) == 130
     interrupted_images, interrupted = read_outputs(out)
     assert {im["file_name"]: im["id"] for im in interrupted_images["images"]} == {"x.jpg": 1, "x.jpg.jpg": 2}
     undo()
-    assert fuse_tool.main(args) == 0
+    assert fuse_cli.main(args) == 0
     images, results = read_outputs(out)
     assert {im["file_name"]: im["id"] for im in images["images"]} == {"x.jpg": 1, "x.jpg.jpg": 2, "y.jpg": 3}
     assert sorted(map(json.dumps, interrupted)) == sorted(json.dumps(r) for r in results if r["image_id"] != 3)
@@ -407,11 +408,11 @@ def test_a_run_that_read_no_image_names_no_members_and_does_not_stop_the_next(wo
     source.mkdir()
     shutil.copy(workspace / "images" / "corrupt.jpg", source / "corrupt.jpg")
     args = ["--config", str(config), "--source", str(source), "--out", str(out), "--quiet", "--no-vis"]
-    assert fuse_tool.main(args) == 0
+    assert fuse_cli.main(args) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["models"], summary["weights"], summary["fuse_first_call_ms"]) == ([], {}, None)
     one_image_source(workspace, source, "bus.jpg")
-    assert fuse_tool.main(args) == 0
+    assert fuse_cli.main(args) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["models"] == ["yolo26n_int8"] and summary["done"] == 1, summary
     assert summary["weights"]["yolo26n_int8"].endswith("yolo26n_int8.tflite")
@@ -427,7 +428,7 @@ def test_changed_config_refuses_to_resume(workspace, full_run, capsys):
 def test_method_override_overwrite_glob_and_single_file(workspace):
     out = workspace / "out mean"
     source = str(workspace / "images" / "*.jpg")
-    code = fuse_tool.main(
+    code = fuse_cli.main(
         [
             "--config",
             str(workspace / "pair.yaml"),
@@ -445,7 +446,7 @@ def test_method_override_overwrite_glob_and_single_file(workspace):
     images, _ = read_outputs(out)
     assert [im["file_name"] for im in images["images"]] == ["bus.jpg", "zidane copy.jpg"]
     assert images["info"]["method"] == "mean" and not (out / "vis").exists()
-    code = fuse_tool.main(
+    code = fuse_cli.main(
         [
             "--config",
             str(workspace / "pair.yaml"),
@@ -469,7 +470,7 @@ def test_method_override_overwrite_glob_and_single_file(workspace):
 def test_no_images_and_special_source(workspace, tmp_path):
     (tmp_path / "empty").mkdir()
     assert (
-        fuse_tool.main(
+        fuse_cli.main(
             [
                 "--config",
                 str(workspace / "pair.yaml"),
@@ -493,7 +494,7 @@ def test_names_that_differ_only_in_case_get_their_own_outputs(workspace, tmp_pat
     shutil.copy(Path(ASSETS) / "zidane.jpg", images / "a.JPG")
     out = tmp_path / "out"
     argv = ["--config", str(workspace / "pair.yaml"), "--source", str(images), "--out", str(out), "--quiet"]
-    assert fuse_tool.main(argv) == 0
+    assert fuse_cli.main(argv) == 0
     images, _ = read_outputs(out)
     assert {im["file_name"]: im["output_stem"] for im in images["images"]} == {"a.JPG": "a_jpg", "a.jpg": "a_jpg_2"}
     for image in images["images"]:
@@ -505,7 +506,7 @@ def test_names_that_differ_only_in_case_get_their_own_outputs(workspace, tmp_pat
 def parse(argv):
     from detens.cli import build_parser
 
-    return build_parser(["fuse"]).parse_args(["fuse", *argv])
+    return fuse_tool.FuseOptions.from_namespace(build_parser(["fuse"]).parse_args(["fuse", *argv]))
 
 
 def test_shipped_config_head_follows_its_method(tmp_path):
@@ -590,7 +591,7 @@ def test_fusion_params_are_checked_before_any_detector_loads(workspace, tmp_path
         fusion = {**fusion, "head": str(REPO / "detens" / "configs" / "heads" / fusion["head"])}
     config = pair_config(workspace, tmp_path, fusion, named)
     monkeypatch.setattr(fuse_tool, "build_ensemble", lambda *a, **k: pytest.fail("models loaded for nothing"))
-    code = fuse_tool.main(["--config", str(config), "--source", str(workspace / "images"), "--out",
+    code = fuse_cli.main(["--config", str(config), "--source", str(workspace / "images"), "--out",
                            str(tmp_path / "o"), "--quiet", *engine])
     err = capsys.readouterr().err
     assert code == 2 and err.count("error:") == 1 and fragment in err and "Traceback" not in err, err
@@ -605,7 +606,7 @@ def one_image_source(workspace, folder, *names):
 
 
 def fuse_into(workspace, source, out, *extra):
-    return fuse_tool.main(["--config", str(workspace / "pair.yaml"), "--source", str(source), "--out", str(out),
+    return fuse_cli.main(["--config", str(workspace / "pair.yaml"), "--source", str(source), "--out", str(out),
                            "--quiet", *extra])
 
 
@@ -628,7 +629,7 @@ def test_overwrite_that_fails_before_its_first_result_leaves_the_folder_as_it_wa
         assert fuse_into(workspace, source, out, "--overwrite", "--method", "mean") == 130
     else:
         with pytest.raises(RuntimeError, match="^the detector broke$"):
-            fuse_tool.main(["--config", str(workspace / "pair.yaml"), "--source", str(source), "--out", str(out),
+            fuse_cli.main(["--config", str(workspace / "pair.yaml"), "--source", str(source), "--out", str(out),
                             "--quiet", "--overwrite", "--method", "mean", "--debug"])
     assert folder_state(out) == before
     # a new folder that fails the same way is not left behind, and the run ends as the first one did;
@@ -637,16 +638,17 @@ def test_overwrite_that_fails_before_its_first_result_leaves_the_folder_as_it_wa
         into_new = ["--config", str(workspace / "pair.yaml"), "--source", str(source), "--out",
                     str(tmp_path / "new"), "--quiet", "--debug", *overwrite]
         if isinstance(failure, KeyboardInterrupt):
-            assert fuse_tool.main(into_new) == 130
+            assert fuse_cli.main(into_new) == 130
         else:
             with pytest.raises(RuntimeError, match="^the detector broke$"):
-                fuse_tool.main(into_new)
+                fuse_cli.main(into_new)
         assert not (tmp_path / "new").exists(), overwrite
 
 
 _KILLED_ON_IMAGE = """
 import os, signal, sys
-from detens.cli import fuse
+from detens.cli import fuse as fuse_cli
+from detens.jobs import fuse
 
 real, calls = fuse.process_image, []
 
@@ -659,7 +661,7 @@ def process_image(*args, **kwargs):
 
 
 fuse.process_image = process_image
-sys.exit(fuse.main(sys.argv[2:]))
+sys.exit(fuse_cli.main(sys.argv[2:]))
 """
 
 
@@ -676,7 +678,7 @@ def killed_on_image(workspace, number, source, out, *extra):
 
 def fuse_loudly(workspace, source, out, *extra):
     """:func:`fuse_into` without ``--quiet``: its log lines reach ``sys.stderr``."""
-    return fuse_tool.main(["--config", str(workspace / "pair.yaml"), "--source", str(source), "--out", str(out),
+    return fuse_cli.main(["--config", str(workspace / "pair.yaml"), "--source", str(source), "--out", str(out),
                            *extra])
 
 
@@ -1073,14 +1075,14 @@ def test_a_relative_weights_dir_is_the_yamls_and_a_flags_is_the_working_director
     source = one_image_source(workspace, tmp_path / "src")
     monkeypatch.chdir(elsewhere)
     args = ["--config", str(project / "cfg" / "wd.yaml"), "--source", str(source), "--quiet", "--no-vis"]
-    assert fuse_tool.main([*args, "--out", str(tmp_path / "o")]) == 0
+    assert fuse_cli.main([*args, "--out", str(tmp_path / "o")]) == 0
     # the flag's folder is the working directory's: there is none, and a flag naming nothing is a mistake
     with pytest.raises(SystemExit) as stop:  # argparse's own errors exit from parse_args
-        fuse_tool.main([*args, "--out", str(tmp_path / "o2"), "--weights-dir", "../models"])
+        fuse_cli.main([*args, "--out", str(tmp_path / "o2"), "--weights-dir", "../models"])
     assert stop.value.code == 2
     assert "argument --weights-dir: no such folder: '../models'" in capsys.readouterr().err
     (tmp_path / "elsewhere" / "models").mkdir()
-    assert fuse_tool.main([*args, "--out", str(tmp_path / "o2"), "--weights-dir", "../models"]) == 2
+    assert fuse_cli.main([*args, "--out", str(tmp_path / "o2"), "--weights-dir", "../models"]) == 2
     missing = tmp_path / "elsewhere" / "models"
     assert f"{missing / 'mine' / 'v8.tflite'} (weights folder)" in capsys.readouterr().err
 
@@ -1093,12 +1095,12 @@ def test_an_image_map_of_saved_predictions_rewritten_at_the_same_path_is_not_res
     config = saved_config(tmp_path, [saved_result(1, 1), saved_result(2, 6)], saved)
     args = ["--config", str(config), "--source", str(source), "--out", str(tmp_path / "o"), "--method", "wbf",
             "--quiet", "--no-vis"]
-    assert fuse_tool.main(args) == 0
+    assert fuse_cli.main(args) == 0
     before = folder_state(tmp_path / "o")
     (tmp_path / "images.json").write_text(json.dumps(
         {"images": [{"id": 2, "file_name": "a.jpg"}, {"id": 1, "file_name": "b.jpg"}]}))
     one_image_source(workspace, source, "b.jpg")
-    assert fuse_tool.main(args) == 2
+    assert fuse_cli.main(args) == 2
     assert f"{tmp_path / 'images.json'} changed since the earlier run" in capsys.readouterr().err
     assert folder_state(tmp_path / "o") == before
 
@@ -1120,13 +1122,13 @@ def test_the_dataset_mapping_saved_predictions_images_counts_as_their_image_map(
         {"type": "precomputed", "results": str(results), "name": "saved"}]}))
     args = ["--config", str(config), "--source", str(source), "--out", str(tmp_path / "o"), "--method", "wbf",
             "--quiet", "--no-vis"]
-    assert fuse_tool.main(args) == 0
+    assert fuse_cli.main(args) == 0
     assert str(dataset) in json.loads((tmp_path / "o" / "summary.json").read_text())["inputs"]
     before = folder_state(tmp_path / "o")
     images[0]["file_name"], images[1]["file_name"] = "b.jpg", "a.jpg"
     dataset.write_text(json.dumps({"images": images, "annotations": [], "categories": categories}))
     one_image_source(workspace, source, "b.jpg")
-    assert fuse_tool.main(args) == 2
+    assert fuse_cli.main(args) == 2
     assert f"{dataset} changed since the earlier run" in capsys.readouterr().err
     assert folder_state(tmp_path / "o") == before
 
@@ -1163,7 +1165,7 @@ def test_images_missing_from_saved_predictions_are_named_before_any_result(works
     member = {"type": "precomputed", "results": str(tmp_path / "saved.json"), "images": str(tmp_path / "images.json")}
     config = {"name": "saved", "models": [{**member, "name": "saved"}, {**member, "name": "twin"}]}
     (tmp_path / "saved.yaml").write_text(yaml.safe_dump(config))
-    code = fuse_tool.main(["--config", str(tmp_path / "saved.yaml"), "--source", str(source), "--out",
+    code = fuse_cli.main(["--config", str(tmp_path / "saved.yaml"), "--source", str(source), "--out",
                            str(tmp_path / "o"), "--quiet"])
     assert code == 2
     err = capsys.readouterr().err
@@ -1196,7 +1198,7 @@ def test_saved_category_ids_outside_the_label_space_are_named_before_any_result(
     # the unknown id is on the second image: no result of the first may be written either
     results = [saved_result(1, 6), saved_result(2, 6), saved_result(2, 999), saved_result(2, 12)]
     config = saved_config(tmp_path, results, {"a.jpg": 1, "b.jpg": 2})
-    code = fuse_tool.main(["--config", str(config), "--source", str(source), "--out", str(tmp_path / "o"),
+    code = fuse_cli.main(["--config", str(config), "--source", str(source), "--out", str(tmp_path / "o"),
                            "--method", "wbf", "--quiet", *flags])
     assert code == 2
     err = capsys.readouterr().err
@@ -1216,15 +1218,15 @@ def test_saved_category_ids_follow_the_dataset_and_the_class_map(workspace, tmp_
     results = [saved_result(1, 1), saved_result(1, 6)]
     args = ["--source", str(source), "--method", "wbf", "--quiet", "--no-vis"]
     config = saved_config(tmp_path, results, {"a.jpg": 1}, dataset)
-    assert fuse_tool.main(["--config", str(config), "--out", str(tmp_path / "o"), *args]) == 2
+    assert fuse_cli.main(["--config", str(config), "--out", str(tmp_path / "o"), *args]) == 2
     err = capsys.readouterr().err
     assert "has category_id 6, which is not one of the 2 category ids of the dataset" in err and ": 1, 2;" in err
     # a class_map onto the dataset's ids fixes it; an id the map sends outside is named with the map
     config = saved_config(tmp_path, results, {"a.jpg": 1}, dataset, class_map={1: 1, 6: 7})
-    assert fuse_tool.main(["--config", str(config), "--out", str(tmp_path / "o"), *args]) == 2
+    assert fuse_cli.main(["--config", str(config), "--out", str(tmp_path / "o"), *args]) == 2
     assert "model 'saved': class_map[6] = 7 is not one of the 2 category ids of the dataset" in capsys.readouterr().err
     config = saved_config(tmp_path, results, {"a.jpg": 1}, dataset, class_map={1: 1, 6: 2})
-    assert fuse_tool.main(["--config", str(config), "--out", str(tmp_path / "o"), *args]) == 0
+    assert fuse_cli.main(["--config", str(config), "--out", str(tmp_path / "o"), *args]) == 0
     _, fused = read_outputs(tmp_path / "o")
     assert sorted({r["category_id"] for r in fused}) == [1, 2]
 
@@ -1237,7 +1239,7 @@ def test_a_class_map_outside_the_label_space_is_refused_before_any_detector_load
     config = yaml.safe_load((workspace / "pair.yaml").read_text())
     config["models"][1]["class_map"] = {0: 1, "bus": 999}
     (tmp_path / "cm.yaml").write_text(yaml.safe_dump(config))
-    assert fuse_tool.main(["--config", str(tmp_path / "cm.yaml"), *args]) == 2
+    assert fuse_cli.main(["--config", str(tmp_path / "cm.yaml"), *args]) == 2
     err = capsys.readouterr().err
     assert err.count("error:") == 1 and "Traceback" not in err
     assert ("model 'yolo26n': class_map['bus'] = 999 is not one of the 80 category ids of COCO (the config names no "
@@ -1246,13 +1248,13 @@ def test_a_class_map_outside_the_label_space_is_refused_before_any_detector_load
     config["dataset"] = str(one_image_dataset(tmp_path))
     config["models"][1]["class_map"] = {0: 1, 5: 6}
     (tmp_path / "cm.yaml").write_text(yaml.safe_dump(config))
-    assert fuse_tool.main(["--config", str(tmp_path / "cm.yaml"), *args]) == 2
+    assert fuse_cli.main(["--config", str(tmp_path / "cm.yaml"), *args]) == 2
     assert (f"model 'yolo26n': class_map[5] = 6 is not one of the 2 category ids of the dataset "
             f"{tmp_path / 'gt.json'}: 1, 2;") in capsys.readouterr().err
     # saved predictions: a mapped id is checked even when no saved result has its key
     results = [saved_result(1, 1)]
     config = saved_config(tmp_path, results, {"bus.jpg": 1}, None, class_map={1: 1, 12: 999})
-    assert fuse_tool.main(["--config", str(config), "--method", "wbf", *args]) == 2
+    assert fuse_cli.main(["--config", str(config), "--method", "wbf", *args]) == 2
     assert "model 'saved': class_map[12] = 999 is not one of the 80 category ids of COCO" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 
@@ -1272,11 +1274,11 @@ def test_images_added_to_a_complete_run_get_ids_of_their_own(workspace, tmp_path
     config = saved_config(tmp_path, [saved_result(i, 2) for i in saved.values()], saved, one_image_dataset(tmp_path))
     args = ["--config", str(config), "--source", str(source), "--out", str(tmp_path / "o"), "--method", "wbf",
             "--quiet", "--no-vis"]
-    assert fuse_tool.main(args) == 0
+    assert fuse_cli.main(args) == 0
     first_images, _ = read_outputs(tmp_path / "o")
     assert {im["file_name"]: im["id"] for im in first_images["images"]} == {"a.jpg": 1, "new1.jpg": 2}
     one_image_source(workspace, source, "new2.jpg")
-    assert fuse_tool.main(args) == 0
+    assert fuse_cli.main(args) == 0
     images, results = read_outputs(tmp_path / "o")
     assert {im["file_name"]: im["id"] for im in images["images"]} == {"a.jpg": 1, "new1.jpg": 2, "new2.jpg": 3}
     assert sorted(r["image_id"] for r in results) == [1, 2, 3]  # one fused box per image, none merged
@@ -1288,7 +1290,7 @@ def test_files_that_share_a_dataset_base_name_are_refused_before_any_result(work
     one_image_source(workspace, source / "val", "a.jpg")
     saved = {"train/a.jpg": 1, "val/a.jpg": 2}
     config = saved_config(tmp_path, [saved_result(i, 2) for i in saved.values()], saved, one_image_dataset(tmp_path))
-    code = fuse_tool.main(["--config", str(config), "--source", str(source), "--out", str(tmp_path / "o"),
+    code = fuse_cli.main(["--config", str(config), "--source", str(source), "--out", str(tmp_path / "o"),
                            "--method", "wbf", "--quiet"])
     assert code == 2
     err = capsys.readouterr().err
@@ -1304,7 +1306,7 @@ def test_a_member_name_that_is_no_file_name_is_refused_before_any_result(workspa
     data["models"][0]["name"] = name
     config.write_text(yaml.safe_dump(data))
     out = tmp_path / "runs" / "o"
-    code = fuse_tool.main(["--config", str(config), "--source", str(source), "--out", str(out), "--method", "wbf",
+    code = fuse_cli.main(["--config", str(config), "--source", str(source), "--out", str(out), "--method", "wbf",
                            "--quiet", "--save-per-model"])
     assert code == 2
     err = capsys.readouterr().err
@@ -1322,7 +1324,7 @@ def test_a_head_with_classes_of_another_label_space_is_refused_before_any_result
     args = ["--config", str(config), "--source", str(source), "--quiet", "--no-vis"]
     # per-class rows of COCO's 3 (car) and 62: trained where 2 is bicycle, not this dataset's bus
     ThetaHead(["saved", "twin"], per_class=True, class_ids=[1, 3, 62]).save(tmp_path / "coco.json")
-    assert fuse_tool.main([*args, "--out", str(tmp_path / "o"), "--head", str(tmp_path / "coco.json")]) == 2
+    assert fuse_cli.main([*args, "--out", str(tmp_path / "o"), "--head", str(tmp_path / "coco.json")]) == 2
     err = capsys.readouterr().err
     assert err.count("error:") == 1 and "Traceback" not in err
     assert (f"head '{tmp_path / 'coco.json'}' has per-class parameters for category ids 3, 62, which are not "
@@ -1332,16 +1334,16 @@ def test_a_head_with_classes_of_another_label_space_is_refused_before_any_result
     calibration = CalibrationHead(["saved", "twin"], {"saved": curve, "twin": curve},
                                   class_curves={"twin": {7: curve}}, per_class=True)
     calibration.save(tmp_path / "calibration.json")
-    assert fuse_tool.main([*args, "--out", str(tmp_path / "o"), "--head", str(tmp_path / "calibration.json")]) == 2
+    assert fuse_cli.main([*args, "--out", str(tmp_path / "o"), "--head", str(tmp_path / "calibration.json")]) == 2
     assert "category ids 7, which are not among the 2 category ids" in capsys.readouterr().err
     # the dataset's own classes, or none of its own, fuse
     ThetaHead(["saved", "twin"], per_class=True, class_ids=[1, 2]).save(tmp_path / "own.json")
-    assert fuse_tool.main([*args, "--out", str(tmp_path / "o"), "--head", str(tmp_path / "own.json")]) == 0
+    assert fuse_cli.main([*args, "--out", str(tmp_path / "o"), "--head", str(tmp_path / "own.json")]) == 0
     ThetaHead(["saved", "twin"]).save(tmp_path / "agnostic.json")
-    assert fuse_tool.main([*args, "--out", str(tmp_path / "o2"), "--head", str(tmp_path / "agnostic.json")]) == 0
+    assert fuse_cli.main([*args, "--out", str(tmp_path / "o2"), "--head", str(tmp_path / "agnostic.json")]) == 0
     # with no dataset the label space is COCO's, where 3 and 62 are classes
     config = saved_config(tmp_path, [saved_result(1, 1), saved_result(1, 3)], {"a.jpg": 1})
-    assert fuse_tool.main(["--config", str(config), "--source", str(source), "--quiet", "--no-vis",
+    assert fuse_cli.main(["--config", str(config), "--source", str(source), "--quiet", "--no-vis",
                            "--out", str(tmp_path / "o3"), "--head", str(tmp_path / "coco.json")]) == 0
 
 
@@ -1355,7 +1357,7 @@ def test_a_head_whose_ids_name_other_classes_is_refused_by_name(workspace, tmp_p
     custom = ThetaHead(["saved", "twin"], per_class=True, class_ids=[1, 5, 9])
     custom.label_space = {1: "cat", 5: "dog", 9: "bird"}
     custom.save(tmp_path / "custom.safetensors")
-    assert fuse_tool.main([*args, "--out", str(tmp_path / "o"), "--head", str(tmp_path / "custom.safetensors")]) == 2
+    assert fuse_cli.main([*args, "--out", str(tmp_path / "o"), "--head", str(tmp_path / "custom.safetensors")]) == 2
     err = capsys.readouterr().err
     assert err.count("error:") == 1 and "Traceback" not in err
     assert (f"head '{tmp_path / 'custom.safetensors'}' was trained on a label space whose category ids name other "
@@ -1367,19 +1369,19 @@ def test_a_head_whose_ids_name_other_classes_is_refused_by_name(workspace, tmp_p
     coco = ThetaHead(["saved", "twin"], per_class=True, class_ids=[1, 4, 5])
     coco.label_space = {1: "PERSON", 4: "motorbike", 5: " Aeroplane "}
     coco.save(tmp_path / "coco.json")
-    assert fuse_tool.main([*args, "--out", str(tmp_path / "o"), "--head", str(tmp_path / "coco.json")]) == 0
+    assert fuse_cli.main([*args, "--out", str(tmp_path / "o"), "--head", str(tmp_path / "coco.json")]) == 0
     # a class-agnostic head has nothing of its own per class: any label space, whatever it records
     agnostic = ThetaHead(["saved", "twin"])
     agnostic.label_space = {1: "cat", 5: "dog", 9: "bird"}
     agnostic.save(tmp_path / "agnostic.json")
-    assert fuse_tool.main([*args, "--out", str(tmp_path / "o2"), "--head", str(tmp_path / "agnostic.json")]) == 0
+    assert fuse_cli.main([*args, "--out", str(tmp_path / "o2"), "--head", str(tmp_path / "agnostic.json")]) == 0
     # a dataset's categories are the names compared; one it leaves unnamed is not compared
     dataset = tmp_path / "gt.json"
     dataset.write_text(json.dumps({"images": [{"id": 1, "file_name": "a.jpg", "height": 1080, "width": 810}],
                                    "annotations": [], "categories": [{"id": 1, "name": "cat"}, {"id": 5},
                                                                      {"id": 9, "name": "Bird"}]}))
     config = saved_config(tmp_path, [saved_result(1, 1), saved_result(1, 5)], {"a.jpg": 1}, dataset)
-    assert fuse_tool.main(["--config", str(config), "--source", str(source), "--quiet", "--no-vis",
+    assert fuse_cli.main(["--config", str(config), "--source", str(source), "--quiet", "--no-vis",
                            "--out", str(tmp_path / "o3"), "--head", str(tmp_path / "custom.safetensors")]) == 0
 
 
@@ -1397,7 +1399,7 @@ def test_yolo_classes_are_positions_in_images_json_categories(workspace, tmp_pat
                                                                      {"id": 1, "name": "human"},
                                                                      {"id": 5, "name": "vehicle"}]}))
     config = saved_config(tmp_path, [saved_result(1, 5)], {"a.jpg": 1}, dataset)
-    assert fuse_tool.main(["--config", str(config), "--source", str(source), "--out", str(tmp_path / "o"),
+    assert fuse_cli.main(["--config", str(config), "--source", str(source), "--out", str(tmp_path / "o"),
                            "--method", "wbf", "--quiet", "--no-vis"]) == 0
     images, _ = read_outputs(tmp_path / "o")
     names = [c["name"] for c in images["categories"]]
@@ -1413,7 +1415,7 @@ def test_images_new_to_the_dataset_are_reported_in_one_warning(workspace, tmp_pa
     images = {name: i + 1 for i, name in enumerate(names)}
     config = saved_config(tmp_path, [{**r, "image_id": i} for r in results for i in images.values()], images,
                           one_image_dataset(tmp_path))
-    assert fuse_tool.main(["--config", str(config), "--source", str(source), "--out", str(tmp_path / "o"),
+    assert fuse_cli.main(["--config", str(config), "--source", str(source), "--out", str(tmp_path / "o"),
                            "--method", "wbf", "--no-vis"]) == 0
     warnings = [line for line in capsys.readouterr().err.splitlines() if "not in" in line]
     assert warnings == [f"WARNING detens.fuse: 7 images not in {tmp_path / 'gt.json'} get new image ids 2-8: new0.jpg, new1.jpg, "

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from detens.cli.fuse import image_ids
+from detens.jobs.fuse import image_ids
 
 
 @pytest.fixture

@@ -290,12 +290,12 @@ def test_an_interrupted_ray_run_whose_images_finished_out_of_order_resumes_to_th
 ):
     """Ray's actors finish images out of order (here: the last first) and the run is interrupted after two
     of them: the ids it wrote, and those of the resumed run, on either engine, are the uninterrupted run's."""
-    import detens.cli.fuse as fuse_cli
     import detens.engines.ray_fuse as ray_fuse
+    import detens.jobs.fuse as fuse_job
 
     root, source, local = small
     out = tmp_path / "o"
-    fuse_on_ray, write_image = ray_fuse.fuse_on_ray, fuse_cli.write_image
+    fuse_on_ray, write_image = ray_fuse.fuse_on_ray, fuse_job.write_image
     written: list[str] = []
 
     def last_first(items, *args, **kwargs):
@@ -310,7 +310,7 @@ def test_an_interrupted_ray_run_whose_images_finished_out_of_order_resumes_to_th
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(ray_fuse, "fuse_on_ray", last_first)
-        patch.setattr(fuse_cli, "write_image", interrupted_after_two)
+        patch.setattr(fuse_job, "write_image", interrupted_after_two)
         assert fuse_one(root, source, out, "--engine", "ray", "--actors", "2") == 130
     expected = json.loads((local / "images.json").read_text())["images"]
     assert written == [im["file_name"] for im in expected[:-3:-1]]  # Ray's path ran, last image first

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""`detens fuse` as a script; the logic lives in detens/cli/fuse.py."""
+"""`detens fuse` as a script; the logic lives in detens/jobs/fuse.py."""
 import sys
 from pathlib import Path
 
