@@ -27,7 +27,8 @@ NUM_IMAGES = 3
 pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason="needs ../shared/data/coco_val2017_206")
 
 
-from detens.cli import cache as cache_tool  # noqa: E402
+import detens.jobs.cache as cache_tool  # noqa: E402
+from detens.cli import cache as cache_cli  # noqa: E402
 from detens.jobs._inputs import path_digest  # noqa: E402
 
 
@@ -86,7 +87,7 @@ def slice_(tmp_path_factory):
 
 
 def run(root: Path, out: Path, *extra: str, config: str = "replay.yaml", images: Path | None = None) -> int:
-    return cache_tool.main(
+    return cache_cli.main(
         [
             "--config",
             str(root / config),
@@ -200,7 +201,7 @@ class TestRealModel:
         shard0 = json.loads((out / "shards" / "yolo26n.shard-0-of-2.json").read_text())
         ids = gt_ids(slice_)
         assert shard0["image_ids"] == ids[0::2] and shard0["shard"] == [0, 2]
-        assert cache_tool.main(["merge", "--out", str(out), "--gt", str(slice_ / "gt.json"), "--quiet"]) == 0
+        assert cache_cli.main(["merge", "--out", str(out), "--gt", str(slice_ / "gt.json"), "--quiet"]) == 0
         assert (out / "yolo26n.json").read_bytes() == (real_run / "yolo26n.json").read_bytes()
         merged = summary_of(out)["models"]["yolo26n"]
         assert merged["images"] == NUM_IMAGES and merged["shards"] == 2 and merged["status"] == "complete"
@@ -266,7 +267,7 @@ def test_merge_of_three_shards_and_subcommand_forms(slice_, replay_run):
     out = slice_ / "replay_shards3"
     for index in range(3):
         assert run(slice_, out, "--shard", f"{index}/3") == 0
-    assert cache_tool.main(["--merge", "--out", str(out), "--quiet"]) == 0  # no --gt needed
+    assert cache_cli.main(["--merge", "--out", str(out), "--quiet"]) == 0  # no --gt needed
     for member in ("a", "b"):
         assert (out / f"{member}.json").read_bytes() == (replay_run / f"{member}.json").read_bytes()
     assert summary_of(out)["images"] == NUM_IMAGES
@@ -277,7 +278,7 @@ def test_merge_with_a_missing_shard_fails_clearly(slice_, capsys):
     assert run(slice_, out, "--shard", "0/3") == 0
     assert run(slice_, out, "--shard", "2/3") == 0
     capsys.readouterr()
-    assert cache_tool.main(["merge", "--out", str(out), "--gt", str(slice_ / "gt.json"), "--quiet"]) == 2
+    assert cache_cli.main(["merge", "--out", str(out), "--gt", str(slice_ / "gt.json"), "--quiet"]) == 2
     err = capsys.readouterr().err
     missing_id = gt_ids(slice_)[1]
     assert "a: shard 1/3 is missing (1 images: " + str(missing_id) + ")" in err
@@ -285,7 +286,7 @@ def test_merge_with_a_missing_shard_fails_clearly(slice_, capsys):
     assert not (out / "a.json").exists() and not (out / "b.json").exists()
     # the same images split two ways cannot be mixed either
     assert run(slice_, out, "--shard", "0/2", "--models", "a") == 0
-    assert cache_tool.main(["merge", "--out", str(out), "--quiet"]) == 2
+    assert cache_cli.main(["merge", "--out", str(out), "--quiet"]) == 2
     assert "a: shards of different splits (n=2, n=3)" in capsys.readouterr().err
 
 
@@ -302,7 +303,7 @@ def test_merge_lists_the_first_images_of_a_missing_shard_then_their_count(tmp_pa
 
 
 def test_merge_with_nothing_to_merge(slice_, capsys):
-    assert cache_tool.main(["merge", "--out", str(slice_ / "nowhere"), "--quiet"]) == 2
+    assert cache_cli.main(["merge", "--out", str(slice_ / "nowhere"), "--quiet"]) == 2
     assert "no shard files" in capsys.readouterr().err
 
 
@@ -311,7 +312,7 @@ def test_merge_rejects_the_options_of_a_detection_run(slice_, capsys):
     for extra, named in ((["--conf", "0.9", "--max-det", "1"], "--conf, --max-det"), (["--overwrite"], "--overwrite"),
                          (["--config", "coco_yolo4_tta"], "--config"), (["--engine", "ray"], "--engine"),
                          (["--max-images", "0"], "--max-images")):
-        assert cache_tool.main(out + extra) == 2
+        assert cache_cli.main(out + extra) == 2
         err = capsys.readouterr().err
         assert f"{named} would not be used" in err and "Traceback" not in err
 
@@ -335,7 +336,7 @@ def test_unreadable_image_is_skipped_and_reported(slice_, replay_run):
     for index in range(2):
         assert run(slice_, out_shards, "--shard", f"{index}/2", images=broken) == 0
     assert (
-        cache_tool.main(["merge", "--out", str(out_shards), "--gt", str(slice_ / "gt.json"), "--quiet"]) == 0
+        cache_cli.main(["merge", "--out", str(out_shards), "--gt", str(slice_ / "gt.json"), "--quiet"]) == 0
     )
     assert list(summary_of(out_shards)["unreadable"]) == [bad_name]
     assert (out_shards / "a.json").read_bytes() == (out / "a.json").read_bytes()
@@ -437,7 +438,7 @@ def test_overwrite_of_one_shard_discards_the_other_shards_results_of_other_setti
     assert run(slice_, out, "--models", "b", "--shard", "1/2", "--conf", "0.4") == 0
     shard1 = summary_of(out, "shards/cache_summary.shard-1-of-2.json")["models"]["b"]
     assert shard1["processed_this_run"] == len(gt_ids(slice_)[1::2])
-    assert cache_tool.main(["merge", "--out", str(out), "--quiet"]) == 0
+    assert cache_cli.main(["merge", "--out", str(out), "--quiet"]) == 0
     b = json.loads((out / "b.json").read_text())
     assert b and all(r["score"] >= 0.4 for r in b)
 
@@ -808,7 +809,7 @@ def test_the_weights_folder_neither_refuses_a_resume_nor_a_merge(slice_, tmp_pat
     assert run(slice_, out, "--models", "b", "--shard", "0/2", "--weights-dir", str(tmp_path / "w1")) == 0
     assert run(slice_, elsewhere, "--models", "b", "--shard", "1/2", "--weights-dir", str(tmp_path / "w2")) == 0
     shutil.copy(elsewhere / "shards" / "b.shard-1-of-2.json", out / "shards")
-    assert cache_tool.main(["merge", "--out", str(out), "--quiet"]) == 0
+    assert cache_cli.main(["merge", "--out", str(out), "--quiet"]) == 0
     assert run(slice_, out, "--models", "b", "--shard", "1/2") == 0  # resumes without --weights-dir
     assert "weights_dir" not in summary_of(out)["models"]["b"]["settings"]
     # caches of earlier versions recorded it: they resume and merge too
@@ -818,7 +819,7 @@ def test_the_weights_folder_neither_refuses_a_resume_nor_a_merge(slice_, tmp_pat
     record = json.loads(shard.read_text())
     shard.write_text(json.dumps({**record, "settings": {**record["settings"], "weights_dir": "/elsewhere"}}))
     assert run(slice_, out, "--models", "b", "--shard", "1/2", "--weights-dir", str(tmp_path)) == 0
-    assert cache_tool.main(["merge", "--out", str(out), "--quiet"]) == 0
+    assert cache_cli.main(["merge", "--out", str(out), "--quiet"]) == 0
 
 
 def rewrite_shard_inputs(shard: Path, inputs: dict[str, str] | None) -> None:
@@ -841,11 +842,11 @@ def test_shards_of_a_version_recording_fewer_digests_merge_with_newer_ones(slice
     assert recorded  # the saved predictions' digest
     rewrite_shard_inputs(shards[1], None)
     rewrite_shard_inputs(shards[2], {**recorded, "map.json": "0" * 64})
-    assert cache_tool.main(["merge", "--out", str(out), "--quiet"]) == 0
+    assert cache_cli.main(["merge", "--out", str(out), "--quiet"]) == 0
     assert summary_of(out)["models"]["b"]["settings"]["inputs"] == {**recorded, "map.json": "0" * 64}
     other = {name: "f" * 64 for name in recorded}
     rewrite_shard_inputs(shards[2], other)
-    code = cache_tool.main(["merge", "--out", str(out), "--quiet"])
+    code = cache_cli.main(["merge", "--out", str(out), "--quiet"])
     refused(capsys, code, r"different settings \(inputs: .* in shards \[0\], None in shards \[1\], .* in shards \[2\]\)")
 
 
@@ -854,7 +855,7 @@ def test_a_refused_merge_names_only_the_settings_that_differ(slice_, tmp_path, c
     assert run(slice_, out, "--models", "b", "--shard", "0/2", "--conf", "0.4") == 0
     assert run(slice_, elsewhere, "--models", "b", "--shard", "1/2") == 0
     shutil.copy(elsewhere / "shards" / "b.shard-1-of-2.json", out / "shards")
-    code = cache_tool.main(["merge", "--out", str(out), "--quiet"])
+    code = cache_cli.main(["merge", "--out", str(out), "--quiet"])
     refused(capsys, code, r"b: the shards were made with different settings \(conf: 0\.4 in shards \[0\], "
                           r"0\.001 in shards \[1\]\); re-run the odd ones with --overwrite")
     assert not (out / "b.json").exists()
@@ -888,7 +889,7 @@ def test_an_empty_models_flag_is_refused(slice_, tmp_path, capsys):
     if not out.is_dir():
         for index in range(3):
             assert run(slice_, out, "--shard", f"{index}/3") == 0
-    refused(capsys, cache_tool.main(["merge", "--out", str(out), "--models", "", "--quiet"]),
+    refused(capsys, cache_cli.main(["merge", "--out", str(out), "--models", "", "--quiet"]),
             r"--models '' names no member; .*; valid names: a, b\n")
 
 
@@ -1038,7 +1039,7 @@ def test_an_unsharded_run_or_a_merge_and_a_shard_of_one_out_cannot_run_at_once(s
 
     holder = lock_in_another_process(out, ".detens.shard-1-of-2.lock")
     before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and "lock" not in p.name}
-    for second in (lambda: run(slice_, out), lambda: cache_tool.main(["merge", "--out", str(out), "--quiet"])):
+    for second in (lambda: run(slice_, out), lambda: cache_cli.main(["merge", "--out", str(out), "--quiet"])):
         assert second() == 2
         err = capsys.readouterr().err
         assert err.count("error:") == 1 and f"pid {holder.pid}" in err and "unsharded run or a merge" in err, err
@@ -1048,7 +1049,7 @@ def test_an_unsharded_run_or_a_merge_and_a_shard_of_one_out_cannot_run_at_once(s
     holder.kill()
     holder.wait()
     assert run(slice_, out, "--shard", "1/2") == 0
-    assert cache_tool.main(["merge", "--out", str(out), "--quiet"]) == 0
+    assert cache_cli.main(["merge", "--out", str(out), "--quiet"]) == 0
 
 
 # what a refusal can tell of a running shard: whether it writes the recorded settings or, with --overwrite, its

@@ -64,8 +64,8 @@ def on_ray_only():
     every call of the Ray path is recorded (the member names it was given): a ``--engine ray`` run that fell
     back to the local engine would otherwise give the very results it is compared with. The actors run in
     other processes, where neither patch applies."""
-    import detens.cli.cache as cache_cli
     import detens.engines.ray_cache as ray_cache
+    import detens.jobs.cache as cache_job
 
     calls: list[list[str]] = []
     detect_on_ray = ray_cache.detect_on_ray
@@ -78,7 +78,7 @@ def on_ray_only():
         raise AssertionError("an --engine ray run ran the local engine")
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(cache_cli, "run_entry", local_engine)
+        patch.setattr(cache_job, "run_entry", local_engine)
         patch.setattr(ray_cache, "detect_on_ray", spy)
         yield calls
 
@@ -330,7 +330,7 @@ def test_ray_flags_need_the_ray_engine(capsys, tmp_path):
 
 def test_importing_detens_does_not_import_ray():
     code = (
-        "import sys, detens, detens.cli, detens.cli.fuse, detens.cli.cache, detens.engines; "
+        "import sys, detens, detens.cli, detens.cli.fuse, detens.cli.cache, detens.jobs.cache, detens.engines; "
         "assert 'ray' not in sys.modules, 'ray imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""`detens cache` as a script; the logic lives in detens/cli/cache.py."""
+"""`detens cache` as a script; the logic lives in detens/jobs/cache.py."""
 import sys
 from pathlib import Path
 

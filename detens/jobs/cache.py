@@ -1,0 +1,1381 @@
+"""The job of ``detens cache``: cache each ensemble member's detections on a COCO-format dataset, or merge
+the shards of earlier runs (the command's help page, :mod:`detens.cli.cache`, says what is written and what
+is refused)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import fnmatch
+import gc
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from tqdm import tqdm
+
+from detens.adapters import (
+    build_detector,
+    check_class_maps,
+    dataset_categories,
+    detect_loaded,
+    label_space_name,
+    view_names,
+)
+from detens.adapters.weights import ResolvedWeights, resolve_model_weights
+from detens.checks import first_few
+from detens.coco import CocoGroundTruth, detections_to_coco, load_coco_gt, save_coco_results
+from detens.config import parse_yaml
+from detens.ensemble_config import (
+    NOT_READ_BY_TYPE,
+    EnsembleConfig,
+    ModelConfig,
+    check_member_name,
+    load_ensemble_config,
+    save_ensemble_config,
+)
+from detens.io import (
+    LOCK_NAME,
+    atomic_write_json,
+    atomic_write_text,
+    lock_descriptor,
+    lock_holder_text,
+    output_lock,
+    remove_stale_temporaries,
+    run_folder,
+)
+from detens.jobs._engine import EngineOptions, ray_options
+from detens.jobs._inputs import (
+    check_inputs_unchanged,
+    check_saved_predictions,
+    comma_separated,
+    file_digests,
+    saved_prediction_files,
+    weights_inputs,
+)
+from detens.jobs._options import (
+    UsageError,
+    existing_folder,
+    file_or_shipped_name,
+    flag,
+    folder,
+    integer,
+    number,
+    text,
+)
+from detens.jobs._options import path as file_path  # ``path`` is a local name of the code below
+from detens.labels import COCO_ID_TO_NAME
+from detens.sources import ImageReadError, read_image
+
+__all__ = ["CacheOptions", "MergeError", "run"]
+
+logger = logging.getLogger("detens.cache")
+
+DEFAULT_CONFIG = "coco_yolo3"
+PARTIAL = ".partial"
+SHARDS = "shards"
+SUMMARY = "cache_summary.json"
+SETTINGS = "_settings.json"
+SHARD_FORMAT = "detens.cache.shard/1"
+_SHARD_FILE = re.compile(r"^(?P<member>.+)\.shard-(?P<index>\d+)-of-(?P<count>\d+)\.json$")
+# ModelConfig keys that change a member's detections (device and batch do not; name and weight neither).
+_RESULT_KEYS = ("type", "weights", "arch", "results", "images", "half", "class_map", "options")
+_SETTING_KEYS = ("conf", "iou", "imgsz", "max_det")
+# onnx-only keys, recorded only when set so that the settings of other members (and old caches) stay as they were
+_ONNX_KEYS = ("decoder", "input_size", "letterbox", "pad_value", "bgr_to_rgb", "mean", "std")
+# Recorded by earlier versions and no longer compared: the weights folder only says where the files were
+# found, and their digests (``inputs``) say whether they are the same files, wherever they lie.
+_NOT_COMPARED = ("weights_dir",)
+# Member names whose files would be taken for the command's own: ``<member>.json`` would be the summary.
+# Compared ignoring case, as on case-insensitive file systems.
+RESERVED_NAMES = ("cache_summary",)
+
+
+@dataclasses.dataclass(kw_only=True)
+class CacheOptions(EngineOptions):
+    """The options of ``detens cache`` (and of ``detens cache merge``).
+
+    Attributes:
+        action (str | None): ``merge``: join the shards in ``OUT/shards`` into ``<member>.json`` (as ``merge``).
+        config (str): a shipped ensemble name or an ensemble YAML.
+        images (Path | None): the folder holding the images (the ground truth's ``file_name`` is relative to
+            it); a detection run needs it.
+        gt (Path | None): the COCO annotation file: the images' ids, file names and categories; a detection run
+            needs it, a merge checks the shards against it.
+        out (Path): the output folder (created; a re-run resumes).
+        models (str | None): comma-separated member names or globs to cache (None: every member).
+        shard (str | None): ``i/n``: process only the images at positions ``i, i+n, ...`` (``0 <= i < n``).
+        merge (bool): join the shards in ``OUT/shards`` into ``<member>.json``.
+        conf (float | None): minimum detection score of every model (overrides ``conf``).
+        iou (float | None): NMS IoU of every model (overrides ``iou``).
+        max_det (int | None): maximum detections per image of every model (overrides ``max_det``).
+        imgsz (int | None): inference size of every model (overrides ``imgsz``).
+        device (str | None): device of every model: ``cpu``, ``cuda``, ``cuda:0`` ... (overrides ``device``).
+        batch (int | None): images per detector call (overrides ``batch``).
+        weights_dir (str | None): the folder that weights names are relative to (overrides ``weights_dir``).
+        max_images (int | None): stop after this many new images per model (as if interrupted; run again to
+            go on).
+        overwrite (bool): discard the selected members' earlier results (in this shard) instead of resuming.
+    """
+
+    job = "cache"
+
+    action: str | None = text(choices=("merge",))
+    config: str = text(DEFAULT_CONFIG)
+    images: Path | None = folder()
+    gt: Path | None = file_path()
+    out: Path = folder(required=True)
+    models: str | None = text()
+    shard: str | None = text()
+    merge: bool = flag()
+    conf: float | None = number()
+    iou: float | None = number()
+    max_det: int | None = integer()
+    imgsz: int | None = integer()
+    device: str | None = text()
+    batch: int | None = integer()
+    weights_dir: str | None = existing_folder()
+    max_images: int | None = integer()
+    overwrite: bool = flag()
+
+
+# Options of a detection run, which merging the shards of earlier runs has no use for.
+_RUN_ONLY = (
+    "images", "conf", "iou", "max_det", "imgsz", "device", "batch", "weights_dir", "max_images", "overwrite",
+    "ray_address", "gpus_per_actor",
+)
+
+
+def check_args(options: CacheOptions) -> tuple[bool, tuple[int, int] | None, Any]:
+    """Option combinations the parser cannot express (a :class:`UsageError` names the problem).
+
+    Returns:
+        tuple: whether the run merges (``merge``, or the action ``merge``), this run's shard (``shard``
+        read; None for a merge or without it), and the :class:`~detens.engines.ray_cache.RayOptions` of
+        ``engine="ray"`` (None for the local engine).
+    """
+    merging = options.merge or options.action == "merge"
+    shard = None
+    if merging:
+        if options.shard is not None:  # an empty one too, as the options of a detection run below
+            raise UsageError("--merge joins all shards; do not give --shard")
+        given = [
+            name for name in _RUN_ONLY if getattr(options, name) is not None and getattr(options, name) is not False
+        ]
+        run_only = [f"--{name.replace('_', '-')}" for name in given]
+        run_only += ["--config"] if options.config != DEFAULT_CONFIG else []
+        run_only += ["--engine"] if options.engine != "local" else []
+        run_only += ["--actors"] if options.actors != 1 else []
+        if run_only:
+            raise UsageError(
+                f"merge joins the shards already written in OUT/shards (it takes --out, --models, --gt); "
+                f"{', '.join(run_only)} would not be used"
+            )
+    else:
+        if options.images is None or options.gt is None:
+            raise UsageError("--images and --gt are required (except with merge)")
+        shard = parse_shard(options.shard)
+    if options.max_images is not None and options.max_images < 0:
+        raise UsageError(f"--max-images must be >= 0, got {options.max_images}")
+    return merging, shard, ray_options(options)
+
+
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if match is None:
+        raise UsageError(f"--shard must look like i/n (e.g. 0/4), got {text!r}")
+    index, count = int(match.group(1)), int(match.group(2))
+    if count < 1 or not 0 <= index < count:
+        raise UsageError(f"--shard i/n needs n >= 1 and 0 <= i < n, got {index}/{count}")
+    return index, count
+
+
+def shard_tag(shard: tuple[int, int]) -> str:
+    return f"shard-{shard[0]}-of-{shard[1]}"
+
+
+def member_output(name: str, shard: tuple[int, int] | None) -> str:
+    """The member's results file, relative to ``--out``: ``<name>.json``, or its shard's file."""
+    return f"{SHARDS}/{name}.{shard_tag(shard)}.json" if shard else f"{name}.json"
+
+
+# ------------------------------------------------------------------------------------------------ config
+def resolve_config(options: CacheOptions) -> EnsembleConfig:
+    """The config file with the flags applied (a flag given for every model also replaces each model's own value)."""
+    per_model = {
+        "conf": options.conf,
+        "iou": options.iou,
+        "max_det": options.max_det,
+        "imgsz": options.imgsz,
+        "device": options.device,
+        "batch": options.batch,
+    }
+    config = load_ensemble_config(file_or_shipped_name("--config", options.config),
+                                  {"weights_dir": options.weights_dir}, per_model)
+    if config.dataset is None:  # the label space is the ground truth's
+        config.dataset = str(Path(options.gt).absolute())
+    return config
+
+
+# ----------------------------------------------------------------------------------------------- members
+@dataclass
+class Entry:
+    """One ``models`` entry of the config: its members' names, built (loaded) only when needed."""
+
+    model: ModelConfig
+    names: list[str]
+    built: Any = None  # the detector, or an AugmentedDetector
+    selected: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        base = self.names[0].split("|")[0]
+        return base if len(self.names) == 1 else f"{base} ({len(self.selected)} views)"
+
+    def members(self) -> dict[str, Any]:
+        built = self.built
+        members = list(built.members) if hasattr(built, "members") else [built]
+        names = [m.name for m in members]
+        if names != self.names:
+            raise RuntimeError(f"the built members {names} differ from the expected {self.names}")
+        return dict(zip(names, members, strict=True))
+
+
+def plan_entries(config: EnsembleConfig, categories: dict[int, str] | None) -> list[Entry]:
+    """The config's entries with their member names (an entry without ``name`` is loaded to learn it, then
+    released: one model in memory at a time; it is loaded again when its turn comes).
+
+    A ``name`` of the config was checked when the config was built; a name taken from the weights (or
+    results) file is checked here, as the config's names are (:func:`check_member_name`). Names that
+    would write the command's own files (:data:`RESERVED_NAMES`) are refused.
+    """
+    for model in config.models:  # the config's own names, before any model loads
+        if model.name:
+            check_not_reserved(view_names(model.name, model))
+    entries = []
+    for model in config.models:
+        if model.name:
+            entries.append(Entry(model, view_names(model.name, model)))
+        else:
+            built = build_detector(model, config, categories)
+            base = check_member_name(built.detector.name if hasattr(built, "members") else built.name)
+            entries.append(Entry(model, check_not_reserved(view_names(base, model))))
+            del built
+            release_memory()
+    names = [n for e in entries for n in e.names]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(
+            f"members must have different names, got {duplicates} twice; set 'name' in the config"
+        )
+    return entries
+
+
+def model_patterns(text: str | None, members: Sequence[str]) -> list[str]:
+    """The names or globs of ``--models`` (None: every member, ``*``) among ``members``.
+
+    Raises:
+        ValueError: ``text`` names nothing (empty, or only commas and spaces; the message lists ``members``):
+            leaving the flag out selects every member, an empty value is a mistake (a shell variable that
+            was not set).
+    """
+    if text is None:
+        return ["*"]
+    return comma_separated("--models", text, "member", "names or globs", valid=members)
+
+
+def check_not_reserved(names: list[str]) -> list[str]:
+    """``names`` if none of them is a name whose results file would be the command's own file.
+
+    Raises:
+        ValueError: naming the first reserved member name.
+    """
+    for name in names:
+        if name.casefold() in RESERVED_NAMES:
+            raise ValueError(
+                f"member name {name!r} is reserved: its results file {name}.json would be the summary {SUMMARY} "
+                "of detens cache (and its shard file the shard's summary); set another 'name' in the config"
+            )
+    return names
+
+
+def select_members(entries: list[Entry], patterns: str | None) -> None:
+    """Mark the members matching ``--models`` (names or globs); every pattern must match one."""
+    names = [n for e in entries for n in e.names]
+    wanted = model_patterns(patterns, names)
+    for pattern in wanted:
+        if not any(fnmatch.fnmatchcase(n, pattern) for n in names):
+            close = difflib.get_close_matches(pattern, names, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(
+                f"--models {pattern!r} matches no member; the members are {', '.join(names)}.{hint}"
+            )
+    for entry in entries:
+        entry.selected = [n for n in entry.names if any(fnmatch.fnmatchcase(n, p) for p in wanted)]
+
+
+def member_settings(
+    config: EnsembleConfig,
+    entry: Entry,
+    name: str,
+    categories: dict[int, str] | None,
+    weights: ResolvedWeights | None,
+    digests: dict[str, str],
+) -> dict[str, Any]:
+    """What determines a member's detections (resuming with other settings is refused); ``weights``: where
+    the entry's weights are (None: it reads none), ``digests``: the weights digests of this run (see
+    :func:`weights_inputs`)."""
+    model = entry.model
+    settings: dict[str, Any] = {key: getattr(model, key) for key in _RESULT_KEYS}
+    # a setting the member never reads cannot change its detections (and must not refuse a resume)
+    unread = NOT_READ_BY_TYPE.get(model.type, ())
+    settings.update({key: config.setting(model, key) for key in _SETTING_KEYS if key not in unread})
+    if isinstance(model.class_map, list):
+        settings["class_map"] = list(model.class_map)
+    else:
+        settings["class_map"] = {str(k): v for k, v in (model.class_map or {}).items()} or None
+    settings.update({key: getattr(model, key) for key in _ONNX_KEYS if getattr(model, key) is not None})
+    settings["view"] = model.tta[entry.names.index(name)] if model.tta else None
+    # the label space, not the annotation file's path (a copy of the file elsewhere is the same dataset)
+    label_space = json.dumps(sorted((categories or {}).items())).encode("utf-8")
+    settings["categories"] = hashlib.sha256(label_space).hexdigest()[:16] if categories else "coco80"
+    if model.type == "precomputed":  # saved predictions are often rewritten in place: their content counts
+        settings["inputs"] = file_digests(saved_prediction_files(model))
+    weights_digest = weights_inputs(model, weights, digests)
+    if weights_digest:  # a re-exported model is often saved over the old one: its content counts too
+        settings["inputs"] = weights_digest
+    # JSON round trip: the form it is compared in after being saved
+    return json.loads(json.dumps(settings, sort_keys=True))
+
+
+def check_weights_unchanged(
+    out: Path, member: str, previous: Any, settings: dict[str, Any], weights: ResolvedWeights
+) -> None:
+    """Refuse to resume a member whose weights are not the file its earlier run in ``out`` used (recorded in
+    ``previous``, its saved settings): the same name may now find another file (rewritten in place, or
+    found through another ``$DETENS_WEIGHTS`` or ``--weights-dir``), or no file at all (an upstream name,
+    which would be downloaded). ``settings``: this run's, ``weights``: where its weights are now."""
+    earlier = previous.get("inputs") if isinstance(previous, dict) else None
+    if not isinstance(earlier, dict):
+        return
+    name = str(settings.get("weights"))
+    if name not in earlier:  # other weights than the earlier run's: refused as changed settings
+        return
+    now = (settings.get("inputs") or {}).get(name)
+    if now is None and not weights.local:
+        raise ValueError(
+            f"the weights {name!r} of {member!r} are no longer found on disk: the earlier run in {out} used a "
+            f"file of that name (sha256 {earlier[name]}), and the name now finds no file, so it would be "
+            f"downloaded, maybe as another file (looked at: {'; '.join(weights.tried)}); let $DETENS_WEIGHTS "
+            "or --weights-dir name the folder that holds the earlier file, use another --out, or --overwrite "
+            "to discard the results made with it"
+        )
+    if now is not None and now != earlier[name]:
+        raise ValueError(
+            f"the weights {name!r} of {member!r} are not the file the earlier run in {out} used: they are now "
+            f"{weights.value} (sha256 {now}), the earlier run's file had sha256 {earlier[name]}; use that "
+            "file again, another --out, or --overwrite to discard the results made with it"
+        )
+
+
+def check_saved_members(
+    entries: list[Entry], data: Dataset, config: EnsembleConfig, categories: dict[int, str] | None
+) -> None:
+    """Build the selected ``precomputed`` members and check their saved predictions before any model
+    loads, as ``detens fuse`` does: an image missing from them would stop the run in the middle, and a
+    category id outside the label space would be cached without a word.
+
+    Raises:
+        ValueError: naming the member and the first missing image, or the results file, the result, its
+            category id and the valid ids.
+    """
+    saved = [entry for entry in entries if entry.selected and entry.model.type == "precomputed"]
+    for entry in saved:
+        if entry.built is None:  # built once: the run uses it
+            entry.built = build_detector(entry.model, config, categories)
+    check_saved_predictions(
+        [getattr(entry.built, "detector", entry.built) for entry in saved],  # a view's: its detector
+        [data.path(i) for i in data.ids],
+        sorted(categories or COCO_ID_TO_NAME),
+        label_space_name(config),
+    )
+
+
+# ----------------------------------------------------------------------------------------------- dataset
+@dataclass
+class Dataset:
+    gt: CocoGroundTruth
+    ids: list[int]  # the ids this run covers (a shard's), sorted
+    all_ids: list[int]
+    fingerprint: str
+
+    def path(self, image_id: int) -> Path:
+        return self.gt.image_path(image_id)
+
+
+def gt_fingerprint(gt: CocoGroundTruth) -> str:
+    """A hash of the ground truth's ``(id, file_name)`` pairs: shards of different datasets do not merge."""
+    pairs = [[i, gt.file_name(i)] for i in gt.image_ids]
+    return hashlib.sha256(json.dumps(pairs).encode("utf-8")).hexdigest()[:16]
+
+
+def load_dataset(gt_path: Path, images: Path, shard: tuple[int, int] | None) -> Dataset:
+    gt = load_coco_gt(gt_path, images_dir=images)
+    if not images.is_dir():
+        raise NotADirectoryError(f"--images {images} is not a folder")
+    all_ids = gt.image_ids
+    if not all_ids:
+        raise ValueError(f"{gt_path} has no images")
+    if not any(gt.image_path(i).is_file() for i in all_ids):
+        raise FileNotFoundError(
+            f"none of the {len(all_ids)} images of {gt_path} is under {images} "
+            f"(e.g. {gt.image_path(all_ids[0])}); check --images"
+        )
+    ids = all_ids if shard is None else all_ids[shard[0] :: shard[1]]
+    return Dataset(gt, ids, all_ids, gt_fingerprint(gt))
+
+
+# ----------------------------------------------------------------------------------------------- partial
+def partial_dir(out: Path, member: str) -> Path:
+    return out / PARTIAL / member
+
+
+def partial_path(out: Path, member: str, image_id: int) -> Path:
+    return partial_dir(out, member) / f"{image_id}.json"
+
+
+def read_partial(out: Path, member: str, image_id: int, file_name: str) -> dict[str, Any] | None:
+    """A finished image's record, or None (missing, unreadable, or of another image)."""
+    try:
+        record = json.loads(partial_path(out, member, image_id).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if (
+        not isinstance(record, dict)
+        or record.get("image_id") != image_id
+        or record.get("file_name") != file_name
+        or not isinstance(record.get("results"), list)
+    ):
+        return None
+    return record
+
+
+def check_settings(
+    out: Path,
+    member: str,
+    settings: dict[str, Any],
+    overwrite: bool,
+    weights: ResolvedWeights | None,
+    shard: tuple[int, int] | None = None,
+) -> str | None:
+    """Refuse to resume a member's partial results made with other settings, or with other input files
+    (weights, saved predictions; reads only: a refused run changes nothing). ``weights``: where the
+    member's weights are now (None: it reads none); ``shard``: this run's (its own lock is no other run).
+
+    Returns:
+        str | None: how the settings recorded in ``out`` for ``member`` differ from ``settings``
+        (``"conf: 0.001 -> 0.4"``), which ``overwrite`` discards all the results of (those of other shards
+        and other images included: the member's settings are recorded once for all its partial results);
+        None when none are recorded or they are the same.
+    """
+    saved_path = partial_dir(out, member) / SETTINGS
+    if not saved_path.is_file():
+        return None
+    saved = _read_settings(saved_path)
+    if not overwrite and weights is not None:  # by the configured name, which may find another file
+        check_weights_unchanged(out, member, saved, settings, weights)
+    elif not overwrite:  # saved predictions, by their path
+        check_inputs_unchanged(out, saved, settings.get("inputs") or {})
+    details = settings_difference(saved, settings)
+    if details is not None and not overwrite:
+        raise other_settings_error(out, member, details, shard)
+    return details
+
+
+def recorded_difference(out: Path, member: str, settings: dict[str, Any]) -> str | None:
+    """How the settings recorded in ``out`` for ``member`` differ from ``settings``; None where they agree
+    or none are recorded."""
+    saved_path = partial_dir(out, member) / SETTINGS
+    return settings_difference(_read_settings(saved_path), settings) if saved_path.is_file() else None
+
+
+def _read_settings(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # unreadable: other settings than any run's
+
+
+def settings_difference(saved: Any, settings: dict[str, Any]) -> str | None:
+    """How the recorded settings ``saved`` differ from a run's ``settings`` (``"conf: 0.001 -> 0.4"``), or
+    None where they agree."""
+    if isinstance(saved, dict) and "inputs" not in saved:
+        # recorded before the digests were (of saved predictions, of weights): paths only. Such a cache
+        # resumes on the files as they are now, whose digests are recorded from then on.
+        settings = {k: v for k, v in settings.items() if k != "inputs"}
+    if isinstance(saved, dict):  # caches of earlier versions recorded settings their members never read
+        unread = NOT_READ_BY_TYPE.get(str(settings.get("type")), ())
+        saved = {k: v for k, v in _compared_settings(saved).items() if k not in unread}
+    earlier_inputs = saved.get("inputs") if isinstance(saved, dict) else None
+    if isinstance(earlier_inputs, dict) and isinstance(settings.get("inputs"), dict):
+        # a file whose digest an earlier version did not record (the image map of saved predictions) is
+        # recorded from now on, as for a cache without digests; a recorded file that changed is refused above
+        settings = {**settings, "inputs": {k: v for k, v in settings["inputs"].items() if k in earlier_inputs}}
+    if saved == settings:
+        return None
+    changed = sorted(k for k in set(settings) | set(saved or {}) if (saved or {}).get(k) != settings.get(k))
+    return ", ".join(f"{k}: {(saved or {}).get(k)!r} -> {settings.get(k)!r}" for k in changed)
+
+
+def other_settings_error(
+    out: Path, member: str, details: str, shard: tuple[int, int] | None, overwrite: bool = False
+) -> ValueError:
+    """The refusal of a run whose settings for ``member`` are not those recorded in ``out`` (``details``,
+    recorded -> this run's), naming a shard that runs on ``out``. ``overwrite``: the run has ``--overwrite``
+    and found other settings recorded only as it claimed the member, by a shard that started meanwhile."""
+    held = f"{partial_dir(out, member)} holds results of {member!r} made with other settings ({details})"
+    running = running_shards(out, shard)
+    if overwrite:  # the advice to add --overwrite would be the one it followed
+        held = f"{held}, recorded by another shard since this run started"
+        again = "run this command again (its --overwrite then discards them)"
+        if running:
+            return ValueError(f"{held}; {_running_text(running[0])}: wait for it to end and {again}, "
+                              "or use another --out")
+        return ValueError(f"{held}: {again}, or use another --out")
+    if running:
+        return ValueError(f"{held}; {_running_text(running[0])}: use another --out, or wait for it to end (then "
+                          "--overwrite discards them)")
+    return ValueError(f"{held}; use another --out, or --overwrite to discard them")
+
+
+def _running_text(holder: str) -> str:
+    # Which settings a running shard writes is recorded nowhere: one that resumed or claimed the member writes
+    # more results with the recorded settings, one with --overwrite that has not yet claimed it (its first
+    # result) writes results of its own settings in their place, and one may run other members only.
+    return (f"{holder} runs on the same --out, and may be writing more of them (or, with --overwrite, results "
+            "of its own settings)")
+
+
+def check_none_running(out: Path, member: str, details: str, shard: tuple[int, int] | None) -> None:
+    """Refuse to discard ``member``'s results made with other settings (``details``) while another shard
+    runs on ``out``: it may be writing more of them (it would go on writing them among this run's).
+
+    Raises:
+        ValueError: naming the shard.
+    """
+    running = running_shards(out, shard)
+    if running:
+        raise ValueError(
+            f"--overwrite would discard every result of {member!r} in {out}, made with other settings "
+            f"({details}), while {_running_text(running[0])}: wait for it to end, or use another --out"
+        )
+
+
+def replace_results(out: Path, run: MemberRun, output: Path, ids: list[int], shard: tuple[int, int] | None) -> None:
+    """Record the member's settings; with ``--overwrite``, first remove its earlier results: ``output``
+    and the partial results of ``ids``, or all of them when they were made with other settings (a later
+    run on other images or shards would otherwise take them for results of these settings).
+
+    Called holding :func:`brief_lock`: the settings recorded are compared again, since another shard may
+    have recorded its own after this run checked them (with ``--overwrite``, a member records its settings
+    only once its model has given a result), and results made with other settings are not discarded while
+    another shard writes them.
+
+    Raises:
+        ValueError: either, naming the settings that differ and the shard.
+    """
+    folder = partial_dir(out, run.name)
+    details = recorded_difference(out, run.name, run.settings)
+    if details is not None and run.stale is None:  # recorded by a shard that started after this run checked
+        raise other_settings_error(out, run.name, details, shard, overwrite=run.overwrite)
+    if details is not None:
+        check_none_running(out, run.name, details, shard)
+    if run.overwrite:
+        output.unlink(missing_ok=True)
+        if details is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+        else:
+            for image_id in ids:
+                partial_path(out, run.name, image_id).unlink(missing_ok=True)
+    atomic_write_json(folder / SETTINGS, run.settings, indent=2)
+    run.claimed = True
+
+
+# ----------------------------------------------------------------------------------------------- running
+@dataclass
+class MemberRun:
+    name: str
+    settings: dict[str, Any]
+    todo: list[int]
+    resumed: int
+    overwrite: bool = False
+    # with overwrite: how the settings of the earlier partial results differ (discarded by overwrite, all
+    # of them), None where they agree; None for a run without overwrite
+    stale: str | None = None
+    claimed: bool = False  # its earlier results made way for this run's (see replace_results)
+    weights: ResolvedWeights | None = None  # where its weights are (None: it reads none)
+    processed: int = 0
+    unreadable: dict[int, str] = field(default_factory=dict)
+
+
+def save_finished_image(
+    out: Path, run: MemberRun, data: Dataset, image_id: int, results: list[dict[str, Any]], ms: float
+) -> None:
+    """Write the partial record of one image that ``run``'s member has detected (atomically: with it, the
+    image is done)."""
+    record = {
+        "image_id": image_id,
+        "file_name": data.gt.file_name(image_id),
+        "results": results,
+        "ms": round(ms, 3),
+    }
+    atomic_write_json(partial_path(out, run.name, image_id), record)
+    run.unreadable.pop(image_id, None)  # unreadable on an earlier run, read now
+    run.processed += 1
+
+
+def run_entry(
+    entry: Entry,
+    runs: list[MemberRun],
+    data: Dataset,
+    out: Path,
+    config: EnsembleConfig,
+    categories: dict[int, str] | None,
+    max_images: int | None,
+    quiet: bool,
+    claim: Callable[[MemberRun], None] = lambda run: None,
+) -> dict[str, float]:
+    """Run one model (its selected views) over the images some member still needs; returns timings.
+
+    ``claim(run)`` is called once per member before its first result is written (and at the end for a
+    member that got none): with ``--overwrite`` it removes the member's earlier results, which a run that
+    fails to load or run the model before then thus leaves in place.
+    """
+    needed_all = sorted({i for run in runs for i in run.todo})
+    needed = needed_all if max_images is None else needed_all[:max_images]
+    timing = {"load_s": 0.0, "read_s": 0.0, "wall_s": 0.0}
+    if not needed:
+        for run in runs:
+            claim(run)
+        return timing
+    start = time.perf_counter()
+    if entry.built is None:
+        entry.built = build_detector(entry.model, config, categories)
+    members = entry.members()
+    timing["load_s"] = time.perf_counter() - start
+    pending = {run.name: set(run.todo) for run in runs}
+    batch = config.setting(entry.model, "batch")
+    bar = tqdm(
+        total=len(data.ids),
+        initial=len(data.ids) - len(needed_all),
+        unit="img",
+        desc=entry.label,
+        disable=quiet,
+        dynamic_ncols=True,
+    )
+    try:
+        for begin in range(0, len(needed), batch):
+            chunk = needed[begin : begin + batch]
+            arrays, ids, paths = [], [], []
+            t = time.perf_counter()
+            for image_id in chunk:
+                path = data.path(image_id)
+                try:
+                    arrays.append(read_image(path))
+                    ids.append(image_id)
+                    paths.append(path)
+                except ImageReadError as err:
+                    logger.warning("skipped: %s", err)
+                    for run in runs:
+                        if image_id in pending[run.name]:
+                            run.unreadable[image_id] = str(err)
+            timing["read_s"] += time.perf_counter() - t
+            for run in runs:
+                picked = [k for k, image_id in enumerate(ids) if image_id in pending[run.name]]
+                if not picked:
+                    continue
+                t = time.perf_counter()
+                dets = detect_loaded(
+                    members[run.name], [arrays[k] for k in picked], [paths[k] for k in picked]
+                )
+                ms = (time.perf_counter() - t) * 1000 / len(picked)
+                claim(run)
+                for k, det in zip(picked, dets, strict=True):
+                    save_finished_image(out, run, data, ids[k], detections_to_coco(det, ids[k]), ms)
+            bar.update(len(chunk))
+        for run in runs:
+            claim(run)
+    finally:
+        bar.close()
+        timing["wall_s"] = time.perf_counter() - start
+    return timing
+
+
+def run_entry_ray(
+    entry: Entry,
+    runs: list[MemberRun],
+    data: Dataset,
+    out: Path,
+    config: EnsembleConfig,
+    categories: dict[int, str] | None,
+    max_images: int | None,
+    quiet: bool,
+    options: Any,
+    claim: Callable[[MemberRun], None] = lambda run: None,
+) -> dict[str, float]:
+    """:func:`run_entry` on Ray: the same partial records, written here as the actors' rows arrive, and the
+    same ``claim`` before a member's first one. ``load_s`` is the slowest actor's model load (the actors
+    load in parallel)."""
+    from detens.engines.ray_cache import detect_on_ray
+
+    needed_all = sorted({i for run in runs for i in run.todo})
+    needed = set(needed_all if max_images is None else needed_all[:max_images])
+    timing = {"load_s": 0.0, "read_s": 0.0, "wall_s": 0.0}
+    if not needed:
+        for run in runs:
+            claim(run)
+        return timing
+    by_name = {run.name: run for run in runs}
+    todo = {run.name: [i for i in run.todo if i in needed] for run in runs}
+    start = time.perf_counter()
+    bar = tqdm(
+        total=len(data.ids) * len(runs),
+        initial=(len(data.ids) - len(needed_all)) * len(runs),
+        unit="img",
+        desc=f"{entry.label} (ray)",
+        disable=quiet,
+        dynamic_ncols=True,
+    )
+    try:
+        rows = detect_on_ray(
+            entry.model, config, categories, todo, lambda i: str(data.path(i)),
+            config.setting(entry.model, "batch"), options,
+        )
+        for row in rows:
+            run, image_id = by_name[row["member"]], row["image_id"]
+            timing["load_s"] = max(timing["load_s"], row["load_s"])
+            if row["error"]:
+                logger.warning("skipped: %s", row["error"])
+                run.unreadable[image_id] = row["error"]
+            else:
+                claim(run)
+                save_finished_image(out, run, data, image_id, row["results"], row["ms"])
+            bar.update(1)
+        for run in runs:
+            claim(run)
+    finally:
+        bar.close()
+        timing["wall_s"] = time.perf_counter() - start
+    return timing
+
+
+def release(entry: Entry) -> None:
+    """Free a model before the next one is loaded."""
+    entry.built = None
+    release_memory()
+
+
+def release_memory() -> None:
+    """Give back the memory of the models no longer referenced (GPU memory too)."""
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except ImportError:  # pragma: no cover
+        pass
+
+
+def collect(out: Path, member: str, data: Dataset) -> tuple[list[int], list[dict[str, Any]], float]:
+    """The finished images of ``data.ids``, their results (by image id) and the summed detection ms."""
+    done, results, ms = [], [], 0.0
+    for image_id in data.ids:
+        record = read_partial(out, member, image_id, data.gt.file_name(image_id))
+        if record is None:
+            continue
+        done.append(image_id)
+        results.extend(record["results"])
+        ms += float(record.get("ms", 0.0))
+    return done, results, ms
+
+
+def finish_member(
+    out: Path, run: MemberRun, data: Dataset, shard: tuple[int, int] | None, timing: dict[str, float]
+) -> dict[str, Any]:
+    """Assemble the member's output when all its images are done (or unreadable); returns its summary."""
+    done, results, ms = collect(out, run.name, data)
+    finished = set(done)
+    left = [i for i in data.ids if i not in finished and i not in run.unreadable]
+    complete = not left
+    output = None
+    if complete:
+        output = member_output(run.name, shard)
+        if shard is None:
+            save_coco_results(results, out / output)
+        else:
+            shard_record = {
+                "format": SHARD_FORMAT,
+                "member": run.name,
+                "shard": list(shard),
+                "gt_fingerprint": data.fingerprint,
+                "dataset_image_ids": data.all_ids,
+                "image_ids": done,
+                "unreadable": [
+                    {"image_id": i, "file_name": data.gt.file_name(i), "error": e}
+                    for i, e in sorted(run.unreadable.items())
+                ],
+                "settings": run.settings,
+                "seconds": round(ms / 1000, 3),
+                "results": results,
+            }
+            atomic_write_json(out / output, shard_record)
+    return {
+        "status": "complete" if complete else "incomplete",
+        "output": output,
+        "images": len(done),
+        "boxes": len(results),
+        "unreadable": {data.gt.file_name(i): e for i, e in sorted(run.unreadable.items())},
+        "images_left": len(left),
+        "seconds": round(ms / 1000, 3),
+        "ms_per_image": round(ms / len(done), 2) if done else None,
+        "processed_this_run": run.processed,
+        "resumed": run.resumed,
+        "wall_s_this_run": round(timing["wall_s"], 3),
+        "load_s_this_run": round(timing["load_s"], 3),
+        "settings": run.settings,
+    }
+
+
+def earlier_unreadable(path: Path, member: str, data: Dataset) -> dict[int, str]:
+    """The images of ``data.ids`` that the summary at ``path`` (an earlier run's, of the same dataset) lists
+    as unreadable for ``member``: ``{image_id: error}``.
+
+    They stay listed until a run reads them: a run that does not get to them (``--max-images``, an
+    interrupt) would otherwise drop them from the summary while ``<member>.json`` still lacks them, and
+    ``detens evaluate`` would score them as images where every model found nothing.
+    """
+    try:
+        previous = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(previous, dict) or previous.get("gt_fingerprint") != data.fingerprint:
+        return {}
+    members = previous.get("models")
+    entry = members.get(member) if isinstance(members, dict) else None
+    files = entry.get("unreadable") if isinstance(entry, dict) else None
+    if not isinstance(files, dict):
+        return {}
+    return {i: str(files[data.gt.file_name(i)]) for i in data.ids if data.gt.file_name(i) in files}
+
+
+def write_summary(path: Path, header: dict[str, Any], members: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Update the summary file: this run's members replace their earlier entries, the others stay."""
+    try:
+        previous = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        previous = {}
+    models = dict(previous.get("models") or {}) if isinstance(previous, dict) else {}
+    if isinstance(previous, dict) and previous.get("gt_fingerprint") != header.get("gt_fingerprint"):
+        models = {}  # another dataset: earlier entries do not describe these outputs
+    models.update(members)
+    unreadable: dict[str, str] = {}
+    for entry in models.values():
+        unreadable.update(entry.get("unreadable") or {})
+    summary = {**header, "models": models, "unreadable": dict(sorted(unreadable.items()))}
+    atomic_write_json(path, summary, indent=2)
+    return summary
+
+
+def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any) -> int:
+    """A detection run: ``shard`` the run's shard (None: every image), ``ray`` the
+    :class:`~detens.engines.ray_cache.RayOptions` of ``engine="ray"`` (None: the local engine), both as
+    :func:`check_args` reads them from ``options``."""
+    config = resolve_config(options)
+    data = load_dataset(options.gt, options.images, shard)
+    out: Path = options.out
+    out.mkdir(parents=True, exist_ok=True)
+    tag = f".{shard_tag(shard)}" if shard else ""
+    config_path = out / (f"{SHARDS}/config{tag}.yaml" if shard else "config.yaml")
+
+    summary_path = out / (f"{SHARDS}/cache_summary{tag}.json" if shard else SUMMARY)
+    categories = dataset_categories(config)
+    check_class_maps(config, categories)
+    entries = plan_entries(config, categories)
+    select_members(entries, options.models)
+    check_saved_members(entries, data, config, categories)
+    plans: list[tuple[Entry, list[MemberRun]]] = []
+    digests: dict[str, str] = {}
+    for entry in entries:
+        if not entry.selected:  # its weights need not be found
+            continue
+        weights = resolve_model_weights(entry.model, config.weights_dir)
+        runs = []
+        for name in entry.selected:
+            settings = member_settings(config, entry, name, categories, weights, digests)
+            if options.overwrite:
+                todo = list(data.ids)
+            else:
+                todo = [i for i in data.ids if read_partial(out, name, i, data.gt.file_name(i)) is None]
+            earlier = {} if options.overwrite else earlier_unreadable(summary_path, name, data)
+            unreadable = {i: earlier[i] for i in todo if i in earlier}
+            runs.append(
+                MemberRun(
+                    name, settings, todo, len(data.ids) - len(todo), options.overwrite, unreadable=unreadable,
+                    weights=weights,
+                )
+            )
+        plans.append((entry, runs))
+    config_saved = False
+
+    def claim_held(run: MemberRun) -> None:
+        """Let ``run`` write into ``out`` (holding :func:`brief_lock`); only now does ``--overwrite`` remove
+        the member's earlier results."""
+        nonlocal config_saved
+        if run.claimed:
+            return
+        replace_results(out, run, out / member_output(run.name, shard), data.ids, shard)
+        if not config_saved:
+            save_ensemble_config(config, config_path)
+            config_saved = True
+
+    def claim(run: MemberRun) -> None:
+        if not run.claimed:
+            with brief_lock(out):
+                claim_held(run)
+
+    # Compared and recorded holding the lock, so that a shard starting at the same time finds these
+    # settings or records its own first. After the checks of every member: a refused run changes nothing.
+    # --overwrite waits for each member's first result, so that a run failing before it (a bad --device, a
+    # missing file) loses nothing.
+    with brief_lock(out):
+        for _, runs in plans:
+            for run in runs:
+                run.stale = check_settings(out, run.name, run.settings, options.overwrite, run.weights, shard)
+                if run.stale is not None:
+                    check_none_running(out, run.name, run.stale, shard)
+        for _, runs in plans:
+            for run in runs:
+                if not options.overwrite:
+                    claim_held(run)
+
+    members: dict[str, dict[str, Any]] = {}
+    header = {
+        "ensemble": config.name,
+        "gt": str(options.gt),
+        "gt_fingerprint": data.fingerprint,
+        "images_dir": str(options.images),
+        "images": len(data.ids),
+        "shard": f"{shard[0]}/{shard[1]}" if shard else None,
+        "config": config_path.relative_to(out).as_posix(),
+        "stopped_by": None,
+    }
+
+    def summarize_stopped_run(reason: str) -> dict[str, Any] | None:
+        """The summary of a run that stopped early, with every member it wrote for; None (nothing written)
+        when it stopped before writing anything."""
+        if not config_saved:
+            return None
+        for _, runs in plans:
+            for run in runs:
+                if run.name not in members and run.claimed:
+                    members[run.name] = finish_member(out, run, data, shard, {"wall_s": 0.0, "load_s": 0.0})
+        return write_summary(summary_path, {**header, "stopped_by": reason}, members)
+
+    session = None
+    stack = contextlib.ExitStack()
+    if ray is not None and plans:
+        from detens.engines.ray_cache import ray_session
+
+        session = stack.enter_context(ray_session(ray, quiet=options.quiet))
+    try:
+        for k, (entry, runs) in enumerate(plans):
+            if session is None:
+                timing = run_entry(
+                    entry, runs, data, out, config, categories, options.max_images, options.quiet, claim
+                )
+            else:
+                timing = run_entry_ray(
+                    entry, runs, data, out, config, categories, options.max_images, options.quiet, ray, claim
+                )
+            if k + 1 < len(plans):
+                release(entry)  # before the next model is loaded
+            for run in runs:
+                members[run.name] = finish_member(out, run, data, shard, timing)
+    except KeyboardInterrupt:
+        logger.warning("interrupted: the finished images are saved; run the same command again to resume")
+        summary = summarize_stopped_run("interrupt")
+        if summary is not None:
+            print_summary(out, summary, list(members), summary_path)
+        return 130
+    except BaseException as err:
+        # the finished members' unreadable images must stay listed, or evaluate would score them as empty
+        try:
+            from detens.engines.ray_cache import strip_ansi  # Ray colours the text of its errors
+
+            summarize_stopped_run(strip_ansi(f"error: {type(err).__name__}: {err}"))
+        except Exception as summary_err:  # the run's own error is the one to report
+            logger.warning("could not record the stopped run in %s: %s", summary_path, summary_err)
+        raise
+    finally:
+        stack.close()
+    summary = write_summary(summary_path, header, members)
+    print_summary(out, summary, list(members), summary_path)
+    return 0
+
+
+def print_summary(out: Path, summary: dict[str, Any], names: list[str], summary_path: Path) -> None:
+    shard = f" shard {summary['shard']}" if summary.get("shard") else ""
+    lines = [f"{summary['ensemble']}{shard}: {summary['images']} images"]
+    width = max([len(n) for n in names] + [6])
+    lines.append(f"  {'member':<{width}}  {'images':>7}  {'boxes':>8}  {'det s':>8}  {'img/s':>7}  status")
+    for name in names:
+        m = summary["models"][name]
+        rate = f"{m['images'] / m['seconds']:.1f}" if m["seconds"] else "-"
+        status = m["status"] + (f" ({m['images_left']} left)" if m["images_left"] else "")
+        lines.append(
+            f"  {name:<{width}}  {m['images']:>7}  {m['boxes']:>8}  {m['seconds']:>8.1f}  {rate:>7}  {status}"
+        )
+    for file_name, err in summary["unreadable"].items():
+        lines.append(f"unreadable: {file_name}: {err}")
+    if any(summary["models"][n]["status"] != "complete" for n in names):
+        lines.append("not finished: run the same command again to resume")
+    lines.append(f"results in {out}/, summary {summary_path}")
+    print("\n".join(lines))
+
+
+# ------------------------------------------------------------------------------------------------- locks
+# A run holds its lock in --out until it ends: an unsharded run and a merge LOCK_NAME, shard i/n its own
+# (the shards of one split write apart, so they may run at once; the same shard twice may not). Every run
+# also checks, holding BRIEF_LOCK, that no run of the other kind holds --out: a shard and an unsharded run
+# (or a merge) would write one member's partial results, settings and outputs with no check on each other.
+# BRIEF_LOCK is held only for moments: while a run takes its lock and looks at the others', and while it
+# compares and records the members' settings, so that two runs starting at once cannot both find no
+# settings recorded and each record its own.
+BRIEF_LOCK = ".detens.cache.lock"
+_SHARD_LOCK = re.compile(r"^\.detens\.shard-(?P<index>\d+)-of-(?P<count>\d+)\.lock$")
+
+
+def shard_lock_name(shard: tuple[int, int]) -> str:
+    return f".detens.{shard_tag(shard)}.lock"
+
+
+@contextlib.contextmanager
+def cache_lock(out: Path, shard: tuple[int, int] | None, merging: bool) -> Iterator[None]:
+    """Hold ``out`` for one ``detens cache`` run (see :data:`BRIEF_LOCK`): shard ``shard``, or, for None, an
+    unsharded run or (``merging``) a merge.
+
+    Raises:
+        ValueError: a run holds the same lock, or a run of the other kind holds ``out``, naming it.
+    """
+    with run_folder(out) as usable, contextlib.ExitStack() as held:
+        if not usable:
+            yield
+            return
+        with brief_lock(out):
+            if shard is None:
+                held.enter_context(output_lock(out, "detens cache merge" if merging else "detens cache"))
+                for path in sorted(out.glob(".detens.shard-*.lock")):
+                    _refuse_if_held(path, out)
+            else:
+                held.enter_context(output_lock(out, f"detens cache --shard {shard[0]}/{shard[1]}",
+                                               shard_lock_name(shard)))
+                _refuse_if_held(out / LOCK_NAME, out)
+        # once the gate is open again: other runs need not wait for the look through the folders
+        remove_stale_temporaries(out, (PARTIAL, SHARDS))
+        yield
+
+
+@contextlib.contextmanager
+def brief_lock(out: Path) -> Iterator[None]:
+    """Hold ``out/``:data:`BRIEF_LOCK`, waiting for it (its holders keep it for moments). Removed on release
+    while still held: a process waiting on the old file sees it is gone and locks the new one. Where the
+    platform or the file system has no locks, nothing is held, as :func:`~detens.io.output_lock` does."""
+    fd = lock_descriptor(out / BRIEF_LOCK, wait=True)
+    try:
+        yield
+    finally:
+        if fd is not None:
+            (out / BRIEF_LOCK).unlink(missing_ok=True)
+            os.close(fd)
+
+
+def lock_holder(path: Path) -> str | None:
+    """Who holds the run lock at ``path`` (``detens cache --shard 0/2 (pid 12 on host, started ...)``), or
+    None when no process holds it (a lock file left by a killed run holds nothing)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not a POSIX system
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pass  # held
+    except OSError:  # pragma: no cover - a file system without locks: no run can be told apart
+        return None
+    else:
+        return None
+    finally:
+        os.close(fd)
+    if (text := lock_holder_text(path)) is not None:
+        return text
+    match = _SHARD_LOCK.match(path.name)
+    return f"detens cache --shard {match['index']}/{match['count']}" if match else "another detens cache run"
+
+
+def _refuse_if_held(path: Path, out: Path) -> None:
+    holder = lock_holder(path)
+    if holder is not None:
+        raise ValueError(
+            f"{out} is in use by {holder}; a shard cannot run on the same --out as an unsharded run or a merge "
+            "(both would write the same members' results): wait for it to end, or use another --out"
+        )
+
+
+def running_shards(out: Path, shard: tuple[int, int] | None) -> list[str]:
+    """The shards other than ``shard`` that run on ``out`` now, as :func:`lock_holder` names them."""
+    own = shard_lock_name(shard) if shard is not None else None
+    paths = sorted(p for p in out.glob(".detens.shard-*.lock") if p.name != own)
+    return [holder for holder in map(lock_holder, paths) if holder is not None]
+
+
+# ------------------------------------------------------------------------------------------------- merge
+class MergeError(ValueError):
+    """The shards cannot be joined; the message says what is missing or inconsistent."""
+
+
+def merge_member(
+    member: str, files: dict[int, Path], count: int, gt: CocoGroundTruth | None
+) -> dict[str, Any]:
+    """Join one member's shards 0..count-1; raises MergeError naming missing shards or images."""
+    missing_shards = [i for i in range(count) if i not in files]
+    records = {}
+    for index, path in sorted(files.items()):
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise MergeError(f"{member}: cannot read {path}: {err}") from err
+        if not isinstance(record, dict) or record.get("format") != SHARD_FORMAT:
+            raise MergeError(f"{member}: {path} is not a shard file of tools/cache.py")
+        if record.get("member") != member or record.get("shard") != [index, count]:
+            raise MergeError(
+                f"{member}: {path} holds member {record.get('member')!r} shard {record.get('shard')}, "
+                f"not shard {index}/{count} of {member!r} (renamed?)"
+            )
+        records[index] = record
+    any_record = next(iter(records.values()), None)
+    if any_record is None:
+        raise MergeError(f"{member}: no shard files")
+    fingerprints = {r["gt_fingerprint"] for r in records.values()}
+    if len(fingerprints) != 1:
+        raise MergeError(f"{member}: the shards were made on different annotation files")
+    if gt is not None and gt_fingerprint(gt) not in fingerprints:
+        raise MergeError(f"{member}: the shards were made on another annotation file than --gt")
+    recorded = {index: _compared_settings(record["settings"]) for index, record in records.items()}
+    compared = _common_inputs(recorded)
+    groups: dict[str, list[int]] = {}
+    for index, settings in compared.items():
+        groups.setdefault(json.dumps(settings, sort_keys=True), []).append(index)
+    if len(groups) != 1:
+        firsts = [compared[indices[0]] for indices in groups.values()]
+        keys = sorted({k for one in firsts for k in one if any(one.get(k) != other.get(k) for other in firsts)})
+        split = "; ".join(
+            f"{key}: " + ", ".join(f"{compared[ids[0]].get(key)!r} in shards {ids}" for ids in groups.values())
+            for key in keys
+        )
+        raise MergeError(
+            f"{member}: the shards were made with different settings ({split}); re-run the odd ones with --overwrite"
+        )
+    all_ids = [int(i) for i in any_record["dataset_image_ids"]]
+    problems = []
+    if missing_shards:
+        for index in missing_shards:
+            expected = all_ids[index::count]
+            problems.append(
+                f"shard {index}/{count} is missing ({len(expected)} images: {first_few(expected)}); "
+                f"run --shard {index}/{count}"
+            )
+    covered: dict[int, int] = {}
+    for index, record in records.items():
+        for image_id in [*record["image_ids"], *(int(u["image_id"]) for u in record["unreadable"])]:
+            if image_id in covered:
+                problems.append(f"image {image_id} is in shards {covered[image_id]} and {index}")
+            covered[image_id] = index
+    uncovered = [
+        i for position, i in enumerate(all_ids) if i not in covered and position % count not in missing_shards
+    ]
+    if uncovered:
+        problems.append(f"images in no shard: {first_few(uncovered)}")
+    unknown = sorted(set(covered) - set(all_ids))
+    if unknown:
+        problems.append(f"shards hold images not in the annotation file: {first_few(unknown)}")
+    if problems:
+        raise MergeError(f"{member}: " + "; ".join(problems))
+    results = [r for index in sorted(records) for r in records[index]["results"]]
+    results.sort(key=lambda r: int(r["image_id"]))  # stable: each image keeps its detector order
+    unreadable = {
+        u["file_name"]: u["error"] for index in sorted(records) for u in records[index]["unreadable"]
+    }
+    return {
+        "results": results,
+        "images": sum(len(r["image_ids"]) for r in records.values()),
+        "shards": count,
+        "unreadable": unreadable,
+        "seconds": round(sum(float(r["seconds"]) for r in records.values()), 3),
+        "settings": _all_inputs(recorded),
+        "fingerprint": any_record["gt_fingerprint"],
+        "all_ids": all_ids,
+    }
+
+
+def _common_inputs(settings: dict[int, Any]) -> dict[int, Any]:
+    """Shards' settings as they are compared: an ``inputs`` digest is compared only where two shards
+    recorded different contents for the file. Shards of an earlier version, which recorded fewer digests
+    (or none), merge with newer ones, as a resume of such a cache does."""
+    seen: dict[str, set[str]] = {}
+    for one in settings.values():
+        inputs = one.get("inputs") if isinstance(one, dict) else None
+        if isinstance(inputs, dict):
+            for name, digest in inputs.items():
+                seen.setdefault(name, set()).add(json.dumps(digest))
+    split = {name for name, digests in seen.items() if len(digests) > 1}
+    compared = {}
+    for index, one in settings.items():
+        if isinstance(one, dict) and "inputs" in one:
+            inputs = one["inputs"] if isinstance(one["inputs"], dict) else {}
+            one = {k: v for k, v in one.items() if k != "inputs"}
+            kept = {name: digest for name, digest in inputs.items() if name in split}
+            if kept:
+                one["inputs"] = kept
+        compared[index] = one
+    return compared
+
+
+def _all_inputs(settings: dict[int, Any]) -> Any:
+    """The merged member's settings (the shards agree on all but the files some did not record): the first
+    shard's, with the digest of every file any shard recorded, so later runs compare them all."""
+    first = settings[min(settings)]
+    if not isinstance(first, dict):
+        return first
+    inputs: dict[str, str] = {}
+    for index in sorted(settings, reverse=True):
+        one = settings[index]
+        if isinstance(one, dict) and isinstance(one.get("inputs"), dict):
+            inputs.update(one["inputs"])
+    return {**first, "inputs": inputs} if inputs else first
+
+
+def _compared_settings(settings: Any) -> Any:
+    """A member's recorded settings without those no longer compared (recorded by earlier versions)."""
+    if not isinstance(settings, dict):
+        return settings
+    return {k: v for k, v in settings.items() if k not in _NOT_COMPARED}
+
+
+def merge(options: CacheOptions) -> int:
+    out: Path = options.out
+    folder = out / SHARDS
+    found: dict[str, dict[int, dict[int, Path]]] = {}  # member → count → index → file
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        match = _SHARD_FILE.match(path.name)
+        if match is None or match.group("member") == "cache_summary":
+            continue
+        member, index, count = match.group("member"), int(match.group("index")), int(match.group("count"))
+        found.setdefault(member, {}).setdefault(count, {})[index] = path
+    if not found:
+        raise FileNotFoundError(f"no shard files (<member>.shard-<i>-of-<n>.json) in {folder}")
+    if options.models is not None:
+        wanted = model_patterns(options.models, sorted(found))
+        found = {m: v for m, v in found.items() if any(fnmatch.fnmatchcase(m, p) for p in wanted)}
+        if not found:
+            raise ValueError(f"--models {options.models!r} matches no member with shards in {folder}")
+    gt = load_coco_gt(options.gt) if options.gt is not None else None
+    merged, errors = {}, []
+    for member, by_count in sorted(found.items()):
+        if len(by_count) > 1:
+            errors.append(
+                f"{member}: shards of different splits ({', '.join(f'n={n}' for n in sorted(by_count))}) in {folder}; "
+                "keep one split"
+            )
+            continue
+        count, files = next(iter(by_count.items()))
+        try:
+            merged[member] = merge_member(member, files, count, gt)
+        except MergeError as err:
+            errors.append(str(err))
+    if errors:
+        raise MergeError("cannot merge the shards in " + str(folder) + ":\n  " + "\n  ".join(errors))
+    members = {}
+    for member, m in merged.items():
+        save_coco_results(m["results"], out / f"{member}.json")
+        members[member] = {
+            "status": "complete",
+            "output": f"{member}.json",
+            "images": m["images"],
+            "boxes": len(m["results"]),
+            "unreadable": dict(sorted(m["unreadable"].items())),
+            "images_left": 0,
+            "seconds": m["seconds"],
+            "ms_per_image": round(1000 * m["seconds"] / m["images"], 2) if m["images"] else None,
+            "shards": m["shards"],
+            "settings": m["settings"],
+        }
+    first = next(iter(merged.values()))
+    configs = sorted(folder.glob("config.shard-*.yaml"))
+    if configs:  # the shards' configs differ at most in device and batch
+        atomic_write_text(out / "config.yaml", configs[0].read_text(encoding="utf-8"))
+    header = {
+        "ensemble": _ensemble_name(configs),
+        "gt": str(options.gt) if options.gt is not None else None,
+        "gt_fingerprint": first["fingerprint"],
+        "images_dir": None,
+        "images": len(first["all_ids"]),
+        "shard": None,
+        "config": "config.yaml" if configs else None,
+        "merged_from": f"{SHARDS}/",
+    }
+    summary = write_summary(out / SUMMARY, header, members)
+    print_summary(out, summary, list(members), out / SUMMARY)
+    return 0
+
+
+def _ensemble_name(configs: list[Path]) -> str:
+    for path in configs:
+        try:
+            return str((parse_yaml(path.read_text(encoding="utf-8")) or {}).get("name", "ensemble"))
+        except (OSError, yaml.YAMLError):
+            continue
+    return "ensemble"
+
+
+
+
+# ------------------------------------------------------------------------------------------------- main
+def run(options: CacheOptions) -> int:
+    """Cache the members' detections, or merge the shards of earlier runs; returns 0 when done, 130 when
+    interrupted (run again to resume).
+
+    Raises:
+        UsageError: options that do not go together (see :func:`check_args`).
+    """
+    merging, shard, ray = check_args(options)
+    with cache_lock(options.out, shard, merging):
+        if merging:
+            return merge(options)
+        return cache(options, shard, ray)
