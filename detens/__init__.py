@@ -58,8 +58,8 @@ _EXPORTS = {
     "AugmentedDetector": "detens.adapters",
     "build_ensemble": "detens.adapters",
     "list_images": "detens.sources",
-    "cache": "detens.jobs",
-    "fuse_images": "detens.jobs",
+    "cache": "detens.jobs.calls",
+    "fuse_images": "detens.jobs.calls",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -17,8 +17,7 @@ import numpy as np
 import pytest
 
 import detens
-from detens.cli import cache as cache_command
-from detens.cli import fuse as fuse_command
+import detens.jobs
 from detens.cli import run_command
 from detens.jobs._options import UsageError
 
@@ -59,11 +58,7 @@ def stand_in(monkeypatch):
     run = StandIn()
     run.seen = []
     for command in ("cache", "fuse"):  # the job itself, which the command line and the Python call both reach
-        try:
-            module, _ = detens.jobs.job(command)
-        except ModuleNotFoundError:  # a job still run through its parser
-            module = {"cache": cache_command, "fuse": fuse_command}[command]
-        monkeypatch.setattr(module, "run", run)
+        monkeypatch.setattr(detens.jobs.job(command)[0], "run", run)
     for key in ENVIRON:
         monkeypatch.delenv(key, raising=False)
     levels = {name: logging.getLogger(name).level for name in LOGGERS}

@@ -1,105 +1,17 @@
-"""The commands' jobs as Python calls: ``detens.cache(...)`` and ``detens.fuse_images(...)`` run exactly
-what ``detens cache`` and ``detens fuse`` run (same outputs, resuming, engines), with keyword options named
-like the flags (``--max-det`` is ``max_det``). A mistake raises the library's ``ValueError``/``TypeError``
-instead of ending the process.
-
-The options are checked as the command line's flags are, by type: a flag without a value (``overwrite``,
-``quiet``) takes a bool, a number flag an integer (``max_images``, ``actors``: an ``int`` or a NumPy integer)
-or a number (``conf``), a path flag a ``str`` or ``os.PathLike``, the others a ``str``; a string is never read
-as a number, nor a number or a string as a bool (``overwrite="no"`` would otherwise discard finished work).
-
-``quiet=True`` quiets the detector libraries for the call only: their log levels and the environment
-variables they read are put back when it returns or raises."""
+"""What a user starts, as plain functions over the library: one module per job (``cache``, ``fuse``,
+``train``, ``evaluate``, ``bench``, ``report``), each with ``run(options) -> int`` over a checked options
+dataclass (:mod:`detens.jobs._options`). The ``detens`` command (:mod:`detens.cli`) parses a command line
+into those options; :mod:`detens.jobs.calls` (``detens.cache``, ``detens.fuse_images``) makes them from a
+Python call's keyword options."""
 
 from __future__ import annotations
 
-import argparse
 import importlib
-import numbers
-import os
-from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from detens.checks import check_flag
-from detens.jobs._options import JobOptions, UsageError
+from detens.jobs._options import JobOptions
 
-__all__ = ["JOBS", "cache", "fuse_images", "job"]
-
-
-def _models_text(value: Any) -> str:
-    """``models`` as ``--models`` takes it: a string, or a list of names or globs joined with commas.
-
-    Raises:
-        ValueError: ``models`` names no member (``[]``, ``""``, ``" , "``), or a name of the list is empty or
-            holds a comma: leaving ``models`` out selects every member, so naming none is a mistake.
-    """
-    if isinstance(value, str):
-        if not any(part.strip() for part in value.split(",")):
-            raise ValueError(
-                f"models={value!r} names no member; give names or globs ('yolo26n*,yolov8n' or a list of "
-                "them), or leave models out for every member"
-            )
-        return value
-    if isinstance(value, Sequence) and all(isinstance(v, str) for v in value):
-        if not value:
-            raise ValueError(
-                f"models={value!r} names no member; give a list of names or globs (['yolo26n*', 'yolov8n']), "
-                "or leave models out for every member"
-            )
-        for i, name in enumerate(value):
-            if not name.strip():
-                raise ValueError(f"models[{i}] is {name!r}: each entry names a member or is a glob of names")
-            if "," in name:
-                raise ValueError(
-                    f"models[{i}] = {name!r} holds a comma, which no member name holds (the command line "
-                    "separates names with commas); give the names (or globs) one by one"
-                )
-        return ",".join(value)
-    raise TypeError(
-        f"models must be a str ('yolo26n*,yolov8n') or a list of str, got {type(value).__name__}: {value!r}"
-    )
-
-
-def _checked(action: argparse.Action, key: str, value: Any) -> Any:
-    """``value`` for the option ``key`` as the parser would store it from the command line, or a
-    TypeError/ValueError naming the option and what it takes."""
-    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
-        return check_flag(value, key)
-    from detens.cli import existing_folder, folder_path
-
-    if value is None:  # the flag left out (a required one is named by _run)
-        return action.default
-    kind = action.type
-    if kind is int:  # numpy integers too (np.int64 from an array); bools and floats are no counts
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise TypeError(f"{key} must be an int, got {type(value).__name__}: {value!r}")
-        value = int(value)
-    elif kind is float:
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(f"{key} must be a number, got {type(value).__name__}: {value!r}")
-        value = float(value)
-    elif kind is Path:
-        if not isinstance(value, (str, os.PathLike)):
-            raise TypeError(f"{key} must be a path (str or os.PathLike), got {type(value).__name__}: {value!r}")
-        value = Path(value)
-    elif kind in (folder_path, existing_folder):
-        if not isinstance(value, (str, os.PathLike)):
-            raise TypeError(f"{key} must be a path (str or os.PathLike), got {type(value).__name__}: {value!r}")
-        try:
-            value = kind(os.fspath(value))
-        except argparse.ArgumentTypeError as err:
-            raise ValueError(f"{key}: {err}") from None
-    elif kind is None:
-        if isinstance(value, os.PathLike):
-            value = os.fspath(value)
-        if not isinstance(value, str):
-            raise TypeError(f"{key} must be a str, got {type(value).__name__}: {value!r}")
-    else:  # pragma: no cover - a flag type this function does not know yet
-        raise TypeError(f"{key}: the option's type {kind!r} is not checked for Python calls")
-    if action.choices is not None and value not in action.choices:
-        raise ValueError(f"{key} must be one of {', '.join(map(repr, action.choices))}, got {value!r}")
-    return value
+__all__ = ["JOBS", "job"]
 
 
 #: command -> (job module, its options class); each module has ``run(options) -> int``
@@ -124,96 +36,3 @@ def job(command: str) -> tuple[Any, type[JobOptions]]:
     name, options_class = JOBS[command]
     module = importlib.import_module(name)
     return module, getattr(module, options_class)
-
-
-def _run(command: str, options: dict[str, Any]) -> int:
-    try:
-        module, options_class = job(command)
-    except ModuleNotFoundError:
-        return _run_through_parser(command, options)
-    if options.get("models") is not None:
-        options = {**options, "models": _models_text(options["models"])}
-    checked = options_class.from_python(options)
-    from detens.jobs._logging import quieted
-
-    try:
-        # as the command's --quiet (the detector libraries' loading messages too), for this call only
-        with quieted(checked.quiet, only_where_stderr_is_fd_2=True):
-            return int(module.run(checked))
-    except UsageError as err:
-        raise ValueError(str(err)) from None
-
-
-def _run_through_parser(command: str, options: dict[str, Any]) -> int:
-    from detens.cli import command_parser
-
-    parser = command_parser(command)
-    actions = {action.dest: action for action in parser._actions if action.dest != "help"}
-    unknown = sorted(set(options) - set(actions))
-    if unknown:
-        raise TypeError(f"{command}() got unknown options {unknown}; valid: {', '.join(sorted(actions))}")
-    args = argparse.Namespace(**{dest: action.default for dest, action in actions.items()})
-    for key, value in options.items():
-        if key == "models" and value is not None:
-            value = _models_text(value)
-        setattr(args, key, _checked(actions[key], key, value))
-    missing = [f"{dest}" for dest, action in actions.items() if action.required and getattr(args, dest) is None]
-    if missing:
-        raise TypeError(f"{command}() needs {', '.join(missing)}")
-    args._run, args._parser = parser.get_default("_run"), parser
-    from detens.jobs._logging import quieted
-
-    try:
-        # as the command's --quiet (the detector libraries' loading messages too), for this call only
-        with quieted(args.quiet, only_where_stderr_is_fd_2=True):
-            return int(args._run(args))
-    except UsageError as err:
-        raise ValueError(str(err)) from None
-
-
-def cache(
-    config: str | Path | None = None,
-    images: str | Path | None = None,
-    gt: str | Path | None = None,
-    out: str | Path | None = None,
-    **options: Any,
-) -> int:
-    """Cache each member's detections on a COCO-format dataset (``detens cache``), or join the shards of
-    earlier runs (``merge=True``, ``detens cache merge``).
-
-    Args:
-        config: a shipped ensemble name (``coco_yolo3``, the default) or an ensemble YAML.
-        images: the folder of the ground truth's images. gt: its COCO annotation file. out: the output folder.
-            A detection run needs all three; ``merge=True`` takes ``out`` (and optionally ``gt``,
-            ``models``) and nothing that only a detection run uses.
-        **options: the command's other flags, each of the flag's type (see the module): e.g.
-            ``engine="ray"``, ``actors=2``, ``models="yolo26n"`` (or a list of names or globs:
-            ``["yolo26n*", "yolov8n"]``), ``shard="0/4"``, ``conf=0.001``, ``max_images=100``,
-            ``overwrite=True``, ``quiet=True``, ``merge=True``.
-
-    Returns:
-        int: 0 when done, 130 when interrupted (run again to resume).
-
-    Raises:
-        TypeError: an unknown option, or an option of the wrong type (``overwrite="no"``, ``max_images="3"``).
-        ValueError: a bad value, as the command reports it (``shard="2/2"``, ``engine="rayy"``).
-    """
-    given = {"config": config, "images": images, "gt": gt, "out": out}
-    return _run("cache", {**{k: v for k, v in given.items() if v is not None}, **options})
-
-
-def fuse_images(config: str | Path, source: str | Path, out: str | Path, **options: Any) -> int:
-    """Run an ensemble on images and fuse its detections (``detens fuse``).
-
-    Args:
-        config: a shipped ensemble name or an ensemble YAML. source: an image, a folder or a glob.
-        out: the output folder (``predictions.json``, ``images.json``, ...).
-        **options: the command's other flags, each of the flag's type (see the module): e.g.
-            ``engine="ray"``, ``head="runs/train/head.json"``, ``method="wbf"``, ``save_per_model=True``,
-            ``quiet=True``.
-
-    Raises:
-        TypeError: an unknown option, or an option of the wrong type (``no_vis="yes"``, ``imgsz=640.0``).
-        ValueError: a bad value, as the command reports it.
-    """
-    return _run("fuse", {"config": config, "source": source, "out": out, **options})
