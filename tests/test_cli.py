@@ -346,8 +346,8 @@ def test_bench_coco_times_the_evaluators_not_the_input_checks(workspace, monkeyp
     from types import SimpleNamespace
 
     from detens import coco
-    from detens.cli import bench
-    from detens.cli.bench import bench_coco
+    from detens.jobs import bench
+    from detens.jobs.bench import bench_coco
 
     clock = [0.0]  # bench's clock, moved only by the checks: the evaluators' own time is not measured here
     monkeypatch.setattr(bench, "time", SimpleNamespace(perf_counter=lambda: clock[0]))

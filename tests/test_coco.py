@@ -195,7 +195,7 @@ def test_annotations_without_ids_are_numbered_after_the_given_ones():
 
 
 def test_bench_replicates_annotations_without_ids():
-    from detens.cli.bench import replicate_coco
+    from detens.jobs.bench import replicate_coco
 
     dataset = small_gt()
     del dataset["annotations"][0]["id"]

@@ -322,7 +322,7 @@ class TestBackendsAgree:
         # the benchmark's synthetic images: 5 models x 1000 boxes, 80 classes, tens of rounds.
         import numpy as np
 
-        from detens.cli import bench
+        from detens.jobs import bench
         per_model = bench.synthetic_image(np.random.default_rng(seed), 5, 1000)
         for iou_thr in (0.55, 0.7):
             compiled = match(per_model, iou_thr, backend="compiled")

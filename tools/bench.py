@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""`detens bench` as a script; the logic lives in detens/cli/bench.py."""
+"""`detens bench` as a script; the logic lives in detens/jobs/bench.py."""
 import sys
 from pathlib import Path
 

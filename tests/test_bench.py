@@ -1,0 +1,137 @@
+"""``detens bench --engines`` with its fuse runs and Ray replaced by stand-ins (the real ones would load the
+ensemble's detectors and start a Ray cluster), and the options of the bench job from Python."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import detens.jobs
+from detens.cli import main
+from detens.jobs.bench import BenchOptions, check_args
+
+
+@pytest.fixture
+def engines(tmp_path, monkeypatch):
+    """An image folder, a stand-in Ray and a stand-in ``detens.jobs.fuse_images``: ``engines.calls`` holds
+    each fuse run's arguments and the root logger's level during it; ``engines.code`` is what it returns,
+    ``engines.error`` (if set) what it raises."""
+    images = tmp_path / "images"
+    images.mkdir()
+    for name in ("a.jpg", "b.jpg"):
+        (images / name).write_bytes(b"")
+    ray = SimpleNamespace(started=0, stopped=0)
+    ray.init = lambda **kwargs: setattr(ray, "started", ray.started + 1)
+    ray.shutdown = lambda: setattr(ray, "stopped", ray.stopped + 1)
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    state = SimpleNamespace(images=images, ray=ray, calls=[], code=0, error=None)
+
+    def fuse_images(config, source, out, **options):
+        state.calls.append({"config": config, "source": source, "out": Path(out), "options": options,
+                            "root_level": logging.getLogger().level})
+        logging.getLogger("detens.fuse").info("a line of the fuse run")
+        logging.getLogger("detens.fuse").warning("a warning of the fuse run")
+        if state.error is not None:
+            raise state.error
+        return state.code
+
+    monkeypatch.setattr(detens.jobs, "fuse_images", fuse_images)
+    return state
+
+
+def test_engines_runs_fuse_per_engine_and_its_own_lines_show_after_them(engines, capsys):
+    assert main(["bench", "--engines", str(engines.images), "--config", "pair.yaml"]) == 0
+    assert [(call["config"], call["source"], call["out"].name, call["options"]) for call in engines.calls] == [
+        ("pair.yaml", str(engines.images), "local", {"overwrite": True, "quiet": True, "no_vis": True}),
+        ("pair.yaml", str(engines.images), "ray_1_actor",
+         {"overwrite": True, "quiet": True, "no_vis": True, "engine": "ray", "actors": 1}),
+        ("pair.yaml", str(engines.images), "ray_2_actors",
+         {"overwrite": True, "quiet": True, "no_vis": True, "engine": "ray", "actors": 2}),
+    ]
+    # each fuse run is quiet (warnings only), as `detens fuse --quiet` is; bench's level is back after it
+    assert [call["root_level"] for call in engines.calls] == [logging.WARNING] * 3
+    assert (engines.ray.started, engines.ray.stopped) == (1, 1)
+    captured = capsys.readouterr()
+    assert "a line of the fuse run" not in captured.err
+    assert captured.err.count("WARNING detens.fuse: a warning of the fuse run") == 3
+    for label in ("local", "ray 1 actor", "ray 2 actors"):  # logged after each fuse run
+        assert f"INFO bench: {label}: 2 images in" in captured.err, captured.err
+    assert "`detens fuse --config pair.yaml` on 2 images" in captured.out
+    assert "| ray 2 actors | 2 |" in captured.out
+
+
+def test_engines_quiet_shows_no_info_line(engines, capsys):
+    assert main(["bench", "--engines", str(engines.images), "--quiet"]) == 0
+    assert [call["config"] for call in engines.calls] == ["coco_yolo3"] * 3
+    assert "INFO" not in capsys.readouterr().err
+
+
+def test_an_interrupted_fuse_run_interrupts_bench(engines, capsys):
+    """fuse returns 130 after a Ctrl-C it caught to save its work: bench ends as on any Ctrl-C, Ray shut down."""
+    engines.code = 130
+    level = logging.getLogger().level
+    assert main(["bench", "--engines", str(engines.images)]) == 130
+    err = capsys.readouterr().err
+    assert err.endswith("error: interrupted\n") and "Traceback" not in err, err
+    assert len(engines.calls) == 1 and engines.ray.started == 0
+    assert logging.getLogger().level == level
+
+
+def test_an_interrupted_ray_run_shuts_ray_down(engines, capsys, monkeypatch):
+    def fuse_images(config, source, out, **options):
+        return 130 if options.get("engine") == "ray" else 0
+
+    monkeypatch.setattr(detens.jobs, "fuse_images", fuse_images)
+    assert main(["bench", "--engines", str(engines.images)]) == 130
+    assert capsys.readouterr().err.endswith("error: interrupted\n")
+    assert (engines.ray.started, engines.ray.stopped) == (1, 1)
+
+
+def test_a_mistake_in_a_fuse_run_is_one_error_line(engines, capsys):
+    engines.error = ValueError("--config: no ensemble named 'pair'")
+    assert main(["bench", "--engines", str(engines.images), "--config", "pair"]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith("error: --config: no ensemble named 'pair'\n") and "Traceback" not in err, err
+
+
+def test_engines_without_images_is_refused(engines, tmp_path, capsys):
+    (tmp_path / "none").mkdir()
+    assert main(["bench", "--engines", str(tmp_path / "none")]) == 2
+    assert "no images there" in capsys.readouterr().err
+    assert engines.calls == []
+
+
+# ------------------------------------------------------------------------------------------- the options
+def test_the_list_options_take_python_values():
+    options = BenchOptions.from_python({"sizes": ["3x100", (5, 1000), [2, 7]], "repeats": 3})
+    assert options.sizes == [(3, 100), (5, 1000), (2, 7)]
+    options = BenchOptions.from_python({"coco": ("gt.json", Path("r.json")), "coco_sizes": (10, 20)})
+    assert (options.coco, options.coco_sizes) == (["gt.json", "r.json"], [10, 20])
+    mode, filled = check_args(BenchOptions.from_python({"coco": ["gt.json", "r.json"]}))
+    assert (mode, filled.coco_sizes, filled.sizes) == ("coco", [200, 1000, 5000], None)
+    mode, filled = check_args(BenchOptions.from_python({}))
+    assert mode == "fusers" and filled.sizes == [(3, 100), (3, 300), (5, 1000), (5, 3000)]
+    assert (filled.repeats, filled.device, filled.threads, filled.seed) == (15, "cpu", 1, 0)
+
+
+@pytest.mark.parametrize("options, error, message", [
+    ({"sizes": "3x100"}, TypeError, r"sizes must be a list of sizes"),
+    ({"sizes": []}, ValueError, r"sizes must name at least one size"),
+    ({"sizes": ["3y100"]}, ValueError, r"sizes\[0\]: size must look like 5x1000"),
+    ({"sizes": [(3, 0)]}, ValueError, r"sizes\[0\]: size needs at least 1 model and 1 box"),
+    ({"sizes": [(3, 100.0)]}, TypeError, r"sizes\[0\] must be an int, got float"),
+    ({"sizes": [3]}, TypeError, r"sizes\[0\] must be '5x1000' or \(5, 1000\)"),
+    ({"coco": "gt.json"}, TypeError, r"coco must be two paths"),
+    ({"coco": ["gt.json"]}, TypeError, r"coco must be two paths"),
+    ({"coco": ["gt.json", "r.json"], "coco_sizes": ["10"]}, TypeError, r"coco_sizes\[0\] must be an int, got str"),
+    ({"coco": ["gt.json", "r.json"], "coco_sizes": []}, ValueError, r"coco_sizes must name at least one"),
+    ({"threads": 0}, ValueError, r"threads must be an int >= 1, got 0"),
+    ({"repeats": "3"}, TypeError, r"repeats must be an int, got str"),
+])
+def test_the_options_are_checked_as_they_are_made(options, error, message):
+    with pytest.raises(error, match=message):
+        BenchOptions.from_python(options)
