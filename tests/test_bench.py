@@ -10,14 +10,14 @@ from types import SimpleNamespace
 
 import pytest
 
-import detens.jobs
+import detens.jobs.calls
 from detens.cli import main
 from detens.jobs.bench import BenchOptions, check_args
 
 
 @pytest.fixture
 def engines(tmp_path, monkeypatch):
-    """An image folder, a stand-in Ray and a stand-in ``detens.jobs.fuse_images``: ``engines.calls`` holds
+    """An image folder, a stand-in Ray and a stand-in ``detens.jobs.calls.fuse_images``: ``engines.calls`` holds
     each fuse run's arguments and the root logger's level during it; ``engines.code`` is what it returns,
     ``engines.error`` (if set) what it raises."""
     images = tmp_path / "images"
@@ -39,7 +39,7 @@ def engines(tmp_path, monkeypatch):
             raise state.error
         return state.code
 
-    monkeypatch.setattr(detens.jobs, "fuse_images", fuse_images)
+    monkeypatch.setattr(detens.jobs.calls, "fuse_images", fuse_images)
     return state
 
 
@@ -85,7 +85,7 @@ def test_an_interrupted_ray_run_shuts_ray_down(engines, capsys, monkeypatch):
     def fuse_images(config, source, out, **options):
         return 130 if options.get("engine") == "ray" else 0
 
-    monkeypatch.setattr(detens.jobs, "fuse_images", fuse_images)
+    monkeypatch.setattr(detens.jobs.calls, "fuse_images", fuse_images)
     assert main(["bench", "--engines", str(engines.images)]) == 130
     assert capsys.readouterr().err.endswith("error: interrupted\n")
     assert (engines.ray.started, engines.ray.stopped) == (1, 1)

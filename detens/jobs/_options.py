@@ -20,8 +20,8 @@ from detens.checks import check_flag
 
 __all__ = [
     "JobOptions", "UsageError", "check_existing_folder", "check_folder", "check_positive_int",
-    "file_or_shipped_name", "flag", "folder", "existing_folder", "integer", "internal", "number", "path",
-    "text",
+    "file_or_shipped_name", "flag", "folder", "existing_folder", "integer", "internal", "listed", "number",
+    "path", "text",
 ]
 
 
@@ -130,6 +130,12 @@ def text(default: str | None = None, *, required: bool = False, choices: Sequenc
     return _field(default, "str", required=required, choices=choices)
 
 
+def listed() -> Any:
+    """An option of several values (a flag with ``nargs``), default None; the job's options check it in their
+    own ``__post_init__`` (after this base's), as each takes its own kind of list."""
+    return _field(None, "listed")
+
+
 def internal(default: Any = None) -> Any:
     """What the command line passes to the job that is no option of it (the command line itself)."""
     return _field(default, "internal")
@@ -171,7 +177,7 @@ def _checked(kind: str, key: str, value: Any) -> Any:
 class JobOptions:
     """The options of a job. Subclasses are keyword-only dataclasses whose fields come from :func:`flag`,
     :func:`integer`, :func:`number`, :func:`path`, :func:`folder`, :func:`existing_folder`, :func:`text` and
-    :func:`internal`; each value is checked and converted when the options are made (None: the option left
+    :func:`listed` and :func:`internal`; each value is checked and converted when the options are made (None: the option left
     out, its default kept; a required one left out is a TypeError).
 
     Attributes:
@@ -191,7 +197,7 @@ class JobOptions:
         for spec in dataclasses.fields(self):
             kind = spec.metadata.get("kind")
             value = getattr(self, spec.name)
-            if kind is None or kind == "internal":
+            if kind is None or kind in ("internal", "listed"):
                 continue
             if value is None:
                 if spec.metadata["required"]:

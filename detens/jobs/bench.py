@@ -24,7 +24,7 @@ from detens import Detections, match
 from detens.extras import import_extra
 from detens.fusers import fuse
 from detens.io import atomic_write_json, check_writable_file
-from detens.jobs._options import JobOptions, UsageError, file_or_shipped_name, integer, path, text
+from detens.jobs._options import JobOptions, UsageError, file_or_shipped_name, integer, listed, path, text
 
 __all__ = [
     "BenchOptions", "DEFAULT_SIZES", "IMAGE_SIZE", "NUM_CLASSES", "TENSOR_MATCH", "bench_coco", "bench_engines",
@@ -234,12 +234,6 @@ def parse_size(text: str) -> tuple[int, int]:
     return models, boxes
 
 
-def _listed() -> Any:
-    """A flag that takes several values (``nargs``), which no kind of :mod:`detens.jobs._options` takes: left
-    to :meth:`BenchOptions.__post_init__` to check."""
-    return dataclasses.field(default=None, metadata={"kind": None, "required": False, "choices": None})
-
-
 def _count(key: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{key} must be an int, got {type(value).__name__}: {value!r}")
@@ -311,7 +305,7 @@ class BenchOptions(JobOptions):
 
     job = "bench"
 
-    sizes: list[tuple[int, int]] | None = _listed()
+    sizes: list[tuple[int, int]] | None = listed()
     repeats: int | None = integer()
     device: str | None = text()
     threads: int | None = integer(positive=True)
@@ -319,8 +313,8 @@ class BenchOptions(JobOptions):
     out: Path | None = path()
     engines: str | None = text()
     config: str | None = text()
-    coco: list[str] | None = _listed()
-    coco_sizes: list[int] | None = _listed()
+    coco: list[str] | None = listed()
+    coco_sizes: list[int] | None = listed()
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -397,7 +391,7 @@ def bench_engines(images: str, config: str, work: Path) -> list[dict[str, Any]]:
     and of starting a local Ray cluster; the rows of the engine table."""
     import ray
 
-    from detens.jobs import fuse_images
+    from detens.jobs.calls import fuse_images
     from detens.sources import list_images
 
     count = len(list_images(images))
