@@ -649,7 +649,8 @@ class TestReportFolder:
     def test_evaluate_checks_the_report_images_before_it_runs(self, quick, tmp_path, capsys, monkeypatch, fault):
         import cv2
 
-        from detens.cli import evaluate, main
+        from detens.cli import main
+        from detens.jobs import evaluate
 
         images = tmp_path / "images"
         shutil.copytree(quick / "images", images)

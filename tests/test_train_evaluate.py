@@ -41,6 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 ANNOTATIONS = REPO.parent / "shared" / "data" / "coco_val2017_206" / "instances_val2017.json"
 from detens.cli import evaluate as evaluate_cli  # noqa: E402
 from detens.cli import train as train_cli  # noqa: E402
+from detens.jobs import evaluate as evaluate_job  # noqa: E402
 
 MODELS = {"sharp": 0.02, "blurry": 0.08, "noisy": 0.15}  # box jitter relative to the box size
 
@@ -1311,7 +1312,7 @@ class TestTools:
         assert [f.name for f in files] == ["report.bootstrap.json", "report.calibration.json",
                                            "report.evaluation.json.gz", "report.fitted.json", "report.json"]
         before = {f.name: f.read_bytes() for f in files}
-        real = evaluate_cli.cross_validate
+        real = evaluate_job.cross_validate
 
         def interrupted_after_the_first_method(*args, on_method, **kwargs):
             def on_method_then_stop(name, result):
@@ -1320,7 +1321,7 @@ class TestTools:
 
             return real(*args, on_method=on_method_then_stop, **kwargs)
 
-        monkeypatch.setattr(evaluate_cli, "cross_validate", interrupted_after_the_first_method)
+        monkeypatch.setattr(evaluate_job, "cross_validate", interrupted_after_the_first_method)
         assert evaluate_cli.main(base + ["--methods", "wbf,mean"]) == 130
         # the earlier run's files are all as they were, and still one run's; the finished row is kept apart
         assert {f.name: f.read_bytes() for f in tmp_path.glob("report*") if f.name in before} == before
@@ -1332,18 +1333,18 @@ class TestTools:
         def interrupted_at_once(*args, **kwargs):
             raise KeyboardInterrupt
 
-        monkeypatch.setattr(evaluate_cli, "cross_validate", interrupted_at_once)
+        monkeypatch.setattr(evaluate_job, "cross_validate", interrupted_at_once)
         assert evaluate_cli.main(base + ["--methods", "mean"]) == 130
         assert not (tmp_path / "report.partial.json").exists()
         assert {f.name: f.read_bytes() for f in tmp_path.glob("report*") if f.name in before} == before
         capsys.readouterr()
 
         # killed after the record, before the table: the table left beside it is refused
-        monkeypatch.setattr(evaluate_cli, "cross_validate", real)
+        monkeypatch.setattr(evaluate_job, "cross_validate", real)
         def interrupt(*args):
             raise KeyboardInterrupt
 
-        monkeypatch.setattr(evaluate_cli, "_complete", interrupt)
+        monkeypatch.setattr(evaluate_job, "_complete", interrupt)
         assert evaluate_cli.main(base + ["--methods", "wbf,mean"]) == 130
         assert out.read_bytes() == before["report.json"] and not (tmp_path / "report.bootstrap.json").exists()
         with pytest.raises(ValueError, match=r"report\.json and .*report\.evaluation\.json\.gz are not from the same "

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""`detens evaluate` as a script; the logic lives in detens/cli/evaluate.py."""
+"""`detens evaluate` as a script; the logic lives in detens/jobs/evaluate.py."""
 import sys
 from pathlib import Path
 

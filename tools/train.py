@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""`detens train` as a script; the logic lives in detens/cli/train.py."""
+"""`detens train` as a script; the logic lives in detens/jobs/train.py."""
 import sys
 from pathlib import Path
 
