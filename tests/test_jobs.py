@@ -6,6 +6,7 @@ test_fuse_cli.py."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import logging
 import os
@@ -176,10 +177,7 @@ def test_each_flag_of_a_command_is_an_option_of_its_job_with_the_same_default(co
     know, or a default that differs between the two, would make them run different jobs."""
     from detens.cli import command_parser
 
-    try:
-        _, options_class = detens.jobs.job(command)
-    except ModuleNotFoundError:
-        pytest.skip(f"the job of {command} is still run through its parser")
+    _, options_class = detens.jobs.job(command)
     parser = command_parser(command)
     flags = {a.dest: a.default for a in parser._actions if a.dest not in ("help", "debug")}
     fields = {f.name: f.default for f in dataclasses.fields(options_class) if f.name in options_class.option_names()}
@@ -210,3 +208,22 @@ def test_options_are_checked_as_they_are_made(tmp_path):
     ]:
         with pytest.raises(error, match=message):
             ReportOptions.from_python(given)
+
+
+def test_the_jobs_never_reach_up_to_the_command_line():
+    """The command imports the jobs, never the other way: a job run from Python loads no parser and no
+    command-line module (checked in a fresh interpreter, where nothing else has imported them)."""
+    modules = [f"detens.jobs.{name}" for name in ("calls", "_engine", "_inputs", "_logging", "_outputs")]
+    modules += [module for module, _ in detens.jobs.JOBS.values()]
+    script = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}: importlib.import_module(name)\n"
+        "print(sorted(m for m in sys.modules if m == 'argparse' or m.startswith('detens.cli')))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    loaded = done.stdout.strip().splitlines()[-1]
+    assert "detens.cli" not in loaded, loaded
+    for module in modules:  # argparse may come with a library; the jobs' own code never uses it
+        source = Path(importlib.import_module(module).__file__).read_text()
+        assert "argparse" not in source, module

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 from detens.checks import check_flag
 
 __all__ = [
-    "JobOptions", "UsageError", "check_existing_folder", "check_folder", "check_positive_int",
+    "JobOptions", "UsageError", "check_existing_folder", "check_text_list", "check_text_pair", "check_folder", "check_positive_int",
     "file_or_shipped_name", "flag", "folder", "existing_folder", "integer", "internal", "listed", "number",
     "path", "text",
 ]
@@ -88,6 +88,39 @@ def file_or_shipped_name(flag: str, value: str | None) -> str | None:
     return value
 
 
+def check_text_list(key: str, value: Any) -> tuple[str, ...]:
+    """``value`` of the repeatable option ``key`` as a tuple of strings (None, the option left out: none).
+
+    Raises:
+        TypeError: ``value`` is one string (its characters are no list of values) or no sequence of strings.
+    """
+    if value is None:
+        return ()
+    if isinstance(value, str) or not isinstance(value, Sequence) or not all(isinstance(v, str) for v in value):
+        raise TypeError(f"{key} must be a list of str, got {type(value).__name__}: {value!r}")
+    return tuple(value)
+
+
+def check_text_pair(key: str, value: Any) -> tuple[str, str] | None:
+    """``value`` of the option ``key`` that takes an annotation file and a prediction folder (``GT
+    PREDICTIONS``), as a pair of strings (None: the option left out).
+
+    Raises:
+        TypeError: ``value`` is no sequence of two strings or ``os.PathLike``.
+    """
+    if value is None:
+        return None
+    if (
+        isinstance(value, (str, os.PathLike)) or not isinstance(value, Sequence) or len(value) != 2
+        or not all(isinstance(v, (str, os.PathLike)) for v in value)
+    ):
+        raise TypeError(
+            f"{key} must be a pair (annotation file, prediction folder) of str or os.PathLike, "
+            f"got {type(value).__name__}: {value!r}"
+        )
+    return os.fspath(value[0]), os.fspath(value[1])
+
+
 # ------------------------------------------------------------------------------------------ the kinds of fields
 def _field(default: Any, kind: str, *, required: bool = False, choices: Sequence[Any] | None = None) -> Any:
     return dataclasses.field(
@@ -130,10 +163,11 @@ def text(default: str | None = None, *, required: bool = False, choices: Sequenc
     return _field(default, "str", required=required, choices=choices)
 
 
-def listed() -> Any:
-    """An option of several values (a flag with ``nargs``), default None; the job's options check it in their
-    own ``__post_init__`` (after this base's), as each takes its own kind of list."""
-    return _field(None, "listed")
+def listed(default: Any = None) -> Any:
+    """An option of several values (a flag with ``nargs`` or given more than once); the job's options check
+    it in their own ``__post_init__`` (after this base's), as each takes its own kind of list
+    (:func:`check_text_list`, :func:`check_text_pair`, ...)."""
+    return _field(default, "listed")
 
 
 def internal(default: Any = None) -> Any:

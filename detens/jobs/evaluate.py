@@ -31,10 +31,19 @@ from detens.folds import kfold_image_splits
 from detens.heads import TRAINERS, load_train_config
 from detens.io import atomic_write_json, check_writable_file, check_writable_folder
 from detens.jobs._inputs import comma_separated, model_names
-from detens.jobs._options import JobOptions, UsageError, file_or_shipped_name, folder, integer, text
+from detens.jobs._options import (
+    JobOptions,
+    UsageError,
+    check_text_list,
+    check_text_pair,
+    file_or_shipped_name,
+    folder,
+    integer,
+    listed,
+    text,
+)
 from detens.jobs._options import flag as flag_option  # flag names a command-line flag in the code below
 from detens.jobs._outputs import refuse_outputs_over_inputs, refuse_results_in_prediction_folders
-from detens.jobs.train import check_text_list, check_text_pair, sequence_option
 from detens.predictions import EnsemblePredictions
 from detens.report import REPEATED_COLUMNS, markdown_table, plot_reliability, plot_report
 from detens.report.record import EvaluationRecord, partial_path, record_path
@@ -124,11 +133,11 @@ class EvaluateOptions(JobOptions):
     methods: str = text(DEFAULT_METHODS)
     models: str | None = text()
     cv: int = integer(2)
-    also_fit_on: tuple[str, str] | None = sequence_option()
-    fit_on: tuple[str, str] | None = sequence_option()
+    also_fit_on: tuple[str, str] | None = listed()
+    fit_on: tuple[str, str] | None = listed()
     all_images: bool = flag_option()
-    seed: tuple[int, ...] = sequence_option("0")
-    train_config: tuple[str, ...] = sequence_option()
+    seed: tuple[int, ...] = listed("0")
+    train_config: tuple[str, ...] = listed()
     backend: str = text("pycocotools", choices=BACKENDS)
     out: str = text(required=True)
     plot: str | None = text()

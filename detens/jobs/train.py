@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, fields
@@ -23,7 +22,18 @@ from detens.config import parse_yaml, save_yaml_config
 from detens.heads import TRAINERS, fit_head, load_train_config
 from detens.io import atomic_write_bytes, atomic_write_json, atomic_write_text, check_writable_file
 from detens.jobs._inputs import model_names
-from detens.jobs._options import JobOptions, UsageError, file_or_shipped_name, flag, integer, number, text
+from detens.jobs._options import (
+    JobOptions,
+    UsageError,
+    check_text_list,
+    check_text_pair,
+    file_or_shipped_name,
+    flag,
+    integer,
+    listed,
+    number,
+    text,
+)
 from detens.jobs._outputs import refuse_outputs_over_inputs
 from detens.predictions import EnsemblePredictions, join_predictions, shared_images, shares_images_phrase
 
@@ -34,47 +44,6 @@ __all__ = [
 logger = logging.getLogger("detens.train")
 
 HEAD_TYPES = sorted(TRAINERS)
-
-
-# ------------------------------------------------------------------------- options whose value is a sequence
-def sequence_option(default: Any = None) -> Any:
-    """An option holding several values (a flag given more than once, or one that takes two): no kind of
-    :mod:`detens.jobs._options` checks one, so the options class checks it in its ``__post_init__`` with
-    :func:`check_text_list` or :func:`check_text_pair`."""
-    return dataclasses.field(default=default, metadata={"kind": None, "required": False, "choices": None})
-
-
-def check_text_list(key: str, value: Any) -> tuple[str, ...]:
-    """``value`` of the repeatable option ``key`` as a tuple of strings (None, the option left out: none).
-
-    Raises:
-        TypeError: ``value`` is one string (its characters are no list of values) or no sequence of strings.
-    """
-    if value is None:
-        return ()
-    if isinstance(value, str) or not isinstance(value, Sequence) or not all(isinstance(v, str) for v in value):
-        raise TypeError(f"{key} must be a list of str, got {type(value).__name__}: {value!r}")
-    return tuple(value)
-
-
-def check_text_pair(key: str, value: Any) -> tuple[str, str] | None:
-    """``value`` of the option ``key`` that takes an annotation file and a prediction folder (``GT
-    PREDICTIONS``), as a pair of strings (None: the option left out).
-
-    Raises:
-        TypeError: ``value`` is no sequence of two strings or ``os.PathLike``.
-    """
-    if value is None:
-        return None
-    if (
-        isinstance(value, (str, os.PathLike)) or not isinstance(value, Sequence) or len(value) != 2
-        or not all(isinstance(v, (str, os.PathLike)) for v in value)
-    ):
-        raise TypeError(
-            f"{key} must be a pair (annotation file, prediction folder) of str or os.PathLike, "
-            f"got {type(value).__name__}: {value!r}"
-        )
-    return os.fspath(value[0]), os.fspath(value[1])
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -111,11 +80,11 @@ class TrainOptions(JobOptions):
     images_from: str | None = text()
     all_images: bool = flag()
     models: str | None = text()
-    also_fit_on: tuple[str, str] | None = sequence_option()
+    also_fit_on: tuple[str, str] | None = listed()
     epochs: int | None = integer()
     lr: float | None = number()
     seed: int | None = integer()
-    set: tuple[str, ...] = sequence_option()
+    set: tuple[str, ...] = listed()
     threads: int = integer(1, positive=True)
 
     def __post_init__(self) -> None:
