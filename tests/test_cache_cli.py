@@ -971,7 +971,7 @@ def test_python_calls_check_each_option_like_its_flag(slice_, tmp_path):
         assert detens.cache(*common, models=["a", "b"], conf=0, shard=f"{index}/2", quiet=True) == 0
     assert detens.cache(out=out, merge=True, quiet=True) == 0
     assert summary_of(out)["models"]["a"]["shards"] == 2
-    with pytest.raises(ValueError, match=r"--conf would not be used"):
+    with pytest.raises(ValueError, match=r"^conf would not be used"):
         detens.cache(out=out, merge=True, conf=0.5)
     with pytest.raises(TypeError, match=r"cache\(\) needs out"):
         detens.cache(merge=True)

@@ -227,3 +227,23 @@ def test_the_jobs_never_reach_up_to_the_command_line():
     for module in modules:  # argparse may come with a library; the jobs' own code never uses it
         source = Path(importlib.import_module(module).__file__).read_text()
         assert "argparse" not in source, module
+
+
+def test_a_python_call_names_its_keyword_options_where_the_command_names_flags(stand_in, tmp_path, capsys):
+    stand_in.error = UsageError("--ray-address, --actors and --gpus-per-actor go with --engine ray (--help, --x)")
+    with pytest.raises(ValueError) as raised:
+        detens.cache(out=tmp_path / "o", merge=True)
+    assert type(raised.value) is ValueError  # the library's error, not the command's
+    assert str(raised.value) == "ray_address, actors and gpus_per_actor go with engine ray (--help, --x)"
+    # the command line keeps its flags
+    assert run_command("cache", ["--out", str(tmp_path / "o"), "--merge"]) == 2
+    assert "--ray-address, --actors and --gpus-per-actor go with --engine ray" in capsys.readouterr().err
+
+
+def test_in_python_words_rewrites_whole_flags_of_the_job_only():
+    from detens.jobs.calls import in_python_words
+
+    names = ["max_det", "max_images", "shard"]
+    assert in_python_words("--max-det and --max-images; --shard 1/2", names) == "max_det and max_images; shard 1/2"
+    assert in_python_words("--max-detections, --shards, a--shard, --", names) == "--max-detections, --shards, a--shard, --"
+    assert in_python_words("", names) == ""

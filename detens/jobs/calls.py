@@ -1,7 +1,8 @@
 """The commands' jobs as Python calls: ``detens.cache(...)`` and ``detens.fuse_images(...)`` run exactly
 what ``detens cache`` and ``detens fuse`` run (same outputs, resuming, engines), with keyword options named
 like the flags (``--max-det`` is ``max_det``). A mistake raises the library's ``ValueError``/``TypeError``
-instead of ending the process.
+instead of ending the process; a mistake the command would report naming its flags (``--shard``) names the
+keyword options instead (``shard``).
 
 The options are checked as the command line's flags are, by type: a flag without a value (``overwrite``,
 ``quiet``) takes a bool, a number flag an integer (``max_images``, ``actors``: an ``int`` or a NumPy integer)
@@ -13,6 +14,7 @@ variables they read are put back when it returns or raises."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ from typing import Any
 from detens.jobs import job
 from detens.jobs._options import UsageError
 
-__all__ = ["cache", "fuse_images"]
+__all__ = ["cache", "fuse_images", "in_python_words"]
 
 
 def _models_text(value: Any) -> str:
@@ -69,7 +71,18 @@ def _run(command: str, options: dict[str, Any]) -> int:
         with quieted(checked.quiet, only_where_stderr_is_fd_2=True):
             return int(module.run(checked))
     except UsageError as err:
-        raise ValueError(str(err)) from None
+        raise ValueError(in_python_words(str(err), options_class.option_names())) from None
+
+
+def in_python_words(message: str, names: Sequence[str]) -> str:
+    """``message``, a job's :class:`UsageError` in the command line's words, with each flag of the job
+    (``--max-det``) written as the Python call's keyword option (``max_det``); other text is kept.
+
+    Args:
+        names: the job's option names.
+    """
+    flags = {f"--{name.replace('_', '-')}": name for name in names}
+    return re.sub(r"(?<![\w-])--[A-Za-z][A-Za-z0-9-]*", lambda found: flags.get(found.group(0), found.group(0)), message)
 
 
 def cache(
