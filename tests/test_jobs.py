@@ -247,3 +247,34 @@ def test_in_python_words_rewrites_whole_flags_of_the_job_only():
     assert in_python_words("--max-det and --max-images; --shard 1/2", names) == "max_det and max_images; shard 1/2"
     assert in_python_words("--max-detections, --shards, a--shard, --", names) == "--max-detections, --shards, a--shard, --"
     assert in_python_words("", names) == ""
+
+
+def test_each_kind_of_option_is_checked_as_its_flag_is(tmp_path):
+    from detens.jobs.evaluate import EvaluateOptions
+    from detens.jobs.fuse import FuseOptions
+
+    given = {"gt": "gt.json", "predictions": "p", "out": "r.json"}
+    options = EvaluateOptions.from_python({**given, "threads": np.int8(2), "seed": [np.int64(0), 1],
+                                           "also_fit_on": ("gt2.json", tmp_path), "train_config": ["deep=d.yaml"]})
+    assert (options.threads, options.seed, options.also_fit_on, options.train_config) == (
+        2, (0, 1), ("gt2.json", str(tmp_path)), ("deep=d.yaml",))
+    assert EvaluateOptions.from_python(given).seed == (0,)  # the flag's default, "0", read as --seed reads it
+    for extra, error, message in [
+        ({"threads": 0}, ValueError, r"threads must be an int >= 1, got 0"),
+        ({"backend": "cocoeval"}, ValueError, r"backend must be one of 'pycocotools', .*got 'cocoeval'"),
+        ({"seed": 0.5}, TypeError, r"seed must be an int, a list of ints"),
+        ({"seed": "0,0"}, ValueError, r"^seed lists a seed twice"),
+        ({"seed": [-1]}, ValueError, r"^seed takes seeds >= 0"),
+        ({"also_fit_on": "gt2.json"}, TypeError, r"also_fit_on must be a pair"),
+        ({"train_config": "deep=d.yaml"}, TypeError, r"train_config must be a list of str"),
+        ({"also_fit_on": ("a", "b"), "fit_on": ("c", "d")}, ValueError, r"also_fit_on and fit_on exclude each other"),
+    ]:
+        with pytest.raises(error, match=message):
+            EvaluateOptions.from_python({**given, **extra})
+
+    fuse = FuseOptions.from_python({"source": "images", "out": tmp_path / "f", "weights_dir": tmp_path})
+    assert (fuse.config, fuse.engine, fuse.actors, fuse.weights_dir) == ("coco_yolo3", "local", 1, str(tmp_path))
+    with pytest.raises(ValueError, match=r"weights_dir: no such folder: .*missing"):
+        FuseOptions.from_python({"source": "images", "out": tmp_path / "f", "weights_dir": tmp_path / "missing"})
+    with pytest.raises(ValueError, match=r"engine must be one of 'local', 'ray', got 'rayy'"):
+        FuseOptions.from_python({"source": "images", "out": tmp_path / "f", "engine": "rayy"})

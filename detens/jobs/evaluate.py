@@ -56,8 +56,8 @@ logger = logging.getLogger("detens.evaluate")
 DEFAULT_METHODS = "single,nms,soft_nms,wbf,wbf_tuned,vote,mean,theta"
 
 
-def parse_seeds(text: str) -> list[int]:
-    """``"0"`` or ``"0,1,2"`` → the fold seeds (distinct integers).
+def parse_seeds(text: str, name: str = "--seed") -> list[int]:
+    """``"0"`` or ``"0,1,2"`` → the fold seeds (distinct integers); ``name``: the option, in messages.
 
     Raises:
         ValueError: a part that is no integer, a seed listed twice, or one below 0.
@@ -65,11 +65,11 @@ def parse_seeds(text: str) -> list[int]:
     try:
         seeds = [int(part) for part in text.split(",")]
     except ValueError:
-        raise ValueError(f"--seed takes an integer or comma-separated integers (0,1,2), got {text!r}") from None
+        raise ValueError(f"{name} takes an integer or comma-separated integers (0,1,2), got {text!r}") from None
     if len(set(seeds)) != len(seeds):
-        raise ValueError(f"--seed lists a seed twice: {text!r}")
+        raise ValueError(f"{name} lists a seed twice: {text!r}")
     if any(seed < 0 for seed in seeds):
-        raise ValueError(f"--seed takes seeds >= 0, got {text!r}")
+        raise ValueError(f"{name} takes seeds >= 0, got {text!r}")
     return seeds
 
 
@@ -82,7 +82,7 @@ def _check_seeds(value: Any) -> tuple[int, ...]:
         ValueError: a seed listed twice, or one below 0.
     """
     if isinstance(value, str):
-        return tuple(parse_seeds(value))
+        return tuple(parse_seeds(value, "seed"))
     seeds = [value] if isinstance(value, numbers.Integral) else value
     if (
         isinstance(seeds, bool) or not isinstance(seeds, Sequence)
@@ -91,7 +91,7 @@ def _check_seeds(value: Any) -> tuple[int, ...]:
         raise TypeError(
             f"seed must be an int, a list of ints or their text ('0,1,2'), got {type(value).__name__}: {value!r}"
         )
-    return tuple(parse_seeds(",".join(str(int(s)) for s in seeds)))
+    return tuple(parse_seeds(",".join(str(int(s)) for s in seeds), "seed"))
 
 
 @dataclasses.dataclass(kw_only=True)
