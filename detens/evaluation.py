@@ -565,6 +565,7 @@ def cross_validate(
     fit_on: EnsemblePredictions | None = None,
     clock: Callable[[], float] = time.perf_counter,
     all_images: bool = False,
+    calibration_checks: dict[tuple[int, ...], dict[str, str | None]] | None = None,
 ) -> dict[str, MethodResult]:
     """Score every method on pooled held-out predictions; see the module docstring.
 
@@ -587,6 +588,10 @@ def cross_validate(
             every image of the file does; by default they are left out. They join the folds apart
             (:func:`~detens.folds.kfold_image_splits`' ``negative_ids``): the annotated images keep the
             folds of the default run.
+        calibration_checks (dict | None): the answers of the fitting data's calibration check
+            (:func:`~detens.heads.check_fit_data`), kept by the fitting images for calls on the same
+            ``predictions`` and ``fit_on`` with other fold seeds, whose folds cover the same fitting images: one
+            pass over them per calibration target for every seed. None: this call's own.
 
     Returns:
         dict[str, MethodResult]: per method its metrics (``map`` ... plus ``fusion_ms``: the mean time of
@@ -622,6 +627,8 @@ def cross_validate(
         (train + extra_ids, test) for train, test in kfold_image_splits(annotated_ids, k, seed, negative_ids)
     ]
     data = EvaluationData(predictions, scored_ids, sorted({i for train, _ in folds for i in train}))
+    if calibration_checks is not None:
+        data.calibration_checks = calibration_checks.setdefault(tuple(data.fit_ids), {})
     method_options = method_options or {}
     # Every method is built before any runs, so a bad option or head file fails before hours of work.
     built = {name: build_method(name, data.model_names, **method_options.get(name, {})) for name in names}

@@ -885,6 +885,24 @@ class TestTheFitDataCheck:
                            backend="faster", method_options=options, on_method=_stop)
         assert calibration_checks == ["tp50", "iou"]
 
+    def test_runs_with_other_fold_seeds_share_the_answers_of_the_same_fitting_images(self, calibration_checks):
+        from detens.evaluation import cross_validate
+
+        preds = synthetic(models={"sharp": _sharp_results(), "copy": _sharp_results()})
+        shared = {}
+        for seed in (0, 1, 2):
+            with pytest.raises(_Stop, match="^mean$"):
+                cross_validate(preds, ["mean", "deep"], k=2, seed=seed, backend="faster",
+                               method_options={"deep": FAST_DEEP}, on_method=_stop, calibration_checks=shared)
+        assert calibration_checks == ["iou"]
+        assert shared == {tuple(preds.image_ids): {"iou": None}}
+        # other fitting images (a fit on one set, scored on another) are checked apart
+        fit_on = synthetic(2, models={"sharp": _sharp_results(2), "copy": []}, prefix="extra_")
+        with pytest.raises(ValueError, match=r"^deep calibrates every member's scores .*model 'copy'"):
+            cross_validate(preds, ["mean", "deep"], k=0, backend="faster", fit_on=fit_on,
+                           method_options={"deep": FAST_DEEP}, on_method=_stop, calibration_checks=shared)
+        assert calibration_checks == ["iou", "iou"] and len(shared) == 2
+
     @pytest.mark.parametrize("member, passes", [
         ("copy", [True] * 5),  # every curve can be fitted
         ("quiet", [False] * 5),  # no detection: no curve of either target

@@ -445,6 +445,7 @@ def _run_repeats(
     out = Path(options.out)
     runs: dict[int, dict[str, dict[str, float]]] = {}
     fitted: dict[str, dict[str, Any]] = {}
+    calibration_checks: dict[tuple[int, ...], dict[str, str | None]] = {}  # one pass per target for every seed
     for seed in options.seed:
         def on_method(name: str, result: MethodResult, seed: int = seed) -> None:
             print(f"seed {seed}: {name:>22}: mAP {result.metrics['map']:.4f}  AP50 {result.metrics['map50']:.4f}", flush=True)
@@ -452,6 +453,7 @@ def _run_repeats(
         report = cross_validate(
             predictions, methods, k=options.cv, seed=seed, backend=options.backend,
             method_options=method_options, on_method=on_method, fit_on=fit_on, all_images=options.all_images,
+            calibration_checks=calibration_checks,
         )
         runs[seed] = {name: result.metrics for name, result in report.items()}
         for name, result in report.items():
