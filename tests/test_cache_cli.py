@@ -952,8 +952,8 @@ def test_python_calls_check_each_option_like_its_flag(slice_, tmp_path):
         ({"models": 3}, TypeError, r"models must be a str .* or a list of str"),
         ({"models": ["a", "b,c"]}, ValueError, r"'b,c' holds a comma"),
         ({"engine": "rayy"}, ValueError, r"engine must be one of 'local', 'ray', got 'rayy'"),
-        ({"shard": "2/2"}, ValueError, r"--shard i/n needs"),
-        ({"gpus_per_actor": 1.0}, ValueError, r"go with --engine ray"),
+        ({"shard": "2/2"}, ValueError, r"^shard i/n needs"),
+        ({"gpus_per_actor": 1.0}, ValueError, r"ray_address, actors and gpus_per_actor go with engine ray"),
         ({"weights_dir": tmp_path / "nope"}, ValueError, r"weights_dir: no such folder: '.*nope'"),
         ({"weights_dir": 3}, TypeError, r"weights_dir must be a path \(str or os.PathLike\), got int"),
     ]:
@@ -971,7 +971,7 @@ def test_python_calls_check_each_option_like_its_flag(slice_, tmp_path):
         assert detens.cache(*common, models=["a", "b"], conf=0, shard=f"{index}/2", quiet=True) == 0
     assert detens.cache(out=out, merge=True, quiet=True) == 0
     assert summary_of(out)["models"]["a"]["shards"] == 2
-    with pytest.raises(ValueError, match=r"^conf would not be used"):
+    with pytest.raises(ValueError, match=r"^merge joins the shards .*\(it takes out, models, gt\); conf would not be used"):
         detens.cache(out=out, merge=True, conf=0.5)
     with pytest.raises(TypeError, match=r"cache\(\) needs out"):
         detens.cache(merge=True)

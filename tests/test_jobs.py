@@ -278,3 +278,14 @@ def test_each_kind_of_option_is_checked_as_its_flag_is(tmp_path):
         FuseOptions.from_python({"source": "images", "out": tmp_path / "f", "weights_dir": tmp_path / "missing"})
     with pytest.raises(ValueError, match=r"engine must be one of 'local', 'ray', got 'rayy'"):
         FuseOptions.from_python({"source": "images", "out": tmp_path / "f", "engine": "rayy"})
+
+
+def test_a_refused_value_names_the_keyword_option_in_a_python_call(tmp_path, capsys):
+    """Not only usage errors: the job's refusal of a value (no image matches the source) keeps its type and
+    names ``source``, where the command names ``--source``."""
+    pattern = str(tmp_path / "none*.jpg")
+    with pytest.raises(ValueError, match=r"^no images found in source ") as raised:
+        detens.fuse_images("coco_yolo3", pattern, tmp_path / "out")
+    assert "--source" not in str(raised.value)
+    assert run_command("fuse", ["--source", pattern, "--out", str(tmp_path / "out2")]) == 2
+    assert "error: no images found in --source" in capsys.readouterr().err

@@ -1,7 +1,7 @@
 """The commands' jobs as Python calls: ``detens.cache(...)`` and ``detens.fuse_images(...)`` run exactly
 what ``detens cache`` and ``detens fuse`` run (same outputs, resuming, engines), with keyword options named
 like the flags (``--max-det`` is ``max_det``). A mistake raises the library's ``ValueError``/``TypeError``
-instead of ending the process; a mistake the command would report naming its flags (``--shard``) names the
+instead of ending the process; where the command would name its flags (``--shard``), the message names the
 keyword options instead (``shard``).
 
 The options are checked as the command line's flags are, by type: a flag without a value (``overwrite``,
@@ -72,6 +72,11 @@ def _run(command: str, options: dict[str, Any]) -> int:
             return int(module.run(checked))
     except UsageError as err:
         raise ValueError(in_python_words(str(err), options_class.option_names())) from None
+    except ValueError as err:  # the job's other refusals of an option's value, in the caller's words too
+        reworded = in_python_words(str(err), options_class.option_names())
+        if reworded != str(err) and len(err.args) == 1:
+            err.args = (reworded,)
+        raise
 
 
 def in_python_words(message: str, names: Sequence[str]) -> str:
