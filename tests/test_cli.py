@@ -257,7 +257,7 @@ def test_a_command_run_in_a_process_leaves_its_logging_as_it_found_it(tmp_path, 
 def test_an_empty_head_is_refused_in_python_calls_too(workspace):
     import detens
 
-    with pytest.raises(ValueError, match="--head: expected a file or a shipped name, got an empty path"):
+    with pytest.raises(ValueError, match="^head: expected a file or a shipped name, got an empty path"):
         detens.fuse_images("missing_weights.yaml", "images", "out", head="")
     assert not (workspace / "out").exists()
 
