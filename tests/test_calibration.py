@@ -778,10 +778,9 @@ class TestCrossValidationRefusesMembersWithoutCurves:
             cross_validate(preds, [method], k=2, backend="faster", method_options={method: options})
 
 
-class Tp50DeepConfig(DeepTrainConfig):
+def tp50_deep_config(**options) -> DeepTrainConfig:
     """A deep head whose members' curves are fitted to tp50 instead of the IoU."""
-
-    calibration_target = "tp50"
+    return DeepTrainConfig(**options, calibration_target="tp50")
 
 
 class _Stop(Exception):
@@ -821,7 +820,7 @@ class TestTheFitDataCheck:
         iou = config_for("deep", **FAST_DEEP)
         check_fit_data("deep", preds, ids, iou)
         assert fit_head("deep", preds, ids, iou)[0].calibration.target == "iou"
-        tp50 = Tp50DeepConfig(**FAST_DEEP)
+        tp50 = tp50_deep_config(**FAST_DEEP)
         reason = r"model 'loose': none of its 4 detections on the 4 training images reaches IoU 0\.5"
         with pytest.raises(ValueError, match=rf"^deep calibrates every member's scores before it is fitted .*: {reason}"):
             check_fit_data("deep", preds, ids, tp50)
@@ -885,6 +884,20 @@ class TestTheFitDataCheck:
                            backend="faster", method_options=options, on_method=_stop)
         assert calibration_checks == ["tp50", "iou"]
 
+    def test_the_target_is_an_option_of_the_training_config(self, tmp_path):
+        from detens.heads import config_for, load_train_config
+        from detens.heads._fit import calibration_target
+
+        assert calibration_target(config_for("deep")) == "iou"
+        path = tmp_path / "deep.yaml"
+        path.write_text("calibration_target: tp50\n")
+        assert calibration_target(load_train_config("deep", str(path))) == "tp50"
+        assert calibration_target(config_for("superlearner", calibration_target="tp50")) is None  # calibrate: false
+        assert calibration_target(config_for("superlearner", calibrate=True, calibration_target="tp50")) == "tp50"
+        for value in ("tp5", "IoU", 0.5, None):
+            with pytest.raises(ValueError, match=r"^calibration_target must be one of iou, tp50, got "):
+                config_for("deep", calibration_target=value)
+
     def test_runs_with_other_fold_seeds_share_the_answers_of_the_same_fitting_images(self, calibration_checks):
         from detens.evaluation import cross_validate
 
@@ -918,7 +931,7 @@ class TestTheFitDataCheck:
         methods = [build_method("calibration", preds.model_names), build_method("deep", preds.model_names, **FAST_DEEP),
                    build_method("calibration", preds.model_names, target="tp50"),
                    build_method("superlearner", preds.model_names, **FAST_NET, calibrate=True),
-                   build_method("deep", preds.model_names, config=Tp50DeepConfig(**FAST_DEEP))]
+                   build_method("deep", preds.model_names, config=tp50_deep_config(**FAST_DEEP))]
 
         def answers(check):
             found = []

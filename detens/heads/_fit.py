@@ -431,9 +431,13 @@ class HeadTrainConfig:
             inside the training images (:func:`choose_by_inner_cv`; empty: just ``bags``). With a grid,
             ``bags`` must stay 1: any other value would be overwritten by the choice, so it is an error.
         inner_folds (int): folds of that inner cross-validation (>= 2; unused without ``bags_grid``).
-        calibrate (bool): first fit each model's calibration curve (score -> expected IoU, MoCaE: the
-            class's ``calibration_target``) on the training images, then fit the head on the calibrated
-            scores; the result is a :class:`~detens.heads.calibrated.CalibratedHead` holding both.
+        calibrate (bool): first fit each model's calibration curve (score -> ``calibration_target``) on the
+            training images, then fit the head on the calibrated scores; the result is a
+            :class:`~detens.heads.calibrated.CalibratedHead` holding both.
+        calibration_target (str): what the curves map a score to (unused without ``calibrate``): ``"iou"``,
+            the expected IoU of the box with its best-matching object (MoCaE), or ``"tp50"``, the chance that
+            it matches an object at IoU 0.5 (:func:`~detens.heads.calibration.fit_calibration`'s ``target``).
+            The fit and :func:`check_fit_data` both read it through :func:`calibration_target`.
         seed (int): seeds initialization, shuffling and the knapsack noise.
         device (str): where to train (``"cpu"``, ``"cuda"``, ``"cuda:1"``); a device this machine lacks is a
             ``ValueError`` when the config is made.
@@ -441,9 +445,6 @@ class HeadTrainConfig:
 
     #: the head type this config trains (None: the base, whose options every network head takes)
     head_type: ClassVar[str | None] = None
-    #: the target of the members' calibration curves that ``calibrate`` fits (MoCaE's expected IoU): the one
-    #: the fit uses and the one :func:`check_fit_data` checks the data for, read from here by both
-    calibration_target: ClassVar[Literal["iou", "tp50"]] = "iou"
 
     match_iou: float = 0.55
     match_iou_grid: list[float] = field(default_factory=list)
@@ -464,11 +465,18 @@ class HeadTrainConfig:
     bags_grid: list[int] = field(default_factory=list)
     inner_folds: int = 2
     calibrate: bool = False
+    calibration_target: Literal["iou", "tp50"] = "iou"
     seed: int = 0
     device: str = "cpu"
 
     def __post_init__(self) -> None:
         self.calibrate = check_flag(self.calibrate, "calibrate")
+        from detens.heads.calibration import TARGETS
+
+        if not isinstance(self.calibration_target, str) or self.calibration_target not in TARGETS:
+            raise ValueError(
+                f"calibration_target must be one of {', '.join(TARGETS)}, got {self.calibration_target!r}"
+            )
         self.bags = check_integer(self.bags, "bags", 1)
         if not isinstance(self.bags_grid, list):
             raise TypeError(
