@@ -2,11 +2,13 @@
 
 Each subcommand is a module of this package with its help page, ``add_arguments(parser)`` and
 ``run(args) -> int``, which reads the parsed flags into the job's options and runs the job of
-:mod:`detens.jobs` (``detens/jobs/<command>.py``); the ``tools/*.py`` scripts call the same modules. A user's mistake (a bad flag, a missing file, a YAML typo, a
-head for other models, a learning rate that makes a fit diverge, an optional dependency not installed) ends
-as one ``error: <message>`` on stderr and exit status 2, without a traceback; ``--debug`` shows the
-traceback instead. Ctrl-C ends as ``error: interrupted`` and exit status 130 (after what the command
-saves of its finished work) at any point, the imports of the detector libraries included.
+:mod:`detens.jobs` (``detens/jobs/<command>.py``); the ``tools/*.py`` scripts call the same modules.
+
+A user's mistake (a bad flag, a missing file, a YAML typo, a head for other models, a learning rate that
+makes a fit diverge, an optional dependency not installed) ends as one ``error: <message>`` on stderr and
+exit status 2, without a traceback; ``--debug`` shows the traceback instead. Ctrl-C ends as ``error:
+interrupted`` and exit status 130 (after what the command saves of its finished work) at any point, the
+imports of the detector libraries included.
 
 This module imports only the standard library: a Ctrl-C while it is imported, before :func:`main` can
 catch it, would print a traceback.
