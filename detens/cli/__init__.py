@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-__all__ = ["COMMANDS", "add_threads_argument", "add_weights_dir_argument", "existing_folder", "folder_path", "build_parser", "positive_int", "command_parser", "main", "run_command"]
+__all__ = ["COMMANDS", "add_threads_argument", "add_weights_dir_argument", "argparse_type", "existing_folder", "folder_path", "build_parser", "positive_int", "command_parser", "main", "run_command"]
 
 #: subcommand -> (module, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -43,15 +43,13 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")  # same form as UsageError
 
 
-def _argparse_type(check_name: str) -> Callable[[str], Any]:
-    """An argparse type running the check ``check_name`` of :mod:`detens.jobs._options` (imported when the
+def argparse_type(module: str, check_name: str) -> Callable[[str], Any]:
+    """An argparse type running the check ``check_name`` of the jobs' module ``module`` (imported when the
     command line is parsed, not with this module), its ValueError reported as argparse reports a bad flag."""
 
     def convert(text: str) -> Any:
-        from detens.jobs import _options
-
         try:
-            return getattr(_options, check_name)(text)
+            return getattr(importlib.import_module(module), check_name)(text)
         except ValueError as err:
             raise argparse.ArgumentTypeError(str(err)) from None
 
@@ -60,11 +58,11 @@ def _argparse_type(check_name: str) -> Callable[[str], Any]:
 
 
 #: argparse type: an integer >= 1
-positive_int = _argparse_type("check_positive_int")
+positive_int = argparse_type("detens.jobs._options", "check_positive_int")
 #: argparse type: the path of a folder that exists (kept as written)
-existing_folder = _argparse_type("check_existing_folder")
+existing_folder = argparse_type("detens.jobs._options", "check_existing_folder")
 #: argparse type: the path of a folder, which may not exist yet (see :func:`detens.jobs._options.check_folder`)
-folder_path = _argparse_type("check_folder")
+folder_path = argparse_type("detens.jobs._options", "check_folder")
 
 
 def __getattr__(name: str) -> Any:

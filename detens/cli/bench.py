@@ -54,25 +54,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from detens.cli import positive_int, run_command
+from detens.cli import argparse_type, positive_int, run_command
 from detens.jobs.bench import DEFAULT_SIZES
-
-
-def parse_size(text: str) -> tuple[int, int]:
-    """``--sizes``' type: :func:`detens.jobs.bench.parse_size`, its ValueError reported as argparse reports a
-    bad flag."""
-    from detens.jobs.bench import parse_size
-
-    try:
-        return parse_size(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     # The options of one mode default to None here (the real defaults are _MODE_DEFAULTS) so that an option
     # given for a mode that does not run can be told apart from its default, and rejected.
-    parser.add_argument("--sizes", nargs="+", type=parse_size,
+    parser.add_argument("--sizes", nargs="+", type=argparse_type("detens.jobs.bench", "parse_size"),
                         help=f"NxK: N models, K boxes per model (default: {' '.join(DEFAULT_SIZES)})")
     parser.add_argument("--repeats", type=int,
                         help="images per size; sizes above 5000 boxes use a third of them (default: 15)")

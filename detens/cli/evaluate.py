@@ -81,21 +81,10 @@ from __future__ import annotations
 
 import argparse
 
-from detens.cli import add_threads_argument, folder_path, run_command
+from detens.cli import add_threads_argument, argparse_type, folder_path, run_command
 from detens.coco import BACKENDS
 from detens.evaluation import METHODS
 from detens.jobs.evaluate import DEFAULT_METHODS
-
-
-def parse_seeds(text: str) -> list[int]:
-    """argparse type of ``--seed``: :func:`detens.jobs.evaluate.parse_seeds`, its ValueError reported as
-    argparse reports a bad flag."""
-    from detens.jobs import evaluate
-
-    try:
-        return evaluate.parse_seeds(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -130,7 +119,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         # a text default, which argparse parses as it would the flag's value ([0]): it is EvaluateOptions.seed's
         # default too, and a dataclass field cannot default to a list
-        "--seed", type=parse_seeds, default="0",
+        "--seed", type=argparse_type("detens.jobs.evaluate", "parse_seeds"), default="0",
         help="fixes the folds; several (0,1,2) repeat the cross-validation once per seed and report the means",
     )
     parser.add_argument(

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 from detens.checks import check_flag
 
 __all__ = [
-    "JobOptions", "UsageError", "check_existing_folder", "check_text_list", "check_text_pair", "check_folder", "check_positive_int",
+    "JobOptions", "UsageError", "check_existing_folder", "check_int", "check_text_list", "check_text_pair", "check_folder", "check_positive_int",
     "file_or_shipped_name", "flag", "folder", "existing_folder", "integer", "internal", "listed", "number",
     "path", "text",
 ]
@@ -175,16 +175,27 @@ def internal(default: Any = None) -> Any:
     return _field(default, "internal")
 
 
+def check_int(key: str, value: Any) -> int:
+    """``value`` of the option ``key`` as an ``int``: an ``int`` or a NumPy integer (from an array); bools and
+    floats are no counts.
+
+    Raises:
+        TypeError: naming ``key`` and what it got.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{key} must be an int, got {type(value).__name__}: {value!r}")
+    return int(value)
+
+
 def _checked(kind: str, key: str, value: Any) -> Any:
     """``value`` of the option ``key`` of ``kind``, converted, or a TypeError/ValueError naming the option."""
     if kind == "flag":
         return check_flag(value, key)
-    if kind in ("int", "positive_int"):  # numpy integers too (np.int64 from an array); bools and floats are no counts
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise TypeError(f"{key} must be an int, got {type(value).__name__}: {value!r}")
+    if kind in ("int", "positive_int"):
+        value = check_int(key, value)
         if kind == "positive_int" and value < 1:
             raise ValueError(f"{key} must be an int >= 1, got {value}")
-        return int(value)
+        return value
     if kind == "float":
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(f"{key} must be a number, got {type(value).__name__}: {value!r}")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import numbers
 import os
 import platform
 import shlex
@@ -24,7 +23,16 @@ from detens import Detections, match
 from detens.extras import import_extra
 from detens.fusers import fuse
 from detens.io import atomic_write_json, check_writable_file
-from detens.jobs._options import JobOptions, UsageError, file_or_shipped_name, integer, listed, path, text
+from detens.jobs._options import (
+    JobOptions,
+    UsageError,
+    check_int,
+    file_or_shipped_name,
+    integer,
+    listed,
+    path,
+    text,
+)
 
 __all__ = [
     "BenchOptions", "DEFAULT_SIZES", "IMAGE_SIZE", "NUM_CLASSES", "TENSOR_MATCH", "bench_coco", "bench_engines",
@@ -234,12 +242,6 @@ def parse_size(text: str) -> tuple[int, int]:
     return models, boxes
 
 
-def _count(key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{key} must be an int, got {type(value).__name__}: {value!r}")
-    return int(value)
-
-
 def _sizes(value: Any) -> list[tuple[int, int]]:
     """``sizes`` as ``--sizes`` stores it: each size ``"5x1000"`` or ``(5, 1000)``."""
     if isinstance(value, str) or not isinstance(value, Sequence):
@@ -258,7 +260,7 @@ def _sizes(value: Any) -> list[tuple[int, int]]:
             continue
         if not isinstance(size, Sequence) or len(size) != 2:
             raise TypeError(f"sizes[{i}] must be '5x1000' or (5, 1000), got {type(size).__name__}: {size!r}")
-        models, boxes = (_count(f"sizes[{i}]", v) for v in size)
+        models, boxes = (check_int(f"sizes[{i}]", v) for v in size)
         if models < 1 or boxes < 1:
             raise ValueError(f"sizes[{i}]: size needs at least 1 model and 1 box, got {size!r}")
         sizes.append((models, boxes))
@@ -279,7 +281,7 @@ def _coco_sizes(value: Any) -> list[int]:
         raise TypeError(f"coco_sizes must be a list of ints, got {type(value).__name__}: {value!r}")
     if not value:
         raise ValueError("coco_sizes must name at least one image count")
-    return [_count(f"coco_sizes[{i}]", v) for i, v in enumerate(value)]
+    return [check_int(f"coco_sizes[{i}]", v) for i, v in enumerate(value)]
 
 
 @dataclasses.dataclass(kw_only=True)
