@@ -19,7 +19,7 @@ import numpy as np
 
 __all__ = [
     "check_real", "check_reals", "check_integer", "check_integers", "check_seed", "check_distinct_integers", "check_flag", "check_choice", "check_device",
-    "check_whole", "first_few", "native_byte_order",
+    "check_whole", "first_few", "torch_ready_array",
 ]
 
 
@@ -215,13 +215,16 @@ def check_device(value: Any, name: str = "device") -> str:
     return value if isinstance(value, str) else str(device)
 
 
-def native_byte_order(array: np.ndarray) -> np.ndarray:
-    """``array`` in this machine's byte order: itself when it is in it already, else a converted copy.
+def torch_ready_array(array: np.ndarray) -> np.ndarray:
+    """``array`` as ``torch.as_tensor`` takes it: itself when it can, else a copy holding the same values.
 
-    A big-endian array (``dtype('>f4')``, as some file formats store numbers) holds the same values, but
-    ``torch.as_tensor`` and ``torch.from_numpy`` refuse it.
+    Two layouts of valid NumPy arrays are refused by ``torch.as_tensor`` and ``torch.from_numpy``: another
+    byte order (``dtype('>f4')``, as some file formats store numbers) and negative strides (``a[::-1]``,
+    ``np.flip``, ``np.argsort(s)[::-1]``).
     """
-    return array if array.dtype.isnative else array.astype(array.dtype.newbyteorder("="))
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    return np.ascontiguousarray(array) if any(stride < 0 for stride in array.strides) else array
 
 
 def first_few(

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from detens.checks import check_whole, native_byte_order
+from detens.checks import check_whole, torch_ready_array
 from detens.detections import MAX_LABEL, Detections
 from detens.labels import COCO_CATEGORY_IDS, COCO_NAMES
 
@@ -42,6 +42,9 @@ __all__ = [
 
 #: Class index → detens label, as a sequence (``table[index]``) or a mapping.
 ClassMap = Sequence[int] | Mapping[int, int]
+
+# the largest whole number from which float32 holds every smaller one exactly
+_FLOAT32_WHOLE = 2**24
 
 
 def coco_category_ids_for(names: Mapping[int, str] | Sequence[str]) -> tuple[int, ...] | None:
@@ -137,7 +140,7 @@ def results_to_detections(
         kind = "OBB" if getattr(result, "obb", None) is not None else "non-detection"
         raise TypeError(f"results_to_detections needs a detection Results with .boxes; got a {kind} Results")
     data = boxes.data
-    data = torch.as_tensor(native_byte_order(data)) if isinstance(data, np.ndarray) else data  # after Results.numpy()
+    data = torch.as_tensor(torch_ready_array(data)) if isinstance(data, np.ndarray) else data  # after Results.numpy()
     if data.ndim != 2 or data.shape[1] not in (6, 7):
         raise ValueError(f"Results.boxes.data must have shape [K, 6] or [K, 7], got {list(data.shape)}")
     classes = data[:, -1]
@@ -194,6 +197,11 @@ def detections_to_results(
             raise ValueError(
                 f"class indices {unknown} are not in the Results' class names ({len(names)} classes)"
             )
+    if len(labels) and int(labels.max()) > _FLOAT32_WHOLE:
+        raise ValueError(
+            f"class index {int(labels.max())} is above 2**24: Ultralytics' Results hold class indices as "
+            "float32 numbers, which cannot store it exactly"
+        )
     data = torch.cat([det.boxes, det.scores[:, None], labels[:, None].to(det.boxes.dtype)], dim=1)  # [K, 6]
     speed = dict(template.speed) if isinstance(template.speed, Mapping) else None
     return Results(orig_img=template.orig_img, path=template.path, names=names, boxes=data, speed=speed)
@@ -230,8 +238,12 @@ def detections_to_torchvision(det: Detections, dtype: torch.dtype | None = None)
     """``Detections`` → ``{"boxes": Tensor[K, 4], "scores": Tensor[K], "labels": Tensor[K] int64}``.
 
     Args:
-        dtype: dtype of boxes and scores (float32 when ``None``). The device is ``det``'s.
+        dtype: floating dtype of boxes and scores (float32 when ``None``). The device is ``det``'s.
     """
+    if not isinstance(det, Detections):
+        raise TypeError(f"det must be Detections, got {type(det).__name__}")
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating torch.dtype such as torch.float16 or None, got {dtype!r}")
     boxes, scores = det.boxes, det.scores
     if dtype is not None:
         boxes, scores = boxes.to(dtype), scores.to(dtype)

@@ -9,7 +9,7 @@ Boxes are always xyxy in absolute pixels (float32); conversions happen only at I
 from __future__ import annotations
 
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from detens.checks import check_device, native_byte_order
+from detens.checks import check_device, torch_ready_array
 
 __all__ = ["Detections", "MAX_LABEL", "MAX_IMAGE_SIDE", "check_xyxy", "compute_device"]
 
@@ -34,7 +34,7 @@ def _as_tensor(value: Any, name: str, dtype: torch.dtype | None, device: torch.d
         tensor = value
     elif isinstance(value, (np.ndarray, list, tuple)):
         try:
-            tensor = torch.as_tensor(native_byte_order(np.asarray(value)))
+            tensor = torch.as_tensor(torch_ready_array(np.asarray(value)))
         except (TypeError, ValueError) as err:
             raise TypeError(f"Detections.{name} must be numeric, got {type(value).__name__}: {err}") from err
     else:
@@ -43,7 +43,18 @@ def _as_tensor(value: Any, name: str, dtype: torch.dtype | None, device: torch.d
         )
     if tensor.dtype == torch.bool or tensor.is_complex():
         raise TypeError(f"Detections.{name} must be real-valued, got dtype {tensor.dtype}")
-    return tensor.to(device=device if device is not None else tensor.device, dtype=dtype or tensor.dtype)
+    converted = tensor.to(device=device if device is not None else tensor.device, dtype=dtype or tensor.dtype)
+    if tensor.dtype == torch.float64 and converted.dtype == torch.float32:
+        # a finite float64 beyond float32's range would become inf and be reported as a value never passed
+        overflow = torch.isinf(converted).reshape(-1).cpu() & torch.isfinite(tensor).reshape(-1).cpu()
+        if overflow.any():
+            i = int(overflow.nonzero()[0])
+            at = ", ".join(str(int(k)) for k in np.unravel_index(i, tuple(tensor.shape)))
+            raise ValueError(
+                f"Detections.{name}[{at}] = {tensor.reshape(-1)[i].item():g} is beyond float32's range "
+                f"(±{torch.finfo(torch.float32).max:.4g})"
+            )
+    return converted
 
 
 def check_xyxy(boxes: Tensor, name: str, hint: str = "") -> None:
@@ -87,7 +98,8 @@ def _validate_image_size(image_size: Any) -> tuple[int, int]:
         image_size = image_size.tolist()
     if not isinstance(image_size, (tuple, list)) or len(image_size) != 2:
         raise ValueError(f"Detections.image_size must be (height, width), got {image_size!r}")
-    height, width = image_size
+    # sizes[i] of a [B, 2] size tensor unpacks into 0-d tensors: numbers like any other
+    height, width = (side.item() if isinstance(side, (Tensor, np.ndarray)) and side.ndim == 0 else side for side in image_size)
     if not (_is_whole(height) and _is_whole(width)):
         raise TypeError(f"Detections.image_size must hold integers (height, width), got {image_size!r}")
     height, width = int(height), int(width)
@@ -208,8 +220,14 @@ class Detections:
         )
 
     @classmethod
-    def concat(cls, items: Sequence[Detections], source: str | None = None) -> Detections:
+    def concat(cls, items: Iterable[Detections], source: str | None = None) -> Detections:
         """Stack detections of the SAME image (e.g. several models) into one."""
+        if isinstance(items, Detections) or not isinstance(items, Iterable):
+            raise TypeError(f"Detections.concat takes a list of Detections, got {type(items).__name__}")
+        items = list(items)  # a generator is read once, by the checks below and by the stacking alike
+        for i, item in enumerate(items):
+            if not isinstance(item, Detections):
+                raise TypeError(f"Detections.concat: items[{i}] must be Detections, got {type(item).__name__}")
         if not items:
             raise ValueError("Detections.concat needs at least one Detections to know the image size")
         sizes = {d.image_size for d in items}
@@ -230,7 +248,10 @@ class Detections:
     def __getitem__(self, index: int | slice | Tensor | np.ndarray | Sequence[int]) -> Detections:
         """Select boxes by int, slice, boolean mask [K] or integer indices; always returns Detections."""
         if isinstance(index, (np.ndarray, list, tuple)):
-            array = native_byte_order(np.asarray(index))
+            try:
+                array = torch_ready_array(np.asarray(index))
+            except ValueError as err:  # a ragged list: numpy's message names no argument
+                raise ValueError(f"a Detections index must be flat (one int or bool per box), got {index!r}") from err
             index = torch.as_tensor(array if array.size else array.astype(np.int64))
         if isinstance(index, Tensor) and index.ndim == 0 and not index.is_floating_point() and index.dtype != torch.bool:
             index = int(index)

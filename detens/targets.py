@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 from torchvision.ops import box_iou
 
-from detens.checks import check_real, native_byte_order
+from detens.checks import check_real, torch_ready_array
 from detens.detections import check_xyxy, compute_device
 from detens.matching import Clusters
 
@@ -146,7 +146,7 @@ def _is_integer(value: Any) -> bool:
 def _as_tensor(value: Any, dtype: torch.dtype, device: torch.device) -> Tensor:
     if not isinstance(value, Tensor):
         # a big-endian array (dtype('>f4')) holds the same numbers, but torch refuses it as it is
-        value = torch.as_tensor(native_byte_order(np.asarray(value)))
+        value = torch.as_tensor(torch_ready_array(np.asarray(value)))
     return value.detach().to(device=device, dtype=dtype)
 
 

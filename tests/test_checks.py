@@ -19,7 +19,7 @@ from detens.checks import (
     check_reals,
     check_whole,
     first_few,
-    native_byte_order,
+    torch_ready_array,
 )
 from detens.fusers import check_weights
 
@@ -109,13 +109,26 @@ def test_check_whole(value, bounds, error, message):
 
 
 @pytest.mark.parametrize("dtype", ["<f4", ">f4", ">f8", ">i2", ">i8", ">u4", "<i8", "|u1", "|b1"])
-def test_native_byte_order_keeps_the_values(dtype):
+def test_torch_ready_array_keeps_the_values(dtype):
     array = np.array([[0, 1, 2], [3, 250, 7]]).astype(dtype)
-    native = native_byte_order(array)
+    native = torch_ready_array(array)
     assert native.dtype.isnative and native.dtype == array.dtype.newbyteorder("=")
     assert np.array_equal(native, array) and native.shape == array.shape
     assert (native is array) == array.dtype.isnative  # a native array is not copied
     assert torch.equal(torch.as_tensor(native), torch.as_tensor(array.astype(array.dtype.newbyteorder("="))))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda a: a[::-1], lambda a: a[:, ::-1], lambda a: np.flip(a), lambda a: a.astype(">f8")[::-1], lambda a: a.T, lambda a: a[::2]],
+    ids=["rows_reversed", "columns_reversed", "flipped", "big_endian_reversed", "transposed", "stepped"],
+)
+def test_torch_ready_array_takes_every_layout(make):
+    array = make(np.arange(12, dtype=np.float64).reshape(4, 3))
+    ready = torch_ready_array(array)
+    assert np.array_equal(ready, array) and ready.shape == array.shape
+    assert (ready is array) == (array.dtype.isnative and min(array.strides) >= 0)  # copied only when needed
+    assert torch.as_tensor(ready).tolist() == array.tolist()
 
 
 @pytest.mark.parametrize("value, ok", [(True, True), (False, True), (np.bool_(True), True), (1, False), ("yes", False), (None, False)])

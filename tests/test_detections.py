@@ -58,6 +58,24 @@ class TestConstruction:
             assert got.dtype == expected.dtype and torch.equal(got, expected), name
         assert np.array_equal(given, np.array(GOOD[field]).astype(dtype)) and given.dtype == np.dtype(dtype)  # untouched
 
+    @pytest.mark.parametrize("field", ["boxes", "scores", "labels"])
+    def test_arrays_read_backwards_hold_the_same_values(self, field):
+        """``a[::-1]``, ``np.flip`` and ``np.argsort(s)[::-1]`` give negative strides, which torch cannot
+        wrap: converted like any other layout, never refused."""
+        given = np.array(GOOD[field])[::-1].copy()[::-1]  # GOOD's values, read backwards from memory
+        assert given.strides[0] < 0
+        det = make(**{field: given})
+        reference = make(**{field: np.ascontiguousarray(given)})
+        for name in ("boxes", "scores", "labels"):
+            assert torch.equal(getattr(det, name), getattr(reference, name)), name
+
+    def test_float64_beyond_float32_is_named_as_given(self):
+        """A finite float64 too large for float32 would become inf; the error shows the number passed."""
+        with pytest.raises(ValueError, match=r"boxes\[1, 2\] = 1e\+39 is beyond float32's range"):
+            make(boxes=np.array([[0, 0, 10, 10], [5, 5, 1e39, 9]]))
+        with pytest.raises(ValueError, match=r"scores\[0\] = -1e\+40 is beyond float32's range"):
+            make(scores=torch.tensor([-1e40, 0.5], dtype=torch.float64))
+
     def test_bad_values_in_the_other_byte_order_are_named(self):
         with pytest.raises(ValueError, match=r"labels\[1\] = 1.5 is not an integer class id"):
             make(labels=np.array([1.0, 1.5], dtype=">f8"))
@@ -166,6 +184,7 @@ class TestProtocol:
             (np.array([2], dtype=np.int16), [2]),
             (np.array([2, 0], dtype=">i8"), [2, 0]),  # the other byte order: the same indices
             (np.array(1, dtype=">i4"), [1]),
+            (np.argsort(det.scores.numpy())[::-1], [1, 2, 0]),  # best first: negative strides
         ]:
             sub = det[index]
             assert picked(sub) == [rows[i] for i in positions], index
@@ -180,6 +199,7 @@ class TestProtocol:
             ("0", TypeError, "got str"),
             (None, TypeError, "got NoneType"),
             (True, TypeError, "got bool"),
+            ([[0], [1, 0]], ValueError, "must be flat"),
         ],
     )
     def test_index_of_another_kind_is_an_error(self, index, error, fragment):
@@ -222,7 +242,11 @@ class TestProtocol:
         with pytest.raises(IndexError, match="out of range for 2 boxes"):
             make()[index]
 
-    @pytest.mark.parametrize("size", [(20, 30), [20, 30], np.array([20, 30]), torch.tensor([20, 30]), (20.0, 30)])
+    @pytest.mark.parametrize(
+        "size",
+        [(20, 30), [20, 30], np.array([20, 30]), torch.tensor([20, 30]), (20.0, 30), tuple(torch.tensor([20, 30])),
+         (np.int64(20), np.array(30)), torch.tensor([[20, 30]])[0]],
+    )
     def test_image_size_containers(self, size):
         assert make(image_size=size).image_size == (20, 30)
 
@@ -237,6 +261,16 @@ class TestProtocol:
         assert det.sort_by_score().scores.tolist() == pytest.approx([0.95, 0.9, 0.2, 0.1])
         with pytest.raises(ValueError, match="different image sizes"):
             Detections.concat([make(), make(image_size=(5, 5))])
+        assert len(Detections.concat(d for d in [make(), make()])) == 4  # a generator is read once
+
+    @pytest.mark.parametrize(
+        "items, message",
+        [([make(), 5], r"items\[1\] must be Detections, got int"), (make(), "a list of Detections, got Detections"),
+         (None, "a list of Detections, got NoneType"), ([], "needs at least one Detections")],
+    )
+    def test_concat_names_what_is_not_detections(self, items, message):
+        with pytest.raises((TypeError, ValueError), match=message):
+            Detections.concat(items)
 
     def test_normalized_boxes(self):
         torch.testing.assert_close(make().normalized_boxes()[0], torch.tensor([0, 0, 10 / 30, 10 / 20]))

@@ -243,18 +243,22 @@ def test_only_the_ratios_of_the_weights_matter(name, options, scale):
 
 @pytest.mark.parametrize("name, options", FUSER_RUNS, ids=[f"{n}-{o.get('conf_type', '')}" for n, o in FUSER_RUNS])
 @pytest.mark.parametrize("dtype", ["f4", "f8", "i4"])
-def test_weights_in_either_byte_order_fuse_alike(name, options, dtype):
-    """An array of weights in the other byte order (``dtype('>f4')`` on this machine) holds the same
-    numbers as the one in this machine's order, and fuses as it does."""
+def test_weights_in_any_array_layout_fuse_alike(name, options, dtype):
+    """An array of weights in the other byte order (``dtype('>f4')`` on this machine) or read backwards
+    (negative strides, which torch cannot wrap either) holds the same numbers as the plain one, and fuses
+    as it does."""
     per_model = random_models(1)
     native = np.array([1, 2, 4], dtype=dtype)
     swapped = native.astype(native.dtype.newbyteorder(">" if native.dtype.byteorder in "=<" else "<"))
+    backwards = np.array([4, 2, 1], dtype=dtype)[::-1]
     assert not swapped.dtype.isnative and np.array_equal(swapped, native)
+    assert backwards.strides[0] < 0 and np.array_equal(backwards, native)
     expected = fuse(per_model, name, weights=native, **options)
-    got = fuse(per_model, name, weights=swapped, **options)
-    assert len(got) == len(expected) > 0
-    assert torch.equal(got.boxes, expected.boxes) and torch.equal(got.scores, expected.scores)
-    assert torch.equal(got.labels, expected.labels)
+    for given in (swapped, backwards):
+        got = fuse(per_model, name, weights=given, **options)
+        assert len(got) == len(expected) > 0
+        assert torch.equal(got.boxes, expected.boxes) and torch.equal(got.scores, expected.scores)
+        assert torch.equal(got.labels, expected.labels)
 
 
 #: (fuser, options, error, message): each option is checked before any work, naming it, the expected type

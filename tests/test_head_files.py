@@ -75,6 +75,10 @@ BAD_FIELDS = [
     ("deep", ("config", "members"), 10**400, "config members = 1000"),
     ("deep", ("config", "hidden"), 5, "expected tensors"),
     ("deep", ("config", "activation"), "gelu", "activation must be one of"),
+    # None would build the constructor's default groups, which need not be the ones trained with
+    ("deep", ("config", "features"), None, "config features must be the list of feature groups"),
+    ("selection", ("config", "features"), None, "config features must be the list of feature groups"),
+    ("calibrated", ("config", "head", "features"), None, "config features must be the list of feature groups"),
     ("deep", ("tensors", "feature_std", "data"), [0.0] * 21, "feature_std must be > 0"),
     ("deep", ("tensors", "class_ids"), {"dtype": "float32", "shape": [0], "data": []}, "wrong kind of dtype"),
     ("deep", ("tensors", "class_ids"), {"dtype": "int64", "shape": [1], "data": [1.5]}, "values that are not int"),

@@ -95,6 +95,11 @@ class TestConversions:
         det = Detections([[0.0, 0.0, 5.0, 5.0]], [0.5], [12], (480, 640))  # 12 is not a COCO category id
         with pytest.raises(ValueError, match=r"labels \[12\]"):
             detections_to_results(det, result, COCO_CATEGORY_IDS)
+        # the Results' float32 data would hold 2**24 for 2**24 + 1: another class, with no error
+        large = make_results(torch.zeros(0, 4), torch.zeros(0), torch.zeros(0), names={0: "a", 2**24 + 1: "z"})
+        det = Detections([[0.0, 0.0, 5.0, 5.0]], [0.5], [2**24 + 1], (480, 640))
+        with pytest.raises(ValueError, match=r"class index 16777217 is above 2\*\*24"):
+            detections_to_results(det, large)
 
     @pytest.mark.parametrize("cls", [2.5, -1.0, float("nan")])
     def test_results_class_index_must_be_a_whole_number(self, cls):
@@ -188,6 +193,26 @@ class TestConversions:
         assert set(back) == {"boxes", "scores", "labels"}
         for key in back:
             assert back[key].dtype == output[key].dtype and torch.equal(back[key], output[key]), key
+
+    @pytest.mark.parametrize(
+        "args, error, message",
+        [((torch.int32,), TypeError, "dtype must be a floating torch.dtype"),  # would turn every score into 0
+         (("float16",), TypeError, "dtype must be a floating torch.dtype"),
+         ((torch.float16,), None, None)],
+    )
+    def test_detections_to_torchvision_dtype(self, args, error, message):
+        det = torchvision_to_detections(
+            {"boxes": torch.tensor([[1.0, 2, 30, 40]]), "scores": torch.tensor([0.9]), "labels": torch.tensor([3])}, (48, 64)
+        )
+        if error is None:
+            back = detections_to_torchvision(det, *args)
+            assert back["boxes"].dtype == back["scores"].dtype == args[0]
+            assert back["scores"].tolist() == pytest.approx([0.9], abs=1e-3)
+        else:
+            with pytest.raises(error, match=message):
+                detections_to_torchvision(det, *args)
+        with pytest.raises(TypeError, match="det must be Detections, got dict"):
+            detections_to_torchvision({"boxes": det.boxes})
 
     def test_torchvision_errors(self):
         with pytest.raises(ValueError, match=r"lacks \['labels'\]"):

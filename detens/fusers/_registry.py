@@ -6,7 +6,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from detens.checks import check_real, native_byte_order
+from detens.checks import check_real, torch_ready_array
 from detens.registry import Registry
 
 FUSERS: Registry = Registry("fusion method")
@@ -35,8 +35,7 @@ def check_weights(
     if weights is None:
         return torch.ones(num_models, dtype=dtype, device=device)
     if isinstance(weights, (Tensor, np.ndarray)):
-        # a big-endian array (dtype('>f4')) holds the same numbers, but torch refuses it as it is
-        native = native_byte_order(weights) if isinstance(weights, np.ndarray) else weights
+        native = torch_ready_array(weights) if isinstance(weights, np.ndarray) else weights
         try:
             values = torch.as_tensor(native).detach()
         except TypeError:

@@ -345,6 +345,13 @@ class NetHead(nn.Module):
         """A head from a file's parts: its config (every key present, none unknown, class ids sorted) and its
         tensors (checked against the shapes that config builds); ``where`` names the file in errors."""
         check_config_keys(config, (*BASE_CONFIG, *cls.extra_config), where, cls.type_name)
+        if not isinstance(config["features"], list):
+            # the constructor reads None as its default groups, which need not be the ones trained with,
+            # and a default of the same width would pass every tensor shape check
+            raise HeadFileError(
+                f"{where}: config features must be the list of feature groups the head was trained with, "
+                f"got {config['features']!r}"
+            )
         check_stored_class_ids(config["class_ids"], where)
         check_sizes(config, tensors, SIZE_CONFIG, where)
         try:
