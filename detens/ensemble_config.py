@@ -12,7 +12,7 @@ import logging
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from detens.checks import check_integer, check_real
 from detens.config import from_dict, read_yaml_file, save_yaml_config
@@ -247,6 +247,9 @@ class EnsembleConfig:
     models: list[ModelConfig] = field(default_factory=list)
     fusion: FusionConfig = field(default_factory=FusionConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    #: the folder of the YAML the config was read from, where its relative paths lie; None for a config
+    #: built in Python. Not a setting: no YAML key, and not written with the config.
+    folder: ClassVar[Path | None] = None
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -357,7 +360,9 @@ def load_ensemble_config(
                         key, value, model.get("name") or model.get("weights") or model.get("results"), kind,
                         _NOT_READ_WHY[kind],
                     )
-    return ensemble_config_from_dict(data, where=str(path))
+    config = ensemble_config_from_dict(data, where=str(path))
+    config.folder = path.absolute().parent
+    return config
 
 
 #: ``fusion.params`` that the fusers take as head files: ``detens.fuse``'s ``calibration`` and theta's ``head``.

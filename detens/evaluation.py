@@ -354,7 +354,7 @@ class PretrainedHead(EvalMethod):
     """``head:PATH``: a head trained elsewhere (any type, ``detens.load_head``) fusing every image as is.
 
     It is not refitted per fold, so its figure is held-out only if the head never saw these images: train
-    it on other data (``tools/train.py``) to compare it with the cross-validated rows. The heads shipped in
+    it on other data (``detens train``) to compare it with the cross-validated rows. The heads shipped in
     ``configs/heads/`` were trained on the 206 COCO images, so on those they are scored in-sample.
     """
 

@@ -258,7 +258,7 @@ class Ensemble:
         Images are read once (``detens.sources.read_image``) and handed to every detector as BGR arrays
         with their paths (so ``PrecomputedDetector`` members find their saved predictions). An image that
         cannot be read (corrupt, truncated, not an image, unreadable) is logged as a warning naming the
-        file and the reason and skipped, as ``tools/fuse.py`` does; the answer's ``skipped`` lists it.
+        file and the reason and skipped, as ``detens fuse`` does; the answer's ``skipped`` lists it.
 
         Args:
             source: an image path, a folder, a glob pattern or a list of paths (a path that does not exist

@@ -234,7 +234,7 @@ def test_rerun_of_a_finished_run_processes_nothing(slice_, replay_run):
     assert (replay_run / "a.json").read_bytes() == before
 
 
-def test_interrupted_run_resumes(slice_, replay_run, monkeypatch):
+def test_interrupted_run_resumes(slice_, replay_run, monkeypatch, capsys):
     """Ctrl-C in the middle of a model: finished images are kept, the re-run completes the same file."""
     out = slice_ / "replay_interrupted"
     real_detect = cache_tool.detect_loaded
@@ -247,7 +247,9 @@ def test_interrupted_run_resumes(slice_, replay_run, monkeypatch):
         return real_detect(*args, **kwargs)
 
     monkeypatch.setattr(cache_tool, "detect_loaded", interrupt_on_second_call)
+    capsys.readouterr()
     assert run(slice_, out) == 130
+    assert capsys.readouterr().err.endswith("error: interrupted\n")  # as a Ctrl-C anywhere else ends
     assert not (out / "a.json").exists() and not (out / "b.json").exists()
     assert len(list((out / ".partial" / "a").glob("[0-9]*.json"))) == 1
     assert summary_of(out)["models"]["a"]["status"] == "incomplete"
@@ -648,7 +650,7 @@ def test_weights_no_longer_found_on_disk_are_refused_naming_where_it_looked(
     assert code == 2 and err.count("error:") == 1 and "Traceback" not in err, err
     assert "the weights 'yolo11n.pt' of 'yolo' are no longer found on disk" in err
     assert f"the earlier run in {out} used a file of that name (sha256 " in err
-    assert f"looked at: {tmp_path / 'yolo11n.pt'} (as a path)" in err
+    assert f"looked at: {tmp_path / 'yolo11n.pt'} (as a path beside the config file)" in err
     assert "would be downloaded" in err and "$DETENS_WEIGHTS or --weights-dir" in err and "--overwrite" in err
     assert "-> None" not in err
     monkeypatch.setenv("DETENS_WEIGHTS", str(folder))

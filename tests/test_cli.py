@@ -396,6 +396,24 @@ def test_every_command_has_help_with_option_text(capsys):
         assert name in fuse_help  # the methods and head types by name
 
 
+@pytest.mark.parametrize("argv", [["--help"], [], ["fuze"]])
+def test_the_command_list_and_its_mistakes_import_no_command(argv):
+    """``detens --help`` lists the commands; building their options would import torch (seconds)."""
+    script = (
+        "import sys\nfrom detens.cli import main\n"
+        f"try:\n    main({argv!r})\nexcept SystemExit as stop:\n    code = stop.code\n"
+        "heavy = sorted(m for m in ('torch', 'torchvision', 'numpy', 'detens.fusers', 'detens.cli.fuse') if m in sys.modules)\n"
+        "print(code, heavy, file=sys.stderr)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.stderr.splitlines()[-1] == f"{0 if argv == ['--help'] else 2} []", done.stderr
+    if argv == ["--help"]:
+        assert all(name in done.stdout for name in COMMANDS)
+    else:
+        assert done.stderr.count("error:") == 1, done.stderr
+
+
 def test_python_dash_m_reports_a_mistake_without_traceback(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "detens", "fuse", "--source", str(tmp_path), "--out", str(tmp_path / "o"),

@@ -43,6 +43,16 @@ def test_shipped_configs_load(path):
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_a_copy_of_a_shipped_config_finds_the_same_files(path, tmp_path):
+    """Users copy a shipped YAML to edit it: its head must not be a path that exists only in the package."""
+    copy = tmp_path / path.name
+    copy.write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+    shipped, copied = load_ensemble_config(path), load_ensemble_config(copy)
+    assert copied.fusion.head == shipped.fusion.head
+    assert shipped.fusion.head is None or Path(shipped.fusion.head).is_file()
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
 def test_every_key_is_documented(path):
     """Each key used in a shipped YAML carries `# (type) meaning` at least once in that file."""
     documented, used = set(), set()

@@ -182,10 +182,12 @@ def interrupt_on_image(monkeypatch, number):
     return lambda: monkeypatch.setattr(fuse_tool, "process_image", original)
 
 
-def test_resume_after_interruption(workspace, full_run, monkeypatch):
+def test_resume_after_interruption(workspace, full_run, monkeypatch, capsys):
     out = workspace / "out interrupted"
     undo = interrupt_on_image(monkeypatch, 2)
+    capsys.readouterr()
     assert run(workspace, out, "--save-per-model") == 130
+    assert capsys.readouterr().err.endswith("error: interrupted\n")  # after saying what was kept
     partial_images, partial_results = read_outputs(out)  # valid, and says it is incomplete
     assert partial_images["info"]["complete"] is False
     assert [im["file_name"] for im in partial_images["images"]] == ["bus.jpg"]
@@ -1312,6 +1314,23 @@ def test_a_member_name_that_is_no_file_name_is_refused_before_any_result(workspa
     err = capsys.readouterr().err
     assert err.count("error:") == 1 and f"model name {name!r} cannot name the member's files" in err
     assert not (tmp_path / "runs").exists() and not (tmp_path / "escaped.json").exists()
+
+
+def test_a_missing_config_head_is_named_by_its_yaml_and_key(workspace, tmp_path, capsys):
+    source = one_image_source(workspace, tmp_path / "src", "a.jpg")
+    config = saved_config(tmp_path, [saved_result(1, 1), saved_result(1, 2)], {"a.jpg": 1})
+    data = yaml.safe_load(config.read_text())
+    data["fusion"] = {"method": "deep", "head": "../heads/gone.json"}
+    config.write_text(yaml.safe_dump(data))
+    out = tmp_path / "o"
+    assert fuse_cli.main(["--config", str(config), "--source", str(source), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "Traceback" not in err
+    assert f"error: {config}: fusion.head: head file '{(tmp_path.parent / 'heads' / 'gone.json').resolve()}' not found" in err
+    assert not out.exists()
+    # another method drops the config's head: nothing to find
+    assert fuse_cli.main(["--config", str(config), "--source", str(source), "--out", str(out), "--quiet",
+                          "--method", "wbf", "--no-vis"]) == 0
 
 
 def test_a_head_with_classes_of_another_label_space_is_refused_before_any_result(workspace, tmp_path, capsys):

@@ -142,6 +142,49 @@ class TestMissing:
         with pytest.raises(WeightsNotFoundError, match="no weights folder"):
             resolve_weights("missing.pth", "torchvision")
 
+    def test_a_config_files_weights_are_looked_for_beside_it_not_in_the_working_directory(self, dirs, tmp_path):
+        a, _, cwd = dirs
+        config_folder = tmp_path / "cfg"
+        (config_folder / "sub").mkdir(parents=True)
+        (cwd / "sub").mkdir()
+        (cwd / "sub" / "m.onnx").write_text("cwd")
+        with pytest.raises(WeightsNotFoundError) as info:
+            resolve_weights("sub/m.onnx", "onnx", weights_dir=str(a), beside=config_folder)
+        message = str(info.value)
+        assert f"{config_folder / 'sub' / 'm.onnx'} (as a path beside the config file)" in message
+        assert str(a / "sub" / "m.onnx") in message and str(cwd / "sub") not in message
+        (config_folder / "sub" / "m.onnx").write_text("beside")
+        found = resolve_weights("sub/m.onnx", "onnx", beside=config_folder)
+        assert found.local and found.value == str(config_folder / "sub" / "m.onnx")
+        # an upstream name's download lands in the working directory, where it is read back from
+        assert not resolve_weights("yolo11n.pt", "ultralytics", beside=config_folder).local
+        (cwd / "yolo11n.pt").write_text("downloaded")
+        downloaded = resolve_weights("yolo11n.pt", "ultralytics", beside=config_folder)
+        assert downloaded.local and downloaded.value == str(cwd / "yolo11n.pt")
+        # an absolute path is itself, and a name in a weights folder is found there
+        assert resolve_weights(a / "model.onnx", "onnx", beside=config_folder).value == str(a / "model.onnx")
+        assert resolve_weights("model.onnx", "onnx", weights_dir=str(a), beside=config_folder).value == str(
+            a / "model.onnx"
+        )
+
+    def test_a_yaml_members_missing_weights_are_listed_where_they_were_looked_for(self, dirs, tmp_path):
+        import yaml
+
+        from detens.ensemble_config import load_ensemble_config
+        from detens.jobs._inputs import input_fingerprints
+
+        config_folder = tmp_path / "cfg"
+        config_folder.mkdir()
+        (config_folder / "e.yaml").write_text(yaml.safe_dump({"models": [{"weights": "w/m.tflite", "name": "m"}]}))
+        config = load_ensemble_config(config_folder / "e.yaml")
+        assert config.folder == config_folder
+        with pytest.raises(WeightsNotFoundError) as info:
+            input_fingerprints(config)
+        message = str(info.value)
+        assert message.startswith("model 'm': weights 'w/m.tflite' not found. Looked at:\n")
+        assert f"{config_folder / 'w' / 'm.tflite'} (as a path beside the config file)" in message
+        assert str(dirs[2] / "w") not in message  # the working directory is not looked at for a YAML's weights
+
     def test_absolute_missing_path(self, dirs):
         with pytest.raises(WeightsNotFoundError, match="as a path"):
             resolve_weights(dirs[0] / "nope.pt")

@@ -3,8 +3,9 @@
 :func:`resolve_weights` looks, in this order:
 
 1. at the value as a path (absolute, or relative to the working directory; ``~`` expanded; an ensemble
-   YAML's relative weights are relative to the YAML's folder: it makes one that exists there absolute
-   before it gets here, and refuses one found only from the working directory);
+   YAML's relative weights are relative to the YAML's folder, ``beside``: it makes one that exists there
+   absolute before it gets here, and refuses one found only from the working directory, which is not
+   looked at for it);
 2. at the value as a name relative to the weights folders, in this order: ``$DETENS_WEIGHTS`` (one
    folder, or several separated by ``os.pathsep``) when set; the folder the caller passes (``weights_dir``
    of an ensemble YAML); the first ``shared/models`` folder found walking up from the working directory
@@ -140,7 +141,10 @@ def _env_note() -> str:
 
 
 def resolve_weights(
-    weights: str | os.PathLike[str], kind: Kind = "any", weights_dir: str | Path | None = None
+    weights: str | os.PathLike[str],
+    kind: Kind = "any",
+    weights_dir: str | Path | None = None,
+    beside: str | Path | None = None,
 ) -> ResolvedWeights:
     """Find ``weights`` (see the module docstring for the order).
 
@@ -149,6 +153,8 @@ def resolve_weights(
         kind: whose upstream names are accepted: ``"ultralytics"``, ``"torchvision"``, ``"any"``, or
             ``"onnx"`` (none: the file must be on disk).
         weights_dir: a weights folder searched after ``$DETENS_WEIGHTS`` (``weights_dir`` of the YAML).
+        beside: the folder of the config file that names ``weights``, where a relative path is looked
+            for instead of the working directory; None: the working directory (a call from Python).
 
     Raises:
         WeightsNotFoundError: not found anywhere; the message lists where it looked.
@@ -160,9 +166,17 @@ def resolve_weights(
         raise ValueError("weights must not be empty")
     tried: list[str] = []
     as_path = Path(text).expanduser()
-    tried.append(f"{as_path.resolve() if not as_path.is_absolute() else as_path} (as a path)")
-    if as_path.exists():
-        return ResolvedWeights(str(as_path.absolute()), True, tuple(tried))
+    if beside is None or as_path.is_absolute():
+        paths = [(as_path, "as a path")]
+    else:
+        paths = [(Path(beside) / as_path, "as a path beside the config file")]
+        if is_upstream_name(text, kind) and paths[0][0].resolve() != as_path.resolve():
+            # where the upstream loader saves what it downloads, and reads it back from
+            paths.append((as_path, "in the working directory, where an upstream download is saved"))
+    for path, note in paths:
+        tried.append(f"{path.resolve() if not path.is_absolute() else path} ({note})")
+        if path.exists():
+            return ResolvedWeights(str(path.absolute()), True, tuple(tried))
     if not as_path.is_absolute():
         dirs = weights_dirs(weights_dir)
         for folder in dirs:
@@ -196,10 +210,13 @@ def resolve_weights(
     )
 
 
-def resolve_model_weights(model: Any, weights_dir: str | Path | None = None) -> ResolvedWeights | None:
+def resolve_model_weights(
+    model: Any, weights_dir: str | Path | None = None, beside: str | Path | None = None
+) -> ResolvedWeights | None:
     """Where the weights of a model config (a ``ModelConfig``) are, or None for a member that reads no
     weights: one of another type than :data:`WEIGHTS_TYPES` (saved predictions), or without ``weights``
-    (a torchvision architecture left untrained).
+    (a torchvision architecture left untrained). ``beside``: the folder of the YAML the model comes from
+    (``EnsembleConfig.folder``), as :func:`resolve_weights` takes it.
 
     Raises:
         WeightsNotFoundError: its weights are found nowhere (naming the model).
@@ -207,7 +224,7 @@ def resolve_model_weights(model: Any, weights_dir: str | Path | None = None) -> 
     if model.type not in WEIGHTS_TYPES or not model.weights:
         return None
     try:
-        return resolve_weights(model.weights, model.type, weights_dir)
+        return resolve_weights(model.weights, model.type, weights_dir, beside)
     except WeightsNotFoundError as err:
         raise WeightsNotFoundError(f"model {model.name or model.weights!r}: {err}") from None
 

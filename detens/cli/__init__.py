@@ -34,6 +34,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("detens.cli.report", "write the HTML report page of a saved evaluation"),
 }
 
+#: the exit status of an interrupted command (128 + SIGINT, as shells report it)
+_INTERRUPTED = 130
+
 
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a bad command line as one ``error:`` line (exit status 2), like every other
@@ -112,8 +115,10 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--debug", action="store_true", help="show the Python traceback of an error")
 
 
-def build_parser(commands: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    """The ``detens`` parser with every subcommand (or only ``commands``)."""
+def build_parser(commands: Sequence[str] | None = None, *, with_options: bool = True) -> argparse.ArgumentParser:
+    """The ``detens`` parser with every subcommand (or only ``commands``); ``with_options=False`` names the
+    subcommands without their options, which is all ``detens --help`` shows (some options' help lists what
+    only torch knows, and importing it takes seconds)."""
     parser = _Parser(
         prog="detens",
         description="Object-detection ensembling: run detectors, fuse their boxes, fit and evaluate fusion.",
@@ -121,6 +126,9 @@ def build_parser(commands: Sequence[str] | None = None) -> argparse.ArgumentPars
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
     for name in commands or COMMANDS:
+        if not with_options:
+            sub.add_parser(name, help=COMMANDS[name][1])
+            continue
         module = importlib.import_module(COMMANDS[name][0])
         _add_command(sub.add_parser(name, help=COMMANDS[name][1], **_command_texts(module)), module)
     return parser
@@ -158,7 +166,9 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     try:
         with log_above_progress_bars(args.quiet), quieted(args.quiet):
-            return int(args._run(args))
+            code = int(args._run(args))
+        # a job that caught Ctrl-C to save its finished work first ends as an interrupt anywhere else does
+        return _interrupted() if code == _INTERRUPTED else code
     except _usage_error() as err:
         print(f"error: {args._parser.prog}: {err} (see {args._parser.prog} --help)", file=sys.stderr)
         return 2
@@ -175,7 +185,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 def _interrupted() -> int:
     print("error: interrupted", file=sys.stderr)
-    return 130
+    return _INTERRUPTED
 
 
 def _interruptible(argv: Sequence[str], start: Callable[[], int]) -> int:
@@ -214,6 +224,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def start() -> int:
         wanted = [argv[0]] if argv and argv[0] in COMMANDS else None  # import only the command that runs
+        if wanted is None:  # help or a mistake, but for a rare spelling such as `detens -- fuse`
+            build_parser(with_options=False).parse_args(argv)
         args = build_parser(wanted).parse_args(argv)
         args._command_line = ["detens", *argv]  # for outputs that record how they were made
         return _dispatch(args)

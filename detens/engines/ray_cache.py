@@ -87,7 +87,7 @@ def ready_for_actors(
     Raises:
         WeightsNotFoundError: the first of ``models`` whose weights are found nowhere.
     """
-    ready = [_with_found_weights(model, ensemble.weights_dir) for model in models]
+    ready = [_with_found_weights(model, ensemble.weights_dir, ensemble.folder) for model in models]
     found = {id(model): done for model, done in zip(models, ready, strict=True)}
     absolute = with_absolute_paths(ensemble)
     # the actors look weights up again where they run: a name found through this process's working
@@ -96,14 +96,14 @@ def ready_for_actors(
     return replace(absolute, models=members), ready
 
 
-def _with_found_weights(model: ModelConfig, weights_dir: str | None) -> ModelConfig:
+def _with_found_weights(model: ModelConfig, weights_dir: str | None, beside: Path | None) -> ModelConfig:
     """``model`` with its files made absolute, and its weights, when they are on disk, the path this process
-    found them at.
+    found them at (``beside``: the folder of the model's YAML).
 
     Raises:
         WeightsNotFoundError: its weights are found nowhere (naming the model).
     """
-    resolved = resolve_model_weights(model, weights_dir)
+    resolved = resolve_model_weights(model, weights_dir, beside)
     model = with_absolute_paths(model)
     if resolved is not None and resolved.local:
         model = replace(model, weights=str(Path(resolved.value).absolute()))

@@ -39,7 +39,8 @@ def _resolve_head(head: Any, num_models: int, sources: Sequence[str | None] = ()
     if head is None:
         raise ValueError(
             "theta fusion needs head=: a trained head (detens.ThetaHead, or any head of detens.heads) or the path "
-            "of a saved one (tools/train.py writes it); an untrained ThetaHead(model_names) fuses like 'mean'"
+            "of a saved one (`detens train` or detens.fit_head writes it); an untrained ThetaHead(model_names) "
+            "fuses like 'mean'"
         )
     if isinstance(head, (str, Path)):
         head = load_cached_head(head)

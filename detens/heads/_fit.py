@@ -4,7 +4,7 @@ Dimension legend: N models, C clusters (of one image, or of all training images 
 ground-truth boxes of one image, F features.
 
 Every head type trains through :data:`TRAINERS` (head type → :class:`Trainer`: its config dataclass,
-default config and training function), so ``tools/train.py``, the cross-validation harness and user code
+default config and training function), so ``detens train``, the cross-validation harness and user code
 call the same ``fit_head(kind, predictions, image_ids, config)``:
 
 - ``theta`` / ``theta_seed``: the Θ head (seed 000) trained by its analytic gradients

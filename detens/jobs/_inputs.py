@@ -138,7 +138,7 @@ def input_fingerprints(config: EnsembleConfig) -> dict[str, str]:
     fingerprints = file_digests([*heads, *saved])
     digests: dict[str, str] = {}
     for model in config.models:
-        fingerprints.update(weights_inputs(model, resolve_model_weights(model, config.weights_dir), digests))
+        fingerprints.update(weights_inputs(model, resolve_model_weights(model, config.weights_dir, config.folder), digests))
     return fingerprints
 
 

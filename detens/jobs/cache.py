@@ -921,7 +921,7 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any) -> int
     for entry in entries:
         if not entry.selected:  # its weights need not be found
             continue
-        weights = resolve_model_weights(entry.model, config.weights_dir)
+        weights = resolve_model_weights(entry.model, config.weights_dir, config.folder)
         runs = []
         for name in entry.selected:
             settings = member_settings(config, entry, name, categories, weights, digests)
@@ -1172,7 +1172,7 @@ def merge_member(
         except (OSError, ValueError) as err:
             raise MergeError(f"{member}: cannot read {path}: {err}") from err
         if not isinstance(record, dict) or record.get("format") != SHARD_FORMAT:
-            raise MergeError(f"{member}: {path} is not a shard file of tools/cache.py")
+            raise MergeError(f"{member}: {path} is not a shard file of `detens cache --shard`")
         if record.get("member") != member or record.get("shard") != [index, count]:
             raise MergeError(
                 f"{member}: {path} holds member {record.get('member')!r} shard {record.get('shard')}, "

@@ -164,6 +164,11 @@ def resolve_config(options: FuseOptions) -> EnsembleConfig:
             # The YAML's head belongs to the YAML's method; another --method does not use it.
             logger.info("--method %s: not using the config's head %s", options.method, config.fusion.head)
             config.fusion.head = None
+    if head is None and config.fusion.head is not None:
+        try:
+            find_head_file(config.fusion.head)
+        except FileNotFoundError as err:  # said of the YAML: its user finds the key to change
+            raise FileNotFoundError(f"{options.config}: fusion.head: {err}") from None
     if head is not None and options.method is None:
         from detens.heads import read_head_file
 
