@@ -53,7 +53,7 @@ MISTAKES = [
     ("unknown config name", fuse_args("--config", "coco_yolo9"), r"'coco_yolo9' not found.*coco_yolo3"),
     ("no such source", ["fuse", "--source", "no_such_folder", "--out", "out"], r"image source not found: 'no_such_folder'"),
     ("missing --source", ["fuse", "--out", "out"], r"required: --source"),
-    ("bad number", fuse_args("--conf", "abc"), r"--conf: invalid float value"),
+    ("bad number", fuse_args("--conf", "abc"), r"--conf: expected a number, got .abc."),
     ("unknown command", ["fusee"], r"invalid choice: 'fusee'"),
     ("--cv 1", ["evaluate", "--gt", "gt.json", "--predictions", "p", "--out", "r.json", "--cv", "1"], r"--cv must be"),
     ("unknown evaluate method", ["evaluate", "--gt", "gt.json", "--predictions", "p", "--out", "r.json",

@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-__all__ = ["COMMANDS", "add_threads_argument", "add_weights_dir_argument", "argparse_type", "existing_folder", "folder_path", "build_parser", "positive_int", "command_parser", "main", "run_command"]
+__all__ = ["COMMANDS", "add_threads_argument", "add_weights_dir_argument", "argparse_type", "existing_folder", "finite_number", "folder_path", "build_parser", "positive_int", "command_parser", "main", "run_command"]
 
 #: subcommand -> (module, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -62,6 +62,8 @@ def argparse_type(module: str, check_name: str) -> Callable[[str], Any]:
 
 #: argparse type: an integer >= 1
 positive_int = argparse_type("detens.jobs._options", "check_positive_int")
+#: argparse type: a finite number (``float`` also takes nan and inf)
+finite_number = argparse_type("detens.jobs._options", "check_finite_number")
 #: argparse type: the path of a folder that exists (kept as written)
 existing_folder = argparse_type("detens.jobs._options", "check_existing_folder")
 #: argparse type: the path of a folder, which may not exist yet (see :func:`detens.jobs._options.check_folder`)

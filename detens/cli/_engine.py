@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from detens.cli import finite_number
 from detens.engines import ENGINES
 
 __all__ = ["add_engine_arguments"]
@@ -16,5 +17,5 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray-address", help="with --engine ray: an existing cluster (auto, ray://host:10001); "
                    "default: start a local one")
     p.add_argument("--actors", type=int, default=1, help="with --engine ray: predictor actors per model (default 1)")
-    p.add_argument("--gpus-per-actor", type=float,
+    p.add_argument("--gpus-per-actor", type=finite_number,
                    help="with --engine ray: GPUs per actor (default: 1 when CUDA is present, else 0)")

@@ -85,7 +85,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from detens.cli import add_weights_dir_argument, folder_path, run_command
+from detens.cli import add_weights_dir_argument, finite_number, folder_path, run_command
 from detens.cli._engine import add_engine_arguments
 from detens.jobs.cache import DEFAULT_CONFIG
 
@@ -111,8 +111,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--shard", help="i/n: process only the images at positions i, i+n, ... (0 <= i < n)")
     p.add_argument("--merge", action="store_true", help="join the shards in OUT/shards into <member>.json")
-    p.add_argument("--conf", type=float, help="minimum detection score of every model (overrides conf)")
-    p.add_argument("--iou", type=float, help="NMS IoU of every model (overrides iou)")
+    p.add_argument("--conf", type=finite_number, help="minimum detection score of every model (overrides conf)")
+    p.add_argument("--iou", type=finite_number, help="NMS IoU of every model (overrides iou)")
     p.add_argument(
         "--max-det", type=int, help="maximum detections per image of every model (overrides max_det)"
     )

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import argparse
 
-from detens.cli import folder_path, run_command
+from detens.cli import finite_number, folder_path, run_command
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="images where fusion helped most, and as many where it hurt most (0: none)",
     )
     parser.add_argument(
-        "--conf", type=float, default=0.3,
+        "--conf", type=finite_number, default=0.3,
         help="side-by-sides draw detections scored at least this; a vote histogram counts them",
     )
 

@@ -35,22 +35,9 @@ The terminal shows one progress bar per fit (epoch and loss); ``--quiet`` hides 
 from __future__ import annotations
 
 import argparse
-import math
 
-from detens.cli import add_threads_argument, run_command
+from detens.cli import add_threads_argument, finite_number, run_command
 from detens.jobs.train import HEAD_TYPES
-
-
-def finite_float(text: str) -> float:
-    """argparse type: a finite number. ``float`` takes ``nan`` and ``inf`` too, which the config's check would
-    then report as a ``--set`` key the user never gave."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "with --all-images); it may not share a training image with --gt (same file name, folders aside)",
     )
     parser.add_argument("--epochs", type=int, help="training epochs (overrides the config)")
-    parser.add_argument("--lr", type=finite_float, help="learning rate (overrides the config)")
+    parser.add_argument("--lr", type=finite_number, help="learning rate (overrides the config)")
     parser.add_argument("--seed", type=int, help="random seed (overrides the config)")
     # no default of []: it is TrainOptions.set's default too, and a dataclass field cannot default to a list
     parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key")

@@ -10,6 +10,7 @@ nor a number or a string as a bool (``overwrite="no"`` would otherwise discard f
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 import os
 from collections.abc import Mapping, Sequence
@@ -56,6 +57,24 @@ def check_existing_folder(value: str) -> str:
     if not os.path.isdir(value):
         raise ValueError(f"no such folder: {value!r}")
     return value
+
+
+def check_finite_number(value: str | float) -> float:
+    """A finite real number, from its text or a number. ``float`` reads ``nan`` and ``inf`` as numbers,
+    which a config's own check would then blame on the config file, or on a key the user never gave.
+
+    Raises:
+        ValueError: ``value`` is no number, or NaN or infinite.
+    """
+    number = value
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(f"expected a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise ValueError(f"expected a finite number, got {value!r}")
+    return float(number)
 
 
 def check_positive_int(value: str | int) -> int:
@@ -139,7 +158,7 @@ def integer(default: int | None = None, *, positive: bool = False) -> Any:
 
 
 def number(default: float | None = None) -> Any:
-    """A real number (an int, a float, a NumPy number; never a bool), stored as a float."""
+    """A finite real number (an int, a float, a NumPy number; never a bool), stored as a float."""
     return _field(default, "float")
 
 
@@ -199,6 +218,8 @@ def _checked(kind: str, key: str, value: Any) -> Any:
     if kind == "float":
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(f"{key} must be a number, got {type(value).__name__}: {value!r}")
+        if not math.isfinite(value):
+            raise ValueError(f"{key} must be a finite number, got {value}")
         return float(value)
     if kind in ("path", "folder", "existing_folder"):
         if not isinstance(value, (str, os.PathLike)):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, fields
@@ -91,9 +90,6 @@ class TrainOptions(JobOptions):
         super().__post_init__()
         self.also_fit_on = check_text_pair("also_fit_on", self.also_fit_on)
         self.set = check_text_list("set", self.set)
-        # nan and inf would otherwise be reported by the config's check as a --set key never given
-        if self.lr is not None and not math.isfinite(self.lr):
-            raise ValueError(f"lr must be a finite number, got {self.lr}")
 
 
 def read_image_ids(path: Path) -> list[int]:
