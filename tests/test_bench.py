@@ -3,6 +3,7 @@ ensemble's detectors and start a Ray cluster), and the options of the bench job 
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ from detens.jobs.bench import BenchOptions, check_args
 def engines(tmp_path, monkeypatch):
     """An image folder, a stand-in Ray and a stand-in ``detens.jobs.calls.fuse_images``: ``engines.calls`` holds
     each fuse run's arguments and the root logger's level during it; ``engines.code`` is what it returns,
-    ``engines.error`` (if set) what it raises."""
+    ``engines.error`` (if set) what it raises, ``engines.done`` the images its summary says it fused."""
     images = tmp_path / "images"
     images.mkdir()
     for name in ("a.jpg", "b.jpg"):
@@ -28,7 +29,7 @@ def engines(tmp_path, monkeypatch):
     ray.init = lambda **kwargs: setattr(ray, "started", ray.started + 1)
     ray.shutdown = lambda: setattr(ray, "stopped", ray.stopped + 1)
     monkeypatch.setitem(sys.modules, "ray", ray)
-    state = SimpleNamespace(images=images, ray=ray, calls=[], code=0, error=None)
+    state = SimpleNamespace(images=images, ray=ray, calls=[], code=0, error=None, done=2)
 
     def fuse_images(config, source, out, **options):
         state.calls.append({"config": config, "source": source, "out": Path(out), "options": options,
@@ -37,6 +38,8 @@ def engines(tmp_path, monkeypatch):
         logging.getLogger("detens.fuse").warning("a warning of the fuse run")
         if state.error is not None:
             raise state.error
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "summary.json").write_text(json.dumps({"done": state.done}))
         return state.code
 
     monkeypatch.setattr(detens.jobs.calls, "fuse_images", fuse_images)
@@ -83,7 +86,11 @@ def test_an_interrupted_fuse_run_interrupts_bench(engines, capsys):
 
 def test_an_interrupted_ray_run_shuts_ray_down(engines, capsys, monkeypatch):
     def fuse_images(config, source, out, **options):
-        return 130 if options.get("engine") == "ray" else 0
+        if options.get("engine") == "ray":
+            return 130
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "summary.json").write_text(json.dumps({"done": 2}))
+        return 0
 
     monkeypatch.setattr(detens.jobs.calls, "fuse_images", fuse_images)
     assert main(["bench", "--engines", str(engines.images)]) == 130
@@ -103,6 +110,21 @@ def test_engines_without_images_is_refused(engines, tmp_path, capsys):
     assert main(["bench", "--engines", str(tmp_path / "none")]) == 2
     assert "no images there" in capsys.readouterr().err
     assert engines.calls == []
+
+
+def test_engines_over_files_that_are_no_images_is_refused_before_ray_starts(engines, capsys):
+    """A listed file that no decoder reads is skipped by fuse in no time: no rate to report."""
+    engines.done = 0
+    assert main(["bench", "--engines", str(engines.images)]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith(f"error: --engines {str(engines.images)!r}: none of its 2 files could be read as an image\n")
+    assert len(engines.calls) == 1 and engines.ray.started == 0
+
+
+def test_the_rate_counts_the_images_fused(engines, capsys):
+    engines.done = 1  # one of the two files unreadable
+    assert main(["bench", "--engines", str(engines.images)]) == 0
+    assert "| ray 2 actors | 1 |" in capsys.readouterr().out
 
 
 # ------------------------------------------------------------------------------------------- the options

@@ -110,6 +110,7 @@ MISTAKES = [
     ("bench --coco and --engines", ["bench", "--coco", "gt.json", "r.json", "--engines", "images"],
      r"--coco and --engines are two different benchmarks"),
     ("bench --repeats 0", ["bench", "--repeats", "0"], r"--repeats must be at least 1"),
+    ("bench --seed -1", ["bench", "--seed=-1"], r"--seed must be an integer >= 0, got -1"),
     ("bench --device unknown", ["bench", "--device", "foo"],
      r"--device must be a torch device: cpu, cuda or cuda:<index>, got 'foo'"),
     ("evaluate --out in the page", ["evaluate", "--gt", "gt.json", "--predictions", "p", "--out", "out/page.json",

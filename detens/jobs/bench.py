@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import platform
@@ -352,6 +353,8 @@ def check_args(options: BenchOptions) -> tuple[str, BenchOptions]:
     options = dataclasses.replace(options, **filled)
     if mode == "fusers" and options.repeats < 1:
         raise UsageError("--repeats must be at least 1")
+    if mode == "fusers" and options.seed < 0:  # numpy's own refusal comes mid-run and names no option
+        raise UsageError(f"--seed must be an integer >= 0, got {options.seed}")
     if mode == "fusers":
         from detens.checks import check_device
 
@@ -411,9 +414,13 @@ def bench_engines(images: str, config: str, work: Path) -> list[dict[str, Any]]:
             raise KeyboardInterrupt
         if code != 0:
             raise RuntimeError(f"detens fuse ({label}) failed with exit status {code}")
-        rows.append({"engine": label, "images": count, "seconds": round(seconds, 2),
-                     "images_per_s": round(count / seconds, 2)})
-        logger.info("%s: %d images in %.1f s", label, count, seconds)
+        # the images fused, not the files listed: an unreadable one is skipped in no time
+        done = json.loads((out / "summary.json").read_text(encoding="utf-8"))["done"]
+        if not done:
+            raise ValueError(f"--engines {images!r}: none of its {count} files could be read as an image")
+        rows.append({"engine": label, "images": done, "seconds": round(seconds, 2),
+                     "images_per_s": round(done / seconds, 2)})
+        logger.info("%s: %d images in %.1f s", label, done, seconds)
 
     timed("local")
     start = time.perf_counter()
