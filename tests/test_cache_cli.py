@@ -234,6 +234,41 @@ def test_rerun_of_a_finished_run_processes_nothing(slice_, replay_run):
     assert (replay_run / "a.json").read_bytes() == before
 
 
+def test_another_image_set_never_drops_finished_results_for_good(slice_, tmp_path, capfd):
+    """A finished <member>.json made for more images than a new --gt lists: while .partial/ keeps their
+    records the run leaves them out (saying so) and a run with the first ground truth puts them back;
+    once .partial/ is gone it is refused, as the results could not be made again without the detectors."""
+    full = json.loads((slice_ / "gt.json").read_text())
+    dropped = gt_ids(slice_)[1]  # "a" has results on it
+    fewer = {**full, "images": [im for im in full["images"] if im["id"] != dropped],
+             "annotations": [a for a in full["annotations"] if a["image_id"] != dropped]}
+    (tmp_path / "fewer.json").write_text(json.dumps(fewer))
+
+    def cache_with(gt: Path, out: Path, *extra: str) -> int:
+        return cache_cli.main(["--config", str(slice_ / "replay.yaml"), "--images", str(slice_ / "images"),
+                               "--gt", str(gt), "--out", str(out), *extra])
+
+    out = tmp_path / "out"
+    assert run(slice_, out) == 0
+    finished = (out / "a.json").read_bytes()
+    assert dropped in {r["image_id"] for r in json.loads(finished)}
+    capfd.readouterr()
+    assert cache_with(tmp_path / "fewer.json", out, "--quiet") == 0  # the records are kept: said, not refused
+    assert f"{out / 'a.json'}: 1 images of the earlier ground truth" in capfd.readouterr().err
+    assert dropped not in {r["image_id"] for r in json.loads((out / "a.json").read_text())}
+    assert run(slice_, out) == 0 and (out / "a.json").read_bytes() == finished  # put back from .partial/
+
+    shutil.rmtree(out / ".partial")
+    capfd.readouterr()
+    assert cache_with(tmp_path / "fewer.json", out, "--quiet") == 2
+    err = capfd.readouterr().err
+    assert err.count("error:") == 1 and "Traceback" not in err, err
+    assert (f"{out / 'a.json'} holds results of 1 images that --gt {tmp_path / 'fewer.json'} does not list and "
+            f"whose records .partial/ no longer keeps (image ids {dropped}): this run would drop them for good") in err
+    assert (out / "a.json").read_bytes() == finished
+    assert cache_with(tmp_path / "fewer.json", out, "--quiet", "--overwrite") == 0
+
+
 def test_interrupted_run_resumes(slice_, replay_run, monkeypatch, capsys):
     """Ctrl-C in the middle of a model: finished images are kept, the re-run completes the same file."""
     out = slice_ / "replay_interrupted"

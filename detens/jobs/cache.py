@@ -881,6 +881,44 @@ def earlier_unreadable(path: Path, member: str, data: Dataset) -> dict[int, str]
     return {i: str(files[data.gt.file_name(i)]) for i in data.ids if data.gt.file_name(i) in files}
 
 
+def check_no_results_lost(out: Path, member: str, data: Dataset, summary_path: Path, gt_path: Path) -> None:
+    """Refuse a run that would drop, for good, results of the member's finished ``<member>.json`` made for
+    another image set (the summary's dataset fingerprint differs): images the new ground truth does not list
+    are left out of the file it writes, and an image whose record ``.partial/`` no longer holds could not be
+    put back. Dropped images whose records are still there are only said (a run with the earlier ground
+    truth rebuilds the file from them). Reads only.
+
+    Raises:
+        ValueError: naming the file, how many results would be lost, and the ways out.
+    """
+    try:
+        previous = json.loads(summary_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if not isinstance(previous, dict) or previous.get("gt_fingerprint") in (None, data.fingerprint):
+        return
+    output = out / member_output(member, None)
+    try:
+        results = json.loads(output.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    listed = set(data.all_ids)
+    dropped = sorted({r["image_id"] for r in results if isinstance(r, dict) and r.get("image_id") not in listed})
+    lost = [i for i in dropped if not partial_path(out, member, i).is_file()]
+    if lost:
+        raise ValueError(
+            f"{output} holds results of {len(lost)} images that --gt {gt_path} does not list and whose records "
+            f"{PARTIAL}/ no longer keeps (image ids {first_few(lost, 5)}): this run would drop them for good. "
+            "Use another --out, or --overwrite to replace them"
+        )
+    if dropped:
+        logger.warning(
+            "%s: %d images of the earlier ground truth (%s) are not in --gt %s and are left out of the file this "
+            "run writes; their records stay in %s/, and a run with that ground truth puts them back",
+            output, len(dropped), previous.get("gt"), gt_path, PARTIAL,
+        )
+
+
 def write_summary(path: Path, header: dict[str, Any], members: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Update the summary file: this run's members replace their earlier entries, the others stay."""
     try:
@@ -963,6 +1001,8 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any) -> int
     with brief_lock(out):
         for _, runs in plans:
             for run in runs:
+                if not options.overwrite and shard is None:
+                    check_no_results_lost(out, run.name, data, summary_path, options.gt)
                 run.stale = check_settings(out, run.name, run.settings, options.overwrite, run.weights, shard)
                 if run.stale is not None:
                     check_none_running(out, run.name, run.stale, shard)
