@@ -176,15 +176,17 @@ def test_a_resized_image_file_is_refused_naming_it_and_both_sizes(tmp_path, pixe
 
 
 @pytest.mark.parametrize("pixels", [True, False])
-def test_an_image_whose_header_is_sound_and_pixels_are_not_is_unreadable(tmp_path, pixels):
-    """What evaluate --report checks of every scored image before it runs: what drawing would fail on."""
+@pytest.mark.parametrize("kind", [".png", ".jpg"])
+def test_an_image_whose_header_is_sound_and_pixels_are_not_is_unreadable(tmp_path, pixels, kind):
+    """What evaluate --report checks of every scored image before it runs: what drawing would fail on, and
+    what detens fuse skips (cv2.imread reads the start of a truncated JPEG, grey below)."""
     import cv2
 
     from detens.coco import CocoGroundTruth
     from detens.report.examples import read_images
 
     truth = CocoGroundTruth(tiny_record().gt)  # 1.jpg: 100 x 80 (width x height)
-    ok, encoded = cv2.imencode(".png", np.random.default_rng(0).integers(0, 256, (80, 100, 3), np.uint8))
+    ok, encoded = cv2.imencode(kind, np.random.default_rng(0).integers(0, 256, (80, 100, 3), np.uint8))
     assert ok
     (tmp_path / "1.jpg").write_bytes(encoded.tobytes()[: encoded.size // 2])  # the header whole, half the pixels
     with pytest.raises(FileNotFoundError, match=r"1 of the 1 images to draw are not usable in .* \(unreadable 1\.jpg\)"):

@@ -186,11 +186,15 @@ def read_images(
 
 
 def _decode(path: Path) -> np.ndarray | None:
-    """The stored pixels of an image file (BGR), which the ground truth's boxes describe: OpenCV would
-    otherwise turn an EXIF-tagged image upright. None when OpenCV cannot decode it."""
-    import cv2
+    """The stored pixels of an image file (BGR), which the ground truth's boxes describe, read as ``detens
+    fuse`` reads them; None where it skips the file (``cv2.imread`` would give the readable start of a
+    truncated JPEG, grey below)."""
+    from detens.sources import ImageReadError, read_image
 
-    return cv2.imread(str(path), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
+    try:
+        return read_image(path)
+    except ImageReadError:
+        return None
 
 
 def write_examples(
