@@ -68,7 +68,8 @@ def find_packaged(value: str | Path, kind: Kind, folder: str | Path | None = Non
             if name in (candidate.stem, candidate.name):
                 return candidate
     shipped = ", ".join(packaged_names(kind)) or "none"
+    there = "a folder, not a file" if path.is_dir() else "no such file"
     raise FileNotFoundError(
-        f"{_WHAT[kind]} {name!r} not found: no such file ({path.absolute()}) and not a shipped name "
+        f"{_WHAT[kind]} {name!r} not found: {there} ({path.absolute()}) and not a shipped name "
         f"(shipped: {shipped})"
     )

@@ -373,6 +373,8 @@ def test_shipped_names_leave_out_the_side_files_of_a_training_run(tmp_path, monk
         packaged.find_packaged("a.json.log", "heads")
     with pytest.raises(FileNotFoundError, match=r"'c.json' not found"):
         packaged.find_packaged("c.json", "heads")
+    with pytest.raises(FileNotFoundError, match=rf"'{heads}' not found: a folder, not a file \({heads}\)"):
+        packaged.find_packaged(heads, "heads")
 
 
 def test_a_yaml_head_is_the_file_beside_it_else_a_shipped_head(tmp_path, monkeypatch):
