@@ -43,7 +43,7 @@ __all__ = [
 #: Class index → detens label, as a sequence (``table[index]``) or a mapping.
 ClassMap = Sequence[int] | Mapping[int, int]
 
-# the largest whole number from which float32 holds every smaller one exactly
+# float32 holds every whole number up to this one exactly, and not the next
 _FLOAT32_WHOLE = 2**24
 
 

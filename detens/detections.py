@@ -46,8 +46,8 @@ def _as_tensor(value: Any, name: str, dtype: torch.dtype | None, device: torch.d
     converted = tensor.to(device=device if device is not None else tensor.device, dtype=dtype or tensor.dtype)
     if tensor.dtype == torch.float64 and converted.dtype == torch.float32:
         # a finite float64 beyond float32's range would become inf and be reported as a value never passed
-        overflow = torch.isinf(converted).reshape(-1).cpu() & torch.isfinite(tensor).reshape(-1).cpu()
-        if overflow.any():
+        overflow = torch.isinf(converted).reshape(-1) & torch.isfinite(tensor).reshape(-1).to(converted.device)
+        if bool(overflow.any()):
             i = int(overflow.nonzero()[0])
             at = ", ".join(str(int(k)) for k in np.unravel_index(i, tuple(tensor.shape)))
             raise ValueError(
