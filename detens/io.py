@@ -338,10 +338,13 @@ def read_json_file(path: str | Path, what: str) -> Any:
 
     Raises:
         FileNotFoundError: no such file, naming ``what`` (e.g. "COCO results file") and the path.
+        IsADirectoryError: a folder there, named so.
         ValueError: the file is not valid JSON, or not UTF-8 text (as JSON files must be), naming the path
             and the position; an object gives one key twice.
     """
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{what} expected, got a folder: {path}")
     if not path.is_file():
         raise FileNotFoundError(f"{what} not found: {path}")
     try:

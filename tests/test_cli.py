@@ -127,6 +127,10 @@ MISTAKES = [
      r"several --seed values repeat the cross-validation, but --cv 0 has no folds"),
     ("report without a record", ["report", "r.json", "--out", "out"],
      r"evaluation record not found: r\.evaluation\.json\.gz \(detens evaluate writes it"),
+    ("report of a folder", ["report", "images", "--out", "out"],
+     r"evaluation record \(or the table beside it\) expected, got a folder: images"),
+    ("evaluate --gt a folder", ["evaluate", "--gt", "images", "--predictions", "images", "--out", "r.json"],
+     r"COCO annotation file expected, got a folder: images"),
     ("report --examples -1", ["report", "r.json", "--out", "out", "--examples", "-1"], r"--examples must be >= 0"),
     ("report --conf 2", ["report", "r.json", "--out", "out", "--conf", "2"], r"--conf must be in \[0, 1\]"),
 ]

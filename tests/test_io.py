@@ -40,6 +40,13 @@ class TestReadJsonFile:
             read_json_file(path, "results file")
 
 
+    def test_a_folder_is_named_as_one(self, tmp_path):
+        with pytest.raises(IsADirectoryError, match=rf"^annotation file expected, got a folder: {tmp_path}$"):
+            read_json_file(tmp_path, "annotation file")
+        with pytest.raises(FileNotFoundError, match=r"^annotation file not found: "):
+            read_json_file(tmp_path / "none.json", "annotation file")
+
+
 class TestAtomicWrite:
     @pytest.mark.parametrize("stem", ["x" * 240, "画" * 80])  # 249 and 249 bytes with ".jpg.json"
     def test_a_long_name_that_fits_can_be_written(self, tmp_path, stem):

@@ -132,6 +132,8 @@ class EvaluationRecord:
         """
         table = None if Path(path).name.endswith(RECORD_SUFFIX) else Path(path)
         path = record_path(path)
+        if Path(path).is_dir() or (table is not None and table.is_dir()):
+            raise IsADirectoryError(f"evaluation record (or the table beside it) expected, got a folder: {table or path}")
         if not path.is_file():
             # a run of several seeds writes its table and <stem>.run.json, but no record
             run = path.with_name(path.name[: -len(RECORD_SUFFIX)] + ".run.json")
