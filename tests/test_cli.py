@@ -426,6 +426,7 @@ def test_python_dash_m_reports_a_mistake_without_traceback(tmp_path):
         capture_output=True, text=True, cwd=tmp_path, timeout=300,
     )
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "not using the config's head" not in done.stderr  # nothing said of a method that does not exist
     assert [line for line in done.stderr.splitlines() if line.startswith("error:")] == [
         line for line in done.stderr.splitlines() if "unknown fusion method 'wbff'" in line
     ] != []
