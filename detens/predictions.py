@@ -183,12 +183,15 @@ class EnsemblePredictions:
 
         Raises:
             FileNotFoundError: no such folder, or no ``<name>.json`` for one of ``models``.
+            NotADirectoryError: a file where the folder should be.
             ValueError: no results file in the folder; a summary that is not valid JSON or not of
                 ``detens cache``'s form; the errors of the constructor.
         """
         if models is not None:
             _check_not_one_name(models, "models")
         folder = Path(folder)
+        if folder.is_file():  # most often one member's results file, given for the folder that holds it
+            raise NotADirectoryError(f"prediction folder expected, got a file: {folder} (give the folder that holds it)")
         if not folder.is_dir():
             raise FileNotFoundError(f"prediction folder not found: {folder}")
         available = folder_models(folder)

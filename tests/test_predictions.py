@@ -92,3 +92,11 @@ def test_train_says_how_many_images_without_annotations_it_leaves_out(tmp_path, 
     (tmp_path / "ids.txt").write_text("1\n2\n3\n")
     assert train_cli.main([*args, "--out", str(tmp_path / "h2.json"), "--images-from", str(tmp_path / "ids.txt")]) == 0
     assert "have no annotation" not in capsys.readouterr().err
+
+
+def test_a_file_given_for_the_folder_is_named_as_one(tmp_path):
+    (tmp_path / "yolo.json").write_text(json.dumps(RESULTS), encoding="utf-8")
+    with pytest.raises(NotADirectoryError, match=r"^prediction folder expected, got a file: .*yolo\.json"):
+        EnsemblePredictions.from_folder(tmp_path / "yolo.json", CocoGroundTruth(GT))
+    with pytest.raises(FileNotFoundError, match=r"^prediction folder not found: "):
+        EnsemblePredictions.from_folder(tmp_path / "none", CocoGroundTruth(GT))
