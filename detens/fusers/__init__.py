@@ -26,7 +26,7 @@ from detens.registry import unknown_name_error
 from detens.fusers import consensus, nms, refine, subset, theta, wbf  # noqa: E402,F401  isort: skip
 from detens.fusers.theta import head_methods  # noqa: E402  isort: skip
 
-__all__ = ["FUSERS", "fuse", "list_fusers", "list_methods", "check_weights", "head_methods", "resolve_method", "check_parameter_names"]
+__all__ = ["FUSERS", "fuse", "list_fusers", "list_methods", "check_method", "check_weights", "head_methods", "resolve_method", "check_parameter_names"]
 
 
 def list_fusers() -> list[str]:
@@ -40,6 +40,12 @@ def list_methods() -> list[str]:
     return sorted(set(FUSERS.names()) | set(list_heads()))
 
 
+def check_method(method: str) -> None:
+    """Raise unless ``method`` is a fuser or a head type: the error lists every name and the nearest one."""
+    if method not in list_methods():
+        raise unknown_name_error("fusion method", method, list_methods())
+
+
 def resolve_method(method: str, params: dict[str, Any]) -> str:
     """The fuser that runs ``method``: itself when it is a fuser; ``theta`` for a head type, whose
     ``params["head"]`` (a head or its file, loaded here into ``params``) must be of that type."""
@@ -47,10 +53,7 @@ def resolve_method(method: str, params: dict[str, Any]) -> str:
         raise TypeError(f"method must be a string, got {type(method).__name__}: {method!r}")
     if method in FUSERS:
         return method
-    from detens.heads import list_heads
-
-    if method not in list_heads():
-        raise unknown_name_error("fusion method", method, list_methods())
+    check_method(method)
     head = params.get("head")
     if head is None:
         raise ValueError(f"method {method!r} is a head type: pass head= (a trained {method} head or its file)")

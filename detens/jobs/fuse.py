@@ -42,7 +42,7 @@ from detens.ensemble_config import (
     save_ensemble_config,
     with_absolute_paths,
 )
-from detens.fusers import head_methods, list_methods
+from detens.fusers import check_method, head_methods
 from detens.heads._io import find_head_file
 from detens.io import atomic_write_bytes, atomic_write_json, output_lock, output_stems
 from detens.jobs._engine import EngineOptions, ray_options
@@ -54,7 +54,6 @@ from detens.jobs._inputs import (
 )
 from detens.jobs._options import existing_folder, file_or_shipped_name, flag, folder, integer, number, text
 from detens.labels import COCO_CATEGORY_IDS, COCO_ID_TO_NAME
-from detens.registry import unknown_name_error
 from detens.sources import ImageReadError, list_images, read_image
 
 __all__ = [
@@ -159,8 +158,8 @@ def resolve_config(options: FuseOptions) -> EnsembleConfig:
         "output.labels": False if options.no_labels else None,
         "output.vis_conf": options.vis_conf,
     }
-    if options.method is not None and options.method not in list_methods():  # before anything is said of it
-        raise unknown_name_error("fusion method", options.method, list_methods())
+    if options.method is not None:  # before anything is said of it
+        check_method(options.method)
     config = load_ensemble_config(file_or_shipped_name("--config", options.config), overrides, per_model)
     if head is None and options.method is not None and config.fusion.head is not None:
         if options.method not in (load_ensemble_config(options.config).fusion.method, "theta"):

@@ -130,10 +130,10 @@ class EvaluationRecord:
             ValueError: not a record of this format, naming the file and what is wrong; or a table that
                 the record's run did not write, naming both files and the rows that differ.
         """
+        if Path(path).is_dir():
+            raise IsADirectoryError(f"evaluation record (or the table beside it) expected, got a folder: {path}")
         table = None if Path(path).name.endswith(RECORD_SUFFIX) else Path(path)
         path = record_path(path)
-        if Path(path).is_dir() or (table is not None and table.is_dir()):
-            raise IsADirectoryError(f"evaluation record (or the table beside it) expected, got a folder: {table or path}")
         if not path.is_file():
             # a run of several seeds writes its table and <stem>.run.json, but no record
             run = path.with_name(path.name[: -len(RECORD_SUFFIX)] + ".run.json")
