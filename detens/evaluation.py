@@ -39,10 +39,11 @@ import torch
 from torchvision.ops import box_iou
 
 from detens.calibration_metrics import detection_calibration
+from detens.checks import check_integer
 from detens.coco import BACKENDS, detections_to_array, detections_to_coco, evaluate_coco, fastest_backend
 from detens.detections import Detections
 from detens.folds import kfold_image_splits
-from detens.fusers import fuse
+from detens.fusers import fuse, highest_scoring
 from detens.fusers.consensus import average_clusters
 from detens.heads import TRAINERS
 from detens.matching import Clusters, match
@@ -86,6 +87,9 @@ class EvaluationData:
             the others (extra fitting images) are only ever fitted on.
         fit_ids (list[int] | None): the images that methods are fitted on, in one fold or another (default:
             ``image_ids``), which :meth:`EvalMethod.check_data` looks at.
+        max_det (int | None): every method's boxes of an image are cut to their ``max_det`` highest-scoring
+            before they are scored (:meth:`cut`), in the searches on the fitting images as in the held-out
+            figures; None: every box counts.
     """
 
     def __init__(
@@ -93,8 +97,10 @@ class EvaluationData:
         predictions: EnsemblePredictions,
         image_ids: Sequence[int] | None = None,
         fit_ids: Sequence[int] | None = None,
+        max_det: int | None = None,
     ) -> None:
         self.predictions = predictions
+        self.max_det = None if max_det is None else check_integer(max_det, "max_det", 1)
         self.gt = predictions.gt
         self.model_names = predictions.model_names
         self.image_ids = list(self.gt.annotated_image_ids if image_ids is None else image_ids)
@@ -109,12 +115,16 @@ class EvaluationData:
             self._per_model[image_id] = self.predictions.per_model(image_id)
         return self._per_model[image_id]
 
+    def cut(self, detections: Detections) -> Detections:
+        """``detections`` as they are scored: their ``max_det`` highest-scoring boxes."""
+        return highest_scoring(detections, self.max_det)
+
     def score(
         self, predict: Callable[[int], Detections], image_ids: Sequence[int], backend: str | None = None
     ) -> float:
-        """mAP of ``predict`` over ``image_ids``, used inside hyper-parameter searches on training folds
-        (``backend`` None: :func:`~detens.coco.fastest_backend`)."""
-        rows = [detections_to_array(predict(image_id), image_id) for image_id in image_ids]
+        """mAP of ``predict`` over ``image_ids`` (each image's boxes :meth:`cut`), used inside hyper-parameter
+        searches on training folds (``backend`` None: :func:`~detens.coco.fastest_backend`)."""
+        rows = [detections_to_array(self.cut(predict(image_id)), image_id) for image_id in image_ids]
         results = np.concatenate(rows) if rows else np.zeros((0, 7))
         return evaluate_coco(self.gt, results, image_ids=image_ids, backend=backend or fastest_backend())["map"]
 
@@ -566,6 +576,7 @@ def cross_validate(
     clock: Callable[[], float] = time.perf_counter,
     all_images: bool = False,
     calibration_checks: dict[tuple[int, ...], dict[str, str | None]] | None = None,
+    max_det: int | None = None,
 ) -> dict[str, MethodResult]:
     """Score every method on pooled held-out predictions; see the module docstring.
 
@@ -592,6 +603,11 @@ def cross_validate(
             (:func:`~detens.heads.check_fit_data`), kept by the fitting images for calls on the same
             ``predictions`` and ``fit_on`` with other fold seeds, whose folds cover the same fitting images: one
             pass over them per calibration target for every seed. None: this call's own.
+        max_det (int | None): score each method's (each member's) ``max_det`` highest-scoring boxes of an
+            image (COCO's detection challenge takes 100), also where a tuned method searches its settings
+            on the fitting images (:meth:`EvaluationData.score`); a head's own choices on its fitting images
+            (the matching IoU, the median box, the fuser after calibration) score its boxes uncut. None:
+            every box, cut by COCOeval to 100 per image *and category* only.
 
     Returns:
         dict[str, MethodResult]: per method its metrics (``map`` ... plus ``fusion_ms``: the mean time of
@@ -626,7 +642,7 @@ def cross_validate(
     folds = [(extra_ids, scored_ids)] if k == 0 else [
         (train + extra_ids, test) for train, test in kfold_image_splits(annotated_ids, k, seed, negative_ids)
     ]
-    data = EvaluationData(predictions, scored_ids, sorted({i for train, _ in folds for i in train}))
+    data = EvaluationData(predictions, scored_ids, sorted({i for train, _ in folds for i in train}), max_det)
     if calibration_checks is not None:
         data.calibration_checks = calibration_checks.setdefault(tuple(data.fit_ids), {})
     method_options = method_options or {}
@@ -683,7 +699,7 @@ def _predict_images(
         start = clock()
         fused = method.predict(data, image_id)
         seconds += clock() - start
-        results += detections_to_coco(fused, image_id, decimals=None)
+        results += detections_to_coco(data.cut(fused), image_id, decimals=None)
     return results, seconds
 
 

@@ -69,7 +69,7 @@ def _fusion_params(method: str, head: Any, params: dict[str, Any], model_names: 
             head = load_head(head, model_names=list(model_names) if model_names is not None else None)
         params["head"] = head
     fuser = FUSERS.get(resolve_method(method, params))  # a fuser, or a head type given its head
-    check_parameter_names(method, fuser, params, own=("calibration",))  # detens.fuse's own step before any fuser
+    check_parameter_names(method, fuser, params, own=("calibration", "max_det"))  # detens.fuse's own, around any fuser
     return params
 
 

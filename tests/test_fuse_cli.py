@@ -130,9 +130,11 @@ def test_a_run_without_a_readable_image_lists_only_the_outputs_it_wrote(workspac
     source.mkdir()
     for name in ("corrupt.jpg", "empty.jpg"):
         shutil.copy(workspace / "images" / name, source / name)
-    assert fuse_cli.main(["--config", str(workspace / "pair.yaml"), "--source", str(source), "--out", str(out)]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    assert fuse_cli.main(["--config", str(workspace / "pair.yaml"), "--source", str(source), "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
     assert f"results in {out}/: predictions.json, images.json, summary.json, config.yaml" in lines, lines
+    assert captured.err.count("error:") == 1 and "could be read (2 unreadable" in captured.err, captured.err
     assert not (out / "labels").exists() and not (out / "vis").exists()
     shutil.copy(workspace / "images" / "bus.jpg", source / "bus.jpg")
     assert fuse_cli.main(["--config", str(workspace / "pair.yaml"), "--source", str(source), "--out", str(out)]) == 0
@@ -400,7 +402,7 @@ def test_new_images_whose_folder_is_an_earlier_images_file_are_refused_before_an
     assert folder_state(out) == before
 
 
-def test_a_run_that_read_no_image_names_no_members_and_does_not_stop_the_next(workspace, tmp_path):
+def test_a_run_that_read_no_image_names_no_members_and_does_not_stop_the_next(workspace, tmp_path, capfd):
     """Members without a name in the config are named once loaded: a run that loads none (no image readable)
     records none, and the next run, which loads them, is no change of members."""
     config = tmp_path / "unnamed.yaml"
@@ -410,13 +412,18 @@ def test_a_run_that_read_no_image_names_no_members_and_does_not_stop_the_next(wo
     source.mkdir()
     shutil.copy(workspace / "images" / "corrupt.jpg", source / "corrupt.jpg")
     args = ["--config", str(config), "--source", str(source), "--out", str(out), "--quiet", "--no-vis"]
-    assert fuse_cli.main(args) == 0
+    assert fuse_cli.main(args) == 2  # nothing could be read: an error, after the summary that says why
+    err = capfd.readouterr().err
+    assert err.count("error:") == 1 and "Traceback" not in err, err
+    assert f"no image of --source {source} could be read (1 unreadable, listed in {out / 'summary.json'})" in err
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["models"], summary["weights"], summary["fuse_first_call_ms"]) == ([], {}, None)
+    assert summary["done"] == 0 and list(summary["unreadable"]) == ["corrupt.jpg"]
     one_image_source(workspace, source, "bus.jpg")
-    assert fuse_cli.main(args) == 0
+    assert fuse_cli.main(args) == 0  # one image read is a run that did its work, the unreadable one reported
     summary = json.loads((out / "summary.json").read_text())
     assert summary["models"] == ["yolo26n_int8"] and summary["done"] == 1, summary
+    assert list(summary["unreadable"]) == ["corrupt.jpg"]
     assert summary["weights"]["yolo26n_int8"].endswith("yolo26n_int8.tflite")
 
 
@@ -598,6 +605,17 @@ def test_fusion_params_are_checked_before_any_detector_loads(workspace, tmp_path
     err = capsys.readouterr().err
     assert code == 2 and err.count("error:") == 1 and fragment in err and "Traceback" not in err, err
     assert not (tmp_path / "o").exists()
+
+
+def test_fusion_max_det_in_the_config_caps_each_image(workspace, full_run, tmp_path):
+    """``fusion.params.max_det`` is detens.fuse's: each image keeps its highest-scoring fused boxes."""
+    config = pair_config(workspace, tmp_path, {"method": "wbf", "params": {"iou_thr": 0.55, "max_det": 4}})
+    source, out = one_image_source(workspace, tmp_path / "src"), tmp_path / "o"
+    assert fuse_cli.main(["--config", str(config), "--source", str(source), "--out", str(out), "--quiet"]) == 0
+    _, capped = read_outputs(out)
+    _, everything = read_outputs(full_run)
+    bus = [r for r in everything if r["image_id"] == 1]  # bus.jpg, fused with the same members and iou_thr
+    assert len(bus) > 4 and [r["score"] for r in capped] == sorted((r["score"] for r in bus), reverse=True)[:4]
 
 
 def one_image_source(workspace, folder, *names):

@@ -174,6 +174,24 @@ class TestFuserContract:
         with pytest.raises(ValueError, match="image size"):
             fuse([Detections.empty((10, 10)), Detections.empty((20, 10))], name, **params_for(name, 2))
 
+    @pytest.mark.parametrize("max_det", [1, 3, 7, 1000])
+    def test_max_det_keeps_the_highest_scoring_boxes(self, name, max_det):
+        per_model = random_models(8)
+        everything = fuse(per_model, name, **params_for(name, 3))
+        capped = fuse(per_model, name, **params_for(name, 3), max_det=max_det)
+        # the obvious way: every fused box as a row, sorted by score (a stable sort keeps the fuser's order
+        # among ties), the first max_det rows
+        rows = sorted(zip(everything.scores.tolist(), everything.boxes.tolist(), everything.labels.tolist(),
+                          strict=True), key=lambda row: -row[0])[:max_det]
+        assert len(capped) == min(max_det, len(everything))
+        assert capped.scores.tolist() == [row[0] for row in rows]
+        assert capped.boxes.tolist() == [row[1] for row in rows] and capped.labels.tolist() == [row[2] for row in rows]
+        assert capped.image_size == everything.image_size and capped.source == everything.source
+
+    def test_max_det_of_empty_input_is_empty(self, name):
+        empty = [Detections.empty(IMAGE_SIZE), Detections.empty(IMAGE_SIZE)]
+        assert len(fuse(empty, name, **params_for(name, 2), max_det=1)) == 0
+
     @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
     def test_cuda_in_cuda_out(self, name):
         per_model = random_models(5, device="cuda")
@@ -320,3 +338,34 @@ def test_numpy_scalars_are_numbers(name, options):
     assert isinstance(got, Detections) and len(got) > 0
     assert torch.equal(got.boxes, expected.boxes) and torch.equal(got.scores, expected.scores)
     assert torch.equal(got.labels, expected.labels)
+
+
+@pytest.mark.parametrize(
+    ("max_det", "error", "message"),
+    [
+        (0, ValueError, "max_det must be an integer >= 1, got 0"),
+        (-5, ValueError, "max_det must be an integer >= 1, got -5"),
+        (2.5, TypeError, "max_det must be an integer, got float: 2.5"),
+        (True, TypeError, "max_det must be an integer, got bool: True"),
+        ("100", TypeError, "max_det must be an integer, got str: '100'"),
+    ],
+)
+def test_a_bad_max_det_is_named(max_det, error, message):
+    with pytest.raises(error, match=f"^{message}$"):
+        fuse(random_models(0), "wbf", max_det=max_det)
+
+
+def test_max_det_takes_numpy_integers_and_none():
+    per_model = random_models(2)
+    assert len(fuse(per_model, "wbf", max_det=np.int64(2))) == 2
+    assert fuse(per_model, "wbf", max_det=None).boxes.tolist() == fuse(per_model, "wbf").boxes.tolist()
+
+
+def test_max_det_cuts_supervision_detections_too():
+    sv = pytest.importorskip("supervision")
+    per_model = random_models(9)
+    as_sv = [sv.Detections(xyxy=d.boxes.numpy(), confidence=d.scores.numpy(), class_id=d.labels.numpy())
+             for d in per_model]
+    capped = fuse(as_sv, "wbf", image_size=IMAGE_SIZE, max_det=4)
+    assert isinstance(capped, sv.Detections) and len(capped) == 4
+    np.testing.assert_array_equal(capped.confidence, fuse(per_model, "wbf").scores.numpy()[:4])

@@ -574,6 +574,8 @@ class TestEnsemble:
         for det in fused:
             assert torch.equal(det.boxes, expected.boxes) and torch.equal(det.labels, expected.labels)
         assert ens([]) == []
+        capped = Ensemble([FixedDetector("a", [a]), FixedDetector("b", [b])], method=METHOD, iou_thr=0.6, max_det=5)
+        assert len(expected) > 5 and torch.equal(capped([image])[0].boxes, expected.boxes[:5])
 
     def test_errors(self):
         a = Detections.empty((10, 10))
@@ -636,7 +638,8 @@ class TestEnsemble:
         ({"method": "soft_nms", "sigma": "0.5"}, TypeError, "sigma must be a number, got str"),
         ({"method": "theta", "head": detens.ThetaHead(["a", "c"])}, ValueError,
          r"their sources are \['a', 'b'\] but this head is for models \['a', 'c'\]"),
-    ], ids=["iou_thr", "weights", "sigma", "head"])
+        ({"max_det": 0}, ValueError, r"max_det must be an integer >= 1, got 0"),
+    ], ids=["iou_thr", "weights", "sigma", "head", "max_det"])
     def test_parameter_values_are_checked_before_any_detector_runs(self, options, error, message):
         a = Detections.empty((10, 10))
         detectors = [FixedDetector("a", [a]), FixedDetector("b", [a])]

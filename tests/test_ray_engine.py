@@ -275,8 +275,9 @@ def test_fuse_summaries_are_the_local_engines_when_no_image_is_readable(cluster,
     unreadable.mkdir()
     for name in ("a.jpg", "b.jpg"):
         (unreadable / name).write_bytes(b"not a jpeg" * 20)
-    assert fuse_one(root, unreadable, tmp_path / "none_local") == 0
-    assert fuse_one(root, unreadable, tmp_path / "none_on_ray", "--engine", "ray", "--actors", "2") == 0
+    # either engine writes its summary, then ends with the error that no image could be read
+    assert fuse_one(root, unreadable, tmp_path / "none_local") == 2
+    assert fuse_one(root, unreadable, tmp_path / "none_on_ray", "--engine", "ray", "--actors", "2") == 2
     summaries = [json.loads((tmp_path / out / "summary.json").read_text()) for out in ("none_local", "none_on_ray")]
     assert {k: v for k, v in summaries[0].items() if k not in TIMES[2:]} == {
         k: v for k, v in summaries[1].items() if k not in TIMES[2:]}

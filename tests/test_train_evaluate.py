@@ -7,6 +7,7 @@ a different noise level per model), so the tests exercise the real tools without
 from __future__ import annotations
 
 import codecs
+import collections
 import json
 import logging
 import math
@@ -2156,3 +2157,68 @@ class TestAllImages:
         err = capsys.readouterr().err
         assert "--also-fit-on's data shares 2 images with the training images of --gt (same file name, folders aside: " \
                "bg1.jpg, bg2.jpg)" in err, err
+
+
+def _best_per_image(results, max_det):
+    """The obvious cut: each image's results sorted by score (stable, so ties keep their order), the first
+    ``max_det``."""
+    by_image: dict[int, list[dict]] = {}
+    for r in results:
+        by_image.setdefault(r["image_id"], []).append(r)
+    return [r for rows in by_image.values() for r in sorted(rows, key=lambda r: -r["score"])[:max_det]]
+
+
+class TestMaxDet:
+    def test_each_image_is_scored_on_its_best_boxes(self, ensemble):
+        from detens.coco import evaluate_coco
+
+        methods = ["mean", "single:noisy", "wbf_tuned"]
+        fixed = {"wbf_tuned": {**ONE_GRID_POINT["wbf_tuned"], "max_widenings": 0}}  # the same setting either way
+        every = cross_validate(ensemble, methods, k=2, backend="faster", method_options=fixed)
+        capped = cross_validate(ensemble, methods, k=2, backend="faster", method_options=fixed, max_det=3)
+        ids = ensemble.gt.annotated_image_ids
+        for method in methods:
+            expected = _best_per_image(every[method].results, 3)
+            assert sorted(map(json.dumps, capped[method].results)) == sorted(map(json.dumps, expected))
+            assert capped[method].metrics["map"] == pytest.approx(
+                evaluate_coco(ensemble.gt, expected, image_ids=ids, backend="faster")["map"], abs=1e-12)
+            assert capped[method].metrics["map"] < every[method].metrics["map"]  # 3 boxes miss objects here
+
+    def test_the_search_on_the_fitting_images_scores_the_cut_boxes(self, ensemble):
+        from detens.coco import detections_to_coco, evaluate_coco
+
+        ids = ensemble.gt.annotated_image_ids[:8]
+
+        def predict(image_id):
+            return fuse(ensemble.per_model(image_id), "wbf")
+
+        every = [r for i in ids for r in detections_to_coco(predict(i), i, decimals=None)]
+        expected = evaluate_coco(ensemble.gt, _best_per_image(every, 2), image_ids=ids, backend="faster")["map"]
+        assert EvaluationData(ensemble, max_det=2).score(predict, ids, backend="faster") == pytest.approx(
+            expected, abs=1e-12)
+        assert EvaluationData(ensemble).score(predict, ids, backend="faster") > expected
+
+    @pytest.mark.parametrize(("max_det", "error", "message"), [
+        (0, ValueError, "max_det must be an integer >= 1, got 0"),
+        (2.0, TypeError, "max_det must be an integer, got float: 2.0"),
+    ])
+    def test_a_bad_max_det_is_named_before_any_method_runs(self, ensemble, monkeypatch, max_det, error, message):
+        monkeypatch.setattr(FixedFusion, "predict", lambda *a: pytest.fail("a method ran"))
+        with pytest.raises(error, match=f"^{message}$"):
+            cross_validate(ensemble, ["mean"], k=2, backend="faster", max_det=max_det)
+
+    def test_the_command_says_it_in_the_protocol_and_the_record(self, dataset, tmp_path, capsys):
+        gt_path, predictions = dataset
+        out = tmp_path / "t.json"
+        assert evaluate_cli.main(["--gt", str(gt_path), "--predictions", str(predictions), "--methods", "mean",
+                                  "--cv", "2", "--max-det", "3", "--out", str(out), "--quiet"]) == 0
+        record = EvaluationRecord.load(record_path(out))
+        assert record.meta["max_det"] == 3 and record.meta["protocol"].endswith(", each image's 3 best boxes scored")
+        assert max(collections.Counter(r["image_id"] for r in record.results["mean"]).values()) == 3
+        for bad, message in (("0", "expected an integer >= 1, got 0"), ("x", "expected an integer >= 1, got 'x'")):
+            with pytest.raises(SystemExit) as exit_status:
+                evaluate_cli.main(["--gt", str(gt_path), "--predictions", str(predictions), "--out",
+                                   str(tmp_path / "bad.json"), "--max-det", bad])
+            assert exit_status.value.code == 2
+            err = capsys.readouterr().err
+            assert "--max-det" in err and message in err and "Traceback" not in err, err

@@ -28,6 +28,12 @@ The extra dataset must have the same categories and every model (file order does
 annotated image of ``--gt``: an image both hold would be fitted on and scored. Across the two files an
 image is identified by its ``file_name`` without folders (ids are per file); sharing one is an error.
 
+COCOeval keeps the 100 highest-scoring boxes of each image *and category*: a fusion that gives more
+boxes per image than its members has all of them count. ``--max-det N`` scores each image's N best boxes
+of every method and member instead (COCO's detection challenge takes 100), in ``wbf_tuned``'s search on
+the fitting images too; a head's own choices on its fitting images (matching IoU, median box, the fuser
+after calibration) score its boxes uncut.
+
 Images the cache could not read (each member's ``unreadable`` in the folder's ``cache_summary.json``)
 are left out of scoring and fitting, for every member alike (the ensemble never saw them whole), with a
 warning that names them; the record (below) lists them under ``meta.left_out``, those of the fitting data
@@ -81,7 +87,7 @@ from __future__ import annotations
 
 import argparse
 
-from detens.cli import add_threads_argument, argparse_type, folder_path, run_command
+from detens.cli import add_threads_argument, argparse_type, folder_path, positive_int, run_command
 from detens.coco import BACKENDS
 from detens.evaluation import METHODS
 from detens.jobs.evaluate import DEFAULT_METHODS
@@ -155,6 +161,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bootstrap-against", metavar="METHOD",
         help="the method whose mAP the bootstrap subtracts from every other's on each draw (default: the first)",
+    )
+    parser.add_argument(
+        "--max-det", type=positive_int, metavar="N",
+        help="score each image's N highest-scoring boxes of every method and member (COCO's detection challenge "
+        "takes 100), also in wbf_tuned's search on the fitting images; a head's own choices there (matching "
+        "IoU, median box) score its boxes uncut. Default: every box (COCOeval keeps 100 per image and category)",
     )
     add_threads_argument(parser)
 

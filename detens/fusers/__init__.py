@@ -17,6 +17,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from detens.checks import check_integer
 from detens.detections import Detections, _validate_image_size
 from detens.fusers._registry import FUSERS, check_weights
 from detens.matching import check_per_model
@@ -26,7 +29,10 @@ from detens.registry import unknown_name_error
 from detens.fusers import consensus, nms, refine, subset, theta, wbf  # noqa: E402,F401  isort: skip
 from detens.fusers.theta import head_methods  # noqa: E402  isort: skip
 
-__all__ = ["FUSERS", "fuse", "list_fusers", "list_methods", "check_method", "check_weights", "head_methods", "resolve_method", "check_parameter_names"]
+__all__ = [
+    "FUSERS", "fuse", "list_fusers", "list_methods", "check_method", "check_weights", "head_methods", "resolve_method",
+    "check_parameter_names", "highest_scoring",
+]
 
 
 def list_fusers() -> list[str]:
@@ -72,6 +78,7 @@ def fuse(
     calibration: Any = None,
     image_size: tuple[int, int] | None = None,
     label_space: Mapping[int, str] | None = None,
+    max_det: int | None = None,
     **params: Any,
 ) -> Detections:
     """Fuse the detections of several models on one image.
@@ -98,6 +105,10 @@ def fuse(
             (``data["class_name"]``) have those names compared (their ids are only the classes of this
             image: none is refused for being absent). A head without per-class parameters is accepted in
             any label space.
+        max_det (int | None): keep the ``max_det`` highest-scoring fused boxes (as Ultralytics' ``max_det``
+            and torchvision's ``detections_per_img`` cap a detector's output; ties keep the fuser's order);
+            None keeps every box. Fusion gives more boxes than any member: each object that only one model
+            finds is one.
         **params: the fuser's own parameters (``iou_thr``, ``weights``, ``head``, ...).
 
     Returns:
@@ -109,7 +120,9 @@ def fuse(
     """
     given_head = params.get("head")  # for messages: a path that resolve_method may load
     fuser = FUSERS.get(resolve_method(method, params))
-    check_parameter_names(method, fuser, params, own=("calibration", "image_size", "label_space"))
+    check_parameter_names(method, fuser, params, own=("calibration", "image_size", "label_space", "max_det"))
+    if max_det is not None:
+        max_det = check_integer(max_det, "max_det", 1)
     if label_space is not None:
         if not isinstance(label_space, Mapping):
             raise TypeError(f"label_space must map category ids to names ({{id: name}}), got {type(label_space).__name__}")
@@ -135,8 +148,16 @@ def fuse(
         if isinstance(params["head"], (str, Path)):  # loaded as the fuser would load it: once per file version
             params["head"] = theta.load_cached_head(params["head"])
         _check_head_label_space(params["head"], given_head, "head", label_space, class_names)
-    fused = fuser(per_model, **params)
+    fused = highest_scoring(fuser(per_model, **params), max_det)
     return fused.to_supervision(class_names) if as_supervision else fused
+
+
+def highest_scoring(detections: Detections, max_det: int | None) -> Detections:
+    """The ``max_det`` highest-scoring boxes of ``detections`` (ties in their order), sorted by score; all of
+    them, as they are, when ``max_det`` is None or not below their number."""
+    if max_det is None or len(detections) <= max_det:
+        return detections
+    return detections[torch.argsort(detections.scores, descending=True, stable=True)[:max_det]]
 
 
 @functools.cache

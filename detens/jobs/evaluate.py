@@ -124,6 +124,9 @@ class EvaluateOptions(JobOptions):
         bootstrap_against (str | None): the method the bootstrap subtracts from every other's mAP (None:
             the first).
         threads (int): torch intra-op threads.
+        max_det (int | None): score each method's (and member's) ``max_det`` highest-scoring boxes of an
+            image, in the tuned methods' searches too (None: every box; see
+            :func:`~detens.evaluation.cross_validate`).
     """
 
     job = "evaluate"
@@ -147,6 +150,7 @@ class EvaluateOptions(JobOptions):
     bootstrap: int = integer(0)
     bootstrap_against: str | None = text()
     threads: int = integer(1, positive=True)
+    max_det: int | None = integer(positive=True)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -259,6 +263,8 @@ def run(options: EvaluateOptions) -> int:
         protocol += f", fitting on {len(_scored_ids(fit_on, options.all_images))} images of {Path(fit_gt).parent.name}" + (
             " too" if options.cv else ""
         )
+    if options.max_det is not None:
+        protocol += f", each image's {options.max_det} best boxes scored"
     if options.all_images:
         protocol += ", images without annotations scored"
     logger.info(
@@ -285,6 +291,7 @@ def run(options: EvaluateOptions) -> int:
     report = cross_validate(
         predictions, methods, k=options.cv, seed=options.seed[0], backend=options.backend,
         method_options=method_options, on_method=on_method, fit_on=fit_on, all_images=options.all_images,
+        max_det=options.max_det,
     )
     table = {name: result.metrics for name, result in report.items()}
     record = _record(options, report, predictions, protocol, fit_on, images if images.is_dir() else None)
@@ -453,7 +460,7 @@ def _run_repeats(
         report = cross_validate(
             predictions, methods, k=options.cv, seed=seed, backend=options.backend,
             method_options=method_options, on_method=on_method, fit_on=fit_on, all_images=options.all_images,
-            calibration_checks=calibration_checks,
+            calibration_checks=calibration_checks, max_det=options.max_det,
         )
         runs[seed] = {name: result.metrics for name, result in report.items()}
         for name, result in report.items():
@@ -544,6 +551,7 @@ def _run_meta(
         },
         "backend": options.backend,
         "all_images": options.all_images,
+        "max_det": options.max_det,
         "scored_images": len(_scored_ids(predictions, options.all_images)),
         "left_out": _left_out(predictions),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),

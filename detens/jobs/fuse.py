@@ -766,7 +766,8 @@ def run(options: FuseOptions) -> int:
 
     Raises:
         UsageError: Ray options without ``engine="ray"``, or bad ones.
-        ValueError: anything refused before (or while) the images are fused, as the command reports it.
+        ValueError: anything refused before (or while) the images are fused, as the command reports it;
+            a run that could read none of its images (after writing its summary, which lists them).
     """
     with output_lock(options.out, "detens fuse", outputs=(*OUTPUT_NAMES, *WORK_FOLDERS)):
         if options.out.is_dir():
@@ -962,6 +963,12 @@ def _run(options: FuseOptions) -> int:
     summary = write_outputs(out, config, names, ids, member_names, categories, unreadable, run_info)
     if not options.quiet:
         print_summary(out, config, summary)
+    if summary["done"] == 0 and unreadable and not interrupted:
+        # the outputs say which files failed and why; a script must not take an empty run for a finished one
+        raise ValueError(
+            f"no image of --source {options.source} could be read ({len(unreadable)} unreadable, "
+            f"listed in {out / 'summary.json'})"
+        )
     return 130 if interrupted else 0
 
 
