@@ -88,8 +88,8 @@ class EvaluationData:
         fit_ids (list[int] | None): the images that methods are fitted on, in one fold or another (default:
             ``image_ids``), which :meth:`EvalMethod.check_data` looks at.
         max_det (int | None): every method's boxes of an image are cut to their ``max_det`` highest-scoring
-            before they are scored (:meth:`cut`), in the searches on the fitting images as in the held-out
-            figures; None: every box counts.
+            before they are scored (:meth:`cut`), in the choices made on the fitting images (the heads'
+            through their config's ``score_max_det``) as in the held-out figures; None: every box counts.
     """
 
     def __init__(
@@ -335,12 +335,21 @@ class HeadMethod(EvalMethod):
     def check_data(self, data: EvaluationData) -> None:
         from detens.heads import check_fit_data
 
+        given = getattr(self.config, "score_max_det", None)
+        if data.max_det is not None and given is not None and given != data.max_det:
+            raise ValueError(
+                f"{self.kind}: its training config's score_max_det {given} is not the evaluation's max_det "
+                f"{data.max_det}; leave it out, the evaluation sets it"
+            )
         check_fit_data(self.kind, data.predictions, data.fit_ids, self.config, answers=data.calibration_checks)
 
     def fit(self, data: EvaluationData, train_ids: Sequence[int]) -> None:
         from detens.heads import fit_head
 
-        self.head, history, self.fitted_config = fit_head(self.kind, data.predictions, train_ids, self.config)
+        config = self.config
+        if data.max_det is not None:  # the fit's own choices score what the evaluation scores
+            config = replace(config, score_max_det=data.max_det)
+        self.head, history, self.fitted_config = fit_head(self.kind, data.predictions, train_ids, config)
         self.seconds += history.seconds
         self.final_loss = history.loss[-1] if history.loss else None
         self.selection = history.selection
@@ -604,10 +613,10 @@ def cross_validate(
             ``predictions`` and ``fit_on`` with other fold seeds, whose folds cover the same fitting images: one
             pass over them per calibration target for every seed. None: this call's own.
         max_det (int | None): score each method's (each member's) ``max_det`` highest-scoring boxes of an
-            image (COCO's detection challenge takes 100), also where a tuned method searches its settings
-            on the fitting images (:meth:`EvaluationData.score`); a head's own choices on its fitting images
-            (the matching IoU, the median box, the fuser after calibration) score its boxes uncut. None:
-            every box, cut by COCOeval to 100 per image *and category* only.
+            image (COCO's detection challenge takes 100), also where a method chooses its settings on the
+            fitting images (:meth:`EvaluationData.score`, and a head's ``score_max_det``: its matching IoU,
+            median box, bags, fuser after calibration). None: every box, cut by COCOeval to 100 per image
+            *and category* only.
 
     Returns:
         dict[str, MethodResult]: per method its metrics (``map`` ... plus ``fusion_ms``: the mean time of

@@ -2222,3 +2222,69 @@ class TestMaxDet:
             assert exit_status.value.code == 2
             err = capsys.readouterr().err
             assert "--max-det" in err and message in err and "Traceback" not in err, err
+
+
+class TestMaxDetInTheHeadsChoices:
+    """``score_max_det``: a head's choices on its fitting images score what the evaluation scores."""
+
+    def test_the_fitting_images_map_is_that_of_each_images_best_boxes(self, ensemble):
+        from detens.coco import detections_to_coco, evaluate_coco
+        from detens.heads._fit import _pooled_map
+
+        ids = ensemble.gt.annotated_image_ids
+        fused = {i: fuse(ensemble.per_model(i), "wbf") for i in ids}
+        every = [r for i in ids for r in detections_to_coco(fused[i], i, decimals=None)]
+        for max_det in (1, 2, 4):
+            expected = evaluate_coco(ensemble.gt, _best_per_image(every, max_det), image_ids=ids)["map"]
+            assert _pooled_map(ensemble.gt, fused.items(), ids, max_det) == pytest.approx(expected, abs=1e-12)
+        assert _pooled_map(ensemble.gt, fused.items(), ids) == pytest.approx(
+            evaluate_coco(ensemble.gt, every, image_ids=ids)["map"], abs=1e-12)
+
+    @pytest.mark.parametrize("kind, options", [
+        ("deep", {"epochs": 1, "hidden": 8, "depth": 1, "match_iou_grid": [0.55, 0.7], "median_box": "auto"}),
+        ("theta", {"epochs": 2, "match_iou_grid": [0.6, 0.7]}),
+        ("calibration", {"fusers": ["wbf", "soft_nms"]}),
+        ("superlearner", {"epochs": 1, "hidden": 8, "depth": 1, "match_iou_grid": [], "bags_grid": [1, 2]}),
+    ])
+    def test_evaluate_max_det_reaches_every_choice_of_the_fit(self, ensemble, monkeypatch, kind, options):
+        import detens.heads._fit as fit_module
+
+        cuts = []
+        original = fit_module._pooled_map
+
+        def spy(gt, fused, image_ids, max_det=None):
+            cuts.append(max_det)
+            return original(gt, fused, image_ids, max_det)
+
+        monkeypatch.setattr(fit_module, "_pooled_map", spy)
+        report = cross_validate(ensemble, [kind], k=2, backend="faster", method_options={kind: options}, max_det=3)
+        # per fit: each matching IoU (and the median box off and on), each fuser, each number of bags
+        choices = {"deep": 2 + 2, "theta": 2, "calibration": 2, "superlearner": 2}[kind]
+        assert cuts == [3] * (2 * choices)
+        assert [fold["config"]["score_max_det"] for fold in report[kind].fitted] == [3, 3]
+        cuts.clear()
+        cross_validate(ensemble, [kind], k=2, backend="faster", method_options={kind: options})
+        assert cuts == [None] * (2 * choices)
+
+    @pytest.mark.parametrize("kind", ["theta", "theta_seed", "deep", "selection", "superlearner", "calibration"])
+    @pytest.mark.parametrize(("value", "error", "message"), [
+        (0, ValueError, "score_max_det must be an integer >= 1, got 0"),
+        ("100", TypeError, "score_max_det must be an integer, got str: '100'"),
+        (True, TypeError, "score_max_det must be an integer, got bool: True"),
+    ])
+    def test_a_bad_score_max_det_is_named(self, kind, value, error, message):
+        from detens.heads import config_for
+
+        with pytest.raises(error, match=f"^{message}$"):
+            config_for(kind, score_max_det=value)
+
+    def test_a_training_config_that_cuts_otherwise_than_the_evaluation_is_refused(self, ensemble, monkeypatch):
+        monkeypatch.setattr(FixedFusion, "predict", lambda *a: pytest.fail("a method ran"))
+        with pytest.raises(ValueError, match=r"^deep: its training config's score_max_det 50 is not the evaluation's "
+                           r"max_det 3; leave it out, the evaluation sets it$"):
+            cross_validate(ensemble, ["mean", "deep"], k=2, backend="faster",
+                           method_options={"deep": {"score_max_det": 50}}, max_det=3)
+        # the same cut, or none given to the evaluation, is no conflict
+        for max_det in (50, None):
+            build_method("deep", ensemble.model_names, score_max_det=50).check_data(
+                EvaluationData(ensemble, max_det=max_det))

@@ -30,9 +30,9 @@ image is identified by its ``file_name`` without folders (ids are per file); sha
 
 COCOeval keeps the 100 highest-scoring boxes of each image *and category*: a fusion that gives more
 boxes per image than its members has all of them count. ``--max-det N`` scores each image's N best boxes
-of every method and member instead (COCO's detection challenge takes 100), in ``wbf_tuned``'s search on
-the fitting images too; a head's own choices on its fitting images (matching IoU, median box, the fuser
-after calibration) score its boxes uncut.
+of every method and member instead (COCO's detection challenge takes 100), in the choices each method
+makes on the fitting images too (``wbf_tuned``'s search; a head's matching IoU, median box, bags and fuser
+after calibration, through its training config's ``score_max_det``).
 
 Images the cache could not read (each member's ``unreadable`` in the folder's ``cache_summary.json``)
 are left out of scoring and fitting, for every member alike (the ensemble never saw them whole), with a
@@ -165,8 +165,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-det", type=positive_int, metavar="N",
         help="score each image's N highest-scoring boxes of every method and member (COCO's detection challenge "
-        "takes 100), also in wbf_tuned's search on the fitting images; a head's own choices there (matching "
-        "IoU, median box) score its boxes uncut. Default: every box (COCOeval keeps 100 per image and category)",
+        "takes 100), also in the choices methods make on the fitting images (wbf_tuned's search, a head's "
+        "matching IoU and median box). Default: every box (COCOeval keeps 100 per image and category)",
     )
     add_threads_argument(parser)
 

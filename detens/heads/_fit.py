@@ -138,11 +138,13 @@ class ThetaTrainConfig:
     reassign_every: int = 0
     seed: int = 0
     device: str = "cpu"
+    score_max_det: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("match_iou", "target_iou"):
             check_real(getattr(self, name), name, 0.0, 1.0, low_open=True, high_open=True)
         self.match_iou_grid = check_reals(self.match_iou_grid, "match_iou_grid", 0.0, 1.0, low_open=True, high_open=True)
+        self.score_max_det = check_score_max_det(self.score_max_det)
         for name in ("per_class", "normalize_box"):
             check_flag(getattr(self, name), name)
         for name in ("shrinkage", "lambda_reg", "lambda_cls", "lambda_cons"):
@@ -349,13 +351,22 @@ def _objective_in_batches(
     return total / max(count, 1) + float(head.shrinkage_pull())
 
 
-def _pooled_map(gt: Any, fused: Iterable[tuple[int, Any]], image_ids: Sequence[int]) -> float:
-    """COCO mAP (the fastest installed evaluator) of ``(image_id, Detections)`` pairs pooled over ``image_ids``."""
+def check_score_max_det(value: Any) -> int | None:
+    """A config's ``score_max_det``: None, or an integer >= 1."""
+    return None if value is None else check_integer(value, "score_max_det", 1)
+
+
+def _pooled_map(
+    gt: Any, fused: Iterable[tuple[int, Any]], image_ids: Sequence[int], max_det: int | None = None
+) -> float:
+    """COCO mAP (the fastest installed evaluator) of ``(image_id, Detections)`` pairs pooled over ``image_ids``,
+    each image's ``max_det`` highest-scoring boxes (None: all of them)."""
     from detens.coco import detections_to_coco, evaluate_coco, fastest_backend
+    from detens.fusers import highest_scoring
 
     results = []
     for image_id, detections in fused:
-        results += detections_to_coco(detections, image_id, decimals=None)
+        results += detections_to_coco(highest_scoring(detections, max_det), image_id, decimals=None)
     return evaluate_coco(gt, results, image_ids=image_ids, backend=fastest_backend())["map"]
 
 
@@ -388,7 +399,8 @@ def fit_with_match_iou_search(
         if len(grid) == 1:
             return head, history, trial_config
         with torch.no_grad():
-            train_map = _pooled_map(predictions.gt, ((s.image_id, head.fuse(s.clusters)) for s in samples), image_ids)
+            fused = ((s.image_id, head.fuse(s.clusters)) for s in samples)
+            train_map = _pooled_map(predictions.gt, fused, image_ids, config.score_max_det)
         logger.info("%s head, match_iou %.2f: training mAP %.4f", type(head).__name__, match_iou, train_map)
         if best is None or train_map > best[0]:
             best = (train_map, head, history, trial_config)
@@ -441,6 +453,9 @@ class HeadTrainConfig:
         seed (int): seeds initialization, shuffling and the knapsack noise.
         device (str): where to train (``"cpu"``, ``"cuda"``, ``"cuda:1"``); a device this machine lacks is a
             ``ValueError`` when the config is made.
+        score_max_det (int | None): the choices made by the mAP of the training images (``match_iou_grid``,
+            ``median_box: auto``, ``bags_grid``) score each image's ``score_max_det`` highest-scoring fused
+            boxes (None: every box); ``detens evaluate --max-det`` sets it.
     """
 
     #: the head type this config trains (None: the base, whose options every network head takes)
@@ -468,9 +483,11 @@ class HeadTrainConfig:
     calibration_target: Literal["iou", "tp50"] = "iou"
     seed: int = 0
     device: str = "cpu"
+    score_max_det: int | None = None
 
     def __post_init__(self) -> None:
         self.calibrate = check_flag(self.calibrate, "calibrate")
+        self.score_max_det = check_score_max_det(self.score_max_det)
         from detens.heads.calibration import TARGETS
 
         if not isinstance(self.calibration_target, str) or self.calibration_target not in TARGETS:
@@ -1098,17 +1115,25 @@ def choose_by_inner_cv(
             for image_id in held_out:
                 yield image_id, fuse(predictions.per_model(image_id), "theta", head=head)
 
-    scores = [_pooled_map(predictions.gt, held_out_fusions(candidate), ids) for candidate in candidates]
+    scores = [
+        _pooled_map(predictions.gt, held_out_fusions(candidate), ids, getattr(candidate, "score_max_det", None))
+        for candidate in candidates
+    ]
     best = max(range(len(candidates)), key=lambda i: (scores[i], -i))
     return best, scores
 
 
 def choose_median_box(
-    head: Any, predictions: EnsemblePredictions, image_ids: Sequence[int], device: torch.device | str = "cpu"
+    head: Any,
+    predictions: EnsemblePredictions,
+    image_ids: Sequence[int],
+    device: torch.device | str = "cpu",
+    max_det: int | None = None,
 ) -> tuple[bool, dict[bool, float]]:
     """Switch a deep head's (or every bagged member's) per-side median box on if it raises the COCO mAP of
-    ``image_ids`` (the training images), off otherwise; ties keep it off. The images are matched once
-    (at the head's matching IoU, on ``device``) and fused both ways.
+    ``image_ids`` (the training images; each image's ``max_det`` best fused boxes, None: all), off
+    otherwise; ties keep it off. The images are matched once (at the head's matching IoU, on ``device``)
+    and fused both ways.
 
     Returns:
         (bool, dict): the choice, and the training mAP with it off and on.
@@ -1121,7 +1146,7 @@ def choose_median_box(
     def training_map(on: bool) -> float:
         for member in deep_heads:
             member.median_box = on
-        return _pooled_map(predictions.gt, ((s.image_id, head.fuse(s.clusters)) for s in samples), image_ids)
+        return _pooled_map(predictions.gt, ((s.image_id, head.fuse(s.clusters)) for s in samples), image_ids, max_det)
 
     maps = {on: training_map(on) for on in (False, True)}
     chosen = maps[True] > maps[False]
@@ -1148,7 +1173,7 @@ def _cluster_trainer(train: Callable[..., tuple[Any, TrainHistory]]) -> Callable
             predictions, image_ids, config, progress,
         )
         if getattr(config, "median_box", None) == "auto":
-            chosen, _ = choose_median_box(head, predictions, image_ids, config.device)
+            chosen, _ = choose_median_box(head, predictions, image_ids, config.device, config.score_max_det)
             fitted = replace(fitted, median_box=chosen)
         if calibration is not None:
             from detens.heads.calibrated import CalibratedHead
@@ -1198,6 +1223,8 @@ class CalibrationTrainConfig:
         fusers (list[str]): the fusers that may follow the calibration; the one with the best mAP of the
             calibrated training images is kept (``refine`` is MoCaE's Soft-NMS + score voting).
         fuser_params (dict[str, dict]): parameters of those fusers, by name.
+        score_max_det (int | None): the choice of the fuser scores each training image's ``score_max_det``
+            highest-scoring fused boxes (None: every box); ``detens evaluate --max-det`` sets it.
     """
 
     per_class: bool = False
@@ -1207,8 +1234,10 @@ class CalibrationTrainConfig:
     fusers: list[str] = field(default_factory=lambda: ["wbf", "soft_nms", "refine"])
     # empty: each fuser's own defaults (WBF's iou_thr is 0.55), so that any list of fusers is valid as it is
     fuser_params: dict[str, dict[str, Any]] = field(default_factory=dict)
+    score_max_det: int | None = None
 
     def __post_init__(self) -> None:
+        self.score_max_det = check_score_max_det(self.score_max_det)
         if isinstance(self.fusers, str) or not isinstance(self.fusers, (list, tuple)):
             raise TypeError(f"fusers must be a list of fuser names, got {type(self.fusers).__name__}: {self.fusers!r}")
         if not isinstance(self.fuser_params, dict):
@@ -1266,7 +1295,8 @@ def _fit_calibration(predictions, image_ids, config: CalibrationTrainConfig, pro
         for fuser in config.fusers:
             head = calibrated.with_fuser(fuser, config.fuser_params.get(fuser))
             train_map = _pooled_map(
-                predictions.gt, ((i, head.fuse_detections(predictions.per_model(i))) for i in image_ids), image_ids
+                predictions.gt, ((i, head.fuse_detections(predictions.per_model(i))) for i in image_ids), image_ids,
+                config.score_max_det,
             )
             logger.info("calibration + %s: training mAP %.4f", fuser, train_map)
             if best is None or train_map > best[0]:

@@ -125,7 +125,7 @@ class EvaluateOptions(JobOptions):
             the first).
         threads (int): torch intra-op threads.
         max_det (int | None): score each method's (and member's) ``max_det`` highest-scoring boxes of an
-            image, in the tuned methods' searches too (None: every box; see
+            image, in the choices made on the fitting images too (None: every box; see
             :func:`~detens.evaluation.cross_validate`).
     """
 
