@@ -336,10 +336,11 @@ class HeadMethod(EvalMethod):
         from detens.heads import check_fit_data
 
         given = getattr(self.config, "score_max_det", None)
-        if data.max_det is not None and given is not None and given != data.max_det:
+        if given is not None and given != data.max_det:
+            scored = "scores every box" if data.max_det is None else f"scores each image's {data.max_det} best boxes"
             raise ValueError(
-                f"{self.kind}: its training config's score_max_det {given} is not the evaluation's max_det "
-                f"{data.max_det}; leave it out, the evaluation sets it"
+                f"{self.kind}: its training config's score_max_det {given} would choose its settings by other boxes "
+                f"than the evaluation scores (it {scored}); leave it out, the evaluation sets it (--max-det)"
             )
         check_fit_data(self.kind, data.predictions, data.fit_ids, self.config, answers=data.calibration_checks)
 

@@ -369,3 +369,16 @@ def test_max_det_cuts_supervision_detections_too():
     capped = fuse(as_sv, "wbf", image_size=IMAGE_SIZE, max_det=4)
     assert isinstance(capped, sv.Detections) and len(capped) == 4
     np.testing.assert_array_equal(capped.confidence, fuse(per_model, "wbf").scores.numpy()[:4])
+
+
+def test_max_det_sorts_a_registered_fusers_boxes_whatever_their_number(monkeypatch):
+    """A fuser registered by a user need not sort its boxes: with ``max_det`` they come back sorted by
+    score whether the cut removes any or not."""
+    monkeypatch.setitem(FUSERS._items, "every_box_ascending", lambda per_model: (
+        lambda pooled: pooled[torch.argsort(pooled.scores)])(Detections.concat(per_model)))
+    per_model = random_models(10)
+    count = sum(len(d) for d in per_model)
+    for max_det in (3, count, count + 5):
+        out = fuse(per_model, "every_box_ascending", max_det=max_det)
+        assert len(out) == min(max_det, count)
+        assert out.scores.tolist() == sorted(torch.cat([d.scores for d in per_model]).tolist(), reverse=True)[:max_det]

@@ -2208,6 +2208,8 @@ class TestMaxDet:
             cross_validate(ensemble, ["mean"], k=2, backend="faster", max_det=max_det)
 
     def test_the_command_says_it_in_the_protocol_and_the_record(self, dataset, tmp_path, capsys):
+        from detens.coco import detections_to_coco
+
         gt_path, predictions = dataset
         out = tmp_path / "t.json"
         assert evaluate_cli.main(["--gt", str(gt_path), "--predictions", str(predictions), "--methods", "mean",
@@ -2215,6 +2217,12 @@ class TestMaxDet:
         record = EvaluationRecord.load(record_path(out))
         assert record.meta["max_det"] == 3 and record.meta["protocol"].endswith(", each image's 3 best boxes scored")
         assert max(collections.Counter(r["image_id"] for r in record.results["mean"]).values()) == 3
+        # the members the report compares with are cut as the methods are
+        every = EnsemblePredictions.from_folder(predictions, load_coco_gt(gt_path))
+        for n, name in enumerate(record.meta["models"]):
+            expected = [r for i in record.image_ids for r in _best_per_image(
+                detections_to_coco(every.per_model(i)[n], i, decimals=None), 3)]
+            assert sorted(map(json.dumps, record.members[name])) == sorted(map(json.dumps, expected))
         for bad, message in (("0", "expected an integer >= 1, got 0"), ("x", "expected an integer >= 1, got 'x'")):
             with pytest.raises(SystemExit) as exit_status:
                 evaluate_cli.main(["--gt", str(gt_path), "--predictions", str(predictions), "--out",
@@ -2280,11 +2288,11 @@ class TestMaxDetInTheHeadsChoices:
 
     def test_a_training_config_that_cuts_otherwise_than_the_evaluation_is_refused(self, ensemble, monkeypatch):
         monkeypatch.setattr(FixedFusion, "predict", lambda *a: pytest.fail("a method ran"))
-        with pytest.raises(ValueError, match=r"^deep: its training config's score_max_det 50 is not the evaluation's "
-                           r"max_det 3; leave it out, the evaluation sets it$"):
-            cross_validate(ensemble, ["mean", "deep"], k=2, backend="faster",
-                           method_options={"deep": {"score_max_det": 50}}, max_det=3)
-        # the same cut, or none given to the evaluation, is no conflict
-        for max_det in (50, None):
-            build_method("deep", ensemble.model_names, score_max_det=50).check_data(
-                EvaluationData(ensemble, max_det=max_det))
+        for max_det, scored in ((3, "scores each image's 3 best boxes"), (None, "scores every box")):
+            with pytest.raises(ValueError, match=rf"^deep: its training config's score_max_det 50 would choose its "
+                               rf"settings by other boxes than the evaluation scores \(it {scored}\); leave it out, "
+                               rf"the evaluation sets it \(--max-det\)$"):
+                cross_validate(ensemble, ["mean", "deep"], k=2, backend="faster",
+                               method_options={"deep": {"score_max_det": 50}}, max_det=max_det)
+        # the same cut is no conflict
+        build_method("deep", ensemble.model_names, score_max_det=50).check_data(EvaluationData(ensemble, max_det=50))

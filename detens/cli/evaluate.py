@@ -165,8 +165,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-det", type=positive_int, metavar="N",
         help="score each image's N highest-scoring boxes of every method and member (COCO's detection challenge "
-        "takes 100), also in the choices methods make on the fitting images (wbf_tuned's search, a head's "
-        "matching IoU and median box). Default: every box (COCOeval keeps 100 per image and category)",
+        "takes 100), also in the choices methods make on the fitting images (wbf_tuned's search; a head's "
+        "matching IoU, median box, bags and fuser after calibration). Default: every box (COCOeval keeps 100 "
+        "per image and category)",
     )
     add_threads_argument(parser)
 

@@ -67,7 +67,8 @@ the ``--source`` folder is not read back as input.
 A second run on an ``--out`` that a running one uses is refused, naming it (``--out/.detens.lock``, held
 until the run ends, however it ends).
 
-Unreadable or corrupt images are reported and skipped. Sub-folders are kept under ``labels/`` and ``vis/``.
+Unreadable or corrupt images are reported and skipped; a run that can read none of its images writes
+its summary and ends with an error (exit status 2). Sub-folders are kept under ``labels/`` and ``vis/``.
 Everything that can be checked before the detectors load (the config, the method, its parameters' names
 and values, the head and its models, the output folder, the images) is checked first, with either
 ``--engine``. So are the saved

@@ -153,9 +153,9 @@ def fuse(
 
 
 def highest_scoring(detections: Detections, max_det: int | None) -> Detections:
-    """The ``max_det`` highest-scoring boxes of ``detections`` (ties in their order), sorted by score; all of
-    them, as they are, when ``max_det`` is None or not below their number."""
-    if max_det is None or len(detections) <= max_det:
+    """The ``max_det`` highest-scoring boxes of ``detections``, sorted by score (ties in their order); None:
+    ``detections`` as they are."""
+    if max_det is None:
         return detections
     return detections[torch.argsort(detections.scores, descending=True, stable=True)[:max_det]]
 

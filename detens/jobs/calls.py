@@ -133,6 +133,7 @@ def fuse_images(config: str | Path, source: str | Path, out: str | Path, **optio
 
     Raises:
         TypeError: an unknown option, or an option of the wrong type (``no_vis="yes"``, ``imgsz=640.0``).
-        ValueError: a bad value, as the command reports it.
+        ValueError: a bad value, as the command reports it; no image of ``source`` could be read (after the
+            outputs, whose summary lists the unreadable files, are written).
     """
     return _run("fuse", {"config": config, "source": source, "out": out, **options})

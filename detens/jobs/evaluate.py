@@ -28,6 +28,7 @@ from detens.evaluation import (
     summarize_repeats,
 )
 from detens.folds import kfold_image_splits
+from detens.fusers import highest_scoring
 from detens.heads import TRAINERS, load_train_config
 from detens.io import atomic_write_json, check_writable_file, check_writable_folder
 from detens.jobs._inputs import comma_separated, model_names
@@ -497,7 +498,8 @@ def _record(
     members: dict[str, list[dict[str, Any]]] = {name: [] for name in predictions.model_names}
     for image_id in scored:
         for name, det in zip(predictions.model_names, predictions.per_model(image_id), strict=True):
-            members[name] += detections_to_coco(det, image_id, decimals=None)
+            # cut as the table's single:<name> rows are, so that the report compares like with like
+            members[name] += detections_to_coco(highest_scoring(det, options.max_det), image_id, decimals=None)
     subset = gt.subset(scored).dataset
     meta = {
         **_run_meta(options, predictions, protocol, fit_on),
