@@ -384,6 +384,24 @@ def test_unreadable_image_is_skipped_and_reported(slice_, replay_run):
     assert (out / "a.json").read_bytes() == (replay_run / "a.json").read_bytes()
 
 
+def test_a_run_that_reads_no_image_ends_with_an_error_after_its_summary(slice_, tmp_path, capfd):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for image in (slice_ / "images").iterdir():
+        (broken / image.name).write_bytes(b"not a jpeg" * 10)
+    out = tmp_path / "o"
+    assert run(slice_, out, images=broken) == 2
+    err = capfd.readouterr().err
+    assert err.count("error:") == 1 and "Traceback" not in err, err
+    assert f"no image could be read ({NUM_IMAGES} unreadable, listed in {out / 'cache_summary.json'})" in err
+    summary = summary_of(out)
+    assert len(summary["unreadable"]) == NUM_IMAGES and summary["models"]["a"]["images"] == 0
+    # one image repaired: the run did its work, the others stay reported
+    shutil.copy(slice_ / "images" / sorted(summary["unreadable"])[0], broken)
+    assert run(slice_, out, images=broken) == 0
+    assert len(summary_of(out)["unreadable"]) == NUM_IMAGES - 1
+
+
 def test_unreadable_images_stay_listed_and_are_left_out_of_evaluation(slice_, replay_run, tmp_path):
     """An image one member could not read is left out for every member, until a run reads it."""
     ids = gt_ids(slice_)

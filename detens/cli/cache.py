@@ -77,7 +77,8 @@ ground truth's categories (the config's ``dataset``'s when it names one).
 
 Unreadable or corrupt images are reported, skipped and listed in the summary (each member's
 ``unreadable``); they are not finished, so a later run tries them again, and they stay listed until a run
-reads them. ``detens train`` and ``detens evaluate`` leave them out, for every member.
+reads them. ``detens train`` and ``detens evaluate`` leave them out, for every member. A run that can
+read none of its images writes its summary and ends with an error (exit status 2).
 """
 
 from __future__ import annotations

@@ -1073,6 +1073,11 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any) -> int
         stack.close()
     summary = write_summary(summary_path, header, members)
     print_summary(out, summary, list(members), summary_path)
+    if summary["unreadable"] and not any(m["images"] for m in summary["models"].values()):
+        # the summary says which files failed and why; a script must not take an empty cache for a finished one
+        raise ValueError(
+            f"no image could be read ({len(summary['unreadable'])} unreadable, listed in {summary_path})"
+        )
     return 0
 
 
@@ -1413,6 +1418,8 @@ def run(options: CacheOptions) -> int:
 
     Raises:
         UsageError: options that do not go together (see :func:`check_args`).
+        ValueError: among others, a run that could read none of its images (after its summary, which lists
+            them, is written).
     """
     merging, shard, ray = check_args(options)
     with cache_lock(options.out, shard, merging):
