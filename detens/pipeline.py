@@ -437,7 +437,8 @@ def fuse_results(
     names = _check_model_names(model_names, len(per_model))
     # A head given as a path is checked against the model names only when the caller gave them.
     params = _fusion_params(method, head, params, model_names)
-    if counts[0] == 0:
+    if counts[0] == 0:  # no image to fuse: the values are checked all the same, as a call with images would
+        _check_fusion_values(method, params, model_names if model_names is not None else [None] * len(per_model))
         return []
     for n, results in enumerate(per_model):
         for b, r in enumerate(results):
@@ -554,6 +555,8 @@ class TorchvisionFusion(nn.Module):
         params = dict(self.params)
         if self.head is not None:
             params["head"] = self.head
+        if not sizes:  # no image to fuse: the values are checked all the same, as a call with images would
+            _check_fusion_values(self.method, params, self.model_names or [None] * len(per_model))
 
         fused_outputs = []
         for b, size in enumerate(sizes):

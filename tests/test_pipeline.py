@@ -305,6 +305,15 @@ class TestFuseResults:
         with pytest.raises(ValueError, match="model_names has 1 names for 2 models"):
             fuse_results([a, b], method=METHOD, model_names=["x"])
         assert fuse_results([[], []], method=METHOD) == []
+        # no image to fuse checks the values as a call with images does: a mistake is not found later
+        for options, message in (({"iou_thr": 5}, r"iou_thr must be in \[0, 1\], got 5"),
+                                 ({"max_det": 0}, "max_det must be an integer >= 1, got 0")):
+            with pytest.raises(ValueError, match=message):
+                fuse_results([[], []], method=METHOD, **options)
+            with pytest.raises(ValueError, match=message):
+                fuse_results([a, b], method=METHOD, **options)
+        with pytest.raises(ValueError, match=r"the head was trained for 3 models .* but 2 models' detections were given"):
+            fuse_results([[], []], method="theta", head="coco_yolo3_theta")
 
 
 class TestFuseResultsSynthetic:
@@ -482,6 +491,8 @@ class TestTorchvisionFusion:
         empty = {"boxes": torch.zeros(0, 4), "scores": torch.zeros(0), "labels": torch.zeros(0, dtype=torch.int64)}
         with pytest.raises(ValueError, match=r"iou_thr must be in \[0, 1\], got 5"):
             fusion([[empty], [empty]], [(50, 60)])
+        with pytest.raises(ValueError, match=r"iou_thr must be in \[0, 1\], got 5"):
+            fusion([[], []], [])  # no image: checked all the same
 
     def test_numpy_images_as_sizes_and_one_dict_per_model(self):
         one = {"boxes": torch.tensor([[100.0, 50.0, 600.0, 400.0]]), "scores": torch.tensor([0.9]),
