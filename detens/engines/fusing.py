@@ -19,8 +19,7 @@ from detens.coco import detections_to_coco
 from detens.detections import Detections
 from detens.ensemble_config import EnsembleConfig
 from detens.export import yolo_lines
-from detens.fusers import FUSERS, fuse, head_methods, list_methods
-from detens.registry import unknown_name_error
+from detens.fusers import FUSERS, check_method, fuse, head_methods
 from detens.visualize import draw_detections
 
 __all__ = ["FuseSettings", "detect_batch", "fusion_params", "fuse_image", "results_of", "time_first_call", "weights_of"]
@@ -40,8 +39,7 @@ def fusion_params(config: EnsembleConfig, names: list[str] | None) -> dict[str, 
         TypeError: a parameter the method does not take (the message lists the ones it takes).
     """
     method = config.fusion.method
-    if method not in list_methods():
-        raise unknown_name_error("fusion method", method, list_methods())
+    check_method(method)
     params = dict(config.fusion.params)
     weights = member_weights(config)
     if any(w != 1.0 for w in weights):
