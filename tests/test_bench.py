@@ -20,7 +20,8 @@ from detens.jobs.bench import BenchOptions, check_args
 def engines(tmp_path, monkeypatch):
     """An image folder, a stand-in Ray and a stand-in ``detens.jobs.calls.fuse_images``: ``engines.calls`` holds
     each fuse run's arguments and the root logger's level during it; ``engines.code`` is what it returns,
-    ``engines.error`` (if set) what it raises, ``engines.done`` the images its summary says it fused."""
+    ``engines.error`` (if set) what it raises, ``engines.done`` the images its summary says it fused (0: the run
+    ends with fuse's error for a source it could read nothing of)."""
     images = tmp_path / "images"
     images.mkdir()
     for name in ("a.jpg", "b.jpg"):
@@ -40,6 +41,9 @@ def engines(tmp_path, monkeypatch):
             raise state.error
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / "summary.json").write_text(json.dumps({"done": state.done}))
+        if state.done == 0:  # as the real run ends when it reads none of its images
+            raise ValueError(f"no image of --source {source} could be read (2 unreadable, listed in "
+                             f"{Path(out) / 'summary.json'})")
         return state.code
 
     monkeypatch.setattr(detens.jobs.calls, "fuse_images", fuse_images)
@@ -117,7 +121,8 @@ def test_engines_over_files_that_are_no_images_is_refused_before_ray_starts(engi
     engines.done = 0
     assert main(["bench", "--engines", str(engines.images)]) == 2
     err = capsys.readouterr().err
-    assert err.endswith(f"error: --engines {str(engines.images)!r}: none of its 2 files could be read as an image\n")
+    assert err.endswith(f"error: no image of --source {engines.images} could be read (2 unreadable, listed in "
+                        f"{engines.calls[0]['out'] / 'summary.json'})\n"), err
     assert len(engines.calls) == 1 and engines.ray.started == 0
 
 

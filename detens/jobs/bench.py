@@ -414,10 +414,9 @@ def bench_engines(images: str, config: str, work: Path) -> list[dict[str, Any]]:
             raise KeyboardInterrupt
         if code != 0:
             raise RuntimeError(f"detens fuse ({label}) failed with exit status {code}")
-        # the images fused, not the files listed: an unreadable one is skipped in no time
+        # the images fused, not the files listed: an unreadable one is skipped in no time (fuse refuses a run
+        # that reads none, so the rate is never over zero images)
         done = json.loads((out / "summary.json").read_text(encoding="utf-8"))["done"]
-        if not done:
-            raise ValueError(f"--engines {images!r}: none of its {count} files could be read as an image")
         rows.append({"engine": label, "images": done, "seconds": round(seconds, 2),
                      "images_per_s": round(done / seconds, 2)})
         logger.info("%s: %d images in %.1f s", label, done, seconds)
