@@ -145,7 +145,7 @@ def _is_integer(value: Any) -> bool:
 
 def _as_tensor(value: Any, dtype: torch.dtype, device: torch.device) -> Tensor:
     if not isinstance(value, Tensor):
-        # a big-endian array (dtype('>f4')) holds the same numbers, but torch refuses it as it is
+        # a big-endian or reversed array (dtype('>f4'), a[::-1]) holds the same numbers, but torch refuses it as it is
         value = torch.as_tensor(torch_ready_array(np.asarray(value)))
     return value.detach().to(device=device, dtype=dtype)
 
