@@ -197,7 +197,9 @@ def _convert(value: Any, annotation: Any, where: str) -> Any:
 
 
 def from_dict(cls: type[C], data: dict[str, Any], where: str | None = None) -> C:
-    """Build dataclass ``cls`` from a mapping, rejecting unknown keys and values of the wrong type."""
+    """Build dataclass ``cls`` from a mapping, rejecting unknown keys and values of the wrong type; every
+    error, the dataclass's own checks of its values included, starts with ``where`` (default: the class
+    name)."""
     where = where or cls.__name__
     if data is None:
         data = {}
@@ -212,7 +214,7 @@ def from_dict(cls: type[C], data: dict[str, Any], where: str | None = None) -> C
         kwargs[key] = _convert(value, hints[key], f"{where}.{key}")
     try:
         return cls(**kwargs)
-    except TypeError as err:
+    except (TypeError, ValueError) as err:  # the dataclass's own checks (ranges, combinations) name no source
         raise ValueError(f"{where}: {err}") from err
 
 

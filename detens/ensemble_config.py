@@ -360,7 +360,10 @@ def load_ensemble_config(
                         key, value, model.get("name") or model.get("weights") or model.get("results"), kind,
                         _NOT_READ_WHY[kind],
                     )
-    config = ensemble_config_from_dict(data, where=str(path))
+    given = {key: value for key, value in {**(overrides or {}), **per_model}.items() if value is not None}
+    # a mistake is named by where its value came from: the file, or the values given over it
+    where = f"{path} (with {', '.join(f'{key}={value}' for key, value in given.items())})" if given else str(path)
+    config = ensemble_config_from_dict(data, where=where)
     config.folder = path.absolute().parent
     return config
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -252,3 +253,33 @@ def test_coco80_indices_are_integers_in_range(index, error, message):
     assert coco80_to_category_id(0) == 1 and coco80_to_category_id(np.int64(79)) == 90
     with pytest.raises(error, match=f"COCO-80 class index {message}"):
         coco80_to_category_id(index)
+
+
+def test_a_value_out_of_range_is_named_by_the_file_or_flag_that_gave_it(tmp_path):
+    from detens.heads import load_train_config
+
+    path = tmp_path / "my.yaml"
+    path.write_text("lr: -1\n")
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: lr must be a positive number, got -1"):
+        load_train_config("deep", str(path))
+    path.write_text("lr: 0.01\n")
+    with pytest.raises(ValueError, match=r"^--set: score_max_det must be an integer >= 1, got 0$"):
+        load_train_config("deep", str(path), {"score_max_det": 0})
+    with pytest.raises(ValueError, match=r"^--set: epochs must be"):
+        load_train_config("theta", None, {"epochs": -2})
+
+
+def test_from_dict_names_where_the_dataclass_refuses_a_value():
+    @dataclass
+    class Checked:
+        size: int = 1
+
+        def __post_init__(self):
+            if self.size < 1:
+                raise ValueError(f"size must be >= 1, got {self.size}")
+
+    with pytest.raises(ValueError, match=r"^a\.yaml: size must be >= 1, got 0$"):
+        from_dict(Checked, {"size": 0}, where="a.yaml")
+    with pytest.raises(ValueError, match=r"^Checked: size must be >= 1, got 0$"):
+        from_dict(Checked, {"size": 0})
+    assert from_dict(Checked, {"size": 2}).size == 2

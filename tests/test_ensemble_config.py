@@ -172,6 +172,17 @@ def test_overrides_and_round_trip(tmp_path):
         load_ensemble_config(path, {"fusion.metod": "nms"})
 
 
+def test_a_value_out_of_range_names_the_file_or_the_values_given_over_it(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(minimal(conf=5)))
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: conf must be in \[0, 1\], got 5"):
+        load_ensemble_config(path)
+    path.write_text(yaml.safe_dump(minimal()))
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))} \(with conf=5\): conf must be in \[0, 1\]"):
+        load_ensemble_config(path, per_model={"conf": 5, "imgsz": None})
+    assert load_ensemble_config(path, per_model={"conf": 0.5}).conf == 0.5
+
+
 def test_strings_that_read_as_numbers_survive_the_round_trip(tmp_path):
     from detens.jobs.fuse import check_resume
 
