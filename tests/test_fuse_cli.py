@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -570,6 +571,24 @@ def test_fusion_weights_are_given_in_one_place():
     assert fuse_tool.fusion_params(config(1.0, {"weights": [1.0, 5.0]}), ["a", "b"])["weights"] == [1.0, 5.0]
     with pytest.raises(ValueError, match=r"fusion weights are given twice: fusion.params.weights \[1.0, 5.0\]"):
         fuse_tool.fusion_params(config(2.0, {"weights": [1.0, 5.0]}), ["a", "b"])
+
+
+def test_a_bad_fusion_parameter_is_named_as_one_of_fusion_params():
+    from detens.config import from_dict
+    from detens.ensemble_config import EnsembleConfig
+
+    def config(params):
+        return from_dict(EnsembleConfig, {"models": [{"weights": "a.pt", "name": "a"}], "max_det": 300,
+                                          "fusion": {"method": "wbf", "params": params}})
+
+    # the members' own max_det is valid: the message must say which max_det is refused
+    with pytest.raises(ValueError, match=re.escape(
+            "fusion (method 'wbf', params {'max_det': 0}): max_det must be an integer >= 1, got 0")):
+        fuse_tool.fusion_params(config({"max_det": 0}), ["a"])
+    with pytest.raises(TypeError, match=re.escape("fusion (method 'wbf', params {'iou_tr': 0.5}): fusion method 'wbf' "
+                                                  "takes no parameter ['iou_tr']")):
+        fuse_tool.fusion_params(config({"iou_tr": 0.5}), ["a"])
+    assert fuse_tool.fusion_params(config({"max_det": 5}), ["a"])["max_det"] == 5
 
 
 def pair_config(workspace, tmp_path, fusion, named=True):

@@ -31,7 +31,8 @@ def fusion_params(config: EnsembleConfig, names: list[str] | None) -> dict[str, 
 
     Checked here, before any detector loads, by the library's own checks (those ``detens.Ensemble`` runs):
     the parameter names the method takes, and their values (ranges, one weight per member, the head's
-    members) on empty detections of each member; unnamed members count by position.
+    members) on empty detections of each member; unnamed members count by position. With ``fusion.params``
+    given, an error names the method and those params.
 
     Raises:
         ValueError: an unknown method, weights given twice, a head that does not fit the method or the
@@ -67,7 +68,13 @@ def fusion_params(config: EnsembleConfig, names: list[str] | None) -> dict[str, 
                              f"use --method {type_name}, or leave --method out")
     from detens.pipeline import check_fusion_params
 
-    return check_fusion_params(method, params, names if names is not None else [None] * len(weights))
+    try:
+        return check_fusion_params(method, params, names if names is not None else [None] * len(weights))
+    except (TypeError, ValueError) as err:
+        if not config.fusion.params:
+            raise
+        # the fuser's messages name a parameter alone: `max_det` is also a top-level key, the members' cap
+        raise type(err)(f"fusion (method {method!r}, params {dict(config.fusion.params)}): {err}") from err
 
 
 def detect_batch(
