@@ -207,6 +207,25 @@ def test_bench_replicates_annotations_without_ids():
     assert evaluate_coco(load_coco_gt(big_gt), big_results)["map"] == pytest.approx(1.0)
 
 
+def test_bench_leaves_out_results_on_images_absent_from_the_ground_truth(tmp_path, caplog):
+    from detens.jobs.bench import bench_coco, replicate_coco
+
+    dataset = small_gt()
+    results = [{"image_id": a["image_id"], "category_id": a["category_id"], "bbox": a["bbox"], "score": 0.5}
+               for a in dataset["annotations"] if not a["iscrowd"]]
+    # image 4 is no image of the ground truth; shifted by one copy (3) it would be the second copy's image 1
+    stray = {"image_id": 4, "category_id": 1, "bbox": [70, 50, 10, 10], "score": 1.0}
+    big_gt, big_results = replicate_coco(dataset, [*results, stray], 4)
+    assert sorted(r["image_id"] for r in big_results) == [1, 1, 4, 4]  # image 1 of both copies, nothing else
+    assert evaluate_coco(load_coco_gt(big_gt), big_results)["map"] == pytest.approx(1.0)
+    (tmp_path / "gt.json").write_text(json.dumps(dataset))
+    (tmp_path / "r.json").write_text(json.dumps([*results, stray]))
+    with caplog.at_level("WARNING", logger="detens"):
+        rows = bench_coco(str(tmp_path / "gt.json"), str(tmp_path / "r.json"), [4])
+    assert "1 of 3 results are on images absent from" in caplog.text
+    assert {row["map"] for row in rows} == {1.0} and {row["results"] for row in rows} == {4}
+
+
 def test_a_category_without_id_is_refused():
     dataset = small_gt()
     del dataset["categories"][0]["id"]

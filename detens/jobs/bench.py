@@ -437,14 +437,16 @@ def bench_engines(images: str, config: str, work: Path) -> list[dict[str, Any]]:
 def replicate_coco(gt: dict[str, Any], results: list[dict[str, Any]], images: int) -> tuple[dict, list]:
     """``gt`` and ``results`` copied until they hold ``images`` images: copy c shifts every image id (and
     annotation id, annotations without one numbered first) by c times the largest one, so each copy is
-    scored like the original."""
+    scored like the original. Results on images ``gt`` does not list are left out (the evaluators drop
+    them): shifted, their ids could be those of another copy's images."""
     from detens.coco import with_annotation_ids
 
     originals = gt["images"]
     if not originals:
         raise ValueError("the ground truth has no images to replicate")
     annotations = with_annotation_ids(gt["annotations"])
-    image_step = max(int(im["id"]) for im in originals) + 1
+    original_ids = {int(im["id"]) for im in originals}
+    image_step = max(original_ids) + 1
     ann_step = max((int(a["id"]) for a in annotations), default=0) + 1
     copies = -(-images // len(originals))
     out_images, out_anns, out_results = [], [], []
@@ -452,7 +454,8 @@ def replicate_coco(gt: dict[str, Any], results: list[dict[str, Any]], images: in
         out_images += [{**im, "id": int(im["id"]) + c * image_step} for im in originals]
         out_anns += [{**a, "id": int(a["id"]) + c * ann_step, "image_id": int(a["image_id"]) + c * image_step}
                      for a in annotations]
-        out_results += [{**r, "image_id": int(r["image_id"]) + c * image_step} for r in results]
+        out_results += [{**r, "image_id": int(r["image_id"]) + c * image_step} for r in results
+                        if int(r["image_id"]) in original_ids]
     keep = {int(im["id"]) for im in out_images[:images]}
     return (
         {**gt, "images": out_images[:images], "annotations": [a for a in out_anns if a["image_id"] in keep]},
@@ -485,6 +488,11 @@ def bench_coco(gt_path: str, results_path: str, sizes: list[int]) -> list[dict[s
     if not gt["images"]:
         raise ValueError(f"{gt_path}: the annotation file lists no images; --coco times their evaluation")
     results = load_coco_results(results_path)
+    known = {int(im["id"]) for im in gt["images"]}
+    absent = sum(int(r["image_id"]) not in known for r in results)
+    if absent:  # as evaluate_coco drops them, saying so
+        logger.warning("%s: %d of %d results are on images absent from %s; they are left out",
+                       results_path, absent, len(results), gt_path)
     warm_up = check_coco_input(*replicate_coco(gt, results, 1), image_ids=[int(gt["images"][0]["id"])])
     for backend in BACKENDS:
         evaluate_checked(warm_up, backend)
