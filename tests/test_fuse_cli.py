@@ -684,6 +684,34 @@ def test_overwrite_that_fails_before_its_first_result_leaves_the_folder_as_it_wa
         assert not (tmp_path / "new").exists(), overwrite
 
 
+@pytest.mark.parametrize("failure", [RuntimeError("the detector broke"), KeyboardInterrupt()])
+def test_a_run_adding_images_that_fails_before_its_first_new_result_leaves_the_complete_run_as_it_was(
+        workspace, tmp_path, monkeypatch, failure):
+    """Adding images unpacks the complete run into partial/ records; failing before a new image is fused
+    must not leave them (and an unfinished run's record) in a folder whose files still hold every image."""
+    source, out = one_image_source(workspace, tmp_path / "src", "x.jpg"), tmp_path / "o"
+    assert fuse_into(workspace, source, out, "--no-vis") == 0
+    before = folder_state(out)
+    one_image_source(workspace, source, "y.jpg")
+
+    def broken(*args, **kwargs):
+        raise failure
+
+    monkeypatch.setattr(fuse_tool, "fuse_image", broken)
+    if isinstance(failure, KeyboardInterrupt):
+        assert fuse_into(workspace, source, out, "--no-vis") == 130
+    else:
+        with pytest.raises(RuntimeError, match="^the detector broke$"):
+            fuse_into(workspace, source, out, "--no-vis", "--debug")
+    assert folder_state(out) == before
+    assert sorted(p.name for p in out.iterdir()) == sorted(["config.yaml", "images.json", "labels", "predictions.json",
+                                                            "summary.json"])
+    monkeypatch.undo()
+    assert fuse_into(workspace, source, out, "--no-vis") == 0  # the same command then adds the image
+    images, _ = read_outputs(out)
+    assert [im["file_name"] for im in images["images"]] == ["x.jpg", "y.jpg"]
+
+
 _KILLED_ON_IMAGE = """
 import os, signal, sys
 from detens.cli import fuse as fuse_cli

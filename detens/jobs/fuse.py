@@ -800,6 +800,14 @@ def _run(options: FuseOptions) -> int:
     if len(set(names)) != len(names):  # several roots: fall back to full paths
         names = [p.absolute().as_posix().lstrip("/") for p in images]
     unpacked = 0 if options.overwrite else unpack_finished_run(out)
+
+    def pack_finished_run() -> None:
+        """The run ends before its first new result: a complete run's folder goes back to what it was (its
+        files still hold every image), without the unfinished run's records it was unpacked into."""
+        if unpacked:
+            discard_partial(out)
+            run_file.unlink(missing_ok=True)
+
     # images finished earlier (also those of other sources) keep their results, ids and file stems
     earlier = {} if options.overwrite else finished_records(out)
     done = set(earlier)
@@ -807,25 +815,24 @@ def _run(options: FuseOptions) -> int:
     listed = set(names)
     # the source's order, whichever of its images an interrupted run finished (Ray's come as they finish)
     names = [n for n in earlier if n not in listed] + names
+    categories = dataset_names or dict(COCO_ID_TO_NAME)
     try:
         ids = plan_image_ids(out, names, config.dataset, earlier, previous)
         stems = output_stems(names, {n: r["output_stem"] for n, r in earlier.items() if "output_stem" in r},
                              STEM_SUFFIXES)
-    except ValueError:
-        if unpacked:  # refused: the complete run's folder stays as it was (its files still hold every image)
-            discard_partial(out)
+        # Saved predictions are checked here, on the driver, for both engines: a Ray run would otherwise
+        # find a missing image or a category it cannot name on an actor, after other results were written.
+        saved = saved_prediction_members(config, dataset_names) if todo else {}
+        check_saved_predictions(list(saved.values()), [path for path, _ in todo], sorted(categories),
+                                label_space_name(config))
+    except BaseException:
+        pack_finished_run()
         raise
     if isinstance(previous, dict) and "models" in previous:
         member_names, weights = list(previous["models"]), dict(previous.get("weights") or {})
     else:
         member_names, weights = list(declared or []), {}
-    categories = dataset_names or dict(COCO_ID_TO_NAME)
     yolo_ids = sorted(categories) if config.dataset else list(COCO_CATEGORY_IDS)
-    # Saved predictions are checked here, on the driver, for both engines: a Ray run would otherwise
-    # find a missing image or a category it cannot name on an actor, after other results were written.
-    saved = saved_prediction_members(config, dataset_names) if todo else {}
-    check_saved_predictions(list(saved.values()), [path for path, _ in todo], sorted(categories),
-                            label_space_name(config))
     members: list[Any] = []
     first_call_ms: float | None = None
     claimed = False
@@ -938,6 +945,7 @@ def _run(options: FuseOptions) -> int:
     except KeyboardInterrupt:
         if processed == 0:
             release_output()
+            pack_finished_run()
             logger.warning("interrupted before the first result: %s is as it was", out)
             return 130
         interrupted = True
@@ -945,6 +953,7 @@ def _run(options: FuseOptions) -> int:
     except BaseException:
         if processed == 0:
             release_output()
+            pack_finished_run()
         raise
     finally:
         bar.close()
