@@ -1528,7 +1528,8 @@ def test_the_summary_lists_unreadable_images_in_the_images_order(tmp_path):
     run = {"method": "wbf", "processed": 2, "resumed": 0, "interrupted": False, "first_call_ms": None,
            "wall_s": 1.0, "weights": {}, "inputs": {}}
     ids = {"a.jpg": 1, "b.jpg": 2, "c.jpg": 3}
-    summary = fuse_tool.write_outputs(tmp_path, load_ensemble_config("coco_yolo3"), names, ids, ["m"],
+    stems = {name: name.removesuffix(".jpg") for name in names}
+    summary = fuse_tool.write_outputs(tmp_path, load_ensemble_config("coco_yolo3"), names, ids, stems, ["m"],
                                       {1: "person"}, met, run)
     assert list(summary["unreadable"]) == ["a.jpg", "c.jpg"] and summary["unreadable"]["c.jpg"] == "empty file"
     assert list(json.loads((tmp_path / "summary.json").read_text())["unreadable"]) == ["a.jpg", "c.jpg"]

@@ -636,18 +636,18 @@ def write_outputs(
     config: EnsembleConfig,
     names: list[str],
     ids: dict[str, int],
+    stems: dict[str, str],
     member_names: list[str],
     categories: dict[int, str],
     unreadable: dict[str, str],
     run: dict[str, Any],
 ) -> dict[str, Any]:
     """Assemble predictions.json, images.json, per_model/*.json and summary.json from the partial
-    records of ``names`` (the run's images, with their ``ids``: :func:`plan_image_ids`), images in the order
-    of their ids; a complete run then removes ``partial/``."""
+    records of ``names`` (the run's images, with their ``ids``: :func:`plan_image_ids`, and the ``stems``
+    of their files: :func:`output_stems`), images in the order of their ids; a complete run then removes
+    ``partial/``."""
     records = {n: r for n in names if (r := read_partial(out, n)) is not None}
     done = sorted((n for n in names if n in records), key=ids.__getitem__)
-    stems = output_stems(names, {n: r["output_stem"] for n, r in records.items() if "output_stem" in r},
-                         STEM_SUFFIXES)
     images, results = [], []
     per_model: dict[str, list[dict[str, Any]]] = {m: [] for m in member_names}
     stage_ms: dict[str, float] = defaultdict(float)
@@ -969,7 +969,7 @@ def _run(options: FuseOptions) -> int:
         "inputs": fingerprints,
         "first_call_ms": first_call_ms,
     }
-    summary = write_outputs(out, config, names, ids, member_names, categories, unreadable, run_info)
+    summary = write_outputs(out, config, names, ids, stems, member_names, categories, unreadable, run_info)
     if not options.quiet:
         print_summary(out, config, summary)
     if summary["done"] == 0 and unreadable and not interrupted:
