@@ -120,9 +120,12 @@ def check_text_list(key: str, value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
-def check_text_pair(key: str, value: Any) -> tuple[str, str] | None:
-    """``value`` of the option ``key`` that takes an annotation file and a prediction folder (``GT
-    PREDICTIONS``), as a pair of strings (None: the option left out).
+def check_text_pair(
+    key: str, value: Any, pair: str = "(annotation file, prediction folder)"
+) -> tuple[str, str] | None:
+    """``value`` of the option ``key`` that takes two paths, by default an annotation file and a
+    prediction folder (``GT PREDICTIONS``; ``pair`` names them in the error), as a pair of strings (None:
+    the option left out).
 
     Raises:
         TypeError: ``value`` is no sequence of two strings or ``os.PathLike``.
@@ -133,10 +136,7 @@ def check_text_pair(key: str, value: Any) -> tuple[str, str] | None:
         isinstance(value, (str, os.PathLike)) or not isinstance(value, Sequence) or len(value) != 2
         or not all(isinstance(v, (str, os.PathLike)) for v in value)
     ):
-        raise TypeError(
-            f"{key} must be a pair (annotation file, prediction folder) of str or os.PathLike, "
-            f"got {type(value).__name__}: {value!r}"
-        )
+        raise TypeError(f"{key} must be a pair {pair} of str or os.PathLike, got {type(value).__name__}: {value!r}")
     return os.fspath(value[0]), os.fspath(value[1])
 
 

@@ -28,6 +28,7 @@ from detens.jobs._options import (
     JobOptions,
     UsageError,
     check_int,
+    check_text_pair,
     file_or_shipped_name,
     integer,
     listed,
@@ -270,10 +271,7 @@ def _sizes(value: Any) -> list[tuple[int, int]]:
 
 def _coco(value: Any) -> list[str]:
     """``coco`` as ``--coco`` stores it: the ground truth's path and the results' path."""
-    if (isinstance(value, str) or not isinstance(value, Sequence) or len(value) != 2
-            or not all(isinstance(v, (str, os.PathLike)) for v in value)):
-        raise TypeError(f"coco must be two paths (GT, RESULTS), got {type(value).__name__}: {value!r}")
-    return [os.fspath(v) for v in value]
+    return list(check_text_pair("coco", value, "(GT, RESULTS)"))
 
 
 def _coco_sizes(value: Any) -> list[int]:
