@@ -159,7 +159,7 @@ def _convert(value: Any, annotation: Any, where: str) -> Any:
             return value
         if not isinstance(value, dict):
             raise TypeError(f"{where}: expected a mapping for {annotation.__name__}, got {type(value).__name__}")
-        return from_dict(annotation, value, where)
+        return _build(annotation, value, where)
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
             raise TypeError(f"{where}: expected a list, got {type(value).__name__} {value!r}")
@@ -196,11 +196,23 @@ def _convert(value: Any, annotation: Any, where: str) -> Any:
     return value
 
 
+class _RefusedValue(Exception):
+    """A dataclass's own check refused a value: carried up to :func:`from_dict`'s caller-facing ``where``
+    (a nested dataclass's own message already says where in the mapping it is)."""
+
+
 def from_dict(cls: type[C], data: dict[str, Any], where: str | None = None) -> C:
     """Build dataclass ``cls`` from a mapping, rejecting unknown keys and values of the wrong type; every
-    error, the dataclass's own checks of its values included, starts with ``where`` (default: the class
-    name)."""
+    error starts with ``where`` (default: the class name): a key's type error with the key's path in the
+    mapping, a dataclass's own check of its values (nested ones too) with ``where`` alone."""
     where = where or cls.__name__
+    try:
+        return _build(cls, data, where)
+    except _RefusedValue as refused:
+        raise ValueError(f"{where}: {refused}") from refused.__cause__
+
+
+def _build(cls: type[C], data: dict[str, Any], where: str) -> C:
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -214,8 +226,8 @@ def from_dict(cls: type[C], data: dict[str, Any], where: str | None = None) -> C
         kwargs[key] = _convert(value, hints[key], f"{where}.{key}")
     try:
         return cls(**kwargs)
-    except (TypeError, ValueError) as err:  # the dataclass's own checks (ranges, combinations) name no source
-        raise ValueError(f"{where}: {err}") from err
+    except (TypeError, ValueError) as err:
+        raise _RefusedValue(str(err)) from err
 
 
 def to_dict(config: Any) -> dict[str, Any]:

@@ -181,6 +181,13 @@ def test_a_value_out_of_range_names_the_file_or_the_values_given_over_it(tmp_pat
     with pytest.raises(ValueError, match=rf"^{re.escape(str(path))} \(with conf=5\): conf must be in \[0, 1\]"):
         load_ensemble_config(path, per_model={"conf": 5, "imgsz": None})
     assert load_ensemble_config(path, per_model={"conf": 0.5}).conf == 0.5
+    # a nested section's own check names the file once, and its own place in it
+    path.write_text(yaml.safe_dump(minimal(output={"vis_conf": 3})))
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: output\.vis_conf must be in \[0, 1\], got 3"):
+        load_ensemble_config(path)
+    path.write_text(yaml.safe_dump({"models": [{"weights": "a.pt", "name": "a", "weight": -1}]}))
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: model 'a': weight must be >= 0, got -1"):
+        load_ensemble_config(path)
 
 
 def test_strings_that_read_as_numbers_survive_the_round_trip(tmp_path):
