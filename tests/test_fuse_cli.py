@@ -589,6 +589,12 @@ def test_a_bad_fusion_parameter_is_named_as_one_of_fusion_params():
                                                   "takes no parameter ['iou_tr']")):
         fuse_tool.fusion_params(config({"iou_tr": 0.5}), ["a"])
     assert fuse_tool.fusion_params(config({"max_det": 5}), ["a"])["max_det"] == 5
+    weighted = from_dict(EnsembleConfig, {"models": [{"weights": "a.pt", "name": "a", "weight": 2.0}],
+                                          "fusion": {"method": "random_k", "params": {"max_det": 50}}})
+    with pytest.raises(TypeError, match=re.escape("fusion (method 'random_k', params {'max_det': 50}, the members' "
+                                                  "weights [2.0]): fusion method 'random_k' takes no parameter "
+                                                  "['weights']")):
+        fuse_tool.fusion_params(weighted, ["a"])
 
 
 def pair_config(workspace, tmp_path, fusion, named=True):
@@ -710,6 +716,24 @@ def test_a_run_adding_images_that_fails_before_its_first_new_result_leaves_the_c
     assert fuse_into(workspace, source, out, "--no-vis") == 0  # the same command then adds the image
     images, _ = read_outputs(out)
     assert [im["file_name"] for im in images["images"]] == ["x.jpg", "y.jpg"]
+
+
+def test_a_run_adding_images_to_one_that_read_none_leaves_no_run_record_when_it_fails_first(workspace, tmp_path,
+                                                                                           monkeypatch):
+    source, out = tmp_path / "src", tmp_path / "o"
+    source.mkdir()
+    (source / "broken.jpg").write_bytes(b"not an image")
+    assert fuse_into(workspace, source, out, "--no-vis") == 2  # complete, with no image read
+    before = folder_state(out)
+    one_image_source(workspace, source, "x.jpg")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the detector broke")
+
+    monkeypatch.setattr(fuse_tool, "fuse_image", broken)
+    with pytest.raises(RuntimeError, match="^the detector broke$"):
+        fuse_into(workspace, source, out, "--no-vis", "--debug")
+    assert folder_state(out) == before and not (out / fuse_tool.RUN_RECORD).exists()
 
 
 _KILLED_ON_IMAGE = """

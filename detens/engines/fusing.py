@@ -74,7 +74,10 @@ def fusion_params(config: EnsembleConfig, names: list[str] | None) -> dict[str, 
         if not config.fusion.params:
             raise
         # the fuser's messages name a parameter alone: `max_det` is also a top-level key, the members' cap
-        raise type(err)(f"fusion (method {method!r}, params {dict(config.fusion.params)}): {err}") from err
+        given = f"params {dict(config.fusion.params)}"
+        if "weights" in params and "weights" not in config.fusion.params:
+            given += f", the members' weights {params['weights']}"
+        raise type(err)(f"fusion (method {method!r}, {given}): {err}") from err
 
 
 def detect_batch(

@@ -913,9 +913,12 @@ def train_config_from(kind: str, *layers: tuple[str, dict[str, Any] | None]) -> 
     return config
 
 
-def load_train_config(kind: str, path: str | None = None, overrides: dict[str, Any] | None = None) -> Any:
+def load_train_config(
+    kind: str, path: str | None = None, overrides: dict[str, Any] | None = None, flags: dict[str, Any] | None = None
+) -> Any:
     """The training config of ``kind``: :func:`train_config_from` with the YAML file ``path`` (a path, or the
-    name of a shipped one such as ``deep``) if given, then ``overrides`` (``--set`` flags).
+    name of a shipped one such as ``deep``) if given, then ``overrides`` (``--set`` flags), then ``flags``
+    (a command's own flags for config keys, ``{"lr": 0.01}`` from ``--lr``, each a layer named by its flag).
 
     Raises:
         FileNotFoundError: no such file, or an empty one. ValueError: its top level is not a mapping.
@@ -935,6 +938,7 @@ def load_train_config(kind: str, path: str | None = None, overrides: dict[str, A
         layers.append((str(config_path), data))
     if overrides:
         layers.append(("--set", overrides))
+    layers += [(f"--{key}", {key: value}) for key, value in (flags or {}).items()]
     return train_config_from(kind, *layers)
 
 

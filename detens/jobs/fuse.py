@@ -792,6 +792,7 @@ def _run(options: FuseOptions) -> int:
     check_resume(out, config, options.overwrite)
     out_existed, was_run_folder = out.exists(), is_run_folder(out)
     run_file = out / RUN_RECORD
+    had_run_record = run_file.exists()  # an unfinished run's: resumed, never discarded
     previous = None if options.overwrite else earlier_run_record(out)
     fingerprints = input_fingerprints(config)
     check_inputs_unchanged(out, previous, fingerprints)
@@ -803,9 +804,11 @@ def _run(options: FuseOptions) -> int:
 
     def pack_finished_run() -> None:
         """The run ends before its first new result: a complete run's folder goes back to what it was (its
-        files still hold every image), without the unfinished run's records it was unpacked into."""
+        files still hold every image), without the unfinished run's records it was unpacked into (none for
+        a complete run that finished no image) and the run record this run wrote."""
         if unpacked:
             discard_partial(out)
+        if not had_run_record:
             run_file.unlink(missing_ok=True)
 
     # images finished earlier (also those of other sources) keep their results, ids and file stems

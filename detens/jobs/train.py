@@ -198,15 +198,14 @@ def run(options: TrainOptions) -> int:
     _refuse_outputs_over_inputs(options)
     overrides = parse_set(options.set)
     flags = {k: v for k, v in (("epochs", options.epochs), ("lr", options.lr), ("seed", options.seed)) if v is not None}
-    # Merged into the --set keys below, a flag the head type lacks would be reported as a --set key
+    # Read as a layer of config keys below, a flag the head type lacks would be reported as an unknown key
     head_options = {f.name for f in fields(TRAINERS[options.head].config_class)}
     for name in flags:
         if name not in head_options:
             raise UsageError(
                 f"--{name}: a {options.head} head has no {name} option; its training options are {', '.join(sorted(head_options))}"
             )
-    overrides.update(flags)
-    config = load_train_config(options.head, file_or_shipped_name("--config", options.config), overrides)
+    config = load_train_config(options.head, file_or_shipped_name("--config", options.config), overrides, flags)
 
     if options.images_from and options.all_images:
         raise UsageError("--images-from lists the images to train on and --all-images takes every image: give one")
