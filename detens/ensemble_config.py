@@ -345,7 +345,8 @@ def load_ensemble_config(
         raise ValueError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
     _paths_beside(data, path)
     per_model = {k: v for k, v in (per_model or {}).items() if v is not None}
-    data = apply_overrides(data, {**(overrides or {}), **per_model})
+    file_data = data
+    data = apply_overrides(data, {**(overrides or {}), **per_model})  # a copy
     _check_weights_not_only_here(data, path)
     for model in data.get("models") or []:
         if isinstance(model, dict):
@@ -360,12 +361,26 @@ def load_ensemble_config(
                         key, value, model.get("name") or model.get("weights") or model.get("results"), kind,
                         _NOT_READ_WHY[kind],
                     )
-    given = {key: value for key, value in {**(overrides or {}), **per_model}.items() if value is not None}
-    # a mistake is named by where its value came from: the file, or the values given over it
-    where = f"{path} (with {', '.join(f'{key}={value}' for key, value in given.items())})" if given else str(path)
-    config = ensemble_config_from_dict(data, where=where)
+    try:
+        config = ensemble_config_from_dict(data, where=str(path))
+    except (TypeError, ValueError) as err:
+        given = {key: value for key, value in {**(overrides or {}), **per_model}.items() if value is not None}
+        if given and not _file_refuses_alike(file_data, path, err):
+            # the file alone is fine (or wrong elsewhere): the mistake came with the values given over it
+            ensemble_config_from_dict(data, where=f"{path} (with {', '.join(f'{k}={v}' for k, v in given.items())})")
+        raise
     config.folder = path.absolute().parent
     return config
+
+
+def _file_refuses_alike(data: dict[str, Any], path: Path, refusal: Exception) -> bool:
+    """Whether the file's own ``data``, without the values given over it, is refused as the merged config
+    was (``refusal``)."""
+    try:
+        ensemble_config_from_dict(data, where=str(path))
+    except (TypeError, ValueError) as err:
+        return str(err) == str(refusal)
+    return False
 
 
 #: ``fusion.params`` that the fusers take as head files: ``detens.fuse``'s ``calibration`` and theta's ``head``.

@@ -181,6 +181,11 @@ def test_a_value_out_of_range_names_the_file_or_the_values_given_over_it(tmp_pat
     with pytest.raises(ValueError, match=rf"^{re.escape(str(path))} \(with conf=5\): conf must be in \[0, 1\]"):
         load_ensemble_config(path, per_model={"conf": 5, "imgsz": None})
     assert load_ensemble_config(path, per_model={"conf": 0.5}).conf == 0.5
+    # the file's own mistake is the file's, whatever else is given over it; a value given over it mends it
+    path.write_text(yaml.safe_dump(minimal(conf=5)))
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: conf must be in \[0, 1\], got 5"):
+        load_ensemble_config(path, {"fusion.method": "nms"}, per_model={"imgsz": 320})
+    assert load_ensemble_config(path, per_model={"conf": 0.5}).conf == 0.5
     # a nested section's own check names the file once, and its own place in it
     path.write_text(yaml.safe_dump(minimal(output={"vis_conf": 3})))
     with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: output\.vis_conf must be in \[0, 1\], got 3"):
