@@ -19,7 +19,7 @@ import numpy as np
 
 __all__ = [
     "check_real", "check_reals", "check_integer", "check_integers", "check_seed", "check_distinct_integers", "check_flag", "check_choice", "check_device",
-    "check_whole", "first_few", "torch_ready_array",
+    "check_whole", "check_max_det", "first_few", "torch_ready_array",
 ]
 
 
@@ -129,6 +129,11 @@ def _in_range(number: int, value: Any, name: str, low: int | None, high: int | N
             bound = f"in [{low}, {high}]"
         raise ValueError(f"{name} must be an integer {bound}, got {value!r}")
     return number
+
+
+def check_max_det(value: Any, name: str = "max_det") -> int | None:
+    """A cap on the boxes of an image: None (no cap), or an integer >= 1."""
+    return None if value is None else check_integer(value, name, 1)
 
 
 def check_seed(value: Any, name: str = "seed") -> int:

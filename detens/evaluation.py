@@ -39,7 +39,7 @@ import torch
 from torchvision.ops import box_iou
 
 from detens.calibration_metrics import detection_calibration
-from detens.checks import check_integer
+from detens.checks import check_max_det
 from detens.coco import BACKENDS, detections_to_array, detections_to_coco, evaluate_coco, fastest_backend
 from detens.detections import Detections
 from detens.folds import kfold_image_splits
@@ -100,7 +100,7 @@ class EvaluationData:
         max_det: int | None = None,
     ) -> None:
         self.predictions = predictions
-        self.max_det = None if max_det is None else check_integer(max_det, "max_det", 1)
+        self.max_det = check_max_det(max_det)
         self.gt = predictions.gt
         self.model_names = predictions.model_names
         self.image_ids = list(self.gt.annotated_image_ids if image_ids is None else image_ids)

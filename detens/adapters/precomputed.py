@@ -27,7 +27,7 @@ import torch
 
 from detens.adapters._base import BaseDetector, ImageInput, as_image_list
 from detens.adapters._labels import check_category_id_map, check_class_map_categories, id_ranges
-from detens.checks import check_integer, check_real
+from detens.checks import check_integer, check_max_det, check_real
 from detens.coco import coco_to_detections, group_results_by_image, validate_coco_results
 from detens.detections import Detections
 from detens.io import read_json_file
@@ -97,7 +97,7 @@ class PrecomputedDetector(BaseDetector):
         clean = validate_coco_results(results, where)
         super().__init__(name if name is not None else default_name, 1, categories)
         self.conf = check_real(conf, f"{self.name}: conf", 0.0, 1.0)
-        self.max_det = None if max_det is None else check_integer(max_det, f"{self.name}: max_det", 1)
+        self.max_det = check_max_det(max_det, f"{self.name}: max_det")
         self.class_map = None if class_map is None else check_category_id_map(class_map, self.name)
         if self.class_map is not None and categories is not None:
             check_class_map_categories(self.class_map, categories, self.name)

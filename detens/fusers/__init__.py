@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from detens.checks import check_integer
+from detens.checks import check_max_det
 from detens.detections import Detections, _validate_image_size
 from detens.fusers._registry import FUSERS, check_weights
 from detens.matching import check_per_model
@@ -121,8 +121,7 @@ def fuse(
     given_head = params.get("head")  # for messages: a path that resolve_method may load
     fuser = FUSERS.get(resolve_method(method, params))
     check_parameter_names(method, fuser, params, own=("calibration", "image_size", "label_space", "max_det"))
-    if max_det is not None:
-        max_det = check_integer(max_det, "max_det", 1)
+    max_det = check_max_det(max_det)
     if label_space is not None:
         if not isinstance(label_space, Mapping):
             raise TypeError(f"label_space must map category ids to names ({{id: name}}), got {type(label_space).__name__}")

@@ -56,6 +56,7 @@ from detens.checks import (
     check_flag,
     check_integer,
     check_integers,
+    check_max_det,
     check_real,
     check_reals,
     check_seed,
@@ -144,7 +145,7 @@ class ThetaTrainConfig:
         for name in ("match_iou", "target_iou"):
             check_real(getattr(self, name), name, 0.0, 1.0, low_open=True, high_open=True)
         self.match_iou_grid = check_reals(self.match_iou_grid, "match_iou_grid", 0.0, 1.0, low_open=True, high_open=True)
-        self.score_max_det = check_score_max_det(self.score_max_det)
+        self.score_max_det = check_max_det(self.score_max_det, "score_max_det")
         for name in ("per_class", "normalize_box"):
             check_flag(getattr(self, name), name)
         for name in ("shrinkage", "lambda_reg", "lambda_cls", "lambda_cons"):
@@ -351,11 +352,6 @@ def _objective_in_batches(
     return total / max(count, 1) + float(head.shrinkage_pull())
 
 
-def check_score_max_det(value: Any) -> int | None:
-    """A config's ``score_max_det``: None, or an integer >= 1."""
-    return None if value is None else check_integer(value, "score_max_det", 1)
-
-
 def _pooled_map(
     gt: Any, fused: Iterable[tuple[int, Any]], image_ids: Sequence[int], max_det: int | None = None
 ) -> float:
@@ -487,7 +483,7 @@ class HeadTrainConfig:
 
     def __post_init__(self) -> None:
         self.calibrate = check_flag(self.calibrate, "calibrate")
-        self.score_max_det = check_score_max_det(self.score_max_det)
+        self.score_max_det = check_max_det(self.score_max_det, "score_max_det")
         from detens.heads.calibration import TARGETS
 
         if not isinstance(self.calibration_target, str) or self.calibration_target not in TARGETS:
@@ -1241,7 +1237,7 @@ class CalibrationTrainConfig:
     score_max_det: int | None = None
 
     def __post_init__(self) -> None:
-        self.score_max_det = check_score_max_det(self.score_max_det)
+        self.score_max_det = check_max_det(self.score_max_det, "score_max_det")
         if isinstance(self.fusers, str) or not isinstance(self.fusers, (list, tuple)):
             raise TypeError(f"fusers must be a list of fuser names, got {type(self.fusers).__name__}: {self.fusers!r}")
         if not isinstance(self.fuser_params, dict):
