@@ -345,8 +345,9 @@ def load_ensemble_config(
         raise ValueError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
     _paths_beside(data, path)
     per_model = {k: v for k, v in (per_model or {}).items() if v is not None}
+    given = {key: value for key, value in {**(overrides or {}), **per_model}.items() if value is not None}
     file_data = data
-    data = apply_overrides(data, {**(overrides or {}), **per_model})  # a copy
+    data = apply_overrides(data, given)  # a copy
     _check_weights_not_only_here(data, path)
     for model in data.get("models") or []:
         if isinstance(model, dict):
@@ -364,7 +365,6 @@ def load_ensemble_config(
     try:
         config = ensemble_config_from_dict(data, where=str(path))
     except (TypeError, ValueError) as err:
-        given = {key: value for key, value in {**(overrides or {}), **per_model}.items() if value is not None}
         if given and not _file_refuses_alike(file_data, path, err):
             # the file alone is fine (or wrong elsewhere): the mistake came with the values given over it
             ensemble_config_from_dict(data, where=f"{path} (with {', '.join(f'{k}={v}' for k, v in given.items())})")
