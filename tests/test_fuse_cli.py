@@ -690,9 +690,18 @@ def test_overwrite_that_fails_before_its_first_result_leaves_the_folder_as_it_wa
         assert not (tmp_path / "new").exists(), overwrite
 
 
-@pytest.mark.parametrize("failure", [RuntimeError("the detector broke"), KeyboardInterrupt()])
+@pytest.mark.parametrize(
+    ("step", "failure"),
+    [
+        ("fuse_image", RuntimeError("the detector broke")),
+        ("fuse_image", KeyboardInterrupt()),
+        # right after the complete run is unpacked, and just before the first image is read
+        ("finished_records", RuntimeError("the detector broke")),
+        ("tqdm", KeyboardInterrupt()),
+    ],
+)
 def test_a_run_adding_images_that_fails_before_its_first_new_result_leaves_the_complete_run_as_it_was(
-        workspace, tmp_path, monkeypatch, failure):
+        workspace, tmp_path, monkeypatch, step, failure):
     """Adding images unpacks the complete run into partial/ records; failing before a new image is fused
     must not leave them (and an unfinished run's record) in a folder whose files still hold every image."""
     source, out = one_image_source(workspace, tmp_path / "src", "x.jpg"), tmp_path / "o"
@@ -703,7 +712,7 @@ def test_a_run_adding_images_that_fails_before_its_first_new_result_leaves_the_c
     def broken(*args, **kwargs):
         raise failure
 
-    monkeypatch.setattr(fuse_tool, "fuse_image", broken)
+    monkeypatch.setattr(fuse_tool, step, broken)
     if isinstance(failure, KeyboardInterrupt):
         assert fuse_into(workspace, source, out, "--no-vis") == 130
     else:

@@ -811,31 +811,6 @@ def _run(options: FuseOptions) -> int:
         if not had_run_record:
             run_file.unlink(missing_ok=True)
 
-    # images finished earlier (also those of other sources) keep their results, ids and file stems
-    earlier = {} if options.overwrite else finished_records(out)
-    done = set(earlier)
-    todo = [(p, n) for p, n in zip(images, names, strict=True) if n not in done]
-    listed = set(names)
-    # the source's order, whichever of its images an interrupted run finished (Ray's come as they finish)
-    names = [n for n in earlier if n not in listed] + names
-    categories = dataset_names or dict(COCO_ID_TO_NAME)
-    try:
-        ids = plan_image_ids(out, names, config.dataset, earlier, previous)
-        stems = output_stems(names, {n: r["output_stem"] for n, r in earlier.items() if "output_stem" in r},
-                             STEM_SUFFIXES)
-        # Saved predictions are checked here, on the driver, for both engines: a Ray run would otherwise
-        # find a missing image or a category it cannot name on an actor, after other results were written.
-        saved = saved_prediction_members(config, dataset_names) if todo else {}
-        check_saved_predictions(list(saved.values()), [path for path, _ in todo], sorted(categories),
-                                label_space_name(config))
-    except BaseException:
-        pack_finished_run()
-        raise
-    if isinstance(previous, dict) and "models" in previous:
-        member_names, weights = list(previous["models"]), dict(previous.get("weights") or {})
-    else:
-        member_names, weights = list(declared or []), {}
-    yolo_ids = sorted(categories) if config.dataset else list(COCO_CATEGORY_IDS)
     members: list[Any] = []
     first_call_ms: float | None = None
     claimed = False
@@ -890,16 +865,38 @@ def _run(options: FuseOptions) -> int:
     unreadable: dict[str, str] = {}
     processed = 0
     interrupted = False
-    start = time.perf_counter()
-    bar = tqdm(
-        total=len(names),
-        initial=len(done),
-        unit="img",
-        desc=config.name,
-        disable=options.quiet,
-        dynamic_ncols=True,
-    )
-    try:
+    bar: Any = None
+    try:  # from here on, a run that ends before its first new result leaves --out as it was
+        # images finished earlier (also those of other sources) keep their results, ids and file stems
+        earlier = {} if options.overwrite else finished_records(out)
+        done = set(earlier)
+        todo = [(p, n) for p, n in zip(images, names, strict=True) if n not in done]
+        listed = set(names)
+        # the source's order, whichever of its images an interrupted run finished (Ray's come as they finish)
+        names = [n for n in earlier if n not in listed] + names
+        categories = dataset_names or dict(COCO_ID_TO_NAME)
+        ids = plan_image_ids(out, names, config.dataset, earlier, previous)
+        stems = output_stems(names, {n: r["output_stem"] for n, r in earlier.items() if "output_stem" in r},
+                             STEM_SUFFIXES)
+        # Saved predictions are checked here, on the driver, for both engines: a Ray run would otherwise
+        # find a missing image or a category it cannot name on an actor, after other results were written.
+        saved = saved_prediction_members(config, dataset_names) if todo else {}
+        check_saved_predictions(list(saved.values()), [path for path, _ in todo], sorted(categories),
+                                label_space_name(config))
+        if isinstance(previous, dict) and "models" in previous:
+            member_names, weights = list(previous["models"]), dict(previous.get("weights") or {})
+        else:
+            member_names, weights = list(declared or []), {}
+        yolo_ids = sorted(categories) if config.dataset else list(COCO_CATEGORY_IDS)
+        start = time.perf_counter()
+        bar = tqdm(
+            total=len(names),
+            initial=len(done),
+            unit="img",
+            desc=config.name,
+            disable=options.quiet,
+            dynamic_ncols=True,
+        )
         if engine is not None and todo:
             from detens.engines.ray_cache import ray_session
             from detens.engines.ray_fuse import fuse_on_ray
@@ -959,7 +956,8 @@ def _run(options: FuseOptions) -> int:
             pack_finished_run()
         raise
     finally:
-        bar.close()
+        if bar is not None:
+            bar.close()
     claim_output()
     discard_replaced(out)  # the new run stands: the earlier outputs go
     run_info = {
