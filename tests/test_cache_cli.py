@@ -8,6 +8,7 @@ path (config → build_detector → detect_loaded on the images read from disk �
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import re
 import shutil
@@ -170,6 +171,9 @@ class TestRealModel:
             assert entry["boxes"] == len(results) and entry["seconds"] > 0
             assert entry["settings"]["conf"] == 0.001 and entry["settings"]["max_det"] == 300
         assert summary["models"]["yolo26n|hflip"]["settings"]["view"] == "hflip"
+        # what produced the predictions: the detector runtime among them
+        assert summary["software"]["ai-edge-litert"] == importlib.metadata.version("ai-edge-litert")
+        assert summary["software"]["detens"] == importlib.metadata.version("detens")
         config = yaml.safe_load((real_run / "config.yaml").read_text())
         assert config["dataset"] == str((slice_ / "gt.json").absolute()) and config["conf"] == 0.001
         # the folder is what tools/train.py and tools/evaluate.py read (cache_summary.json is not a model)
@@ -205,6 +209,7 @@ class TestRealModel:
         assert (out / "yolo26n.json").read_bytes() == (real_run / "yolo26n.json").read_bytes()
         merged = summary_of(out)["models"]["yolo26n"]
         assert merged["images"] == NUM_IMAGES and merged["shards"] == 2 and merged["status"] == "complete"
+        assert summary_of(out)["software"]["torch"] == importlib.metadata.version("torch")
 
 
 # --------------------------------------------------------------------------------- saved predictions

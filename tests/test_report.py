@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import fcntl
 import gzip
+import importlib.metadata
 import json
 import os
 import re
@@ -832,6 +833,7 @@ class TestReportOfARealEvaluation:
 
         record = EvaluationRecord.load(evaluated / "results.json")
         assert record.meta["left_out"] == []  # every image was read
+        assert record.meta["software"]["pycocotools"] == importlib.metadata.version("pycocotools")
         assert "the cache could not read" not in (evaluated / "page" / "index.html").read_text()
         record.meta["left_out"] = [{"image_id": 7, "file_name": "broken.jpg", "unreadable_by": {"yolov8n": "corrupt"}}]
         html = write_report(record, tmp_path / "page", examples=0).read_text()

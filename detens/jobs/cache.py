@@ -74,6 +74,7 @@ from detens.jobs._options import (
     text,
 )
 from detens.jobs._options import path as file_path  # ``path`` is a local name of the code below
+from detens.jobs._software import software_versions
 from detens.labels import COCO_ID_TO_NAME
 from detens.sources import ImageReadError, read_image
 
@@ -1021,6 +1022,7 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any) -> int
         "shard": f"{shard[0]}/{shard[1]}" if shard else None,
         "config": config_path.relative_to(out).as_posix(),
         "stopped_by": None,
+        "software": software_versions(),  # this run's: a resumed member's earlier images may come from others
     }
 
     def summarize_stopped_run(reason: str) -> dict[str, Any] | None:
@@ -1394,6 +1396,7 @@ def merge(options: CacheOptions) -> int:
         "shard": None,
         "config": "config.yaml" if configs else None,
         "merged_from": f"{SHARDS}/",
+        "software": software_versions(),  # the merging run's; each shard's own are in its summary
     }
     summary = write_summary(out / SUMMARY, header, members)
     print_summary(out, summary, list(members), out / SUMMARY)

@@ -45,6 +45,7 @@ from detens.jobs._options import (
 )
 from detens.jobs._options import flag as flag_option  # flag names a command-line flag in the code below
 from detens.jobs._outputs import refuse_outputs_over_inputs, refuse_results_in_prediction_folders
+from detens.jobs._software import software_versions
 from detens.predictions import EnsemblePredictions
 from detens.report import REPEATED_COLUMNS, markdown_table, plot_reliability, plot_report
 from detens.report.record import EvaluationRecord, partial_path, record_path
@@ -558,6 +559,7 @@ def _run_meta(
         "left_out": _left_out(predictions),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "detens_version": detens.__version__,
+        "software": software_versions(),
     }
 
 

@@ -6,7 +6,7 @@ The record is one gzip-compressed JSON file beside the table, ``<out stem>.evalu
     {"format": "detens-evaluation/1",
      "meta":        {"command", "gt", "images", "predictions", "models", "protocol", "cv", "seed",
                      "folds", "fit_on", "backend", "all_images", "scored_images", "left_out", "created",
-                     "detens_version"},
+                     "detens_version", "software"},
      "gt":          the COCO dataset of the scored images (images, annotations, categories): those
                     with annotations, every image of the file with ``all_images``,
      "metrics":     {method: {metric: value}}           the table, in the run's order,
