@@ -568,9 +568,40 @@ def test_fusion_weights_are_given_in_one_place():
         })
 
     assert fuse_tool.fusion_params(config(2.0, {"iou_thr": 0.6}), ["a", "b"])["weights"] == [2.0, 1.0]
+    assert "weights" not in fuse_tool.fusion_params(config(1.0, {"iou_thr": 0.6}), ["a", "b"])
     assert fuse_tool.fusion_params(config(1.0, {"weights": [1.0, 5.0]}), ["a", "b"])["weights"] == [1.0, 5.0]
     with pytest.raises(ValueError, match=r"fusion weights are given twice: fusion.params.weights \[1.0, 5.0\]"):
         fuse_tool.fusion_params(config(2.0, {"weights": [1.0, 5.0]}), ["a", "b"])
+
+
+@pytest.mark.parametrize("method", ["nms", "soft_nms", "refine", "wbf"])
+def test_equal_member_weights_fuse_as_no_weights(method):
+    """The NMS-style fusers scale model n's scores by w_n / Σw when given weights (as ensemble_boxes does), so
+    a config's equal weights must not reach them: weight 2 on every member fuses as weight 1 does."""
+    import torch
+
+    import detens
+    from detens.config import from_dict
+    from detens.detections import Detections
+    from detens.ensemble_config import EnsembleConfig
+
+    def params(weight):
+        config = from_dict(EnsembleConfig, {
+            "models": [{"weights": "a.pt", "name": "a", "weight": weight}, {"weights": "b.pt", "name": "b", "weight": weight}],
+            "fusion": {"method": method},
+        })
+        return fuse_tool.fusion_params(config, ["a", "b"])
+
+    a = Detections(torch.tensor([[10.0, 10.0, 50.0, 50.0]]), torch.tensor([0.9]), torch.tensor([1]), (100, 100))
+    b = Detections(torch.tensor([[12.0, 10.0, 52.0, 50.0]]), torch.tensor([0.6]), torch.tensor([1]), (100, 100))
+    fused = [detens.fuse([a, b], method, **params(weight)) for weight in (1.0, 2.0, 0.5)]
+    assert "weights" not in params(2.0)
+    for other in fused[1:]:
+        torch.testing.assert_close(other.scores, fused[0].scores, rtol=0, atol=0)
+        torch.testing.assert_close(other.boxes, fused[0].boxes, rtol=0, atol=0)
+    assert fused[0].scores.max().item() == pytest.approx(0.9 if method != "wbf" else 0.75, abs=1e-6)
+    with pytest.raises(ValueError, match="must not all be 0"):
+        params(0.0)
 
 
 def test_a_bad_fusion_parameter_is_named_as_one_of_fusion_params():
@@ -589,12 +620,13 @@ def test_a_bad_fusion_parameter_is_named_as_one_of_fusion_params():
                                                   "takes no parameter ['iou_tr']")):
         fuse_tool.fusion_params(config({"iou_tr": 0.5}), ["a"])
     assert fuse_tool.fusion_params(config({"max_det": 5}), ["a"])["max_det"] == 5
-    weighted = from_dict(EnsembleConfig, {"models": [{"weights": "a.pt", "name": "a", "weight": 2.0}],
+    weighted = from_dict(EnsembleConfig, {"models": [{"weights": "a.pt", "name": "a", "weight": 2.0},
+                                                     {"weights": "b.pt", "name": "b"}],
                                           "fusion": {"method": "random_k", "params": {"max_det": 50}}})
     with pytest.raises(TypeError, match=re.escape("fusion (method 'random_k', params {'max_det': 50}, the members' "
-                                                  "weights [2.0]): fusion method 'random_k' takes no parameter "
+                                                  "weights [2.0, 1.0]): fusion method 'random_k' takes no parameter "
                                                   "['weights']")):
-        fuse_tool.fusion_params(weighted, ["a"])
+        fuse_tool.fusion_params(weighted, ["a", "b"])
 
 
 def pair_config(workspace, tmp_path, fusion, named=True):

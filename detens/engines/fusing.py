@@ -43,7 +43,10 @@ def fusion_params(config: EnsembleConfig, names: list[str] | None) -> dict[str, 
     check_method(method)
     params = dict(config.fusion.params)
     weights = member_weights(config)
-    if any(w != 1.0 for w in weights):
+    # Equal weights weigh nothing: passed on, they would still scale every score of the NMS-style fusers
+    # by 1/N (ensemble_boxes' w / Σw), so that weight 2 on every member would differ from weight 1. All 0
+    # is passed on, to be refused.
+    if len(set(weights)) > 1 or not any(weights):
         if "weights" in params:
             raise ValueError(
                 f"fusion weights are given twice: fusion.params.weights {params['weights']} and the members' "
