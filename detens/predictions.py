@@ -179,13 +179,15 @@ class EnsemblePredictions:
         The images that ``folder/cache_summary.json`` lists as unreadable for one of ``models`` are left
         out (see the class docstring), with a warning that names them. A folder without the summary, or
         a summary without a member's ``unreadable`` (caches of older versions, results files written by
-        other tools), leaves nothing out.
+        other tools), leaves nothing out. Ground truth with images that the summary's ``image_ids`` (the
+        images the cache ran on) lack is refused: every model would count as finding nothing there.
 
         Raises:
             FileNotFoundError: no such folder, or no ``<name>.json`` for one of ``models``.
             NotADirectoryError: a file where the folder should be.
             ValueError: no results file in the folder; a summary that is not valid JSON or not of
-                ``detens cache``'s form; the errors of the constructor.
+                ``detens cache``'s form; ground truth with images the cache never ran on; the errors of the
+                constructor.
         """
         if models is not None:
             _check_not_one_name(models, "models")
@@ -204,7 +206,9 @@ class EnsemblePredictions:
             )
         if not models:
             raise ValueError(f"{folder} holds no <model>.json prediction files")
-        unreadable = _summary_unreadable(folder / CACHE_SUMMARY, models)
+        summary = _read_summary(folder / CACHE_SUMMARY)
+        unreadable = _summary_unreadable(summary, folder / CACHE_SUMMARY, models)
+        _check_cached_images(summary, folder / CACHE_SUMMARY, gt)
         results = [load_coco_results(folder / f"{m}.json") for m in models]
         predictions = cls(models, results, gt, validated=True, unreadable=unreadable, folder=folder)
         if predictions.left_out:
@@ -408,19 +412,44 @@ def _left_out_images(
     return [LeftOutImage(i, gt.file_name(i), errors[i]) for i in sorted(errors)]
 
 
-def _summary_unreadable(path: Path, models: Sequence[str]) -> dict[str, dict[str, str]]:
-    """Each of ``models``' unreadable files (``{file_name: error}``) as ``detens cache``'s summary lists
-    them; none for a missing summary or a member it does not describe. A member whose last cache run did
-    not finish is warned about: its results file, if any, is an earlier run's."""
+def _read_summary(path: Path) -> dict[str, Any] | None:
+    """``detens cache``'s summary at ``path``; None where there is none (results written by other tools)."""
     if not path.is_file():
-        return {}
+        return None
     summary: Any = read_json_file(path, "cache summary")
-    members = summary.get("models", {}) if isinstance(summary, dict) else None
-    if not isinstance(members, dict):
+    if not isinstance(summary, dict) or not isinstance(summary.get("models", {}), dict):
         raise ValueError(
             f"{path} is not a summary of detens cache (expected an object with 'models': {{member: ...}}); "
             "it lists the images the cache could not read: cache the predictions again to rewrite it"
         )
+    return summary
+
+
+def _check_cached_images(summary: dict[str, Any] | None, path: Path, gt: CocoGroundTruth) -> None:
+    """Refuse ground truth with images the cache never ran on: they would count as images where every model
+    found nothing. Summaries of older versions, which do not list the cache's images, are not checked."""
+    cached = None if summary is None else summary.get("image_ids")
+    if cached is None:
+        return
+    if not isinstance(cached, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in cached):
+        raise ValueError(f"{path}: image_ids must be a list of image ids, got {first_few(cached) if isinstance(cached, list) else cached!r}")
+    never = sorted(set(gt.image_ids) - set(cached))
+    if never:
+        raise ValueError(
+            f"{len(never)} of the {len(gt.image_ids)} images of the ground truth were never run by the cache in "
+            f"{path.parent} (its {path.name} lists the {len(cached)} images of {summary.get('gt') or 'its annotation file'}): "
+            f"{first_few(never)}; every model would count as finding nothing there. Give the annotation file the "
+            "cache ran on, or cache these images (detens cache --gt with this file)"
+        )
+
+
+def _summary_unreadable(summary: dict[str, Any] | None, path: Path, models: Sequence[str]) -> dict[str, dict[str, str]]:
+    """Each of ``models``' unreadable files (``{file_name: error}``) as ``detens cache``'s summary lists
+    them; none for a missing summary or a member it does not describe. A member whose last cache run did
+    not finish is warned about: its results file, if any, is an earlier run's."""
+    if summary is None:
+        return {}
+    members = summary.get("models", {})
     unreadable = {}
     for name in models:
         entry = members.get(name)

@@ -210,6 +210,7 @@ class TestRealModel:
         merged = summary_of(out)["models"]["yolo26n"]
         assert merged["images"] == NUM_IMAGES and merged["shards"] == 2 and merged["status"] == "complete"
         assert summary_of(out)["software"]["torch"] == importlib.metadata.version("torch")
+        assert summary_of(out)["image_ids"] == ids
 
 
 # --------------------------------------------------------------------------------- saved predictions
@@ -442,6 +443,34 @@ def test_unreadable_images_stay_listed_and_are_left_out_of_evaluation(slice_, re
     assert summary_of(out)["models"]["b"]["unreadable"] == {}
     assert EnsemblePredictions.from_folder(out, gt).left_out == []
     assert (out / "b.json").read_bytes() == (replay_run / "b.json").read_bytes()
+
+
+def test_ground_truth_with_images_the_cache_never_ran_on_is_refused(slice_, replay_run, tmp_path, capsys):
+    """A cache of some images scored against an annotation file of more: those would count as images where
+    every model found nothing (a silently wrong mAP)."""
+    ids = gt_ids(slice_)
+    assert summary_of(replay_run)["image_ids"] == ids
+    full = json.loads((slice_ / "gt.json").read_text())
+    extra = {**full["images"][0], "id": max(ids) + 1, "file_name": "never_cached.jpg"}
+    bigger = {**full, "images": [*full["images"], extra],
+              "annotations": [*full["annotations"], {**full["annotations"][0], "id": 10**6, "image_id": extra["id"]}]}
+    (tmp_path / "bigger.json").write_text(json.dumps(bigger))
+    with pytest.raises(ValueError, match=rf"1 of the {len(ids) + 1} images of the ground truth were never run by the "
+                                         rf"cache in .*: {extra['id']}; every model would count as finding nothing there"):
+        EnsemblePredictions.from_folder(replay_run, load_coco_gt(tmp_path / "bigger.json"))
+
+    from detens.cli import evaluate as evaluate_cli
+
+    code = evaluate_cli.main(["--gt", str(tmp_path / "bigger.json"), "--predictions", str(replay_run), "--methods",
+                              "mean", "--cv", "2", "--out", str(tmp_path / "r.json"), "--quiet"])
+    refused(capsys, code, "never run by the cache")
+    # a summary of an older version, without the list, is not checked
+    summary = summary_of(replay_run)
+    older = tmp_path / "older"
+    shutil.copytree(replay_run, older)
+    del summary["image_ids"]
+    (older / "cache_summary.json").write_text(json.dumps(summary))
+    assert EnsemblePredictions.from_folder(older, load_coco_gt(tmp_path / "bigger.json")).gt.image_ids[-1] == extra["id"]
 
 
 def refused(capsys, code, pattern):

@@ -49,7 +49,9 @@ Writes into ``--out``:
   ``load_s_this_run``; with ``--engine ray`` the load is the slowest actor's, the actors loading in
   parallel), the settings; also written when a run stops early (``stopped_by``: ``interrupt`` or the
   error; null for a run that ran to its end), with the members it got to, so that their unreadable
-  images stay listed; ``software``: the versions of Python, detens, torch, the detector runtimes and the
+  images stay listed; ``image_ids``: the images of ``--gt`` (``detens evaluate`` and ``detens train`` refuse
+  an annotation file with images beyond them, which every model would seem to have found nothing in);
+  ``software``: the versions of Python, detens, torch, the detector runtimes and the
   scorers that the run had (a resumed member's earlier images may come from other versions);
 - ``config.yaml``: the resolved config (the file with the flags applied).
 

@@ -1019,6 +1019,7 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any) -> int
         "gt_fingerprint": data.fingerprint,
         "images_dir": str(options.images),
         "images": len(data.ids),
+        "image_ids": data.all_ids,  # the dataset's: evaluate refuses ground truth with images beyond them
         "shard": f"{shard[0]}/{shard[1]}" if shard else None,
         "config": config_path.relative_to(out).as_posix(),
         "stopped_by": None,
@@ -1393,6 +1394,7 @@ def merge(options: CacheOptions) -> int:
         "gt_fingerprint": first["fingerprint"],
         "images_dir": None,
         "images": len(first["all_ids"]),
+        "image_ids": first["all_ids"],
         "shard": None,
         "config": "config.yaml" if configs else None,
         "merged_from": f"{SHARDS}/",
