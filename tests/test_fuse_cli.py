@@ -539,10 +539,15 @@ def test_shipped_config_head_follows_its_method(tmp_path):
                                              "--head", "coco_yolo3_theta"]))  # a shipped head, by name
     assert config.fusion.method == "theta" and config.fusion.head.endswith("coco_yolo3_theta.json")
 
-    with pytest.raises(ValueError, match="fixed fuser 'nms'"):
+    with pytest.raises(ValueError, match=r"fixed fuser 'nms': a head runs as its own type; set fusion.method \(or "
+                                         r"--method\) to the head's type, or drop the head \(fusion.head: null\)"):
         fuse_tool.fusion_params(fuse_tool.resolve_config(parse(base + ["--method", "nms", "--head", "coco_yolo3_deep"])), names)
-    with pytest.raises(ValueError, match="was given a 'theta' head"):
+    with pytest.raises(ValueError, match=r"the method 'deep' was given a 'theta' head .*; set fusion.method \(or "
+                                         r"--method\) to 'theta'$"):
         fuse_tool.fusion_params(fuse_tool.resolve_config(parse(base + ["--method", "deep", "--head", "coco_yolo3_theta"])), names)
+    # the shipped deep head calibrates its members' scores (a "calibrated" head): it is named by what runs it
+    with pytest.raises(ValueError, match=r"the method 'selection' was given a 'deep' head .*to 'deep'$"):
+        fuse_tool.fusion_params(fuse_tool.resolve_config(parse(base + ["--method", "selection", "--head", "coco_yolo3_deep"])), names)
     with pytest.raises(ValueError, match="trained for|other models|models"):
         fuse_tool.fusion_params(config, ["a", "b", "c"])
 

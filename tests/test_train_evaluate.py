@@ -1511,7 +1511,7 @@ class TestCalibratedHeads:
         head, _, _ = fit_head("deep", ensemble, ensemble.gt.annotated_image_ids, self.small(calibrate=True))
         per_model = ensemble.per_model(ensemble.gt.annotated_image_ids[0])
         assert len(fuse(per_model, "calibrated", head=head)) == len(fuse(per_model, "deep", head=head))
-        with pytest.raises(ValueError, match="method 'selection' was given a 'calibrated' head"):
+        with pytest.raises(ValueError, match="method 'selection' was given a 'deep' head"):
             fuse(per_model, "selection", head=head)
 
     def test_parts_must_fit_together(self, ensemble):

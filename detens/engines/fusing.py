@@ -56,8 +56,9 @@ def fusion_params(config: EnsembleConfig, names: list[str] | None) -> dict[str, 
     if config.fusion.head is not None:
         if method in FUSERS and method != "theta":
             raise ValueError(
-                f"a head ({config.fusion.head}) is given but the method is the fixed fuser {method!r}; "
-                "leave --method out (the head's type runs) or drop the head"
+                f"a head ({config.fusion.head}) is given but the method is the fixed fuser {method!r}: a head "
+                "runs as its own type; set fusion.method (or --method) to the head's type, or drop the head "
+                "(fusion.head: null)"
             )
         from detens.heads import load_head
 
@@ -65,10 +66,10 @@ def fusion_params(config: EnsembleConfig, names: list[str] | None) -> dict[str, 
     elif method not in FUSERS or method == "theta":
         raise ValueError(f"method {method!r} needs a trained head: pass --head (a head file or a shipped name)")
     if "head" in params:
-        type_name = getattr(params["head"], "type_name", None)
-        if method != "theta" and method not in head_methods(params["head"]):
-            raise ValueError(f"--method {method} was given a {type_name!r} head ({config.fusion.head}); "
-                             f"use --method {type_name}, or leave --method out")
+        runs_as = head_methods(params["head"])
+        if method != "theta" and method not in runs_as:
+            raise ValueError(f"the method {method!r} was given a {runs_as[-1]!r} head ({config.fusion.head}); "
+                             f"set fusion.method (or --method) to {runs_as[-1]!r}")
     from detens.pipeline import check_fusion_params
 
     try:

@@ -65,9 +65,10 @@ def resolve_method(method: str, params: dict[str, Any]) -> str:
         raise ValueError(f"method {method!r} is a head type: pass head= (a trained {method} head or its file)")
     if isinstance(head, (str, Path)):
         head = params["head"] = theta.load_cached_head(head)
-    if method not in head_methods(head):
-        type_name = getattr(head, "type_name", None)
-        raise ValueError(f"method {method!r} was given a {type_name!r} head; use method={type_name!r} (or 'theta', "
+    runs_as = head_methods(head)
+    if method not in runs_as:
+        kind = runs_as[-1] if runs_as else type(head).__name__  # a calibrated deep head runs as "deep"
+        raise ValueError(f"method {method!r} was given a {kind!r} head; use method={kind!r} (or 'theta', "
                          "which runs any head)")
     return "theta"
 
