@@ -1760,6 +1760,17 @@ def test_a_shipped_training_config_of_another_head_type_is_named_as_such():
     assert mismatched >= 20  # most pairs of the six head types differ
 
 
+def test_an_ensemble_config_given_for_a_training_config_is_named_as_one():
+    from detens.heads import load_train_config
+    from detens.heads._fit import TRAINERS
+
+    ensemble = REPO / "detens" / "configs" / "ensembles" / "coco_yolo3.yaml"
+    for kind in TRAINERS:
+        with pytest.raises(ValueError, match=rf"coco_yolo3\.yaml is an ensemble config \(its keys are those of detens "
+                                             rf"fuse / detens cache --config\), not a training config of a {kind} head"):
+            load_train_config(kind, ensemble)
+
+
 @pytest.mark.parametrize("kind, keys, error, message", [
     ("deep", {"box": "nope"}, ValueError, r"box must be one of score_weighted, mean, learned, got 'nope'"),
     ("deep", {"members": 0}, ValueError, r"members must be an integer >= 1, got 0"),
