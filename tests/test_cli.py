@@ -55,6 +55,12 @@ MISTAKES = [
     ("missing --source", ["fuse", "--out", "out"], r"required: --source"),
     ("bad number", fuse_args("--conf", "abc"), r"--conf: expected a number, got .abc."),
     ("unknown command", ["fusee"], r"invalid choice: 'fusee'"),
+    # named by the command that does not know it, with the flag it has nearest
+    ("unknown flag", fuse_args("--conff", "0.1"),
+     r"^error: detens fuse: unrecognized arguments: --conff 0\.1; did you mean --conf\? \(see detens fuse --help\)$"),
+    ("flag of another command", ["evaluate", "--gt", "gt.json", "--predictions", "p", "--out", "r.json", "--config", "c"],
+     r"^error: detens evaluate: unrecognized arguments: --config c; did you mean --train-config\?"),
+    ("stray argument", fuse_args("extra"), r"^error: detens fuse: unrecognized arguments: extra \(see detens fuse --help\)$"),
     ("--cv 1", ["evaluate", "--gt", "gt.json", "--predictions", "p", "--out", "r.json", "--cv", "1"], r"--cv must be"),
     ("unknown evaluate method", ["evaluate", "--gt", "gt.json", "--predictions", "p", "--out", "r.json",
                                  "--methods", "wbf,deeep"], r"unknown evaluation method 'deeep'.*Did you mean 'deep'"),

@@ -17,6 +17,7 @@ catch it, would print a traceback.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import sys
 from collections.abc import Callable, Sequence
@@ -44,6 +45,19 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")  # same form as UsageError
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        """argparse's, but a flag the command does not know is reported by that command's parser (argparse
+        reports it from the top: ``detens: ...``), with the nearest flag it has."""
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            parser = getattr(parsed, "_parser", self)
+            flags = sorted(o for action in parser._actions for o in action.option_strings if o.startswith("--"))
+            first = next((a.split("=", 1)[0] for a in unknown if a.startswith("--")), None)
+            close = difflib.get_close_matches(first, flags, n=1) if first else []
+            hint = f"; did you mean {close[0]}?" if close else ""
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
+        return parsed
 
 
 def argparse_type(module: str, check_name: str) -> Callable[[str], Any]:
