@@ -204,9 +204,17 @@ class EnsemblePredictions:
             raise FileNotFoundError(
                 f"no predictions for {missing} in {folder}; available: {', '.join(available) or 'none'}"
             )
-        if not models:
-            raise ValueError(f"{folder} holds no <model>.json prediction files")
         summary = _read_summary(folder / CACHE_SUMMARY)
+        if not models:
+            unfinished = {
+                name: entry.get("images_left", "some") for name, entry in (summary or {}).get("models", {}).items()
+                if isinstance(entry, dict) and entry.get("status") == "incomplete"
+            }
+            if unfinished:  # a member's <model>.json is written when its last image is done
+                left = ", ".join(f"{name} ({count} images left)" for name, count in sorted(unfinished.items()))
+                raise ValueError(f"the cache in {folder} is not finished ({left}): run the same detens cache "
+                                 "command again to finish it")
+            raise ValueError(f"{folder} holds no <model>.json prediction files")
         unreadable = _summary_unreadable(summary, folder / CACHE_SUMMARY, models)
         _check_cached_images(summary, folder / CACHE_SUMMARY, gt)
         results = [load_coco_results(folder / f"{m}.json") for m in models]

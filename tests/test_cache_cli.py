@@ -473,6 +473,20 @@ def test_ground_truth_with_images_the_cache_never_ran_on_is_refused(slice_, repl
     assert EnsemblePredictions.from_folder(older, load_coco_gt(tmp_path / "bigger.json")).gt.image_ids[-1] == extra["id"]
 
 
+def test_an_unfinished_cache_is_named_as_such_when_it_holds_no_results_yet(slice_, tmp_path, capsys):
+    out = tmp_path / "unfinished"
+    assert run(slice_, out, "--models", "a", "--max-images", "1") == 0
+    with pytest.raises(ValueError, match=rf"the cache in {re.escape(str(out))} is not finished \(a \({NUM_IMAGES - 1} "
+                                         r"images left\)\): run the same detens cache command again to finish it"):
+        EnsemblePredictions.from_folder(out, load_coco_gt(slice_ / "gt.json"))
+
+    from detens.cli import evaluate as evaluate_cli
+
+    code = evaluate_cli.main(["--gt", str(slice_ / "gt.json"), "--predictions", str(out), "--methods", "mean",
+                              "--cv", "2", "--out", str(tmp_path / "r.json"), "--quiet"])
+    refused(capsys, code, "is not finished")
+
+
 def refused(capsys, code, pattern):
     """A user's mistake: exit status 2 and one ``error:`` line matching ``pattern``."""
     err = capsys.readouterr().err
