@@ -476,6 +476,7 @@ def test_ground_truth_with_images_the_cache_never_ran_on_is_refused(slice_, repl
 def test_an_unfinished_cache_is_named_as_such_when_it_holds_no_results_yet(slice_, tmp_path, capsys):
     out = tmp_path / "unfinished"
     assert run(slice_, out, "--models", "a", "--max-images", "1") == 0
+    assert summary_of(out)["stopped_by"] == "max_images"
     with pytest.raises(ValueError, match=rf"the cache in {re.escape(str(out))} is not finished \(a \({NUM_IMAGES - 1} "
                                          r"images left\)\): run the same detens cache command again to finish it"):
         EnsemblePredictions.from_folder(out, load_coco_gt(slice_ / "gt.json"))

@@ -47,7 +47,7 @@ Writes into ``--out``:
 - ``cache_summary.json``: per member: images, boxes, unreadable files, detection seconds (summed over
   images, across resumed runs), wall and model-load seconds of the last run (``wall_s_this_run``,
   ``load_s_this_run``; with ``--engine ray`` the load is the slowest actor's, the actors loading in
-  parallel), the settings; also written when a run stops early (``stopped_by``: ``interrupt`` or the
+  parallel), the settings; also written when a run stops early (``stopped_by``: ``interrupt``, ``max_images`` or the
   error; null for a run that ran to its end), with the members it got to, so that their unreadable
   images stay listed; ``image_ids``: the images of ``--gt`` (``detens evaluate`` and ``detens train`` refuse
   an annotation file with images beyond them, which every model would seem to have found nothing in);

@@ -1074,6 +1074,8 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any) -> int
         raise
     finally:
         stack.close()
+    if options.max_images is not None and any(m["status"] != "complete" for m in members.values()):
+        header = {**header, "stopped_by": "max_images"}
     summary = write_summary(summary_path, header, members)
     print_summary(out, summary, list(members), summary_path)
     if summary["unreadable"] and not any(m["images"] for m in summary["models"].values()):
