@@ -1307,6 +1307,7 @@ def test_images_missing_from_saved_predictions_are_named_before_any_result(works
     assert code == 2
     err = capsys.readouterr().err
     assert "1 of the 2 images have no saved predictions in member 'saved'" in err and "other.jpg" in err
+    assert "saved: no saved predictions for" not in err, err  # the member is named once, not again by its own message
     assert not (tmp_path / "o").exists()
 
 

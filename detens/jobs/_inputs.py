@@ -222,7 +222,9 @@ def check_saved_predictions(
             except KeyError as err:
                 missing.append(err.args[0] if err.args else str(path))
         if missing:
+            # the member's own message begins with what this one says: the first image's part of it is kept
+            first = str(missing[0]).removeprefix(f"{member.name}: no saved predictions for ")
             raise ValueError(
                 f"{len(missing)} of the {len(paths)} images have no saved predictions in member "
-                f"{member.name!r}: {missing[0]}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+                f"{member.name!r}: {first}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
             )
