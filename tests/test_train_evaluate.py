@@ -1303,6 +1303,52 @@ class TestTools:
         assert (tmp_path / "r.png").stat().st_size > 1000
         assert not (tmp_path / "repeated.evaluation.json.gz").exists()  # a record holds one cross-validation
 
+    @pytest.mark.parametrize("seeds", [["--seed", "0"], ["--seed", "0,1"]])
+    def test_an_interrupted_evaluation_resumes_its_finished_methods(self, dataset, tmp_path, capsys, monkeypatch, seeds):
+        """The same command again takes the methods the interrupted run finished as they were (not fitted or
+        scored again) and gives the table an uninterrupted run gives; another command starts over."""
+        gt_path, predictions = dataset
+        base = ["--gt", str(gt_path), "--predictions", str(predictions), "--cv", "2", "--backend", "faster",
+                "--methods", "wbf_tuned,mean", "--quiet", *seeds]
+        assert evaluate_cli.main(base + ["--out", str(tmp_path / "whole.json")]) == 0
+        out = tmp_path / "report.json"
+        real, ran = evaluate_job.cross_validate, []
+
+        def counted(*args, on_method, **kwargs):
+            def on_method_counted(name, result):
+                ran.append(name)
+                on_method(name, result)
+                if stop_after and len(ran) == stop_after:
+                    raise KeyboardInterrupt
+
+            return real(*args, on_method=on_method_counted, **kwargs)
+
+        monkeypatch.setattr(evaluate_job, "cross_validate", counted)
+        stop_after = 1
+        assert evaluate_cli.main(base + ["--out", str(out)]) == 130
+        assert ran == ["wbf_tuned"] and (tmp_path / "report.unfinished").is_dir()
+        ran.clear()
+        stop_after = 0
+        assert evaluate_cli.main(base + ["--out", str(out)]) == 0
+        per_seed = ["mean"] if len(seeds[1]) == 1 else ["mean", "wbf_tuned", "mean"]
+        assert ran == per_seed  # wbf_tuned of the first seed was not run again
+        assert "finished by the interrupted run" in capsys.readouterr().out
+        def untimed(path):  # fusion_ms is a timing: every run measures its own
+            return {method: {k: v for k, v in row.items() if "fusion_ms" not in k}
+                    for method, row in json.loads(path.read_text()).items()}
+
+        assert untimed(out) == untimed(tmp_path / "whole.json")
+        assert not (tmp_path / "report.unfinished").exists()
+        if len(seeds[1]) == 1:
+            assert EvaluationRecord.load(out).results == EvaluationRecord.load(tmp_path / "whole.json").results
+
+        # interrupted again, then run with another option: nothing of the other run is taken
+        stop_after, ran[:] = 1, []
+        assert evaluate_cli.main(base + ["--out", str(out)]) == 130
+        stop_after, ran[:] = 0, []
+        assert evaluate_cli.main(base + ["--out", str(out), "--max-det", "50"]) == 0
+        assert ran[:2] == ["wbf_tuned", "mean"]
+
     def test_evaluate_cli_replaces_a_runs_files_only_when_it_completes(self, dataset, tmp_path, capsys, monkeypatch):
         gt_path, predictions = dataset
         out = tmp_path / "report.json"

@@ -56,7 +56,10 @@ The files of a run replace those of an earlier run with the same ``--out`` only 
 run, ``--out`` last, so a run that fails or is interrupted leaves the earlier run's files as they were.
 Its finished rows are not lost: ``<out>.partial.json`` holds them (``--out``'s form; the means of the
 seeds done so far with several seeds), rewritten as each method (seed) finishes and removed when the run
-completes; a run starts by removing an earlier run's, so the rows there are always the running one's. ``detens report`` refuses a table that its record's run did not write.
+completes; a run starts by removing an earlier run's, so the rows there are always the running one's.
+The same command run again resumes: every method (per seed) that an interrupted run finished is kept in
+``<out stem>.unfinished/`` (its fits and held-out predictions) and taken as it was; a run with other inputs or
+options starts that folder over, and a run that completes removes it. ``detens report`` refuses a table that its record's run did not write.
 Two outputs on one file (``--plot`` on ``--out``, an ``--out`` named like its record) and an output on an
 input (``--gt``, a JSON file of a prediction folder, a head file) are errors before the evaluation runs, as is
 a new ``.json`` output in a prediction folder (every later run would read it as a member's predictions).

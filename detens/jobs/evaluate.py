@@ -46,7 +46,8 @@ from detens.jobs._options import (
 from detens.jobs._options import flag as flag_option  # flag names a command-line flag in the code below
 from detens.jobs._outputs import refuse_outputs_over_inputs, refuse_results_in_prediction_folders
 from detens.jobs._software import software_versions
-from detens.predictions import EnsemblePredictions
+from detens.jobs._unfinished import UnfinishedRun, discard_unfinished, file_digest, run_key, unfinished_folder
+from detens.predictions import CACHE_SUMMARY, EnsemblePredictions
 from detens.report import REPEATED_COLUMNS, markdown_table, plot_reliability, plot_report
 from detens.report.record import EvaluationRecord, partial_path, record_path
 
@@ -245,6 +246,7 @@ def run(options: EvaluateOptions) -> int:
     out = Path(options.out)
     partial = partial_path(out)
     partial.unlink(missing_ok=True)  # an earlier run's rows: this run's own replace them as they finish
+    unfinished = UnfinishedRun(out, _run_key(options, methods, method_options, predictions, fit_on))
     finished: dict[str, MethodResult] = {}
 
     def on_method(name: str, result: MethodResult) -> None:
@@ -254,6 +256,7 @@ def run(options: EvaluateOptions) -> int:
                 f"iou_thr {f['iou_thr']}, {f['conf_type']}, weights {f['weights']}" for f in result.fitted
             )
         print(f"{name:>22}: mAP {result.metrics['map']:.4f}  AP50 {result.metrics['map50']:.4f}{chose}", flush=True)
+        unfinished.save(options.seed[0], name, result)
         finished[name] = result
         # every finished row is on disk at once: a failure or a kill later loses none of them; not in --out,
         # which stays the earlier run's, beside that run's record, until this run completes
@@ -289,11 +292,18 @@ def run(options: EvaluateOptions) -> int:
             "s" if unannotated > 1 else "", "are" if unannotated > 1 else "is",
         )
     if len(options.seed) > 1:
-        return _run_repeats(options, predictions, methods, method_options, fit_on, protocol)
+        return _run_repeats(options, predictions, methods, method_options, fit_on, protocol, unfinished)
+    done = unfinished.finished(options.seed[0], expand_methods(methods, predictions.model_names))
+    for name, result in done.items():
+        print(f"{name:>22}: mAP {result.metrics['map']:.4f}  AP50 {result.metrics['map50']:.4f}  (finished by "
+              "the interrupted run)", flush=True)
+        finished[name] = result
+    if done:
+        atomic_write_json(partial, {n: r.metrics for n, r in finished.items()}, indent=1)
     report = cross_validate(
         predictions, methods, k=options.cv, seed=options.seed[0], backend=options.backend,
         method_options=method_options, on_method=on_method, fit_on=fit_on, all_images=options.all_images,
-        max_det=options.max_det,
+        max_det=options.max_det, done=done,
     )
     table = {name: result.metrics for name, result in report.items()}
     record = _record(options, report, predictions, protocol, fit_on, images if images.is_dir() else None)
@@ -356,6 +366,7 @@ def _outputs(options: EvaluateOptions) -> list[tuple[str, Path]]:
     """Every file this run writes (or removes, as an earlier run's), each with what names it in a message."""
     out = Path(options.out)
     outputs = [("--out", out), ("the record", record_path(out)), ("the unfinished rows", partial_path(out)),
+               ("the unfinished run's folder", unfinished_folder(out)),
                *((f"the {suffix} file", _beside(out, suffix))
                  for suffix in (".fitted.json", ".calibration.json", ".bootstrap.json", ".run.json")),
                ("--plot", options.plot), ("--reliability", options.reliability)]
@@ -377,6 +388,33 @@ def _prediction_folders(options: EvaluateOptions) -> list[tuple[str, Path]]:
         flag, _, folder = fitting
         folders.append((flag, folder))
     return folders
+
+
+def _run_key(
+    options: EvaluateOptions,
+    methods: list[str],
+    method_options: dict[str, dict[str, Any]],
+    predictions: EnsemblePredictions,
+    fit_on: EnsemblePredictions | None,
+) -> str:
+    """What makes a method's row, for resuming an interrupted run: the files read (by content), the
+    members, the protocol's options, the training configs and the torch threads (the network heads sum in
+    their order). Not the methods themselves: each finished one is kept by its name."""
+    folders = [(flag, Path(folder)) for flag, folder in _prediction_folders(options)]
+    files = [Path(options.gt)] + [folder / f"{m}.json" for _, folder in folders for m in predictions.model_names]
+    files += [folder / CACHE_SUMMARY for _, folder in folders]  # the images it left out
+    if (fitting := _fitting_data(options)) is not None:
+        files.append(fitting[1])
+    files += [Path(item.partition("=")[2]) for item in options.train_config]
+    files += [Path(m.split(":", 1)[1]) for m in methods if m.startswith("head:")]  # a head file trained again
+    return run_key({
+        "files": {str(path.resolve()): file_digest(path) for path in files},
+        "models": predictions.model_names,
+        "fit_on": None if fit_on is None else ("also" if options.also_fit_on else "only"),
+        "cv": options.cv, "backend": options.backend, "all_images": options.all_images,
+        "max_det": options.max_det, "threads": options.threads, "method_options": method_options,
+        "detens": detens.__version__,
+    })
 
 
 def _inputs(options: EvaluateOptions, methods: list[str]) -> list[tuple[str, Path]]:
@@ -425,6 +463,7 @@ def _complete(out: Path, table: dict[str, Any]) -> None:
     drop the finished rows kept while the run went."""
     atomic_write_json(out, table, indent=1)
     partial_path(out).unlink(missing_ok=True)
+    discard_unfinished(out)
 
 
 def bootstrap_table(summary: dict[str, dict[str, Any]], against: str) -> str:
@@ -448,9 +487,10 @@ def _run_repeats(
     method_options: dict[str, dict[str, Any]],
     fit_on: EnsemblePredictions | None,
     protocol: str,
+    unfinished: UnfinishedRun,
 ) -> int:
     """The comparison once per ``--seed``; the table of means so far is on disk after every seed (in the
-    partial file until the last seed)."""
+    partial file until the last seed), and every finished method in ``unfinished``."""
     out = Path(options.out)
     runs: dict[int, dict[str, dict[str, float]]] = {}
     fitted: dict[str, dict[str, Any]] = {}
@@ -458,11 +498,16 @@ def _run_repeats(
     for seed in options.seed:
         def on_method(name: str, result: MethodResult, seed: int = seed) -> None:
             print(f"seed {seed}: {name:>22}: mAP {result.metrics['map']:.4f}  AP50 {result.metrics['map50']:.4f}", flush=True)
+            unfinished.save(seed, name, result)
 
+        done = unfinished.finished(seed, expand_methods(methods, predictions.model_names))
+        for name, result in done.items():
+            print(f"seed {seed}: {name:>22}: mAP {result.metrics['map']:.4f}  AP50 {result.metrics['map50']:.4f}  "
+                  "(finished by the interrupted run)", flush=True)
         report = cross_validate(
             predictions, methods, k=options.cv, seed=seed, backend=options.backend,
             method_options=method_options, on_method=on_method, fit_on=fit_on, all_images=options.all_images,
-            calibration_checks=calibration_checks, max_det=options.max_det,
+            calibration_checks=calibration_checks, max_det=options.max_det, done=done,
         )
         runs[seed] = {name: result.metrics for name, result in report.items()}
         for name, result in report.items():

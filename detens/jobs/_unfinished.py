@@ -1,0 +1,98 @@
+"""The finished methods of a ``detens evaluate`` run that did not complete, kept so that the same command
+resumes where it stopped instead of fitting and scoring them again.
+
+``<out stem>.unfinished/`` beside ``--out`` holds ``run.json`` (``{"key": ...}``: a digest of everything
+that makes a method's row, see :func:`run_key`) and one ``<seed>-<digest of the method's name>.json.gz``
+per finished method and fold seed: the method's metrics, fits, calibration bins and pooled held-out
+predictions, floats in full, so a resumed row is the row the interrupted run computed, to the last bit.
+A run whose key differs (another annotation file, other predictions, other options) starts the folder
+over; a run that completes removes it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import logging
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from detens.evaluation import MethodResult
+from detens.io import atomic_write_bytes, atomic_write_json
+
+__all__ = ["UnfinishedRun", "discard_unfinished", "file_digest", "run_key", "unfinished_folder"]
+
+logger = logging.getLogger(__name__)
+
+
+def unfinished_folder(out: Path) -> Path:
+    """Where a run with ``--out out`` keeps its finished methods until it completes."""
+    return out.with_name(out.stem + ".unfinished")
+
+
+def discard_unfinished(out: Path) -> None:
+    """The run with ``--out out`` completed: its files hold every method."""
+    shutil.rmtree(unfinished_folder(out), ignore_errors=True)
+
+
+def file_digest(path: Path) -> str | None:
+    """The SHA-256 of a file's bytes; None where there is no such file (a shipped name, not a path)."""
+    if not path.is_file():
+        return None
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def run_key(parts: Mapping[str, Any]) -> str:
+    """A digest of ``parts`` (JSON, anything else by its ``repr``: training configs are dataclasses)."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=repr).encode("utf-8")).hexdigest()
+
+
+class UnfinishedRun:
+    """The finished methods of the run with ``--out out`` and key ``key``: an earlier run's with the same key
+    are kept (and resumed), any other earlier run's are discarded."""
+
+    def __init__(self, out: Path, key: str) -> None:
+        self.folder = unfinished_folder(out)
+        self.key = key
+        record = self.folder / "run.json"
+        try:
+            kept = json.loads(record.read_text(encoding="utf-8")).get("key") == key
+        except (OSError, ValueError, AttributeError):
+            kept = False
+        if not kept:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(record, {"key": key})
+
+    def _path(self, seed: int, name: str) -> Path:
+        return self.folder / f"{seed}-{hashlib.sha256(name.encode('utf-8')).hexdigest()[:16]}.json.gz"
+
+    def finished(self, seed: int, names: list[str]) -> dict[str, MethodResult]:
+        """The methods of ``names`` that an earlier run with this key finished with fold seed ``seed``; a file
+        that cannot be read is left out (the method runs again)."""
+        found = {}
+        for name in names:
+            path = self._path(seed, name)
+            if not path.is_file():
+                continue
+            try:
+                stored = json.loads(gzip.decompress(path.read_bytes()).decode("utf-8"))
+                if stored["name"] != name:
+                    raise ValueError(f"holds {stored['name']!r}")
+                found[name] = MethodResult(stored["metrics"], stored["fitted"], stored["calibration"], stored["results"])
+            except (OSError, ValueError, KeyError, TypeError) as err:
+                logger.warning("%s: cannot read the finished %s (%s); it runs again", path, name, err)
+        return found
+
+    def save(self, seed: int, name: str, result: MethodResult) -> None:
+        stored = {"name": name, "metrics": result.metrics, "fitted": result.fitted,
+                  "calibration": result.calibration, "results": result.results}
+        atomic_write_bytes(self._path(seed, name), gzip.compress(json.dumps(stored).encode("utf-8"), compresslevel=3))
+
