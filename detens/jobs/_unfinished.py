@@ -23,7 +23,7 @@ from typing import Any
 from detens.evaluation import MethodResult
 from detens.io import atomic_write_bytes, atomic_write_json
 
-__all__ = ["UnfinishedRun", "discard_unfinished", "file_digest", "run_key", "unfinished_folder"]
+__all__ = ["UnfinishedRun", "discard_unfinished", "run_key", "unfinished_folder"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,17 +36,6 @@ def unfinished_folder(out: Path) -> Path:
 def discard_unfinished(out: Path) -> None:
     """The run with ``--out out`` completed: its files hold every method."""
     shutil.rmtree(unfinished_folder(out), ignore_errors=True)
-
-
-def file_digest(path: Path) -> str | None:
-    """The SHA-256 of a file's bytes; None where there is no such file (a shipped name, not a path)."""
-    if not path.is_file():
-        return None
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def run_key(parts: Mapping[str, Any]) -> str:

@@ -31,7 +31,7 @@ from detens.folds import kfold_image_splits
 from detens.fusers import highest_scoring
 from detens.heads import TRAINERS, load_train_config
 from detens.io import atomic_write_json, check_writable_file, check_writable_folder
-from detens.jobs._inputs import comma_separated, model_names
+from detens.jobs._inputs import comma_separated, file_digests, model_names
 from detens.jobs._options import (
     JobOptions,
     UsageError,
@@ -46,7 +46,7 @@ from detens.jobs._options import (
 from detens.jobs._options import flag as flag_option  # flag names a command-line flag in the code below
 from detens.jobs._outputs import refuse_outputs_over_inputs, refuse_results_in_prediction_folders
 from detens.jobs._software import software_versions
-from detens.jobs._unfinished import UnfinishedRun, discard_unfinished, file_digest, run_key, unfinished_folder
+from detens.jobs._unfinished import UnfinishedRun, discard_unfinished, run_key, unfinished_folder
 from detens.predictions import CACHE_SUMMARY, EnsemblePredictions
 from detens.report import REPEATED_COLUMNS, markdown_table, plot_reliability, plot_report
 from detens.report.record import EvaluationRecord, partial_path, record_path
@@ -408,7 +408,7 @@ def _run_key(
     files += [Path(item.partition("=")[2]) for item in options.train_config]
     files += [Path(m.split(":", 1)[1]) for m in methods if m.startswith("head:")]  # a head file trained again
     return run_key({
-        "files": {str(path.resolve()): file_digest(path) for path in files},
+        "files": file_digests(str(path) for path in files),
         "models": predictions.model_names,
         "fit_on": None if fit_on is None else ("also" if options.also_fit_on else "only"),
         "cv": options.cv, "backend": options.backend, "all_images": options.all_images,
