@@ -947,17 +947,17 @@ def _check_head_type_of(kind: str, path: Any, data: dict[str, Any]) -> None:
     if set(data) <= options(kind):
         return
     others = sorted(head for head in TRAINERS if head != kind and set(data) <= options(head))
-    from detens.ensemble_config import EnsembleConfig
-
-    if not others and "models" in data and set(data) <= {f.name for f in fields(EnsembleConfig)}:
-        raise ValueError(
-            f"{path} is an ensemble config (its keys are those of detens fuse / detens cache --config), not a "
-            f"training config of a {kind} head; give a {kind} one (the shipped one is named {kind!r})"
-        )
     if others:
         raise ValueError(
             f"{path} is a training config of a {' / '.join(others)} head (its keys are that type's), not of a "
             f"{kind} head; give a {kind} one (the shipped one is named {kind!r})"
+        )
+    from detens.ensemble_config import EnsembleConfig
+
+    if "models" in data and set(data) <= {f.name for f in fields(EnsembleConfig)}:
+        raise ValueError(
+            f"{path} is an ensemble config (its keys are those of detens fuse / detens cache --config), not a "
+            f"training config of a {kind} head; give a {kind} one (the shipped one is named {kind!r})"
         )
 
 
