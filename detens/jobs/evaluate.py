@@ -255,7 +255,7 @@ def run(options: EvaluateOptions) -> int:
             chose = "  chose " + "; ".join(
                 f"iou_thr {f['iou_thr']}, {f['conf_type']}, weights {f['weights']}" for f in result.fitted
             )
-        print(f"{name:>22}: mAP {result.metrics['map']:.4f}  AP50 {result.metrics['map50']:.4f}{chose}", flush=True)
+        print(_progress_line(name, result) + chose, flush=True)
         unfinished.save(options.seed[0], name, result)
         finished[name] = result
         # every finished row is on disk at once: a failure or a kill later loses none of them; not in --out,
@@ -295,8 +295,7 @@ def run(options: EvaluateOptions) -> int:
         return _run_repeats(options, predictions, methods, method_options, fit_on, protocol, unfinished)
     done = unfinished.finished(options.seed[0], expand_methods(methods, predictions.model_names))
     for name, result in done.items():
-        print(f"{name:>22}: mAP {result.metrics['map']:.4f}  AP50 {result.metrics['map50']:.4f}  (finished by "
-              "the interrupted run)", flush=True)
+        print(_progress_line(name, result) + _RESUMED, flush=True)
         finished[name] = result
     if done:
         atomic_write_json(partial, {n: r.metrics for n, r in finished.items()}, indent=1)
@@ -388,6 +387,15 @@ def _prediction_folders(options: EvaluateOptions) -> list[tuple[str, Path]]:
         flag, _, folder = fitting
         folders.append((flag, folder))
     return folders
+
+
+# after a resumed method's progress line
+_RESUMED = "  (finished by the interrupted run)"
+
+
+def _progress_line(name: str, result: MethodResult) -> str:
+    """A finished method's line while the run goes."""
+    return f"{name:>22}: mAP {result.metrics['map']:.4f}  AP50 {result.metrics['map50']:.4f}"
 
 
 def _run_key(
@@ -497,13 +505,12 @@ def _run_repeats(
     calibration_checks: dict[tuple[int, ...], dict[str, str | None]] = {}  # one pass per target for every seed
     for seed in options.seed:
         def on_method(name: str, result: MethodResult, seed: int = seed) -> None:
-            print(f"seed {seed}: {name:>22}: mAP {result.metrics['map']:.4f}  AP50 {result.metrics['map50']:.4f}", flush=True)
+            print(f"seed {seed}: {_progress_line(name, result)}", flush=True)
             unfinished.save(seed, name, result)
 
         done = unfinished.finished(seed, expand_methods(methods, predictions.model_names))
         for name, result in done.items():
-            print(f"seed {seed}: {name:>22}: mAP {result.metrics['map']:.4f}  AP50 {result.metrics['map50']:.4f}  "
-                  "(finished by the interrupted run)", flush=True)
+            print(f"seed {seed}: {_progress_line(name, result)}{_RESUMED}", flush=True)
         report = cross_validate(
             predictions, methods, k=options.cv, seed=seed, backend=options.backend,
             method_options=method_options, on_method=on_method, fit_on=fit_on, all_images=options.all_images,
