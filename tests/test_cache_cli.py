@@ -326,6 +326,8 @@ def test_merge_with_a_missing_shard_fails_clearly(slice_, capsys):
     missing_id = gt_ids(slice_)[1]
     assert "a: shard 1/3 is missing (1 images: " + str(missing_id) + ")" in err
     assert "b: shard 1/3 is missing" in err and "--shard 1/3" in err
+    assert err.count("\n") == 1 and err.startswith(f"error: cannot merge the shards in {out / 'shards'}: a: "), err  # one line
+    assert "run --shard 1/3 | b: shard 1/3" in err
     assert not (out / "a.json").exists() and not (out / "b.json").exists()
     # the same images split two ways cannot be mixed either
     assert run(slice_, out, "--shard", "0/2", "--models", "a") == 0

@@ -47,7 +47,7 @@ MISTAKES = [
     ("wrong weights path", fuse_args("--config", "missing_weights.yaml"), r"weights 'no_such_model\.tflite' not found"),
     ("YAML typo", fuse_args("--config", "typo.yaml"), r"unknown key 'confg'.*conf"),
     ("unknown method", fuse_args("--method", "wbff"), r"unknown fusion method 'wbff'.*Did you mean 'wbf'"),
-    ("head for other models", fuse_args("--head", "other_models.json"), r"\['a', 'b', 'c'\]"),
+    ("head for other models", fuse_args("--head", "other_models.json"), r"trained for models \['a', 'b', 'c'\], not for the models \['yolov8n', 'yolo11n', 'yolo26n'\] it was given to fuse \(its weights belong to its models"),
     ("head of another type", fuse_args("--method", "deep", "--head", "coco_yolo3_theta"), r"given a 'theta' head"),
     ("head with a fixed fuser", fuse_args("--method", "nms", "--head", "coco_yolo3_deep"), r"fixed fuser 'nms'"),
     ("unknown config name", fuse_args("--config", "coco_yolo9"), r"'coco_yolo9' not found.*coco_yolo3"),
@@ -159,7 +159,8 @@ def test_user_mistakes_are_one_error_line(workspace, capsys, case, argv, expecte
     assert code == 2, err
     error_lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(error_lines) == 1 and "Traceback" not in err, err
-    assert re.search(expected, err, re.S), err
+    assert err.rstrip("\n").splitlines()[-1] == error_lines[0], err  # the whole message on that line
+    assert re.search(expected, error_lines[0]), err
     assert not (workspace / "out").exists() or not any((workspace / "out").iterdir())  # nothing claimed
 
 

@@ -201,9 +201,9 @@ def resolve_weights(
         "any": "an Ultralytics asset name ('yolo11n.pt') or torchvision weights name ('DEFAULT')",
     }[kind]
     raise WeightsNotFoundError(
-        f"weights {text!r} not found. Looked at:\n  - "
-        + "\n  - ".join(tried)
-        + f"\nand it is not {upstream_hint}. Pass an existing path"
+        f"weights {text!r} not found (looked at: "
+        + "; ".join(tried)
+        + f"), and it is not {upstream_hint}. Pass an existing path"
         + (" or a name" if kind == "onnx" else ", a name")
         + f" relative to ${ENV_VAR} ({_env_note()})"
         + ("." if kind == "onnx" else ", or an upstream name.")
@@ -250,6 +250,6 @@ def upstream_failure(
     name = f"{what} weights {resolved.value!r}" if what else f"weights {resolved.value!r}"
     return WeightsNotFoundError(
         f"{name} are not on disk and the upstream download failed ({type(err).__name__}: "
-        f"{err}). Looked at:\n  - " + "\n  - ".join(resolved.tried) + f"\nPut the file in a weights folder "
+        f"{err}; looked at: " + "; ".join(resolved.tried) + f"). Put the file in a weights folder "
         f"({_env_note()}) or pass its path."
     )

@@ -469,8 +469,8 @@ def read_head_for(path: str | Path, type_name: str, model_names: Sequence[str] |
         names = check_model_names(model_names)
         if sorted(names) != sorted(stored.model_names):
             raise ValueError(
-                f"head {where} was trained for models {stored.model_names} but model_names={names}; "
-                f"a {type_name} head's weights belong to its models"
+                f"head {where} was trained for models {stored.model_names}, not for the models {names} it was "
+                "given to fuse (its weights belong to its models; fit a head on these models' predictions)"
             )
     return stored
 

@@ -1370,7 +1370,7 @@ def merge(options: CacheOptions) -> int:
         except MergeError as err:
             errors.append(str(err))
     if errors:
-        raise MergeError("cannot merge the shards in " + str(folder) + ":\n  " + "\n  ".join(errors))
+        raise MergeError(f"cannot merge the shards in {folder}: " + " | ".join(errors))
     members = {}
     for member, m in merged.items():
         save_coco_results(m["results"], out / f"{member}.json")
