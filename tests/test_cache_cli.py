@@ -12,6 +12,7 @@ import importlib.metadata
 import json
 import re
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -285,6 +286,7 @@ def test_interrupted_run_resumes(slice_, replay_run, monkeypatch, capsys):
         calls.append(1)
         if len(calls) == 2:
             raise KeyboardInterrupt
+        time.sleep(0.01)  # a time the stopped run must record
         return real_detect(*args, **kwargs)
 
     monkeypatch.setattr(cache_tool, "detect_loaded", interrupt_on_second_call)
@@ -293,7 +295,9 @@ def test_interrupted_run_resumes(slice_, replay_run, monkeypatch, capsys):
     assert capsys.readouterr().err.endswith("error: interrupted\n")  # as a Ctrl-C anywhere else ends
     assert not (out / "a.json").exists() and not (out / "b.json").exists()
     assert len(list((out / ".partial" / "a").glob("[0-9]*.json"))) == 1
-    assert summary_of(out)["models"]["a"]["status"] == "incomplete"
+    stopped = summary_of(out)["models"]["a"]
+    assert stopped["status"] == "incomplete" and stopped["processed_this_run"] == 1
+    assert stopped["wall_s_this_run"] >= 0.01 and 0 <= stopped["load_s_this_run"] <= stopped["wall_s_this_run"]
     # a leftover temporary file and a damaged record are not taken for finished images
     (out / ".partial" / "a" / ".123.json.tmp").write_text('{"image_id": 1')
     (out / ".partial" / "b" / f"{gt_ids(slice_)[1]}.json").write_text('{"image_id": ')

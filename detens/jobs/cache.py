@@ -656,26 +656,29 @@ def run_entry(
     categories: dict[int, str] | None,
     max_images: int | None,
     quiet: bool,
+    timing: dict[str, float],
     claim: Callable[[MemberRun], None] = lambda run: None,
-) -> dict[str, float]:
-    """Run one model (its selected views) over the images some member still needs; returns timings.
+) -> None:
+    """Run one model (its selected views) over the images some member still needs.
 
-    ``claim(run)`` is called once per member before its first result is written (and at the end for a
-    member that got none): with ``--overwrite`` it removes the member's earlier results, which a run that
-    fails to load or run the model before then thus leaves in place.
+    ``timing`` (``load_s``, ``read_s``, ``wall_s``) is filled in as the run goes, so that a run stopped
+    part-way still records what it took. ``claim(run)`` is called once per member before its first result
+    is written (and at the end for a member that got none): with ``--overwrite`` it removes the member's
+    earlier results, which a run that fails to load or run the model before then thus leaves in place.
     """
     needed_all = sorted({i for run in runs for i in run.todo})
     needed = needed_all if max_images is None else needed_all[:max_images]
-    timing = {"load_s": 0.0, "read_s": 0.0, "wall_s": 0.0}
     if not needed:
         for run in runs:
             claim(run)
-        return timing
+        return
     start = time.perf_counter()
-    if entry.built is None:
-        entry.built = build_detector(entry.model, config, categories)
-    members = entry.members()
-    timing["load_s"] = time.perf_counter() - start
+    try:
+        if entry.built is None:
+            entry.built = build_detector(entry.model, config, categories)
+        members = entry.members()
+    finally:
+        timing["load_s"] = timing["wall_s"] = time.perf_counter() - start
     pending = {run.name: set(run.todo) for run in runs}
     batch = config.setting(entry.model, "batch")
     bar = tqdm(
@@ -721,7 +724,6 @@ def run_entry(
     finally:
         bar.close()
         timing["wall_s"] = time.perf_counter() - start
-    return timing
 
 
 def run_entry_ray(
@@ -734,20 +736,20 @@ def run_entry_ray(
     max_images: int | None,
     quiet: bool,
     options: Any,
+    timing: dict[str, float],
     claim: Callable[[MemberRun], None] = lambda run: None,
-) -> dict[str, float]:
-    """:func:`run_entry` on Ray: the same partial records, written here as the actors' rows arrive, and the
-    same ``claim`` before a member's first one. ``load_s`` is the slowest actor's model load (the actors
-    load in parallel)."""
+) -> None:
+    """:func:`run_entry` on Ray: the same partial records, written here as the actors' rows arrive, the
+    same ``timing`` filled in as it goes, and the same ``claim`` before a member's first one. ``load_s``
+    is the slowest actor's model load (the actors load in parallel)."""
     from detens.engines.ray_cache import detect_on_ray
 
     needed_all = sorted({i for run in runs for i in run.todo})
     needed = set(needed_all if max_images is None else needed_all[:max_images])
-    timing = {"load_s": 0.0, "read_s": 0.0, "wall_s": 0.0}
     if not needed:
         for run in runs:
             claim(run)
-        return timing
+        return
     by_name = {run.name: run for run in runs}
     todo = {run.name: [i for i in run.todo if i in needed] for run in runs}
     start = time.perf_counter()
@@ -779,7 +781,6 @@ def run_entry_ray(
     finally:
         bar.close()
         timing["wall_s"] = time.perf_counter() - start
-    return timing
 
 
 def release(entry: Entry) -> None:
@@ -1026,15 +1027,17 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any) -> int
         "software": software_versions(),  # this run's: a resumed member's earlier images may come from others
     }
 
+    timing = {"load_s": 0.0, "read_s": 0.0, "wall_s": 0.0}  # of the model running now
+
     def summarize_stopped_run(reason: str) -> dict[str, Any] | None:
-        """The summary of a run that stopped early, with every member it wrote for; None (nothing written)
-        when it stopped before writing anything."""
+        """The summary of a run that stopped early, with every member it wrote for (the ones it stopped
+        in with the time their model ran); None (nothing written) when it stopped before writing anything."""
         if not config_saved:
             return None
         for _, runs in plans:
             for run in runs:
                 if run.name not in members and run.claimed:
-                    members[run.name] = finish_member(out, run, data, shard, {"wall_s": 0.0, "load_s": 0.0})
+                    members[run.name] = finish_member(out, run, data, shard, timing)
         return write_summary(summary_path, {**header, "stopped_by": reason}, members)
 
     session = None
@@ -1045,13 +1048,15 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any) -> int
         session = stack.enter_context(ray_session(ray, quiet=options.quiet))
     try:
         for k, (entry, runs) in enumerate(plans):
+            timing.update(load_s=0.0, read_s=0.0, wall_s=0.0)
             if session is None:
-                timing = run_entry(
-                    entry, runs, data, out, config, categories, options.max_images, options.quiet, claim
+                run_entry(
+                    entry, runs, data, out, config, categories, options.max_images, options.quiet, timing, claim
                 )
             else:
-                timing = run_entry_ray(
-                    entry, runs, data, out, config, categories, options.max_images, options.quiet, ray, claim
+                run_entry_ray(
+                    entry, runs, data, out, config, categories, options.max_images, options.quiet, ray, timing,
+                    claim,
                 )
             if k + 1 < len(plans):
                 release(entry)  # before the next model is loaded
