@@ -276,6 +276,19 @@ def test_another_image_set_never_drops_finished_results_for_good(slice_, tmp_pat
     assert cache_with(tmp_path / "fewer.json", out, "--quiet", "--overwrite") == 0
 
 
+def test_quiet_prints_no_summary_and_loud_prints_the_member_table(slice_, capsys):
+    out = slice_ / "replay_quiet"
+    capsys.readouterr()
+    assert run(slice_, out) == 0  # --quiet
+    assert capsys.readouterr().out == ""
+    loud = ["--config", str(slice_ / "replay.yaml"), "--images", str(slice_ / "images"), "--gt", str(slice_ / "gt.json"),
+            "--out", str(out)]
+    assert cache_cli.main(loud) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[1].split() == ["member", "images", "boxes", "det", "s", "img/s", "status"], printed
+    assert printed[-1] == f"results in {out}/, summary {out / 'cache_summary.json'}", printed
+
+
 def test_interrupted_run_resumes(slice_, replay_run, monkeypatch, capsys):
     """Ctrl-C in the middle of a model: finished images are kept, the re-run completes the same file."""
     out = slice_ / "replay_interrupted"

@@ -1299,7 +1299,8 @@ class TestTools:
         assert list(fitted) == ["wbf_tuned"] and list(fitted["wbf_tuned"]) == ["0", "3"]
         assert all(len(folds) == 2 for folds in fitted["wbf_tuned"].values())
         printed = capsys.readouterr().out
-        assert "| method | mAP | mAP sd | AP50 |" in printed and "seed 3:" in printed
+        assert "| method | mAP | mAP sd | AP50 |" in printed  # the result, which --quiet keeps
+        assert "seed 3:" not in printed and "mAP 0." not in printed  # progress lines, which it does not
         assert (tmp_path / "r.png").stat().st_size > 1000
         assert not (tmp_path / "repeated.evaluation.json.gz").exists()  # a record holds one cross-validation
 
@@ -1329,10 +1330,14 @@ class TestTools:
         assert ran == ["wbf_tuned"] and (tmp_path / "report.unfinished").is_dir()
         ran.clear()
         stop_after = 0
-        assert evaluate_cli.main(base + ["--out", str(out)]) == 0
+        capsys.readouterr()
+        loud = [arg for arg in base if arg != "--quiet"]
+        assert evaluate_cli.main(loud + ["--out", str(out)]) == 0
         per_seed = ["mean"] if len(seeds[1]) == 1 else ["mean", "wbf_tuned", "mean"]
         assert ran == per_seed  # wbf_tuned of the first seed was not run again
-        assert "finished by the interrupted run" in capsys.readouterr().out
+        resumed = [line for line in capsys.readouterr().out.splitlines() if "finished by the interrupted run" in line]
+        assert len(resumed) == 1 and "wbf_tuned: mAP" in resumed[0], resumed
+        assert resumed[0].startswith("seed 0: ") == (len(seeds[1]) > 1), resumed
         def untimed(path):  # fusion_ms is a timing: every run measures its own
             return {method: {k: v for k, v in row.items() if "fusion_ms" not in k}
                     for method, row in json.loads(path.read_text()).items()}

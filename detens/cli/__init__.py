@@ -127,7 +127,7 @@ def _add_command(parser: argparse.ArgumentParser, module: Any) -> argparse.Argum
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quiet", action="store_true", help="warnings only: no progress bars, no library chatter")
+    parser.add_argument("--quiet", action="store_true", help="warnings and results only: no progress bars or lines, no library chatter, no run summary")
     parser.add_argument("--debug", action="store_true", help="show the Python traceback of an error")
 
 

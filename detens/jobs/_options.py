@@ -247,7 +247,8 @@ class JobOptions:
     out, its default kept; a required one left out is a TypeError).
 
     Attributes:
-        quiet (bool): warnings only: no progress bars, no library chatter.
+        quiet (bool): warnings and results only: no progress bars or lines, no library chatter, no run
+            summary (``summary.json`` holds it; evaluate still prints its table).
         command_line (tuple[str, ...] | None): the command line that started the job, recorded in outputs
             that say how they were made (None from Python).
     """

@@ -1065,7 +1065,7 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any) -> int
     except KeyboardInterrupt:
         logger.warning("interrupted: the finished images are saved; run the same command again to resume")
         summary = summarize_stopped_run("interrupt")
-        if summary is not None:
+        if summary is not None and not options.quiet:
             print_summary(out, summary, list(members), summary_path)
         return 130
     except BaseException as err:
@@ -1082,7 +1082,8 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any) -> int
     if options.max_images is not None and any(m["status"] != "complete" for m in members.values()):
         header = {**header, "stopped_by": "max_images"}
     summary = write_summary(summary_path, header, members)
-    print_summary(out, summary, list(members), summary_path)
+    if not options.quiet:
+        print_summary(out, summary, list(members), summary_path)
     if summary["unreadable"] and not any(m["images"] for m in summary["models"].values()):
         # the summary says which files failed and why; a script must not take an empty cache for a finished one
         raise ValueError(
@@ -1408,7 +1409,8 @@ def merge(options: CacheOptions) -> int:
         "software": software_versions(),  # the merging run's; each shard's own are in its summary
     }
     summary = write_summary(out / SUMMARY, header, members)
-    print_summary(out, summary, list(members), out / SUMMARY)
+    if not options.quiet:
+        print_summary(out, summary, list(members), out / SUMMARY)
     return 0
 
 

@@ -255,7 +255,7 @@ def run(options: EvaluateOptions) -> int:
             chose = "  chose " + "; ".join(
                 f"iou_thr {f['iou_thr']}, {f['conf_type']}, weights {f['weights']}" for f in result.fitted
             )
-        print(_progress_line(name, result) + chose, flush=True)
+        _show_progress(options, name, result, note=chose)
         unfinished.save(options.seed[0], name, result)
         finished[name] = result
         # every finished row is on disk at once: a failure or a kill later loses none of them; not in --out,
@@ -295,7 +295,7 @@ def run(options: EvaluateOptions) -> int:
         return _run_repeats(options, predictions, methods, method_options, fit_on, protocol, unfinished)
     done = unfinished.finished(options.seed[0], expand_methods(methods, predictions.model_names))
     for name, result in done.items():
-        print(_progress_line(name, result) + _RESUMED, flush=True)
+        _show_progress(options, name, result, note=_RESUMED)
         finished[name] = result
     if done:
         atomic_write_json(partial, {n: r.metrics for n, r in finished.items()}, indent=1)
@@ -393,9 +393,14 @@ def _prediction_folders(options: EvaluateOptions) -> list[tuple[str, Path]]:
 _RESUMED = "  (finished by the interrupted run)"
 
 
-def _progress_line(name: str, result: MethodResult) -> str:
-    """A finished method's line while the run goes."""
-    return f"{name:>22}: mAP {result.metrics['map']:.4f}  AP50 {result.metrics['map50']:.4f}"
+def _show_progress(
+    options: EvaluateOptions, name: str, result: MethodResult, *, seed: int | None = None, note: str = ""
+) -> None:
+    """Print a finished method's line while the run goes (not with ``quiet``: the table is the result)."""
+    if options.quiet:
+        return
+    line = f"{name:>22}: mAP {result.metrics['map']:.4f}  AP50 {result.metrics['map50']:.4f}{note}"
+    print(line if seed is None else f"seed {seed}: {line}", flush=True)
 
 
 def _run_key(
@@ -505,12 +510,12 @@ def _run_repeats(
     calibration_checks: dict[tuple[int, ...], dict[str, str | None]] = {}  # one pass per target for every seed
     for seed in options.seed:
         def on_method(name: str, result: MethodResult, seed: int = seed) -> None:
-            print(f"seed {seed}: {_progress_line(name, result)}", flush=True)
+            _show_progress(options, name, result, seed=seed)
             unfinished.save(seed, name, result)
 
         done = unfinished.finished(seed, expand_methods(methods, predictions.model_names))
         for name, result in done.items():
-            print(f"seed {seed}: {_progress_line(name, result)}{_RESUMED}", flush=True)
+            _show_progress(options, name, result, seed=seed, note=_RESUMED)
         report = cross_validate(
             predictions, methods, k=options.cv, seed=seed, backend=options.backend,
             method_options=method_options, on_method=on_method, fit_on=fit_on, all_images=options.all_images,
