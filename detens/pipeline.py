@@ -479,8 +479,8 @@ class TorchvisionFusion(nn.Module):
             unnamed, a head then takes the models in its own order.
         **params: the method's parameters (``iou_thr``, ``weights``, ...). Their names are checked here;
             their values too (an ``iou_thr`` of 5, weights of another length, a head of other models) when
-            the number of models is known here: from ``model_names``, else from the head's models.
-            Without either, the values are checked on the first call.
+            the number of models is known here: from ``model_names``, else from the head's models, else
+            from ``weights``. Without any of them, the values are checked on the first call.
 
     Example::
 
@@ -497,7 +497,7 @@ class TorchvisionFusion(nn.Module):
         self.method = method
         self.model_names = _model_name_list(model_names)
         params = _fusion_params(method, head, params, self.model_names)
-        members = _declared_members(self.model_names, params.get("head"))
+        members = _declared_members(self.model_names, params.get("head"), params.get("weights"))
         if members is not None:
             _check_fusion_values(method, params, members)
         self.head = params.pop("head", None)  # an nn.Module head becomes a submodule
@@ -569,13 +569,18 @@ class TorchvisionFusion(nn.Module):
         return fused_outputs
 
 
-def _declared_members(model_names: Sequence[str] | None, head: Any) -> list[str | None] | None:
+def _declared_members(model_names: Sequence[str] | None, head: Any, weights: Any = None) -> list[str | None] | None:
     """The members as :meth:`TorchvisionFusion.forward` names them, where known before its first call:
-    ``model_names``, else one unnamed member per model of the head; None when neither tells."""
+    ``model_names``, else one unnamed member per model of the head, else per weight; None when none tells."""
     if model_names is not None:
         return _check_model_names(model_names, len(model_names))
     head_models = getattr(head, "model_names", None)
-    return None if head_models is None else _check_model_names(None, len(head_models))
+    if head_models is not None:
+        return _check_model_names(None, len(head_models))
+    try:
+        return [None] * len(weights)
+    except TypeError:  # None, or no sequence (the fuser's own check names it on the first call)
+        return None
 
 
 def _output_dtype(boxes: Any) -> torch.dtype:

@@ -481,7 +481,9 @@ class TestTorchvisionFusion:
          r"their sources are \['a', 'b'\] but this head is for models \['a', 'c'\]"),
         ({"method": "theta", "head": detens.ThetaHead(["a", "c"]), "iou_thr": -1}, ValueError,
          r"iou_thr must be in \[0, 1\), got -1"),  # the head tells the number of models
-    ], ids=["iou_thr", "weights", "sigma", "head", "head models"])
+        ({"weights": [1, 2], "iou_thr": 5}, ValueError, r"iou_thr must be in \[0, 1\], got 5"),  # so do the weights
+        ({"method": "vote", "weights": [1, 2], "min_votes": 3}, ValueError, r"min_votes"),
+    ], ids=["iou_thr", "weights", "sigma", "head", "head models", "weights tell", "votes of the weights' models"])
     def test_parameter_values_are_checked_when_the_models_are_known(self, options, error, message):
         with pytest.raises(error, match=message):
             TorchvisionFusion(**{"method": "wbf", **options})
