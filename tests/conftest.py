@@ -45,3 +45,21 @@ def _no_weights_folders_of_the_environment(monkeypatch):
     """Weights are looked up in ``$DETENS_WEIGHTS`` before ``--weights-dir`` and a config's folder: a value
     set in the developer's shell would decide which files the tests load. Tests that need it set it."""
     monkeypatch.delenv("DETENS_WEIGHTS", raising=False)
+
+
+def _ctrl_c() -> None:
+    raise KeyboardInterrupt
+
+
+def _error_while_ctrl_c_is_handled() -> None:
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt:  # as a lock that Ray's batching thread releases twice
+        raise RuntimeError("release unlocked lock") from None
+
+
+@pytest.fixture(params=[_ctrl_c, _error_while_ctrl_c_is_handled], ids=["ctrl-c", "error while ctrl-c is handled"])
+def press_ctrl_c(request):
+    """A function that stops the code calling it as a Ctrl-C does: a KeyboardInterrupt, or an error that code
+    left broken by one raises while the interrupt is handled (both end as the interruption)."""
+    return request.param

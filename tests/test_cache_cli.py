@@ -289,16 +289,16 @@ def test_quiet_prints_no_summary_and_loud_prints_the_member_table(slice_, capsys
     assert printed[-1] == f"results in {out}/, summary {out / 'cache_summary.json'}", printed
 
 
-def test_interrupted_run_resumes(slice_, replay_run, monkeypatch, capsys):
+def test_interrupted_run_resumes(slice_, replay_run, monkeypatch, capsys, press_ctrl_c):
     """Ctrl-C in the middle of a model: finished images are kept, the re-run completes the same file."""
-    out = slice_ / "replay_interrupted"
+    out = slice_ / f"replay_interrupted_{press_ctrl_c.__name__}"
     real_detect = cache_tool.detect_loaded
     calls = []
 
     def interrupt_on_second_call(*args, **kwargs):
         calls.append(1)
         if len(calls) == 2:
-            raise KeyboardInterrupt
+            press_ctrl_c()
         time.sleep(0.01)  # a time the stopped run must record
         return real_detect(*args, **kwargs)
 
@@ -308,6 +308,7 @@ def test_interrupted_run_resumes(slice_, replay_run, monkeypatch, capsys):
     assert capsys.readouterr().err.endswith("error: interrupted\n")  # as a Ctrl-C anywhere else ends
     assert not (out / "a.json").exists() and not (out / "b.json").exists()
     assert len(list((out / ".partial" / "a").glob("[0-9]*.json"))) == 1
+    assert summary_of(out)["stopped_by"] == "interrupt"
     stopped = summary_of(out)["models"]["a"]
     assert stopped["status"] == "incomplete" and stopped["processed_this_run"] == 1
     assert stopped["wall_s_this_run"] >= 0.01 and 0 <= stopped["load_s_this_run"] <= stopped["wall_s_this_run"]

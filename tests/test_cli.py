@@ -499,6 +499,48 @@ def test_ctrl_c_while_the_command_is_imported(tmp_path, capsys, monkeypatch, fla
             assert capsys.readouterr().err == "error: interrupted\n"
 
 
+def test_an_error_raised_while_ctrl_c_is_handled_is_the_interruption(tmp_path, capsys, monkeypatch, press_ctrl_c):
+    """Code that a Ctrl-C leaves broken fails with its own error: that ends as the interruption (exit status
+    130), not as a traceback; --debug shows it."""
+    import detens.jobs.fuse as fuse_job
+
+    monkeypatch.setattr(fuse_job, "run", lambda options: press_ctrl_c())
+    argv = ["fuse", "--source", str(tmp_path), "--out", str(tmp_path / "o")]
+    assert main(argv) == 130
+    assert capsys.readouterr().err == "error: interrupted\n"
+    with pytest.raises((KeyboardInterrupt, RuntimeError)):
+        main([*argv, "--debug"])
+
+
+def test_a_user_error_raised_while_ctrl_c_is_handled_is_the_interruption(tmp_path, capsys, monkeypatch):
+    import detens.jobs.fuse as fuse_job
+
+    def run(options):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise ValueError("a check that the interrupt left half done") from None
+
+    monkeypatch.setattr(fuse_job, "run", run)
+    assert main(["fuse", "--source", str(tmp_path), "--out", str(tmp_path / "o")]) == 130
+    assert capsys.readouterr().err == "error: interrupted\n"
+
+
+def test_an_error_after_a_handled_ctrl_c_is_no_interruption(tmp_path, capsys, monkeypatch):
+    import detens.jobs.fuse as fuse_job
+
+    def run(options):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            pass
+        raise RuntimeError("a bug")  # not raised while the interrupt was handled: a traceback
+
+    monkeypatch.setattr(fuse_job, "run", run)
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["fuse", "--source", str(tmp_path), "--out", str(tmp_path / "o")])
+
+
 @pytest.mark.parametrize("command", COMMANDS)
 def test_debug_before_parsing_is_read_as_argparse_reads_it(command):
     """What a Ctrl-C before parsing takes for ``--debug`` is what the command's parser takes for it, on every

@@ -169,15 +169,17 @@ def test_per_model_and_resolved_config(full_run):
     assert resolved["output"]["save_per_model"] is True and resolved["fusion"]["method"] == "wbf"
 
 
-def interrupt_on_image(monkeypatch, number):
-    """Make ``detens fuse`` stop as at Ctrl-C when it comes to its ``number``-th image (from 1); returns
-    the undo, which puts the real ``process_image`` back."""
+def interrupt_on_image(monkeypatch, number, press_ctrl_c=None):
+    """Make ``detens fuse`` stop as at Ctrl-C (``press_ctrl_c()``, default a KeyboardInterrupt) when it comes
+    to its ``number``-th image (from 1); returns the undo, which puts the real ``process_image`` back."""
     original = fuse_tool.process_image
     calls = []
 
     def interrupting(*args, **kwargs):
         calls.append(args[1])
         if len(calls) == number:
+            if press_ctrl_c is not None:
+                press_ctrl_c()
             raise KeyboardInterrupt
         return original(*args, **kwargs)
 
@@ -185,9 +187,9 @@ def interrupt_on_image(monkeypatch, number):
     return lambda: monkeypatch.setattr(fuse_tool, "process_image", original)
 
 
-def test_resume_after_interruption(workspace, full_run, monkeypatch, capsys):
-    out = workspace / "out interrupted"
-    undo = interrupt_on_image(monkeypatch, 2)
+def test_resume_after_interruption(workspace, full_run, monkeypatch, capsys, press_ctrl_c):
+    out = workspace / f"out interrupted {press_ctrl_c.__name__}"
+    undo = interrupt_on_image(monkeypatch, 2, press_ctrl_c)
     capsys.readouterr()
     assert run(workspace, out, "--save-per-model") == 130
     assert capsys.readouterr().err.endswith("error: interrupted\n")  # after saying what was kept

@@ -185,14 +185,18 @@ def _dispatch(args: argparse.Namespace) -> int:
             code = int(args._run(args))
         # a job that caught Ctrl-C to save its finished work first ends as an interrupt anywhere else does
         return _interrupted() if code == _INTERRUPTED else code
-    except _usage_error() as err:
-        print(f"error: {args._parser.prog}: {err} (see {args._parser.prog} --help)", file=sys.stderr)
-        return 2
-    except _user_errors() as err:
-        if args.debug:
-            raise
-        print(f"error: {_message(err)}", file=sys.stderr)
-        return 2
+    except Exception as err:
+        from detens.jobs._interrupts import is_interruption
+
+        if is_interruption(err) and not args.debug:
+            return _interrupted()
+        if isinstance(err, _usage_error()):
+            print(f"error: {args._parser.prog}: {err} (see {args._parser.prog} --help)", file=sys.stderr)
+            return 2
+        if isinstance(err, _user_errors()) and not args.debug:
+            print(f"error: {_message(err)}", file=sys.stderr)
+            return 2
+        raise
     except KeyboardInterrupt:
         if args.debug:
             raise

@@ -63,6 +63,7 @@ from detens.jobs._inputs import (
     saved_prediction_files,
     weights_inputs,
 )
+from detens.jobs._interrupts import is_interruption
 from detens.jobs._options import (
     UsageError,
     existing_folder,
@@ -1062,13 +1063,13 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any) -> int
                 release(entry)  # before the next model is loaded
             for run in runs:
                 members[run.name] = finish_member(out, run, data, shard, timing)
-    except KeyboardInterrupt:
-        logger.warning("interrupted: the finished images are saved; run the same command again to resume")
-        summary = summarize_stopped_run("interrupt")
-        if summary is not None and not options.quiet:
-            print_summary(out, summary, list(members), summary_path)
-        return 130
     except BaseException as err:
+        if is_interruption(err):
+            logger.warning("interrupted: the finished images are saved; run the same command again to resume")
+            summary = summarize_stopped_run("interrupt")
+            if summary is not None and not options.quiet:
+                print_summary(out, summary, list(members), summary_path)
+            return 130
         # the finished members' unreadable images must stay listed, or evaluate would score them as empty
         try:
             from detens.engines.ray_cache import strip_ansi  # Ray colours the text of its errors

@@ -52,6 +52,7 @@ from detens.jobs._inputs import (
     input_fingerprints,
     saved_prediction_members,
 )
+from detens.jobs._interrupts import is_interruption
 from detens.jobs._options import existing_folder, file_or_shipped_name, flag, folder, integer, number, text
 from detens.labels import COCO_CATEGORY_IDS, COCO_ID_TO_NAME
 from detens.sources import ImageReadError, list_images, read_image
@@ -942,19 +943,18 @@ def _run(options: FuseOptions) -> int:
                 process_image(out, name, stems[name], arrays[i], per_image[i], settings, times)
                 processed += 1
                 bar.update(1)
-    except KeyboardInterrupt:
+    except BaseException as err:
         if processed == 0:
             release_output()
             pack_finished_run()
+            if not is_interruption(err):
+                raise
             logger.warning("interrupted before the first result: %s is as it was", out)
             return 130
+        if not is_interruption(err):
+            raise
         interrupted = True
         logger.warning("interrupted: the finished images are saved; run the same command again to resume")
-    except BaseException:
-        if processed == 0:
-            release_output()
-            pack_finished_run()
-        raise
     finally:
         if bar is not None:
             bar.close()
