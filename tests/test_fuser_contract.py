@@ -225,6 +225,22 @@ def test_an_unknown_parameter_of_a_head_type_names_that_type():
         fuse(random_models(0), "deep", head=head, iou=0.5)
 
 
+@pytest.mark.parametrize("method", ["wbf", "nms"])
+def test_a_head_given_to_a_fixed_fuser_says_which_methods_take_one(method):
+    from detens import ThetaHead
+
+    with pytest.raises(TypeError, match=rf"^fusion method '{method}' takes no head; pass method='theta' \(which runs "
+                                        r"any head\) or the head's type \(method='deep', \.\.\.\)$"):
+        fuse(random_models(0), method, head=ThetaHead(["m0", "m1", "m2"]))
+
+
+def test_a_theta_head_given_to_another_head_type_says_theta_once():
+    from detens import ThetaHead
+
+    with pytest.raises(ValueError, match=r"^method 'deep' was given a 'theta' head; use method='theta'$"):
+        fuse(random_models(0), "deep", head=ThetaHead(["m0", "m1", "m2"]))
+
+
 def test_theta_without_head_is_an_error():
     with pytest.raises(ValueError, match="theta fusion needs head="):
         fuse(random_models(0), "theta")

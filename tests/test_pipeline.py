@@ -317,6 +317,32 @@ class TestFuseResults:
 
 
 class TestFuseResultsSynthetic:
+    def test_a_head_of_several_models_needs_their_names(self, tmp_path):
+        """Results carry no model name: in the head's own order, each model's weights would go to another
+        model's boxes (the shipped heads store their models sorted, not in the configs' order)."""
+        r1 = make_results(*random_boxes(0, 5))
+        r2 = make_results(*random_boxes(1, 5))
+        head = detens.ThetaHead(["m1", "m2"])
+        with torch.no_grad():
+            head.theta.copy_(torch.tensor([0.9, 0.1]))
+        head.save(tmp_path / "head.json")
+        for given in (head, tmp_path / "head.json"):
+            with pytest.raises(ValueError, match=r"^the head is for models \['m1', 'm2'\], and Ultralytics Results carry "
+                                                 r"no model name: pass model_names=\[\.\.\.\]"):
+                fuse_results([[r1], [r2]], method="theta", head=given)
+        fused = fuse_results([[r1], [r2]], method="theta", head=head, model_names=["m2", "m1"])[0]
+        d1, d2 = (results_to_detections(r) for r in (r1, r2))
+        expected = detens.fuse([d2.with_source("m1"), d1.with_source("m2")], method="theta", head=head)
+        torch.testing.assert_close(fused.boxes.xyxy, expected.boxes)
+        torch.testing.assert_close(fused.boxes.conf, expected.scores)
+        # a calibration head is placed by the same names
+        from detens.heads import CalibrationHead
+
+        with pytest.raises(ValueError, match=r"^the calibration is for models \['m1', 'm2'\]"):
+            fuse_results([[r1], [r2]], method="wbf", calibration=CalibrationHead(["m1", "m2"]))
+        # one model's head is no question of order
+        assert len(fuse_results([[r1]], method="theta", head=detens.ThetaHead(["m1"]))[0]) == 5
+
     def test_same_image_different_path(self):
         r1 = make_results(*random_boxes(0, 3), path="a.jpg")
         r2 = make_results(*random_boxes(1, 3), path="b.jpg")
@@ -479,7 +505,7 @@ class TestTorchvisionFusion:
         ({"model_names": ["a", "b"], "method": "soft_nms", "sigma": "0.5"}, TypeError, "sigma must be a number"),
         ({"model_names": ["a", "b"], "method": "theta", "head": detens.ThetaHead(["a", "c"])}, ValueError,
          r"their sources are \['a', 'b'\] but this head is for models \['a', 'c'\]"),
-        ({"method": "theta", "head": detens.ThetaHead(["a", "c"]), "iou_thr": -1}, ValueError,
+        ({"method": "theta", "head": detens.ThetaHead(["a"]), "iou_thr": -1}, ValueError,
          r"iou_thr must be in \[0, 1\), got -1"),  # the head tells the number of models
         ({"weights": [1, 2], "iou_thr": 5}, ValueError, r"iou_thr must be in \[0, 1\], got 5"),  # so do the weights
         ({"method": "vote", "weights": [1, 2], "min_votes": 3}, ValueError, r"min_votes"),
@@ -522,9 +548,14 @@ class TestTorchvisionFusion:
         assert fused[0]["boxes"].dtype == fused[0]["scores"].dtype == torch.float32
         assert all(torch.equal(fused[0][k], expected[0][k]) for k in expected[0])
 
+    def test_a_head_of_several_models_needs_their_names(self):
+        with pytest.raises(ValueError, match=r"^the head is for models \['frcnn', 'ssd'\], and torchvision's output "
+                                             r"dicts carry no model name: pass model_names=\[\.\.\.\]"):
+            TorchvisionFusion(method="theta", head=detens.ThetaHead(["frcnn", "ssd"]))
+
     def test_theta_head_is_a_submodule(self):
         head = detens.ThetaHead(["frcnn", "ssd"])
-        fusion = TorchvisionFusion(method="theta", head=head)
+        fusion = TorchvisionFusion(method="theta", head=head, model_names=["ssd", "frcnn"])
         assert any(m is head for m in fusion.modules())
         one = {
             "boxes": torch.tensor([[1.0, 2.0, 30.0, 40.0]]),

@@ -222,15 +222,50 @@ class TestFuse:
         with pytest.raises(ValueError, match=r"^the head was trained on a label space whose category ids name other "
                                              r"classes than in the detections' class names: 0 is 'cat' in the head "
                                              r"but 'person' there;"):
-            detens.fuse([a.to_supervision({0: "person"}), b.to_supervision(names)], "deep", head=head, image_size=SIZE)
+            detens.fuse([a.to_supervision({0: "person"}), b.to_supervision(names)], "deep", head=head, image_size=SIZE,
+                        model_names=["a", "b"])
         # they name the classes of this image only: the head's class 5, absent here, is no reason to refuse it
         head.label_space = {0: "Person", 2: "car", 5: "bus"}
         fused = detens.fuse([a.to_supervision({0: "person"}), b.to_supervision(names)], "deep", head=head,
-                            image_size=SIZE)
+                            image_size=SIZE, model_names=["a", "b"])
         assert isinstance(fused, sv.Detections) and len(fused) == 2
         # a label_space given is the whole label space, and is what is checked
         with pytest.raises(ValueError, match=r"category ids 5, which are not among the 2 category ids of label_space"):
-            detens.fuse([a.to_supervision(), b.to_supervision()], "deep", head=head, image_size=SIZE, label_space=names)
+            detens.fuse([a.to_supervision(), b.to_supervision()], "deep", head=head, image_size=SIZE, label_space=names,
+                        model_names=["a", "b"])
+
+    def test_a_head_of_several_models_needs_their_names(self, tmp_path):
+        """supervision.Detections carry no model name: in the head's own order, each model's weights would go
+        to another model's boxes."""
+        a = Detections([[10.0, 20.0, 110.0, 220.0], [50.0, 60.0, 90.0, 100.0]], [0.9, 0.4], [0, 1], SIZE)
+        b = Detections([[12.0, 20.0, 110.0, 221.0], [300.0, 300.0, 400.0, 400.0]], [0.8, 0.5], [0, 2], SIZE)
+        head = detens.ThetaHead(["a", "b"])
+        with torch.no_grad():
+            head.theta.copy_(torch.tensor([0.9, 0.1]))
+        head.save(tmp_path / "head.json")
+        for given in (head, tmp_path / "head.json"):
+            with pytest.raises(ValueError, match=r"^the head is for models \['a', 'b'\], and supervision.Detections "
+                                                 r"carry no model name: pass model_names=\[\.\.\.\]"):
+                detens.fuse([b.to_supervision(), a.to_supervision()], "theta", head=given, image_size=SIZE)
+        fused = detens.fuse([b.to_supervision(), a.to_supervision()], "theta", head=head, image_size=SIZE,
+                            model_names=["b", "a"])
+        expected = detens.fuse([b.with_source("b"), a.with_source("a")], "theta", head=head)
+        np.testing.assert_allclose(fused.xyxy, expected.boxes.numpy(), rtol=1e-6)
+        np.testing.assert_allclose(fused.confidence, expected.scores.numpy(), rtol=1e-6)
+        assert not np.allclose(  # in the head's order the weights would have gone to the other model's boxes
+            detens.fuse([b.with_source("a"), a.with_source("b")], "theta", head=head).boxes.numpy(), fused.xyxy)
+
+    @pytest.mark.parametrize("names, error, message", [
+        ("ab", TypeError, r"model_names must be a list with one name per model, got str: 'ab'"),
+        (["a"], ValueError, r"model_names names 1 models but per_model holds 2"),
+        (["a", "c"], ValueError, r"per_model\[1\] comes from 'b', but model_names\[1\] is 'c'"),
+    ])
+    def test_model_names_must_name_each_model(self, names, error, message):
+        a = Detections([[10.0, 20.0, 110.0, 220.0]], [0.9], [0], SIZE, source="a")
+        b = Detections([[12.0, 20.0, 110.0, 221.0]], [0.8], [0], SIZE, source="b")
+        with pytest.raises(error, match=message):
+            detens.fuse([a, b], "wbf", model_names=names)
+        assert detens.fuse([a, b], "wbf", model_names=["a", "b"]).boxes.shape == (1, 4)
 
     def test_all_empty(self):
         fused = detens.fuse([sv.Detections.empty(), sv.Detections.empty()], image_size=(20, 30))

@@ -68,8 +68,8 @@ def resolve_method(method: str, params: dict[str, Any]) -> str:
     runs_as = head_methods(head)
     if method not in runs_as:
         kind = runs_as[-1] if runs_as else type(head).__name__  # a calibrated deep head runs as "deep"
-        raise ValueError(f"method {method!r} was given a {kind!r} head; use method={kind!r} (or 'theta', "
-                         "which runs any head)")
+        also = "" if kind == "theta" else " (or 'theta', which runs any head)"
+        raise ValueError(f"method {method!r} was given a {kind!r} head; use method={kind!r}{also}")
     return "theta"
 
 
@@ -80,6 +80,7 @@ def fuse(
     image_size: tuple[int, int] | None = None,
     label_space: Mapping[int, str] | None = None,
     max_det: int | None = None,
+    model_names: Sequence[str] | None = None,
     **params: Any,
 ) -> Detections:
     """Fuse the detections of several models on one image.
@@ -110,6 +111,12 @@ def fuse(
             and torchvision's ``detections_per_img`` cap a detector's output; ties keep the fuser's order);
             None keeps every box. Fusion gives more boxes than any member: each object that only one model
             finds is one.
+        model_names (list[str] | None): the name of each model of ``per_model``, in order: given to the
+            Detections without a ``source`` (``supervision.Detections`` carry none), checked against the
+            others'. A head (``head=``, ``calibration``) matches its models by these names; a head of
+            several models given ``supervision.Detections`` needs them (in the head's order, each model's
+            weights would silently go to another model's boxes). Plain Detections without a ``source``
+            are taken in the head's order.
         **params: the fuser's own parameters (``iou_thr``, ``weights``, ``head``, ...).
 
     Returns:
@@ -121,7 +128,9 @@ def fuse(
     """
     given_head = params.get("head")  # for messages: a path that resolve_method may load
     fuser = FUSERS.get(resolve_method(method, params))
-    check_parameter_names(method, fuser, params, own=("calibration", "image_size", "label_space", "max_det"))
+    check_parameter_names(
+        method, fuser, params, own=("calibration", "image_size", "label_space", "max_det", "model_names")
+    )
     max_det = check_max_det(max_det)
     if label_space is not None:
         if not isinstance(label_space, Mapping):
@@ -136,6 +145,14 @@ def fuse(
         class_names = class_names_of(per_model)
         per_model, as_supervision = from_supervision_per_model(per_model, image_size)
     check_per_model(per_model)
+    if model_names is not None:
+        per_model = _named(per_model, model_names)
+    elif as_supervision:
+        for key in ("head", "calibration"):
+            given = params.get("head") if key == "head" else calibration
+            if isinstance(given, (str, Path)):  # loaded as the fuser would load it: once per file version
+                given = theta.load_cached_head(given)
+            _check_supervision_named_for_head(given, key)
     if image_size is not None and per_model[0].image_size != _validate_image_size(image_size):
         raise ValueError(
             f"image_size={tuple(image_size)} but the Detections are of a {per_model[0].image_size} image"
@@ -150,6 +167,40 @@ def fuse(
         _check_head_label_space(params["head"], given_head, "head", label_space, class_names)
     fused = highest_scoring(fuser(per_model, **params), max_det)
     return fused.to_supervision(class_names) if as_supervision else fused
+
+
+def _check_supervision_named_for_head(head: Any, key: str) -> None:
+    """Refuse a head of several models for ``supervision.Detections``, which carry no model name: taken in
+    the head's own order (a trained head's is often sorted), each model's weights would go to another
+    model's boxes, a silently wrong result."""
+    head_models = getattr(head, "model_names", None)
+    if head_models is not None and len(head_models) > 1:
+        raise ValueError(
+            f"the {key} is for models {list(head_models)}, and supervision.Detections carry no model name: "
+            "pass model_names=[...], the name of each model in the order of per_model, so that each model's "
+            "weights go to its own boxes"
+        )
+
+
+def _named(per_model: list[Detections], model_names: Sequence[str]) -> list[Detections]:
+    """``per_model`` with ``model_names[n]`` as the source of the n-th Detections.
+
+    Raises:
+        TypeError: ``model_names`` is a string. ValueError: another count, or a Detections whose source names
+            another model.
+    """
+    if isinstance(model_names, (str, bytes)) or not isinstance(model_names, Sequence):
+        raise TypeError(
+            f"model_names must be a list with one name per model, got {type(model_names).__name__}: {model_names!r}"
+        )
+    if len(model_names) != len(per_model):
+        raise ValueError(f"model_names names {len(model_names)} models but per_model holds {len(per_model)}")
+    named = []
+    for n, (detections, name) in enumerate(zip(per_model, model_names, strict=True)):
+        if detections.source and detections.source != name:
+            raise ValueError(f"per_model[{n}] comes from {detections.source!r}, but model_names[{n}] is {name!r}")
+        named.append(detections if detections.source == name else detections.with_source(name))
+    return named
 
 
 def highest_scoring(detections: Detections, max_det: int | None) -> Detections:
@@ -182,6 +233,11 @@ def check_parameter_names(method: str, fuser: Any, params: dict[str, Any], own: 
     if names is None:
         return
     unknown = sorted(set(params) - set(names) - set(own))
+    if unknown == ["head"]:  # most often a head given with the default method
+        raise TypeError(
+            f"fusion method {method!r} takes no head; pass method='theta' (which runs any head) or the head's "
+            "type (method='deep', ...)"
+        )
     if unknown:
         raise TypeError(f"fusion method {method!r} takes no parameter {unknown}; its parameters: {[*names, *own]}")
 
