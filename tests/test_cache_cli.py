@@ -575,6 +575,26 @@ def test_a_refused_run_records_no_settings_of_the_members_checked_before(slice_,
     assert run(slice_, out) == 0  # the settings of the earlier run: accepted
 
 
+def test_settings_recorded_by_a_run_that_failed_before_any_result_do_not_refuse_the_corrected_run(
+        slice_, monkeypatch, capsys):
+    """A run that fails before its first result (a class map that maps nothing, found only as the model
+    loads) has recorded every member's settings and no result: the run with the mistake mended has nothing
+    to lose to them."""
+    out = slice_ / "replay_failed_at_load"
+
+    def unmapped(*args, **kwargs):
+        raise ValueError("none of the model's classes matches a category name of the label space")
+
+    monkeypatch.setattr(cache_tool, "detect_loaded", unmapped)
+    refused(capsys, run(slice_, out), "none of the model's classes matches")
+    assert (out / ".partial" / "a" / "_settings.json").is_file()
+    monkeypatch.undo()
+    assert run(slice_, out, "--conf", "0.4") == 0  # other settings, as a mended config has
+    assert json.loads((out / ".partial" / "a" / "_settings.json").read_text())["conf"] == 0.4
+    # once results exist, their settings are kept from a run with others
+    refused(capsys, run(slice_, out), r"'a' made with other settings \(conf: 0.4 -> 0.001\)")
+
+
 def test_saved_predictions_rewritten_in_place_are_refused(slice_, tmp_path, capsys):
     root = tmp_path / "root"
     shutil.copytree(slice_, root, ignore=shutil.ignore_patterns("real_*", "replay_*"))

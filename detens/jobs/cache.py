@@ -486,6 +486,10 @@ def check_settings(
     (weights, saved predictions; reads only: a refused run changes nothing). ``weights``: where the
     member's weights are now (None: it reads none); ``shard``: this run's (its own lock is no other run).
 
+    Settings recorded with no result (by a run that failed before the member's first one, such as on its
+    class map) keep nothing from being lost: this run records its own over them, unless another shard
+    runs on ``out``, which may be about to write results of those settings.
+
     Returns:
         str | None: how the settings recorded in ``out`` for ``member`` differ from ``settings``
         (``"conf: 0.001 -> 0.4"``), which ``overwrite`` discards all the results of (those of other shards
@@ -496,6 +500,8 @@ def check_settings(
     if not saved_path.is_file():
         return None
     saved = _read_settings(saved_path)
+    if not overwrite and not _holds_results(out, member) and not running_shards(out, shard):
+        return settings_difference(saved, settings)
     if not overwrite and weights is not None:  # by the configured name, which may find another file
         check_weights_unchanged(out, member, saved, settings, weights)
     elif not overwrite:  # saved predictions, by their path
@@ -504,6 +510,11 @@ def check_settings(
     if details is not None and not overwrite:
         raise other_settings_error(out, member, details, shard)
     return details
+
+
+def _holds_results(out: Path, member: str) -> bool:
+    """Whether ``out`` keeps any finished image of ``member`` (its records stay after the cache completes)."""
+    return any(partial_dir(out, member).glob("[0-9]*.json"))
 
 
 def recorded_difference(out: Path, member: str, settings: dict[str, Any]) -> str | None:
