@@ -209,6 +209,27 @@ class TestUltralyticsOptions:
             build_label_lookup(names, default="coco80", categories={1: "person", 4: "Motorcycle", 9: "motorbike"})
         assert build_label_lookup(names, default="coco80", categories={1: "person", 4: "motorcycle"}).tolist() == [1, 4]
 
+    def test_categories_no_class_is_named_as_are_a_warning(self, caplog):
+        """A dataset that names some classes as the model does and others its own way: those others would get
+        no box at all, and mAP would count them as missed, with only an INFO line about the model's classes."""
+        from detens.adapters._labels import build_label_lookup
+
+        names = ["person", "car", "dog"]
+        with caplog.at_level(logging.WARNING, logger="detens.adapters._labels"):
+            lookup = build_label_lookup(names, default="coco80", categories={10: "person", 20: "automobile",
+                                                                             30: "doggo"}, where="v8")
+        assert lookup.tolist() == [10, -1, -1]
+        warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert warned == ["v8: no class of the model has the name of the categories ['automobile', 'doggo'] of the "
+                          "label space, so it gives them no box; if it has them under other names, give the model a "
+                          "class_map, {model class index or name: category id} (the member's class_map: key in an "
+                          "ensemble YAML, class_map= in Python)"], warned
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="detens.adapters._labels"):
+            build_label_lookup(names, default="coco80", categories={1: "person", 3: "car"})  # a subset: all seen
+            build_label_lookup(names, default="coco80", categories={1: "person", 2: "auto"}, class_map={"car": 2})
+        assert not caplog.records
+
     def test_class_map_ids_outside_the_categories_are_named(self):
         from detens.adapters._labels import build_label_lookup
 

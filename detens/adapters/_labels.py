@@ -177,6 +177,13 @@ def check_class_map_categories(
     )
 
 
+# where a model's classes cannot be matched to the label space by name
+_CLASS_MAP_HINT = (
+    "give the model a class_map, {model class index or name: category id} (the member's class_map: key in "
+    "an ensemble YAML, class_map= in Python)"
+)
+
+
 def build_label_lookup(
     model_names: Mapping[int, str] | Sequence[str],
     *,
@@ -247,7 +254,7 @@ def build_label_lookup(
                 # a model class of that name would go to whichever id came last
                 raise ValueError(
                     f"{where}: the label space names categories {target[spelled]} and {cid} alike ({n!r}), so "
-                    "classes cannot be matched to it by name; pass class_map={index: category_id}"
+                    f"classes cannot be matched to it by name; {_CLASS_MAP_HINT}"
                 )
             target[spelled] = int(cid)
         unmatched = []
@@ -260,7 +267,14 @@ def build_label_lookup(
         if (lookup < 0).all():
             raise ValueError(
                 f"{where}: none of the model's classes ({names[:8]}...) matches a category name of the label space "
-                f"({list(categories.values())[:8]}...); pass class_map={{index: category_id}}"
+                f"({list(categories.values())[:8]}...); {_CLASS_MAP_HINT}"
+            )
+        found = set(lookup.tolist())
+        unseen = [name for cid, name in categories.items() if int(cid) not in found]
+        if unseen:  # most often a dataset's own names for classes the model has under others
+            logger.warning(
+                "%s: no class of the model has the name of the categories %s of the label space, so it gives "
+                "them no box; if it has them under other names, %s", where, unseen, _CLASS_MAP_HINT,
             )
         meaningful = [
             n for n in unmatched if normalize_class_name(n) not in {"n/a", "background", "__background__"}
