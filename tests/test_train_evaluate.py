@@ -1351,6 +1351,13 @@ class TestTools:
         stop_after, ran[:] = 1, []
         assert evaluate_cli.main(base + ["--out", str(out)]) == 130
         stop_after, ran[:] = 0, []
+        kept = sorted(p.name for p in (tmp_path / "report.unfinished").iterdir())
+        # a run that stops on a mistake in its options, before any method, leaves them be and writes nothing
+        mistaken = tmp_path / "mistaken.json"
+        assert evaluate_cli.main(base + ["--out", str(mistaken), "--methods", "single:nope"]) == 2
+        assert evaluate_cli.main(base + ["--out", str(out), "--cv", "500"]) == 2
+        assert not (tmp_path / "mistaken.unfinished").exists() and ran == []
+        assert sorted(p.name for p in (tmp_path / "report.unfinished").iterdir()) == kept
         assert evaluate_cli.main(base + ["--out", str(out), "--max-det", "50"]) == 0
         assert ran[:2] == ["wbf_tuned", "mean"]
 

@@ -45,20 +45,16 @@ def run_key(parts: Mapping[str, Any]) -> str:
 
 class UnfinishedRun:
     """The finished methods of the run with ``--out out`` and key ``key``: an earlier run's with the same key
-    are kept (and resumed), any other earlier run's are discarded."""
+    are kept (and resumed), any other earlier run's are discarded when this run saves its first method (a
+    run that stops before, on a mistake in its options, leaves them and writes nothing)."""
 
     def __init__(self, out: Path, key: str) -> None:
         self.folder = unfinished_folder(out)
         self.key = key
-        record = self.folder / "run.json"
         try:
-            kept = json.loads(record.read_text(encoding="utf-8")).get("key") == key
+            self._ours = json.loads((self.folder / "run.json").read_text(encoding="utf-8")).get("key") == key
         except (OSError, ValueError, AttributeError):
-            kept = False
-        if not kept:
-            shutil.rmtree(self.folder, ignore_errors=True)
-            self.folder.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(record, {"key": key})
+            self._ours = False
 
     def _path(self, seed: int, name: str) -> Path:
         return self.folder / f"{seed}-{hashlib.sha256(name.encode('utf-8')).hexdigest()[:16]}.json.gz"
@@ -66,7 +62,9 @@ class UnfinishedRun:
     def finished(self, seed: int, names: list[str]) -> dict[str, MethodResult]:
         """The methods of ``names`` that an earlier run with this key finished with fold seed ``seed``; a file
         that cannot be read is left out (the method runs again)."""
-        found = {}
+        found: dict[str, MethodResult] = {}
+        if not self._ours:
+            return found
         for name in names:
             path = self._path(seed, name)
             if not path.is_file():
@@ -81,6 +79,11 @@ class UnfinishedRun:
         return found
 
     def save(self, seed: int, name: str, result: MethodResult) -> None:
+        if not self._ours:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(self.folder / "run.json", {"key": self.key})
+            self._ours = True
         stored = {"name": name, "metrics": result.metrics, "fitted": result.fitted,
                   "calibration": result.calibration, "results": result.results}
         atomic_write_bytes(self._path(seed, name), gzip.compress(json.dumps(stored).encode("utf-8"), compresslevel=3))

@@ -265,7 +265,7 @@ def run(options: EvaluateOptions) -> int:
     seeds = ", ".join(map(str, options.seed))
     protocol = f"{options.cv}-fold CV (seed{'s' if len(options.seed) > 1 else ''} {seeds})" if options.cv else "no CV"
     if fit_on is not None:
-        protocol += f", fitting on {len(_scored_ids(fit_on, options.all_images))} images of {Path(fit_gt).parent.name}" + (
+        protocol += f", fitting on {len(_scored_ids(fit_on, options.all_images))} images of {Path(fit_gt).resolve().parent.name}" + (
             " too" if options.cv else ""
         )
     if options.max_det is not None:
