@@ -162,6 +162,34 @@ def _check_model_names(model_names: Sequence[str] | None, num_models: int) -> li
 
 
 # ---------------------------------------------------------------------------------------------- Ensemble
+def _check_one_label_space(detectors: Sequence[Any], names: Sequence[str]) -> None:
+    """Refuse detectors whose declared label spaces (their ``categories``, ``{id: name}``) name one id as
+    different classes: fused by id, one model's class would be merged with another's. A detector that
+    declares none, or an id one of them leaves out, is not compared.
+
+    Raises:
+        ValueError: naming both detectors and the first ids that differ.
+    """
+    from detens.adapters._labels import normalize_class_name
+
+    seen: dict[int, tuple[str, str]] = {}  # category id -> (its name, the first detector that names it)
+    for detector, name in zip(detectors, names, strict=True):
+        categories = getattr(detector, "categories", None)
+        if not isinstance(categories, Mapping):
+            continue
+        differ = [(c, *seen[c]) for c in sorted(categories)
+                  if c in seen and normalize_class_name(categories[c]) != normalize_class_name(seen[c][0])]
+        if differ:
+            shown = ", ".join(f"{c} is {class_name!r} in {first!r} but {categories[c]!r} in {name!r}"
+                              for c, class_name, first in differ[:3])
+            raise ValueError(
+                f"the detectors are in different label spaces: {shown}{', ...' if len(differ) > 3 else ''}; give "
+                "them one (the same categories=, with a class_map where a model names its classes otherwise)"
+            )
+        for c, class_name in categories.items():
+            seen.setdefault(c, (class_name, name))
+
+
 class Ensemble:
     """Run several detectors on the same images and fuse their boxes image by image.
 
@@ -207,6 +235,7 @@ class Ensemble:
                 f"detector names must be unique (they identify the ensemble's members), got {self.names}; "
                 "name a loaded model by wrapping it: UltralyticsDetector(model, name=...)"
             )
+        _check_one_label_space(self.detectors, self.names)
         self.method = method
         self.params = check_fusion_params(method, params, self.names, head)
 

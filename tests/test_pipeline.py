@@ -605,6 +605,21 @@ class YoloDetector:
 
 
 class TestEnsemble:
+    def test_detectors_in_different_label_spaces_are_refused(self):
+        """Fused by id, one model's class would be merged with another's: COCO's 10 (traffic light) with a
+        dataset's 10 (pedestrian)."""
+        coco = FixedDetector("coco", [Detections.empty((10, 10))])
+        coco.categories = {1: "person", 10: "traffic light", 20: "sheep"}
+        own = FixedDetector("own", [Detections.empty((10, 10))])
+        own.categories = {10: "pedestrian", 20: "automobile", 30: "doggo"}
+        with pytest.raises(ValueError, match=r"^the detectors are in different label spaces: 10 is 'traffic light' "
+                                             r"in 'coco' but 'pedestrian' in 'own', 20 is 'sheep' in 'coco' but "
+                                             r"'automobile' in 'own'; give them one"):
+            Ensemble([coco, FixedDetector("plain", []), own])  # one that declares none is not compared
+        alike = FixedDetector("alike", [Detections.empty((10, 10))])
+        alike.categories = {1: "Person", 10: "traffic_light", 40: "bottle"}  # spelled otherwise, or other ids
+        assert Ensemble([coco, alike]).names == ["coco", "alike"]
+
     def test_fuses_like_detens_fuse(self):
         a = Detections(
             *random_boxes(0, 20)[:2], torch.tensor(COCO_CATEGORY_IDS)[random_boxes(0, 20)[2]], (480, 640)
