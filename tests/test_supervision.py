@@ -221,7 +221,9 @@ class TestFuse:
         names = {0: "person", 2: "car"}
         with pytest.raises(ValueError, match=r"^the head was trained on a label space whose category ids name other "
                                              r"classes than in the detections' class names: 0 is 'cat' in the head "
-                                             r"but 'person' there;"):
+                                             r"but 'person' there;.*Ultralytics class indices 0-79 for COCO's "
+                                             r"category ids\), map their labels to the head's ids first; else "
+                                             r"train one"):
             detens.fuse([a.to_supervision({0: "person"}), b.to_supervision(names)], "deep", head=head, image_size=SIZE,
                         model_names=["a", "b"])
         # they name the classes of this image only: the head's class 5, absent here, is no reason to refuse it

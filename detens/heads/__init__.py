@@ -121,8 +121,8 @@ def check_head_label_space(
       :func:`fit_head` records from the ground truth and the head file keeps) names otherwise than
       ``categories`` (a ``{id: name}`` mapping) does: the same ids mean other classes (a custom dataset's
       1, 5, 9 = cat, dog, bird used on COCO, where they are person, airplane, boat). Names are compared as
-      the class maps compare them (case, ``_``/``-`` and spacing ignored, known aliases such as
-      motorbike/motorcycle taken as one name); an id either side leaves unnamed is not compared.
+      the class maps compare them (case ignored, ``_`` and ``-`` read as spaces and runs of spaces as
+      one, known aliases such as motorbike/motorcycle taken as one name); an id either side leaves unnamed is not compared.
 
     Nothing is compared by name when ``categories`` gives ids only, or the head records no label space
     (a file written before heads recorded one): its ids alone are checked, as before. A head without
@@ -154,8 +154,10 @@ def check_head_label_space(
             shown = first_few(renamed, 5, show=lambda r: f"{r[0]} is {r[1]!r} in the head but {r[2]!r} there")
             raise ValueError(
                 f"{what} was trained on a label space whose category ids name other classes than in "
-                f"{label_space}: {shown}; its per-class parameters would fuse the wrong classes: "
-                "train one on this dataset (detens cache, detens train)"
+                f"{label_space}: {shown}; its per-class parameters would fuse the wrong classes: if the "
+                "detections number the same classes otherwise (Ultralytics class indices 0-79 for COCO's "
+                "category ids), map their labels to the head's ids first; else train one on this dataset "
+                "(detens cache, detens train)"
             )
     if not complete:
         return
