@@ -272,5 +272,7 @@ def _as_image_size(value: Any, what: str) -> tuple[int, int]:
         value = value.tolist()
     if not isinstance(value, Sequence) or isinstance(value, str) or len(value) != 2:
         shown = repr(value) if len(repr(value)) <= 80 else f"{type(value).__name__} {repr(value)[:60]}..."
-        raise ValueError(f"{what} must be (height, width) or an image tensor [C, H, W], got {shown}")
+        hint = "; for an image's shape pass image.shape[-2:], or the image tensor itself" if (
+            isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 3) else ""
+        raise ValueError(f"{what} must be (height, width) or an image tensor [C, H, W], got {shown}{hint}")
     return value[0], value[1]  # checked, not truncated, by Detections

@@ -531,6 +531,11 @@ class TestTorchvisionFusion:
         assert len(by_size[0]["boxes"]) == 1 and torch.equal(by_size[0]["boxes"], by_array[0]["boxes"])
         with pytest.raises(ValueError, match=r"image_sizes\[0\]: a numpy image must be \[H, W\] or \[H, W, C\]"):
             fusion([[one], [one]], [np.zeros((3, 480, 640), np.uint8)])
+        # an image's whole shape is no size: the message says what to pass instead
+        with pytest.raises(ValueError, match=r"^image_sizes\[0\] must be \(height, width\) or an image tensor "
+                                             r"\[C, H, W\], got torch.Size\(\[3, 480, 640\]\); for an image's shape "
+                                             r"pass image.shape\[-2:\], or the image tensor itself$"):
+            fusion([[one], [one]], [torch.zeros(3, 480, 640).shape])
         with pytest.raises(TypeError, match=r"per_model_outputs\[0\] must be model 0's list of output dicts.*got dict"):
             fusion([one, one], [(480, 640)])
 
