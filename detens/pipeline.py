@@ -40,7 +40,7 @@ from detens.convert import (
     torchvision_to_detections,
 )
 from detens.detections import Detections
-from detens.fusers import FUSERS, check_parameter_names, fuse, resolve_method
+from detens.fusers import FUSERS, check_members_named, check_parameter_names, fuse, resolve_method
 
 if TYPE_CHECKING:
     from ultralytics.engine.results import Results
@@ -73,28 +73,8 @@ def _fusion_params(method: str, head: Any, params: dict[str, Any], model_names: 
     return params
 
 
-def _check_members_named_for_head(
-    params: dict[str, Any], model_names: Sequence[str] | None, inputs: str, num_models: int | None = None
-) -> None:
-    """Refuse a head of several models for ``inputs`` that carry no model name when ``model_names`` is None:
-    taken in the head's own order (a trained head's is often sorted), each model's weights would go to
-    another model's boxes, a silently wrong result. Another number of models (``num_models``, when known)
-    is left to the fuser, whose message names both counts."""
-    if model_names is not None:
-        return
-    for key in ("head", "calibration"):
-        head = params.get(key)
-        if isinstance(head, (str, Path)):  # loaded as the fuser will load it: once per file version
-            from detens.fusers.theta import load_cached_head
-
-            head = load_cached_head(head)
-        head_models = getattr(head, "model_names", None)
-        if head_models is not None and len(head_models) > 1 and num_models in (None, len(head_models)):
-            raise ValueError(
-                f"the {key} is for models {list(head_models)}, and {inputs} carry no model name: pass "
-                "model_names=[...], the name of each model in the order you pass their outputs, so that each "
-                "model's weights go to its own boxes"
-            )
+def _heads_of(params: dict[str, Any]) -> dict[str, Any]:
+    return {key: params.get(key) for key in ("head", "calibration")}
 
 
 def check_fusion_params(
@@ -490,7 +470,8 @@ def fuse_results(
     names = _check_model_names(model_names, len(per_model))
     # A head given as a path is checked against the model names only when the caller gave them.
     params = _fusion_params(method, head, params, model_names)
-    _check_members_named_for_head(params, model_names, "Ultralytics Results", len(per_model))
+    if model_names is None:
+        check_members_named(_heads_of(params), "Ultralytics Results", len(per_model))
     if counts[0] == 0:  # no image to fuse: the values are checked all the same, as a call with images would
         _check_fusion_values(method, params, model_names if model_names is not None else [None] * len(per_model))
         return []
@@ -551,7 +532,8 @@ class TorchvisionFusion(nn.Module):
         self.method = method
         self.model_names = _model_name_list(model_names)
         params = _fusion_params(method, head, params, self.model_names)
-        _check_members_named_for_head(params, self.model_names, "torchvision's output dicts")
+        if self.model_names is None:
+            check_members_named(_heads_of(params), "torchvision's output dicts")
         members = _declared_members(self.model_names, params.get("head"), params.get("weights"))
         if members is not None:
             _check_fusion_values(method, params, members)

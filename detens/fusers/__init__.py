@@ -31,7 +31,7 @@ from detens.fusers.theta import head_methods  # noqa: E402  isort: skip
 
 __all__ = [
     "FUSERS", "fuse", "list_fusers", "list_methods", "check_method", "check_weights", "head_methods", "resolve_method",
-    "check_parameter_names", "highest_scoring",
+    "check_members_named", "check_parameter_names", "highest_scoring",
 ]
 
 
@@ -148,11 +148,7 @@ def fuse(
     if model_names is not None:
         per_model = _named(per_model, model_names)
     elif as_supervision:
-        for key in ("head", "calibration"):
-            given = params.get("head") if key == "head" else calibration
-            if isinstance(given, (str, Path)):  # loaded as the fuser would load it: once per file version
-                given = theta.load_cached_head(given)
-            _check_supervision_named_for_head(given, key)
+        check_members_named({"head": params.get("head"), "calibration": calibration}, "supervision.Detections")
     if image_size is not None and per_model[0].image_size != _validate_image_size(image_size):
         raise ValueError(
             f"image_size={tuple(image_size)} but the Detections are of a {per_model[0].image_size} image"
@@ -169,17 +165,31 @@ def fuse(
     return fused.to_supervision(class_names) if as_supervision else fused
 
 
-def _check_supervision_named_for_head(head: Any, key: str) -> None:
-    """Refuse a head of several models for ``supervision.Detections``, which carry no model name: taken in
-    the head's own order (a trained head's is often sorted), each model's weights would go to another
-    model's boxes, a silently wrong result."""
-    head_models = getattr(head, "model_names", None)
-    if head_models is not None and len(head_models) > 1:
-        raise ValueError(
-            f"the {key} is for models {list(head_models)}, and supervision.Detections carry no model name: "
-            "pass model_names=[...], the name of each model in the order of per_model, so that each model's "
-            "weights go to its own boxes"
-        )
+def check_members_named(heads: Mapping[str, Any], inputs: str, num_models: int | None = None) -> None:
+    """Refuse a head of several models for ``inputs`` that carry no model name (Ultralytics ``Results``,
+    torchvision's dicts, ``supervision.Detections``) given without ``model_names``: taken in the head's own
+    order (a trained head's is often sorted), each model's weights would go to another model's boxes, a
+    silently wrong result.
+
+    Args:
+        heads: by argument name (``head``, ``calibration``), a head, its path or shipped name, or None.
+        inputs (str): what the models' outputs are, for the message.
+        num_models (int | None): the number of models given, when known: another number than the head's
+            is left to the fuser, whose message names both counts.
+
+    Raises:
+        ValueError: naming the head's models and ``model_names``.
+    """
+    for key, head in heads.items():
+        if isinstance(head, (str, Path)):  # loaded as the fuser will load it: once per file version
+            head = theta.load_cached_head(head)
+        head_models = getattr(head, "model_names", None)
+        if head_models is not None and len(head_models) > 1 and num_models in (None, len(head_models)):
+            raise ValueError(
+                f"the {key} is for models {list(head_models)}, and {inputs} carry no model name: pass "
+                "model_names=[...], the name of each model in the order you pass their outputs, so that each "
+                "model's weights go to its own boxes"
+            )
 
 
 def _named(per_model: list[Detections], model_names: Sequence[str]) -> list[Detections]:
