@@ -63,3 +63,23 @@ def press_ctrl_c(request):
     """A function that stops the code calling it as a Ctrl-C does: a KeyboardInterrupt, or an error that code
     left broken by one raises while the interrupt is handled (both end as the interruption)."""
     return request.param
+
+
+@pytest.fixture
+def lopsided_theta_head(tmp_path):
+    """``make(names)``: a Θ head of two models that trusts the first far more than the second, and the path
+    of its saved file: taking the models in the wrong order changes its fused boxes."""
+
+    def make(names):
+        import torch
+
+        from detens import ThetaHead
+
+        head = ThetaHead(list(names))
+        with torch.no_grad():
+            head.theta.copy_(torch.tensor([0.9, 0.1]))
+        path = tmp_path / f"lopsided_{'_'.join(names)}.json"
+        head.save(path)
+        return head, path
+
+    return make

@@ -317,16 +317,13 @@ class TestFuseResults:
 
 
 class TestFuseResultsSynthetic:
-    def test_a_head_of_several_models_needs_their_names(self, tmp_path):
+    def test_a_head_of_several_models_needs_their_names(self, lopsided_theta_head):
         """Results carry no model name: in the head's own order, each model's weights would go to another
         model's boxes (the shipped heads store their models sorted, not in the configs' order)."""
         r1 = make_results(*random_boxes(0, 5))
         r2 = make_results(*random_boxes(1, 5))
-        head = detens.ThetaHead(["m1", "m2"])
-        with torch.no_grad():
-            head.theta.copy_(torch.tensor([0.9, 0.1]))
-        head.save(tmp_path / "head.json")
-        for given in (head, tmp_path / "head.json"):
+        head, path = lopsided_theta_head(["m1", "m2"])
+        for given in (head, path):
             with pytest.raises(ValueError, match=r"^the head is for models \['m1', 'm2'\], and Ultralytics Results carry "
                                                  r"no model name: pass model_names=\[\.\.\.\]"):
                 fuse_results([[r1], [r2]], method="theta", head=given)

@@ -236,16 +236,13 @@ class TestFuse:
             detens.fuse([a.to_supervision(), b.to_supervision()], "deep", head=head, image_size=SIZE, label_space=names,
                         model_names=["a", "b"])
 
-    def test_a_head_of_several_models_needs_their_names(self, tmp_path):
+    def test_a_head_of_several_models_needs_their_names(self, lopsided_theta_head):
         """supervision.Detections carry no model name: in the head's own order, each model's weights would go
         to another model's boxes."""
         a = Detections([[10.0, 20.0, 110.0, 220.0], [50.0, 60.0, 90.0, 100.0]], [0.9, 0.4], [0, 1], SIZE)
         b = Detections([[12.0, 20.0, 110.0, 221.0], [300.0, 300.0, 400.0, 400.0]], [0.8, 0.5], [0, 2], SIZE)
-        head = detens.ThetaHead(["a", "b"])
-        with torch.no_grad():
-            head.theta.copy_(torch.tensor([0.9, 0.1]))
-        head.save(tmp_path / "head.json")
-        for given in (head, tmp_path / "head.json"):
+        head, path = lopsided_theta_head(["a", "b"])
+        for given in (head, path):
             with pytest.raises(ValueError, match=r"^the head is for models \['a', 'b'\], and supervision.Detections "
                                                  r"carry no model name: pass model_names=\[\.\.\.\]"):
                 detens.fuse([b.to_supervision(), a.to_supervision()], "theta", head=given, image_size=SIZE)
