@@ -452,7 +452,8 @@ def fuse_results(
 
     Raises:
         ValueError: lists of different lengths, Results of different images (``orig_shape`` or ``path``
-            differ), different class-name sets, an unknown method.
+            differ, or their ``orig_img`` pixels: in-memory images are named by their place in the batch),
+            different class-name sets, an unknown method, a head of several models without ``model_names``.
     """
     if isinstance(per_model_results, (str, bytes)) or not isinstance(per_model_results, Sequence):
         raise TypeError("per_model_results must be a list with one list of Results per model")
@@ -488,6 +489,13 @@ def fuse_results(
         column = [per_model[n][b] for n in range(len(per_model))]
         shapes = [tuple(int(v) for v in r.orig_shape) for r in column]
         paths = [str(r.path) for r in column]
+        if len(set(shapes)) == 1 and len(set(paths)) == 1 and not _same_pixels(column):
+            # in-memory images are all named image0.jpg, image1.jpg, ... by their place in the batch
+            raise ValueError(
+                f"image {b}: the models' Results are of different images of one size, each named {paths[0]!r} "
+                "(Ultralytics names in-memory images by their place in the batch); pass the same images in the "
+                "same order to every model"
+            )
         if len(set(shapes)) != 1 or len(set(paths)) != 1:
             raise ValueError(
                 f"image {b}: the models' Results describe different images "
@@ -500,6 +508,13 @@ def fuse_results(
         out.speed = _add_speeds(column, (time.perf_counter() - start) * 1000.0)
         fused_results.append(out)
     return fused_results
+
+
+def _same_pixels(column: Sequence[Any]) -> bool:
+    """Whether the Results of one image hold the same ``orig_img`` (a Results without one is not compared):
+    a fraction of a millisecond per model against the milliseconds of fusion."""
+    images = [r.orig_img for r in column if isinstance(getattr(r, "orig_img", None), np.ndarray)]
+    return all(image is images[0] or np.array_equal(image, images[0]) for image in images[1:])
 
 
 # ------------------------------------------------------------------------------------------- torchvision

@@ -340,6 +340,17 @@ class TestFuseResultsSynthetic:
         # one model's head is no question of order
         assert len(fuse_results([[r1]], method="theta", head=detens.ThetaHead(["m1"]))[0]) == 5
 
+    def test_different_images_of_one_size_in_another_order_are_refused(self):
+        """In-memory images are named image0.jpg, image1.jpg, ... by their place in the batch: two images of
+        one size given to the models in different orders share names, not pixels."""
+        first, second = make_results(*random_boxes(0, 3)), make_results(*random_boxes(1, 3))
+        second.orig_img = second.orig_img + 1  # another image of the same size, under the same name
+        with pytest.raises(ValueError, match=r"^image 0: the models' Results are of different images of one size, "
+                                             r"each named 'image0.jpg'"):
+            fuse_results([[first], [second]], method=METHOD)
+        same = make_results(*random_boxes(1, 3))  # the same pixels in another array: one image
+        assert len(fuse_results([[first], [same]], method=METHOD)) == 1
+
     def test_same_image_different_path(self):
         r1 = make_results(*random_boxes(0, 3), path="a.jpg")
         r2 = make_results(*random_boxes(1, 3), path="b.jpg")
