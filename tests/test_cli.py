@@ -54,6 +54,13 @@ MISTAKES = [
     ("no such source", ["fuse", "--source", "no_such_folder", "--out", "out"], r"image source not found: 'no_such_folder'"),
     ("missing --source", ["fuse", "--out", "out"], r"required: --source"),
     ("bad number", fuse_args("--conf", "abc"), r"--conf: expected a number, got .abc."),
+    # what int() and float() read, but a command line more likely holds by a slip
+    ("integer with an underscore", fuse_args("--imgsz", "6_40"), r"argument --imgsz: expected an integer, got '6_40'"),
+    ("number with an underscore", fuse_args("--conf", "0_5"), r"argument --conf: expected a number, got '0_5'"),
+    ("count with spaces", ["evaluate", "--gt", "gt.json", "--predictions", "p", "--out", "r.json", "--max-det", " 100"],
+     r"argument --max-det: expected an integer >= 1, got ' 100'"),
+    ("seed with an underscore", ["evaluate", "--gt", "gt.json", "--predictions", "p", "--out", "r.json",
+                                 "--seed", "0,1_0"], r"--seed takes an integer or comma-separated integers"),
     ("unknown command", ["fusee"], r"invalid choice: 'fusee'"),
     # named by the command that does not know it, with the flag it has nearest
     ("unknown flag", fuse_args("--conff", "0.1"),

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-__all__ = ["COMMANDS", "add_threads_argument", "add_weights_dir_argument", "argparse_type", "existing_folder", "finite_number", "folder_path", "build_parser", "positive_int", "command_parser", "main", "run_command"]
+__all__ = ["COMMANDS", "add_threads_argument", "add_weights_dir_argument", "argparse_type", "existing_folder", "finite_number", "folder_path", "build_parser", "integer", "positive_int", "command_parser", "main", "run_command"]
 
 #: subcommand -> (module, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -74,6 +74,8 @@ def argparse_type(module: str, check_name: str) -> Callable[[str], Any]:
     return convert
 
 
+#: argparse type: an integer (digits with an optional minus sign)
+integer = argparse_type("detens.jobs._options", "check_int_text")
 #: argparse type: an integer >= 1
 positive_int = argparse_type("detens.jobs._options", "check_positive_int")
 #: argparse type: a finite number (``float`` also takes nan and inf)

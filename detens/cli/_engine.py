@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from detens.cli import finite_number
+from detens.cli import finite_number, integer
 from detens.engines import ENGINES
 from detens.jobs._engine import EngineOptions
 
@@ -19,7 +19,7 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="local: this process (default: %(default)s); ray: Ray Data actors (pip install 'detens[ray]')")
     p.add_argument("--ray-address", help="with --engine ray: an existing cluster (auto, ray://host:10001); "
                    "default: start a local one")
-    p.add_argument("--actors", type=int, default=defaults["actors"],
+    p.add_argument("--actors", type=integer, default=defaults["actors"],
                    help="with --engine ray: predictor actors per model (default %(default)s)")
     p.add_argument("--gpus-per-actor", type=finite_number,
                    help="with --engine ray: GPUs per actor (default: 1 when CUDA is present, else 0)")

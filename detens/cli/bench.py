@@ -54,7 +54,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from detens.cli import argparse_type, positive_int, run_command
+from detens.cli import argparse_type, integer, positive_int, run_command
 from detens.jobs.bench import DEFAULT_SIZES
 
 
@@ -63,11 +63,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # given for a mode that does not run can be told apart from its default, and rejected.
     parser.add_argument("--sizes", nargs="+", type=argparse_type("detens.jobs.bench", "parse_size"),
                         help=f"NxK: N models, K boxes per model (default: {' '.join(DEFAULT_SIZES)})")
-    parser.add_argument("--repeats", type=int,
+    parser.add_argument("--repeats", type=integer,
                         help="images per size; sizes above 5000 boxes use a third of them (default: 15)")
     parser.add_argument("--device", help="device of the input Detections (default: cpu)")
     parser.add_argument("--threads", type=positive_int, help="torch intra-op threads (default: 1)")
-    parser.add_argument("--seed", type=int, help="seed of the synthetic images (default: 0)")
+    parser.add_argument("--seed", type=integer, help="seed of the synthetic images (default: 0)")
     parser.add_argument("--out", type=Path, help="also write the results as JSON (atomic write)")
     parser.add_argument(
         "--engines", metavar="IMAGES",
@@ -80,7 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="instead of the fusers: time evaluate_coco's evaluators (the input checked beforehand, untimed) on "
         "the dataset replicated to 200, 1000 and 5000 images (COCO annotations and a results file of them)",
     )
-    parser.add_argument("--coco-sizes", nargs="+", type=int,
+    parser.add_argument("--coco-sizes", nargs="+", type=integer,
                         help="with --coco: the image counts (default: 200 1000 5000)")
 
 

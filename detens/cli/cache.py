@@ -89,7 +89,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from detens.cli import add_weights_dir_argument, finite_number, folder_path, run_command
+from detens.cli import add_weights_dir_argument, finite_number, folder_path, integer, run_command
 from detens.cli._engine import add_engine_arguments
 from detens.jobs.cache import DEFAULT_CONFIG
 
@@ -118,15 +118,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--conf", type=finite_number, help="minimum detection score of every model (overrides conf)")
     p.add_argument("--iou", type=finite_number, help="NMS IoU of every model (overrides iou)")
     p.add_argument(
-        "--max-det", type=int, help="maximum detections per image of every model (overrides max_det)"
+        "--max-det", type=integer, help="maximum detections per image of every model (overrides max_det)"
     )
-    p.add_argument("--imgsz", type=int, help="inference size of every model (overrides imgsz)")
+    p.add_argument("--imgsz", type=integer, help="inference size of every model (overrides imgsz)")
     p.add_argument("--device", help="device of every model: cpu, cuda, cuda:0 ... (overrides device)")
-    p.add_argument("--batch", type=int, help="images per detector call (overrides batch)")
+    p.add_argument("--batch", type=integer, help="images per detector call (overrides batch)")
     add_weights_dir_argument(p)
     p.add_argument(
         "--max-images",
-        type=int,
+        type=integer,
         help="stop after this many new images per model (as if interrupted; run again to go on)",
     )
     p.add_argument(

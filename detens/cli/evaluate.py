@@ -90,7 +90,7 @@ from __future__ import annotations
 
 import argparse
 
-from detens.cli import add_threads_argument, argparse_type, folder_path, positive_int, run_command
+from detens.cli import add_threads_argument, argparse_type, folder_path, integer, positive_int, run_command
 from detens.coco import BACKENDS
 from detens.evaluation import METHODS
 from detens.jobs.evaluate import DEFAULT_METHODS
@@ -106,7 +106,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"(known: {', '.join(METHODS.names())})",
     )
     parser.add_argument("--models", help="comma-separated model names (default: every file, sorted)")
-    parser.add_argument("--cv", type=int, default=2, help="number of folds (K >= 2), or 0 with --fit-on")
+    parser.add_argument("--cv", type=integer, default=2, help="number of folds (K >= 2), or 0 with --fit-on")
     extra = parser.add_mutually_exclusive_group()
     extra.add_argument(
         "--also-fit-on", nargs=2, metavar=("GT", "PREDICTIONS"),
@@ -157,7 +157,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "with --report it must hold every scored image, as annotated (checked before the evaluation)",
     )
     parser.add_argument(
-        "--bootstrap", type=int, default=0, metavar="B",
+        "--bootstrap", type=integer, default=0, metavar="B",
         help="paired bootstrap over the scored images: B draws, every method scored on the same draws "
         "(<out>.bootstrap.json); 0 = off",
     )

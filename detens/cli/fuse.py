@@ -84,7 +84,7 @@ from __future__ import annotations
 
 import argparse
 
-from detens.cli import add_weights_dir_argument, finite_number, folder_path
+from detens.cli import add_weights_dir_argument, finite_number, folder_path, integer
 from detens.cli._engine import add_engine_arguments
 from detens.fusers import list_methods
 from detens.jobs.fuse import ASSETS_SOURCE, DEFAULT_CONFIG
@@ -108,9 +108,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--save-per-model", action="store_true", help="also save each member's own predictions")
     p.add_argument("--conf", type=finite_number, help="minimum detection score of every model (overrides conf)")
-    p.add_argument("--imgsz", type=int, help="inference size of every model (overrides imgsz)")
+    p.add_argument("--imgsz", type=integer, help="inference size of every model (overrides imgsz)")
     p.add_argument("--device", help="device of every model: cpu, cuda, cuda:0 ... (overrides device)")
-    p.add_argument("--batch", type=int, help="images per detector call (overrides batch)")
+    p.add_argument("--batch", type=integer, help="images per detector call (overrides batch)")
     add_weights_dir_argument(p)
     p.add_argument("--vis-conf", type=finite_number, help="minimum score of drawn boxes (overrides output.vis_conf)")
     p.add_argument("--no-vis", action="store_true", help="do not write vis/")

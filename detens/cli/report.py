@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import argparse
 
-from detens.cli import finite_number, folder_path, run_command
+from detens.cli import finite_number, folder_path, integer, run_command
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "every image to draw must be in it",
     )
     parser.add_argument(
-        "--examples", type=int, default=3,
+        "--examples", type=integer, default=3,
         help="images where fusion helped most, and as many where it hurt most (0: none)",
     )
     parser.add_argument(

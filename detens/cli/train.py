@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import argparse
 
-from detens.cli import add_threads_argument, finite_number, run_command
+from detens.cli import add_threads_argument, finite_number, integer, run_command
 from detens.jobs.train import HEAD_TYPES
 
 
@@ -66,9 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="annotations and prediction folder of more training images (all their annotated images; every image "
         "with --all-images); it may not share a training image with --gt (same file name, folders aside)",
     )
-    parser.add_argument("--epochs", type=int, help="training epochs (overrides the config)")
+    parser.add_argument("--epochs", type=integer, help="training epochs (overrides the config)")
     parser.add_argument("--lr", type=finite_number, help="learning rate (overrides the config)")
-    parser.add_argument("--seed", type=int, help="random seed (overrides the config)")
+    parser.add_argument("--seed", type=integer, help="random seed (overrides the config)")
     # no default of []: it is TrainOptions.set's default too, and a dataclass field cannot default to a list
     parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key")
     add_threads_argument(parser)

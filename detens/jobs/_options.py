@@ -13,6 +13,7 @@ import dataclasses
 import math
 import numbers
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -59,9 +60,22 @@ def check_existing_folder(value: str) -> str:
     return value
 
 
+def check_int_text(value: str) -> int:
+    """An integer from its text: digits with an optional minus sign. ``int`` also reads ``"6_40"`` as 640
+    and ignores spaces around the digits, which on a command line are more likely a slip than a number.
+
+    Raises:
+        ValueError: ``value`` is no such text.
+    """
+    if not re.fullmatch(r"-?[0-9]+", value):
+        raise ValueError(f"expected an integer, got {value!r}")
+    return int(value)
+
+
 def check_finite_number(value: str | float) -> float:
     """A finite real number, from its text or a number. ``float`` reads ``nan`` and ``inf`` as numbers,
-    which a config's own check would then blame on the config file, or on a key the user never gave.
+    which a config's own check would then blame on the config file, or on a key the user never gave, and
+    ``"0_5"`` as 5 (underscores and spaces around the number are refused here).
 
     Raises:
         ValueError: ``value`` is no number, or NaN or infinite.
@@ -69,6 +83,8 @@ def check_finite_number(value: str | float) -> float:
     number = value
     if isinstance(value, str):
         try:
+            if "_" in value or value != value.strip():
+                raise ValueError(value)
             number = float(value)
         except ValueError:
             raise ValueError(f"expected a number, got {value!r}") from None
@@ -85,7 +101,7 @@ def check_positive_int(value: str | int) -> int:
     """
     if isinstance(value, str):
         try:
-            value = int(value)
+            value = check_int_text(value)
         except ValueError:
             raise ValueError(f"expected an integer >= 1, got {value!r}") from None
     if value < 1:

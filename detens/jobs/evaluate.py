@@ -35,6 +35,7 @@ from detens.jobs._inputs import comma_separated, file_digests, model_names
 from detens.jobs._options import (
     JobOptions,
     UsageError,
+    check_int_text,
     check_text_list,
     check_text_pair,
     file_or_shipped_name,
@@ -66,7 +67,7 @@ def parse_seeds(text: str, name: str = "--seed") -> list[int]:
         ValueError: a part that is no integer, a seed listed twice, or one below 0.
     """
     try:
-        seeds = [int(part) for part in text.split(",")]
+        seeds = [check_int_text(part.strip()) for part in text.split(",")]  # "0, 1, 2" too
     except ValueError:
         raise ValueError(f"{name} takes an integer or comma-separated integers (0,1,2), got {text!r}") from None
     if len(set(seeds)) != len(seeds):
