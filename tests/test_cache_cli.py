@@ -725,6 +725,15 @@ def test_weights_rewritten_in_place_are_refused_unless_overwrite(slice_, tmp_pat
     assert saved_settings(out, "yolo")["inputs"] == {str(weights): path_digest(weights)}
 
 
+def finish_one_image(root: Path, out: Path, member: str) -> None:
+    """What a run leaves that detected ``member`` on one image (its partial record): results whose settings
+    and input files a later run must not mix with others. The weights of these tests are no models."""
+    image_id = gt_ids(root)[0]
+    record = {"image_id": image_id, "file_name": load_coco_gt(root / "gt.json").file_name(image_id), "results": [],
+              "ms": 1.0}
+    (out / ".partial" / member / f"{image_id}.json").write_text(json.dumps(record))
+
+
 def test_a_weights_folder_changed_in_place_is_refused(slice_, tmp_path, capsys):
     """An export folder (OpenVINO) counts by all its files and their names."""
     folder = tmp_path / "model_openvino_model"
@@ -735,6 +744,7 @@ def test_a_weights_folder_changed_in_place_is_refused(slice_, tmp_path, capsys):
     out = tmp_path / "out"
     assert run(slice_, out, "--max-images", "0", config=config) == 0  # records the settings, loads nothing
     assert saved_settings(out, "vino")["inputs"] == {str(folder): path_digest(folder)}
+    finish_one_image(slice_, out, "vino")
     (folder / "model.bin").write_text("model.bin of the second export")
     code = run(slice_, out, "--max-images", "0", config=config)
     refused(capsys, code, r"model_openvino_model' of 'vino' are not the file the earlier run in")
@@ -759,6 +769,7 @@ def test_weights_found_in_another_folder_must_be_the_file_the_earlier_run_used(
     first = weights_folder(tmp_path / "first", b"an export")
     monkeypatch.setenv("DETENS_WEIGHTS", str(first))
     assert run(slice_, out, "--max-images", "0", config=config) == 0
+    finish_one_image(slice_, out, "yolo")
     digest = path_digest(first / "yolo11n.pt")
     assert saved_settings(out, "yolo")["inputs"] == {"yolo11n.pt": digest}
     monkeypatch.setenv("DETENS_WEIGHTS", str(weights_folder(tmp_path / "copy", b"an export")))
@@ -786,6 +797,7 @@ def test_weights_no_longer_found_on_disk_are_refused_naming_where_it_looked(
     folder = weights_folder(tmp_path / "weights", b"an export")
     monkeypatch.setenv("DETENS_WEIGHTS", str(folder))
     assert run(slice_, out, "--max-images", "0", config=config) == 0
+    finish_one_image(slice_, out, "yolo")
     monkeypatch.delenv("DETENS_WEIGHTS")
     code = run(slice_, out, "--max-images", "0", config=config)
     err = capsys.readouterr().err
@@ -814,6 +826,7 @@ def test_onnx_external_data_changed_in_place_is_refused(slice_, tmp_path, capsys
     config = weights_config(tmp_path, {"type": "onnx", "decoder": "yolox", "weights": str(model), "name": "ox"})
     out = tmp_path / "out"
     assert run(slice_, out, "--max-images", "0", config=config) == 0
+    finish_one_image(slice_, out, "ox")
     before = model.read_bytes()
     (tmp_path / "model.data").write_bytes(np.full((1, 8), 2, np.float32).tobytes())  # retrained weights
     assert model.read_bytes() == before
