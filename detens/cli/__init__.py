@@ -187,7 +187,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             code = int(args._run(args))
         # a job that caught Ctrl-C to save its finished work first ends as an interrupt anywhere else does
         return _interrupted() if code == _INTERRUPTED else code
-    except Exception as err:
+    except BaseException as err:  # a KeyboardInterrupt, or an error raised while one was handled, is a Ctrl-C
         from detens.jobs._interrupts import is_interruption
 
         if is_interruption(err) and not args.debug:
@@ -199,10 +199,6 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(f"error: {_message(err)}", file=sys.stderr)
             return 2
         raise
-    except KeyboardInterrupt:
-        if args.debug:
-            raise
-        return _interrupted()
 
 
 def _interrupted() -> int:

@@ -947,12 +947,11 @@ def _run(options: FuseOptions) -> int:
         if processed == 0:
             release_output()
             pack_finished_run()
-            if not is_interruption(err):
-                raise
-            logger.warning("interrupted before the first result: %s is as it was", out)
-            return 130
         if not is_interruption(err):
             raise
+        if processed == 0:
+            logger.warning("interrupted before the first result: %s is as it was", out)
+            return 130
         interrupted = True
         logger.warning("interrupted: the finished images are saved; run the same command again to resume")
     finally:
