@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from detens.catalogue import COCO_BACKENDS as BACKENDS
 from detens.checks import check_integer, check_integers
 from detens.detections import MAX_IMAGE_SIDE, MAX_LABEL, Detections
 from detens.io import atomic_write_json, read_json_file
@@ -60,7 +61,6 @@ logger = logging.getLogger(__name__)
 
 #: Keys of :func:`evaluate_coco`'s dict, in the order of ``COCOeval.stats``.
 #: evaluate_coco's evaluators (see its ``backend``)
-BACKENDS: tuple[str, ...] = ("pycocotools", "faster", "hotcoco")
 
 METRIC_KEYS: tuple[str, ...] = (
     "map",  # AP @ IoU 0.50:0.95, all areas, maxDets 100

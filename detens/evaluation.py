@@ -39,6 +39,7 @@ import torch
 from torchvision.ops import box_iou
 
 from detens.calibration_metrics import detection_calibration
+from detens.catalogue import MAX_K
 from detens.checks import check_max_det
 from detens.coco import BACKENDS, detections_to_array, detections_to_coco, evaluate_coco, fastest_backend
 from detens.detections import Detections
@@ -75,7 +76,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: ``selection_k<k>`` and ``random_k<k>`` are registered for k = 1 ... MAX_K.
-MAX_K = 8
 
 
 class EvaluationData:

@@ -433,6 +433,22 @@ def test_the_command_list_and_its_mistakes_import_no_command(argv):
         assert done.stderr.count("error:") == 1, done.stderr
 
 
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_a_command_help_page_imports_no_torch(command):
+    """The help pages list the fusion methods, head types and defaults from :mod:`detens.catalogue`: the
+    registries holding them import torch, seconds before a page could show."""
+    script = (
+        "import sys\nfrom detens.cli import main\n"
+        f"try:\n    main([{command!r}, '--help'])\nexcept SystemExit as stop:\n    code = stop.code\n"
+        "heavy = sorted(m for m in ('torch', 'torchvision', 'detens.fusers', 'detens.heads') if m in sys.modules)\n"
+        "print(code, heavy, file=sys.stderr)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.stderr.splitlines()[-1] == "0 []", done.stderr
+    assert f"usage: detens {command}" in done.stdout
+
+
 def test_python_dash_m_reports_a_mistake_without_traceback(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "detens", "fuse", "--source", str(tmp_path), "--out", str(tmp_path / "o"),

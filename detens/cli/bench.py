@@ -54,15 +54,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from detens.catalogue import DEFAULT_BENCH_SIZES
 from detens.cli import argparse_type, integer, positive_int, run_command
-from detens.jobs.bench import DEFAULT_SIZES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     # The options of one mode default to None here (the real defaults are _MODE_DEFAULTS) so that an option
     # given for a mode that does not run can be told apart from its default, and rejected.
     parser.add_argument("--sizes", nargs="+", type=argparse_type("detens.jobs.bench", "parse_size"),
-                        help=f"NxK: N models, K boxes per model (default: {' '.join(DEFAULT_SIZES)})")
+                        help=f"NxK: N models, K boxes per model (default: {' '.join(DEFAULT_BENCH_SIZES)})")
     parser.add_argument("--repeats", type=integer,
                         help="images per size; sizes above 5000 boxes use a third of them (default: 15)")
     parser.add_argument("--device", help="device of the input Detections (default: cpu)")

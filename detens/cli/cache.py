@@ -89,9 +89,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from detens.catalogue import DEFAULT_ENSEMBLE
 from detens.cli import add_weights_dir_argument, finite_number, folder_path, integer, run_command
 from detens.cli._engine import add_engine_arguments
-from detens.jobs.cache import DEFAULT_CONFIG
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -100,7 +100,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="merge: join the shards in OUT/shards into <member>.json (same as --merge)",
     )
     p.add_argument(
-        "--config", default=DEFAULT_CONFIG, help="shipped ensemble name or ensemble YAML (default: %(default)s)"
+        "--config", default=DEFAULT_ENSEMBLE, help="shipped ensemble name or ensemble YAML (default: %(default)s)"
     )
     p.add_argument(
         "--images",

@@ -90,10 +90,8 @@ from __future__ import annotations
 
 import argparse
 
+from detens.catalogue import COCO_BACKENDS, DEFAULT_EVALUATION_METHODS, EVALUATION_METHODS
 from detens.cli import add_threads_argument, argparse_type, folder_path, integer, positive_int, run_command
-from detens.coco import BACKENDS
-from detens.evaluation import METHODS
-from detens.jobs.evaluate import DEFAULT_METHODS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -101,9 +99,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--predictions", required=True, help="folder of <model>.json COCO results")
     parser.add_argument(
         "--methods",
-        default=DEFAULT_METHODS,
+        default=DEFAULT_EVALUATION_METHODS,
         help=f"comma-separated; 'single' expands to every model; 'head:PATH' scores a head file trained elsewhere "
-        f"(known: {', '.join(METHODS.names())})",
+        f"(known: {', '.join(EVALUATION_METHODS)})",
     )
     parser.add_argument("--models", help="comma-separated model names (default: every file, sorted)")
     parser.add_argument("--cv", type=integer, default=2, help="number of folds (K >= 2), or 0 with --fit-on")
@@ -139,7 +137,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "selection=... also configures selection_k1 ... selection_k8; repeatable); "
         "default: the head's code defaults, which configs/train/<head>.yaml mirror",
     )
-    parser.add_argument("--backend", default="pycocotools", choices=BACKENDS,
+    parser.add_argument("--backend", default="pycocotools", choices=COCO_BACKENDS,
                         help="COCO evaluator of the reported figures (default: %(default)s, the reference; "
                         "tuning inside the folds uses the fastest installed one)")
     parser.add_argument("--out", required=True, help="JSON report {method: {metric: value}}")

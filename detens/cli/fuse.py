@@ -84,15 +84,14 @@ from __future__ import annotations
 
 import argparse
 
+from detens.catalogue import ASSETS_SOURCE, DEFAULT_ENSEMBLE, FUSION_METHODS
 from detens.cli import add_weights_dir_argument, finite_number, folder_path, integer
 from detens.cli._engine import add_engine_arguments
-from detens.fusers import list_methods
-from detens.jobs.fuse import ASSETS_SOURCE, DEFAULT_CONFIG
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--config", default=DEFAULT_CONFIG, help="shipped ensemble name or ensemble YAML (default: %(default)s)"
+        "--config", default=DEFAULT_ENSEMBLE, help="shipped ensemble name or ensemble YAML (default: %(default)s)"
     )
     p.add_argument(
         "--source",
@@ -101,7 +100,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--out", type=folder_path, required=True, help="output folder (created; a re-run resumes)")
     p.add_argument(
-        "--method", help=f"fusion method or head type (overrides fusion.method): {', '.join(list_methods())}"
+        "--method", help=f"fusion method or head type (overrides fusion.method): {', '.join(FUSION_METHODS)}"
     )
     p.add_argument(
         "--head", help="trained head file, or a shipped head's name; implies its type (overrides fusion.head)"

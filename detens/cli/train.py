@@ -36,16 +36,16 @@ from __future__ import annotations
 
 import argparse
 
+from detens.catalogue import TRAINED_HEAD_TYPES
 from detens.cli import add_threads_argument, finite_number, integer, run_command
-from detens.jobs.train import HEAD_TYPES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gt", required=True, help="COCO annotation file")
     parser.add_argument("--predictions", required=True, help="folder of <model>.json COCO results")
     parser.add_argument("--out", required=True, help="head file to write (.json or .safetensors)")
-    parser.add_argument("--head", default="theta", choices=HEAD_TYPES,
-                        help=f"head type: {', '.join(HEAD_TYPES)} (default: theta)")
+    parser.add_argument("--head", default="theta", choices=TRAINED_HEAD_TYPES,
+                        help=f"head type: {', '.join(TRAINED_HEAD_TYPES)} (default: theta)")
     parser.add_argument(
         "--config", help="training YAML, or a shipped one by head name (default: the head's code defaults, "
         "which the shipped configs mirror)"

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from detens import Detections, match
+from detens.catalogue import DEFAULT_BENCH_SIZES
 from detens.extras import import_extra
 from detens.fusers import fuse
 from detens.io import atomic_write_json, check_writable_file
@@ -37,7 +38,7 @@ from detens.jobs._options import (
 )
 
 __all__ = [
-    "BenchOptions", "DEFAULT_SIZES", "IMAGE_SIZE", "NUM_CLASSES", "TENSOR_MATCH", "bench_coco", "bench_engines",
+    "BenchOptions", "IMAGE_SIZE", "NUM_CLASSES", "TENSOR_MATCH", "bench_coco", "bench_engines",
     "bench_size", "check_args", "markdown_table", "parse_size", "replicate_coco", "run", "synthetic_image",
 ]
 
@@ -45,7 +46,6 @@ logger = logging.getLogger("bench")
 
 IMAGE_SIZE = (480, 640)
 NUM_CLASSES = 80
-DEFAULT_SIZES = ("3x100", "3x300", "5x1000", "5x3000")
 TENSOR_MATCH = "match, tensor path"
 
 
@@ -326,7 +326,7 @@ class BenchOptions(JobOptions):
 
 # Each mode's own options and their defaults; an option of a mode that does not run is a usage error.
 _MODE_DEFAULTS: dict[str, dict[str, Any]] = {
-    "fusers": {"sizes": [parse_size(s) for s in DEFAULT_SIZES], "repeats": 15, "device": "cpu", "threads": 1,
+    "fusers": {"sizes": [parse_size(s) for s in DEFAULT_BENCH_SIZES], "repeats": 15, "device": "cpu", "threads": 1,
                "seed": 0},
     "engines": {"config": "coco_yolo3"},
     "coco": {"coco_sizes": [200, 1000, 5000]},

@@ -33,6 +33,7 @@ from detens.adapters import (
     view_names,
 )
 from detens.adapters.weights import ResolvedWeights, resolve_model_weights
+from detens.catalogue import DEFAULT_ENSEMBLE
 from detens.checks import first_few
 from detens.coco import CocoGroundTruth, detections_to_coco, load_coco_gt, save_coco_results
 from detens.config import parse_yaml
@@ -83,7 +84,6 @@ __all__ = ["CacheOptions", "MergeError", "run"]
 
 logger = logging.getLogger("detens.cache")
 
-DEFAULT_CONFIG = "coco_yolo3"
 PARTIAL = ".partial"
 SHARDS = "shards"
 SUMMARY = "cache_summary.json"
@@ -133,7 +133,7 @@ class CacheOptions(EngineOptions):
     job = "cache"
 
     action: str | None = text(choices=("merge",))
-    config: str = text(DEFAULT_CONFIG)
+    config: str = text(DEFAULT_ENSEMBLE)
     images: Path | None = folder()
     gt: Path | None = file_path()
     out: Path = folder(required=True)
@@ -175,7 +175,7 @@ def check_args(options: CacheOptions) -> tuple[bool, tuple[int, int] | None, Any
             name for name in _RUN_ONLY if getattr(options, name) is not None and getattr(options, name) is not False
         ]
         run_only = [f"--{name.replace('_', '-')}" for name in given]
-        run_only += ["--config"] if options.config != DEFAULT_CONFIG else []
+        run_only += ["--config"] if options.config != DEFAULT_ENSEMBLE else []
         run_only += ["--engine"] if options.engine != "local" else []
         run_only += ["--actors"] if options.actors != 1 else []
         if run_only:

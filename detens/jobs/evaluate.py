@@ -17,6 +17,7 @@ import torch
 
 import detens
 from detens.bootstrap import bootstrap_map, summarize_bootstrap
+from detens.catalogue import DEFAULT_EVALUATION_METHODS
 from detens.coco import BACKENDS, CocoGroundTruth, detections_to_coco, load_coco_gt
 from detens.evaluation import (
     MethodResult,
@@ -52,12 +53,11 @@ from detens.predictions import CACHE_SUMMARY, EnsemblePredictions
 from detens.report import REPEATED_COLUMNS, markdown_table, plot_reliability, plot_report
 from detens.report.record import EvaluationRecord, partial_path, record_path
 
-__all__ = ["DEFAULT_METHODS", "EvaluateOptions", "bootstrap_table", "parse_seeds", "run"]
+__all__ = ["EvaluateOptions", "bootstrap_table", "parse_seeds", "run"]
 
 logger = logging.getLogger("detens.evaluate")
 
 #: the methods compared when ``--methods`` is left out
-DEFAULT_METHODS = "single,nms,soft_nms,wbf,wbf_tuned,vote,mean,theta"
 
 
 def parse_seeds(text: str, name: str = "--seed") -> list[int]:
@@ -137,7 +137,7 @@ class EvaluateOptions(JobOptions):
 
     gt: str = text(required=True)
     predictions: str = text(required=True)
-    methods: str = text(DEFAULT_METHODS)
+    methods: str = text(DEFAULT_EVALUATION_METHODS)
     models: str | None = text()
     cv: int = integer(2)
     also_fit_on: tuple[str, str] | None = listed()

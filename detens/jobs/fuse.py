@@ -23,6 +23,7 @@ from detens.adapters import (
     declared_member_names,
     label_space_name,
 )
+from detens.catalogue import ASSETS_SOURCE, DEFAULT_ENSEMBLE
 from detens.checks import first_few
 from detens.coco import load_coco_gt
 from detens.config import dump_yaml, parse_yaml, read_yaml_file
@@ -58,15 +59,13 @@ from detens.labels import COCO_CATEGORY_IDS, COCO_ID_TO_NAME
 from detens.sources import ImageReadError, list_images, read_image
 
 __all__ = [
-    "ASSETS_SOURCE", "DEFAULT_CONFIG", "FuseOptions", "OUTPUT_NAMES", "RUN_RECORD", "check_heads_label_space",
+    "FuseOptions", "OUTPUT_NAMES", "RUN_RECORD", "check_heads_label_space",
     "check_output_folder", "check_resume", "image_ids", "method_label", "plan_image_ids", "process_image",
     "resolve_config", "resolve_source", "run", "write_image", "write_outputs",
 ]
 
 logger = logging.getLogger("detens.fuse")
 
-DEFAULT_CONFIG = "coco_yolo3"
-ASSETS_SOURCE = "ultralytics-assets"
 # The unfinished run's own record, beside partial/ rather than in it: any name there is the record of
 # the image of that name (partial/<name>.json) or a folder of images, as a file given directly keeps its
 # name whatever its extension. Removed with partial/ when the run completes.
@@ -122,7 +121,7 @@ class FuseOptions(EngineOptions):
 
     job = "fuse"
 
-    config: str = text(DEFAULT_CONFIG)
+    config: str = text(DEFAULT_ENSEMBLE)
     source: str = text(required=True)
     out: Path = folder(required=True)
     method: str | None = text()
