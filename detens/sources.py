@@ -16,7 +16,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-__all__ = ["IMAGE_EXTENSIONS", "ImageReadError", "list_images", "read_image", "as_bgr", "is_image_file"]
+__all__ = ["IMAGE_EXTENSIONS", "ImageReadError", "ImageSizeError", "list_images", "read_image", "as_bgr", "is_image_file"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +55,12 @@ _GLOB_CHARS = frozenset("*?[")
 
 class ImageReadError(OSError):
     """An image file that is missing, unreadable or not decodable; the message names the file."""
+
+
+class ImageSizeError(ImageReadError):
+    """An image whose stored pixels are not the size its annotations give it (a resized copy, or a photo
+    that the annotation tool turned upright by its EXIF tag): boxes found on it would not be in the
+    annotations' coordinates. Skipped and reported as an unreadable image is."""
 
 
 def is_image_file(path: str | Path) -> bool:
@@ -154,7 +160,7 @@ def list_images(source: str | Path | Iterable[str | Path], recursive: bool = Tru
     return sorted(found)
 
 
-def read_image(path: str | Path) -> np.ndarray:
+def read_image(path: str | Path, expected_size: tuple[int, int] | None = None) -> np.ndarray:
     """Read an image as BGR ``uint8`` ``[H, W, 3]``.
 
     Grayscale and 16-bit images are converted; the alpha channel is dropped. Unlike ``cv2.imread`` this
@@ -164,8 +170,14 @@ def read_image(path: str | Path) -> np.ndarray:
     and the ``width``/``height`` of their images, describe the stored pixels, so boxes found on an image
     that OpenCV had turned upright would land elsewhere than its ground truth (and off its recorded size).
 
+    Args:
+        path (str | Path): the image file.
+        expected_size (tuple[int, int] | None): ``(height, width)`` its annotations give it, checked
+            against the stored pixels; None: not checked.
+
     Raises:
         ImageReadError: the file is missing, unreadable, empty or not a decodable image.
+        ImageSizeError: its pixels are not ``expected_size``.
     """
     path = Path(path)
     try:
@@ -184,6 +196,13 @@ def read_image(path: str | Path) -> np.ndarray:
     if image is None or image.size == 0:
         raise ImageReadError(
             f"cannot read image {str(path)!r}: OpenCV could not decode it (corrupt, truncated or not an image)"
+        )
+    if expected_size is not None and tuple(image.shape[:2]) != tuple(expected_size):
+        (height, width), (expected_height, expected_width) = image.shape[:2], expected_size
+        raise ImageSizeError(
+            f"image {str(path)!r} is {width}x{height} pixels (width x height) but its annotations give it "
+            f"{expected_width}x{expected_height}, so boxes found on it would not be in their coordinates (a "
+            "resized copy, or a photo turned upright by its EXIF tag when it was annotated?)"
         )
     return image
 

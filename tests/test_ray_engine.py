@@ -26,6 +26,7 @@ pytestmark = [
 ]
 
 from detens.cli import main  # noqa: E402
+from detens.sources import read_image  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,8 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
-    """20 annotated images (the 5th made unreadable) and their ground truth."""
+    """20 annotated images (the 5th made unreadable) and their ground truth, which gives the 10th image its
+    width as height and its height as width (as for a photo turned upright by its EXIF tag when annotated)."""
     root = tmp_path_factory.mktemp("ray")
     full = json.loads((DATA / "instances_val2017.json").read_text())
     keep = set(sorted({a["image_id"] for a in full["annotations"]})[:NUM_IMAGES])
@@ -48,9 +50,11 @@ def dataset(tmp_path_factory):
         shutil.copy(DATA / "images" / image["file_name"], root / "images" / image["file_name"])
     broken = images[4]["file_name"]
     (root / "images" / broken).write_bytes(b"not a jpeg" * 20)
+    swapped = images[9]["file_name"]
+    images[9] = {**images[9], "width": images[9]["height"], "height": images[9]["width"]}
     subset = {**full, "images": images, "annotations": [a for a in full["annotations"] if a["image_id"] in keep]}
     (root / "gt.json").write_text(json.dumps(subset))
-    return root, broken
+    return root, broken, swapped
 
 
 def cache(root: Path, out: Path, *extra: str) -> int:
@@ -90,7 +94,7 @@ def assert_same_results(a: list[dict], b: list[dict]) -> None:
 
 
 def test_cache_on_ray_equals_local(cluster, dataset):
-    root, broken = dataset
+    root, broken, swapped = dataset
     assert cache(root, root / "local") == 0
     with on_ray_only() as calls:
         assert cache(root, root / "on_ray", "--engine", "ray", "--actors", "2") == 0
@@ -103,8 +107,14 @@ def test_cache_on_ray_equals_local(cluster, dataset):
         assert len(local) > 100
         assert_same_results(local, on_ray)
         unreadable = ray_summary["models"][name]["unreadable"]
-        assert broken in json.dumps(unreadable) and list(unreadable) == list(local_summary["models"][name]["unreadable"])
-        assert ray_summary["models"][name]["images"] == local_summary["models"][name]["images"] == NUM_IMAGES - 1
+        assert list(unreadable) == list(local_summary["models"][name]["unreadable"]) == sorted([broken, swapped])
+        assert "could not decode" in unreadable[broken]
+        height, width = read_image(root / "images" / swapped).shape[:2]
+        assert f"is {width}x{height} pixels (width x height) but its annotations give it {height}x{width}" in (
+            unreadable[swapped]
+        )
+        assert unreadable[swapped] == local_summary["models"][name]["unreadable"][swapped]
+        assert ray_summary["models"][name]["images"] == local_summary["models"][name]["images"] == NUM_IMAGES - 2
         assert ray_summary["models"][name]["load_s_this_run"] > 0  # the actors' model load
     assert broken in json.dumps(ray_summary["unreadable"])
 
@@ -120,7 +130,7 @@ def test_cache_on_ray_overwrite_that_fails_before_its_first_result_keeps_the_ear
     cluster, dataset, tmp_path
 ):
     """As with the local engine: --overwrite removes a member's results only once its new ones arrive."""
-    root, _ = dataset
+    root, _, _ = dataset
     weights = tmp_path / "yolo26n.tflite"
     shutil.copy(YOLO26N, weights)
     config = {"name": "one", "models": [{"type": "ultralytics", "weights": str(weights), "name": "yolo26n"}]}
@@ -141,7 +151,7 @@ def test_cache_on_ray_overwrite_that_fails_before_its_first_result_keeps_the_ear
 def test_an_error_on_an_actor_is_the_local_engines_error(cluster, dataset, tmp_path, capsys):
     """A corrupt weights file fails on the actors as it fails here: one error line, exit status 2 (not a
     Ray traceback), and a summary whose ``stopped_by`` holds no terminal colour codes."""
-    root, _ = dataset
+    root, _, _ = dataset
     weights = tmp_path / "yolo26n.tflite"
     weights.write_bytes(b"a broken export" * 100)
     config = {"name": "one", "models": [{"type": "ultralytics", "weights": str(weights), "name": "yolo26n"}]}
@@ -193,7 +203,7 @@ def test_an_actors_exception_is_raised_again_on_the_driver():
 
 
 def test_fuse_on_ray_equals_local(cluster, dataset):
-    root, broken = dataset
+    root, broken, _ = dataset
     args = ["fuse", "--config", "coco_yolo3", "--source", str(root / "images"), "--quiet", "--save-per-model"]
     assert main([*args, "--out", str(root / "fused_local")]) == 0
     assert main([*args, "--out", str(root / "fused_ray"), "--engine", "ray", "--actors", "2"]) == 0
@@ -216,7 +226,7 @@ def test_fuse_on_ray_equals_local(cluster, dataset):
 @pytest.fixture(scope="module")
 def small(dataset):
     """Five readable images and the unreadable one, a one-model ensemble, and its local engine's outputs."""
-    root, broken = dataset
+    root, broken, _ = dataset
     source = root / "small"
     source.mkdir()
     readable = sorted(p.name for p in (root / "images").iterdir() if p.name != broken)[:5]
@@ -340,7 +350,7 @@ def test_importing_detens_does_not_import_ray():
 def test_python_calls_run_the_same_jobs(cluster, dataset, tmp_path):
     import detens
 
-    root, _ = dataset
+    root, _, _ = dataset
     out = tmp_path / "py"
     with on_ray_only() as calls:
         assert detens.cache("coco_yolo3", root / "images", root / "gt.json", out, models="yolo26n", engine="ray",
@@ -386,7 +396,7 @@ def test_weights_found_from_the_drivers_working_directory_are_found_by_the_actor
                                                                                   monkeypatch):
     """Weights named relative to a ``shared/models`` above the driver's working directory load on actors
     whose working directory is elsewhere (a cluster started from another folder), for both jobs."""
-    root, _ = dataset
+    root, _, _ = dataset
     (tmp_path / "shared" / "models").mkdir(parents=True)
     shutil.copy(YOLO26N, tmp_path / "shared" / "models" / "only_here.tflite")
     config = {"name": "one", "models": [{"type": "ultralytics", "weights": "only_here.tflite", "name": "one"}],

@@ -6,7 +6,7 @@ import cv2
 import numpy as np
 import pytest
 
-from detens.sources import ImageReadError, as_bgr, list_images, read_image
+from detens.sources import ImageReadError, ImageSizeError, as_bgr, list_images, read_image
 
 
 def _write_png(path, shape=(12, 16, 3), value=100):
@@ -209,3 +209,15 @@ def test_a_header_opencv_refuses_is_an_image_read_error(tmp_path):
         cv2.imdecode(np.frombuffer(bytes(data), np.uint8), cv2.IMREAD_COLOR)
     with pytest.raises(ImageReadError, match=r"huge\.jpg.*OpenCV refused to decode it.*OPENCV_IO_MAX_IMAGE_PIXELS"):
         read_image(path)
+
+
+def test_an_image_not_of_its_annotated_size_is_refused_naming_both_sizes(tmp_path):
+    path = tmp_path / "wide.png"
+    cv2.imwrite(str(path), np.zeros((30, 50, 3), np.uint8))
+    assert read_image(path, (30, 50)).shape == (30, 50, 3)
+    assert read_image(path, [30, 50]).shape == (30, 50, 3)  # as a JSON row gives it
+    for annotated, says in (((50, 30), "give it 30x50"), ((60, 100), "give it 100x60")):
+        with pytest.raises(ImageSizeError) as refused:
+            read_image(path, annotated)
+        assert isinstance(refused.value, ImageReadError)  # skipped and reported as an unreadable image is
+        assert f"image {str(path)!r} is 50x30 pixels (width x height) but its annotations {says}," in str(refused.value)

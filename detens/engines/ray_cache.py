@@ -379,10 +379,10 @@ class EntryPredictor(FailureReportingActor):
             "image_id": [], "member": [], "results": [], "ms": [], "error": [], "load_s": [], "failure": []
         }
         images, ids, paths, wanted = [], [], [], []
-        for image_id, path, todo in zip(batch["image_id"], batch["path"], batch["todo"], strict=True):
+        for image_id, path, size, todo in zip(batch["image_id"], batch["path"], batch["size"], batch["todo"], strict=True):
             names = [str(n) for n in json.loads(str(todo))]
             try:
-                images.append(read_image(str(path)))
+                images.append(read_image(str(path), json.loads(str(size))))
             except ImageReadError as err:
                 for name in names:
                     columns["image_id"].append(int(image_id))
@@ -422,6 +422,7 @@ def detect_on_ray(
     path_of: Callable[[int], str],
     batch_size: int,
     options: RayOptions,
+    size_of: Callable[[int], tuple[int, int]] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Run one entry's members over their images on Ray; yields each finished (image, member) row as
     it arrives (``image_id``, ``member``, ``results`` (list of COCO dicts), ``ms``, ``error``, ``load_s``:
@@ -430,6 +431,8 @@ def detect_on_ray(
     Args:
         todo: member -> the image ids it still needs.
         path_of: image id -> its file path (read by the actors, not here).
+        size_of: image id -> its ``(height, width)`` in the annotations, which the actors check the read
+            image against (:class:`~detens.sources.ImageSizeError`); None: not checked.
         batch_size: images per actor call.
     """
     needed: dict[int, list[str]] = {}
@@ -440,7 +443,12 @@ def detect_on_ray(
         return
     ensemble, (model,) = ready_for_actors(ensemble, [model])
     items = [
-        {"image_id": image_id, "path": str(Path(path_of(image_id)).absolute()), "todo": json.dumps(members)}
+        {
+            "image_id": image_id,
+            "path": str(Path(path_of(image_id)).absolute()),
+            "size": json.dumps(None if size_of is None else list(size_of(image_id))),
+            "todo": json.dumps(members),
+        }
         for image_id, members in sorted(needed.items())
     ]
     constructor_kwargs = {

@@ -709,7 +709,7 @@ def run_entry(
             for image_id in chunk:
                 path = data.path(image_id)
                 try:
-                    arrays.append(read_image(path))
+                    arrays.append(read_image(path, data.gt.image_size(image_id)))
                     ids.append(image_id)
                     paths.append(path)
                 except ImageReadError as err:
@@ -776,7 +776,7 @@ def run_entry_ray(
     try:
         rows = detect_on_ray(
             entry.model, config, categories, todo, lambda i: str(data.path(i)),
-            config.setting(entry.model, "batch"), options,
+            config.setting(entry.model, "batch"), options, size_of=data.gt.image_size,
         )
         for row in rows:
             run, image_id = by_name[row["member"]], row["image_id"]
