@@ -113,6 +113,23 @@ def _folder_images(root: Path, recursive: bool) -> Iterator[Path]:
                 logger.warning("%s links to %s, which does not exist: left out", candidate, os.readlink(candidate))
 
 
+def _through_a_loop(path: Path, fixed: int, real_folders: dict[str, str]) -> bool:
+    """Whether ``path``, matched by a glob, passes twice through one real folder below the pattern's first
+    ``fixed`` parts (those without wildcards, which may hold ``..`` on purpose): ``**`` follows a link back to
+    a folder above it (``a/up -> ..``) until the path is too long, matching each image below it once per
+    lap, where a folder source lists them once. ``real_folders`` caches each folder's real path."""
+    seen = set()
+    for folder in [f for f in reversed(path.parents) if len(f.parts) >= fixed]:
+        key = os.fspath(folder)
+        real = real_folders.get(key)
+        if real is None:
+            real = real_folders[key] = os.path.realpath(key)
+        if real in seen:
+            return True
+        seen.add(real)
+    return False
+
+
 def list_images(source: str | Path | Iterable[str | Path], recursive: bool = True) -> list[Path]:
     """The image files of ``source``, sorted.
 
@@ -149,9 +166,16 @@ def list_images(source: str | Path | Iterable[str | Path], recursive: bool = Tru
         elif path.is_dir():
             found.update(_folder_images(path, recursive))
         elif _is_glob(str(item)):
-            for match in glob.glob(os.path.expanduser(str(item)), recursive=recursive):
+            pattern = os.path.expanduser(str(item))
+            fixed = next((n for n, part in enumerate(Path(pattern).parts) if _is_glob(part)), 0)
+            real_folders: dict[str, str] = {}
+            for match in glob.glob(pattern, recursive=recursive):
                 candidate = Path(match)
-                if is_image_file(candidate) and _is_file_or_broken_link(candidate):
+                if (
+                    is_image_file(candidate)
+                    and _is_file_or_broken_link(candidate)
+                    and not _through_a_loop(candidate, fixed, real_folders)
+                ):
                     found.add(candidate)
         else:
             raise FileNotFoundError(

@@ -69,6 +69,16 @@ class TestListImages:
             "sub/deeper/c.jpg",
             "val/linked.png",
         ]
+        # a glob's ** follows the loop lap after lap: each image is listed once, as by the folder source
+        assert [p.relative_to(tree).as_posix() for p in list_images(str(tree / "**" / "*.*"))] == [
+            "a with space.PNG",
+            "b.png",
+            "sub/deeper/c.jpg",
+            "val/linked.png",
+        ]
+        # a ".." the pattern's folders hold on purpose is no loop
+        again = str(tree / "sub" / ".." / "sub" / "**" / "*.jpg")
+        assert list_images(again) == [tree / "sub" / ".." / "sub" / "deeper" / "c.jpg"]
 
     @pytest.mark.parametrize("source", ["", ["b.png", ""]])
     def test_an_empty_string_is_not_the_current_folder(self, tree, monkeypatch, source):
