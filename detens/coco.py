@@ -375,7 +375,7 @@ def _check_gt_dataset(dataset: Any, where: str) -> None:
         x, y, w, h = (float(v) for v in bbox)
         # pycocotools can never match a box without area (nor one whose size vanishes next to its position)
         if not (x + w > x and y + h > y):
-            raise ValueError(f"{where}: annotations[{i}].bbox = {list(bbox)} has no area (width and height must be > 0)")
+            raise ValueError(f"{where}: annotations[{i}].bbox = {list(bbox)} has no area (width and height must be > 0: it could never be matched); remove it or give it a size")
         width, height = sizes[ann["image_id"]]
         if x >= width or y >= height or x + w <= 0 or y + h <= 0:
             raise ValueError(

@@ -141,7 +141,7 @@ BAD_GROUND_TRUTH = [
     (("images", 1), "id", 1, ValueError, r"image ids \[1\] appear more than once"),
     (("annotations", 0), "bbox", [10, 10, -20, 20], ValueError, r"annotations\[0\].bbox = \[10, 10, -20, 20\] has no area"),
     # never matched by pycocotools: a perfect prediction scores 0.5 mAP
-    (("annotations", 0), "bbox", [10, 10, 0, 20], ValueError, r"annotations\[0\].bbox = \[10, 10, 0, 20\] has no area"),
+    (("annotations", 0), "bbox", [10, 10, 0, 20], ValueError, r"annotations\[0\].bbox = \[10, 10, 0, 20\] has no area \(width and height must be > 0: it could never be matched\); remove it or give it a size"),
     (("annotations", 0), "bbox", [10, 10, float("nan"), 20], ValueError, r"annotations\[0\].bbox must be 4 finite"),
     (("annotations", 0), "bbox", "10 10 20 20", ValueError, r"annotations\[0\].bbox must be 4 finite"),
     (("annotations", 0), "bbox", [10, 10, 20], ValueError, r"annotations\[0\].bbox must be 4 finite"),
