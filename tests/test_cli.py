@@ -47,7 +47,7 @@ MISTAKES = [
     ("wrong weights path", fuse_args("--config", "missing_weights.yaml"), r"weights 'no_such_model\.tflite' not found"),
     ("YAML typo", fuse_args("--config", "typo.yaml"), r"unknown key 'confg'.*conf"),
     ("unknown method", fuse_args("--method", "wbff"), r"unknown fusion method 'wbff'.*Did you mean 'wbf'"),
-    ("head for other models", fuse_args("--head", "other_models.json"), r"trained for models \['a', 'b', 'c'\], not for the models \['yolov8n', 'yolo11n', 'yolo26n'\] it was given to fuse \(its weights belong to its models"),
+    ("head for other models", fuse_args("--head", "other_models.json"), r"trained for models \['a', 'b', 'c'\], not for the models \['yolov8n', 'yolo11n', 'yolo26n'\] it was given to fuse \(its weights belong to its models; fit a head on these models' predictions; if they are those detectors under other names, name them as the head does \(an ensemble YAML's `name`, a detector's name=\.\.\., fuse_results' model_names=\[\.\.\.\], a Detections' source\)\)"),
     ("head of another type", fuse_args("--method", "deep", "--head", "coco_yolo3_theta"), r"given a 'theta' head"),
     ("head with a fixed fuser", fuse_args("--method", "nms", "--head", "coco_yolo3_deep"), r"fixed fuser 'nms'"),
     ("unknown config name", fuse_args("--config", "coco_yolo9"), r"'coco_yolo9' not found.*coco_yolo3"),

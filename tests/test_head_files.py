@@ -446,3 +446,16 @@ def safetensors_open(path: Path):
 
     with safe_open(str(path), framework="pt") as f:
         yield dict(f.metadata()), {name: f.get_tensor(name) for name in f.keys()}
+
+
+def test_a_head_given_other_models_says_to_rename_them_only_when_their_number_is_the_heads():
+    from detens.heads._io import find_head_file, read_head_for
+
+    path = find_head_file("coco_yolo3_deep")
+    with pytest.raises(ValueError) as renamed:
+        read_head_for(path, "calibrated", ["yolov8n_int8", "yolo11n_int8", "yolo26n_int8"])  # Ultralytics' names of the files
+    assert "not for the models ['yolov8n_int8', 'yolo11n_int8', 'yolo26n_int8']" in str(renamed.value)
+    assert "name them as the head does" in str(renamed.value)
+    with pytest.raises(ValueError) as other:
+        read_head_for(path, "calibrated", ["yolov8n", "yolo11n"])
+    assert str(other.value).endswith("fit a head on these models' predictions)")

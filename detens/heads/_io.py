@@ -468,9 +468,15 @@ def read_head_for(path: str | Path, type_name: str, model_names: Sequence[str] |
     if model_names is not None:
         names = check_model_names(model_names)
         if sorted(names) != sorted(stored.model_names):
+            renamed = (
+                "; if they are those detectors under other names, name them as the head does (an ensemble "
+                "YAML's `name`, a detector's name=..., fuse_results' model_names=[...], a Detections' source)"
+                if len(names) == len(stored.model_names)
+                else ""
+            )
             raise ValueError(
                 f"head {where} was trained for models {stored.model_names}, not for the models {names} it was "
-                "given to fuse (its weights belong to its models; fit a head on these models' predictions)"
+                f"given to fuse (its weights belong to its models; fit a head on these models' predictions{renamed})"
             )
     return stored
 
