@@ -17,6 +17,7 @@ import yaml
 
 __all__ = [
     "ConfigError",
+    "config_differences",
     "dump_yaml",
     "from_dict",
     "load_yaml_config",
@@ -101,6 +102,27 @@ def dump_yaml(data: Any) -> str:
 
 class ConfigError(ValueError):
     """A config file that cannot be read as YAML; the message names the file, the line and the column."""
+
+
+def config_differences(old: Any, new: Any, where: str = "") -> list[str]:
+    """What differs between two parsed configs, one ``key.path: old -> new`` per changed value (list items
+    as ``models[1].conf``; a list of another length as one difference), in the order of their keys."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        found = []
+        for key in [*old, *(k for k in new if k not in old)]:
+            inner = f"{where}.{key}" if where else str(key)
+            if key not in new:
+                found.append(f"{inner}: {old[key]!r} -> (none)")
+            elif key not in old:
+                found.append(f"{inner}: (none) -> {new[key]!r}")
+            else:
+                found += config_differences(old[key], new[key], inner)
+        return found
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        return [d for i, (a, b) in enumerate(zip(old, new, strict=True)) for d in config_differences(a, b, f"{where}[{i}]")]
+    if isinstance(old, list) and isinstance(new, list):
+        return [f"{where}: {len(old)} entries -> {len(new)}"]
+    return [] if old == new else [f"{where}: {old!r} -> {new!r}"]
 
 
 def read_yaml_file(path: str | Path, what: str = "config file") -> Any:

@@ -7,7 +7,14 @@ from typing import Literal
 
 import pytest
 
-from detens.config import from_dict, load_yaml_config, parse_yaml, read_yaml_file, save_yaml_config
+from detens.config import (
+    config_differences,
+    from_dict,
+    load_yaml_config,
+    parse_yaml,
+    read_yaml_file,
+    save_yaml_config,
+)
 from detens.registry import Registry
 
 
@@ -287,3 +294,14 @@ def test_from_dict_names_where_the_dataclass_refuses_a_value():
     with pytest.raises(ValueError, match=r"^Checked: size must be >= 1, got 0$"):
         from_dict(Checked, {"size": 0})
     assert from_dict(Checked, {"size": 2}).size == 2
+
+
+def test_config_differences_name_each_changed_value_by_its_path():
+    old = {"conf": 0.001, "models": [{"name": "a", "conf": None}, {"name": "b"}], "fusion": {"method": "wbf"}, "gone": 1}
+    new = {"conf": 0.001, "models": [{"name": "a", "conf": 0.1}, {"name": "b"}], "fusion": {"method": "nms"}, "added": [1]}
+    assert config_differences(old, new) == [
+        "models[0].conf: None -> 0.1", "fusion.method: 'wbf' -> 'nms'", "gone: 1 -> (none)", "added: (none) -> [1]",
+    ]
+    assert config_differences(old, old) == []
+    assert config_differences({"models": [1, 2]}, {"models": [1]}) == ["models: 2 entries -> 1"]
+    assert config_differences({"tta": "hflip"}, {"tta": ["hflip"]}) == ["tta: 'hflip' -> ['hflip']"]

@@ -433,7 +433,8 @@ def test_a_run_that_read_no_image_names_no_members_and_does_not_stop_the_next(wo
 def test_changed_config_refuses_to_resume(workspace, full_run, capsys):
     before = read_outputs(full_run)
     assert run(workspace, full_run, "--save-per-model", "--method", "mean") == 2
-    assert "different config" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"error: {full_run} holds results of a different config (fusion.method: 'wbf' -> 'mean'); use another" in err
     assert read_outputs(full_run) == before
 
 

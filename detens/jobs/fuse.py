@@ -26,7 +26,7 @@ from detens.adapters import (
 from detens.catalogue import ASSETS_SOURCE, DEFAULT_ENSEMBLE
 from detens.checks import first_few
 from detens.coco import load_coco_gt
-from detens.config import dump_yaml, parse_yaml, read_yaml_file
+from detens.config import config_differences, dump_yaml, parse_yaml, read_yaml_file
 from detens.detections import Detections
 from detens.engines.fusing import (
     FuseSettings,
@@ -275,9 +275,10 @@ def check_resume(out: Path, config: EnsembleConfig, overwrite: bool) -> None:
         # version, which wrote the paths as the config gave them, so
         current = [parse_yaml(dump_yaml(_config_dict(c))) for c in (with_absolute_paths(config), config)]
         if previous not in current:
+            changed = config_differences(previous, current[0])
             raise ValueError(
-                f"{out} holds results of a different config (see {saved}); use another --out, "
-                "or --overwrite to discard them"
+                f"{out} holds results of a different config ({first_few(changed, 5, '; ') or 'see ' + str(saved)}); "
+                "use another --out, or --overwrite to discard them"
             )
 
 
