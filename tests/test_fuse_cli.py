@@ -1216,6 +1216,15 @@ def test_a_relative_weights_dir_is_the_yamls_and_a_flags_is_the_working_director
     monkeypatch.chdir(elsewhere)
     args = ["--config", str(project / "cfg" / "wd.yaml"), "--source", str(source), "--quiet", "--no-vis"]
     assert fuse_cli.main([*args, "--out", str(tmp_path / "o")]) == 0
+    # recorded as one absolute path, which means the same file read from any folder
+    weights = {"v8": str(project / "models" / "mine" / "v8.tflite")}
+    assert json.loads((tmp_path / "o" / "summary.json").read_text())["weights"] == weights
+    (tmp_path / "elsewhere" / "models" / "mine").mkdir(parents=True)
+    shutil.copy(project / "models" / "mine" / "v8.tflite", tmp_path / "elsewhere" / "models" / "mine")
+    assert fuse_cli.main([*args, "--out", str(tmp_path / "o3"), "--weights-dir", "../models"]) == 0
+    weights = {"v8": str(tmp_path / "elsewhere" / "models" / "mine" / "v8.tflite")}
+    assert json.loads((tmp_path / "o3" / "summary.json").read_text())["weights"] == weights
+    shutil.rmtree(tmp_path / "elsewhere" / "models")
     # the flag's folder is the working directory's: there is none, and a flag naming nothing is a mistake
     with pytest.raises(SystemExit) as stop:  # argparse's own errors exit from parse_args
         fuse_cli.main([*args, "--out", str(tmp_path / "o2"), "--weights-dir", "../models"])

@@ -5,6 +5,7 @@ writes them, so both engines' outputs are one code's)."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -156,11 +157,12 @@ def fuse_image(
 
 
 def weights_of(member: Any) -> str | None:
-    """Where a member's weights came from (resolved path or upstream name), for the summary."""
+    """Where a member's weights came from (the absolute path of a local file, or an upstream name), for the
+    summary, which is read from other folders than the run's."""
     inner = getattr(member, "detector", member)  # a test-time view: its detector
     resolved = getattr(inner, "resolved", None)
     if resolved is not None:
-        return resolved.value
+        return os.path.abspath(resolved.value) if resolved.local else resolved.value
     return getattr(inner, "weights_source", None)
 
 
