@@ -865,12 +865,31 @@ class TestPrecomputed:
     def test_results_list_with_images_json_beside(self, saved, tmp_path):
         folder, _ = saved
         (tmp_path / "predictions.json").write_text((folder / "yolov8n.json").read_text())
-        with pytest.raises(ValueError, match="do not name their images"):
+        with pytest.raises(ValueError) as unnamed:
             PrecomputedDetector(tmp_path / "predictions.json")
+        assert str(unnamed.value) == (
+            f"{tmp_path / 'predictions.json'}: COCO results do not name their images; give the member its images "
+            "(the `images` key of a precomputed member in an ensemble YAML, images= in Python): a COCO annotation "
+            "file, or a {file_name: image_id} mapping"
+        )
         gt = json.loads((folder / "gt.json").read_text())
         (tmp_path / "images.json").write_text(json.dumps({**gt, "annotations": []}))
         replay = PrecomputedDetector(tmp_path / "predictions.json", class_map={6: 60})
         assert replay([BUS])[0].labels.tolist() == [60]
+
+    def test_a_members_results_saved_by_fuse_find_the_runs_images(self, saved, tmp_path):
+        """``detens fuse --save-per-model`` writes ``per_model/<name>.json`` below the run's images.json."""
+        folder, _ = saved
+        (tmp_path / "per_model").mkdir()
+        (tmp_path / "per_model" / "yolov8n.json").write_text((folder / "yolov8n.json").read_text())
+        (tmp_path / "other").mkdir()
+        (tmp_path / "other" / "yolov8n.json").write_text((folder / "yolov8n.json").read_text())
+        gt = json.loads((folder / "gt.json").read_text())
+        (tmp_path / "images.json").write_text(json.dumps({**gt, "annotations": []}))
+        replay = PrecomputedDetector(tmp_path / "per_model" / "yolov8n.json", class_map={6: 60})
+        assert replay([BUS])[0].labels.tolist() == [60]
+        with pytest.raises(ValueError, match="do not name their images"):  # only fuse's own layout is read so
+            PrecomputedDetector(tmp_path / "other" / "yolov8n.json")
 
     def test_arrays_need_paths(self, saved):
         folder, _ = saved

@@ -33,9 +33,20 @@ from detens.detections import Detections
 from detens.io import read_json_file
 from detens.sources import read_image
 
-__all__ = ["PrecomputedDetector"]
+__all__ = ["PrecomputedDetector", "image_map_beside"]
 
 logger = logging.getLogger(__name__)
+
+
+def image_map_beside(results: str | os.PathLike[str]) -> Path | None:
+    """The ``images.json`` that names the images of a results file written by ``detens fuse``: the one beside
+    it (``predictions.json``), or the run's for a member's ``per_model/<name>.json`` (``--save-per-model``);
+    None where there is none."""
+    path = Path(results)
+    for folder in (path.parent, *([path.parent.parent] if path.parent.name == "per_model" else [])):
+        if (folder / "images.json").is_file():
+            return folder / "images.json"
+    return None
 
 
 class PrecomputedDetector(BaseDetector):
@@ -83,9 +94,8 @@ class PrecomputedDetector(BaseDetector):
             path = Path(results)
             where, default_name = str(path), path.stem
             results = read_json_file(path, "COCO results file")
-            beside = path.parent / "images.json"
-            if images is None and beside.is_file():
-                embedded_images = beside
+            if images is None:
+                embedded_images = image_map_beside(path)
         if isinstance(results, Mapping):
             if "results" not in results:
                 raise ValueError(
@@ -128,8 +138,9 @@ class PrecomputedDetector(BaseDetector):
     def _image_records(images: Any, where: str) -> dict[int, dict[str, Any]]:
         if images is None:
             raise ValueError(
-                f"{where}: COCO results do not name their images; pass images= (a COCO annotation file, or a "
-                "{file_name: image_id} mapping)"
+                f"{where}: COCO results do not name their images; give the member its images (the `images` "
+                "key of a precomputed member in an ensemble YAML, images= in Python): a COCO annotation file, "
+                "or a {file_name: image_id} mapping"
             )
         source = str(images) if isinstance(images, (str, os.PathLike)) else "images"
         if isinstance(images, (str, os.PathLike)):

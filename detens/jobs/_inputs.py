@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from detens.adapters.onnx_external_data import external_data_files
+from detens.adapters.precomputed import image_map_beside
 from detens.adapters.weights import ResolvedWeights, resolve_model_weights
 from detens.ensemble_config import HEAD_PARAMS, EnsembleConfig, ModelConfig
 
@@ -102,8 +103,9 @@ def file_digests(files: Iterable[str | None]) -> dict[str, str]:
 
 def saved_prediction_files(model: ModelConfig, dataset: str | None = None) -> list[str]:
     """The files a ``precomputed`` member reads: its results file and the file that maps its images' names
-    to their ids (its ``images``, else the ``images.json`` beside the results, as ``detens fuse`` writes
-    one beside ``predictions.json``, else the ensemble's ``dataset``), as the config names them. Rewritten
+    to their ids (its ``images``, else the ``images.json`` of the run that wrote the results,
+    :func:`~detens.adapters.precomputed.image_map_beside`, else the ensemble's ``dataset``), as the config
+    names them. Rewritten
     in place, the map would send earlier boxes to other images: its content counts as the results' does.
     ``detens cache`` passes no ``dataset``: its dataset is the ground truth, whose ids and file names it
     checks itself (an annotation fixed in place must not block a resume).
@@ -112,8 +114,8 @@ def saved_prediction_files(model: ModelConfig, dataset: str | None = None) -> li
     if isinstance(model.images, (str, os.PathLike)):
         files.append(str(model.images))
     elif model.images is None and model.results is not None:
-        beside = Path(model.results).parent / "images.json"
-        if beside.is_file():
+        beside = image_map_beside(model.results)
+        if beside is not None:
             files.append(str(beside))
         elif dataset is not None:
             files.append(str(dataset))
