@@ -51,6 +51,8 @@ IMAGE_EXTENSIONS: frozenset[str] = frozenset(
 )
 
 _GLOB_CHARS = frozenset("*?[")
+# a file given by name that is one of these is told apart from a corrupt image
+_VIDEO_EXTENSIONS = frozenset({".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg", ".wmv", ".flv"})
 
 
 class ImageReadError(OSError):
@@ -218,6 +220,11 @@ def read_image(path: str | Path, expected_size: tuple[int, int] | None = None) -
         limit = " (OpenCV's limit on pixels is the OPENCV_IO_MAX_IMAGE_PIXELS variable)" if "PIXELS" in reason else ""
         raise ImageReadError(f"cannot read image {str(path)!r}: OpenCV refused to decode it: {reason}{limit}") from None
     if image is None or image.size == 0:
+        if path.suffix.lower() in _VIDEO_EXTENSIONS:
+            raise ImageReadError(
+                f"cannot read image {str(path)!r}: it is a video, and detens fuses images (extract its frames "
+                f"first, e.g. ffmpeg -i {path.name} frames/%06d.jpg)"
+            )
         raise ImageReadError(
             f"cannot read image {str(path)!r}: OpenCV could not decode it (corrupt, truncated or not an image)"
         )

@@ -449,6 +449,31 @@ def test_a_command_help_page_imports_no_torch(command):
     assert f"usage: detens {command}" in done.stdout
 
 
+@pytest.mark.parametrize("argv, hint", [
+    (["fuze"], "argument COMMAND: invalid choice: 'fuze' (choose from 'fuse', 'cache', 'train', 'evaluate', "
+               "'bench', 'report'); did you mean 'fuse'? (see detens --help)"),
+    (["evaluate", "--gt", "a", "--predictions", "b", "--out", "c", "--backend", "fast"],
+     "invalid choice: 'fast' (choose from 'pycocotools', 'faster', 'hotcoco'); did you mean 'faster'? "
+     "(see detens evaluate --help)"),
+    (["fuse", "--engine", "rya"], "invalid choice: 'rya' (choose from 'local', 'ray'); did you mean 'ray'?"),
+    (["xyz"], "invalid choice: 'xyz' (choose from 'fuse', 'cache', 'train', 'evaluate', 'bench', 'report') "
+              "(see detens --help)"),
+])
+def test_a_value_outside_the_choices_is_answered_with_the_nearest_one(argv, hint, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and hint in err, err
+
+
+def test_version(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0 and capsys.readouterr().out == f"detens {version('detens')}\n"
+
+
 def test_python_dash_m_reports_a_mistake_without_traceback(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "detens", "fuse", "--source", str(tmp_path), "--out", str(tmp_path / "o"),

@@ -305,3 +305,11 @@ def test_config_differences_name_each_changed_value_by_its_path():
     assert config_differences(old, old) == []
     assert config_differences({"models": [1, 2]}, {"models": [1]}) == ["models: 2 entries -> 1"]
     assert config_differences({"tta": "hflip"}, {"tta": ["hflip"]}) == ["tta: 'hflip' -> ['hflip']"]
+
+
+def test_dir_of_detens_lists_each_name_once_after_its_lazy_names_are_loaded():
+    import detens
+
+    detens.cache, detens.fuse_images  # noqa: B018  loaded on first use, then module globals too
+    names = dir(detens)
+    assert len(names) == len(set(names)) and {"cache", "fuse_images", "fuse"} <= set(names)

@@ -231,3 +231,14 @@ def test_an_image_not_of_its_annotated_size_is_refused_naming_both_sizes(tmp_pat
             read_image(path, annotated)
         assert isinstance(refused.value, ImageReadError)  # skipped and reported as an unreadable image is
         assert f"image {str(path)!r} is 50x30 pixels (width x height) but its annotations {says}," in str(refused.value)
+
+
+def test_a_video_given_as_an_image_is_named_a_video(tmp_path):
+    path = tmp_path / "clip.MP4"
+    path.write_bytes(b"\x00\x00\x00\x20ftypisom" + b"\x00" * 64)  # an MP4 header OpenCV's image decoders refuse
+    with pytest.raises(ImageReadError) as refused:
+        read_image(path)
+    assert str(refused.value) == (
+        f"cannot read image {str(path)!r}: it is a video, and detens fuses images (extract its frames first, "
+        "e.g. ffmpeg -i clip.MP4 frames/%06d.jpg)"
+    )

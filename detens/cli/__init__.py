@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -39,11 +40,20 @@ COMMANDS: dict[str, tuple[str, str]] = {
 _INTERRUPTED = 130
 
 
+# argparse's message for a value outside an argument's choices, and the quoted names it lists
+_INVALID_CHOICE = re.compile(r"invalid choice: '(?P<given>[^']*)' \(choose from (?P<valid>.*)\)")
+_QUOTED = re.compile(r"'([^']*)'")
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a bad command line as one ``error:`` line (exit status 2), like every other
     user mistake, instead of a usage block."""
 
     def error(self, message: str) -> NoReturn:
+        choice = _INVALID_CHOICE.search(message)
+        if choice:  # as every unknown name of detens is answered: with the nearest valid one
+            close = difflib.get_close_matches(choice["given"], _QUOTED.findall(choice["valid"]), n=1)
+            message += f"; did you mean {close[0]!r}?" if close else ""
         self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")  # same form as UsageError
 
     def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
@@ -142,6 +152,9 @@ def build_parser(commands: Sequence[str] | None = None, *, with_options: bool = 
         description="Object-detection ensembling: run detectors, fuse their boxes, fit and evaluate fusion.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    from detens import __version__
+
+    parser.add_argument("--version", action="version", version=f"detens {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
     for name in commands or COMMANDS:
         if not with_options:
