@@ -918,6 +918,14 @@ class TestTools:
         assert out.with_name(out.name + ".log").read_text() == "no epochs: a calibration head is fitted without gradient steps\n"
         assert json.loads(out.with_name(out.name + ".log.json").read_text())["loss"] == []
 
+    def test_train_cli_shows_no_epoch_bar_for_a_head_without_epochs(self, dataset, tmp_path, capsys):
+        gt_path, predictions = dataset
+        args = ["--gt", str(gt_path), "--predictions", str(predictions), "--out", str(tmp_path / "head.json")]
+        assert train_cli.main([*args, "--head", "calibration"]) == 0
+        assert "calibration fit:" not in capsys.readouterr().err  # tqdm's "calibration fit: 0epoch [00:00, ?epoch/s]"
+        assert train_cli.main([*args, "--head", "theta", "--epochs", "2"]) == 0
+        assert "theta fit: 100%" in capsys.readouterr().err  # the bar of a head that has epochs
+
     @pytest.mark.parametrize("flag, value", [("--epochs", "3"), ("--lr", "0.1"), ("--seed", "1")])
     def test_train_cli_names_a_flag_the_head_type_lacks(self, dataset, tmp_path, capsys, flag, value):
         gt_path, predictions = dataset

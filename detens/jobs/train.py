@@ -255,8 +255,9 @@ def run(options: TrainOptions) -> int:
 
     epoch_lines: list[str] = []
     fits = 0
-    bar = tqdm(total=getattr(config, "epochs", None), desc=f"{options.head} fit", unit="epoch",
-               disable=options.quiet, dynamic_ncols=True)
+    epochs = getattr(config, "epochs", None)  # None: a head fitted without gradient steps has no bar to show
+    bar = tqdm(total=epochs, desc=f"{options.head} fit", unit="epoch", disable=options.quiet or epochs is None,
+               dynamic_ncols=True)
 
     def on_epoch(epoch: int, loss: float) -> None:
         nonlocal fits
