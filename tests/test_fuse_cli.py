@@ -430,6 +430,16 @@ def test_a_run_that_read_no_image_names_no_members_and_does_not_stop_the_next(wo
     assert summary["weights"]["yolo26n_int8"].endswith("yolo26n_int8.tflite")
 
 
+def test_a_run_with_nothing_left_to_do_says_its_timings_are_the_earlier_runs(workspace, tmp_path, capsys):
+    source, out = one_image_source(workspace, tmp_path / "src", "a.jpg"), tmp_path / "o"
+    assert fuse_into(workspace, source, out, "--no-vis") == 0
+    capsys.readouterr()
+    assert fuse_cli.main(["--config", str(workspace / "pair.yaml"), "--source", str(source), "--out", str(out),
+                          "--no-vis"]) == 0
+    printed = capsys.readouterr().out
+    assert "(0 this run, 1 resumed, 0 unreadable)" in printed and "\nms per image (earlier runs): read " in printed
+
+
 def test_changed_config_refuses_to_resume(workspace, full_run, capsys):
     before = read_outputs(full_run)
     assert run(workspace, full_run, "--save-per-model", "--method", "mean") == 2

@@ -989,7 +989,8 @@ def print_summary(out: Path, config: EnsembleConfig, summary: dict[str, Any]) ->
         f"{summary['done']}/{summary['images']} images done ({summary['processed_this_run']} this run, "
         f"{summary['resumed']} resumed, {len(summary['unreadable'])} unreadable)",
         f"boxes: {summary['boxes']} fused ({summary[shown_key]} with score >= {config.output.vis_conf:g})",
-        f"ms per image: {stages}"
+        # a run with nothing left to do shows the timings its summary keeps from the runs that did the work
+        f"ms per image{' (earlier runs)' if summary['processed_this_run'] == 0 and stages else ''}: {stages}"
         + (f" (first fusion call, compiling included: {summary['fuse_first_call_ms']:.0f} ms)"
            if summary.get("fuse_first_call_ms") is not None else ""),
     ]
