@@ -415,18 +415,25 @@ def test_every_command_has_help_with_option_text(capsys):
         assert name in fuse_help  # the methods and head types by name
 
 
-@pytest.mark.parametrize("argv", [["--help"], [], ["fuze"]])
-def test_the_command_list_and_its_mistakes_import_no_command(argv):
-    """``detens --help`` lists the commands; building their options would import torch (seconds)."""
+def main_in_a_fresh_process(argv: list[str], watched: tuple[str, ...]) -> tuple[subprocess.CompletedProcess, str]:
+    """``main(argv)`` in a new interpreter; its output, and its exit status with the ``watched`` modules it
+    imported, as one line (``0 ['torch']``)."""
     script = (
         "import sys\nfrom detens.cli import main\n"
         f"try:\n    main({argv!r})\nexcept SystemExit as stop:\n    code = stop.code\n"
-        "heavy = sorted(m for m in ('torch', 'torchvision', 'numpy', 'detens.fusers', 'detens.cli.fuse') if m in sys.modules)\n"
+        f"heavy = sorted(m for m in {watched!r} if m in sys.modules)\n"
         "print(code, heavy, file=sys.stderr)\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
-    assert done.stderr.splitlines()[-1] == f"{0 if argv == ['--help'] else 2} []", done.stderr
+    return done, done.stderr.splitlines()[-1]
+
+
+@pytest.mark.parametrize("argv", [["--help"], [], ["fuze"]])
+def test_the_command_list_and_its_mistakes_import_no_command(argv):
+    """``detens --help`` lists the commands; building their options would import torch (seconds)."""
+    done, ending = main_in_a_fresh_process(argv, ("torch", "torchvision", "numpy", "detens.fusers", "detens.cli.fuse"))
+    assert ending == f"{0 if argv == ['--help'] else 2} []", done.stderr
     if argv == ["--help"]:
         assert all(name in done.stdout for name in COMMANDS)
     else:
@@ -437,15 +444,8 @@ def test_the_command_list_and_its_mistakes_import_no_command(argv):
 def test_a_command_help_page_imports_no_torch(command):
     """The help pages list the fusion methods, head types and defaults from :mod:`detens.catalogue`: the
     registries holding them import torch, seconds before a page could show."""
-    script = (
-        "import sys\nfrom detens.cli import main\n"
-        f"try:\n    main([{command!r}, '--help'])\nexcept SystemExit as stop:\n    code = stop.code\n"
-        "heavy = sorted(m for m in ('torch', 'torchvision', 'detens.fusers', 'detens.heads') if m in sys.modules)\n"
-        "print(code, heavy, file=sys.stderr)\n"
-    )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
-    assert done.stderr.splitlines()[-1] == "0 []", done.stderr
+    done, ending = main_in_a_fresh_process([command, "--help"], ("torch", "torchvision", "detens.fusers", "detens.heads"))
+    assert ending == "0 []", done.stderr
     assert f"usage: detens {command}" in done.stdout
 
 
