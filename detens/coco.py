@@ -60,8 +60,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: Keys of :func:`evaluate_coco`'s dict, in the order of ``COCOeval.stats``.
-#: evaluate_coco's evaluators (see its ``backend``)
-
 METRIC_KEYS: tuple[str, ...] = (
     "map",  # AP @ IoU 0.50:0.95, all areas, maxDets 100
     "map50",  # AP @ IoU 0.50
@@ -375,7 +373,10 @@ def _check_gt_dataset(dataset: Any, where: str) -> None:
         x, y, w, h = (float(v) for v in bbox)
         # pycocotools can never match a box without area (nor one whose size vanishes next to its position)
         if not (x + w > x and y + h > y):
-            raise ValueError(f"{where}: annotations[{i}].bbox = {list(bbox)} has no area (width and height must be > 0: it could never be matched); remove it or give it a size")
+            raise ValueError(
+                f"{where}: annotations[{i}].bbox = {list(bbox)} has no area (width and height must be > 0: it "
+                "could never be matched); remove it or give it a size"
+            )
         width, height = sizes[ann["image_id"]]
         if x >= width or y >= height or x + w <= 0 or y + h <= 0:
             raise ValueError(

@@ -119,7 +119,8 @@ def config_differences(old: Any, new: Any, where: str = "") -> list[str]:
                 found += config_differences(old[key], new[key], inner)
         return found
     if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
-        return [d for i, (a, b) in enumerate(zip(old, new, strict=True)) for d in config_differences(a, b, f"{where}[{i}]")]
+        pairs = enumerate(zip(old, new, strict=True))
+        return [d for i, (a, b) in pairs for d in config_differences(a, b, f"{where}[{i}]")]
     if isinstance(old, list) and isinstance(new, list):
         return [f"{where}: {len(old)} entries -> {len(new)}"]
     return [] if old == new else [f"{where}: {old!r} -> {new!r}"]

@@ -75,8 +75,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: ``selection_k<k>`` and ``random_k<k>`` are registered for k = 1 ... MAX_K.
-
 
 class EvaluationData:
     """Saved predictions with each image's per-model Detections built once and kept in memory.

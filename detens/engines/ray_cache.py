@@ -379,7 +379,8 @@ class EntryPredictor(FailureReportingActor):
             "image_id": [], "member": [], "results": [], "ms": [], "error": [], "load_s": [], "failure": []
         }
         images, ids, paths, wanted = [], [], [], []
-        for image_id, path, size, todo in zip(batch["image_id"], batch["path"], batch["size"], batch["todo"], strict=True):
+        rows = zip(batch["image_id"], batch["path"], batch["size"], batch["todo"], strict=True)
+        for image_id, path, size, todo in rows:
             names = [str(n) for n in json.loads(str(todo))]
             try:
                 images.append(read_image(str(path), json.loads(str(size))))

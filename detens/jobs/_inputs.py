@@ -105,8 +105,8 @@ def saved_prediction_files(model: ModelConfig, dataset: str | None = None) -> li
     """The files a ``precomputed`` member reads: its results file and the file that maps its images' names
     to their ids (its ``images``, else the ``images.json`` of the run that wrote the results,
     :func:`~detens.adapters.precomputed.image_map_beside`, else the ensemble's ``dataset``), as the config
-    names them. Rewritten
-    in place, the map would send earlier boxes to other images: its content counts as the results' does.
+    names them. Rewritten in place, the map would send earlier boxes to other images: its content counts as
+    the results' does.
     ``detens cache`` passes no ``dataset``: its dataset is the ground truth, whose ids and file names it
     checks itself (an annotation fixed in place must not block a resume).
     """

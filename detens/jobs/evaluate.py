@@ -57,8 +57,6 @@ __all__ = ["EvaluateOptions", "bootstrap_table", "parse_seeds", "run"]
 
 logger = logging.getLogger("detens.evaluate")
 
-#: the methods compared when ``--methods`` is left out
-
 
 def parse_seeds(text: str, name: str = "--seed") -> list[int]:
     """``"0"`` or ``"0,1,2"`` → the fold seeds (distinct integers); ``name``: the option, in messages.
