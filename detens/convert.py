@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from detens.checks import check_whole, torch_ready_array
-from detens.detections import MAX_LABEL, Detections
+from detens.detections import MAX_LABEL, Detections, check_boxes_start_inside
 from detens.labels import COCO_CATEGORY_IDS, COCO_NAMES
 
 if TYPE_CHECKING:
@@ -221,6 +221,9 @@ def torchvision_to_detections(
         image_size: ``(height, width)`` of the original image, e.g. ``image.shape[-2:]``, or the image
             itself (a tensor ``[C, H, W]`` or a numpy ``[H, W, C]``).
         source (str | None): stored in ``Detections.source``.
+
+    Raises:
+        ValueError: a box starts beyond the image (``image_size`` given as ``(width, height)``?).
     """
     if not isinstance(output, Mapping):
         raise TypeError(
@@ -229,9 +232,11 @@ def torchvision_to_detections(
     missing = [k for k in ("boxes", "scores", "labels") if k not in output]
     if missing:
         raise ValueError(f"torchvision output lacks {missing}; got keys {sorted(output)}")
-    return Detections(
+    detections = Detections(
         output["boxes"], output["scores"], output["labels"], _as_image_size(image_size, "image_size"), source
     )
+    check_boxes_start_inside(detections, "image_size")
+    return detections
 
 
 def detections_to_torchvision(det: Detections, dtype: torch.dtype | None = None) -> dict[str, Tensor]:

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from detens.checks import check_device, torch_ready_array
 
-__all__ = ["Detections", "MAX_LABEL", "MAX_IMAGE_SIDE", "check_xyxy", "compute_device"]
+__all__ = ["Detections", "MAX_LABEL", "MAX_IMAGE_SIDE", "check_boxes_start_inside", "check_xyxy", "compute_device"]
 
 #: The largest class id: labels are category ids, written to JSON and offset per class in batched NMS, and
 #: int32 is what every COCO tool and exporter can hold.
@@ -68,6 +68,27 @@ def check_xyxy(boxes: Tensor, name: str, hint: str = "") -> None:
     if inverted.any():
         i = int(inverted.nonzero()[0])
         raise ValueError(f"{name}[{i}] = {boxes[i].tolist()} has x2 < x1 or y2 < y1; boxes must be xyxy{hint}")
+
+
+def check_boxes_start_inside(detections: Detections, given: str) -> None:
+    """Raise where a box starts beyond the image (``x1 >= width`` or ``y1 >= height``): no detector finds an
+    object outside its image, so the size a caller gave (``given``, the argument's name) is not the image's,
+    most often ``(width, height)`` passed for ``(height, width)``. Fusion would clip such boxes to nothing.
+
+    Raises:
+        ValueError: naming the first such box, the size and the order it must be in.
+    """
+    if not len(detections):
+        return
+    height, width = detections.image_size
+    beyond = (detections.boxes[:, 0] >= width) | (detections.boxes[:, 1] >= height)
+    if bool(beyond.any()):
+        k = int(beyond.nonzero()[0, 0])
+        box = [round(float(v), 1) for v in detections.boxes[k].tolist()]
+        raise ValueError(
+            f"box {k} {box} starts beyond the {width}x{height} (width x height) image that {given}=({height}, "
+            f"{width}) gives; {given} is (height, width) of the image the boxes were found on, e.g. image.shape[:2]"
+        )
 
 
 def compute_device(device: torch.device) -> torch.device:

@@ -280,3 +280,21 @@ class TestProtocol:
         det = make().to("cuda")
         assert det.boxes.device.type == det.labels.device.type == "cuda"
         assert det.device.type == "cuda"
+
+
+def test_check_boxes_start_inside_refuses_exactly_the_boxes_an_obvious_loop_finds():
+    from detens.detections import check_boxes_start_inside
+
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        height, width = (int(v) for v in torch.randint(1, 60, (2,), generator=generator))
+        corners = torch.rand(int(torch.randint(0, 6, (1,), generator=generator)), 2, generator=generator) * 80
+        boxes = torch.cat([corners, corners + 1 + torch.rand(len(corners), 2, generator=generator) * 20], 1)
+        det = Detections(boxes, torch.full((len(boxes),), 0.5), torch.zeros(len(boxes), dtype=torch.int64),
+                         (height, width))
+        first_beyond = next((k for k, (x1, y1, _, _) in enumerate(boxes.tolist()) if x1 >= width or y1 >= height), None)
+        if first_beyond is None:
+            check_boxes_start_inside(det, "image_size")
+        else:
+            with pytest.raises(ValueError, match=rf"^box {first_beyond} .* starts beyond the {width}x{height}"):
+                check_boxes_start_inside(det, "image_size")

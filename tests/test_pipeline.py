@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -487,6 +488,17 @@ class TestTorchvisionFusion:
         assert fused[0]["labels"].dtype == torch.int64
         assert fused[1]["labels"].tolist() == [3] and fused[1]["boxes"].shape == (1, 4)
         assert fusion([[], []], []) == []
+
+    def test_image_sizes_of_width_and_height_are_refused_not_clipped_to(self):
+        output = {"boxes": torch.tensor([[10.0, 5.0, 30.0, 40.0], [70.0, 5.0, 90.0, 40.0]]),
+                  "scores": torch.tensor([0.6, 0.5]), "labels": torch.tensor([3, 3])}
+        fusion = TorchvisionFusion(method=METHOD).eval()
+        assert len(fusion([[output], [output]], [(50, 100)])[0]["boxes"]) == 2
+        with pytest.raises(ValueError, match=re.escape(
+            "box 1 [70.0, 5.0, 90.0, 40.0] starts beyond the 50x100 (width x height) image that image_size=(100, 50) "
+            "gives; image_size is (height, width)"
+        )):
+            fusion([[output], [output]], [(100, 50)])
 
     def test_errors(self, torchvision_outputs):
         outputs, images = torchvision_outputs

@@ -287,7 +287,24 @@ class TestFuse:
         ):
             detens.fuse([a, a], image_size=(10, 12))
         with pytest.raises(ValueError, match="disagree on the image size"):
-            detens.fuse([a, a.to_supervision()], image_size=(100, 100))
+            detens.fuse([a, a.to_supervision()], image_size=(1000, 1000))
+
+    def test_an_image_size_of_width_and_height_is_refused_not_clipped_to(self):
+        """A landscape frame's (width, height) given as (height, width): boxes on its right would be cut to
+        nothing at the new width, and the rest clipped, without a word."""
+        frame_boxes = detens.Detections(
+            torch.tensor([[10.0, 20.0, 60.0, 90.0], [500.0, 100.0, 630.0, 300.0]]), torch.tensor([0.9, 0.8]),
+            torch.tensor([1, 2]), (480, 640),
+        ).to_supervision()
+        assert len(detens.fuse([frame_boxes, frame_boxes], image_size=(480, 640))) == 2
+        with pytest.raises(ValueError) as swapped:
+            detens.fuse([frame_boxes, frame_boxes], image_size=(640, 480))
+        assert str(swapped.value) == (
+            "per_model[0] (a supervision.Detections: its xyxy are the boxes, confidence the scores, class_id the "
+            "labels): box 1 [500.0, 100.0, 630.0, 300.0] starts beyond the 480x640 (width x height) image that "
+            "image_size=(640, 480) gives; image_size is (height, width) of the image the boxes were found on, e.g. "
+            "image.shape[:2]"
+        )
 
     @pytest.mark.parametrize("field, value, message", [
         ("class_id", [2.5, 1, 1], r"labels\[0\] = 2.5 is not an integer"),

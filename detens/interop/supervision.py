@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from detens.detections import Detections
+from detens.detections import Detections, check_boxes_start_inside
 from detens.labels import label_names
 
 if TYPE_CHECKING:
@@ -107,7 +107,8 @@ def from_supervision(
 
     Raises:
         TypeError: ``sv_detections`` is not a ``supervision.Detections``.
-        ValueError: no ``confidence`` or no ``class_id`` for a non-empty one; an invalid image size.
+        ValueError: no ``confidence`` or no ``class_id`` for a non-empty one; an invalid image size, or one
+            that a box starts beyond (``(width, height)`` given for ``(height, width)``?).
     """
     if not is_supervision_detections(sv_detections):
         raise TypeError(
@@ -123,13 +124,15 @@ def from_supervision(
                     f"{'score' if field_name == 'confidence' else 'class id'} per box"
                 )
             fields[field_name] = np.zeros((0,))
-    return Detections(
+    detections = Detections(
         np.array(sv_detections.xyxy, dtype=np.float32).reshape(-1, 4),
         np.array(fields["confidence"], dtype=np.float32),
         np.array(fields["class_id"]),
         image_size,
         source,
     )
+    check_boxes_start_inside(detections, "image_size")
+    return detections
 
 
 def from_supervision_per_model(
