@@ -1428,6 +1428,21 @@ def one_image_dataset(tmp_path):
     return dataset
 
 
+def test_images_not_of_the_datasets_size_are_fused_with_a_warning(workspace, tmp_path, capsys):
+    source = one_image_source(workspace, tmp_path / "src", "a.jpg", "b.jpg")
+    dataset = tmp_path / "half.json"  # a.jpg annotated at half its size; b.jpg not in the dataset
+    dataset.write_text(json.dumps({"images": [{"id": 1, "file_name": "a.jpg", "height": 540, "width": 405}],
+                                   "annotations": [], "categories": [{"id": 1, "name": "person"}]}))
+    config = saved_config(tmp_path, [saved_result(1, 1), saved_result(2, 1)], {"a.jpg": 1, "b.jpg": 2}, dataset)
+    args = ["--config", str(config), "--source", str(source), "--out", str(tmp_path / "o"), "--method", "wbf",
+            "--no-vis"]
+    assert fuse_cli.main(args) == 0
+    err = capsys.readouterr().err
+    assert (f"1 of the fused images are not the size {dataset} gives them (width x height: a.jpg is 810x1080, the "
+            "dataset says 405x540): their boxes are in the files' pixels") in err, err
+    assert len(json.loads((tmp_path / "o" / "predictions.json").read_text())) == 2  # fused all the same
+
+
 def test_images_added_to_a_complete_run_get_ids_of_their_own(workspace, tmp_path):
     source = one_image_source(workspace, tmp_path / "src", "a.jpg", "new1.jpg")
     saved = {"a.jpg": 1, "new1.jpg": 2, "new2.jpg": 3}

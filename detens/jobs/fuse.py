@@ -632,6 +632,24 @@ def dataset_ids(names: list[str], files: dict[str, int], taken: set[int], datase
     return {**by_path, **by_base}
 
 
+def warn_of_sizes_unlike_the_dataset(images: list[dict[str, Any]], dataset: str) -> None:
+    """Warn of fused images (``images.json``'s entries) of the dataset whose files are not the size the
+    dataset gives them: their boxes are in the files' pixels, and scored against the dataset's annotations
+    they would be in the wrong places (a resized copy, a photo turned upright)."""
+    gt = load_coco_gt(dataset)
+    unlike = []
+    for image in images:
+        if image["id"] in gt and gt.image_size(image["id"]) != (image["height"], image["width"]):
+            height, width = gt.image_size(image["id"])
+            unlike.append(f"{image['file_name']} is {image['width']}x{image['height']}, the dataset says {width}x{height}")
+    if unlike:
+        logger.warning(
+            "%d of the fused images are not the size %s gives them (width x height: %s): their boxes are in the "
+            "files' pixels, not in the dataset's annotations' coordinates", len(unlike), dataset,
+            first_few(unlike, 5, "; "),
+        )
+
+
 def write_outputs(
     out: Path,
     config: EnsembleConfig,
@@ -669,6 +687,8 @@ def write_outputs(
         for stage, ms in record.get("times_ms", {}).items():
             stage_ms[stage] += ms
             stage_count[stage] += 1
+    if config.dataset is not None:
+        warn_of_sizes_unlike_the_dataset(images, config.dataset)
     ms_per_image = {k: round(v / stage_count[k], 2) for k, v in stage_ms.items()}
     if not ms_per_image and done:  # records rebuilt from a finished run's files carry no timings: keep its own
         earlier = _read_json(out / "summary.json")
