@@ -22,4 +22,3 @@ def test_the_evaluation_methods_are_the_registered_ones():
     from detens.evaluation import METHODS
 
     assert list(catalogue.EVALUATION_METHODS) == METHODS.names()
-
