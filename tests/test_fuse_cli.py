@@ -1443,6 +1443,24 @@ def test_images_not_of_the_datasets_size_are_fused_with_a_warning(workspace, tmp
     assert len(json.loads((tmp_path / "o" / "predictions.json").read_text())) == 2  # fused all the same
 
 
+def test_a_run_reads_its_datasets_images_once_and_again_when_the_file_changes(workspace, tmp_path, monkeypatch):
+    """The ids are planned from the dataset's images as the run starts, their sizes compared as it ends."""
+    reads = []
+    read = fuse_tool.load_coco_gt
+    monkeypatch.setattr(fuse_tool, "load_coco_gt", lambda path, *a, **k: reads.append(path) or read(path, *a, **k))
+    source = one_image_source(workspace, tmp_path / "src", "a.jpg")
+    config = saved_config(tmp_path, [saved_result(1, 1)], {"a.jpg": 1}, one_image_dataset(tmp_path))
+    args = ["--config", str(config), "--source", str(source), "--method", "wbf", "--quiet", "--no-vis"]
+    assert fuse_cli.main([*args, "--out", str(tmp_path / "o")]) == 0
+    assert reads == [str(tmp_path / "gt.json")]
+    dataset = json.loads((tmp_path / "gt.json").read_text())
+    dataset["images"][0]["file_name"] = "b.jpg"  # rewritten in place: a.jpg is no longer the dataset's image 1
+    (tmp_path / "gt.json").write_text(json.dumps(dataset))
+    os.utime(tmp_path / "gt.json", ns=(1, 1))  # another version even where the clock would give the same time
+    assert fuse_cli.main([*args, "--out", str(tmp_path / "o2")]) == 0
+    assert len(reads) == 2
+
+
 def test_images_added_to_a_complete_run_get_ids_of_their_own(workspace, tmp_path):
     source = one_image_source(workspace, tmp_path / "src", "a.jpg", "new1.jpg")
     saved = {"a.jpg": 1, "new1.jpg": 2, "new2.jpg": 3}

@@ -4,6 +4,7 @@ unfinished run (the command's help page, :mod:`detens.cli.fuse`, says what is wr
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -593,9 +594,22 @@ def published_ids(out: Path) -> dict[str, int]:
             if isinstance(im, dict) and isinstance(im.get("file_name"), str) and isinstance(im.get("id"), int)}
 
 
+def dataset_images(dataset: str) -> dict[int, tuple[str, int, int]]:
+    """``{image id: (file_name, height, width)}`` of the dataset's images, read once per version of its file:
+    a run plans its images' ids from them as it starts and compares their sizes as it ends."""
+    stat = os.stat(dataset)
+    return _read_dataset_images(os.path.abspath(dataset), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=1)
+def _read_dataset_images(path: str, mtime_ns: int, size: int) -> dict[int, tuple[str, int, int]]:
+    return {int(im["id"]): (str(im["file_name"]), int(im["height"]), int(im["width"]))
+            for im in load_coco_gt(path).dataset["images"]}
+
+
 def dataset_files(dataset: str) -> dict[str, int]:
     """``{file_name: image id}`` of the dataset's images."""
-    return {str(im["file_name"]): int(im["id"]) for im in load_coco_gt(dataset).dataset["images"]}
+    return {file_name: image_id for image_id, (file_name, _, _) in dataset_images(dataset).items()}
 
 
 def dataset_ids(names: list[str], files: dict[str, int], taken: set[int], dataset: str) -> dict[str, int]:
@@ -636,11 +650,11 @@ def warn_of_sizes_unlike_the_dataset(images: list[dict[str, Any]], dataset: str)
     """Warn of fused images (``images.json``'s entries) of the dataset whose files are not the size the
     dataset gives them: their boxes are in the files' pixels, and scored against the dataset's annotations
     they would be in the wrong places (a resized copy, a photo turned upright)."""
-    gt = load_coco_gt(dataset)
+    annotated = dataset_images(dataset)
     unlike = []
     for image in images:
-        if image["id"] in gt and gt.image_size(image["id"]) != (image["height"], image["width"]):
-            height, width = gt.image_size(image["id"])
+        _, height, width = annotated.get(image["id"], (None, image["height"], image["width"]))
+        if (height, width) != (image["height"], image["width"]):
             unlike.append(f"{image['file_name']} is {image['width']}x{image['height']}, the dataset says {width}x{height}")
     if unlike:
         logger.warning(
