@@ -122,7 +122,8 @@ def check_head_label_space(
       ``categories`` (a ``{id: name}`` mapping) does: the same ids mean other classes (a custom dataset's
       1, 5, 9 = cat, dog, bird used on COCO, where they are person, airplane, boat). Names are compared as
       the class maps compare them (case ignored, ``_`` and ``-`` read as spaces and runs of spaces as
-      one, known aliases such as motorbike/motorcycle taken as one name); an id either side leaves unnamed is not compared.
+      one, known aliases such as motorbike/motorcycle taken as one name); an id either side leaves unnamed
+      is not compared.
 
     Nothing is compared by name when ``categories`` gives ids only, or the head records no label space
     (a file written before heads recorded one): its ids alone are checked, as before. A head without
