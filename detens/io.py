@@ -331,6 +331,13 @@ def _check_writable_from(folder: Path, path: Path, what: str) -> None:
         raise ValueError(f"{what} {path} cannot be written: {folder} is a file, not a folder")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise ValueError(f"{what} {path} cannot be written: no permission to write in {folder}")
+    # the permission bits do not tell everything (a file system that makes nothing, such as /proc, or
+    # root's access to a read-only mount): a folder made and removed at once does
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".detens-probe-", dir=folder))
+    except OSError as err:
+        raise ValueError(f"{what} {path} cannot be written: nothing can be created in {folder} "
+                         f"({err.strerror or err})") from None
 
 
 def read_json_file(path: str | Path, what: str) -> Any:

@@ -171,6 +171,27 @@ def test_user_mistakes_are_one_error_line(workspace, capsys, case, argv, expecte
     assert not (workspace / "out").exists() or not any((workspace / "out").iterdir())  # nothing claimed
 
 
+UNWRITABLE_OUTPUTS = [
+    # /proc takes no new entries although its permission bits let root write there
+    ("fuse", ["fuse", "--source", "images", "--out", "/proc/detens_out"], "--out /proc/detens_out"),
+    ("cache", ["cache", "--images", "images", "--gt", "gt.json", "--out", "/proc/detens_out"], "--out /proc/detens_out"),
+    ("train", ["train", "--gt", "gt.json", "--predictions", "p", "--out", "/proc/detens_out/h.json"],
+     "--out /proc/detens_out/h.json"),
+    ("evaluate", ["evaluate", "--gt", "gt.json", "--predictions", "p", "--out", "/proc/detens_out/r.json"],
+     "--out /proc/detens_out/r.json"),
+    ("bench", ["bench", "--out", "/proc/detens_out/b.json"], "--out /proc/detens_out/b.json"),
+]
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+@pytest.mark.parametrize("case, argv, named", UNWRITABLE_OUTPUTS, ids=[m[0] for m in UNWRITABLE_OUTPUTS])
+def test_an_output_nothing_can_be_created_in_is_refused_before_the_work(workspace, capsys, case, argv, named):
+    code, err = exit_code_and_stderr(argv, capsys)
+    assert code == 2, err
+    why = "no permission to write in /proc" if os.geteuid() else "nothing can be created in /proc"
+    assert err.startswith(f"error: {named} cannot be written: {why}") and err.count("\n") == 1, err
+
+
 @pytest.mark.parametrize("value", ["", ",", " , "])
 def test_an_empty_methods_value_lists_every_method_name(workspace, capsys, value):
     """An unset shell variable leaves --methods empty: the error says what could have been given."""

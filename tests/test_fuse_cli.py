@@ -1518,10 +1518,38 @@ def test_a_missing_config_head_is_named_by_its_yaml_and_key(workspace, tmp_path,
     err = capsys.readouterr().err
     assert err.count("error:") == 1 and "Traceback" not in err
     assert f"error: {config}: fusion.head: head file '{(tmp_path.parent / 'heads' / 'gone.json').resolve()}' not found" in err
+    assert "working directory" not in err
     assert not out.exists()
     # another method drops the config's head: nothing to find
     assert fuse_cli.main(["--config", str(config), "--source", str(source), "--out", str(out), "--quiet",
                           "--method", "wbf", "--no-vis"]) == 0
+
+
+def test_a_missing_config_head_that_is_in_the_working_directory_says_it_is_not_looked_at(
+    workspace, tmp_path, capsys, monkeypatch
+):
+    from detens.heads.theta import ThetaHead
+
+    source = one_image_source(workspace, tmp_path / "src", "a.jpg")
+    (tmp_path / "configs").mkdir()
+    config = saved_config(tmp_path / "configs", [saved_result(1, 1), saved_result(1, 2)], {"a.jpg": 1})
+    data = yaml.safe_load(config.read_text())
+    data["fusion"] = {"method": "theta", "head": "my_head.json"}
+    config.write_text(yaml.safe_dump(data))
+    monkeypatch.chdir(tmp_path)
+    ThetaHead(["saved", "twin"]).save(tmp_path / "my_head.json")
+    out = tmp_path / "o"
+    assert fuse_cli.main(["--config", str(config), "--source", str(source), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "Traceback" not in err
+    assert err.startswith(f"error: {config}: fusion.head: head file '{tmp_path / 'configs' / 'my_head.json'}' not found")
+    assert err.endswith(f"; the file {tmp_path / 'my_head.json'} in the working directory is not looked at (a YAML "
+                        "means the same files wherever the command runs): give its path relative to the YAML, or an "
+                        "absolute path, or --head\n")
+    assert not out.exists()
+    # named as the working directory's file, it is found
+    assert fuse_cli.main(["--config", str(config), "--source", str(source), "--out", str(out), "--quiet",
+                          "--head", "my_head.json", "--no-vis"]) == 0
 
 
 def test_a_head_with_classes_of_another_label_space_is_refused_before_any_result(workspace, tmp_path, capsys):

@@ -230,3 +230,29 @@ class TestStaleTemporaries:
             for writer in writers:
                 writer.kill()
                 writer.wait()
+
+
+class TestCheckWritable:
+    def test_a_folder_to_be_made_under_a_writable_one_passes_and_nothing_is_left(self, tmp_path):
+        from detens.io import check_writable_file, check_writable_folder
+
+        check_writable_folder(tmp_path / "new" / "deeper", "--out")
+        check_writable_file(tmp_path / "new" / "r.json", "--out")
+        assert list(tmp_path.iterdir()) == []
+
+    def test_a_folder_where_nothing_can_be_created_is_refused_whatever_its_permission_bits(self, tmp_path, monkeypatch):
+        """A read-only mount, or a file system such as /proc, refuses new entries that the permission bits
+        (all that root's ``os.access`` looks at) allow."""
+        import tempfile
+
+        from detens.io import check_writable_file, check_writable_folder
+
+        def read_only(*args, **kwargs):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+        monkeypatch.setattr(tempfile, "mkdtemp", read_only)
+        with pytest.raises(ValueError, match=rf"^--out {re.escape(str(tmp_path / 'run'))} cannot be written: nothing "
+                                             rf"can be created in {re.escape(str(tmp_path))} \(Read-only file system\)$"):
+            check_writable_folder(tmp_path / "run", "--out")
+        with pytest.raises(ValueError, match=r"^--plot .*p\.png cannot be written: nothing can be created in"):
+            check_writable_file(tmp_path / "p.png", "--plot")

@@ -49,6 +49,7 @@ from detens.io import (
     LOCK_NAME,
     atomic_write_json,
     atomic_write_text,
+    check_writable_folder,
     lock_descriptor,
     lock_holder_text,
     output_lock,
@@ -1448,6 +1449,7 @@ def run(options: CacheOptions) -> int:
             them, is written).
     """
     merging, shard, ray = check_args(options)
+    check_writable_folder(options.out, "--out")
     with cache_lock(options.out, shard, merging):
         if merging:
             return merge(options)

@@ -46,7 +46,7 @@ from detens.ensemble_config import (
 )
 from detens.fusers import check_method, head_methods
 from detens.heads._io import find_head_file
-from detens.io import atomic_write_bytes, atomic_write_json, output_lock, output_stems
+from detens.io import atomic_write_bytes, atomic_write_json, check_writable_folder, output_lock, output_stems
 from detens.jobs._engine import EngineOptions, ray_options
 from detens.jobs._inputs import (
     check_inputs_unchanged,
@@ -171,12 +171,24 @@ def resolve_config(options: FuseOptions) -> EnsembleConfig:
         try:
             find_head_file(config.fusion.head)
         except FileNotFoundError as err:  # said of the YAML: its user finds the key to change
-            raise FileNotFoundError(f"{options.config}: fusion.head: {err}") from None
+            raise FileNotFoundError(f"{options.config}: fusion.head: {err}{_only_here(config)}") from None
     if head is not None and options.method is None:
         from detens.heads import read_head_file
 
         config.fusion.method = read_head_file(head).type
     return config
+
+
+def _only_here(config: EnsembleConfig) -> str:
+    """What to add when the YAML's missing ``fusion.head``, as written, names a file in the working directory
+    (where earlier versions looked): a YAML's relative paths are its folder's wherever the command runs."""
+    if config.folder is None or config.fusion.head is None:
+        return ""
+    written = Path(os.path.relpath(config.fusion.head, Path(config.folder).resolve()))
+    if not written.is_file():
+        return ""
+    return (f"; the file {written.absolute()} in the working directory is not looked at (a YAML means the same "
+            "files wherever the command runs): give its path relative to the YAML, or an absolute path, or --head")
 
 
 def check_heads_label_space(
@@ -804,6 +816,7 @@ def run(options: FuseOptions) -> int:
         ValueError: anything refused before (or while) the images are fused, as the command reports it;
             a run that could read none of its images (after writing its summary, which lists them).
     """
+    check_writable_folder(options.out, "--out")
     with output_lock(options.out, "detens fuse", outputs=(*OUTPUT_NAMES, *WORK_FOLDERS)):
         if options.out.is_dir():
             recover_replaced(options.out)
