@@ -1228,7 +1228,9 @@ class TestTools:
         assert saved["draws"] == 7 and saved["against"] == "mean" and saved["seed"] == 0
         assert set(saved["methods"]) == set(json.loads(out.read_text()))
         assert saved["methods"]["mean"]["difference"]["sd"] == 0.0
-        assert "| − mean (mean of draws) |" in printed and "bootstrap:" in printed
+        assert "bootstrap:" in printed
+        assert ("| method | mAP sd over draws | − mean, points (mean of draws) | 95 % of draws, points "
+                "| share of draws above |") in printed
         for extra, message in [
             (["--bootstrap", "-1"], "--bootstrap must be the number of draws"),
             (["--bootstrap-against", "mean"], "--bootstrap-against needs --bootstrap B"),

@@ -479,9 +479,10 @@ def _complete(out: Path, table: dict[str, Any]) -> None:
 
 
 def bootstrap_table(summary: dict[str, dict[str, Any]], against: str) -> str:
-    """The bootstrap summary as a Markdown table: each method's mAP spread over the draws, and its
-    difference to ``against`` on the same draws (in mAP points)."""
-    lines = [f"| method | mAP sd | − {against} (mean of draws) | 95 % of draws | draws above |",
+    """The bootstrap summary as a Markdown table: each method's mAP spread over the draws (a standard
+    deviation of mAP, a fraction as the mAP column's), its difference to ``against`` on the same draws (in
+    mAP points: 100 times a difference of mAP) and the share of the draws where it is above ``against``."""
+    lines = [f"| method | mAP sd over draws | − {against}, points (mean of draws) | 95 % of draws, points | share of draws above |",
              "|---|---:|---:|---:|---:|"]
     for name, row in summary.items():
         d, shown = row["difference"], name.replace("|", "\\|")
