@@ -530,7 +530,8 @@ class TorchvisionFusion(nn.Module):
         **params: the method's parameters (``iou_thr``, ``weights``, ...). Their names are checked here;
             their values too (an ``iou_thr`` of 5, weights of another length, a head of other models) when
             the number of models is known here: from ``model_names``, else from the head's models, else
-            from ``weights``. Without any of them, the values are checked on the first call.
+            from ``weights``. Without any of them, the values that hold for any number of models are checked
+            here, ``min_votes`` (at most one per model) on the first call.
 
     Example::
 
@@ -552,6 +553,9 @@ class TorchvisionFusion(nn.Module):
         members = _declared_members(self.model_names, params.get("head"), params.get("weights"))
         if members is not None:
             _check_fusion_values(method, params, members)
+        elif params.get("head") is None:
+            # the values that hold for any number of models, on one: min_votes, at most one per model, waits
+            _check_fusion_values(method, {k: v for k, v in params.items() if k != "min_votes"}, [None])
         self.head = params.pop("head", None)  # an nn.Module head becomes a submodule
         self.params = params
 

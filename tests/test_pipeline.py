@@ -534,13 +534,24 @@ class TestTorchvisionFusion:
         with pytest.raises(error, match=message):
             TorchvisionFusion(**{"method": "wbf", **options})
 
-    def test_parameter_values_are_checked_on_the_first_call_when_the_models_are_unknown(self):
-        fusion = TorchvisionFusion(method="wbf", iou_thr=5)
+    @pytest.mark.parametrize("options, error, message", [
+        ({"iou_thr": 5}, ValueError, r"iou_thr must be in \[0, 1\], got 5"),
+        ({"method": "vote", "iou_thr": 1}, ValueError, r"iou_thr must be in \[0, 1\), got 1"),
+        ({"conf_type": "mean"}, ValueError, r"conf_type must be one of avg, max"),
+        ({"method": "soft_nms", "sigma": "0.5"}, TypeError, "sigma must be a number"),
+    ], ids=["iou_thr", "vote iou_thr", "conf_type", "sigma"])
+    def test_values_that_hold_for_any_number_of_models_are_checked_without_the_models(self, options, error, message):
+        with pytest.raises(error, match=message):
+            TorchvisionFusion(**{"method": "wbf", **options})
+
+    def test_min_votes_is_checked_on_the_first_call_when_the_models_are_unknown(self):
+        fusion = TorchvisionFusion(method="vote", min_votes=3)  # at most one vote per model: 3 or more models
         empty = {"boxes": torch.zeros(0, 4), "scores": torch.zeros(0), "labels": torch.zeros(0, dtype=torch.int64)}
-        with pytest.raises(ValueError, match=r"iou_thr must be in \[0, 1\], got 5"):
+        with pytest.raises(ValueError, match=r"min_votes must be an integer in \[1, 2\], got 3"):
             fusion([[empty], [empty]], [(50, 60)])
-        with pytest.raises(ValueError, match=r"iou_thr must be in \[0, 1\], got 5"):
+        with pytest.raises(ValueError, match=r"min_votes must be an integer in \[1, 2\], got 3"):
             fusion([[], []], [])  # no image: checked all the same
+        assert len(fusion([[empty], [empty], [empty]], [(50, 60)])[0]["boxes"]) == 0
 
     def test_numpy_images_as_sizes_and_one_dict_per_model(self):
         one = {"boxes": torch.tensor([[100.0, 50.0, 600.0, 400.0]]), "scores": torch.tensor([0.9]),
