@@ -10,11 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["CONFIG_ROOT", "packaged_names", "find_packaged"]
+__all__ = ["CONFIG_ROOT", "KINDS", "packaged_names", "find_packaged", "shipped_file", "describe_shipped"]
 
 CONFIG_ROOT = Path(__file__).resolve().parent / "configs"
 
 Kind = Literal["ensembles", "train", "heads"]
+#: The kinds of shipped files, in the order they are listed.
+KINDS: tuple[Kind, ...] = ("ensembles", "train", "heads")
 _SUFFIXES: dict[str, tuple[str, ...]] = {
     "ensembles": (".yaml",),
     "train": (".yaml",),
@@ -73,3 +75,70 @@ def find_packaged(value: str | Path, kind: Kind, folder: str | Path | None = Non
         f"{_WHAT[kind]} {name!r} not found: {there} ({path.absolute()}) and not a shipped name "
         f"(shipped: {shipped})"
     )
+
+
+def shipped_file(name: str, kind: Kind | None = None) -> tuple[Kind, Path]:
+    """The shipped file called ``name`` (its stem, ``coco_yolo3``, or its file name) and its kind.
+
+    Args:
+        kind: the kind to look in; None: every kind, one of which must ship the name.
+
+    Raises:
+        ValueError: an unknown kind; a name no kind ships (listing the shipped names, the nearest first),
+            or several do (naming them, to choose by ``kind``).
+    """
+    import difflib
+
+    if kind is not None and kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    kinds = KINDS if kind is None else (kind,)
+    found = [(k, p) for k in kinds for p in _shipped_files(k) if name in (p.stem, p.name)]
+    if len({k for k, _ in found}) > 1:
+        raise ValueError(f"{name!r} is shipped as {' and as '.join(_WHAT[k] for k, _ in found)}: give its kind "
+                         f"({', '.join(k for k, _ in found)})")
+    if not found:
+        names = sorted({p.stem for k in kinds for p in _shipped_files(k)})
+        close = difflib.get_close_matches(name, names, n=1)
+        what = " or ".join(_WHAT[k] for k in kinds)
+        raise ValueError(f"no shipped {what} is called {name!r}; shipped: {', '.join(names) or 'none'}"
+                         + (f". Did you mean {close[0]!r}?" if close else ""))
+    return found[0]
+
+
+def describe_shipped(kind: Kind, path: Path) -> str:
+    """One line on the shipped file ``path`` of ``kind``: an ensemble's members and fusion, a head's type and
+    models, a training config's first comment line. Read without torch (a help line should not wait for
+    it); a file that cannot be read is described as such."""
+    import json
+
+    import yaml
+
+    try:
+        if kind == "heads":
+            if path.suffix != ".json":
+                return "head (safetensors)"
+            head = json.loads(path.read_text(encoding="utf-8"))
+            config = head.get("config") if isinstance(head.get("config"), dict) else {}
+            calibrated = head.get("type") == "calibrated"
+            what = config.get("head_type") if calibrated else head.get("type")
+            models = ", ".join(map(str, head.get("model_names") or [])) or "unnamed models"
+            return f"{what} head{' on calibrated scores' if calibrated else ''} for {models}"
+        text = path.read_text(encoding="utf-8")
+        if kind == "train":  # the first sentence of the comment that opens the file
+            opening = []
+            for line in text.splitlines():
+                if not line.startswith("#") or not line[1:].strip():
+                    break
+                opening.append(line[1:].strip())
+            return " ".join(opening).split(". ")[0].removesuffix(".") + "." if opening else "training config"
+        data = yaml.safe_load(text) or {}
+        members = []
+        for model in data.get("models") or []:
+            name = model.get("name") or model.get("weights") or model.get("results")
+            views = model.get("tta") or ["identity"]  # one member per view
+            members += [str(name) if view == "identity" else f"{name}|{view}" for view in views]
+        fusion = data.get("fusion") or {}
+        head = f" (head {fusion['head']})" if fusion.get("head") else ""
+        return f"{', '.join(members)} fused by {fusion.get('method', 'wbf')}{head}"
+    except (OSError, ValueError, AttributeError, TypeError, yaml.YAMLError) as err:
+        return f"(cannot be read: {err})"

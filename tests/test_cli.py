@@ -472,12 +472,12 @@ def test_a_command_help_page_imports_no_torch(command):
 
 @pytest.mark.parametrize("argv, hint", [
     (["fuze"], "argument COMMAND: invalid choice: 'fuze' (choose from 'fuse', 'cache', 'train', 'evaluate', "
-               "'bench', 'report'); did you mean 'fuse'? (see detens --help)"),
+               "'bench', 'report', 'configs'); did you mean 'fuse'? (see detens --help)"),
     (["evaluate", "--gt", "a", "--predictions", "b", "--out", "c", "--backend", "fast"],
      "invalid choice: 'fast' (choose from 'pycocotools', 'faster', 'hotcoco'); did you mean 'faster'? "
      "(see detens evaluate --help)"),
     (["fuse", "--engine", "rya"], "invalid choice: 'rya' (choose from 'local', 'ray'); did you mean 'ray'?"),
-    (["xyz"], "invalid choice: 'xyz' (choose from 'fuse', 'cache', 'train', 'evaluate', 'bench', 'report') "
+    (["xyz"], "invalid choice: 'xyz' (choose from 'fuse', 'cache', 'train', 'evaluate', 'bench', 'report', 'configs') "
               "(see detens --help)"),
 ])
 def test_a_value_outside_the_choices_is_answered_with_the_nearest_one(argv, hint, capsys):

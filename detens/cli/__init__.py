@@ -1,4 +1,5 @@
-"""The ``detens`` command: ``detens fuse | cache | train | evaluate | bench | report`` (also ``python -m detens``).
+"""The ``detens`` command: ``detens fuse | cache | train | evaluate | bench | report | configs`` (also
+``python -m detens``).
 
 Each subcommand is a module of this package with its help page, ``add_arguments(parser)`` and
 ``run(args) -> int``, which reads the parsed flags into the job's options and runs the job of
@@ -34,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "evaluate": ("detens.cli.evaluate", "compare fusion methods with cross-validated COCO mAP"),
     "bench": ("detens.cli.bench", "time the fusers against ensemble_boxes and torchvision"),
     "report": ("detens.cli.report", "write the HTML report page of a saved evaluation"),
+    "configs": ("detens.cli.configs", "list, print or copy the configs and heads shipped with detens"),
 }
 
 #: the exit status of an interrupted command (128 + SIGINT, as shells report it)

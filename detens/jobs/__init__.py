@@ -1,5 +1,5 @@
 """What a user starts, as plain functions over the library: one module per job (``cache``, ``fuse``,
-``train``, ``evaluate``, ``bench``, ``report``), each with ``run(options) -> int`` over a checked options
+``train``, ``evaluate``, ``bench``, ``report``, ``configs``), each with ``run(options) -> int`` over a checked options
 dataclass (:mod:`detens.jobs._options`). The ``detens`` command (:mod:`detens.cli`) parses a command line
 into those options; :mod:`detens.jobs.calls` (``detens.cache``, ``detens.fuse_images``) makes them from a
 Python call's keyword options."""
@@ -22,6 +22,7 @@ JOBS: dict[str, tuple[str, str]] = {
     "evaluate": ("detens.jobs.evaluate", "EvaluateOptions"),
     "bench": ("detens.jobs.bench", "BenchOptions"),
     "report": ("detens.jobs.report", "ReportOptions"),
+    "configs": ("detens.jobs.configs", "ConfigsOptions"),
 }
 
 
