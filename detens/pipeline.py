@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -452,7 +453,9 @@ def fuse_results(
 
     Raises:
         ValueError: lists of different lengths, Results of different images (``orig_shape`` or ``path``
-            differ, or their ``orig_img`` pixels: in-memory images are named by their place in the batch),
+            differ, or their ``orig_img`` pixels: in-memory images are named by their place in the batch; an
+            image given by its path to some models and as an array to others is one image where the pixels
+            that every model saw are the same),
             different class-name sets, an unknown method, a head of several models without ``model_names``.
     """
     if isinstance(per_model_results, (str, bytes)) or not isinstance(per_model_results, Sequence):
@@ -489,6 +492,7 @@ def fuse_results(
         column = [per_model[n][b] for n in range(len(per_model))]
         shapes = [tuple(int(v) for v in r.orig_shape) for r in column]
         paths = [str(r.path) for r in column]
+        files = {path for path in paths if not _IN_MEMORY.fullmatch(Path(path).name)}
         if len(set(shapes)) == 1 and len(set(paths)) == 1 and not _same_pixels(column):
             # in-memory images are all named image0.jpg, image1.jpg, ... by their place in the batch
             raise ValueError(
@@ -496,7 +500,9 @@ def fuse_results(
                 "(Ultralytics names in-memory images by their place in the batch); pass the same images in the "
                 "same order to every model"
             )
-        if len(set(shapes)) != 1 or len(set(paths)) != 1:
+        # one image read from its file by some models and given as an array to others: the same pixels
+        same_image_as_an_array = len(set(shapes)) == 1 and len(files) == 1 and _same_pixels(column, strict=True)
+        if len(set(shapes)) != 1 or (len(set(paths)) != 1 and not same_image_as_an_array):
             raise ValueError(
                 f"image {b}: the models' Results describe different images "
                 f"(orig_shape {shapes}, path {paths}); pass the same images in the same order to every model"
@@ -504,16 +510,26 @@ def fuse_results(
         start = time.perf_counter()
         per_image = [results_to_detections(r, class_maps[n], source=names[n]) for n, r in enumerate(column)]
         fused = fuse(per_image, method=method, **params)
-        out = detections_to_results(fused, column[0], class_maps[0])
+        # named after the image's file where a model read it from one
+        base = next((n for n, path in enumerate(paths) if path in files), 0)
+        out = detections_to_results(fused, column[base], class_maps[base])
         out.speed = _add_speeds(column, (time.perf_counter() - start) * 1000.0)
         fused_results.append(out)
     return fused_results
 
 
-def _same_pixels(column: Sequence[Any]) -> bool:
-    """Whether the Results of one image hold the same ``orig_img`` (a Results without one is not compared):
-    a fraction of a millisecond per model against the milliseconds of fusion."""
+#: How Ultralytics names an image given as an array, a tensor or a PIL image without a file: by its place in
+#: the batch.
+_IN_MEMORY = re.compile(r"image[0-9]+\.jpg")
+
+
+def _same_pixels(column: Sequence[Any], strict: bool = False) -> bool:
+    """Whether the Results of one image hold the same ``orig_img`` (a Results without one is not compared,
+    unless ``strict``, where it is never the same): a fraction of a millisecond per model against the
+    milliseconds of fusion."""
     images = [r.orig_img for r in column if isinstance(getattr(r, "orig_img", None), np.ndarray)]
+    if strict and len(images) != len(column):
+        return False
     return all(image is images[0] or np.array_equal(image, images[0]) for image in images[1:])
 
 

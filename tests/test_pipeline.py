@@ -293,6 +293,18 @@ class TestFuseResults:
         names = {fused[0].names[int(c)] for c in fused[0].boxes.cls}
         assert {"bus", "person"} <= names  # bus.jpg: a bus and people
 
+    def test_an_image_read_from_its_file_by_one_model_and_given_as_an_array_to_another(self, yolo_models):
+        import cv2
+        from ultralytics.utils import ASSETS
+
+        path = str(ASSETS / "bus.jpg")
+        first, second = yolo_models.values()
+        from_file, from_array = first(path, verbose=False), second(cv2.imread(path), verbose=False)
+        assert from_array[0].path == "image0.jpg"  # Ultralytics' name for an array
+        fused = fuse_results([from_file, from_array], method=METHOD, model_names=list(MODELS))
+        both_from_file = fuse_results([from_file, second(path, verbose=False)], method=METHOD, model_names=list(MODELS))
+        assert fused[0].path == path and torch.equal(fused[0].boxes.data, both_from_file[0].boxes.data)
+
     def test_errors(self, yolo_results):
         a, b = yolo_results
         with pytest.raises(ValueError, match=r"different numbers of Results \[2, 1\]"):
@@ -351,6 +363,25 @@ class TestFuseResultsSynthetic:
             fuse_results([[first], [second]], method=METHOD)
         same = make_results(*random_boxes(1, 3))  # the same pixels in another array: one image
         assert len(fuse_results([[first], [same]], method=METHOD)) == 1
+
+    def test_one_image_as_a_file_to_one_model_and_as_an_array_to_another_is_one_image(self):
+        """Ultralytics names an array ``image0.jpg``: the same pixels are the same image, named by its file."""
+        from_file = make_results(*random_boxes(0, 3), path="photos/bus.jpg")
+        from_array = make_results(*random_boxes(1, 3), path="image0.jpg")
+        for column in ([from_file, from_array], [from_array, from_file]):
+            fused = fuse_results([[r] for r in column], method=METHOD)[0]
+            assert fused.path == "photos/bus.jpg" and len(fused.boxes) == len(
+                detens.fuse([results_to_detections(r) for r in column], METHOD))
+        other_pixels = make_results(*random_boxes(1, 3), path="image0.jpg")
+        other_pixels.orig_img = other_pixels.orig_img + 1
+        without_pixels = make_results(*random_boxes(1, 3), path="image0.jpg")
+        without_pixels.orig_img = None
+        another_file = make_results(*random_boxes(1, 3), path="photos/car.jpg")
+        for odd in (other_pixels, without_pixels):
+            with pytest.raises(ValueError, match=r"describe different images .*path \['photos/bus.jpg', 'image0.jpg'\]"):
+                fuse_results([[from_file], [odd]], method=METHOD)
+        with pytest.raises(ValueError, match=r"describe different images"):  # two files: never one image
+            fuse_results([[from_file], [from_array], [another_file]], method=METHOD)
 
     def test_same_image_different_path(self):
         r1 = make_results(*random_boxes(0, 3), path="a.jpg")
