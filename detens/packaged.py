@@ -84,7 +84,7 @@ def shipped_file(name: str, kind: Kind | None = None) -> tuple[Kind, Path]:
         kind: the kind to look in; None: every kind, one of which must ship the name.
 
     Raises:
-        ValueError: an unknown kind; a name no kind ships (listing the shipped names, the nearest first),
+        ValueError: an unknown kind; a name no kind ships (listing the shipped names and suggesting the nearest),
             or several do (naming them, to choose by ``kind``).
     """
     import difflib
