@@ -143,10 +143,14 @@ def _check_model_names(model_names: Sequence[str] | None, num_models: int) -> li
 
 
 # ---------------------------------------------------------------------------------------------- Ensemble
-def _check_one_label_space(detectors: Sequence[Any], names: Sequence[str]) -> None:
+def _check_one_label_space(detectors: Sequence[Any], names: Sequence[str]) -> tuple[dict[int, str], bool]:
     """Refuse detectors whose declared label spaces (their ``categories``, ``{id: name}``) name one id as
     different classes: fused by id, one model's class would be merged with another's. A detector that
     declares none, or an id one of them leaves out, is not compared.
+
+    Returns:
+        The label space they declare together (``{id: name}``, the first name of each id), and whether every
+        detector declares one (else the ids of those that do not are unknown).
 
     Raises:
         ValueError: naming both detectors and the first ids that differ.
@@ -169,6 +173,20 @@ def _check_one_label_space(detectors: Sequence[Any], names: Sequence[str]) -> No
             )
         for c, class_name in categories.items():
             seen.setdefault(c, (class_name, name))
+    declared = all(isinstance(getattr(d, "categories", None), Mapping) for d in detectors)
+    return {c: class_name for c, (class_name, _) in seen.items()}, declared
+
+
+def _check_heads_label_space(params: dict[str, Any], label_space: dict[int, str], complete: bool) -> None:
+    """Refuse a head (or calibration) of ``params`` whose per-class parameters belong to another label space
+    than the detectors' (:func:`detens.heads.check_head_label_space`), as ``detens fuse`` refuses it."""
+    if not label_space:
+        return
+    from detens.heads import check_head_label_space
+
+    for key, head in _heads_of(params).items():
+        if head is not None and not isinstance(head, (str, Path)):
+            check_head_label_space(head, label_space, f"the {key}", "the detectors' label space", complete=complete)
 
 
 class Ensemble:
@@ -216,9 +234,10 @@ class Ensemble:
                 f"detector names must be unique (they identify the ensemble's members), got {self.names}; "
                 "name a loaded model by wrapping it: UltralyticsDetector(model, name=...)"
             )
-        _check_one_label_space(self.detectors, self.names)
+        label_space, every_detector_declares_one = _check_one_label_space(self.detectors, self.names)
         self.method = method
         self.params = check_fusion_params(method, params, self.names, head)
+        _check_heads_label_space(self.params, label_space, complete=every_detector_declares_one)
 
     def __repr__(self) -> str:
         return f"Ensemble(detectors={self.names}, method={self.method!r})"

@@ -494,12 +494,23 @@ def test_torchvision_built_model_classes(arch, kwargs, num_classes):
     from detens.adapters.torchvision import TorchvisionDetector
 
     model = get_model(arch, weights=None, weights_backbone=None, **kwargs)
-    detector = TorchvisionDetector(model)
-    assert detector.lookup.numel() == num_classes
     if num_classes == 91:  # COCO: category ids as predicted, background and "N/A" dropped
+        detector = TorchvisionDetector(model)
+        assert detector.lookup.numel() == num_classes
         assert detector.lookup[1] == 1 and detector.lookup[0] == -1 and detector.lookup[12] == -1
-    else:
-        assert detector.lookup.tolist() == list(range(num_classes))
+        return
+    # its own classes: its labels are no COCO ids, so the dataset's categories are needed to read them
+    with pytest.raises(ValueError, match=rf"has {num_classes} classes \(background included\), not the 91 of "
+                                         r"torchvision's COCO models, so its labels are no COCO category ids"):
+        TorchvisionDetector(model)
+    categories = {label: f"class {label}" for label in range(1, num_classes)}
+    detector = TorchvisionDetector(model, categories=categories)
+    assert detector.lookup.tolist() == [-1, *range(1, num_classes)] and detector.categories == categories
+    with pytest.raises(ValueError, match=rf"labels 1-{num_classes - 1} are taken as category ids of categories=, "
+                                         rf"which lacks {num_classes - 1}: give a class_map"):
+        TorchvisionDetector(model, categories={label: f"c{label}" for label in range(1, num_classes - 1)})
+    detector = TorchvisionDetector(model, class_map={1: 7})  # said explicitly: onto COCO's 7, the rest dropped
+    assert detector.lookup.tolist() == [-1, 7, *[-1] * (num_classes - 2)]
 
 
 @pytest.mark.parametrize(
@@ -567,16 +578,17 @@ def test_torchvision_integer_options_are_checked_before_building(monkeypatch, kw
 def test_torchvision_numpy_integer_options_are_the_python_ints_they_hold():
     from detens.adapters.torchvision import TorchvisionDetector
 
-    options = {"imgsz": 320, "max_det": 50, "batch": 2, "num_classes": 5}
+    options = {"imgsz": 320, "max_det": 50, "batch": 2, "num_classes": 5, "class_map": {k: k for k in range(1, 5)}}
     expected = TorchvisionDetector("fasterrcnn_mobilenet_v3_large_320_fpn", weights=None, **options)
     detector = TorchvisionDetector(
-        "fasterrcnn_mobilenet_v3_large_320_fpn", weights=None, **{k: np.int64(v) for k, v in options.items()}
+        "fasterrcnn_mobilenet_v3_large_320_fpn", weights=None,
+        **{k: v if k == "class_map" else np.int64(v) for k, v in options.items()}
     )
     transform = detector.model.transform
     assert transform.min_size == (320,) and transform.max_size == 320 and type(transform.max_size) is int
     assert (detector.batch, detector.max_det, detector.model.roi_heads.detections_per_img) == (2, 50, 50)
     assert all(type(v) is int for v in (detector.batch, detector.max_det, detector.model.roi_heads.detections_per_img))
-    assert detector.lookup.tolist() == expected.lookup.tolist() == list(range(5))
+    assert detector.lookup.tolist() == expected.lookup.tolist() == [-1, 1, 2, 3, 4]
 
 
 @pytest.mark.parametrize("device, fragment", [

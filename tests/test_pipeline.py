@@ -21,7 +21,7 @@ from detens.convert import (
     torchvision_to_detections,
 )
 from detens.detections import Detections
-from detens.labels import COCO_CATEGORY_IDS, COCO_NAMES
+from detens.labels import COCO_CATEGORY_IDS, COCO_ID_TO_NAME, COCO_NAMES
 from detens.pipeline import Ensemble, TorchvisionFusion, fuse_results
 
 REPO = Path(__file__).resolve().parents[1]
@@ -686,6 +686,42 @@ class TestEnsemble:
         alike = FixedDetector("alike", [Detections.empty((10, 10))])
         alike.categories = {1: "Person", 10: "traffic_light", 40: "bottle"}  # spelled otherwise, or other ids
         assert Ensemble([coco, alike]).names == ["coco", "alike"]
+
+    def test_a_head_trained_on_another_label_space_is_refused_when_built(self):
+        """Its per-class parameters of 1, 2, 3 (pedestrian, automobile, hound) would fuse COCO's person,
+        bicycle and car, as ``detens fuse`` refuses."""
+        from detens.heads.calibration import CalibrationHead
+
+        own_classes = {1: "pedestrian", 2: "automobile", 3: "hound"}
+        head = detens.ThetaHead(["a", "b"], per_class=True, class_ids=[1, 2, 3])
+        head.label_space = own_classes
+        coco = [FixedDetector(name, [Detections.empty((10, 10))]) for name in ("a", "b")]
+        for detector in coco:
+            detector.categories = dict(COCO_ID_TO_NAME)
+        with pytest.raises(ValueError, match=r"^the head was trained on a label space whose category ids name other "
+                                             r"classes than in the detectors' label space: 1 is 'pedestrian' in the "
+                                             r"head but 'person' there"):
+            Ensemble(coco, method="theta", head=head)
+        curve = (torch.tensor([0.0, 1.0]), torch.tensor([0.0, 1.0]))
+        calibration = CalibrationHead(["a", "b"], {"a": curve, "b": curve}, class_curves={"b": {2: curve}},
+                                      per_class=True)
+        calibration.label_space = own_classes
+        with pytest.raises(ValueError, match=r"^the calibration was trained on a label space .* 2 is 'automobile'"):
+            Ensemble(coco, method="wbf", calibration=calibration)
+        # the detectors' own label space, a head without per-class parameters, or detectors that declare none
+        for detector in coco:
+            detector.categories = dict(own_classes)
+        assert Ensemble(coco, method="theta", head=head).names == ["a", "b"]
+        agnostic = detens.ThetaHead(["a", "b"])
+        agnostic.label_space = own_classes
+        silent = [FixedDetector(name, [Detections.empty((10, 10))]) for name in ("a", "b")]
+        assert Ensemble(silent, method="theta", head=head).names == ["a", "b"]
+        for detector in coco:
+            detector.categories = dict(COCO_ID_TO_NAME)
+        assert Ensemble(coco, method="theta", head=agnostic).names == ["a", "b"]
+        # one detector declaring COCO and one declaring nothing: the ids it gives are compared by name
+        with pytest.raises(ValueError, match=r"1 is 'pedestrian' in the head but 'person' there"):
+            Ensemble([coco[0], silent[1]], method="theta", head=head)
 
     def test_fuses_like_detens_fuse(self):
         a = Detections(

@@ -251,8 +251,10 @@ class TorchvisionDetector(BaseDetector):
         name (str | None): display name; default ``arch`` (a built model: its class name, ``"FasterRCNN"``).
         categories (dict[int, str] | None): the dataset's ``{category_id: name}``; the model's COCO classes are
             mapped onto it by name. Default: labels are COCO category ids as predicted.
-        class_map (dict | None): explicit ``{model label or class name: category_id}`` (e.g. for a model trained
-            with its own ``num_classes``); unlisted labels are dropped.
+        class_map (dict | None): explicit ``{model label or class name: category_id}``; unlisted labels are
+            dropped. A model of its own ``num_classes`` without one takes its labels 1 .. num_classes - 1 as
+            the category ids of ``categories``, which it then needs (torchvision's convention: a COCO model
+            predicts COCO's category ids).
         num_classes (int | None): classes of a custom-trained model (with background); default 91 (COCO), or
             what a built model's classification layer has.
         batch (int): images per forward pass.
@@ -327,14 +329,42 @@ class TorchvisionDetector(BaseDetector):
             else:
                 transform.min_size = (imgsz,)
                 transform.max_size = imgsz
-        model_names = (
-            class_names if num_classes in (None, len(class_names)) else [str(i) for i in range(num_classes)]
-        )
+        custom = num_classes not in (None, len(class_names))
+        model_names = class_names if not custom else [str(i) for i in range(num_classes)]
+        if custom and class_map is None:
+            class_map = self._labels_as_category_ids(num_classes, categories)
         self.lookup = build_label_lookup(
             model_names, default="identity", categories=categories, class_map=class_map, where=self.name
         )
         if categories is None and class_map is None:
             self.lookup[[i for i, n in enumerate(model_names) if n in ("__background__", "N/A")]] = -1
+
+    def _labels_as_category_ids(self, num_classes: int, categories: Mapping[int, str] | None) -> dict[int, int]:
+        """The class map of a model trained on its own classes and given no ``class_map``: its labels
+        1 .. num_classes - 1 (0 is the background) as the category ids of ``categories``, torchvision's
+        convention (its COCO models predict COCO's category ids).
+
+        Raises:
+            ValueError: no ``categories`` (the labels would be taken for COCO's classes), or ``categories``
+                without one of the labels.
+        """
+        from detens.adapters._labels import id_ranges
+
+        if categories is None:
+            raise ValueError(
+                f"{self.name}: the model has {num_classes} classes (background included), not the 91 of torchvision's "
+                "COCO models, so its labels are no COCO category ids: give categories={category id: name} of the "
+                "dataset it was trained on (its labels are taken as those ids), or a class_map={model label: "
+                "category id}"
+            )
+        missing = [label for label in range(1, num_classes) if label not in categories]
+        if missing:
+            raise ValueError(
+                f"{self.name}: the model's labels 1-{num_classes - 1} are taken as category ids of categories=, "
+                f"which lacks {id_ranges(missing)}: give a class_map={{model label: category id}} where its labels "
+                "are not its dataset's category ids"
+            )
+        return {label: label for label in range(1, num_classes)}
 
     def _build(
         self,
