@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from detens.checks import check_whole, torch_ready_array
-from detens.detections import MAX_LABEL, Detections, check_boxes_start_inside
+from detens.detections import MAX_LABEL, Detections, check_boxes_inside
 from detens.labels import COCO_CATEGORY_IDS, COCO_NAMES
 
 if TYPE_CHECKING:
@@ -223,7 +223,7 @@ def torchvision_to_detections(
         source (str | None): stored in ``Detections.source``.
 
     Raises:
-        ValueError: a box starts beyond the image (``image_size`` given as ``(width, height)``?).
+        ValueError: a box starts beyond the image or ends well past it (``image_size`` given as ``(width, height)``?).
     """
     if not isinstance(output, Mapping):
         raise TypeError(
@@ -235,7 +235,7 @@ def torchvision_to_detections(
     detections = Detections(
         output["boxes"], output["scores"], output["labels"], _as_image_size(image_size, "image_size"), source
     )
-    check_boxes_start_inside(detections, "image_size")
+    check_boxes_inside(detections, "image_size")
     return detections
 
 

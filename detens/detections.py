@@ -19,7 +19,7 @@ from torch import Tensor
 
 from detens.checks import check_device, torch_ready_array
 
-__all__ = ["Detections", "MAX_LABEL", "MAX_IMAGE_SIDE", "check_boxes_start_inside", "check_xyxy", "compute_device"]
+__all__ = ["Detections", "MAX_LABEL", "MAX_IMAGE_SIDE", "check_boxes_inside", "BOX_SLACK", "check_xyxy", "compute_device"]
 
 #: The largest class id: labels are category ids, written to JSON and offset per class in batched NMS, and
 #: int32 is what every COCO tool and exporter can hold.
@@ -70,10 +70,17 @@ def check_xyxy(boxes: Tensor, name: str, hint: str = "") -> None:
         raise ValueError(f"{name}[{i}] = {boxes[i].tolist()} has x2 < x1 or y2 < y1; boxes must be xyxy{hint}")
 
 
-def check_boxes_start_inside(detections: Detections, given: str) -> None:
-    """Raise where a box starts beyond the image (``x1 >= width`` or ``y1 >= height``): no detector finds an
-    object outside its image, so the size a caller gave (``given``, the argument's name) is not the image's,
-    most often ``(width, height)`` passed for ``(height, width)``. Fusion would clip such boxes to nothing.
+#: How far past the image's far edges a box may end, as a share of the side (plus a pixel for rounding),
+#: before the image size it was given for is taken to be wrong: detectors give boxes inside their image.
+BOX_SLACK = 0.02
+
+
+def check_boxes_inside(detections: Detections, given: str) -> None:
+    """Raise where a box starts beyond the image (``x1 >= width`` or ``y1 >= height``), or ends past its far
+    edge by more than :data:`BOX_SLACK` of the side and a pixel: detectors (torchvision's, Ultralytics') give
+    boxes inside the image they ran on, so the size a caller gave (``given``, the argument's name) is not
+    the image's, most often ``(width, height)`` passed for ``(height, width)``. Fusion would clip such boxes
+    to the wrong size (to nothing, for a box that starts beyond it).
 
     Raises:
         ValueError: naming the first such box, the size and the order it must be in.
@@ -81,14 +88,19 @@ def check_boxes_start_inside(detections: Detections, given: str) -> None:
     if not len(detections):
         return
     height, width = detections.image_size
-    beyond = (detections.boxes[:, 0] >= width) | (detections.boxes[:, 1] >= height)
-    if bool(beyond.any()):
-        k = int(beyond.nonzero()[0, 0])
-        box = [round(float(v), 1) for v in detections.boxes[k].tolist()]
-        raise ValueError(
-            f"box {k} {box} starts beyond the {width}x{height} (width x height) image that {given}=({height}, "
-            f"{width}) gives; {given} is (height, width) of the image the boxes were found on, e.g. image.shape[:2]"
-        )
+    boxes = detections.boxes
+    starts = (boxes[:, 0] >= width) | (boxes[:, 1] >= height)
+    ends = (boxes[:, 2] > width * (1 + BOX_SLACK) + 1) | (boxes[:, 3] > height * (1 + BOX_SLACK) + 1)
+    if not bool((starts | ends).any()):
+        return
+    k = int((starts | ends).nonzero()[0, 0])
+    box = [round(float(v), 1) for v in boxes[k].tolist()]
+    where = "starts beyond" if bool(starts[k]) else "ends past"
+    raise ValueError(
+        f"box {k} {box} {where} the {width}x{height} (width x height) image that {given}=({height}, {width}) "
+        f"gives; {given} is (height, width) of the image the boxes were found on, e.g. image.shape[:2]"
+        + ("" if bool(starts[k]) else "; boxes that do run past their image's edges are clipped to it first")
+    )
 
 
 def compute_device(device: torch.device) -> torch.device:

@@ -282,19 +282,46 @@ class TestProtocol:
         assert det.device.type == "cuda"
 
 
-def test_check_boxes_start_inside_refuses_exactly_the_boxes_an_obvious_loop_finds():
-    from detens.detections import check_boxes_start_inside
+def test_check_boxes_inside_refuses_exactly_the_boxes_an_obvious_loop_finds():
+    from detens.detections import BOX_SLACK, check_boxes_inside
 
     generator = torch.Generator().manual_seed(0)
-    for _ in range(200):
+    refused = {"starts beyond": 0, "ends past": 0}
+    for _ in range(400):
         height, width = (int(v) for v in torch.randint(1, 60, (2,), generator=generator))
-        corners = torch.rand(int(torch.randint(0, 6, (1,), generator=generator)), 2, generator=generator) * 80
+        corners = torch.rand(int(torch.randint(0, 6, (1,), generator=generator)), 2, generator=generator) * 70
         boxes = torch.cat([corners, corners + 1 + torch.rand(len(corners), 2, generator=generator) * 20], 1)
         det = Detections(boxes, torch.full((len(boxes),), 0.5), torch.zeros(len(boxes), dtype=torch.int64),
                          (height, width))
-        first_beyond = next((k for k, (x1, y1, _, _) in enumerate(boxes.tolist()) if x1 >= width or y1 >= height), None)
+        first_beyond, why = None, None
+        for k, (x1, y1, x2, y2) in enumerate(boxes.tolist()):
+            if x1 >= width or y1 >= height:
+                first_beyond, why = k, "starts beyond"
+            elif x2 > width + width * BOX_SLACK + 1 or y2 > height + height * BOX_SLACK + 1:
+                first_beyond, why = k, "ends past"
+            if first_beyond is not None:
+                break
         if first_beyond is None:
-            check_boxes_start_inside(det, "image_size")
+            check_boxes_inside(det, "image_size")
         else:
-            with pytest.raises(ValueError, match=rf"^box {first_beyond} .* starts beyond the {width}x{height}"):
-                check_boxes_start_inside(det, "image_size")
+            refused[why] += 1
+            with pytest.raises(ValueError, match=rf"^box {first_beyond} .* {why} the {width}x{height}"):
+                check_boxes_inside(det, "image_size")
+    assert min(refused.values()) > 20, refused  # both kinds were met
+
+
+def test_a_portrait_image_size_given_as_width_height_is_refused_by_the_boxes_that_end_past_it():
+    """Swapped sides of a portrait image leave every box's start inside: only its end tells."""
+    from detens.detections import check_boxes_inside
+
+    person = Detections(torch.tensor([[50.0, 400.0, 300.0, 904.6]]), torch.tensor([0.9]), torch.tensor([1]),
+                        (810, 1080))  # bus.jpg is 810 wide and 1080 high
+    with pytest.raises(ValueError, match=r"^box 0 \[50\.0, 400\.0, 300\.0, 904\.6\] ends past the 1080x810 \(width "
+                                         r"x height\) image that image_size=\(810, 1080\) gives; image_size is "
+                                         r"\(height, width\) .*; boxes that do run past their image's edges are "
+                                         r"clipped to it first$"):
+        check_boxes_inside(person, "image_size")
+    check_boxes_inside(Detections(person.boxes, person.scores, person.labels, (1080, 810)), "image_size")
+    # a box a pixel past the edge, as rounding leaves it, is no sign of a wrong size
+    check_boxes_inside(Detections(torch.tensor([[0.0, 0.0, 810.9, 1080.9]]), person.scores, person.labels,
+                                  (1080, 810)), "image_size")

@@ -530,6 +530,14 @@ class TestTorchvisionFusion:
             "gives; image_size is (height, width)"
         )):
             fusion([[output], [output]], [(100, 50)])
+        # a portrait image's sides swapped: every box starts inside, the tall one ends past the height given
+        tall = {"boxes": torch.tensor([[10.0, 5.0, 30.0, 40.0], [20.0, 30.0, 45.0, 95.0]]),
+                "scores": torch.tensor([0.6, 0.5]), "labels": torch.tensor([3, 3])}
+        assert len(fusion([[tall], [tall]], [(100, 50)])[0]["boxes"]) == 2
+        with pytest.raises(ValueError, match=re.escape(
+            "box 1 [20.0, 30.0, 45.0, 95.0] ends past the 100x50 (width x height) image that image_size=(50, 100) gives"
+        )):
+            fusion([[tall], [tall]], [(50, 100)])
 
     def test_errors(self, torchvision_outputs):
         outputs, images = torchvision_outputs

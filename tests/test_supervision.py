@@ -305,6 +305,11 @@ class TestFuse:
             "image_size=(640, 480) gives; image_size is (height, width) of the image the boxes were found on, e.g. "
             "image.shape[:2]"
         )
+        portrait = detens.Detections(torch.tensor([[10.0, 20.0, 300.0, 600.0]]), torch.tensor([0.9]),
+                                     torch.tensor([1]), (640, 480)).to_supervision()
+        with pytest.raises(ValueError, match=r"box 0 \[10\.0, 20\.0, 300\.0, 600\.0\] ends past the 640x480 \(width x "
+                                             r"height\) image that image_size=\(480, 640\) gives"):
+            detens.fuse([portrait, portrait], image_size=(480, 640))
 
     @pytest.mark.parametrize("field, value, message", [
         ("class_id", [2.5, 1, 1], r"labels\[0\] = 2.5 is not an integer"),

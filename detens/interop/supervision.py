@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from detens.detections import Detections, check_boxes_start_inside
+from detens.detections import Detections, check_boxes_inside
 from detens.labels import label_names
 
 if TYPE_CHECKING:
@@ -108,7 +108,7 @@ def from_supervision(
     Raises:
         TypeError: ``sv_detections`` is not a ``supervision.Detections``.
         ValueError: no ``confidence`` or no ``class_id`` for a non-empty one; an invalid image size, or one
-            that a box starts beyond (``(width, height)`` given for ``(height, width)``?).
+            that a box starts beyond, or ends well past (``(width, height)`` given for ``(height, width)``?).
     """
     if not is_supervision_detections(sv_detections):
         raise TypeError(
@@ -131,7 +131,7 @@ def from_supervision(
         image_size,
         source,
     )
-    check_boxes_start_inside(detections, "image_size")
+    check_boxes_inside(detections, "image_size")
     return detections
 
 
