@@ -482,12 +482,14 @@ class TestFuseWithCalibration:
                 fuse(per_model, "wbf", calibration=calibration, label_space={0: "cat", 1: "person", 2: "car"})
             with pytest.raises(ValueError, match=rf"^{named} has per-class parameters for category ids 0, which are not "
                                                  r"among the 2 category ids of label_space"):
-                fuse(per_model, "wbf", calibration=calibration, label_space={1: "dog", 2: "car"})
+                without_0 = [d[d.labels != 0] for d in per_model]  # detections of the label space's ids
+                fuse(without_0, "wbf", calibration=calibration, label_space={1: "dog", 2: "car"})
             got = fuse(per_model, "wbf", calibration=calibration, label_space={0: "Cat", 1: "dog", 2: "car"})
             assert as_set(got) == as_set(fuse(per_model, "wbf", calibration=head))
         agnostic = CalibrationHead(NAMES, {name: curve([0.2, 0.8], [0.1, 0.9]) for name in NAMES}, fuser="wbf")
         agnostic.label_space = {0: "cat", 1: "dog"}
-        assert as_set(fuse(per_model, "wbf", calibration=agnostic, label_space={0: "person"})) == as_set(
+        elsewhere = {0: "person", 1: "car", 2: "bus"}
+        assert as_set(fuse(per_model, "wbf", calibration=agnostic, label_space=elsewhere)) == as_set(
             fuse(per_model, "wbf", calibration=agnostic))
 
     def test_not_a_calibration_head(self):

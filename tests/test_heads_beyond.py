@@ -401,10 +401,11 @@ class TestFuseChecksTheLabelSpace:
         for method in ("deep", "theta"):  # given as a file: named by its path
             with pytest.raises(ValueError, match=rf"^head '.*head\.json' was trained on .*: {renamed};"):
                 fuse(per_model, method, head=tmp_path / "head.json", label_space=here)
-        # a head without a recorded label space is checked by its ids alone
+        # a head without a recorded label space is checked by its ids alone (detections of its other ids)
+        without_0 = [d[d.labels != 0] for d in per_model]
         with pytest.raises(ValueError, match=r"^the head has per-class parameters for category ids 0, which are not "
                                              r"among the 2 category ids of label_space: 1, 2; it was trained on"):
-            fuse(per_model, "deep", head=self.per_class_head(), label_space={1: "dog", 2: "car"})
+            fuse(without_0, "deep", head=self.per_class_head(), label_space={1: "dog", 2: "car"})
 
     def test_a_head_of_these_classes_or_of_none_is_accepted(self, tmp_path):
         per_model, _, _ = scene(11)
@@ -417,8 +418,20 @@ class TestFuseChecksTheLabelSpace:
         agnostic = DeepEnsembleHead(NAMES, hidden=4, depth=1)
         agnostic.label_space = {0: "cat"}
         agnostic.save(tmp_path / "agnostic.json")
-        assert len(fuse(per_model, "deep", head=agnostic, label_space={5: "person"})) > 0
-        assert len(fuse(per_model, "theta", head=str(tmp_path / "agnostic.json"), label_space={5: "person"})) > 0
+        elsewhere = {0: "person", 1: "car", 2: "bus"}
+        assert len(fuse(per_model, "deep", head=agnostic, label_space=elsewhere)) > 0
+        assert len(fuse(per_model, "theta", head=str(tmp_path / "agnostic.json"), label_space=elsewhere)) > 0
+
+    def test_a_label_the_label_space_does_not_define_is_refused(self):
+        """The detections are then of another label space, whose ids the head would take for other classes."""
+        per_model, _, _ = scene(11)
+        assert {int(c) for d in per_model for c in d.labels} == {0, 1, 2}
+        with pytest.raises(ValueError, match=r"^per_model\[0\] has labels 0, which label_space does not define \(its "
+                                             r"ids: 1, 2, 7\); label_space names the classes of the detections' labels"):
+            fuse(per_model, "wbf", label_space={1: "dog", 2: "car", 7: "bus"})
+        with pytest.raises(ValueError, match=r"^per_model\[1\] has labels 2, which"):
+            fuse([per_model[0][per_model[0].labels < 2], *per_model[1:]], "wbf", label_space={0: "a", 1: "b"})
+        assert len(fuse(per_model, "wbf", label_space={0: "a", 1: "b", 2: "c", 9: "d"})) > 0
 
     def test_a_bad_label_space_is_named(self):
         per_model, _, _ = scene(11)

@@ -100,7 +100,7 @@ def fuse(
         image_size (tuple[int, int] | None): ``(height, width)`` of the image; required when ``per_model``
             holds ``supervision.Detections`` (they do not record it), else checked against the Detections'.
         label_space (Mapping[int, str] | None): the category names of the detections' labels,
-            ``{id: name}``; when given, a head (``head=``, or ``calibration``) whose per-class parameters
+            ``{id: name}``; when given, a label it does not define is refused, and a head (``head=``, or ``calibration``) whose per-class parameters
             were trained on other classes is refused (see :func:`detens.heads.check_head_label_space`): one
             with parameters for an id that ``label_space`` lacks, or whose recorded label space names one
             of its ids otherwise. Without it, ``supervision.Detections`` that carry their class names
@@ -145,6 +145,8 @@ def fuse(
         class_names = class_names_of(per_model)
         per_model, as_supervision = from_supervision_per_model(per_model, image_size)
     check_per_model(per_model)
+    if label_space is not None:
+        _check_labels_in(per_model, label_space)
     if model_names is not None:
         per_model = _named(per_model, model_names)
     elif as_supervision:
@@ -163,6 +165,28 @@ def fuse(
         _check_head_label_space(params["head"], given_head, "head", label_space, class_names)
     fused = highest_scoring(fuser(per_model, **params), max_det)
     return fused.to_supervision(class_names) if as_supervision else fused
+
+
+def _check_labels_in(per_model: Sequence[Detections], label_space: Mapping[int, str]) -> None:
+    """Refuse a label that ``label_space`` does not define: the detections are of another label space
+    (Ultralytics' class indices, COCO's ids under a dataset of one's own), whose ids a head's per-class
+    parameters would take for other classes.
+
+    Raises:
+        ValueError: naming the model, a few such labels and the label space's ids.
+    """
+    from detens.adapters._labels import id_ranges
+
+    known = torch.tensor(sorted(label_space), dtype=torch.int64)
+    for n, detections in enumerate(per_model):
+        labels = detections.labels.unique().cpu()
+        foreign = labels[~torch.isin(labels, known)].tolist()
+        if foreign:
+            raise ValueError(
+                f"per_model[{n}] has labels {id_ranges(foreign)}, which label_space does not define (its ids: "
+                f"{id_ranges(sorted(label_space))}); label_space names the classes of the detections' labels: map "
+                "them onto its ids first, or give the label space they are in"
+            )
 
 
 def check_members_named(heads: Mapping[str, Any], inputs: str, num_models: int | None = None) -> None:
