@@ -217,6 +217,7 @@ class EnsemblePredictions:
             raise ValueError(f"{folder} holds no <model>.json prediction files")
         unreadable = _summary_unreadable(summary, folder / CACHE_SUMMARY, models)
         _check_cached_images(summary, folder / CACHE_SUMMARY, gt)
+        _check_cached_categories(summary, folder / CACHE_SUMMARY, gt)
         results = [load_coco_results(folder / f"{m}.json") for m in models]
         predictions = cls(models, results, gt, validated=True, unreadable=unreadable, folder=folder)
         if predictions.left_out:
@@ -448,6 +449,40 @@ def _check_cached_images(summary: dict[str, Any] | None, path: Path, gt: CocoGro
             f"{path.parent} (its {path.name} lists the {len(cached)} images of {summary.get('gt') or 'its annotation file'}): "
             f"{first_few(never)}; every model would count as finding nothing there. Give the annotation file the "
             "cache ran on, or cache these images (detens cache --gt with this file)"
+        )
+
+
+def _check_cached_categories(summary: dict[str, Any] | None, path: Path, gt: CocoGroundTruth) -> None:
+    """Refuse ground truth whose category ids name other classes than those of the annotation file the cache
+    ran on (its summary records them): the members' labels were mapped onto that file's ids, and scored or
+    fitted on these they would be taken for other classes (an annotation file of the same images under
+    COCO's ids, where the cache ran on a dataset's own). Names are compared as class maps compare them; an
+    id either side lacks is not. Summaries of older versions, which do not record the categories, are not
+    checked.
+
+    Raises:
+        ValueError: naming a few ids with both names, and the file the cache ran on.
+    """
+    recorded = None if summary is None else summary.get("categories")
+    if recorded is None:
+        return
+    from detens.adapters._labels import normalize_class_name
+    from detens.heads._io import check_label_space
+
+    try:
+        cached = check_label_space(recorded, "categories")
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{path}: {err}") from None
+    given = gt.category_names
+    renamed = [(c, given[c], cached[c]) for c in sorted(set(given) & set(cached))
+               if normalize_class_name(given[c]) != normalize_class_name(cached[c])]
+    if renamed:
+        shown = first_few(renamed, 5, show=lambda r: f"{r[0]} is {r[1]!r} there but {r[2]!r} in the cache")
+        raise ValueError(
+            f"the ground truth's category ids name other classes than those of the annotation file the cache in "
+            f"{path.parent} ran on ({summary.get('gt') or 'see its ' + path.name}): {shown}; the members' labels were "
+            "mapped onto that file's ids: give the annotation file the cache ran on, or cache the predictions on "
+            "this one"
         )
 
 

@@ -212,6 +212,7 @@ class TestRealModel:
         assert merged["images"] == NUM_IMAGES and merged["shards"] == 2 and merged["status"] == "complete"
         assert summary_of(out)["software"]["torch"] == importlib.metadata.version("torch")
         assert summary_of(out)["image_ids"] == ids
+        assert summary_of(out)["categories"] == summary_of(real_run)["categories"]
 
 
 # --------------------------------------------------------------------------------- saved predictions
@@ -491,6 +492,42 @@ def test_ground_truth_with_images_the_cache_never_ran_on_is_refused(slice_, repl
     del summary["image_ids"]
     (older / "cache_summary.json").write_text(json.dumps(summary))
     assert EnsemblePredictions.from_folder(older, load_coco_gt(tmp_path / "bigger.json")).gt.image_ids[-1] == extra["id"]
+
+
+def test_ground_truth_whose_ids_name_other_classes_than_the_cache_is_refused(slice_, replay_run, tmp_path, capsys):
+    """The same images annotated in another label space (COCO's ids where the cache ran on a dataset's own,
+    or the other way round): the members' labels would be scored as other classes (a silently wrong mAP)."""
+    full = json.loads((slice_ / "gt.json").read_text())
+    assert summary_of(replay_run)["categories"] == sorted(
+        ({"id": c["id"], "name": c["name"]} for c in full["categories"]), key=lambda c: c["id"])
+    renamed = {**full, "categories": [{**c, "name": {1: "pedestrian", 3: "automobile"}.get(c["id"], c["name"])}
+                                      for c in full["categories"]]}
+    (tmp_path / "renamed.json").write_text(json.dumps(renamed))
+    with pytest.raises(ValueError, match=r"^the ground truth's category ids name other classes than those of the "
+                                         r"annotation file the cache in .* ran on \(.*gt\.json\): 1 is 'pedestrian' "
+                                         r"there but 'person' in the cache, 3 is 'automobile' there but 'car' in the "
+                                         r"cache; the members' labels were mapped onto that file's ids"):
+        EnsemblePredictions.from_folder(replay_run, load_coco_gt(tmp_path / "renamed.json"))
+
+    from detens.cli import evaluate as evaluate_cli
+    from detens.cli import train as train_cli
+
+    code = evaluate_cli.main(["--gt", str(tmp_path / "renamed.json"), "--predictions", str(replay_run), "--methods",
+                              "mean", "--cv", "2", "--out", str(tmp_path / "r.json"), "--quiet"])
+    refused(capsys, code, "1 is 'pedestrian' there but 'person' in the cache")
+    code = train_cli.main(["--gt", str(tmp_path / "renamed.json"), "--predictions", str(replay_run), "--head", "theta",
+                           "--out", str(tmp_path / "h.json"), "--quiet"])
+    refused(capsys, code, "1 is 'pedestrian' there but 'person' in the cache")
+    # names spelled otherwise are one class; a summary of an older version, without them, is not checked
+    respelled = {**full, "categories": [{**c, "name": c["name"].upper().replace(" ", "_")} for c in full["categories"]]}
+    (tmp_path / "respelled.json").write_text(json.dumps(respelled))
+    assert EnsemblePredictions.from_folder(replay_run, load_coco_gt(tmp_path / "respelled.json")).model_names
+    summary = summary_of(replay_run)
+    older = tmp_path / "older"
+    shutil.copytree(replay_run, older)
+    del summary["categories"]
+    (older / "cache_summary.json").write_text(json.dumps(summary))
+    assert EnsemblePredictions.from_folder(older, load_coco_gt(tmp_path / "renamed.json")).model_names
 
 
 def test_an_unfinished_cache_is_named_as_such_when_it_holds_no_results_yet(slice_, tmp_path, capsys):

@@ -434,6 +434,12 @@ def gt_fingerprint(gt: CocoGroundTruth) -> str:
     return hashlib.sha256(json.dumps(pairs).encode("utf-8")).hexdigest()[:16]
 
 
+def recorded_categories(gt: CocoGroundTruth) -> list[dict[str, Any]]:
+    """The ground truth's categories as the cache's summary records them (COCO's ``[{"id", "name"}]``):
+    ``train`` and ``evaluate`` refuse ground truth whose ids name other classes."""
+    return [{"id": c, "name": name} for c, name in sorted(gt.category_names.items())]
+
+
 def load_dataset(gt_path: Path, images: Path, shard: tuple[int, int] | None) -> Dataset:
     gt = load_coco_gt(gt_path, images_dir=images)
     if not images.is_dir():
@@ -847,6 +853,7 @@ def finish_member(
                 "shard": list(shard),
                 "gt_fingerprint": data.fingerprint,
                 "dataset_image_ids": data.all_ids,
+                "categories": recorded_categories(data.gt),
                 "image_ids": done,
                 "unreadable": [
                     {"image_id": i, "file_name": data.gt.file_name(i), "error": e}
@@ -1034,6 +1041,7 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any) -> int
         "images_dir": str(options.images),
         "images": len(data.ids),
         "image_ids": data.all_ids,  # the dataset's: evaluate refuses ground truth with images beyond them
+        "categories": recorded_categories(data.gt),  # and ground truth whose ids name other classes
         "shard": f"{shard[0]}/{shard[1]}" if shard else None,
         "config": config_path.relative_to(out).as_posix(),
         "stopped_by": None,
@@ -1310,6 +1318,7 @@ def merge_member(
         "settings": _all_inputs(recorded),
         "fingerprint": any_record["gt_fingerprint"],
         "all_ids": all_ids,
+        "categories": any_record.get("categories"),  # None from shards of earlier versions
     }
 
 
@@ -1416,6 +1425,7 @@ def merge(options: CacheOptions) -> int:
         "images_dir": None,
         "images": len(first["all_ids"]),
         "image_ids": first["all_ids"],
+        "categories": first["categories"],
         "shard": None,
         "config": "config.yaml" if configs else None,
         "merged_from": f"{SHARDS}/",
