@@ -210,6 +210,15 @@ class TestFuse:
         assert "class_name" not in detens.fuse([named_a, b.to_supervision()], image_size=SIZE).data
         with pytest.raises(ValueError, match=r"class_id 0 is 'person' in per_model\[0\] and 'cat' in per_model\[1\]"):
             detens.fuse([named_a, a.to_supervision({0: "cat"})], image_size=SIZE)
+        # Ultralytics' class index of person (0) beside COCO's category id (1): each object would come out twice
+        coco_ids = Detections(a.boxes + 1, a.scores, a.labels + 1, SIZE).to_supervision({1: "person"})
+        with pytest.raises(ValueError, match=r"^class 'person' is class_id 0 in per_model\[0\] and 1 in per_model\[1\]: "
+                                             r"fuse detections of one label space \(map the ids first: Ultralytics' "
+                                             r"class indices, where person is 0, are not COCO's category ids"):
+            detens.fuse([named_a, coco_ids], image_size=SIZE)
+        with pytest.raises(ValueError, match=r"^class 'car' is class_id 3 in per_model\[0\] and 2 in per_model\[0\]"):
+            car_twice = Detections(b.boxes, b.scores, torch.tensor([3, 2]), SIZE).to_supervision({3: "car", 2: "car"})
+            detens.fuse([car_twice, car_twice], image_size=SIZE)
 
     def test_the_class_names_they_carry_check_a_head(self):
         from detens.heads.deep import DeepEnsembleHead

@@ -170,10 +170,13 @@ def class_names_of(per_model: Sequence[Any], what: str = "per_model") -> dict[in
     ``data["class_name"]``, so fused boxes keep their names; None unless every one with boxes carries them.
 
     Raises:
-        ValueError: two inputs name one class id differently (detections of different label spaces).
+        ValueError: two inputs name one class id differently, or give one class name two ids (detections of
+            different label spaces: Ultralytics' class indices, where person is 0, beside COCO's category ids,
+            where it is 1, would fuse each object twice, once per id).
     """
     names: dict[int, str] = {}
     where: dict[int, int] = {}
+    ids_of: dict[str, int] = {}  # a class name -> the first id given to it
     for i, item in enumerate(per_model):
         if not is_supervision_detections(item) or len(item) == 0:
             continue
@@ -181,10 +184,18 @@ def class_names_of(per_model: Sequence[Any], what: str = "per_model") -> dict[in
             return None
         pairs = zip(np.asarray(item.class_id).tolist(), np.asarray(item.data["class_name"]).tolist(), strict=True)
         for class_id, name in pairs:
-            if names.setdefault(int(class_id), str(name)) != str(name):
+            class_id, name = int(class_id), str(name)
+            if names.setdefault(class_id, name) != name:
                 raise ValueError(
-                    f"class_id {class_id} is {names[int(class_id)]!r} in {what}[{where[int(class_id)]}] and "
+                    f"class_id {class_id} is {names[class_id]!r} in {what}[{where[class_id]}] and "
                     f"{name!r} in {what}[{i}]: fuse detections of one label space (map the ids first)"
                 )
-            where.setdefault(int(class_id), i)
+            where.setdefault(class_id, i)
+            first = ids_of.setdefault(name, class_id)
+            if first != class_id:
+                raise ValueError(
+                    f"class {name!r} is class_id {first} in {what}[{where[first]}] and {class_id} in {what}[{i}]: "
+                    "fuse detections of one label space (map the ids first: Ultralytics' class indices, where "
+                    "person is 0, are not COCO's category ids, where it is 1)"
+                )
     return names or None
