@@ -495,14 +495,18 @@ def fuse_results(
     params = _fusion_params(method, head, params, model_names)
     if model_names is None:
         check_members_named(_heads_of(params), "Ultralytics Results", len(per_model))
+    _check_head_model_count(params, len(per_model), "lists of Results")
     if counts[0] == 0:  # no image to fuse: the values are checked all the same, as a call with images would
         _check_fusion_values(method, params, model_names if model_names is not None else [None] * len(per_model))
         return []
     for n, results in enumerate(per_model):
         for b, r in enumerate(results):
             if getattr(r, "boxes", None) is None or not hasattr(r, "orig_shape"):
+                what = [key for key in ("obb", "probs", "keypoints", "masks") if getattr(r, key, None) is not None]
+                why = (f" (it holds {', '.join(what)} and no boxes: the Results of a model of another task)"
+                       if hasattr(r, "orig_shape") else "")
                 raise TypeError(
-                    f"per_model_results[{n}][{b}] is not an Ultralytics detection Results: {type(r).__name__}"
+                    f"per_model_results[{n}][{b}] is not an Ultralytics detection Results: {type(r).__name__}{why}"
                 )
     class_maps = _class_maps([results[0].names for results in per_model])
 
@@ -540,6 +544,18 @@ def fuse_results(
 #: How Ultralytics names an image given as an array, a tensor or a PIL image without a file: by its place in
 #: the batch.
 _IN_MEMORY = re.compile(r"image[0-9]+\.jpg")
+
+
+def _check_head_model_count(params: Mapping[str, Any], num_models: int, inputs: str) -> None:
+    """Refuse a head (or calibration) of models named by the head for another number of models than given,
+    in the words of the input (``inputs``: "lists of Results"); the fuser would name Detections instead."""
+    for key, head in _heads_of(dict(params)).items():
+        head_models = getattr(head, "model_names", None)
+        if head_models is not None and len(head_models) != num_models:
+            raise ValueError(
+                f"the {key} was trained for {len(head_models)} models {list(head_models)} but {num_models} {inputs} "
+                f"were given: pass one per model of the {key}, with model_names=[...] naming them in that order"
+            )
 
 
 def _same_pixels(column: Sequence[Any], strict: bool = False) -> bool:

@@ -325,8 +325,12 @@ class TestFuseResults:
                 fuse_results([[], []], method=METHOD, **options)
             with pytest.raises(ValueError, match=message):
                 fuse_results([a, b], method=METHOD, **options)
-        with pytest.raises(ValueError, match=r"the head was trained for 3 models .* but 2 models' detections were given"):
+        with pytest.raises(ValueError, match=r"^the head was trained for 3 models \['yolov8n', 'yolo11n', 'yolo26n'\] but 2 "
+                                             r"lists of Results were given: pass one per model of the head, with "
+                                             r"model_names=\[\.\.\.\] naming them in that order$"):
             fuse_results([[], []], method="theta", head="coco_yolo3_theta")
+        with pytest.raises(ValueError, match=r"^the head was trained for 3 models .* but 2 lists of Results were given"):
+            fuse_results([a, b], method="deep", head="coco_yolo3_deep")
 
 
 class TestFuseResultsSynthetic:
@@ -382,6 +386,19 @@ class TestFuseResultsSynthetic:
                 fuse_results([[from_file], [odd]], method=METHOD)
         with pytest.raises(ValueError, match=r"describe different images"):  # two files: never one image
             fuse_results([[from_file], [from_array], [another_file]], method=METHOD)
+
+    def test_results_of_another_task_are_named_so(self):
+        from ultralytics.engine.results import Results
+
+        detected = make_results(*random_boxes(0, 3))
+        classified = Results(orig_img=detected.orig_img, path="image0.jpg", names=COCO80, probs=torch.rand(80))
+        with pytest.raises(TypeError, match=r"^per_model_results\[1\]\[0\] is not an Ultralytics detection Results: "
+                                            r"Results \(it holds probs and no boxes: the Results of a model of another "
+                                            r"task\)$"):
+            fuse_results([[detected], [classified]], method=METHOD)
+        with pytest.raises(TypeError, match=r"^per_model_results\[1\]\[0\] is not an Ultralytics detection Results: "
+                                            r"dict$"):
+            fuse_results([[detected], [{"boxes": None}]], method=METHOD)
 
     def test_same_image_different_path(self):
         r1 = make_results(*random_boxes(0, 3), path="a.jpg")
