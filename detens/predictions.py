@@ -466,7 +466,7 @@ def _check_cached_categories(summary: dict[str, Any] | None, path: Path, gt: Coc
     recorded = None if summary is None else summary.get("categories")
     if recorded is None:
         return
-    from detens.adapters._labels import normalize_class_name
+    from detens.adapters._labels import renamed_ids
     from detens.heads._io import check_label_space
 
     try:
@@ -474,8 +474,7 @@ def _check_cached_categories(summary: dict[str, Any] | None, path: Path, gt: Coc
     except (TypeError, ValueError) as err:
         raise ValueError(f"{path}: {err}") from None
     given = gt.category_names
-    renamed = [(c, given[c], cached[c]) for c in sorted(set(given) & set(cached))
-               if normalize_class_name(given[c]) != normalize_class_name(cached[c])]
+    renamed = renamed_ids(sorted(given), given, cached)
     if renamed:
         shown = first_few(renamed, 5, show=lambda r: f"{r[0]} is {r[1]!r} there but {r[2]!r} in the cache")
         raise ValueError(

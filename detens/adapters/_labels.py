@@ -53,6 +53,17 @@ def normalize_class_name(name: str) -> str:
     return _ALIASES.get(text, text)
 
 
+def renamed_ids(ids: Iterable[int], ours: Mapping[int, str], theirs: Mapping[int, str]) -> list[tuple[int, str, str]]:
+    """``(id, our name, their name)`` for each of ``ids`` that both label spaces name, as different classes
+    (names compared by :func:`normalize_class_name`; an id either side leaves unnamed is not compared)."""
+    return [
+        (c, ours[c], theirs[c]) for c in ids
+        # names spelled alike need no normalizing, which is most of the cost of a check per image
+        if c in ours and c in theirs and ours[c] != theirs[c]
+        and normalize_class_name(ours[c]) != normalize_class_name(theirs[c])
+    ]
+
+
 def as_categories(categories: Any) -> dict[int, str]:
     """``{category_id: name}`` from a mapping, a COCO ``categories`` list, or a COCO annotation dict."""
     if isinstance(categories, Mapping) and "categories" in categories:

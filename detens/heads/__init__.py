@@ -135,7 +135,7 @@ def check_head_label_space(
     Raises:
         ValueError: naming the head (``what``), a few offending ids (with both names) and the label space.
     """
-    from detens.adapters._labels import id_ranges, normalize_class_name
+    from detens.adapters._labels import id_ranges, renamed_ids
     from detens.checks import first_few
     from detens.heads._io import head_label_space, named_categories
 
@@ -145,12 +145,7 @@ def check_head_label_space(
     recorded = head_label_space(head)
     if isinstance(categories, Mapping) and recorded is not None:
         theirs, ours = named_categories(categories), named_categories(recorded)
-        renamed = [
-            (c, ours[c], theirs[c]) for c in own
-            # names spelled alike need no normalizing, which is most of the cost of a check per image
-            if c in ours and c in theirs and ours[c] != theirs[c]
-            and normalize_class_name(ours[c]) != normalize_class_name(theirs[c])
-        ]
+        renamed = renamed_ids(own, ours, theirs)
         if renamed:
             shown = first_few(renamed, 5, show=lambda r: f"{r[0]} is {r[1]!r} in the head but {r[2]!r} there")
             raise ValueError(
