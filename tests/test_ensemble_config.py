@@ -297,6 +297,32 @@ def test_build_ensemble_checks_class_maps_before_any_model_loads(tmp_path):
         check_class_maps({**config, "dataset": str(dataset)}, {1: "person", 2: "bus"})
 
 
+def test_class_names_mapped_onto_other_coco_classes_without_a_dataset_are_warned_of(tmp_path, caplog):
+    """Without ``dataset:`` the label space is COCO's: a dataset's own ids in a class_map would be written as
+    COCO's classes ("car" onto a dataset's 2 is COCO's "bicycle")."""
+    from detens.adapters import build_detector
+
+    member = build_detector({**minimal()["models"][0], "name": "v8"})  # loaded once, given to every build below
+    config = minimal()
+    config["models"][0].update(name="v8", class_map={"car": 2, "person": 1, "motorbike": 4, 0: 1})
+    with caplog.at_level("WARNING", logger="detens.adapters"):
+        build_ensemble(config, built={0: member})
+    warned = [r.getMessage() for r in caplog.records if r.name == "detens.adapters"]
+    assert warned == ["model 'v8': its class_map maps 'car' onto 2 ('bicycle' in COCO), and "
+                      "the config gives no dataset, so the label space is COCO's and those are the names written; if "
+                      "the ids are a dataset's own, give its annotation file as dataset:"], warned
+    caplog.clear()
+    config["models"][0]["class_map"] = {"car": 3, "MotorBike": 4, "traffic_light": 10}  # COCO's own names, spelled otherwise
+    with caplog.at_level("WARNING", logger="detens.adapters"):
+        build_ensemble(config, built={0: member})
+    dataset = tmp_path / "gt.json"
+    dataset.write_text(json.dumps({"images": [], "annotations": [], "categories": [{"id": 2, "name": "automobile"}]}))
+    with caplog.at_level("WARNING", logger="detens.adapters"):
+        build_ensemble({**config, "dataset": str(dataset), "models": [{**config["models"][0], "class_map": {"car": 2}}]},
+                       built={0: member})
+    assert [r for r in caplog.records if r.name == "detens.adapters"] == []
+
+
 def test_build_tta_ensemble_runs():
     members = build_ensemble(REPO / "detens" / "configs" / "ensembles" / "coco_yolo4_tta.yaml")
     assert [m.name for m in members] == [

@@ -239,6 +239,30 @@ def check_class_maps(
             check_class_map_categories(model.class_map, ids, model.label, label_space_name(config))
 
 
+def _warn_of_names_mapped_onto_other_coco_classes(config: EnsembleConfig) -> None:
+    """Warn of a ``class_map`` that maps a class name onto a COCO category of another name in a config
+    without a ``dataset``, whose label space is then COCO's: most often the dataset was left out, and its
+    ids would be written as COCO's classes ("car" onto a dataset's 2 becomes COCO's "bicycle")."""
+    import logging
+
+    from detens.adapters._labels import normalize_class_name
+    from detens.labels import COCO_ID_TO_NAME
+
+    for model in config.models:
+        if not isinstance(model.class_map, Mapping):
+            continue
+        renamed = [(name, c) for name, c in model.class_map.items()
+                   if isinstance(name, str) and isinstance(c, int) and c in COCO_ID_TO_NAME
+                   and normalize_class_name(name) != normalize_class_name(COCO_ID_TO_NAME[c])]
+        if renamed:
+            logging.getLogger("detens.adapters").warning(
+                "%s: its class_map maps %s, and the config gives no dataset, so the label space is COCO's and "
+                "those are the names written; if the ids are a dataset's own, give its annotation file as "
+                "dataset:", model.label,
+                ", ".join(f"{name!r} onto {c} ({COCO_ID_TO_NAME[c]!r} in COCO)" for name, c in renamed[:5]),
+            )
+
+
 def _as_config(config: EnsembleConfig | str | Path | Mapping[str, Any]) -> EnsembleConfig:
     from detens.ensemble_config import EnsembleConfig, ensemble_config_from_dict, load_ensemble_config
 
@@ -304,6 +328,8 @@ def build_ensemble(
         raise ValueError(f"built names models {stray}, but the config has models 0..{len(config.models) - 1}")
     categories = dataset_categories(config)
     check_class_maps(config, categories)
+    if categories is None:
+        _warn_of_names_mapped_onto_other_coco_classes(config)
     members: list[Detector] = []
     for i, model in enumerate(config.models):
         member = built.get(i) if built else None
