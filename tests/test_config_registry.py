@@ -224,7 +224,7 @@ def test_integers_read_the_same_in_yaml_1_1_and_1_2(text, expected):
 
 
 def test_a_set_flag_with_a_leading_zero_is_refused():
-    from detens.jobs.train import parse_set
+    from detens.jobs._options import parse_set
 
     with pytest.raises(ValueError, match=r"--set 'seed=010': the value is not valid YAML \(found '010', which YAML 1\.1"):
         parse_set(["seed=010"])
@@ -232,7 +232,7 @@ def test_a_set_flag_with_a_leading_zero_is_refused():
 
 def test_yaml_files_and_set_overrides_read_1e_3_as_a_number(tmp_path):
     from detens.heads import load_train_config
-    from detens.jobs.train import parse_set
+    from detens.jobs._options import parse_set
 
     path = tmp_path / "my.yaml"
     path.write_text("lr: 1e-3\nmatch_iou_grid: []\n")

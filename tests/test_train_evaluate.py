@@ -1284,6 +1284,34 @@ class TestTools:
         err = capsys.readouterr().err
         assert "no method of --methods (mean, wbf_tuned) fits a deep head" in err and "Traceback" not in err
 
+    def test_evaluate_cli_set_overrides_a_key_of_a_head_types_training_config(self, dataset, tmp_path, capsys):
+        gt_path, predictions = dataset
+        config = tmp_path / "selection.yaml"
+        config.write_text("epochs: 1\nhidden: 8\n")
+        out = tmp_path / "report.json"
+        base = ["--gt", str(gt_path), "--predictions", str(predictions), "--cv", "2", "--backend", "faster",
+                "--out", str(out), "--quiet"]
+        # over the file's value, and over the code defaults where no file is given
+        assert evaluate_cli.main(base + ["--methods", "selection_k1,theta", "--train-config", f"selection={config}",
+                                         "--set", "selection.hidden=4", "--set", "theta.epochs=2",
+                                         "--set", "theta.lr=1e-3"]) == 0
+        fitted = json.loads((tmp_path / "report.fitted.json").read_text())
+        for fold in fitted["selection_k1"]:
+            assert (fold["config"]["epochs"], fold["config"]["hidden"]) == (1, 4)
+        for fold in fitted["theta"]:
+            assert (fold["config"]["epochs"], fold["config"]["lr"]) == (2, 0.001)
+        capsys.readouterr()
+        for given, message in [
+            ("epochs=2", r"--set takes HEAD\.KEY=VALUE with HEAD one of .*deep.*theta.* \(deep\.epochs=5\), got 'epochs=2'"),
+            ("thetaa.epochs=2", r"got 'thetaa\.epochs=2'"),
+            ("deep.epochs=2", r"--set deep\.epochs=2: no method of --methods \(theta\) fits a deep head"),
+            ("theta.epochs=[2", r"--set 'theta\.epochs=\[2': the value is not valid YAML"),
+            ("theta.epoch=2", r"epoch"),
+        ]:
+            assert evaluate_cli.main(base + ["--methods", "theta", "--set", given]) == 2, given
+            err = capsys.readouterr().err
+            assert err.count("error:") == 1 and "Traceback" not in err and re.search(message, err), err
+
     def test_evaluate_cli_repeats_the_cross_validation_per_seed(self, dataset, tmp_path, capsys):
         gt_path, predictions = dataset
         base = ["--gt", str(gt_path), "--predictions", str(predictions), "--methods", "mean,wbf_tuned",

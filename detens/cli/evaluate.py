@@ -137,6 +137,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "selection=... also configures selection_k1 ... selection_k8; repeatable); "
         "default: the head's code defaults, which configs/train/<head>.yaml mirror",
     )
+    parser.add_argument(
+        "--set", action="append", metavar="HEAD.KEY=VALUE",
+        help="override one key of a head type's training config, over --train-config's file (deep.epochs=5; "
+        "repeatable; the value is read as YAML)",
+    )
     parser.add_argument("--backend", default="pycocotools", choices=COCO_BACKENDS,
                         help="COCO evaluator of the reported figures (default: %(default)s, the reference; "
                         "tuning inside the folds uses the fastest installed one)")

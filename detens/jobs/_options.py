@@ -23,7 +23,7 @@ from detens.checks import check_flag
 __all__ = [
     "JobOptions", "UsageError", "check_existing_folder", "check_int", "check_text_list", "check_text_pair", "check_folder", "check_positive_int",
     "file_or_shipped_name", "flag", "folder", "existing_folder", "integer", "internal", "listed", "number",
-    "path", "text",
+    "parse_set", "path", "text",
 ]
 
 
@@ -154,6 +154,30 @@ def check_text_pair(
     ):
         raise TypeError(f"{key} must be a pair {pair} of str or os.PathLike, got {type(value).__name__}: {value!r}")
     return os.fspath(value[0]), os.fspath(value[1])
+
+
+def parse_set(items: Sequence[str]) -> dict[str, Any]:
+    """``--set key=value`` flags as ``{key: value}``, each value read as YAML (``1e-3`` a number, ``[1, 2]``
+    a list).
+
+    Raises:
+        ValueError: an item without ``=``, or a value that is not valid YAML, naming it.
+    """
+    import yaml
+
+    from detens.config import parse_yaml
+
+    overrides = {}
+    for item in items:
+        if "=" not in item:
+            raise ValueError(f"--set expects key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        try:
+            overrides[key.strip()] = parse_yaml(value)
+        except yaml.YAMLError as err:
+            problem = getattr(err, "problem", None) or type(err).__name__
+            raise ValueError(f"--set {item!r}: the value is not valid YAML ({problem})") from None
+    return overrides
 
 
 # ------------------------------------------------------------------------------------------ the kinds of fields

@@ -43,6 +43,7 @@ from detens.jobs._options import (
     folder,
     integer,
     listed,
+    parse_set,
     text,
 )
 from detens.jobs._options import flag as flag_option  # flag names a command-line flag in the code below
@@ -115,6 +116,8 @@ class EvaluateOptions(JobOptions):
         seed (tuple[int, ...]): the fold seeds; several repeat the cross-validation once per seed. Given as
             their text (``"0,1,2"``, the default ``"0"``), one int or a sequence of ints.
         train_config (tuple[str, ...]): ``HEAD=YAML`` training configs, one per head type.
+        set (tuple[str, ...]): ``HEAD.KEY=VALUE`` overrides of a head type's training config (over
+            ``train_config``'s file, else the code defaults).
         backend (str): the COCO evaluator of the reported figures.
         out (str): the JSON report ``{method: {metric: value}}``.
         plot (str | None): a bar chart PNG.
@@ -143,6 +146,7 @@ class EvaluateOptions(JobOptions):
     all_images: bool = flag_option()
     seed: tuple[int, ...] = listed("0")
     train_config: tuple[str, ...] = listed()
+    set: tuple[str, ...] = listed()
     backend: str = text("pycocotools", choices=BACKENDS)
     out: str = text(required=True)
     plot: str | None = text()
@@ -163,6 +167,7 @@ class EvaluateOptions(JobOptions):
             raise ValueError("also_fit_on and fit_on exclude each other: give one")
         self.seed = _check_seeds(self.seed)
         self.train_config = check_text_list("train_config", self.train_config)
+        self.set = check_text_list("set", self.set)
 
 
 def run(options: EvaluateOptions) -> int:
@@ -182,19 +187,20 @@ def run(options: EvaluateOptions) -> int:
     for method in methods:
         if method.startswith("head:"):
             file_or_shipped_name(f"--methods {method!r}", method.removeprefix("head:"))
-    method_options, options_by_head = {}, {}
+    files: dict[str, str] = {}
     for item in options.train_config:
         kind, _, path = item.partition("=")
         if kind not in TRAINERS or not path:
             raise UsageError(f"--train-config takes HEAD=YAML with HEAD one of {', '.join(sorted(TRAINERS))}, got {item!r}")
-        if kind in options_by_head:
+        if kind in files:
             raise UsageError(f"--train-config {kind}= is given twice; give each head type one file")
-        takers = [m for m in methods if head_kind(m) == kind]
-        if not takers:
-            raise UsageError(f"--train-config {item}: no method of --methods ({', '.join(methods)}) fits a {kind} head")
-        config = load_train_config(kind, path)
-        options_by_head[kind] = config
-        method_options.update({method: {"config": config} for method in takers})
+        _takers(kind, methods, f"--train-config {item}")
+        files[kind] = path
+    sets = _sets_by_head(options.set, methods)
+    method_options = {}
+    for kind in sorted({*files, *sets}):
+        config = load_train_config(kind, files.get(kind), sets.get(kind))
+        method_options.update({method: {"config": config} for method in _takers(kind, methods, "")})
     for flag, value in (("--out", options.out), ("--plot", options.plot), ("--reliability", options.reliability)):
         if value is not None:
             check_writable_file(Path(value), flag)
@@ -400,6 +406,36 @@ def _show_progress(
         return
     line = f"{name:>22}: mAP {result.metrics['map']:.4f}  AP50 {result.metrics['map50']:.4f}{note}"
     print(line if seed is None else f"seed {seed}: {line}", flush=True)
+
+
+def _takers(kind: str, methods: Sequence[str], given: str) -> list[str]:
+    """The methods of ``methods`` that fit a ``kind`` head; none is a mistake of the flag ``given``."""
+    takers = [m for m in methods if head_kind(m) == kind]
+    if not takers:
+        raise UsageError(f"{given}: no method of --methods ({', '.join(methods)}) fits a {kind} head")
+    return takers
+
+
+def _sets_by_head(items: Sequence[str], methods: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``--set HEAD.KEY=VALUE`` flags as ``{head type: {key: value}}`` (values read as YAML).
+
+    Raises:
+        UsageError: an item not of that form, an unknown head type, or one no method of ``methods`` fits.
+        ValueError: a value that is not valid YAML.
+    """
+    by_head: dict[str, dict[str, Any]] = {}
+    for item in items:
+        target, equals, value = item.partition("=")
+        kind, dot, key = target.partition(".")
+        if not equals or not dot or not key.strip() or kind not in TRAINERS:
+            raise UsageError(f"--set takes HEAD.KEY=VALUE with HEAD one of {', '.join(sorted(TRAINERS))} "
+                             f"(deep.epochs=5), got {item!r}")
+        _takers(kind, methods, f"--set {item}")
+        try:
+            by_head.setdefault(kind, {}).update(parse_set([f"{key}={value}"]))
+        except ValueError as err:  # said of the flag as given
+            raise ValueError(str(err).replace(repr(f"{key}={value}"), repr(item))) from None
+    return by_head
 
 
 def _run_key(

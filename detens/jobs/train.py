@@ -6,18 +6,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
 from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Any
 
 import torch
-import yaml
 from tqdm import tqdm
 
 from detens.checks import first_few
 from detens.coco import load_coco_gt
-from detens.config import parse_yaml, save_yaml_config
+from detens.config import save_yaml_config
 from detens.heads import TRAINERS, fit_head, load_train_config
 from detens.io import atomic_write_bytes, atomic_write_json, atomic_write_text, check_writable_file
 from detens.jobs._inputs import model_names
@@ -31,13 +28,14 @@ from detens.jobs._options import (
     integer,
     listed,
     number,
+    parse_set,
     text,
 )
 from detens.jobs._outputs import refuse_outputs_over_inputs
 from detens.predictions import EnsemblePredictions, join_predictions, shared_images, shares_images_phrase
 
 __all__ = [
-    "HEAD_TYPES", "TrainOptions", "check_no_image_twice", "parse_set", "plot_loss", "read_image_ids", "run",
+    "HEAD_TYPES", "TrainOptions", "check_no_image_twice", "plot_loss", "read_image_ids", "run",
 ]
 
 logger = logging.getLogger("detens.train")
@@ -147,20 +145,6 @@ def check_no_image_twice(
             "each image must be trained on once, or it weighs twice in the fit: remove them from one of the two "
             "(or, if they are different images, give them different file names)"
         )
-
-
-def parse_set(items: Sequence[str]) -> dict[str, Any]:
-    overrides = {}
-    for item in items:
-        if "=" not in item:
-            raise ValueError(f"--set expects key=value, got {item!r}")
-        key, value = item.split("=", 1)
-        try:
-            overrides[key.strip()] = parse_yaml(value)
-        except yaml.YAMLError as err:
-            problem = getattr(err, "problem", None) or type(err).__name__
-            raise ValueError(f"--set {item!r}: the value is not valid YAML ({problem})") from None
-    return overrides
 
 
 def plot_loss(losses: list[float], path: Path, title: str) -> None:
