@@ -667,13 +667,20 @@ class TorchvisionFusion(nn.Module):
 
         fused_outputs = []
         for b, size in enumerate(sizes):
-            per_image = [
-                torchvision_to_detections(per_model[n][b], size, source=names[n])
-                for n in range(len(per_model))
-            ]
+            per_image = [_output_to_detections(per_model[n][b], size, names[n], n, b) for n in range(len(per_model))]
             fused = fuse(per_image, method=self.method, **params)
             fused_outputs.append(detections_to_torchvision(fused, dtype=_output_dtype(per_model[0][b]["boxes"])))
         return fused_outputs
+
+
+def _output_to_detections(output: Mapping[str, Any], size: tuple[int, int], name: str | None, n: int, b: int) -> Detections:
+    """Model ``n``'s torchvision output for image ``b`` as Detections; a refusal names which one it is (the
+    nesting of ``per_model_outputs``, models then images, is easily given the other way round)."""
+    try:
+        return torchvision_to_detections(output, size, source=name)
+    except (TypeError, ValueError) as err:
+        err.args = (f"per_model_outputs[{n}][{b}] (model {n}'s output for image {b}): {err}", *err.args[1:])
+        raise
 
 
 def _declared_members(model_names: Sequence[str] | None, head: Any, weights: Any = None) -> list[str | None] | None:

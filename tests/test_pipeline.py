@@ -542,9 +542,9 @@ class TestTorchvisionFusion:
                   "scores": torch.tensor([0.6, 0.5]), "labels": torch.tensor([3, 3])}
         fusion = TorchvisionFusion(method=METHOD).eval()
         assert len(fusion([[output], [output]], [(50, 100)])[0]["boxes"]) == 2
-        with pytest.raises(ValueError, match=re.escape(
-            "box 1 [70.0, 5.0, 90.0, 40.0] starts beyond the 50x100 (width x height) image that image_size=(100, 50) "
-            "gives; image_size is (height, width)"
+        with pytest.raises(ValueError, match="^" + re.escape(
+            "per_model_outputs[0][0] (model 0's output for image 0): box 1 [70.0, 5.0, 90.0, 40.0] starts beyond "
+            "the 50x100 (width x height) image that image_size=(100, 50) gives; image_size is (height, width)"
         )):
             fusion([[output], [output]], [(100, 50)])
         # a portrait image's sides swapped: every box starts inside, the tall one ends past the height given
