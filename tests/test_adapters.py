@@ -591,6 +591,22 @@ def test_torchvision_numpy_integer_options_are_the_python_ints_they_hold():
     assert detector.lookup.tolist() == expected.lookup.tolist() == [-1, 1, 2, 3, 4]
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_torchvision_model_in_half_precision_on_the_cpu_is_refused_naming_why(dtype):
+    """torchvision's CPU NMS has no float16 kernel: the first image would fail with torch's own message."""
+    from torchvision.models import get_model
+
+    from detens.adapters.torchvision import TorchvisionDetector
+
+    model = get_model("fasterrcnn_mobilenet_v3_large_320_fpn", weights=None, weights_backbone=None).to(dtype)
+    name = str(dtype).removeprefix("torch.")
+    with pytest.raises(ValueError, match=rf"^FasterRCNN: the model is in {name}, which torchvision's detection ops "
+                                         r"\(NMS, RoI pooling\) do not run on the CPU: give device='cuda' for a GPU, or "
+                                         r"the model in float32 \(model\.float\(\)\)$"):
+        TorchvisionDetector(model, device="cpu")
+    assert TorchvisionDetector(model.float(), device="cpu").input_dtype == torch.float32
+
+
 @pytest.mark.parametrize("device, fragment", [
     ("cuda", "yolov8n: device is 'cuda' but no CUDA device is available on this machine"),
     ("cuda:1", "yolov8n: device is 'cuda:1' but no CUDA device is available"),

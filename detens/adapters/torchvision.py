@@ -314,6 +314,14 @@ class TorchvisionDetector(BaseDetector):
             # torchvision's COCO detection weights share one category list (index = COCO category id)
             class_names = list(FasterRCNN_ResNet50_FPN_Weights.DEFAULT.meta["categories"])
         self.model = model.eval().to(self.device)
+        # images go in as the model's own floating dtype (a half model on a GPU takes float16 images)
+        self.input_dtype = next((p.dtype for p in self.model.parameters() if p.is_floating_point()), torch.float32)
+        if self.input_dtype in (torch.float16, torch.bfloat16) and self.device.type == "cpu":
+            raise ValueError(
+                f"{self.name}: the model is in {str(self.input_dtype).removeprefix('torch.')}, which torchvision's "
+                "detection ops (NMS, RoI pooling) do not run on the CPU: give device='cuda' for a GPU, or the model "
+                "in float32 (model.float())"
+            )
         _set_thresholds(self.model, float(conf), None if iou is None else float(iou), max_det)
         self.max_det = max_det
         transform = getattr(self.model, "transform", None)
@@ -414,7 +422,7 @@ class TorchvisionDetector(BaseDetector):
         for image in images:
             rgb = np.ascontiguousarray(image[:, :, ::-1])
             tensors.append(
-                torch.from_numpy(rgb).to(self.device).permute(2, 0, 1).float().div_(255.0)
+                torch.from_numpy(rgb).to(self.device).permute(2, 0, 1).float().div_(255.0).to(self.input_dtype)
             )  # [3, H, W]
         with _label_space_before_max_det(self.model, self.lookup, self.max_det):
             outputs = self.model(tensors)
