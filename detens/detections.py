@@ -71,14 +71,16 @@ def check_xyxy(boxes: Tensor, name: str, hint: str = "") -> None:
 
 
 #: How far past the image's far edges a box may end, as a share of the side (plus a pixel for rounding),
-#: before the image size it was given for is taken to be wrong: detectors give boxes inside their image.
-BOX_SLACK = 0.02
+#: before the image size it was given for is taken to be wrong. Torchvision's and Ultralytics' detectors
+#: clip their boxes to the image, but others (DETR's post-processing, a raw decoder) leave them a little
+#: past its edges; sides swapped overshoot by a quarter or more for a 4:3 or 16:9 image.
+BOX_SLACK = 0.1
 
 
 def check_boxes_inside(detections: Detections, given: str) -> None:
     """Raise where a box starts beyond the image (``x1 >= width`` or ``y1 >= height``), or ends past its far
-    edge by more than :data:`BOX_SLACK` of the side and a pixel: detectors (torchvision's, Ultralytics') give
-    boxes inside the image they ran on, so the size a caller gave (``given``, the argument's name) is not
+    edge by more than :data:`BOX_SLACK` of the side and a pixel: detectors give boxes inside the image they
+    ran on, or a little past its edges, so the size a caller gave (``given``, the argument's name) is not
     the image's, most often ``(width, height)`` passed for ``(height, width)``. Fusion would clip such boxes
     to the wrong size (to nothing, for a box that starts beyond it).
 

@@ -379,7 +379,7 @@ def test_max_det_takes_numpy_integers_and_none():
 
 def test_max_det_cuts_supervision_detections_too():
     sv = pytest.importorskip("supervision")
-    per_model = random_models(9)
+    per_model = [d.clip() for d in random_models(9)]  # as detectors give them: inside the image
     as_sv = [sv.Detections(xyxy=d.boxes.numpy(), confidence=d.scores.numpy(), class_id=d.labels.numpy())
              for d in per_model]
     capped = fuse(as_sv, "wbf", image_size=IMAGE_SIZE, max_det=4)
