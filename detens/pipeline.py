@@ -673,7 +673,9 @@ class TorchvisionFusion(nn.Module):
         return fused_outputs
 
 
-def _output_to_detections(output: Mapping[str, Any], size: tuple[int, int], name: str | None, n: int, b: int) -> Detections:
+def _output_to_detections(
+    output: Mapping[str, Any], size: tuple[int, int], name: str | None, n: int, b: int
+) -> Detections:
     """Model ``n``'s torchvision output for image ``b`` as Detections; a refusal names which one it is (the
     nesting of ``per_model_outputs``, models then images, is easily given the other way round)."""
     try:

@@ -24,7 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("name", nargs="?", help="a shipped name (coco_yolo3, deep, coco_yolo3_deep); none: list them")
     parser.add_argument("--kind", choices=KINDS, help="where to look for NAME, or what to list (default: every kind)")
-    parser.add_argument("--out", metavar="FILE", help="write a copy of NAME there (a file, or a folder) instead of printing it")
+    parser.add_argument(
+        "--out", metavar="FILE", help="write a copy of NAME there (a file, or a folder) instead of printing it"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -100,13 +100,13 @@ def fuse(
         image_size (tuple[int, int] | None): ``(height, width)`` of the image; required when ``per_model``
             holds ``supervision.Detections`` (they do not record it), else checked against the Detections'.
         label_space (Mapping[int, str] | None): the category names of the detections' labels,
-            ``{id: name}``; when given, a label it does not define is refused, and a head (``head=``, or ``calibration``) whose per-class parameters
-            were trained on other classes is refused (see :func:`detens.heads.check_head_label_space`): one
-            with parameters for an id that ``label_space`` lacks, or whose recorded label space names one
-            of its ids otherwise. Without it, ``supervision.Detections`` that carry their class names
-            (``data["class_name"]``) have those names compared (their ids are only the classes of this
-            image: none is refused for being absent). A head without per-class parameters is accepted in
-            any label space.
+            ``{id: name}``; when given, a label it does not define is refused, and so is a head (``head=``,
+            or ``calibration``) whose per-class parameters were trained on other classes (see
+            :func:`detens.heads.check_head_label_space`): one with parameters for an id that ``label_space``
+            lacks, or whose recorded label space names one of its ids otherwise. Without it,
+            ``supervision.Detections`` that carry their class names (``data["class_name"]``) have those names
+            compared (their ids are only the classes of this image: none is refused for being absent). A
+            head without per-class parameters is accepted in any label space.
         max_det (int | None): keep the ``max_det`` highest-scoring fused boxes (as Ultralytics' ``max_det``
             and torchvision's ``detections_per_img`` cap a detector's output; ties keep the fuser's order);
             None keeps every box. Fusion gives more boxes than any member: each object that only one model
