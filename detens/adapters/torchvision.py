@@ -362,8 +362,8 @@ class TorchvisionDetector(BaseDetector):
             raise ValueError(
                 f"{self.name}: the model has {num_classes} classes (background included), not the 91 of torchvision's "
                 "COCO models, so its labels are no COCO category ids: give categories={category id: name} of the "
-                "dataset it was trained on (its labels are taken as those ids), or a class_map={model label: "
-                "category id}"
+                "dataset it was trained on (in an ensemble YAML, its dataset:; its labels are taken as those ids), "
+                "or a class_map={model label: category id}"
             )
         missing = [label for label in range(1, num_classes) if label not in categories]
         if missing:
