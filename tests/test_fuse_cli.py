@@ -551,6 +551,10 @@ def test_shipped_config_head_follows_its_method(tmp_path):
     config = fuse_tool.resolve_config(parse(["--config", "coco_yolo3", "--source", "x", "--out", "o",
                                              "--head", "coco_yolo3_theta"]))  # a shipped head, by name
     assert config.fusion.method == "theta" and config.fusion.head.endswith("coco_yolo3_theta.json")
+    # the config's own head given as --head is the same run: named by the method that runs it (deep), not by
+    # its wrapper's type (calibrated), so that a run started without the flag resumes with it
+    same = fuse_tool.resolve_config(parse(base + ["--head", "coco_yolo3_deep"]))
+    assert same.fusion.method == "deep" and same == fuse_tool.resolve_config(parse(base))
 
     with pytest.raises(ValueError, match=r"fixed fuser 'nms': a head runs as its own type; set fusion.method \(or "
                                          r"--method\) to the head's type, or drop the head \(fusion.head: null\)"):

@@ -173,9 +173,10 @@ def resolve_config(options: FuseOptions) -> EnsembleConfig:
         except FileNotFoundError as err:  # said of the YAML: its user finds the key to change
             raise FileNotFoundError(f"{options.config}: fusion.head: {err}{_only_here(config)}") from None
     if head is not None and options.method is None:
-        from detens.heads import read_head_file
+        from detens.fusers.theta import load_cached_head
 
-        config.fusion.method = read_head_file(head).type
+        # the method that runs it, as the config names it: a calibrated deep head runs as deep
+        config.fusion.method = head_methods(load_cached_head(head))[-1]
     return config
 
 
