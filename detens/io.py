@@ -165,7 +165,7 @@ def atomic_write_json(path: str | Path, obj: Any, indent: int | None = None) -> 
 
 @contextlib.contextmanager
 def output_lock(
-    folder: str | Path, command: str, name: str = LOCK_NAME, outputs: Iterable[str] = ()
+    folder: str | Path, command: str, name: str = LOCK_NAME, outputs: Iterable[str] = (), output: str | None = None
 ) -> Iterator[None]:
     """Hold ``folder/<name>`` (``.detens.lock``) while ``command`` reads and writes the folder's outputs.
 
@@ -181,6 +181,9 @@ def output_lock(
     subfolders ``outputs`` (those the command writes in, searched through) are removed; see
     :func:`remove_stale_temporaries`, which spares those of processes still writing (another shard's).
 
+    ``output``: the one output file the lock (a ``name`` of its own) guards, named in the refusal, where
+    the command writes one file of the folder (a report beside others) rather than the folder.
+
     Raises:
         ValueError: another process holds the lock, naming it.
     """
@@ -189,7 +192,7 @@ def output_lock(
         if not usable:
             yield
             return
-        fd = _acquire(folder / name, command)
+        fd = _acquire(folder / name, command, output)
         try:
             remove_stale_temporaries(folder, outputs)
             yield
@@ -225,12 +228,12 @@ def run_folder(folder: Path) -> Iterator[bool]:
                 path.rmdir()
 
 
-def _acquire(path: Path, command: str) -> int | None:
+def _acquire(path: Path, command: str, output: str | None = None) -> int | None:
     """The descriptor of ``path`` locked by this process, or None where locks are not available."""
     try:
         fd = lock_descriptor(path, wait=False)
     except BlockingIOError:
-        raise ValueError(_held_by(path)) from None
+        raise ValueError(_held_by(path, output)) from None
     if fd is None:
         return None
     holder = {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
@@ -282,9 +285,13 @@ def lock_holder_text(path: Path) -> str | None:
         return None
 
 
-def _held_by(path: Path) -> str:
-    """Who holds the lock at ``path``, as far as its file tells."""
+def _held_by(path: Path, output: str | None = None) -> str:
+    """Who holds the lock at ``path`` (guarding the folder, or the one file ``output``), as far as its file
+    tells."""
     who = lock_holder_text(path) or "another detens run"
+    if output is not None:
+        return (f"{output} is being written by {who}; two runs writing one output would spoil each other's "
+                "results: wait for it to end, or give another output")
     return (f"{path.parent} is in use by {who}; two runs on one output folder would spoil each other's outputs: "
             "wait for it to end, or use another output folder")
 

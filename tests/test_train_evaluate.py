@@ -1284,6 +1284,37 @@ class TestTools:
         err = capsys.readouterr().err
         assert "no method of --methods (mean, wbf_tuned) fits a deep head" in err and "Traceback" not in err
 
+    def test_evaluate_cli_refuses_an_out_that_another_run_is_writing(self, dataset, tmp_path, capsys):
+        """A second run would take the first's finished rows for an interrupted run's, or start its folder of
+        finished methods over under it; another --out in the same folder is another run's own."""
+        import subprocess
+        import sys
+
+        gt_path, predictions = dataset
+        out = tmp_path / "report.json"
+        holder = subprocess.Popen(  # another process holds the lock, as a running evaluate does
+            [sys.executable, "-c", "import sys, time\nfrom detens.io import output_lock\n"
+             f"with output_lock({str(tmp_path)!r}, 'detens evaluate', '.report.json.detens.lock', "
+             f"output='--out {out}'):\n    print('held', flush=True)\n    time.sleep(60)\n"],
+            stdout=subprocess.PIPE, text=True,
+        )
+        try:
+            assert holder.stdout.readline().strip() == "held"
+            base = ["--gt", str(gt_path), "--predictions", str(predictions), "--methods", "mean", "--cv", "2",
+                    "--backend", "faster", "--quiet"]
+            assert evaluate_cli.main(base + ["--out", str(out)]) == 2
+            err = capsys.readouterr().err
+            assert re.fullmatch(rf"error: --out {re.escape(str(out))} is being written by detens evaluate \(pid "
+                                rf"{holder.pid} on .*\); two runs writing one output would spoil each other's "
+                                r"results: wait for it to end, or give another output\n", err), err
+            assert not out.exists()
+            assert evaluate_cli.main(base + ["--out", str(tmp_path / "other.json")]) == 0
+        finally:
+            holder.kill()
+            holder.wait()
+        assert evaluate_cli.main(base + ["--out", str(out)]) == 0
+        assert sorted(p.name for p in tmp_path.glob(".*lock")) == []  # let go of at the end
+
     def test_evaluate_cli_set_overrides_a_key_of_a_head_types_training_config(self, dataset, tmp_path, capsys):
         gt_path, predictions = dataset
         config = tmp_path / "selection.yaml"

@@ -31,7 +31,7 @@ from detens.evaluation import (
 from detens.folds import kfold_image_splits
 from detens.fusers import highest_scoring
 from detens.heads import TRAINERS, load_train_config
-from detens.io import atomic_write_json, check_writable_file, check_writable_folder
+from detens.io import atomic_write_json, check_writable_file, check_writable_folder, output_lock
 from detens.jobs._inputs import comma_separated, file_digests, model_names
 from detens.jobs._options import (
     JobOptions,
@@ -173,10 +173,22 @@ class EvaluateOptions(JobOptions):
 def run(options: EvaluateOptions) -> int:
     """Fit and score every method, print the table and write the run's files; returns 0.
 
+    Holds a lock on ``--out`` (``.<name>.detens.lock`` beside it) while it runs: a second run on the same
+    ``--out`` would take the first one's rows for an interrupted run's, or start its folder of finished
+    methods over under it.
+
     Raises:
         UsageError: a bad option, or an output on an input or on another output (found before any method
             runs).
+        ValueError: among others, another run holds ``--out``, naming it.
     """
+    out = Path(options.out)
+    check_writable_file(out, "--out")
+    with output_lock(out.parent, "detens evaluate", f".{out.name}.detens.lock", output=f"--out {out}"):
+        return _run(options)
+
+
+def _run(options: EvaluateOptions) -> int:
     torch.set_num_threads(options.threads)
     if options.cv < 0 or options.cv == 1:
         raise UsageError(f"--cv must be the number of folds (>= 2), or 0 with --fit-on; got {options.cv}")
