@@ -1427,8 +1427,12 @@ class TestTools:
         assert evaluate_cli.main(base + ["--out", str(out), "--cv", "500"]) == 2
         assert not (tmp_path / "mistaken.unfinished").exists() and ran == []
         assert sorted(p.name for p in (tmp_path / "report.unfinished").iterdir()) == kept
-        assert evaluate_cli.main(base + ["--out", str(out), "--max-det", "50"]) == 0
+        capsys.readouterr()
+        assert evaluate_cli.main(loud + ["--out", str(out), "--max-det", "50"]) == 0
         assert ran[:2] == ["wbf_tuned", "mean"]
+        err = capsys.readouterr().err  # said before the first method, while a Ctrl-C can still keep them
+        assert (f"{tmp_path / 'report.unfinished'} holds 1 method result finished by an interrupted run with other "
+                "inputs or options") in err and "this run discards them when it finishes its first method" in err
 
     def test_evaluate_cli_replaces_a_runs_files_only_when_it_completes(self, dataset, tmp_path, capsys, monkeypatch):
         gt_path, predictions = dataset

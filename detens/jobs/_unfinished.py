@@ -55,6 +55,14 @@ class UnfinishedRun:
             self._ours = json.loads((self.folder / "run.json").read_text(encoding="utf-8")).get("key") == key
         except (OSError, ValueError, AttributeError):
             self._ours = False
+        others = 0 if self._ours else len(list(self.folder.glob("*.json.gz")))
+        if others:  # said now, while a Ctrl-C can still keep them
+            logger.warning(
+                "%s holds %d method result%s finished by an interrupted run with other inputs or options (annotation "
+                "file, predictions, methods, their settings, --cv, --seed, ...): this run discards them when it "
+                "finishes its first method; to resume that run instead, stop this one and run its command again",
+                self.folder, others, "s" if others > 1 else "",
+            )
 
     def _path(self, seed: int, name: str) -> Path:
         return self.folder / f"{seed}-{hashlib.sha256(name.encode('utf-8')).hexdigest()[:16]}.json.gz"
