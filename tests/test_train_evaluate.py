@@ -1434,6 +1434,25 @@ class TestTools:
         assert (f"{tmp_path / 'report.unfinished'} holds 1 method result finished by an interrupted run with other "
                 "inputs or options") in err and "this run discards them when it finishes its first method" in err
 
+    def test_an_interrupt_while_the_page_is_drawn_says_the_table_is_complete(self, dataset, tmp_path, capsys, monkeypatch):
+        import detens.report.page as page
+
+        def interrupted(record, folder):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(page, "write_report", interrupted)
+        gt_path, predictions = dataset
+        out = tmp_path / "report.json"
+        assert evaluate_cli.main(["--gt", str(gt_path), "--predictions", str(predictions), "--methods", "mean",
+                                  "--cv", "2", "--backend", "faster", "--out", str(out),
+                                  "--report", str(tmp_path / "page")]) == 130
+        err = capsys.readouterr().err
+        assert (f"interrupted after the table {out} and its record were written, complete; what comes after them "
+                f"(the plots, the report page, the bootstrap) may be missing: detens report {out} --out "
+                f"{tmp_path / 'page'} draws the page from them") in err
+        assert err.rstrip().endswith("error: interrupted")
+        assert list(json.loads(out.read_text())) == ["mean"] and EvaluationRecord.load(out).image_ids
+
     def test_evaluate_cli_replaces_a_runs_files_only_when_it_completes(self, dataset, tmp_path, capsys, monkeypatch):
         gt_path, predictions = dataset
         out = tmp_path / "report.json"

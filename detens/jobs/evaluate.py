@@ -333,26 +333,34 @@ def _run(options: EvaluateOptions) -> int:
     _beside(out, ".bootstrap.json").unlink(missing_ok=True)  # the earlier run's draws; this run's come below
     _beside(out, ".run.json").unlink(missing_ok=True)  # an earlier run of several seeds; the record says it now
     _complete(out, table)
-    if options.plot:
-        plot_report(table, options.plot, title=f"COCO mAP, {protocol}, models: {', '.join(predictions.model_names)}")
-    if options.reliability:
-        plot_reliability({name: result.calibration for name, result in report.items()}, options.reliability,
-                         title=f"Reliability (TP at IoU 0.5), {protocol}")
-    page = None
-    if options.report:
-        from detens.report.page import write_report
+    try:
+        if options.plot:
+            plot_report(table, options.plot, title=f"COCO mAP, {protocol}, models: {', '.join(predictions.model_names)}")
+        if options.reliability:
+            plot_reliability({name: result.calibration for name, result in report.items()}, options.reliability,
+                             title=f"Reliability (TP at IoU 0.5), {protocol}")
+        page = None
+        if options.report:
+            from detens.report.page import write_report
 
-        page = write_report(record, options.report)
-    bootstrap = None
-    if options.bootstrap:
-        summary = summarize_bootstrap(
-            bootstrap_map(predictions.gt, {name: result.results for name, result in report.items()},
-                          image_ids=scored, resamples=options.bootstrap, seed=options.seed[0]),
-            against,
+            page = write_report(record, options.report)
+        bootstrap = None
+        if options.bootstrap:
+            summary = summarize_bootstrap(
+                bootstrap_map(predictions.gt, {name: result.results for name, result in report.items()},
+                              image_ids=scored, resamples=options.bootstrap, seed=options.seed[0]),
+                against,
+            )
+            bootstrap = _beside(out, ".bootstrap.json")
+            atomic_write_json(bootstrap, {"draws": options.bootstrap, "seed": options.seed[0], "against": against,
+                                          "methods": summary}, indent=1)
+    except KeyboardInterrupt:  # the run's table is complete: say so, since the same command would refit everything
+        logger.warning(
+            "interrupted after the table %s and its record were written, complete; what comes after them (the "
+            "plots, the report page, the bootstrap) may be missing%s", out,
+            f": detens report {out} --out {options.report} draws the page from them" if options.report else "",
         )
-        bootstrap = _beside(out, ".bootstrap.json")
-        atomic_write_json(bootstrap, {"draws": options.bootstrap, "seed": options.seed[0], "against": against,
-                                      "methods": summary}, indent=1)
+        raise
     print()
     print(markdown_table(table))
     if bootstrap is not None:
