@@ -213,7 +213,7 @@ def _run(options: EvaluateOptions) -> int:
     for kind in sorted({*files, *sets}):
         config = load_train_config(kind, files.get(kind), sets.get(kind))
         method_options.update({method: {"config": config} for method in _takers(kind, methods, "")})
-    for flag, value in (("--out", options.out), ("--plot", options.plot), ("--reliability", options.reliability)):
+    for flag, value in (("--plot", options.plot), ("--reliability", options.reliability)):  # --out: by run()
         if value is not None:
             check_writable_file(Path(value), flag)
     outputs, folders = _outputs(options), _prediction_folders(options)
@@ -445,16 +445,14 @@ def _sets_by_head(items: Sequence[str], methods: Sequence[str]) -> dict[str, dic
     """
     by_head: dict[str, dict[str, Any]] = {}
     for item in items:
-        target, equals, value = item.partition("=")
+        target, equals, _ = item.partition("=")
         kind, dot, key = target.partition(".")
         if not equals or not dot or not key.strip() or kind not in TRAINERS:
             raise UsageError(f"--set takes HEAD.KEY=VALUE with HEAD one of {', '.join(sorted(TRAINERS))} "
                              f"(deep.epochs=5), got {item!r}")
         _takers(kind, methods, f"--set {item}")
-        try:
-            by_head.setdefault(kind, {}).update(parse_set([f"{key}={value}"]))
-        except ValueError as err:  # said of the flag as given
-            raise ValueError(str(err).replace(repr(f"{key}={value}"), repr(item))) from None
+        (value,) = parse_set([item]).values()  # a refusal names the flag as given
+        by_head.setdefault(kind, {})[key.strip()] = value
     return by_head
 
 
