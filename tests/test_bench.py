@@ -162,3 +162,20 @@ def test_the_list_options_take_python_values():
 def test_the_options_are_checked_as_they_are_made(options, error, message):
     with pytest.raises(error, match=message):
         BenchOptions.from_python(options)
+
+
+def test_the_fuser_bench_times_every_method_and_tabulates_them():
+    pytest.importorskip("ensemble_boxes")
+    import torch
+
+    from detens.jobs.bench import DEEP, TENSOR_MATCH, THETA, bench_size, markdown_table
+
+    result = bench_size(2, 30, repeats=2, device=torch.device("cpu"), seed=0)
+    methods = ["detens wbf", THETA, DEEP, TENSOR_MATCH, "ensemble_boxes", "batched_nms"]
+    assert sorted(result["median_ms"]) == sorted(methods)
+    assert all(len(result["all_ms"][name]) == 2 and result["median_ms"][name] > 0 for name in methods)
+    assert result["wbf_max_abs_diff_vs_ensemble_boxes"] < 1e-5
+    assert result["ratios"][f"ensemble_boxes / {DEEP}"] == result["median_ms"]["ensemble_boxes"] / result["median_ms"][DEEP]
+    header, rule, row = markdown_table([result]).splitlines()
+    assert header.count("|") == rule.count("|") == row.count("|") == 13
+    assert f"| {DEEP} |" in header and row.startswith("| 2x30 |")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import math
 import random
 
 import numpy as np
@@ -16,6 +17,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+import detens.heads._features as features_module
 from detens import Detections, fuse, match
 from detens.fusers.consensus import average_clusters
 from detens.heads import HEADS, HeadFileError, load_head
@@ -119,6 +121,72 @@ def outputs_equal(a, b, clusters):
 
 
 # ------------------------------------------------------------------------------------------ features
+def crowded_clusters(num: int, generator: torch.Generator, dtype: torch.dtype):
+    """Mean boxes, scores and labels of ``num`` clusters crowded around a few places: exact duplicates,
+    scores tied to two decimals, some boxes without area, three classes."""
+    centres = torch.rand(4, 2, generator=generator) * 0.8 + 0.1
+    place = torch.randint(4, (num,), generator=generator)
+    half = torch.rand(num, 2, generator=generator) * 0.1 + 0.02
+    centre = centres[place] + torch.randn(num, 2, generator=generator) * 0.03
+    boxes = torch.cat([centre - half, centre + half], 1)
+    if num > 3:
+        boxes[1] = boxes[0]  # an exact duplicate
+        boxes[2, 2] = boxes[2, 0]  # no width
+        boxes[3, 2:] = boxes[3, :2]  # a point
+    scores = (torch.rand(num, generator=generator) * 20).round() / 20  # ties
+    labels = torch.randint(3, (num,), generator=generator)
+    if num > 4:  # cluster 4's duplicates of equal IoU score differently: the lower index is the one
+        boxes[4] = boxes[0] + 0.01
+        labels[:5] = labels[0]
+        scores[[0, 1, 4]] = torch.tensor([0.8, 0.9, 0.3])
+    return boxes.to(dtype), scores.to(dtype), labels
+
+
+def slow_context(boxes: list, scores: list, labels: list) -> list:
+    """The context columns of :mod:`detens.heads._features`, one cluster and one pair at a time."""
+
+    def iou(a, b):
+        width = min(a[2], b[2]) - max(a[0], b[0])
+        height = min(a[3], b[3]) - max(a[1], b[1])
+        if width <= 0 or height <= 0:
+            return 0.0
+        inter = width * height
+        return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
+
+    def before(j, i):
+        return scores[j] > scores[i] or (scores[j] == scores[i] and j < i)
+
+    rows = []
+    confident = [s > 0.25 for s in scores]
+    for i, score in enumerate(scores):
+        others = [j for j in range(len(scores)) if j != i]
+        same = [j for j in others if labels[j] == labels[i]]
+        other = [j for j in others if labels[j] != labels[i]]
+        dup_iou, dup_at = 0.0, None
+        for j in same:  # ascending j: the lowest index wins a tie
+            if before(j, i) and iou(boxes[i], boxes[j]) > dup_iou:
+                dup_iou, dup_at = iou(boxes[i], boxes[j]), j
+        overlaps = sum(iou(boxes[i], boxes[j]) > 0.3 for j in same)
+        rank = sum(before(j, i) for j in same)
+        best = max([score] + [scores[j] for j in same])
+        other_iou = max([0.0] + [iou(boxes[i], boxes[j]) for j in other if before(j, i)])
+        colocated = [scores[j] for j in other if iou(boxes[i], boxes[j]) > 0.7]
+        other_best = max([0.0] + colocated)
+        rows.append([
+            dup_iou,
+            scores[dup_at] - score if dup_at is not None else 0.0,
+            math.log1p(overlaps),
+            math.log1p(rank),
+            score / max(best, 1e-6),
+            other_iou,
+            other_best / max(other_best + score, 1e-6),
+            score / max(sum(colocated) + score, 1e-6),
+            math.log1p(sum(confident)),
+            math.log1p(sum(confident[j] for j in same) + confident[i]),
+        ])
+    return rows
+
+
 class TestFeatures:
     def test_shape_names_and_empty(self):
         clusters = samples(1)[0].clusters
@@ -145,6 +213,37 @@ class TestFeatures:
         assert_close(features[:, names.index("mean_score")], torch.tensor([0.85, 0.15]))
         assert_close(pairwise_iou(preds, present), torch.tensor([[1.0], [0.0]]))
 
+
+    @pytest.mark.parametrize("formulation", ["compiled", "dense"])
+    @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+    def test_context_matches_a_slow_reference(self, formulation, dtype, monkeypatch):
+        """The ten context columns of crowded images (duplicate boxes, tied scores, boxes without area,
+        several classes) against their definitions computed pair by pair."""
+        if formulation == "dense":  # the GPU formulation, on the CPU, in blocks smaller than an image
+            monkeypatch.setattr(features_module, "_compiled_context_terms", features_module._dense_context_terms)
+            monkeypatch.setattr(features_module, "_BLOCK", 7)
+        generator = torch.Generator().manual_seed(3)
+        for num in (0, 1, 2, 25, 60):
+            boxes, scores, labels = crowded_clusters(num, generator, dtype)
+            got = features_module._context(boxes, scores, labels)
+            expected = torch.tensor(slow_context(boxes.tolist(), scores.tolist(), labels.tolist()), dtype=dtype)
+            tolerance = 1e-12 if dtype == torch.float64 else 1e-6
+            assert_close(got, expected.reshape(num, len(features_module._CONTEXT)), rtol=0, atol=tolerance)
+
+    def test_context_formulations_agree_to_the_bit(self, monkeypatch):
+        """A network head's fit can turn on a feature's last bit, so the CPU kernel and the dense
+        formulation give identical columns, sums over many colocated clusters of other classes included."""
+        generator = torch.Generator().manual_seed(4)
+        boxes, scores, labels = crowded_clusters(80, generator, torch.float32)
+        stack = boxes[0] + torch.rand(12, 4, generator=generator) * 0.002  # 12 classes at one place
+        boxes = torch.cat([boxes, stack])
+        scores = torch.cat([scores, torch.rand(12, generator=generator)])
+        labels = torch.cat([labels, torch.arange(3, 15)])
+        compiled = features_module._context(boxes, scores, labels)
+        monkeypatch.setattr(features_module, "_compiled_context_terms", features_module._dense_context_terms)
+        dense = features_module._context(boxes, scores, labels)
+        assert (compiled[80:, features_module._CONTEXT.index("other_class_mass")] < 1).all()
+        assert torch.equal(compiled, dense)
 
     def test_present_median_box_matches_a_slow_reference(self):
         import statistics

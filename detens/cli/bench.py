@@ -8,7 +8,10 @@ and times, per image (median over the images):
 
 - ``detens wbf``: ``detens.fuse(per_model, "wbf")`` (its compiled clustering loop, the CPU default);
 - ``match+theta``: ``detens.fuse(per_model, "theta", head=ThetaHead(model_names))``, i.e. ``detens.match``
-  then the Θ head (rows fall back to ``match+mean``, clearly labelled, if ThetaHead cannot be imported);
+  then the Θ head;
+- ``match+deep``: ``detens.fuse(per_model, "deep", head=DeepEnsembleHead(model_names, box="learned",
+  median_box=True))``, ``detens.match`` then the network head ``make demo`` ships (its features, score
+  network and learned box; untrained weights cost what trained ones do);
 - ``ensemble_boxes``: ``weighted_boxes_fusion`` fed normalized lists of lists (the conversion from
   Detections is done beforehand and not timed);
 - ``match, tensor path``: ``detens.match(per_model, backend="tensor")`` alone, the formulation GPUs use

@@ -35,7 +35,6 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torchvision.ops import box_iou
 
 from detens.detections import compute_device
 from detens.matching import Clusters, weighted_mean_box
@@ -63,7 +62,11 @@ _CONTEXT = (
 VISIBILITY_GROUPS = ("visible", "frac_visible_present", "mean_visible_score")
 # A cluster "confidently" found: mean score above this (for the image-level crowd counts).
 _CONFIDENT = 0.25
-# Clusters of more than this many boxes compute their C×C context IoUs in row blocks.
+# Same-class clusters overlapping by more than this count as overlapping; other-class ones overlapping by
+# more than the second are at the same place.
+_OVERLAP_IOU = 0.3
+_COLOCATED_IOU = 0.7
+# Clusters of more than this many boxes compute their dense C×C context IoUs in row blocks.
 _BLOCK = 2048
 
 
@@ -117,49 +120,111 @@ def pairwise_iou(preds: Tensor, present: Tensor) -> Tensor:
 
 
 def _context(boxes: Tensor, scores: Tensor, labels: Tensor) -> Tensor:
-    """Tensor[C, 10]: the within-image context features of the module docstring."""
+    """Tensor[C, 10]: the within-image context features of the module docstring.
+
+    On the CPU the pairwise terms come from a compiled loop over the overlapping pairs
+    (:mod:`detens.heads._context_kernel`), elsewhere from dense C×C tensors: the same terms either way.
+    """
     num = boxes.shape[0]
-    out = boxes.new_zeros((num, len(_CONTEXT)))
     if num == 0:
-        return out
+        return boxes.new_zeros((0, len(_CONTEXT)))
+    terms = (_compiled_context_terms if boxes.device.type == "cpu" else _dense_context_terms)(boxes, scores, labels)
+    dup_iou, dup_at, overlaps, rank, best, other_iou, other_best, other_mass, class_confident = terms
+    margin = torch.where(dup_iou > 0, scores[dup_at.clamp(min=0)] - scores, torch.zeros_like(dup_iou))
+    image_confident = (scores > _CONFIDENT).sum().to(boxes.dtype).expand(num)
+    return torch.stack(
+        [
+            dup_iou,
+            margin,
+            torch.log1p(overlaps.to(boxes.dtype)),
+            torch.log1p(rank.to(boxes.dtype)),
+            scores / best.clamp(min=1e-6),
+            other_iou,
+            other_best / (other_best + scores).clamp(min=1e-6),
+            scores / (other_mass + scores).clamp(min=1e-6),
+            torch.log1p(image_confident),
+            torch.log1p(class_confident.to(boxes.dtype)),
+        ],
+        dim=1,
+    )
+
+
+def _compiled_context_terms(boxes: Tensor, scores: Tensor, labels: Tensor) -> tuple[Tensor, ...]:
+    """:func:`detens.heads._context_kernel.context_terms` of CPU tensors, floating terms in the boxes' dtype.
+
+    A sum of three or more scores depends on the order of the additions in its last bit, and a network
+    head's fit on these features can turn on that bit. So where three or more other-class clusters share
+    a cluster's place, their scores are summed by torch over a row of zeros, as the tensor formulation
+    sums them.
+    """
+    from detens.heads._context_kernel import context_terms
+
+    work = boxes.dtype if boxes.dtype in (torch.float32, torch.float64) else torch.float32
+    *terms, colocated = (
+        torch.from_numpy(term)
+        for term in context_terms(
+            boxes.detach().to(work).contiguous().numpy(),
+            scores.detach().to(work).contiguous().numpy(),
+            labels.to(torch.int64).contiguous().numpy(),
+            _OVERLAP_IOU,
+            _COLOCATED_IOU,
+            _CONFIDENT,
+        )
+    )
+    dup_iou, dup_at, overlaps, rank, best, other_iou, other_best, other_mass, class_confident = (
+        term.to(boxes.dtype) if term.is_floating_point() else term for term in terms
+    )
+    num = boxes.shape[0]
+    crowded = torch.bincount(colocated[:, 0], minlength=num) >= 3  # [C]
+    pairs = colocated[crowded[colocated[:, 0]]]  # [P', 2]
+    if len(pairs):
+        rows = torch.nonzero(crowded).flatten()
+        row_of = torch.full((num,), -1, dtype=torch.int64)
+        row_of[rows] = torch.arange(len(rows))
+        step = max(1, _BLOCK * _BLOCK // num)
+        for begin in range(0, len(rows), step):
+            chunk = pairs[(row_of[pairs[:, 0]] >= begin) & (row_of[pairs[:, 0]] < begin + step)]
+            other_scores = scores.detach().new_zeros((min(step, len(rows) - begin), num))
+            other_scores[row_of[chunk[:, 0]] - begin, chunk[:, 1]] = scores.detach()[chunk[:, 1]]
+            other_mass[rows[begin : begin + step]] = other_scores.sum(1)
+    return dup_iou, dup_at, overlaps, rank, best, other_iou, other_best, other_mass, class_confident
+
+
+def _dense_context_terms(boxes: Tensor, scores: Tensor, labels: Tensor) -> tuple[Tensor, ...]:
+    """The terms of :func:`detens.heads._context_kernel.context_terms` from dense C×C tensors, in row blocks
+    of at most ``_BLOCK`` clusters: the formulation for GPUs."""
+    num = boxes.shape[0]
+    index = torch.arange(num, device=boxes.device)
+    confident = scores > _CONFIDENT  # [C]
+    blocks = []
     for begin in range(0, num, _BLOCK):
         rows = slice(begin, begin + _BLOCK)
-        iou = box_iou(boxes[rows], boxes)  # [b, C]
+        iou = _paired_iou(boxes[rows, None, :], boxes[None, :, :])  # [b, C]; 0 where a box has no area
         same = labels[rows, None] == labels[None, :]  # [b, C]
+        itself = index[rows, None] == index[None, :]  # [b, C]
         higher = (scores[None, :] > scores[rows, None]) | (
-            (scores[None, :] == scores[rows, None])
-            & (torch.arange(num, device=boxes.device)[None, :] < torch.arange(begin, begin + iou.shape[0], device=boxes.device)[:, None])
+            (scores[None, :] == scores[rows, None]) & (index[None, :] < index[rows, None])
         )  # [b, C]: ranked before this cluster (ties: lower index)
         dup = torch.where(same & higher, iou, torch.zeros_like(iou))
-        dup_iou, dup_at = dup.max(1)
-        margin = torch.where(dup_iou > 0, scores[dup_at] - scores[rows], torch.zeros_like(dup_iou))
-        overlaps = (same & (iou > 0.3)).sum(1).to(boxes.dtype) - 1  # minus itself
-        rank = (same & higher).sum(1).to(boxes.dtype)
-        best = torch.where(same, scores[None, :], torch.zeros_like(iou)).max(1).values
-        other = torch.where(~same & higher, iou, torch.zeros_like(iou)).max(1).values
-        colocated = ~same & (iou > 0.7)  # [b, C]: the same place, another class
+        dup_iou = dup.max(1).values
+        at_max = (dup == dup_iou[:, None]) & (dup_iou[:, None] > 0)
+        dup_at = torch.where(at_max, index[None, :], num).min(1).values
+        colocated = ~same & (iou > _COLOCATED_IOU)  # [b, C]: the same place, another class
         other_scores = torch.where(colocated, scores[None, :], torch.zeros_like(iou))
-        other_best = other_scores.max(1).values
-        other_mass = other_scores.sum(1)
-        confident = scores > _CONFIDENT  # [C]
-        image_confident = confident.sum().to(boxes.dtype).expand(iou.shape[0])
-        class_confident = (same & confident[None, :]).sum(1).to(boxes.dtype)
-        out[rows] = torch.stack(
-            [
+        blocks.append(
+            (
                 dup_iou,
-                margin,
-                torch.log1p(overlaps.clamp(min=0)),
-                torch.log1p(rank),
-                scores[rows] / best.clamp(min=1e-6),
-                other,
-                other_best / (other_best + scores[rows]).clamp(min=1e-6),
-                scores[rows] / (other_mass + scores[rows]).clamp(min=1e-6),
-                torch.log1p(image_confident),
-                torch.log1p(class_confident),
-            ],
-            dim=1,
+                torch.where(dup_iou > 0, dup_at, -1),
+                (same & ~itself & (iou > _OVERLAP_IOU)).sum(1),
+                (same & higher).sum(1),
+                torch.where(same, scores[None, :], torch.zeros_like(iou)).max(1).values,
+                torch.where(~same & higher, iou, torch.zeros_like(iou)).max(1).values,
+                other_scores.max(1).values,
+                other_scores.sum(1),
+                (same & confident[None, :]).sum(1),
+            )
         )
-    return out
+    return tuple(torch.cat(parts) for parts in zip(*blocks, strict=True))
 
 
 def cluster_features(clusters: Clusters, dtype: torch.dtype | None = None, visible: Tensor | None = None) -> Tensor:

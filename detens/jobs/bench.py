@@ -129,33 +129,31 @@ def _timed(fn: Callable[[], Any], device: torch.device) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def _methods(num_models: int) -> tuple[dict[str, Callable[[list[Detections]], Any]], str]:
+THETA, DEEP = "match+theta", "match+deep"
+
+
+def _methods(num_models: int) -> dict[str, Callable[[list[Detections]], Any]]:
     from torchvision.ops import batched_nms
 
+    from detens.heads.deep import DeepEnsembleHead
+    from detens.heads.theta import ThetaHead
+
     names = [f"model{i}" for i in range(num_models)]
-    try:
-        from detens.heads.theta import ThetaHead
-
-        head = ThetaHead(names)
-        learned_name = "match+theta"
-    except ImportError as err:  # pragma: no cover - only while the head is being written
-        logger.warning("ThetaHead unavailable (%s): timing match + mean instead", err)
-        head, learned_name = None, "match+mean (ThetaHead missing)"
-
-    def learned(per_model: list[Detections]) -> Any:
-        if head is None:
-            return fuse(per_model, "mean")
-        return fuse(per_model, "theta", head=head)
+    # Untrained heads do the work of trained ones: the weights change the outputs, not the operations.
+    theta = ThetaHead(names)
+    deep = DeepEnsembleHead(names, box="learned", median_box=True)
 
     def floor(per_model: list[Detections]) -> Any:
         all_boxes = Detections.concat(per_model)
         return batched_nms(all_boxes.boxes, all_boxes.scores, all_boxes.labels, 0.5)
 
-    def tensor_match(per_model: list[Detections]) -> Any:
-        return match(per_model, backend="tensor")
-
-    methods = {"detens wbf": lambda pm: fuse(pm, "wbf"), learned_name: learned, TENSOR_MATCH: tensor_match}
-    return {**methods, "batched_nms": floor}, learned_name
+    return {
+        "detens wbf": lambda pm: fuse(pm, "wbf"),
+        THETA: lambda pm: fuse(pm, "theta", head=theta),
+        DEEP: lambda pm: fuse(pm, "deep", head=deep),
+        TENSOR_MATCH: lambda pm: match(pm, backend="tensor"),
+        "batched_nms": floor,
+    }
 
 
 def bench_size(num_models: int, boxes_per_model: int, repeats: int, device: torch.device, seed: int) -> dict[str, Any]:
@@ -163,7 +161,7 @@ def bench_size(num_models: int, boxes_per_model: int, repeats: int, device: torc
 
     rng = np.random.default_rng(seed)
     images = [synthetic_image(rng, num_models, boxes_per_model) for _ in range(repeats + 1)]
-    methods, learned_name = _methods(num_models)
+    methods = _methods(num_models)
     times: dict[str, list[float]] = {name: [] for name in [*methods, "ensemble_boxes"]}
     max_diff = 0.0
     for i, per_model in enumerate(images):
@@ -197,34 +195,33 @@ def bench_size(num_models: int, boxes_per_model: int, repeats: int, device: torc
         "num_models": num_models,
         "boxes_per_model": boxes_per_model,
         "images": repeats,
-        "learned_name": learned_name,
         "median_ms": medians,
         "all_ms": times,
         "wbf_max_abs_diff_vs_ensemble_boxes": max_diff,
         "ratios": {
             "ensemble_boxes / detens wbf": medians["ensemble_boxes"] / medians["detens wbf"],
             "detens wbf / batched_nms": medians["detens wbf"] / medians["batched_nms"],
-            f"ensemble_boxes / {learned_name}": medians["ensemble_boxes"] / medians[learned_name],
-            f"{learned_name} / batched_nms": medians[learned_name] / medians["batched_nms"],
+            f"ensemble_boxes / {THETA}": medians["ensemble_boxes"] / medians[THETA],
+            f"{THETA} / batched_nms": medians[THETA] / medians["batched_nms"],
+            f"ensemble_boxes / {DEEP}": medians["ensemble_boxes"] / medians[DEEP],
         },
     }
 
 
 def markdown_table(results: list[dict[str, Any]]) -> str:
-    learned = results[0]["learned_name"]
     header = (
-        f"| boxes per image (models × boxes) | detens wbf | {learned} | {TENSOR_MATCH} | ensemble_boxes wbf "
-        f"| batched_nms | ensemble_boxes / detens wbf | detens wbf / batched_nms | ensemble_boxes / {learned} "
-        f"| {learned} / batched_nms |"
+        f"| boxes per image (models × boxes) | detens wbf | {THETA} | {DEEP} | {TENSOR_MATCH} | ensemble_boxes wbf "
+        f"| batched_nms | ensemble_boxes / detens wbf | detens wbf / batched_nms | ensemble_boxes / {THETA} "
+        f"| {THETA} / batched_nms | ensemble_boxes / {DEEP} |"
     )
-    lines = [header, "|" + "---|" * 10]
+    lines = [header, "|" + "---|" * 12]
     for r in results:
         m, q = r["median_ms"], r["ratios"]
         lines.append(
-            f"| {r['size']} | {m['detens wbf']:.1f} ms | {m[learned]:.1f} ms | {m[TENSOR_MATCH]:.1f} ms "
+            f"| {r['size']} | {m['detens wbf']:.1f} ms | {m[THETA]:.1f} ms | {m[DEEP]:.1f} ms | {m[TENSOR_MATCH]:.1f} ms "
             f"| {m['ensemble_boxes']:.1f} ms | {m['batched_nms']:.1f} ms | {q['ensemble_boxes / detens wbf']:.1f}× "
-            f"| {q['detens wbf / batched_nms']:.2f}× | {q[f'ensemble_boxes / {learned}']:.1f}× "
-            f"| {q[f'{learned} / batched_nms']:.2f}× |"
+            f"| {q['detens wbf / batched_nms']:.2f}× | {q[f'ensemble_boxes / {THETA}']:.1f}× "
+            f"| {q[f'{THETA} / batched_nms']:.2f}× | {q[f'ensemble_boxes / {DEEP}']:.1f}× |"
         )
     return "\n".join(lines)
 
