@@ -88,7 +88,9 @@ def slice_(tmp_path_factory):
     return root
 
 
-def run(root: Path, out: Path, *extra: str, config: str = "replay.yaml", images: Path | None = None) -> int:
+def run(
+    root: Path, out: Path, *extra: str, config: str = "replay.yaml", images: Path | None = None, gt: Path | None = None
+) -> int:
     return cache_cli.main(
         [
             "--config",
@@ -96,7 +98,7 @@ def run(root: Path, out: Path, *extra: str, config: str = "replay.yaml", images:
             "--images",
             str(images or root / "images"),
             "--gt",
-            str(root / "gt.json"),
+            str(gt or root / "gt.json"),
             "--out",
             str(out),
             "--quiet",
@@ -325,6 +327,17 @@ def test_interrupted_run_resumes(slice_, replay_run, monkeypatch, capsys, press_
         assert (out / f"{member}.json").read_bytes() == (replay_run / f"{member}.json").read_bytes()
 
 
+def test_a_resumed_run_says_how_many_images_it_resumed(slice_, tmp_path, capsys):
+    out = tmp_path / "o"
+    assert run(slice_, out, "--max-images", "1") == 0  # as if interrupted after each member's first image
+    capsys.readouterr()
+    assert cache_cli.main(["--config", str(slice_ / "replay.yaml"), "--images", str(slice_ / "images"),
+                           "--gt", str(slice_ / "gt.json"), "--out", str(out)]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[2:4]}
+    assert rows.keys() == {"a", "b"}, rows
+    assert all(row.endswith(f"complete ({NUM_IMAGES - 1} this run, 1 resumed)") for row in rows.values()), rows
+
+
 def test_merge_of_three_shards_and_subcommand_forms(slice_, replay_run):
     out = slice_ / "replay_shards3"
     for index in range(3):
@@ -352,6 +365,86 @@ def test_merge_with_a_missing_shard_fails_clearly(slice_, capsys):
     assert run(slice_, out, "--shard", "0/2", "--models", "a") == 0
     assert cache_cli.main(["merge", "--out", str(out), "--quiet"]) == 2
     assert "a: shards of different splits (n=2, n=3)" in capsys.readouterr().err
+
+
+def test_merge_names_a_shard_that_a_run_stopped_before_its_file_incomplete(slice_, tmp_path, capsys):
+    out = tmp_path / "o"
+    assert run(slice_, out, "--shard", "1/2") == 0
+    assert run(slice_, out, "--shard", "0/2", "--max-images", "1") == 0  # as if killed after its first image
+    capsys.readouterr()
+    assert cache_cli.main(["merge", "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    left = gt_ids(slice_)[2]
+    assert f"a: shard 0/2 is incomplete (1 of its 2 images left: {left}); run --shard 0/2 again to finish it" in err
+    assert "missing" not in err, err
+
+
+def test_a_shard_run_points_to_the_shards_folder_and_the_merge(slice_, tmp_path, capsys):
+    out = tmp_path / "o"
+    gt = slice_ / "gt.json"
+    capsys.readouterr()
+    assert cache_cli.main(["--config", str(slice_ / "replay.yaml"), "--images", str(slice_ / "images"),
+                           "--gt", str(gt), "--out", str(out), "--shard", "0/2"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[-2:] == [
+        f"results in {out / 'shards'}/, summary {out / 'shards' / 'cache_summary.shard-0-of-2.json'}",
+        f"once every shard is done, join them: detens cache merge --out {out} --gt {gt}",
+    ], printed
+
+
+def shard_gt(root: Path, folder: Path, count: int) -> Path:
+    """An annotation file in ``folder`` of the first ``count`` images (by id) of ``root``'s."""
+    gt = json.loads((root / "gt.json").read_text())
+    images = sorted(gt["images"], key=lambda im: im["id"])[:count]
+    ids = {im["id"] for im in images}
+    subset = {**gt, "images": images, "annotations": [a for a in gt["annotations"] if a["image_id"] in ids]}
+    (folder / f"gt{count}.json").write_text(json.dumps(subset))
+    return folder / f"gt{count}.json"
+
+
+def test_a_shard_on_another_annotation_file_is_refused_as_it_starts_naming_both(slice_, tmp_path, capfd):
+    """The shards of a split merge only when made on one annotation file: the mistake is told as the odd shard
+    starts, while the others may still run, not once every shard has run."""
+    out, gt, gt2 = tmp_path / "o", slice_ / "gt.json", shard_gt(slice_, tmp_path, 2)
+    assert run(slice_, out, "--shard", "0/2", "--max-images", "1") == 0  # shard 0 has started, and goes on later
+    refused(capfd, run(slice_, out, "--shard", "1/2", gt=gt2),
+            rf"^error: {re.escape(str(out / 'shards'))} holds shard 0/2, made on {re.escape(str(gt))} \(3 images\); "
+            rf"this shard's --gt {re.escape(str(gt2))} \(2 images\) is another file, and the shards of a split merge "
+            r"only when made on the same one: give the --gt of the others, use another --out, or --overwrite to start "
+            r"this shard over on this file \(the others then run again on it too\)\n$")
+    assert not (out / "shards" / ".annotations.shard-1-of-2.json").exists()  # a refused run changes nothing
+    assert not (out / "shards" / "config.shard-1-of-2.yaml").exists()
+    assert run(slice_, out, "--shard", "1/2") == 0
+    assert run(slice_, out, "--shard", "0/2") == 0
+    assert cache_cli.main(["merge", "--out", str(out), "--quiet"]) == 0
+    # the split moved to another annotation file, shard by shard: --overwrite lets the first go, with a warning
+    again = tmp_path / "again"
+    assert run(slice_, again, "--shard", "1/2", gt=gt2) == 0
+    refused(capfd, run(slice_, again, "--shard", "0/2"), rf"holds shard 1/2, made on {re.escape(str(gt2))} \(2 images\)")
+    assert run(slice_, again, "--shard", "0/2", "--overwrite") == 0
+    assert (f"WARNING detens.cache: {again / 'shards'} holds shard 1/2, made on {gt2} (2 images): run it again with "
+            f"--gt {gt} before the merge") in capfd.readouterr().err  # --quiet: sys.stderr is a copy of fd 2
+    assert run(slice_, again, "--shard", "1/2") == 0
+    assert cache_cli.main(["merge", "--out", str(again), "--gt", str(gt), "--quiet"]) == 0
+
+
+def test_a_refused_merge_names_the_annotation_files_and_the_shards_of_each(slice_, tmp_path, capsys):
+    out, gt, gt2 = tmp_path / "o", slice_ / "gt.json", shard_gt(slice_, tmp_path, 2)
+    assert run(slice_, out, "--shard", "0/2", "--models", "a") == 0
+    # as a shard of an earlier version leaves it, which recorded no annotation file as it started
+    (out / "shards" / ".annotations.shard-0-of-2.json").unlink()
+    assert run(slice_, out, "--shard", "1/2", "--models", "a", gt=gt2) == 0
+    capsys.readouterr()
+    assert cache_cli.main(["merge", "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert (f"a: the shards were made on different annotation files (shard 0/2 on {gt} (3 images); shard 1/2 on "
+            f"{gt2} (2 images)); re-run the odd ones with the --gt of the others") in err, err
+    assert run(slice_, out, "--shard", "1/2", "--models", "a") == 0
+    assert cache_cli.main(["merge", "--out", str(out), "--gt", str(gt2), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert (f"a: the shards were made on {gt} (3 images), not on --gt {gt2} (2 images); merge with that --gt, or "
+            "re-run the shards with this one") in err, err
+    assert cache_cli.main(["merge", "--out", str(out), "--gt", str(gt), "--quiet"]) == 0
 
 
 def test_merge_lists_the_first_images_of_a_missing_shard_then_their_count(tmp_path):
@@ -760,6 +853,33 @@ def test_weights_rewritten_in_place_are_refused_unless_overwrite(slice_, tmp_pat
     assert run(slice_, out, "--overwrite", "--max-images", "0", config=config) == 0
     assert not (out / ".partial" / "yolo" / f"{first}.json").exists()
     assert saved_settings(out, "yolo")["inputs"] == {str(weights): path_digest(weights)}
+
+
+def test_other_weights_are_named_by_their_key_not_by_the_digests_of_the_files_no_longer_read(
+        slice_, tmp_path, capsys):
+    """The earlier file's digest is recorded and the new file's is not compared: shown, the digests read as if the
+    new weights had none. The weights key says what changed."""
+    first, second = tmp_path / "first.pt", tmp_path / "second.pt"
+    first.write_bytes(b"an export")
+    second.write_bytes(b"another export")
+    out = tmp_path / "out"
+    assert run(slice_, out, "--max-images", "0", config=weights_config(tmp_path, {"weights": str(first), "name": "yolo"})) == 0
+    finish_one_image(slice_, out, "yolo")
+    code = run(slice_, out, "--max-images", "0", config=weights_config(tmp_path, {"weights": str(second), "name": "yolo"}))
+    refused(capsys, code, rf"'yolo' made with other settings \(weights: {re.escape(repr(str(first)))} -> "
+                          rf"{re.escape(repr(str(second)))}\); use another --out, or --overwrite to discard them$")
+
+
+def test_input_files_alone_changed_are_named_file_by_file():
+    saved = {"type": "precomputed", "results": "r.json", "conf": 0.001,
+             "inputs": {"r.json": "1111", "images.json": "2222"}}
+    assert (cache_tool.settings_difference(saved, {**saved, "inputs": {"r.json": "1111"}})
+            == "inputs: 'images.json' (sha256 2222) no longer read")
+    assert (cache_tool.settings_difference(saved, {**saved, "conf": 0.4, "inputs": {"r.json": "1111"}})
+            == "conf: 0.001 -> 0.4, inputs: 'images.json' (sha256 2222) no longer read")
+    # another results file: its key says what changed (the new file's digest is not compared, only recorded)
+    assert (cache_tool.settings_difference(saved, {**saved, "results": "s.json", "inputs": {}})
+            == "results: 'r.json' -> 's.json'")
 
 
 def finish_one_image(root: Path, out: Path, member: str) -> None:

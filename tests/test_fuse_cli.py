@@ -218,6 +218,33 @@ def test_resume_after_interruption(workspace, full_run, monkeypatch, capsys, pre
     assert (out / "per_model" / "yolo26n.json").read_text() == per_model and not (out / "partial").exists()
 
 
+def test_an_interrupted_run_says_its_results_are_partial(workspace, tmp_path, monkeypatch, capsys):
+    source, out = one_image_source(workspace, tmp_path / "src", "x.jpg", "y.jpg", "z.jpg"), tmp_path / "o"
+    interrupt_on_image(monkeypatch, 2)
+    capsys.readouterr()
+    assert fuse_loudly(workspace, source, out, "--no-vis") == 130
+    lines = capsys.readouterr().out.splitlines()
+    assert [line for line in lines if " in " in line and line.endswith("summary.json, config.yaml")] == [
+        f"partial results (1 of 3 images) in {out}/: predictions.json, images.json, labels/, summary.json, config.yaml"
+    ], lines
+    assert lines[-1] == "interrupted: run the same command again to finish"
+
+
+def test_a_resume_on_a_narrower_source_warns_of_the_unfinished_images_it_leaves_out(workspace, tmp_path, monkeypatch,
+                                                                                    capfd):
+    source, out = one_image_source(workspace, tmp_path / "src", "a.jpg", "b.jpg", "c.jpg", "d.jpg"), tmp_path / "o"
+    undo = interrupt_on_image(monkeypatch, 2)
+    assert fuse_into(workspace, source, out, "--no-vis") == 130  # a.jpg done
+    undo()
+    capfd.readouterr()
+    assert fuse_into(workspace, str(source / "[ab].jpg"), out, "--no-vis") == 0
+    err = capfd.readouterr().err  # --quiet: sys.stderr is a copy of fd 2
+    assert (f"{out}: 2 images that the interrupted run had yet to fuse are not in this --source and are left out: "
+            "c.jpg, d.jpg; run with that run's --source to fuse them") in err, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["complete"] and summary["done"] == 2 and summary["processed_this_run"] == 1
+
+
 def test_complete_run_grows_with_new_images(workspace, tmp_path, monkeypatch):
     source = tmp_path / "grow"
     source.mkdir()

@@ -1374,7 +1374,7 @@ class TestTools:
         assert not (tmp_path / "repeated.evaluation.json.gz").exists()  # a record holds one cross-validation
 
     @pytest.mark.parametrize("seeds", [["--seed", "0"], ["--seed", "0,1"]])
-    def test_an_interrupted_evaluation_resumes_its_finished_methods(self, dataset, tmp_path, capsys, monkeypatch, seeds):
+    def test_an_interrupted_evaluation_resumes_its_finished_methods(self, dataset, tmp_path, capfd, monkeypatch, seeds):
         """The same command again takes the methods the interrupted run finished as they were (not fitted or
         scored again) and gives the table an uninterrupted run gives; another command starts over."""
         gt_path, predictions = dataset
@@ -1395,16 +1395,20 @@ class TestTools:
 
         monkeypatch.setattr(evaluate_job, "cross_validate", counted)
         stop_after = 1
+        capfd.readouterr()
         assert evaluate_cli.main(base + ["--out", str(out)]) == 130
         assert ran == ["wbf_tuned"] and (tmp_path / "report.unfinished").is_dir()
+        err = capfd.readouterr().err  # --quiet: sys.stderr is a copy of fd 2
+        assert err.endswith(f"interrupted: 1 finished method result is saved in {tmp_path / 'report.unfinished'}; run "
+                            "the same command again to resume (not fitted or scored again)\nerror: interrupted\n"), err
         ran.clear()
         stop_after = 0
-        capsys.readouterr()
+        capfd.readouterr()
         loud = [arg for arg in base if arg != "--quiet"]
         assert evaluate_cli.main(loud + ["--out", str(out)]) == 0
         per_seed = ["mean"] if len(seeds[1]) == 1 else ["mean", "wbf_tuned", "mean"]
         assert ran == per_seed  # wbf_tuned of the first seed was not run again
-        resumed = [line for line in capsys.readouterr().out.splitlines() if "finished by the interrupted run" in line]
+        resumed = [line for line in capfd.readouterr().out.splitlines() if "finished by the interrupted run" in line]
         assert len(resumed) == 1 and "wbf_tuned: mAP" in resumed[0], resumed
         assert resumed[0].startswith("seed 0: ") == (len(seeds[1]) > 1), resumed
         def untimed(path):  # fusion_ms is a timing: every run measures its own
@@ -1427,10 +1431,10 @@ class TestTools:
         assert evaluate_cli.main(base + ["--out", str(out), "--cv", "500"]) == 2
         assert not (tmp_path / "mistaken.unfinished").exists() and ran == []
         assert sorted(p.name for p in (tmp_path / "report.unfinished").iterdir()) == kept
-        capsys.readouterr()
+        capfd.readouterr()
         assert evaluate_cli.main(loud + ["--out", str(out), "--max-det", "50"]) == 0
         assert ran[:2] == ["wbf_tuned", "mean"]
-        err = capsys.readouterr().err  # said before the first method, while a Ctrl-C can still keep them
+        err = capfd.readouterr().err  # said before the first method, while a Ctrl-C can still keep them
         assert (f"{tmp_path / 'report.unfinished'} holds 1 method result finished by an interrupted run with other "
                 "inputs or options") in err and "this run discards them when it finishes its first method" in err
 

@@ -68,11 +68,15 @@ settings after this one started (run it again once that shard has ended).
 Sharding: ``--shard i/n`` (``0 <= i < n``) takes the images at positions ``i, i + n, i + 2n, ...`` of the
 ground truth's images sorted by id, and writes ``--out/shards/<member>.shard-<i>-of-<n>.json`` (the
 shard's results with the image ids it covers), ``shards/cache_summary.shard-<i>-of-<n>.json`` and
-``shards/config.shard-<i>-of-<n>.yaml``. Run the shards with any launcher (processes, machines, GPUs
+``shards/config.shard-<i>-of-<n>.yaml``, and, as it starts, ``shards/.annotations.shard-<i>-of-<n>.json``
+(its ``--gt``): a shard started on another annotation file than a shard of its split already in
+``--out`` is refused, naming both files (with ``--overwrite`` it starts over on its file, and a warning
+names the shards to run again on it). Run the shards with any launcher (processes, machines, GPUs
 with ``--device``), collect every ``shards/`` folder into one ``--out/shards/``, then ``merge``: it checks
-that every image of the ground truth is covered exactly once by shards made with the same settings,
-naming the missing shards and images otherwise (and the settings that differ), and writes ``<member>.json``
-and ``cache_summary.json``.
+that every image of the ground truth is covered exactly once by shards made on the same annotation file
+with the same settings, naming the missing shards (incomplete: a run of it stopped before its file was
+written) and images otherwise (and the files or settings that differ, with the shards of each), and writes
+``<member>.json`` and ``cache_summary.json``.
 
 The saved predictions of ``precomputed`` members are checked before any model loads: every image of
 the run must be among them, and every ``category_id`` (after the member's ``class_map``) one of the

@@ -64,6 +64,10 @@ class UnfinishedRun:
                 self.folder, others, "s" if others > 1 else "",
             )
 
+    def count(self) -> int:
+        """How many method results (one per method and fold seed) of this run's key the folder keeps."""
+        return len(list(self.folder.glob("*.json.gz"))) if self._ours else 0
+
     def _path(self, seed: int, name: str) -> Path:
         return self.folder / f"{seed}-{hashlib.sha256(name.encode('utf-8')).hexdigest()[:16]}.json.gz"
 

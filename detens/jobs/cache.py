@@ -90,9 +90,15 @@ SHARDS = "shards"
 SUMMARY = "cache_summary.json"
 SETTINGS = "_settings.json"
 SHARD_FORMAT = "detens.cache.shard/1"
+# A shard's annotation file, recorded in OUT/shards as the shard claims its first member: the shards of one
+# split run at once, and one started on another file than the others must be refused as it starts, not at
+# the merge. Hidden: no member name starts with a dot, so it is never taken for a member's shard file.
+ANNOTATIONS = ".annotations"
 _SHARD_FILE = re.compile(r"^(?P<member>.+)\.shard-(?P<index>\d+)-of-(?P<count>\d+)\.json$")
 # ModelConfig keys that change a member's detections (device and batch do not; name and weight neither).
 _RESULT_KEYS = ("type", "weights", "arch", "results", "images", "half", "class_map", "options")
+# The keys that name the files whose digests a member's settings record (``inputs``).
+_FILE_KEYS = ("weights", "results", "images")
 _SETTING_KEYS = ("conf", "iou", "imgsz", "max_det")
 # onnx-only keys, recorded only when set so that the settings of other members (and old caches) stay as they were
 _ONNX_KEYS = ("decoder", "input_size", "letterbox", "pad_value", "bgr_to_rgb", "mean", "std")
@@ -207,6 +213,11 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
 
 def shard_tag(shard: tuple[int, int]) -> str:
     return f"shard-{shard[0]}-of-{shard[1]}"
+
+
+def annotations_path(out: Path, shard: tuple[int, int]) -> Path:
+    """Where shard ``shard`` records the annotation file it was made on (see :data:`ANNOTATIONS`)."""
+    return out / SHARDS / f"{ANNOTATIONS}.{shard_tag(shard)}.json"
 
 
 def member_output(name: str, shard: tuple[int, int] | None) -> str:
@@ -423,6 +434,7 @@ class Dataset:
     ids: list[int]  # the ids this run covers (a shard's), sorted
     all_ids: list[int]
     fingerprint: str
+    gt_path: Path  # as given: messages and records name it so
 
     def path(self, image_id: int) -> Path:
         return self.gt.image_path(image_id)
@@ -453,7 +465,67 @@ def load_dataset(gt_path: Path, images: Path, shard: tuple[int, int] | None) -> 
             f"(e.g. {gt.image_path(all_ids[0])}); check --images"
         )
     ids = all_ids if shard is None else all_ids[shard[0] :: shard[1]]
-    return Dataset(gt, ids, all_ids, gt_fingerprint(gt))
+    return Dataset(gt, ids, all_ids, gt_fingerprint(gt), gt_path)
+
+
+def annotation_text(gt: Any, images: Any) -> str:
+    """An annotation file as messages name it: its path as its run was given it, and its image count."""
+    return f"{gt} ({images} images)" if gt else f"an annotation file of {images} images (its path not recorded)"
+
+
+def shards_text(indices: Sequence[int], count: int) -> str:
+    return ("shard " if len(indices) == 1 else "shards ") + ", ".join(f"{i}/{count}" for i in indices)
+
+
+def check_shard_annotations(out: Path, shard: tuple[int, int], data: Dataset, overwrite: bool = False) -> None:
+    """Refuse shard ``shard`` on ``data`` where another shard of its split in ``out`` recorded another annotation
+    file (:func:`record_shard_annotations`): their shard files would not merge, and the mistake would show only
+    once every shard has run. With ``overwrite`` (the split moves to a new file, shard by shard), only warn that
+    those shards must run again. Reads only.
+
+    Raises:
+        ValueError: naming both files and the shards made on the other one.
+    """
+    index, count = shard
+    others: dict[str, list[int]] = {}
+    files: dict[str, str] = {}
+    for other in range(count):
+        try:
+            record = json.loads(annotations_path(out, (other, count)).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # not started, or by a version that did not record it: the merge compares its file
+        fingerprint = record.get("gt_fingerprint") if isinstance(record, dict) else None
+        if other == index or fingerprint in (None, data.fingerprint):
+            continue
+        others.setdefault(fingerprint, []).append(other)
+        files.setdefault(fingerprint, annotation_text(record.get("gt"), record.get("images")))
+    if not others:
+        return
+    made = "; ".join(f"{shards_text(indices, count)}, made on {files[f]}" for f, indices in others.items())
+    this = annotation_text(data.gt_path, len(data.all_ids))
+    if overwrite:
+        logger.warning("%s holds %s: run %s again with --gt %s before the merge", out / SHARDS, made,
+                       "it" if sum(map(len, others.values())) == 1 else "them", data.gt_path)
+        return
+    raise ValueError(
+        f"{out / SHARDS} holds {made}; this shard's --gt {this} is another file, and the shards of a split merge "
+        "only when made on the same one: give the --gt of the others, use another --out, or --overwrite to start "
+        "this shard over on this file (the others then run again on it too)"
+    )
+
+
+def record_shard_annotations(out: Path, shard: tuple[int, int], data: Dataset, overwrite: bool = False) -> None:
+    """Record the annotation file of shard ``shard`` in ``out``, checked again against the other shards' (a shard
+    may have started since this one first checked them; with ``overwrite`` it has been said already). Called
+    holding :func:`brief_lock`.
+
+    Raises:
+        ValueError: as :func:`check_shard_annotations`.
+    """
+    if not overwrite:
+        check_shard_annotations(out, shard, data)
+    atomic_write_json(annotations_path(out, shard),
+                      {"gt": str(data.gt_path), "gt_fingerprint": data.fingerprint, "images": len(data.all_ids)})
 
 
 # ----------------------------------------------------------------------------------------------- partial
@@ -555,8 +627,20 @@ def settings_difference(saved: Any, settings: dict[str, Any]) -> str | None:
         settings = {**settings, "inputs": {k: v for k, v in settings["inputs"].items() if k in earlier_inputs}}
     if saved == settings:
         return None
-    changed = sorted(k for k in set(settings) | set(saved or {}) if (saved or {}).get(k) != settings.get(k))
-    return ", ".join(f"{k}: {(saved or {}).get(k)!r} -> {settings.get(k)!r}" for k in changed)
+    saved = saved if isinstance(saved, dict) else {}
+    changed = sorted(k for k in set(settings) | set(saved) if saved.get(k) != settings.get(k))
+    shown = {k: f"{k}: {saved.get(k)!r} -> {settings.get(k)!r}" for k in changed}
+    before, after = saved.get("inputs"), settings.get("inputs") or {}
+    if "inputs" in changed and isinstance(before, dict) and isinstance(after, dict):
+        if set(changed) & set(_FILE_KEYS) and all(before.get(name) == digest for name, digest in after.items()):
+            # only files no longer read: another file is named instead, as its key says
+            del shown["inputs"]
+        else:  # file by file: a whole dict's repr read as if the new files had no digest
+            files = [f"{name!r} (sha256 {before[name]}) no longer read" for name in sorted(before) if name not in after]
+            files += [f"{name!r} sha256 {before.get(name)} -> {digest}" for name, digest in sorted(after.items())
+                      if before.get(name) != digest]
+            shown["inputs"] = f"inputs: {'; '.join(files)}"
+    return ", ".join(shown.values())
 
 
 def other_settings_error(
@@ -852,6 +936,7 @@ def finish_member(
                 "member": run.name,
                 "shard": list(shard),
                 "gt_fingerprint": data.fingerprint,
+                "gt": str(data.gt_path),
                 "dataset_image_ids": data.all_ids,
                 "categories": recorded_categories(data.gt),
                 "image_ids": done,
@@ -1006,6 +1091,8 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any) -> int
         nonlocal config_saved
         if run.claimed:
             return
+        if not config_saved and shard is not None:
+            record_shard_annotations(out, shard, data, options.overwrite)
         replace_results(out, run, out / member_output(run.name, shard), data.ids, shard)
         if not config_saved:
             save_ensemble_config(config, config_path)
@@ -1021,6 +1108,8 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any) -> int
     # --overwrite waits for each member's first result, so that a run failing before it (a bad --device, a
     # missing file) loses nothing.
     with brief_lock(out):
+        if shard is not None:
+            check_shard_annotations(out, shard, data, options.overwrite)
         for _, runs in plans:
             for run in runs:
                 if not options.overwrite and shard is None:
@@ -1121,7 +1210,10 @@ def print_summary(out: Path, summary: dict[str, Any], names: list[str], summary_
     for name in names:
         m = summary["models"][name]
         rate = f"{m['images'] / m['seconds']:.1f}" if m["seconds"] else "-"
-        status = m["status"] + (f" ({m['images_left']} left)" if m["images_left"] else "")
+        notes = [f"{m['images_left']} left"] if m["images_left"] else []
+        if m.get("resumed"):  # a merge counts none: its summary has no run's counts
+            notes.append(f"{m['processed_this_run']} this run, {m['resumed']} resumed")
+        status = m["status"] + (f" ({'; '.join(notes)})" if notes else "")
         lines.append(
             f"  {name:<{width}}  {m['images']:>7}  {m['boxes']:>8}  {m['seconds']:>8.1f}  {rate:>7}  {status}"
         )
@@ -1129,7 +1221,11 @@ def print_summary(out: Path, summary: dict[str, Any], names: list[str], summary_
         lines.append(f"unreadable: {file_name}: {err}")
     if any(summary["models"][n]["status"] != "complete" for n in names):
         lines.append("not finished: run the same command again to resume")
-    lines.append(f"results in {out}/, summary {summary_path}")
+    if summary.get("shard"):  # a shard's files are no member's results until every shard is joined
+        lines.append(f"results in {out / SHARDS}/, summary {summary_path}")
+        lines.append(f"once every shard is done, join them: detens cache merge --out {out} --gt {summary['gt']}")
+    else:
+        lines.append(f"results in {out}/, summary {summary_path}")
     print("\n".join(lines))
 
 
@@ -1238,9 +1334,16 @@ class MergeError(ValueError):
 
 
 def merge_member(
-    member: str, files: dict[int, Path], count: int, gt: CocoGroundTruth | None
+    member: str,
+    files: dict[int, Path],
+    count: int,
+    gt: CocoGroundTruth | None,
+    gt_path: Path | None = None,
+    out: Path | None = None,
 ) -> dict[str, Any]:
-    """Join one member's shards 0..count-1; raises MergeError naming missing shards or images."""
+    """Join one member's shards 0..count-1, checked against ``gt`` (read from ``gt_path``) where given; raises
+    MergeError naming missing shards or images. A shard without its file that finished some of its images in
+    ``out`` (given) is named incomplete, not missing."""
     missing_shards = [i for i in range(count) if i not in files]
     records = {}
     for index, path in sorted(files.items()):
@@ -1259,11 +1362,20 @@ def merge_member(
     any_record = next(iter(records.values()), None)
     if any_record is None:
         raise MergeError(f"{member}: no shard files")
-    fingerprints = {r["gt_fingerprint"] for r in records.values()}
-    if len(fingerprints) != 1:
-        raise MergeError(f"{member}: the shards were made on different annotation files")
-    if gt is not None and gt_fingerprint(gt) not in fingerprints:
-        raise MergeError(f"{member}: the shards were made on another annotation file than --gt")
+    by_file: dict[str, list[int]] = {}
+    for index, record in records.items():
+        by_file.setdefault(record["gt_fingerprint"], []).append(index)
+    if len(by_file) != 1:
+        made = "; ".join(f"{shards_text(ids, count)} on {_annotation_of(records[ids[0]])}" for ids in by_file.values())
+        raise MergeError(
+            f"{member}: the shards were made on different annotation files ({made}); re-run the odd ones with the "
+            "--gt of the others"
+        )
+    if gt is not None and gt_fingerprint(gt) not in by_file:
+        raise MergeError(
+            f"{member}: the shards were made on {_annotation_of(any_record)}, not on --gt "
+            f"{annotation_text(gt_path, len(gt.image_ids))}; merge with that --gt, or re-run the shards with this one"
+        )
     recorded = {index: _compared_settings(record["settings"]) for index, record in records.items()}
     compared = _common_inputs(recorded)
     groups: dict[str, list[int]] = {}
@@ -1284,6 +1396,14 @@ def merge_member(
     if missing_shards:
         for index in missing_shards:
             expected = all_ids[index::count]
+            left = [i for i in expected if out is None or not partial_path(out, member, i).is_file()]
+            if len(left) < len(expected):  # a run of it stopped (killed, interrupted) before its file was written
+                state = (f"{len(left)} of its {len(expected)} images left: {first_few(left)}" if left
+                         else "every image done, its shard file not written")
+                problems.append(
+                    f"shard {index}/{count} is incomplete ({state}); run --shard {index}/{count} again to finish it"
+                )
+                continue
             problems.append(
                 f"shard {index}/{count} is missing ({len(expected)} images: {first_few(expected)}); "
                 f"run --shard {index}/{count}"
@@ -1320,6 +1440,12 @@ def merge_member(
         "all_ids": all_ids,
         "categories": any_record.get("categories"),  # None from shards of earlier versions
     }
+
+
+def _annotation_of(record: dict[str, Any]) -> str:
+    """The annotation file a shard file ``record`` was made on, as messages name it (its path is not recorded
+    in the files of earlier versions)."""
+    return annotation_text(record.get("gt"), len(record.get("dataset_image_ids") or []))
 
 
 def _common_inputs(settings: dict[int, Any]) -> dict[int, Any]:
@@ -1372,8 +1498,8 @@ def merge(options: CacheOptions) -> int:
     found: dict[str, dict[int, dict[int, Path]]] = {}  # member → count → index → file
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         match = _SHARD_FILE.match(path.name)
-        if match is None or match.group("member") == "cache_summary":
-            continue
+        if match is None or match.group("member") == "cache_summary" or path.name.startswith("."):
+            continue  # a shard's summary, or its record of its annotation file (ANNOTATIONS)
         member, index, count = match.group("member"), int(match.group("index")), int(match.group("count"))
         found.setdefault(member, {}).setdefault(count, {})[index] = path
     if not found:
@@ -1394,7 +1520,7 @@ def merge(options: CacheOptions) -> int:
             continue
         count, files = next(iter(by_count.items()))
         try:
-            merged[member] = merge_member(member, files, count, gt)
+            merged[member] = merge_member(member, files, count, gt, options.gt, out)
         except MergeError as err:
             errors.append(str(err))
     if errors:

@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import numbers
 import shlex
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -309,18 +310,20 @@ def _run(options: EvaluateOptions) -> int:
             "s" if unannotated > 1 else "", "are" if unannotated > 1 else "is",
         )
     if len(options.seed) > 1:
-        return _run_repeats(options, predictions, methods, method_options, fit_on, protocol, unfinished)
+        with _saying_what_is_kept(unfinished):
+            return _run_repeats(options, predictions, methods, method_options, fit_on, protocol, unfinished)
     done = unfinished.finished(options.seed[0], expand_methods(methods, predictions.model_names))
     for name, result in done.items():
         _show_progress(options, name, result, note=_RESUMED)
         finished[name] = result
     if done:
         atomic_write_json(partial, {n: r.metrics for n, r in finished.items()}, indent=1)
-    report = cross_validate(
-        predictions, methods, k=options.cv, seed=options.seed[0], backend=options.backend,
-        method_options=method_options, on_method=on_method, fit_on=fit_on, all_images=options.all_images,
-        max_det=options.max_det, done=done,
-    )
+    with _saying_what_is_kept(unfinished):
+        report = cross_validate(
+            predictions, methods, k=options.cv, seed=options.seed[0], backend=options.backend,
+            method_options=method_options, on_method=on_method, fit_on=fit_on, all_images=options.all_images,
+            max_det=options.max_det, done=done,
+        )
     table = {name: result.metrics for name, result in report.items()}
     record = _record(options, report, predictions, protocol, fit_on, images if images.is_dir() else None)
     # the earlier run's files are replaced only now that this run has every row, and --out last: a kill
@@ -370,6 +373,23 @@ def _run(options: EvaluateOptions) -> int:
                                         (("plot", options.plot), ("reliability", options.reliability),
                                          ("record", saved), ("page", page), ("bootstrap", bootstrap)) if path))
     return 0
+
+
+@contextlib.contextmanager
+def _saying_what_is_kept(unfinished: UnfinishedRun) -> Iterator[None]:
+    """On a Ctrl-C, say how many finished methods ``unfinished`` keeps for the same command to resume: a bare
+    interruption reads as if every fit were lost."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        kept = unfinished.count()
+        if kept:
+            logger.warning(
+                "interrupted: %d finished method result%s %s saved in %s; run the same command again to resume "
+                "(not fitted or scored again)", kept, "s" if kept > 1 else "", "are" if kept > 1 else "is",
+                unfinished.folder,
+            )
+        raise
 
 
 def _check_report_images(folder: Path, gt: CocoGroundTruth, given: bool) -> None:

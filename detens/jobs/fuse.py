@@ -921,6 +921,7 @@ def _run(options: FuseOptions) -> int:
         done = set(earlier)
         todo = [(p, n) for p, n in zip(images, names, strict=True) if n not in done]
         listed = set(names)
+        warn_of_planned_images_left_out(out, previous, done, listed)
         # the source's order, whichever of its images an interrupted run finished (Ray's come as they finish)
         names = [n for n in earlier if n not in listed] + names
         categories = dataset_names or dict(COCO_ID_TO_NAME)
@@ -1029,6 +1030,22 @@ def _run(options: FuseOptions) -> int:
     return 130 if interrupted else 0
 
 
+def warn_of_planned_images_left_out(out: Path, previous: Any, done: set[str], listed: set[str]) -> None:
+    """Warn of the images that the interrupted run in ``out`` planned (``previous``, its run record) and left
+    unfinished, and that this run's source (``listed``) lacks: the run ends complete without them."""
+    planned = previous.get("image_ids") if isinstance(previous, dict) else None
+    if not isinstance(planned, dict):  # a complete run's summary, or an unfinished run of an earlier version
+        return
+    left_out = [name for name in planned if name not in done and name not in listed]
+    if left_out:
+        many = len(left_out) > 1
+        logger.warning(
+            "%s: %d image%s that the interrupted run had yet to fuse %s not in this --source and %s left out: %s; "
+            "run with that run's --source to fuse them", out, len(left_out), "s" if many else "",
+            "are" if many else "is", "are" if many else "is", first_few(left_out, 5),
+        )
+
+
 def print_summary(out: Path, config: EnsembleConfig, summary: dict[str, Any]) -> None:
     stages = ", ".join(f"{k.removeprefix('detect:')} {v:.1f}" for k, v in summary["ms_per_image"].items())
     shown_key = f"boxes_score_ge_{config.output.vis_conf:g}"
@@ -1049,7 +1066,9 @@ def print_summary(out: Path, config: EnsembleConfig, summary: dict[str, Any]) ->
     written = ["predictions.json", "images.json",
                *(f"{name}/" for name, wanted in folders.items() if wanted and (out / name).is_dir()),
                "summary.json", "config.yaml"]
-    lines.append(f"results in {out}/: {', '.join(written)}")
+    # an interrupted run's files are valid but hold only the images done: not the run's results to hand on
+    results = "results" if summary["complete"] else f"partial results ({summary['done']} of {summary['images']} images)"
+    lines.append(f"{results} in {out}/: {', '.join(written)}")
     if summary["interrupted"]:
         lines.append("interrupted: run the same command again to finish")
     print("\n".join(lines))
