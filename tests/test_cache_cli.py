@@ -447,6 +447,25 @@ def test_a_refused_merge_names_the_annotation_files_and_the_shards_of_each(slice
     assert cache_cli.main(["merge", "--out", str(out), "--gt", str(gt), "--quiet"]) == 0
 
 
+def test_a_merge_of_members_made_on_different_annotation_files_is_refused_naming_them(slice_, tmp_path, capsys):
+    """Shards collected from runs with separate --out folders: each member's shards agree, the members do not,
+    and one summary cannot describe both members' images."""
+    out, elsewhere, gt, gt2 = tmp_path / "o", tmp_path / "e", slice_ / "gt.json", shard_gt(slice_, tmp_path, 2)
+    for index in ("0/2", "1/2"):
+        assert run(slice_, out, "--shard", index, "--models", "a") == 0
+        assert run(slice_, elsewhere, "--shard", index, "--models", "b", gt=gt2) == 0
+    for path in (elsewhere / "shards").glob("b.shard-*.json"):
+        shutil.copy(path, out / "shards" / path.name)
+    capsys.readouterr()
+    assert cache_cli.main(["merge", "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert (f"the members were made on different annotation files (a on {gt} (3 images); b on {gt2} (2 images)); "
+            "re-run the odd ones' shards with the --gt of the others") in err, err
+    assert not (out / "a.json").exists() and not (out / "cache_summary.json").exists()
+    assert cache_cli.main(["merge", "--out", str(out), "--models", "a", "--quiet"]) == 0
+    assert json.loads((out / "cache_summary.json").read_text())["images"] == NUM_IMAGES == 3
+
+
 def test_merge_lists_the_first_images_of_a_missing_shard_then_their_count(tmp_path):
     ids = list(range(1, 25))
     shard = {"format": cache_tool.SHARD_FORMAT, "member": "a", "shard": [0, 2], "gt_fingerprint": "f",

@@ -1437,6 +1437,7 @@ def merge_member(
         "seconds": round(sum(float(r["seconds"]) for r in records.values()), 3),
         "settings": _all_inputs(recorded),
         "fingerprint": any_record["gt_fingerprint"],
+        "annotation": _annotation_of(any_record),
         "all_ids": all_ids,
         "categories": any_record.get("categories"),  # None from shards of earlier versions
     }
@@ -1523,6 +1524,15 @@ def merge(options: CacheOptions) -> int:
             merged[member] = merge_member(member, files, count, gt, options.gt, out)
         except MergeError as err:
             errors.append(str(err))
+    by_file: dict[str, list[str]] = {}
+    for member, m in merged.items():
+        by_file.setdefault(m["fingerprint"], []).append(member)
+    if len(by_file) > 1:  # one summary describes every member's images: they must be one file's
+        made = "; ".join(f"{', '.join(names)} on {merged[names[0]]['annotation']}" for names in by_file.values())
+        errors.append(
+            f"the members were made on different annotation files ({made}); re-run the odd ones' shards with the "
+            "--gt of the others, or merge each group into its own --out (--models)"
+        )
     if errors:
         raise MergeError(f"cannot merge the shards in {folder}: " + " | ".join(errors))
     members = {}
