@@ -180,7 +180,9 @@ class EnsemblePredictions:
         out (see the class docstring), with a warning that names them. A folder without the summary, or
         a summary without a member's ``unreadable`` (caches of older versions, results files written by
         other tools), leaves nothing out. Ground truth with images that the summary's ``image_ids`` (the
-        images the cache ran on) lack is refused: every model would count as finding nothing there.
+        images the cache ran on) lack is refused: every model would count as finding nothing there. Ground
+        truth of some of those images takes their predictions and leaves the others' out (a folder without
+        the list refuses predictions of images the ground truth lacks).
 
         Raises:
             FileNotFoundError: no such folder, or no ``<name>.json`` for one of ``models``.
@@ -219,6 +221,15 @@ class EnsemblePredictions:
         _check_cached_images(summary, folder / CACHE_SUMMARY, gt)
         _check_cached_categories(summary, folder / CACHE_SUMMARY, gt)
         results = [load_coco_results(folder / f"{m}.json") for m in models]
+        cached = (summary or {}).get("image_ids")
+        if cached is not None and len(set(cached)) > len(gt.image_ids):
+            # ground truth of some of the images the cache ran on (checked above: of no other image)
+            wanted = set(gt.image_ids)
+            results = [[r for r in model_results if int(r["image_id"]) in wanted] for model_results in results]
+            logger.info(
+                "%s: the ground truth has %d of the %d images the cache ran on; the others' predictions are not used",
+                folder, len(wanted), len(set(cached)),
+            )
         predictions = cls(models, results, gt, validated=True, unreadable=unreadable, folder=folder)
         if predictions.left_out:
             logger.warning(

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import logging
 import re
 import shutil
 import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from detens.coco import evaluate_coco, load_coco_gt, validate_coco_results
@@ -604,6 +606,37 @@ def test_ground_truth_with_images_the_cache_never_ran_on_is_refused(slice_, repl
     del summary["image_ids"]
     (older / "cache_summary.json").write_text(json.dumps(summary))
     assert EnsemblePredictions.from_folder(older, load_coco_gt(tmp_path / "bigger.json")).gt.image_ids[-1] == extra["id"]
+
+
+def test_ground_truth_of_some_of_the_cached_images_scores_those(slice_, replay_run, tmp_path, capsys, caplog):
+    """An annotation file of a subset of the images the cache ran on (its summary lists them): their predictions
+    are taken and the others' left out, where a folder without the list refuses them."""
+    ids = gt_ids(slice_)
+    subset = shard_gt(slice_, tmp_path, 2)
+    with caplog.at_level(logging.INFO, logger="detens.predictions"):
+        predictions = EnsemblePredictions.from_folder(replay_run, load_coco_gt(subset))
+    assert predictions.gt.image_ids == ids[:2] and predictions.image_ids == ids[:2]
+    whole = EnsemblePredictions.from_folder(replay_run, load_coco_gt(slice_ / "gt.json"))
+    for image_id in ids[:2]:
+        for part, full in zip(predictions.per_model(image_id), whole.per_model(image_id), strict=True):
+            assert torch.equal(part.boxes, full.boxes) and torch.equal(part.scores, full.scores)
+    assert f"the ground truth has 2 of the {len(ids)} images the cache ran on" in caplog.text
+
+    from detens.cli import evaluate as evaluate_cli
+
+    code = evaluate_cli.main(["--gt", str(subset), "--predictions", str(replay_run), "--methods", "mean", "--cv", "2",
+                              "--out", str(tmp_path / "r.json"), "--quiet"])
+    assert code == 0, capsys.readouterr().err
+    assert "mean" in json.loads((tmp_path / "r.json").read_text())
+    summary = summary_of(replay_run)
+    older = tmp_path / "older"
+    shutil.copytree(replay_run, older)
+    del summary["image_ids"]
+    (older / "cache_summary.json").write_text(json.dumps(summary))
+    first = shard_gt(slice_, tmp_path, 1)  # the cache's last image has no boxes: the second has
+    assert EnsemblePredictions.from_folder(replay_run, load_coco_gt(first)).image_ids == ids[:1]
+    with pytest.raises(ValueError, match=r"refer to 1 image ids that are not in the ground truth"):
+        EnsemblePredictions.from_folder(older, load_coco_gt(first))
 
 
 def test_ground_truth_whose_ids_name_other_classes_than_the_cache_is_refused(slice_, replay_run, tmp_path, capsys):

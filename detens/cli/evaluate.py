@@ -96,7 +96,11 @@ from detens.cli import add_threads_argument, argparse_type, folder_path, integer
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gt", required=True, help="COCO annotation file")
-    parser.add_argument("--predictions", required=True, help="folder of <model>.json COCO results")
+    parser.add_argument(
+        "--predictions", required=True,
+        help="folder of <model>.json COCO results; --gt may annotate some of the images a detens cache there ran on "
+        "(the others' predictions are not used)",
+    )
     parser.add_argument(
         "--methods",
         default=DEFAULT_EVALUATION_METHODS,
