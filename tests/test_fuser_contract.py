@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import math
 import random
+import warnings
 
 import numpy as np
 import pytest
@@ -398,3 +399,23 @@ def test_max_det_sorts_a_registered_fusers_boxes_whatever_their_number(monkeypat
         out = fuse(per_model, "every_box_ascending", max_det=max_det)
         assert len(out) == min(max_det, count)
         assert out.scores.tolist() == sorted(torch.cat([d.scores for d in per_model]).tolist(), reverse=True)[:max_det]
+
+
+def test_boxes_normalized_by_the_image_size_are_warned_of():
+    """Normalized boxes taken as pixels all land in the image's top-left pixel: a warning says so, and
+    nothing is changed (the boxes are fused as given)."""
+
+    def model(boxes, size=(480, 640)):
+        boxes = torch.tensor(boxes, dtype=torch.float32).reshape(-1, 4)
+        return Detections(boxes, torch.full((len(boxes),), 0.9), torch.ones(len(boxes), dtype=torch.int64), size)
+
+    normalized = [model([[0.1, 0.2, 0.4, 0.5]]), model([[0.11, 0.2, 0.4, 0.52]])]
+    with pytest.warns(UserWarning, match=r"every box lies within \[0, 1\] \(the largest coordinate is 0\.52\) on a "
+                                         r"480x640 image: detens takes boxes in absolute pixels"):
+        fused = fuse(normalized, "wbf")
+    assert len(fused) == 1 and float(fused.boxes.max()) <= 0.52
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fuse([model([[10, 20, 40, 50]]), model([[0.1, 0.2, 0.4, 0.5]])], "wbf")  # pixels: one box beyond 1
+        fuse([model([]), model([])], "wbf")  # no box at all
+        fuse([model([[0.1, 0.2, 0.4, 0.5]], (16, 16))] * 2, "wbf")  # a tiny image: such boxes may be real

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -145,6 +146,7 @@ def fuse(
         class_names = class_names_of(per_model)
         per_model, as_supervision = from_supervision_per_model(per_model, image_size)
     check_per_model(per_model)
+    _warn_if_normalized(per_model)
     if label_space is not None:
         _check_labels_in(per_model, label_space)
     if model_names is not None:
@@ -165,6 +167,28 @@ def fuse(
         _check_head_label_space(params["head"], given_head, "head", label_space, class_names)
     fused = highest_scoring(fuser(per_model, **params), max_det)
     return fused.to_supervision(class_names) if as_supervision else fused
+
+
+# Below this side, boxes within a pixel of the corner may be real ones.
+_NORMALIZED_MIN_SIDE = 32
+
+
+def _warn_if_normalized(per_model: Sequence[Detections]) -> None:
+    """Warn when every box of every model lies within [0, 1] on an image of at least
+    ``_NORMALIZED_MIN_SIDE`` pixels a side: boxes normalized by the image size, taken as pixels, would all
+    fuse into the image's top-left pixel (IoUs of such boxes are still IoUs, so nothing else fails)."""
+    height, width = per_model[0].image_size
+    boxes = [d.boxes for d in per_model if len(d)]
+    if min(height, width) < _NORMALIZED_MIN_SIDE or not boxes:
+        return
+    largest = float(torch.cat([b.detach().reshape(-1) for b in boxes]).max())
+    if largest <= 1.0:
+        warnings.warn(
+            f"every box lies within [0, 1] (the largest coordinate is {largest:g}) on a {height}x{width} image: "
+            "detens takes boxes in absolute pixels (xyxy); scale normalized boxes by the image's width and height",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def _check_labels_in(per_model: Sequence[Detections], label_space: Mapping[int, str]) -> None:
