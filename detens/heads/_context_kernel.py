@@ -4,8 +4,9 @@ The tensor formulation compares every cluster with every other one: a dense C×C
 masks, most of whose entries are pairs of boxes that do not even overlap. On the CPU that is most of the
 time a network head takes to fuse an image. Compiled code visits only the pairs that overlap (a sweep
 over the boxes sorted by their left edge) and the pairs of one class, with the same arithmetic, so it
-gives the same features. ``tests/test_heads_beyond.py`` checks both formulations against the same slow
-pure-Python reference.
+gives the same terms to the bit; only a sum of three or more scores depends on the order of its
+additions, and the caller takes those from torch (it has the pairs). ``tests/test_heads_beyond.py``
+checks both formulations against the same slow pure-Python reference, and against each other to the bit.
 """
 
 from __future__ import annotations
