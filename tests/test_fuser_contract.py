@@ -418,4 +418,5 @@ def test_boxes_normalized_by_the_image_size_are_warned_of():
         warnings.simplefilter("error")
         fuse([model([[10, 20, 40, 50]]), model([[0.1, 0.2, 0.4, 0.5]])], "wbf")  # pixels: one box beyond 1
         fuse([model([]), model([])], "wbf")  # no box at all
+        fuse([model([[0, 0, 0, 0]]), model([[0, 0, 0, 0]])], "wbf")  # boxes without area, at the origin
         fuse([model([[0.1, 0.2, 0.4, 0.5]], (16, 16))] * 2, "wbf")  # a tiny image: such boxes may be real

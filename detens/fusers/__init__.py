@@ -174,7 +174,7 @@ _NORMALIZED_MIN_SIDE = 32
 
 
 def _warn_if_normalized(per_model: Sequence[Detections]) -> None:
-    """Warn when every box of every model lies within [0, 1] on an image of at least
+    """Warn when every box of every model lies within [0, 1], not all at 0, on an image of at least
     ``_NORMALIZED_MIN_SIDE`` pixels a side: boxes normalized by the image size, taken as pixels, would all
     fuse into the image's top-left pixel (IoUs of such boxes are still IoUs, so nothing else fails)."""
     height, width = per_model[0].image_size
@@ -182,7 +182,7 @@ def _warn_if_normalized(per_model: Sequence[Detections]) -> None:
     if min(height, width) < _NORMALIZED_MIN_SIDE or not boxes:
         return
     largest = float(torch.cat([b.detach().reshape(-1) for b in boxes]).max())
-    if largest <= 1.0:
+    if 0.0 < largest <= 1.0:  # boxes all at 0 are degenerate, not normalized
         warnings.warn(
             f"every box lies within [0, 1] (the largest coordinate is {largest:g}) on a {height}x{width} image: "
             "detens takes boxes in absolute pixels (xyxy); scale normalized boxes by the image's width and height",
