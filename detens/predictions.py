@@ -221,14 +221,14 @@ class EnsemblePredictions:
         _check_cached_images(summary, folder / CACHE_SUMMARY, gt)
         _check_cached_categories(summary, folder / CACHE_SUMMARY, gt)
         results = [load_coco_results(folder / f"{m}.json") for m in models]
-        cached = (summary or {}).get("image_ids")
-        if cached is not None and len(set(cached)) > len(gt.image_ids):
+        cached = set((summary or {}).get("image_ids") or ())
+        if len(cached) > len(gt.image_ids):
             # ground truth of some of the images the cache ran on (checked above: of no other image)
             wanted = set(gt.image_ids)
             results = [[r for r in model_results if int(r["image_id"]) in wanted] for model_results in results]
             logger.info(
                 "%s: the ground truth has %d of the %d images the cache ran on; the others' predictions are not used",
-                folder, len(wanted), len(set(cached)),
+                folder, len(wanted), len(cached),
             )
         predictions = cls(models, results, gt, validated=True, unreadable=unreadable, folder=folder)
         if predictions.left_out:

@@ -178,11 +178,15 @@ def _warn_if_normalized(per_model: Sequence[Detections]) -> None:
     ``_NORMALIZED_MIN_SIDE`` pixels a side: boxes normalized by the image size, taken as pixels, would all
     fuse into the image's top-left pixel (IoUs of such boxes are still IoUs, so nothing else fails)."""
     height, width = per_model[0].image_size
-    boxes = [d.boxes for d in per_model if len(d)]
-    if min(height, width) < _NORMALIZED_MIN_SIDE or not boxes:
+    if min(height, width) < _NORMALIZED_MIN_SIDE:
         return
-    largest = float(torch.cat([b.detach().reshape(-1) for b in boxes]).max())
-    if 0.0 < largest <= 1.0:  # boxes all at 0 are degenerate, not normalized
+    largest = 0.0
+    for d in per_model:  # on every fuse call: pixel boxes end the check at the first model with a box
+        if len(d):
+            largest = max(largest, float(d.boxes.detach().max()))
+            if largest > 1.0:
+                return
+    if largest:  # boxes all at 0 are degenerate, not normalized
         warnings.warn(
             f"every box lies within [0, 1] (the largest coordinate is {largest:g}) on a {height}x{width} image: "
             "detens takes boxes in absolute pixels (xyxy); scale normalized boxes by the image's width and height",

@@ -181,11 +181,12 @@ def _compiled_context_terms(boxes: Tensor, scores: Tensor, labels: Tensor) -> tu
         rows = torch.nonzero(crowded).flatten()
         row_of = torch.full((num,), -1, dtype=torch.int64)
         row_of[rows] = torch.arange(len(rows))
+        pair_rows = row_of[pairs[:, 0]]  # [P']
         step = max(1, _BLOCK * _BLOCK // num)
         for begin in range(0, len(rows), step):
-            chunk = pairs[(row_of[pairs[:, 0]] >= begin) & (row_of[pairs[:, 0]] < begin + step)]
+            in_chunk = (pair_rows >= begin) & (pair_rows < begin + step)
             other_scores = scores.detach().new_zeros((min(step, len(rows) - begin), num))
-            other_scores[row_of[chunk[:, 0]] - begin, chunk[:, 1]] = scores.detach()[chunk[:, 1]]
+            other_scores[pair_rows[in_chunk] - begin, pairs[in_chunk, 1]] = scores.detach()[pairs[in_chunk, 1]]
             other_mass[rows[begin : begin + step]] = other_scores.sum(1)
     return dup_iou, dup_at, overlaps, rank, best, other_iou, other_best, other_mass, class_confident
 
