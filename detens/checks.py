@@ -176,6 +176,16 @@ def check_flag(value: Any, name: str) -> bool:
     return bool(value)
 
 
+def check_name_list(value: Any, name: str = "model_names") -> list[Any] | None:
+    """``value`` (an iterable of names, or None) as a list; a string is refused, not split into one name per
+    character."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise TypeError(f"{name} must be a list with one name per model, got {type(value).__name__}: {value!r}")
+    return list(value)
+
+
 def check_choice(value: Any, name: str, choices: Collection[str]) -> str:
     """``value`` if it is one of the string ``choices``; the error lists them (a TypeError for a value that
     is no string at all)."""

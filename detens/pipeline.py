@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from detens.checks import check_flag, check_integer
+from detens.checks import check_flag, check_integer, check_name_list
 from detens.convert import (
     _as_image_size,
     coco_category_ids_for,
@@ -120,17 +120,6 @@ def _lists_per_model(per_model: Sequence[Any], what: str, items: str, example: s
                 f"per model pass {example}"
             )
     return [list(entry) for entry in per_model]
-
-
-def _model_name_list(model_names: Sequence[str] | None) -> list[str] | None:
-    """``model_names`` as a list; a string is refused, not split into one name per character."""
-    if model_names is None:
-        return None
-    if isinstance(model_names, (str, bytes)) or not isinstance(model_names, Iterable):
-        raise TypeError(
-            f"model_names must be a list with one name per model, got {type(model_names).__name__}: {model_names!r}"
-        )
-    return list(model_names)
 
 
 def _check_model_names(model_names: Sequence[str] | None, num_models: int) -> list[str | None]:
@@ -489,7 +478,7 @@ def fuse_results(
         raise ValueError(
             f"models returned different numbers of Results {counts}; they must run on the same images"
         )
-    model_names = _model_name_list(model_names)
+    model_names = check_name_list(model_names)
     names = _check_model_names(model_names, len(per_model))
     # A head given as a path is checked against the model names only when the caller gave them.
     params = _fusion_params(method, head, params, model_names)
@@ -597,7 +586,7 @@ class TorchvisionFusion(nn.Module):
     ) -> None:
         super().__init__()
         self.method = method
-        self.model_names = _model_name_list(model_names)
+        self.model_names = check_name_list(model_names)
         params = _fusion_params(method, head, params, self.model_names)
         if self.model_names is None:
             check_members_named(_heads_of(params), "torchvision's output dicts")
@@ -612,6 +601,14 @@ class TorchvisionFusion(nn.Module):
 
     def extra_repr(self) -> str:
         return f"method={self.method!r}, params={self.params}"
+
+    def __prepare_scriptable__(self) -> TorchvisionFusion:
+        # torch.jit.script calls this on every module it compiles, a submodule of a user's model too; without
+        # it the refusal is a TorchScript parse error in the middle of forward's argument checks.
+        raise TypeError(
+            "TorchvisionFusion cannot be compiled by torch.jit.script: it runs Python and compiled (numba) code "
+            "on the models' outputs. Script or export the detectors alone, and call the fusion on their outputs"
+        )
 
     def forward(
         self, per_model_outputs: Sequence[Sequence[Mapping[str, Tensor]]], image_sizes: Sequence[Any]

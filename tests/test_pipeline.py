@@ -556,6 +556,21 @@ class TestTorchvisionFusion:
         )):
             fusion([[tall], [tall]], [(50, 100)])
 
+    @pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
+    def test_torchscript_is_refused_by_name_alone_or_inside_a_model(self):
+        class Detector(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fusion = TorchvisionFusion(method=METHOD)
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                return x
+
+        for module in (TorchvisionFusion(method=METHOD), Detector()):
+            with pytest.raises(TypeError, match=r"TorchvisionFusion cannot be compiled by torch.jit.script.*Script or "
+                                                r"export the detectors alone, and call the fusion on their outputs"):
+                torch.jit.script(module)
+
     def test_errors(self, torchvision_outputs):
         outputs, images = torchvision_outputs
         fusion = TorchvisionFusion(method=METHOD)

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from detens.checks import check_max_det
+from detens.checks import check_max_det, check_name_list
 from detens.detections import Detections, _validate_image_size
 from detens.fusers._registry import FUSERS, check_weights
 from detens.matching import check_per_model
@@ -251,10 +251,7 @@ def _named(per_model: list[Detections], model_names: Sequence[str]) -> list[Dete
         TypeError: ``model_names`` is a string. ValueError: another count, or a Detections whose source names
             another model.
     """
-    if isinstance(model_names, (str, bytes)) or not isinstance(model_names, Sequence):
-        raise TypeError(
-            f"model_names must be a list with one name per model, got {type(model_names).__name__}: {model_names!r}"
-        )
+    model_names = check_name_list(model_names)
     if len(model_names) != len(per_model):
         raise ValueError(f"model_names names {len(model_names)} models but per_model holds {len(per_model)}")
     named = []
