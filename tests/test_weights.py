@@ -216,3 +216,37 @@ class TestMissing:
             WeightsNotFoundError, match=r"(?s)upstream download failed.*yolo11n.pt.*as a path"
         ):
             UltralyticsDetector("yolo11n.pt")
+
+
+@pytest.mark.parametrize("member, name", [
+    ({"type": "ultralytics", "weights": "yolo11n.pt"}, "yolo11n.pt"),
+    ({"type": "torchvision", "arch": "fasterrcnn_mobilenet_v3_large_320_fpn", "weights": "DEFAULT"}, "DEFAULT"),
+])
+def test_an_upstream_name_of_a_yaml_that_fails_to_download_lists_the_yaml_folder(tmp_path, monkeypatch, member, name):
+    """The YAML's folder is where its relative weights are looked for first: the refusal names it, and says
+    the working directory is the working directory (not the YAML's relative path read from there)."""
+    pytest.importorskip("ultralytics")
+    import torchvision.models
+    import ultralytics
+
+    from detens.adapters import build_ensemble
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Download failure. Environment may be offline.")
+
+    monkeypatch.setattr(ultralytics, "YOLO", offline)
+    monkeypatch.setattr(torchvision.models, "get_model", offline)
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    config_folder, cwd = tmp_path / "cfg", tmp_path / "cwd"
+    config_folder.mkdir()
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    (config_folder / "ensemble.yaml").write_text(
+        "models:\n  - " + "\n    ".join(f"{k}: {v}" for k, v in member.items()) + "\nfusion: {method: wbf}\n"
+    )
+    with pytest.raises(WeightsNotFoundError, match="upstream download failed") as caught:
+        build_ensemble(config_folder / "ensemble.yaml")
+    message = str(caught.value)
+    assert f"{config_folder / name} (as a path beside the config file)" in message
+    assert f"{cwd / name} (in the working directory" in message
+    assert f"{cwd / name} (as a path)" not in message

@@ -127,6 +127,7 @@ def _model_runner_options(
         "class_map": model.class_map,
         "batch": ensemble.setting(model, "batch"),
         "weights_dir": ensemble.weights_dir,
+        "config_folder": ensemble.folder,
     }
 
 

@@ -206,6 +206,9 @@ class OnnxDetector(BaseDetector):
         agnostic_nms (bool): class-agnostic NMS.
         decoder_options (dict | None): extra arguments of the decoder (``strides``, ``reg_max``).
         weights_dir (str | Path | None): the default weights folder when ``$DETENS_WEIGHTS`` is unset.
+        config_folder (str | Path | None): the folder of the ensemble YAML that names ``weights``: a relative
+            path is looked for there instead of in the working directory (see
+            :func:`~detens.adapters.weights.resolve_weights`'s ``beside``). None: a call from Python.
 
     Calling it returns one :class:`Detections` per image: boxes ``(Tensor[K, 4])`` xyxy in the image's
     pixels (clipped to it), scores ``(Tensor[K])``, labels ``(Tensor[K])`` in the label space.
@@ -239,6 +242,7 @@ class OnnxDetector(BaseDetector):
         agnostic_nms: bool = False,
         decoder_options: Mapping[str, Any] | None = None,
         weights_dir: str | Path | None = None,
+        config_folder: str | Path | None = None,
     ) -> None:
         conf, iou, max_det = check_detection_options(conf, iou, max_det)
         if input_size is not None:  # named before the model is loaded
@@ -255,7 +259,7 @@ class OnnxDetector(BaseDetector):
         if (self.std == 0).any():
             raise ValueError(f"std must not contain 0, got {self.std.tolist()}")
 
-        self.resolved = resolve_weights(weights, "onnx", weights_dir)
+        self.resolved = resolve_weights(weights, "onnx", weights_dir, config_folder)
         super().__init__(name if name is not None else Path(self.resolved.value).stem, batch, categories)
         ort = import_onnxruntime()
         options = ort.SessionOptions()

@@ -259,6 +259,9 @@ class TorchvisionDetector(BaseDetector):
             what a built model's classification layer has.
         batch (int): images per forward pass.
         weights_dir (str | Path | None): the default weights folder when ``$DETENS_WEIGHTS`` is unset.
+        config_folder (str | Path | None): the folder of the ensemble YAML that names ``weights``: a relative
+            path is looked for there instead of in the working directory (see
+            :func:`~detens.adapters.weights.resolve_weights`'s ``beside``). None: a call from Python.
         **builder_kwargs: passed to the torchvision builder (``min_size``, ``trainable_backbone_layers``, ...).
     """
 
@@ -278,6 +281,7 @@ class TorchvisionDetector(BaseDetector):
         num_classes: int | None = None,
         batch: int = 1,
         weights_dir: str | Path | None = None,
+        config_folder: str | Path | None = None,
         **builder_kwargs: Any,
     ) -> None:
         conf, iou, max_det = check_detection_options(conf, iou, max_det)
@@ -293,7 +297,7 @@ class TorchvisionDetector(BaseDetector):
                 if device is not None
                 else ("cuda" if torch.cuda.is_available() else "cpu")
             )
-            model = self._build(weights, num_classes, weights_dir, builder_kwargs)
+            model = self._build(weights, num_classes, weights_dir, config_folder, builder_kwargs)
             from torchvision.models import get_model_weights
 
             class_names = list(get_model_weights(arch).DEFAULT.meta["categories"])  # index = category id
@@ -379,6 +383,7 @@ class TorchvisionDetector(BaseDetector):
         weights: str | os.PathLike[str] | None,
         num_classes: int | None,
         weights_dir: str | Path | None,
+        config_folder: str | Path | None,
         builder_kwargs: dict[str, Any],
     ) -> torch.nn.Module:
         """The model of the builder ``self.arch`` with ``weights``; sets ``weights_source``."""
@@ -392,7 +397,7 @@ class TorchvisionDetector(BaseDetector):
         if weights is None:
             logger.warning("%s: no weights given, the model is UNTRAINED (random initialization)", self.name)
             return get_model(arch, weights=None, weights_backbone=None, **kwargs)
-        resolved = resolve_weights(weights, "torchvision", weights_dir)
+        resolved = resolve_weights(weights, "torchvision", weights_dir, config_folder)
         self.weights_source = resolved.value
         if resolved.local:
             model = get_model(arch, weights=None, weights_backbone=None, **kwargs)

@@ -153,6 +153,9 @@ class UltralyticsDetector(BaseDetector):
         half (bool): FP16 inference (GPU ``.pt`` models).
         agnostic_nms (bool): class-agnostic NMS.
         weights_dir (str | Path | None): the default weights folder when ``$DETENS_WEIGHTS`` is unset.
+        config_folder (str | Path | None): the folder of the ensemble YAML that names ``weights``: a relative
+            path is looked for there instead of in the working directory (see
+            :func:`~detens.adapters.weights.resolve_weights`'s ``beside``). None: a call from Python.
 
     Calling it returns one :class:`Detections` per image (CPU tensors, labels in the label space).
     """
@@ -173,11 +176,12 @@ class UltralyticsDetector(BaseDetector):
         half: bool = False,
         agnostic_nms: bool = False,
         weights_dir: str | Path | None = None,
+        config_folder: str | Path | None = None,
     ) -> None:
         conf, iou, max_det = check_detection_options(conf, iou, max_det)
         imgsz = check_integer(imgsz, "imgsz", 32)
         if isinstance(weights, (str, os.PathLike)):
-            self.resolved = resolve_weights(weights, "ultralytics", weights_dir)
+            self.resolved = resolve_weights(weights, "ultralytics", weights_dir, config_folder)
             model = None
         else:
             model, self.resolved = _loaded_model(weights)

@@ -37,7 +37,6 @@ __all__ = [
     "WEIGHTS_TYPES",
     "is_upstream_name",
     "upstream_failure",
-    "check_weights_found",
 ]
 
 #: Environment variable naming the weights folder(s).
@@ -171,8 +170,10 @@ def resolve_weights(
     else:
         paths = [(Path(beside) / as_path, "as a path beside the config file")]
         if is_upstream_name(text, kind) and paths[0][0].resolve() != as_path.resolve():
-            # where the upstream loader saves what it downloads, and reads it back from
-            paths.append((as_path, "in the working directory, where an upstream download is saved"))
+            # where Ultralytics saves what it downloads, and reads it back from (torchvision keeps its
+            # downloads in torch's hub cache, but a file of that name here is still taken)
+            where = ", where Ultralytics saves a download" if kind in ("ultralytics", "any") else ""
+            paths.append((as_path, f"in the working directory{where}"))
     for path, note in paths:
         tried.append(f"{path.resolve() if not path.is_absolute() else path} ({note})")
         if path.exists():
@@ -227,17 +228,6 @@ def resolve_model_weights(
         return resolve_weights(model.weights, model.type, weights_dir, beside)
     except WeightsNotFoundError as err:
         raise WeightsNotFoundError(f"model {model.name or model.weights!r}: {err}") from None
-
-
-def check_weights_found(models: Any, weights_dir: str | Path | None = None) -> None:
-    """Resolve the weights of each model config of a type that loads weights, so that a missing file is
-    reported here, once, before workers that would each fail to load it are started.
-
-    Raises:
-        WeightsNotFoundError: the first model whose weights are found nowhere (naming the model).
-    """
-    for model in models:
-        resolve_model_weights(model, weights_dir)
 
 
 def upstream_failure(
