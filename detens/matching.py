@@ -23,8 +23,9 @@ there (5 models × 1000 boxes: ~10 ms instead of ~60 ms).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -151,6 +152,17 @@ class Clusters:
         )
 
 
+def _other_format_hint(value: Any) -> str:
+    """Where the outputs of another library go instead of Detections ("" when ``value`` is none of them)."""
+    if type(value).__name__ == "Results" and type(value).__module__.startswith("ultralytics"):
+        return (": fuse Ultralytics Results with detens.fuse_results (one list of Results per model), or convert "
+                "one with detens.convert.results_to_detections")
+    if isinstance(value, Mapping) and "boxes" in value:
+        return (": fuse torchvision output dicts with detens.TorchvisionFusion, or convert one with "
+                "detens.convert.torchvision_to_detections(output, image_size)")
+    return ""
+
+
 def check_per_model(per_model: Sequence[Detections], what: str = "per_model") -> None:
     """Raise a clear error unless ``per_model`` is a non-empty list of Detections of one image, one device."""
     if isinstance(per_model, Detections) or not isinstance(per_model, Sequence):
@@ -159,7 +171,7 @@ def check_per_model(per_model: Sequence[Detections], what: str = "per_model") ->
         raise ValueError(f"{what} is empty: pass one Detections per model (a model with no boxes is Detections.empty)")
     for i, det in enumerate(per_model):
         if not isinstance(det, Detections):
-            raise TypeError(f"{what}[{i}] must be Detections, got {type(det).__name__}")
+            raise TypeError(f"{what}[{i}] must be Detections, got {type(det).__name__}{_other_format_hint(det)}")
     sizes = [d.image_size for d in per_model]
     if len(set(sizes)) != 1:
         raise ValueError(f"{what}: models disagree on the image size {sizes}; they must describe one image")

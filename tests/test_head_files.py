@@ -254,6 +254,13 @@ def test_each_missing_config_key_is_a_head_file_error_naming_it(tmp_path, head, 
     assert "holds every one of" in message
 
 
+def test_a_file_without_its_config_says_it_is_missing(tmp_path):
+    document = saved(tmp_path, ThetaHead(NAMES))
+    del document["config"]
+    with pytest.raises(HeadFileError, match=r"missing the 'config' object \(the settings the head was trained with"):
+        load_head(write(tmp_path, document))
+
+
 def test_missing_keys_are_all_named(tmp_path):
     document = saved(tmp_path, ThetaHead(NAMES))
     for key in ("match_iou", "normalize_box"):

@@ -270,6 +270,9 @@ class TestMatchEdgeCases:
             (Detections.empty((5, 5)), TypeError,
              "^per_model must be a list with one Detections per model, got Detections$"),
             ([Detections.empty((5, 5)), "boxes"], TypeError, r"^per_model\[1\] must be Detections, got str$"),
+            ([{"boxes": torch.zeros(0, 4)}], TypeError,
+             r"^per_model\[0\] must be Detections, got dict: fuse torchvision output dicts with "
+             r"detens.TorchvisionFusion, or convert one with detens.convert.torchvision_to_detections"),
             ([Detections.empty((5, 5)), Detections.empty((6, 5))], ValueError,
              r"^per_model: models disagree on the image size \[\(5, 5\), \(6, 5\)\]"),
         ],

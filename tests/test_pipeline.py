@@ -426,6 +426,12 @@ class TestFuseResultsSynthetic:
         assert sorted(fused.boxes.cls.tolist()) == [0.0, 5.0]
         assert fused.names == COCO80
 
+    def test_results_given_to_fuse_are_pointed_to_fuse_results(self):
+        r = make_results(*random_boxes(0, 3))
+        with pytest.raises(TypeError, match=r"per_model\[0\] must be Detections, got Results: fuse Ultralytics "
+                                            r"Results with detens.fuse_results \(one list of Results per model\)"):
+            detens.fuse([r, r])
+
     def test_one_results_per_model_instead_of_a_list_is_an_error(self):
         r1 = make_results(*random_boxes(0, 3))
         r2 = make_results(*random_boxes(1, 3))

@@ -334,6 +334,8 @@ def read_head_file(path: str | Path) -> HeadFile:
         model_names = check_model_names(model_names, "model_names")
     except (TypeError, ValueError) as err:
         raise _bad(path, str(err)) from err
+    if config is None:
+        raise _bad(path, "missing the 'config' object (the settings the head was trained with)")
     if not isinstance(config, dict):
         raise _bad(path, f"'config' must be an object, got {type(config).__name__}")
     if label_space is not None:
