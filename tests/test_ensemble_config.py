@@ -323,6 +323,18 @@ def test_class_names_mapped_onto_other_coco_classes_without_a_dataset_are_warned
     assert [r for r in caplog.records if r.name == "detens.adapters"] == []
 
 
+def test_a_class_name_the_model_lacks_is_refused_without_the_coco_warning_first(caplog):
+    """The warning of names mapped onto other COCO classes reads a misspelt name as a dataset's own class;
+    the model's refusal of the name is what the user needs, alone."""
+    config = minimal()
+    config["models"][0].update(name="v8", class_map={"persn": 1})
+    with caplog.at_level("WARNING", logger="detens.adapters"), pytest.raises(
+        ValueError, match="class_map names class 'persn', which the model does not have"
+    ):
+        build_ensemble(config)
+    assert [r.getMessage() for r in caplog.records if r.name == "detens.adapters"] == []
+
+
 def test_build_tta_ensemble_runs():
     members = build_ensemble(REPO / "detens" / "configs" / "ensembles" / "coco_yolo4_tta.yaml")
     assert [m.name for m in members] == [

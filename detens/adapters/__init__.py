@@ -329,8 +329,6 @@ def build_ensemble(
         raise ValueError(f"built names models {stray}, but the config has models 0..{len(config.models) - 1}")
     categories = dataset_categories(config)
     check_class_maps(config, categories)
-    if categories is None:
-        _warn_of_names_mapped_onto_other_coco_classes(config)
     members: list[Detector] = []
     for i, model in enumerate(config.models):
         member = built.get(i) if built else None
@@ -343,6 +341,8 @@ def build_ensemble(
         raise ValueError(
             f"ensemble members must have different names, got {duplicates} twice; set 'name' in the config"
         )
+    if categories is None:  # once the members are built: a name no model has is refused there, not warned of
+        _warn_of_names_mapped_onto_other_coco_classes(config)
     return members
 
 
