@@ -230,6 +230,15 @@ class EnsemblePredictions:
                 "%s: the ground truth has %d of the %d images the cache ran on; the others' predictions are not used",
                 folder, len(wanted), len(cached),
             )
+        for name, model_results in zip(models, results, strict=True):
+            if not model_results and gt.image_ids:
+                # a model that detects nothing on any image is most often a broken export, or
+                # results written by a tool that failed: every method would score it as a member regardless
+                logger.warning(
+                    "%s: %s.json holds no detection on %s: check the model (its export, its class_map) and the "
+                    "tool that wrote the file",
+                    folder, name, "the image" if len(gt.image_ids) == 1 else f"any of the {len(gt.image_ids)} images",
+                )
         predictions = cls(models, results, gt, validated=True, unreadable=unreadable, folder=folder)
         if predictions.left_out:
             logger.warning(

@@ -100,3 +100,16 @@ def test_a_file_given_for_the_folder_is_named_as_one(tmp_path):
         EnsemblePredictions.from_folder(tmp_path / "yolo.json", CocoGroundTruth(GT))
     with pytest.raises(FileNotFoundError, match=r"^prediction folder not found: "):
         EnsemblePredictions.from_folder(tmp_path / "none", CocoGroundTruth(GT))
+
+
+def test_a_model_without_any_detection_is_warned_of_and_kept(tmp_path, caplog):
+    """An empty results file is valid (the member finds nothing) but almost always a broken export or tool."""
+    gt = CocoGroundTruth(GT)
+    (tmp_path / "good.json").write_text(json.dumps(RESULTS), encoding="utf-8")
+    (tmp_path / "broken.json").write_text("[]", encoding="utf-8")
+    with caplog.at_level("WARNING", logger="detens.predictions"):
+        predictions = EnsemblePredictions.from_folder(tmp_path, gt)
+    assert predictions.model_names == ["broken", "good"]
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warned == [f"{tmp_path}: broken.json holds no detection on the image: check the model (its export, "
+                      "its class_map) and the tool that wrote the file"], warned
