@@ -41,7 +41,14 @@ from detens.convert import (
     torchvision_to_detections,
 )
 from detens.detections import Detections
-from detens.fusers import FUSERS, check_members_named, check_parameter_names, fuse, resolve_method
+from detens.fusers import (
+    FUSERS,
+    check_members_named,
+    check_parameter_names,
+    default_method,
+    fuse,
+    resolve_method,
+)
 
 if TYPE_CHECKING:
     from ultralytics.engine.results import Results
@@ -188,7 +195,8 @@ class Ensemble:
             defaults and named after the model (:func:`detens.adapters.as_detector`; wrap one yourself to
             name it: ``UltralyticsDetector(model, name="v8")``). An ``AugmentedDetector`` adds one member
             per view. The boxes of each member carry its name as their ``source``.
-        method (str): a fusion method of :func:`detens.fuse` (``"wbf"``, ``"theta"``, ...).
+        method (str | None): a fusion method of :func:`detens.fuse` (``"wbf"``, ``"theta"``, ...). None
+            (default): ``"wbf"``, or ``"theta"`` (which runs any head) when ``head`` is given.
         head: for ``method="theta"`` or a head type (``"deep"``, ...): a head, the path of a saved one, or
             a shipped head's name (``"coco_yolo3_deep"``), checked against the detector names.
         **params: the method's parameters (``iou_thr``, ``weights``, ...), checked here, names and values
@@ -204,7 +212,7 @@ class Ensemble:
     """
 
     def __init__(
-        self, detectors: Sequence[Detector], method: str = "wbf", head: Any = None, **params: Any
+        self, detectors: Sequence[Detector], method: str | None = None, head: Any = None, **params: Any
     ) -> None:
         if callable(detectors) or not isinstance(detectors, Sequence) or not detectors:
             raise ValueError("Ensemble needs a non-empty list of detectors")
@@ -224,7 +232,7 @@ class Ensemble:
                 "name a loaded model by wrapping it: UltralyticsDetector(model, name=...)"
             )
         label_space, every_detector_declares_one = _check_one_label_space(self.detectors, self.names)
-        self.method = method
+        self.method = method = default_method(method, head if head is not None else params.get("head"))
         self.params = check_fusion_params(method, params, self.names, head)
         _check_heads_label_space(self.params, label_space, complete=every_detector_declares_one)
 
@@ -436,7 +444,7 @@ def _add_speeds(per_model: Sequence[Results], fusion_ms: float) -> dict[str, flo
 
 def fuse_results(
     per_model_results: Sequence[Sequence[Results]],
-    method: str = "wbf",
+    method: str | None = None,
     head: Any = None,
     model_names: Sequence[str] | None = None,
     **params: Any,
@@ -446,7 +454,8 @@ def fuse_results(
     Args:
         per_model_results (list[list[Results]]): ``per_model_results[n][b]``: model n on image b (what
             ``model(images)`` returns, one list per model; same images in the same order).
-        method (str): a fusion method of :func:`detens.fuse`.
+        method (str | None): a fusion method of :func:`detens.fuse`. None (default): ``"wbf"``, or
+            ``"theta"`` (which runs any head) when ``head`` is given.
         head: for ``method="theta"`` or a head type (``"deep"``, ...): a head, the path of a saved one, or
             a shipped head's name (``"coco_yolo3_deep"``).
         model_names (list[str] | None): names of the models (stored as ``Detections.source``; a head
@@ -480,6 +489,7 @@ def fuse_results(
         )
     model_names = check_name_list(model_names)
     names = _check_model_names(model_names, len(per_model))
+    method = default_method(method, head if head is not None else params.get("head"))
     # A head given as a path is checked against the model names only when the caller gave them.
     params = _fusion_params(method, head, params, model_names)
     if model_names is None:
@@ -562,7 +572,8 @@ class TorchvisionFusion(nn.Module):
     """Fuse the outputs of several torchvision detection models, as a post-processing module.
 
     Args:
-        method (str): a fusion method of :func:`detens.fuse`.
+        method (str | None): a fusion method of :func:`detens.fuse`. None (default): ``"wbf"``, or
+            ``"theta"`` (which runs any head) when ``head`` is given.
         head: for ``method="theta"`` or a head type (``"deep"``, ...): a head (registered as a submodule,
             so ``.to(device)`` moves it), the path of a saved one, or a shipped head's name.
         model_names (list[str] | None): names of the models (a head is checked against them). Default:
@@ -582,10 +593,10 @@ class TorchvisionFusion(nn.Module):
     """
 
     def __init__(
-        self, method: str = "wbf", head: Any = None, model_names: Sequence[str] | None = None, **params: Any
+        self, method: str | None = None, head: Any = None, model_names: Sequence[str] | None = None, **params: Any
     ) -> None:
         super().__init__()
-        self.method = method
+        self.method = method = default_method(method, head if head is not None else params.get("head"))
         self.model_names = check_name_list(model_names)
         params = _fusion_params(method, head, params, self.model_names)
         if self.model_names is None:

@@ -235,6 +235,19 @@ def test_a_head_given_to_a_fixed_fuser_says_which_methods_take_one(method):
         fuse(random_models(0), method, head=ThetaHead(["m0", "m1", "m2"]))
 
 
+def test_a_head_without_a_method_runs_the_head_as_the_cli_does():
+    from detens import ThetaHead, TorchvisionFusion
+
+    head = ThetaHead(["m0", "m1", "m2"])
+    per_model = random_models(0)
+    by_head = fuse(per_model, head=head)
+    by_theta = fuse(per_model, "theta", head=head)
+    assert torch.equal(by_head.boxes, by_theta.boxes) and torch.equal(by_head.scores, by_theta.scores)
+    assert not torch.equal(fuse(per_model).scores, by_theta.scores)  # without a head: wbf, as before
+    assert TorchvisionFusion(head=head, model_names=["m0", "m1", "m2"]).method == "theta"
+    assert TorchvisionFusion().method == "wbf"
+
+
 def test_a_theta_head_given_to_another_head_type_says_theta_once():
     from detens import ThetaHead
 

@@ -53,6 +53,14 @@ def check_method(method: str) -> None:
         raise unknown_name_error("fusion method", method, list_methods())
 
 
+def default_method(method: str | None, head: Any) -> str:
+    """``method`` as given; None: ``"theta"``, the fuser of every head type, when a head is given (as the
+    CLI's ``--head`` implies its method), else ``"wbf"``."""
+    if method is not None:
+        return method
+    return "theta" if head is not None else "wbf"
+
+
 def resolve_method(method: str, params: dict[str, Any]) -> str:
     """The fuser that runs ``method``: itself when it is a fuser; ``theta`` for a head type, whose
     ``params["head"]`` (a head or its file, loaded here into ``params``) must be of that type."""
@@ -76,7 +84,7 @@ def resolve_method(method: str, params: dict[str, Any]) -> str:
 
 def fuse(
     per_model: Sequence[Detections],
-    method: str = "wbf",
+    method: str | None = None,
     calibration: Any = None,
     image_size: tuple[int, int] | None = None,
     label_space: Mapping[int, str] | None = None,
@@ -90,9 +98,10 @@ def fuse(
         per_model (list[Detections]): one per model, same image, same device. ``supervision.Detections``
             are accepted too (see :mod:`detens.interop.supervision`; their ``class_id`` are the labels),
             with ``image_size``.
-        method (str): a registered fuser (``detens.fusers.list_fusers()``), or a head type
+        method (str | None): a registered fuser (``detens.fusers.list_fusers()``), or a head type
             (``detens.heads.list_heads()``: ``deep``, ``superlearner``, ...), which needs ``head=`` of that
-            type and fuses through the ``theta`` fuser (matching, then the head).
+            type and fuses through the ``theta`` fuser (matching, then the head). None: ``"wbf"``, or
+            ``"theta"`` (which runs any head) when ``head=`` is given.
         calibration (CalibrationHead | str | Path | None): when given, each model's scores are first
             replaced by its calibrated ones (``head.calibrate(per_model)``: members matched by their
             ``source`` name, else by position), then the calibrated detections are fused by ``method``.
@@ -128,6 +137,7 @@ def fuse(
         ValueError: among others, a head trained on other classes than ``label_space``'s, naming the ids.
     """
     given_head = params.get("head")  # for messages: a path that resolve_method may load
+    method = default_method(method, given_head)
     fuser = FUSERS.get(resolve_method(method, params))
     check_parameter_names(
         method, fuser, params, own=("calibration", "image_size", "label_space", "max_det", "model_names")
