@@ -264,10 +264,10 @@ class EnsembleConfig:
             raise ValueError(f"conf must be in [0, 1], got {self.conf}")
         if not 0.0 < self.iou <= 1.0:
             raise ValueError(f"iou must be in (0, 1], got {self.iou}")
-        if self.batch < 1 or self.max_det < 1 or self.imgsz < 32:
-            raise ValueError(
-                f"batch and max_det must be >= 1 and imgsz >= 32, got {self.batch}, {self.max_det}, {self.imgsz}"
-            )
+        for key, low in (("imgsz", 32), ("max_det", 1), ("batch", 1)):
+            value = getattr(self, key)
+            if value < low:
+                raise ValueError(f"{key} must be >= {low}, got {value}")
         names = [m.name for m in self.models if m.name]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:

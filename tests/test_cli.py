@@ -242,6 +242,65 @@ def test_a_file_is_refused_as_a_folder(workspace, capsys, case, argv, flag):
     assert (workspace / "a_file").read_text() == "mine"
 
 
+EVALUATE = ["evaluate", "--gt", "gt.json", "--predictions", "p"]
+#: every option naming one file to write, with a value ending in a separator
+FOLDER_FOR_A_FILE = [
+    ("evaluate --out", [*EVALUATE, "--out", "runs/evdir/"], "--out", "runs/evdir/"),
+    ("evaluate --plot", [*EVALUATE, "--out", "r.json", "--plot", "runs/plots/"], "--plot", "runs/plots/"),
+    ("evaluate --reliability", [*EVALUATE, "--out", "r.json", "--reliability=runs/r/"], "--reliability", "runs/r/"),
+    ("train --out", ["train", "--gt", "gt.json", "--predictions", "p", "--out", "heads/"], "--out", "heads/"),
+    ("bench --out", ["bench", "--out", "bench/"], "--out", "bench/"),
+    ("evaluate --out, an existing folder", [*EVALUATE, "--out", "images/"], "--out", "images/"),
+]
+
+
+@pytest.mark.parametrize("case, argv, flag, value", FOLDER_FOR_A_FILE, ids=[m[0] for m in FOLDER_FOR_A_FILE])
+def test_a_file_option_ending_in_a_separator_is_refused_as_typed(workspace, capsys, case, argv, flag, value):
+    """``Path`` drops the trailing separator: ``--out runs/evdir/`` wrote the file ``runs/evdir`` (and
+    ``runs/evdir.calibration.json`` ...) where the user named a folder."""
+    before = sorted(p.name for p in workspace.iterdir())
+    code, err = exit_code_and_stderr(argv, capsys)
+    command = argv[0]
+    assert code == 2 and err == (f"error: detens {command}: argument {flag}: expected a file path, got {value!r}: a path "
+                                 f"ending in / names a folder (see detens {command} --help)\n"), err
+    assert sorted(p.name for p in workspace.iterdir()) == before
+
+
+def test_every_option_naming_a_file_to_write_is_of_the_kind_that_refuses_a_folder():
+    """The survey above, kept whole: an output file option added later is checked the same way."""
+    import dataclasses
+
+    import detens.jobs
+
+    files = sorted(
+        (command, field.name)
+        for command in detens.jobs.JOBS
+        for field in dataclasses.fields(detens.jobs.job(command)[1])
+        if field.metadata.get("kind") == "output_file"
+    )
+    covered = {(argv[0], flag.removeprefix("--")) for _, argv, flag, _ in FOLDER_FOR_A_FILE}
+    assert files == [("bench", "out"), ("evaluate", "out"), ("evaluate", "plot"), ("evaluate", "reliability"),
+                     ("train", "out")]
+    assert set(files) == covered
+
+
+def test_an_unquoted_glob_expanded_by_the_shell_is_named(workspace, capsys):
+    for name in ("a.jpg", "b.jpg", "c.jpg"):
+        (workspace / "images" / name).write_bytes(b"")
+    for argv, taken in [
+        (["fuse", "--source", "images/a.jpg", "images/b.jpg", "images/c.jpg", "--out", "out"],
+         "--source takes one value, here images/a.jpg; "),
+        (["fuse", "--out", "out", "--source=images/a.jpg", "images/b.jpg", "images/c.jpg"],
+         "--source takes one value, here images/a.jpg; "),
+        (["configs", "images/a.jpg", "images/b.jpg", "images/c.jpg"], ""),
+    ]:
+        code, err = exit_code_and_stderr(argv, capsys)
+        assert code == 2 and err == (
+            f"error: detens {argv[0]}: unrecognized arguments: images/b.jpg images/c.jpg: {taken}quote a glob "
+            f"('images/*.jpg') so the shell does not expand it (see detens {argv[0]} --help)\n"
+        ), err
+
+
 EMPTY_FILES = [
     ("fuse --config", fuse_args("--config", ""), "--config"),
     ("fuse --head", fuse_args("--config", "missing_weights.yaml", "--head", ""), "--head"),

@@ -92,6 +92,16 @@ def test_a_copy_is_the_shipped_file_runs_as_it_and_is_never_written_over(tmp_pat
     assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["coco_yolo3_theta.json", "ensemble.yaml"]
 
 
+@pytest.mark.parametrize("out, written", [("copies/", "copies/coco_yolo3.yaml"), ("new/sub/", "new/sub/coco_yolo3.yaml")])
+def test_an_out_ending_in_a_separator_is_a_folder_created_to_hold_the_copy(out, written, tmp_path, capsys, monkeypatch):
+    """``Path`` drops the trailing separator: read as a path alone, ``copies/`` was the file ``copies``."""
+    monkeypatch.chdir(tmp_path)
+    code, printed, err = run(["coco_yolo3", "--out", out], capsys)
+    assert (code, err) == (0, "") and printed == f"copied coco_yolo3.yaml to {written}; give it as --config {written}\n"
+    assert (tmp_path / written).read_bytes() == shipped_file("coco_yolo3")[1].read_bytes()
+    assert (tmp_path / out).is_dir()
+
+
 @pytest.mark.parametrize("argv, message", [
     (["coco_yolo9"], r"^error: no shipped ensemble config or training config or head file is called 'coco_yolo9'; "
                      r"shipped: calibration, .*theta_seed\. Did you mean 'coco_yolo3'\?$"),
@@ -99,7 +109,8 @@ def test_a_copy_is_the_shipped_file_runs_as_it_and_is_never_written_over(tmp_pat
     (["--out", "x.yaml"], r"^error: detens configs: --out copies one shipped file: give its NAME"),
     (["--kind", "trian"], r"invalid choice: 'trian' .*did you mean 'train'\?"),
     (["coco_yolo3", "--out", "/proc/detens/x.yaml"], r"^error: --out /proc/detens/x\.yaml cannot be written"),
-], ids=["unknown name", "name of another kind", "--out without a name", "unknown kind", "--out unwritable"])
+    (["coco_yolo3", "--out", ""], r"^error: detens configs: argument --out: expected a file or a folder, got an empty path"),
+], ids=["unknown name", "name of another kind", "--out without a name", "unknown kind", "--out unwritable", "--out empty"])
 def test_mistakes_are_one_error_line(argv, message, capsys, tmp_path, monkeypatch):
     import re
 

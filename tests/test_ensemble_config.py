@@ -195,6 +195,17 @@ def test_a_value_out_of_range_names_the_file_or_the_values_given_over_it(tmp_pat
         load_ensemble_config(path)
 
 
+@pytest.mark.parametrize("key, value, low", [("imgsz", 0, 32), ("imgsz", 31, 32), ("batch", 0, 1), ("max_det", -1, 1)])
+def test_an_ensemble_value_below_its_bound_is_named_alone(tmp_path, key, value, low):
+    """One message for imgsz, batch and max_det made the user find which of three values was wrong."""
+    with pytest.raises(ValueError, match=rf"^ensemble config: {key} must be >= {low}, got {value}$"):
+        ensemble_config_from_dict(minimal(**{key: value}))
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(minimal()))
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))} \(with {key}={value}\): {key} must be >= {low}, got {value}$"):
+        load_ensemble_config(path, per_model={key: value})
+
+
 def test_strings_that_read_as_numbers_survive_the_round_trip(tmp_path):
     from detens.jobs.fuse import check_resume
 

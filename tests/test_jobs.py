@@ -20,6 +20,7 @@ import pytest
 
 import detens
 import detens.jobs
+import detens.jobs.calls
 from detens.cli import command_parser, run_command
 from detens.jobs._options import UsageError
 
@@ -209,6 +210,38 @@ def test_options_are_checked_as_they_are_made(tmp_path):
     ]:
         with pytest.raises(error, match=message):
             ReportOptions.from_python(given)
+
+
+PYTHON_CALLS = [name for name in detens.jobs.calls.__all__ if name in detens.__all__]
+#: arguments each Python call needs before its options are read
+NEEDED = {"cache": {}, "fuse_images": {"config": "coco_yolo3", "source": "images", "out": "out"}}
+
+
+@pytest.mark.parametrize("call", PYTHON_CALLS)
+def test_a_python_call_names_itself_in_its_option_errors(call, stand_in):
+    """``fuse()`` would be ``detens.fuse``, another function than the ``detens.fuse_images`` called."""
+    assert sorted(PYTHON_CALLS) == sorted(NEEDED)
+    with pytest.raises(TypeError, match=rf"^{call}\(\) got unknown options \['methd'\]; valid: "):
+        getattr(detens, call)(**NEEDED[call], methd="wbf")
+    assert stand_in.seen == []
+
+
+@pytest.mark.parametrize("command, option", [("evaluate", "out"), ("evaluate", "plot"), ("evaluate", "reliability"),
+                                             ("train", "out"), ("bench", "out")])
+def test_a_file_to_write_given_as_a_folder_path_is_refused_from_python_too(command, option):
+    options_class = detens.jobs.job(command)[1]
+    given = {"gt": "gt.json", "predictions": "p", "out": "r.json"} if command != "bench" else {}
+    with pytest.raises(ValueError, match=rf"^{option}: expected a file path, got 'runs/x/': a path ending in / names a folder$"):
+        options_class.from_python({**given, option: "runs/x/"})
+    with pytest.raises(ValueError, match=rf"^{option}: expected a file path, got an empty path$"):
+        options_class.from_python({**given, option: ""})
+    assert getattr(options_class.from_python({**given, option: Path("runs/x.json")}), option) == "runs/x.json"
+
+
+def test_a_folder_to_write_in_may_end_in_a_separator_in_python_calls(stand_in, tmp_path):
+    detens.fuse_images("coco_yolo3", "images", f"{tmp_path}/fused/")
+    detens.cache(images=str(tmp_path), gt="gt.json", out=f"{tmp_path}/cached/")
+    assert [seen["args"].out for seen in stand_in.seen] == [tmp_path / "fused", tmp_path / "cached"]
 
 
 def test_the_jobs_never_reach_up_to_the_command_line():

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-__all__ = ["COMMANDS", "add_threads_argument", "add_weights_dir_argument", "argparse_type", "existing_folder", "finite_number", "folder_path", "build_parser", "integer", "positive_int", "command_parser", "main", "run_command"]
+__all__ = ["COMMANDS", "add_threads_argument", "add_weights_dir_argument", "argparse_type", "existing_folder", "file_or_folder", "finite_number", "folder_path", "build_parser", "integer", "output_file", "positive_int", "command_parser", "main", "run_command"]
 
 #: subcommand -> (module, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -67,9 +67,36 @@ class _Parser(argparse.ArgumentParser):
             flags = sorted(o for action in parser._actions for o in action.option_strings if o.startswith("--"))
             first = next((a.split("=", 1)[0] for a in unknown if a.startswith("--")), None)
             close = difflib.get_close_matches(first, flags, n=1) if first else []
-            hint = f"; did you mean {close[0]}?" if close else ""
+            if close:
+                hint = f"; did you mean {close[0]}?"
+            else:
+                hint = _expanded_glob_hint(list(sys.argv[1:] if args is None else args), unknown)
             parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
         return parsed
+
+
+def _expanded_glob_hint(args: list[str], unknown: list[str]) -> str:
+    """What to do about ``unknown`` arguments that are all existing paths: most likely a glob given unquoted,
+    which the shell expanded into paths, the first taken as the option's value and the rest left over
+    (``--source imgs/*.jpg``). Names that option and the value it took where the paths follow one; empty for
+    other arguments."""
+    import os
+
+    if not all(os.path.lexists(arg) for arg in unknown):
+        return ""
+    # the last occurrence: the option's value may be the same path (``--source a.jpg a.jpg``)
+    first = len(args) - 1 - args[::-1].index(unknown[0])
+    taker = ""
+    if first >= 1 and args[first - 1].startswith("--") and "=" in args[first - 1]:
+        flag, value = args[first - 1].split("=", 1)
+        taker = f"{flag} takes one value, here {value}; "
+    elif first >= 2 and args[first - 2].startswith("--") and "=" not in args[first - 2]:
+        taker = f"{args[first - 2]} takes one value, here {args[first - 1]}; "
+    folders = {os.path.dirname(arg) for arg in unknown}
+    suffixes = {os.path.splitext(arg)[1] for arg in unknown}
+    folder = folders.pop() if len(folders) == 1 else "imgs"
+    example = os.path.join(folder, "*" + (suffixes.pop() if len(suffixes) == 1 else ""))
+    return f": {taker}quote a glob ({example!r}) so the shell does not expand it"
 
 
 def argparse_type(module: str, check_name: str) -> Callable[[str], Any]:
@@ -96,6 +123,10 @@ finite_number = argparse_type("detens.jobs._options", "check_finite_number")
 existing_folder = argparse_type("detens.jobs._options", "check_existing_folder")
 #: argparse type: the path of a folder, which may not exist yet (see :func:`detens.jobs._options.check_folder`)
 folder_path = argparse_type("detens.jobs._options", "check_folder")
+#: argparse type: the path of a file to write, kept as written; one ending in a separator (a folder) is refused
+output_file = argparse_type("detens.jobs._options", "check_output_file")
+#: argparse type: the path of a file to write, or of a folder to write it in (ending in a separator), as written
+file_or_folder = argparse_type("detens.jobs._options", "check_file_or_folder")
 
 
 def __getattr__(name: str) -> Any:

@@ -55,10 +55,9 @@ own work, indexing the ground truth and results included.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from detens.catalogue import DEFAULT_BENCH_SIZES
-from detens.cli import argparse_type, integer, positive_int, run_command
+from detens.cli import argparse_type, integer, output_file, positive_int, run_command
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", help="device of the input Detections (default: cpu)")
     parser.add_argument("--threads", type=positive_int, help="torch intra-op threads (default: 1)")
     parser.add_argument("--seed", type=integer, help="seed of the synthetic images (default: 0)")
-    parser.add_argument("--out", type=Path, help="also write the results as JSON (atomic write)")
+    parser.add_argument("--out", type=output_file, help="also write the results as JSON (atomic write)")
     parser.add_argument(
         "--engines", metavar="IMAGES",
         help="instead of the fusers: time `detens fuse` on this image folder with the local engine and with "

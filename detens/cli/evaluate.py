@@ -91,7 +91,15 @@ from __future__ import annotations
 import argparse
 
 from detens.catalogue import COCO_BACKENDS, DEFAULT_EVALUATION_METHODS, EVALUATION_METHODS
-from detens.cli import add_threads_argument, argparse_type, folder_path, integer, positive_int, run_command
+from detens.cli import (
+    add_threads_argument,
+    argparse_type,
+    folder_path,
+    integer,
+    output_file,
+    positive_int,
+    run_command,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -149,10 +157,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="pycocotools", choices=COCO_BACKENDS,
                         help="COCO evaluator of the reported figures (default: %(default)s, the reference; "
                         "tuning inside the folds uses the fastest installed one)")
-    parser.add_argument("--out", required=True, help="JSON report {method: {metric: value}}")
-    parser.add_argument("--plot", help="bar chart PNG")
+    parser.add_argument("--out", type=output_file, required=True, help="JSON report {method: {metric: value}}")
+    parser.add_argument("--plot", type=output_file, help="bar chart PNG")
     parser.add_argument(
-        "--reliability", help="reliability diagram PNG: per method, score vs true-positive rate at IoU 0.5 (10 bins)"
+        "--reliability", type=output_file, help="reliability diagram PNG: per method, score vs true-positive rate at IoU 0.5 (10 bins)"
     )
     parser.add_argument(
         "--report", type=folder_path, metavar="DIR",

@@ -37,13 +37,13 @@ from __future__ import annotations
 import argparse
 
 from detens.catalogue import TRAINED_HEAD_TYPES
-from detens.cli import add_threads_argument, finite_number, integer, run_command
+from detens.cli import add_threads_argument, finite_number, integer, output_file, run_command
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gt", required=True, help="COCO annotation file")
     parser.add_argument("--predictions", required=True, help="folder of <model>.json COCO results")
-    parser.add_argument("--out", required=True, help="head file to write (.json or .safetensors)")
+    parser.add_argument("--out", type=output_file, required=True, help="head file to write (.json or .safetensors)")
     parser.add_argument("--head", default="theta", choices=TRAINED_HEAD_TYPES,
                         help=f"head type: {', '.join(TRAINED_HEAD_TYPES)} (default: theta)")
     parser.add_argument(

@@ -21,8 +21,9 @@ from typing import Any, ClassVar
 from detens.checks import check_flag
 
 __all__ = [
-    "JobOptions", "UsageError", "check_existing_folder", "check_int", "check_text_list", "check_text_pair", "check_folder", "check_positive_int",
-    "file_or_shipped_name", "flag", "folder", "existing_folder", "integer", "internal", "listed", "number",
+    "JobOptions", "UsageError", "check_existing_folder", "check_file_or_folder", "check_int", "check_output_file",
+    "check_text_list", "check_text_pair", "check_folder", "check_positive_int", "file_or_folder", "file_or_shipped_name",
+    "flag", "folder", "existing_folder", "integer", "internal", "listed", "names_a_folder", "number", "output_file",
     "parse_set", "path", "text",
 ]
 
@@ -47,6 +48,42 @@ def check_folder(value: str) -> Path:
     if os.path.exists(value) and not os.path.isdir(value):
         raise ValueError(f"expected a folder, got {value!r}, which is a file")
     return Path(value)
+
+
+def names_a_folder(value: str) -> bool:
+    """Whether the path ``value``, as written, ends in a separator (``runs/``), which says it is a folder.
+    ``Path`` and argparse's ``type=Path`` drop it (``Path("runs/")`` is ``runs``), so it is read from the text.
+    """
+    return value.endswith(tuple(sep for sep in (os.sep, os.altsep) if sep))
+
+
+def check_output_file(value: str) -> str:
+    """The path of a file to write, kept as written. A path ending in a separator names a folder: read as a
+    ``Path`` it loses the separator, and the file would be written at the folder's name (``--out runs/x/``
+    writing the file ``runs/x``). An empty one is refused as :func:`check_folder` refuses it (``Path("")`` is
+    the working directory).
+
+    Raises:
+        ValueError: ``value`` is empty or ends in a separator.
+    """
+    if not value:
+        raise ValueError("expected a file path, got an empty path")
+    if names_a_folder(value):
+        raise ValueError(f"expected a file path, got {value!r}: a path ending in {value[-1]} names a folder")
+    return value
+
+
+def check_file_or_folder(value: str) -> str:
+    """The path of a file to write or of a folder to write it in, kept as written: a trailing separator
+    (:func:`names_a_folder`) makes it a folder, created if need be. An empty one is refused as
+    :func:`check_folder` refuses it.
+
+    Raises:
+        ValueError: ``value`` is empty.
+    """
+    if not value:
+        raise ValueError("expected a file or a folder, got an empty path (write . for the working directory)")
+    return value
 
 
 def check_existing_folder(value: str) -> str:
@@ -203,8 +240,22 @@ def number(default: float | None = None) -> Any:
 
 
 def path(default: Path | None = None, *, required: bool = False) -> Any:
-    """A file or folder path (a ``str`` or an ``os.PathLike``), stored as a ``Path``."""
+    """A file or folder path to read (a ``str`` or an ``os.PathLike``), stored as a ``Path``, which drops a
+    trailing separator: a file to write is an :func:`output_file` or a :func:`file_or_folder`."""
     return _field(default, "path", required=required)
+
+
+def output_file(*, required: bool = False) -> Any:
+    """A file to write (:func:`check_output_file`: not a path ending in a separator), stored as the ``str``
+    given (an ``os.PathLike`` as its path)."""
+    return _field(None, "output_file", required=required)
+
+
+def file_or_folder() -> Any:
+    """A file to write, or a folder to write it in where the path ends in a separator or is a folder
+    (:func:`check_file_or_folder`), stored as the ``str`` given (an ``os.PathLike`` as its path): a ``Path``
+    would drop the separator."""
+    return _field(None, "file_or_folder")
 
 
 def folder(*, required: bool = False) -> Any:
@@ -246,6 +297,13 @@ def check_int(key: str, value: Any) -> int:
     return int(value)
 
 
+#: the check of each kind of path option (None: any path, stored as a ``Path``)
+_PATH_CHECKS = {
+    "path": None, "folder": check_folder, "existing_folder": check_existing_folder, "output_file": check_output_file,
+    "file_or_folder": check_file_or_folder,
+}
+
+
 def _checked(kind: str, key: str, value: Any) -> Any:
     """``value`` of the option ``key`` of ``kind``, converted, or a TypeError/ValueError naming the option."""
     if kind == "flag":
@@ -261,13 +319,13 @@ def _checked(kind: str, key: str, value: Any) -> Any:
         if not math.isfinite(value):
             raise ValueError(f"{key} must be a finite number, got {value}")
         return float(value)
-    if kind in ("path", "folder", "existing_folder"):
+    if kind in _PATH_CHECKS:
         if not isinstance(value, (str, os.PathLike)):
             raise TypeError(f"{key} must be a path (str or os.PathLike), got {type(value).__name__}: {value!r}")
         if kind == "path":
             return Path(value)
         try:
-            return (check_folder if kind == "folder" else check_existing_folder)(os.fspath(value))
+            return _PATH_CHECKS[kind](os.fspath(value))
         except ValueError as err:
             raise ValueError(f"{key}: {err}") from None
     if kind == "str":
@@ -282,9 +340,10 @@ def _checked(kind: str, key: str, value: Any) -> Any:
 @dataclasses.dataclass(kw_only=True)
 class JobOptions:
     """The options of a job. Subclasses are keyword-only dataclasses whose fields come from :func:`flag`,
-    :func:`integer`, :func:`number`, :func:`path`, :func:`folder`, :func:`existing_folder`, :func:`text` and
-    :func:`listed` and :func:`internal`; each value is checked and converted when the options are made (None: the option left
-    out, its default kept; a required one left out is a TypeError).
+    :func:`integer`, :func:`number`, :func:`path`, :func:`output_file`, :func:`file_or_folder`, :func:`folder`,
+    :func:`existing_folder`, :func:`text`, :func:`listed` and :func:`internal`; each value is checked and
+    converted when the options are made (None: the option left out, its default kept; a required one left out
+    is a TypeError).
 
     Attributes:
         quiet (bool): warnings and results only: no progress bars or lines, no library chatter, no run
@@ -293,8 +352,11 @@ class JobOptions:
             that say how they were made (None from Python).
     """
 
-    #: the job's name in messages: ``cache()`` of ``detens.cache``
+    #: the job's name: ``cache`` (``detens cache``)
     job: ClassVar[str] = "job"
+    #: the Python function the options are given to, named in messages (``fuse_images()``: ``detens.fuse``
+    #: is another function); None: the job's name (``cache()`` of ``detens.cache``)
+    call: ClassVar[str | None] = None
 
     quiet: bool = flag()
     command_line: tuple[str, ...] | None = internal()
@@ -316,7 +378,7 @@ class JobOptions:
                 raise ValueError(f"{spec.name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
             setattr(self, spec.name, value)
         if missing:
-            raise TypeError(f"{self.job}() needs {', '.join(missing)}")
+            raise TypeError(f"{self.call or self.job}() needs {', '.join(missing)}")
 
     @classmethod
     def option_names(cls) -> list[str]:
@@ -335,7 +397,7 @@ class JobOptions:
         valid = cls.option_names()
         unknown = sorted(set(options) - set(valid))
         if unknown:
-            raise TypeError(f"{cls.job}() got unknown options {unknown}; valid: {', '.join(sorted(valid))}")
+            raise TypeError(f"{cls.call or cls.job}() got unknown options {unknown}; valid: {', '.join(sorted(valid))}")
         defaults = {f.name: f.default for f in dataclasses.fields(cls)}
         return cls(**{key: defaults[key] if value is None else value for key, value in options.items()})
 

@@ -33,7 +33,7 @@ from detens.jobs._options import (
     file_or_shipped_name,
     integer,
     listed,
-    path,
+    output_file,
     text,
 )
 
@@ -292,7 +292,7 @@ class BenchOptions(JobOptions):
         device (str | None): device of the input Detections (None: cpu).
         threads (int | None): torch intra-op threads (None: 1).
         seed (int | None): seed of the synthetic images (None: 0).
-        out (Path | None): also write the results as JSON (atomic write).
+        out (str | None): also write the results as JSON (atomic write).
         engines (str | None): instead of the fusers: time ``detens fuse`` on this image folder with the local
             engine and with Ray (1 and 2 actors), and Ray's start-up.
         config (str | None): with ``engines``: the ensemble (None: coco_yolo3).
@@ -308,7 +308,7 @@ class BenchOptions(JobOptions):
     device: str | None = text()
     threads: int | None = integer(positive=True)
     seed: int | None = integer()
-    out: Path | None = path()
+    out: str | None = output_file()
     engines: str | None = text()
     config: str | None = text()
     coco: list[str] | None = listed()

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from detens.io import atomic_write_bytes, check_writable_file
-from detens.jobs._options import JobOptions, UsageError, path, text
+from detens.jobs._options import JobOptions, UsageError, file_or_folder, names_a_folder, text
 from detens.packaged import CONFIG_ROOT, KINDS, describe_shipped, packaged_names, shipped_file
 
 __all__ = ["ConfigsOptions", "run", "listing"]
@@ -29,15 +29,16 @@ class ConfigsOptions(JobOptions):
         name (str | None): a shipped file's name (``coco_yolo3``); None: list them all.
         kind (str | None): where to look for ``name``, or what to list: ``ensembles``, ``train`` or ``heads``
             (None: every kind; a name shipped as two kinds needs it).
-        out (Path | None): write a copy of ``name`` there (a file, or a folder to put it in under its own
-            name) instead of printing it; an existing file is never replaced.
+        out (str | None): write a copy of ``name`` there (a file, or a folder to put it in under its own
+            name: one that exists, or a path ending in a separator, ``copies/``, created) instead of printing
+            it; an existing file is never replaced.
     """
 
     job = "configs"
 
     name: str | None = text()
     kind: str | None = text(choices=KINDS)
-    out: Path | None = path()
+    out: str | None = file_or_folder()
 
 
 def listing(kind: str | None = None) -> str:
@@ -74,7 +75,8 @@ def run(options: ConfigsOptions) -> int:
         else:
             sys.stdout.write(source.read_text(encoding="utf-8"))
         return 0
-    target = options.out / source.name if options.out.is_dir() else options.out
+    out = Path(options.out)
+    target = out / source.name if names_a_folder(options.out) or out.is_dir() else out
     if target.exists():
         raise ValueError(f"--out {target} exists; the copy never replaces a file: remove it, or give another path")
     check_writable_file(target, "--out")

@@ -44,6 +44,7 @@ from detens.jobs._options import (
     folder,
     integer,
     listed,
+    output_file,
     parse_set,
     text,
 )
@@ -149,9 +150,9 @@ class EvaluateOptions(JobOptions):
     train_config: tuple[str, ...] = listed()
     set: tuple[str, ...] = listed()
     backend: str = text("pycocotools", choices=BACKENDS)
-    out: str = text(required=True)
-    plot: str | None = text()
-    reliability: str | None = text()
+    out: str = output_file(required=True)
+    plot: str | None = output_file()
+    reliability: str | None = output_file()
     report: Path | None = folder()
     images: str | None = text()
     bootstrap: int = integer(0)

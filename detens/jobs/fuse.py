@@ -121,6 +121,7 @@ class FuseOptions(EngineOptions):
     """
 
     job = "fuse"
+    call = "fuse_images"
 
     config: str = text(DEFAULT_ENSEMBLE)
     source: str = text(required=True)

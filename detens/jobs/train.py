@@ -28,6 +28,7 @@ from detens.jobs._options import (
     integer,
     listed,
     number,
+    output_file,
     parse_set,
     text,
 )
@@ -71,7 +72,7 @@ class TrainOptions(JobOptions):
 
     gt: str = text(required=True)
     predictions: str = text(required=True)
-    out: str = text(required=True)
+    out: str = output_file(required=True)
     head: str = text("theta", choices=HEAD_TYPES)
     config: str | None = text()
     images_from: str | None = text()
