@@ -32,7 +32,7 @@ from torch import Tensor
 from detens.catalogue import COCO_BACKENDS as BACKENDS
 from detens.checks import check_integer, check_integers
 from detens.detections import MAX_IMAGE_SIDE, MAX_LABEL, Detections
-from detens.io import atomic_write_json, read_json_file
+from detens.io import atomic_write_json, check_file_path, read_json_file
 
 if TYPE_CHECKING:  # pycocotools is imported lazily
     from pycocotools.coco import COCO
@@ -297,8 +297,8 @@ def load_coco_results(path: str | Path) -> list[dict[str, Any]]:
 
 def save_coco_results(results: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     """Write COCO results JSON atomically (a killed run never leaves half a file); returns the path."""
+    path = check_file_path(path)
     clean = validate_coco_results(results, "results")
-    path = Path(path)
     atomic_write_json(path, clean)
     return path
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from detens.checks import check_integer, check_real
 from detens.convert import invert_category_ids
 from detens.detections import Detections
-from detens.io import atomic_write_text
+from detens.io import atomic_write_text, check_file_path
 from detens.labels import COCO_CATEGORY_IDS
 
 __all__ = ["yolo_lines", "save_yolo_txt"]
@@ -89,7 +89,7 @@ def save_yolo_txt(
     path: str | Path, det: Detections, category_ids: Sequence[int] | None = None, conf: float = 0.0
 ) -> Path:
     """Write :func:`yolo_lines` to ``path`` atomically (an empty file when nothing is kept); returns the path."""
+    path = check_file_path(path)
     lines = yolo_lines(det, category_ids, conf)
-    path = Path(path)
     atomic_write_text(path, "".join(line + "\n" for line in lines))
     return path

@@ -30,7 +30,7 @@ from typing import Any
 __all__ = [
     "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "check_writable_file", "check_writable_folder",
     "read_json_file", "output_stems", "output_lock", "LOCK_NAME", "remove_stale_temporaries", "lock_descriptor",
-    "lock_holder_text", "run_folder",
+    "lock_holder_text", "run_folder", "names_a_folder", "check_file_path",
 ]
 
 logger = logging.getLogger("detens.io")
@@ -50,13 +50,32 @@ _TEMPORARY_UNNAMED = re.compile(r"^\..+\.(?:json|yaml|txt|jpg)\.[a-z0-9_]{8}\.tm
 STALE_TEMPORARY_S = 24 * 3600
 
 
+def names_a_folder(value: str | os.PathLike[str]) -> bool:
+    """Whether the path ``value``, as written, ends in a separator (``runs/``), which says it is a folder.
+    ``Path`` and argparse's ``type=Path`` drop it (``Path("runs/")`` is ``runs``), so it is read from the text."""
+    return isinstance(value, str) and value.endswith(tuple(sep for sep in (os.sep, os.altsep) if sep))
+
+
+def check_file_path(path: str | os.PathLike[str], what: str = "path") -> Path:
+    """``path`` of a file to write, as a ``Path``: not one written as a folder (``"runs/"``), which ``Path``
+    would turn into the file ``runs``.
+
+    Raises:
+        ValueError: naming ``what`` and the path as given.
+    """
+    if names_a_folder(path):
+        raise ValueError(f"{what}: expected a file path, got {path!r}: a path ending in {str(path)[-1]} names a folder")
+    return Path(path)
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same folder and an atomic rename.
 
     Raises:
         IsADirectoryError: ``path`` is a folder (named in the message, not the temporary file).
+        ValueError: ``path`` is written as a folder (``"runs/"``, see :func:`check_file_path`).
     """
-    path = Path(path)
+    path = check_file_path(path)
     if path.is_dir():
         raise IsADirectoryError(errno.EISDIR, "is a folder; give the path of a file to write", str(path))
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -87,6 +87,30 @@ class TestAtomicWrite:
         assert list(tmp_path.iterdir()) == []
 
 
+def test_every_library_writer_refuses_a_path_written_as_a_folder(tmp_path, monkeypatch):
+    """``Path("out/")`` is ``out``: each writer would write the file ``out`` where a folder was meant."""
+    import torch
+
+    from detens import Detections, ThetaHead
+    from detens.coco import save_coco_results
+    from detens.export import save_yolo_txt
+
+    monkeypatch.chdir(tmp_path)
+    det = Detections(torch.tensor([[1.0, 2.0, 30.0, 40.0]]), [0.9], [1], (50, 60))
+    writers = {
+        "atomic_write_text": lambda path: atomic_write_text(path, "x"),
+        "save_coco_results": lambda path: save_coco_results([], path),
+        "save_yolo_txt": lambda path: save_yolo_txt(path, det),
+        "head.save": lambda path: ThetaHead(["a", "b"]).save(path),
+    }
+    for name, write in writers.items():
+        with pytest.raises(ValueError, match=r"expected a file path, got 'out/': a path ending in / names a folder"):
+            write("out/")
+        assert list(tmp_path.iterdir()) == [], name
+    save_coco_results([], "out.json")  # a file path as before
+    assert [p.name for p in tmp_path.iterdir()] == ["out.json"]
+
+
 class TestOutputLock:
     def test_a_second_run_is_refused_naming_the_first(self, tmp_path, lock_in_another_process):
         from detens.io import output_lock

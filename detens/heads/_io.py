@@ -37,7 +37,7 @@ from torch import Tensor
 
 from detens.checks import check_integer, check_integers, check_real
 from detens.detections import MAX_LABEL
-from detens.io import atomic_write_bytes, atomic_write_text
+from detens.io import atomic_write_bytes, atomic_write_text, check_file_path
 
 __all__ = [
     "HeadFile",
@@ -196,7 +196,7 @@ def write_head_file(
 ) -> None:
     """Write a head atomically as ``.json`` or ``.safetensors`` (chosen by the suffix); ``label_space``
     (``{category id: name}``, None: not written) is the one the head was trained in."""
-    path = Path(path)
+    path = check_file_path(path)
     suffix = _suffix(path)
     categories = None
     if label_space is not None:

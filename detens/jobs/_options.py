@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from detens.checks import check_flag
+from detens.io import names_a_folder
 
 __all__ = [
     "JobOptions", "UsageError", "check_existing_folder", "check_file_or_folder", "check_int", "check_output_file",
     "check_text_list", "check_text_pair", "check_folder", "check_positive_int", "file_or_folder", "file_or_shipped_name",
-    "flag", "folder", "existing_folder", "integer", "internal", "listed", "names_a_folder", "number", "output_file",
+    "flag", "folder", "existing_folder", "integer", "internal", "listed", "number", "output_file",
     "parse_set", "path", "text",
 ]
 
@@ -50,13 +51,6 @@ def check_folder(value: str) -> Path:
     return Path(value)
 
 
-def names_a_folder(value: str) -> bool:
-    """Whether the path ``value``, as written, ends in a separator (``runs/``), which says it is a folder.
-    ``Path`` and argparse's ``type=Path`` drop it (``Path("runs/")`` is ``runs``), so it is read from the text.
-    """
-    return value.endswith(tuple(sep for sep in (os.sep, os.altsep) if sep))
-
-
 def check_output_file(value: str) -> str:
     """The path of a file to write, kept as written. A path ending in a separator names a folder: read as a
     ``Path`` it loses the separator, and the file would be written at the folder's name (``--out runs/x/``
@@ -75,7 +69,7 @@ def check_output_file(value: str) -> str:
 
 def check_file_or_folder(value: str) -> str:
     """The path of a file to write or of a folder to write it in, kept as written: a trailing separator
-    (:func:`names_a_folder`) makes it a folder, created if need be. An empty one is refused as
+    (:func:`detens.io.names_a_folder`) makes it a folder, created if need be. An empty one is refused as
     :func:`check_folder` refuses it.
 
     Raises:

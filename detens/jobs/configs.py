@@ -7,8 +7,8 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from detens.io import atomic_write_bytes, check_writable_file
-from detens.jobs._options import JobOptions, UsageError, file_or_folder, names_a_folder, text
+from detens.io import atomic_write_bytes, check_writable_file, names_a_folder
+from detens.jobs._options import JobOptions, UsageError, file_or_folder, text
 from detens.packaged import CONFIG_ROOT, KINDS, describe_shipped, packaged_names, shipped_file
 
 __all__ = ["ConfigsOptions", "run", "listing"]

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from detens.io import atomic_write_bytes
+from detens.io import atomic_write_bytes, check_file_path
 
 __all__ = ["PARTIAL_SUFFIX", "RECORD_FORMAT", "RECORD_SUFFIX", "EvaluationRecord", "partial_path", "record_path"]
 
@@ -112,7 +112,7 @@ class EvaluationRecord:
             "results": {name: _to_columns(results) for name, results in self.results.items()},
             "members": {name: _to_columns(results) for name, results in self.members.items()},
         }
-        path = Path(path)
+        path = check_file_path(path)
         # mtime=0: the same evaluation gives the same bytes
         atomic_write_bytes(path, gzip.compress(json.dumps(document).encode("utf-8"), compresslevel=6, mtime=0))
         return path
