@@ -78,8 +78,9 @@ def test_engines_quiet_shows_no_info_line(engines, capsys):
 
 
 def test_an_interrupted_fuse_run_interrupts_bench(engines, capsys):
-    """fuse returns 130 after a Ctrl-C it caught to save its work: bench ends as on any Ctrl-C, Ray shut down."""
-    engines.code = 130
+    """fuse raises KeyboardInterrupt after a Ctrl-C it caught to save its work: bench ends as on any Ctrl-C,
+    Ray shut down."""
+    engines.error = KeyboardInterrupt()
     level = logging.getLogger().level
     assert main(["bench", "--engines", str(engines.images)]) == 130
     err = capsys.readouterr().err
@@ -91,7 +92,7 @@ def test_an_interrupted_fuse_run_interrupts_bench(engines, capsys):
 def test_an_interrupted_ray_run_shuts_ray_down(engines, capsys, monkeypatch):
     def fuse_images(config, source, out, **options):
         if options.get("engine") == "ray":
-            return 130
+            raise KeyboardInterrupt
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / "summary.json").write_text(json.dumps({"done": 2}))
         return 0

@@ -329,6 +329,48 @@ def test_interrupted_run_resumes(slice_, replay_run, monkeypatch, capsys, press_
         assert (out / f"{member}.json").read_bytes() == (replay_run / f"{member}.json").read_bytes()
 
 
+def test_a_python_call_raises_the_interrupt_once_the_finished_images_are_saved(slice_, replay_run, monkeypatch,
+                                                                              capsys, caplog, press_ctrl_c):
+    """``detens.cache`` stops its caller on a Ctrl-C (a script's loop over calls too), after saving what the
+    command saves before it ends with status 130; the same call made again resumes."""
+    import detens
+
+    out = slice_ / f"python_interrupted_{press_ctrl_c.__name__}"
+    real_detect = cache_tool.detect_loaded
+    calls = []
+
+    def interrupt_on_second_call(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            press_ctrl_c()
+        return real_detect(*args, **kwargs)
+
+    monkeypatch.setattr(cache_tool, "detect_loaded", interrupt_on_second_call)
+
+    def call():
+        return detens.cache(slice_ / "replay.yaml", slice_ / "images", slice_ / "gt.json", out)
+
+    capsys.readouterr()
+    called = 0
+    with pytest.raises(KeyboardInterrupt):
+        for _ in range(2):
+            called += 1
+            call()
+    assert called == 1
+    assert len(list((out / ".partial" / "a").glob("[0-9]*.json"))) == 1
+    assert summary_of(out)["stopped_by"] == "interrupt"
+    # in the caller's words: a Python call has no command to run again
+    assert "interrupted: the finished images are saved; make the same call again to resume" in caplog.text
+    assert "not finished: make the same call again to resume" in capsys.readouterr().out.splitlines()
+
+    monkeypatch.setattr(cache_tool, "detect_loaded", real_detect)
+    assert call() == 0
+    summary = summary_of(out)
+    assert summary["models"]["a"]["processed_this_run"] == NUM_IMAGES - 1
+    for member in ("a", "b"):
+        assert (out / f"{member}.json").read_bytes() == (replay_run / f"{member}.json").read_bytes()
+
+
 def test_a_resumed_run_says_how_many_images_it_resumed(slice_, tmp_path, capsys):
     out = tmp_path / "o"
     assert run(slice_, out, "--max-images", "1") == 0  # as if interrupted after each member's first image

@@ -223,11 +223,56 @@ def test_an_interrupted_run_says_its_results_are_partial(workspace, tmp_path, mo
     interrupt_on_image(monkeypatch, 2)
     capsys.readouterr()
     assert fuse_loudly(workspace, source, out, "--no-vis") == 130
-    lines = capsys.readouterr().out.splitlines()
+    captured = capsys.readouterr()
+    assert ("WARNING detens.fuse: interrupted: the finished images are saved; run the same command again to "
+            "resume\n") in captured.err and captured.err.endswith("error: interrupted\n"), captured.err
+    lines = captured.out.splitlines()
     assert [line for line in lines if " in " in line and line.endswith("summary.json, config.yaml")] == [
         f"partial results (1 of 3 images) in {out}/: predictions.json, images.json, labels/, summary.json, config.yaml"
     ], lines
     assert lines[-1] == "interrupted: run the same command again to finish"
+
+
+def test_a_python_call_raises_the_interrupt_once_the_finished_images_are_saved(workspace, tmp_path, monkeypatch,
+                                                                              capsys, caplog, press_ctrl_c):
+    """``detens.fuse_images`` stops its caller on a Ctrl-C (a script's loop over calls too), after saving what
+    the command saves before it ends with status 130; the same call made again resumes."""
+    import detens
+
+    source = one_image_source(workspace, tmp_path / "src", "x.jpg", "y.jpg", "z.jpg")
+    undo = interrupt_on_image(monkeypatch, 2, press_ctrl_c)
+    capsys.readouterr()
+    called = []
+    with pytest.raises(KeyboardInterrupt):
+        for out in (tmp_path / "first", tmp_path / "second"):
+            called.append(out)
+            detens.fuse_images(workspace / "pair.yaml", source, out, no_vis=True)
+    assert called == [tmp_path / "first"]
+    out = tmp_path / "first"
+    images, results = read_outputs(out)
+    assert [im["file_name"] for im in images["images"]] == ["x.jpg"] and images["info"]["complete"] is False
+    assert {r["image_id"] for r in results} == {1}
+    assert json.loads((out / "summary.json").read_text())["interrupted"] is True
+    # in the caller's words: a Python call has no command to run again
+    assert "interrupted: the finished images are saved; make the same call again to resume" in caplog.text
+    assert capsys.readouterr().out.splitlines()[-1] == "interrupted: make the same call again to finish"
+
+    undo()
+    assert detens.fuse_images(workspace / "pair.yaml", source, out, no_vis=True) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["done"], summary["resumed"], summary["processed_this_run"]) == (3, 1, 2)
+    assert summary["complete"] and not (out / "partial").exists()
+
+
+def test_an_interrupt_before_the_first_result_raises_in_python_and_leaves_the_folder(workspace, tmp_path,
+                                                                                   monkeypatch, press_ctrl_c):
+    import detens
+
+    source, out = one_image_source(workspace, tmp_path / "src"), tmp_path / "o"
+    interrupt_on_image(monkeypatch, 1, press_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        detens.fuse_images(workspace / "pair.yaml", source, out, quiet=True)
+    assert not out.exists()
 
 
 def test_a_resume_on_a_narrower_source_warns_of_the_unfinished_images_it_leaves_out(workspace, tmp_path, monkeypatch,
@@ -763,11 +808,8 @@ def test_overwrite_that_fails_before_its_first_result_leaves_the_folder_as_it_wa
     for overwrite in ([], ["--overwrite"]):
         into_new = ["--config", str(workspace / "pair.yaml"), "--source", str(source), "--out",
                     str(tmp_path / "new"), "--quiet", "--debug", *overwrite]
-        if isinstance(failure, KeyboardInterrupt):
-            assert fuse_cli.main(into_new) == 130
-        else:
-            with pytest.raises(RuntimeError, match="^the detector broke$"):
-                fuse_cli.main(into_new)
+        with pytest.raises(type(failure)):  # --debug: the exception itself, a Ctrl-C's too
+            fuse_cli.main(into_new)
         assert not (tmp_path / "new").exists(), overwrite
 
 

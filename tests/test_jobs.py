@@ -340,3 +340,24 @@ def test_a_refused_value_names_the_keyword_option_in_a_python_call(tmp_path, cap
     assert "--source" not in str(raised.value)
     assert run_command("fuse", ["--source", pattern, "--out", str(tmp_path / "out2")]) == 2
     assert "error: no images found in --source" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------- Ctrl-C
+def test_a_held_ctrl_c_is_seen_after_the_block_and_a_handler_of_the_programs_own_is_left_alone():
+    import signal
+
+    from detens.jobs._interrupts import ctrl_c_held
+
+    with ctrl_c_held() as ctrl_c:
+        signal.raise_signal(signal.SIGINT)  # no KeyboardInterrupt here
+        assert ctrl_c.pressed
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+    seen = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
+    try:
+        with ctrl_c_held() as ctrl_c:
+            signal.raise_signal(signal.SIGINT)
+        assert seen == [signal.SIGINT] and not ctrl_c.pressed
+    finally:
+        signal.signal(signal.SIGINT, previous)

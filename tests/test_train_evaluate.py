@@ -918,6 +918,45 @@ class TestTools:
         assert out.with_name(out.name + ".log").read_text() == "no epochs: a calibration head is fitted without gradient steps\n"
         assert json.loads(out.with_name(out.name + ".log.json").read_text())["loss"] == []
 
+    @pytest.mark.parametrize("head", ["theta", "calibration"])
+    def test_a_ctrl_c_while_the_head_is_written_waits_for_all_its_files(self, dataset, tmp_path, capfd,
+                                                                        monkeypatch, head):
+        """A Ctrl-C that comes while the head and its files are written (a real SIGINT, as the .log is) is held
+        until they all are: no earlier run's file is left beside the new head, and none is missing; the run
+        then ends as interrupted, saying it finished."""
+        import signal
+
+        from detens.jobs import train as train_job
+
+        gt_path, predictions = dataset
+        out = tmp_path / "head.json"
+        beside = {suffix: out.with_name(out.name + suffix) for suffix in (".config.yaml", ".loss.png", ".log",
+                                                                          ".log.json")}
+        for path in (out, *beside.values()):
+            path.write_text("an earlier run's")
+        real_write = train_job.atomic_write_text
+
+        def ctrl_c_then_write(*args, **kwargs):
+            signal.raise_signal(signal.SIGINT)
+            return real_write(*args, **kwargs)
+
+        monkeypatch.setattr(train_job, "atomic_write_text", ctrl_c_then_write)
+        args = ["--gt", str(gt_path), "--predictions", str(predictions), "--head", head, "--out", str(out), "--quiet"]
+        assert train_cli.main([*args, *(["--epochs", "2", "--set", "match_iou_grid=[]"] if head == "theta" else [])]) == 130
+        assert load_head(out).type_name == head
+        log = json.loads(beside[".log.json"].read_text())
+        assert log["head"] == head and log["images"] == len(load_coco_gt(gt_path).annotated_image_ids)
+        assert beside[".log"].read_text().endswith("\n") and "earlier" not in beside[".log"].read_text()
+        assert "earlier" not in beside[".config.yaml"].read_text()
+        if head == "theta":
+            assert beside[".loss.png"].read_bytes().startswith(b"\x89PNG")
+        else:  # fitted without epochs: no curve, and the earlier one gone
+            assert not beside[".loss.png"].exists()
+        err = capfd.readouterr().err  # --quiet: sys.stderr is a copy of fd 2
+        files = ".config.yaml, .loss.png, .log and .log.json" if head == "theta" else ".config.yaml, .log and .log.json"
+        assert (f"interrupted while the head was written: the run finished first; {out} and its {files} files are "
+                "all this run's") in err and err.endswith("error: interrupted\n"), err
+
     def test_train_cli_shows_no_epoch_bar_for_a_head_without_epochs(self, dataset, tmp_path, capsys):
         gt_path, predictions = dataset
         args = ["--gt", str(gt_path), "--predictions", str(predictions), "--out", str(tmp_path / "head.json")]

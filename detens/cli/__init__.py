@@ -230,13 +230,11 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     try:
         with log_above_progress_bars(args.quiet), quieted(args.quiet):
-            code = int(args._run(args))
-        # a job that caught Ctrl-C to save its finished work first ends as an interrupt anywhere else does
-        return _interrupted() if code == _INTERRUPTED else code
+            return int(args._run(args))
     except BaseException as err:  # a KeyboardInterrupt, or an error raised while one was handled, is a Ctrl-C
         from detens.jobs._interrupts import is_interruption
 
-        if is_interruption(err) and not args.debug:
+        if is_interruption(err) and not args.debug:  # a job that saves its work on a Ctrl-C raises it once saved
             return _interrupted()
         if isinstance(err, _usage_error()):
             print(f"error: {args._parser.prog}: {err} (see {args._parser.prog} --help)", file=sys.stderr)

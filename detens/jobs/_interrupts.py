@@ -1,8 +1,14 @@
-"""What counts as a Ctrl-C in the jobs and the command line."""
+"""What counts as a Ctrl-C in the jobs and the command line, and how a job ends on one."""
 
 from __future__ import annotations
 
-__all__ = ["is_interruption"]
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from typing import NoReturn
+
+__all__ = ["CtrlCHeld", "ctrl_c_held", "is_interruption", "raise_interruption"]
 
 
 def is_interruption(err: BaseException) -> bool:
@@ -19,3 +25,44 @@ def is_interruption(err: BaseException) -> bool:
         seen.add(id(cause))
         cause = cause.__context__
     return False
+
+
+def raise_interruption(err: BaseException) -> NoReturn:
+    """Raise the KeyboardInterrupt of the Ctrl-C ``err`` (:func:`is_interruption`), for a job that has saved
+    its finished work: ``err`` itself, or one caused by ``err`` where it is the error of code the Ctrl-C broke,
+    so that a Python caller's ``except KeyboardInterrupt`` stops on either (the command line reports both alike)."""
+    if isinstance(err, KeyboardInterrupt):
+        raise err
+    raise KeyboardInterrupt from err
+
+
+class CtrlCHeld:
+    """What :func:`ctrl_c_held` saw: ``pressed`` is True once a Ctrl-C came while it held them."""
+
+    pressed: bool = False
+
+
+@contextlib.contextmanager
+def ctrl_c_held() -> Iterator[CtrlCHeld]:
+    """Hold back a Ctrl-C for a block that must not stop half done (the files of a run that belong
+    together); the caller reads ``pressed`` of what it yields and stops after the block.
+
+    A Ctrl-C is held where it would raise a KeyboardInterrupt, in the main thread under Python's own
+    handler; a handler of the program's own is left to do what it does, and in another thread a Ctrl-C
+    raises nothing to hold.
+    """
+    held = CtrlCHeld()
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield held
+        return
+
+    def hold(signum: int, frame: object) -> None:
+        held.pressed = True
+
+    signal.signal(signal.SIGINT, hold)
+    try:
+        yield held
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -374,6 +374,12 @@ class JobOptions:
         if missing:
             raise TypeError(f"{self.call or self.job}() needs {', '.join(missing)}")
 
+    @property
+    def run_again(self) -> str:
+        """How the caller starts the same job again (which resumes an unfinished run), in its own words: ``run
+        the same command again``, or ``make the same call again`` for a Python call (no command line)."""
+        return "make the same call again" if self.command_line is None else "run the same command again"
+
     @classmethod
     def option_names(cls) -> list[str]:
         """The options a caller sets (every field but the internal ones)."""

@@ -65,7 +65,7 @@ from detens.jobs._inputs import (
     saved_prediction_files,
     weights_inputs,
 )
-from detens.jobs._interrupts import is_interruption
+from detens.jobs._interrupts import is_interruption, raise_interruption
 from detens.jobs._options import (
     UsageError,
     existing_folder,
@@ -1174,11 +1174,11 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any) -> int
                 members[run.name] = finish_member(out, run, data, shard, timing)
     except BaseException as err:
         if is_interruption(err):
-            logger.warning("interrupted: the finished images are saved; run the same command again to resume")
+            logger.warning("interrupted: the finished images are saved; %s to resume", options.run_again)
             summary = summarize_stopped_run("interrupt")
             if summary is not None and not options.quiet:
-                print_summary(out, summary, list(members), summary_path)
-            return 130
+                print_summary(out, summary, list(members), summary_path, options.run_again)
+            raise_interruption(err)  # saved: the caller stops now (a script's loop too), the command with status 130
         # the finished members' unreadable images must stay listed, or evaluate would score them as empty
         try:
             from detens.engines.ray_cache import strip_ansi  # Ray colours the text of its errors
@@ -1193,7 +1193,7 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any) -> int
         header = {**header, "stopped_by": "max_images"}
     summary = write_summary(summary_path, header, members)
     if not options.quiet:
-        print_summary(out, summary, list(members), summary_path)
+        print_summary(out, summary, list(members), summary_path, options.run_again)
     if summary["unreadable"] and not any(m["images"] for m in summary["models"].values()):
         # the summary says which files failed and why; a script must not take an empty cache for a finished one
         raise ValueError(
@@ -1202,7 +1202,9 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any) -> int
     return 0
 
 
-def print_summary(out: Path, summary: dict[str, Any], names: list[str], summary_path: Path) -> None:
+def print_summary(out: Path, summary: dict[str, Any], names: list[str], summary_path: Path, run_again: str) -> None:
+    """Print the members' table of ``summary``; ``run_again`` says, in the caller's words, what finishes an
+    unfinished run."""
     shard = f" shard {summary['shard']}" if summary.get("shard") else ""
     lines = [f"{summary['ensemble']}{shard}: {summary['images']} images"]
     width = max([len(n) for n in names] + [6])
@@ -1220,7 +1222,7 @@ def print_summary(out: Path, summary: dict[str, Any], names: list[str], summary_
     for file_name, err in summary["unreadable"].items():
         lines.append(f"unreadable: {file_name}: {err}")
     if any(summary["models"][n]["status"] != "complete" for n in names):
-        lines.append("not finished: run the same command again to resume")
+        lines.append(f"not finished: {run_again} to resume")
     if summary.get("shard"):  # a shard's files are no member's results until every shard is joined
         lines.append(f"results in {out / SHARDS}/, summary {summary_path}")
         lines.append(f"once every shard is done, join them: detens cache merge --out {out} --gt {summary['gt']}")
@@ -1569,7 +1571,7 @@ def merge(options: CacheOptions) -> int:
     }
     summary = write_summary(out / SUMMARY, header, members)
     if not options.quiet:
-        print_summary(out, summary, list(members), out / SUMMARY)
+        print_summary(out, summary, list(members), out / SUMMARY, options.run_again)
     return 0
 
 
@@ -1586,10 +1588,11 @@ def _ensemble_name(configs: list[Path]) -> str:
 
 # ------------------------------------------------------------------------------------------------- main
 def run(options: CacheOptions) -> int:
-    """Cache the members' detections, or merge the shards of earlier runs; returns 0 when done, 130 when
-    interrupted (run again to resume).
+    """Cache the members' detections, or merge the shards of earlier runs; returns 0 when done.
 
     Raises:
+        KeyboardInterrupt: a Ctrl-C, once the finished images and the summary of the stopped run are saved
+            (the same run again resumes).
         UsageError: options that do not go together (see :func:`check_args`).
         ValueError: among others, a run that could read none of its images (after its summary, which lists
             them, is written).

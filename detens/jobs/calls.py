@@ -9,6 +9,10 @@ The options are checked as the command line's flags are, by type: a flag without
 or a number (``conf``), a path flag a ``str`` or ``os.PathLike``, the others a ``str``; a string is never read
 as a number, nor a number or a string as a bool (``overwrite="no"`` would otherwise discard finished work).
 
+A Ctrl-C raises ``KeyboardInterrupt`` once the job has saved its finished work, as the command ends with
+``error: interrupted`` and exit status 130 then: a script's loop over calls stops there, and the same call
+made again resumes.
+
 ``quiet=True`` quiets the detector libraries for the call only: their log levels and the environment
 variables they read are put back when it returns or raises."""
 
@@ -111,9 +115,11 @@ def cache(
             ``overwrite=True``, ``quiet=True``, ``merge=True``.
 
     Returns:
-        int: 0 when done, 130 when interrupted (run again to resume).
+        int: 0, once done.
 
     Raises:
+        KeyboardInterrupt: a Ctrl-C, once the finished images and the summary of the stopped run are saved;
+            the same call made again resumes.
         TypeError: an unknown option, or an option of the wrong type (``overwrite="no"``, ``max_images="3"``).
         ValueError: a bad value, as the command reports it (``shard="2/2"``, ``engine="rayy"``).
     """
@@ -131,7 +137,13 @@ def fuse_images(config: str | Path, source: str | Path, out: str | Path, **optio
             ``engine="ray"``, ``head="runs/train/head.json"``, ``method="wbf"``, ``save_per_model=True``,
             ``quiet=True``.
 
+    Returns:
+        int: 0, once done.
+
     Raises:
+        KeyboardInterrupt: a Ctrl-C, once the finished images and the outputs of them are saved (their
+            ``summary.json`` says ``"interrupted": true``), or before the first image is done, ``out`` left as
+            it was; the same call made again resumes.
         TypeError: an unknown option, or an option of the wrong type (``no_vis="yes"``, ``imgsz=640.0``).
         ValueError: a bad value, as the command reports it; no image of ``source`` could be read (after the
             outputs, whose summary lists the unreadable files, are written).

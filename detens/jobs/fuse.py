@@ -54,7 +54,7 @@ from detens.jobs._inputs import (
     input_fingerprints,
     saved_prediction_members,
 )
-from detens.jobs._interrupts import is_interruption
+from detens.jobs._interrupts import is_interruption, raise_interruption
 from detens.jobs._options import existing_folder, file_or_shipped_name, flag, folder, integer, number, text
 from detens.labels import COCO_CATEGORY_IDS, COCO_ID_TO_NAME
 from detens.sources import ImageReadError, list_images, read_image
@@ -811,9 +811,11 @@ def _read_json(path: Path) -> Any:
 # -------------------------------------------------------------------------------------------------- run
 def run(options: FuseOptions) -> int:
     """Fuse the images of ``options.source`` into ``options.out``, under its lock, after finishing what a
-    killed ``--overwrite`` run left there; returns 0, or 130 when interrupted (run again to resume).
+    killed ``--overwrite`` run left there; returns 0.
 
     Raises:
+        KeyboardInterrupt: a Ctrl-C, once the finished images and the outputs of them are saved (the same
+            run again resumes), or before the first result, with ``options.out`` as it was.
         UsageError: Ray options without ``engine="ray"``, or bad ones.
         ValueError: anything refused before (or while) the images are fused, as the command reports it;
             a run that could read none of its images (after writing its summary, which lists them).
@@ -914,7 +916,7 @@ def _run(options: FuseOptions) -> int:
 
     unreadable: dict[str, str] = {}
     processed = 0
-    interrupted = False
+    interrupted: BaseException | None = None  # the Ctrl-C, raised once the finished images are saved
     bar: Any = None
     try:  # from here on, a run that ends before its first new result leaves --out as it was
         # images finished earlier (also those of other sources) keep their results, ids and file stems
@@ -1001,9 +1003,9 @@ def _run(options: FuseOptions) -> int:
             raise
         if processed == 0:
             logger.warning("interrupted before the first result: %s is as it was", out)
-            return 130
-        interrupted = True
-        logger.warning("interrupted: the finished images are saved; run the same command again to resume")
+            raise_interruption(err)
+        interrupted = err
+        logger.warning("interrupted: the finished images are saved; %s to resume", options.run_again)
     finally:
         if bar is not None:
             bar.close()
@@ -1013,7 +1015,7 @@ def _run(options: FuseOptions) -> int:
         "method": method_label(config, params),
         "processed": processed,
         "resumed": len(done),
-        "interrupted": interrupted,
+        "interrupted": interrupted is not None,
         "wall_s": time.perf_counter() - start,
         "weights": weights,
         "inputs": fingerprints,
@@ -1021,14 +1023,16 @@ def _run(options: FuseOptions) -> int:
     }
     summary = write_outputs(out, config, names, ids, stems, member_names, categories, unreadable, run_info)
     if not options.quiet:
-        print_summary(out, config, summary)
-    if summary["done"] == 0 and unreadable and not interrupted:
+        print_summary(out, config, summary, options.run_again)
+    if interrupted is not None:  # saved: the caller stops now (a script's loop too), the command with status 130
+        raise_interruption(interrupted)
+    if summary["done"] == 0 and unreadable:
         # the outputs say which files failed and why; a script must not take an empty run for a finished one
         raise ValueError(
             f"no image of --source {options.source} could be read ({len(unreadable)} unreadable, "
             f"listed in {out / 'summary.json'})"
         )
-    return 130 if interrupted else 0
+    return 0
 
 
 def warn_of_planned_images_left_out(out: Path, previous: Any, done: set[str], listed: set[str]) -> None:
@@ -1047,7 +1051,9 @@ def warn_of_planned_images_left_out(out: Path, previous: Any, done: set[str], li
         )
 
 
-def print_summary(out: Path, config: EnsembleConfig, summary: dict[str, Any]) -> None:
+def print_summary(out: Path, config: EnsembleConfig, summary: dict[str, Any], run_again: str) -> None:
+    """Print what the run in ``out`` did; ``run_again`` says, in the caller's words, what finishes an
+    interrupted run."""
     stages = ", ".join(f"{k.removeprefix('detect:')} {v:.1f}" for k, v in summary["ms_per_image"].items())
     shown_key = f"boxes_score_ge_{config.output.vis_conf:g}"
     lines = [
@@ -1071,5 +1077,5 @@ def print_summary(out: Path, config: EnsembleConfig, summary: dict[str, Any]) ->
     results = "results" if summary["complete"] else f"partial results ({summary['done']} of {summary['images']} images)"
     lines.append(f"{results} in {out}/: {', '.join(written)}")
     if summary["interrupted"]:
-        lines.append("interrupted: run the same command again to finish")
+        lines.append(f"interrupted: {run_again} to finish")
     print("\n".join(lines))

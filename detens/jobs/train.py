@@ -18,6 +18,7 @@ from detens.config import save_yaml_config
 from detens.heads import TRAINERS, fit_head, load_train_config
 from detens.io import atomic_write_bytes, atomic_write_json, atomic_write_text, check_writable_file
 from detens.jobs._inputs import model_names
+from detens.jobs._interrupts import ctrl_c_held
 from detens.jobs._options import (
     JobOptions,
     UsageError,
@@ -36,12 +37,15 @@ from detens.jobs._outputs import refuse_outputs_over_inputs
 from detens.predictions import EnsemblePredictions, join_predictions, shared_images, shares_images_phrase
 
 __all__ = [
-    "HEAD_TYPES", "TrainOptions", "check_no_image_twice", "plot_loss", "read_image_ids", "run",
+    "HEAD_TYPES", "TrainOptions", "check_no_image_twice", "loss_plot_png", "plot_loss", "read_image_ids", "run",
 ]
 
 logger = logging.getLogger("detens.train")
 
 HEAD_TYPES = sorted(TRAINERS)
+
+#: the files written beside the head (``head.json.log``, ...), by suffix
+_SIDE_FILES = (".config.yaml", ".loss.png", ".log", ".log.json")
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -149,6 +153,12 @@ def check_no_image_twice(
 
 
 def plot_loss(losses: list[float], path: Path, title: str) -> None:
+    """Write :func:`loss_plot_png` of ``losses`` to ``path``, atomically."""
+    atomic_write_bytes(path, loss_plot_png(losses, title))
+
+
+def loss_plot_png(losses: list[float], title: str) -> bytes:
+    """The loss curve ``losses`` (one value per epoch) drawn as a PNG image."""
     import io
 
     import matplotlib
@@ -166,13 +176,15 @@ def plot_loss(losses: list[float], path: Path, title: str) -> None:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
     plt.close(fig)
-    atomic_write_bytes(path, buffer.getvalue())
+    return buffer.getvalue()
 
 
 def run(options: TrainOptions) -> int:
     """Fit the head and write it with its config, loss curve and logs; returns 0.
 
     Raises:
+        KeyboardInterrupt: a Ctrl-C: during the fit, with nothing written; while the files are written, once
+            every one of them is (the run is finished).
         UsageError: a bad option, or an output on an input (found before the fit).
     """
     torch.set_num_threads(options.threads)
@@ -262,32 +274,44 @@ def run(options: TrainOptions) -> int:
     finally:
         bar.close()
     seconds = time.perf_counter() - start
-    head.save(out)
-    save_yaml_config(config, out.with_name(out.name + ".config.yaml"))
-    loss_plot = out.with_name(out.name + ".loss.png")
+    # drawn before the first file is written, so that writing the files is brief enough to hold a Ctrl-C
+    curve = None
     if history.loss:
-        plot_loss(history.loss, loss_plot, f"{options.head} head: {', '.join(predictions.model_names)}")
-    else:  # fitted without epochs (calibration curves): no curve, and none of an earlier head left beside it
-        loss_plot.unlink(missing_ok=True)
+        curve = loss_plot_png(history.loss, f"{options.head} head: {', '.join(predictions.model_names)}")
+    else:  # fitted without epochs (calibration curves)
         epoch_lines.append(f"no epochs: a {options.head} head is fitted without gradient steps")
-    atomic_write_text(out.with_name(out.name + ".log"), "\n".join(epoch_lines) + "\n")
-    atomic_write_json(
-        out.with_name(out.name + ".log.json"),
-        {
-            "head": options.head,
-            "models": predictions.model_names,
-            "images": len(image_ids),
-            **left_out_record,
-            "match_iou": getattr(config, "match_iou", None),
-            "train_seconds": round(seconds, 3),
-            "loss": history.loss,
-            **({"inner_cv": history.selection} if history.selection else {}),
-            **({"theta": head.theta.detach().cpu().tolist()} if hasattr(head, "theta") else {}),
-        },
-        indent=1,
-    )
+    log = {
+        "head": options.head,
+        "models": predictions.model_names,
+        "images": len(image_ids),
+        **left_out_record,
+        "match_iou": getattr(config, "match_iou", None),
+        "train_seconds": round(seconds, 3),
+        "loss": history.loss,
+        **({"inner_cv": history.selection} if history.selection else {}),
+        **({"theta": head.theta.detach().cpu().tolist()} if hasattr(head, "theta") else {}),
+    }
+    # The head and its files belong together: a Ctrl-C among them would leave the new head beside an earlier
+    # head's files (or none), which nothing flags. Held, it stops the run once they are all written.
+    with ctrl_c_held() as ctrl_c:
+        save_yaml_config(config, out.with_name(out.name + ".config.yaml"))
+        loss_plot = out.with_name(out.name + ".loss.png")
+        if curve is not None:
+            atomic_write_bytes(loss_plot, curve)
+        else:  # no curve, and none of an earlier head left beside this one
+            loss_plot.unlink(missing_ok=True)
+        atomic_write_text(out.with_name(out.name + ".log"), "\n".join(epoch_lines) + "\n")
+        atomic_write_json(out.with_name(out.name + ".log.json"), log, indent=1)
+        head.save(out)  # last: what a later --head reads is replaced only once its files describe it
     learned = f"Θ = {[round(v, 4) for v in head.theta.detach().cpu().tolist()]}; " if hasattr(head, "theta") else ""
     logger.info("trained %s head in %.1f s; %shead written to %s", options.head, seconds, learned, out)
+    if ctrl_c.pressed:
+        written = [suffix for suffix in _SIDE_FILES if curve is not None or suffix != ".loss.png"]
+        logger.warning(
+            "interrupted while the head was written: the run finished first; %s and its %s and %s files are "
+            "all this run's", out, ", ".join(written[:-1]), written[-1],
+        )
+        raise KeyboardInterrupt
     return 0
 
 
@@ -296,7 +320,7 @@ def _refuse_outputs_over_inputs(options: TrainOptions) -> None:
     a prediction folder (:func:`detens.jobs._outputs.refuse_outputs_over_inputs`)."""
     out = Path(options.out)
     outputs = [("--out", out), *((f"the {suffix} file", out.with_name(out.name + suffix))
-                                 for suffix in (".config.yaml", ".loss.png", ".log", ".log.json"))]
+                                 for suffix in _SIDE_FILES)]
     inputs = [("--gt", Path(options.gt))]
     if options.images_from:
         inputs.append(("--images-from", Path(options.images_from)))
