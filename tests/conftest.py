@@ -47,6 +47,16 @@ def _no_weights_folders_of_the_environment(monkeypatch):
     monkeypatch.delenv("DETENS_WEIGHTS", raising=False)
 
 
+@pytest.fixture
+def real_signals_handled():
+    """For a test that raises a real SIGINT in the test process: an alternate signal stack that is valid. An
+    OpenVINO model that an earlier test loaded through Ultralytics directly (not through detens' adapter,
+    which guards against it) may have left the process on a freed one, on which the handler would crash."""
+    from detens.adapters._signal_stack import install_lasting_signal_stack
+
+    install_lasting_signal_stack()
+
+
 def _ctrl_c() -> None:
     raise KeyboardInterrupt
 

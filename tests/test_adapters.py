@@ -1181,3 +1181,37 @@ def test_an_empty_detector_name_is_refused_not_replaced_by_the_default():
         with pytest.raises(TypeError, match="detector name must be a str, got int: 3"):
             make(3)
     assert PrecomputedDetector(results, {"a.jpg": 7}, name="saved").name == "saved"
+
+
+OPENVINO_MODELS = [m for m in MODELS if m.is_dir()]
+
+
+@pytest.mark.skipif(len(OPENVINO_MODELS) < 2, reason="needs two OpenVINO exports in ../shared/models")
+def test_a_ctrl_c_after_two_openvino_models_are_freed_in_loading_order_is_a_keyboard_interrupt():
+    """OpenVINO puts back, as each model is freed, the thread's alternate signal stack of before its load:
+    freed first to last, the thread is left on the first model's freed stack, and Python's SIGINT handler,
+    which runs on it, crashed the process instead of raising KeyboardInterrupt (a Ctrl-C lost the run's
+    summary). A fresh process: the crash would take the test session with it."""
+    first, second = OPENVINO_MODELS[:2]
+    code = f"""
+import gc, signal
+from detens.adapters import build_detector
+from detens.adapters._signal_stack import current_signal_stack
+
+first = build_detector({{"type": "ultralytics", "weights": {str(first)!r}}})
+second = build_detector({{"type": "ultralytics", "weights": {str(second)!r}}})
+del first
+gc.collect()
+del second
+gc.collect()
+address, size = current_signal_stack()
+print("stack", address != 0, size)
+junk = [bytearray(1 << 16) for _ in range(2000)]  # what reuses the freed stack's memory, in a long run
+try:
+    signal.raise_signal(signal.SIGINT)
+except KeyboardInterrupt:
+    print("KeyboardInterrupt")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.splitlines()[-2:] == ["stack True 65536", "KeyboardInterrupt"], done.stdout

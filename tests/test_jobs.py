@@ -343,7 +343,7 @@ def test_a_refused_value_names_the_keyword_option_in_a_python_call(tmp_path, cap
 
 
 # ------------------------------------------------------------------------------------------------- Ctrl-C
-def test_a_held_ctrl_c_is_seen_after_the_block_and_a_handler_of_the_programs_own_is_left_alone():
+def test_a_held_ctrl_c_is_seen_after_the_block_and_a_handler_of_the_programs_own_is_left_alone(real_signals_handled):
     import signal
 
     from detens.jobs._interrupts import ctrl_c_held

@@ -920,7 +920,7 @@ class TestTools:
 
     @pytest.mark.parametrize("head", ["theta", "calibration"])
     def test_a_ctrl_c_while_the_head_is_written_waits_for_all_its_files(self, dataset, tmp_path, capfd,
-                                                                        monkeypatch, head):
+                                                                        monkeypatch, head, real_signals_handled):
         """A Ctrl-C that comes while the head and its files are written (a real SIGINT, as the .log is) is held
         until they all are: no earlier run's file is left beside the new head, and none is missing; the run
         then ends as interrupted, saying it finished."""

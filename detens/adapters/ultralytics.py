@@ -28,6 +28,7 @@ import torch
 
 from detens.adapters._base import BaseDetector, check_detection_options, type_name
 from detens.adapters._labels import apply_label_lookup, build_label_lookup
+from detens.adapters._signal_stack import install_lasting_signal_stack, is_openvino_export
 from detens.adapters.weights import ResolvedWeights, resolve_weights, upstream_failure
 from detens.checks import check_device, check_integer
 from detens.detections import Detections
@@ -188,6 +189,10 @@ class UltralyticsDetector(BaseDetector):
         super().__init__(name if name is not None else _display_name(self.resolved.value), batch, categories)
         if device is not None:
             check_ultralytics_device(device, f"{self.name}: device")
+        # OpenVINO compiles the model at the first prediction, in the calling thread (see _signal_stack)
+        self.openvino = self.resolved.local and is_openvino_export(self.resolved.value)
+        if self.openvino:
+            install_lasting_signal_stack()
         self.model = model if model is not None else load_yolo(self.resolved)
         if self.resolved.value.endswith((".yaml", ".yml")):
             logger.warning("%s: built from %s, the model is UNTRAINED", self.name, self.resolved.value)
@@ -256,6 +261,8 @@ class UltralyticsDetector(BaseDetector):
             )
 
     def _predict(self, images: list[np.ndarray]) -> list[Detections]:
+        if self.openvino:  # another thread than the one that loaded the model may run it
+            install_lasting_signal_stack()
         results = self.model.predict(images, **self.predict_args)
         out = []
         for result, image in zip(results, images, strict=True):
