@@ -294,20 +294,26 @@ def test_quiet_prints_no_summary_and_loud_prints_the_member_table(slice_, capsys
     assert printed[-1] == f"results in {out}/, summary {out / 'cache_summary.json'}", printed
 
 
+def ctrl_c_on_second_image(detect, press_ctrl_c, pause: float = 0.0):
+    """``detect`` (the cache's ``detect_loaded``) that presses Ctrl-C as it is called for the second image,
+    each call taking at least ``pause`` seconds (a time the stopped run must record)."""
+    calls = []
+
+    def detect_then_ctrl_c(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            press_ctrl_c()
+        time.sleep(pause)
+        return detect(*args, **kwargs)
+
+    return detect_then_ctrl_c
+
+
 def test_interrupted_run_resumes(slice_, replay_run, monkeypatch, capsys, press_ctrl_c):
     """Ctrl-C in the middle of a model: finished images are kept, the re-run completes the same file."""
     out = slice_ / f"replay_interrupted_{press_ctrl_c.__name__}"
     real_detect = cache_tool.detect_loaded
-    calls = []
-
-    def interrupt_on_second_call(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            press_ctrl_c()
-        time.sleep(0.01)  # a time the stopped run must record
-        return real_detect(*args, **kwargs)
-
-    monkeypatch.setattr(cache_tool, "detect_loaded", interrupt_on_second_call)
+    monkeypatch.setattr(cache_tool, "detect_loaded", ctrl_c_on_second_image(real_detect, press_ctrl_c, pause=0.01))
     capsys.readouterr()
     assert run(slice_, out) == 130
     assert capsys.readouterr().err.endswith("error: interrupted\n")  # as a Ctrl-C anywhere else ends
@@ -337,15 +343,7 @@ def test_a_python_call_raises_the_interrupt_once_the_finished_images_are_saved(s
 
     out = slice_ / f"python_interrupted_{press_ctrl_c.__name__}"
     real_detect = cache_tool.detect_loaded
-    calls = []
-
-    def interrupt_on_second_call(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            press_ctrl_c()
-        return real_detect(*args, **kwargs)
-
-    monkeypatch.setattr(cache_tool, "detect_loaded", interrupt_on_second_call)
+    monkeypatch.setattr(cache_tool, "detect_loaded", ctrl_c_on_second_image(real_detect, press_ctrl_c))
 
     def call():
         return detens.cache(slice_ / "replay.yaml", slice_ / "images", slice_ / "gt.json", out)
