@@ -49,12 +49,25 @@ def _no_weights_folders_of_the_environment(monkeypatch):
 
 @pytest.fixture
 def real_signals_handled():
-    """For a test that raises a real SIGINT in the test process: an alternate signal stack that is valid. An
-    OpenVINO model that an earlier test loaded through Ultralytics directly (not through detens' adapter,
-    which guards against it) may have left the process on a freed one, on which the handler would crash."""
+    """For a test that raises a real SIGINT in the test process, the state of an interactive one:
+
+    - Python's own SIGINT handler, which raises KeyboardInterrupt. A process started in the background of a
+      shell without job control (``cmd &`` in a script, as some CI runners start theirs) begins with SIGINT
+      ignored, and Python then installs no handler.
+    - An alternate signal stack that is valid. An OpenVINO model that an earlier test loaded through
+      Ultralytics directly (not through detens' adapter, which guards against it) may have left the process
+      on a freed one, on which the handler would crash.
+    """
+    import signal
+
     from detens.adapters._signal_stack import install_lasting_signal_stack
 
     install_lasting_signal_stack()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _ctrl_c() -> None:

@@ -1198,6 +1198,8 @@ import gc, signal
 from detens.adapters import build_detector
 from detens.adapters._signal_stack import current_signal_stack
 
+signal.signal(signal.SIGINT, signal.default_int_handler)  # started in a background job, SIGINT is ignored
+
 first = build_detector({{"type": "ultralytics", "weights": {str(first)!r}}})
 second = build_detector({{"type": "ultralytics", "weights": {str(second)!r}}})
 del first
