@@ -56,15 +56,16 @@ def names_a_folder(value: str | os.PathLike[str]) -> bool:
     return isinstance(value, str) and value.endswith(tuple(sep for sep in (os.sep, os.altsep) if sep))
 
 
-def check_file_path(path: str | os.PathLike[str], what: str = "path") -> Path:
+def check_file_path(path: str | os.PathLike[str], what: str | None = "path") -> Path:
     """``path`` of a file to write, as a ``Path``: not one written as a folder (``"runs/"``), which ``Path``
     would turn into the file ``runs``.
 
     Raises:
-        ValueError: naming ``what`` and the path as given.
+        ValueError: naming ``what`` (None: a caller that names the option itself) and the path as given.
     """
     if names_a_folder(path):
-        raise ValueError(f"{what}: expected a file path, got {path!r}: a path ending in {str(path)[-1]} names a folder")
+        named = f"{what}: " if what is not None else ""
+        raise ValueError(f"{named}expected a file path, got {path!r}: a path ending in {str(path)[-1]} names a folder")
     return Path(path)
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from detens.checks import check_flag
-from detens.io import names_a_folder
+from detens.io import check_file_path
 
 __all__ = [
     "JobOptions", "UsageError", "check_existing_folder", "check_file_or_folder", "check_int", "check_output_file",
@@ -62,8 +62,7 @@ def check_output_file(value: str) -> str:
     """
     if not value:
         raise ValueError("expected a file path, got an empty path")
-    if names_a_folder(value):
-        raise ValueError(f"expected a file path, got {value!r}: a path ending in {value[-1]} names a folder")
+    check_file_path(value, None)
     return value
 
 

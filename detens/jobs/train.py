@@ -37,7 +37,7 @@ from detens.jobs._outputs import refuse_outputs_over_inputs
 from detens.predictions import EnsemblePredictions, join_predictions, shared_images, shares_images_phrase
 
 __all__ = [
-    "HEAD_TYPES", "TrainOptions", "check_no_image_twice", "loss_plot_png", "plot_loss", "read_image_ids", "run",
+    "HEAD_TYPES", "TrainOptions", "check_no_image_twice", "loss_plot_png", "read_image_ids", "run",
 ]
 
 logger = logging.getLogger("detens.train")
@@ -150,11 +150,6 @@ def check_no_image_twice(
             "each image must be trained on once, or it weighs twice in the fit: remove them from one of the two "
             "(or, if they are different images, give them different file names)"
         )
-
-
-def plot_loss(losses: list[float], path: Path, title: str) -> None:
-    """Write :func:`loss_plot_png` of ``losses`` to ``path``, atomically."""
-    atomic_write_bytes(path, loss_plot_png(losses, title))
 
 
 def loss_plot_png(losses: list[float], title: str) -> bytes:
