@@ -13,6 +13,7 @@ import pytest
 
 import detens.jobs.calls
 from detens.cli import main
+from detens.jobs._interrupts import RESUME_ADVICE
 from detens.jobs.bench import BenchOptions, check_args
 
 
@@ -38,6 +39,10 @@ def engines(tmp_path, monkeypatch):
         logging.getLogger("detens.fuse").info("a line of the fuse run")
         logging.getLogger("detens.fuse").warning("a warning of the fuse run")
         if state.error is not None:
+            if isinstance(state.error, KeyboardInterrupt):  # as the real run says it, once it saved its images
+                logging.getLogger("detens.fuse").warning(
+                    "interrupted: the finished images are saved; make the same call again to resume",
+                    extra={RESUME_ADVICE: True})
             raise state.error
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / "summary.json").write_text(json.dumps({"done": state.done}))
@@ -85,6 +90,9 @@ def test_an_interrupted_fuse_run_interrupts_bench(engines, capsys):
     assert main(["bench", "--engines", str(engines.images)]) == 130
     err = capsys.readouterr().err
     assert err.endswith("error: interrupted\n") and "Traceback" not in err, err
+    # the run's folder goes with bench's temporary one: nothing resumes, and bench says what is lost
+    assert "to resume" not in err and "a warning of the fuse run" in err, err
+    assert "WARNING bench: interrupted: the engine table is not written (nothing of bench's runs is kept)" in err
     assert len(engines.calls) == 1 and engines.ray.started == 0
     assert logging.getLogger().level == level
 

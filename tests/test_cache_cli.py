@@ -369,6 +369,20 @@ def test_a_python_call_raises_the_interrupt_once_the_finished_images_are_saved(s
         assert (out / f"{member}.json").read_bytes() == (replay_run / f"{member}.json").read_bytes()
 
 
+def test_an_unfinished_overwrite_run_says_to_resume_without_overwrite(slice_, tmp_path, capsys):
+    """The same run with --overwrite would discard the images it finished, not resume them."""
+    out = tmp_path / "o"
+    command = ["--config", str(slice_ / "replay.yaml"), "--images", str(slice_ / "images"),
+               "--gt", str(slice_ / "gt.json"), "--out", str(out)]
+    capsys.readouterr()
+    assert cache_cli.main([*command, "--overwrite", "--max-images", "1"]) == 0
+    assert "not finished: run the same command again without --overwrite to resume" in (
+        capsys.readouterr().out.splitlines())
+    assert cache_cli.main(command) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[2:4]}
+    assert all(row.endswith(f"complete ({NUM_IMAGES - 1} this run, 1 resumed)") for row in rows.values()), rows
+
+
 def test_a_resumed_run_says_how_many_images_it_resumed(slice_, tmp_path, capsys):
     out = tmp_path / "o"
     assert run(slice_, out, "--max-images", "1") == 0  # as if interrupted after each member's first image
@@ -432,6 +446,18 @@ def test_a_shard_run_points_to_the_shards_folder_and_the_merge(slice_, tmp_path,
         f"results in {out / 'shards'}/, summary {out / 'shards' / 'cache_summary.shard-0-of-2.json'}",
         f"once every shard is done, join them: detens cache merge --out {out} --gt {gt}",
     ], printed
+    # from Python, the call that joins them; a path with a space is quoted on the command line
+    import detens
+
+    spaced = tmp_path / "o two"
+    assert detens.cache(slice_ / "replay.yaml", slice_ / "images", gt, spaced, shard="1/2") == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"once every shard is done, join them: detens.cache(out={str(spaced)!r}, gt={str(gt)!r}, merge=True)")
+    assert cache_cli.main(["--config", str(slice_ / "replay.yaml"), "--images", str(slice_ / "images"),
+                           "--gt", str(gt), "--out", str(spaced), "--shard", "0/2"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"once every shard is done, join them: detens cache merge --out '{spaced}' --gt {gt}")
+    assert cache_cli.main(["merge", "--out", str(spaced), "--gt", str(gt), "--quiet"]) == 0
 
 
 def shard_gt(root: Path, folder: Path, count: int) -> Path:

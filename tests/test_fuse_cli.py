@@ -27,6 +27,7 @@ pytestmark = pytest.mark.slow
 
 from detens.cli import fuse as fuse_cli  # noqa: E402
 from detens.jobs import fuse as fuse_tool  # noqa: E402
+from detens.jobs._interrupts import RESUME_ADVICE  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -233,6 +234,39 @@ def test_an_interrupted_run_says_its_results_are_partial(workspace, tmp_path, mo
     assert lines[-1] == "interrupted: run the same command again to finish"
 
 
+def test_an_interrupted_overwrite_run_says_to_resume_without_overwrite(workspace, tmp_path, monkeypatch, capsys,
+                                                                       caplog):
+    """The same run with ``--overwrite`` would discard the images it finished: the advice to resume leaves the
+    flag out, in the caller's words, and the run without it resumes."""
+    import detens
+
+    source = one_image_source(workspace, tmp_path / "src", "x.jpg", "y.jpg", "z.jpg")
+    out, called_out = tmp_path / "o", tmp_path / "called"
+    undo = interrupt_on_image(monkeypatch, 2)
+    capsys.readouterr()
+    assert fuse_loudly(workspace, source, out, "--no-vis", "--overwrite") == 130
+    captured = capsys.readouterr()
+    assert ("interrupted: the finished images are saved; run the same command again without --overwrite to "
+            "resume\n") in captured.err, captured.err
+    assert captured.out.splitlines()[-1] == "interrupted: run the same command again without --overwrite to finish"
+    undo()
+    assert fuse_into(workspace, source, out, "--no-vis") == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["done"], summary["resumed"], summary["processed_this_run"]) == (3, 1, 2)
+
+    undo = interrupt_on_image(monkeypatch, 2)
+    with pytest.raises(KeyboardInterrupt):
+        detens.fuse_images(workspace / "pair.yaml", source, called_out, no_vis=True, overwrite=True)
+    assert ("interrupted: the finished images are saved; make the same call again without overwrite=True to "
+            "resume") in caplog.text
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "interrupted: make the same call again without overwrite=True to finish"
+    )
+    undo()
+    assert detens.fuse_images(workspace / "pair.yaml", source, called_out, no_vis=True) == 0
+    assert json.loads((called_out / "summary.json").read_text())["resumed"] == 1
+
+
 def test_a_python_call_raises_the_interrupt_once_the_finished_images_are_saved(workspace, tmp_path, monkeypatch,
                                                                               capsys, caplog, press_ctrl_c):
     """``detens.fuse_images`` stops its caller on a Ctrl-C (a script's loop over calls too), after saving what
@@ -256,6 +290,9 @@ def test_a_python_call_raises_the_interrupt_once_the_finished_images_are_saved(w
     # in the caller's words: a Python call has no command to run again
     assert "interrupted: the finished images are saved; make the same call again to resume" in caplog.text
     assert capsys.readouterr().out.splitlines()[-1] == "interrupted: make the same call again to finish"
+    # marked, for a caller whose runs cannot resume (detens bench) to leave out
+    assert [r.getMessage() for r in caplog.records if getattr(r, RESUME_ADVICE, False)] == [
+        "interrupted: the finished images are saved; make the same call again to resume"]
 
     undo()
     assert detens.fuse_images(workspace / "pair.yaml", source, out, no_vis=True) == 0
@@ -288,6 +325,18 @@ def test_a_resume_on_a_narrower_source_warns_of_the_unfinished_images_it_leaves_
             "c.jpg, d.jpg; run with that run's --source to fuse them") in err, err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["complete"] and summary["done"] == 2 and summary["processed_this_run"] == 1
+
+
+def test_a_python_resume_on_a_narrower_source_names_the_keyword_option(workspace, tmp_path, monkeypatch, caplog):
+    import detens
+
+    source, out = one_image_source(workspace, tmp_path / "src", "a.jpg", "b.jpg", "c.jpg"), tmp_path / "o"
+    undo = interrupt_on_image(monkeypatch, 2)
+    assert fuse_into(workspace, source, out, "--no-vis") == 130  # a.jpg done
+    undo()
+    assert detens.fuse_images(workspace / "pair.yaml", str(source / "[ab].jpg"), out, no_vis=True, quiet=True) == 0
+    assert (f"{out}: 1 image that the interrupted run had yet to fuse is not in this source and is left out: "
+            "c.jpg; run with that run's source to fuse them") in caplog.text, caplog.text
 
 
 def test_complete_run_grows_with_new_images(workspace, tmp_path, monkeypatch):

@@ -212,6 +212,27 @@ def test_options_are_checked_as_they_are_made(tmp_path):
             ReportOptions.from_python(given)
 
 
+def test_an_option_and_the_way_to_resume_are_named_in_the_callers_words(tmp_path):
+    from detens.jobs.fuse import FuseOptions
+
+    given = {"config": "coco_yolo3", "source": "images", "out": tmp_path / "o"}
+    from_python = FuseOptions.from_python(given)
+    from_command = FuseOptions(**given, command_line=("detens", "fuse"))
+    assert [from_python.option(name) for name in ("vis_conf", "overwrite", "source")] == [
+        "vis_conf", "overwrite=True", "source"]
+    assert [from_command.option(name) for name in ("vis_conf", "overwrite", "source")] == [
+        "--vis-conf", "--overwrite", "--source"]
+    for internal_or_unknown in ("command_line", "methd"):
+        with pytest.raises(KeyError, match=f"FuseOptions has no option '{internal_or_unknown}'"):
+            from_python.option(internal_or_unknown)
+    assert (from_python.run_again, from_command.run_again) == ("make the same call again", "run the same command again")
+    # the same run with overwrite again would discard the finished work, not resume it
+    overwriting = FuseOptions.from_python({**given, "overwrite": True})
+    assert overwriting.run_again == "make the same call again without overwrite=True"
+    assert FuseOptions(**given, overwrite=True, command_line=("detens", "fuse")).run_again == (
+        "run the same command again without --overwrite")
+
+
 PYTHON_CALLS = [name for name in detens.jobs.calls.__all__ if name in detens.__all__]
 #: arguments each Python call needs before its options are read
 NEEDED = {"cache": {}, "fuse_images": {"config": "coco_yolo3", "source": "images", "out": "out"}}

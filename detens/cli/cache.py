@@ -25,8 +25,8 @@ Writes into ``--out``:
 - ``<member>.json``: the member's COCO results, written (atomically) once every image is done;
 - ``.partial/<member>/<image_id>.json``: one small file per finished image (an image with no box is a
   finished image with an empty list), and ``_settings.json``, the settings that produced them. A killed
-  run leaves every file valid (all writes are atomic); running the same command again skips the finished
-  images. Changed settings (``conf``, ``imgsz``, weights, ...) and changed input files are refused unless
+  run leaves every file valid (all writes are atomic); running the same command again (without
+  ``--overwrite``) skips the finished images. Changed settings (``conf``, ``imgsz``, weights, ...) and changed input files are refused unless
   ``--overwrite``: a ``precomputed`` member's results file or image map (its ``images``, or the
   ``images.json`` beside its results) rewritten at the same path, and weights that are not the file the
   earlier run used (a model re-exported over the old one, or the same name found in another folder through

@@ -50,7 +50,7 @@ Writes into ``--out``:
   ``x.png.json/``, gets a ``_`` appended), and beside it ``unfinished_run.json``, the run's members, their
   weights, the digests of its inputs, which a resumed run checks, and the id of every image. An interrupted
   run (Ctrl-C, a crash) leaves every file valid (all writes are atomic); running the same command again
-  skips the finished images, which keep the ids its outputs gave them (those of a run left unfinished by
+  (without ``--overwrite``) skips the finished images, which keep the ids its outputs gave them (those of a run left unfinished by
   an earlier version, which numbered images as they finished, are renumbered, with a warning). A
   complete run removes both;
   running it again on more images adds them, and images finished earlier keep their results, ids and

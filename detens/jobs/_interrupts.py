@@ -8,7 +8,12 @@ import threading
 from collections.abc import Iterator
 from typing import NoReturn
 
-__all__ = ["CtrlCHeld", "ctrl_c_held", "is_interruption", "raise_interruption"]
+__all__ = ["RESUME_ADVICE", "CtrlCHeld", "ctrl_c_held", "is_interruption", "raise_interruption"]
+
+#: the attribute, set True, of the log record by which an interrupted fuse run says its finished images are
+#: saved and how to resume it, so that a caller whose runs cannot resume (``detens bench``, in a temporary
+#: folder) can drop it
+RESUME_ADVICE = "detens_resume_advice"
 
 
 def is_interruption(err: BaseException) -> bool:

@@ -375,9 +375,23 @@ class JobOptions:
 
     @property
     def run_again(self) -> str:
-        """How the caller starts the same job again (which resumes an unfinished run), in its own words: ``run
-        the same command again``, or ``make the same call again`` for a Python call (no command line)."""
-        return "make the same call again" if self.command_line is None else "run the same command again"
+        """How the caller resumes this job's unfinished run, in its own words: ``run the same command again``,
+        or ``make the same call again`` for a Python call (no command line); ``... without --overwrite`` where
+        the job has that flag set, since the same run with it would discard the finished work instead."""
+        again = "make the same call again" if self.command_line is None else "run the same command again"
+        if getattr(self, "overwrite", False) is True:
+            again += f" without {self.option('overwrite')}"
+        return again
+
+    def option(self, name: str) -> str:
+        """The option ``name`` (a field) as the caller writes it: ``--max-det`` / ``--overwrite`` on the
+        command line, ``max_det`` / ``overwrite=True`` in a Python call (no command line)."""
+        spec = next((f for f in dataclasses.fields(self) if f.name == name), None)
+        if spec is None or spec.metadata.get("kind") == "internal":
+            raise KeyError(f"{type(self).__name__} has no option {name!r}")
+        if self.command_line is not None:
+            return f"--{name.replace('_', '-')}"
+        return f"{name}=True" if spec.metadata.get("kind") == "flag" else name
 
     @classmethod
     def option_names(cls) -> list[str]:

@@ -25,6 +25,7 @@ from detens.catalogue import DEFAULT_BENCH_SIZES
 from detens.extras import import_extra
 from detens.fusers import fuse
 from detens.io import atomic_write_json, check_writable_file
+from detens.jobs._interrupts import RESUME_ADVICE
 from detens.jobs._options import (
     JobOptions,
     UsageError,
@@ -386,6 +387,26 @@ def _warnings_only() -> Iterator[None]:
         root.setLevel(level)
 
 
+def _no_resume_advice(record: logging.LogRecord) -> bool:
+    return not getattr(record, RESUME_ADVICE, False)
+
+
+@contextlib.contextmanager
+def _timed_run_not_resumable() -> Iterator[None]:
+    """For a block that runs ``detens fuse`` into a temporary folder: an interrupted run's advice to resume
+    it is left out (its folder goes with bench's), and bench says instead that it stopped."""
+    from detens.jobs.fuse import logger as fuse_logger
+
+    fuse_logger.addFilter(_no_resume_advice)
+    try:
+        yield
+    except KeyboardInterrupt:
+        logger.warning("interrupted: the engine table is not written (nothing of bench's runs is kept)")
+        raise
+    finally:
+        fuse_logger.removeFilter(_no_resume_advice)
+
+
 def bench_engines(images: str, config: str, work: Path) -> list[dict[str, Any]]:
     """Wall time of ``detens fuse`` over ``images`` per engine (each run from scratch into ``work``),
     and of starting a local Ray cluster; the rows of the engine table."""
@@ -402,7 +423,7 @@ def bench_engines(images: str, config: str, work: Path) -> list[dict[str, Any]]:
     def timed(label: str, **engine: Any) -> None:
         out = work / label.replace(" ", "_")
         start = time.perf_counter()
-        with _warnings_only():  # a Ctrl-C raises KeyboardInterrupt once fuse saved its work: bench stops there
+        with _warnings_only(), _timed_run_not_resumable():  # a Ctrl-C raises KeyboardInterrupt: bench stops
             code = fuse_images(config, images, out, overwrite=True, quiet=True, no_vis=True, **engine)
         seconds = time.perf_counter() - start
         if code != 0:

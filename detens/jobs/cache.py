@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -477,11 +478,14 @@ def shards_text(indices: Sequence[int], count: int) -> str:
     return ("shard " if len(indices) == 1 else "shards ") + ", ".join(f"{i}/{count}" for i in indices)
 
 
-def check_shard_annotations(out: Path, shard: tuple[int, int], data: Dataset, overwrite: bool = False) -> None:
+def check_shard_annotations(
+    out: Path, shard: tuple[int, int], data: Dataset, overwrite: bool = False, gt_option: str = "--gt"
+) -> None:
     """Refuse shard ``shard`` on ``data`` where another shard of its split in ``out`` recorded another annotation
     file (:func:`record_shard_annotations`): their shard files would not merge, and the mistake would show only
     once every shard has run. With ``overwrite`` (the split moves to a new file, shard by shard), only warn that
-    those shards must run again. Reads only.
+    those shards must run again, naming the option of the annotation file as ``gt_option`` (the caller's
+    words). Reads only.
 
     Raises:
         ValueError: naming both files and the shards made on the other one.
@@ -504,8 +508,8 @@ def check_shard_annotations(out: Path, shard: tuple[int, int], data: Dataset, ov
     made = "; ".join(f"{shards_text(indices, count)}, made on {files[f]}" for f, indices in others.items())
     this = annotation_text(data.gt_path, len(data.all_ids))
     if overwrite:
-        logger.warning("%s holds %s: run %s again with --gt %s before the merge", out / SHARDS, made,
-                       "it" if sum(map(len, others.values())) == 1 else "them", data.gt_path)
+        logger.warning("%s holds %s: run %s again with %s %s before the merge", out / SHARDS, made,
+                       "it" if sum(map(len, others.values())) == 1 else "them", gt_option, data.gt_path)
         return
     raise ValueError(
         f"{out / SHARDS} holds {made}; this shard's --gt {this} is another file, and the shards of a split merge "
@@ -988,12 +992,15 @@ def earlier_unreadable(path: Path, member: str, data: Dataset) -> dict[int, str]
     return {i: str(files[data.gt.file_name(i)]) for i in data.ids if data.gt.file_name(i) in files}
 
 
-def check_no_results_lost(out: Path, member: str, data: Dataset, summary_path: Path, gt_path: Path) -> None:
+def check_no_results_lost(
+    out: Path, member: str, data: Dataset, summary_path: Path, gt_path: Path, gt_option: str = "--gt"
+) -> None:
     """Refuse a run that would drop, for good, results of the member's finished ``<member>.json`` made for
     another image set (the summary's dataset fingerprint differs): images the new ground truth does not list
     are left out of the file it writes, and an image whose record ``.partial/`` no longer holds could not be
     put back. Dropped images whose records are still there are only said (a run with the earlier ground
-    truth rebuilds the file from them). Reads only.
+    truth rebuilds the file from them), naming the option of the annotation file as ``gt_option`` (the
+    caller's words). Reads only.
 
     Raises:
         ValueError: naming the file, how many results would be lost, and the ways out.
@@ -1020,9 +1027,9 @@ def check_no_results_lost(out: Path, member: str, data: Dataset, summary_path: P
         )
     if dropped:
         logger.warning(
-            "%s: %d images of the earlier ground truth (%s) are not in --gt %s and are left out of the file this "
+            "%s: %d images of the earlier ground truth (%s) are not in %s %s and are left out of the file this "
             "run writes; their records stay in %s/, and a run with that ground truth puts them back",
-            output, len(dropped), previous.get("gt"), gt_path, PARTIAL,
+            output, len(dropped), previous.get("gt"), gt_option, gt_path, PARTIAL,
         )
 
 
@@ -1109,11 +1116,11 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any) -> int
     # missing file) loses nothing.
     with brief_lock(out):
         if shard is not None:
-            check_shard_annotations(out, shard, data, options.overwrite)
+            check_shard_annotations(out, shard, data, options.overwrite, options.option("gt"))
         for _, runs in plans:
             for run in runs:
                 if not options.overwrite and shard is None:
-                    check_no_results_lost(out, run.name, data, summary_path, options.gt)
+                    check_no_results_lost(out, run.name, data, summary_path, options.gt, options.option("gt"))
                 run.stale = check_settings(out, run.name, run.settings, options.overwrite, run.weights, shard)
                 if run.stale is not None:
                     check_none_running(out, run.name, run.stale, shard)
@@ -1177,7 +1184,7 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any) -> int
             logger.warning("interrupted: the finished images are saved; %s to resume", options.run_again)
             summary = summarize_stopped_run("interrupt")
             if summary is not None and not options.quiet:
-                print_summary(out, summary, list(members), summary_path, options.run_again)
+                print_summary(out, summary, list(members), summary_path, options)
             raise_interruption(err)  # saved: the caller stops now (a script's loop too), the command with status 130
         # the finished members' unreadable images must stay listed, or evaluate would score them as empty
         try:
@@ -1193,7 +1200,7 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any) -> int
         header = {**header, "stopped_by": "max_images"}
     summary = write_summary(summary_path, header, members)
     if not options.quiet:
-        print_summary(out, summary, list(members), summary_path, options.run_again)
+        print_summary(out, summary, list(members), summary_path, options)
     if summary["unreadable"] and not any(m["images"] for m in summary["models"].values()):
         # the summary says which files failed and why; a script must not take an empty cache for a finished one
         raise ValueError(
@@ -1202,9 +1209,11 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any) -> int
     return 0
 
 
-def print_summary(out: Path, summary: dict[str, Any], names: list[str], summary_path: Path, run_again: str) -> None:
-    """Print the members' table of ``summary``; ``run_again`` says, in the caller's words, what finishes an
-    unfinished run."""
+def print_summary(
+    out: Path, summary: dict[str, Any], names: list[str], summary_path: Path, options: CacheOptions
+) -> None:
+    """Print the members' table of ``summary``, and what is left to do in the words of the caller of the
+    run's ``options`` (a command, or a Python call)."""
     shard = f" shard {summary['shard']}" if summary.get("shard") else ""
     lines = [f"{summary['ensemble']}{shard}: {summary['images']} images"]
     width = max([len(n) for n in names] + [6])
@@ -1222,10 +1231,14 @@ def print_summary(out: Path, summary: dict[str, Any], names: list[str], summary_
     for file_name, err in summary["unreadable"].items():
         lines.append(f"unreadable: {file_name}: {err}")
     if any(summary["models"][n]["status"] != "complete" for n in names):
-        lines.append(f"not finished: {run_again} to resume")
+        lines.append(f"not finished: {options.run_again} to resume")
     if summary.get("shard"):  # a shard's files are no member's results until every shard is joined
         lines.append(f"results in {out / SHARDS}/, summary {summary_path}")
-        lines.append(f"once every shard is done, join them: detens cache merge --out {out} --gt {summary['gt']}")
+        if options.command_line is None:
+            merge = f"detens.cache(out={str(out)!r}, gt={summary['gt']!r}, merge=True)"
+        else:
+            merge = shlex.join(["detens", "cache", "merge", "--out", str(out), "--gt", str(summary["gt"])])
+        lines.append(f"once every shard is done, join them: {merge}")
     else:
         lines.append(f"results in {out}/, summary {summary_path}")
     print("\n".join(lines))
@@ -1571,7 +1584,7 @@ def merge(options: CacheOptions) -> int:
     }
     summary = write_summary(out / SUMMARY, header, members)
     if not options.quiet:
-        print_summary(out, summary, list(members), out / SUMMARY, options.run_again)
+        print_summary(out, summary, list(members), out / SUMMARY, options)
     return 0
 
 

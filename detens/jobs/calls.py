@@ -11,7 +11,7 @@ as a number, nor a number or a string as a bool (``overwrite="no"`` would otherw
 
 A Ctrl-C raises ``KeyboardInterrupt`` once the job has saved its finished work, as the command ends with
 ``error: interrupted`` and exit status 130 then: a script's loop over calls stops there, and the same call
-made again resumes.
+made again resumes (without ``overwrite=True``, which would discard the finished work instead).
 
 ``quiet=True`` quiets the detector libraries for the call only: their log levels and the environment
 variables they read are put back when it returns or raises."""
@@ -119,7 +119,7 @@ def cache(
 
     Raises:
         KeyboardInterrupt: a Ctrl-C, once the finished images and the summary of the stopped run are saved;
-            the same call made again resumes.
+            the same call made again (without ``overwrite=True``) resumes.
         TypeError: an unknown option, or an option of the wrong type (``overwrite="no"``, ``max_images="3"``).
         ValueError: a bad value, as the command reports it (``shard="2/2"``, ``engine="rayy"``).
     """
@@ -143,7 +143,7 @@ def fuse_images(config: str | Path, source: str | Path, out: str | Path, **optio
     Raises:
         KeyboardInterrupt: a Ctrl-C, once the finished images and the outputs of them are saved (their
             ``summary.json`` says ``"interrupted": true``), or before the first image is done, ``out`` left as
-            it was; the same call made again resumes.
+            it was; the same call made again (without ``overwrite=True``) resumes.
         TypeError: an unknown option, or an option of the wrong type (``no_vis="yes"``, ``imgsz=640.0``).
         ValueError: a bad value, as the command reports it; no image of ``source`` could be read (after the
             outputs, whose summary lists the unreadable files, are written).

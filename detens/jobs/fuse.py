@@ -54,7 +54,7 @@ from detens.jobs._inputs import (
     input_fingerprints,
     saved_prediction_members,
 )
-from detens.jobs._interrupts import is_interruption, raise_interruption
+from detens.jobs._interrupts import RESUME_ADVICE, is_interruption, raise_interruption
 from detens.jobs._options import existing_folder, file_or_shipped_name, flag, folder, integer, number, text
 from detens.labels import COCO_CATEGORY_IDS, COCO_ID_TO_NAME
 from detens.sources import ImageReadError, list_images, read_image
@@ -166,7 +166,8 @@ def resolve_config(options: FuseOptions) -> EnsembleConfig:
     if head is None and options.method is not None and config.fusion.head is not None:
         if options.method not in (load_ensemble_config(options.config).fusion.method, "theta"):
             # The YAML's head belongs to the YAML's method; another --method does not use it.
-            logger.info("--method %s: not using the config's head %s", options.method, config.fusion.head)
+            logger.info("%s %s: not using the config's head %s", options.option("method"), options.method,
+                        config.fusion.head)
             config.fusion.head = None
     if head is None and config.fusion.head is not None:
         try:
@@ -924,7 +925,7 @@ def _run(options: FuseOptions) -> int:
         done = set(earlier)
         todo = [(p, n) for p, n in zip(images, names, strict=True) if n not in done]
         listed = set(names)
-        warn_of_planned_images_left_out(out, previous, done, listed)
+        warn_of_planned_images_left_out(out, previous, done, listed, options.option("source"))
         # the source's order, whichever of its images an interrupted run finished (Ray's come as they finish)
         names = [n for n in earlier if n not in listed] + names
         categories = dataset_names or dict(COCO_ID_TO_NAME)
@@ -1005,7 +1006,8 @@ def _run(options: FuseOptions) -> int:
             logger.warning("interrupted before the first result: %s is as it was", out)
             raise_interruption(err)
         interrupted = err
-        logger.warning("interrupted: the finished images are saved; %s to resume", options.run_again)
+        logger.warning("interrupted: the finished images are saved; %s to resume", options.run_again,
+                       extra={RESUME_ADVICE: True})
     finally:
         if bar is not None:
             bar.close()
@@ -1035,9 +1037,12 @@ def _run(options: FuseOptions) -> int:
     return 0
 
 
-def warn_of_planned_images_left_out(out: Path, previous: Any, done: set[str], listed: set[str]) -> None:
+def warn_of_planned_images_left_out(
+    out: Path, previous: Any, done: set[str], listed: set[str], source_option: str = "--source"
+) -> None:
     """Warn of the images that the interrupted run in ``out`` planned (``previous``, its run record) and left
-    unfinished, and that this run's source (``listed``) lacks: the run ends complete without them."""
+    unfinished, and that this run's source (``listed``, given as ``source_option``: the caller's words) lacks:
+    the run ends complete without them."""
     planned = previous.get("image_ids") if isinstance(previous, dict) else None
     if not isinstance(planned, dict):  # a complete run's summary, or an unfinished run of an earlier version
         return
@@ -1045,9 +1050,9 @@ def warn_of_planned_images_left_out(out: Path, previous: Any, done: set[str], li
     if left_out:
         many = len(left_out) > 1
         logger.warning(
-            "%s: %d image%s that the interrupted run had yet to fuse %s not in this --source and %s left out: %s; "
-            "run with that run's --source to fuse them", out, len(left_out), "s" if many else "",
-            "are" if many else "is", "are" if many else "is", first_few(left_out, 5),
+            "%s: %d image%s that the interrupted run had yet to fuse %s not in this %s and %s left out: %s; "
+            "run with that run's %s to fuse them", out, len(left_out), "s" if many else "",
+            "are" if many else "is", source_option, "are" if many else "is", first_few(left_out, 5), source_option,
         )
 
 
