@@ -43,9 +43,6 @@ __all__ = [
 #: Class index → detens label, as a sequence (``table[index]``) or a mapping.
 ClassMap = Sequence[int] | Mapping[int, int]
 
-# float32 holds every whole number up to this one exactly, and not the next
-_FLOAT32_WHOLE = 2**24
-
 
 def coco_category_ids_for(names: Mapping[int, str] | Sequence[str]) -> tuple[int, ...] | None:
     """COCO category ids of an Ultralytics model's classes, if its names are COCO's 80 in COCO order.
@@ -157,7 +154,7 @@ def results_to_detections(
 
 
 def detections_to_results(
-    det: Detections, template: Results, category_ids: ClassMap | None = None
+    det: Detections, template: Results, category_ids: ClassMap | None = None, dtype: torch.dtype | None = None
 ) -> Results:
     """``Detections`` → an Ultralytics ``Results`` with the image, path, class names and speed of ``template``.
 
@@ -167,10 +164,17 @@ def detections_to_results(
         category_ids (Sequence[int] | Mapping[int, int] | None): the same index → label map used by
             :func:`results_to_detections`; labels are mapped back to class indices. ``None``: labels are
             the class indices.
+        dtype (torch.dtype | None): a floating dtype of ``.boxes.data`` (a half-precision model's
+            ``torch.float16``); None: that of ``det.boxes``.
 
     Returns:
         Results: ``.boxes.data`` ``[K, 6]`` on ``det``'s device; ``.plot()``, ``.save_txt()``, ``.to_json()``
         work as on any Ultralytics Results.
+
+    Raises:
+        ValueError: a label without a class index, a class index the dtype cannot hold exactly (Results hold
+            class indices as floating-point numbers) or missing from the template's class names, or another
+            image size than the template's.
     """
     from ultralytics.engine.results import Results
 
@@ -197,12 +201,16 @@ def detections_to_results(
             raise ValueError(
                 f"class indices {unknown} are not in the Results' class names ({len(names)} classes)"
             )
-    if len(labels) and int(labels.max()) > _FLOAT32_WHOLE:
+    dtype = det.boxes.dtype if dtype is None else dtype
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    whole = round(2 / torch.finfo(dtype).eps)  # dtype holds every whole number up to this one exactly
+    if len(labels) and int(labels.max()) > whole:
         raise ValueError(
-            f"class index {int(labels.max())} is above 2**24: Ultralytics' Results hold class indices as "
-            "float32 numbers, which cannot store it exactly"
+            f"class index {int(labels.max())} is above {whole}: Ultralytics' Results hold class indices as "
+            f"{str(dtype).removeprefix('torch.')} numbers, which cannot store it exactly"
         )
-    data = torch.cat([det.boxes, det.scores[:, None], labels[:, None].to(det.boxes.dtype)], dim=1)  # [K, 6]
+    data = torch.cat([det.boxes, det.scores[:, None], labels[:, None].to(det.boxes.dtype)], dim=1).to(dtype)
     speed = dict(template.speed) if isinstance(template.speed, Mapping) else None
     return Results(orig_img=template.orig_img, path=template.path, names=names, boxes=data, speed=speed)
 

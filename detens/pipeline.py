@@ -465,7 +465,8 @@ def fuse_results(
 
     Returns:
         list[Results]: one per image, with the image, path and class names of the first model's Results;
-        ``.boxes`` holds the fused boxes, so ``.plot()``, ``.save_txt()``, ``.to_json()`` work as usual.
+        ``.boxes`` holds the fused boxes, so ``.plot()``, ``.save_txt()``, ``.to_json()`` work as usual, in
+        the dtype of the first model's boxes (``torch.float16`` from a half-precision model).
         ``speed`` sums the models' times, the fusion time added to ``postprocess``.
 
     Raises:
@@ -534,7 +535,7 @@ def fuse_results(
         fused = fuse(per_image, method=method, **params)
         # named after the image's file where a model read it from one
         base = next((n for n, path in enumerate(paths) if path in files), 0)
-        out = detections_to_results(fused, column[base], class_maps[base])
+        out = detections_to_results(fused, column[base], class_maps[base], _output_dtype(column[0].boxes.data))
         out.speed = _add_speeds(column, (time.perf_counter() - start) * 1000.0)
         fused_results.append(out)
     return fused_results

@@ -99,8 +99,16 @@ class TestConversions:
         # the Results' float32 data would hold 2**24 for 2**24 + 1: another class, with no error
         large = make_results(torch.zeros(0, 4), torch.zeros(0), torch.zeros(0), names={0: "a", 2**24 + 1: "z"})
         det = Detections([[0.0, 0.0, 5.0, 5.0]], [0.5], [2**24 + 1], (480, 640))
-        with pytest.raises(ValueError, match=r"class index 16777217 is above 2\*\*24"):
+        with pytest.raises(ValueError, match=r"class index 16777217 is above 16777216: .* as float32 numbers"):
             detections_to_results(det, large)
+        # float16 holds whole numbers up to 2048 exactly
+        det = Detections([[0.0, 0.0, 5.0, 5.0]], [0.5], [2049], (480, 640))
+        half = make_results(torch.zeros(0, 4), torch.zeros(0), torch.zeros(0), names={0: "a", 2049: "z"})
+        with pytest.raises(ValueError, match=r"class index 2049 is above 2048: .* as float16 numbers"):
+            detections_to_results(det, half, dtype=torch.float16)
+        assert detections_to_results(det, half).boxes.cls.tolist() == [2049.0]
+        with pytest.raises(TypeError, match="dtype must be a floating torch.dtype, got torch.int64"):
+            detections_to_results(det, half, dtype=torch.int64)
 
     @pytest.mark.parametrize("cls", [2.5, -1.0, float("nan")])
     def test_results_class_index_must_be_a_whole_number(self, cls):
@@ -356,6 +364,20 @@ class TestFuseResultsSynthetic:
             fuse_results([[r1], [r2]], method="wbf", calibration=CalibrationHead(["m1", "m2"]))
         # one model's head is no question of order
         assert len(fuse_results([[r1]], method="theta", head=detens.ThetaHead(["m1"]))[0]) == 5
+
+    def test_half_precision_results_give_half_precision_fused_results(self):
+        """As a half-precision model's own Results, and as TorchvisionFusion keeps the models' dtype."""
+        full = [make_results(*random_boxes(seed, 6)) for seed in (0, 1)]
+        half = [make_results(*random_boxes(seed, 6)) for seed in (0, 1)]
+        for r in half:
+            r.boxes.data = r.boxes.data.half()
+        fused_full = fuse_results([[r] for r in full], method=METHOD)[0]
+        fused_half = fuse_results([[r] for r in half], method=METHOD)[0]
+        assert fused_full.boxes.data.dtype == torch.float32 and fused_half.boxes.data.dtype == torch.float16
+        assert len(fused_half) == len(fused_full) > 0
+        # fused from the half-precision values, then rounded to float16
+        torch.testing.assert_close(fused_half.boxes.xyxy.float(), fused_full.boxes.xyxy, atol=0.5, rtol=2e-3)
+        assert fused_half.boxes.cls.tolist() == fused_full.boxes.cls.tolist()
 
     def test_different_images_of_one_size_in_another_order_are_refused(self):
         """In-memory images are named image0.jpg, image1.jpg, ... by their place in the batch: two images of
