@@ -373,11 +373,14 @@ class PretrainedHead(EvalMethod):
 
     It is not refitted per fold, so its figure is held-out only if the head never saw these images: train
     it on other data (``detens train``) to compare it with the cross-validated rows. The heads shipped in
-    ``configs/heads/`` were trained on the 206 COCO images, so on those they are scored in-sample.
+    ``configs/heads/`` were trained on the 206 COCO images, so on those they are scored in-sample. Where the
+    head's training log lists its images (``trained_on``, as ``detens train`` writes it), scoring any of
+    them is warned of.
     """
 
     def __init__(self, model_names: Sequence[str], name: str) -> None:
         from detens.heads import load_head
+        from detens.heads._io import find_head_file, read_trained_on
 
         self.path = name
         self.head = load_head(name)
@@ -386,11 +389,23 @@ class PretrainedHead(EvalMethod):
                 f"head {name!r} was trained for models {self.head.model_names}, but the predictions have "
                 f"{list(model_names)}"
             )
+        self.trained_on = read_trained_on(find_head_file(name))
 
     def check_data(self, data: EvaluationData) -> None:
+        """Check the head's label space against the ground truth's, and warn where its training log says it
+        was fitted on images scored here (by file name, folders aside): its row is then no held-out figure."""
         from detens.heads import check_head_label_space
+        from detens.predictions import base_file_names, shares_images_phrase
 
         check_head_label_space(self.head, data.gt.category_names, f"head {self.path!r}", "the ground truth")
+        if self.trained_on is None:
+            return
+        shared = sorted(set(base_file_names(data.gt, data.image_ids)) & set(self.trained_on))
+        if shared:
+            logger.warning(
+                "head:%s %s, so its row scores images it was fitted on: it is not a held-out figure",
+                self.path, shares_images_phrase(shared, "the images scored here", annotated=False),
+            )
 
     def predict(self, data: EvaluationData, image_id: int) -> Detections:
         # each Detections names its model (the file name), so the head takes them in its own order

@@ -24,8 +24,8 @@ from detens.detections import Detections
 from detens.io import read_json_file
 
 __all__ = [
-    "CACHE_SUMMARY", "EnsemblePredictions", "LeftOutImage", "NOT_RESULTS", "folder_models", "join_predictions",
-    "shared_images", "shares_images_phrase",
+    "CACHE_SUMMARY", "EnsemblePredictions", "LeftOutImage", "NOT_RESULTS", "base_file_names", "folder_models",
+    "join_predictions", "shared_images", "shares_images_phrase",
 ]
 
 logger = logging.getLogger(__name__)
@@ -386,7 +386,7 @@ def shared_images(
     kind = "annotated image" if second_ids is None else "image"
     first_ids = first.gt.annotated_image_ids if first_ids is None else first_ids
     second_ids = second.gt.annotated_image_ids if second_ids is None else second_ids
-    first_names, second_names = _base_names(first.gt, first_ids), _base_names(second.gt, second_ids)
+    first_names, second_names = base_file_names(first.gt, first_ids), base_file_names(second.gt, second_ids)
     unnamed = sum(name is None for name in first_names + second_names)
     if unnamed:
         logger.warning(
@@ -406,8 +406,9 @@ def shares_images_phrase(shared: Sequence[str], other: str, annotated: bool = Tr
     return f"shares {len(shared)} {kind}{plural} with {other} (same file name, folders aside: {shown})"
 
 
-def _base_names(gt: CocoGroundTruth, image_ids: Sequence[int]) -> list[str | None]:
-    """Each image's ``file_name`` without folders (None where it has none)."""
+def base_file_names(gt: CocoGroundTruth, image_ids: Sequence[int]) -> list[str | None]:
+    """Each image's ``file_name`` without folders (None where it has none): how an image is told apart across
+    annotation files (:func:`shared_images`)."""
     names = (gt.image(image_id).get("file_name") for image_id in image_ids)
     # either separator: annotation files written on Windows use backslashes
     return [None if name is None else PureWindowsPath(str(name)).name for name in names]

@@ -466,3 +466,23 @@ def test_a_head_given_other_models_says_to_rename_them_only_when_their_number_is
     with pytest.raises(ValueError) as other:
         read_head_for(path, "calibrated", ["yolov8n", "yolo11n"])
     assert str(other.value).endswith("fit a head on these models' predictions)")
+
+
+def test_the_training_images_of_a_head_are_read_from_its_training_log(tmp_path):
+    from detens.heads._io import find_head_file, read_trained_on, training_log_path
+
+    # the shipped head's log lists the 204 annotated images of the 206 and the 168 extra ones
+    shipped = read_trained_on(find_head_file("coco_yolo3_deep"))
+    assert len(shipped) == 372 and shipped == sorted(shipped) and "000000000139.jpg" in shipped
+    head = tmp_path / "head.json"
+    assert training_log_path(head) == tmp_path / "head.json.log.json"
+    assert read_trained_on(head) is None  # no log: nothing known
+    training_log_path(head).write_text(json.dumps({"head": "theta", "images": 2}))
+    assert read_trained_on(head) is None  # a log of an earlier version
+    training_log_path(head).write_text(json.dumps({"trained_on": ["a.jpg", "b.jpg"]}))
+    assert read_trained_on(head) == ["a.jpg", "b.jpg"]
+    for bad, message in [('{"trained_on": ', "the head's training log cannot be read: Expecting value"),
+                         ('{"trained_on": [1]}', "trained_on must be a list of image file names")]:
+        training_log_path(head).write_text(bad)
+        with pytest.raises(HeadFileError, match=f"^'{training_log_path(head)}': {message}"):
+            read_trained_on(head)

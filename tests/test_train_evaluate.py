@@ -295,6 +295,14 @@ class TestTraining:
             train_theta(samples, ensemble.model_names, ThetaTrainConfig(epochs=5, match_iou_grid=[]))
 
 
+@pytest.fixture
+def recording(monkeypatch):
+    """``RecordingMethod`` registered as the method ``recording`` for one test (the registry is shared by
+    every test, whose lists of methods must not show it)."""
+    monkeypatch.setitem(METHODS._items, "recording", RecordingMethod)
+    return RecordingMethod
+
+
 class RecordingMethod(EvalMethod):
     """A learned method that records what it was fitted on and asked to predict."""
 
@@ -313,9 +321,7 @@ class RecordingMethod(EvalMethod):
 
 
 class TestCrossValidation:
-    def test_no_image_is_scored_by_a_method_fitted_on_it(self, ensemble):
-        if "recording" not in METHODS:
-            METHODS.register("recording")(RecordingMethod)
+    def test_no_image_is_scored_by_a_method_fitted_on_it(self, ensemble, recording):
         RecordingMethod.log.clear()
         report = cross_validate(ensemble, ["recording"], k=3, seed=0, backend="faster")
         fitted_on: list[int] = []
@@ -468,9 +474,7 @@ class TestCrossValidation:
         again = cross_validate(reordered, [name], k=2, backend="faster")
         assert again[name].metrics["map"] == pytest.approx(expected, abs=1e-12)
 
-    def test_bad_head_file_fails_before_any_method_runs(self, ensemble, tmp_path):
-        if "recording" not in METHODS:
-            METHODS.register("recording")(RecordingMethod)
+    def test_bad_head_file_fails_before_any_method_runs(self, ensemble, tmp_path, recording):
         RecordingMethod.log.clear()
         with pytest.raises(FileNotFoundError, match="missing.json"):
             cross_validate(ensemble, ["recording", f"head:{tmp_path / 'missing.json'}"], k=2, backend="faster")
@@ -492,9 +496,7 @@ class TestCrossValidation:
         report = cross_validate(ensemble, [f"head:{tmp_path / 'own.json'}"], k=2, backend="faster")
         assert report[f"head:{tmp_path / 'own.json'}"].metrics["map"] > 0
 
-    def test_a_pretrained_head_whose_ids_name_other_classes_is_refused(self, ensemble, tmp_path):
-        if "recording" not in METHODS:
-            METHODS.register("recording")(RecordingMethod)
+    def test_a_pretrained_head_whose_ids_name_other_classes_is_refused(self, ensemble, tmp_path, recording):
         RecordingMethod.log.clear()
         names = ensemble.gt.category_names
         ids = ensemble.gt.category_ids[:3]
@@ -1140,6 +1142,46 @@ class TestTools:
         listing.write_text("\n".join(str(i) for i in evaluated.gt.annotated_image_ids if i != shared_id))
         assert train_cli.main([*base, "--images-from", str(listing)]) == 0
         assert json.loads(out.with_name(out.name + ".log.json").read_text())["images"] == 5 + 7
+
+    def test_a_trained_head_scored_on_its_own_training_images_is_said_to_be_no_held_out_figure(
+        self, dataset, tmp_path, capfd
+    ):
+        """train lists the images it fitted on (by file name, folders aside) beside the head; head:PATH warns
+        when it scores them, and says nothing on other images."""
+        evaluated, extra = _split_dataset(*dataset, tmp_path, share_one=True)
+        out = tmp_path / "head.json"
+        assert train_cli.main(["--gt", str(tmp_path / "extra" / "instances.json"), "--predictions",
+                               str(tmp_path / "extra" / "predictions"), "--epochs", "1", "--quiet",
+                               "--out", str(out)]) == 0
+        trained_on = json.loads(out.with_name(out.name + ".log.json").read_text())["trained_on"]
+        shared_name = evaluated.gt.file_name(evaluated.gt.image_ids[0])
+        assert trained_on == sorted(Path(extra.gt.file_name(i)).name for i in extra.gt.annotated_image_ids)
+        assert shared_name in trained_on and len(trained_on) == 7
+
+        def evaluate(part, method):
+            capfd.readouterr()  # --quiet: sys.stderr is a copy of fd 2
+            assert evaluate_cli.main(["--gt", str(tmp_path / part / "instances.json"), "--predictions",
+                                      str(tmp_path / part / "predictions"), "--methods", method, "--cv", "2",
+                                      "--backend", "faster", "--quiet", "--out", str(tmp_path / f"{part}.json")]) == 0
+            return [line.removeprefix("WARNING detens.evaluation: ") for line in capfd.readouterr().err.splitlines()
+                    if line.startswith("WARNING")]
+
+        assert evaluate("extra", f"head:{out}") == [
+            f"head:{out} shares 7 images with the images scored here (same file name, folders aside: "
+            f"{', '.join(trained_on[:5])}, ...), so its row scores images it was fitted on: it is not a held-out "
+            "figure"]
+        assert evaluate("evaluated", f"head:{out}") == [
+            f"head:{out} shares 1 image with the images scored here (same file name, folders aside: {shared_name}), "
+            "so its row scores images it was fitted on: it is not a held-out figure"]
+        # a head whose log does not list its images (an earlier version's, or saved from Python) is taken as is
+        log = out.with_name(out.name + ".log.json")
+        log.write_text(json.dumps({k: v for k, v in json.loads(log.read_text()).items() if k != "trained_on"}))
+        assert evaluate("extra", f"head:{out}") == []
+        log.write_text(json.dumps({"trained_on": "a.jpg"}))
+        assert evaluate_cli.main(["--gt", str(tmp_path / "extra" / "instances.json"), "--predictions",
+                                  str(tmp_path / "extra" / "predictions"), "--methods", f"head:{out}", "--cv", "2",
+                                  "--quiet", "--out", str(tmp_path / "bad.json")]) == 2
+        assert capfd.readouterr().err == f"error: {str(log)!r}: trained_on must be a list of image file names\n"
 
     def test_train_and_evaluate_cli_leave_out_unreadable_images(self, dataset, tmp_path, capsys):
         gt_path, predictions = dataset

@@ -19,6 +19,9 @@ In ``.json`` files each tensor is ``{"dtype": "float32", "shape": [...], "data":
 (Python floats round-trip float32 and float64 exactly). In ``.safetensors`` files the tensors are stored
 natively and the other fields go into the string metadata (``model_names``, ``config`` and
 ``label_space`` JSON-encoded).
+
+``detens train`` writes beside the head its training log, ``<head file>.log.json``, which lists the
+images it was fitted on under ``trained_on`` (:func:`read_trained_on`).
 """
 
 from __future__ import annotations
@@ -53,11 +56,17 @@ __all__ = [
     "head_label_space",
     "named_categories",
     "read_head_file",
+    "read_trained_on",
+    "training_log_path",
+    "TRAINED_ON",
     "write_head_file",
 ]
 
 FORMAT = "detens-head"
 FORMAT_VERSION = 1
+#: the key of a head's training log that lists the images it was fitted on, by file name without folders
+#: (as images are told apart across annotation files)
+TRAINED_ON = "trained_on"
 SUFFIXES = (".json", ".safetensors")
 
 _DTYPES: dict[str, torch.dtype] = {
@@ -275,6 +284,35 @@ def find_head_file(path: str | Path) -> Path:
     from detens.packaged import find_packaged
 
     return find_packaged(path, "heads")
+
+
+def training_log_path(head_path: str | Path) -> Path:
+    """The training log that ``detens train`` writes beside the head file ``head_path``."""
+    head_path = Path(head_path)
+    return head_path.with_name(head_path.name + ".log.json")
+
+
+def read_trained_on(head_path: str | Path) -> list[str] | None:
+    """The images the head file ``head_path`` was fitted on, by file name without folders, as its training
+    log lists them; None where there is no log beside it, or one that does not list them (a head trained
+    by an earlier version, or fitted in Python and saved).
+
+    Raises:
+        HeadFileError: a log that cannot be read, or whose list is not a list of file names.
+    """
+    log = training_log_path(head_path)
+    if not log.is_file():
+        return None
+    try:
+        record = json.loads(log.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise HeadFileError(f"{str(log)!r}: the head's training log cannot be read: {err}") from None
+    names = record.get(TRAINED_ON) if isinstance(record, dict) else None
+    if names is None:
+        return None
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise HeadFileError(f"{str(log)!r}: {TRAINED_ON} must be a list of image file names")
+    return names
 
 
 def read_head_file(path: str | Path) -> HeadFile:

@@ -16,6 +16,7 @@ from detens.checks import first_few
 from detens.coco import load_coco_gt
 from detens.config import save_yaml_config
 from detens.heads import TRAINERS, fit_head, load_train_config
+from detens.heads._io import TRAINED_ON, training_log_path
 from detens.io import atomic_write_bytes, atomic_write_json, atomic_write_text, check_writable_file
 from detens.jobs._inputs import model_names
 from detens.jobs._interrupts import ctrl_c_held
@@ -34,7 +35,13 @@ from detens.jobs._options import (
     text,
 )
 from detens.jobs._outputs import refuse_outputs_over_inputs
-from detens.predictions import EnsemblePredictions, join_predictions, shared_images, shares_images_phrase
+from detens.predictions import (
+    EnsemblePredictions,
+    base_file_names,
+    join_predictions,
+    shared_images,
+    shares_images_phrase,
+)
 
 __all__ = [
     "HEAD_TYPES", "TrainOptions", "check_no_image_twice", "loss_plot_png", "read_image_ids", "run",
@@ -279,6 +286,9 @@ def run(options: TrainOptions) -> int:
         "head": options.head,
         "models": predictions.model_names,
         "images": len(image_ids),
+        # by file name, folders aside, as images are told apart across annotation files: what an evaluation
+        # of this head on other images checks they do not hold
+        TRAINED_ON: sorted({name for name in base_file_names(predictions.gt, image_ids) if name is not None}),
         **left_out_record,
         "match_iou": getattr(config, "match_iou", None),
         "train_seconds": round(seconds, 3),
@@ -296,7 +306,7 @@ def run(options: TrainOptions) -> int:
         else:  # no curve, and none of an earlier head left beside this one
             loss_plot.unlink(missing_ok=True)
         atomic_write_text(out.with_name(out.name + ".log"), "\n".join(epoch_lines) + "\n")
-        atomic_write_json(out.with_name(out.name + ".log.json"), log, indent=1)
+        atomic_write_json(training_log_path(out), log, indent=1)
         head.save(out)  # last: what a later --head reads is replaced only once its files describe it
     learned = f"Θ = {[round(v, 4) for v in head.theta.detach().cpu().tolist()]}; " if hasattr(head, "theta") else ""
     logger.info("trained %s head in %.1f s; %shead written to %s", options.head, seconds, learned, out)
