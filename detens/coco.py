@@ -730,7 +730,7 @@ def evaluate_coco(
             file. Never modified.
         image_ids: evaluate only these images (e.g. one cross-validation fold); each must be in ``gt``.
         backend: ``"pycocotools"`` (the reference), ``"faster"`` (faster-coco-eval's C++ evaluator, the
-            same numbers about five times faster) or ``"hotcoco"`` (hotcoco's Rust port, within 1e-5 of
+            same numbers about five times faster) or ``"hotcoco"`` (hotcoco's Rust port, within 1e-4 of
             pycocotools on our data (tested) and another ~15 times faster; used inside hyper-parameter
             searches when installed, see :func:`fastest_backend`).
 

@@ -188,3 +188,23 @@ def test_the_fuser_bench_times_every_method_and_tabulates_them():
     header, rule, row = markdown_table([result]).splitlines()
     assert header.count("|") == rule.count("|") == row.count("|") == 13
     assert f"| {DEEP} |" in header and row.startswith("| 2x30 |")
+
+
+def test_the_fuser_bench_fails_where_detens_wbf_and_ensemble_boxes_differ(monkeypatch):
+    """Scores rounded to 3 decimals tie, and the two libraries visit tied boxes in different orders: the
+    check of "same boxes" must then fail, not report a difference and go on."""
+    pytest.importorskip("ensemble_boxes")
+    import torch
+
+    from detens import Detections
+    from detens.jobs import bench
+
+    real = bench.synthetic_image
+
+    def tied(*args, **kwargs):
+        return [Detections(d.boxes, (d.scores * 1000).round() / 1000, d.labels, d.image_size) for d in real(*args, **kwargs)]
+
+    monkeypatch.setattr(bench, "synthetic_image", tied)
+    with pytest.raises(RuntimeError, match=r"^detens wbf differs from ensemble_boxes by .* \(normalized boxes and "
+                                           r"scores\) at 3x300, above the 1e-05 of float arithmetic$"):
+        bench.bench_size(3, 300, repeats=3, device=torch.device("cpu"), seed=0)

@@ -32,7 +32,8 @@ COCOeval keeps the 100 highest-scoring boxes of each image *and category*: a fus
 boxes per image than its members has all of them count. ``--max-det N`` scores each image's N best boxes
 of every method and member instead (COCO's detection challenge takes 100), in the choices each method
 makes on the fitting images too (``wbf_tuned``'s search; a head's matching IoU, median box, bags and fuser
-after calibration, through its training config's ``score_max_det``).
+after calibration, through its training config's ``score_max_det``). COCOeval's own cut stays: with N above
+100, each image still counts at most 100 boxes of each category.
 
 Images the cache could not read (each member's ``unreadable`` in the folder's ``cache_summary.json``)
 are left out of scoring and fitting, for every member alike (the ensemble never saw them whole), with a
@@ -113,10 +114,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--methods",
         default=DEFAULT_EVALUATION_METHODS,
         help=f"comma-separated; 'single' expands to every model; 'head:PATH' scores a head file trained elsewhere "
-        f"(known: {', '.join(EVALUATION_METHODS)})",
+        f"(known: {', '.join(EVALUATION_METHODS)}; default: {DEFAULT_EVALUATION_METHODS})",
     )
     parser.add_argument("--models", help="comma-separated model names (default: every file, sorted)")
-    parser.add_argument("--cv", type=integer, default=2, help="number of folds (K >= 2), or 0 with --fit-on")
+    parser.add_argument("--cv", type=integer, default=2, help="number of folds (K >= 2), or 0 with --fit-on (default: 2)")
     extra = parser.add_mutually_exclusive_group()
     extra.add_argument(
         "--also-fit-on", nargs=2, metavar=("GT", "PREDICTIONS"),
@@ -139,7 +140,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         # a text default, which argparse parses as it would the flag's value ([0]): it is EvaluateOptions.seed's
         # default too, and a dataclass field cannot default to a list
         "--seed", type=argparse_type("detens.jobs.evaluate", "parse_seeds"), default="0",
-        help="fixes the folds; several (0,1,2) repeat the cross-validation once per seed and report the means",
+        help="fixes the folds; several (0,1,2) repeat the cross-validation once per seed and report the means "
+        "(default: 0)",
     )
     parser.add_argument(
         # no default of []: it is EvaluateOptions.train_config's default too, and a dataclass field cannot
@@ -184,8 +186,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-det", type=positive_int, metavar="N",
         help="score each image's N highest-scoring boxes of every method and member (COCO's detection challenge "
         "takes 100), also in the choices methods make on the fitting images (wbf_tuned's search; a head's "
-        "matching IoU, median box, bags and fuser after calibration). Default: every box (COCOeval keeps 100 "
-        "per image and category)",
+        "matching IoU, median box, bags and fuser after calibration); COCOeval still keeps at most 100 per image "
+        "and category, also for N above 100. Default: every box (COCOeval keeps 100 per image and category)",
     )
     add_threads_argument(parser)
 

@@ -7,7 +7,10 @@ by ``w_n / Σw``; boxes are clipped to the image and zero-area boxes dropped; ea
 independently. IoUs are computed on normalized float64 boxes, as the reference does. Unlike the
 reference, Soft-NMS returns the DECAYED scores (ensemble_boxes returns the original ones, so its
 Soft-NMS only ever removes boxes), the output is sorted by score, and the caller's lists are never
-modified.
+modified. Boxes of equal score are taken by label, then coordinates (the reference takes them in numpy's
+unspecified order of ties), so that the result does not depend on the order of the models: where scores
+tie the two may keep different boxes. The linear Soft-NMS's ``iou_thr`` defaults to 0.3, the Soft-NMS
+paper's N_t (ensemble_boxes' default is 0.5).
 """
 
 from __future__ import annotations
@@ -254,7 +257,8 @@ def soft_nms_fusion(
         per_model (list[Detections]): one per model, same image and device.
         weights (Sequence[float] | Tensor[N] | None): model n's scores are multiplied by ``w_n / Σw``
             (as ensemble_boxes does); None leaves the scores as they are.
-        iou_thr (float): the linear method's overlap threshold.
+        iou_thr (float): the linear method's overlap threshold (default 0.3, the Soft-NMS paper's N_t;
+            ensemble_boxes' default is 0.5).
         sigma (float): the Gaussian method's width.
         thresh (float): minimum decayed score to keep a box.
         decay (str): ``"gaussian"`` or ``"linear"``.

@@ -10,15 +10,17 @@ box is the score-weighted mean of its members' coordinates. Its confidence is th
 float32 accumulation of the weighted coordinates, float32 rounding of fused rows), so its output
 agrees with ensemble_boxes to float32 precision. Boxes of equal score are visited latest-first and
 fused boxes of equal score listed latest-first, as numpy's ``argsort()[::-1]`` does on small arrays
-(on larger ones numpy's order of ties is unspecified, so there the two may list tied boxes differently).
+(on larger ones numpy's order of ties is unspecified, so there the two may visit tied boxes in another
+order, which can change the clusters themselves: on real detectors' 5-decimal scores, a few fused boxes
+of one image in ten differ).
 
 What differs, on purpose (DESIGN.md §6):
 
 - boxes are in pixels (normalized internally: IoU does not depend on the scale);
 - wrong-length or negative weights and unknown ``conf_type`` raise ``ValueError`` (the reference
   silently resets the weights, or prints and exits);
-- no input at all, or every box filtered out, gives empty Detections (the reference crashes when every
-  model is empty);
+- no input at all, or every box filtered out, gives empty Detections (as the reference's WBF does; its
+  NMS and Soft-NMS crash when every model is empty);
 - a cluster whose members all have weighted score 0 gets their plain mean box (the reference divides by 0
   and returns NaN coordinates), and a cluster whose weighted scores sum below 2**-60 is fused in float64
   (where score·box underflows float32, the reference returns a box at the origin): a fused box is always
