@@ -383,13 +383,14 @@ class PretrainedHead(EvalMethod):
         from detens.heads._io import find_head_file, read_trained_on
 
         self.path = name
-        self.head = load_head(name)
+        file = find_head_file(name)  # a shipped name's file, with the head's training log beside it
+        self.head = load_head(file)
         if sorted(self.head.model_names) != sorted(model_names):
             raise ValueError(
                 f"head {name!r} was trained for models {self.head.model_names}, but the predictions have "
                 f"{list(model_names)}"
             )
-        self.trained_on = read_trained_on(find_head_file(name))
+        self.trained_on = read_trained_on(file)
 
     def check_data(self, data: EvaluationData) -> None:
         """Check the head's label space against the ground truth's, and warn where its training log says it

@@ -302,6 +302,35 @@ def test_in_python_words_rewrites_whole_flags_of_the_job_only():
     assert in_python_words("--max-det and --max-images; --shard 1/2", names) == "max_det and max_images; shard 1/2"
     assert in_python_words("--max-detections, --shards, a--shard, --", names) == "--max-detections, --shards, a--shard, --"
     assert in_python_words("", names) == ""
+    # an option without a value reads as the keyword that sets it
+    flags = ["overwrite"]
+    assert in_python_words("--shard with --overwrite", [*names, *flags], flags) == "shard with overwrite=True"
+    # another run's command line, quoted, keeps its flags; the text around it is reworded
+    held = "out is in use by detens cache --shard 0/2 (pid 12): use another --shard"
+    assert in_python_words(held, names) == held.removesuffix("--shard") + "shard"
+    quoted = "not a file of `detens cache --shard`; the detens cache run on --shard"
+    assert in_python_words(quoted, names) == quoted.removesuffix("--shard") + "shard"
+
+
+def test_a_python_calls_log_lines_name_its_keyword_options_during_the_call_only(stand_in, tmp_path, caplog,
+                                                                                 monkeypatch):
+    """The job's log lines are reworded as its errors are, on each detens logger, for the call alone."""
+    loggers = [logging.getLogger(name) for name in ("detens.cache", "detens.jobs._unfinished")]
+
+    def log_and_raise(args):
+        for logger in loggers:
+            logger.warning("%s: with --gt %s, without --overwrite, or %s", "out", "gt.json", "--max-images")
+        raise ValueError("in use by detens cache --shard 0/2: use another --out")
+
+    monkeypatch.setattr(detens.jobs.job("cache")[0], "run", log_and_raise)
+    with pytest.raises(ValueError, match=r"^in use by detens cache --shard 0/2: use another out$"):
+        detens.cache(out=tmp_path / "o", merge=True)
+    said = [record.getMessage() for record in caplog.records]
+    assert said == ["out: with gt gt.json, without overwrite=True, or max_images"] * 2, said
+    assert all(not logger.filters for logger in loggers)  # gone once the call returned
+    caplog.clear()
+    loggers[0].warning("after the call: --gt")
+    assert [record.getMessage() for record in caplog.records] == ["after the call: --gt"]
 
 
 def test_each_kind_of_option_is_checked_as_its_flag_is(tmp_path):

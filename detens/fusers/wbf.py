@@ -14,13 +14,14 @@ fused boxes of equal score listed latest-first, as numpy's ``argsort()[::-1]`` d
 order, which can change the clusters themselves: on real detectors' 5-decimal scores, a few fused boxes
 of one image in ten differ).
 
+No input at all, or every box filtered out, gives empty Detections, as the reference's WBF does (its NMS
+and Soft-NMS crash when every model is empty; ours return empty Detections too).
+
 What differs, on purpose (DESIGN.md §6):
 
 - boxes are in pixels (normalized internally: IoU does not depend on the scale);
 - wrong-length or negative weights and unknown ``conf_type`` raise ``ValueError`` (the reference
   silently resets the weights, or prints and exits);
-- no input at all, or every box filtered out, gives empty Detections (as the reference's WBF does; its
-  NMS and Soft-NMS crash when every model is empty);
 - a cluster whose members all have weighted score 0 gets their plain mean box (the reference divides by 0
   and returns NaN coordinates), and a cluster whose weighted scores sum below 2**-60 is fused in float64
   (where score·box underflows float32, the reference returns a box at the origin): a fused box is always

@@ -59,6 +59,7 @@ __all__ = [
     "read_trained_on",
     "training_log_path",
     "TRAINED_ON",
+    "TRAINING_LOG_SUFFIX",
     "write_head_file",
 ]
 
@@ -67,6 +68,8 @@ FORMAT_VERSION = 1
 #: the key of a head's training log that lists the images it was fitted on, by file name without folders
 #: (as images are told apart across annotation files)
 TRAINED_ON = "trained_on"
+#: the suffix of that log's name after the head file's name
+TRAINING_LOG_SUFFIX = ".log.json"
 SUFFIXES = (".json", ".safetensors")
 
 _DTYPES: dict[str, torch.dtype] = {
@@ -286,10 +289,15 @@ def find_head_file(path: str | Path) -> Path:
     return find_packaged(path, "heads")
 
 
+def beside_head(head_path: str | Path, suffix: str) -> Path:
+    """The file ``<head file name><suffix>`` beside the head file ``head_path`` (``head.json.log.json``)."""
+    head_path = Path(head_path)
+    return head_path.with_name(head_path.name + suffix)
+
+
 def training_log_path(head_path: str | Path) -> Path:
     """The training log that ``detens train`` writes beside the head file ``head_path``."""
-    head_path = Path(head_path)
-    return head_path.with_name(head_path.name + ".log.json")
+    return beside_head(head_path, TRAINING_LOG_SUFFIX)
 
 
 def read_trained_on(head_path: str | Path) -> list[str] | None:

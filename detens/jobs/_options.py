@@ -399,6 +399,11 @@ class JobOptions:
         return [f.name for f in dataclasses.fields(cls) if f.metadata.get("kind") != "internal"]
 
     @classmethod
+    def flag_names(cls) -> list[str]:
+        """The options that take no value on the command line (``overwrite``, ``quiet``)."""
+        return [f.name for f in dataclasses.fields(cls) if f.metadata.get("kind") == "flag"]
+
+    @classmethod
     def from_python(cls, options: Mapping[str, Any]) -> JobOptions:
         """The options of a Python call (``None`` for an option: left out).
 

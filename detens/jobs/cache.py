@@ -479,13 +479,12 @@ def shards_text(indices: Sequence[int], count: int) -> str:
 
 
 def check_shard_annotations(
-    out: Path, shard: tuple[int, int], data: Dataset, overwrite: bool = False, gt_option: str = "--gt"
+    out: Path, shard: tuple[int, int], data: Dataset, overwrite: bool = False
 ) -> None:
     """Refuse shard ``shard`` on ``data`` where another shard of its split in ``out`` recorded another annotation
     file (:func:`record_shard_annotations`): their shard files would not merge, and the mistake would show only
     once every shard has run. With ``overwrite`` (the split moves to a new file, shard by shard), only warn that
-    those shards must run again, naming the option of the annotation file as ``gt_option`` (the caller's
-    words). Reads only.
+    those shards must run again. Reads only.
 
     Raises:
         ValueError: naming both files and the shards made on the other one.
@@ -508,8 +507,8 @@ def check_shard_annotations(
     made = "; ".join(f"{shards_text(indices, count)}, made on {files[f]}" for f, indices in others.items())
     this = annotation_text(data.gt_path, len(data.all_ids))
     if overwrite:
-        logger.warning("%s holds %s: run %s again with %s %s before the merge", out / SHARDS, made,
-                       "it" if sum(map(len, others.values())) == 1 else "them", gt_option, data.gt_path)
+        logger.warning("%s holds %s: run %s again with --gt %s before the merge", out / SHARDS, made,
+                       "it" if sum(map(len, others.values())) == 1 else "them", data.gt_path)
         return
     raise ValueError(
         f"{out / SHARDS} holds {made}; this shard's --gt {this} is another file, and the shards of a split merge "
@@ -992,15 +991,12 @@ def earlier_unreadable(path: Path, member: str, data: Dataset) -> dict[int, str]
     return {i: str(files[data.gt.file_name(i)]) for i in data.ids if data.gt.file_name(i) in files}
 
 
-def check_no_results_lost(
-    out: Path, member: str, data: Dataset, summary_path: Path, gt_path: Path, gt_option: str = "--gt"
-) -> None:
+def check_no_results_lost(out: Path, member: str, data: Dataset, summary_path: Path, gt_path: Path) -> None:
     """Refuse a run that would drop, for good, results of the member's finished ``<member>.json`` made for
     another image set (the summary's dataset fingerprint differs): images the new ground truth does not list
     are left out of the file it writes, and an image whose record ``.partial/`` no longer holds could not be
     put back. Dropped images whose records are still there are only said (a run with the earlier ground
-    truth rebuilds the file from them), naming the option of the annotation file as ``gt_option`` (the
-    caller's words). Reads only.
+    truth rebuilds the file from them). Reads only.
 
     Raises:
         ValueError: naming the file, how many results would be lost, and the ways out.
@@ -1027,9 +1023,9 @@ def check_no_results_lost(
         )
     if dropped:
         logger.warning(
-            "%s: %d images of the earlier ground truth (%s) are not in %s %s and are left out of the file this "
-            "run writes; their records stay in %s/, and a run with that ground truth puts them back",
-            output, len(dropped), previous.get("gt"), gt_option, gt_path, PARTIAL,
+            "%s: %d images of the earlier ground truth (%s) are not in --gt %s and are left out of the file "
+            "this run writes; their records stay in %s/, and a run with that ground truth puts them back",
+            output, len(dropped), previous.get("gt"), gt_path, PARTIAL,
         )
 
 
@@ -1116,11 +1112,11 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any) -> int
     # missing file) loses nothing.
     with brief_lock(out):
         if shard is not None:
-            check_shard_annotations(out, shard, data, options.overwrite, options.option("gt"))
+            check_shard_annotations(out, shard, data, options.overwrite)
         for _, runs in plans:
             for run in runs:
                 if not options.overwrite and shard is None:
-                    check_no_results_lost(out, run.name, data, summary_path, options.gt, options.option("gt"))
+                    check_no_results_lost(out, run.name, data, summary_path, options.gt)
                 run.stale = check_settings(out, run.name, run.settings, options.overwrite, run.weights, shard)
                 if run.stale is not None:
                     check_none_running(out, run.name, run.stale, shard)

@@ -1,8 +1,8 @@
 """The commands' jobs as Python calls: ``detens.cache(...)`` and ``detens.fuse_images(...)`` run exactly
 what ``detens cache`` and ``detens fuse`` run (same outputs, resuming, engines), with keyword options named
 like the flags (``--max-det`` is ``max_det``). A mistake raises the library's ``ValueError``/``TypeError``
-instead of ending the process; where the command would name its flags (``--shard``), the message names the
-keyword options instead (``shard``).
+instead of ending the process; where the command would name its flags (``--shard``, ``--overwrite``), the
+message and the job's log lines name the keyword options instead (``shard``, ``overwrite=True``).
 
 The options are checked as the command line's flags are, by type: a flag without a value (``overwrite``,
 ``quiet``) takes a bool, a number flag an integer (``max_images``, ``actors``: an ``int`` or a NumPy integer)
@@ -18,8 +18,10 @@ variables they read are put back when it returns or raises."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,30 +70,83 @@ def _run(command: str, options: dict[str, Any]) -> int:
     if options.get("models") is not None:
         options = {**options, "models": _models_text(options["models"])}
     checked = options_class.from_python(options)
+    names, flags = options_class.option_names(), options_class.flag_names()
     from detens.jobs._logging import quieted
 
     try:
         # as the command's --quiet (the detector libraries' loading messages too), for this call only
-        with quieted(checked.quiet, only_where_stderr_is_fd_2=True):
+        with quieted(checked.quiet, only_where_stderr_is_fd_2=True), _logged_in_python_words(names, flags):
             return int(module.run(checked))
     except UsageError as err:
-        raise ValueError(in_python_words(str(err), options_class.option_names())) from None
+        raise ValueError(in_python_words(str(err), names, flags)) from None
     except ValueError as err:  # the job's other refusals of an option's value, in the caller's words too
-        reworded = in_python_words(str(err), options_class.option_names())
+        reworded = in_python_words(str(err), names, flags)
         if reworded != str(err) and len(err.args) == 1:
             err.args = (reworded,)
         raise
 
 
-def in_python_words(message: str, names: Sequence[str]) -> str:
-    """``message``, a job's :class:`UsageError` in the command line's words, with each flag of the job
-    (``--max-det``) written as the Python call's keyword option (``max_det``); other text is kept.
+#: Another run's command line quoted in a message (``detens cache --shard 0/2``, a lock's holder): its flags
+#: are that command's, and stay as they are.
+_QUOTED_COMMAND = re.compile(r"\bdetens [a-z]+(?: merge)?(?: --[A-Za-z][\w-]*(?: (?!--)[^\s,;()`]+)?)+")
+_FLAG = re.compile(r"(?<![\w-])--[A-Za-z][A-Za-z0-9-]*")
+
+
+def in_python_words(message: str, names: Sequence[str], flags: Collection[str] = ()) -> str:
+    """``message``, in a job's command-line words, with each flag of the job (``--max-det``) written as the
+    Python call's keyword option (``max_det``; ``overwrite=True`` for the options in ``flags``, which take no
+    value). Other text is kept, and so is a quoted command line (``in use by detens cache --shard 0/2``).
 
     Args:
-        names: the job's option names.
+        names: the job's option names. flags: those of them that take no value on the command line.
     """
-    flags = {f"--{name.replace('_', '-')}": name for name in names}
-    return re.sub(r"(?<![\w-])--[A-Za-z][A-Za-z0-9-]*", lambda found: flags.get(found.group(0), found.group(0)), message)
+    keywords = {f"--{name.replace('_', '-')}": f"{name}=True" if name in flags else name for name in names}
+
+    def reworded(text: str) -> str:
+        return _FLAG.sub(lambda found: keywords.get(found.group(0), found.group(0)), text)
+
+    pieces, start = [], 0
+    for quoted in _QUOTED_COMMAND.finditer(message):
+        pieces += [reworded(message[start:quoted.start()]), quoted.group(0)]
+        start = quoted.end()
+    return "".join([*pieces, reworded(message[start:])])
+
+
+class _InPythonWords(logging.Filter):
+    """Rewrites each record's message with :func:`in_python_words`."""
+
+    def __init__(self, names: Sequence[str], flags: Collection[str]) -> None:
+        super().__init__()
+        self.names, self.flags = names, flags
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        reworded = in_python_words(message, self.names, self.flags)
+        if reworded != message:
+            record.msg, record.args = reworded, None
+        return True
+
+
+@contextlib.contextmanager
+def _logged_in_python_words(names: Sequence[str], flags: Collection[str]) -> Iterator[None]:
+    """For the block, the records of detens' loggers in the Python call's words (:func:`in_python_words`).
+
+    The filter sits on each logger of a detens module imported by the block's start (the job's modules are:
+    ``job`` imported them), as a logger's filters see only the records made on it; records that other
+    threads make on them meanwhile are reworded too.
+    """
+    rewording = _InPythonWords(names, flags)
+    loggers = [
+        logger for name, logger in list(logging.Logger.manager.loggerDict.items())
+        if (name == "detens" or name.startswith("detens.")) and isinstance(logger, logging.Logger)
+    ]
+    for logger in loggers:
+        logger.addFilter(rewording)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(rewording)
 
 
 def cache(

@@ -166,8 +166,7 @@ def resolve_config(options: FuseOptions) -> EnsembleConfig:
     if head is None and options.method is not None and config.fusion.head is not None:
         if options.method not in (load_ensemble_config(options.config).fusion.method, "theta"):
             # The YAML's head belongs to the YAML's method; another --method does not use it.
-            logger.info("%s %s: not using the config's head %s", options.option("method"), options.method,
-                        config.fusion.head)
+            logger.info("--method %s: not using the config's head %s", options.method, config.fusion.head)
             config.fusion.head = None
     if head is None and config.fusion.head is not None:
         try:
@@ -455,12 +454,12 @@ def recover_replaced(out: Path) -> None:
     earlier_in_place = isinstance(moved, list) and "partial" in moved and not (aside / "partial").exists()
     if not restoring and not earlier_in_place and has_finished_image(out):
         discard_replaced(out)
-        logger.info("%s: removed the earlier outputs in %s/, which a killed --overwrite run had replaced "
-                    "(it has finished images, which stand)", out, REPLACED)
+        logger.info("%s: removed the earlier outputs in %s/, which a killed run with --overwrite had "
+                    "replaced (it has finished images, which stand)", out, REPLACED)
     else:
         restore_outputs(out)
-        logger.warning("%s: an --overwrite run was killed before its first result: the earlier outputs it had "
-                       "set aside in %s/ are back", out, REPLACED)
+        logger.warning("%s: a run with --overwrite was killed before its first result: the earlier outputs "
+                       "it had set aside in %s/ are back", out, REPLACED)
 
 
 def finished_records(out: Path) -> dict[str, dict[str, Any]]:
@@ -925,7 +924,7 @@ def _run(options: FuseOptions) -> int:
         done = set(earlier)
         todo = [(p, n) for p, n in zip(images, names, strict=True) if n not in done]
         listed = set(names)
-        warn_of_planned_images_left_out(out, previous, done, listed, options.option("source"))
+        warn_of_planned_images_left_out(out, previous, done, listed)
         # the source's order, whichever of its images an interrupted run finished (Ray's come as they finish)
         names = [n for n in earlier if n not in listed] + names
         categories = dataset_names or dict(COCO_ID_TO_NAME)
@@ -1037,12 +1036,9 @@ def _run(options: FuseOptions) -> int:
     return 0
 
 
-def warn_of_planned_images_left_out(
-    out: Path, previous: Any, done: set[str], listed: set[str], source_option: str = "--source"
-) -> None:
+def warn_of_planned_images_left_out(out: Path, previous: Any, done: set[str], listed: set[str]) -> None:
     """Warn of the images that the interrupted run in ``out`` planned (``previous``, its run record) and left
-    unfinished, and that this run's source (``listed``, given as ``source_option``: the caller's words) lacks:
-    the run ends complete without them."""
+    unfinished, and that this run's source (``listed``) lacks: the run ends complete without them."""
     planned = previous.get("image_ids") if isinstance(previous, dict) else None
     if not isinstance(planned, dict):  # a complete run's summary, or an unfinished run of an earlier version
         return
@@ -1050,9 +1046,9 @@ def warn_of_planned_images_left_out(
     if left_out:
         many = len(left_out) > 1
         logger.warning(
-            "%s: %d image%s that the interrupted run had yet to fuse %s not in this %s and %s left out: %s; "
-            "run with that run's %s to fuse them", out, len(left_out), "s" if many else "",
-            "are" if many else "is", source_option, "are" if many else "is", first_few(left_out, 5), source_option,
+            "%s: %d image%s that the interrupted run had yet to fuse %s not in this --source and %s left "
+            "out: %s; run with that run's --source to fuse them", out, len(left_out), "s" if many else "",
+            "are" if many else "is", "are" if many else "is", first_few(left_out, 5),
         )
 
 

@@ -16,7 +16,7 @@ from detens.checks import first_few
 from detens.coco import load_coco_gt
 from detens.config import save_yaml_config
 from detens.heads import TRAINERS, fit_head, load_train_config
-from detens.heads._io import TRAINED_ON, training_log_path
+from detens.heads._io import TRAINED_ON, TRAINING_LOG_SUFFIX, beside_head
 from detens.io import atomic_write_bytes, atomic_write_json, atomic_write_text, check_writable_file
 from detens.jobs._inputs import model_names
 from detens.jobs._interrupts import ctrl_c_held
@@ -52,7 +52,7 @@ logger = logging.getLogger("detens.train")
 HEAD_TYPES = sorted(TRAINERS)
 
 #: the files written beside the head (``head.json.log``, ...), by suffix
-_SIDE_FILES = (".config.yaml", ".loss.png", ".log", ".log.json")
+_SIDE_FILES = (".config.yaml", ".loss.png", ".log", TRAINING_LOG_SUFFIX)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -298,15 +298,15 @@ def run(options: TrainOptions) -> int:
     }
     # The head and its files belong together: a Ctrl-C among them would leave the new head beside an earlier
     # head's files (or none), which nothing flags. Held, it stops the run once they are all written.
+    config_path, loss_plot, epoch_log, training_log = (beside_head(out, suffix) for suffix in _SIDE_FILES)
     with ctrl_c_held() as ctrl_c:
-        save_yaml_config(config, out.with_name(out.name + ".config.yaml"))
-        loss_plot = out.with_name(out.name + ".loss.png")
+        save_yaml_config(config, config_path)
         if curve is not None:
             atomic_write_bytes(loss_plot, curve)
         else:  # no curve, and none of an earlier head left beside this one
             loss_plot.unlink(missing_ok=True)
-        atomic_write_text(out.with_name(out.name + ".log"), "\n".join(epoch_lines) + "\n")
-        atomic_write_json(training_log_path(out), log, indent=1)
+        atomic_write_text(epoch_log, "\n".join(epoch_lines) + "\n")
+        atomic_write_json(training_log, log, indent=1)
         head.save(out)  # last: what a later --head reads is replaced only once its files describe it
     learned = f"Θ = {[round(v, 4) for v in head.theta.detach().cpu().tolist()]}; " if hasattr(head, "theta") else ""
     logger.info("trained %s head in %.1f s; %shead written to %s", options.head, seconds, learned, out)
@@ -324,8 +324,7 @@ def _refuse_outputs_over_inputs(options: TrainOptions) -> None:
     """Raise now, not once the head is trained, if a file the run writes is one it reads or a JSON file in
     a prediction folder (:func:`detens.jobs._outputs.refuse_outputs_over_inputs`)."""
     out = Path(options.out)
-    outputs = [("--out", out), *((f"the {suffix} file", out.with_name(out.name + suffix))
-                                 for suffix in _SIDE_FILES)]
+    outputs = [("--out", out), *((f"the {suffix} file", beside_head(out, suffix)) for suffix in _SIDE_FILES)]
     inputs = [("--gt", Path(options.gt))]
     if options.images_from:
         inputs.append(("--images-from", Path(options.images_from)))
