@@ -5,7 +5,8 @@ An atomic write goes through a hidden temporary file beside its target,
 ``.<name>.<random>.<host>-<pid>.tmp``, that names its writer: ``<host>`` (8 hex digits) stands for the
 host and its pid namespace, ``<pid>`` for the writing process. A process killed mid-write (``kill -9``,
 a crash of the machine) leaves that file behind; :func:`output_lock` removes the ones in a command's
-output folder whose writer is known to be gone (see :func:`remove_stale_temporaries`).
+output folder whose writer is known to be gone (see :func:`remove_stale_temporaries`). Files written as
+one set (:func:`files_written_together`) go through a hidden temporary folder named the same way.
 """
 
 from __future__ import annotations
@@ -18,19 +19,20 @@ import json
 import logging
 import os
 import re
+import shutil
 import socket
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 __all__ = [
     "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "check_writable_file", "check_writable_folder",
     "read_json_file", "output_stems", "output_lock", "LOCK_NAME", "remove_stale_temporaries", "lock_descriptor",
-    "lock_holder_text", "run_folder", "names_a_folder", "check_file_path",
+    "lock_holder_text", "run_folder", "names_a_folder", "check_file_path", "files_written_together",
 ]
 
 logger = logging.getLogger("detens.io")
@@ -80,10 +82,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     if path.is_dir():
         raise IsADirectoryError(errno.EISDIR, "is a folder; give the path of a file to write", str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
-    # the temporary name holds only the start of the file's: the whole, plus the random part, the writer's
-    # tag and ".tmp", would pass the file system's limit on a name (255 bytes) for a name that itself fits
-    hint = os.fsencode(path.name)[:64].decode("utf-8", "ignore")
-    fd, tmp = tempfile.mkstemp(prefix=f".{hint}.", suffix=f".{_host_tag()}-{os.getpid()}.tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(**_temporary_name(path), dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:  # first, so that the descriptor is closed whatever fails next
             os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the file the usual permissions
@@ -99,6 +98,14 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _temporary_name(path: Path) -> dict[str, str]:
+    """The ``prefix`` and ``suffix`` of a temporary file or folder for ``path`` (see the module)."""
+    # the temporary name holds only the start of the file's: the whole, plus the random part, the writer's
+    # tag and ".tmp", would pass the file system's limit on a name (255 bytes) for a name that itself fits
+    hint = os.fsencode(path.name)[:64].decode("utf-8", "ignore")
+    return {"prefix": f".{hint}.", "suffix": f".{_host_tag()}-{os.getpid()}.tmp"}
 
 
 @functools.cache
@@ -128,9 +135,12 @@ def _writer_is_gone(name: str) -> bool:
 
 
 def _is_stale_temporary(entry: os.DirEntry[str], now: float) -> bool:
-    if not (_TEMPORARY.match(entry.name) or _TEMPORARY_UNNAMED.match(entry.name)):
+    if entry.is_dir(follow_symlinks=False):  # a set of files (files_written_together) not yet in place
+        if not _TEMPORARY.match(entry.name):
+            return False
+    elif not (_TEMPORARY.match(entry.name) or _TEMPORARY_UNNAMED.match(entry.name)):
         return False
-    if not entry.is_file(follow_symlinks=False):
+    elif not entry.is_file(follow_symlinks=False):
         return False
     return _writer_is_gone(entry.name) or now - entry.stat(follow_symlinks=False).st_mtime > STALE_TEMPORARY_S
 
@@ -160,11 +170,14 @@ def remove_stale_temporaries(folder: str | Path, subfolders: Iterable[str] = ())
             return
         for entry in entries:
             with contextlib.suppress(OSError):  # FileNotFoundError: another run removed it first
-                if recursive and entry.is_dir(follow_symlinks=False):
-                    visit(Path(entry.path), True)
-                elif _is_stale_temporary(entry, now):
-                    os.unlink(entry.path)
+                if _is_stale_temporary(entry, now):
+                    if entry.is_dir(follow_symlinks=False):
+                        shutil.rmtree(entry.path)
+                    else:
+                        os.unlink(entry.path)
                     removed += 1
+                elif recursive and entry.is_dir(follow_symlinks=False):
+                    visit(Path(entry.path), True)
 
     visit(folder, False)
     for name in subfolders:
@@ -173,6 +186,46 @@ def remove_stale_temporaries(folder: str | Path, subfolders: Iterable[str] = ())
         logger.info("removed %d temporary file%s in %s left by writes that were cut short (a killed run)",
                     removed, "" if removed == 1 else "s", folder)
     return removed
+
+
+@contextlib.contextmanager
+def files_written_together(folder: str | Path) -> Iterator[Callable[[str], Path]]:
+    """Write a set of files into ``folder`` as one: the block gets ``staged(name)``, the path where it writes
+    the file ``name``, in a temporary folder beside them. When the block ends, each staged file replaces
+    ``folder``'s file of its name, in the order their paths were asked for, and a name asked for but not
+    written removes ``folder``'s file of that name (the set has none of it). If the block raises (a full
+    disk), ``folder`` is left as it was.
+
+    Only renames follow the writes: a failing write cannot leave files of two sets together. The
+    temporary folder is named as a temporary file (see the module), so that a set cut short by a kill is
+    removed by a later call on ``folder`` (:func:`remove_stale_temporaries`), as this call does first.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(folder)
+    stage = Path(tempfile.mkdtemp(**_temporary_name(folder / "files"), dir=folder))
+    names: list[str] = []
+
+    def staged(name: str) -> Path:
+        if Path(name).name != name:
+            raise ValueError(f"a file of the set is named without folders, got {name!r}")
+        names.append(name)
+        return stage / name
+
+    try:
+        try:
+            yield staged
+        except OSError as err:  # name the file of the set, not its staged copy
+            if err.filename is None or Path(err.filename).parent != stage or err.errno is None:
+                raise
+            raise type(err)(err.errno, err.strerror, str(folder / Path(err.filename).name)) from err
+        for name in names:
+            if (stage / name).exists():
+                os.replace(stage / name, folder / name)
+            else:
+                (folder / name).unlink(missing_ok=True)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

@@ -256,6 +256,64 @@ class TestStaleTemporaries:
                 writer.wait()
 
 
+class TestFilesWrittenTogether:
+    """A set of files replaces the earlier set whole, or, where a write fails, not at all."""
+
+    def test_the_set_replaces_the_earlier_one_in_order_and_a_file_not_written_goes(self, tmp_path, monkeypatch):
+        from detens.io import files_written_together
+
+        for name in ("a.txt", "b.txt", "c.txt", "other.txt"):
+            (tmp_path / name).write_text("earlier")
+        replaced = []
+        real_replace = os.replace
+        monkeypatch.setattr(os, "replace", lambda src, dst: replaced.append(Path(dst)) or real_replace(src, dst))
+        with files_written_together(tmp_path) as staged:
+            atomic_write_text(staged("b.txt"), "new b")
+            staged("c.txt")  # this set has no c.txt
+            assert (tmp_path / "b.txt").read_text() == "earlier"  # nothing replaced while the set is written
+            atomic_write_text(staged("a.txt"), "new a")
+        assert [path.name for path in replaced if path.parent == tmp_path] == ["b.txt", "a.txt"]  # not the stage's
+        assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {
+            "a.txt": "new a", "b.txt": "new b", "other.txt": "earlier"}
+
+    def test_a_failed_write_leaves_the_earlier_set_and_no_temporary(self, tmp_path):
+        from detens.io import files_written_together
+
+        for name in ("a.txt", "b.txt"):
+            (tmp_path / name).write_text("earlier")
+        with pytest.raises(OSError, match="No space left"), files_written_together(tmp_path) as staged:
+            atomic_write_text(staged("a.txt"), "new a")
+            staged("b.txt")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {"a.txt": "earlier", "b.txt": "earlier"}
+
+    def test_a_name_with_a_folder_is_refused(self, tmp_path):
+        from detens.io import files_written_together
+
+        with pytest.raises(ValueError, match=r"named without folders, got 'sub/a.txt'"), \
+                files_written_together(tmp_path) as staged:
+            staged("sub/a.txt")
+        assert list(tmp_path.iterdir()) == []
+
+    def test_the_set_of_a_killed_writer_is_removed_by_the_next(self, tmp_path):
+        import subprocess
+        import sys
+
+        from detens.io import _host_tag, files_written_together
+
+        finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                                  text=True, check=True)
+        killed = tmp_path / f".files.abcdefgh.{_host_tag()}-{int(finished.stdout)}.tmp"
+        running = tmp_path / f".files.ijklmnop.{_host_tag()}-{os.getpid()}.tmp"
+        for stage in (killed, running):
+            stage.mkdir()
+            (stage / "a.txt").write_text("staged")
+        (tmp_path / ".user_folder").mkdir()  # no set of ours
+        with files_written_together(tmp_path) as staged:
+            atomic_write_text(staged("a.txt"), "new")
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted([".user_folder", running.name, "a.txt"])
+
+
 class TestCheckWritable:
     def test_a_folder_to_be_made_under_a_writable_one_passes_and_nothing_is_left(self, tmp_path):
         from detens.io import check_writable_file, check_writable_folder

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import codecs
 import collections
+import errno
 import json
 import logging
 import math
+import os
 import random
 import re
 import shutil
@@ -958,6 +960,32 @@ class TestTools:
         files = ".config.yaml, .loss.png, .log and .log.json" if head == "theta" else ".config.yaml, .log and .log.json"
         assert (f"interrupted while the head was written: the run finished first; {out} and its {files} files are "
                 "all this run's") in err and err.endswith("error: interrupted\n"), err
+
+    def test_a_failed_write_leaves_the_earlier_head_and_its_files(self, dataset, tmp_path, monkeypatch, capsys):
+        """A full disk while the head's files are written: the earlier head keeps every file of its own,
+        none of the new run's is left beside it, and the command names the file it could not write."""
+        from detens.jobs import train as train_job
+
+        gt_path, predictions = dataset
+        out = tmp_path / "head.json"
+        earlier = {path: f"an earlier run's {path.name}" for path in (out, *(
+            out.with_name(out.name + suffix) for suffix in (".config.yaml", ".loss.png", ".log", ".log.json")))}
+        for path, text in earlier.items():
+            path.write_text(text)
+        real_write = train_job.atomic_write_json
+
+        def disk_full(path, *args, **kwargs):
+            if Path(path).name == "head.json.log.json":
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+            return real_write(path, *args, **kwargs)
+
+        monkeypatch.setattr(train_job, "atomic_write_json", disk_full)
+        args = ["--gt", str(gt_path), "--predictions", str(predictions), "--head", "calibration", "--out", str(out)]
+        assert train_cli.main([*args, "--quiet"]) == 2
+        assert {path: path.read_text() for path in earlier} == earlier
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in earlier)  # no stage left
+        err = capsys.readouterr().err
+        assert f"No space left on device: {str(out) + '.log.json'!r}" in err, err  # the file, not its stage
 
     def test_train_cli_shows_no_epoch_bar_for_a_head_without_epochs(self, dataset, tmp_path, capsys):
         gt_path, predictions = dataset

@@ -17,7 +17,13 @@ from detens.coco import load_coco_gt
 from detens.config import save_yaml_config
 from detens.heads import TRAINERS, fit_head, load_train_config
 from detens.heads._io import TRAINED_ON, TRAINING_LOG_SUFFIX, beside_head
-from detens.io import atomic_write_bytes, atomic_write_json, atomic_write_text, check_writable_file
+from detens.io import (
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    check_writable_file,
+    files_written_together,
+)
 from detens.jobs._inputs import model_names
 from detens.jobs._interrupts import ctrl_c_held
 from detens.jobs._options import (
@@ -297,17 +303,16 @@ def run(options: TrainOptions) -> int:
         **({"theta": head.theta.detach().cpu().tolist()} if hasattr(head, "theta") else {}),
     }
     # The head and its files belong together: a Ctrl-C among them would leave the new head beside an earlier
-    # head's files (or none), which nothing flags. Held, it stops the run once they are all written.
-    config_path, loss_plot, epoch_log, training_log = (beside_head(out, suffix) for suffix in _SIDE_FILES)
-    with ctrl_c_held() as ctrl_c:
+    # head's files (or none), which nothing flags. Held, it stops the run once they are all written; a failed
+    # write (a full disk) leaves the earlier set as it was.
+    with ctrl_c_held() as ctrl_c, files_written_together(out.parent) as staged:
+        config_path, loss_plot, epoch_log, training_log = (staged(beside_head(out, s).name) for s in _SIDE_FILES)
         save_yaml_config(config, config_path)
-        if curve is not None:
+        if curve is not None:  # else the set has none, and an earlier head's goes
             atomic_write_bytes(loss_plot, curve)
-        else:  # no curve, and none of an earlier head left beside this one
-            loss_plot.unlink(missing_ok=True)
         atomic_write_text(epoch_log, "\n".join(epoch_lines) + "\n")
         atomic_write_json(training_log, log, indent=1)
-        head.save(out)  # last: what a later --head reads is replaced only once its files describe it
+        head.save(staged(out.name))  # last: a later --head reads it once its files describe it
     learned = f"Θ = {[round(v, 4) for v in head.theta.detach().cpu().tolist()]}; " if hasattr(head, "theta") else ""
     logger.info("trained %s head in %.1f s; %shead written to %s", options.head, seconds, learned, out)
     if ctrl_c.pressed:
