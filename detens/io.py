@@ -219,6 +219,10 @@ def files_written_together(folder: str | Path) -> Iterator[Callable[[str], Path]
             if err.filename is None or Path(err.filename).parent != stage or err.errno is None:
                 raise
             raise type(err)(err.errno, err.strerror, str(folder / Path(err.filename).name)) from err
+        except (ValueError, TypeError) as err:  # a refused file ("a broken head"), named the same way
+            if len(err.args) == 1 and isinstance(err.args[0], str):
+                err.args = (err.args[0].replace(str(stage), str(folder)),)
+            raise
         for name in names:
             if (stage / name).exists():
                 os.replace(stage / name, folder / name)

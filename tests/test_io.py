@@ -287,6 +287,13 @@ class TestFilesWrittenTogether:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {"a.txt": "earlier", "b.txt": "earlier"}
 
+    def test_a_refused_file_is_named_where_it_would_be(self, tmp_path):
+        from detens.io import files_written_together
+
+        with pytest.raises(ValueError, match=rf"^refusing to save {re.escape(str(tmp_path / 'a.json'))}$"), \
+                files_written_together(tmp_path) as staged:
+            raise ValueError(f"refusing to save {staged('a.json')}")
+
     def test_a_name_with_a_folder_is_refused(self, tmp_path):
         from detens.io import files_written_together
 
