@@ -146,9 +146,10 @@ def _is_stale_temporary(entry: os.DirEntry[str], now: float) -> bool:
 
 
 def remove_stale_temporaries(folder: str | Path, subfolders: Iterable[str] = ()) -> int:
-    """Remove the temporary files of atomic writes that were cut short (their process killed) from
-    ``folder`` and, searched through, its ``subfolders`` (names relative to it; one that does not exist or
-    is no folder is passed over); returns how many.
+    """Remove the temporary files of atomic writes that were cut short (their process killed), and the
+    temporary folders of sets of files (:func:`files_written_together`), from ``folder`` and, searched
+    through, its ``subfolders`` (names relative to it; one that does not exist or is no folder is passed
+    over); returns how many.
 
     Safe while other processes write there, on this host or others (the shards of one ``detens cache``
     split): a temporary file goes when its writer, a process of this host, no longer runs, or when nothing
