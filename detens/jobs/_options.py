@@ -23,8 +23,8 @@ from detens.io import check_file_path
 
 __all__ = [
     "JobOptions", "UsageError", "check_existing_folder", "check_file_or_folder", "check_int", "check_output_file",
-    "check_text_list", "check_text_pair", "check_folder", "check_positive_int", "file_or_folder", "file_or_shipped_name",
-    "flag", "folder", "existing_folder", "integer", "internal", "listed", "number", "output_file",
+    "check_text_list", "check_text_pair", "check_folder", "check_positive_int", "command_line_flag", "file_or_folder",
+    "file_or_shipped_name", "flag", "folder", "python_keyword", "existing_folder", "integer", "internal", "listed", "number", "output_file",
     "parse_set", "path", "text",
 ]
 
@@ -49,6 +49,17 @@ def check_folder(value: str) -> Path:
     if os.path.exists(value) and not os.path.isdir(value):
         raise ValueError(f"expected a folder, got {value!r}, which is a file")
     return Path(value)
+
+
+def command_line_flag(name: str) -> str:
+    """The option ``name`` as the command line writes it: ``--max-det`` for ``max_det``."""
+    return f"--{name.replace('_', '-')}"
+
+
+def python_keyword(name: str, is_flag: bool) -> str:
+    """The option ``name`` as a Python call writes it: ``max_det``, or ``overwrite=True`` for a flag (an option
+    that takes no value on the command line)."""
+    return f"{name}=True" if is_flag else name
 
 
 def check_output_file(value: str) -> str:
@@ -390,8 +401,8 @@ class JobOptions:
         if spec is None or spec.metadata.get("kind") == "internal":
             raise KeyError(f"{type(self).__name__} has no option {name!r}")
         if self.command_line is not None:
-            return f"--{name.replace('_', '-')}"
-        return f"{name}=True" if spec.metadata.get("kind") == "flag" else name
+            return command_line_flag(name)
+        return python_keyword(name, spec.metadata.get("kind") == "flag")
 
     @classmethod
     def option_names(cls) -> list[str]:

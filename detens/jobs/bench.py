@@ -31,6 +31,7 @@ from detens.jobs._options import (
     UsageError,
     check_int,
     check_text_pair,
+    command_line_flag,
     file_or_shipped_name,
     integer,
     listed,
@@ -347,7 +348,7 @@ def check_args(options: BenchOptions) -> tuple[str, BenchOptions]:
         raise UsageError("--coco and --engines are two different benchmarks; give one of them")
     mode = "coco" if options.coco else "engines" if options.engines else "fusers"
     unused = [
-        f"--{name.replace('_', '-')}"
+        command_line_flag(name)
         for other, defaults in _MODE_DEFAULTS.items() if other != mode
         for name in defaults if getattr(options, name) is not None
     ]

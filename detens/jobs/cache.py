@@ -69,6 +69,7 @@ from detens.jobs._inputs import (
 from detens.jobs._interrupts import is_interruption, raise_interruption
 from detens.jobs._options import (
     UsageError,
+    command_line_flag,
     existing_folder,
     file_or_shipped_name,
     flag,
@@ -182,7 +183,7 @@ def check_args(options: CacheOptions) -> tuple[bool, tuple[int, int] | None, Any
         given = [
             name for name in _RUN_ONLY if getattr(options, name) is not None and getattr(options, name) is not False
         ]
-        run_only = [f"--{name.replace('_', '-')}" for name in given]
+        run_only = [command_line_flag(name) for name in given]
         run_only += ["--config"] if options.config != DEFAULT_ENSEMBLE else []
         run_only += ["--engine"] if options.engine != "local" else []
         run_only += ["--actors"] if options.actors != 1 else []
@@ -478,9 +479,7 @@ def shards_text(indices: Sequence[int], count: int) -> str:
     return ("shard " if len(indices) == 1 else "shards ") + ", ".join(f"{i}/{count}" for i in indices)
 
 
-def check_shard_annotations(
-    out: Path, shard: tuple[int, int], data: Dataset, overwrite: bool = False
-) -> None:
+def check_shard_annotations(out: Path, shard: tuple[int, int], data: Dataset, overwrite: bool = False) -> None:
     """Refuse shard ``shard`` on ``data`` where another shard of its split in ``out`` recorded another annotation
     file (:func:`record_shard_annotations`): their shard files would not merge, and the mistake would show only
     once every shard has run. With ``overwrite`` (the split moves to a new file, shard by shard), only warn that

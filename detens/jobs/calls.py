@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from detens.jobs import job
-from detens.jobs._options import UsageError
+from detens.jobs._options import UsageError, command_line_flag, python_keyword
 
 __all__ = ["cache", "fuse_images", "in_python_words"]
 
@@ -100,7 +100,7 @@ def in_python_words(message: str, names: Sequence[str], flags: Collection[str] =
     Args:
         names: the job's option names. flags: those of them that take no value on the command line.
     """
-    keywords = {f"--{name.replace('_', '-')}": f"{name}=True" if name in flags else name for name in names}
+    keywords = {command_line_flag(name): python_keyword(name, name in flags) for name in names}
 
     def reworded(text: str) -> str:
         return _FLAG.sub(lambda found: keywords.get(found.group(0), found.group(0)), text)
