@@ -160,10 +160,9 @@ def remove_stale_temporaries(folder: str | Path, subfolders: Iterable[str] = ())
     """
     folder = Path(folder)
     now = time.time()
-    removed = 0
+    removed = Counter()  # "file" / "folder" (a set of files) -> how many
 
     def visit(directory: Path, recursive: bool) -> None:
-        nonlocal removed
         try:
             with os.scandir(directory) as listing:
                 entries = list(listing)
@@ -174,9 +173,10 @@ def remove_stale_temporaries(folder: str | Path, subfolders: Iterable[str] = ())
                 if _is_stale_temporary(entry, now):
                     if entry.is_dir(follow_symlinks=False):
                         shutil.rmtree(entry.path)
+                        removed["folder"] += 1
                     else:
                         os.unlink(entry.path)
-                    removed += 1
+                        removed["file"] += 1
                 elif recursive and entry.is_dir(follow_symlinks=False):
                     visit(Path(entry.path), True)
 
@@ -184,9 +184,10 @@ def remove_stale_temporaries(folder: str | Path, subfolders: Iterable[str] = ())
     for name in subfolders:
         visit(folder / name, True)
     if removed:
-        logger.info("removed %d temporary file%s in %s left by writes that were cut short (a killed run)",
-                    removed, "" if removed == 1 else "s", folder)
-    return removed
+        counted = " and ".join(f"{n} temporary {kind}{'' if n == 1 else 's'}"
+                               for kind, n in sorted(removed.items()))
+        logger.info("removed %s in %s left by writes that were cut short (a killed run)", counted, folder)
+    return removed.total()
 
 
 @contextlib.contextmanager
@@ -197,9 +198,12 @@ def files_written_together(folder: str | Path) -> Iterator[Callable[[str], Path]
     written removes ``folder``'s file of that name (the set has none of it). If the block raises (a full
     disk), ``folder`` is left as it was.
 
-    Only renames follow the writes: a failing write cannot leave files of two sets together. The
-    temporary folder is named as a temporary file (see the module), so that a set cut short by a kill is
-    removed by a later call on ``folder`` (:func:`remove_stale_temporaries`), as this call does first.
+    Only renames follow the writes: a failing write cannot leave files of two sets together, and a rename
+    that fails (a permission changed meanwhile) puts back the files already replaced before the error
+    goes on (each earlier file is kept as a hard link until the set is in place; one that cannot be
+    linked stays replaced). Only a kill between two renames leaves files of both sets. The temporary
+    folder is named as a temporary file (see the module), so that a set cut short by a kill is removed
+    by a later call on ``folder`` (:func:`remove_stale_temporaries`), as this call does first.
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -224,13 +228,39 @@ def files_written_together(folder: str | Path) -> Iterator[Callable[[str], Path]
             if len(err.args) == 1 and isinstance(err.args[0], str):
                 err.args = (err.args[0].replace(str(stage), str(folder)),)
             raise
-        for name in names:
-            if (stage / name).exists():
-                os.replace(stage / name, folder / name)
-            else:
-                (folder / name).unlink(missing_ok=True)
+        _move_into_place(stage, folder, list(dict.fromkeys(names)))
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+
+
+def _move_into_place(stage: Path, folder: Path, names: Sequence[str]) -> None:
+    """Replace ``folder``'s file of each of ``names`` by ``stage``'s, in order (remove it where ``stage`` has
+    none); if a rename fails, undo the ones before it and raise."""
+    earlier = Path(tempfile.mkdtemp(dir=stage))  # a name no staged file has
+    undo: list[tuple[str, bool | None]] = []  # (name, whether its earlier file is kept; None: there was none)
+    try:
+        for name in names:
+            target = folder / name
+            try:
+                os.link(target, earlier / name, follow_symlinks=False)
+                kept: bool | None = True
+            except FileNotFoundError:
+                kept = None
+            except OSError:  # a folder, or a file system without hard links: replaced for good
+                kept = False
+            if (stage / name).exists():
+                os.replace(stage / name, target)
+            else:
+                target.unlink(missing_ok=True)
+            undo.append((name, kept))
+    except OSError:
+        for name, kept in reversed(undo):
+            with contextlib.suppress(OSError):
+                if kept:
+                    os.replace(earlier / name, folder / name)
+                elif kept is None:
+                    (folder / name).unlink(missing_ok=True)
+        raise
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

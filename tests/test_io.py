@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import re
 import time
@@ -287,6 +288,35 @@ class TestFilesWrittenTogether:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {"a.txt": "earlier", "b.txt": "earlier"}
 
+    def test_a_failed_rename_puts_back_the_files_already_replaced(self, tmp_path, monkeypatch):
+        from detens.io import files_written_together
+
+        for name in ("a.txt", "b.txt", "c.txt"):
+            (tmp_path / name).write_text("earlier")
+        real_replace = os.replace
+
+        def refuse_c(src, dst):
+            if Path(dst) == tmp_path / "c.txt":
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(src), None, str(dst))
+            return real_replace(src, dst)
+
+        monkeypatch.setattr(os, "replace", refuse_c)
+        with pytest.raises(PermissionError), files_written_together(tmp_path) as staged:
+            atomic_write_text(staged("new.txt"), "new")  # no earlier file: removed again
+            atomic_write_text(staged("a.txt"), "new a")
+            staged("b.txt")  # not written: its earlier file comes back
+            atomic_write_text(staged("c.txt"), "new c")
+        assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {
+            "a.txt": "earlier", "b.txt": "earlier", "c.txt": "earlier"}
+
+    def test_a_name_asked_for_twice_is_written_once(self, tmp_path):
+        from detens.io import files_written_together
+
+        with files_written_together(tmp_path) as staged:
+            atomic_write_text(staged("a.txt"), "first")
+            atomic_write_text(staged("a.txt"), "second")
+        assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {"a.txt": "second"}
+
     def test_a_refused_file_is_named_where_it_would_be(self, tmp_path):
         from detens.io import files_written_together
 
@@ -302,7 +332,7 @@ class TestFilesWrittenTogether:
             staged("sub/a.txt")
         assert list(tmp_path.iterdir()) == []
 
-    def test_the_set_of_a_killed_writer_is_removed_by_the_next(self, tmp_path):
+    def test_the_set_of_a_killed_writer_is_removed_by_the_next(self, tmp_path, caplog):
         import subprocess
         import sys
 
@@ -316,9 +346,11 @@ class TestFilesWrittenTogether:
             stage.mkdir()
             (stage / "a.txt").write_text("staged")
         (tmp_path / ".user_folder").mkdir()  # no set of ours
-        with files_written_together(tmp_path) as staged:
+        (tmp_path / f".a.txt.qrstuvwx.{_host_tag()}-{int(finished.stdout)}.tmp").write_text("cut short")
+        with caplog.at_level(logging.INFO, logger="detens.io"), files_written_together(tmp_path) as staged:
             atomic_write_text(staged("a.txt"), "new")
         assert sorted(p.name for p in tmp_path.iterdir()) == sorted([".user_folder", running.name, "a.txt"])
+        assert "removed 1 temporary file and 1 temporary folder in" in caplog.text
 
 
 class TestCheckWritable:

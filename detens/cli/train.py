@@ -26,10 +26,10 @@ Every key of the YAML config can be overridden with ``--set key=value`` (repeata
   search runs several, each headed ``fit <i>``).
 
 The files are written once the fit is done, as one set: each into a hidden temporary folder beside
-``--out`` first, then moved into place, the head last. A Ctrl-C during the fit, or a write that fails (a
-full disk), leaves the earlier run's files at ``--out`` as they were; a Ctrl-C while the files are written
-waits until they all are, then ends the run as interrupted, saying it finished: the files beside a head
-are always its own.
+``--out`` first, then moved into place, the head last. A Ctrl-C during the fit, or a write or a move that
+fails (a full disk), leaves the earlier run's files at ``--out`` as they were; a Ctrl-C while the files
+are written waits until they all are, then ends the run as interrupted, saying it finished: the files
+beside a head are always its own.
 
 An output on an input file (``--gt``, ``--images-from``, a JSON file of a prediction folder) is an error
 before the fit, as is a new ``.json`` output in a prediction folder (every later run would read it as a
