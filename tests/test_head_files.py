@@ -79,7 +79,7 @@ BAD_FIELDS = [
     ("deep", ("config", "features"), None, "config features must be the list of feature groups"),
     ("selection", ("config", "features"), None, "config features must be the list of feature groups"),
     ("calibrated", ("config", "head", "features"), None, "config features must be the list of feature groups"),
-    ("deep", ("tensors", "feature_std", "data"), [0.0] * 21, "feature_std must be > 0"),
+    ("deep", ("tensors", "feature_std", "data"), [0.0] * HEADS["deep"]().in_features, "feature_std must be > 0"),
     ("deep", ("tensors", "class_ids"), {"dtype": "float32", "shape": [0], "data": []}, "wrong kind of dtype"),
     ("deep", ("tensors", "class_ids"), {"dtype": "int64", "shape": [1], "data": [1.5]}, "values that are not int"),
     ("deep", ("tensors", "class_ids"), {"dtype": "int64", "shape": [1], "data": [10**400]}, "out of the int64 range"),

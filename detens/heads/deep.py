@@ -5,9 +5,9 @@ Dimension legend: C clusters, N models, F features, H hidden width.
 
 Seed 002 combines unit models by stacked ensemble layers z^l = σ(V^l z^{l−1} + b^l) over their outputs.
 Here the "unit model outputs" of a cluster are its per-object features (:mod:`detens.heads._features`:
-by default (:data:`DEEP_FEATURES`) the models' scores and presence, their box agreement, the context of
-the object in its image, and visibility when a member is a tiled view; optionally the class), and the
-layers produce the fused **score**:
+by default (:data:`DEEP_FEATURES`) the models' scores and presence, each box's agreement with the mean
+box, the context of the object in its image, and visibility when a member is a tiled view; optionally
+the class), and the layers produce the fused **score**:
 
     s̄ = (1/N) Σᵢ pᵢ                            (the ``mean`` fuser's score; absent models count 0)
     z = a · logit(s̄) + b + MLP(x)              (MLP: ``depth`` layers of width ``hidden``, output layer zero-initialized)
@@ -58,7 +58,9 @@ BOX_MODES = ("score_weighted", "mean", "learned")
 MEDIAN_MIN_PRESENT = 3
 _LOGIT_CLAMP = 1e-6
 
-#: The default feature groups: per-model scores and presence, cluster statistics, agreement, context.
+#: The default feature groups: per-model scores and presence, cluster statistics, agreement (each box's
+#: IoU with the mean box), context. Not the IoU of every pair of models (``iou``): its N(N−1)/2 columns
+#: outgrow a few hundred fitting images as members are added (nine members: −1.0 mAP points with it).
 DEEP_FEATURES = (
     "present",
     "score",
@@ -68,7 +70,6 @@ DEEP_FEATURES = (
     "max_score",
     "score_spread",
     "iou_mean",
-    "iou",
     "dup_iou",
     "dup_margin",
     "log_overlaps",
