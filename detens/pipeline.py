@@ -232,7 +232,7 @@ class Ensemble:
                 "name a loaded model by wrapping it: UltralyticsDetector(model, name=...)"
             )
         label_space, every_detector_declares_one = _check_one_label_space(self.detectors, self.names)
-        self.method = method = default_method(method, head if head is not None else params.get("head"))
+        self.method = method = default_method(method, head, params)
         self.params = check_fusion_params(method, params, self.names, head)
         _check_heads_label_space(self.params, label_space, complete=every_detector_declares_one)
 
@@ -490,7 +490,7 @@ def fuse_results(
         )
     model_names = check_name_list(model_names)
     names = _check_model_names(model_names, len(per_model))
-    method = default_method(method, head if head is not None else params.get("head"))
+    method = default_method(method, head, params)
     # A head given as a path is checked against the model names only when the caller gave them.
     params = _fusion_params(method, head, params, model_names)
     if model_names is None:
@@ -597,7 +597,7 @@ class TorchvisionFusion(nn.Module):
         self, method: str | None = None, head: Any = None, model_names: Sequence[str] | None = None, **params: Any
     ) -> None:
         super().__init__()
-        self.method = method = default_method(method, head if head is not None else params.get("head"))
+        self.method = method = default_method(method, head, params)
         self.model_names = check_name_list(model_names)
         params = _fusion_params(method, head, params, self.model_names)
         if self.model_names is None:

@@ -53,11 +53,13 @@ def check_method(method: str) -> None:
         raise unknown_name_error("fusion method", method, list_methods())
 
 
-def default_method(method: str | None, head: Any) -> str:
-    """``method`` as given; None: ``"theta"``, the fuser of every head type, when a head is given (as the
-    CLI's ``--head`` implies its method), else ``"wbf"``."""
+def default_method(method: str | None, head: Any, params: dict[str, Any] | None = None) -> str:
+    """``method`` as given; None: ``"theta"``, the fuser of every head type, when a head is given (``head``,
+    else ``params["head"]``; as the CLI's ``--head`` implies its method), else ``"wbf"``."""
     if method is not None:
         return method
+    if head is None and params is not None:
+        head = params.get("head")
     return "theta" if head is not None else "wbf"
 
 
