@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -186,6 +187,36 @@ def list_images(source: str | Path | Iterable[str | Path], recursive: bool = Tru
     return sorted(found)
 
 
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _png_damage(data: bytes) -> str | None:
+    """Why the PNG file ``data`` cannot be whole, read from its chunks (None: not a PNG, or its chunks are
+    whole up to IEND, the last one of every PNG, and the CRC of each critical chunk holds).
+
+    libpng refuses the same files, and prints its own line on the process's stderr when it does; ancillary
+    chunks are left to it, as it reads an image past a bad one.
+    """
+    if not data.startswith(_PNG_SIGNATURE):
+        return None
+    view = memoryview(data)
+    position = len(_PNG_SIGNATURE)
+    while position + 12 <= len(data):  # length (4), type (4), data, CRC (4)
+        length = int.from_bytes(view[position:position + 4], "big")
+        kind = bytes(view[position + 4:position + 8])
+        end = position + 12 + length
+        name = kind.decode("latin-1")
+        if end > len(data):
+            return f"truncated (it ends inside its {name} chunk)"
+        critical = kind[:1].isupper()
+        if critical and zlib.crc32(view[position + 4:end - 4]) != int.from_bytes(view[end - 4:end], "big"):
+            return f"corrupt (the checksum of its {name} chunk does not match its bytes)"
+        if kind == b"IEND":
+            return None
+        position = end
+    return "truncated (it ends before its IEND chunk, which ends every PNG)"
+
+
 def read_image(path: str | Path, expected_size: tuple[int, int] | None = None) -> np.ndarray:
     """Read an image as BGR ``uint8`` ``[H, W, 3]``.
 
@@ -202,16 +233,21 @@ def read_image(path: str | Path, expected_size: tuple[int, int] | None = None) -
             against the stored pixels; None: not checked.
 
     Raises:
-        ImageReadError: the file is missing, unreadable, empty or not a decodable image.
+        ImageReadError: the file is missing, unreadable, empty, a truncated or corrupt PNG (told apart before
+            libpng, which would print its own line on stderr), or not a decodable image.
         ImageSizeError: its pixels are not ``expected_size``.
     """
     path = Path(path)
     try:
-        data = np.fromfile(path, dtype=np.uint8)
+        raw = path.read_bytes()
     except OSError as err:
         raise ImageReadError(f"cannot read image {str(path)!r}: {err.strerror or err}") from err
-    if data.size == 0:
+    if not raw:
         raise ImageReadError(f"cannot read image {str(path)!r}: the file is empty")
+    damage = _png_damage(raw)
+    if damage is not None:
+        raise ImageReadError(f"cannot read image {str(path)!r}: the PNG file is {damage}")
+    data = np.frombuffer(raw, dtype=np.uint8)
     try:
         # OpenCV turns an image upright by its EXIF orientation unless told not to
         image = cv2.imdecode(data, cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)

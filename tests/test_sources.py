@@ -170,12 +170,43 @@ class TestReadImage:
         assert image.shape == (40, 100, 3)
         np.testing.assert_array_equal(image, plain)
 
-    def test_truncated_png(self, tmp_path):
-        good = _write_png(tmp_path / "full.png", shape=(64, 64, 3))
+    @pytest.mark.parametrize("kept", [40, 0.5, -13])
+    def test_truncated_png_is_named_without_libpng_on_stderr(self, tmp_path, capfd, kept):
+        """Cut anywhere before its IEND chunk (the last 12 bytes), a PNG is refused before libpng, which
+        would print its own line to the process's stderr, reads it."""
+        data = _write_png(tmp_path / "full.png", shape=(64, 64, 3)).read_bytes()
         cut = tmp_path / "cut.png"
-        cut.write_bytes(good.read_bytes()[:40])
-        with pytest.raises(ImageReadError, match="cut.png"):
+        cut.write_bytes(data[: int(len(data) * kept) if isinstance(kept, float) else kept])
+        capfd.readouterr()
+        with pytest.raises(ImageReadError, match=r"cut\.png.*PNG file is truncated"):
             read_image(cut)
+        assert capfd.readouterr().err == ""
+
+    def test_a_png_with_a_damaged_critical_chunk_is_named_without_libpng_on_stderr(self, tmp_path, capfd):
+        data = bytearray(_write_png(tmp_path / "full.png", shape=(64, 64, 3)).read_bytes())
+        data[data.index(b"IDAT") + 8] ^= 0xFF  # a byte of the image data: its chunk's CRC no longer holds
+        damaged = tmp_path / "damaged.png"
+        damaged.write_bytes(bytes(data))
+        capfd.readouterr()
+        with pytest.raises(ImageReadError, match=r"damaged\.png.*corrupt.*IDAT"):
+            read_image(damaged)
+        assert capfd.readouterr().err == ""
+
+    def test_a_png_with_a_damaged_ancillary_chunk_still_reads(self, tmp_path):
+        """libpng reads past a bad text chunk (it is not part of the image), so the check leaves it to libpng."""
+        data = _write_png(tmp_path / "full.png", shape=(6, 8, 3), value=7).read_bytes()
+        after_header = 8 + 12 + int.from_bytes(data[8:12], "big")
+        text = b"Comment\x00hello"
+        bad_text_chunk = len(text).to_bytes(4, "big") + b"tEXt" + text + b"\x00\x00\x00\x00"
+        path = tmp_path / "text.png"
+        path.write_bytes(data[:after_header] + bad_text_chunk + data[after_header:])
+        image = read_image(path)
+        assert image.shape == (6, 8, 3) and int(image[0, 0, 0]) == 7
+
+    def test_a_png_with_bytes_after_its_iend_chunk_still_reads(self, tmp_path):
+        path = _write_png(tmp_path / "trailing.png", shape=(6, 8, 3), value=7)
+        path.write_bytes(path.read_bytes() + b"\x00" * 100)
+        assert read_image(path).shape == (6, 8, 3)
 
 
 class TestAsBgr:
