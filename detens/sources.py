@@ -192,10 +192,10 @@ _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 def _png_damage(data: bytes) -> str | None:
     """Why the PNG file ``data`` cannot be whole, read from its chunks (None: not a PNG, or its chunks are
-    whole up to IEND, the last one of every PNG, and the CRC of each critical chunk holds).
+    whole up to IEND, the last one of every PNG, and the CRC of each critical chunk before it holds).
 
     libpng refuses the same files, and prints its own line on the process's stderr when it does; ancillary
-    chunks are left to it, as it reads an image past a bad one.
+    chunks and IEND's CRC are left to it, as it reads an image past a bad one.
     """
     if not data.startswith(_PNG_SIGNATURE):
         return None
@@ -208,8 +208,8 @@ def _png_damage(data: bytes) -> str | None:
         name = kind.decode("latin-1")
         if end > len(data):
             return f"truncated (it ends inside its {name} chunk)"
-        critical = kind[:1].isupper()
-        if critical and zlib.crc32(view[position + 4:end - 4]) != int.from_bytes(view[end - 4:end], "big"):
+        checked = kind[:1].isupper() and kind != b"IEND"  # libpng reads an image past a bad IEND CRC too
+        if checked and zlib.crc32(view[position + 4:end - 4]) != int.from_bytes(view[end - 4:end], "big"):
             return f"corrupt (the checksum of its {name} chunk does not match its bytes)"
         if kind == b"IEND":
             return None

@@ -203,6 +203,13 @@ class TestReadImage:
         image = read_image(path)
         assert image.shape == (6, 8, 3) and int(image[0, 0, 0]) == 7
 
+    def test_a_png_whose_iend_checksum_is_wrong_still_reads(self, tmp_path):
+        """IEND carries no data, and libpng (through OpenCV) decodes the image before it reads its CRC."""
+        path = _write_png(tmp_path / "end.png", shape=(6, 8, 3), value=7)
+        path.write_bytes(path.read_bytes()[:-4] + b"\x00\x00\x00\x00")
+        assert cv2.imdecode(np.fromfile(path, np.uint8), cv2.IMREAD_COLOR) is not None
+        assert read_image(path).shape == (6, 8, 3)
+
     def test_a_png_with_bytes_after_its_iend_chunk_still_reads(self, tmp_path):
         path = _write_png(tmp_path / "trailing.png", shape=(6, 8, 3), value=7)
         path.write_bytes(path.read_bytes() + b"\x00" * 100)
