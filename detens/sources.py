@@ -205,14 +205,12 @@ def _png_damage(data: bytes) -> str | None:
         length = int.from_bytes(view[position:position + 4], "big")
         kind = bytes(view[position + 4:position + 8])
         end = position + 12 + length
-        name = kind.decode("latin-1")
         if end > len(data):
-            return f"truncated (it ends inside its {name} chunk)"
-        checked = kind[:1].isupper() and kind != b"IEND"  # libpng reads an image past a bad IEND CRC too
-        if checked and zlib.crc32(view[position + 4:end - 4]) != int.from_bytes(view[end - 4:end], "big"):
-            return f"corrupt (the checksum of its {name} chunk does not match its bytes)"
-        if kind == b"IEND":
+            return f"truncated (it ends inside its {kind.decode('latin-1')} chunk)"
+        if kind == b"IEND":  # its CRC is not checked: libpng reads an image past a bad one
             return None
+        if kind[:1].isupper() and zlib.crc32(view[position + 4:end - 4]) != int.from_bytes(view[end - 4:end], "big"):
+            return f"corrupt (the checksum of its {kind.decode('latin-1')} chunk does not match its bytes)"
         position = end
     return "truncated (it ends before its IEND chunk, which ends every PNG)"
 
