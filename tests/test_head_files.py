@@ -5,6 +5,7 @@ file and the field, before anything is built from it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import json
 import math
@@ -486,3 +487,80 @@ def test_the_training_images_of_a_head_are_read_from_its_training_log(tmp_path):
         training_log_path(head).write_text(bad)
         with pytest.raises(HeadFileError, match=f"^'{training_log_path(head)}': {message}"):
             read_trained_on(head)
+
+
+def _slow_head_digest(head) -> str:
+    """The digest spelled out: the fields as one sorted JSON text, then each tensor by name, its values one
+    by one as little-endian numbers."""
+    import hashlib
+    import struct
+
+    fields = {"type": head.type, "model_names": head.model_names, "config": head.config,
+              "label_space": None if head.label_space is None else [[c, head.label_space[c]] for c in sorted(head.label_space)]}
+    digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode("utf-8"))
+    codes = {torch.float32: ("float32", "<f"), torch.float64: ("float64", "<d"), torch.int64: ("int64", "<q")}
+    for name in sorted(head.tensors):
+        tensor = head.tensors[name]
+        dtype_name, code = codes[tensor.dtype]
+        digest.update(f"\0{name}\0{dtype_name}\0{list(tensor.shape)}\0".encode())
+        for value in tensor.reshape(-1).tolist():
+            digest.update(struct.pack(code, value))
+    return digest.hexdigest()
+
+
+@pytest.mark.parametrize("head", HEADS)
+def test_a_heads_digest_is_of_its_content_whatever_its_file_format_or_line_endings(tmp_path, head):
+    from detens.heads._io import head_digest, read_head_file
+
+    made = HEADS[head]()
+    made.label_space = dict(LABEL_SPACE)
+    made.save(tmp_path / "head.json")
+    made.save(tmp_path / "head.safetensors")
+    read = read_head_file(tmp_path / "head.json")
+    digest = head_digest(read)
+    assert digest == _slow_head_digest(read) and len(digest) == 64
+    assert head_digest(read_head_file(tmp_path / "head.safetensors")) == digest
+    crlf = tmp_path / "crlf.json"
+    crlf.write_bytes((tmp_path / "head.json").read_bytes().replace(b"\n", b"\r\n"))  # a checkout may do that
+    assert crlf.read_bytes() != (tmp_path / "head.json").read_bytes()
+    assert head_digest(read_head_file(crlf)) == digest
+    # any change to what the head is changes it
+    name = next(n for n in sorted(read.tensors) if read.tensors[n].numel())
+    changed = read_head_file(tmp_path / "head.json")
+    changed.tensors[name] = changed.tensors[name].clone()
+    changed.tensors[name].reshape(-1)[0] += 1
+    for other in (changed,
+                  dataclasses.replace(read, model_names=read.model_names[::-1]),
+                  dataclasses.replace(read, label_space={**LABEL_SPACE, 9: "Bird"}),
+                  dataclasses.replace(read, label_space=None),
+                  dataclasses.replace(read, config={**read.config, "unseen": 1})):
+        assert head_digest(other) == _slow_head_digest(other) != digest
+
+
+def test_a_training_log_written_for_another_head_is_not_read(tmp_path, caplog):
+    from detens.heads._io import (
+        HEAD_DIGEST,
+        find_head_file,
+        head_digest,
+        read_head_file,
+        read_trained_on,
+        training_log_path,
+    )
+
+    for name in ("coco_yolo3_deep", "coco_yolo3_theta", "coco_yolo3_tiles_deep"):  # the shipped logs name their heads
+        shipped = json.loads(training_log_path(find_head_file(name)).read_text())
+        assert shipped[HEAD_DIGEST] == head_digest(read_head_file(name)), name
+    head = tmp_path / "head.json"
+    ThetaHead(NAMES).save(head)
+    log = training_log_path(head)
+    log.write_text(json.dumps({"trained_on": ["a.jpg"], HEAD_DIGEST: head_digest(read_head_file(head))}))
+    assert read_trained_on(head) == ["a.jpg"]
+    ThetaHead(NAMES, lambda_reg=2.0).save(head)  # replaced since: another head under the log
+    with caplog.at_level("WARNING", logger="detens.heads._io"):
+        assert read_trained_on(head) is None
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{str(log)!r} was written for another head than {str(head)!r} (its head_sha256 differs: the head file "
+        "was replaced after it): the images this head was fitted on are not known, so scoring them is not warned of"]
+    log.write_text(json.dumps({"trained_on": ["a.jpg"], HEAD_DIGEST: 1}))
+    with pytest.raises(HeadFileError, match=f"^'{log}': head_sha256 must be the head's digest as a string, got 1$"):
+        read_trained_on(head)

@@ -36,6 +36,7 @@ from detens.folds import kfold_image_splits
 from detens.fusers import fuse
 from detens.heads import ThetaTrainConfig, build_samples, fit_head, load_head
 from detens.heads._fit import train_theta
+from detens.heads._io import head_digest, read_head_file
 from detens.heads.theta import ThetaHead
 from detens.predictions import EnsemblePredictions, LeftOutImage, join_predictions, shared_images
 from detens.report.record import EvaluationRecord, record_path
@@ -1201,8 +1202,22 @@ class TestTools:
         assert evaluate("evaluated", f"head:{out}") == [
             f"head:{out} shares 1 image with the images scored here (same file name, folders aside: {shared_name}), "
             "so its row scores images it was fitted on: it is not a held-out figure"]
-        # a head whose log does not list its images (an earlier version's, or saved from Python) is taken as is
         log = out.with_name(out.name + ".log.json")
+        assert json.loads(log.read_text())["head_sha256"] == head_digest(read_head_file(out))
+        # a head file replaced since its log was written (copied over, or a run killed among its moves) is
+        # not credited with the log's images
+        other = tmp_path / "other.json"
+        assert train_cli.main(["--gt", str(tmp_path / "evaluated" / "instances.json"), "--predictions",
+                               str(tmp_path / "evaluated" / "predictions"), "--epochs", "1", "--quiet",
+                               "--out", str(other)]) == 0
+        trained = out.read_bytes()
+        out.write_bytes(other.read_bytes())
+        assert evaluate("extra", f"head:{out}") == [
+            f"WARNING detens.heads._io: {str(log)!r} was written for another head than {str(out)!r} (its "
+            "head_sha256 differs: the head file was replaced after it): the images this head was fitted on are "
+            "not known, so scoring them is not warned of"]
+        out.write_bytes(trained)
+        # a head whose log does not list its images (an earlier version's, or saved from Python) is taken as is
         log.write_text(json.dumps({k: v for k, v in json.loads(log.read_text()).items() if k != "trained_on"}))
         assert evaluate("extra", f"head:{out}") == []
         log.write_text(json.dumps({"trained_on": "a.jpg"}))

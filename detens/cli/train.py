@@ -22,8 +22,10 @@ Every key of the YAML config can be overridden with ``--set key=value`` (repeata
   head fitted without epochs, ``calibration``);
 - ``<out>.log.json``: the loss per epoch of the fit that was kept, the number of images, ``train_seconds``
   (the whole fit, searches over matching IoUs or bags included), the images left out (``left_out``, and
-  ``left_out_also_fit_on`` of the second dataset); ``<out>.log``: the epoch lines of every fit run (a
-  search runs several, each headed ``fit <i>``).
+  ``left_out_also_fit_on`` of the second dataset), the images fitted on (``trained_on``, which
+  ``detens evaluate --methods head:PATH`` checks the scored images against) and the digest of the head
+  (``head_sha256``: a log beside a head file replaced since is not read); ``<out>.log``: the epoch lines
+  of every fit run (a search runs several, each headed ``fit <i>``).
 
 The files are written once the fit is done, as one set: each into a hidden temporary folder beside
 ``--out`` first, then moved into place, the head last. A Ctrl-C during the fit, or a write or a move that

@@ -21,13 +21,17 @@ natively and the other fields go into the string metadata (``model_names``, ``co
 ``label_space`` JSON-encoded).
 
 ``detens train`` writes beside the head its training log, ``<head file>.log.json``, which lists the
-images it was fitted on under ``trained_on`` (:func:`read_trained_on`).
+images it was fitted on under ``trained_on`` (:func:`read_trained_on`) and the digest of the head it
+describes under ``head_sha256`` (:func:`head_digest`): a head file replaced later (copied over, or a run
+killed while it moved its files into place) is not credited with the log of another.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
+import logging
 import math
 import numbers
 from collections.abc import Mapping, Sequence
@@ -53,6 +57,7 @@ __all__ = [
     "check_stored_class_ids",
     "find_head_file",
     "ground_truth_label_space",
+    "head_digest",
     "head_label_space",
     "named_categories",
     "read_head_file",
@@ -61,13 +66,18 @@ __all__ = [
     "TRAINED_ON",
     "TRAINING_LOG_SUFFIX",
     "write_head_file",
+    "HEAD_DIGEST",
 ]
+
+logger = logging.getLogger(__name__)
 
 FORMAT = "detens-head"
 FORMAT_VERSION = 1
 #: the key of a head's training log that lists the images it was fitted on, by file name without folders
 #: (as images are told apart across annotation files)
 TRAINED_ON = "trained_on"
+#: the key of a head's training log that holds the digest of the head it describes (:func:`head_digest`)
+HEAD_DIGEST = "head_sha256"
 #: the suffix of that log's name after the head file's name
 TRAINING_LOG_SUFFIX = ".log.json"
 SUFFIXES = (".json", ".safetensors")
@@ -300,13 +310,35 @@ def training_log_path(head_path: str | Path) -> Path:
     return beside_head(head_path, TRAINING_LOG_SUFFIX)
 
 
+def head_digest(head: HeadFile) -> str:
+    """The sha256 (hex) of a head's content as read from its file (:func:`read_head_file`): its type, models,
+    config, label space and tensors. The same for the head saved as ``.json`` or ``.safetensors`` and
+    whatever the line endings of its file (a checkout may change them), unlike a digest of the bytes."""
+    fields = {
+        "type": head.type,
+        "model_names": head.model_names,
+        "config": head.config,
+        "label_space": None if head.label_space is None else [[c, n] for c, n in sorted(head.label_space.items())],
+    }
+    digest = hashlib.sha256(json.dumps(fields, sort_keys=True, allow_nan=False).encode("utf-8"))
+    for name in sorted(head.tensors):
+        tensor = head.tensors[name].detach().to("cpu").contiguous()
+        digest.update(f"\0{name}\0{_DTYPE_NAMES[tensor.dtype]}\0{list(tensor.shape)}\0".encode())
+        values = tensor.numpy()
+        digest.update(values.astype(values.dtype.newbyteorder("<"), copy=False).tobytes())
+    return digest.hexdigest()
+
+
 def read_trained_on(head_path: str | Path) -> list[str] | None:
     """The images the head file ``head_path`` was fitted on, by file name without folders, as its training
     log lists them; None where there is no log beside it, or one that does not list them (a head trained
-    by an earlier version, or fitted in Python and saved).
+    by an earlier version, or fitted in Python and saved), or a log written for another head: its
+    ``head_sha256`` is not the head's digest (:func:`head_digest`; the head file was replaced after the
+    log was written), which is warned of.
 
     Raises:
-        HeadFileError: a log that cannot be read, or whose list is not a list of file names.
+        HeadFileError: a log that cannot be read, whose list is not a list of file names or whose digest
+            is not a string; a head file that cannot be read.
     """
     log = training_log_path(head_path)
     if not log.is_file():
@@ -320,6 +352,18 @@ def read_trained_on(head_path: str | Path) -> list[str] | None:
         return None
     if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
         raise HeadFileError(f"{str(log)!r}: {TRAINED_ON} must be a list of image file names")
+    described = record.get(HEAD_DIGEST)
+    if described is None:  # a log of an earlier version: trusted, as before
+        return names
+    if not isinstance(described, str):
+        raise HeadFileError(f"{str(log)!r}: {HEAD_DIGEST} must be the head's digest as a string, got {described!r}")
+    if described != head_digest(read_head_file(head_path)):
+        logger.warning(
+            "%r was written for another head than %r (its %s differs: the head file was replaced after "
+            "it): the images this head was fitted on are not known, so scoring them is not warned of",
+            str(log), str(head_path), HEAD_DIGEST,
+        )
+        return None
     return names
 
 

@@ -16,7 +16,14 @@ from detens.checks import first_few
 from detens.coco import load_coco_gt
 from detens.config import save_yaml_config
 from detens.heads import TRAINERS, fit_head, load_train_config
-from detens.heads._io import TRAINED_ON, TRAINING_LOG_SUFFIX, beside_head
+from detens.heads._io import (
+    HEAD_DIGEST,
+    TRAINED_ON,
+    TRAINING_LOG_SUFFIX,
+    beside_head,
+    head_digest,
+    read_head_file,
+)
 from detens.io import (
     atomic_write_bytes,
     atomic_write_json,
@@ -307,12 +314,14 @@ def run(options: TrainOptions) -> int:
     # write (a full disk) leaves the earlier set as it was.
     with ctrl_c_held() as ctrl_c, files_written_together(out.parent) as staged:
         config_path, loss_plot, epoch_log, training_log = (staged(beside_head(out, s).name) for s in _SIDE_FILES)
+        head_file = staged(out.name)  # moved into place last: a later --head reads it once its files describe it
+        head.save(head_file)
+        log[HEAD_DIGEST] = head_digest(read_head_file(head_file))  # of the file as written, as a reader sees it
         save_yaml_config(config, config_path)
         if curve is not None:  # else the set has none, and an earlier head's goes
             atomic_write_bytes(loss_plot, curve)
         atomic_write_text(epoch_log, "\n".join(epoch_lines) + "\n")
         atomic_write_json(training_log, log, indent=1)
-        head.save(staged(out.name))  # last: a later --head reads it once its files describe it
     learned = f"Θ = {[round(v, 4) for v in head.theta.detach().cpu().tolist()]}; " if hasattr(head, "theta") else ""
     logger.info("trained %s head in %.1f s; %shead written to %s", options.head, seconds, learned, out)
     if ctrl_c.pressed:
