@@ -187,7 +187,98 @@ def slow_context(boxes: list, scores: list, labels: list) -> list:
     return rows
 
 
+def slow_cluster_features(preds: list, present: list, labels: list, visible: list) -> list:
+    """Every feature column of :func:`cluster_features`, one cluster, model and pair at a time; the context
+    columns by :func:`slow_context` on the mean boxes and mean scores."""
+
+    def iou(a, b):
+        width, height = min(a[2], b[2]) - max(a[0], b[0]), min(a[3], b[3]) - max(a[1], b[1])
+        if width <= 0 or height <= 0:
+            return 0.0
+        inter = width * height
+        return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
+
+    num_models = len(present[0]) if present else 0
+    rows, mean_boxes, mean_scores = [], [], []
+    for c in range(len(preds)):
+        here = [n for n in range(num_models) if present[c][n]]
+        mean = [sum(preds[c][n][k] for n in here) / len(here) for k in range(4)]
+        width, height = max(mean[2] - mean[0], 1e-6), max(mean[3] - mean[1], 1e-6)
+        scores = [preds[c][n][4] if present[c][n] else 0.0 for n in range(num_models)]
+        row = []
+        for n in range(num_models):
+            box = preds[c][n][:4]
+            seen = present[c][n]
+            offsets = [(box[k] - mean[k]) / (width if k % 2 == 0 else height) if seen else 0.0 for k in range(4)]
+            row += [float(seen), scores[n], math.log(scores[n] + 1e-3), *offsets, iou(box, mean) if seen else 0.0]
+        present_mean = sum(scores) / len(here)
+        row += [
+            len(here) / num_models,
+            sum(scores) / num_models,
+            max(scores),
+            math.sqrt(sum((scores[n] - present_mean) ** 2 for n in here) / len(here)),
+            math.log(width),
+            math.log(height),
+            math.log(width) - math.log(height),
+            (mean[0] + mean[2]) / 2,
+            (mean[1] + mean[3]) / 2,
+        ]
+        row += [iou(preds[c][i][:4], preds[c][j][:4]) if present[c][i] and present[c][j] else 0.0
+                for i in range(num_models) for j in range(i + 1, num_models)]
+        rows.append(row)
+        mean_boxes.append(mean)
+        mean_scores.append(sum(scores) / num_models)
+    context = slow_context(mean_boxes, mean_scores, labels)
+    for c, row in enumerate(rows):
+        seen = [float(v) for v in visible[c]]
+        count = max(sum(seen), 1.0)
+        row += context[c] + seen + [sum(float(present[c][n]) * seen[n] for n in range(num_models)) / count,
+                                    sum((preds[c][n][4] if present[c][n] else 0.0) * seen[n]
+                                        for n in range(num_models)) / count]
+    return rows
+
+
+def random_clusters(num: int, num_models: int, generator: torch.Generator, dtype: torch.dtype = torch.float64):
+    """Clusters as :func:`detens.match` makes them (absent rows: score 0, the present rows' mean box) around
+    a few places: some rows duplicated, scores tied to two decimals, boxes without width, three classes."""
+    centres = torch.rand(3, 2, generator=generator, dtype=dtype) * 0.8 + 0.1
+    place = torch.randint(3, (num, 1), generator=generator)
+    half = torch.rand(num, num_models, 2, generator=generator, dtype=dtype) * 0.1 + 0.02
+    half[torch.rand(num, num_models, generator=generator) < 0.1, 0] = 0.0
+    centre = centres[place] + (torch.rand(num, num_models, 2, generator=generator, dtype=dtype) - 0.5) * 0.05
+    scores = (torch.rand(num, num_models, generator=generator, dtype=dtype) * 100).round() / 100
+    preds = torch.cat([centre - half, centre + half, scores[..., None]], dim=2)
+    if num and num_models > 1:
+        preds[::4, 1] = preds[::4, 0]  # two members with one box
+    present = torch.rand(num, num_models, generator=generator) < 0.6
+    present[torch.arange(num), torch.randint(num_models, (num,), generator=generator)] = True
+    mean = (preds[..., :4] * present[..., None]).sum(1) / present.sum(1, keepdim=True)
+    preds[..., :4] = torch.where(present[..., None], preds[..., :4], mean[:, None, :])
+    preds[..., 4] *= present
+    labels = torch.randint(3, (num,), generator=generator)
+    return Clusters(preds, present, labels, torch.where(present, 0, -1), SIZE)
+
+
 class TestFeatures:
+    @pytest.mark.parametrize("num_models", [1, 2, 3, 5])
+    def test_every_column_matches_a_slow_reference(self, num_models):
+        """Per-member, per-cluster, pairwise, context and visibility columns of crowded clusters against
+        their definitions, with and without a visibility mask."""
+        generator = torch.Generator().manual_seed(num_models)
+        for num in (0, 1, 2, 40):
+            clusters = random_clusters(num, num_models, generator)
+            masks = [None, torch.rand(num, num_models, generator=generator) < 0.7]
+            for visible in masks:
+                got = cluster_features(clusters, visible=visible)
+                seen = torch.ones(num, num_models, dtype=torch.bool) if visible is None else visible
+                expected = slow_cluster_features(clusters.preds.tolist(), clusters.present.tolist(),
+                                                 clusters.labels.tolist(), seen.tolist())
+                expected = torch.tensor(expected, dtype=torch.float64).reshape(num, num_features(num_models))
+                assert_close(got, expected, rtol=0, atol=1e-9)
+                assert_close(pairwise_iou(clusters.preds, clusters.present),
+                             got[:, [feature_names(num_models).index(f"iou[{i},{j}]")
+                                     for i in range(num_models) for j in range(i + 1, num_models)]])
+
     def test_shape_names_and_empty(self):
         clusters = samples(1)[0].clusters
         features = cluster_features(clusters)

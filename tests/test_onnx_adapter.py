@@ -6,6 +6,7 @@ real COCO images, built from the ensemble YAML."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -85,6 +86,75 @@ class TestNanodetGflDecoder:
         assert classes[[0, 65]].tolist() == [0, 1]
         # every other cell: zero distances, a point box at its centre; stride 32 cell (1, 1) → (48, 48)
         np.testing.assert_allclose(boxes[80 + 3], [48.0, 48.0, 48.0, 48.0], atol=1e-4)
+
+
+def _cells(height: int, width: int, strides=(8, 16, 32)):
+    """(stride, x, y) of every cell, level by level, row-major; a partial last cell counts (ceil)."""
+    return [(stride, x, y) for stride in strides
+            for y in range(-(-height // stride)) for x in range(-(-width // stride))]
+
+
+def _best(scores) -> tuple[float, int]:
+    """The highest score and its class, the first class on a tie."""
+    best = max(range(len(scores)), key=lambda c: (scores[c], -c))
+    return float(scores[best]), best
+
+
+# non-square inputs, whose sides are not multiples of every stride: a height-width mix-up shows
+@pytest.mark.parametrize("input_size", [(64, 96), (40, 72), (8, 8)])
+class TestDecodersMatchASlowReference:
+    def test_yolox(self, input_size):
+        height, width = input_size
+        cells = _cells(height, width)
+        rng = np.random.default_rng(height)
+        rows = rng.normal(size=(len(cells), 5 + 3)).astype(np.float32)
+        rows[::5, 5:] = 0.5  # tied class scores
+        boxes, scores, classes = YoloxDecoder(input_size)([rows])
+        for a, (stride, x, y) in enumerate(cells):
+            row = rows[a].astype(np.float64)
+            cx, cy = (row[0] + x) * stride, (row[1] + y) * stride
+            w, h = math.exp(row[2]) * stride, math.exp(row[3]) * stride
+            np.testing.assert_allclose(boxes[a], [cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], rtol=1e-5, atol=1e-4)
+            score, label = _best([row[4] * c for c in row[5:]])
+            assert scores[a] == pytest.approx(score, rel=1e-5, abs=1e-6) and classes[a] == label
+
+    def test_nanodet_gfl(self, input_size):
+        height, width = input_size
+        cells = _cells(height, width)
+        rng = np.random.default_rng(width)
+        counts = [sum(1 for cell in cells if cell[0] == stride) for stride in (8, 16, 32)]
+        cls = [rng.random((n, 3)).astype(np.float32) for n in counts]
+        reg = [rng.normal(size=(n, 4 * 8)).astype(np.float32) * 3 for n in counts]
+        boxes, scores, classes = NanodetGflDecoder(input_size)(cls + reg)
+        a = 0
+        for level, stride in enumerate((8, 16, 32)):
+            for i, (_, x, y) in enumerate(cell for cell in cells if cell[0] == stride):
+                sides = []
+                for side in range(4):
+                    logits = reg[level][i, side * 8:(side + 1) * 8].astype(np.float64)
+                    weights = [math.exp(v - max(logits)) for v in logits]
+                    sides.append(sum(b * w for b, w in enumerate(weights)) / sum(weights) * stride)
+                cx, cy = (x + 0.5) * stride, (y + 0.5) * stride
+                expected = [min(max(cx - sides[0], 0), width), min(max(cy - sides[1], 0), height),
+                            min(max(cx + sides[2], 0), width), min(max(cy + sides[3], 0), height)]
+                np.testing.assert_allclose(boxes[a], expected, rtol=1e-5, atol=1e-4)
+                score, label = _best(cls[level][i].tolist())
+                assert scores[a] == pytest.approx(score) and classes[a] == label
+                a += 1
+        assert a == len(boxes)
+
+    def test_ultralytics(self, input_size):
+        height, width = input_size
+        cells = _cells(height, width)
+        rng = np.random.default_rng(height + width)
+        out = rng.random((4 + 3, len(cells))).astype(np.float32) * 50
+        boxes, scores, classes = UltralyticsDecoder(input_size)([out])
+        assert len(boxes) == len(cells)
+        for a in range(len(cells)):
+            cx, cy, w, h = out[:4, a].astype(np.float64)
+            np.testing.assert_allclose(boxes[a], [cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], rtol=1e-6, atol=1e-5)
+            score, label = _best(out[4:, a].tolist())
+            assert scores[a] == pytest.approx(score) and classes[a] == label
 
 
 class TestUltralyticsDecoder:

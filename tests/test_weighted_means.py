@@ -16,9 +16,10 @@ import torch
 from test_fuser_contract import IMAGE_SIZE, random_models
 
 from detens import Detections, fuse
+from detens.fusers.consensus import average_clusters
 from detens.heads.deep import score_weighted_box
-from detens.heads.selection import combine_selected
-from detens.matching import weighted_mean_box
+from detens.heads.selection import SCORE_MODES, combine_selected
+from detens.matching import Clusters, weighted_mean_box
 
 WEIGHTED_FUSERS = ["wbf", "nms", "soft_nms", "refine", "mean", "vote"]
 TINY = 1.4e-45  # the smallest float32 subnormal
@@ -71,6 +72,70 @@ class TestWeightedMeanBox:
         torch.testing.assert_close(score_weighted_box(preds, present), expected)
         boxes, _ = combine_selected(preds, present, present.float(), 2, "score_weighted")
         torch.testing.assert_close(boxes, expected)
+
+
+def _random_clusters(num: int, num_models: int, generator: torch.Generator) -> Clusters:
+    """Clusters as :func:`detens.match` makes them: an absent row scores 0; some scores tied or 0."""
+    xy = torch.rand(num, num_models, 2, generator=generator, dtype=torch.float64)
+    scores = (torch.rand(num, num_models, generator=generator, dtype=torch.float64) * 20).round() / 20
+    preds = torch.cat([xy, xy + torch.rand(num, num_models, 2, generator=generator, dtype=torch.float64),
+                       scores[..., None]], 2)
+    present = torch.rand(num, num_models, generator=generator) < 0.6
+    present[torch.arange(num), torch.randint(num_models, (num,), generator=generator)] = True
+    preds[..., 4] *= present
+    return Clusters(preds, present, torch.zeros(num, dtype=torch.int64), torch.where(present, 0, -1), (100, 100))
+
+
+class TestClusterAverages:
+    """The ``mean`` and ``vote`` average and the selection head's combination against loops over models."""
+
+    @pytest.mark.parametrize("seed", range(4))
+    def test_average_clusters_matches_a_slow_reference(self, seed):
+        g = torch.Generator().manual_seed(seed)
+        for num_models in (1, 2, 4):
+            for num in (0, 1, 30):
+                clusters = _random_clusters(num, num_models, g)
+                weights = torch.rand(num_models, generator=g, dtype=torch.float64) + 0.01
+                if num_models > 1:
+                    weights[0] = 0.0  # a model weighted out: its boxes count only where no other is present
+                boxes, scores = average_clusters(clusters, weights)
+                preds, present, w = clusters.preds.tolist(), clusters.present.tolist(), weights.tolist()
+                for c in range(num):
+                    rows = [n for n in range(num_models) if present[c][n]]
+                    box_weights = [w[n] for n in rows] if math.fsum(w[n] for n in rows) > 0 else [1.0] * len(rows)
+                    expected_box = [math.fsum(bw * preds[c][n][k] for bw, n in zip(box_weights, rows, strict=True))
+                                    / math.fsum(box_weights) for k in range(4)]
+                    expected_score = math.fsum(w[n] * preds[c][n][4] for n in rows) / math.fsum(w)
+                    torch.testing.assert_close(boxes[c], torch.tensor(expected_box, dtype=torch.float64))
+                    assert scores[c].item() == pytest.approx(min(max(expected_score, 0.0), 1.0), abs=1e-12)
+                assert boxes.shape == (num, 4) and scores.shape == (num,)
+
+    @pytest.mark.parametrize("combine", ["mean", "score_weighted"])
+    @pytest.mark.parametrize("score", SCORE_MODES)
+    def test_combine_selected_matches_a_slow_reference(self, combine, score):
+        g = torch.Generator().manual_seed(7)
+        for num_models, k in ((1, 1), (3, 2), (5, 3)):
+            for num in (0, 1, 30):
+                clusters = _random_clusters(num, num_models, g)
+                preds, present = clusters.preds, clusters.present
+                chosen = (torch.rand(num, num_models, generator=g) < 0.6) & present
+                chosen[torch.arange(num), present.to(torch.float64).argmax(1)] = True  # at least one row chosen
+                if num:
+                    preds[0, :, 4] = 0.0  # a selection scoring 0: its plain mean
+                boxes, scores = combine_selected(preds, present, chosen.to(torch.float64), k, combine, score)
+                for c in range(num):
+                    rows = [n for n in range(num_models) if chosen[c, n]]
+                    weights = [preds[c, n, 4].item() if combine == "score_weighted" else 1.0 for n in rows]
+                    if math.fsum(weights) == 0:
+                        weights = [1.0] * len(rows)
+                    expected_box = [math.fsum(w * preds[c, n, j].item() for w, n in zip(weights, rows, strict=True))
+                                    / math.fsum(weights) for j in range(4)]
+                    total = math.fsum(preds[c, n, 4].item() for n in rows)
+                    expected_score = {"sum_k": total / k, "sum_n": total / num_models,
+                                      "mean_present": total / len(rows) * present[c].sum().item() / num_models}[score]
+                    torch.testing.assert_close(boxes[c], torch.tensor(expected_box, dtype=torch.float64))
+                    assert scores[c].item() == pytest.approx(min(max(expected_score, 0.0), 1.0), abs=1e-12)
+                assert boxes.shape == (num, 4) and scores.shape == (num,)
 
 
 def _lone_object_models() -> list[Detections]:
