@@ -233,6 +233,36 @@ class TestMap:
         assert (broken[1:] > broken[:-1]).all()
         assert ((broken >= 0) & (broken <= 1)).all()
 
+    def test_many_packed_curves_match_a_slow_reference(self):
+        """One search over the packed curves of a model (its own and per class) against interpolation curve
+        by curve: queries below, between, on and beyond the knots, curves of one knot, empty queries."""
+        from detens.heads.calibration import _GLOBAL, _interpolate, _pack
+
+        def slow(xs, ys, s):
+            if s <= xs[0]:
+                return ys[0]
+            if s >= xs[-1]:
+                return ys[-1]
+            i = max(j for j in range(len(xs)) if xs[j] <= s)
+            if xs[i] == s or i == len(xs) - 1:
+                return ys[i]
+            return ys[i] + (s - xs[i]) / (xs[i + 1] - xs[i]) * (ys[i + 1] - ys[i])
+
+        rng = np.random.default_rng(5)
+        curves = {}
+        for key, knots in ((_GLOBAL, 6), (3, 1), (7, 12), (9, 2), (20, 1)):
+            xs = np.sort(rng.choice(np.linspace(0, 1, 101), knots, replace=False))
+            curves[key] = (torch.tensor(xs), torch.tensor(np.sort(rng.random(knots))))
+        packed = _pack(curves)
+        order = [_GLOBAL, 3, 7, 9, 20]  # the packed curves: the model's first, then the classes sorted
+        for num in (0, 1, 300):
+            which = torch.tensor(rng.integers(0, len(order), num), dtype=torch.int64)
+            queries = torch.tensor(rng.choice(np.concatenate([np.linspace(0, 1, 101), rng.random(50)]), num))
+            got = _interpolate(packed, which, queries)
+            expected = [slow(curves[order[r]][0].tolist(), curves[order[r]][1].tolist(), q)
+                        for r, q in zip(which.tolist(), queries.tolist(), strict=True)]
+            assert_close(got, torch.tensor(expected, dtype=torch.float64).reshape(num), rtol=0, atol=1e-12)
+
     def test_three_decimal_scores_stay_distinct_in_float32(self):
         head = CalibrationHead(["a"], {"a": curve([0.4, 0.6], [0.2, 0.7])})  # flat below 0.4 and above 0.6
         scores = torch.arange(0, 1001, dtype=torch.float32) / 1000
@@ -718,6 +748,44 @@ class TestFitCalibration:
 #: fast settings of the network heads, for the runs that fit them
 FAST_NET = {"epochs": 1, "hidden": 8, "depth": 1, "match_iou_grid": []}
 FAST_DEEP = {**FAST_NET, "median_box": False}
+
+
+def test_calibration_targets_match_a_slow_reference():
+    """Each detection's target (IoU with the best non-crowd ground-truth box of its class) and whether it
+    counts (not inside a crowd region of its class without a match at 0.5), against the definitions."""
+    from detens.heads.calibration import _targets
+
+    def iou(a, b):
+        width, height = min(a[2], b[2]) - max(a[0], b[0]), min(a[3], b[3]) - max(a[1], b[1])
+        if width <= 0 or height <= 0:
+            return 0.0
+        inter = width * height
+        return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
+
+    def inside(det, region):
+        width, height = min(det[2], region[2]) - max(det[0], region[0]), min(det[3], region[3]) - max(det[1], region[1])
+        return max(width, 0) * max(height, 0) / max((det[2] - det[0]) * (det[3] - det[1]), 1e-12)
+
+    rng = np.random.default_rng(11)
+    for num, num_gt in ((0, 3), (5, 0), (1, 1), (60, 8), (60, 8)):
+        centre = rng.uniform(20, 100, (num_gt, 2))
+        gt = np.concatenate([centre - rng.uniform(5, 30, (num_gt, 2)), centre + rng.uniform(5, 30, (num_gt, 2))], 1)
+        gt_labels, crowd = rng.integers(0, 2, num_gt), rng.random(num_gt) < 0.3
+        near = gt[rng.integers(0, max(num_gt, 1), num)] if num_gt else np.zeros((num, 4)) + 50
+        boxes = near + rng.normal(0, 6, (num, 4))
+        boxes[:, 2:] = np.maximum(boxes[:, 2:], boxes[:, :2] + 1)
+        labels = rng.integers(0, 2, num)
+        det = Detections(torch.tensor(boxes, dtype=torch.float32), torch.rand(num), torch.tensor(labels), SIZE)
+        best, counted = _targets(det, torch.tensor(gt, dtype=torch.float64), torch.tensor(gt_labels),
+                                 torch.tensor(crowd))
+        boxes = det.boxes.double().tolist()
+        for k in range(num):
+            same = [g for g in range(num_gt) if gt_labels[g] == labels[k]]
+            expected = max([0.0] + [iou(boxes[k], gt[g]) for g in same if not crowd[g]])
+            in_crowd = max([0.0] + [inside(boxes[k], gt[g]) for g in same if crowd[g]])
+            assert best[k].item() == pytest.approx(expected, abs=1e-9)
+            assert bool(counted[k]) == (not (expected < 0.5 and in_crowd >= 0.5))
+        assert best.shape == counted.shape == (num,)
 
 
 class TestCrossValidationRefusesMembersWithoutCurves:

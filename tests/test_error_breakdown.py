@@ -242,6 +242,19 @@ def test_curves_are_the_metrics_of_the_same_run(seed, backend):
     per_class = [ap for ap in curves["class_ap"].values() if ap is not None]
     assert np.mean(per_class) == pytest.approx(metrics["map"], abs=1e-12)
     assert len(curves["recall"]) == 101 and curves["recall"][0] == 0.0 and curves["recall"][-1] == 1.0
+    # each class's AP is the mAP of that class alone (the other classes' boxes and annotations removed)
+    dataset = gt.coco.dataset
+    for category in CATEGORIES:
+        alone = CocoGroundTruth({**dataset, "annotations": [a for a in dataset["annotations"]
+                                                             if a["category_id"] == category]})
+        kept = [r for r in results if r["category_id"] == category]
+        has_gt = any(not a["iscrowd"] for a in alone.coco.dataset["annotations"])
+        if not has_gt:
+            assert curves["class_ap"][category] is None and curves["class_ap50"][category] is None
+            continue
+        figures = evaluate_coco(alone, kept, image_ids=gt.annotated_image_ids, backend=backend)  # the images scored
+        assert curves["class_ap"][category] == pytest.approx(figures["map"], abs=1e-12), category
+        assert curves["class_ap50"][category] == pytest.approx(figures["map50"], abs=1e-12), category
 
 
 # ------------------------------------------------------------------------- bg_thr = 0: no loc without a box

@@ -887,6 +887,41 @@ class TestOracle:
         empty = oracle_fusion(Clusters.empty(3, SIZE), gt_boxes, gt_labels)
         assert len(empty) == 0
 
+    @pytest.mark.parametrize("seed", range(5))
+    def test_matches_a_slow_reference(self, seed):
+        """Each cluster matched to a ground-truth box (as the ``mean`` output is) takes its present row of
+        highest IoU with that box; the others keep the mean box; scores stay the mean's."""
+        from detens.evaluation import oracle_fusion
+        from detens.targets import assign_targets
+
+        per_model, gt_boxes, gt_labels = scene(10 + seed, num_objects=8)
+        if seed % 2:  # a member with the first one's boxes: rows tied in IoU
+            first = per_model[0]
+            per_model[1] = Detections(first.boxes, first.scores, first.labels, first.image_size, per_model[1].source)
+        clusters = match(per_model, 0.55)
+        out = oracle_fusion(clusters, gt_boxes, gt_labels)
+        boxes, scores = average_clusters(clusters, torch.ones(clusters.num_models))
+        targets = assign_targets(clusters, boxes, scores, gt_boxes, gt_labels, iou_thr=0.5)
+
+        def iou(a, b):
+            width, height = min(a[2], b[2]) - max(a[0], b[0]), min(a[3], b[3]) - max(a[1], b[1])
+            if width <= 0 or height <= 0:
+                return 0.0
+            return width * height / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - width * height)
+
+        expected = boxes.clone()
+        assert targets.matched.any() and not targets.matched.all()
+        for c in range(len(clusters)):
+            if not targets.matched[c]:
+                continue
+            rows = [n for n in range(clusters.num_models) if clusters.present[c, n]]
+            overlaps = [iou(clusters.preds[c, n, :4].tolist(), targets.boxes[c].tolist()) for n in rows]
+            expected[c] = clusters.preds[c, rows[overlaps.index(max(overlaps))], :4]
+        reference = clusters.to_detections(expected, scores)
+        assert_close(out.boxes, reference.boxes)
+        assert_close(out.scores, reference.scores)
+        assert torch.equal(out.labels, reference.labels)
+
 
 # --------------------------------------------------------------------------------------- evaluation
 def test_evaluation_methods_registered_and_run():
