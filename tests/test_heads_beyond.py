@@ -352,6 +352,47 @@ class TestFeatures:
         assert present_median_box(torch.zeros(0, 3, 5), torch.zeros(0, 3, dtype=torch.bool)).shape == (0, 4)
 
 
+@pytest.mark.parametrize("soft", [False, True])
+@pytest.mark.parametrize("lambdas", [(1.0, 1.0), (0.5, 3.0), (1.0, 0.0)])
+def test_score_and_box_loss_matches_a_slow_reference(soft, lambdas):
+    """The network heads' per-cluster loss: BCE of the clamped score against the matched flag (or a soft
+    target) plus the GIoU loss of matched clusters' boxes, 0 for ignored ones, cluster by cluster."""
+    from detens.heads._net import _CLAMP, score_and_box_loss
+
+    lambda_cls, lambda_box = lambdas
+    generator = torch.Generator().manual_seed(int(soft) + 10 * int(lambda_box))
+    for num in (0, 1, 40):
+        xy = torch.rand(num, 2, generator=generator, dtype=torch.float64) * 0.6
+        boxes = torch.cat([xy, xy + torch.rand(num, 2, generator=generator, dtype=torch.float64) * 0.4], 1)
+        gt_xy = xy + (torch.rand(num, 2, generator=generator, dtype=torch.float64) - 0.5) * 0.3
+        gt = torch.cat([gt_xy, gt_xy + torch.rand(num, 2, generator=generator, dtype=torch.float64) * 0.4], 1)
+        scores = torch.rand(num, generator=generator, dtype=torch.float64)
+        scores[::7] = 0.0  # clamped away from log(0)
+        scores[1::7] = 1.0
+        matched = torch.rand(num, generator=generator) < 0.6
+        ignore = ~matched & (torch.rand(num, generator=generator) < 0.3)
+        targets = Targets(torch.where(matched[:, None], gt, torch.zeros_like(gt)), matched, ignore)
+        soft_targets = torch.rand(num, generator=generator, dtype=torch.float64) * matched if soft else None
+        got = score_and_box_loss(boxes, scores, targets, soft_targets, lambda_cls, lambda_box)
+        expected = []
+        for c in range(num):
+            if ignore[c]:
+                expected.append(0.0)
+                continue
+            target = soft_targets[c].item() if soft else float(matched[c])
+            q = min(max(scores[c].item(), _CLAMP), 1 - _CLAMP)
+            loss = -lambda_cls * (target * math.log(q) + (1 - target) * math.log(1 - q))
+            if matched[c] and lambda_box > 0:
+                a, b = boxes[c].tolist(), gt[c].tolist()
+                inter = max(min(a[2], b[2]) - max(a[0], b[0]), 0) * max(min(a[3], b[3]) - max(a[1], b[1]), 0)
+                union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+                hull = (max(a[2], b[2]) - min(a[0], b[0])) * (max(a[3], b[3]) - min(a[1], b[1]))
+                eps = 1e-7  # torchvision's generalized_box_iou_loss adds it to the union and the hull
+                loss += lambda_box * (1 - (inter / (union + eps) - (hull - union) / (hull + eps)))
+            expected.append(loss)
+        assert_close(got, torch.tensor(expected, dtype=torch.float64).reshape(num), rtol=1e-9, atol=1e-9)
+
+
 class TestMedianBox:
     """``median_box``: clusters of at least three present boxes take the per-side median; the others, and the
     training loss, keep the weighted box."""

@@ -155,6 +155,19 @@ class TestMatchAgainstReference:
         assert as_reference_form(clusters) == reference_match(per_model, 0.5)
 
 
+    @pytest.mark.parametrize("seed", range(10))
+    def test_same_clusters_through_the_per_class_nms_loop(self, seed, monkeypatch):
+        """Images of more than 2000 boxes take ``batched_nms``'s per-class loop instead of one ``nms`` call on
+        class-offset boxes: lowered to 0 boxes, every image takes it."""
+        import detens.matching
+
+        monkeypatch.setattr(detens.matching, "_ONE_CALL_NMS_BOXES", 0)
+        rng = random.Random(300 + seed)
+        per_model = random_per_model(rng, num_models=rng.randint(1, 4), num_objects=20, num_classes=3)
+        for backend in BACKENDS:
+            assert as_reference_form(match(per_model, iou_thr=0.55, backend=backend)) == reference_match(per_model, 0.55)
+
+
 class TestMatchInvariants:
     @pytest.mark.parametrize("seed", range(20))
     def test_rows_copy_source_boxes_and_absent_rows_are_imputed(self, seed):
