@@ -213,6 +213,65 @@ def test_an_exif_rotated_image_is_drawn_as_stored(tmp_path, pixels):
     assert (read[1].shape == (80, 100, 3)) if pixels else read == {}
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_per_image_ap_is_cocoevals_ap50_of_each_image_alone(seed):
+    """The report's helped / hurt images are ranked by each image's AP50 as COCOeval scores that image alone
+    (ties in score and IoU, crowd regions, classes without ground truth in the image)."""
+    from test_error_breakdown import random_case
+
+    from detens.coco import evaluate_coco
+    from detens.report.examples import per_image_ap
+
+    gt, results = random_case(seed)
+    got = per_image_ap(gt, results, gt.image_ids)
+    counted = {a["image_id"] for a in gt.coco.dataset["annotations"] if not a["iscrowd"]}
+    assert set(got) == counted
+    for image_id in counted:
+        alone = evaluate_coco(gt, [r for r in results if r["image_id"] == image_id], image_ids=[image_id])
+        assert got[image_id] == pytest.approx(alone["map50"], abs=1e-12), image_id
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_member_support_matches_a_slow_reference(seed):
+    """Each fused detection counts the members with a box of its class at IoU >= 0.55 scoring at least
+    ``min_score``, binned by its COCOeval label at IoU 0.5 (top 100 per image and class)."""
+    import random
+
+    from test_error_breakdown import random_case
+
+    from detens.coco_match import FP, TP, iter_matches
+    from detens.report.support import member_support
+
+    gt, fused = random_case(seed)
+    rng = random.Random(seed)
+    members = {}
+    for name in ("a", "b", "c"):
+        members[name] = [{**r, "bbox": [v + rng.randint(-3, 3) for v in r["bbox"][:2]] + r["bbox"][2:],
+                          "score": round(rng.random(), 1)} for r in fused if rng.random() < 0.7]
+
+    def iou(a, b):  # xywh
+        width = min(a[0] + a[2], b[0] + b[2]) - max(a[0], b[0])
+        height = min(a[1] + a[3], b[1] + b[3]) - max(a[1], b[1])
+        if width <= 0 or height <= 0:
+            return 0.0
+        return width * height / (a[2] * a[3] + b[2] * b[3] - width * height)
+
+    for min_score in (0.0, 0.4):
+        got = member_support(gt, fused, members, gt.image_ids, min_score=min_score)
+        expected = {TP: [0] * 4, FP: [0] * 4}
+        for image in iter_matches(gt, fused, gt.image_ids, 0.5):
+            for detection, label in zip(image.detections, image.labels, strict=True):
+                if label not in expected or detection["score"] < min_score:
+                    continue
+                support = sum(
+                    any(r["image_id"] == image.image_id and r["category_id"] == detection["category_id"]
+                        and r["score"] >= min_score and iou(detection["bbox"], r["bbox"]) >= 0.55 for r in theirs)
+                    for theirs in members.values())
+                expected[label][support] += 1
+        assert got["tp"] == expected[TP] and got["fp"] == expected[FP] and got["members"] == 3
+        assert sum(got["tp"]) > 0 and sum(got["fp"]) > 0
+
+
 def test_side_by_side_refuses_detections_of_another_image_size():
     from detens.detections import Detections
     from detens.report.examples import draw_side_by_side
