@@ -208,3 +208,18 @@ def test_the_fuser_bench_fails_where_detens_wbf_and_ensemble_boxes_differ(monkey
     with pytest.raises(RuntimeError, match=r"^detens wbf differs from ensemble_boxes by .* \(normalized boxes and "
                                            r"scores\) at 3x300, above the 1e-05 of float arithmetic$"):
         bench.bench_size(3, 300, repeats=3, device=torch.device("cpu"), seed=0)
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_the_coco_bench_refuses_to_write_over_its_inputs(tmp_path, capsys, which):
+    inputs = [tmp_path / "gt.json", tmp_path / "results.json"]
+    inputs[0].write_text(json.dumps({"images": [{"id": 1, "width": 10, "height": 10, "file_name": "a.jpg"}],
+                                     "annotations": [], "categories": [{"id": 1, "name": "a"}]}))
+    inputs[1].write_text("[]")
+    before = [path.read_bytes() for path in inputs]
+    assert main(["bench", "--quiet", "--coco", *map(str, inputs), "--coco-sizes", "10", "--out", str(inputs[which])]) == 2
+    err = capsys.readouterr().err
+    kind = ("annotation", "results")[which]
+    assert err == (f"error: detens bench: --out {inputs[which]} is --coco's {kind} file: the run would write over "
+                   "its own input; give the output another name (see detens bench --help)\n")
+    assert [path.read_bytes() for path in inputs] == before

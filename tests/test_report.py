@@ -112,6 +112,27 @@ def test_record_mistakes_name_the_file(tmp_path, case, content, message):
         EvaluationRecord.load(path)
 
 
+@pytest.mark.parametrize("metrics, message", [
+    ({}, "the evaluation record's 'metrics' holds no method: a run scores at least one"),
+    ({"single:a": {"map50": 0.5}}, "the evaluation record's metrics['single:a'] lacks 'map', the mAP the page ranks by"),
+    ({"single:a": {"map": "high"}}, "the evaluation record's metrics['single:a']['map'] must be a number, got 'high'"),
+    ({"single:a": {"map": None}}, "the evaluation record's metrics['single:a']['map'] must be a number, got None"),
+    ({"single:a": {"map": 0.5, "ece": True}}, "metrics['single:a']['ece'] must be a number, got True"),
+    ({"single:a": {"map": float("nan")}}, "metrics['single:a']['map'] must be a number, got nan"),
+])
+def test_a_table_without_a_number_to_rank_by_is_refused_naming_the_row(tmp_path, metrics, message):
+    record = tiny_record()
+    path = record.save(tmp_path / "good.evaluation.json.gz")
+    document = json.loads(gzip.decompress(path.read_bytes()))
+    document["metrics"] = metrics
+    path.write_bytes(gzip.compress(json.dumps(document).encode()))
+    with pytest.raises(ValueError) as error:
+        EvaluationRecord.load(path)
+    assert str(error.value) == f"{path}: {message}" if message.startswith("the") else message in str(error.value)
+    assert str(path) in str(error.value)
+    EvaluationRecord(record.meta, record.gt, {"single:a": {"map": 0.5, "ece": None}}, {}, record.results)  # null: not measured
+
+
 def test_example_pngs_must_name_both_kinds(tmp_path):
     from detens.report.examples import write_examples
 

@@ -2194,6 +2194,21 @@ def test_the_commands_name_a_gt_without_annotations(dataset, tmp_path, capsys, c
     assert sorted(tmp_path.iterdir()) == [background]
 
 
+@pytest.mark.parametrize("head", ["deep", "theta"])
+def test_train_refuses_to_fit_on_images_without_any_annotation(dataset, tmp_path, capsys, head):
+    """--all-images fits on images without annotations as negatives; with nothing else, every target is 0."""
+    gt_path, predictions = dataset
+    background = _without_annotations(gt_path, tmp_path)
+    code = train_cli.main(["--gt", str(background), "--predictions", str(predictions), "--quiet", "--all-images",
+                           "--head", head, "--epochs", "1", "--out", str(tmp_path / "head.json")])
+    images = len(load_coco_gt(background).image_ids)
+    err = capsys.readouterr().err
+    assert code == 2 and err == (
+        f"error: detens train: none of the {images} images to train on has an annotation (--gt {background}): a head "
+        "fitted on them could only learn to score every box 0 (see detens train --help)\n"), err
+    assert sorted(tmp_path.iterdir()) == [background]
+
+
 @pytest.mark.parametrize("command", ["evaluate", "train"])
 def test_models_are_read_as_methods_are(dataset, tmp_path, capsys, command):
     """The spaces around a name are not part of it and an empty name between commas is passed over, as in

@@ -24,7 +24,7 @@ from detens.io import check_file_path
 __all__ = [
     "JobOptions", "UsageError", "check_existing_folder", "check_file_or_folder", "check_folder", "check_int",
     "check_output_file", "check_positive_int", "check_text_list", "check_text_pair", "command_line_flag",
-    "existing_folder", "file_or_folder", "file_or_shipped_name", "flag", "folder", "integer", "internal",
+    "existing_folder", "file_or_folder", "file_or_shipped_name", "flag", "folder", "not_a_folder", "integer", "internal",
     "listed", "number", "output_file", "parse_set", "path", "python_keyword", "text",
 ]
 
@@ -97,8 +97,15 @@ def check_existing_folder(value: str) -> str:
         ValueError: no folder is at ``value``.
     """
     if not os.path.isdir(value):
-        raise ValueError(f"no such folder: {value!r}")
+        raise ValueError(not_a_folder(value, repr(value)))
     return value
+
+
+def not_a_folder(path: str | os.PathLike[str], shown: str | None = None) -> str:
+    """Why ``path``, not a folder, cannot be read as one (no such folder, or a file), naming it as ``shown``
+    (None: the path as given)."""
+    shown = str(path) if shown is None else shown
+    return f"{shown} is a file, not a folder" if os.path.exists(path) else f"no such folder: {shown}"
 
 
 def check_int_text(value: str) -> int:

@@ -38,6 +38,7 @@ from detens.jobs._options import (
     output_file,
     text,
 )
+from detens.jobs._outputs import refuse_outputs_over_inputs
 
 __all__ = [
     "BenchOptions", "IMAGE_SIZE", "NUM_CLASSES", "TENSOR_MATCH", "bench_coco", "bench_engines",
@@ -549,6 +550,10 @@ def run(options: BenchOptions) -> int:
     mode, options = check_args(options)
     if options.out is not None:
         check_writable_file(options.out, "--out")
+        if mode == "coco":
+            gt_file, results_file = options.coco
+            refuse_outputs_over_inputs([("--out", Path(options.out))], [
+                ("--coco's annotation file", Path(gt_file)), ("--coco's results file", Path(results_file))], [])
     if mode == "coco":
         rows = bench_coco(*options.coco, options.coco_sizes)
         print(f"evaluate_coco seconds ({platform.processor() or platform.machine()}); the dataset replicated\n")

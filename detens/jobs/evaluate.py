@@ -44,6 +44,7 @@ from detens.jobs._options import (
     folder,
     integer,
     listed,
+    not_a_folder,
     output_file,
     parse_set,
     text,
@@ -226,7 +227,7 @@ def _run(options: EvaluateOptions) -> int:
         _refuse_a_page_over_outputs(options.report, outputs)
         refuse_results_in_prediction_folders([("the report page's numbers", Path(options.report) / "page.json")], folders)
     if options.images is not None and not Path(options.images).is_dir():
-        raise UsageError(f"--images: no such folder: {options.images}")
+        raise UsageError(f"--images: {not_a_folder(options.images)}")
     if options.bootstrap < 0:
         raise UsageError(f"--bootstrap must be the number of draws (>= 1), or 0 for none; got {options.bootstrap}")
     if options.bootstrap_against is not None and not options.bootstrap:

@@ -8,7 +8,7 @@ import shlex
 from pathlib import Path
 
 from detens.io import check_writable_folder
-from detens.jobs._options import JobOptions, UsageError, folder, integer, number, text
+from detens.jobs._options import JobOptions, UsageError, folder, integer, not_a_folder, number, text
 from detens.report.record import EvaluationRecord, record_path
 
 __all__ = ["ReportOptions", "run"]
@@ -55,7 +55,7 @@ def run(options: ReportOptions) -> int:
                 f"the page in --out {options.out} would write over {path} ({what}); give the page a folder of its own"
             )
     if options.images is not None and not Path(options.images).is_dir():
-        raise UsageError(f"--images: no such folder: {options.images}")
+        raise UsageError(f"--images: {not_a_folder(options.images)}")
     record = EvaluationRecord.load(options.evaluation)
     page = write_report(
         record, options.out, images_dir=options.images, examples=options.examples, conf=options.conf,

@@ -264,6 +264,12 @@ def run(options: TrainOptions) -> int:
         image_ids = list(image_ids) + extra_ids
     if not image_ids:
         raise UsageError(f"--gt {options.gt} has no annotated image to train on")
+    if not set(predictions.gt.annotated_image_ids) & set(image_ids):  # --all-images or --images-from
+        source = f"--gt {options.gt}" + (f" and --also-fit-on {options.also_fit_on[0]}" if options.also_fit_on else "")
+        raise UsageError(
+            f"none of the {len(image_ids)} images to train on has an annotation ({source}): a head fitted on them "
+            "could only learn to score every box 0"
+        )
 
     epoch_lines: list[str] = []
     fits = 0

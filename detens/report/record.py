@@ -32,6 +32,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -197,6 +198,27 @@ def _check_sections(document: Mapping[str, Any]) -> None:
                 raise ValueError(
                     f"the evaluation record's {section}[{method!r}] must be a JSON object, got {type(row).__name__}"
                 )
+    if "metrics" in document:
+        _check_metrics(document["metrics"])
+
+
+def _check_metrics(metrics: Mapping[str, Mapping[str, Any]]) -> None:
+    """Raise ``ValueError`` unless the table has a row, each with its ``map``, and every value is a number
+    (``null`` for a figure not measured): the page ranks the methods by them and draws them."""
+    if not metrics:
+        raise ValueError("the evaluation record's 'metrics' holds no method: a run scores at least one")
+    for method, row in metrics.items():
+        if "map" not in row:
+            raise ValueError(f"the evaluation record's metrics[{method!r}] lacks 'map', the mAP the page ranks by")
+        for key, value in row.items():
+            if key == "map" and value is None or not (value is None or _is_number(value)):
+                raise ValueError(
+                    f"the evaluation record's metrics[{method!r}][{key!r}] must be a number, got {value!r}"
+                )
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _check_table(table: Path, metrics: Any, record: Path) -> None:
