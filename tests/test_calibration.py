@@ -755,13 +755,6 @@ def test_calibration_targets_match_a_slow_reference():
     counts (not inside a crowd region of its class without a match at 0.5), against the definitions."""
     from detens.heads.calibration import _targets
 
-    def iou(a, b):
-        width, height = min(a[2], b[2]) - max(a[0], b[0]), min(a[3], b[3]) - max(a[1], b[1])
-        if width <= 0 or height <= 0:
-            return 0.0
-        inter = width * height
-        return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
-
     def inside(det, region):
         width, height = min(det[2], region[2]) - max(det[0], region[0]), min(det[3], region[3]) - max(det[1], region[1])
         return max(width, 0) * max(height, 0) / max((det[2] - det[0]) * (det[3] - det[1]), 1e-12)
@@ -781,7 +774,7 @@ def test_calibration_targets_match_a_slow_reference():
         boxes = det.boxes.double().tolist()
         for k in range(num):
             same = [g for g in range(num_gt) if gt_labels[g] == labels[k]]
-            expected = max([0.0] + [iou(boxes[k], gt[g]) for g in same if not crowd[g]])
+            expected = max([0.0] + [_iou(boxes[k], gt[g]) for g in same if not crowd[g]])
             in_crowd = max([0.0] + [inside(boxes[k], gt[g]) for g in same if crowd[g]])
             assert best[k].item() == pytest.approx(expected, abs=1e-9)
             assert bool(counted[k]) == (not (expected < 0.5 and in_crowd >= 0.5))

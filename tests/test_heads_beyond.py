@@ -142,16 +142,19 @@ def crowded_clusters(num: int, generator: torch.Generator, dtype: torch.dtype):
     return boxes.to(dtype), scores.to(dtype), labels
 
 
+def slow_iou(a: list, b: list) -> float:
+    """IoU of two xyxy boxes; 0 where they do not overlap (boxes without area included)."""
+    width = min(a[2], b[2]) - max(a[0], b[0])
+    height = min(a[3], b[3]) - max(a[1], b[1])
+    if width <= 0 or height <= 0:
+        return 0.0
+    inter = width * height
+    return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
+
+
 def slow_context(boxes: list, scores: list, labels: list) -> list:
     """The context columns of :mod:`detens.heads._features`, one cluster and one pair at a time."""
-
-    def iou(a, b):
-        width = min(a[2], b[2]) - max(a[0], b[0])
-        height = min(a[3], b[3]) - max(a[1], b[1])
-        if width <= 0 or height <= 0:
-            return 0.0
-        inter = width * height
-        return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
+    iou = slow_iou
 
     def before(j, i):
         return scores[j] > scores[i] or (scores[j] == scores[i] and j < i)
@@ -190,14 +193,7 @@ def slow_context(boxes: list, scores: list, labels: list) -> list:
 def slow_cluster_features(preds: list, present: list, labels: list, visible: list) -> list:
     """Every feature column of :func:`cluster_features`, one cluster, model and pair at a time; the context
     columns by :func:`slow_context` on the mean boxes and mean scores."""
-
-    def iou(a, b):
-        width, height = min(a[2], b[2]) - max(a[0], b[0]), min(a[3], b[3]) - max(a[1], b[1])
-        if width <= 0 or height <= 0:
-            return 0.0
-        inter = width * height
-        return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
-
+    iou = slow_iou
     num_models = len(present[0]) if present else 0
     rows, mean_boxes, mean_scores = [], [], []
     for c in range(len(preds)):
@@ -943,20 +939,13 @@ class TestOracle:
         out = oracle_fusion(clusters, gt_boxes, gt_labels)
         boxes, scores = average_clusters(clusters, torch.ones(clusters.num_models))
         targets = assign_targets(clusters, boxes, scores, gt_boxes, gt_labels, iou_thr=0.5)
-
-        def iou(a, b):
-            width, height = min(a[2], b[2]) - max(a[0], b[0]), min(a[3], b[3]) - max(a[1], b[1])
-            if width <= 0 or height <= 0:
-                return 0.0
-            return width * height / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - width * height)
-
         expected = boxes.clone()
         assert targets.matched.any() and not targets.matched.all()
         for c in range(len(clusters)):
             if not targets.matched[c]:
                 continue
             rows = [n for n in range(clusters.num_models) if clusters.present[c, n]]
-            overlaps = [iou(clusters.preds[c, n, :4].tolist(), targets.boxes[c].tolist()) for n in rows]
+            overlaps = [slow_iou(clusters.preds[c, n, :4].tolist(), targets.boxes[c].tolist()) for n in rows]
             expected[c] = clusters.preds[c, rows[overlaps.index(max(overlaps))], :4]
         reference = clusters.to_detections(expected, scores)
         assert_close(out.boxes, reference.boxes)
