@@ -115,10 +115,12 @@ def test_record_mistakes_name_the_file(tmp_path, case, content, message):
 @pytest.mark.parametrize("metrics, message", [
     ({}, "the evaluation record's 'metrics' holds no method: a run scores at least one"),
     ({"single:a": {"map50": 0.5}}, "the evaluation record's metrics['single:a'] lacks 'map', the mAP the page ranks by"),
-    ({"single:a": {"map": "high"}}, "the evaluation record's metrics['single:a']['map'] must be a number, got 'high'"),
-    ({"single:a": {"map": None}}, "the evaluation record's metrics['single:a']['map'] must be a number, got None"),
-    ({"single:a": {"map": 0.5, "ece": True}}, "metrics['single:a']['ece'] must be a number, got True"),
-    ({"single:a": {"map": float("nan")}}, "metrics['single:a']['map'] must be a number, got nan"),
+    ({"single:a": {"map": "high"}},
+     "the evaluation record's metrics['single:a']['map'] must be a number, got str: 'high'"),
+    ({"single:a": {"map": None}}, "the evaluation record's metrics['single:a']['map'] must be a number, got NoneType: None"),
+    ({"single:a": {"map": 0.5, "ece": True}},
+     "the evaluation record's metrics['single:a']['ece'] must be a number, got bool: True"),
+    ({"single:a": {"map": float("nan")}}, "the evaluation record's metrics['single:a']['map'] must be a finite number, got nan"),
 ])
 def test_a_table_without_a_number_to_rank_by_is_refused_naming_the_row(tmp_path, metrics, message):
     record = tiny_record()
@@ -128,8 +130,7 @@ def test_a_table_without_a_number_to_rank_by_is_refused_naming_the_row(tmp_path,
     path.write_bytes(gzip.compress(json.dumps(document).encode()))
     with pytest.raises(ValueError) as error:
         EvaluationRecord.load(path)
-    assert str(error.value) == f"{path}: {message}" if message.startswith("the") else message in str(error.value)
-    assert str(path) in str(error.value)
+    assert str(error.value) == f"{path}: {message}"
     EvaluationRecord(record.meta, record.gt, {"single:a": {"map": 0.5, "ece": None}}, {}, record.results)  # null: not measured
 
 

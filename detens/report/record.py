@@ -32,12 +32,12 @@ from __future__ import annotations
 import gzip
 import json
 import logging
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from detens.checks import check_real
 from detens.io import atomic_write_bytes, check_file_path
 
 __all__ = ["PARTIAL_SUFFIX", "RECORD_FORMAT", "RECORD_SUFFIX", "EvaluationRecord", "partial_path", "record_path"]
@@ -211,14 +211,12 @@ def _check_metrics(metrics: Mapping[str, Mapping[str, Any]]) -> None:
         if "map" not in row:
             raise ValueError(f"the evaluation record's metrics[{method!r}] lacks 'map', the mAP the page ranks by")
         for key, value in row.items():
-            if key == "map" and value is None or not (value is None or _is_number(value)):
-                raise ValueError(
-                    f"the evaluation record's metrics[{method!r}][{key!r}] must be a number, got {value!r}"
-                )
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            if value is None and key != "map":  # a figure not measured
+                continue
+            try:
+                check_real(value, f"the evaluation record's metrics[{method!r}][{key!r}]")
+            except TypeError as err:  # a malformed record is a ValueError naming its file, whatever is wrong
+                raise ValueError(str(err)) from None
 
 
 def _check_table(table: Path, metrics: Any, record: Path) -> None:
