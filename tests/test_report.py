@@ -259,6 +259,7 @@ def test_member_support_matches_a_slow_reference(seed):
     ``min_score``, binned by its COCOeval label at IoU 0.5 (top 100 per image and class)."""
     import random
 
+    from test_calibration_metrics import reference_iou
     from test_error_breakdown import random_case
 
     from detens.coco_match import FP, TP, iter_matches
@@ -271,13 +272,6 @@ def test_member_support_matches_a_slow_reference(seed):
         members[name] = [{**r, "bbox": [v + rng.randint(-3, 3) for v in r["bbox"][:2]] + r["bbox"][2:],
                           "score": round(rng.random(), 1)} for r in fused if rng.random() < 0.7]
 
-    def iou(a, b):  # xywh
-        width = min(a[0] + a[2], b[0] + b[2]) - max(a[0], b[0])
-        height = min(a[1] + a[3], b[1] + b[3]) - max(a[1], b[1])
-        if width <= 0 or height <= 0:
-            return 0.0
-        return width * height / (a[2] * a[3] + b[2] * b[3] - width * height)
-
     for min_score in (0.0, 0.4):
         got = member_support(gt, fused, members, gt.image_ids, min_score=min_score)
         expected = {TP: [0] * 4, FP: [0] * 4}
@@ -287,7 +281,8 @@ def test_member_support_matches_a_slow_reference(seed):
                     continue
                 support = sum(
                     any(r["image_id"] == image.image_id and r["category_id"] == detection["category_id"]
-                        and r["score"] >= min_score and iou(detection["bbox"], r["bbox"]) >= 0.55 for r in theirs)
+                        and r["score"] >= min_score and reference_iou(detection["bbox"], r["bbox"]) >= 0.55
+                        for r in theirs)
                     for theirs in members.values())
                 expected[label][support] += 1
         assert got["tp"] == expected[TP] and got["fp"] == expected[FP] and got["members"] == 3

@@ -14,12 +14,13 @@ import random
 import pytest
 import torch
 from test_fuser_contract import IMAGE_SIZE, random_models
+from test_heads_beyond import random_clusters
 
 from detens import Detections, fuse
 from detens.fusers.consensus import average_clusters
 from detens.heads.deep import score_weighted_box
 from detens.heads.selection import SCORE_MODES, combine_selected
-from detens.matching import Clusters, weighted_mean_box
+from detens.matching import weighted_mean_box
 
 WEIGHTED_FUSERS = ["wbf", "nms", "soft_nms", "refine", "mean", "vote"]
 TINY = 1.4e-45  # the smallest float32 subnormal
@@ -74,18 +75,6 @@ class TestWeightedMeanBox:
         torch.testing.assert_close(boxes, expected)
 
 
-def _random_clusters(num: int, num_models: int, generator: torch.Generator) -> Clusters:
-    """Clusters as :func:`detens.match` makes them: an absent row scores 0; some scores tied or 0."""
-    xy = torch.rand(num, num_models, 2, generator=generator, dtype=torch.float64)
-    scores = (torch.rand(num, num_models, generator=generator, dtype=torch.float64) * 20).round() / 20
-    preds = torch.cat([xy, xy + torch.rand(num, num_models, 2, generator=generator, dtype=torch.float64),
-                       scores[..., None]], 2)
-    present = torch.rand(num, num_models, generator=generator) < 0.6
-    present[torch.arange(num), torch.randint(num_models, (num,), generator=generator)] = True
-    preds[..., 4] *= present
-    return Clusters(preds, present, torch.zeros(num, dtype=torch.int64), torch.where(present, 0, -1), (100, 100))
-
-
 class TestClusterAverages:
     """The ``mean`` and ``vote`` average and the selection head's combination against loops over models."""
 
@@ -94,7 +83,7 @@ class TestClusterAverages:
         g = torch.Generator().manual_seed(seed)
         for num_models in (1, 2, 4):
             for num in (0, 1, 30):
-                clusters = _random_clusters(num, num_models, g)
+                clusters = random_clusters(num, num_models, g)
                 weights = torch.rand(num_models, generator=g, dtype=torch.float64) + 0.01
                 if num_models > 1:
                     weights[0] = 0.0  # a model weighted out: its boxes count only where no other is present
@@ -116,7 +105,7 @@ class TestClusterAverages:
         g = torch.Generator().manual_seed(7)
         for num_models, k in ((1, 1), (3, 2), (5, 3)):
             for num in (0, 1, 30):
-                clusters = _random_clusters(num, num_models, g)
+                clusters = random_clusters(num, num_models, g)
                 preds, present = clusters.preds, clusters.present
                 chosen = (torch.rand(num, num_models, generator=g) < 0.6) & present
                 chosen[torch.arange(num), present.to(torch.float64).argmax(1)] = True  # at least one row chosen
