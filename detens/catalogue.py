@@ -11,7 +11,7 @@ from __future__ import annotations
 
 __all__ = [
     "ASSETS_SOURCE", "COCO_BACKENDS", "DEFAULT_BENCH_SIZES", "DEFAULT_ENSEMBLE", "DEFAULT_EVALUATION_METHODS",
-    "EVALUATION_METHODS", "FUSERS", "FUSION_METHODS", "HEAD_TYPES", "MAX_K", "TRAINED_HEAD_TYPES",
+    "EVALUATION_METHODS", "FUSERS", "FUSION_METHODS", "HEAD_TYPES", "MAX_BENCH_BOXES", "MAX_K", "TRAINED_HEAD_TYPES",
 ]
 
 #: the fusers of :data:`detens.fusers.FUSERS`
@@ -42,3 +42,6 @@ ASSETS_SOURCE = "ultralytics-assets"
 DEFAULT_EVALUATION_METHODS = "single,nms,soft_nms,wbf,wbf_tuned,vote,mean,theta"
 #: the sizes ``detens bench`` times without ``--sizes``: NxK, N models of K boxes each
 DEFAULT_BENCH_SIZES: tuple[str, ...] = ("3x100", "3x300", "5x1000", "5x3000")
+#: the most boxes (N x K) an image of ``detens bench``'s sizes may hold: some hundred times what an
+#: ensemble of detectors gives one image, and what the machine's memory holds
+MAX_BENCH_BOXES = 1_000_000

@@ -359,11 +359,16 @@ def _check_gt_dataset(dataset: Any, where: str) -> None:
         for key in ("image_id", "category_id", "bbox"):
             if key not in ann:
                 raise ValueError(f"{where}: annotations[{i}] lacks {key!r}")
-        if not _is_int(ann["image_id"]) or ann["image_id"] not in sizes:
+        for key in ("image_id", "category_id"):  # "64" is no id, whether or not 64 is one
+            if not _is_int(ann[key]):
+                raise ValueError(
+                    f"{where}: annotations[{i}].{key} must be an integer, got {type(ann[key]).__name__}: {ann[key]!r}"
+                )
+        if ann["image_id"] not in sizes:
             raise ValueError(
                 f"{where}: annotations[{i}] refers to image_id {ann['image_id']!r}, which is not in 'images'"
             )
-        if not _is_int(ann["category_id"]) or ann["category_id"] not in known_categories:
+        if ann["category_id"] not in known_categories:
             raise ValueError(
                 f"{where}: annotations[{i}] has category_id {ann['category_id']!r}, which is not in 'categories'"
             )

@@ -945,6 +945,19 @@ class TestPrecomputed:
             PrecomputedDetector(results, {"a.jpg": 7})
         assert "1 of the results' image ids are not among the 1 images (e.g. [1000007])" in caplog.text
 
+    def test_results_without_a_detection_are_warned_about(self, tmp_path, caplog):
+        (tmp_path / "saved.json").write_text("[]")
+        with caplog.at_level(logging.WARNING):
+            replay = PrecomputedDetector(tmp_path / "saved.json", [{"id": 7, "file_name": "a.jpg", "height": 80,
+                                                                    "width": 100}], name="v8")
+        assert f"{tmp_path / 'saved.json'} holds no detection: member v8 gives none on any image" in caplog.text
+        assert len(replay(7)[0]) == 0  # a normal case all the same
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            PrecomputedDetector([{"image_id": 7, "category_id": 1, "bbox": [1.0, 2.0, 3.0, 4.0], "score": 0.5}],
+                                {"a.jpg": 7})
+        assert "holds no detection" not in caplog.text
+
     @pytest.mark.parametrize("images, error, message", [
         ({"a.jpg": 7.5}, TypeError, r"the image id of 'a\.jpg' in images \(\{file_name: image_id\}\) must be an integer, got float"),
         ({"a.jpg": "7"}, TypeError, "must be an integer, got str: '7'"),

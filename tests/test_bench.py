@@ -159,6 +159,10 @@ def test_the_list_options_take_python_values():
     ({"sizes": []}, ValueError, r"sizes must name at least one size"),
     ({"sizes": ["3y100"]}, ValueError, r"sizes\[0\]: size must look like 5x1000"),
     ({"sizes": [(3, 0)]}, ValueError, r"sizes\[0\]: size needs at least 1 model and 1 box"),
+    # a size beyond the bound ran until the machine killed it for memory, printing nothing
+    ({"sizes": ["3x100000000"]}, ValueError,
+     r"^sizes\[0\]: size '3x100000000' makes images of 300,000,000 boxes; at most 1,000,000 \(models x boxes per model\)"),
+    ({"sizes": [(2, 500_001)]}, ValueError, r"^sizes\[0\]: size \(2, 500001\) makes images of 1,000,002 boxes"),
     ({"sizes": [(3, 100.0)]}, TypeError, r"sizes\[0\] must be an int, got float"),
     ({"sizes": [3]}, TypeError, r"sizes\[0\] must be '5x1000' or \(5, 1000\)"),
     ({"coco": "gt.json"}, TypeError, r"coco must be a pair \(GT, RESULTS\) of str or os\.PathLike"),
@@ -171,6 +175,10 @@ def test_the_list_options_take_python_values():
 def test_the_options_are_checked_as_they_are_made(options, error, message):
     with pytest.raises(error, match=message):
         BenchOptions.from_python(options)
+
+
+def test_the_largest_size_allowed_is_the_bound():
+    assert BenchOptions.from_python({"sizes": ["4x250000", (1, 1_000_000)]}).sizes == [(4, 250_000), (1, 1_000_000)]
 
 
 def test_the_fuser_bench_times_every_method_and_tabulates_them():

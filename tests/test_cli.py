@@ -67,6 +67,12 @@ MISTAKES = [
      r"^error: detens fuse: unrecognized arguments: --conff 0\.1; did you mean --conf\? \(see detens fuse --help\)$"),
     ("flag of another command", ["evaluate", "--gt", "gt.json", "--predictions", "p", "--out", "r.json", "--config", "c"],
      r"^error: detens evaluate: unrecognized arguments: --config c; did you mean --train-config\?"),
+    # argparse reads a value that starts with '-' as an option: the message says how to give it
+    ("value that starts with a dash", ["cache", "--config", "coco_yolo3", "--out", "o", "--shard", "-1/2"],
+     r"^error: detens cache: argument --shard: expected one argument; argparse takes '-1/2' for an option: write "
+     r"--shard=-1/2 \(see detens cache --help\)$"),
+    ("option without its value", ["cache", "--config", "coco_yolo3", "--out", "o", "--shard"],
+     r"^error: detens cache: argument --shard: expected one argument \(see detens cache --help\)$"),
     ("stray argument", fuse_args("extra"), r"^error: detens fuse: unrecognized arguments: extra \(see detens fuse --help\)$"),
     ("--cv 1", ["evaluate", "--gt", "gt.json", "--predictions", "p", "--out", "r.json", "--cv", "1"], r"--cv must be"),
     ("unknown evaluate method", ["evaluate", "--gt", "gt.json", "--predictions", "p", "--out", "r.json",
@@ -127,6 +133,8 @@ MISTAKES = [
     ("bench --coco and --engines", ["bench", "--coco", "gt.json", "r.json", "--engines", "images"],
      r"--coco and --engines are two different benchmarks"),
     ("bench --repeats 0", ["bench", "--repeats", "0"], r"--repeats must be at least 1"),
+    ("bench --sizes beyond the bound", ["bench", "--sizes", "3x100000000"],
+     r"--sizes: size '3x100000000' makes images of 300,000,000 boxes; at most 1,000,000"),
     ("bench --seed -1", ["bench", "--seed=-1"], r"--seed must be an integer >= 0, got -1"),
     ("bench --device unknown", ["bench", "--device", "foo"],
      r"--device must be a torch device: cpu, cuda or cuda:<index>, got 'foo'"),

@@ -154,7 +154,11 @@ BAD_GROUND_TRUTH = [
     (("annotations", 0), "id", 10**400, ValueError, r"annotations\[0\].id must be an integer in \[1, 2\*\*53\]"),
     (("images", 0), "id", -1, ValueError, r"images\[0\].id must be an integer in \[0, 2\*\*53\], got -1"),
     (("annotations", 0), "category_id", 7, ValueError, r"annotations\[0\] has category_id 7, which is not in 'categories'"),
-    (("annotations", 0), "image_id", "1", ValueError, r"annotations\[0\] refers to image_id '1'"),
+    (("annotations", 0), "image_id", "1", ValueError, r"annotations\[0\].image_id must be an integer, got str: '1'$"),
+    (("annotations", 0), "image_id", 7, ValueError, r"annotations\[0\] refers to image_id 7, which is not in 'images'"),
+    # the id it spells is a category: saying it is not one pointed at the wrong mistake
+    (("annotations", 0), "category_id", "1", ValueError, r"annotations\[0\].category_id must be an integer, got str: '1'$"),
+    (("annotations", 0), "category_id", True, ValueError, r"annotations\[0\].category_id must be an integer, got bool: True$"),
     (("annotations", 0), "iscrowd", "no", ValueError, r"annotations\[0\].iscrowd must be 0 or 1, got 'no'"),
     (("annotations", 0), "area", -1, ValueError, r"annotations\[0\].area must be a finite number >= 0"),
     (("categories", 0), "id", None, ValueError, r"categories\[0\].id must be an integer"),

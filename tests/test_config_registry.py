@@ -274,10 +274,12 @@ def test_a_value_out_of_range_is_named_by_the_file_or_flag_that_gave_it(tmp_path
         load_train_config("deep", str(path), {"score_max_det": 0})
     with pytest.raises(ValueError, match=r"^--set: epochs must be"):
         load_train_config("theta", None, {"epochs": -2})
-    # a command's own flag for a key (detens train --lr) is named, not --set; it wins over --set
+    # a command's own flag for a key (detens train --lr) is named, not --set; it and --set give one key once
     with pytest.raises(ValueError, match=r"^--lr: lr must be a positive number, got -1"):
-        load_train_config("deep", None, {"lr": 0.1}, {"lr": -1.0})
-    assert load_train_config("deep", None, {"lr": 0.1, "epochs": 3}, {"lr": 0.2}).lr == 0.2
+        load_train_config("deep", None, {"epochs": 3}, {"lr": -1.0})
+    with pytest.raises(ValueError, match=r"^--lr 0.2 and --set lr=0.1 both set lr: give one of them$"):
+        load_train_config("deep", None, {"lr": 0.1, "epochs": 3}, {"lr": 0.2})
+    assert load_train_config("deep", str(path), None, {"lr": 0.2}).lr == 0.2  # over the file: a layer above it
 
 
 def test_from_dict_names_where_the_dataclass_refuses_a_value():

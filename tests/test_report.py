@@ -134,6 +134,62 @@ def test_a_table_without_a_number_to_rank_by_is_refused_naming_the_row(tmp_path,
     EvaluationRecord(record.meta, record.gt, {"single:a": {"map": 0.5, "ece": None}}, {}, record.results)  # null: not measured
 
 
+@pytest.mark.parametrize("section, name, column, value, message", [
+    ("results", "single:a", "score", float("nan"), "[0].score must be a finite number, got nan"),
+    ("results", "single:a", "score", None, "[0].score must be a finite number, got None"),
+    ("results", "single:a", "score", 1.5, "[0].score must be in [0, 1] (detens' scores are probabilities), got 1.5"),
+    ("members", "a", "bbox", [1, 2, 3], "[0].bbox must be 4 finite numbers [x, y, width, height], got [1, 2, 3]"),
+    ("members", "a", "bbox", [1, 2, -3, 4],
+     "[0].bbox = [1.0, 2.0, -3.0, 4.0] has a negative width or height; COCO boxes are [x, y, w, h]"),
+    ("results", "single:a", "image_id", "1", "[0].image_id must be an integer, got '1'"),
+    ("results", "single:a", "category_id", True, "[0].category_id must be an integer, got True"),
+])
+def test_a_record_whose_results_are_no_coco_results_is_refused_naming_the_file_and_the_row(
+    tmp_path, section, name, column, value, message
+):
+    path = tiny_record().save(tmp_path / "bad.evaluation.json.gz")
+    document = json.loads(gzip.decompress(path.read_bytes()))
+    document[section][name][column][0] = value
+    path.write_bytes(gzip.compress(json.dumps(document).encode()))
+    with pytest.raises(ValueError) as error:
+        EvaluationRecord.load(path)
+    assert str(error.value) == f"{path}: {section}[{name!r}]{message}"
+
+
+def test_the_column_check_of_a_record_passes_only_results_that_validate():
+    """The record's results are checked column by column, for speed; what that passes, the row-by-row
+    validate_coco_results must accept, and what it refuses, that check must have left to it."""
+    from detens.coco import validate_coco_results
+    from detens.report.record import _columns_are_results
+
+    rng = np.random.default_rng(0)
+    mutations = [
+        ("score", lambda: float("nan")), ("score", lambda: -0.1), ("score", lambda: 1.0), ("score", lambda: None),
+        ("score", lambda: "0.5"), ("score", lambda: True), ("bbox", lambda: [1, 2, 3]), ("bbox", lambda: [1, 2, True, 4]), ("bbox", lambda: [1, 2, 3, float("inf")]),
+        ("bbox", lambda: [1, 2, 0, 0]), ("bbox", lambda: [1, 2, -1, 4]), ("bbox", lambda: "1 2 3 4"),
+        ("image_id", lambda: 1.0), ("image_id", lambda: "1"), ("image_id", lambda: True), ("category_id", lambda: 2.5),
+        ("category_id", lambda: None), ("category_id", lambda: 7),
+    ]
+    verdicts = set()
+    for _ in range(300):
+        k = int(rng.integers(0, 5))
+        columns = {"image_id": rng.integers(1, 9, k).tolist(), "category_id": rng.integers(1, 4, k).tolist(),
+                   "bbox": rng.uniform(0, 50, (k, 4)).tolist(), "score": rng.uniform(0, 1, k).tolist()}
+        if k and rng.random() < 0.7:
+            key, make = mutations[int(rng.integers(len(mutations)))]
+            columns[key][int(rng.integers(k))] = make()
+        rows = [dict(zip(columns, row, strict=True)) for row in zip(*columns.values(), strict=True)]
+        try:
+            validate_coco_results(rows)
+            valid = True
+        except (TypeError, ValueError):
+            valid = False
+        fast = _columns_are_results(columns)
+        assert valid or not fast, columns  # never passes what the row check refuses
+        verdicts.add((fast, valid))
+    assert verdicts == {(True, True), (False, False), (False, True)}  # the last: float ids, left to the rows
+
+
 def test_example_pngs_must_name_both_kinds(tmp_path):
     from detens.report.examples import write_examples
 

@@ -1269,6 +1269,8 @@ class TestTools:
         assert train_cli.main(args + ["--set", "match_iou=0.5"]) == 2
         err = capsys.readouterr().err
         assert "--set: match_iou 0.5 would not be used" in err and "[0.6, 0.65, 0.7]" in err
+        assert train_cli.main(args + ["--set", "epochs=2"]) == 2  # args hold --epochs 1
+        assert "error: --epochs 1 and --set epochs=2 both set epochs: give one of them" in capsys.readouterr().err
         assert train_cli.main(args + ["--set", "match_iou=0.5", "--set", "match_iou_grid=[]"]) == 0
         assert load_head(tmp_path / "head.json").match_iou == 0.5
         capsys.readouterr()
@@ -1307,6 +1309,8 @@ class TestTools:
         config.write_text("match_iou: 0.5\n")
         assert evaluate_cli.main(base + ["--train-config", f"theta={config}"]) == 2
         assert f"{config}: match_iou 0.5 would not be used" in capsys.readouterr().err
+        assert evaluate_cli.main(base + ["--set", "theta.epochs=abc"]) == 2
+        assert "error: --set theta.epochs: expected an integer, got str 'abc'" in capsys.readouterr().err
 
     def test_evaluate_cli_fit_on_needs_no_cross_validation(self, dataset, tmp_path, capsys):
         gt_path, predictions = dataset
@@ -1991,6 +1995,20 @@ def test_head_kind_names_the_head_a_method_fits():
         assert head_kind(name) is None
 
 
+def test_load_train_config_refuses_a_key_set_both_by_set_and_by_its_own_flag():
+    from detens.heads import config_for, load_train_config
+
+    # without the refusal the flag's layer, last, would win and the --set value be dropped unseen
+    with pytest.raises(ValueError, match=r"^--epochs 1 and --set epochs=2 both set epochs: give one of them$"):
+        load_train_config("deep", overrides={"epochs": 2}, flags={"epochs": 1})
+    assert load_train_config("deep", overrides={"lr": 0.01}, flags={"epochs": 1}) == config_for("deep", lr=0.01, epochs=1)
+    # the overrides' layer is named as the command's user typed it (detens evaluate: --set HEAD.KEY=VALUE)
+    with pytest.raises(TypeError, match=r"^--set theta.epochs: expected an integer, got str 'abc'$"):
+        load_train_config("theta", overrides={"epochs": "abc"}, overrides_name="--set theta")
+    with pytest.raises(ValueError, match=r"^unknown key 'epochz' in --set theta; .* Did you mean 'epochs'\?$"):
+        load_train_config("theta", overrides={"epochz": 3}, overrides_name="--set theta")
+
+
 def test_train_config_from_layers_the_user_keys_over_the_head_defaults():
     from detens.heads import config_for, theta_seed_config, train_config_from
 
@@ -2004,6 +2022,9 @@ def test_train_config_from_layers_the_user_keys_over_the_head_defaults():
         train_config_from("deep", ("a.yaml", {"match_iou_grid": [0.6]}), ("--set", {"match_iou": 0.5}))
     with pytest.raises(ValueError, match=r"^a.yaml: match_iou 0.5"):
         train_config_from("theta", ("a.yaml", {"match_iou": 0.5}))
+    # a value out of range is refused as that, before whether the grid would overwrite it
+    with pytest.raises(ValueError, match=r"^--set: match_iou must be in \(0, 1\), got -0.5$"):
+        train_config_from("deep", ("--set", {"match_iou": -0.5}))
     assert train_config_from("selection", ("a.yaml", {"match_iou": 0.5})).match_iou == 0.5  # no grid by default
     assert train_config_from("deep", ("a.yaml", {"match_iou": 0.5, "match_iou_grid": []})).match_iou == 0.5
     with pytest.raises(ValueError, match=r"unknown key 'epoch' in b.yaml"):

@@ -112,6 +112,9 @@ class PrecomputedDetector(BaseDetector):
         if self.class_map is not None and categories is not None:
             check_class_map_categories(self.class_map, categories, self.name)
         self.where = where
+        if not clean:  # as for a cached member: most often a tool that failed, not a model that sees nothing
+            logger.warning("%s holds no detection: member %s gives none on any image; check the tool that wrote it",
+                           where, self.name)
         # the first result of each saved category id, so that an id outside a label space can be named
         self._first_result: dict[int, tuple[int, int]] = {}
         for i, entry in enumerate(clean):

@@ -45,22 +45,31 @@ _INTERRUPTED = 130
 # argparse's message for a value outside an argument's choices, and the quoted names it lists
 _INVALID_CHOICE = re.compile(r"invalid choice: '(?P<given>[^']*)' \(choose from (?P<valid>.*)\)")
 _QUOTED = re.compile(r"'([^']*)'")
+# argparse's message for an option whose value it took for another option ("--shard -1/2")
+_EXPECTED_ONE = re.compile(r"argument (?P<flags>[^:]+): expected one argument")
 
 
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a bad command line as one ``error:`` line (exit status 2), like every other
     user mistake, instead of a usage block."""
 
+    #: the arguments being parsed
+    _command_line: list[str] = []
+
     def error(self, message: str) -> NoReturn:
         choice = _INVALID_CHOICE.search(message)
         if choice:  # as every unknown name of detens is answered: with the nearest valid one
             close = difflib.get_close_matches(choice["given"], _QUOTED.findall(choice["valid"]), n=1)
             message += f"; did you mean {close[0]!r}?" if close else ""
+        expected = _EXPECTED_ONE.search(message)
+        if expected:
+            message += _dash_value_hint(expected["flags"].split("/"), self._command_line)
         self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")  # same form as UsageError
 
     def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
         """argparse's, but a flag the command does not know is reported by that command's parser (argparse
         reports it from the top: ``detens: ...``), with the nearest flag it has."""
+        _Parser._command_line = list(sys.argv[1:] if args is None else args)  # for the subcommands' errors
         parsed, unknown = self.parse_known_args(args, namespace)
         if unknown:
             parser = getattr(parsed, "_parser", self)
@@ -73,6 +82,15 @@ class _Parser(argparse.ArgumentParser):
                 hint = _expanded_glob_hint(list(sys.argv[1:] if args is None else args), unknown)
             parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
         return parsed
+
+
+def _dash_value_hint(flags: list[str], args: list[str]) -> str:
+    """How to give a value that starts with ``-`` (argparse reads ``--shard -1/2`` as two options) where
+    one of ``flags`` is followed by such a value in ``args``; empty otherwise."""
+    for flag, value in zip(args, args[1:], strict=False):
+        if flag in flags and value.startswith("-") and not value.startswith("--"):
+            return f"; argparse takes {value!r} for an option: write {flag}={value}"
+    return ""
 
 
 def _expanded_glob_hint(args: list[str], unknown: list[str]) -> str:

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import argparse
 
-from detens.catalogue import DEFAULT_BENCH_SIZES
+from detens.catalogue import DEFAULT_BENCH_SIZES, MAX_BENCH_BOXES
 from detens.cli import argparse_type, integer, output_file, positive_int, run_command
 
 
@@ -64,7 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # The options of one mode default to None here (the real defaults are _MODE_DEFAULTS) so that an option
     # given for a mode that does not run can be told apart from its default, and rejected.
     parser.add_argument("--sizes", nargs="+", type=argparse_type("detens.jobs.bench", "parse_size"),
-                        help=f"NxK: N models, K boxes per model (default: {' '.join(DEFAULT_BENCH_SIZES)})")
+                        help=f"NxK: N models, K boxes per model, N x K at most {MAX_BENCH_BOXES:,} "
+                             f"(default: {' '.join(DEFAULT_BENCH_SIZES)})")
     parser.add_argument("--repeats", type=integer,
                         help="images per size; sizes above 5000 boxes use a third of them (default: 15)")
     parser.add_argument("--device", help="device of the input Detections (default: cpu)")

@@ -893,32 +893,44 @@ def train_config_from(kind: str, *layers: tuple[str, dict[str, Any] | None]) -> 
     data = asdict(config)
     for where, keys in layers:
         keys = dict(keys or {})
+        data.update(keys)
+        config = from_dict(trainer.config_class, data, where=where)  # each layer's mistakes named by it
+        # after the values' own checks: a value out of range is that, whether or not it would be used
         for option, grid_name, chosen_by in [
             ("match_iou", "match_iou_grid", "its matching IoU among match_iou_grid {} on the fitting images"),
             ("bags", "bags_grid", "bags among bags_grid {} by an inner cross-validation on the fitting images"),
         ]:
-            grid = keys.get(grid_name, data.get(grid_name))
+            grid = data.get(grid_name)
             if option in keys and grid_name not in keys and grid:
                 raise ValueError(
                     f"{where}: {option} {keys[option]} would not be used: the {kind} head chooses "
                     f"{chosen_by.format(list(grid))}; also give {grid_name}: [] to fix it, or list the values to "
                     "choose among"
                 )
-        data.update(keys)
-        config = from_dict(trainer.config_class, data, where=where)  # each layer's mistakes named by it
     return config
 
 
 def load_train_config(
-    kind: str, path: str | None = None, overrides: dict[str, Any] | None = None, flags: dict[str, Any] | None = None
+    kind: str,
+    path: str | None = None,
+    overrides: dict[str, Any] | None = None,
+    flags: dict[str, Any] | None = None,
+    overrides_name: str = "--set",
 ) -> Any:
     """The training config of ``kind``: :func:`train_config_from` with the YAML file ``path`` (a path, or the
-    name of a shipped one such as ``deep``) if given, then ``overrides`` (``--set`` flags), then ``flags``
-    (a command's own flags for config keys, ``{"lr": 0.01}`` from ``--lr``, each a layer named by its flag).
+    name of a shipped one such as ``deep``) if given, then ``overrides`` (``--set`` flags, a layer named
+    ``overrides_name``), then ``flags`` (a command's own flags for config keys, ``{"lr": 0.01}`` from
+    ``--lr``, each a layer named by its flag).
 
     Raises:
-        FileNotFoundError: no such file, or an empty one. ValueError: its top level is not a mapping.
+        FileNotFoundError: no such file, or an empty one. ValueError: its top level is not a mapping, or a
+            key is given both in ``overrides`` and in ``flags`` (one of the two would be dropped unseen).
     """
+    if clashes := sorted(set(overrides or {}) & set(flags or {})):
+        key = clashes[0]
+        raise ValueError(
+            f"--{key} {flags[key]} and {overrides_name} {key}={overrides[key]} both set {key}: give one of them"
+        )
     from detens.config import read_yaml_file
     from detens.packaged import find_packaged
 
@@ -933,7 +945,7 @@ def load_train_config(
         _check_head_type_of(kind, config_path, data)
         layers.append((str(config_path), data))
     if overrides:
-        layers.append(("--set", overrides))
+        layers.append((overrides_name, overrides))
     layers += [(f"--{key}", {key: value}) for key, value in (flags or {}).items()]
     return train_config_from(kind, *layers)
 

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from detens import Detections, match
-from detens.catalogue import DEFAULT_BENCH_SIZES
+from detens.catalogue import DEFAULT_BENCH_SIZES, MAX_BENCH_BOXES
 from detens.extras import import_extra
 from detens.fusers import fuse
 from detens.io import atomic_write_json, check_writable_file
@@ -242,15 +242,25 @@ def parse_size(text: str) -> tuple[int, int]:
     """``NxK`` as (N models, K boxes per model).
 
     Raises:
-        ValueError: ``text`` is no ``NxK``, or names no model or no box.
+        ValueError: ``text`` is no ``NxK``, names no model or no box, or more than
+            :data:`~detens.catalogue.MAX_BENCH_BOXES` boxes in all.
     """
     try:
         models, boxes = (int(v) for v in text.lower().split("x"))
     except ValueError:
         raise ValueError(f"size must look like 5x1000 (models x boxes per model), got {text!r}") from None
-    if models < 1 or boxes < 1:
-        raise ValueError(f"size needs at least 1 model and 1 box, got {text!r}")
+    _check_size(models, boxes, text)
     return models, boxes
+
+
+def _check_size(models: int, boxes: int, given: Any) -> None:
+    if models < 1 or boxes < 1:
+        raise ValueError(f"size needs at least 1 model and 1 box, got {given!r}")
+    if models * boxes > MAX_BENCH_BOXES:
+        raise ValueError(
+            f"size {given!r} makes images of {models * boxes:,} boxes; at most {MAX_BENCH_BOXES:,} (models x boxes "
+            "per model), some hundred times what an ensemble of detectors gives one image"
+        )
 
 
 def _sizes(value: Any) -> list[tuple[int, int]]:
@@ -272,8 +282,10 @@ def _sizes(value: Any) -> list[tuple[int, int]]:
         if not isinstance(size, Sequence) or len(size) != 2:
             raise TypeError(f"sizes[{i}] must be '5x1000' or (5, 1000), got {type(size).__name__}: {size!r}")
         models, boxes = (check_int(f"sizes[{i}]", v) for v in size)
-        if models < 1 or boxes < 1:
-            raise ValueError(f"sizes[{i}]: size needs at least 1 model and 1 box, got {size!r}")
+        try:
+            _check_size(models, boxes, size)
+        except ValueError as err:
+            raise ValueError(f"sizes[{i}]: {err}") from None
         sizes.append((models, boxes))
     return sizes
 

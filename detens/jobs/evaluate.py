@@ -214,7 +214,7 @@ def _run(options: EvaluateOptions) -> int:
     sets = _sets_by_head(options.set, methods)
     method_options = {}
     for kind in sorted({*files, *sets}):
-        config = load_train_config(kind, files.get(kind), sets.get(kind))
+        config = load_train_config(kind, files.get(kind), sets.get(kind), overrides_name=f"--set {kind}")
         method_options.update({method: {"config": config} for method in _takers(kind, methods, "")})
     for flag, value in (("--plot", options.plot), ("--reliability", options.reliability)):  # --out: by run()
         if value is not None:

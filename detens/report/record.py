@@ -34,10 +34,14 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from detens.checks import check_real
+from detens.coco import validate_coco_results
 from detens.io import atomic_write_bytes, check_file_path
 
 __all__ = ["PARTIAL_SUFFIX", "RECORD_FORMAT", "RECORD_SUFFIX", "EvaluationRecord", "partial_path", "record_path"]
@@ -257,13 +261,47 @@ def _to_columns(results: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
 
 
 def _from_columns(columns: Any, where: str) -> list[dict[str, Any]]:
-    """COCO result dicts from :func:`_to_columns`'s lists (the schema is checked where they are used)."""
+    """COCO result dicts from :func:`_to_columns`'s lists.
+
+    Raises:
+        ValueError: not those lists, or a result that is no COCO result (``where`` and its index named).
+    """
     if not isinstance(columns, dict) or any(not isinstance(columns.get(k), list) for k in _COLUMNS):
         raise ValueError(f"{where} must hold the lists {list(_COLUMNS)}")
     lengths = {k: len(columns[k]) for k in _COLUMNS}
     if len(set(lengths.values())) > 1:
         raise ValueError(f"{where}: its columns differ in length {lengths}")
-    return [
+    results = [
         {"image_id": i, "category_id": c, "bbox": b, "score": s}
         for i, c, b, s in zip(*(columns[k] for k in _COLUMNS), strict=True)
     ]
+    if not _columns_are_results(columns):
+        try:  # names the first bad result
+            validate_coco_results(results, where)
+        except TypeError as err:  # a malformed record is a ValueError naming its file, whatever is wrong
+            raise ValueError(str(err)) from None
+    return results
+
+
+def _columns_are_results(columns: Mapping[str, list[Any]]) -> bool:
+    """Whether every row passes :func:`validate_coco_results`' checks, tested column by column: a record
+    holds up to a million results, which that function's row-by-row checks would take seconds over. False
+    where unsure (JSON floats as ids): the row-by-row check decides then."""
+    try:
+        boxes = np.asarray(columns["bbox"], dtype=np.float64)
+        scores = np.asarray(columns["score"], dtype=np.float64)
+    except (TypeError, ValueError):  # ragged boxes, strings, lists
+        return False
+    if not len(scores):
+        return True
+    if boxes.shape != (len(scores), 4):
+        return False
+    # exact types: numpy reads a JSON true as 1 and a null as nan; the row check refuses the first
+    id_types = set(map(type, chain(columns["image_id"], columns["category_id"])))
+    number_types = set(map(type, chain(columns["score"], chain.from_iterable(columns["bbox"]))))
+    return (
+        id_types <= {int}
+        and number_types <= {int, float}
+        and bool(np.isfinite(boxes).all() and (boxes[:, 2:] >= 0).all())
+        and bool(np.isfinite(scores).all() and ((scores >= 0) & (scores <= 1)).all())
+    )
