@@ -176,14 +176,20 @@ def check_flag(value: Any, name: str) -> bool:
     return bool(value)
 
 
-def check_name_list(value: Any, name: str = "model_names") -> list[Any] | None:
+def check_name_list(value: Any, name: str = "model_names") -> list[str] | None:
     """``value`` (an iterable of names, or None) as a list; a string is refused, not split into one name per
-    character."""
+    character, and so is a name that is no string or an empty one (a member is found by its name)."""
     if value is None:
         return None
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
         raise TypeError(f"{name} must be a list with one name per model, got {type(value).__name__}: {value!r}")
-    return list(value)
+    names = list(value)
+    for i, item in enumerate(names):
+        if not isinstance(item, str):
+            raise TypeError(f"{name}[{i}] must be a model's name, a string, got {type(item).__name__}: {item!r}")
+        if not item:
+            raise ValueError(f"{name}[{i}] is empty: a model's name must be a non-empty string")
+    return names
 
 
 def check_choice(value: Any, name: str, choices: Collection[str]) -> str:

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from detens.catalogue import COCO_BACKENDS as BACKENDS
-from detens.checks import check_integer, check_integers
+from detens.checks import check_integer, check_integers, check_whole
 from detens.detections import MAX_IMAGE_SIDE, MAX_LABEL, Detections
 from detens.io import atomic_write_json, check_file_path, read_json_file
 
@@ -280,7 +280,8 @@ def coco_to_detections(
     boxes = torch.cat([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], dim=1)
     scores = torch.tensor([r["score"] for r in clean], dtype=torch.float64)
     labels = torch.tensor([r["category_id"] for r in clean], dtype=torch.int64)
-    return Detections(boxes.float(), scores.float(), labels, image_size, source)
+    # float64 into Detections: a corner beyond float32 (x + w of two large numbers) is named as that, not as inf
+    return Detections(boxes, scores, labels, image_size, source)
 
 
 # ---------------------------------------------------------------------------------------- results files
@@ -470,9 +471,10 @@ class CocoGroundTruth:
         return {int(c["id"]): str(c.get("name", c["id"])) for c in self.dataset["categories"]}
 
     def _image(self, image_id: int) -> dict[str, Any]:
+        key = check_whole(image_id, "image_id")  # 1.7 is not image 1, nor "1" a missing one
         try:
-            return self._images[int(image_id)]
-        except (KeyError, TypeError, ValueError):
+            return self._images[key]
+        except KeyError:
             raise KeyError(f"image_id {image_id!r} is not in the ground truth ({len(self)} images)") from None
 
     def image_size(self, image_id: int) -> tuple[int, int]:
@@ -548,7 +550,7 @@ class CocoGroundTruth:
         wanted = set(check_integers(image_ids, "image_ids"))
         unknown = sorted(wanted - set(self._images))
         if unknown:
-            raise KeyError(
+            raise ValueError(
                 f"image ids not in the ground truth: {unknown[:10]}{' ...' if len(unknown) > 10 else ''}"
             )
         dataset = dict(self.dataset)
@@ -691,13 +693,16 @@ def _check_result_array(array: np.ndarray, where: str) -> np.ndarray:
             f"{where} as an array must have shape [K, 7] (image_id, x, y, w, h, score, category_id), "
             f"got {list(array.shape)}"
         )
+    if array.dtype.kind not in "biuf":
+        raise TypeError(f"{where} as an array must hold numbers, got dtype {array.dtype}")
     array = np.asarray(array, dtype=np.float64)
     bad = ~np.isfinite(array).all(axis=1) | (array[:, 3] < 0) | (array[:, 4] < 0)
     bad |= (array[:, 0] != np.round(array[:, 0])) | (array[:, 6] != np.round(array[:, 6]))
+    bad |= (array[:, 5] < 0) | (array[:, 5] > 1)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{where}[{i}] is not a valid result row (integer ids, finite values, w, h >= 0): "
-                         f"{array[i].tolist()}")
+        raise ValueError(f"{where}[{i}] is not a valid result row (integer ids, finite values, w, h >= 0, a score "
+                         f"in [0, 1]): {array[i].tolist()}")
     return array
 
 
@@ -711,7 +716,7 @@ def _array_to_results(array: np.ndarray) -> list[dict[str, Any]]:
 
 def evaluate_coco(
     gt: str | Path | Mapping[str, Any] | COCO | CocoGroundTruth,
-    predictions: Sequence[Mapping[str, Any]] | np.ndarray | str | Path,
+    predictions: Sequence[Mapping[str, Any]] | np.ndarray | Tensor | str | Path,
     image_ids: Iterable[int] | None = None,
     backend: Literal["pycocotools", "faster", "hotcoco"] = "pycocotools",
 ) -> dict[str, float]:
@@ -731,8 +736,8 @@ def evaluate_coco(
             Never modified.
         predictions: COCO result dicts (``image_id``, ``category_id``, ``bbox`` xywh pixels, ``score``),
             the same as a float array ``[K, 7]`` of rows ``[image_id, x, y, w, h, score, category_id]``
-            (:func:`detections_to_array`; no per-dict work, for searches), or the path of a results JSON
-            file. Never modified.
+            (:func:`detections_to_array`; no per-dict work, for searches; a tensor of those rows too), or
+            the path of a results JSON file. Never modified.
         image_ids: evaluate only these images (e.g. one cross-validation fold); each must be in ``gt``.
         backend: ``"pycocotools"`` (the reference), ``"faster"`` (faster-coco-eval's C++ evaluator, the
             same numbers about five times faster) or ``"hotcoco"`` (hotcoco's Rust port, within 1e-4 of
@@ -770,7 +775,7 @@ class CheckedCocoInput:
 
 def check_coco_input(
     gt: str | Path | Mapping[str, Any] | COCO | CocoGroundTruth,
-    predictions: Sequence[Mapping[str, Any]] | np.ndarray | str | Path,
+    predictions: Sequence[Mapping[str, Any]] | np.ndarray | Tensor | str | Path,
     image_ids: Iterable[int] | None = None,
 ) -> CheckedCocoInput:
     """Every check :func:`evaluate_coco` makes of its inputs (same arguments), once: score the result with
@@ -781,6 +786,8 @@ def check_coco_input(
     """
     truth = load_coco_gt(gt)
     array: np.ndarray | None = None
+    if isinstance(predictions, torch.Tensor):  # the array form, as detections_to_array's rows in a tensor
+        predictions = predictions.detach().cpu().numpy()
     if isinstance(predictions, np.ndarray):
         array = _check_result_array(predictions, "predictions")
     elif isinstance(predictions, (str, Path)):

@@ -134,6 +134,8 @@ def results_to_detections(
     """
     boxes = getattr(result, "boxes", None)
     if boxes is None:
+        if not hasattr(result, "orig_shape"):  # no Results at all
+            raise TypeError(f"results_to_detections needs an Ultralytics Results, got {type(result).__name__}")
         kind = "OBB" if getattr(result, "obb", None) is not None else "non-detection"
         raise TypeError(f"results_to_detections needs a detection Results with .boxes; got a {kind} Results")
     data = boxes.data

@@ -7,6 +7,7 @@ A value that is an existing file is used as it is; otherwise a bare name is look
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -57,6 +58,9 @@ def find_packaged(value: str | Path, kind: Kind, folder: str | Path | None = Non
     """
     if kind not in _SUFFIXES:
         raise ValueError(f"kind must be one of {', '.join(_SUFFIXES)}, got {kind!r}")
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{_WHAT[kind]}: expected a file (str or Path) or a shipped name, got {type(value).__name__}: "
+                        f"{value!r}")
     if isinstance(value, str) and value == "":
         raise ValueError(f"{_WHAT[kind]}: expected a file or a shipped name, got {value!r}")
     given = Path(value).expanduser()

@@ -18,8 +18,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from detens.checks import first_few
-from detens.coco import CocoGroundTruth, coco_to_detections, load_coco_results, with_annotation_ids
+from detens.checks import check_name_list, first_few
+from detens.coco import (
+    CocoGroundTruth,
+    coco_to_detections,
+    load_coco_gt,
+    load_coco_results,
+    validate_coco_results,
+    with_annotation_ids,
+)
 from detens.detections import Detections
 from detens.io import read_json_file
 
@@ -84,8 +91,10 @@ class EnsemblePredictions:
     Args:
         model_names (list[str]): the ensemble's members, in the order every ``per_model`` list uses.
         results (list[list[dict]]): COCO result dicts of each model.
-        gt (CocoGroundTruth): the dataset; gives image sizes and the valid image ids.
-        validated (bool): the results come from :func:`~detens.coco.load_coco_results` (schema checked).
+        gt (CocoGroundTruth | str | Path | dict): the dataset (anything :func:`~detens.coco.load_coco_gt`
+            takes); gives image sizes and the valid image ids.
+        validated (bool): the results come from :func:`~detens.coco.load_coco_results` or
+            :func:`~detens.coco.validate_coco_results` (schema checked); False: they are checked here.
         unreadable (dict[str, dict[str, str]] | None): per model (a name of ``model_names``), the images it
             could not read as ``{file_name: error}``, the form of each member's ``unreadable`` in
             ``detens cache``'s ``cache_summary.json``. File names that are not in ``gt`` are ignored (those
@@ -99,7 +108,8 @@ class EnsemblePredictions:
         left_out (list[LeftOutImage]): the images of ``gt`` left out, by image id; empty when none is.
 
     Raises:
-        ValueError: model names repeated or not one per result list; results of images that are not in
+        ValueError: no model name, a name repeated or empty, or not one per result list; a result that is
+            no COCO result (naming the model and the result); results of images that are not in
             ``gt`` or of categories it does not define; ``unreadable`` naming another model; every annotated
             image of ``gt`` left out.
         TypeError: ``unreadable`` not a mapping of model names to ``{file_name: error}`` mappings.
@@ -114,12 +124,17 @@ class EnsemblePredictions:
         unreadable: Mapping[str, Mapping[str, str]] | None = None,
         folder: str | Path | None = None,
     ) -> None:
-        _check_not_one_name(model_names, "model_names")
+        model_names = _check_model_names(model_names, "model_names")
+        if isinstance(results, (str, bytes)) or not isinstance(results, Sequence):
+            raise TypeError(f"results must be one list of COCO result dicts per model, got {type(results).__name__}")
         if len(model_names) != len(results):
             raise ValueError(f"{len(model_names)} model names but {len(results)} result lists")
-        if len(set(model_names)) != len(model_names):
-            raise ValueError(f"model names must be unique, got {list(model_names)}")
-        self.model_names = list(model_names)
+        if not isinstance(gt, CocoGroundTruth):
+            gt = load_coco_gt(gt)  # a path, a COCO dict or a pycocotools COCO, as evaluate_coco takes
+        if not validated:  # each list named by its model: coco_to_detections would name the image's list
+            results = [validate_coco_results(model_results, f"results of {name!r}")
+                       for name, model_results in zip(model_names, results, strict=True)]
+        self.model_names = model_names
         self.left_out = _left_out_images(gt, self.model_names, unreadable)
         if self.left_out:
             dropped = {image.image_id for image in self.left_out}
@@ -150,7 +165,7 @@ class EnsemblePredictions:
                 )
             by_image = {}
             for image_id, image_results in grouped.items():
-                det = coco_to_detections(image_results, gt.image_size(image_id), source=name, validate=validated)
+                det = coco_to_detections(image_results, gt.image_size(image_id), source=name, validate=False)
                 by_image[image_id] = (det.boxes, det.scores, det.labels)
             # Checked here, per model: scoring would refuse these only at the first COCO evaluation that sees
             # them, naming no model, after every method before it has been fitted and scored; and a head
@@ -192,7 +207,7 @@ class EnsemblePredictions:
                 constructor.
         """
         if models is not None:
-            _check_not_one_name(models, "models")
+            models = _check_model_names(models, "models")
         folder = Path(folder)
         if folder.is_file():  # most often one member's results file, given for the folder that holds it
             raise NotADirectoryError(f"prediction folder expected, got a file: {folder} (give the folder that holds it)")
@@ -259,7 +274,8 @@ class EnsemblePredictions:
 
     def per_model(self, image_id: int) -> list[Detections]:
         """One Detections per model for ``image_id`` (empty where a model found nothing)."""
-        image_size = self.gt.image_size(image_id)
+        image_size = self.gt.image_size(image_id)  # refuses an id that is no integer
+        image_id = int(image_id)
         per_model = []
         for name, by_image in zip(self.model_names, self._by_image, strict=True):
             arrays = by_image.get(image_id)
@@ -270,7 +286,7 @@ class EnsemblePredictions:
 
     def select(self, models: Sequence[str]) -> EnsemblePredictions:
         """The same predictions restricted to (and ordered as) ``models`` (the same images left out)."""
-        _check_not_one_name(models, "models")
+        models = _check_model_names(models, "models")
         unknown = [m for m in models if m not in self.model_names]
         if unknown:
             raise ValueError(f"unknown models {unknown}; this ensemble has {self.model_names}")
@@ -283,10 +299,17 @@ class EnsemblePredictions:
         return subset
 
 
-def _check_not_one_name(names: Any, what: str) -> None:
-    """A string is a sequence too: ``"yolo"`` would be the four models ``y``, ``o``, ``l``, ``o``."""
+def _check_model_names(names: Any, what: str) -> list[str]:
+    """``names`` as a list of an ensemble's members: at least one, each a non-empty string, none twice. A
+    string is a sequence too: ``"yolo"`` would be the four models ``y``, ``o``, ``l``, ``o``."""
     if isinstance(names, str):
         raise TypeError(f"{what} must be a list of model names, got the string {names!r}; write [{names!r}]")
+    names = check_name_list(names, what)
+    if names is None or not names:
+        raise ValueError(f"{what} must name at least one model, got {names!r}")
+    if repeated := sorted({name for name in names if names.count(name) > 1}):
+        raise ValueError(f"{what} must name each model once, got {repeated} more than once: {names}")
+    return names
 
 
 def join_predictions(

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 from torchvision.ops import box_iou
 
-from detens.checks import check_real, torch_ready_array
+from detens.checks import check_real, first_few, torch_ready_array
 from detens.detections import check_xyxy, compute_device
 from detens.matching import Clusters
 
@@ -124,14 +124,22 @@ class Targets:
 
 
 def _whole(value: Any, name: str, device: torch.device) -> Tensor:
-    """``value`` (ids or flags) as a flat int64 tensor; a fractional value is an error, not truncated."""
-    tensor = _as_tensor(value, torch.float64, device).reshape(-1) if not _is_integer(value) else None
+    """``value`` (ids or flags, one per box) as a flat int64 tensor; a fractional value is an error, not
+    truncated, and so is a value of more than one dimension, not flattened."""
+    tensor = _as_tensor(value, torch.float64, device, name) if not _is_integer(value) else None
     if tensor is not None:
+        tensor = _one_dimensional(tensor, name)
         fractional = tensor != tensor.round()
         if bool(fractional.any()) or not bool(torch.isfinite(tensor).all()):
             i = int((fractional | ~torch.isfinite(tensor)).nonzero()[0])
             raise ValueError(f"{name}[{i}] = {tensor[i].item()} is not a whole number")
-    return _as_tensor(value, torch.int64, device).reshape(-1)
+    return _one_dimensional(_as_tensor(value, torch.int64, device, name), name)
+
+
+def _one_dimensional(tensor: Tensor, name: str) -> Tensor:
+    if tensor.ndim > 1:
+        raise ValueError(f"{name} must have shape [G], one value per box, got {list(tensor.shape)}")
+    return tensor.reshape(-1)
 
 
 def _is_integer(value: Any) -> bool:
@@ -143,10 +151,13 @@ def _is_integer(value: Any) -> bool:
     return False
 
 
-def _as_tensor(value: Any, dtype: torch.dtype, device: torch.device) -> Tensor:
+def _as_tensor(value: Any, dtype: torch.dtype, device: torch.device, name: str = "value") -> Tensor:
     if not isinstance(value, Tensor):
+        array = np.asarray(value)
+        if array.dtype.kind not in "biuf":
+            raise TypeError(f"{name} must hold numbers, got {array.dtype} values: {first_few(array.ravel().tolist())}")
         # a big-endian or reversed array (dtype('>f4'), a[::-1]) holds the same numbers, but torch refuses it as it is
-        value = torch.as_tensor(torch_ready_array(np.asarray(value)))
+        value = torch.as_tensor(torch_ready_array(array))
     return value.detach().to(device=device, dtype=dtype)
 
 
@@ -174,6 +185,8 @@ def assign_targets(
         Targets with ``boxes`` normalized by ``clusters.image_size``, on the clusters' device.
     """
     iou_thr = check_real(iou_thr, "iou_thr", 0.0, 1.0, low_open=True)
+    if not isinstance(clusters, Clusters):
+        raise TypeError(f"clusters must be Clusters (detens.match's output), got {type(clusters).__name__}")
     device = clusters.device
     num_clusters = len(clusters)
     dtype = (
@@ -181,8 +194,8 @@ def assign_targets(
         if isinstance(fused_boxes, Tensor) and fused_boxes.is_floating_point()
         else torch.float32
     )
-    fused_boxes = _as_tensor(fused_boxes, dtype, device)
-    fused_scores = _as_tensor(fused_scores, dtype, device)
+    fused_boxes = _as_tensor(fused_boxes, dtype, device, "fused_boxes")
+    fused_scores = _as_tensor(fused_scores, dtype, device, "fused_scores")
     if fused_boxes.shape != (num_clusters, 4):
         raise ValueError(
             f"fused_boxes must have shape [C, 4] = [{num_clusters}, 4], got {list(fused_boxes.shape)}"
@@ -193,7 +206,7 @@ def assign_targets(
         )
     if not (bool(torch.isfinite(fused_boxes).all()) and bool(torch.isfinite(fused_scores).all())):
         raise ValueError("fused_boxes and fused_scores must be finite (a head that diverged?)")
-    gt_boxes = _as_tensor(gt_boxes, dtype, device)
+    gt_boxes = _as_tensor(gt_boxes, dtype, device, "gt_boxes")
     if gt_boxes.numel() == 0:
         gt_boxes = gt_boxes.reshape(0, 4)
     if gt_boxes.ndim != 2 or gt_boxes.shape[1] != 4:
@@ -204,6 +217,9 @@ def assign_targets(
         raise ValueError(
             f"gt_labels must have shape [G] = [{num_gt}] to match gt_boxes, got {list(gt_labels.shape)}"
         )
+    if bool((gt_labels < 0).any()):
+        i = int((gt_labels < 0).nonzero()[0])
+        raise ValueError(f"gt_labels[{i}] = {int(gt_labels[i])} is negative: class ids are >= 0")
     if gt_iscrowd is None:
         crowd = torch.zeros(num_gt, dtype=torch.bool, device=device)
     else:

@@ -1152,6 +1152,12 @@ def test_augmented_detector_rejects():
 
     with pytest.raises(ValueError, match="repeat"):
         AugmentedDetector(Fake(), ["hflip", "hflip"])
+    with pytest.raises(TypeError, match=r"^detector must be a detector \(callable, with a name\), got int$"):
+        AugmentedDetector(5, ["hflip"])
+    with pytest.raises(TypeError, match=r"^views must be a list of views \('hflip', 'scale=0.83', ...\), got NoneType$"):
+        AugmentedDetector(Fake(), None)
+    with pytest.raises(TypeError, match=r"^model must be a ModelConfig or a mapping \(a YAML models entry\), got list$"):
+        build_detector(["ultralytics"])
     tta = AugmentedDetector(Fake(), "vflip")
     assert [m.name for m in tta] == ["fake|vflip"]
     ((only,),) = tta([np.zeros((5, 6, 3), np.uint8)])

@@ -270,6 +270,21 @@ class TestMap:
         assert out.dtype == torch.float32 and (out[1:] > out[:-1]).all()
         assert ((out >= 0) & (out <= 1)).all()
 
+    @pytest.mark.parametrize("scores, labels, error, message", [
+        # clamped to [0, 1] before, as if the detector had said 1.0
+        (torch.tensor([0.5, 5.0]), None, ValueError, r"^scores\[1\] = 5.0 of 'a' is not a score in \[0, 1\]$"),
+        (torch.tensor([float("nan")]), None, ValueError, r"^scores\[0\] = nan of 'a' is not a score in \[0, 1\]$"),
+        ([0.5], None, TypeError, r"^scores and labels must be tensors \(Tensor\[K\]\), got list$"),
+        (torch.tensor([0.5]), [1], TypeError, r"^scores and labels must be tensors \(Tensor\[K\]\), got list$"),
+        (torch.tensor([[0.5]]), None, ValueError, r"^scores must be Tensor\[K\] and labels None or Tensor\[K\], got shapes \[1, 1\]"),
+        (torch.tensor([0.5, 0.6]), torch.tensor([1]), ValueError, r"got shapes \[2\] and \[1\]$"),
+    ])
+    def test_scores_that_are_no_scores_are_refused(self, scores, labels, error, message):
+        head = CalibrationHead(["a"], {"a": curve([0.4, 0.6], [0.2, 0.7])})
+        with pytest.raises(error, match=message):
+            head.calibrate_scores("a", scores, labels)
+        assert head.calibrate_scores("a", torch.zeros(0)).shape == (0,)  # no detection: a normal case
+
 
 # ----------------------------------------------------------------------------------------------- head
 class TestHead:

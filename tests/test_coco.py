@@ -100,7 +100,9 @@ class TestGroundTruth:
 
     def test_unknown_image_id(self, gt):
         with pytest.raises(KeyError, match="not in the ground truth"):
-            gt.image_size(-5)
+            gt.image_size(-5)  # a lookup by key, as a dict's
+        with pytest.raises(ValueError, match=r"^image ids not in the ground truth: \[-5\]$"):
+            gt.subset([gt.image_ids[0], -5])  # an argument naming ids that are not there
 
     def test_accepts_dict_and_pycocotools(self, gt, raw):
         from pycocotools.coco import COCO
@@ -422,12 +424,33 @@ class TestEvaluate:
         with pytest.raises(ValueError, match="backend must be one of pycocotools, faster, hotcoco, got 'fast'"):
             evaluate_checked(checked, "fast")
 
+    def test_the_array_form_is_checked_as_the_dicts_are_and_may_be_a_tensor(self):
+        dataset = small_gt()
+        row = [1, 10.0, 10.0, 20.0, 20.0, 0.9, 1]
+        as_dict = [{"image_id": 1, "category_id": 1, "bbox": [10.0, 10.0, 20.0, 20.0], "score": 0.9}]
+        assert evaluate_coco(dataset, torch.tensor([row], dtype=torch.float64)) == evaluate_coco(dataset, as_dict)
+        for score in (5.0, -1.0):  # scored before, where the same dict is refused
+            with pytest.raises(ValueError, match=rf"^predictions\[0\] is not a valid result row .* a score in \[0, 1\]\): "
+                                                 rf"\[1\.0, 10\.0, 10\.0, 20\.0, 20\.0, {score}, 1\.0\]$"):
+                evaluate_coco(dataset, np.array([row[:5] + [score, 1]]))
+        with pytest.raises(TypeError, match=r"^predictions as an array must hold numbers, got dtype <U2$"):
+            evaluate_coco(dataset, np.array([["1", "a", "10", "20", "20", ".9", "1"]]))
+
     def test_nothing_is_printed(self, gt, capsys):
         evaluate_coco(gt, gt_as_predictions(gt, image_ids=gt.image_ids[:5]), image_ids=gt.image_ids[:5])
         assert capsys.readouterr().out == ""
 
 
 class TestConversions:
+    def test_a_corner_beyond_float32_is_named_as_that(self):
+        # x + w overflowed in float32 first: the message showed an inf that no result held
+        result = {"image_id": 1, "category_id": 1, "bbox": [3e38, 0.0, 3e38, 1.0], "score": 0.5}
+        with pytest.raises(ValueError, match=r"^Detections.boxes\[0, 2\] = 6e\+38 is beyond float32's range"):
+            coco_to_detections([result], (80, 100))
+        small = coco_to_detections([{**result, "bbox": [1.1, 2.2, 3.3, 4.4]}], (80, 100))
+        assert small.boxes.dtype == torch.float32 and small.scores.dtype == torch.float32
+        assert small.boxes.tolist() == torch.tensor([[1.1, 2.2, 1.1 + 3.3, 2.2 + 4.4]], dtype=torch.float64).float().tolist()
+
     @pytest.mark.parametrize("seed", range(5))
     def test_exact_round_trip_without_rounding(self, seed):
         det = random_detections(seed, num_boxes=50)

@@ -441,6 +441,8 @@ def test_shipped_names_leave_out_the_side_files_of_a_training_run(tmp_path, monk
     assert packaged.find_packaged("c", "heads") == heads / "c.safetensors"
     with pytest.raises(ValueError, match="head file: expected a file or a shipped name, got ''"):
         packaged.find_packaged("", "heads")  # not looked up as the working directory
+    with pytest.raises(TypeError, match=r"^head file: expected a file \(str or Path\) or a shipped name, got int: 5$"):
+        packaged.find_packaged(5, "heads")  # pathlib's own message named neither the head nor what it takes
     with pytest.raises(FileNotFoundError, match=r"'a.json.log' not found.*\(shipped: a, b, c\)"):
         packaged.find_packaged("a.json.log", "heads")
     with pytest.raises(FileNotFoundError, match=r"'c.json' not found"):

@@ -20,7 +20,7 @@ from torch.testing import assert_close
 import detens.heads._features as features_module
 from detens import Detections, fuse, match
 from detens.fusers.consensus import average_clusters
-from detens.heads import HEADS, HeadFileError, load_head
+from detens.heads import HEADS, HeadFileError, fit_head, load_head
 from detens.heads._features import (
     cluster_features,
     feature_names,
@@ -797,6 +797,10 @@ class TestTraining:
             train_head("nope", samples(1), NAMES)
         with pytest.raises(ValueError, match="unknown head type 'nope'; valid: calibration, deep, selection"):
             config_for("nope")
+        with pytest.raises(TypeError, match=r"^head type must be a string, one of calibration, .*; got list$"):
+            fit_head(["theta"], None, [1])
+        with pytest.raises(TypeError, match=r"^predictions must be EnsemblePredictions \(.*\), got list$"):
+            fit_head("theta", [[{"image_id": 1}]], [1])
         with pytest.raises(TypeError, match="trains with DeepTrainConfig"):
             train_head("deep", samples(1), NAMES, SelectionTrainConfig())
         with pytest.raises(ValueError, match="unknown deep training options"):

@@ -421,6 +421,12 @@ class TestFuseResultsSynthetic:
         with pytest.raises(TypeError, match=r"^per_model_results\[1\]\[0\] is not an Ultralytics detection Results: "
                                             r"dict$"):
             fuse_results([[detected], [{"boxes": None}]], method=METHOD)
+        # the one-image converter says the same of what is no Results, and names a Results of another task
+        with pytest.raises(TypeError, match=r"^results_to_detections needs an Ultralytics Results, got NoneType$"):
+            results_to_detections(None)
+        with pytest.raises(TypeError, match=r"^results_to_detections needs a detection Results with \.boxes; got a "
+                                            r"non-detection Results$"):
+            results_to_detections(classified)
 
     def test_same_image_different_path(self):
         r1 = make_results(*random_boxes(0, 3), path="a.jpg")
@@ -470,6 +476,23 @@ class TestFuseResultsSynthetic:
             TorchvisionFusion(method=METHOD, model_names="ab")
         fused = fuse_results([[r1], [r2]], method=METHOD, model_names=("a", "b"))[0]
         assert len(fused) == len(fuse_results([[r1], [r2]], method=METHOD)[0])
+
+    @pytest.mark.parametrize("names, error, message", [
+        ([1, 2], TypeError, r"^model_names\[0\] must be a model's name, a string, got int: 1$"),
+        (["a", ""], ValueError, r"^model_names\[1\] is empty: a model's name must be a non-empty string$"),
+    ])
+    def test_model_names_that_are_no_names_are_refused_alike_everywhere(self, names, error, message):
+        """Integers were turned into the strings "1", "2" by two entry points, and by detens.fuse refused as a
+        Detections' source, a name the caller never gave."""
+        r1 = make_results(*random_boxes(0, 3))
+        r2 = make_results(*random_boxes(1, 3))
+        det = results_to_detections(r1)
+        with pytest.raises(error, match=message):
+            fuse_results([[r1], [r2]], method=METHOD, model_names=names)
+        with pytest.raises(error, match=message):
+            TorchvisionFusion(method=METHOD, model_names=names)
+        with pytest.raises(error, match=message):
+            detens.fuse([det, det], method=METHOD, model_names=names)
 
     def test_custom_class_names_use_indices(self):
         names = {0: "cat", 1: "dog"}

@@ -30,6 +30,65 @@ def test_one_model_name_as_a_string_is_refused_not_spelled_out(tmp_path):
         predictions.select("yolo")
 
 
+@pytest.mark.parametrize("result, error, message", [
+    # before, results given to the constructor went unchecked: 1.5 became class 1 and True class 1
+    ({"category_id": 1.5}, ValueError, r"^results of 'b'\[0\]\.category_id must be an integer, got 1\.5$"),
+    ({"category_id": True}, ValueError, r"^results of 'b'\[0\]\.category_id must be an integer, got True$"),
+    ({"score": 2}, ValueError, r"^results of 'b'\[0\]\.score must be in \[0, 1\]"),
+    ({"score": "0.9"}, ValueError, r"^results of 'b'\[0\]\.score must be a finite number, got '0\.9'$"),
+    ({"bbox": [1, 2, 3, 4, 5]}, ValueError, r"^results of 'b'\[0\]\.bbox must be 4 finite numbers"),
+    ({"image_id": None}, ValueError, r"^results of 'b'\[0\]\.image_id must be an integer, got None$"),
+])
+def test_results_given_unchecked_are_checked_naming_the_model(result, error, message):
+    gt = CocoGroundTruth(GT)
+    with pytest.raises(error, match=message):
+        EnsemblePredictions(["a", "b"], [RESULTS, [{**RESULTS[0], **result}]], gt)
+    with pytest.raises(TypeError, match=r"^results of 'a' must be a list of result dicts, got a dict$"):
+        EnsemblePredictions(["a"], [RESULTS[0]], gt)
+    # checked results are taken as they are: what from_folder gives after load_coco_results
+    assert len(EnsemblePredictions(["a"], [RESULTS], gt, validated=True).per_model(1)[0]) == 1
+
+
+def test_the_ground_truth_may_be_given_as_evaluate_coco_takes_it(tmp_path):
+    path = tmp_path / "gt.json"
+    path.write_text(json.dumps(GT), encoding="utf-8")
+    for gt in (GT, path, str(path), CocoGroundTruth(GT)):
+        predictions = EnsemblePredictions(["a"], [RESULTS], gt)
+        assert isinstance(predictions.gt, CocoGroundTruth) and predictions.gt.image_ids == [1]
+    with pytest.raises(TypeError, match=r"ground truth must be a COCO annotation file path, a dict, .* got int"):
+        EnsemblePredictions(["a"], [RESULTS], 5)
+
+
+@pytest.mark.parametrize("names, error, message", [
+    ([], ValueError, r"^model_names must name at least one model, got \[\]$"),
+    (["", "b"], ValueError, r"^model_names\[0\] is empty: a model's name must be a non-empty string$"),
+    ([1, "b"], TypeError, r"^model_names\[0\] must be a model's name, a string, got int: 1$"),
+    (["a", "a"], ValueError, r"^model_names must name each model once, got \['a'\] more than once: \['a', 'a'\]$"),
+])
+def test_member_names_are_checked_where_an_ensemble_is_made_or_narrowed(names, error, message):
+    gt = CocoGroundTruth(GT)
+    with pytest.raises(error, match=message):
+        EnsemblePredictions(names, [RESULTS] * len(names), gt)
+    predictions = EnsemblePredictions(["a", "b"], [RESULTS, RESULTS], gt)
+    # select made an ensemble of "a" twice, which every fixed fuser then counted twice
+    with pytest.raises(error, match=message.replace("model_names", "models")):
+        predictions.select(names)
+    assert predictions.select(["b"]).model_names == ["b"]
+
+
+def test_an_image_id_that_is_no_integer_is_refused_not_truncated_or_missed():
+    predictions = EnsemblePredictions(["a"], [RESULTS], CocoGroundTruth(GT))
+    assert len(predictions.per_model(1)[0]) == 1 and len(predictions.per_model(1.0)[0]) == 1
+    with pytest.raises(TypeError, match=r"^image_id must be an integer, got str: '1'$"):
+        predictions.per_model("1")  # found nothing, and answered an empty image
+    with pytest.raises(ValueError, match=r"^image_id must be a whole number, got 1\.7$"):
+        predictions.gt.image_size(1.7)  # image 1's size
+    with pytest.raises(TypeError, match=r"^image_id must be an integer, got bool: True$"):
+        predictions.gt.image_size(True)
+    with pytest.raises(KeyError, match=r"image_id 2 is not in the ground truth \(1 images\)"):
+        predictions.per_model(2)
+
+
 def test_hidden_json_files_are_not_taken_for_models(tmp_path):
     """Copied to some disks, macOS writes ``._<name>.json`` beside each file: not a model's results."""
     (tmp_path / "yolo.json").write_text(json.dumps(RESULTS), encoding="utf-8")

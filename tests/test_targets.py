@@ -339,6 +339,10 @@ class TestFixtures:
             ({"gt_labels": [1, 1.5]}, r"gt_labels\[1\] = 1.5 is not a whole number"),
             ({"gt_iscrowd": [0, 2]}, r"gt_iscrowd must hold 0/1 flags, got \[0, 2\]"),
             ({"gt_iscrowd": [0.5, 0]}, r"gt_iscrowd\[0\] = 0.5 is not a whole number"),
+            # flattened before, and matched; and a negative class id taken as one
+            ({"gt_labels": torch.tensor([[1], [1]])}, r"^gt_labels must have shape \[G\], one value per box, got \[2, 1\]$"),
+            ({"gt_labels": [[1.0], [1.0]]}, r"^gt_labels must have shape \[G\], one value per box, got \[2, 1\]$"),
+            ({"gt_labels": torch.tensor([1, -3])}, r"^gt_labels\[1\] = -3 is negative: class ids are >= 0$"),
         ],
     )
     def test_bad_input(self, kwargs, match):
@@ -352,6 +356,15 @@ class TestFixtures:
         args.update(kwargs)
         with pytest.raises(ValueError, match=match):
             assign_targets(make_clusters(boxes, [1]), **args)
+
+
+def test_inputs_of_the_wrong_kind_are_named():
+    boxes = torch.tensor([[0.0, 0.0, 0.25, 0.25]])
+    gt_boxes = torch.tensor([[0.0, 0.0, 16.0, 16.0]])
+    with pytest.raises(TypeError, match=r"^gt_labels must hold numbers, got <U6 values: person$"):
+        assign_targets(make_clusters(boxes, [1]), boxes, torch.tensor([0.5]), gt_boxes, ["person"])
+    with pytest.raises(TypeError, match=r"^clusters must be Clusters \(detens.match's output\), got list$"):
+        assign_targets([1], boxes, torch.tensor([0.5]), gt_boxes, [1])
 
 
 @pytest.mark.parametrize("iou_thr, message", [("0.5", "iou_thr must be a number, got str"),

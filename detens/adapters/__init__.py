@@ -292,6 +292,8 @@ def build_detector(
     from detens.config import from_dict
     from detens.ensemble_config import EnsembleConfig, ModelConfig
 
+    if not isinstance(model, (ModelConfig, Mapping)):
+        raise TypeError(f"model must be a ModelConfig or a mapping (a YAML models entry), got {type(model).__name__}")
     if not isinstance(model, ModelConfig):
         model = from_dict(ModelConfig, dict(model), "model")
     if ensemble is None:

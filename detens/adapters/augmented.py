@@ -343,8 +343,12 @@ class AugmentedDetector:
         merge_iou: float = 0.7,
         max_det: int | None = 300,
     ) -> None:
+        if not callable(detector) or not isinstance(getattr(detector, "name", None), str):
+            raise TypeError(f"detector must be a detector (callable, with a name), got {type(detector).__name__}")
         if isinstance(views, (str, View)):
             views = [views]
+        if not isinstance(views, Sequence):
+            raise TypeError(f"views must be a list of views ('hflip', 'scale=0.83', ...), got {type(views).__name__}")
         parsed = [View.parse(v) for v in views]
         if not parsed:
             raise ValueError("AugmentedDetector needs at least one view")

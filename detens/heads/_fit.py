@@ -974,6 +974,8 @@ def _check_head_type_of(kind: str, path: Any, data: dict[str, Any]) -> None:
 
 
 def _trainer(kind: str) -> Trainer:
+    if not isinstance(kind, str):
+        raise TypeError(f"head type must be a string, one of {', '.join(sorted(TRAINERS))}; got {type(kind).__name__}")
     if kind not in TRAINERS:
         raise ValueError(f"unknown head type {kind!r}; valid: {', '.join(sorted(TRAINERS))}")
     return TRAINERS[kind]
@@ -1009,6 +1011,11 @@ def fit_head(
             that is not in the ground truth.
     """
     trainer = _trainer(kind)
+    if not all(hasattr(predictions, name) for name in ("gt", "model_names", "per_model")):  # as CalibratedPredictions
+        raise TypeError(
+            f"predictions must be EnsemblePredictions (EnsemblePredictions.from_folder, or the constructor over "
+            f"the members' COCO results), got {type(predictions).__name__}"
+        )
     ids = check_distinct_integers(image_ids, "image_ids")
     if not ids:
         raise ValueError(f"no image ids given: a {kind} head is fitted on the training images that image_ids lists")

@@ -440,8 +440,23 @@ class CalibrationHead(nn.Module):
 
         Returns:
             Tensor[K] in [0, 1], float32, on the scores' device.
+
+        Raises:
+            TypeError: ``scores`` or ``labels`` not a tensor. ValueError: not one score per detection, or a
+                score outside [0, 1] (a curve maps probabilities: one beyond them would be clamped unseen).
         """
-        return self._calibrate(self._index(model_name), scores, labels)
+        index = self._index(model_name)
+        if not isinstance(scores, Tensor) or (labels is not None and not isinstance(labels, Tensor)):
+            given = type(scores if not isinstance(scores, Tensor) else labels).__name__
+            raise TypeError(f"scores and labels must be tensors (Tensor[K]), got {given}")
+        if scores.ndim != 1 or (labels is not None and labels.shape != scores.shape):
+            raise ValueError(f"scores must be Tensor[K] and labels None or Tensor[K], got shapes {list(scores.shape)} "
+                             f"and {None if labels is None else list(labels.shape)}")
+        outside = ~((scores >= 0) & (scores <= 1))  # NaN too
+        if bool(outside.any()):
+            i = int(outside.nonzero()[0])
+            raise ValueError(f"scores[{i}] = {scores[i].item()} of {model_name!r} is not a score in [0, 1]")
+        return self._calibrate(index, scores, labels)
 
     def _calibrate(self, index: int, scores: Tensor, labels: Tensor | None) -> Tensor:
         device = compute_device(scores.device)
