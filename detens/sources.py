@@ -8,6 +8,7 @@ processing a folder can report it and go on.
 from __future__ import annotations
 
 import glob
+import io
 import logging
 import os
 import zlib
@@ -54,6 +55,8 @@ IMAGE_EXTENSIONS: frozenset[str] = frozenset(
 _GLOB_CHARS = frozenset("*?[")
 # a file given by name that is one of these is told apart from a corrupt image
 _VIDEO_EXTENSIONS = frozenset({".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg", ".wmv", ".flv"})
+#: Image formats that hold several pages or frames, of which OpenCV decodes the first, and what they hold.
+_MULTI_FRAME_KINDS = {".tif": "pages", ".tiff": "pages", ".gif": "frames"}
 
 
 class ImageReadError(OSError):
@@ -215,11 +218,25 @@ def _png_damage(data: bytes) -> str | None:
     return "truncated (it ends before its IEND chunk, which ends every PNG)"
 
 
+def _frame_count(data: bytes) -> int:
+    """The pages or frames of a TIFF or GIF file ``data`` (1 where Pillow cannot tell)."""
+    try:
+        from PIL import Image
+    except ImportError:  # Pillow comes with ultralytics and matplotlib: absent, nothing is said
+        return 1
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            return int(getattr(image, "n_frames", 1))
+    except (OSError, ValueError, SyntaxError):  # a file OpenCV decoded but Pillow refuses
+        return 1
+
+
 def read_image(path: str | Path, expected_size: tuple[int, int] | None = None) -> np.ndarray:
     """Read an image as BGR ``uint8`` ``[H, W, 3]``.
 
     Grayscale and 16-bit images are converted; the alpha channel is dropped. Unlike ``cv2.imread`` this
-    reads paths with any characters (it decodes the bytes), and never returns ``None``.
+    reads paths with any characters (it decodes the bytes), and never returns ``None``. Of a TIFF of
+    several pages or an animated GIF, the first page or frame is read, with a warning.
 
     The pixels are those stored in the file: an EXIF orientation tag is not applied. COCO annotations,
     and the ``width``/``height`` of their images, describe the stored pixels, so boxes found on an image
@@ -262,6 +279,10 @@ def read_image(path: str | Path, expected_size: tuple[int, int] | None = None) -
         raise ImageReadError(
             f"cannot read image {str(path)!r}: OpenCV could not decode it (corrupt, truncated or not an image)"
         )
+    kind = _MULTI_FRAME_KINDS.get(path.suffix.lower())
+    if kind is not None and (frames := _frame_count(raw)) > 1:
+        logger.warning("%s holds %d %s; only the first is read (split it into one file each to use them all)",
+                       path, frames, kind)
     if expected_size is not None and tuple(image.shape[:2]) != tuple(expected_size):
         (height, width), (expected_height, expected_width) = image.shape[:2], expected_size
         raise ImageSizeError(

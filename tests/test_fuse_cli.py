@@ -1809,3 +1809,22 @@ def test_the_summary_lists_unreadable_images_in_the_images_order(tmp_path):
                                       {1: "person"}, met, run)
     assert list(summary["unreadable"]) == ["a.jpg", "c.jpg"] and summary["unreadable"]["c.jpg"] == "empty file"
     assert list(json.loads((tmp_path / "summary.json").read_text())["unreadable"]) == ["a.jpg", "c.jpg"]
+
+
+def test_a_link_that_leads_to_itself_is_an_unreadable_image_not_the_end_of_the_run(tmp_path):
+    """Listed as a broken link, it reached Path.resolve (in the check for images a run wrote), which raises
+    on a loop in Python 3.11: the run ended with a traceback before any image was fused."""
+    from detens.sources import ImageReadError, list_images, read_image
+
+    try:
+        os.symlink("loop.jpg", tmp_path / "loop.jpg")
+    except (OSError, NotImplementedError):
+        pytest.skip("no symbolic links here")
+    out = tmp_path / "out"
+    assert list_images(tmp_path) == [tmp_path / "loop.jpg"]
+    assert not fuse_tool._written_by_a_run(tmp_path / "loop.jpg", out)
+    os.makedirs(out / "vis")
+    os.symlink(out / "vis" / "loop.jpg", out / "vis" / "loop.jpg")
+    assert fuse_tool._written_by_a_run(out / "vis" / "loop.jpg", out)  # still told apart in --out
+    with pytest.raises(ImageReadError, match=r"cannot read image .*loop\.jpg'?: Too many levels of symbolic links"):
+        read_image(tmp_path / "loop.jpg")

@@ -280,3 +280,24 @@ def test_a_video_given_as_an_image_is_named_a_video(tmp_path):
         f"cannot read image {str(path)!r}: it is a video, and detens fuses images (extract its frames first, "
         "e.g. ffmpeg -i clip.MP4 frames/%06d.jpg)"
     )
+
+
+@pytest.mark.parametrize("suffix, kind", [(".tiff", "pages"), (".gif", "frames")])
+def test_of_several_pages_or_frames_the_first_is_read_with_a_warning(tmp_path, caplog, suffix, kind):
+    """They were read as their first page without a word: the others' objects were never looked at."""
+    from PIL import Image
+
+    first = Image.fromarray(np.full((8, 12, 3), 200, np.uint8))
+    second = Image.fromarray(np.zeros((8, 12, 3), np.uint8))
+    several, one = tmp_path / f"several{suffix}", tmp_path / f"one{suffix}"
+    first.save(several, save_all=True, append_images=[second])
+    first.save(one)
+    with caplog.at_level("WARNING", logger="detens.sources"):
+        image = read_image(several)
+    assert image.shape == (8, 12, 3) and int(image.mean()) > 150  # the first page's pixels
+    assert caplog.messages == [f"{several} holds 2 {kind}; only the first is read (split it into one file each to use "
+                               "them all)"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="detens.sources"):
+        read_image(one)
+    assert caplog.messages == []

@@ -797,7 +797,9 @@ def process_image(
 
 def _written_by_a_run(path: Path, out: Path) -> bool:
     """Whether ``path`` lies in one of the folders a run writes into ``out`` (its drawings are images)."""
-    parents = path.resolve().parents
+    # os.path.realpath, not Path.resolve: that raises on a link that leads to itself, which is an image
+    # that cannot be read (reported as one), not the end of the run
+    parents = Path(os.path.realpath(path)).parents
     return any((out / name).resolve() in parents for name in (*OUTPUT_NAMES, *WORK_FOLDERS))
 
 
