@@ -11,6 +11,8 @@ import glob
 import io
 import logging
 import os
+import sys
+import tempfile
 import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -231,6 +233,43 @@ def _frame_count(data: bytes) -> int:
         return 1
 
 
+_JPEG_SIGNATURE = b"\xff\xd8\xff"
+#: How libjpeg begins the warnings it prints for data it could only partly decode.
+_JPEG_DAMAGE = ("Corrupt JPEG data", "Premature end of JPEG file")
+
+
+def _decode(data: np.ndarray, jpeg: bool) -> tuple[np.ndarray | None, str | None]:
+    """``cv2.imdecode`` of the file's bytes, as stored (no EXIF rotation), and for a JPEG libjpeg's first
+    warning of damaged data (None: none).
+
+    libjpeg prints those warnings on the process's stderr and decodes what it can; OpenCV returns the
+    image without a word. The stderr file descriptor is therefore pointed at a temporary file during the
+    decode (detens reads images on one thread), and what else was written there is written back.
+    """
+    flags = cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION  # OpenCV turns images upright unless told not to
+    if not jpeg:
+        return cv2.imdecode(data, flags), None
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with tempfile.TemporaryFile() as captured:
+            os.dup2(captured.fileno(), 2)
+            try:
+                image = cv2.imdecode(data, flags)
+            finally:
+                os.dup2(saved, 2)
+            captured.seek(0)
+            text = captured.read().decode("utf-8", errors="replace")
+    finally:
+        os.close(saved)
+    lines = text.splitlines()
+    damage = next((line.strip() for line in lines if line.startswith(_JPEG_DAMAGE)), None)
+    others = [line for line in lines if not line.startswith(_JPEG_DAMAGE)]
+    if others:
+        sys.stderr.write("\n".join(others) + "\n")
+    return image, damage
+
+
 def read_image(path: str | Path, expected_size: tuple[int, int] | None = None) -> np.ndarray:
     """Read an image as BGR ``uint8`` ``[H, W, 3]``.
 
@@ -264,8 +303,7 @@ def read_image(path: str | Path, expected_size: tuple[int, int] | None = None) -
         raise ImageReadError(f"cannot read image {str(path)!r}: the PNG file is {damage}")
     data = np.frombuffer(raw, dtype=np.uint8)
     try:
-        # OpenCV turns an image upright by its EXIF orientation unless told not to
-        image = cv2.imdecode(data, cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
+        image, damage = _decode(data, raw.startswith(_JPEG_SIGNATURE))
     except cv2.error as err:  # a header OpenCV refuses, e.g. more pixels than its limit allows
         reason = (err.err or str(err)).strip().splitlines()[0]
         limit = " (OpenCV's limit on pixels is the OPENCV_IO_MAX_IMAGE_PIXELS variable)" if "PIXELS" in reason else ""
@@ -279,6 +317,9 @@ def read_image(path: str | Path, expected_size: tuple[int, int] | None = None) -
         raise ImageReadError(
             f"cannot read image {str(path)!r}: OpenCV could not decode it (corrupt, truncated or not an image)"
         )
+    if damage is not None:
+        # read all the same: some encoders leave such bytes in files whose pixels are whole
+        logger.warning("%s: %s (libjpeg); read as decoded, parts of the image may be damaged", path, damage)
     kind = _MULTI_FRAME_KINDS.get(path.suffix.lower())
     if kind is not None and (frames := _frame_count(raw)) > 1:
         logger.warning("%s holds %d %s; only the first is read (split it into one file each to use them all)",

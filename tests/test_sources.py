@@ -301,3 +301,30 @@ def test_of_several_pages_or_frames_the_first_is_read_with_a_warning(tmp_path, c
     with caplog.at_level("WARNING", logger="detens.sources"):
         read_image(one)
     assert caplog.messages == []
+
+
+def _scrambled_jpeg() -> bytes:
+    """A JPEG whose entropy-coded data is scrambled in the middle: libjpeg decodes it, with a warning."""
+    rng = np.random.default_rng(0)
+    image = cv2.GaussianBlur(rng.integers(0, 256, (96, 128, 3), dtype=np.uint8), (7, 7), 0)
+    data = bytearray(cv2.imencode(".jpg", image)[1].tobytes())
+    for i in range(len(data) // 2, len(data) // 2 + 200):
+        data[i] = (data[i] * 7 + 3) % 256
+    return bytes(data)
+
+
+def test_a_jpeg_libjpeg_decodes_only_in_part_is_read_with_a_warning(tmp_path, caplog, capfd):
+    """OpenCV returned such an image without a word; libjpeg's own line went to the process's stderr."""
+    damaged, whole = tmp_path / "damaged.jpg", tmp_path / "whole.jpg"
+    damaged.write_bytes(_scrambled_jpeg())
+    cv2.imwrite(str(whole), np.full((16, 16, 3), 90, np.uint8))
+    with caplog.at_level("WARNING", logger="detens.sources"):
+        assert read_image(damaged).shape == (96, 128, 3)
+    (message,) = caplog.messages
+    assert message.startswith(f"{damaged}: Corrupt JPEG data") and message.endswith(
+        " (libjpeg); read as decoded, parts of the image may be damaged")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="detens.sources"):
+        assert read_image(whole).shape == (16, 16, 3)
+    assert caplog.messages == []
+    assert "Corrupt JPEG" not in capfd.readouterr().err  # caught, not printed as well
