@@ -34,6 +34,7 @@ IMAGE_EXTENSIONS: frozenset[str] = frozenset(
         ".jpg",
         ".jpeg",
         ".jpe",
+        ".jfif",
         ".jp2",
         ".png",
         ".webp",
@@ -301,6 +302,12 @@ def read_image(path: str | Path, expected_size: tuple[int, int] | None = None) -
     damage = _png_damage(raw)
     if damage is not None:
         raise ImageReadError(f"cannot read image {str(path)!r}: the PNG file is {damage}")
+    if raw[:2] in (b"PF", b"Pf") and raw[2:3].isspace():
+        # OpenCV casts its floats to bytes: an image of 0..1 became one of 0 and 1, fused as near black
+        raise ImageReadError(
+            f"cannot read image {str(path)!r}: it is a PFM file of float pixels, whose range (0..1 or 0..255) "
+            "the file does not give; convert it to PNG or JPEG"
+        )
     data = np.frombuffer(raw, dtype=np.uint8)
     try:
         image, damage = _decode(data, raw.startswith(_JPEG_SIGNATURE))

@@ -328,3 +328,19 @@ def test_a_jpeg_libjpeg_decodes_only_in_part_is_read_with_a_warning(tmp_path, ca
         assert read_image(whole).shape == (16, 16, 3)
     assert caplog.messages == []
     assert "Corrupt JPEG" not in capfd.readouterr().err  # caught, not printed as well
+
+
+def test_a_pfm_file_of_float_pixels_is_refused_not_read_as_near_black(tmp_path):
+    path = tmp_path / "image.pfm"
+    cv2.imwrite(str(path), np.full((8, 12, 3), 0.5, np.float32))
+    assert list_images(tmp_path) == [path]  # listed, so reported rather than left out without a word
+    with pytest.raises(ImageReadError, match=r"image\.pfm'?: it is a PFM file of float pixels, whose range \(0\.\.1 or "
+                                             r"0\.\.255\) the file does not give; convert it to PNG or JPEG$"):
+        read_image(path)
+
+
+def test_a_jfif_file_is_listed_and_read_as_the_jpeg_it_is(tmp_path):
+    cv2.imwrite(str(tmp_path / "photo.jpg"), np.full((8, 12, 3), 90, np.uint8))
+    (tmp_path / "photo.jpg").rename(tmp_path / "photo.jfif")
+    assert list_images(tmp_path) == [tmp_path / "photo.jfif"]
+    assert read_image(tmp_path / "photo.jfif").shape == (8, 12, 3)
