@@ -966,7 +966,10 @@ class TestPrecomputed:
         ([{"id": 7, "file_name": "a.jpg"}, {"id": 7, "file_name": "b.jpg"}], ValueError,
          "image id 7 is given to both 'a.jpg' and 'b.jpg'"),
         ([{"id": 7.0, "file_name": "a.jpg"}], TypeError, r"images\[0\]\.id must be an integer, got float"),
-    ], ids=["float", "str", "None", "two files", "two records", "record float"])
+        # one file under two ids: its saved boxes were looked up under the last of them only
+        ([{"id": 7, "file_name": "a.jpg"}, {"id": 8, "file_name": "a.jpg"}], ValueError,
+         r"^images: 'a\.jpg' is listed under both image id 7 and 8; each image file needs one record$"),
+    ], ids=["float", "str", "None", "two files", "two records", "record float", "one file twice"])
     def test_an_image_map_with_ids_that_are_no_image_ids_is_refused(self, images, error, message):
         results = [{"image_id": 7, "category_id": 1, "bbox": [1.0, 2.0, 3.0, 4.0], "score": 0.5}]
         with pytest.raises(error, match=message):

@@ -1601,3 +1601,20 @@ def test_a_shard_refused_beside_an_overwrite_shard_is_not_told_it_writes_the_rec
     assert re.search(rf"^error: --overwrite would discard .* made with other settings \(conf: 0.001 -> 0.25\), while "
                      rf"{shard_0} {RUNS_AND_MAY_WRITE}: wait", overwrite_err), overwrite_err
     assert json.loads((out / ".partial" / "b" / "_settings.json").read_text())["conf"] == 0.4  # shard 0's own
+
+
+def test_a_ground_truth_that_lists_one_file_under_two_ids_is_refused(slice_, tmp_path, capsys):
+    """Each record's predictions were cached from the one file and scored against its own share of the
+    file's objects (or, where the sizes differ, one of them reported unreadable under the shared name)."""
+    gt = json.loads((slice_ / "gt.json").read_text())
+    first, second = gt["images"][:2]
+    second["file_name"] = first["file_name"]
+    (tmp_path / "gt.json").write_text(json.dumps(gt))
+    out = tmp_path / "o"
+    assert run(slice_, out, gt=tmp_path / "gt.json") == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "Traceback" not in err, err
+    assert (f"error: {tmp_path / 'gt.json'} lists 1 file under more than one image id, e.g. {first['file_name']!r} "
+            f"under {sorted([first['id'], second['id']])}: each image file needs one record, holding all its "
+            "annotations") in err
+    assert not out.exists()

@@ -154,15 +154,23 @@ class PrecomputedDetector(BaseDetector):
         if isinstance(images, Mapping) and "images" in images:
             images = images["images"]
         records: dict[int, dict[str, Any]] = {}
+        ids_by_file: dict[Any, int] = {}
 
         def add(image_id: Any, record: dict[str, Any], name: str) -> None:
             # an id read as another (1.5 as 1, "1" as 1), or given to two files, would send one image's
-            # saved boxes to another, or leave an image without them
+            # saved boxes to another, or leave an image without them; a file under two ids, the boxes of
+            # one of them
             image_id = check_integer(image_id, name)
             if image_id in records:
                 raise ValueError(
                     f"{source}: image id {image_id} is given to both {records[image_id].get('file_name')!r} and "
                     f"{record.get('file_name')!r}; each image needs an id of its own"
+                )
+            file_name = record.get("file_name")
+            if isinstance(file_name, str) and (other := ids_by_file.setdefault(file_name, image_id)) != image_id:
+                raise ValueError(
+                    f"{source}: {file_name!r} is listed under both image id {other} and {image_id}; each image file "
+                    "needs one record"
                 )
             records[image_id] = {**record, "id": image_id}
 

@@ -461,6 +461,16 @@ def load_dataset(gt_path: Path, images: Path, shard: tuple[int, int] | None) -> 
     all_ids = gt.image_ids
     if not all_ids:
         raise ValueError(f"{gt_path} has no images")
+    by_file: dict[str, list[int]] = {}
+    for image_id in all_ids:
+        by_file.setdefault(gt.file_name(image_id), []).append(image_id)
+    if shared := {name: ids for name, ids in by_file.items() if len(ids) > 1}:
+        # each record's predictions would be scored against its own share of the file's objects
+        name, ids = next(iter(shared.items()))
+        raise ValueError(
+            f"{gt_path} lists {len(shared)} file{'s' if len(shared) > 1 else ''} under more than one image id, e.g. "
+            f"{name!r} under {ids}: each image file needs one record, holding all its annotations"
+        )
     if not any(gt.image_path(i).is_file() for i in all_ids):
         raise FileNotFoundError(
             f"none of the {len(all_ids)} images of {gt_path} is under {images} "
