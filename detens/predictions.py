@@ -31,7 +31,7 @@ from detens.detections import Detections
 from detens.io import read_json_file
 
 __all__ = [
-    "CACHE_SUMMARY", "EnsemblePredictions", "LeftOutImage", "NOT_RESULTS", "base_file_names", "folder_models",
+    "CACHE_PARTIAL", "CACHE_SUMMARY", "EnsemblePredictions", "LeftOutImage", "NOT_RESULTS", "base_file_names", "folder_models",
     "join_predictions", "shared_images", "shares_images_phrase",
 ]
 
@@ -214,6 +214,7 @@ class EnsemblePredictions:
         if not folder.is_dir():
             raise FileNotFoundError(f"prediction folder not found: {folder}")
         available = folder_models(folder)
+        chosen = models is not None
         if models is None:
             models = available
         missing = [m for m in models if m not in available]
@@ -222,15 +223,16 @@ class EnsemblePredictions:
                 f"no predictions for {missing} in {folder}; available: {', '.join(available) or 'none'}"
             )
         summary = _read_summary(folder / CACHE_SUMMARY)
+        # a member's <model>.json is written when its last image is done: without the members named, the
+        # finished ones alone would be taken for the whole ensemble
+        unfinished = {} if chosen else _unfinished_members(folder, summary, available)
+        if unfinished:
+            left = ", ".join(f"{name} ({state})" for name, state in sorted(unfinished.items()))
+            raise ValueError(
+                f"the cache in {folder} is not finished ({left}): run the same detens cache command again to "
+                f"finish it{', or name the finished members to use them alone' if available else ''}"
+            )
         if not models:
-            unfinished = {
-                name: entry.get("images_left", "some") for name, entry in (summary or {}).get("models", {}).items()
-                if isinstance(entry, dict) and entry.get("status") == "incomplete"
-            }
-            if unfinished:  # a member's <model>.json is written when its last image is done
-                left = ", ".join(f"{name} ({count} images left)" for name, count in sorted(unfinished.items()))
-                raise ValueError(f"the cache in {folder} is not finished ({left}): run the same detens cache "
-                                 "command again to finish it")
             raise ValueError(f"{folder} holds no <model>.json prediction files")
         unreadable = _summary_unreadable(summary, folder / CACHE_SUMMARY, models)
         _check_cached_images(summary, folder / CACHE_SUMMARY, gt)
@@ -463,6 +465,27 @@ def _left_out_images(
             for image_id in ids_by_name.get(file_name, []):
                 errors[image_id][name] = error
     return [LeftOutImage(i, gt.file_name(i), errors[i]) for i in sorted(errors)]
+
+
+#: Where ``detens cache`` keeps each member's finished images until its ``<model>.json`` is written (and after).
+CACHE_PARTIAL = ".partial"
+
+
+def _unfinished_members(folder: Path, summary: dict[str, Any] | None, finished: Sequence[str]) -> dict[str, str]:
+    """``{member: how far it got}`` of the members of a cache in ``folder`` without their ``<model>.json``:
+    those its summary marks incomplete (a run that stopped), and those with finished images kept in
+    :data:`CACHE_PARTIAL` (a run killed before it wrote a summary)."""
+    unfinished = {
+        name: f"{entry.get('images_left', 'some')} images left"
+        for name, entry in (summary or {}).get("models", {}).items()
+        if isinstance(entry, dict) and entry.get("status") == "incomplete" and name not in finished
+    }
+    partial = folder / CACHE_PARTIAL
+    if partial.is_dir():
+        for member in sorted(p for p in partial.iterdir() if p.is_dir() and p.name not in finished):
+            if member.name not in unfinished and any(member.glob("[0-9]*.json")):
+                unfinished[member.name] = f"{sum(1 for _ in member.glob('[0-9]*.json'))} images done"
+    return unfinished
 
 
 def _read_summary(path: Path) -> dict[str, Any] | None:

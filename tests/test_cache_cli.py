@@ -756,6 +756,29 @@ def test_an_unfinished_cache_is_named_as_such_when_it_holds_no_results_yet(slice
     refused(capsys, code, "is not finished")
 
 
+def test_a_cache_stopped_after_some_members_is_not_taken_for_an_ensemble_of_those(slice_, tmp_path, capsys):
+    """evaluate and train took the finished members for the whole ensemble without a word: a cache of three
+    stopped during its third was scored, and a head fitted, as an ensemble of two."""
+    from detens.cli import evaluate as evaluate_cli
+
+    gt = load_coco_gt(slice_ / "gt.json")
+    out = tmp_path / "stopped"
+    assert run(slice_, out, "--models", "a") == 0
+    assert run(slice_, out, "--models", "b", "--max-images", "2") == 0  # as a Ctrl-C leaves it, a summary said so
+    with pytest.raises(ValueError, match=rf"^the cache in {re.escape(str(out))} is not finished \(b \({NUM_IMAGES - 2} "
+                                         r"images left\)\): run the same detens cache command again to finish it, or "
+                                         r"name the finished members to use them alone$"):
+        EnsemblePredictions.from_folder(out, gt)
+    assert EnsemblePredictions.from_folder(out, gt, models=["a"]).model_names == ["a"]  # named: taken
+    code = evaluate_cli.main(["--gt", str(slice_ / "gt.json"), "--predictions", str(out), "--methods", "mean",
+                              "--cv", "2", "--out", str(tmp_path / "r.json"), "--quiet"])
+    refused(capsys, code, "is not finished")
+    # killed before any summary: the finished images kept for the member tell the same
+    (out / "cache_summary.json").unlink()
+    with pytest.raises(ValueError, match=r"is not finished \(b \(2 images done\)\)"):
+        EnsemblePredictions.from_folder(out, gt)
+
+
 def refused(capsys, code, pattern):
     """A user's mistake: exit status 2 and one ``error:`` line matching ``pattern``."""
     err = capsys.readouterr().err

@@ -1828,3 +1828,65 @@ def test_a_link_that_leads_to_itself_is_an_unreadable_image_not_the_end_of_the_r
     assert fuse_tool._written_by_a_run(out / "vis" / "loop.jpg", out)  # still told apart in --out
     with pytest.raises(ImageReadError, match=r"cannot read image .*loop\.jpg'?: Too many levels of symbolic links"):
         read_image(tmp_path / "loop.jpg")
+
+
+_KILLED_AT_CONFIG = """
+import os, signal, sys
+from detens.cli import fuse as fuse_cli
+from detens.jobs import fuse
+
+
+def save_ensemble_config(config, path):
+    os.kill(os.getpid(), signal.SIGKILL)  # as the run claims --out, before its config is written
+
+
+fuse.save_ensemble_config = save_ensemble_config
+sys.exit(fuse_cli.main(sys.argv[1:]))
+"""
+
+
+def test_a_run_killed_as_it_claims_out_leaves_a_folder_the_same_command_resumes(workspace, tmp_path):
+    """The config was written before the run record: killed between the two, --out held a config.yaml that
+    no run was said to have written, and every later run (--overwrite too) refused the folder."""
+    source = one_image_source(workspace, tmp_path / "src", "x.jpg", "y.jpg")
+    reference, out = tmp_path / "reference", tmp_path / "o"
+    assert fuse_into(workspace, source, reference, "--no-vis") == 0
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", _KILLED_AT_CONFIG, "--config", str(workspace / "pair.yaml"), "--source", str(source),
+         "--out", str(out), "--quiet", "--no-vis"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == [fuse_tool.RUN_RECORD]
+    assert fuse_into(workspace, source, out, "--no-vis") == 0
+    for name in ("predictions.json", "images.json", "config.yaml"):
+        assert (out / name).read_bytes() == (reference / name).read_bytes(), name
+    assert not (out / fuse_tool.RUN_RECORD).exists()
+
+
+def test_a_ctrl_c_while_the_outputs_are_written_waits_for_all_of_them(workspace, tmp_path, monkeypatch, capfd,
+                                                                       real_signals_handled):
+    """A Ctrl-C right after images.json was written left it saying the run was complete, beside no
+    predictions.json or summary.json; held, the run writes them all and then ends as interrupted."""
+    import signal
+
+    source = one_image_source(workspace, tmp_path / "src", "x.jpg", "y.jpg")
+    reference, out = tmp_path / "reference", tmp_path / "o"
+    assert fuse_into(workspace, source, reference, "--no-vis") == 0
+    real_write = fuse_tool.atomic_write_json
+
+    def ctrl_c_after_the_image_list(path, *args, **kwargs):
+        written = real_write(path, *args, **kwargs)
+        if Path(path).name == "images.json":
+            signal.raise_signal(signal.SIGINT)
+        return written
+
+    monkeypatch.setattr(fuse_tool, "atomic_write_json", ctrl_c_after_the_image_list)
+    assert fuse_into(workspace, source, out, "--no-vis") == 130
+    for name in ("predictions.json", "images.json", "config.yaml"):
+        assert (out / name).read_bytes() == (reference / name).read_bytes(), name
+    assert json.loads((out / "summary.json").read_text())["done"] == 2 and not (out / "partial").exists()
+    err = capfd.readouterr().err
+    assert f"interrupted while the outputs were written: the run finished first; {out} holds all of them" in err
+    assert err.endswith("error: interrupted\n"), err

@@ -81,15 +81,16 @@ from detens.jobs._options import (
 from detens.jobs._options import path as file_path  # ``path`` is a local name of the code below
 from detens.jobs._software import software_versions
 from detens.labels import COCO_ID_TO_NAME
+from detens.predictions import CACHE_PARTIAL, CACHE_SUMMARY
 from detens.sources import ImageReadError, read_image
 
 __all__ = ["CacheOptions", "MergeError", "run"]
 
 logger = logging.getLogger("detens.cache")
 
-PARTIAL = ".partial"
+PARTIAL = CACHE_PARTIAL
 SHARDS = "shards"
-SUMMARY = "cache_summary.json"
+SUMMARY = CACHE_SUMMARY
 SETTINGS = "_settings.json"
 SHARD_FORMAT = "detens.cache.shard/1"
 # A shard's annotation file, recorded in OUT/shards as the shard claims its first member: the shards of one

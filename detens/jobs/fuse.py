@@ -54,7 +54,7 @@ from detens.jobs._inputs import (
     input_fingerprints,
     saved_prediction_members,
 )
-from detens.jobs._interrupts import RESUME_ADVICE, is_interruption, raise_interruption
+from detens.jobs._interrupts import RESUME_ADVICE, ctrl_c_held, is_interruption, raise_interruption
 from detens.jobs._options import existing_folder, file_or_shipped_name, flag, folder, integer, number, text
 from detens.labels import COCO_CATEGORY_IDS, COCO_ID_TO_NAME
 from detens.sources import ImageReadError, list_images, read_image
@@ -304,7 +304,10 @@ def has_unfinished_run(out: Path) -> bool:
 
 
 def is_run_folder(out: Path) -> bool:
-    """Whether ``out`` holds a detens fuse run (its config and its results, finished or not)."""
+    """Whether ``out`` holds a detens fuse run: its config and its results, finished or not, or the run
+    record alone (written before the config, a run killed between the two left it so)."""
+    if (out / RUN_RECORD).is_file():
+        return True
     return (out / "config.yaml").is_file() and ((out / "summary.json").is_file() or has_unfinished_run(out))
 
 
@@ -318,7 +321,7 @@ def check_output_folder(out: Path) -> None:
     if foreign:
         raise ValueError(
             f"--out {out} already holds {', '.join(foreign)}, which no detens fuse run wrote there (it has no "
-            f"config.yaml with summary.json, partial/ or {RUN_RECORD}); choose another --out"
+            f"{RUN_RECORD}, nor config.yaml with summary.json or partial/); choose another --out"
         )
 
 
@@ -869,15 +872,20 @@ def _run(options: FuseOptions) -> int:
     first_call_ms: float | None = None
     claimed = False
 
-    def claim_output() -> None:
-        """Everything is checked: only now does the run change --out."""
+    def claim_output(record: dict[str, Any] | None = None) -> None:
+        """Everything is checked: only now does the run change --out. The run record goes first: a run
+        killed before its config is written leaves a folder that is told to be its own (is_run_folder)."""
         nonlocal claimed
         if not claimed:
             if options.overwrite:
                 set_aside_outputs(out)
             out.mkdir(parents=True, exist_ok=True)
+            if record is not None:
+                atomic_write_json(run_file, record)
             save_ensemble_config(config, out / "config.yaml")
             claimed = True
+        elif record is not None:
+            atomic_write_json(run_file, record)
 
     def release_output() -> None:
         """The run failed before its first result: --out goes back to what it was."""
@@ -905,9 +913,7 @@ def _run(options: FuseOptions) -> int:
                 f"{loaded}); use another --out, or --overwrite"
             )
         member_names, weights = loaded, sources
-        claim_output()
-        atomic_write_json(run_file, {"models": member_names, "weights": weights, "inputs": fingerprints,
-                                     "image_ids": ids})
+        claim_output({"models": member_names, "weights": weights, "inputs": fingerprints, "image_ids": ids})
 
     def load_members() -> None:
         """Load the detectors once an image needs them (a rerun with nothing readable left loads none)."""
@@ -1012,21 +1018,28 @@ def _run(options: FuseOptions) -> int:
     finally:
         if bar is not None:
             bar.close()
-    claim_output()
-    discard_replaced(out)  # the new run stands: the earlier outputs go
-    run_info = {
-        "method": method_label(config, params),
-        "processed": processed,
-        "resumed": len(done),
-        "interrupted": interrupted is not None,
-        "wall_s": time.perf_counter() - start,
-        "weights": weights,
-        "inputs": fingerprints,
-        "first_call_ms": first_call_ms,
-    }
-    summary = write_outputs(out, config, names, ids, stems, member_names, categories, unreadable, run_info)
+    # A Ctrl-C while the final files are written would leave some of them (images.json saying the run is
+    # complete beside no predictions.json): held, it stops the run once they all are
+    with ctrl_c_held() as ctrl_c:
+        claim_output()
+        discard_replaced(out)  # the new run stands: the earlier outputs go
+        run_info = {
+            "method": method_label(config, params),
+            "processed": processed,
+            "resumed": len(done),
+            "interrupted": interrupted is not None,
+            "wall_s": time.perf_counter() - start,
+            "weights": weights,
+            "inputs": fingerprints,
+            "first_call_ms": first_call_ms,
+        }
+        summary = write_outputs(out, config, names, ids, stems, member_names, categories, unreadable, run_info)
     if not options.quiet:
         print_summary(out, config, summary, options.run_again)
+    if ctrl_c.pressed and interrupted is None:
+        logger.warning("interrupted while the outputs were written: the run finished first; %s holds all of them",
+                       out)
+        raise KeyboardInterrupt
     if interrupted is not None:  # saved: the caller stops now (a script's loop too), the command with status 130
         raise_interruption(interrupted)
     if summary["done"] == 0 and unreadable:
