@@ -31,14 +31,16 @@ from detens.detections import Detections
 from detens.io import read_json_file
 
 __all__ = [
-    "CACHE_PARTIAL", "CACHE_SUMMARY", "EnsemblePredictions", "LeftOutImage", "NOT_RESULTS", "base_file_names", "folder_models",
-    "join_predictions", "shared_images", "shares_images_phrase",
+    "CACHE_PARTIAL", "CACHE_SUMMARY", "EnsemblePredictions", "LeftOutImage", "NOT_RESULTS", "base_file_names",
+    "folder_models", "join_predictions", "shared_images", "shares_images_phrase",
 ]
 
 logger = logging.getLogger(__name__)
 
 #: ``detens cache``'s report in a prediction folder (members' images, boxes, unreadable files, timings).
 CACHE_SUMMARY = "cache_summary.json"
+#: Where ``detens cache`` keeps each member's finished images until its ``<model>.json`` is written (and after).
+CACHE_PARTIAL = ".partial"
 
 #: JSON files of a prediction folder that are not a model's results (``detens cache``'s summary).
 NOT_RESULTS: frozenset[str] = frozenset({CACHE_SUMMARY})
@@ -465,10 +467,6 @@ def _left_out_images(
             for image_id in ids_by_name.get(file_name, []):
                 errors[image_id][name] = error
     return [LeftOutImage(i, gt.file_name(i), errors[i]) for i in sorted(errors)]
-
-
-#: Where ``detens cache`` keeps each member's finished images until its ``<model>.json`` is written (and after).
-CACHE_PARTIAL = ".partial"
 
 
 def _unfinished_members(folder: Path, summary: dict[str, Any] | None, finished: Sequence[str]) -> dict[str, str]:
