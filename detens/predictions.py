@@ -309,7 +309,7 @@ def _check_model_names(names: Any, what: str) -> list[str]:
     if isinstance(names, str):
         raise TypeError(f"{what} must be a list of model names, got the string {names!r}; write [{names!r}]")
     names = check_name_list(names, what)
-    if names is None or not names:
+    if not names:
         raise ValueError(f"{what} must name at least one model, got {names!r}")
     if repeated := sorted({name for name in names if names.count(name) > 1}):
         raise ValueError(f"{what} must name each model once, got {repeated} more than once: {names}")
@@ -481,8 +481,9 @@ def _unfinished_members(folder: Path, summary: dict[str, Any] | None, finished: 
     partial = folder / CACHE_PARTIAL
     if partial.is_dir():
         for member in sorted(p for p in partial.iterdir() if p.is_dir() and p.name not in finished):
-            if member.name not in unfinished and any(member.glob("[0-9]*.json")):
-                unfinished[member.name] = f"{sum(1 for _ in member.glob('[0-9]*.json'))} images done"
+            done = sum(1 for _ in member.glob("[0-9]*.json")) if member.name not in unfinished else 0
+            if done:
+                unfinished[member.name] = f"{done} images done"
     return unfinished
 
 

@@ -310,7 +310,7 @@ def read_image(path: str | Path, expected_size: tuple[int, int] | None = None) -
         )
     data = np.frombuffer(raw, dtype=np.uint8)
     try:
-        image, damage = _decode(data, raw.startswith(_JPEG_SIGNATURE))
+        image, jpeg_damage = _decode(data, raw.startswith(_JPEG_SIGNATURE))
     except cv2.error as err:  # a header OpenCV refuses, e.g. more pixels than its limit allows
         reason = (err.err or str(err)).strip().splitlines()[0]
         limit = " (OpenCV's limit on pixels is the OPENCV_IO_MAX_IMAGE_PIXELS variable)" if "PIXELS" in reason else ""
@@ -324,9 +324,9 @@ def read_image(path: str | Path, expected_size: tuple[int, int] | None = None) -
         raise ImageReadError(
             f"cannot read image {str(path)!r}: OpenCV could not decode it (corrupt, truncated or not an image)"
         )
-    if damage is not None:
+    if jpeg_damage is not None:
         # read all the same: some encoders leave such bytes in files whose pixels are whole
-        logger.warning("%s: %s (libjpeg); read as decoded, parts of the image may be damaged", path, damage)
+        logger.warning("%s: %s (libjpeg); read as decoded, parts of the image may be damaged", path, jpeg_damage)
     kind = _MULTI_FRAME_KINDS.get(path.suffix.lower())
     if kind is not None and (frames := _frame_count(raw)) > 1:
         logger.warning("%s holds %d %s; only the first is read (split it into one file each to use them all)",
