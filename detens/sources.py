@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import tempfile
+import warnings
 import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -221,17 +222,36 @@ def _png_damage(data: bytes) -> str | None:
     return "truncated (it ends before its IEND chunk, which ends every PNG)"
 
 
-def _frame_count(data: bytes) -> int:
-    """The pages or frames of a TIFF or GIF file ``data`` (1 where Pillow cannot tell)."""
+#: How a viewer shows an image of each EXIF orientation other than 1 (as stored).
+_EXIF_ORIENTATIONS = {
+    2: "mirrored left to right",
+    3: "turned 180°",
+    4: "mirrored top to bottom",
+    5: "mirrored across its main diagonal",
+    6: "turned 90° clockwise",
+    7: "mirrored across its other diagonal",
+    8: "turned 90° counter-clockwise",
+}
+
+
+def _header_facts(data: bytes, frames: bool) -> tuple[int, int | None]:
+    """The pages or frames (counted only where ``frames``, else 1) and the EXIF orientation tag (None:
+    none) of the image file ``data``, as Pillow reads them from its header; (1, None) where Pillow
+    cannot tell."""
     try:
         from PIL import Image
     except ImportError:  # Pillow comes with ultralytics and matplotlib: absent, nothing is said
-        return 1
+        return 1, None
     try:
-        with Image.open(io.BytesIO(data)) as image:
-            return int(getattr(image, "n_frames", 1))
-    except (OSError, ValueError, SyntaxError):  # a file OpenCV decoded but Pillow refuses
-        return 1
+        with warnings.catch_warnings():
+            # OpenCV decoded it already: Pillow's alarm at its pixel count would only repeat OpenCV's limit
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as image:
+                orientation = image.getexif().get(0x0112)
+                count = int(getattr(image, "n_frames", 1)) if frames else 1
+    except Exception:  # noqa: BLE001 - a file OpenCV decoded but Pillow refuses: nothing to say of it
+        return 1, None
+    return count, orientation if isinstance(orientation, int) else None
 
 
 _JPEG_SIGNATURE = b"\xff\xd8\xff"
@@ -278,9 +298,10 @@ def read_image(path: str | Path, expected_size: tuple[int, int] | None = None) -
     reads paths with any characters (it decodes the bytes), and never returns ``None``. Of a TIFF of
     several pages or an animated GIF, the first page or frame is read, with a warning.
 
-    The pixels are those stored in the file: an EXIF orientation tag is not applied. COCO annotations,
-    and the ``width``/``height`` of their images, describe the stored pixels, so boxes found on an image
-    that OpenCV had turned upright would land elsewhere than its ground truth (and off its recorded size).
+    The pixels are those stored in the file: an EXIF orientation tag is not applied, with a warning. COCO
+    annotations, and the ``width``/``height`` of their images, describe the stored pixels, so boxes found
+    on an image that OpenCV had turned upright would land elsewhere than its ground truth (and off its
+    recorded size).
 
     Args:
         path (str | Path): the image file.
@@ -328,9 +349,17 @@ def read_image(path: str | Path, expected_size: tuple[int, int] | None = None) -
         # read all the same: some encoders leave such bytes in files whose pixels are whole
         logger.warning("%s: %s (libjpeg); read as decoded, parts of the image may be damaged", path, jpeg_damage)
     kind = _MULTI_FRAME_KINDS.get(path.suffix.lower())
-    if kind is not None and (frames := _frame_count(raw)) > 1:
+    frames, orientation = _header_facts(raw, frames=kind is not None)
+    if frames > 1:
         logger.warning("%s holds %d %s; only the first is read (split it into one file each to use them all)",
                        path, frames, kind)
+    if orientation in _EXIF_ORIENTATIONS:
+        logger.warning(
+            "%s has an EXIF orientation tag (%d: viewers show it %s) that detens does not apply: it is read, "
+            "fused and drawn as stored, and its boxes are in the stored pixels (turn it upright first, e.g. "
+            "with PIL.ImageOps.exif_transpose, to detect it as it is seen)",
+            path, orientation, _EXIF_ORIENTATIONS[orientation],
+        )
     if expected_size is not None and tuple(image.shape[:2]) != tuple(expected_size):
         (height, width), (expected_height, expected_width) = image.shape[:2], expected_size
         raise ImageSizeError(

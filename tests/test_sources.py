@@ -153,22 +153,43 @@ class TestReadImage:
             read_image(path)
         assert "broken file.jpg" in str(info.value)
 
-    def test_exif_orientation_is_not_applied(self, tmp_path):
-        """COCO annotations describe the stored pixels: a JPEG tagged "rotate 90°" reads as stored."""
+    @staticmethod
+    def _tagged_jpeg(path, orientation: int) -> np.ndarray:
+        """Write a 100x40 JPEG with an EXIF orientation tag to ``path``; its pixels as OpenCV decodes them untagged."""
         stored = np.zeros((40, 100, 3), np.uint8)
         stored[:, :10] = 255  # a bright band on the left, to see a rotation
         ok, encoded = cv2.imencode(".jpg", stored)
         assert ok
-        # APP1 Exif: a big-endian TIFF header and one IFD entry, Orientation (0x0112) = 6
-        exif = b"Exif\x00\x00MM\x00\x2a\x00\x00\x00\x08\x00\x01\x01\x12\x00\x03\x00\x00\x00\x01\x00\x06\x00\x00\x00\x00\x00\x00"
+        # APP1 Exif: a big-endian TIFF header and one IFD entry, Orientation (0x0112)
+        exif = (b"Exif\x00\x00MM\x00\x2a\x00\x00\x00\x08\x00\x01\x01\x12\x00\x03\x00\x00\x00\x01\x00"
+                + bytes([orientation]) + b"\x00\x00\x00\x00\x00\x00")
         data = encoded.tobytes()
+        path.write_bytes(data[:2] + b"\xff\xe1" + (len(exif) + 2).to_bytes(2, "big") + exif + data[2:])
+        return cv2.imdecode(encoded, cv2.IMREAD_COLOR)
+
+    def test_exif_orientation_is_not_applied_with_a_warning(self, tmp_path, caplog):
+        """COCO annotations describe the stored pixels: a JPEG tagged "rotate 90°" reads as stored, and says so
+        (a phone photo stored sideways was fused sideways without a word)."""
         tagged = tmp_path / "tagged.jpg"
-        tagged.write_bytes(data[:2] + b"\xff\xe1" + (len(exif) + 2).to_bytes(2, "big") + exif + data[2:])
+        plain = self._tagged_jpeg(tagged, 6)
         assert cv2.imdecode(np.fromfile(tagged, np.uint8), cv2.IMREAD_COLOR).shape == (100, 40, 3)  # the tag is read
-        plain = cv2.imdecode(encoded, cv2.IMREAD_COLOR)
-        image = read_image(tagged)
+        with caplog.at_level("WARNING", logger="detens.sources"):
+            image = read_image(tagged)
         assert image.shape == (40, 100, 3)
         np.testing.assert_array_equal(image, plain)
+        assert caplog.messages == [
+            f"{tagged} has an EXIF orientation tag (6: viewers show it turned 90° clockwise) that detens does not "
+            "apply: it is read, fused and drawn as stored, and its boxes are in the stored pixels (turn it upright "
+            "first, e.g. with PIL.ImageOps.exif_transpose, to detect it as it is seen)"
+        ]
+
+    @pytest.mark.parametrize("orientation", [1, 0, 9])
+    def test_an_upright_or_meaningless_orientation_tag_is_read_without_a_word(self, tmp_path, caplog, orientation):
+        tagged = tmp_path / "tagged.jpg"
+        plain = self._tagged_jpeg(tagged, orientation)
+        with caplog.at_level("WARNING", logger="detens.sources"):
+            np.testing.assert_array_equal(read_image(tagged), plain)
+        assert caplog.messages == []
 
     @pytest.mark.parametrize("kept", [40, 0.5, -13])
     def test_truncated_png_is_named_without_libpng_on_stderr(self, tmp_path, capfd, kept):
