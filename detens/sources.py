@@ -291,7 +291,9 @@ def _decode(data: np.ndarray, jpeg: bool) -> tuple[np.ndarray | None, str | None
     return image, damage
 
 
-def read_image(path: str | Path, expected_size: tuple[int, int] | None = None) -> np.ndarray:
+def read_image(
+    path: str | Path, expected_size: tuple[int, int] | None = None, notes: list[str] | None = None
+) -> np.ndarray:
     """Read an image as BGR ``uint8`` ``[H, W, 3]``.
 
     Grayscale and 16-bit images are converted; the alpha channel is dropped. Unlike ``cv2.imread`` this
@@ -307,6 +309,8 @@ def read_image(path: str | Path, expected_size: tuple[int, int] | None = None) -
         path (str | Path): the image file.
         expected_size (tuple[int, int] | None): ``(height, width)`` its annotations give it, checked
             against the stored pixels; None: not checked.
+        notes (list[str] | None): the warnings logged of the file (one only partly decoded, of several
+            pages, with an orientation tag not applied) are appended here too, for a run's summary.
 
     Raises:
         ImageReadError: the file is missing, unreadable, empty, a truncated or corrupt PNG (told apart before
@@ -345,21 +349,26 @@ def read_image(path: str | Path, expected_size: tuple[int, int] | None = None) -
         raise ImageReadError(
             f"cannot read image {str(path)!r}: OpenCV could not decode it (corrupt, truncated or not an image)"
         )
+    warnings_of_file = []
     if jpeg_damage is not None:
         # read all the same: some encoders leave such bytes in files whose pixels are whole
-        logger.warning("%s: %s (libjpeg); read as decoded, parts of the image may be damaged", path, jpeg_damage)
+        warnings_of_file.append(f"{jpeg_damage} (libjpeg); read as decoded, parts of the image may be damaged")
     kind = _MULTI_FRAME_KINDS.get(path.suffix.lower())
     frames, orientation = _header_facts(raw, frames=kind is not None)
     if frames > 1:
-        logger.warning("%s holds %d %s; only the first is read (split it into one file each to use them all)",
-                       path, frames, kind)
-    if orientation in _EXIF_ORIENTATIONS:
-        logger.warning(
-            "%s has an EXIF orientation tag (%d: viewers show it %s) that detens does not apply: it is read, "
-            "fused and drawn as stored, and its boxes are in the stored pixels (turn it upright first, e.g. "
-            "with PIL.ImageOps.exif_transpose, to detect it as it is seen)",
-            path, orientation, _EXIF_ORIENTATIONS[orientation],
+        warnings_of_file.append(
+            f"it holds {frames} {kind}; only the first is read (split it into one file each to use them all)"
         )
+    if orientation in _EXIF_ORIENTATIONS:
+        warnings_of_file.append(
+            f"its EXIF orientation tag ({orientation}: viewers show it {_EXIF_ORIENTATIONS[orientation]}) is not "
+            "applied: it is read, fused and drawn as stored, and its boxes are in the stored pixels (turn it "
+            "upright first, e.g. with PIL.ImageOps.exif_transpose, to detect it as it is seen)"
+        )
+    for text in warnings_of_file:
+        logger.warning("%s: %s", path, text)
+    if notes is not None:
+        notes.extend(warnings_of_file)
     if expected_size is not None and tuple(image.shape[:2]) != tuple(expected_size):
         (height, width), (expected_height, expected_width) = image.shape[:2], expected_size
         raise ImageSizeError(

@@ -106,3 +106,16 @@ def lopsided_theta_head(tmp_path):
         return head, path
 
     return make
+
+
+def _with_orientation_tag(data: bytes, orientation: int) -> bytes:
+    # APP1 Exif: a big-endian TIFF header and one IFD entry, Orientation (0x0112), a SHORT
+    exif = (b"Exif\x00\x00MM\x00\x2a\x00\x00\x00\x08\x00\x01\x01\x12\x00\x03\x00\x00\x00\x01\x00"
+            + bytes([orientation]) + b"\x00\x00\x00\x00\x00\x00")
+    return data[:2] + b"\xff\xe1" + (len(exif) + 2).to_bytes(2, "big") + exif + data[2:]
+
+
+@pytest.fixture(scope="session")
+def with_orientation_tag():
+    """``(jpeg bytes, orientation) -> jpeg bytes`` with an EXIF orientation tag after the SOI marker."""
+    return _with_orientation_tag

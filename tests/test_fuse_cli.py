@@ -1890,3 +1890,40 @@ def test_a_ctrl_c_while_the_outputs_are_written_waits_for_all_of_them(workspace,
     err = capfd.readouterr().err
     assert f"interrupted while the outputs were written: the run finished first; {out} holds all of them" in err
     assert err.endswith("error: interrupted\n"), err
+
+
+def test_images_read_with_a_warning_are_listed_in_the_summary_and_kept_by_a_later_run(workspace, tmp_path, capsys,
+                                                                                     with_orientation_tag):
+    """A phone photo stored sideways (or a JPEG decoded in part) was fused with a warning that scrolled by:
+    the run's summary did not say which of its images it concerned."""
+    source, out = one_image_source(workspace, tmp_path / "src", "plain.jpg"), tmp_path / "o"
+    (source / "sideways.jpg").write_bytes(with_orientation_tag((source / "plain.jpg").read_bytes(), 6))
+    args = ["--config", str(workspace / "pair.yaml"), "--source", str(source), "--out", str(out), "--no-vis"]
+    assert fuse_cli.main(args) == 0
+    warning = ("its EXIF orientation tag (6: viewers show it turned 90° clockwise) is not applied: it is read, fused "
+               "and drawn as stored, and its boxes are in the stored pixels (turn it upright first, e.g. with "
+               "PIL.ImageOps.exif_transpose, to detect it as it is seen)")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["read_warnings"] == {"sideways.jpg": [warning]} and summary["done"] == 2
+    assert f"\nread with a warning: sideways.jpg: {warning}\n" in capsys.readouterr().out
+    # a complete run is unpacked when another image joins: the earlier image's warning stays listed
+    one_image_source(workspace, source, "later.jpg")
+    assert fuse_cli.main([*args, "--quiet"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["read_warnings"] == {"sideways.jpg": [warning]} and summary["done"] == 3
+    assert summary["processed_this_run"] == 1
+
+
+def test_the_end_of_a_run_names_the_first_images_read_with_a_warning_and_counts_the_rest(tmp_path, capsys):
+    from detens.ensemble_config import load_ensemble_config
+
+    names = [f"{n:02d}.jpg" for n in range(13)]
+    summary = {
+        "ensemble": "e", "method": "wbf", "models": ["m"], "images": 13, "done": 13, "processed_this_run": 13,
+        "resumed": 0, "unreadable": {}, "read_warnings": {name: ["holds 2 pages"] for name in names},
+        "boxes": 0, "boxes_score_ge_0.25": 0, "ms_per_image": {}, "complete": True, "interrupted": False,
+    }
+    fuse_tool.print_summary(tmp_path, load_ensemble_config("coco_yolo3"), summary, "run it again")
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("read with a warning")]
+    assert printed == [f"read with a warning: {name}: holds 2 pages" for name in names[:10]] + [
+        "read with a warning: 3 more images, listed in summary.json"]

@@ -224,14 +224,16 @@ def test_fuse_on_ray_equals_local(cluster, dataset):
 
 
 @pytest.fixture(scope="module")
-def small(dataset):
-    """Five readable images and the unreadable one, a one-model ensemble, and its local engine's outputs."""
+def small(dataset, with_orientation_tag):
+    """Five readable images (the first with an EXIF orientation tag, read with a warning) and the unreadable
+    one, a one-model ensemble, and its local engine's outputs."""
     root, broken, _ = dataset
     source = root / "small"
     source.mkdir()
     readable = sorted(p.name for p in (root / "images").iterdir() if p.name != broken)[:5]
     for name in [*readable, broken]:
         shutil.copy(root / "images" / name, source / name)
+    (source / readable[0]).write_bytes(with_orientation_tag((source / readable[0]).read_bytes(), 6))
     config = {"name": "one", "models": [{"type": "ultralytics", "weights": str(YOLO26N), "name": "yolo26n"}],
               "fusion": {"method": "wbf"}}
     (root / "one.yaml").write_text(json.dumps(config))  # JSON is YAML
@@ -272,6 +274,8 @@ def test_fuse_summaries_are_the_local_engines(cluster, small, tmp_path):
     summaries = [json.loads((out / "summary.json").read_text()) for out in (local, tmp_path / "on_ray")]
     assert untimed(summaries[0]) == untimed(summaries[1])
     assert summaries[0]["weights"] == {"yolo26n": str(YOLO26N)} and summaries[0]["done"] == 5
+    (tagged,) = summaries[1]["read_warnings"]  # the actors' reads warn as the local engine's do
+    assert summaries[1]["read_warnings"][tagged][0].startswith("its EXIF orientation tag (6: ")
     for summary in summaries:  # the actors time their first fusion call as the local engine does
         assert summary["fuse_first_call_ms"] > 0 and set(summary["ms_per_image"]) == {
             "read", "detect:yolo26n", "fuse", "draw"}

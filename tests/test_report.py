@@ -273,7 +273,7 @@ def test_an_image_whose_header_is_sound_and_pixels_are_not_is_unreadable(tmp_pat
 
 
 @pytest.mark.parametrize("pixels", [True, False])
-def test_an_exif_rotated_image_is_drawn_as_stored(tmp_path, pixels):
+def test_an_exif_rotated_image_is_drawn_as_stored(tmp_path, pixels, with_orientation_tag):
     """The ground truth's boxes and size describe the stored pixels; an EXIF "rotate 90°" tag is not applied."""
     import cv2
 
@@ -283,10 +283,7 @@ def test_an_exif_rotated_image_is_drawn_as_stored(tmp_path, pixels):
     truth = CocoGroundTruth(tiny_record().gt)  # 1.jpg: 100 x 80 (width x height)
     ok, encoded = cv2.imencode(".jpg", np.zeros((80, 100, 3), np.uint8))
     assert ok
-    # APP1 Exif: a big-endian TIFF header and one IFD entry, Orientation (0x0112) = 6
-    exif = b"Exif\x00\x00MM\x00\x2a\x00\x00\x00\x08\x00\x01\x01\x12\x00\x03\x00\x00\x00\x01\x00\x06\x00\x00\x00\x00\x00\x00"
-    data = encoded.tobytes()
-    (tmp_path / "1.jpg").write_bytes(data[:2] + b"\xff\xe1" + (len(exif) + 2).to_bytes(2, "big") + exif + data[2:])
+    (tmp_path / "1.jpg").write_bytes(with_orientation_tag(encoded.tobytes(), 6))
     read = read_images(truth, tmp_path, [1], pixels=pixels)  # stored size: no rotated size refused
     assert (read[1].shape == (80, 100, 3)) if pixels else read == {}
 

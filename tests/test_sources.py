@@ -154,42 +154,41 @@ class TestReadImage:
         assert "broken file.jpg" in str(info.value)
 
     @staticmethod
-    def _tagged_jpeg(path, orientation: int) -> np.ndarray:
+    def _tagged_jpeg(path, orientation: int, with_orientation_tag) -> np.ndarray:
         """Write a 100x40 JPEG with an EXIF orientation tag to ``path``; its pixels as OpenCV decodes them untagged."""
         stored = np.zeros((40, 100, 3), np.uint8)
         stored[:, :10] = 255  # a bright band on the left, to see a rotation
         ok, encoded = cv2.imencode(".jpg", stored)
         assert ok
-        # APP1 Exif: a big-endian TIFF header and one IFD entry, Orientation (0x0112)
-        exif = (b"Exif\x00\x00MM\x00\x2a\x00\x00\x00\x08\x00\x01\x01\x12\x00\x03\x00\x00\x00\x01\x00"
-                + bytes([orientation]) + b"\x00\x00\x00\x00\x00\x00")
-        data = encoded.tobytes()
-        path.write_bytes(data[:2] + b"\xff\xe1" + (len(exif) + 2).to_bytes(2, "big") + exif + data[2:])
+        path.write_bytes(with_orientation_tag(encoded.tobytes(), orientation))
         return cv2.imdecode(encoded, cv2.IMREAD_COLOR)
 
-    def test_exif_orientation_is_not_applied_with_a_warning(self, tmp_path, caplog):
+    def test_exif_orientation_is_not_applied_with_a_warning(self, tmp_path, caplog, with_orientation_tag):
         """COCO annotations describe the stored pixels: a JPEG tagged "rotate 90°" reads as stored, and says so
         (a phone photo stored sideways was fused sideways without a word)."""
         tagged = tmp_path / "tagged.jpg"
-        plain = self._tagged_jpeg(tagged, 6)
+        plain = self._tagged_jpeg(tagged, 6, with_orientation_tag)
         assert cv2.imdecode(np.fromfile(tagged, np.uint8), cv2.IMREAD_COLOR).shape == (100, 40, 3)  # the tag is read
+        notes = ["kept"]
         with caplog.at_level("WARNING", logger="detens.sources"):
-            image = read_image(tagged)
+            image = read_image(tagged, notes=notes)
         assert image.shape == (40, 100, 3)
         np.testing.assert_array_equal(image, plain)
-        assert caplog.messages == [
-            f"{tagged} has an EXIF orientation tag (6: viewers show it turned 90° clockwise) that detens does not "
-            "apply: it is read, fused and drawn as stored, and its boxes are in the stored pixels (turn it upright "
-            "first, e.g. with PIL.ImageOps.exif_transpose, to detect it as it is seen)"
-        ]
+        warning = ("its EXIF orientation tag (6: viewers show it turned 90° clockwise) is not applied: it is read, "
+                   "fused and drawn as stored, and its boxes are in the stored pixels (turn it upright first, e.g. "
+                   "with PIL.ImageOps.exif_transpose, to detect it as it is seen)")
+        assert caplog.messages == [f"{tagged}: {warning}"]
+        assert notes == ["kept", warning]  # appended to, for a run's summary
 
     @pytest.mark.parametrize("orientation", [1, 0, 9])
-    def test_an_upright_or_meaningless_orientation_tag_is_read_without_a_word(self, tmp_path, caplog, orientation):
+    def test_an_upright_or_meaningless_orientation_tag_is_read_without_a_word(self, tmp_path, caplog, orientation,
+                                                                              with_orientation_tag):
         tagged = tmp_path / "tagged.jpg"
-        plain = self._tagged_jpeg(tagged, orientation)
+        plain = self._tagged_jpeg(tagged, orientation, with_orientation_tag)
+        notes: list[str] = []
         with caplog.at_level("WARNING", logger="detens.sources"):
-            np.testing.assert_array_equal(read_image(tagged), plain)
-        assert caplog.messages == []
+            np.testing.assert_array_equal(read_image(tagged, notes=notes), plain)
+        assert caplog.messages == [] and notes == []
 
     @pytest.mark.parametrize("kept", [40, 0.5, -13])
     def test_truncated_png_is_named_without_libpng_on_stderr(self, tmp_path, capfd, kept):
@@ -316,8 +315,8 @@ def test_of_several_pages_or_frames_the_first_is_read_with_a_warning(tmp_path, c
     with caplog.at_level("WARNING", logger="detens.sources"):
         image = read_image(several)
     assert image.shape == (8, 12, 3) and int(image.mean()) > 150  # the first page's pixels
-    assert caplog.messages == [f"{several} holds 2 {kind}; only the first is read (split it into one file each to use "
-                               "them all)"]
+    assert caplog.messages == [f"{several}: it holds 2 {kind}; only the first is read (split it into one file each "
+                               "to use them all)"]
     caplog.clear()
     with caplog.at_level("WARNING", logger="detens.sources"):
         read_image(one)

@@ -122,10 +122,17 @@ class FuseSettings:
 
 
 def fuse_image(
-    name: str, stem: str, image: Any, per_model: list[Detections], settings: FuseSettings, times: dict[str, float]
+    name: str,
+    stem: str,
+    image: Any,
+    per_model: list[Detections],
+    settings: FuseSettings,
+    times: dict[str, float],
+    read_warnings: Sequence[str] = (),
 ) -> tuple[dict[str, Any], dict[str, bytes]]:
     """Fuse one image: its partial record and its output files (``labels/<stem>.txt``, ``vis/<stem>.jpg``
-    relative to ``--out``, as bytes), computed without writing anything."""
+    relative to ``--out``, as bytes), computed without writing anything. ``read_warnings``: what reading
+    the image warned of (:func:`~detens.sources.read_image`'s ``notes``), kept in the record for the summary."""
     config, categories, yolo_ids = settings.config, settings.categories, settings.yolo_ids
     params = settings.params
     t = time.perf_counter()
@@ -151,6 +158,8 @@ def fuse_image(
     }
     if config.output.save_per_model:
         record["per_model"] = {det.source: results_of(det) for det in per_model}
+    if read_warnings:
+        record["read_warnings"] = list(read_warnings)
     times["draw"] = (time.perf_counter() - t) * 1000  # labels and the drawing, encoded
     record["times_ms"] = {k: round(v, 3) for k, v in times.items()}
     return record, files

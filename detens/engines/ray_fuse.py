@@ -60,11 +60,12 @@ class EnsembleFuser(FailureReportingActor):
         columns: dict[str, list[Any]] = {
             "name": [], "record": [], "files": [], "members": [], "first_call_ms": [], "error": [], "failure": []
         }
-        loaded, read_ms = [], []
+        loaded, read_ms, read_notes = [], [], []
         for name, stem, path in zip(batch["name"], batch["stem"], batch["path"], strict=True):
             start = time.perf_counter()
+            notes: list[str] = []
             try:
-                image = read_image(str(path))
+                image = read_image(str(path), notes=notes)
             except ImageReadError as err:
                 for key, value in (("name", str(name)), ("record", ""), ("files", "{}"), ("members", self.weights),
                                    ("first_call_ms", self.first_call_ms), ("error", str(err)), ("failure", "")):
@@ -72,6 +73,7 @@ class EnsembleFuser(FailureReportingActor):
                 continue
             loaded.append((str(name), str(stem), str(path), image))
             read_ms.append((time.perf_counter() - start) * 1000)
+            read_notes.append(notes)
         if not loaded:
             return columns
         per_image, detect_ms = detect_batch(
@@ -79,7 +81,7 @@ class EnsembleFuser(FailureReportingActor):
         )
         for i, (name, stem, _, image) in enumerate(loaded):
             times = {"read": read_ms[i], **detect_ms}
-            record, files = fuse_image(name, stem, image, per_image[i], self.settings, times)
+            record, files = fuse_image(name, stem, image, per_image[i], self.settings, times, read_notes[i])
             columns["name"].append(name)
             columns["record"].append(json.dumps(record))
             columns["files"].append(json.dumps({k: base64.b64encode(v).decode("ascii") for k, v in files.items()}))

@@ -12,6 +12,7 @@ import re
 import shutil
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -92,6 +93,8 @@ UNPACKING = ".partial.unpacking"
 REMOVING = ".partial.removing"
 # What fuse_image appends to an image's output stem: labels/<stem>.txt, vis/<stem>.jpg.
 STEM_SUFFIXES = (".txt", ".jpg")
+# The images read with a warning that the end of a run names (summary.json lists them all).
+_WARNINGS_SHOWN = 10
 # Folders of a run's own work beside its outputs (never read as input, searched for stale temporaries).
 WORK_FOLDERS = (REPLACED, REPLACED_REMOVING, UNPACKING, REMOVING)
 
@@ -493,6 +496,8 @@ def unpack_finished_run(out: Path) -> int:
     by_image: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for r in results:
         by_image[int(r["image_id"])].append({k: v for k, v in r.items() if k != "image_id"})
+    summary = _read_json(out / "summary.json")
+    read_warnings = (summary.get("read_warnings") or {}) if isinstance(summary, dict) else {}
     per_model: dict[str, dict[int, list[dict[str, Any]]]] = {}
     for path in sorted((out / "per_model").glob("*.json")):
         member_results = _read_json(path) or []
@@ -511,6 +516,8 @@ def unpack_finished_run(out: Path) -> int:
             record["output_stem"] = image["output_stem"]
         if per_model:
             record["per_model"] = {m: grouped.get(int(image["id"]), []) for m, grouped in per_model.items()}
+        if read_warnings.get(image["file_name"]):
+            record["read_warnings"] = read_warnings[image["file_name"]]
         atomic_write_json(_record_path(staging, image["file_name"]), record)
     if staging.is_dir():
         staging.rename(out / "partial")
@@ -703,6 +710,7 @@ def write_outputs(
     stage_ms: dict[str, float] = defaultdict(float)
     stage_count: dict[str, int] = defaultdict(int)
     boxes_total = boxes_shown = 0
+    read_warnings: dict[str, list[str]] = {}
     for name in done:
         record, image_id = records[name], ids[name]
         images.append(
@@ -718,6 +726,8 @@ def write_outputs(
         for stage, ms in record.get("times_ms", {}).items():
             stage_ms[stage] += ms
             stage_count[stage] += 1
+        if record.get("read_warnings"):
+            read_warnings[name] = record["read_warnings"]
     if config.dataset is not None:
         warn_of_sizes_unlike_the_dataset(images, config.dataset)
     ms_per_image = {k: round(v / stage_count[k], 2) for k, v in stage_ms.items()}
@@ -758,6 +768,8 @@ def write_outputs(
         "resumed": run["resumed"],
         # in the images' order, whichever order the engine met them in (Ray's rows come as they finish)
         "unreadable": {n: unreadable[n] for n in names if n in unreadable},
+        # fused all the same: a JPEG decoded only in part, a TIFF of several pages, an orientation not applied
+        "read_warnings": {n: read_warnings[n] for n in names if n in read_warnings},
         "interrupted": run["interrupted"],
         "boxes": boxes_total,
         f"boxes_score_ge_{config.output.vis_conf:g}": boxes_shown,
@@ -791,9 +803,10 @@ def process_image(
     per_model: list[Detections],
     settings: FuseSettings,
     times: dict[str, float],
+    read_warnings: Sequence[str] = (),
 ) -> dict[str, Any]:
     """:func:`fuse_image` and :func:`write_image`; returns the record."""
-    record, files = fuse_image(name, stem, image, per_model, settings, times)
+    record, files = fuse_image(name, stem, image, per_model, settings, times, read_warnings)
     write_image(out, record, files)
     return record
 
@@ -980,13 +993,15 @@ def _run(options: FuseOptions) -> int:
                     bar.update(1)
         for begin in range(0, len(todo) if engine is None else 0, config.batch):
             chunk = todo[begin : begin + config.batch]
-            loaded, loaded_names, read_ms = [], [], []
+            loaded, loaded_names, read_ms, read_notes = [], [], [], []
             for path, name in chunk:
                 t = time.perf_counter()
+                notes: list[str] = []
                 try:
-                    loaded.append((path, read_image(path)))
+                    loaded.append((path, read_image(path, notes=notes)))
                     loaded_names.append(name)
                     read_ms.append((time.perf_counter() - t) * 1000)
+                    read_notes.append(notes)
                 except ImageReadError as err:
                     unreadable[name] = str(err)
                     logger.warning("skipped: %s", err)
@@ -1000,7 +1015,7 @@ def _run(options: FuseOptions) -> int:
             settings = FuseSettings(config, params, categories, yolo_ids)  # params: of the loaded members
             for i, name in enumerate(loaded_names):
                 times = {"read": read_ms[i], **detect_ms}
-                process_image(out, name, stems[name], arrays[i], per_image[i], settings, times)
+                process_image(out, name, stems[name], arrays[i], per_image[i], settings, times, read_notes[i])
                 processed += 1
                 bar.update(1)
     except BaseException as err:
@@ -1084,6 +1099,11 @@ def print_summary(out: Path, config: EnsembleConfig, summary: dict[str, Any], ru
     ]
     for name, err in summary["unreadable"].items():
         lines.append(f"unreadable: {name}: {err}")
+    warned = list(summary["read_warnings"].items())
+    for name, texts in warned[:_WARNINGS_SHOWN]:
+        lines.extend(f"read with a warning: {name}: {text}" for text in texts)
+    if len(warned) > _WARNINGS_SHOWN:
+        lines.append(f"read with a warning: {len(warned) - _WARNINGS_SHOWN} more images, listed in summary.json")
     # labels/ and vis/ hold a file per image done: a run whose every image was unreadable writes neither
     folders = {"labels": config.output.labels, "vis": config.output.vis, "per_model": config.output.save_per_model}
     written = ["predictions.json", "images.json",
