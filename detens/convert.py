@@ -178,8 +178,9 @@ def detections_to_results(
             class indices as floating-point numbers) or missing from the template's class names, or another
             image size than the template's.
     """
-    from ultralytics.engine.results import Results
+    from detens.adapters.weights import import_ultralytics
 
+    Results = import_ultralytics("ultralytics.engine.results").Results
     if not isinstance(det, Detections):
         raise TypeError(f"det must be Detections, got {type(det).__name__}")
     orig_shape = tuple(int(v) for v in template.orig_shape)

@@ -249,7 +249,7 @@ def _header_facts(data: bytes, frames: bool) -> tuple[int, int | None]:
             with Image.open(io.BytesIO(data)) as image:
                 orientation = image.getexif().get(0x0112)
                 count = int(getattr(image, "n_frames", 1)) if frames else 1
-    except Exception:  # noqa: BLE001 - a file OpenCV decoded but Pillow refuses: nothing to say of it
+    except Exception:  # a file OpenCV decoded but Pillow refuses (or its EXIF): nothing to say of it
         return 1, None
     return count, orientation if isinstance(orientation, int) else None
 

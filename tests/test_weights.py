@@ -250,3 +250,50 @@ def test_an_upstream_name_of_a_yaml_that_fails_to_download_lists_the_yaml_folder
     assert f"{config_folder / name} (as a path beside the config file)" in message
     assert f"{cwd / name} (in the working directory" in message
     assert f"{cwd / name} (as a path)" not in message
+
+
+_AUTOINSTALL_AFTER_AN_UPSTREAM_CHECK = """
+import sys
+from detens.adapters.weights import is_upstream_name
+assert "ultralytics" not in sys.modules
+is_upstream_name("yolo11n.pt", "ultralytics")  # what a command's first look at its members imports Ultralytics for
+from ultralytics.utils import checks
+print(checks.AUTOINSTALL)
+"""
+
+
+@pytest.mark.parametrize("user_value, expected", [(None, "False"), ("true", "True")])
+def test_ultralytics_never_pip_installs_at_run_time_unless_the_user_says_so(user_value, expected):
+    """Ultralytics reads YOLO_AUTOINSTALL once, at its import: the variable was set where a model was loaded, after
+    a command had imported Ultralytics to tell upstream names apart, so a missing runtime was pip-installed."""
+    pytest.importorskip("ultralytics")
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "YOLO_AUTOINSTALL"}
+    if user_value is not None:
+        env["YOLO_AUTOINSTALL"] = user_value
+    done = subprocess.run([sys.executable, "-c", _AUTOINSTALL_AFTER_AN_UPSTREAM_CHECK], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == expected
+
+
+def test_every_import_of_ultralytics_goes_through_import_ultralytics():
+    """A module importing Ultralytics by itself would be its first import in some command, with auto-install on."""
+    import ast
+    from pathlib import Path
+
+    import detens
+
+    found = []
+    for path in sorted(Path(detens.__file__).parent.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                       and ast.unparse(node.test) == "TYPE_CHECKING" for n in ast.walk(node)}
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if id(node) not in typing_only and any(n.split(".")[0] == "ultralytics" for n in names):
+                found.append(f"{path.name}:{node.lineno}")
+    assert found == []

@@ -29,7 +29,7 @@ import torch
 from detens.adapters._base import BaseDetector, check_detection_options, type_name
 from detens.adapters._labels import apply_label_lookup, build_label_lookup
 from detens.adapters._signal_stack import install_lasting_signal_stack, is_openvino_export
-from detens.adapters.weights import ResolvedWeights, resolve_weights, upstream_failure
+from detens.adapters.weights import ResolvedWeights, import_ultralytics, resolve_weights, upstream_failure
 from detens.checks import check_device, check_integer
 from detens.detections import Detections
 
@@ -110,11 +110,9 @@ def check_ultralytics_device(device: str, name: str = "device") -> None:
 def load_yolo(resolved: ResolvedWeights) -> Any:
     """``ultralytics.YOLO(resolved.value, task="detect")``; download failures become WeightsNotFoundError, a
     local file Ultralytics cannot read a ValueError naming it."""
-    os.environ.setdefault("YOLO_AUTOINSTALL", "false")
-    from ultralytics import YOLO
-
+    yolo = import_ultralytics("ultralytics").YOLO
     try:
-        return YOLO(resolved.value, task="detect")
+        return yolo(resolved.value, task="detect")
     except (ConnectionError, OSError) as err:
         if not resolved.local:
             raise upstream_failure(resolved, err) from err

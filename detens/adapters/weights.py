@@ -20,9 +20,11 @@ Anything else is a :class:`WeightsNotFoundError` that lists every place it looke
 
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Literal
 
 __all__ = [
@@ -110,9 +112,19 @@ def _ultralytics_upstream(name: str) -> bool:
         return False
     if name.endswith((".yaml", ".yml")):  # model YAMLs ship inside the ultralytics package
         return True
-    from ultralytics.utils.downloads import GITHUB_ASSETS_NAMES, GITHUB_ASSETS_STEMS
+    downloads = import_ultralytics("ultralytics.utils.downloads")
+    return name in downloads.GITHUB_ASSETS_NAMES or name in downloads.GITHUB_ASSETS_STEMS
 
-    return name in GITHUB_ASSETS_NAMES or name in GITHUB_ASSETS_STEMS
+
+def import_ultralytics(module: str) -> ModuleType:
+    """Ultralytics' ``module``, imported with ``YOLO_AUTOINSTALL`` defaulting to ``false``.
+
+    Ultralytics reads the variable once, at its first import, and would otherwise pip-install a runtime
+    it misses while a command runs (those detens uses are its dependencies): every import of Ultralytics
+    by detens comes through here. A value the user set is kept, and so is an Ultralytics imported before.
+    """
+    os.environ.setdefault("YOLO_AUTOINSTALL", "false")
+    return importlib.import_module(module)
 
 
 def _torchvision_upstream(name: str) -> bool:
