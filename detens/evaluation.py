@@ -705,7 +705,8 @@ def cross_validate(
             predicted += len(test_ids)
         metrics = evaluate_coco(data.gt, results, image_ids=scored_ids, backend=backend)
         calibration = detection_calibration(data.gt, results, image_ids=scored_ids)
-        metrics["ece"] = calibration["ece"]
+        # of no detection there is no calibration to measure: not a perfect one
+        metrics["ece"] = calibration["ece"] if calibration["count"] else None
         metrics["fusion_ms"] = 1e3 * predict_seconds / max(predicted, 1)
         report[name] = MethodResult(metrics, fitted, calibration, results)
         if on_method is not None:
@@ -762,8 +763,8 @@ def summarize_repeats(runs: dict[int, dict[str, dict[str, float]]]) -> dict[str,
             with the same methods (the metric keys of :func:`cross_validate`).
 
     Returns:
-        dict[str, dict]: per method (in the first run's order) the mean over the seeds of every metric,
-        ``map_sd`` (the sample standard deviation of ``map`` over the seeds; 0 for one seed) and
+        dict[str, dict]: per method (in the first run's order) the mean over the seeds of every metric
+        (None where a seed did not measure it), ``map_sd`` (the sample standard deviation of ``map`` over the seeds; 0 for one seed) and
         ``map_by_seed`` (``{seed: map}``).
     """
     if not runs:
@@ -776,8 +777,10 @@ def summarize_repeats(runs: dict[int, dict[str, dict[str, float]]]) -> dict[str,
     for method in methods:
         rows = [runs[seed][method] for seed in runs]
         keys = [key for key in rows[0] if all(key in row for row in rows)]
-        values = {key: np.array([row[key] for row in rows], dtype=np.float64) for key in keys}
-        summary[method] = {key: float(v.mean()) for key, v in values.items()}
+        # None: not measured (the ECE of no detection) in some seed, so not in the mean
+        measured = [key for key in keys if all(row[key] is not None for row in rows)]
+        values = {key: np.array([row[key] for row in rows], dtype=np.float64) for key in measured}
+        summary[method] = {key: float(values[key].mean()) if key in values else None for key in keys}
         maps = values["map"]
         summary[method]["map_sd"] = float(maps.std(ddof=1)) if maps.size > 1 else 0.0
         summary[method]["map_by_seed"] = {int(seed): float(runs[seed][method]["map"]) for seed in runs}

@@ -45,12 +45,49 @@ BEST_CASES = [
     ("fusion time among fusion methods", {"single:x": {"fusion_ms": 0.0}, "wbf": {"fusion_ms": 5.0},
                                           "nms": {"fusion_ms": 1.0}}, {"fusion_ms": ["nms"]}),
     ("the oracle is a ceiling", {"oracle": {"map": 0.9}, "deep": {"map": 0.45}}, {"map": ["deep"]}),
+    ("not measured never wins", {"single:x": {"map": 0.0, "ece": None}, "nms": {"map": 0.4, "ece": 0.009}},
+     {"map": ["nms"], "ece": ["nms"]}),
 ]
 
 
 @pytest.mark.parametrize("case, table, expected", BEST_CASES, ids=[c[0] for c in BEST_CASES])
 def test_best_per_column(case, table, expected):
     assert best_per_column(table) == expected
+
+
+def test_a_figure_not_measured_prints_as_a_dash_and_draws_no_bar(tmp_path):
+    """The record's loader takes null for a figure not measured; the table, its best cells and the bar chart
+    failed on it ("float() argument must be ... not 'NoneType'")."""
+    from detens.report import markdown_table, plot_report
+
+    table = {"single:x": {"map": 0.0, "map50": None, "ece": None}, "wbf": {"map": 0.4, "map50": 0.6, "ece": 0.02}}
+    lines = markdown_table(table).splitlines()
+    assert lines[2].startswith("| single:x | 0.0000 | - | - | - | - | - | - | -")
+    plot_report(table, tmp_path / "map.png")
+    assert (tmp_path / "map.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_repeats_leave_a_figure_out_of_the_mean_where_a_seed_did_not_measure_it():
+    from detens.evaluation import summarize_repeats
+
+    runs = {0: {"a": {"map": 0.4, "ece": None}}, 1: {"a": {"map": 0.5, "ece": 0.02}}}
+    summary = summarize_repeats(runs)["a"]
+    assert summary["ece"] is None and summary["map"] == pytest.approx(0.45)
+
+
+def test_the_ece_of_a_method_without_detections_is_not_measured():
+    """It was 0.0, the column's best: a member that found nothing was shown as perfectly calibrated."""
+    from detens.evaluation import cross_validate
+    from detens.predictions import EnsemblePredictions
+
+    record = tiny_record()
+    box = {"image_id": 1, "category_id": 3, "bbox": [1.5, 2.0, 30.0, 40.0], "score": 0.9}
+    gt = {**record.gt, "images": [*record.gt["images"], {"id": 2, "width": 100, "height": 80, "file_name": "2.jpg"}],
+          "annotations": [*record.gt["annotations"], {**record.gt["annotations"][0], "id": 2, "image_id": 2}]}
+    predictions = EnsemblePredictions(["a", "none"], [[box, {**box, "image_id": 2}], []], gt)
+    report = cross_validate(predictions, ["single", "wbf"], k=2)
+    assert report["single:none"].metrics["ece"] is None and report["single:none"].calibration["count"] == 0
+    assert report["single:a"].metrics["ece"] is not None
 
 
 def tiny_record() -> EvaluationRecord:
@@ -132,6 +169,73 @@ def test_a_table_without_a_number_to_rank_by_is_refused_naming_the_row(tmp_path,
         EvaluationRecord.load(path)
     assert str(error.value) == f"{path}: {message}"
     EvaluationRecord(record.meta, record.gt, {"single:a": {"map": 0.5, "ece": None}}, {}, record.results)  # null: not measured
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d["meta"].update(models=[1, 2]), "the evaluation record's meta['models'] must list the members' names, got [1, 2]"),
+    (lambda d: d["meta"].update(models="yolo11n"), "the evaluation record's meta['models'] must be a list or null, got str: 'yolo11n'"),
+    (lambda d: d["meta"].update(fit_on="elsewhere"),
+     "the evaluation record's meta['fit_on'] must be a JSON object or null, got str: 'elsewhere'"),
+    (lambda d: d["meta"].update(folds=5), "the evaluation record's meta['folds'] must be a list or null, got int: 5"),
+    (lambda d: d["meta"].update(folds=["x"]), "the evaluation record's meta['folds'] must list the folds' image counts, got ['x']"),
+    (lambda d: d["meta"].update(seed=True), "the evaluation record's meta['seed'] must be an integer or null, got bool: True"),
+    (lambda d: d["calibration"].update({"single:a": {"ece": 0.1}}),
+     "the evaluation record's calibration['single:a'] must hold 'ece' (a number) and 'bins' (a list): "
+     "detection_calibration's output, which the reliability diagram draws"),
+    (lambda d: d["gt"].update(images=[]), "the evaluation record's ground truth lists no image: a run scores at least one"),
+    (lambda d: d["members"].update(b=d["members"].pop("a")),
+     "the evaluation record's metrics has rows ['single:a'] of models that are not among its members ['b']"),
+    (lambda d: [d[k].update({"single:": d[k].pop("single:a")}) for k in ("metrics", "results")],
+     "the evaluation record's metrics has a row 'single:' that names no model"),
+])
+def test_a_record_the_page_cannot_read_is_refused_naming_the_file_and_the_field(tmp_path, change, message):
+    """Each of these loaded, then ended the page in a traceback (KeyError, AttributeError) or an error that
+    named nothing ("can only join an iterable")."""
+    path = tiny_record().save(tmp_path / "bad.evaluation.json.gz")
+    document = json.loads(gzip.decompress(path.read_bytes()))
+    change(document)
+    path.write_bytes(gzip.compress(json.dumps(document).encode()))
+    with pytest.raises(ValueError) as error:
+        EvaluationRecord.load(path)
+    assert str(error.value) == f"{path}: {message}"
+
+
+def test_side_by_sides_without_a_fused_method_say_that_one_is_missing(tmp_path):
+    """The note asked to add 'single' to --methods, which the table of single models had."""
+    from detens.report.page import _examples
+
+    shown, note = _examples(tiny_record(), tmp_path, tmp_path / "page", 3, 0.3)
+    assert shown == {}
+    assert note == "Side-by-sides need a fused method in the table beside the single models (add one to --methods)."
+
+
+@pytest.mark.parametrize("fitting", [False, True])
+def test_a_page_is_not_written_into_a_prediction_folder_its_evaluation_read(tmp_path, capsys, fitting):
+    """Its page.json would be read there as one more member's results: every later evaluate on it failed."""
+    from detens.cli import main
+
+    record, folder = tiny_record(), tmp_path / "predictions"
+    folder.mkdir()
+    (folder / "a.json").write_text("[]")
+    meta = {"fit_on": {"predictions": str(folder)}} if fitting else {"predictions": str(folder)}
+    path = EvaluationRecord({**record.meta, **meta}, record.gt, record.metrics, {}, record.results,
+                            record.members).save(tmp_path / "r.evaluation.json.gz")
+    assert main(["report", str(path), "--out", str(folder), "--quiet"]) == 2
+    what = "fitting data" if fitting else "predictions"
+    assert capsys.readouterr().err == (
+        f"error: detens report: the report page's numbers {folder / 'page.json'} would be written into the prediction "
+        f"folder of the evaluation's {what}, where every .json file is read as a member's predictions; give it "
+        "another folder (see detens report --help)\n"
+    )
+    assert sorted(p.name for p in folder.iterdir()) == ["a.json"]
+
+
+def test_a_renamed_record_is_read_as_the_record_it_is(tmp_path):
+    """'report.json.gz' was taken for a table and its record looked for as report.json.evaluation.json.gz."""
+    record = tiny_record()
+    path = tmp_path / "kept.json.gz"
+    path.write_bytes(record.save(tmp_path / "r.evaluation.json.gz").read_bytes())
+    assert EvaluationRecord.load(path).results == record.results
 
 
 @pytest.mark.parametrize("section, name, column, value, message", [

@@ -236,11 +236,17 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return (ValueError, TypeError, OSError, yaml.YAMLError, FloatingPointError, MissingExtraError)
 
 
+#: Control characters as an error line writes them: a file name holding a line break would otherwise
+#: split the one ``error:`` line in two, the second perhaps starting with "error:" itself.
+_ESCAPED_CONTROLS = {**{code: f"\\x{code:02x}" for code in (*range(32), 127)}, ord("\n"): "\\n", ord("\r"): "\\r",
+                     ord("\t"): "\t"}
+
+
 def _message(err: BaseException) -> str:
     text = str(err)
     if isinstance(err, OSError) and err.filename is not None and str(err.filename) not in text:
         text = f"{text}: {err.filename}"
-    return text or type(err).__name__
+    return (text or type(err).__name__).translate(_ESCAPED_CONTROLS)
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -255,7 +261,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         if is_interruption(err) and not args.debug:  # a job that saves its work on a Ctrl-C raises it once saved
             return _interrupted()
         if isinstance(err, _usage_error()):
-            print(f"error: {args._parser.prog}: {err} (see {args._parser.prog} --help)", file=sys.stderr)
+            print(f"error: {args._parser.prog}: {_message(err)} (see {args._parser.prog} --help)", file=sys.stderr)
             return 2
         if isinstance(err, _user_errors()) and not args.debug:
             print(f"error: {_message(err)}", file=sys.stderr)

@@ -22,7 +22,7 @@ from detens.checks import check_flag
 from detens.io import check_file_path
 
 __all__ = [
-    "JobOptions", "UsageError", "check_existing_folder", "check_file_or_folder", "check_folder", "check_int",
+    "JobOptions", "UsageError", "check_existing_folder", "check_given_folder", "check_file_or_folder", "check_folder", "check_int",
     "check_output_file", "check_positive_int", "check_text_list", "check_text_pair", "command_line_flag",
     "existing_folder", "file_or_folder", "file_or_shipped_name", "flag", "folder", "integer", "internal",
     "listed", "not_a_folder", "number", "output_file", "parse_set", "path", "python_keyword", "text",
@@ -99,6 +99,18 @@ def check_existing_folder(value: str) -> str:
     if not os.path.isdir(value):
         raise ValueError(not_a_folder(value, repr(value)))
     return value
+
+
+def check_given_folder(flag: str, value: str | None) -> None:
+    """Raise ``UsageError`` unless ``value`` of ``flag`` (None: the option left out) is a folder that exists.
+    An empty one is refused as :func:`check_folder` refuses it, not read as the working directory.
+    """
+    if value is None:
+        return
+    if not value:
+        raise UsageError(f"{flag}: expected a folder, got an empty path (write . for the working directory)")
+    if not os.path.isdir(value):
+        raise UsageError(f"{flag}: {not_a_folder(value)}")
 
 
 def not_a_folder(path: str | os.PathLike[str], shown: str | None = None) -> str:

@@ -37,6 +37,7 @@ from detens.jobs._inputs import comma_separated, file_digests, model_names
 from detens.jobs._options import (
     JobOptions,
     UsageError,
+    check_given_folder,
     check_int_text,
     check_text_list,
     check_text_pair,
@@ -44,7 +45,6 @@ from detens.jobs._options import (
     folder,
     integer,
     listed,
-    not_a_folder,
     output_file,
     parse_set,
     text,
@@ -226,8 +226,7 @@ def _run(options: EvaluateOptions) -> int:
         check_writable_folder(options.report, "--report")
         _refuse_a_page_over_outputs(options.report, outputs)
         refuse_results_in_prediction_folders([("the report page's numbers", Path(options.report) / "page.json")], folders)
-    if options.images is not None and not Path(options.images).is_dir():
-        raise UsageError(f"--images: {not_a_folder(options.images)}")
+    check_given_folder("--images", options.images)
     if options.bootstrap < 0:
         raise UsageError(f"--bootstrap must be the number of draws (>= 1), or 0 for none; got {options.bootstrap}")
     if options.bootstrap_against is not None and not options.bootstrap:

@@ -8,7 +8,8 @@ import shlex
 from pathlib import Path
 
 from detens.io import check_writable_folder
-from detens.jobs._options import JobOptions, UsageError, folder, integer, not_a_folder, number, text
+from detens.jobs._options import JobOptions, UsageError, check_given_folder, folder, integer, number, text
+from detens.jobs._outputs import refuse_results_in_prediction_folders
 from detens.report.record import EvaluationRecord, record_path
 
 __all__ = ["ReportOptions", "run"]
@@ -54,9 +55,16 @@ def run(options: ReportOptions) -> int:
             raise UsageError(
                 f"the page in --out {options.out} would write over {path} ({what}); give the page a folder of its own"
             )
-    if options.images is not None and not Path(options.images).is_dir():
-        raise UsageError(f"--images: {not_a_folder(options.images)}")
+    check_given_folder("--images", options.images)
     record = EvaluationRecord.load(options.evaluation)
+    # a page's page.json in a prediction folder it was evaluated on would be read there as a member's results
+    fit_on = record.meta.get("fit_on") or {}
+    read = (("the evaluation's predictions", record.meta.get("predictions")),
+            ("the evaluation's fitting data", fit_on.get("predictions")))
+    refuse_results_in_prediction_folders(
+        [("the report page's numbers", Path(options.out) / "page.json")],
+        [(what, Path(folder)) for what, folder in read if isinstance(folder, str) and Path(folder).is_dir()],
+    )
     page = write_report(
         record, options.out, images_dir=options.images, examples=options.examples, conf=options.conf,
         command=shlex.join(options.command_line) if options.command_line else None,

@@ -59,7 +59,7 @@ def check_same_run(
     """Raise ``ValueError`` if the metrics recomputed from the record differ from the table's row by more
     than ``tolerance``."""
     for key in _CHECKED:
-        if key in table and abs(float(table[key]) - recomputed[key]) > tolerance:
+        if table.get(key) is not None and abs(float(table[key]) - recomputed[key]) > tolerance:
             raise ValueError(
                 f"{method}: the record's predictions give {key} {recomputed[key]!r} but its table says "
                 f"{table[key]!r}; the record does not hold the predictions this table scored"

@@ -72,6 +72,7 @@ table { border-collapse: collapse; font-size: 0.9em; margin: 0.6em 0; }
 th, td { padding: 0.25em 0.7em; border-bottom: 1px solid #e4e4e4; text-align: right; }
 th:first-child, td:first-child { text-align: left; }
 td.best { font-weight: 700; background: #e3f4e3; }
+td, th, dd, h1, h2, p, li, figcaption { overflow-wrap: anywhere; }
 tr.single td:first-child { color: #555; }
 dl.meta { display: grid; grid-template-columns: max-content 1fr; gap: 0.15em 1em; font-size: 0.9em; }
 dl.meta dt { font-weight: 600; } dl.meta dd { margin: 0; }
@@ -236,8 +237,10 @@ def _examples(
     folder = images_dir if images_dir is not None else record.meta.get("images")
     if count == 0:
         return {}, "No side-by-sides were asked for."
-    if single is None or fused is None or not record.members:
+    if single is None or not record.members:
         return {}, "Side-by-sides need a single model and a fused method in the table (add 'single' to --methods)."
+    if fused is None:
+        return {}, "Side-by-sides need a fused method in the table beside the single models (add one to --methods)."
     if folder is None:
         logger.warning("report: the evaluation record names no image folder and none was given; the page has no "
                        "side-by-sides")
@@ -361,7 +364,7 @@ def _page(
         ("dataset", f"{meta.get('gt', '?')}: {_images_text(record)}, "
                     f"{sum(1 for a in record.gt['annotations'] if not a.get('iscrowd', 0))} boxes, "
                     f"{_categories_text(len(analysis['scored_categories']), len(record.gt['categories']))}"),
-        ("predictions", f"{meta.get('predictions', '?')} (members: {', '.join(meta.get('models', []))})"),
+        ("predictions", f"{meta.get('predictions', '?')} (members: {', '.join(meta.get('models') or [])})"),
     ]
     left_out = _left_out_text(meta.get("left_out"), "neither scored nor fitted on")
     if left_out:
@@ -388,7 +391,7 @@ def _page(
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>detens evaluation: {_e(', '.join(meta.get('models', [])))}</title>",
+        f"<title>detens evaluation: {_e(', '.join(meta.get('models') or []))}</title>",
         f"<style>{_CSS}</style></head><body>",
         "<h1>detens evaluation report</h1>",
         f"<dl class='meta'>{meta_html}</dl>",

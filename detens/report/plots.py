@@ -10,6 +10,7 @@ matplotlib's math text would garble a pair of ``$`` or fail on an odd one.
 from __future__ import annotations
 
 import functools
+import math
 import textwrap
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -70,7 +71,8 @@ def plot_report(report: Mapping[str, Mapping[str, float]], path: str | Path, tit
     plt = _pyplot()
     methods = list(report)
     maps = [report[m].get("map", 0.0) for m in methods]
-    map50 = [report[m].get("map50", 0.0) for m in methods]
+    # a figure not measured (missing, or None) draws no bar rather than one of 0
+    map50 = [math.nan if report[m].get("map50") is None else report[m]["map50"] for m in methods]
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(methods) + 2.0))
     y = range(len(methods))
     ax.barh([i + 0.2 for i in y], map50, height=0.4, label="AP50", color="#9ecae1")

@@ -100,6 +100,19 @@ class EvaluationRecord:
         for key in ("images", "annotations", "categories"):
             if key not in self.gt:
                 raise ValueError(f"the evaluation record's ground truth lacks {key!r}")
+        if not self.gt["images"]:
+            raise ValueError("the evaluation record's ground truth lists no image: a run scores at least one")
+        singles = [m for m in self.metrics if m.startswith("single:")]
+        unnamed = [m for m in singles if m == "single:"]
+        if unnamed:
+            raise ValueError("the evaluation record's metrics has a row 'single:' that names no model")
+        # the page draws a single model's boxes from its member predictions
+        unknown = [m for m in singles if self.members and m.split(":", 1)[1] not in self.members]
+        if unknown:
+            raise ValueError(
+                f"the evaluation record's metrics has rows {unknown} of models that are not among its members "
+                f"{sorted(self.members)}"
+            )
 
     @property
     def image_ids(self) -> list[int]:
@@ -137,8 +150,9 @@ class EvaluationRecord:
         """
         if Path(path).is_dir():
             raise IsADirectoryError(f"evaluation record (or the table beside it) expected, got a folder: {path}")
-        table = None if Path(path).name.endswith(RECORD_SUFFIX) else Path(path)
-        path = record_path(path)
+        # a record renamed (``run.json.gz``) is still one: gzip, which no table is
+        table = None if Path(path).name.endswith(RECORD_SUFFIX) or _is_gzip(Path(path)) else Path(path)
+        path = Path(path) if table is None else record_path(path)
         if not path.is_file():
             # a run of several seeds writes its table and <stem>.run.json, but no record
             run = path.with_name(path.name[: -len(RECORD_SUFFIX)] + ".run.json")
@@ -176,6 +190,15 @@ class EvaluationRecord:
             raise ValueError(f"{path}: {err}") from err
 
 
+def _is_gzip(path: Path) -> bool:
+    """Whether ``path`` is a file that begins as gzip data does."""
+    try:
+        with path.open("rb") as file:
+            return file.read(2) == b"\x1f\x8b"
+    except OSError:
+        return False
+
+
 #: Each section of a record → what it holds, for the error that names a malformed one.
 _SECTIONS = {
     "meta": "how the run was made",
@@ -204,6 +227,43 @@ def _check_sections(document: Mapping[str, Any]) -> None:
                 )
     if "metrics" in document:
         _check_metrics(document["metrics"])
+    if "meta" in document:
+        _check_meta(document["meta"])
+    for method, row in document.get("calibration", {}).items():
+        if not isinstance(row.get("bins"), list) or not (row.get("ece") is None or _is_number(row.get("ece"))):
+            raise ValueError(
+                f"the evaluation record's calibration[{method!r}] must hold 'ece' (a number) and 'bins' (a list): "
+                "detection_calibration's output, which the reliability diagram draws"
+            )
+
+
+#: The keys of ``meta`` the page reads → the JSON type each must have where present (null: not known).
+_META_TYPES: dict[str, tuple[type, ...]] = {
+    "command": (str,), "gt": (str,), "images": (str,), "predictions": (str,), "protocol": (str,),
+    "backend": (str,), "created": (str,), "seed": (int,), "models": (list,), "folds": (list,),
+    "fit_on": (dict,), "left_out": (list,),
+}
+_JSON_NAMES = {str: "a string", int: "an integer", list: "a list", dict: "a JSON object"}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_meta(meta: Mapping[str, Any]) -> None:
+    """Raise ``ValueError`` naming the first key of ``meta`` that the page reads and that is not of its type
+    (:data:`_META_TYPES`), or a member name or fold size that is not one."""
+    for key, types in _META_TYPES.items():
+        value = meta.get(key)
+        if value is not None and (not isinstance(value, types) or isinstance(value, bool)):
+            raise ValueError(
+                f"the evaluation record's meta[{key!r}] must be {_JSON_NAMES[types[0]]} or null, "
+                f"got {type(value).__name__}: {value!r}"[:300]
+            )
+    if not all(isinstance(name, str) for name in meta.get("models") or []):
+        raise ValueError(f"the evaluation record's meta['models'] must list the members' names, got {meta['models']!r}"[:300])
+    if not all(isinstance(size, int) and not isinstance(size, bool) for size in meta.get("folds") or []):
+        raise ValueError(f"the evaluation record's meta['folds'] must list the folds' image counts, got {meta['folds']!r}"[:300])
 
 
 def _check_metrics(metrics: Mapping[str, Mapping[str, Any]]) -> None:

@@ -27,7 +27,7 @@ REPEATED_COLUMNS: tuple[tuple[str, str, str], ...] = (
 def markdown_table(
     report: Mapping[str, Mapping[str, float]], columns: tuple[tuple[str, str, str], ...] = TABLE_COLUMNS
 ) -> str:
-    """One row per method, in the report's order; a missing metric prints as ``-``.
+    """One row per method, in the report's order; a missing metric (or ``None``: not measured) prints as ``-``.
 
     Args:
         report: ``{method: {metric: value}}``. columns: (metric key, title, format) of each column.
@@ -36,7 +36,7 @@ def markdown_table(
     rule = "|---|" + "---:|" * len(columns)
     rows = []
     for method, metrics in report.items():
-        cells = [fmt.format(metrics[key]) if key in metrics else "-" for key, _, fmt in columns]
+        cells = ["-" if metrics.get(key) is None else fmt.format(metrics[key]) for key, _, fmt in columns]
         name = method.replace("|", "\\|")  # TTA members are named like "yolo26n|hflip"
         rows.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join([header, rule, *rows])
@@ -51,16 +51,16 @@ CEILINGS: frozenset[str] = frozenset({"oracle"})
 def best_per_column(report: Mapping[str, Mapping[str, float]]) -> dict[str, list[str]]:
     """``{metric key: [methods holding the best value]}`` for each of :data:`TABLE_COLUMNS`.
 
-    Values of ``-1`` (pycocotools: nothing to measure) and the :data:`CEILINGS` never win; ``fusion_ms`` is
-    compared among fusion methods only, since a single model fuses nothing. Ties all win; a column no
-    method reports is absent.
+    Values of ``-1`` (pycocotools: nothing to measure) or ``None`` (not measured) and the :data:`CEILINGS`
+    never win; ``fusion_ms`` is compared among fusion methods only, since a single model fuses nothing.
+    Ties all win; a column no method reports is absent.
     """
     best: dict[str, list[str]] = {}
     for key, _, _ in TABLE_COLUMNS:
         candidates = {
             method: float(metrics[key])
             for method, metrics in report.items()
-            if key in metrics
+            if metrics.get(key) is not None
             and float(metrics[key]) >= 0
             and method not in CEILINGS
             and not (key == "fusion_ms" and method.startswith("single:"))
