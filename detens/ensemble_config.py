@@ -30,6 +30,7 @@ __all__ = [
     "save_ensemble_config",
     "apply_overrides",
     "with_absolute_paths",
+    "with_real_paths",
     "check_member_name",
     "NOT_READ_BY_TYPE",
     "HEAD_PARAMS",
@@ -529,6 +530,31 @@ def _absolute(value: str | None) -> str | None:
         return value
     path = Path(value).expanduser()
     return str(path.absolute()) if not path.is_absolute() and path.exists() else value
+
+
+def with_real_paths(data: Any) -> Any:
+    """A parsed ensemble config (the mapping :func:`save_ensemble_config` writes) with each file or folder
+    it names that exists written as its real path (``..`` and links resolved), for comparing two configs:
+    the same files named from another working directory, or through a link, are the same config."""
+    if not isinstance(data, dict):
+        return data
+
+    def real(value: Any) -> Any:
+        return os.path.realpath(value) if isinstance(value, str) and value.strip() and os.path.exists(value) else value
+
+    data = {**data, **{key: real(data[key]) for key in ("dataset", "weights_dir") if key in data}}
+    if isinstance(data.get("models"), list):
+        data["models"] = [
+            {**model, **{key: real(model[key]) for key in ("weights", "results", "images") if key in model}}
+            if isinstance(model, dict) else model
+            for model in data["models"]
+        ]
+    fusion = data.get("fusion")
+    if isinstance(fusion, dict):
+        fusion = data["fusion"] = {**fusion, **({"head": real(fusion["head"])} if "head" in fusion else {})}
+        if isinstance(fusion.get("params"), dict):
+            fusion["params"] = {k: real(v) if k in HEAD_PARAMS else v for k, v in fusion["params"].items()}
+    return data
 
 
 def with_absolute_paths(config: EnsembleConfig | ModelConfig) -> EnsembleConfig | ModelConfig:

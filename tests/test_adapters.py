@@ -1239,3 +1239,32 @@ except KeyboardInterrupt:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert done.stdout.splitlines()[-2:] == ["stack True 65536", "KeyboardInterrupt"], done.stdout
+
+
+def test_a_members_options_are_arguments_of_its_detector_that_the_config_does_not_set(tmp_path):
+    """They went straight into the constructor: "__init__() got an unexpected keyword argument 'foo'", naming
+    neither the member nor its options."""
+    from detens.adapters import _construct, build_detector
+    from detens.ensemble_config import ModelConfig
+
+    (tmp_path / "r.json").write_text("[]")
+    (tmp_path / "i.json").write_text('{"a.jpg": 1}')
+    member = {"type": "precomputed", "results": str(tmp_path / "r.json"), "images": str(tmp_path / "i.json"),
+              "name": "saved"}
+    with pytest.raises(ValueError, match=re.escape(
+            "model 'saved': options.foo is not an argument of PrecomputedDetector; the arguments options may give "
+            "it: none")):
+        build_detector({**member, "options": {"foo": 1}})
+    with pytest.raises(ValueError, match=re.escape(
+            "model 'saved': options.conf is set by the config itself; give conf as a key of the model (or of the "
+            "ensemble), not under options")):
+        build_detector({**member, "options": {"conf": 0.5}})
+
+    class Detector:
+        def __init__(self, weights, conf=0.1, *, agnostic_nms=False):
+            self.arguments = (weights, conf, agnostic_nms)
+
+    model = ModelConfig(weights="w.pt", name="m", options={"agnostic_nms": True})
+    assert _construct(Detector, model, "w.pt", conf=0.2).arguments == ("w.pt", 0.2, True)
+    with pytest.raises(ValueError, match=r"options may give it: agnostic_nms$"):
+        _construct(Detector, ModelConfig(weights="w.pt", name="m", options={"iou": 0.3}), "w.pt", conf=0.2)

@@ -315,3 +315,12 @@ def test_dir_of_detens_lists_each_name_once_after_its_lazy_names_are_loaded():
     detens.cache, detens.fuse_images  # noqa: B018  loaded on first use, then module globals too
     names = dir(detens)
     assert len(names) == len(set(names)) and {"cache", "fuse_images", "fuse"} <= set(names)
+
+
+def test_a_training_config_that_sets_nothing_is_the_defaults(tmp_path):
+    """As every other YAML config of detens reads; it was a FileNotFoundError for a file that exists."""
+    from detens.heads import config_for, load_train_config
+
+    path = tmp_path / "train.yaml"
+    path.write_text("# nothing set\n")
+    assert load_train_config("deep", str(path)) == config_for("deep")

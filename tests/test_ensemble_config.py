@@ -3,6 +3,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import re
 import shutil
 from pathlib import Path
@@ -817,3 +818,43 @@ def test_ray_gpus_that_no_node_has_are_named(caplog):
     with caplog.at_level("WARNING", logger="detens.ray"):
         check_gpus(1.0, 0.0, "auto")  # an autoscaler may add a GPU node
     assert "unless the cluster adds GPU nodes" in caplog.text
+
+
+@pytest.mark.parametrize("spelling", ["..", "link"])
+def test_fuse_and_cache_resume_a_yaml_run_from_another_working_directory(tmp_path, monkeypatch, capsys, spelling):
+    """Run from the YAML's folder its paths are kept as written, elsewhere made absolute: a path through
+    ``..`` or a linked folder (fuse) or any relative one (cache, whose settings record the paths) was then
+    "a different config" and the same command refused the folder it had written."""
+    from ultralytics.utils import ASSETS
+
+    from detens.cli import main
+
+    cfg, elsewhere, source = tmp_path / "cfg", tmp_path / "elsewhere", tmp_path / "src"
+    for folder in (cfg / "data", elsewhere, source):
+        folder.mkdir(parents=True)
+    shutil.copy(Path(ASSETS) / "bus.jpg", source / "a.jpg")
+    box = {"image_id": 1, "category_id": 6, "bbox": [20.0, 230.0, 780.0, 520.0], "score": 0.9}
+    (cfg / "data" / "saved.json").write_text(json.dumps([box]))
+    (cfg / "data" / "images.json").write_text(json.dumps({"images": [{"id": 1, "file_name": "a.jpg"}]}))
+    (tmp_path / "gt.json").write_text(json.dumps({
+        "images": [{"id": 1, "file_name": "a.jpg", "width": 810, "height": 1080}],
+        "annotations": [{"id": 1, "image_id": 1, "category_id": 6, "bbox": [20, 230, 780, 520], "area": 405600,
+                         "iscrowd": 0}],
+        "categories": [{"id": 6, "name": "bus"}],
+    }))
+    if spelling == "link":
+        os.symlink(cfg / "data", cfg / "linked")
+        folder = "linked"
+    else:
+        folder = "../cfg/data"
+    member = {"type": "precomputed", "results": f"{folder}/saved.json", "images": f"{folder}/images.json"}
+    (cfg / "e.yaml").write_text(yaml.safe_dump({"models": [{**member, "name": "saved"}], "fusion": {"method": "wbf"}}))
+    fuse = ["fuse", "--source", str(source), "--out", str(tmp_path / "fused"), "--quiet", "--no-vis"]
+    cache = ["cache", "--images", str(source), "--gt", str(tmp_path / "gt.json"), "--out", str(tmp_path / "cache"),
+             "--quiet"]
+    for command in (fuse, cache):
+        for working_directory, config in ((cfg, "e.yaml"), (elsewhere, str(cfg / "e.yaml"))):
+            monkeypatch.chdir(working_directory)
+            assert main([*command, "--config", config]) == 0, capsys.readouterr().err
+    assert json.loads((tmp_path / "fused" / "summary.json").read_text())["resumed"] == 1
+    assert json.loads((tmp_path / "cache" / "saved.json").read_text()) == [box]

@@ -743,7 +743,8 @@ def test_equal_member_weights_fuse_as_no_weights(method):
         torch.testing.assert_close(other.scores, fused[0].scores, rtol=0, atol=0)
         torch.testing.assert_close(other.boxes, fused[0].boxes, rtol=0, atol=0)
     assert fused[0].scores.max().item() == pytest.approx(0.9 if method != "wbf" else 0.75, abs=1e-6)
-    with pytest.raises(ValueError, match="must not all be 0"):
+    with pytest.raises(ValueError, match=re.escape("every member's weight is 0 (models[].weight: [0.0, 0.0]): give "
+                                                   "at least one a weight above 0")):
         params(0.0)
 
 

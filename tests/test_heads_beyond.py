@@ -11,6 +11,7 @@ import functools
 import json
 import math
 import random
+import re
 
 import numpy as np
 import pytest
@@ -810,6 +811,16 @@ class TestTraining:
         with pytest.raises(ValueError, match="no training images"):
             train_head("deep", [], NAMES)
         assert SuperLearnerTrainConfig().lr < DeepTrainConfig().lr
+
+    @pytest.mark.parametrize("config, sizes", [
+        (lambda: DeepTrainConfig(hidden=10**9), "hidden 1000000000, depth 2, class_embed 0"),
+        (lambda: SuperLearnerTrainConfig(hidden=4000, depth=12), "hidden 4000, depth 12, class_embed 0"),
+    ])
+    def test_a_network_too_large_to_fit_is_refused_when_the_config_is_made(self, config, sizes):
+        """It was built at the first fit, which ended in a RuntimeError from the allocator (a traceback)."""
+        with pytest.raises(ValueError, match=re.escape(sizes) + r"\), more than the 100,000,000 a fit allocates"):
+            config()
+        DeepTrainConfig(hidden=1024, depth=3)  # large, and within the bound
 
     @pytest.mark.parametrize(
         "bags_grid, error, message",

@@ -131,19 +131,44 @@ def _model_runner_options(
     }
 
 
+def _construct(detector: type, model: ModelConfig, *args: Any, **kwargs: Any) -> Detector:
+    """``detector(*args, **kwargs, **model.options)``, once the member's ``options`` are checked: each must be
+    an argument of ``detector`` that the config does not already set (a model or ensemble setting)."""
+    import inspect
+
+    signature = inspect.signature(detector)
+    taken = set(signature.bind_partial(*args, **kwargs).arguments)
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    free = sorted(name for name, p in signature.parameters.items() if p.kind in named and name not in taken)
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values())
+    for key in model.options:
+        if key in taken:
+            raise ValueError(
+                f"{model.label}: options.{key} is set by the config itself; give {key} as a key of the model "
+                "(or of the ensemble), not under options"
+            )
+        if key not in free and not takes_any:
+            raise ValueError(
+                f"{model.label}: options.{key} is not an argument of {detector.__name__}; the arguments "
+                f"options may give it: {', '.join(free) or 'none'}"
+            )
+    return detector(*args, **kwargs, **model.options)
+
+
 @ADAPTERS.register("ultralytics")
 def _build_ultralytics(
     model: ModelConfig, ensemble: EnsembleConfig, categories: Mapping[int, str] | None
 ) -> Detector:
     from detens.adapters.ultralytics import UltralyticsDetector
 
-    return UltralyticsDetector(
-        model.weights,  # type: ignore[arg-type]
+    return _construct(
+        UltralyticsDetector,
+        model,
+        model.weights,
         iou=ensemble.setting(model, "iou"),
         imgsz=ensemble.setting(model, "imgsz"),
         half=bool(model.half),
         **_model_runner_options(model, ensemble, categories),
-        **model.options,
     )
 
 
@@ -153,13 +178,14 @@ def _build_torchvision(
 ) -> Detector:
     from detens.adapters.torchvision import TorchvisionDetector
 
-    return TorchvisionDetector(
-        model.arch,  # type: ignore[arg-type]
+    return _construct(
+        TorchvisionDetector,
+        model,
+        model.arch,
         weights=model.weights if model.weights is not None else "DEFAULT",
         iou=model.iou,  # None keeps the architecture's own NMS threshold
         imgsz=model.imgsz,  # None keeps the architecture's own input size
         **_model_runner_options(model, ensemble, categories),
-        **model.options,
     )
 
 
@@ -169,9 +195,11 @@ def _build_onnx(
 ) -> Detector:
     from detens.adapters.onnx import OnnxDetector
 
-    return OnnxDetector(
-        model.weights,  # type: ignore[arg-type]
-        model.decoder,  # type: ignore[arg-type]
+    return _construct(
+        OnnxDetector,
+        model,
+        model.weights,
+        model.decoder,
         input_size=model.input_size,  # None: the model's own input shape
         letterbox=model.letterbox,  # None (and below): the decoder family's own preprocessing
         pad_value=model.pad_value,
@@ -181,7 +209,6 @@ def _build_onnx(
         iou=ensemble.setting(model, "iou"),
         providers=model.providers,
         **_model_runner_options(model, ensemble, categories),
-        **model.options,
     )
 
 
@@ -191,8 +218,10 @@ def _build_precomputed(
 ) -> Detector:
     from detens.adapters.precomputed import PrecomputedDetector
 
-    return PrecomputedDetector(
-        model.results,  # type: ignore[arg-type]
+    return _construct(
+        PrecomputedDetector,
+        model,
+        model.results,
         model.images,
         default_images=ensemble.dataset,
         name=model.name,
@@ -200,7 +229,6 @@ def _build_precomputed(
         max_det=ensemble.setting(model, "max_det"),
         class_map=model.class_map,  # type: ignore[arg-type]
         categories=categories,
-        **model.options,
     )
 
 

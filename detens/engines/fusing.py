@@ -44,10 +44,11 @@ def fusion_params(config: EnsembleConfig, names: list[str] | None) -> dict[str, 
     check_method(method)
     params = dict(config.fusion.params)
     weights = member_weights(config)
+    if weights and not any(weights):
+        raise ValueError(f"every member's weight is 0 (models[].weight: {weights}): give at least one a weight above 0")
     # Equal weights weigh nothing: passed on, they would still scale every score of the NMS-style fusers
-    # by 1/N (ensemble_boxes' w / Σw), so that weight 2 on every member would differ from weight 1. All 0
-    # is passed on, to be refused.
-    if len(set(weights)) > 1 or not any(weights):
+    # by 1/N (ensemble_boxes' w / Σw), so that weight 2 on every member would differ from weight 1.
+    if len(set(weights)) > 1:
         if "weights" in params:
             raise ValueError(
                 f"fusion weights are given twice: fusion.params.weights {params['weights']} and the members' "

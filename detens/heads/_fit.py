@@ -407,6 +407,8 @@ def fit_with_match_iou_search(
 _PROBE_MODELS = ("model0", "model1")
 #: Models of the calibration head that a calibration config builds to check its fusers' options.
 _PROBE_ENSEMBLE_SIZE = 32
+#: The most parameters a network head's config may ask for (1.6 GB to fit, with gradients and Adam's state).
+MAX_HEAD_PARAMETERS = 100_000_000
 
 #: The IoU thresholds of COCO mAP@[.5:.95].
 COCO_IOU_THRESHOLDS: tuple[float, ...] = tuple(round(0.5 + 0.05 * i, 2) for i in range(10))
@@ -536,7 +538,15 @@ class HeadTrainConfig:
         else:
             head_class = HEADS.get(self.head_type)
         with torch.device("meta"):
-            head_class(list(model_names), **options)
+            head = head_class(list(model_names), **options)
+        size = sum(parameter.numel() for parameter in head.parameters())
+        if size > MAX_HEAD_PARAMETERS:
+            shown = ", ".join(f"{key} {options[key]}" for key in ("hidden", "depth", "class_embed") if key in options)
+            raise ValueError(
+                f"the head's networks would hold {size:,} parameters ({shown}), more than the {MAX_HEAD_PARAMETERS:,} "
+                "a fit allocates (with its gradients and optimizer state, 16 bytes each); the shipped heads hold "
+                "thousands: give smaller sizes"
+            )
 
     def head_options(self) -> dict[str, Any]:
         """Constructor options of the head (the network fields of this config)."""
@@ -923,7 +933,7 @@ def load_train_config(
     ``--lr``, each a layer named by its flag).
 
     Raises:
-        FileNotFoundError: no such file, or an empty one. ValueError: its top level is not a mapping, or a
+        FileNotFoundError: no such file. ValueError: its top level is not a mapping, or a
             key is given both in ``overrides`` and in ``flags`` (one of the two would be dropped unseen).
     """
     if clashes := sorted(set(overrides or {}) & set(flags or {})):
@@ -938,8 +948,8 @@ def load_train_config(
     if path is not None:
         config_path = find_packaged(path, "train")
         data = read_yaml_file(config_path, "training config")
-        if data is None:
-            raise FileNotFoundError(f"training config is empty: {config_path}")
+        if data is None:  # nothing set (comments only): the defaults, as every YAML config of detens reads
+            data = {}
         if not isinstance(data, dict):
             raise ValueError(f"{config_path}: the top level must be a mapping, got {type(data).__name__}")
         _check_head_type_of(kind, config_path, data)

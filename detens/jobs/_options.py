@@ -221,17 +221,22 @@ def parse_set(items: Sequence[str]) -> dict[str, Any]:
     a list).
 
     Raises:
-        ValueError: an item without ``=``, or a value that is not valid YAML, naming it.
+        ValueError: an item without ``=``, a value that is not valid YAML, or a key given twice (one of the
+            values would be dropped unseen), naming it.
     """
     import yaml
 
     from detens.config import parse_yaml
 
-    overrides = {}
+    overrides: dict[str, Any] = {}
+    given: dict[str, str] = {}
     for item in items:
         if "=" not in item:
             raise ValueError(f"--set expects key=value, got {item!r}")
         key, value = item.split("=", 1)
+        if key.strip() in given:
+            raise ValueError(f"--set {given[key.strip()]!r} and --set {item!r} both set {key.strip()}: give one of them")
+        given[key.strip()] = item
         try:
             overrides[key.strip()] = parse_yaml(value)
         except yaml.YAMLError as err:

@@ -633,6 +633,8 @@ def settings_difference(saved: Any, settings: dict[str, Any]) -> str | None:
     if isinstance(saved, dict):  # caches of earlier versions recorded settings their members never read
         unread = NOT_READ_BY_TYPE.get(str(settings.get("type")), ())
         saved = {k: v for k, v in _compared_settings(saved).items() if k not in unread}
+    if _by_content(saved) == _by_content(settings):
+        return None
     earlier_inputs = saved.get("inputs") if isinstance(saved, dict) else None
     if isinstance(earlier_inputs, dict) and isinstance(settings.get("inputs"), dict):
         # a file whose digest an earlier version did not record (the image map of saved predictions) is
@@ -1505,6 +1507,19 @@ def _all_inputs(settings: dict[int, Any]) -> Any:
         if isinstance(one, dict) and isinstance(one.get("inputs"), dict):
             inputs.update(one["inputs"])
     return {**first, "inputs": inputs} if inputs else first
+
+
+def _by_content(settings: Any) -> Any:
+    """A member's settings with each file they name and hold the digest of (``inputs``) as that digest, and
+    the digests without the paths they are keyed by: the same files, named from another working directory
+    (a path relative to the YAML is written as given from its folder, as an absolute path elsewhere) or
+    through a link, are the same settings."""
+    if not isinstance(settings, dict) or not isinstance(settings.get("inputs"), dict):
+        return settings
+    inputs = settings["inputs"]
+    named = {key: {"sha256": inputs[settings[key]]} for key in _FILE_KEYS
+             if isinstance(settings.get(key), str) and settings[key] in inputs}
+    return {**settings, **named, "inputs": sorted(map(str, inputs.values()))}
 
 
 def _compared_settings(settings: Any) -> Any:

@@ -461,16 +461,22 @@ def _sets_by_head(items: Sequence[str], methods: Sequence[str]) -> dict[str, dic
     """``--set HEAD.KEY=VALUE`` flags as ``{head type: {key: value}}`` (values read as YAML).
 
     Raises:
-        UsageError: an item not of that form, an unknown head type, or one no method of ``methods`` fits.
+        UsageError: an item not of that form, an unknown head type, one no method of ``methods`` fits, or
+            a key given twice (one of the values would be dropped unseen).
         ValueError: a value that is not valid YAML.
     """
     by_head: dict[str, dict[str, Any]] = {}
+    given: dict[tuple[str, str], str] = {}
     for item in items:
         target, equals, _ = item.partition("=")
         kind, dot, key = target.partition(".")
         if not equals or not dot or not key.strip() or kind not in TRAINERS:
             raise UsageError(f"--set takes HEAD.KEY=VALUE with HEAD one of {', '.join(sorted(TRAINERS))} "
                              f"(deep.epochs=5), got {item!r}")
+        if (kind, key.strip()) in given:
+            raise UsageError(f"--set {given[kind, key.strip()]!r} and --set {item!r} both set {kind}.{key.strip()}: "
+                             "give one of them")
+        given[kind, key.strip()] = item
         _takers(kind, methods, f"--set {item}")
         (value,) = parse_set([item]).values()  # a refusal names the flag as given
         by_head.setdefault(kind, {})[key.strip()] = value

@@ -44,6 +44,7 @@ from detens.ensemble_config import (
     load_ensemble_config,
     save_ensemble_config,
     with_absolute_paths,
+    with_real_paths,
 )
 from detens.fusers import check_method, head_methods
 from detens.heads._io import find_head_file
@@ -292,7 +293,7 @@ def check_resume(out: Path, config: EnsembleConfig, overwrite: bool) -> None:
         # read back as `previous` was: as save_ensemble_config writes it, or, for a folder of an earlier
         # version, which wrote the paths as the config gave them, so
         current = [parse_yaml(dump_yaml(_config_dict(c))) for c in (with_absolute_paths(config), config)]
-        if previous not in current:
+        if with_real_paths(previous) not in [with_real_paths(c) for c in current]:
             changed = config_differences(previous, current[0])
             raise ValueError(
                 f"{out} holds results of a different config ({first_few(changed, 5, '; ') or 'see ' + str(saved)}); "
