@@ -41,7 +41,7 @@ Synthetic images (``synthetic_image``), 480×640 pixels, 80 classes:
 So boxes of different models cluster around shared objects (each object draws tens to hundreds of
 same-class boxes at the larger sizes), as in the low-confidence outputs of real detectors.
 ``--device`` must be a device this machine has (checked with the other options, before any timing).
-ensemble_boxes is not a dependency of detens: ``pip install ensemble-boxes`` (it comes with ``detens[dev]``).
+ensemble_boxes is not a dependency of detens: ``pip install 'detens[bench]'`` (or ``pip install ensemble-boxes``).
 
     detens bench --coco GT RESULTS [--coco-sizes 200 1000 5000] [--out results.json]
 

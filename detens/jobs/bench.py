@@ -389,7 +389,7 @@ def check_args(options: BenchOptions) -> tuple[str, BenchOptions]:
         import_extra(
             "ensemble_boxes",
             "detens bench times detens' WBF against ensemble_boxes', which is not installed: pip install "
-            "ensemble-boxes (it comes with 'detens[dev]'); --coco and --engines do not need it",
+            "'detens[bench]' (or pip install ensemble-boxes); --coco and --engines do not need it",
         )
     if mode == "engines":
         file_or_shipped_name("--config", options.config)
