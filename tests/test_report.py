@@ -67,6 +67,26 @@ def test_a_figure_not_measured_prints_as_a_dash_and_draws_no_bar(tmp_path):
     assert (tmp_path / "map.png").read_bytes().startswith(PNG_SIGNATURE)
 
 
+def test_characters_the_fonts_lack_are_one_logged_line_per_figure(caplog):
+    """matplotlib warns once per character and drawing pass: a class named in CJK printed dozens of lines,
+    --quiet or not. Other warnings pass through."""
+    import warnings
+
+    from detens.report.plots import _plain_text
+
+    @_plain_text
+    def plot(data, path):
+        for _ in range(3):  # tight_layout, then savefig, ...
+            for code, name in ((29483, "CJK UNIFIED IDEOGRAPH-732B"), (29356, "CJK UNIFIED IDEOGRAPH-72AC")):
+                warnings.warn(f"Glyph {code} (\\N{{{name}}}) missing from font(s) DejaVu Sans.", UserWarning, stacklevel=1)
+        warnings.warn("something else", RuntimeWarning, stacklevel=1)
+
+    with caplog.at_level("WARNING", logger="detens.report.plots"), pytest.warns(RuntimeWarning, match="something else"):
+        plot({}, "figure.png")
+    assert caplog.messages == ["figure.png: 2 characters with no glyph in matplotlib's fonts, drawn as boxes: "
+                               "\u732b (U+732B), \u72ac (U+72AC)"]
+
+
 def test_repeats_leave_a_figure_out_of_the_mean_where_a_seed_did_not_measure_it():
     from detens.evaluation import summarize_repeats
 

@@ -10,11 +10,16 @@ matplotlib's math text would garble a pair of ``$`` or fail on an odd one.
 from __future__ import annotations
 
 import functools
+import logging
 import math
+import re
 import textwrap
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
+
+from detens.checks import first_few
 
 __all__ = [
     "plot_report",
@@ -26,19 +31,39 @@ __all__ = [
 ]
 
 
+logger = logging.getLogger(__name__)
+
 _Plot = TypeVar("_Plot", bound=Callable[..., None])
+
+
+#: How matplotlib warns of a character its fonts cannot draw (once per character and per drawing pass).
+_MISSING_GLYPH = re.compile(r"Glyph (\d+) \(.*\) missing from font")
 
 
 def _plain_text(plot: _Plot) -> _Plot:
     """``plot`` with matplotlib's math text off while it draws and saves: tick labels are made as the
-    figure is saved, so the setting must hold until then."""
+    figure is saved, so the setting must hold until then. matplotlib's warnings of characters its fonts
+    lack (a class named in CJK: one per character and pass, dozens for one figure) become one logged
+    line per figure."""
 
     @functools.wraps(plot)
     def plain(*args: Any, **kwargs: Any) -> None:
         import matplotlib
 
-        with matplotlib.rc_context({"text.parse_math": False}):
+        with matplotlib.rc_context({"text.parse_math": False}), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             plot(*args, **kwargs)
+        missing: dict[str, None] = {}
+        for warning in caught:
+            match = _MISSING_GLYPH.search(str(warning.message))
+            if match is None:
+                warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+            else:
+                missing[f"{chr(int(match.group(1)))} (U+{int(match.group(1)):04X})"] = None
+        if missing:
+            path = kwargs.get("path", args[1] if len(args) > 1 else "a figure")
+            logger.warning("%s: %d character%s with no glyph in matplotlib's fonts, drawn as boxes: %s", path,
+                           len(missing), "s" if len(missing) > 1 else "", first_few(list(missing), 5))
 
     return plain  # type: ignore[return-value]
 
