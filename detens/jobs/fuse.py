@@ -12,7 +12,6 @@ import re
 import shutil
 import time
 from collections import defaultdict
-from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -29,7 +28,6 @@ from detens.catalogue import ASSETS_SOURCE, DEFAULT_ENSEMBLE
 from detens.checks import first_few
 from detens.coco import load_coco_gt
 from detens.config import config_differences, dump_yaml, parse_yaml, read_yaml_file
-from detens.detections import Detections
 from detens.engines.fusing import (
     FuseSettings,
     detect_batch,
@@ -796,18 +794,10 @@ def write_image(out: Path, record: dict[str, Any], files: dict[str, bytes]) -> N
     atomic_write_json(partial_path(out, record["file_name"]), record)
 
 
-def process_image(
-    out: Path,
-    name: str,
-    stem: str,
-    image: Any,
-    per_model: list[Detections],
-    settings: FuseSettings,
-    times: dict[str, float],
-    read_warnings: Sequence[str] = (),
-) -> dict[str, Any]:
-    """:func:`fuse_image` and :func:`write_image`; returns the record."""
-    record, files = fuse_image(name, stem, image, per_model, settings, times, read_warnings)
+def process_image(out: Path, name: str, *fuse_arguments: Any) -> dict[str, Any]:
+    """:func:`fuse_image` of the image ``name`` (its other arguments follow) and :func:`write_image`; returns
+    the record."""
+    record, files = fuse_image(name, *fuse_arguments)
     write_image(out, record, files)
     return record
 
