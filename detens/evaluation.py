@@ -576,13 +576,14 @@ def build_method(name: str, model_names: Sequence[str], **options: Any) -> EvalM
 
 @dataclass
 class MethodResult:
-    """One row: COCO metrics plus ``ece`` and ``fusion_ms``, what each fold's fit chose, the reliability
+    """One row: COCO metrics plus ``ece`` (None for a method without detections, whose calibration is not
+    measured) and ``fusion_ms``, what each fold's fit chose, the reliability
     bins of :func:`~detens.calibration_metrics.detection_calibration` (TP at IoU 0.5), and the pooled
     held-out predictions that every figure of the row was computed from (COCO result dicts at full
     precision, every scored image), so a report can draw curves and break errors down without fusing again.
     """
 
-    metrics: dict[str, float]
+    metrics: dict[str, float | None]
     fitted: list[dict[str, Any]] = field(default_factory=list)
     calibration: dict[str, Any] = field(default_factory=dict)
     results: list[dict[str, Any]] = field(default_factory=list, repr=False)
@@ -764,8 +765,8 @@ def summarize_repeats(runs: dict[int, dict[str, dict[str, float]]]) -> dict[str,
 
     Returns:
         dict[str, dict]: per method (in the first run's order) the mean over the seeds of every metric
-        (None where a seed did not measure it), ``map_sd`` (the sample standard deviation of ``map`` over the seeds; 0 for one seed) and
-        ``map_by_seed`` (``{seed: map}``).
+        (None where a seed did not measure it), ``map_sd`` (the sample standard deviation of ``map`` over
+        the seeds; 0 for one seed) and ``map_by_seed`` (``{seed: map}``).
     """
     if not runs:
         raise ValueError("summarize_repeats needs at least one run")

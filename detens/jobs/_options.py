@@ -22,8 +22,8 @@ from detens.checks import check_flag
 from detens.io import check_file_path
 
 __all__ = [
-    "JobOptions", "UsageError", "check_existing_folder", "check_given_folder", "check_file_or_folder", "check_folder", "check_int",
-    "check_output_file", "check_positive_int", "check_text_list", "check_text_pair", "command_line_flag",
+    "JobOptions", "UsageError", "check_existing_folder", "check_file_or_folder", "check_folder", "check_given_folder",
+    "check_int", "check_output_file", "check_positive_int", "check_text_list", "check_text_pair", "command_line_flag",
     "existing_folder", "file_or_folder", "file_or_shipped_name", "flag", "folder", "integer", "internal",
     "listed", "not_a_folder", "number", "output_file", "parse_set", "path", "python_keyword", "text",
 ]
