@@ -357,7 +357,7 @@ def test_each_kind_of_option_is_checked_as_its_flag_is(tmp_path):
             EvaluateOptions.from_python({**given, **extra})
 
     fuse = FuseOptions.from_python({"source": "images", "out": tmp_path / "f", "weights_dir": tmp_path})
-    assert (fuse.config, fuse.engine, fuse.actors, fuse.weights_dir) == ("coco_yolo3", "local", 1, str(tmp_path))
+    assert (fuse.config, fuse.engine, fuse.actors, fuse.weights_dir) == ("coco_yolo3", "local", None, str(tmp_path))  # None: 1 actor
     with pytest.raises(ValueError, match=r"weights_dir: no such folder: .*missing"):
         FuseOptions.from_python({"source": "images", "out": tmp_path / "f", "weights_dir": tmp_path / "missing"})
     with pytest.raises(ValueError, match=r"engine must be one of 'local', 'ray', got 'rayy'"):

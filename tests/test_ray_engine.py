@@ -338,9 +338,30 @@ def test_an_interrupted_ray_run_whose_images_finished_out_of_order_resumes_to_th
     assert summary["resumed"] == 2 and summary["processed_this_run"] == 3
 
 
-def test_ray_flags_need_the_ray_engine(capsys, tmp_path):
-    assert main(["fuse", "--source", str(tmp_path), "--out", str(tmp_path / "o"), "--actors", "2"]) == 2
+@pytest.mark.parametrize("flags", [["--actors", "2"], ["--actors", "1"], ["--ray-address", ""]])
+def test_ray_flags_need_the_ray_engine(capsys, tmp_path, flags):
+    """Their default values too (--actors 1, an empty address): given, they would go unused unseen."""
+    assert main(["fuse", "--source", str(tmp_path), "--out", str(tmp_path / "o"), *flags]) == 2
     assert "go with --engine ray" in capsys.readouterr().err
+
+
+def test_an_empty_ray_address_is_refused_not_taken_for_a_local_cluster(capsys, tmp_path):
+    assert main(["fuse", "--source", str(tmp_path), "--out", str(tmp_path / "o"), "--engine", "ray",
+                 "--ray-address", ""]) == 2
+    assert "--ray-address is empty: give a cluster's address" in capsys.readouterr().err
+
+
+def test_unreadable_images_are_named_as_given_on_both_engines(cluster, small, tmp_path, monkeypatch):
+    """The actors read absolute paths (their working directory may be another): their messages named those,
+    where the local engine's name the file as --source gave it."""
+    root, source, _ = small
+    monkeypatch.chdir(source.parent)
+    for engine in ("local", "ray"):
+        assert fuse_one(root, Path(source.name), tmp_path / engine, "--engine", engine) == 0
+    local, on_ray = (json.loads((tmp_path / engine / "summary.json").read_text()) for engine in ("local", "ray"))
+    assert on_ray["unreadable"] == local["unreadable"] and len(local["unreadable"]) == 1
+    (message,) = local["unreadable"].values()
+    assert message.startswith(f"cannot read image '{source.name}/")
 
 
 def test_importing_detens_does_not_import_ray():

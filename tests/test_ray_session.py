@@ -5,6 +5,7 @@ the state of Ray's real loggers and Ray Data's real DataContext."""
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 
@@ -106,6 +107,7 @@ def test_the_state_comes_back_when_the_block_raises(monkeypatch):
 
 
 def test_the_state_comes_back_when_ray_init_fails(monkeypatch):
+    monkeypatch.setattr("detens.engines.ray_cache.check_cluster_answers", lambda *args: None)  # something answers
     fake = FakeRay(monkeypatch, fail=ConnectionError("no cluster at ray://nowhere:10001"))
     session = ray_session(RayOptions(address="ray://nowhere:10001"), quiet=True)
     with pytest.raises(ConnectionError, match="no cluster"), session:
@@ -146,6 +148,7 @@ def test_quiet_must_be_a_bool(quiet):
         ({"num_gpus": -1}, ValueError, r"num_gpus must be .*0.*, got -1"),
         ({"num_gpus": float("nan")}, ValueError, r"num_gpus must be"),
         ({"address": 10001}, TypeError, r"address must be a str, got int"),
+        ({"address": " "}, ValueError, r"address is empty: give a cluster's \(auto, host:port, ray://host:10001\)"),
     ],
 )
 def test_ray_options_of_another_kind_or_out_of_range_are_named(options, error, message):
@@ -161,3 +164,45 @@ def test_ray_options_keep_numpy_numbers_as_the_python_numbers_they_hold():
     assert (options.actors, options.num_cpus, options.num_gpus) == (3, 2, 0.5)
     assert [type(v) for v in (options.actors, options.num_cpus, options.num_gpus)] == [int, int, float]
     assert RayOptions().gpus_per_actor() in (0.0, 1.0) and RayOptions(num_gpus=0.25).gpus_per_actor() == 0.25
+
+
+@pytest.mark.parametrize("from_environment", [False, True])
+def test_an_address_where_no_cluster_answers_is_refused_before_ray_waits_for_it(monkeypatch, from_environment):
+    """ray.init given such an address waited without end, logging a timeout every 30 seconds."""
+    import socket
+
+    fake = FakeRay(monkeypatch)
+    with socket.socket() as listener:  # a port just freed: nothing answers there
+        listener.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+    if from_environment:
+        monkeypatch.setenv("RAY_ADDRESS", f"ray://{address}")
+    else:
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    options = RayOptions() if from_environment else RayOptions(address=address)
+    what = f"$RAY_ADDRESS 'ray://{address}'" if from_environment else f"address '{address}'"
+    with pytest.raises(ConnectionError, match=rf"^no Ray cluster answers at the {re.escape(what)} \(.*\): start one "
+                                              r"there \(ray start --head\), or give no address"):
+        with ray_session(options, quiet=True):
+            pass
+    assert fake.calls == [] and state() == BEFORE
+
+
+def test_an_address_that_answers_or_that_ray_resolves_itself_goes_to_ray(monkeypatch):
+    import socket
+
+    from detens.engines.ray_cache import check_cluster_answers
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        check_cluster_answers(address)
+        check_cluster_answers(f"ray://{address}")
+        fake = FakeRay(monkeypatch)
+        with ray_session(RayOptions(address=address)):
+            pass
+    assert fake.calls[0] == ("init", {"include_dashboard": False, "log_to_driver": False, "address": address})
+    for left_to_ray in ("auto", "local", "no-port-here"):
+        check_cluster_answers(left_to_ray)

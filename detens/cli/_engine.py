@@ -18,8 +18,8 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", choices=ENGINES, default=defaults["engine"],
                    help="local: this process (default: %(default)s); ray: Ray Data actors (pip install 'detens[ray]')")
     p.add_argument("--ray-address", help="with --engine ray: an existing cluster (auto, ray://host:10001); "
-                   "default: start a local one")
+                   "default: start a local one (or use $RAY_ADDRESS's, as Ray does)")
     p.add_argument("--actors", type=integer, default=defaults["actors"],
-                   help="with --engine ray: predictor actors per model (default %(default)s)")
+                   help="with --engine ray: predictor actors per model (default 1)")
     p.add_argument("--gpus-per-actor", type=finite_number,
                    help="with --engine ray: GPUs per actor (default: 1 when CUDA is present, else 0)")

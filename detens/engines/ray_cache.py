@@ -18,6 +18,7 @@ import base64
 import builtins
 import json
 import logging
+import os
 import pickle
 import re
 import time
@@ -46,7 +47,8 @@ class RayOptions:
     """How the Ray engine runs.
 
     Args:
-        address (str | None): an existing cluster (``auto``, ``ray://host:10001``); None starts a local one.
+        address (str | None): an existing cluster (``auto``, ``ray://host:10001``); None starts a local one
+            (unless ``$RAY_ADDRESS`` names one, which ``ray.init`` reads).
         actors (int): predictor actors per ensemble entry (model).
         num_gpus (float | None): GPUs per actor; None: 1 when the driver sees CUDA, else 0.
         num_cpus (int | None): CPUs of a local cluster (None: all); ignored with ``address``.
@@ -62,6 +64,10 @@ class RayOptions:
         ValueError out of range) and keeps NumPy numbers as the Python numbers Ray takes."""
         if self.address is not None and not isinstance(self.address, str):
             raise TypeError(f"address must be a str, got {type(self.address).__name__}: {self.address!r}")
+        if self.address is not None and not self.address.strip():
+            # Ray would start a local cluster: most often an unset shell variable, where a cluster was meant
+            raise ValueError("address is empty: give a cluster's (auto, host:port, ray://host:10001), or None to start "
+                             "a local one")
         object.__setattr__(self, "actors", check_integer(self.actors, "actors", 1))
         if self.num_gpus is not None:
             object.__setattr__(self, "num_gpus", check_real(self.num_gpus, "num_gpus", 0.0))
@@ -233,6 +239,35 @@ def import_ray() -> Any:
     return import_extra("ray", "the Ray engine needs ray: pip install 'detens[ray]' (or pip install 'ray[data]')")
 
 
+#: Seconds to wait for a cluster's address to accept a connection (Ray itself retries without end).
+CLUSTER_CONNECT_TIMEOUT_S = 10.0
+
+
+def check_cluster_answers(address: str, what: str = "address") -> None:
+    """Raise ``ConnectionError`` unless something accepts a connection at ``address`` (``host:port`` or
+    ``ray://host:port``; ``auto`` and other forms are left to Ray) within
+    :data:`CLUSTER_CONNECT_TIMEOUT_S`: ``ray.init`` given an address where no cluster runs waits for it
+    without end, logging a timeout every 30 seconds. ``what`` names the address in the message."""
+    import socket
+
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CLUSTER_CONNECT_TIMEOUT_S).close()
+    except OSError as err:
+        raise ConnectionError(
+            f"no Ray cluster answers at the {what} {address!r} ({err.strerror or err}): start one there (ray start "
+            "--head), or give no address to start a local cluster"
+        ) from None
+
+
+def named_as_given(message: str, absolute: str, given: str) -> str:
+    """An actor's message about the file ``absolute`` (the path the driver sent, from its working directory)
+    with the file named as the user gave it, as the local engine names it."""
+    return message.replace(repr(absolute), repr(given)) if absolute != given else message
+
+
 class ray_session:  # noqa: N801 - used as a context manager, like open()
     """``ray.init`` for the engine (an existing cluster at ``options.address``, else a local one), and
     ``ray.shutdown`` on exit when this session started it.
@@ -269,6 +304,9 @@ class ray_session:  # noqa: N801 - used as a context manager, like open()
                 kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
                 if self.quiet:
                     kwargs["logging_level"] = logging.ERROR
+                address = self.options.address or os.environ.get("RAY_ADDRESS") or None  # ray.init reads both
+                if address is not None:
+                    check_cluster_answers(address, "address" if self.options.address else "$RAY_ADDRESS")
                 if self.options.address:
                     kwargs["address"] = self.options.address
                 elif self.options.num_cpus is not None:
@@ -443,10 +481,11 @@ def detect_on_ray(
     if not needed:
         return
     ensemble, (model,) = ready_for_actors(ensemble, [model])
+    sent = {image_id: str(Path(path_of(image_id)).absolute()) for image_id in needed}  # from the actors' cwd too
     items = [
         {
             "image_id": image_id,
-            "path": str(Path(path_of(image_id)).absolute()),
+            "path": sent[image_id],
             "size": json.dumps(None if size_of is None else list(size_of(image_id))),
             "todo": json.dumps(members),
         }
@@ -459,11 +498,12 @@ def detect_on_ray(
         "members": sorted(todo),
     }
     for row in map_on_actors(items, EntryPredictor, constructor_kwargs, batch_size, options):
+        image_id = int(row["image_id"])
         yield {
-            "image_id": int(row["image_id"]),
+            "image_id": image_id,
             "member": str(row["member"]),
             "results": json.loads(row["results"]),
             "ms": float(row["ms"]),
-            "error": str(row["error"]),
+            "error": named_as_given(str(row["error"]), sent[image_id], str(path_of(image_id))),
             "load_s": float(row["load_s"]),
         }

@@ -19,7 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from detens.engines.ray_cache import FailureReportingActor, RayOptions, map_on_actors, ready_for_actors
+from detens.engines.ray_cache import (
+    FailureReportingActor,
+    RayOptions,
+    map_on_actors,
+    named_as_given,
+    ready_for_actors,
+)
 
 __all__ = ["EnsembleFuser", "fuse_on_ray"]
 
@@ -105,19 +111,22 @@ def fuse_on_ray(
     if not items:
         return
     config, _ = ready_for_actors(config, config.models)
+    given = {n: str(p) for n, _, p in items}
+    sent = {n: str(Path(p).absolute()) for n, _, p in items}  # the actors' working directory may be another
     rows = map_on_actors(
-        [{"name": n, "stem": s, "path": str(Path(p).absolute())} for n, s, p in items],
+        [{"name": n, "stem": s, "path": sent[n]} for n, s, _ in items],
         EnsembleFuser,
         {"config": config, "categories": dict(categories), "yolo_ids": list(yolo_ids)},
         config.batch,
         options,
     )
     for row in rows:
+        name = str(row["name"])
         yield {
-            "name": str(row["name"]),
+            "name": name,
             "record": json.loads(row["record"]) if row["record"] else None,
             "files": {k: base64.b64decode(v) for k, v in json.loads(row["files"]).items()},
             "members": json.loads(row["members"]),
             "first_call_ms": float(row["first_call_ms"]),
-            "error": str(row["error"]),
+            "error": named_as_given(str(row["error"]), sent[name], given[name]) if name in given else str(row["error"]),
         }

@@ -19,13 +19,13 @@ class EngineOptions(JobOptions):
         engine (str): ``local`` (this process) or ``ray`` (Ray Data actors).
         ray_address (str | None): with ``ray``: an existing cluster (``auto``, ``ray://host:10001``); None
             starts a local one.
-        actors (int): with ``ray``: predictor actors per model.
+        actors (int | None): with ``ray``: predictor actors per model (None: 1).
         gpus_per_actor (float | None): with ``ray``: GPUs per actor (None: 1 when CUDA is present, else 0).
     """
 
     engine: str = text("local", choices=ENGINES)
     ray_address: str | None = text()
-    actors: int = integer(1)
+    actors: int | None = integer()
     gpus_per_actor: float | None = number()
 
 
@@ -37,14 +37,20 @@ def ray_options(options: EngineOptions) -> Any:
         options: a job's :class:`EngineOptions`.
     """
     if options.engine != "ray":
-        if options.ray_address or options.actors != 1 or options.gpus_per_actor is not None:
+        # given at all, their defaults included: a run on the local engine would leave them unused unseen
+        if options.ray_address is not None or options.actors is not None or options.gpus_per_actor is not None:
             raise UsageError("--ray-address, --actors and --gpus-per-actor go with --engine ray")
         return None
-    if options.actors < 1:
-        raise UsageError(f"--actors must be >= 1, got {options.actors}")
+    if options.ray_address is not None and not options.ray_address.strip():
+        # Ray would start a local cluster: most often an unset shell variable, where a cluster was meant
+        raise UsageError("--ray-address is empty: give a cluster's address (auto, host:port, ray://host:10001), "
+                         "or leave the option out to start a local cluster")
+    actors = 1 if options.actors is None else options.actors
+    if actors < 1:
+        raise UsageError(f"--actors must be >= 1, got {actors}")
     if options.gpus_per_actor is not None and not options.gpus_per_actor >= 0:  # NaN too
         raise UsageError(f"--gpus-per-actor must be >= 0, got {options.gpus_per_actor:g}")
     from detens.engines.ray_cache import RayOptions, import_ray
 
     import_ray()  # a missing ray is reported before any work
-    return RayOptions(address=options.ray_address, actors=options.actors, num_gpus=options.gpus_per_actor)
+    return RayOptions(address=options.ray_address, actors=actors, num_gpus=options.gpus_per_actor)

@@ -187,7 +187,7 @@ def check_args(options: CacheOptions) -> tuple[bool, tuple[int, int] | None, Any
         run_only = [command_line_flag(name) for name in given]
         run_only += ["--config"] if options.config != DEFAULT_ENSEMBLE else []
         run_only += ["--engine"] if options.engine != "local" else []
-        run_only += ["--actors"] if options.actors != 1 else []
+        run_only += ["--actors"] if options.actors is not None else []
         if run_only:
             raise UsageError(
                 f"merge joins the shards already written in OUT/shards (it takes --out, --models, --gt); "
