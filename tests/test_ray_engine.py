@@ -454,3 +454,34 @@ def test_a_quiet_python_call_silences_the_detector_libraries_as_the_command_does
     # Ultralytics' "Loading ... for LiteRT inference", and LiteRT's own line on file descriptor 2
     assert "Loading" not in done.stdout + done.stderr and "XNNPACK" not in done.stdout + done.stderr, done
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["done"] == 1
+
+
+@pytest.mark.parametrize("once", [True, False])
+def test_an_actor_that_dies_on_every_try_stops_the_run_and_one_that_dies_once_does_not(cluster, tmp_path, once):
+    """Ray Data retried the batch of an actor that died without end: the run waited forever."""
+    from detens.engines.ray_cache import RayOptions, map_on_actors
+
+    class _DiesOnImageThree:  # defined here: the actors get it by value, not by importing this module
+        """Kills its own process on the item 3 (as a native crash, or the system killing it for memory,
+        would); with ``once``, only the first time (a marker file says it did)."""
+
+        def __init__(self, marker: str, once: bool) -> None:
+            self.marker, self.once = marker, once
+
+        def __call__(self, batch):
+            import os
+
+            if 3 in batch["x"] and not (self.once and os.path.exists(self.marker)):
+                open(self.marker, "w").close()
+                os._exit(1)
+            return {"x": batch["x"], "failure": [""] * len(batch["x"])}
+
+    rows = map_on_actors([{"x": x} for x in range(6)], _DiesOnImageThree,
+                         {"marker": str(tmp_path / "died"), "once": once}, 1, RayOptions())
+    if once:
+        assert sorted(int(row["x"]) for row in rows) == list(range(6))
+    else:
+        with pytest.raises(ChildProcessError, match=r"^a Ray actor \(_DiesOnImageThree\) died on the same images 4 "
+                                                    r"times: a native crash, or the system killing it for memory"):
+            list(rows)
+    assert (tmp_path / "died").exists()

@@ -116,6 +116,10 @@ def _with_found_weights(model: ModelConfig, weights_dir: str | None, beside: Pat
     return model
 
 
+#: How many times a batch whose actor died is tried again (on a restarted actor) before the run stops.
+ACTOR_TASK_RETRIES = 3
+
+
 def map_on_actors(
     items: list[dict[str, Any]],
     actor_class: type,
@@ -144,12 +148,23 @@ def map_on_actors(
         compute=ray.data.ActorPoolStrategy(size=options.actors),
         num_gpus=options.gpus_per_actor(),
         batch_format="numpy",
+        # Ray Data retries a batch whose actor died without end: one that kills it every time (a native
+        # crash, the system killing it for memory) would hold the run forever
+        max_task_retries=ACTOR_TASK_RETRIES,
     ).iter_rows()
     try:
         for row in rows:
             if row["failure"]:
                 raise_failure(str(row["failure"]))
             yield row
+    except ray.exceptions.RayActorError as err:
+        if "creation task" in str(err):  # not a death on images: its constructor failed, as Ray's error says
+            raise
+        raise ChildProcessError(
+            f"a Ray actor ({actor_class.__name__}) died on the same images {ACTOR_TASK_RETRIES + 1} times: a "
+            "native crash, or the system killing it for memory (Ray's worker logs say which); the images "
+            "finished are saved, and the same command resumes"
+        ) from err
     except ray.exceptions.RayTaskError as err:
         # what the actors do not catch themselves (see failure_record); Ray Data wraps a UDF's error in
         # its own UserCodeException, but a plain task error keeps the user's exception: raise that one
