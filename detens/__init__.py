@@ -18,10 +18,8 @@ Public API (imported lazily, so ``import detens`` stays light and never imports 
 - ``cache``, ``fuse_images``: the ``detens cache`` / ``detens fuse`` jobs as calls (``engine="ray"`` too).
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import Any
+# private aliases: a plain ``import importlib`` would be listed as ``detens.importlib``
+import importlib as _importlib
 
 __version__ = "0.1.0"
 
@@ -65,11 +63,11 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'detens' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(_importlib.import_module(module), name)
     globals()[name] = value
     return value
 

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import ast
 import re
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -315,6 +318,15 @@ def test_dir_of_detens_lists_each_name_once_after_its_lazy_names_are_loaded():
     detens.cache, detens.fuse_images  # noqa: B018  loaded on first use, then module globals too
     names = dir(detens)
     assert len(names) == len(set(names)) and {"cache", "fuse_images", "fuse"} <= set(names)
+
+
+def test_detens_exposes_no_public_name_beyond_its_api_in_a_fresh_interpreter():
+    """``from detens import *`` and tab completion must not offer ``importlib`` or ``Any``."""
+    code = "import detens; print(sorted(n for n in dir(detens) if not n.startswith('_')))"
+    listed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    import detens
+
+    assert ast.literal_eval(listed) == sorted(detens.__all__)
 
 
 def test_a_training_config_that_sets_nothing_is_the_defaults(tmp_path):

@@ -18,6 +18,7 @@ import subprocess
 import time
 from html.parser import HTMLParser
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -65,6 +66,20 @@ def test_a_figure_not_measured_prints_as_a_dash_and_draws_no_bar(tmp_path):
     assert lines[2].startswith("| single:x | 0.0000 | - | - | - | - | - | - | -")
     plot_report(table, tmp_path / "map.png")
     assert (tmp_path / "map.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_a_size_range_with_no_object_prints_as_a_dash_not_as_an_ap_below_zero():
+    """pycocotools gives -1 for APs where no small object is annotated: the tables printed "-1.000"."""
+    from detens.report import markdown_table
+    from detens.report.page import _metrics_table
+    from detens.report.table import cell_text
+
+    assert [cell_text(v, "{:.3f}") for v in (-1.0, -1, None, 0.0, 0.25)] == ["-", "-", "-", "0.000", "0.250"]
+    table = {"wbf": {"map": 0.4, "map_small": -1.0, "map_medium": 0.3}}
+    assert markdown_table(table).splitlines()[2].startswith("| wbf | 0.4000 | - | - | - | 0.300 |")
+    record = SimpleNamespace(metrics=table)
+    html = _metrics_table(record, ["wbf"])
+    assert "-1" not in html and html.count("<td>-</td>") == 6 and ">0.300</td>" in html
 
 
 def test_characters_the_fonts_lack_are_one_logged_line_per_figure(caplog):
@@ -202,6 +217,12 @@ def test_a_table_without_a_number_to_rank_by_is_refused_naming_the_row(tmp_path,
     (lambda d: d["calibration"].update({"single:a": {"ece": 0.1}}),
      "the evaluation record's calibration['single:a'] must hold 'ece' (a number) and 'bins' (a list): "
      "detection_calibration's output, which the reliability diagram draws"),
+    (lambda d: d["calibration"].update({"single:a": {"ece": float("nan"), "bins": []}}),
+     "the evaluation record's calibration['single:a']['ece'] must be in [0, 1], got nan"),
+    (lambda d: d["calibration"].update({"single:a": {"ece": "0.1", "bins": []}}),
+     "the evaluation record's calibration['single:a']['ece'] must be a number, got str: '0.1'"),
+    (lambda d: d["calibration"].update({"single:a": {"ece": 1.5, "bins": []}}),
+     "the evaluation record's calibration['single:a']['ece'] must be in [0, 1], got 1.5"),
     (lambda d: d["gt"].update(images=[]), "the evaluation record's ground truth lists no image: a run scores at least one"),
     (lambda d: d["members"].update(b=d["members"].pop("a")),
      "the evaluation record's metrics has rows ['single:a'] of models that are not among its members ['b']"),

@@ -42,7 +42,7 @@ from detens.report.plots import (
     plot_support,
 )
 from detens.report.record import EvaluationRecord
-from detens.report.table import TABLE_COLUMNS, best_per_column
+from detens.report.table import TABLE_COLUMNS, best_per_column, cell_text
 
 __all__ = ["page_writes", "write_report"]
 
@@ -265,8 +265,7 @@ def _metrics_table(record: EvaluationRecord, methods: Sequence[str]) -> str:
     for m in methods:
         cells = []
         for key, _, fmt in TABLE_COLUMNS:
-            value = record.metrics[m].get(key)
-            text = "-" if value is None else fmt.format(value)
+            text = cell_text(record.metrics[m].get(key), fmt)
             marked = m in best.get(key, [])
             cells.append(f'<td class="best">{_e(text)}</td>' if marked else f"<td>{_e(text)}</td>")
         kind = ' class="single"' if m.startswith("single:") else ""

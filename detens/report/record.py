@@ -32,6 +32,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
@@ -230,11 +231,13 @@ def _check_sections(document: Mapping[str, Any]) -> None:
     if "meta" in document:
         _check_meta(document["meta"])
     for method, row in document.get("calibration", {}).items():
-        if not isinstance(row.get("bins"), list) or not (row.get("ece") is None or _is_number(row.get("ece"))):
+        if not isinstance(row.get("bins"), list) or "ece" not in row:
             raise ValueError(
                 f"the evaluation record's calibration[{method!r}] must hold 'ece' (a number) and 'bins' (a list): "
                 "detection_calibration's output, which the reliability diagram draws"
             )
+        if row["ece"] is not None:  # null: no detection to measure
+            _check_figure(row["ece"], f"the evaluation record's calibration[{method!r}]['ece']", 0.0, 1.0)
 
 
 #: The keys of ``meta`` the page reads → the JSON type each must have where present (null: not known).
@@ -244,10 +247,6 @@ _META_TYPES: dict[str, tuple[type, ...]] = {
     "fit_on": (dict,), "left_out": (list,),
 }
 _JSON_NAMES = {str: "a string", int: "an integer", list: "a list", dict: "a JSON object"}
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _check_meta(meta: Mapping[str, Any]) -> None:
@@ -277,10 +276,16 @@ def _check_metrics(metrics: Mapping[str, Mapping[str, Any]]) -> None:
         for key, value in row.items():
             if value is None and key != "map":  # a figure not measured
                 continue
-            try:
-                check_real(value, f"the evaluation record's metrics[{method!r}][{key!r}]")
-            except TypeError as err:  # a malformed record is a ValueError naming its file, whatever is wrong
-                raise ValueError(str(err)) from None
+            _check_figure(value, f"the evaluation record's metrics[{method!r}][{key!r}]")
+
+
+def _check_figure(value: Any, name: str, low: float = -math.inf, high: float = math.inf) -> None:
+    """``check_real`` (finite, from ``low`` to ``high``), raising ``ValueError`` for a value of the wrong type too: a
+    malformed record is a ValueError naming its file, whatever is wrong."""
+    try:
+        check_real(value, name, low, high)
+    except TypeError as err:
+        raise ValueError(str(err)) from None
 
 
 def _check_table(table: Path, metrics: Any, record: Path) -> None:

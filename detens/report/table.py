@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["TABLE_COLUMNS", "REPEATED_COLUMNS", "LOWER_IS_BETTER", "CEILINGS", "markdown_table", "best_per_column"]
+__all__ = [
+    "TABLE_COLUMNS", "REPEATED_COLUMNS", "LOWER_IS_BETTER", "CEILINGS", "cell_text", "markdown_table", "best_per_column",
+]
 
 #: (metric key, column title, format) of the results table.
 TABLE_COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -24,10 +26,17 @@ REPEATED_COLUMNS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+def cell_text(value: float | None, fmt: str) -> str:
+    """A table cell: ``-`` where nothing was measured (``None``, or pycocotools' ``-1`` for a size range
+    with no object in it, which would read as an AP below zero), else ``fmt``."""
+    return "-" if value is None or float(value) < 0 else fmt.format(value)
+
+
 def markdown_table(
     report: Mapping[str, Mapping[str, float]], columns: tuple[tuple[str, str, str], ...] = TABLE_COLUMNS
 ) -> str:
-    """One row per method, in the report's order; a missing metric (or ``None``: not measured) prints as ``-``.
+    """One row per method, in the report's order; a missing metric, or one not measured, prints as ``-``
+    (:func:`cell_text`).
 
     Args:
         report: ``{method: {metric: value}}``. columns: (metric key, title, format) of each column.
@@ -36,7 +45,7 @@ def markdown_table(
     rule = "|---|" + "---:|" * len(columns)
     rows = []
     for method, metrics in report.items():
-        cells = ["-" if metrics.get(key) is None else fmt.format(metrics[key]) for key, _, fmt in columns]
+        cells = [cell_text(metrics.get(key), fmt) for key, _, fmt in columns]
         name = method.replace("|", "\\|")  # TTA members are named like "yolo26n|hflip"
         rows.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join([header, rule, *rows])
