@@ -1846,6 +1846,49 @@ sys.exit(fuse_cli.main(sys.argv[1:]))
 """
 
 
+_TERMINATED_AFTER_ONE_IMAGE = """
+import os, signal, sys
+from detens.cli import main
+from detens.jobs import fuse
+
+real_write_image = fuse.write_image
+written = []
+
+
+def write_image(out, record, files):
+    real_write_image(out, record, files)
+    written.append(record["file_name"])
+    if len(written) == 2:
+        os.kill(os.getpid(), signal.SIGTERM)  # as a job scheduler stops a run
+
+
+fuse.write_image = write_image
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_sigterm_ends_the_command_as_a_ctrl_c_does_after_saving_the_finished_images(workspace, tmp_path):
+    """A scheduler's stop (or a plain kill) ended the run on the spot: no summary, and under Ray a traceback
+    and exit status 15. It now stops as a Ctrl-C does, with the status shells give a SIGTERM."""
+    source = one_image_source(workspace, tmp_path / "src", "x.jpg", "y.jpg", "z.jpg")
+    reference, out = tmp_path / "reference", tmp_path / "o"
+    assert fuse_into(workspace, source, reference, "--no-vis") == 0
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", _TERMINATED_AFTER_ONE_IMAGE, "fuse", "--config", str(workspace / "pair.yaml"),
+         "--source", str(source), "--out", str(out), "--quiet", "--no-vis"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 143 and done.stderr.endswith("error: terminated\n"), done.stderr
+    assert "Traceback" not in done.stderr and "interrupted: the finished images are saved" in done.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] and summary["done"] == 2, summary
+    assert fuse_into(workspace, source, out, "--no-vis") == 0  # the same command resumes
+    assert json.loads((out / "summary.json").read_text())["resumed"] == 2
+    for name in ("predictions.json", "images.json", "config.yaml"):
+        assert (out / name).read_bytes() == (reference / name).read_bytes(), name
+
+
 def test_a_run_killed_as_it_claims_out_leaves_a_folder_the_same_command_resumes(workspace, tmp_path):
     """The config was written before the run record: killed between the two, --out held a config.yaml that
     no run was said to have written, and every later run (--overwrite too) refused the folder."""

@@ -411,3 +411,38 @@ def test_a_held_ctrl_c_is_seen_after_the_block_and_a_handler_of_the_programs_own
         assert seen == [signal.SIGINT] and not ctrl_c.pressed
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_sigterm_is_a_ctrl_c_under_the_command_line_held_and_seen_as_one_and_its_handler_put_back(
+        real_signals_handled):
+    import signal
+
+    from detens._termination import Terminated, raise_terminated, sigterm_as_interruption, was_terminated
+    from detens.jobs._interrupts import ctrl_c_held, raise_interruption
+
+    before = signal.getsignal(signal.SIGTERM)
+    with sigterm_as_interruption():
+        assert signal.getsignal(signal.SIGTERM) is raise_terminated
+        with pytest.raises(Terminated):
+            signal.raise_signal(signal.SIGTERM)
+        with ctrl_c_held() as held:
+            signal.raise_signal(signal.SIGTERM)  # held: the block ends first
+            assert held.pressed and held.terminated
+        assert signal.getsignal(signal.SIGTERM) is raise_terminated
+        assert isinstance(held.interruption(), Terminated)
+        with ctrl_c_held() as held:
+            signal.raise_signal(signal.SIGINT)
+        assert held.pressed and not held.terminated and type(held.interruption()) is KeyboardInterrupt
+    assert signal.getsignal(signal.SIGTERM) is before
+    with ctrl_c_held():  # no command line: SIGTERM is not held (its default would end the test run)
+        assert signal.getsignal(signal.SIGTERM) is before
+    # an error that code broken by the SIGTERM raises, re-raised as the interruption, still tells where it came from
+    try:
+        try:
+            raise Terminated
+        except Terminated:
+            raise RuntimeError("a lock released twice")  # noqa: B904  as such code raises it
+    except RuntimeError as broken:
+        with pytest.raises(KeyboardInterrupt) as raised:
+            raise_interruption(broken)
+    assert was_terminated(raised.value) and not was_terminated(KeyboardInterrupt())

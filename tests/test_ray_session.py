@@ -4,6 +4,7 @@ the state of Ray's real loggers and Ray Data's real DataContext."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 
@@ -206,3 +207,40 @@ def test_an_address_that_answers_or_that_ray_resolves_itself_goes_to_ray(monkeyp
     assert fake.calls[0] == ("init", {"include_dashboard": False, "log_to_driver": False, "address": address})
     for left_to_ray in ("auto", "local", "no-port-here"):
         check_cluster_answers(left_to_ray)
+
+
+class FakeRayWithSigterm(FakeRay):
+    """``init`` sets a SIGTERM handler of its own, as the real one does (``sys.exit(signum)``)."""
+
+    def init(self, **kwargs):
+        import signal
+        import sys
+
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
+        super().init(**kwargs)
+
+
+@pytest.mark.parametrize("fail", [None, ConnectionError("no cluster")], ids=["started", "init failed"])
+def test_the_commands_sigterm_handler_stands_during_the_session_and_the_one_before_after_it(monkeypatch, fail):
+    """ray.init replaced the command line's SIGTERM handler (a SIGTERM taken as a Ctrl-C, which saves the
+    finished images) with its own, which ended the run in a traceback and exit status 15, and outlived the
+    session in a Python caller's process."""
+    import signal
+
+    from detens._termination import raise_terminated, sigterm_as_interruption
+
+    monkeypatch.setattr("detens.engines.ray_cache.check_cluster_answers", lambda *args: None)
+    before = signal.getsignal(signal.SIGTERM)
+    for command_line in (True, False):
+        FakeRayWithSigterm(monkeypatch, fail=fail)
+        outer = signal.getsignal(signal.SIGTERM) if not command_line else raise_terminated
+        with sigterm_as_interruption() if command_line else contextlib.nullcontext():
+            try:
+                with ray_session(RayOptions()):
+                    during = signal.getsignal(signal.SIGTERM)
+                    # the command's handler; a Python caller's process has Ray's for the session
+                    assert during is raise_terminated if command_line else during not in (before, raise_terminated)
+            except ConnectionError:
+                assert fail is not None
+            assert signal.getsignal(signal.SIGTERM) is outer
+        assert signal.getsignal(signal.SIGTERM) is before

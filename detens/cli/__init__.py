@@ -9,7 +9,8 @@ A user's mistake (a bad flag, a missing file, a YAML typo, a head for other mode
 makes a fit diverge, an optional dependency not installed) ends as one ``error: <message>`` on stderr and
 exit status 2, without a traceback; ``--debug`` shows the traceback instead. Ctrl-C ends as ``error:
 interrupted`` and exit status 130 (after what the command saves of its finished work) at any point, the
-imports of the detector libraries included.
+imports of the detector libraries included; a SIGTERM (``kill``, a job scheduler's stop) likewise, as
+``error: terminated`` and exit status 143.
 
 This module imports only the standard library: a Ctrl-C while it is imported, before :func:`main` can
 catch it, would print a traceback.
@@ -25,6 +26,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from detens._termination import sigterm_as_interruption, was_terminated
+
 __all__ = ["COMMANDS", "add_threads_argument", "add_weights_dir_argument", "argparse_type", "existing_folder", "file_or_folder", "finite_number", "folder_path", "build_parser", "integer", "output_file", "positive_int", "command_parser", "main", "run_command"]
 
 #: subcommand -> (module, one-line summary)
@@ -38,8 +41,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "configs": ("detens.cli.configs", "list, print or copy the configs and heads shipped with detens"),
 }
 
-#: the exit status of an interrupted command (128 + SIGINT, as shells report it)
+#: the exit status of an interrupted command (128 + SIGINT, as shells report it), and of a terminated one
+#: (128 + SIGTERM)
 _INTERRUPTED = 130
+_TERMINATED = 143
 
 
 # argparse's message for a value outside an argument's choices, and the quoted names it lists
@@ -259,7 +264,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         from detens.jobs._interrupts import is_interruption
 
         if is_interruption(err) and not args.debug:  # a job that saves its work on a Ctrl-C raises it once saved
-            return _interrupted()
+            return _interrupted(err)
         if isinstance(err, _usage_error()):
             print(f"error: {args._parser.prog}: {_message(err)} (see {args._parser.prog} --help)", file=sys.stderr)
             return 2
@@ -269,20 +274,24 @@ def _dispatch(args: argparse.Namespace) -> int:
         raise
 
 
-def _interrupted() -> int:
+def _interrupted(err: BaseException) -> int:
+    if was_terminated(err):
+        print("error: terminated", file=sys.stderr)
+        return _TERMINATED
     print("error: interrupted", file=sys.stderr)
     return _INTERRUPTED
 
 
 def _interruptible(argv: Sequence[str], start: Callable[[], int]) -> int:
     """``start()``, with a Ctrl-C before the command runs (while its modules, torch among them, are
-    imported, or its arguments parsed) ending as one during the run does."""
+    imported, or its arguments parsed) ending as one during the run does, and a SIGTERM as a Ctrl-C."""
     try:
-        return start()
-    except KeyboardInterrupt:
+        with sigterm_as_interruption():
+            return start()
+    except KeyboardInterrupt as err:
         if _asks_for_debug(argv):  # not parsed yet, maybe
             raise
-        return _interrupted()
+        return _interrupted(err)
 
 
 def _asks_for_debug(argv: Sequence[str]) -> bool:

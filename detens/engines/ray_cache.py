@@ -21,6 +21,8 @@ import logging
 import os
 import pickle
 import re
+import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -30,6 +32,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from detens._termination import raise_terminated
 from detens.adapters.weights import resolve_model_weights
 from detens.checks import check_flag, check_integer, check_real
 from detens.ensemble_config import EnsembleConfig, ModelConfig, with_absolute_paths
@@ -283,6 +286,13 @@ def named_as_given(message: str, absolute: str, given: str) -> str:
     return message.replace(repr(absolute), repr(given)) if absolute != given else message
 
 
+def _sigterm_handler() -> Any:
+    """The process's SIGTERM handler, or None outside the main thread (where ray.init sets none)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.getsignal(signal.SIGTERM)
+
+
 class ray_session:  # noqa: N801 - used as a context manager, like open()
     """``ray.init`` for the engine (an existing cluster at ``options.address``, else a local one), and
     ``ray.shutdown`` on exit when this session started it.
@@ -303,6 +313,7 @@ class ray_session:  # noqa: N801 - used as a context manager, like open()
         self.started = False
         self._levels: dict[str, int] = {}  # logger name -> its level before the session
         self._progress_bars: tuple[Any, bool] | None = None  # (Ray Data's context, its setting before)
+        self._sigterm: Any = None  # the SIGTERM handler before ray.init, when the session started Ray
 
     def __enter__(self) -> Any:
         ray = import_ray()
@@ -328,8 +339,11 @@ class ray_session:  # noqa: N801 - used as a context manager, like open()
                     kwargs["num_cpus"] = int(self.options.num_cpus)
                 self._levels.setdefault("ray", logging.getLogger("ray").level)  # ray.init sets it
                 start = time.perf_counter()
+                self._sigterm = _sigterm_handler()
                 ray.init(**kwargs)
                 self.started = True
+                if self._sigterm is raise_terminated:  # ray.init sets its own: the command's comes first
+                    signal.signal(signal.SIGTERM, raise_terminated)
                 logger.info("ray started in %.1f s: %s", time.perf_counter() - start, ray.cluster_resources())
         except BaseException:
             self._put_back()
@@ -350,7 +364,11 @@ class ray_session:  # noqa: N801 - used as a context manager, like open()
         logging.getLogger(name).setLevel(level)
 
     def _put_back(self) -> None:
-        """The logger levels and the progress-bar setting as they were before the session."""
+        """The logger levels, the progress-bar setting and the SIGTERM handler as they were before the
+        session (ray.init's handler would outlive it)."""
+        if self._sigterm is not None:
+            signal.signal(signal.SIGTERM, self._sigterm)
+            self._sigterm = None
         for name, level in self._levels.items():
             logging.getLogger(name).setLevel(level)
         self._levels.clear()

@@ -8,6 +8,8 @@ import threading
 from collections.abc import Iterator
 from typing import NoReturn
 
+from detens._termination import Terminated, raise_terminated
+
 __all__ = ["RESUME_ADVICE", "CtrlCHeld", "ctrl_c_held", "is_interruption", "raise_interruption"]
 
 #: the attribute, set True, of the log record by which an interrupted fuse run says its finished images are
@@ -42,9 +44,14 @@ def raise_interruption(err: BaseException) -> NoReturn:
 
 
 class CtrlCHeld:
-    """What :func:`ctrl_c_held` saw: ``pressed`` is True once a Ctrl-C came while it held them."""
+    """What :func:`ctrl_c_held` saw: ``pressed`` is True once a Ctrl-C (or a SIGTERM the command line takes
+    as one) came while it held them; ``interruption()`` is the exception to stop with after the block."""
 
     pressed: bool = False
+    terminated: bool = False
+
+    def interruption(self) -> KeyboardInterrupt:
+        return Terminated() if self.terminated else KeyboardInterrupt()
 
 
 @contextlib.contextmanager
@@ -53,21 +60,28 @@ def ctrl_c_held() -> Iterator[CtrlCHeld]:
     together); the caller reads ``pressed`` of what it yields and stops after the block.
 
     A Ctrl-C is held where it would raise a KeyboardInterrupt, in the main thread under Python's own
-    handler; a handler of the program's own is left to do what it does, and in another thread a Ctrl-C
-    raises nothing to hold.
+    handler, and so is a SIGTERM under the command line's (:func:`~detens._termination.sigterm_as_interruption`);
+    a handler of the program's own is left to do what it does, and in another thread a signal raises
+    nothing to hold.
     """
     held = CtrlCHeld()
-    if threading.current_thread() is not threading.main_thread() or (
-        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-    ):
+    if threading.current_thread() is not threading.main_thread():
         yield held
         return
 
     def hold(signum: int, frame: object) -> None:
         held.pressed = True
+        held.terminated = held.terminated or signum == signal.SIGTERM
 
-    signal.signal(signal.SIGINT, hold)
+    taken = {
+        signum: handler
+        for signum, handler in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, raise_terminated))
+        if signal.getsignal(signum) is handler
+    }
+    for signum in taken:
+        signal.signal(signum, hold)
     try:
         yield held
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for signum, handler in taken.items():
+            signal.signal(signum, handler)

@@ -1045,7 +1045,7 @@ def _run(options: FuseOptions) -> int:
     if ctrl_c.pressed and interrupted is None:
         logger.warning("interrupted while the outputs were written: the run finished first; %s holds all of them",
                        out)
-        raise KeyboardInterrupt
+        raise ctrl_c.interruption()
     if interrupted is not None:  # saved: the caller stops now (a script's loop too), the command with status 130
         raise_interruption(interrupted)
     if summary["done"] == 0 and unreadable:

@@ -336,7 +336,7 @@ def run(options: TrainOptions) -> int:
             "interrupted while the head was written: the run finished first; %s and its %s and %s files are "
             "all this run's", out, ", ".join(written[:-1]), written[-1],
         )
-        raise KeyboardInterrupt
+        raise ctrl_c.interruption()
     return 0
 
 
