@@ -30,6 +30,9 @@ def engines(tmp_path, monkeypatch):
     ray = SimpleNamespace(started=0, stopped=0)
     ray.init = lambda **kwargs: setattr(ray, "started", ray.started + 1)
     ray.shutdown = lambda: setattr(ray, "stopped", ray.stopped + 1)
+    ray.is_initialized = lambda: ray.started > ray.stopped
+    ray.cluster_resources = lambda: {"CPU": 2.0}
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setitem(sys.modules, "ray", ray)
     state = SimpleNamespace(images=images, ray=ray, calls=[], code=0, error=None, done=2)
 

@@ -433,8 +433,7 @@ def _timed_run_not_resumable() -> Iterator[None]:
 def bench_engines(images: str, config: str, work: Path) -> list[dict[str, Any]]:
     """Wall time of ``detens fuse`` over ``images`` per engine (each run from scratch into ``work``),
     and of starting a local Ray cluster; the rows of the engine table."""
-    import ray
-
+    from detens.engines.ray_cache import RayOptions, ray_session
     from detens.jobs.calls import fuse_images
     from detens.sources import list_images
 
@@ -460,14 +459,12 @@ def bench_engines(images: str, config: str, work: Path) -> list[dict[str, Any]]:
 
     timed("local")
     start = time.perf_counter()
-    ray.init(include_dashboard=False, log_to_driver=False)
-    rows.append({"engine": "ray start-up (local cluster)", "images": 0,
-                 "seconds": round(time.perf_counter() - start, 2), "images_per_s": None})
-    try:
+    # the engine's own session: started once for both runs, and shut down as a run of the engine is
+    with ray_session(RayOptions()):
+        rows.append({"engine": "ray start-up (local cluster)", "images": 0,
+                     "seconds": round(time.perf_counter() - start, 2), "images_per_s": None})
         for actors in (1, 2):
             timed(f"ray {actors} actor{'s' if actors > 1 else ''}", engine="ray", actors=actors)
-    finally:
-        ray.shutdown()
     return rows
 
 
