@@ -27,10 +27,10 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, BinaryIO
 
 __all__ = [
-    "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "check_writable_file", "check_writable_folder",
+    "atomic_writer", "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_json_list", "check_writable_file", "check_writable_folder",
     "read_json_file", "output_stems", "output_lock", "LOCK_NAME", "remove_stale_temporaries", "lock_descriptor",
     "lock_holder_text", "run_folder", "names_a_folder", "check_file_path", "files_written_together",
 ]
@@ -72,7 +72,22 @@ def check_file_path(path: str | os.PathLike[str], what: str | None = "path") -> 
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and an atomic rename.
+    """Write ``data`` to ``path`` through a temporary file in the same folder and an atomic rename
+    (:func:`atomic_writer`).
+
+    Raises:
+        IsADirectoryError: ``path`` is a folder (named in the message, not the temporary file).
+        ValueError: ``path`` is written as a folder (``"runs/"``, see :func:`check_file_path`).
+    """
+    with atomic_writer(path) as file:
+        file.write(data)
+
+
+@contextlib.contextmanager
+def atomic_writer(path: str | Path) -> Iterator[BinaryIO]:
+    """A binary file whose bytes become ``path`` when the block ends without an error, through a temporary
+    file in the same folder and an atomic rename: ``path`` is never seen written in part, and an error or
+    a Ctrl-C in the block leaves it as it was.
 
     Raises:
         IsADirectoryError: ``path`` is a folder (named in the message, not the temporary file).
@@ -86,7 +101,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:  # first, so that the descriptor is closed whatever fails next
             os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the file the usual permissions
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -269,6 +284,26 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 def atomic_write_json(path: str | Path, obj: Any, indent: int | None = None) -> None:
     atomic_write_text(path, json.dumps(obj, indent=indent))
+
+
+@contextlib.contextmanager
+def atomic_json_list(path: str | Path) -> Iterator[Callable[[Sequence[Any]], None]]:
+    """``extend(items)``, called any number of times, writes a JSON list to ``path`` a part at a time: the
+    same bytes as :func:`atomic_write_json` of the whole list, which a run's results (a box each) may be too
+    many to hold in memory at once. Written as :func:`atomic_writer` writes: whole, when the block ends."""
+    with atomic_writer(path) as file:
+        opened = False
+
+        def extend(items: Sequence[Any]) -> None:
+            nonlocal opened
+            if not items:
+                return
+            text = json.dumps(list(items))  # one call per part: json.dumps per item is several times slower
+            file.write((", " if opened else "[").encode("utf-8") + text[1:-1].encode("utf-8"))
+            opened = True
+
+        yield extend
+        file.write(b"]" if opened else b"[]")
 
 
 @contextlib.contextmanager

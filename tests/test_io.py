@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from detens.io import atomic_write_json, atomic_write_text, read_json_file
+from detens.io import atomic_json_list, atomic_write_json, atomic_write_text, read_json_file
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -377,3 +377,31 @@ class TestCheckWritable:
             check_writable_folder(tmp_path / "run", "--out")
         with pytest.raises(ValueError, match=r"^--plot .*p\.png cannot be written: nothing can be created in"):
             check_writable_file(tmp_path / "p.png", "--plot")
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_json_list_written_in_parts_is_the_bytes_of_the_whole_list_written_at_once(tmp_path, seed):
+    """A fuse run streams its results an image at a time (a folder's worth of boxes would not fit in memory
+    as one list): its file must read, and compare, as the one json.dumps of the whole list wrote."""
+    import random
+
+    rng = random.Random(seed)
+    items = [{"image_id": i, "bbox": [rng.random(), 1.5, 2, 3], "score": rng.random(), "name": "é\u2028\""}
+             for i in range(rng.randrange(0, 40))]
+    cuts = sorted(rng.randrange(0, len(items) + 1) for _ in range(rng.randrange(0, 6)))
+    parts = [items[a:b] for a, b in zip([0, *cuts], [*cuts, len(items)], strict=True)]
+    with atomic_json_list(tmp_path / "streamed.json") as extend:
+        for part in parts:
+            extend(part)
+            extend([])  # an image with no box
+    atomic_write_json(tmp_path / "whole.json", items)
+    assert (tmp_path / "streamed.json").read_bytes() == (tmp_path / "whole.json").read_bytes()
+
+
+def test_a_json_list_whose_writing_fails_leaves_the_earlier_file_and_no_temporary_one(tmp_path):
+    path = tmp_path / "predictions.json"
+    path.write_text("[1]")
+    with pytest.raises(KeyboardInterrupt), atomic_json_list(path) as extend:
+        extend([2, 3])
+        raise KeyboardInterrupt
+    assert path.read_text() == "[1]" and sorted(p.name for p in tmp_path.iterdir()) == ["predictions.json"]

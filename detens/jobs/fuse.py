@@ -3,6 +3,7 @@ unfinished run (the command's help page, :mod:`detens.cli.fuse`, says what is wr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -12,6 +13,7 @@ import re
 import shutil
 import time
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -46,7 +48,14 @@ from detens.ensemble_config import (
 )
 from detens.fusers import check_method, head_methods
 from detens.heads._io import find_head_file
-from detens.io import atomic_write_bytes, atomic_write_json, check_writable_folder, output_lock, output_stems
+from detens.io import (
+    atomic_json_list,
+    atomic_write_bytes,
+    atomic_write_json,
+    check_writable_folder,
+    output_lock,
+    output_stems,
+)
 from detens.jobs._engine import EngineOptions, ray_options
 from detens.jobs._inputs import (
     check_inputs_unchanged,
@@ -467,9 +476,14 @@ def recover_replaced(out: Path) -> None:
                        "it had set aside in %s/ are back", out, REPLACED)
 
 
+#: The keys of a partial record that hold its boxes, which :func:`write_outputs` reads from the file.
+_RESULT_KEYS = ("fused", "per_model")
+
+
 def finished_records(out: Path) -> dict[str, dict[str, Any]]:
     """The partial record of every finished image in ``out``, by file name (images of earlier runs on
-    other sources included)."""
+    other sources included), without its boxes (:data:`_RESULT_KEYS`): a run holds these while it runs, and
+    a folder's worth of boxes would take gigabytes."""
     records = {}
     folder = out / "partial"
     # an earlier version's run record (EARLIER_RUN_RECORD) names no image: the check below passes it over
@@ -477,7 +491,7 @@ def finished_records(out: Path) -> dict[str, dict[str, Any]]:
         record = _read_json(path)
         name = _recorded_image(record, path, out)
         if name is not None:
-            records[name] = record
+            records[name] = {k: v for k, v in record.items() if k not in _RESULT_KEYS}
     return records
 
 
@@ -702,59 +716,69 @@ def write_outputs(
     records of ``names`` (the run's images, with their ``ids``: :func:`plan_image_ids`, and the ``stems``
     of their files: :func:`output_stems`), images in the order of their ids; a complete run then removes
     ``partial/``."""
-    records = {n: r for n in names if (r := read_partial(out, n)) is not None}
-    done = sorted((n for n in names if n in records), key=ids.__getitem__)
-    images, results = [], []
-    per_model: dict[str, list[dict[str, Any]]] = {m: [] for m in member_names}
+    # Each image's record is read once and its boxes streamed to the files: a folder's worth of boxes is
+    # never in memory at once (about a kilobyte a box, as dicts and as the JSON text).
+    done: list[str] = []
+    images = []
     stage_ms: dict[str, float] = defaultdict(float)
     stage_count: dict[str, int] = defaultdict(int)
     boxes_total = boxes_shown = 0
     read_warnings: dict[str, list[str]] = {}
-    for name in done:
-        record, image_id = records[name], ids[name]
-        images.append(
-            {"id": image_id, "file_name": name, "height": record["height"], "width": record["width"],
-             "output_stem": stems[name]}
+    with contextlib.ExitStack() as files:
+        results = files.enter_context(atomic_json_list(out / "predictions.json"))
+        per_model: dict[str, Callable[[Sequence[Any]], None]] = {}
+
+        def member_results(member: str) -> Callable[[Sequence[Any]], None]:
+            if member not in per_model:
+                per_model[member] = files.enter_context(atomic_json_list(out / "per_model" / f"{member}.json"))
+            return per_model[member]
+
+        for member in member_names if config.output.save_per_model else ():
+            member_results(member)  # a member with no box still gets its file
+        for name in sorted(names, key=ids.__getitem__):
+            record, image_id = read_partial(out, name), ids[name]
+            if record is None:
+                continue
+            done.append(name)
+            images.append(
+                {"id": image_id, "file_name": name, "height": record["height"], "width": record["width"],
+                 "output_stem": stems[name]}
+            )
+            results([{**r, "image_id": image_id} for r in record["fused"]])
+            boxes_total += len(record["fused"])
+            boxes_shown += sum(r["score"] >= config.output.vis_conf for r in record["fused"])
+            for member, found in (record.get("per_model") or {}).items() if config.output.save_per_model else ():
+                member_results(member)([{**r, "image_id": image_id} for r in found])
+            for stage, ms in record.get("times_ms", {}).items():
+                stage_ms[stage] += ms
+                stage_count[stage] += 1
+            if record.get("read_warnings"):
+                read_warnings[name] = record["read_warnings"]
+        if config.dataset is not None:
+            warn_of_sizes_unlike_the_dataset(images, config.dataset)
+        ms_per_image = {k: round(v / stage_count[k], 2) for k, v in stage_ms.items()}
+        if not ms_per_image and done:  # records rebuilt from a finished run's files carry no timings: keep its own
+            earlier = _read_json(out / "summary.json")
+            ms_per_image = (earlier.get("ms_per_image") or {}) if isinstance(earlier, dict) else {}
+        complete = len(done) + len(unreadable) == len(names) and not run["interrupted"]
+        info = {
+            "description": f"detens fused detections: ensemble {config.name!r}, method {run['method']!r}",
+            "models": member_names,
+            "method": run["method"],
+            "head": config.fusion.head,
+            "complete": complete,
+        }
+        # the image list is moved into place first (the results files follow as the block ends):
+        # predictions.json never names an image that images.json lacks
+        atomic_write_json(
+            out / "images.json",
+            {
+                "info": info,
+                "images": images,
+                "categories": [{"id": int(c), "name": n} for c, n in sorted(categories.items())],
+                "annotations": [],
+            },
         )
-        for r in record["fused"]:
-            results.append({**r, "image_id": image_id})
-        boxes_total += len(record["fused"])
-        boxes_shown += sum(r["score"] >= config.output.vis_conf for r in record["fused"])
-        for member, member_results in (record.get("per_model") or {}).items():
-            per_model.setdefault(member, []).extend({**r, "image_id": image_id} for r in member_results)
-        for stage, ms in record.get("times_ms", {}).items():
-            stage_ms[stage] += ms
-            stage_count[stage] += 1
-        if record.get("read_warnings"):
-            read_warnings[name] = record["read_warnings"]
-    if config.dataset is not None:
-        warn_of_sizes_unlike_the_dataset(images, config.dataset)
-    ms_per_image = {k: round(v / stage_count[k], 2) for k, v in stage_ms.items()}
-    if not ms_per_image and done:  # records rebuilt from a finished run's files carry no timings: keep its own
-        earlier = _read_json(out / "summary.json")
-        ms_per_image = (earlier.get("ms_per_image") or {}) if isinstance(earlier, dict) else {}
-    complete = len(done) + len(unreadable) == len(names) and not run["interrupted"]
-    info = {
-        "description": f"detens fused detections: ensemble {config.name!r}, method {run['method']!r}",
-        "models": member_names,
-        "method": run["method"],
-        "head": config.fusion.head,
-        "complete": complete,
-    }
-    # the image list is written first: predictions.json never names an image that images.json lacks
-    atomic_write_json(
-        out / "images.json",
-        {
-            "info": info,
-            "images": images,
-            "categories": [{"id": int(c), "name": n} for c, n in sorted(categories.items())],
-            "annotations": [],
-        },
-    )
-    atomic_write_json(out / "predictions.json", results)
-    if config.output.save_per_model:
-        for member, member_results in per_model.items():
-            atomic_write_json(out / "per_model" / f"{member}.json", member_results)
     summary = {
         "ensemble": config.name,
         "method": run["method"],
