@@ -1020,6 +1020,13 @@ class TestPrecomputed:
         with pytest.raises(error, match=fragment):
             PrecomputedDetector(results, {"a.jpg": 7}, name="v8", **options)
 
+    def test_a_category_id_no_label_can_be_is_refused_when_the_results_are_read(self, tmp_path):
+        results = [{"image_id": 7, "category_id": c, "bbox": [1.0, 2.0, 3.0, 4.0], "score": 0.5} for c in (1, -1)]
+        (tmp_path / "saved.json").write_text(json.dumps(results))
+        with pytest.raises(ValueError, match=re.escape(
+                f"{tmp_path / 'saved.json'}[1].category_id must be a category id in [0, 2147483647], got -1")):
+            PrecomputedDetector(tmp_path / "saved.json", {"a.jpg": 7})
+
     def test_class_map_keys_may_be_digit_strings(self):
         results = [{"image_id": 7, "category_id": c, "bbox": [1.0, 2.0, 3.0, 4.0], "score": 0.5} for c in (1, 3)]
         replay = PrecomputedDetector(results, {"a.jpg": 7}, class_map={"3": 30})  # as JSON gives them
