@@ -117,8 +117,9 @@ def _is_finite_number(value: Any) -> bool:
 def validate_coco_results(results: Any, where: str = "COCO results") -> list[dict[str, Any]]:
     """Check the COCO results schema and return the results as fresh, plain-Python dicts.
 
-    Each entry must be a dict with an integer ``image_id`` and ``category_id``, a ``bbox`` of four finite
-    numbers ``[x, y, w, h]`` with ``w, h >= 0``, and a ``score`` in ``[0, 1]``. Extra keys are kept.
+    Each entry must be a dict with an integer ``image_id``, an integer ``category_id`` in ``[0, MAX_LABEL]``
+    (the labels :class:`~detens.detections.Detections` holds), a ``bbox`` of four finite numbers
+    ``[x, y, w, h]`` with ``w, h >= 0``, and a ``score`` in ``[0, 1]``. Extra keys are kept.
 
     Raises:
         TypeError, ValueError: naming the entry index, the field and the offending value.
@@ -142,6 +143,7 @@ def validate_coco_results(results: Any, where: str = "COCO results") -> list[dic
             fast = (
                 type(image_id) in _INT_TYPES
                 and type(category_id) in _INT_TYPES
+                and 0 <= category_id <= MAX_LABEL
                 and type(score) in _NUMBER_TYPES
                 and type(bbox) in (list, tuple)
                 and len(bbox) == 4
@@ -183,6 +185,11 @@ def _check_entry(i: int, entry: Any, where: str) -> None:
         value = entry[key]
         if not (_is_int(value) or (isinstance(value, float) and value.is_integer())):
             raise ValueError(f"{where}[{i}].{key} must be an integer, got {value!r}")
+    category_id = entry["category_id"]
+    if not 0 <= category_id <= MAX_LABEL:  # a box's label: Detections would refuse it at the first image
+        raise ValueError(
+            f"{where}[{i}].category_id must be a category id in [0, {MAX_LABEL}], got {category_id!r}"
+        )
     bbox = entry["bbox"]
     if (
         not isinstance(bbox, (list, tuple, np.ndarray))

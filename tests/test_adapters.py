@@ -575,6 +575,60 @@ def test_torchvision_integer_options_are_checked_before_building(monkeypatch, kw
         TorchvisionDetector("fasterrcnn_mobilenet_v3_large_320_fpn", weights=None, **kwargs)
 
 
+def test_torchvision_builder_arguments_are_checked_before_building(monkeypatch):
+    """torchvision's builders pass unknown names on to the model's transform, which drops them: a misspelled
+    min_size left the model at its own size, unseen."""
+    from torchvision import models
+
+    from detens.adapters.torchvision import TorchvisionDetector
+
+    with monkeypatch.context() as patched:
+        patched.setattr(models, "get_model", lambda *a, **k: pytest.fail("built before its arguments were checked"))
+        with pytest.raises(TypeError, match=r"^fasterrcnn_mobilenet_v3_large_320_fpn: 'min_szie' is no argument of "
+                                            r"torchvision's 'fasterrcnn_mobilenet_v3_large_320_fpn' \(its builder, "
+                                            r"model and transform\); valid: .*\bmin_size, .*\. Did you mean "
+                                            r"'min_size'\?$"):
+            TorchvisionDetector("fasterrcnn_mobilenet_v3_large_320_fpn", weights=None, min_szie=300)
+        with pytest.raises(TypeError, match=r"^v: 'foo', 'bar' are no arguments of torchvision's 'ssdlite320_mobilenet"
+                                            r"_v3_large' .*valid: detections_per_img, .*\bnorm_layer\b"):
+            TorchvisionDetector("ssdlite320_mobilenet_v3_large", weights=None, name="v", foo=1, bar=2)
+        with pytest.raises(TypeError, match=r"'min_szie' is no argument of torchvision's 'fasterrcnn_mobilenet"):
+            build_detector({"type": "torchvision", "arch": "fasterrcnn_mobilenet_v3_large_320_fpn", "name": "frcnn",
+                            "options": {"min_szie": 300}})
+    # the builder's own, the model class's and the transform's are taken
+    detector = TorchvisionDetector("fasterrcnn_mobilenet_v3_large_320_fpn", weights=None, min_size=300,
+                                   progress=False, rpn_pre_nms_top_n_test=100, size_divisible=16)
+    transform = detector.model.transform
+    assert (transform.min_size, transform.size_divisible, detector.model.rpn._pre_nms_top_n["testing"]) == ((300,), 16, 100)
+
+
+@pytest.mark.parametrize("built", [False, True], ids=["by name", "built"])
+def test_torchvision_keypoint_rcnn_predicts_persons(built):
+    """torchvision's Keypoint R-CNN weights have two classes, "no person" (the background) and person: a
+    built model was refused as one of 2 classes, not COCO's 91; by name, "no person" was category 0."""
+    from torchvision.models.detection import keypointrcnn_resnet50_fpn
+
+    from detens.adapters.torchvision import TorchvisionDetector
+
+    arch = keypointrcnn_resnet50_fpn(weights=None, weights_backbone=None) if built else "keypointrcnn_resnet50_fpn"
+    kwargs = {} if built else {"weights": None}
+    assert TorchvisionDetector(arch, **kwargs).lookup.tolist() == [-1, PERSON]
+    assert TorchvisionDetector(arch, categories={7: "person", 8: "car"}, **kwargs).lookup.tolist() == [-1, 7]
+
+
+@pytest.mark.parametrize("categories", [
+    [{"id": 1, "name": "person", "supercategory": "person"}, {"id": 2, "name": "bus"}],
+    {"info": {}, "images": [], "categories": [{"id": 1, "name": "person"}, {"id": 2, "name": "bus"}]},
+    {"1": "person", "2": "bus"},
+], ids=["COCO list", "annotation dict", "string keys"])
+def test_torchvision_categories_in_every_coco_form(categories):
+    from detens.adapters.torchvision import TorchvisionDetector
+
+    detector = TorchvisionDetector("ssdlite320_mobilenet_v3_large", weights=None, categories=categories)
+    assert detector.categories == {1: "person", 2: "bus"}
+    assert detector.lookup[PERSON] == 1 and detector.lookup[BUS_ID] == 2 and (detector.lookup >= 0).sum() == 2
+
+
 def test_torchvision_numpy_integer_options_are_the_python_ints_they_hold():
     from detens.adapters.torchvision import TorchvisionDetector
 
@@ -1019,6 +1073,25 @@ class TestPrecomputed:
         results = [{"image_id": 7, "category_id": 1, "bbox": [1.0, 2.0, 3.0, 4.0], "score": 0.5}]
         with pytest.raises(error, match=fragment):
             PrecomputedDetector(results, {"a.jpg": 7}, name="v8", **options)
+
+    def test_a_category_id_no_label_can_be_is_refused_when_the_results_are_read(self, tmp_path):
+        results = [{"image_id": 7, "category_id": c, "bbox": [1.0, 2.0, 3.0, 4.0], "score": 0.5} for c in (1, -1)]
+        (tmp_path / "saved.json").write_text(json.dumps(results))
+        with pytest.raises(ValueError, match=re.escape(
+                f"{tmp_path / 'saved.json'}[1].category_id must be a category id in [0, 2147483647], got -1")):
+            PrecomputedDetector(tmp_path / "saved.json", {"a.jpg": 7})
+
+    @pytest.mark.parametrize("categories", [
+        [{"id": 1, "name": "person"}, {"id": 3, "name": "car"}],
+        {"images": [], "categories": [{"id": 1, "name": "person"}, {"id": 3, "name": "car"}]},
+        {"1": "person", "3": "car"},
+    ], ids=["COCO list", "annotation dict", "string keys"])
+    def test_categories_in_every_coco_form(self, categories):
+        results = [{"image_id": 7, "category_id": 1, "bbox": [1.0, 2.0, 3.0, 4.0], "score": 0.5}]
+        replay = PrecomputedDetector(results, {"a.jpg": 7}, name="v8", class_map={1: 3}, categories=categories)
+        assert replay.categories == {1: "person", 3: "car"}
+        with pytest.raises(ValueError, match=r"^v8: class_map\[1\] = 2 is not one of the 2 category ids"):
+            PrecomputedDetector(results, {"a.jpg": 7}, name="v8", class_map={1: 2}, categories=categories)
 
     def test_class_map_keys_may_be_digit_strings(self):
         results = [{"image_id": 7, "category_id": c, "bbox": [1.0, 2.0, 3.0, 4.0], "score": 0.5} for c in (1, 3)]

@@ -525,6 +525,14 @@ class TestResultsFiles:
              '{"image_id": 1, "category_id": 1, "bbox": [0, 0, 1, 1], "score": 1.7}]',
              r"bad\.json\[1\]\.score must be in \[0, 1\].*got 1\.7"),
             ('[{"image_id": 1, "category_id": 1, "bbox": [0, 0, 1, 1], "score": -0.1}]', r"score must be in \[0, 1\]"),
+            # a label Detections cannot hold: refused here, naming the row, not at the image it belongs to
+            ('[{"image_id": 1, "category_id": 1, "bbox": [0, 0, 1, 1], "score": 0.5}, '
+             '{"image_id": 1, "category_id": -1, "bbox": [0, 0, 1, 1], "score": 0.5}]',
+             r"bad\.json\[1\]\.category_id must be a category id in \[0, 2147483647\], got -1$"),
+            ('[{"image_id": 1, "category_id": 2147483648, "bbox": [0, 0, 1, 1], "score": 0.5}]',
+             r"bad\.json\[0\]\.category_id must be a category id in \[0, 2147483647\], got 2147483648$"),
+            ('[{"image_id": 1, "category_id": -3.0, "bbox": [0, 0, 1, 1], "score": 0.5}]',
+             r"bad\.json\[0\]\.category_id must be a category id in \[0, 2147483647\], got -3\.0$"),
             (
                 '[{"image_id": "a", "category_id": 1, "bbox": [0, 0, 1, 1], "score": 0.5}]',
                 "image_id must be an integer",

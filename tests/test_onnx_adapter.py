@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -180,6 +181,29 @@ def test_every_decoder_checks_its_shapes(name):
     with pytest.raises(ValueError, match=rf"model.onnx: decoder '{name}' expects .* the model has"):
         decoder.check_outputs(wrong, where="model.onnx")
     assert set(DECODERS.get(name).preprocessing) == {"letterbox", "pad_value", "bgr_to_rgb", "mean", "std"}
+
+
+@pytest.mark.parametrize("name", DECODERS.names())
+@pytest.mark.parametrize("options, error, message", [
+    # a zero stride divided the input size: ZeroDivisionError
+    ({"strides": [0, 16, 32]}, ValueError, r"^strides\[0\] must be an integer >= 1, got 0$"),
+    # floats were truncated: 8.9 read as 8
+    ({"strides": [8.9, 16.2, 32.7]}, TypeError, r"^strides\[0\] must be an integer, got float: 8\.9$"),
+    ({"strides": "8,16,32"}, TypeError, r"^strides must be a list of integers, got str: '8,16,32'$"),
+    ({"strides": []}, ValueError, r"^strides must list the stride of each level \(integers >= 1\), got \[\]$"),
+])
+def test_every_decoder_checks_its_strides(name, options, error, message):
+    with pytest.raises(error, match=message):
+        DECODERS.get(name)((32, 32), **options)
+
+
+@pytest.mark.parametrize("reg_max, error, message", [
+    (7.9, TypeError, r"^reg_max must be an integer, got float: 7\.9$"),  # was read as 7
+    (-1, ValueError, r"^reg_max must be an integer >= 0, got -1$"),
+])
+def test_nanodet_checks_reg_max(reg_max, error, message):
+    with pytest.raises(error, match=message):
+        NanodetGflDecoder((32, 32), reg_max=reg_max)
 
 
 def test_unknown_decoder_lists_the_valid_ones():
@@ -452,6 +476,100 @@ class TestOnnxDetector:
             match=r"(?s)missing.onnx' not found.*must be on disk\)\. Pass an existing path or",
         ):
             OnnxDetector(path.parent / "missing.onnx", "yolox")
+
+    @pytest.mark.parametrize("decoder, options, error, message", [
+        ("yolox", {"strides": [0, 16, 32]}, ValueError, r"^decoder_options\.strides\[0\] must be an integer >= 1, got 0$"),
+        ("ultralytics", {"strides": [8.9, 16.2, 32.7]}, TypeError,
+         r"^decoder_options\.strides\[0\] must be an integer, got float: 8\.9$"),
+        ("yolox", {"strides": "8,16,32"}, TypeError,
+         r"^decoder_options\.strides must be a list of integers, got str: '8,16,32'$"),
+        ("nanodet_gfl", {"reg_max": 7.9}, TypeError, r"^decoder_options\.reg_max must be an integer, got float: 7\.9$"),
+        ("nanodet_gfl", {"reg_max": -1}, ValueError, r"^decoder_options\.reg_max must be an integer >= 0, got -1$"),
+        ("yolox", [1], TypeError,
+         r"^decoder_options must be a dict of options of the 'yolox' decoder \(strides\), got list: \[1\]$"),
+        ("yolox", {"foo": 1}, ValueError,
+         r"^decoder_options\.foo is not an option of the 'yolox' decoder; its options: strides$"),
+        ("nanodet_gfl", {"strides": [8, 16, 32], "regmax": 7}, ValueError,
+         r"^decoder_options\.regmax is not an option of the 'nanodet_gfl' decoder; its options: strides, reg_max$"),
+    ])
+    def test_decoder_options_are_named_before_the_model_is_read(self, tmp_path, decoder, options, error, message):
+        with pytest.raises(error, match=message):
+            OnnxDetector(tmp_path / "missing.onnx", decoder, decoder_options=options)
+
+    def test_decoder_options_reach_the_decoder(self, fake_model):
+        path = fake_model([1, 3, 32, 32], [np.zeros((1, 84, 20), np.float32)])  # 16 + 4 anchors
+        detector = OnnxDetector(path, "ultralytics", decoder_options={"strides": np.array([8, 16])})
+        assert detector.decoder.strides == (8, 16) and all(type(s) is int for s in detector.decoder.strides)
+
+    @pytest.mark.parametrize("kwargs, error, message", [
+        ({"bgr_to_rgb": "false"}, TypeError, r"^bgr_to_rgb must be True or False, got str: 'false'$"),  # was True
+        ({"bgr_to_rgb": 0}, TypeError, r"^bgr_to_rgb must be True or False, got int: 0$"),
+        ({"agnostic_nms": "no"}, TypeError, r"^agnostic_nms must be True or False, got str: 'no'$"),  # was truthy
+        ({"pad_value": math.nan}, ValueError, r"^pad_value must be a finite number, got nan$"),
+        ({"pad_value": "114"}, TypeError, r"^pad_value must be a number, got str: '114'$"),
+        ({"mean": [math.nan, 0, 0]}, ValueError, r"^mean\[0\] must be a finite number, got nan$"),
+        ({"mean": 5}, TypeError, r"^mean must be a list of numbers, got int: 5$"),
+        ({"mean": "0,0,0"}, TypeError, r"^mean must be a list of numbers, got str: '0,0,0'$"),
+        ({"std": [math.inf] * 3}, ValueError, r"^std\[0\] must be a positive number, got inf$"),
+        ({"std": [1, 0, 1]}, ValueError, r"^std\[1\] must be a positive number, got 0$"),
+        ({"std": [1, 1]}, ValueError, r"^std must have 3 values \(one per channel\), got \[1\.0, 1\.0\]$"),
+        ({"iou": None}, TypeError, r"^iou must be a number in \(0, 1\], the IoU threshold of the NMS after the decoder"),
+    ])
+    def test_preprocessing_and_flag_errors_are_named_before_the_model_is_read(self, tmp_path, kwargs, error, message):
+        with pytest.raises(error, match=message):
+            OnnxDetector(tmp_path / "missing.onnx", "yolox", **kwargs)
+
+    def test_a_dynamic_input_needs_sides_its_largest_stride_divides(self, fake_model):
+        # onnxruntime failed at the first image, naming a Concat node: an FPN joins levels of every stride
+        path = fake_model(["batch", 3, "height", "width"], [yolox_rows()])
+        with pytest.raises(ValueError, match=re.escape(
+                f"{path}: input_size [40, 32] does not fit the model: its input height is dynamic, and must be a "
+                "multiple of its largest stride, 32 (decoder 'yolox', strides [8, 16, 32]); e.g. input_size [64, 32]")):
+            OnnxDetector(path, "yolox", input_size=(40, 32))
+        with pytest.raises(ValueError, match=r"its input height and width are dynamic, .* of its largest stride, 16 "
+                                             r"\(decoder 'yolox', strides \[8, 16\]\); e.g. input_size \[48, 32\]$"):
+            OnnxDetector(path, "yolox", input_size=(40, 30), decoder_options={"strides": [8, 16]})
+        path = fake_model([1, 3, 40, 32], [np.zeros((1, 5 * 4 + 3 * 2 + 2, 85), np.float32)])
+        assert OnnxDetector(path, "yolox").input_size == (40, 32)  # a fixed size is the model's own
+
+    def test_a_failed_run_names_the_file_and_input_size(self, fake_model):
+        path = fake_model(["batch", 3, "height", "width"], [yolox_rows()])
+        detector = OnnxDetector(path, "yolox", input_size=(32, 32))
+
+        def fail(names, feeds):
+            raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running Concat node")
+
+        detector.session.run = fail
+        with pytest.raises(ValueError, match=re.escape(
+                f"{path}: onnxruntime could not run the model on input_size [32, 32] (1 image(s)): RuntimeError: "
+                "[ONNXRuntimeError] : 1 : FAIL")):
+            detector([np.zeros((32, 32, 3), np.uint8)])
+
+    @pytest.mark.parametrize("categories", [
+        [{"id": 5, "name": "car", "supercategory": "vehicle"}, {"id": 6, "name": "truck"}],  # a COCO categories list
+        {"images": [], "annotations": [], "categories": [{"id": 5, "name": "car"}, {"id": 6, "name": "truck"}]},
+        {"5": "car", "6": "truck"},  # JSON keys: "5" was kept as a string, and no label matched it
+    ], ids=["COCO list", "annotation dict", "string keys"])
+    def test_categories_in_every_coco_form(self, fake_model, categories):
+        path = fake_model([1, 3, 32, 32], [yolox_rows(3)], names={0: "person", 1: "dog", 2: "car"})
+        detector = OnnxDetector(path, "yolox", conf=0.3, categories=categories)
+        assert detector.categories == {5: "car", 6: "truck"}
+        (det,) = detector([np.zeros((32, 32, 3), np.uint8)])
+        assert det.labels.tolist() == [5]
+
+    @pytest.mark.parametrize("categories, error, message", [
+        ("instances.json", TypeError, r"^categories must be \{id: name\}, a COCO 'categories' list or a COCO "
+                                      r"annotation dict, got str: 'instances\.json'$"),
+        ({5.5: "car"}, TypeError, r"^categories key 5\.5 must be an integer, got float: 5\.5$"),
+        ({"car": 5}, TypeError, r"^categories key 'car' must be an integer, got str: 'car'$"),
+        ({-1: "car"}, ValueError, r"^categories key -1 must be an integer in \[0, 2147483647\], got -1$"),
+        ({5: "car", "5": "auto"}, ValueError, r"^categories give category id 5 twice: key 5 and key '5'$"),
+        ([{"id": 5}], ValueError, r"^categories\[0\] must be a COCO category \{'id': \.\.\., 'name': \.\.\.\}"),
+        ([{"id": "5", "name": "car"}], TypeError, r"^categories\[0\]\.id must be an integer, got str: '5'$"),
+    ])
+    def test_bad_categories_are_named_before_the_model_is_read(self, tmp_path, categories, error, message):
+        with pytest.raises(error, match=message):
+            OnnxDetector(tmp_path / "missing.onnx", "yolox", categories=categories)
 
     def test_onnxruntime_missing(self, monkeypatch):
         monkeypatch.setitem(sys.modules, "onnxruntime", None)

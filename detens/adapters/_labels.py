@@ -23,6 +23,7 @@ from detens.labels import COCO_CATEGORY_IDS, COCO_ID_TO_NAME, COCO_NAMES
 __all__ = [
     "normalize_class_name",
     "as_categories",
+    "check_categories",
     "build_label_lookup",
     "apply_label_lookup",
     "check_category_id_map",
@@ -65,23 +66,52 @@ def renamed_ids(ids: Iterable[int], ours: Mapping[int, str], theirs: Mapping[int
 
 
 def as_categories(categories: Any) -> dict[int, str]:
-    """``{category_id: name}`` from a mapping, a COCO ``categories`` list, or a COCO annotation dict."""
+    """``{category_id: name}`` from a mapping, a COCO ``categories`` list, or a COCO annotation dict.
+
+    Ids are ints in ``[0, MAX_LABEL]``: a mapping's keys may be digit strings (JSON and YAML give them so),
+    which become the ints they spell, as a label is looked up by int; a float or another string is refused,
+    not rounded or skipped.
+
+    Raises:
+        TypeError: none of those forms, or an id that is no integer (naming it).
+        ValueError: a list entry that is no COCO category, an id out of range, or an id given twice.
+    """
     if isinstance(categories, Mapping) and "categories" in categories:
         categories = categories["categories"]
     if isinstance(categories, Mapping):
-        return {int(k): str(v) for k, v in categories.items()}
-    if isinstance(categories, Sequence) and not isinstance(categories, str):
-        out = {}
+        entries = [  # (what the id is called, the id, the name, where it is given)
+            (f"categories key {key!r}", int(key) if isinstance(key, str) and key.lstrip("-").isdigit() else key,
+             name, f"key {key!r}")
+            for key, name in categories.items()
+        ]
+    elif isinstance(categories, Sequence) and not isinstance(categories, (str, bytes)):
+        entries = []
         for i, entry in enumerate(categories):
             if not isinstance(entry, Mapping) or "id" not in entry or "name" not in entry:
                 raise ValueError(
                     f"categories[{i}] must be a COCO category {{'id': ..., 'name': ...}}, got {entry!r}"
                 )
-            out[int(entry["id"])] = str(entry["name"])
-        return out
-    raise TypeError(
-        f"categories must be {{id: name}}, a COCO 'categories' list or a COCO annotation dict, got {type(categories).__name__}"
-    )
+            entries.append((f"categories[{i}].id", entry["id"], entry["name"], f"categories[{i}]"))
+    else:
+        raise TypeError(
+            "categories must be {id: name}, a COCO 'categories' list or a COCO annotation dict, got "
+            f"{type(categories).__name__}: {categories!r}"
+        )
+    out: dict[int, str] = {}
+    given: dict[int, str] = {}
+    for what, key, value, source in entries:
+        category_id = _category_id(key, what)
+        if category_id in given:  # 1 and "1" are one id: which name it has would be the later one's
+            raise ValueError(f"categories give category id {category_id} twice: {given[category_id]} and {source}")
+        given[category_id] = source
+        out[category_id] = str(value)
+    return out
+
+
+def check_categories(categories: Any) -> dict[int, str] | None:
+    """The ``categories=`` of a detector as ``{category_id: name}`` (any form :func:`as_categories` takes);
+    None stays None (the detector's default label space)."""
+    return None if categories is None else as_categories(categories)
 
 
 def _names_list(model_names: Mapping[int, str] | Sequence[str]) -> list[str]:
@@ -195,6 +225,11 @@ _CLASS_MAP_HINT = (
 )
 
 
+#: Normalized names of the classes that stand for no object: torchvision's COCO "__background__" and the
+#: "N/A" of its unused ids, and the "no person" background of its Keypoint R-CNN weights.
+_BACKGROUND_NAMES = frozenset(normalize_class_name(n) for n in ("N/A", "background", "__background__", "no person"))
+
+
 def build_label_lookup(
     model_names: Mapping[int, str] | Sequence[str],
     *,
@@ -288,7 +323,7 @@ def build_label_lookup(
                 "them no box; if it has them under other names, %s", where, unseen, _CLASS_MAP_HINT,
             )
         meaningful = [
-            n for n in unmatched if normalize_class_name(n) not in {"n/a", "background", "__background__"}
+            n for n in unmatched if normalize_class_name(n) not in _BACKGROUND_NAMES
         ]
         if meaningful:
             logger.info(
@@ -333,5 +368,5 @@ def apply_label_lookup(lookup: Tensor, classes: Tensor) -> tuple[Tensor, Tensor]
 
 
 def category_names(categories: Mapping[int, str] | None) -> dict[int, str]:
-    """Names to draw: the label space's categories, COCO's by default."""
-    return dict(categories) if categories is not None else dict(COCO_ID_TO_NAME)
+    """Names to draw: the label space's categories (any form :func:`as_categories` takes), COCO's by default."""
+    return as_categories(categories) if categories is not None else dict(COCO_ID_TO_NAME)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import logging
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -30,9 +31,15 @@ import torch
 from torchvision.ops import batched_nms, clip_boxes_to_image
 
 from detens.adapters._base import BaseDetector, check_detection_options
-from detens.adapters._labels import apply_label_lookup, build_label_lookup, check_class_map_categories
-from detens.adapters.onnx_decoders import DECODERS, Dim, OnnxDecoder, check_input_size
+from detens.adapters._labels import (
+    apply_label_lookup,
+    build_label_lookup,
+    check_categories,
+    check_class_map_categories,
+)
+from detens.adapters.onnx_decoders import DECODERS, Dim, OnnxDecoder, check_decoder_options, check_input_size
 from detens.adapters.weights import resolve_weights
+from detens.checks import check_flag, check_real, check_reals
 from detens.detections import Detections
 from detens.labels import COCO_NAMES
 
@@ -186,25 +193,28 @@ class OnnxDetector(BaseDetector):
         decoder (str): the output layout, a name of :data:`~detens.adapters.onnx_decoders.DECODERS`
             (``"yolox"``, ``"nanodet_gfl"``, ``"ultralytics"``).
         input_size (Sequence[int] | None): the network input ``(height, width)``; None: the model's own
-            (static) input shape.
+            (static) input shape. A model of dynamic input size needs sides that are multiples of the
+            decoder's largest stride (32 by default).
         letterbox (str | None): ``"top_left"`` (YOLOX) or ``"center"`` (NanoDet, Ultralytics).
         pad_value (float | None): the padding's pixel value, before normalization (114, 0, ...).
         bgr_to_rgb (bool | None): feed RGB (images arrive BGR, as ``cv2.imread`` gives).
-        mean (Sequence[float] | None): subtracted per channel, in the network's channel order.
-        std (Sequence[float] | None): divides per channel after ``mean`` (255 scales to 0..1).
+        mean (Sequence[float] | None): 3 finite numbers, subtracted per channel, in the network's channel order.
+        std (Sequence[float] | None): 3 positive numbers, dividing per channel after ``mean`` (255 scales to 0..1).
         conf (float): minimum score kept.
-        iou (float): per-class NMS IoU threshold.
+        iou (float): per-class NMS IoU threshold, in (0, 1] (the network has no NMS of its own to fall back on).
         max_det (int): maximum boxes per image.
         device (str | None): ``"cpu"``, ``"cuda"``, ``"cuda:N"``; None: CUDA when onnxruntime offers it.
         providers (Sequence[str] | None): explicit onnxruntime providers; win over ``device``.
         name (str | None): display name; default the file's stem (``"yolox_nano"``).
-        categories (dict[int, str] | None): the dataset's ``{category_id: name}``; model classes are mapped
-            onto it by name. Default: the model's 80 classes in COCO order → COCO category ids.
+        categories (dict[int, str] | None): the dataset's ``{category_id: name}`` (or its COCO ``categories``
+            list, or its whole COCO annotation dict); model classes are mapped onto it by name. Default: the
+            model's 80 classes in COCO order → COCO category ids.
         class_map (dict | list | None): explicit ``{class index or name: category_id}`` (unlisted classes
             are dropped), or the category id of every class by index (one per class).
         batch (int): images per call; a model with a fixed batch of 1 runs them one by one.
         agnostic_nms (bool): class-agnostic NMS.
-        decoder_options (dict | None): extra arguments of the decoder (``strides``, ``reg_max``).
+        decoder_options (dict | None): extra arguments of the decoder: ``strides`` (integers >= 1), and
+            ``reg_max`` (an integer >= 0) for ``nanodet_gfl``.
         weights_dir (str | Path | None): the default weights folder when ``$DETENS_WEIGHTS`` is unset.
         config_folder (str | Path | None): the folder of the ensemble YAML that names ``weights``: a relative
             path is looked for there instead of in the working directory (see
@@ -215,8 +225,10 @@ class OnnxDetector(BaseDetector):
 
     Raises:
         MissingExtraError: onnxruntime is missing (an ImportError).
-        ValueError: an unknown decoder, shapes of the model that the decoder does not take, a class map
-            that does not fit the model's classes, or a bad argument.
+        ValueError: an unknown decoder, shapes of the model that the decoder does not take, an ``input_size``
+            that a model of dynamic input size does not take, a class map that does not fit the model's
+            classes, or a bad argument (an argument of the wrong type is a ``TypeError``); at run time, a
+            failure of onnxruntime, naming the file and ``input_size``.
     """
 
     def __init__(
@@ -244,20 +256,30 @@ class OnnxDetector(BaseDetector):
         weights_dir: str | Path | None = None,
         config_folder: str | Path | None = None,
     ) -> None:
+        # every argument is checked before the model is loaded
         conf, iou, max_det = check_detection_options(conf, iou, max_det)
-        if input_size is not None:  # named before the model is loaded
+        if iou is None:  # torchvision and Ultralytics models have an NMS threshold of their own to keep
+            raise TypeError(
+                "iou must be a number in (0, 1], the IoU threshold of the NMS after the decoder (an ONNX network "
+                "has none of its own), got None"
+            )
+        if input_size is not None:
             input_size = check_input_size(input_size)
         decoder_cls = DECODERS.get(decoder)  # unknown name: the error lists the valid ones
+        decoder_kwargs = check_decoder_options(decoder_cls, decoder_options)
         defaults = decoder_cls.preprocessing
         self.letterbox: LetterboxMode = letterbox if letterbox is not None else defaults["letterbox"]  # type: ignore[assignment]
         if self.letterbox not in ("top_left", "center"):
             raise ValueError(f"letterbox must be 'top_left' or 'center', got {self.letterbox!r}")
-        self.pad_value = float(pad_value if pad_value is not None else defaults["pad_value"])  # type: ignore[arg-type]
-        self.bgr_to_rgb = bool(bgr_to_rgb if bgr_to_rgb is not None else defaults["bgr_to_rgb"])
-        self.mean = self._channels(mean if mean is not None else defaults["mean"], "mean")  # type: ignore[arg-type]
-        self.std = self._channels(std if std is not None else defaults["std"], "std")  # type: ignore[arg-type]
-        if (self.std == 0).any():
+        self.pad_value = check_real(pad_value if pad_value is not None else defaults["pad_value"], "pad_value")
+        self.bgr_to_rgb = check_flag(bgr_to_rgb if bgr_to_rgb is not None else defaults["bgr_to_rgb"], "bgr_to_rgb")
+        self.mean = self._channels(mean if mean is not None else defaults["mean"], "mean")
+        # an infinite std would feed the network a constant channel, a zero one infinities
+        self.std = self._channels(std if std is not None else defaults["std"], "std", low=0.0)
+        if (self.std == 0).any():  # a std too small for float32
             raise ValueError(f"std must not contain 0, got {self.std.tolist()}")
+        agnostic_nms = check_flag(agnostic_nms, "agnostic_nms")
+        categories = check_categories(categories)
 
         self.resolved = resolve_weights(weights, "onnx", weights_dir, config_folder)
         super().__init__(name if name is not None else Path(self.resolved.value).stem, batch, categories)
@@ -276,7 +298,8 @@ class OnnxDetector(BaseDetector):
             ) from err
 
         self.input_name, self.input_size, self.fixed_batch = self._check_input(input_size)
-        self.decoder: OnnxDecoder = decoder_cls(self.input_size, **dict(decoder_options or {}))
+        self.decoder: OnnxDecoder = decoder_cls(self.input_size, **decoder_kwargs)
+        self._check_dynamic_size()
         self.output_shapes = [_shape(o.shape) for o in self.session.get_outputs()]
         self.num_classes = self.decoder.check_outputs(self.output_shapes, where=self.resolved.value)
         self.conf, self.iou, self.max_det, self.agnostic_nms = conf, float(iou), max_det, agnostic_nms
@@ -296,11 +319,31 @@ class OnnxDetector(BaseDetector):
         )
 
     @staticmethod
-    def _channels(values: Sequence[float], what: str) -> np.ndarray:
-        array = np.asarray(values, dtype=np.float32).reshape(-1)
-        if array.shape != (3,):
-            raise ValueError(f"{what} must have 3 values (one per channel), got {list(values)}")
-        return array
+    def _channels(values: Any, what: str, low: float = -math.inf) -> np.ndarray:
+        """``values``, one finite number per channel (each above ``low``), as ``float32[3]``."""
+        numbers = check_reals(values, what, low, low_open=True)
+        if len(numbers) != 3:
+            raise ValueError(f"{what} must have 3 values (one per channel), got {numbers}")
+        return np.asarray(numbers, dtype=np.float32)
+
+    def _check_dynamic_size(self) -> None:
+        """Check ``input_size`` against the strides where the model leaves its height or width dynamic.
+
+        An FPN neck joins each level to the upsampled coarser one, which fit only when the largest stride
+        divides the side; onnxruntime would otherwise fail at the first image, on a Concat or Add node.
+        """
+        stride = max(self.decoder.strides, default=1)
+        shape = _shape(self.session.get_inputs()[0].shape)
+        sides = [i for i, dim in enumerate(shape[2:]) if not isinstance(dim, int) and self.input_size[i] % stride]
+        if not sides:
+            return
+        names = " and ".join(("height", "width")[i] for i in sides)
+        fitting = [-(-side // stride) * stride if i in sides else side for i, side in enumerate(self.input_size)]
+        raise ValueError(
+            f"{self.resolved.value}: input_size {list(self.input_size)} does not fit the model: its input "
+            f"{names} {'are' if len(sides) > 1 else 'is'} dynamic, and must be a multiple of its largest stride, "
+            f"{stride} (decoder {self.decoder.name!r}, strides {list(self.decoder.strides)}); e.g. input_size {fitting}"
+        )
 
     def _check_input(self, input_size: Sequence[int] | None) -> tuple[str, tuple[int, int], int | None]:
         where = self.resolved.value
@@ -357,7 +400,13 @@ class OnnxDetector(BaseDetector):
         """Per image, the model's outputs without the batch dimension."""
         if self.fixed_batch is not None and self.fixed_batch != len(inputs):
             return [self._run([x])[0] for x in inputs]
-        outputs = self.session.run(None, {self.input_name: np.stack(inputs)})
+        try:
+            outputs = self.session.run(None, {self.input_name: np.stack(inputs)})
+        except Exception as err:  # onnxruntime raises its own exception types, naming a node, not the file
+            raise ValueError(
+                f"{self.resolved.value}: onnxruntime could not run the model on input_size {list(self.input_size)} "
+                f"({len(inputs)} image(s)): {type(err).__name__}: {err}"
+            ) from err
         if self.num_classes <= 0:  # dynamic shapes: check the real ones once
             self.num_classes = self.decoder.check_outputs(
                 [o.shape for o in outputs], where=self.resolved.value

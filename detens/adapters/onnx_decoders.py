@@ -20,16 +20,18 @@ declared output shapes before any image runs (:meth:`OnnxDecoder.check_outputs`)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import inspect
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from detens.checks import check_integer
+from detens.checks import check_integer, check_integers
 from detens.registry import Registry
 
 __all__ = [
     "DECODERS", "OnnxDecoder", "YoloxDecoder", "NanodetGflDecoder", "UltralyticsDecoder", "Dim", "check_input_size",
+    "check_strides", "check_reg_max", "check_decoder_options",
 ]
 
 #: One dimension of a declared ONNX shape: an int, or a name / None where the model leaves it dynamic.
@@ -58,6 +60,69 @@ def check_input_size(value: Any) -> tuple[int, int]:
     if len(value) != 2:
         raise ValueError(f"{expected}, got {value!r}")
     return check_integer(value[0], "input_size height", 1), check_integer(value[1], "input_size width", 1)
+
+
+def check_strides(value: Any, name: str = "strides") -> tuple[int, ...]:
+    """``value``, the strides of a model's levels (a list of one or more integers >= 1), as a tuple of ints.
+
+    A float is refused, not truncated (``8.9`` is no stride), and a string is refused, not parsed.
+
+    Raises:
+        TypeError: not a list, or an entry that is no integer (naming it).
+        ValueError: an empty list, or an entry below 1.
+    """
+    strides = check_integers(value, name, 1)
+    if not strides:
+        raise ValueError(f"{name} must list the stride of each level (integers >= 1), got {value!r}")
+    return tuple(strides)
+
+
+def check_reg_max(value: Any, name: str = "reg_max") -> int:
+    """``value``, the last bin index of a GFL box distribution (an integer >= 0; each side has ``reg_max + 1``
+    bins), as an int."""
+    return check_integer(value, name, 0)
+
+
+#: The check of each decoder option, by argument name: ``check(value, name) -> the value to pass``.
+_OPTION_CHECKS: dict[str, Callable[[Any, str], Any]] = {"strides": check_strides, "reg_max": check_reg_max}
+
+
+def check_decoder_options(
+    decoder: type[OnnxDecoder], options: Any, name: str = "decoder_options"
+) -> dict[str, Any]:
+    """``options``, the extra arguments of ``decoder`` (its ``__init__``'s, after ``input_size``), checked.
+
+    Args:
+        decoder (type[OnnxDecoder]): the decoder class they are for.
+        options (Mapping[str, Any] | None): ``{argument: value}``; None: none.
+        name (str): what the options are called in messages (``"decoder_options"``).
+
+    Raises:
+        TypeError: ``options`` is no mapping, or a value of the wrong type; each error names ``name.key``.
+        ValueError: a key that is no argument of ``decoder`` (the error lists those it has), or a value out
+            of range.
+    """
+    if options is None:
+        return {}
+    valid = [
+        p.name for p in list(inspect.signature(decoder.__init__).parameters.values())[2:]  # self, input_size
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    ]
+    if not isinstance(options, Mapping):
+        raise TypeError(
+            f"{name} must be a dict of options of the {decoder.name!r} decoder ({', '.join(valid) or 'none'}), "
+            f"got {type(options).__name__}: {options!r}"
+        )
+    for key in options:
+        if key not in valid:
+            raise ValueError(
+                f"{name}.{key} is not an option of the {decoder.name!r} decoder; its options: "
+                f"{', '.join(valid) or 'none'}"
+            )
+    return {
+        key: _OPTION_CHECKS[key](value, f"{name}.{key}") if key in _OPTION_CHECKS else value
+        for key, value in options.items()
+    }
 
 
 def _level_points(input_size: tuple[int, int], strides: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -98,6 +163,9 @@ class OnnxDecoder:
         "mean": (0.0, 0.0, 0.0),
         "std": (1.0, 1.0, 1.0),
     }
+
+    #: the levels' strides; a network of dynamic input size takes sides that the largest divides
+    strides: tuple[int, ...] = ()
 
     def __init__(self, input_size: tuple[int, int]) -> None:
         self.input_size = check_input_size(input_size)
@@ -180,7 +248,7 @@ class YoloxDecoder(OnnxDecoder):
 
     def __init__(self, input_size: tuple[int, int], strides: Sequence[int] = (8, 16, 32)) -> None:
         super().__init__(input_size)
-        self.strides = tuple(int(s) for s in strides)
+        self.strides = check_strides(strides)
         points = _level_points(self.input_size, self.strides)
         self.grid = np.concatenate([np.stack(p, axis=1) for p in points])  # [A, 2] x, y
         self.stride = np.concatenate(
@@ -230,8 +298,8 @@ class NanodetGflDecoder(OnnxDecoder):
         self, input_size: tuple[int, int], strides: Sequence[int] = (8, 16, 32), reg_max: int = 7
     ) -> None:
         super().__init__(input_size)
-        self.strides = tuple(int(s) for s in strides)
-        self.reg_max = int(reg_max)
+        self.strides = check_strides(strides)
+        self.reg_max = check_reg_max(reg_max)
         points = _level_points(self.input_size, self.strides)
         # cell centres in input pixels, [A_l, 2] per level
         self.centres = [
@@ -293,7 +361,7 @@ class UltralyticsDecoder(OnnxDecoder):
 
     def __init__(self, input_size: tuple[int, int], strides: Sequence[int] = (8, 16, 32)) -> None:
         super().__init__(input_size)
-        self.strides = tuple(int(s) for s in strides)
+        self.strides = check_strides(strides)
         height, width = self.input_size
         self.anchors = sum(_grid_size(height, s) * _grid_size(width, s) for s in self.strides)
 

@@ -26,7 +26,12 @@ import numpy as np
 import torch
 
 from detens.adapters._base import BaseDetector, ImageInput, as_image_list
-from detens.adapters._labels import check_category_id_map, check_class_map_categories, id_ranges
+from detens.adapters._labels import (
+    check_categories,
+    check_category_id_map,
+    check_class_map_categories,
+    id_ranges,
+)
 from detens.checks import check_integer, check_max_det, check_real
 from detens.coco import coco_to_detections, group_results_by_image, validate_coco_results
 from detens.detections import Detections
@@ -66,8 +71,9 @@ class PrecomputedDetector(BaseDetector):
         max_det (int | None): keep at most this many results per image (the best scored).
         class_map (dict[int, int] | None): ``{saved category_id: category id}``; unlisted ids are dropped.
             Default: the saved ``category_id`` is the label.
-        categories (dict[int, str] | None): names of the label space, for drawing; when given, every id
-            of ``class_map`` must be one of them.
+        categories (dict[int, str] | None): names of the label space, for drawing (``{category_id: name}``,
+            a COCO ``categories`` list or a COCO annotation dict); when given, every id of ``class_map`` must
+            be one of them.
 
     Calling it with image paths (or image ids) returns their saved detections; an image without results
     gets an empty ``Detections``; an image the map does not know is an error. :meth:`check_categories`
@@ -87,6 +93,7 @@ class PrecomputedDetector(BaseDetector):
         class_map: Mapping[int, int] | None = None,
         categories: Mapping[int, str] | None = None,
     ) -> None:
+        categories = check_categories(categories)
         where = "results"
         default_name = "precomputed"
         embedded_images = None

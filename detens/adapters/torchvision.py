@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from detens.adapters._base import BaseDetector, check_detection_options, type_name
-from detens.adapters._labels import apply_label_lookup, build_label_lookup
+from detens.adapters._labels import apply_label_lookup, build_label_lookup, check_categories
 from detens.adapters.weights import resolve_weights, upstream_failure
 from detens.checks import check_device, check_integer, first_few
 from detens.detections import Detections
@@ -61,6 +61,63 @@ def _check_arch(arch: str) -> None:
         raise ValueError(
             f"unknown torchvision detection architecture {arch!r}; valid: {', '.join(valid)}.{hint}"
         )
+
+
+def _builder_arguments(arch: str) -> list[str]:
+    """The keyword arguments a user may give the builder ``arch``: its own, and those of the model class it
+    builds and of that model's ``GeneralizedRCNNTransform``, where its ``**kwargs`` go (the transform takes
+    any name and drops those it does not know). Arguments without a default are the builder's to give."""
+    import inspect
+    import typing
+
+    from torchvision.models import get_model_builder
+    from torchvision.models.detection.transform import GeneralizedRCNNTransform
+
+    builder = get_model_builder(arch)
+    model_class = typing.get_type_hints(builder).get("return")
+    # the model class and its bases: a KeypointRCNN or MaskRCNN passes its **kwargs on to FasterRCNN
+    functions = [builder, GeneralizedRCNNTransform.__init__] + [
+        cls.__init__ for cls in getattr(model_class, "__mro__", ())
+        if cls.__module__.startswith("torchvision.models.detection")
+    ]
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    names = {
+        p.name for function in functions for p in inspect.signature(function).parameters.values()
+        if p.kind in named and p.default is not inspect.Parameter.empty
+    }
+    return sorted(names - {"weights", "num_classes"})  # the detector's own arguments
+
+
+def _check_builder_arguments(arch: str, builder_kwargs: Mapping[str, Any], where: str) -> None:
+    """Refuse a keyword argument the builder ``arch`` would pass on unread (a misspelled ``min_size``)."""
+    valid = _builder_arguments(arch)
+    unknown = [key for key in builder_kwargs if key not in valid]
+    if not unknown:
+        return
+    close = difflib.get_close_matches(unknown[0], valid, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise TypeError(
+        f"{where}: {', '.join(map(repr, unknown))} {'is no argument' if len(unknown) == 1 else 'are no arguments'} "
+        f"of torchvision's {arch!r} (its builder, model and transform); valid: {', '.join(valid)}.{hint}"
+    )
+
+
+def _weights_categories(model: torch.nn.Module) -> list[str]:
+    """The class names (index = label) of torchvision's pretrained weights for a model of ``model``'s class:
+    a Keypoint R-CNN's are a background and person, every other detection model's COCO's 91 (one list,
+    index = COCO category id)."""
+    from torchvision.models.detection import (
+        FasterRCNN_ResNet50_FPN_Weights,
+        KeypointRCNN,
+        KeypointRCNN_ResNet50_FPN_Weights,
+    )
+
+    weights = KeypointRCNN_ResNet50_FPN_Weights if isinstance(model, KeypointRCNN) else FasterRCNN_ResNet50_FPN_Weights
+    return list(weights.DEFAULT.meta["categories"])
+
+
+#: Class names of torchvision's weights that stand for no object: dropped from the label space.
+_BACKGROUND_CLASSES = ("__background__", "N/A", "no person")
 
 
 # The base classes of torchvision's detection models: (module under torchvision.models.detection, class).
@@ -249,20 +306,23 @@ class TorchvisionDetector(BaseDetector):
         device (str | None): ``"cpu"``, ``"cuda"``, ...; None: CUDA when available (a built model: the device
             it is on).
         name (str | None): display name; default ``arch`` (a built model: its class name, ``"FasterRCNN"``).
-        categories (dict[int, str] | None): the dataset's ``{category_id: name}``; the model's COCO classes are
-            mapped onto it by name. Default: labels are COCO category ids as predicted.
+        categories (dict[int, str] | None): the dataset's ``{category_id: name}`` (or its COCO ``categories``
+            list, or its whole COCO annotation dict); the model's COCO classes are mapped onto it by name.
+            Default: labels are COCO category ids as predicted.
         class_map (dict | None): explicit ``{model label or class name: category_id}``; unlisted labels are
             dropped. A model of its own ``num_classes`` without one takes its labels 1 .. num_classes - 1 as
             the category ids of ``categories``, which it then needs (torchvision's convention: a COCO model
             predicts COCO's category ids).
-        num_classes (int | None): classes of a custom-trained model (with background); default 91 (COCO), or
-            what a built model's classification layer has.
+        num_classes (int | None): classes of a custom-trained model (with background); default 91 (COCO; a
+            Keypoint R-CNN's 2, background and person), or what a built model's classification layer has.
         batch (int): images per forward pass.
         weights_dir (str | Path | None): the default weights folder when ``$DETENS_WEIGHTS`` is unset.
         config_folder (str | Path | None): the folder of the ensemble YAML that names ``weights``: a relative
             path is looked for there instead of in the working directory (see
             :func:`~detens.adapters.weights.resolve_weights`'s ``beside``). None: a call from Python.
-        **builder_kwargs: passed to the torchvision builder (``min_size``, ``trainable_backbone_layers``, ...).
+        **builder_kwargs: passed to the torchvision builder (``min_size``, ``trainable_backbone_layers``, ...);
+            a name that neither the builder, its model class nor the model's transform takes is a ``TypeError``
+            listing those they take.
     """
 
     def __init__(
@@ -285,12 +345,14 @@ class TorchvisionDetector(BaseDetector):
         **builder_kwargs: Any,
     ) -> None:
         conf, iou, max_det = check_detection_options(conf, iou, max_det)
+        categories = check_categories(categories)
         imgsz = None if imgsz is None else check_integer(imgsz, "imgsz", 32)
         num_classes = None if num_classes is None else check_integer(num_classes, "num_classes", 1)
         self.weights_source: str | None = None
         if isinstance(arch, str):
             _check_arch(arch)
             super().__init__(name if name is not None else arch, batch, categories)
+            _check_builder_arguments(arch, builder_kwargs, self.name)
             self.arch = arch
             self.device = torch.device(
                 check_device(device, f"{self.name}: device")
@@ -313,10 +375,7 @@ class TorchvisionDetector(BaseDetector):
             )
             if num_classes is None:
                 num_classes = _module_num_classes(model)
-            from torchvision.models.detection import FasterRCNN_ResNet50_FPN_Weights
-
-            # torchvision's COCO detection weights share one category list (index = COCO category id)
-            class_names = list(FasterRCNN_ResNet50_FPN_Weights.DEFAULT.meta["categories"])
+            class_names = _weights_categories(model)
         self.model = model.eval().to(self.device)
         # images go in as the model's own floating dtype (a half model on a GPU takes float16 images)
         self.input_dtype = next((p.dtype for p in self.model.parameters() if p.is_floating_point()), torch.float32)
@@ -349,7 +408,7 @@ class TorchvisionDetector(BaseDetector):
             model_names, default="identity", categories=categories, class_map=class_map, where=self.name
         )
         if categories is None and class_map is None:
-            self.lookup[[i for i, n in enumerate(model_names) if n in ("__background__", "N/A")]] = -1
+            self.lookup[[i for i, n in enumerate(model_names) if n in _BACKGROUND_CLASSES]] = -1
 
     def _labels_as_category_ids(self, num_classes: int, categories: Mapping[int, str] | None) -> dict[int, int]:
         """The class map of a model trained on its own classes and given no ``class_map``: its labels

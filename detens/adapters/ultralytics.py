@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from detens.adapters._base import BaseDetector, check_detection_options, type_name
-from detens.adapters._labels import apply_label_lookup, build_label_lookup
+from detens.adapters._labels import apply_label_lookup, build_label_lookup, check_categories
 from detens.adapters._signal_stack import install_lasting_signal_stack, is_openvino_export
 from detens.adapters.weights import ResolvedWeights, import_ultralytics, resolve_weights, upstream_failure
 from detens.checks import check_device, check_integer
@@ -145,8 +145,9 @@ class UltralyticsDetector(BaseDetector):
         device (str | None): ``"cpu"``, ``"cuda:0"``, ...; None lets Ultralytics choose.
         name (str | None): display name; default from the weights file (``"yolov8n_int8"``; for a loaded
             model, from the file it was loaded from).
-        categories (dict[int, str] | None): the dataset's ``{category_id: name}``; model classes are mapped
-            onto it by name. Default: the model's 80 classes in COCO order → COCO category ids.
+        categories (dict[int, str] | None): the dataset's ``{category_id: name}`` (or its COCO ``categories``
+            list, or its whole COCO annotation dict); model classes are mapped onto it by name. Default: the
+            model's 80 classes in COCO order → COCO category ids.
         class_map (dict | None): explicit ``{class index or name: category_id}``; unlisted classes are dropped.
         batch (int): images per ``predict`` call.
         half (bool): FP16 inference (GPU ``.pt`` models).
@@ -178,6 +179,7 @@ class UltralyticsDetector(BaseDetector):
         config_folder: str | Path | None = None,
     ) -> None:
         conf, iou, max_det = check_detection_options(conf, iou, max_det)
+        categories = check_categories(categories)
         imgsz = check_integer(imgsz, "imgsz", 32)
         if isinstance(weights, (str, os.PathLike)):
             self.resolved = resolve_weights(weights, "ultralytics", weights_dir, config_folder)
