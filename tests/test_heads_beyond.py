@@ -1039,10 +1039,29 @@ class TestBagged:
         per_model = scene(9)[0]
         expected = fuse(per_model, "theta", head=head)
         got = fuse(per_model, "theta", head=path)
-        assert got.source == "fused:bagged"
+        assert got.source == "fused:deep"  # a bag of deep heads runs as deep, as a calibrated deep head does
         assert_close(got.boxes, expected.boxes)
         assert_close(got.scores, expected.scores)
         assert loaded.model_names == NAMES
+        for method in ("deep", "bagged"):
+            assert_close(fuse(per_model, method, head=path).scores, expected.scores)
+        with pytest.raises(ValueError, match="method 'selection' was given a 'deep' head; use method='deep'"):
+            fuse(per_model, "selection", head=path)
+
+    @pytest.mark.parametrize("kind", KINDS)
+    def test_a_bag_and_a_calibrated_bag_run_as_the_type_of_their_members(self, kind):
+        """The methods that run a head, innermost last: `detens fuse` records the last, and boxes say it."""
+        from detens.fusers import head_methods
+        from detens.heads.calibrated import CalibratedHead
+        from detens.heads.calibration import CalibrationHead
+
+        head, _ = self.fit(kind, 2)
+        calibrated = CalibratedHead(CalibrationHead(NAMES), head)
+        assert head_methods(head) == ["bagged", kind]
+        assert head_methods(calibrated) == ["calibrated", "bagged", kind]
+        assert head_methods(head.members[0]) == [kind] and head_methods(object()) == []
+        per_model = scene(9)[0]
+        assert fuse(per_model, kind, head=calibrated).source == f"fused:{kind}"
 
     def test_bad_members_and_files(self, tmp_path):
         from detens.heads.bagged import BaggedHead

@@ -172,3 +172,22 @@ def test_a_model_without_any_detection_is_warned_of_and_kept(tmp_path, caplog):
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert warned == [f"{tmp_path}: broken.json holds no detection on the image: check the model (its export, "
                       "its class_map) and the tool that wrote the file"], warned
+
+
+def test_train_says_why_a_member_without_detections_cannot_be_fitted_as_evaluate_does(tmp_path, capsys):
+    """deep calibrates by default: train said only that a calibration curve needs the member's scores, for a
+    head the user never asked to calibrate; evaluate says which option asks for it."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "a.json").write_text(json.dumps(RESULTS), encoding="utf-8")
+    (cache / "b.json").write_text("[]", encoding="utf-8")
+    (tmp_path / "gt.json").write_text(json.dumps(GT), encoding="utf-8")
+    from detens.cli import train as train_cli
+
+    out = tmp_path / "deep.json"
+    code = train_cli.main(["--gt", str(tmp_path / "gt.json"), "--predictions", str(cache), "--head", "deep",
+                           "--quiet", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("error:") == 1 and not out.exists(), err
+    assert ("error: deep calibrates every member's scores before it is fitted (calibrate: true; false fits it on "
+            "the raw scores): model 'b' has no detection") in err

@@ -68,9 +68,15 @@ def _resolve_head(head: Any, num_models: int, sources: Sequence[str | None] = ()
 
 
 def head_methods(head: Any) -> list[str]:
-    """The methods that run ``head``: its type, and for a head that wraps another one (``calibrated``) the
-    wrapped head's type (a calibrated ``deep`` head runs as ``deep``, and its boxes say ``fused:deep``)."""
-    return [name for name in (getattr(head, "type_name", None), getattr(head, "head_type", None)) if name]
+    """The methods that run ``head``: its type, then the type of each head it wraps (its ``wrapped_head``:
+    the scored head of a ``calibrated`` one, the members of a ``bagged`` one), the innermost last. A
+    calibrated ``deep`` head, a bag of ``deep`` heads, or a calibrated bag of them runs as ``deep``, and its
+    boxes say ``fused:deep``."""
+    methods: list[str] = []
+    while head is not None and getattr(head, "type_name", None):
+        methods.append(head.type_name)
+        head = getattr(head, "wrapped_head", None)
+    return methods
 
 
 @FUSERS.register("theta")

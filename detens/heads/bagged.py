@@ -78,6 +78,11 @@ class BaggedHead(nn.Module):
     def num_models(self) -> int:
         return len(self.model_names)
 
+    @property
+    def wrapped_head(self) -> nn.Module:
+        """A member, all of one type: the bag runs as that type (see :func:`~detens.fusers.head_methods`)."""
+        return self.members[0]
+
     def extra_repr(self) -> str:
         return f"member_type={self.member_type!r}, members={len(self.members)}, models={self.model_names}"
 

@@ -73,6 +73,11 @@ class CalibratedHead(nn.Module):
     def head_type(self) -> str:
         return self.head.type_name
 
+    @property
+    def wrapped_head(self) -> nn.Module:
+        """The head that scores the calibrated clusters (see :func:`~detens.fusers.head_methods`)."""
+        return self.head
+
     def extra_repr(self) -> str:
         return f"head_type={self.head_type!r}, models={self.model_names}"
 

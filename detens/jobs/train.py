@@ -15,7 +15,7 @@ from tqdm import tqdm
 from detens.checks import first_few
 from detens.coco import load_coco_gt
 from detens.config import save_yaml_config
-from detens.heads import TRAINERS, fit_head, load_train_config
+from detens.heads import TRAINERS, check_fit_data, fit_head, load_train_config
 from detens.heads._io import (
     HEAD_DIGEST,
     TRAINED_ON,
@@ -270,6 +270,9 @@ def run(options: TrainOptions) -> int:
             f"none of the {len(image_ids)} images to train on has an annotation ({source}): a head fitted on them "
             "could only learn to score every box 0"
         )
+    # what the head needs of each member's data (a calibration curve its detections), said as evaluate says
+    # it, before any matching
+    check_fit_data(options.head, predictions, image_ids, config)
 
     epoch_lines: list[str] = []
     fits = 0
