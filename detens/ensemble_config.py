@@ -200,10 +200,9 @@ class ModelConfig:
             if value is not None and value < low:
                 raise ValueError(f"{label}: {key} must be >= {low}, got {value}")
         if self.tta:
-            from detens.adapters.augmented import View
+            from detens.adapters.augmented import parse_views
 
-            for view in self.tta:
-                View.parse(view)
+            parse_views(self.tta)
 
 
 @dataclass

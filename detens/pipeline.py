@@ -229,7 +229,8 @@ class Ensemble:
         if len(set(self.names)) != len(self.names):
             raise ValueError(
                 f"detector names must be unique (they identify the ensemble's members), got {self.names}; "
-                "name a loaded model by wrapping it: UltralyticsDetector(model, name=...)"
+                "give each detector its own with name= (UltralyticsDetector(model, name=...), OnnxDetector(file, "
+                "name=...), ...)"
             )
         label_space, every_detector_declares_one = _check_one_label_space(self.detectors, self.names)
         self.method = method = default_method(method, head, params)

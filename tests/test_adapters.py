@@ -1161,6 +1161,12 @@ def test_bad_views(spec, fragment):
         View.parse(spec)
 
 
+@pytest.mark.parametrize("spec", [5, None, ["hflip"]])
+def test_a_view_of_another_type_is_a_type_error(spec):
+    with pytest.raises(TypeError, match=r"a view must be a string such as 'hflip' .*, got "):
+        View.parse(spec)
+
+
 @pytest.mark.slow
 def test_flipped_view_agrees_with_plain_run():
     """On bus.jpg, each confident box of the plain run has a same-class box in the flipped view (mapped back) with IoU > 0.9."""

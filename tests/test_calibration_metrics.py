@@ -436,6 +436,28 @@ class TestPlotReliability:
             assert len(np.unique(np.asarray(image.convert("L")))) > 2  # something was drawn
         assert [p.name for p in path.parent.iterdir()] == ["reliability.png"]  # no temporary file left
 
+    def test_a_method_without_detections_is_labelled_so_and_many_methods_get_their_own_colours(self, tmp_path,
+                                                                                               monkeypatch):
+        """An ECE not measured (null in a record) ended the page in a float() TypeError; the legend said
+        "ECE 0.000" for a member with no detection, which the table shows as "-"; the eleventh method took the
+        first one's colour."""
+        import matplotlib.axes
+
+        drawn = []
+        real_plot = matplotlib.axes.Axes.plot
+        monkeypatch.setattr(matplotlib.axes.Axes, "plot",
+                            lambda ax, *args, **kwargs: drawn.append(kwargs) or real_plot(ax, *args, **kwargs))
+        gt, results = random_case(1)
+        measured = detection_calibration(gt, results)
+        curves = {"single:none": {"ece": None, "bins": []}, "single:empty": detection_calibration(gt, []),
+                  **{f"fused{i}": measured for i in range(12)}}
+        plot_reliability(curves, tmp_path / "r.png")
+        labels = {kwargs["label"]: kwargs.get("color") for kwargs in drawn[1:]}  # after the diagonal
+        assert list(labels)[:3] == ["single:none (no detection)", "single:empty (no detection)",
+                                    f"fused0 (ECE {measured['ece']:.3f})"]
+        fused_colours = [labels[f"fused{i} (ECE {measured['ece']:.3f})"] for i in range(12)]
+        assert len(set(fused_colours)) == 12
+
     def test_no_curve_draws_the_diagonal(self, tmp_path):
         path = tmp_path / "empty.png"
         plot_reliability({}, path)

@@ -115,6 +115,8 @@ def test_tta_config_members():
         ({"models": [{"type": "precomputed", "results": "r.json", "tta": ["hflip"]}]}, "cannot be augmented"),
         ({"models": [{"type": "precomputed", "results": "r.json", "half": True}]}, "'half' is not used"),
         ({"models": [{"weights": "x.pt", "tta": ["rotate"]}]}, "unknown view 'rotate'"),
+        # refused with the config, not only when its detectors are built (without naming the YAML)
+        ({"models": [{"weights": "x.pt", "tta": ["hflip", "HFLIP"]}]}, r"views repeat \['hflip'\]"),
         ({"models": [{"weights": "a.pt", "name": "m"}, {"weights": "b.pt", "name": "m"}]}, "unique"),
         # a member's name is the stem of its files (per_model/<name>.json, partial/<name>/)
         ({"models": [{"weights": "a.pt", "name": "v8/x"}]}, r"model name 'v8/x' cannot name the member's files"),

@@ -120,7 +120,7 @@ def test_unreadable_files_are_reported_and_skipped(full_run):
         and "empty" in summary["unreadable"]["empty.jpg"]
     )
     assert summary["images"] == 5 and summary["done"] == 3 and summary["processed_this_run"] == 3
-    assert set(summary["ms_per_image"]) == {"read", "detect:yolov8n", "detect:yolo26n", "fuse", "draw"}
+    assert set(summary["ms_per_image"]) == {"read", "detect:yolov8n", "detect:yolo26n", "fuse", "outputs"}
     assert summary["fuse_first_call_ms"] > 0 and summary["method"] == "wbf" and summary["complete"] is True
     assert summary["models"] == ["yolov8n", "yolo26n"] and summary["weights"]["yolov8n"].endswith(
         "yolov8n_int8.tflite"

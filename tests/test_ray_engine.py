@@ -278,7 +278,7 @@ def test_fuse_summaries_are_the_local_engines(cluster, small, tmp_path):
     assert summaries[1]["read_warnings"][tagged][0].startswith("its EXIF orientation tag (6: ")
     for summary in summaries:  # the actors time their first fusion call as the local engine does
         assert summary["fuse_first_call_ms"] > 0 and set(summary["ms_per_image"]) == {
-            "read", "detect:yolo26n", "fuse", "draw"}
+            "read", "detect:yolo26n", "fuse", "outputs"}
 
 
 def test_fuse_summaries_are_the_local_engines_when_no_image_is_readable(cluster, small, tmp_path):

@@ -82,6 +82,16 @@ def test_a_size_range_with_no_object_prints_as_a_dash_not_as_an_ap_below_zero():
     assert "-1" not in html and html.count("<td>-</td>") == 6 and ">0.300</td>" in html
 
 
+def test_a_bidirectional_control_in_a_name_is_shown_not_obeyed_and_a_figure_keeps_its_file_name():
+    """A right-to-left override (U+202E) in a model name reversed the text after it on its line of the page."""
+    from detens.report.page import _e, _figure
+
+    assert _e("yolo\u202eabc <x>") == "yolo\\u202eabc &lt;x&gt;"
+    assert all(_e(chr(code)) == f"\\u{code:04x}" for code in (0x200E, 0x200F, 0x202A, 0x202E, 0x2066, 0x2069))
+    assert _e("ﺏ اكتشاف 車") == "ﺏ اكتشاف 車"  # right-to-left and other scripts are text, left as they are
+    assert '<img src="examples/a\u202eb.jpg"' in _figure("examples/a\u202eb.jpg", "x\u202ey")
+
+
 def test_characters_the_fonts_lack_are_one_logged_line_per_figure(caplog):
     """matplotlib warns once per character and drawing pass: a class named in CJK printed dozens of lines,
     --quiet or not. Other warnings pass through."""

@@ -40,7 +40,7 @@ from detens.adapters._tiles import cut_by_inner_edges, merge_tiles, tile_windows
 from detens.checks import check_flag, check_integer, check_real
 from detens.detections import Detections
 
-__all__ = ["View", "AugmentedView", "AugmentedDetector"]
+__all__ = ["View", "AugmentedView", "AugmentedDetector", "parse_views"]
 
 _PAD_VALUE = 114
 _MAX_TILES = 8
@@ -130,10 +130,13 @@ class View:
                 tiles,
                 spec.get("overlap", DEFAULT_OVERLAP),
             )
-        if not isinstance(spec, str) or not spec.strip():
-            raise ValueError(
-                f"a view must be a non-empty string such as 'hflip' or 'scale=0.83', got {spec!r}"
+        if not isinstance(spec, str):
+            raise TypeError(
+                "a view must be a string such as 'hflip' or 'scale=0.83', a mapping or a View, got "
+                f"{type(spec).__name__}: {spec!r}"
             )
+        if not spec.strip():
+            raise ValueError(f"a view must be a non-empty string such as 'hflip' or 'scale=0.83', got {spec!r}")
         hflip = vflip = False
         scale, tiles, overlap = 1.0, (1, 1), DEFAULT_OVERLAP
         given: set[str] = set()
@@ -323,6 +326,21 @@ class AugmentedView(BaseDetector):
         return merged.clip()
 
 
+def parse_views(views: Sequence[str | View]) -> list[View]:
+    """Each of ``views`` parsed (:meth:`View.parse`), every one different: two spellings of one view
+    (``hflip``, ``HFLIP``) would run the same member twice under one name.
+
+    Raises:
+        ValueError: a view that does not parse, or one given twice (naming it).
+    """
+    parsed = [View.parse(v) for v in views]
+    names = [v.name for v in parsed]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"views repeat {duplicates}: each view must be different")
+    return parsed
+
+
 class AugmentedDetector:
     """Test-time augmentation of one detector: one ensemble member per view.
 
@@ -349,13 +367,9 @@ class AugmentedDetector:
             views = [views]
         if not isinstance(views, Sequence):
             raise TypeError(f"views must be a list of views ('hflip', 'scale=0.83', ...), got {type(views).__name__}")
-        parsed = [View.parse(v) for v in views]
+        parsed = parse_views(views)
         if not parsed:
             raise ValueError("AugmentedDetector needs at least one view")
-        names = [v.name for v in parsed]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise ValueError(f"views repeat {duplicates}: each view must be different")
         self.detector = detector
         self.views = parsed
         self.name = f"{detector.name}+tta"

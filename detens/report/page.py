@@ -254,8 +254,14 @@ def _examples(
     return shown, ""
 
 
+#: Unicode's bidirectional controls, shown as escapes: one in a model or class name (U+202E, right-to-left
+#: override) would reverse the text after it on its line of the page.
+_BIDI_CONTROLS = {code: f"\\u{code:04x}" for code in (0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))}
+
+
 def _e(value: Any) -> str:
-    return html.escape(str(value))
+    """``value`` as text of the page: HTML-escaped, its bidirectional controls shown as escapes."""
+    return html.escape(str(value).translate(_BIDI_CONTROLS))
 
 
 def _metrics_table(record: EvaluationRecord, methods: Sequence[str]) -> str:
@@ -311,7 +317,8 @@ def _class_table(deltas: dict[str, list[dict[str, Any]]], single: str, fused: st
 
 def _figure(src: str, caption: str, narrow: bool = False) -> str:
     kind = ' class="narrow"' if narrow else ""
-    return f'<figure{kind}><img src="{_e(src)}" alt="{_e(caption)}"><figcaption>{_e(caption)}</figcaption></figure>'
+    # the file's name as it is (a link, not text)
+    return f'<figure{kind}><img src="{html.escape(src)}" alt="{_e(caption)}"><figcaption>{_e(caption)}</figcaption></figure>'
 
 
 def _images_text(record: EvaluationRecord) -> str:

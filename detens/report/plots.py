@@ -155,13 +155,16 @@ def plot_reliability(
             if entry["count"]:
                 xs.append(float(entry["mean_score"]))
                 ys.append(float(entry["tp_rate"]))
-        lines.append((f"{method} (ECE {float(curve['ece']):.3f})", xs, ys))
+        # no detection: nothing measured, as the table's "-" says (detection_calibration gives 0.0 there)
+        unmeasured = curve["ece"] is None or curve.get("count") == 0
+        lines.append((method, "no detection" if unmeasured else f"ECE {float(curve['ece']):.3f}", xs, ys))
 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 6))
     ax.plot([0, 1], [0, 1], linestyle="--", color="0.5", linewidth=1, label="perfect calibration")
-    for label, xs, ys in lines:
-        ax.plot(xs, ys, marker="o", markersize=4, linewidth=1.5, label=label)
+    colors = _method_colors([method for method, *_ in lines])  # as the precision-recall curves colour them
+    for method, measured, xs, ys in lines:
+        ax.plot(xs, ys, marker="o", markersize=4, linewidth=1.5, color=colors[method], label=f"{method} ({measured})")
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.set_aspect("equal")
