@@ -30,7 +30,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
 __all__ = [
-    "atomic_writer", "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_json_list", "check_writable_file", "check_writable_folder",
+    "atomic_writer", "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_json_list", "json_list_items", "check_writable_file", "check_writable_folder",
     "read_json_file", "output_stems", "output_lock", "LOCK_NAME", "remove_stale_temporaries", "lock_descriptor",
     "lock_holder_text", "run_folder", "names_a_folder", "check_file_path", "files_written_together",
 ]
@@ -284,6 +284,41 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 def atomic_write_json(path: str | Path, obj: Any, indent: int | None = None) -> None:
     atomic_write_text(path, json.dumps(obj, indent=indent))
+
+
+_JSON_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def json_list_items(text: str) -> Iterator[tuple[Any, int, int]]:
+    """Each item of the JSON list ``text``, one at a time, with the span ``text[start:end]`` it was read from:
+    a run's results (a box each) are read without holding them all as objects, and an item's text can be
+    read again later from its span.
+
+    Yields:
+        tuple[Any, int, int]: ``(item, start, end)``.
+
+    Raises:
+        ValueError: ``text`` is not one JSON list (``json.JSONDecodeError`` where an item does not parse), as
+            ``json.loads`` refuses it; raised when the reading reaches the fault.
+    """
+    decoder = json.JSONDecoder()
+    at = _JSON_SPACE.match(text).end()
+    if not text.startswith("[", at):
+        raise ValueError(f"expected a JSON list, found {text[at:at + 20]!r} at character {at}")
+    at = _JSON_SPACE.match(text, at + 1).end()
+    if not text.startswith("]", at):
+        while True:
+            item, end = decoder.raw_decode(text, at)
+            yield item, at, end
+            at = _JSON_SPACE.match(text, end).end()
+            if text.startswith(",", at):
+                at = _JSON_SPACE.match(text, at + 1).end()
+            elif text.startswith("]", at):
+                break
+            else:
+                raise ValueError(f"expected ',' or ']' in a JSON list at character {at}")
+    if _JSON_SPACE.match(text, at + 1).end() != len(text):
+        raise ValueError(f"extra data after a JSON list at character {at + 1}")
 
 
 @contextlib.contextmanager

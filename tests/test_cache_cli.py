@@ -591,6 +591,32 @@ def test_unreadable_image_is_skipped_and_reported(slice_, replay_run):
     assert (out / "a.json").read_bytes() == (replay_run / "a.json").read_bytes()
 
 
+def test_images_read_with_a_warning_are_listed_in_the_summary_as_fuse_lists_them(slice_, replay_run, tmp_path,
+                                                                                  capsys, with_orientation_tag):
+    """cache logged what reading an image warned of (an orientation tag not applied, a JPEG decoded in part),
+    which scrolled by, and on Ray stayed in the actors' logs; fuse's summary lists such images."""
+    tagged = tmp_path / "tagged"
+    shutil.copytree(slice_ / "images", tagged)
+    name = load_coco_gt(slice_ / "gt.json").file_name(gt_ids(slice_)[1])
+    (tagged / name).write_bytes(with_orientation_tag((tagged / name).read_bytes(), 6))
+    out = tmp_path / "o"
+    assert cache_cli.main(["--config", str(slice_ / "replay.yaml"), "--images", str(tagged), "--gt",
+                           str(slice_ / "gt.json"), "--out", str(out)]) == 0
+    summary = summary_of(out)
+    (warning,) = summary["read_warnings"][name]
+    assert warning.startswith("its EXIF orientation tag (6: viewers show it turned 90° clockwise) is not applied")
+    assert list(summary["read_warnings"]) == [name] and summary["models"]["a"]["read_warnings"] == {name: [warning]}
+    assert f"read with a warning: {name}: {warning}" in capsys.readouterr().out
+    assert (out / "a.json").read_bytes() == (replay_run / "a.json").read_bytes()  # read all the same
+    assert run(slice_, out, images=tagged) == 0  # nothing left to do: still listed
+    assert summary_of(out)["read_warnings"] == {name: [warning]}
+    shards = tmp_path / "shards"
+    for index in range(2):
+        assert run(slice_, shards, "--shard", f"{index}/2", images=tagged) == 0
+    assert cache_cli.main(["merge", "--out", str(shards), "--gt", str(slice_ / "gt.json"), "--quiet"]) == 0
+    assert summary_of(shards)["read_warnings"] == {name: [warning]}
+
+
 def test_a_run_that_reads_no_image_ends_with_an_error_after_its_summary(slice_, tmp_path, capfd):
     broken = tmp_path / "broken"
     broken.mkdir()

@@ -357,6 +357,39 @@ def test_complete_run_grows_with_new_images(workspace, tmp_path, monkeypatch):
     assert [r for r in results if r["image_id"] == 1] == first
 
 
+@pytest.mark.parametrize("order", ["as written", "shuffled"])
+def test_a_complete_run_unpacks_each_images_results_as_a_grouping_of_the_whole_list_does(tmp_path, order):
+    """The results are read an image at a time from the file's text; against the slow obvious reading (the
+    whole list loaded, grouped by image), for results in the order runs write them and in any other."""
+    import random
+
+    rng = random.Random(0)
+    out = tmp_path / "o"
+    out.mkdir()
+    images = [{"id": i, "file_name": f"{i}.jpg", "height": 8, "width": 9, "output_stem": str(i)} for i in (3, 1, 7, 4)]
+    (out / "images.json").write_text(json.dumps({"images": images, "categories": [], "annotations": []}))
+    files = {"predictions.json": None, "per_model/a.json": None, "per_model/b.json": None}
+    for name in files:
+        results = [{"image_id": i, "bbox": [rng.random(), 1, 2, 3], "score": rng.random(), "category_id": 1}
+                   for i in (1, 1, 3, 7, 7, 7, 9) if rng.random() < 0.8]
+        if order == "shuffled":
+            rng.shuffle(results)
+        files[name] = results
+        (out / name).parent.mkdir(exist_ok=True)
+        (out / name).write_text(json.dumps(results, indent=rng.choice([None, 2])))
+    (out / "per_model" / "broken.json").write_text("[{")  # unreadable: the member's images get none
+    assert fuse_tool.unpack_finished_run(out) == 4
+
+    def grouped(results, image_id):
+        return [{k: v for k, v in r.items() if k != "image_id"} for r in results if r["image_id"] == image_id]
+
+    for image in images:
+        record = fuse_tool.read_partial(out, image["file_name"])
+        assert record["fused"] == grouped(files["predictions.json"], image["id"])
+        assert record["per_model"] == {"a": grouped(files["per_model/a.json"], image["id"]),
+                                       "b": grouped(files["per_model/b.json"], image["id"]), "broken": []}
+
+
 def test_a_rerun_with_nothing_to_do_keeps_the_timings(workspace, tmp_path):
     """A finished run's images come back from its files, which hold no timings: its own are kept."""
     source, out = one_image_source(workspace, tmp_path / "src", "x.jpg"), tmp_path / "o"

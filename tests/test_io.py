@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from detens.io import atomic_json_list, atomic_write_json, atomic_write_text, read_json_file
+from detens.io import atomic_json_list, atomic_write_json, atomic_write_text, json_list_items, read_json_file
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -405,3 +405,24 @@ def test_a_json_list_whose_writing_fails_leaves_the_earlier_file_and_no_temporar
         extend([2, 3])
         raise KeyboardInterrupt
     assert path.read_text() == "[1]" and sorted(p.name for p in tmp_path.iterdir()) == ["predictions.json"]
+
+
+def test_the_items_of_a_json_list_are_json_loads_own_each_with_the_text_it_was_read_from():
+    """Against json.loads, the slow obvious reader: random lists written with random white space."""
+    import random
+
+    rng = random.Random(0)
+    values = [1, -2.5e-3, "a,] \"x\"", {"image_id": 3, "bbox": [1, {"c": None}]}, [], {}, True, None, "é"]
+    for _ in range(500):
+        items = [rng.choice(values) for _ in range(rng.randrange(0, 6))]
+        space = lambda: rng.choice(["", " ", "\n", " \t\r\n "])  # noqa: E731
+        text = space() + "[" + space() + ",".join(space() + json.dumps(i) + space() for i in items) + "]" + space()
+        read = list(json_list_items(text))
+        assert [item for item, _, _ in read] == json.loads(text) == items
+        assert all(json.loads(text[start:end]) == item for item, start, end in read)
+
+
+@pytest.mark.parametrize("text", ["", "{}", "[1,]", "[1 2]", "[1] x", "[", "[1,", "[,1]", "]", "[1]]", "[tru]"])
+def test_what_is_not_one_json_list_is_refused(text):
+    with pytest.raises(ValueError):
+        list(json_list_items(text))

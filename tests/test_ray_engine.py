@@ -38,9 +38,10 @@ def cluster():
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    """20 annotated images (the 5th made unreadable) and their ground truth, which gives the 10th image its
-    width as height and its height as width (as for a photo turned upright by its EXIF tag when annotated)."""
+def dataset(tmp_path_factory, with_orientation_tag):
+    """20 annotated images (the 5th made unreadable, the last by name given an EXIF orientation tag, read with
+    a warning) and their ground truth, which gives the 10th image its width as height and its height as width
+    (as for a photo turned upright by its EXIF tag when annotated)."""
     root = tmp_path_factory.mktemp("ray")
     full = json.loads((DATA / "instances_val2017.json").read_text())
     keep = set(sorted({a["image_id"] for a in full["annotations"]})[:NUM_IMAGES])
@@ -51,6 +52,8 @@ def dataset(tmp_path_factory):
     broken = images[4]["file_name"]
     (root / "images" / broken).write_bytes(b"not a jpeg" * 20)
     swapped = images[9]["file_name"]
+    tagged = root / "images" / max(image["file_name"] for image in images if image["file_name"] not in (broken, swapped))
+    tagged.write_bytes(with_orientation_tag(tagged.read_bytes(), 6))
     images[9] = {**images[9], "width": images[9]["height"], "height": images[9]["width"]}
     subset = {**full, "images": images, "annotations": [a for a in full["annotations"] if a["image_id"] in keep]}
     (root / "gt.json").write_text(json.dumps(subset))
@@ -117,6 +120,10 @@ def test_cache_on_ray_equals_local(cluster, dataset):
         assert ray_summary["models"][name]["images"] == local_summary["models"][name]["images"] == NUM_IMAGES - 2
         assert ray_summary["models"][name]["load_s_this_run"] > 0  # the actors' model load
     assert broken in json.dumps(ray_summary["unreadable"])
+    # the actors' reads warn as the local engine's do, though their log lines stay on the actors
+    (tagged,) = ray_summary["read_warnings"]
+    assert ray_summary["read_warnings"] == local_summary["read_warnings"]
+    assert ray_summary["read_warnings"][tagged][0].startswith("its EXIF orientation tag (6: ")
 
     # a rerun resumes: every image done (the unreadable one is tried again and skipped again)
     with on_ray_only() as calls:

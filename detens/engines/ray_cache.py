@@ -420,12 +420,14 @@ class EntryPredictor(FailureReportingActor):
     Called with a batch ``{"image_id": int[B], "path": str[B], "todo": str[B]}`` (``todo``: the members
     that still need each image, a JSON list: a member's name may hold any character), returns the columns
     ``image_id``, ``member``, ``results`` (the COCO results as JSON), ``ms`` (detection time per image),
-    ``error`` (why the image could not be read; empty when it was), ``load_s`` (the seconds this actor
+    ``error`` (why the image could not be read; empty when it was), ``read_warnings`` (what reading it warned
+    of, a JSON list), ``load_s`` (the seconds this actor
     took to build the entry, on every row: rows do not say which actor made them) and ``failure`` (empty;
     else the only row, a :func:`failure_record` of the error that stopped the actor).
     """
 
-    failure_row = {"image_id": -1, "member": "", "results": "[]", "ms": 0.0, "error": "", "load_s": 0.0}
+    failure_row = {"image_id": -1, "member": "", "results": "[]", "ms": 0.0, "error": "", "read_warnings": "[]",
+                   "load_s": 0.0}
     load_s = 0.0
 
     def _build(self, model: Any, ensemble: Any, categories: Mapping[int, str] | None, members: Sequence[str]) -> None:
@@ -447,14 +449,16 @@ class EntryPredictor(FailureReportingActor):
         from detens.sources import ImageReadError, read_image
 
         columns: dict[str, list[Any]] = {
-            "image_id": [], "member": [], "results": [], "ms": [], "error": [], "load_s": [], "failure": []
+            "image_id": [], "member": [], "results": [], "ms": [], "error": [], "read_warnings": [], "load_s": [],
+            "failure": [],
         }
-        images, ids, paths, wanted = [], [], [], []
+        images, ids, paths, wanted, warned = [], [], [], [], []
         rows = zip(batch["image_id"], batch["path"], batch["size"], batch["todo"], strict=True)
         for image_id, path, size, todo in rows:
             names = [str(n) for n in json.loads(str(todo))]
+            notes: list[str] = []
             try:
-                images.append(read_image(str(path), json.loads(str(size))))
+                images.append(read_image(str(path), json.loads(str(size)), notes))
             except ImageReadError as err:
                 for name in names:
                     columns["image_id"].append(int(image_id))
@@ -462,12 +466,14 @@ class EntryPredictor(FailureReportingActor):
                     columns["results"].append("[]")
                     columns["ms"].append(0.0)
                     columns["error"].append(str(err))
+                    columns["read_warnings"].append("[]")
                     columns["load_s"].append(self.load_s)
                     columns["failure"].append("")
                 continue
             ids.append(int(image_id))
             paths.append(str(path))
             wanted.append(set(names))
+            warned.append(json.dumps(notes))  # the actors' log lines do not reach the driver
         for name, member in self.members.items():
             picked = [k for k in range(len(ids)) if name in wanted[k]]
             if not picked:
@@ -481,6 +487,7 @@ class EntryPredictor(FailureReportingActor):
                 columns["results"].append(json.dumps(detections_to_coco(det, ids[k])))
                 columns["ms"].append(round(ms, 3))
                 columns["error"].append("")
+                columns["read_warnings"].append(warned[k])
                 columns["load_s"].append(self.load_s)
                 columns["failure"].append("")
         return columns
@@ -497,7 +504,8 @@ def detect_on_ray(
     size_of: Callable[[int], tuple[int, int]] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Run one entry's members over their images on Ray; yields each finished (image, member) row as
-    it arrives (``image_id``, ``member``, ``results`` (list of COCO dicts), ``ms``, ``error``, ``load_s``:
+    it arrives (``image_id``, ``member``, ``results`` (list of COCO dicts), ``ms``, ``error``,
+    ``read_warnings`` (list of str), ``load_s``:
     the model-load seconds of the actor that made it).
 
     Args:
@@ -538,5 +546,8 @@ def detect_on_ray(
             "results": json.loads(row["results"]),
             "ms": float(row["ms"]),
             "error": named_as_given(str(row["error"]), sent[image_id], str(path_of(image_id))),
+            "read_warnings": [
+                named_as_given(str(text), sent[image_id], str(path_of(image_id))) for text in json.loads(row["read_warnings"])
+            ],
             "load_s": float(row["load_s"]),
         }

@@ -1,7 +1,8 @@
 """Checks of a command's input files shared by ``detens fuse`` and ``detens cache``: the saved predictions of
 ``precomputed`` members (checked before any detector loads) and the digests that make a resumed run
-refuse input files rewritten at the same path; and the comma-separated lists of names that several
-commands take (``--models``, ``--methods``), read alike by each."""
+refuse input files rewritten at the same path; the lines that name the images read with a warning at the
+end of a run; and the comma-separated lists of names that several commands take (``--models``,
+``--methods``), read alike by each."""
 
 from __future__ import annotations
 
@@ -15,6 +16,20 @@ from detens.adapters.onnx_external_data import external_data_files
 from detens.adapters.precomputed import image_map_beside
 from detens.adapters.weights import ResolvedWeights, resolve_model_weights
 from detens.ensemble_config import HEAD_PARAMS, EnsembleConfig, ModelConfig
+
+#: The images read with a warning that the end of a run names (its summary lists them all).
+WARNINGS_SHOWN = 10
+
+
+def read_warning_lines(read_warnings: dict[str, list[str]], listed_in: str) -> list[str]:
+    """The lines that name the first :data:`WARNINGS_SHOWN` images of ``read_warnings`` (``{file name:
+    warnings}``: a JPEG decoded in part, an orientation tag not applied, ...), and how many more the summary
+    file ``listed_in`` lists."""
+    warned = list(read_warnings.items())
+    lines = [f"read with a warning: {name}: {text}" for name, texts in warned[:WARNINGS_SHOWN] for text in texts]
+    if len(warned) > WARNINGS_SHOWN:
+        lines.append(f"read with a warning: {len(warned) - WARNINGS_SHOWN} more images, listed in {listed_in}")
+    return lines
 
 
 def comma_separated(flag: str, text: str, noun: str, expected: str, valid: Sequence[str] = ()) -> list[str]:

@@ -63,6 +63,7 @@ from detens.jobs._inputs import (
     check_saved_predictions,
     comma_separated,
     file_digests,
+    read_warning_lines,
     saved_prediction_files,
     weights_inputs,
 )
@@ -750,16 +751,25 @@ class MemberRun:
 
 
 def save_finished_image(
-    out: Path, run: MemberRun, data: Dataset, image_id: int, results: list[dict[str, Any]], ms: float
+    out: Path,
+    run: MemberRun,
+    data: Dataset,
+    image_id: int,
+    results: list[dict[str, Any]],
+    ms: float,
+    read_warnings: Sequence[str] = (),
 ) -> None:
     """Write the partial record of one image that ``run``'s member has detected (atomically: with it, the
-    image is done)."""
-    record = {
+    image is done). ``read_warnings``: what reading the image warned of (:func:`~detens.sources.read_image`'s
+    ``notes``), kept for the summary."""
+    record: dict[str, Any] = {
         "image_id": image_id,
         "file_name": data.gt.file_name(image_id),
         "results": results,
         "ms": round(ms, 3),
     }
+    if read_warnings:
+        record["read_warnings"] = list(read_warnings)
     atomic_write_json(partial_path(out, run.name, image_id), record)
     run.unreadable.pop(image_id, None)  # unreadable on an earlier run, read now
     run.processed += 1
@@ -811,11 +821,12 @@ def run_entry(
         for begin in range(0, len(needed), batch):
             chunk = needed[begin : begin + batch]
             arrays, ids, paths = [], [], []
+            warned: dict[int, list[str]] = {}
             t = time.perf_counter()
             for image_id in chunk:
                 path = data.path(image_id)
                 try:
-                    arrays.append(read_image(path, data.gt.image_size(image_id)))
+                    arrays.append(read_image(path, data.gt.image_size(image_id), warned.setdefault(image_id, [])))
                     ids.append(image_id)
                     paths.append(path)
                 except ImageReadError as err:
@@ -835,7 +846,7 @@ def run_entry(
                 ms = (time.perf_counter() - t) * 1000 / len(picked)
                 claim(run)
                 for k, det in zip(picked, dets, strict=True):
-                    save_finished_image(out, run, data, ids[k], detections_to_coco(det, ids[k]), ms)
+                    save_finished_image(out, run, data, ids[k], detections_to_coco(det, ids[k]), ms, warned[ids[k]])
             bar.update(len(chunk))
         for run in runs:
             claim(run)
@@ -892,7 +903,7 @@ def run_entry_ray(
                 run.unreadable[image_id] = row["error"]
             else:
                 claim(run)
-                save_finished_image(out, run, data, image_id, row["results"], row["ms"])
+                save_finished_image(out, run, data, image_id, row["results"], row["ms"], row["read_warnings"])
             bar.update(1)
         for run in runs:
             claim(run)
@@ -919,9 +930,12 @@ def release_memory() -> None:
         pass
 
 
-def collect(out: Path, member: str, data: Dataset) -> tuple[list[int], list[dict[str, Any]], float]:
-    """The finished images of ``data.ids``, their results (by image id) and the summed detection ms."""
-    done, results, ms = [], [], 0.0
+def collect(
+    out: Path, member: str, data: Dataset
+) -> tuple[list[int], list[dict[str, Any]], float, dict[str, list[str]]]:
+    """The finished images of ``data.ids``, their results (by image id), the summed detection ms, and what
+    reading them warned of, ``{file name: warnings}``."""
+    done, results, ms, warned = [], [], 0.0, {}
     for image_id in data.ids:
         record = read_partial(out, member, image_id, data.gt.file_name(image_id))
         if record is None:
@@ -929,14 +943,16 @@ def collect(out: Path, member: str, data: Dataset) -> tuple[list[int], list[dict
         done.append(image_id)
         results.extend(record["results"])
         ms += float(record.get("ms", 0.0))
-    return done, results, ms
+        if record.get("read_warnings"):
+            warned[record["file_name"]] = list(record["read_warnings"])
+    return done, results, ms, warned
 
 
 def finish_member(
     out: Path, run: MemberRun, data: Dataset, shard: tuple[int, int] | None, timing: dict[str, float]
 ) -> dict[str, Any]:
     """Assemble the member's output when all its images are done (or unreadable); returns its summary."""
-    done, results, ms = collect(out, run.name, data)
+    done, results, ms, warned = collect(out, run.name, data)
     finished = set(done)
     left = [i for i in data.ids if i not in finished and i not in run.unreadable]
     complete = not left
@@ -959,6 +975,7 @@ def finish_member(
                     {"image_id": i, "file_name": data.gt.file_name(i), "error": e}
                     for i, e in sorted(run.unreadable.items())
                 ],
+                "read_warnings": warned,
                 "settings": run.settings,
                 "seconds": round(ms / 1000, 3),
                 "results": results,
@@ -970,6 +987,8 @@ def finish_member(
         "images": len(done),
         "boxes": len(results),
         "unreadable": {data.gt.file_name(i): e for i, e in sorted(run.unreadable.items())},
+        # read all the same: a JPEG decoded only in part, a TIFF of several pages, an orientation not applied
+        "read_warnings": warned,
         "images_left": len(left),
         "seconds": round(ms / 1000, 3),
         "ms_per_image": round(ms / len(done), 2) if done else None,
@@ -1052,9 +1071,14 @@ def write_summary(path: Path, header: dict[str, Any], members: dict[str, dict[st
         models = {}  # another dataset: earlier entries do not describe these outputs
     models.update(members)
     unreadable: dict[str, str] = {}
+    read_warnings: dict[str, list[str]] = {}  # each member reads the image: the same warnings, listed once
     for entry in models.values():
         unreadable.update(entry.get("unreadable") or {})
-    summary = {**header, "models": models, "unreadable": dict(sorted(unreadable.items()))}
+        read_warnings.update(entry.get("read_warnings") or {})
+    summary = {
+        **header, "models": models, "unreadable": dict(sorted(unreadable.items())),
+        "read_warnings": dict(sorted(read_warnings.items())),
+    }
     atomic_write_json(path, summary, indent=2)
     return summary
 
@@ -1238,6 +1262,7 @@ def print_summary(
         )
     for file_name, err in summary["unreadable"].items():
         lines.append(f"unreadable: {file_name}: {err}")
+    lines += read_warning_lines(summary["read_warnings"], summary_path.name)
     if any(summary["models"][n]["status"] != "complete" for n in names):
         lines.append(f"not finished: {options.run_again} to resume")
     if summary.get("shard"):  # a shard's files are no member's results until every shard is joined
@@ -1452,8 +1477,12 @@ def merge_member(
     unreadable = {
         u["file_name"]: u["error"] for index in sorted(records) for u in records[index]["unreadable"]
     }
+    read_warnings = {  # none in the shard files of earlier versions
+        name: warnings for index in sorted(records) for name, warnings in (records[index].get("read_warnings") or {}).items()
+    }
     return {
         "results": results,
+        "read_warnings": read_warnings,
         "images": sum(len(r["image_ids"]) for r in records.values()),
         "shards": count,
         "unreadable": unreadable,
@@ -1580,6 +1609,7 @@ def merge(options: CacheOptions) -> int:
             "images": m["images"],
             "boxes": len(m["results"]),
             "unreadable": dict(sorted(m["unreadable"].items())),
+            "read_warnings": dict(sorted(m["read_warnings"].items())),
             "images_left": 0,
             "seconds": m["seconds"],
             "ms_per_image": round(1000 * m["seconds"] / m["images"], 2) if m["images"] else None,

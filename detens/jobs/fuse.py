@@ -53,6 +53,7 @@ from detens.io import (
     atomic_write_bytes,
     atomic_write_json,
     check_writable_folder,
+    json_list_items,
     output_lock,
     output_stems,
 )
@@ -61,6 +62,7 @@ from detens.jobs._inputs import (
     check_inputs_unchanged,
     check_saved_predictions,
     input_fingerprints,
+    read_warning_lines,
     saved_prediction_members,
 )
 from detens.jobs._interrupts import RESUME_ADVICE, ctrl_c_held, is_interruption, raise_interruption
@@ -101,8 +103,6 @@ UNPACKING = ".partial.unpacking"
 REMOVING = ".partial.removing"
 # What fuse_image appends to an image's output stem: labels/<stem>.txt, vis/<stem>.jpg.
 STEM_SUFFIXES = (".txt", ".jpg")
-# The images read with a warning that the end of a run names (summary.json lists them all).
-_WARNINGS_SHOWN = 10
 # Folders of a run's own work beside its outputs (never read as input, searched for stale temporaries).
 WORK_FOLDERS = (REPLACED, REPLACED_REMOVING, UNPACKING, REMOVING)
 
@@ -503,38 +503,65 @@ def unpack_finished_run(out: Path) -> int:
         return 0
     staging = out / UNPACKING
     _remove(staging)  # what a run killed while unpacking left
-    images, results = _read_json(out / "images.json"), _read_json(out / "predictions.json")
-    if not isinstance(images, dict) or not isinstance(results, list):
+    images = _read_json(out / "images.json")
+    # the results are read an image at a time from their text, as write_outputs wrote them: as objects all
+    # at once, a large run's boxes would take gigabytes
+    results = _results_by_image(out / "predictions.json")
+    if not isinstance(images, dict) or results is None:
         return 0
-    by_image: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for r in results:
-        by_image[int(r["image_id"])].append({k: v for k, v in r.items() if k != "image_id"})
     summary = _read_json(out / "summary.json")
     read_warnings = (summary.get("read_warnings") or {}) if isinstance(summary, dict) else {}
-    per_model: dict[str, dict[int, list[dict[str, Any]]]] = {}
-    for path in sorted((out / "per_model").glob("*.json")):
-        member_results = _read_json(path) or []
-        grouped = per_model[path.stem] = defaultdict(list)
-        for r in member_results:
-            grouped[int(r["image_id"])].append({k: v for k, v in r.items() if k != "image_id"})
+    per_model = {path.stem: _results_by_image(path) for path in sorted((out / "per_model").glob("*.json"))}
     for image in images.get("images", []):
+        image_id = int(image["id"])
         record: dict[str, Any] = {
             "file_name": image["file_name"],
             "height": image["height"],
             "width": image["width"],
-            "fused": by_image.get(int(image["id"]), []),
-            "image_id": int(image["id"]),  # kept, as its stem: the files of the image carry them
+            "fused": results.of(image_id),
+            "image_id": image_id,  # kept, as its stem: the files of the image carry them
         }
         if "output_stem" in image:
             record["output_stem"] = image["output_stem"]
         if per_model:
-            record["per_model"] = {m: grouped.get(int(image["id"]), []) for m, grouped in per_model.items()}
+            record["per_model"] = {m: found.of(image_id) if found is not None else [] for m, found in per_model.items()}
         if read_warnings.get(image["file_name"]):
             record["read_warnings"] = read_warnings[image["file_name"]]
         atomic_write_json(_record_path(staging, image["file_name"]), record)
     if staging.is_dir():
         staging.rename(out / "partial")
     return len(images.get("images", []))
+
+
+class _ResultsText:
+    """A COCO results file held as its text, each image's results read from it when asked for."""
+
+    def __init__(self, text: str, runs: dict[int, list[tuple[int, int]]]) -> None:
+        self.text, self.runs = text, runs  # image id -> the spans of its results' consecutive runs
+
+    def of(self, image_id: int) -> list[dict[str, Any]]:
+        """The results of ``image_id``, in the file's order, without their ``image_id``."""
+        items = ", ".join(self.text[start:end] for start, end in self.runs.get(image_id, []))
+        return [{k: v for k, v in r.items() if k != "image_id"} for r in json.loads(f"[{items}]")]
+
+
+def _results_by_image(path: Path) -> _ResultsText | None:
+    """The results file ``path`` with where each image's results stand in it; None where it is missing or
+    not a JSON list."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        runs: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        previous = None
+        for result, start, end in json_list_items(text):
+            image_id = int(result["image_id"])
+            if image_id == previous:  # the run of this image's results goes on
+                runs[image_id][-1] = (runs[image_id][-1][0], end)
+            else:
+                runs[image_id].append((start, end))
+            previous = image_id
+    except (OSError, ValueError):
+        return None
+    return _ResultsText(text, runs)
 
 
 def discard_partial(out: Path) -> None:
@@ -1114,11 +1141,7 @@ def print_summary(out: Path, config: EnsembleConfig, summary: dict[str, Any], ru
     ]
     for name, err in summary["unreadable"].items():
         lines.append(f"unreadable: {name}: {err}")
-    warned = list(summary["read_warnings"].items())
-    for name, texts in warned[:_WARNINGS_SHOWN]:
-        lines.extend(f"read with a warning: {name}: {text}" for text in texts)
-    if len(warned) > _WARNINGS_SHOWN:
-        lines.append(f"read with a warning: {len(warned) - _WARNINGS_SHOWN} more images, listed in summary.json")
+    lines += read_warning_lines(summary["read_warnings"], "summary.json")
     # labels/ and vis/ hold a file per image done: a run whose every image was unreadable writes neither
     folders = {"labels": config.output.labels, "vis": config.output.vis, "per_model": config.output.save_per_model}
     written = ["predictions.json", "images.json",
