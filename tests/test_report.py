@@ -323,7 +323,8 @@ def test_the_column_check_of_a_record_passes_only_results_that_validate():
         ("score", lambda: "0.5"), ("score", lambda: True), ("bbox", lambda: [1, 2, 3]), ("bbox", lambda: [1, 2, True, 4]), ("bbox", lambda: [1, 2, 3, float("inf")]),
         ("bbox", lambda: [1, 2, 0, 0]), ("bbox", lambda: [1, 2, -1, 4]), ("bbox", lambda: "1 2 3 4"),
         ("image_id", lambda: 1.0), ("image_id", lambda: "1"), ("image_id", lambda: True), ("category_id", lambda: 2.5),
-        ("category_id", lambda: None), ("category_id", lambda: 7),
+        ("category_id", lambda: None), ("category_id", lambda: 7), ("category_id", lambda: -1),
+        ("category_id", lambda: 2**31),
     ]
     verdicts = set()
     for _ in range(300):

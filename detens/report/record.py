@@ -43,6 +43,7 @@ import numpy as np
 
 from detens.checks import check_real
 from detens.coco import validate_coco_results
+from detens.detections import MAX_LABEL
 from detens.io import atomic_write_bytes, check_file_path
 
 __all__ = ["PARTIAL_SUFFIX", "RECORD_FORMAT", "RECORD_SUFFIX", "EvaluationRecord", "partial_path", "record_path"]
@@ -366,6 +367,7 @@ def _columns_are_results(columns: Mapping[str, list[Any]]) -> bool:
     number_types = set(map(type, chain(columns["score"], chain.from_iterable(columns["bbox"]))))
     return (
         id_types <= {int}
+        and 0 <= min(columns["category_id"]) <= max(columns["category_id"]) <= MAX_LABEL  # as the row check bounds it
         and number_types <= {int, float}
         and bool(np.isfinite(boxes).all() and (boxes[:, 2:] >= 0).all())
         and bool(np.isfinite(scores).all() and ((scores >= 0) & (scores <= 1)).all())
