@@ -988,6 +988,12 @@ class TestPrecomputed:
         replay = PrecomputedDetector(folder / "yolov8n.json", folder / "gt.json")
         with pytest.raises(KeyError, match="no saved predictions for"):
             replay([tmp_path / "other.jpg"])
+        # a ValueError too, as the input contract says of every mistake, and its message is no quoted repr
+        with pytest.raises(ValueError) as raised:
+            replay([tmp_path / "other.jpg"])
+        assert str(raised.value).startswith(f"yolov8n: no saved predictions for {str(tmp_path / 'other.jpg')!r}")
+        with pytest.raises(ValueError, match="image id 123456789 is not among the"):
+            replay.image_record(123456789)
         with pytest.raises(ValueError, match="images="):
             PrecomputedDetector(folder / "yolov8n.json")
 

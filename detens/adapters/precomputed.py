@@ -38,7 +38,7 @@ from detens.detections import Detections
 from detens.io import read_json_file
 from detens.sources import read_image
 
-__all__ = ["PrecomputedDetector", "image_map_beside"]
+__all__ = ["PrecomputedDetector", "UnknownImageError", "image_map_beside"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +52,14 @@ def image_map_beside(results: str | os.PathLike[str]) -> Path | None:
         if (folder / "images.json").is_file():
             return folder / "images.json"
     return None
+
+
+class UnknownImageError(KeyError, ValueError):
+    """An image the saved predictions do not know, or name ambiguously: a ``KeyError``, as a lookup's miss
+    is, and a ``ValueError``, as every other mistake in what a detector is given is."""
+
+    def __str__(self) -> str:  # KeyError's own would show the message in quotes
+        return str(self.args[0]) if self.args else ""
 
 
 class PrecomputedDetector(BaseDetector):
@@ -242,7 +250,7 @@ class PrecomputedDetector(BaseDetector):
         if isinstance(image, (int, np.integer)) and not isinstance(image, bool):
             record = self._records.get(int(image))
             if record is None:
-                raise KeyError(
+                raise UnknownImageError(
                     f"{self.name}: image id {int(image)} is not among the {len(self._records)} known images"
                 )
             return record
@@ -261,12 +269,12 @@ class PrecomputedDetector(BaseDetector):
         if len(candidates) == 1:
             return candidates[0]
         if len(candidates) > 1:
-            raise KeyError(
+            raise UnknownImageError(
                 f"{self.name}: {str(path)!r} is ambiguous: several images are named {path.name!r} "
                 f"({[c['file_name'] for c in candidates[:5]]}); pass a path that ends with one of them"
             )
         examples = list(self._by_file)[:3]
-        raise KeyError(
+        raise UnknownImageError(
             f"{self.name}: no saved predictions for {str(path)!r}: not among the {len(self._by_file)} known images (e.g. {examples})"
         )
 
