@@ -24,6 +24,7 @@ __all__ = [
     "normalize_class_name",
     "as_categories",
     "check_categories",
+    "is_background_class",
     "build_label_lookup",
     "apply_label_lookup",
     "check_category_id_map",
@@ -80,8 +81,7 @@ def as_categories(categories: Any) -> dict[int, str]:
         categories = categories["categories"]
     if isinstance(categories, Mapping):
         entries = [  # (what the id is called, the id, the name, where it is given)
-            (f"categories key {key!r}", int(key) if isinstance(key, str) and key.lstrip("-").isdigit() else key,
-             name, f"key {key!r}")
+            (f"categories key {key!r}", _integer_key(key, "categories key"), name, f"key {key!r}")
             for key, name in categories.items()
         ]
     elif isinstance(categories, Sequence) and not isinstance(categories, (str, bytes)):
@@ -230,6 +230,11 @@ _CLASS_MAP_HINT = (
 _BACKGROUND_NAMES = frozenset(normalize_class_name(n) for n in ("N/A", "background", "__background__", "no person"))
 
 
+def is_background_class(name: str) -> bool:
+    """Whether a model's class ``name`` stands for no object (:data:`_BACKGROUND_NAMES`)."""
+    return normalize_class_name(name) in _BACKGROUND_NAMES
+
+
 def build_label_lookup(
     model_names: Mapping[int, str] | Sequence[str],
     *,
@@ -323,7 +328,7 @@ def build_label_lookup(
                 "them no box; if it has them under other names, %s", where, unseen, _CLASS_MAP_HINT,
             )
         meaningful = [
-            n for n in unmatched if normalize_class_name(n) not in _BACKGROUND_NAMES
+            n for n in unmatched if not is_background_class(n)
         ]
         if meaningful:
             logger.info(

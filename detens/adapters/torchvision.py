@@ -30,7 +30,12 @@ import numpy as np
 import torch
 
 from detens.adapters._base import BaseDetector, check_detection_options, type_name
-from detens.adapters._labels import apply_label_lookup, build_label_lookup, check_categories
+from detens.adapters._labels import (
+    apply_label_lookup,
+    build_label_lookup,
+    check_categories,
+    is_background_class,
+)
 from detens.adapters.weights import resolve_weights, upstream_failure
 from detens.checks import check_device, check_integer, first_few
 from detens.detections import Detections
@@ -114,10 +119,6 @@ def _weights_categories(model: torch.nn.Module) -> list[str]:
 
     weights = KeypointRCNN_ResNet50_FPN_Weights if isinstance(model, KeypointRCNN) else FasterRCNN_ResNet50_FPN_Weights
     return list(weights.DEFAULT.meta["categories"])
-
-
-#: Class names of torchvision's weights that stand for no object: dropped from the label space.
-_BACKGROUND_CLASSES = ("__background__", "N/A", "no person")
 
 
 # The base classes of torchvision's detection models: (module under torchvision.models.detection, class).
@@ -408,7 +409,8 @@ class TorchvisionDetector(BaseDetector):
             model_names, default="identity", categories=categories, class_map=class_map, where=self.name
         )
         if categories is None and class_map is None:
-            self.lookup[[i for i, n in enumerate(model_names) if n in _BACKGROUND_CLASSES]] = -1
+            # the weights' classes that stand for no object are dropped from the label space
+            self.lookup[[i for i, n in enumerate(model_names) if is_background_class(n)]] = -1
 
     def _labels_as_category_ids(self, num_classes: int, categories: Mapping[int, str] | None) -> dict[int, int]:
         """The class map of a model trained on its own classes and given no ``class_map``: its labels
