@@ -522,7 +522,8 @@ def detect_on_ray(
     if not needed:
         return
     ensemble, (model,) = ready_for_actors(ensemble, [model])
-    sent = {image_id: str(Path(path_of(image_id)).absolute()) for image_id in needed}  # from the actors' cwd too
+    given = {image_id: str(path_of(image_id)) for image_id in needed}
+    sent = {image_id: str(Path(path).absolute()) for image_id, path in given.items()}  # from the actors' cwd too
     items = [
         {
             "image_id": image_id,
@@ -545,9 +546,9 @@ def detect_on_ray(
             "member": str(row["member"]),
             "results": json.loads(row["results"]),
             "ms": float(row["ms"]),
-            "error": named_as_given(str(row["error"]), sent[image_id], str(path_of(image_id))),
+            "error": named_as_given(str(row["error"]), sent[image_id], given[image_id]),
             "read_warnings": [
-                named_as_given(str(text), sent[image_id], str(path_of(image_id))) for text in json.loads(row["read_warnings"])
+                named_as_given(str(text), sent[image_id], given[image_id]) for text in json.loads(row["read_warnings"])
             ],
             "load_s": float(row["load_s"]),
         }
