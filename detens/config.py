@@ -156,6 +156,11 @@ def _unknown_key_error(cls: type, key: str, where: str) -> ValueError:
     return ValueError(f"unknown key {key!r} in {where}; valid keys: {', '.join(valid)}.{hint}")
 
 
+#: Said where a string was expected and a bool was read: YAML 1.1, which PyYAML follows, reads an unquoted
+#: yes, no, on and off as booleans, where YAML 1.2 and the writer of ``name: on`` mean the word.
+_QUOTE_THE_WORD = " (YAML reads an unquoted yes, no, on, off, true or false as true/false: quote the word)"
+
+
 def _convert(value: Any, annotation: Any, where: str) -> Any:
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
@@ -175,7 +180,8 @@ def _convert(value: Any, annotation: Any, where: str) -> Any:
         raise TypeError(f"{where}: {value!r} does not fit {annotation}: {'; '.join(errors)}")
     if origin is typing.Literal:
         if value not in args:
-            raise ValueError(f"{where}: {value!r} is not one of {', '.join(map(repr, args))}")
+            hint = _QUOTE_THE_WORD if isinstance(value, bool) and all(isinstance(a, str) for a in args) else ""
+            raise ValueError(f"{where}: {value!r} is not one of {', '.join(map(repr, args))}{hint}")
         return value
     if dataclasses.is_dataclass(annotation):
         if isinstance(value, annotation):
@@ -214,7 +220,8 @@ def _convert(value: Any, annotation: Any, where: str) -> Any:
         return value
     if annotation is str:
         if not isinstance(value, str):
-            raise TypeError(f"{where}: expected a string, got {type(value).__name__} {value!r}")
+            hint = _QUOTE_THE_WORD if isinstance(value, bool) else ""
+            raise TypeError(f"{where}: expected a string, got {type(value).__name__} {value!r}{hint}")
         return value
     return value
 

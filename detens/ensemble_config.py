@@ -121,9 +121,14 @@ class ModelConfig:
     options: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def shown_as(self) -> str:
+        """What names the model in messages: its name, else its weights, results, architecture or type."""
+        return self.name or self.weights or self.results or self.arch or self.type
+
+    @property
     def label(self) -> str:
-        """The model for messages: ``model 'yolov8n'`` (its name, else its weights, results, ...)."""
-        return f"model {self.name or self.weights or self.results or self.arch or self.type!r}"
+        """The model for messages: ``model 'yolov8n'`` (:attr:`shown_as`)."""
+        return f"model {self.shown_as!r}"
 
     def __post_init__(self) -> None:
         from detens.adapters import ADAPTERS
@@ -250,6 +255,9 @@ class EnsembleConfig:
     #: the folder of the YAML the config was read from, where its relative paths lie; None for a config
     #: built in Python. Not a setting: no YAML key, and not written with the config.
     folder: ClassVar[Path | None] = None
+    #: the YAML file the config was read from, named in messages about its members; None for a config
+    #: built in Python. Not a setting either.
+    source: ClassVar[Path | None] = None
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -272,6 +280,11 @@ class EnsembleConfig:
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"model names must be unique, got {duplicates} more than once")
+
+    def member_label(self, model: ModelConfig) -> str:
+        """``model`` for messages, after the file the config was read from, as a refusal of the file names
+        it: ``configs/x.yaml: model 'yolov8n'`` (``model 'yolov8n'`` for a config built in Python)."""
+        return model.label if self.source is None else f"{self.source}: {model.label}"
 
     def setting(self, model: ModelConfig, key: str) -> Any:
         """A model's value of ``key`` (``conf``, ``iou``, ``imgsz``, ``max_det``, ``device``, ``batch``), else the default."""
@@ -370,6 +383,7 @@ def load_ensemble_config(
             ensemble_config_from_dict(data, where=f"{path} (with {', '.join(f'{k}={v}' for k, v in given.items())})")
         raise
     config.folder = path.absolute().parent
+    config.source = path
     return config
 
 
@@ -567,13 +581,15 @@ def with_absolute_paths(config: EnsembleConfig | ModelConfig) -> EnsembleConfig 
             config, weights=_absolute(config.weights), results=_absolute(config.results), images=_absolute(config.images)
         )
     params = {k: _absolute(v) if k in HEAD_PARAMS else v for k, v in config.fusion.params.items()}
-    return replace(
+    absolute = replace(
         config,
         weights_dir=_absolute(config.weights_dir),
         dataset=_absolute(config.dataset),
         models=[with_absolute_paths(model) for model in config.models],
         fusion=replace(config.fusion, head=_absolute(config.fusion.head), params=params),
     )
+    absolute.source = config.source  # a worker's refusal of a member still names the file
+    return absolute
 
 
 def save_ensemble_config(config: EnsembleConfig, path: str | Path) -> None:

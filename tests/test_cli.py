@@ -405,6 +405,25 @@ def test_a_corrupt_weights_file_is_one_error_line_naming_it(workspace, capsys):
     assert not (workspace / "out").exists()
 
 
+@needs_data
+def test_a_member_whose_options_its_adapter_refuses_is_one_error_line_naming_it_and_the_file(workspace, capsys):
+    """The line named the option alone: which of the members had it was left to guess."""
+    (workspace / "saved.json").write_text("[]")
+    (workspace / "saved_images.json").write_text(json.dumps({IMAGE.name: 139}))
+    saved = {"type": "precomputed", "results": "saved.json", "images": "saved_images.json"}
+    weights = SHARED / "models" / "nanodet_m_416_onnx" / "nanodet_m.onnx"
+    broken = {"type": "onnx", "weights": str(weights), "decoder": "nanodet_gfl", "name": "nanodet_m",
+              "options": {"decoder_options": {"strides": [8, 0, 32]}}}
+    config = {"name": "members", "models": [{**saved, "name": "first"}, broken, {**saved, "name": "last"}]}
+    (workspace / "members.yaml").write_text(yaml.safe_dump(config))
+    code, err = exit_code_and_stderr(fuse_args("--config", "members.yaml", "--method", "wbf", "--quiet"), capsys)
+    assert code == 2, err
+    assert err.splitlines()[-1] == (
+        "error: members.yaml: model 'nanodet_m': decoder_options.strides[1] must be an integer >= 1, got 0"
+    ), err
+    assert err.count("error:") == 1 and "Traceback" not in err, err
+
+
 GOOD_GT = {"images": [{"id": 1, "width": 10, "height": 10}], "annotations": [], "categories": [{"id": 1, "name": "a"}]}
 
 

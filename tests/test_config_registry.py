@@ -65,6 +65,19 @@ class TestFromDict:
         with pytest.raises((TypeError, ValueError), match=fragment):
             from_dict(Outer, data)
 
+    def test_a_word_yaml_reads_as_a_boolean_is_refused_saying_to_quote_it(self):
+        """YAML 1.1 reads an unquoted on, off, yes and no as true/false: the message showed a True or False the
+        file does not hold."""
+        hint = " (YAML reads an unquoted yes, no, on, off, true or false as true/false: quote the word)"
+        with pytest.raises(TypeError, match="^" + re.escape("Outer.name: expected a string, got bool True" + hint)):
+            from_dict(Outer, parse_yaml("name: on"))
+        message = "Outer.inner.optimizer: False is not one of 'gd', 'adam'"
+        with pytest.raises(ValueError, match="^" + re.escape(message + hint) + "$"):
+            from_dict(Outer, parse_yaml("inner: {optimizer: no}"))
+        with pytest.raises(TypeError, match=r"^Outer\.name: expected a string, got int 3$"):  # no word to quote
+            from_dict(Outer, parse_yaml("name: 3"))
+        assert from_dict(Outer, parse_yaml("name: 'on'")).name == "on"
+
     def test_numpy_numbers_are_the_python_numbers_they_hold(self):
         """A mapping built in Python may hold NumPy numbers; a NumPy float is still no integer, nor a bool one."""
         import numpy as np

@@ -292,6 +292,78 @@ def test_build_precomputed_ensemble(tmp_path):
         build_ensemble(config, built={2: single})
 
 
+BROKEN_MEMBERS = [
+    # (case, the member, the error, its message after the member's label)
+    ("ONNX decoder stride", {"type": "onnx", "weights": "nanodet_m.onnx", "decoder": "nanodet_gfl",
+                             "options": {"decoder_options": {"strides": [8, 0, 32]}}},
+     ValueError, "decoder_options.strides[1] must be an integer >= 1, got 0"),
+    ("ONNX decoder option", {"type": "onnx", "weights": "nanodet_m.onnx", "decoder": "nanodet_gfl",
+                             "options": {"decoder_options": {"stridez": [8, 16, 32]}}},
+     ValueError, "decoder_options.stridez is not an option of the 'nanodet_gfl' decoder; its options: strides, reg_max"),
+    ("ONNX std", {"type": "onnx", "weights": "nanodet_m.onnx", "decoder": "nanodet_gfl", "std": [57.4, 0, 58.4]},
+     ValueError, "std[1] must be a positive number, got 0.0"),
+    ("torchvision builder argument", {"type": "torchvision", "arch": "fasterrcnn_mobilenet_v3_large_320_fpn",
+                                      "options": {"box_score_thresh2": 0.1}},
+     TypeError, "'box_score_thresh2' is no argument of torchvision's 'fasterrcnn_mobilenet_v3_large_320_fpn'"),
+    ("argument of no detector", {"type": "precomputed", "results": "saved.json", "images": "images.json",
+                                 "options": {"foo": 1}},
+     ValueError, "options.foo is not an argument of PrecomputedDetector"),
+    ("class_map outside the label space", {"type": "precomputed", "results": "saved.json", "images": "images.json",
+                                           "class_map": {1: 999}},
+     ValueError, "class_map[1] = 999 is not one of the 80 category ids of COCO"),
+]
+
+
+@pytest.mark.parametrize("case, member, error, message", BROKEN_MEMBERS, ids=[c[0] for c in BROKEN_MEMBERS])
+def test_a_member_an_adapter_refuses_is_named_with_the_config_file(tmp_path, case, member, error, message):
+    """The adapters' refusals named the option alone: among six members, which one had it was left to guess."""
+    (tmp_path / "saved.json").write_text("[]")
+    (tmp_path / "images.json").write_text(json.dumps({"a.jpg": 1}))
+    saved = {"type": "precomputed", "results": "saved.json", "images": "images.json"}
+    # built in order: the members before the broken one are built, the one after is not reached
+    models = [{**saved, "name": "first"}, {**member, "name": "broken"}, {**saved, "name": "last"}]
+    path = tmp_path / "six.yaml"
+    path.write_text(yaml.safe_dump({"models": models}))
+    config = load_ensemble_config(path)
+    named = "^" + re.escape(f"{path}: model 'broken': {message}")
+    with pytest.raises(error, match=named):
+        build_ensemble(config)
+    # the file is named from a copy made for workers elsewhere too; a config built in Python names none
+    from detens.ensemble_config import with_absolute_paths
+
+    with pytest.raises(error, match=named):
+        build_ensemble(with_absolute_paths(config))
+    python_config = ensemble_config_from_dict({"models": [{**member, "name": "broken"}]})
+    with pytest.raises(error, match="^" + re.escape(f"model 'broken': {message}")):
+        build_ensemble(python_config)
+
+
+def test_a_members_refusal_keeps_its_type_and_names_an_unnamed_member_once(monkeypatch):
+    """A caller that catches the adapter's own error (an UnknownImageError is a KeyError) still does, and an
+    adapter's message that starts with the name the label shows does not repeat it."""
+    from detens.adapters.precomputed import UnknownImageError
+
+    def refuse(model, ensemble, categories):
+        raise UnknownImageError("no saved predictions for 'a.jpg'")
+
+    monkeypatch.setitem(ADAPTERS._items, "precomputed", refuse)
+    with pytest.raises(KeyError) as caught:
+        build_detector({"type": "precomputed", "results": "saved.json", "name": "saved"})
+    assert isinstance(caught.value, UnknownImageError)
+    assert str(caught.value) == "model 'saved': no saved predictions for 'a.jpg'"
+    # an unnamed torchvision member is shown by its architecture, which the adapter names its messages by
+    member = {"type": "torchvision", "arch": "fasterrcnn_mobilenet_v3_large_320_fpn", "options": {"a_typo": 1}}
+    with pytest.raises(TypeError, match=r"^model 'fasterrcnn_mobilenet_v3_large_320_fpn': 'a_typo' is no argument"):
+        build_detector(member)
+
+
+def test_a_members_bad_flag_in_a_config_made_in_python_is_named():
+    """Such a config is not type-checked as a YAML file is: the adapter's refusal is the first word."""
+    model = ModelConfig(type="onnx", weights="m.onnx", decoder="yolox", name="yolox_nano", bgr_to_rgb="false")
+    with pytest.raises(TypeError, match=r"^model 'yolox_nano': bgr_to_rgb must be True or False, got str: 'false'$"):
+        build_detector(model)
+
+
 @pytest.mark.slow
 def test_build_ensemble_checks_class_maps_before_any_model_loads(tmp_path):
     from detens.adapters import check_class_maps

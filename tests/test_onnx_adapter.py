@@ -382,6 +382,31 @@ class TestOnnxDetector:
         fed = detector.session.feeds
         assert len(fed) == 2 and fed[0]["images"].shape == (1, 3, 32, 32)  # fixed batch 1: one by one
 
+    def test_a_member_cached_at_its_conf_keeps_the_boxes_it_kept_live(self, fake_model):
+        """The live adapters keep scores above conf; a cache holds them rounded (5 decimals), so a score just
+        above conf is saved as conf itself: read back at that conf, the cached member must keep it."""
+        from detens.adapters.precomputed import PrecomputedDetector
+        from detens.coco import detections_to_coco
+
+        conf = 0.001
+        scores = [0.0009996, conf, 0.0010004, 0.3]  # below, on (dropped live: float32(0.001) is not above it), above
+        out = np.zeros((1, 84, 21), dtype=np.float32)
+        for i, score in enumerate(scores):
+            out[0, :4, i] = [4.0 + 8 * i, 16.0, 4.0, 4.0]  # apart: NMS keeps each
+            out[0, 4, i] = score
+        path = fake_model([1, 3, 32, 32], [out])
+        (live,) = OnnxDetector(path, "ultralytics", conf=conf)([np.zeros((32, 32, 3), np.uint8)])
+        assert sorted(live.scores.tolist()) == pytest.approx([0.0010004, 0.3])
+        saved = detections_to_coco(live, image_id=1)
+        assert sorted(r["score"] for r in saved) == [conf, 0.3]  # 0.0010004 rounds onto conf
+        images = [{"id": 1, "file_name": "a.jpg", "height": 32, "width": 32}]
+        (cached,) = PrecomputedDetector(saved, images, conf=conf)(["a.jpg"])
+        torch.testing.assert_close(cached.boxes, live.boxes)
+        # a saved score below conf (from a cache made at a lower conf) is dropped, one above it kept
+        lower = [{**saved[0], "score": 0.00099}, {**saved[1], "score": 0.00101}]
+        (cached,) = PrecomputedDetector(lower, images, conf=conf)(["a.jpg"])
+        assert cached.scores.tolist() == pytest.approx([0.00101])
+
     def test_family_defaults(self, fake_model):
         path = fake_model([1, 3, 32, 32], [np.zeros((1, 84, 21), np.float32)])
         detector = OnnxDetector(path, "ultralytics")

@@ -232,6 +232,18 @@ class TestTraining:
         with pytest.raises(ValueError):
             ThetaTrainConfig(**changes)
 
+    @pytest.mark.parametrize("kind", ["theta", "theta_seed", "deep", "selection", "superlearner"])
+    def test_no_epochs_is_refused_not_saved_as_a_fitted_head(self, kind, tmp_path):
+        """epochs 0 was accepted: the head came back as initialized (Θ = 1/N, or mean scoring), as if fitted."""
+        from detens.heads import config_for, load_train_config
+
+        with pytest.raises(ValueError, match=r"^epochs must be an integer >= 1, got 0$"):
+            config_for(kind, epochs=0)
+        (tmp_path / "train.yaml").write_text("epochs: 0\n")
+        with pytest.raises(ValueError, match=r"train\.yaml: epochs must be an integer >= 1, got 0$"):
+            load_train_config(kind, str(tmp_path / "train.yaml"))
+        assert config_for(kind, epochs=1).epochs == 1
+
     @pytest.mark.parametrize("changes, message", [
         ({"epochs": "5"}, "epochs must be an integer, got str: '5'"),
         ({"epochs": 2.5}, "epochs must be an integer, got float: 2.5"),

@@ -133,7 +133,8 @@ def _model_runner_options(
 
 def _construct(detector: type, model: ModelConfig, *args: Any, **kwargs: Any) -> Detector:
     """``detector(*args, **kwargs, **model.options)``, once the member's ``options`` are checked: each must be
-    an argument of ``detector`` that the config does not already set (a model or ensemble setting)."""
+    an argument of ``detector`` that the config does not already set (a model or ensemble setting).
+    :func:`build_detector` names the member in the refusals."""
     import inspect
 
     signature = inspect.signature(detector)
@@ -144,13 +145,13 @@ def _construct(detector: type, model: ModelConfig, *args: Any, **kwargs: Any) ->
     for key in model.options:
         if key in taken:
             raise ValueError(
-                f"{model.label}: options.{key} is set by the config itself; give {key} as a key of the model "
-                "(or of the ensemble), not under options"
+                f"options.{key} is set by the config itself; give {key} as a key of the model (or of the ensemble), "
+                "not under options"
             )
         if key not in free and not takes_any:
             raise ValueError(
-                f"{model.label}: options.{key} is not an argument of {detector.__name__}; the arguments "
-                f"options may give it: {', '.join(free) or 'none'}"
+                f"options.{key} is not an argument of {detector.__name__}; the arguments options may give it: "
+                f"{', '.join(free) or 'none'}"
             )
     return detector(*args, **kwargs, **model.options)
 
@@ -265,7 +266,7 @@ def check_class_maps(
     ids = list(categories) if categories is not None else list(COCO_CATEGORY_IDS)
     for model in config.models:
         if model.class_map is not None:
-            check_class_map_categories(model.class_map, ids, model.label, label_space_name(config))
+            check_class_map_categories(model.class_map, ids, config.member_label(model), label_space_name(config))
 
 
 def _warn_of_names_mapped_onto_other_coco_classes(config: EnsembleConfig) -> None:
@@ -316,6 +317,12 @@ def build_detector(
         ensemble: supplies the defaults (``conf``, ``imgsz``, ``weights_dir``, ...); None: the defaults of
             :class:`EnsembleConfig`.
         categories: the label space's ``{category_id: name}``; None: COCO.
+
+    Raises:
+        TypeError, ValueError: the adapter's refusal of an option (its own type, a subclass such as
+            :class:`~detens.adapters.precomputed.UnknownImageError` included), its message led by the member
+            (``model 'yolox_nano'``) and the YAML file the ensemble was read from, as a refusal of the file's
+            values is.
     """
     from detens.config import from_dict
     from detens.ensemble_config import EnsembleConfig, ModelConfig
@@ -326,17 +333,26 @@ def build_detector(
         model = from_dict(ModelConfig, dict(model), "model")
     if ensemble is None:
         ensemble = EnsembleConfig(models=[model])
-    detector = ADAPTERS.get(model.type)(model, ensemble, categories)
-    if model.tta:
-        from detens.adapters.augmented import AugmentedDetector
+    builder = ADAPTERS.get(model.type)
+    try:
+        detector = builder(model, ensemble, categories)
+        if model.tta:
+            from detens.adapters.augmented import AugmentedDetector
 
-        return AugmentedDetector(
-            detector,
-            model.tta,
-            merge_iou=ensemble.setting(model, "iou"),
-            max_det=ensemble.setting(model, "max_det"),
-        )
-    return detector
+            return AugmentedDetector(
+                detector,
+                model.tta,
+                merge_iou=ensemble.setting(model, "iou"),
+                max_det=ensemble.setting(model, "max_det"),
+            )
+        return detector
+    except (TypeError, ValueError) as err:
+        # an adapter names the option it refuses, not which of the ensemble's members has it (some lead with
+        # their own name, which the label repeats). The error itself is kept, its type and traceback with it,
+        # for the callers that catch it.
+        message = str(err).removeprefix(f"{model.shown_as}: ")
+        err.args = (f"{ensemble.member_label(model)}: {message}",)
+        raise
 
 
 def build_ensemble(

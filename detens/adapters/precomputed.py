@@ -75,7 +75,11 @@ class PrecomputedDetector(BaseDetector):
         default_images: the images to match against when neither ``images`` nor the results name theirs
             (an ensemble's dataset): the results' own images come first, as their ids are ids of those.
         name (str | None): display name; default: the results file's stem.
-        conf (float): drop results scored below it.
+        conf (float): keep the results scored ``conf`` or more. The adapters that run a model keep the scores
+            above ``conf``, as Ultralytics' and torchvision's own post-processing do, but saved scores are
+            rounded (``detens cache`` and ``detens fuse`` write 5 decimals): a score just above ``conf`` is saved
+            as ``conf`` itself, so that read back at the ``conf`` it was saved with, a member keeps every box it
+            kept when it ran.
         max_det (int | None): keep at most this many results per image (the best scored).
         class_map (dict[int, int] | None): ``{saved category_id: category id}``; unlisted ids are dropped.
             Default: the saved ``category_id`` is the label.
@@ -287,7 +291,7 @@ class PrecomputedDetector(BaseDetector):
             keep = mapped >= 0
             det = Detections(det.boxes[keep], det.scores[keep], mapped[keep], image_size, self.name)
         if len(det) and self.conf > 0:
-            det = det[det.scores >= self.conf]
+            det = det[det.scores >= self.conf]  # not >: a saved score equal to conf is one above it, rounded
         det = det.sort_by_score()
         if self.max_det is not None and len(det) > self.max_det:
             det = det[: self.max_det]

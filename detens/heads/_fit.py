@@ -153,7 +153,8 @@ class ThetaTrainConfig:
         check_real(self.eps, "eps", 0.0, 0.5, low_open=True, high_open=True)  # ThetaHead's own bounds
         check_choice(self.optimizer, "optimizer", ("gd", "adam"))
         check_real(self.lr, "lr", 0.0, low_open=True)
-        for name in ("epochs", "batch_images", "reassign_every"):
+        check_integer(self.epochs, "epochs", 1)  # 0: the head as initialized, saved as if fitted
+        for name in ("batch_images", "reassign_every"):
             check_integer(getattr(self, name), name, 0)
         check_seed(self.seed)
         self.device = check_device(self.device)
@@ -429,7 +430,7 @@ class HeadTrainConfig:
             one with the best mAP on the training images (empty: just ``match_iou``).
         target_iou (float): IoU of a GT match for the box target and the ``"matched"`` score target.
         score_target (str): ``"matched"`` or ``"iou_fraction"`` (see the module docstring).
-        epochs (int), lr (float), weight_decay (float): AdamW settings (weight decay 0: Adam).
+        epochs (int), lr (float), weight_decay (float): AdamW settings (epochs >= 1; weight decay 0: Adam).
         batch_clusters (int): clusters per mini-batch (0: all training clusters in one batch).
         reassign_every (int): re-assign targets from the current head every that many epochs (0: never).
         hidden (int), depth (int), activation (str), class_embed (int), features (list[str] | None):
@@ -513,7 +514,9 @@ class HeadTrainConfig:
         self.match_iou_grid = check_reals(self.match_iou_grid, "match_iou_grid", 0.0, 1.0, low_open=True, high_open=True)
         if self.score_target not in SCORE_TARGETS:
             raise ValueError(f"score_target must be one of {', '.join(SCORE_TARGETS)}, got {self.score_target!r}")
-        for name in ("epochs", "batch_clusters", "reassign_every", "class_embed", "depth"):
+        check_integer(self.epochs, "epochs", 1)  # 0: the head as initialized, saved as if fitted
+        # depth 0 is a linear head, no hidden layer
+        for name in ("batch_clusters", "reassign_every", "class_embed", "depth"):
             check_integer(getattr(self, name), name, 0)
         check_real(self.lr, "lr", 0.0, low_open=True)
         for name in ("weight_decay", "lambda_box"):
