@@ -91,26 +91,28 @@ def check_file_or_folder(value: str) -> str:
 
 
 def check_existing_folder(value: str) -> str:
-    """The path of a folder that exists, kept as written.
+    """The path of a folder that exists, kept as written. An empty one is refused as :func:`check_folder`
+    refuses it, not read as the working directory.
 
     Raises:
-        ValueError: no folder is at ``value``.
+        ValueError: ``value`` is empty, or no folder is at it.
     """
+    if not value:
+        raise ValueError("expected a folder, got an empty path (write . for the working directory)")
     if not os.path.isdir(value):
         raise ValueError(not_a_folder(value, repr(value)))
     return value
 
 
 def check_given_folder(flag: str, value: str | None) -> None:
-    """Raise ``UsageError`` unless ``value`` of ``flag`` (None: the option left out) is a folder that exists.
-    An empty one is refused as :func:`check_folder` refuses it, not read as the working directory.
-    """
+    """Raise ``UsageError`` unless ``value`` of ``flag`` (None: the option left out) is a folder that exists
+    (:func:`check_existing_folder`)."""
     if value is None:
         return
-    if not value:
-        raise UsageError(f"{flag}: expected a folder, got an empty path (write . for the working directory)")
-    if not os.path.isdir(value):
-        raise UsageError(f"{flag}: {not_a_folder(value)}")
+    try:
+        check_existing_folder(value)
+    except ValueError as err:
+        raise UsageError(f"{flag}: {err}") from None
 
 
 def not_a_folder(path: str | os.PathLike[str], shown: str | None = None) -> str:
