@@ -39,6 +39,7 @@ from detens.checks import first_few
 from detens.coco import CocoGroundTruth, detections_to_coco, load_coco_gt, save_coco_results
 from detens.config import parse_yaml
 from detens.ensemble_config import (
+    MODEL_PATH_KEYS,
     NOT_READ_BY_TYPE,
     EnsembleConfig,
     ModelConfig,
@@ -101,8 +102,6 @@ ANNOTATIONS = ".annotations"
 _SHARD_FILE = re.compile(r"^(?P<member>.+)\.shard-(?P<index>\d+)-of-(?P<count>\d+)\.json$")
 # ModelConfig keys that change a member's detections (device and batch do not; name and weight neither).
 _RESULT_KEYS = ("type", "weights", "arch", "results", "images", "half", "class_map", "options")
-# The keys that name the files whose digests a member's settings record (``inputs``).
-_FILE_KEYS = ("weights", "results", "images")
 _SETTING_KEYS = ("conf", "iou", "imgsz", "max_det")
 # onnx-only keys, recorded only when set so that the settings of other members (and old caches) stay as they were
 _ONNX_KEYS = ("decoder", "input_size", "letterbox", "pad_value", "bgr_to_rgb", "mean", "std")
@@ -648,7 +647,7 @@ def settings_difference(saved: Any, settings: dict[str, Any]) -> str | None:
     shown = {k: f"{k}: {saved.get(k)!r} -> {settings.get(k)!r}" for k in changed}
     before, after = saved.get("inputs"), settings.get("inputs") or {}
     if "inputs" in changed and isinstance(before, dict) and isinstance(after, dict):
-        if set(changed) & set(_FILE_KEYS) and all(before.get(name) == digest for name, digest in after.items()):
+        if set(changed) & set(MODEL_PATH_KEYS) and all(before.get(name) == digest for name, digest in after.items()):
             # only files no longer read: another file is named instead, as its key says
             del shown["inputs"]
         else:  # file by file: a whole dict's repr read as if the new files had no digest
@@ -1546,7 +1545,7 @@ def _by_content(settings: Any) -> Any:
     if not isinstance(settings, dict) or not isinstance(settings.get("inputs"), dict):
         return settings
     inputs = settings["inputs"]
-    named = {key: {"sha256": inputs[settings[key]]} for key in _FILE_KEYS
+    named = {key: {"sha256": inputs[settings[key]]} for key in MODEL_PATH_KEYS
              if isinstance(settings.get(key), str) and settings[key] in inputs}
     return {**settings, **named, "inputs": sorted(map(str, inputs.values()))}
 
