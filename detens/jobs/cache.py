@@ -83,7 +83,7 @@ from detens.jobs._options import (
 from detens.jobs._options import path as file_path  # ``path`` is a local name of the code below
 from detens.jobs._software import software_versions
 from detens.labels import COCO_ID_TO_NAME
-from detens.predictions import CACHE_PARTIAL, CACHE_SUMMARY
+from detens.predictions import CACHE_PARTIAL, CACHE_SUMMARY, finished_image_records
 from detens.sources import ImageReadError, read_image
 
 __all__ = ["CacheOptions", "MergeError", "run"]
@@ -606,7 +606,7 @@ def check_settings(
 
 def _holds_results(out: Path, member: str) -> bool:
     """Whether ``out`` keeps any finished image of ``member`` (its records stay after the cache completes)."""
-    return any(partial_dir(out, member).glob("[0-9]*.json"))
+    return any(finished_image_records(partial_dir(out, member)))
 
 
 def recorded_difference(out: Path, member: str, settings: dict[str, Any]) -> str | None:
