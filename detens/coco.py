@@ -55,6 +55,7 @@ __all__ = [
     "validate_coco_results",
     "group_results_by_image",
     "with_annotation_ids",
+    "files_under_several_ids",
 ]
 
 logger = logging.getLogger(__name__)
@@ -314,6 +315,16 @@ def save_coco_results(results: Sequence[Mapping[str, Any]], path: str | Path) ->
 # ----------------------------------------------------------------------------------------- ground truth
 #: The largest image or annotation id: pycocotools holds ids in float64 arrays.
 _MAX_ID = 2**53
+
+
+def files_under_several_ids(images: Iterable[tuple[int, str]]) -> dict[str, list[int]]:
+    """``{file_name: [image id, ...]}`` of each file name that the ``(image id, file_name)`` pairs give more
+    than one id, the names and their ids in the order given: one image file whose records would split its
+    annotations, or its saved boxes, between ids."""
+    ids_by_file: dict[str, list[int]] = {}
+    for image_id, file_name in images:
+        ids_by_file.setdefault(file_name, []).append(image_id)
+    return {name: ids for name, ids in ids_by_file.items() if len(ids) > 1}
 
 
 def _duplicates(values: Iterable[Any]) -> list[Any]:

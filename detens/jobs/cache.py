@@ -36,7 +36,13 @@ from detens.adapters import (
 from detens.adapters.weights import ResolvedWeights, resolve_model_weights
 from detens.catalogue import DEFAULT_ENSEMBLE
 from detens.checks import first_few
-from detens.coco import CocoGroundTruth, detections_to_coco, load_coco_gt, save_coco_results
+from detens.coco import (
+    CocoGroundTruth,
+    detections_to_coco,
+    files_under_several_ids,
+    load_coco_gt,
+    save_coco_results,
+)
 from detens.config import parse_yaml
 from detens.ensemble_config import (
     MODEL_PATH_KEYS,
@@ -462,10 +468,7 @@ def load_dataset(gt_path: Path, images: Path, shard: tuple[int, int] | None) -> 
     all_ids = gt.image_ids
     if not all_ids:
         raise ValueError(f"{gt_path} has no images")
-    by_file: dict[str, list[int]] = {}
-    for image_id in all_ids:
-        by_file.setdefault(gt.file_name(image_id), []).append(image_id)
-    if shared := {name: ids for name, ids in by_file.items() if len(ids) > 1}:
+    if shared := files_under_several_ids((image_id, gt.file_name(image_id)) for image_id in all_ids):
         # each record's predictions would be scored against its own share of the file's objects
         name, ids = next(iter(shared.items()))
         raise ValueError(
