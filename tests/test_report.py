@@ -82,6 +82,20 @@ def test_a_size_range_with_no_object_prints_as_a_dash_not_as_an_ap_below_zero():
     assert "-1" not in html and html.count("<td>-</td>") == 6 and ">0.300</td>" in html
 
 
+def test_a_nan_figure_prints_as_a_dash_as_it_never_wins_its_column():
+    """A record refuses NaN metrics, but the table's functions take any table from Python: a NaN printed as
+    "nan" while its column's best skipped it, the two deciding apart what a figure is."""
+    from detens.report import markdown_table
+    from detens.report.table import cell_text
+
+    nan = float("nan")
+    table = {"a": {"map": nan, "ece": nan}, "b": {"map": 0.3, "ece": 0.05}}
+    assert markdown_table(table).splitlines()[2].startswith("| a | - | - | - | - | - | - | - | - |")
+    assert best_per_column(table) == {"map": ["b"], "ece": ["b"]}
+    for value in (nan, np.float32("nan"), -1.0, -1, None, 0.0, 0, 0.25, np.float64(0.5)):
+        assert (cell_text(value, "{}") != "-") == ("map" in best_per_column({"m": {"map": value}})), value
+
+
 def test_a_bidirectional_control_in_a_name_is_shown_not_obeyed_and_a_figure_keeps_its_file_name():
     """A right-to-left override (U+202E) in a model name reversed the text after it on its line of the page."""
     from detens.report.page import _e, _figure
