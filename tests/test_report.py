@@ -442,6 +442,54 @@ def test_an_image_whose_header_is_sound_and_pixels_are_not_is_unreadable(tmp_pat
         read_images(truth, tmp_path, [1], pixels=pixels)
 
 
+#: file names that lead outside the images folder, joined to it
+ESCAPING_FILE_NAMES = ["../outside.jpg", "sub/../../outside.jpg", "..\\outside.jpg", "ABSOLUTE", "C:\\outside.jpg"]
+
+
+@pytest.mark.parametrize("pixels", [True, False])
+@pytest.mark.parametrize("file_name", ESCAPING_FILE_NAMES)
+def test_an_image_outside_the_images_folder_is_never_read(tmp_path, pixels, file_name):
+    """A ground truth's file_name is joined to the images folder: '../x.jpg', or an absolute one, drew a
+    file from elsewhere onto the page."""
+    import cv2
+
+    from detens.coco import CocoGroundTruth
+    from detens.report.examples import read_images
+
+    images = tmp_path / "images"
+    images.mkdir()
+    assert cv2.imwrite(str(tmp_path / "outside.jpg"), np.zeros((80, 100, 3), np.uint8))  # 1.jpg's size
+    file_name = str(tmp_path / "outside.jpg") if file_name == "ABSOLUTE" else file_name
+    gt = tiny_record().gt
+    truth = CocoGroundTruth({**gt, "images": [{**gt["images"][0], "file_name": file_name}]})
+    with pytest.raises(ValueError) as error:
+        read_images(truth, images, [1], pixels=pixels)
+    assert str(error.value) == (f"image 1 of the ground truth has file_name {file_name!r}, which leads outside the "
+                                "images folder: expected a path inside it (relative to it, without '..')")
+
+
+def test_a_record_whose_image_leads_outside_the_images_folder_is_refused(tmp_path):
+    path = tiny_record().save(tmp_path / "bad.evaluation.json.gz")
+    document = json.loads(gzip.decompress(path.read_bytes()))
+    escaping = [name for name in ESCAPING_FILE_NAMES if name != "ABSOLUTE"] + ["/outside.jpg", "\\\\server\\share\\x.jpg"]
+    for file_name in escaping:
+        document["gt"]["images"][0]["file_name"] = file_name
+        path.write_bytes(gzip.compress(json.dumps(document).encode()))
+        with pytest.raises(ValueError) as error:
+            EvaluationRecord.load(path)
+        assert str(error.value) == (
+            f"{path}: image 1 of the evaluation record's ground truth has file_name {file_name!r}, which leads "
+            "outside the images folder: expected a path inside it (relative to it, without '..')"
+        )
+    for file_name in ("sub/1.jpg", "sub\\1.jpg", "./1.jpg", "1..jpg", "..1.jpg"):  # inside it
+        document["gt"]["images"][0]["file_name"] = file_name
+        path.write_bytes(gzip.compress(json.dumps(document).encode()))
+        assert EvaluationRecord.load(path).gt["images"][0]["file_name"] == file_name
+    del document["gt"]["images"][0]["file_name"]  # none: images are not drawn, and nothing is read
+    path.write_bytes(gzip.compress(json.dumps(document).encode()))
+    EvaluationRecord.load(path)
+
+
 @pytest.mark.parametrize("pixels", [True, False])
 def test_an_exif_rotated_image_is_drawn_as_stored(tmp_path, pixels, with_orientation_tag):
     """The ground truth's boxes and size describe the stored pixels; an EXIF "rotate 90°" tag is not applied."""
@@ -978,6 +1026,42 @@ class TestReportFolder:
         assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err, err
         assert f"--report draws the scored images from --images: {problem}" in err, err
         assert sorted(p.name for p in tmp_path.iterdir()) == ["images"]  # nothing written: no table, no page
+
+    def test_an_image_file_outside_the_images_folder_is_refused_by_report_and_by_evaluate(
+        self, quick, tmp_path, capsys, monkeypatch
+    ):
+        from detens.cli import main
+        from detens.jobs import evaluate
+
+        images = tmp_path / "images"
+        shutil.copytree(quick / "images", images)
+        gt = json.loads((quick / "instances.json").read_text())
+        moved = gt["images"][0]
+        shutil.move(images / moved["file_name"], tmp_path / moved["file_name"])  # beside the folder, not in it
+        outside = f"../{moved['file_name']}"
+        record = tmp_path / "results.evaluation.json.gz"
+        document = json.loads(gzip.decompress((quick / "results.evaluation.json.gz").read_bytes()))
+        next(im for im in document["gt"]["images"] if im["id"] == moved["id"])["file_name"] = outside
+        record.write_bytes(gzip.compress(json.dumps(document).encode()))
+        expected = (f"image {moved['id']} of the evaluation record's ground truth has file_name {outside!r}, which "
+                    "leads outside the images folder: expected a path inside it (relative to it, without '..')")
+        capsys.readouterr()
+        assert main(["report", str(record), "--out", str(tmp_path / "page"), "--images", str(images), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert err == f"error: {record}: {expected}\n", err
+        assert not (tmp_path / "page").exists()
+
+        moved["file_name"] = outside
+        (tmp_path / "instances.json").write_text(json.dumps(gt))
+        monkeypatch.setattr(evaluate, "cross_validate", lambda *a, **k: pytest.fail("the evaluation ran"))
+        assert main(["evaluate", "--gt", str(tmp_path / "instances.json"), "--predictions", str(quick / "predictions"),
+                     "--methods", "wbf", "--out", str(tmp_path / "r.json"), "--report", str(tmp_path / "page"),
+                     "--images", str(images), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        assert (f"--report draws the scored images from --images: image {moved['id']} of the ground truth has file_name "
+                f"{outside!r}, which leads outside the images folder") in err, err
+        assert not (tmp_path / "page").exists() and not (tmp_path / "r.json").exists()
 
     def test_a_table_that_its_record_did_not_write_is_refused(self, quick, tmp_path, capsys):
         from detens.cli import main
