@@ -468,28 +468,6 @@ def test_an_image_outside_the_images_folder_is_never_read(tmp_path, pixels, file
                                 "images folder: expected a path inside it (relative to it, without '..')")
 
 
-def test_a_record_whose_image_leads_outside_the_images_folder_is_refused(tmp_path):
-    path = tiny_record().save(tmp_path / "bad.evaluation.json.gz")
-    document = json.loads(gzip.decompress(path.read_bytes()))
-    escaping = [name for name in ESCAPING_FILE_NAMES if name != "ABSOLUTE"] + ["/outside.jpg", "\\\\server\\share\\x.jpg"]
-    for file_name in escaping:
-        document["gt"]["images"][0]["file_name"] = file_name
-        path.write_bytes(gzip.compress(json.dumps(document).encode()))
-        with pytest.raises(ValueError) as error:
-            EvaluationRecord.load(path)
-        assert str(error.value) == (
-            f"{path}: image 1 of the evaluation record's ground truth has file_name {file_name!r}, which leads "
-            "outside the images folder: expected a path inside it (relative to it, without '..')"
-        )
-    for file_name in ("sub/1.jpg", "sub\\1.jpg", "./1.jpg", "1..jpg", "..1.jpg"):  # inside it
-        document["gt"]["images"][0]["file_name"] = file_name
-        path.write_bytes(gzip.compress(json.dumps(document).encode()))
-        assert EvaluationRecord.load(path).gt["images"][0]["file_name"] == file_name
-    del document["gt"]["images"][0]["file_name"]  # none: images are not drawn, and nothing is read
-    path.write_bytes(gzip.compress(json.dumps(document).encode()))
-    EvaluationRecord.load(path)
-
-
 @pytest.mark.parametrize("pixels", [True, False])
 def test_an_exif_rotated_image_is_drawn_as_stored(tmp_path, pixels, with_orientation_tag):
     """The ground truth's boxes and size describe the stored pixels; an EXIF "rotate 90°" tag is not applied."""
@@ -1043,12 +1021,12 @@ class TestReportFolder:
         document = json.loads(gzip.decompress((quick / "results.evaluation.json.gz").read_bytes()))
         next(im for im in document["gt"]["images"] if im["id"] == moved["id"])["file_name"] = outside
         record.write_bytes(gzip.compress(json.dumps(document).encode()))
-        expected = (f"image {moved['id']} of the evaluation record's ground truth has file_name {outside!r}, which "
+        expected = (f"image {moved['id']} of the ground truth has file_name {outside!r}, which "
                     "leads outside the images folder: expected a path inside it (relative to it, without '..')")
         capsys.readouterr()
         assert main(["report", str(record), "--out", str(tmp_path / "page"), "--images", str(images), "--quiet"]) == 2
         err = capsys.readouterr().err
-        assert err == f"error: {record}: {expected}\n", err
+        assert err == f"error: {expected}\n", err  # the record loads: its tables need no image
         assert not (tmp_path / "page").exists()
 
         moved["file_name"] = outside

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from detens.checks import check_real
-from detens.coco import check_file_name_inside, validate_coco_results
+from detens.coco import validate_coco_results
 from detens.detections import MAX_LABEL
 from detens.io import atomic_write_bytes, check_file_path
 
@@ -147,9 +147,8 @@ class EvaluationRecord:
 
         Raises:
             FileNotFoundError: no record there (the message says which command writes one).
-            ValueError: not a record of this format, naming the file and what is wrong (an image whose
-                ``file_name`` leads outside the images folder among them); or a table that the record's run
-                did not write, naming both files and the rows that differ.
+            ValueError: not a record of this format, naming the file and what is wrong; or a table that
+                the record's run did not write, naming both files and the rows that differ.
         """
         if Path(path).is_dir():
             raise IsADirectoryError(f"evaluation record (or the table beside it) expected, got a folder: {path}")
@@ -174,7 +173,6 @@ class EvaluationRecord:
             raise ValueError(f"{path}: the evaluation record lacks {missing}")
         try:
             _check_sections(document)
-            _check_file_names(document["gt"])
         except ValueError as err:
             raise ValueError(f"{path}: {err}") from err
         # without the table beside it the record still stands alone: it holds its own table
@@ -241,16 +239,6 @@ def _check_sections(document: Mapping[str, Any]) -> None:
             )
         if row["ece"] is not None:  # null: no detection to measure
             _check_figure(row["ece"], f"the evaluation record's calibration[{method!r}]['ece']", 0.0, 1.0)
-
-
-def _check_file_names(gt: Mapping[str, Any]) -> None:
-    """Raise ``ValueError`` naming the first image of ``gt`` whose ``file_name`` leads outside the images
-    folder (:func:`~detens.coco.check_file_name_inside`): the page reads the images it draws from that folder
-    by their ``file_name``, and a record may come from anywhere."""
-    images = gt.get("images")
-    for image in images if isinstance(images, list) else []:
-        if isinstance(image, dict) and "file_name" in image:
-            check_file_name_inside(str(image["file_name"]), image.get("id"), "the evaluation record's ground truth")
 
 
 #: The keys of ``meta`` the page reads → the JSON type each must have where present (null: not known).
