@@ -22,7 +22,7 @@ import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -55,6 +55,8 @@ __all__ = [
     "validate_coco_results",
     "group_results_by_image",
     "with_annotation_ids",
+    "files_under_several_ids",
+    "check_file_name_inside",
 ]
 
 logger = logging.getLogger(__name__)
@@ -314,6 +316,33 @@ def save_coco_results(results: Sequence[Mapping[str, Any]], path: str | Path) ->
 # ----------------------------------------------------------------------------------------- ground truth
 #: The largest image or annotation id: pycocotools holds ids in float64 arrays.
 _MAX_ID = 2**53
+
+
+def files_under_several_ids(images: Iterable[tuple[int, str]]) -> dict[str, list[int]]:
+    """``{file_name: [image id, ...]}`` of each file name that the ``(image id, file_name)`` pairs give more
+    than one id, the names and their ids in the order given: one image file whose records would split its
+    annotations, or its saved boxes, between ids."""
+    ids_by_file: dict[str, list[int]] = {}
+    for image_id, file_name in images:
+        ids_by_file.setdefault(file_name, []).append(image_id)
+    return {name: ids for name, ids in ids_by_file.items() if len(ids) > 1}
+
+
+def check_file_name_inside(file_name: str, image_id: int, whose: str = "the ground truth") -> str:
+    """``file_name`` of the image ``image_id`` of ``whose``, checked to name a file inside the images folder:
+    relative (no root, no drive) and without a ``..`` part, under either separator (annotation files written
+    on Windows use backslashes). Joined to the folder, any other would read a file from outside it.
+
+    Raises:
+        ValueError: naming the image, ``whose`` it is and the file name.
+    """
+    path = PureWindowsPath(file_name)
+    if path.drive or path.root or ".." in path.parts:
+        raise ValueError(
+            f"image {image_id} of {whose} has file_name {file_name!r}, which leads outside the images folder: "
+            "expected a path inside it (relative to it, without '..')"
+        )
+    return file_name
 
 
 def _duplicates(values: Iterable[Any]) -> list[Any]:

@@ -34,6 +34,8 @@ __all__ = [
     "check_member_name",
     "NOT_READ_BY_TYPE",
     "HEAD_PARAMS",
+    "ENSEMBLE_PATH_KEYS",
+    "MODEL_PATH_KEYS",
 ]
 
 # keys each adapter type uses besides the common ones
@@ -399,6 +401,13 @@ def _file_refuses_alike(data: dict[str, Any], path: Path, refusal: Exception) ->
 
 #: ``fusion.params`` that the fusers take as head files: ``detens.fuse``'s ``calibration`` and theta's ``head``.
 HEAD_PARAMS = ("calibration", "head")
+#: The keys of an ensemble config that name a file or folder, beside ``fusion.head`` and :data:`HEAD_PARAMS`:
+#: those a YAML gives relative to its folder (:func:`load_ensemble_config`), that :func:`with_absolute_paths`
+#: and :func:`with_real_paths` rewrite.
+ENSEMBLE_PATH_KEYS = ("dataset", "weights_dir")
+#: A member's keys that name a file or folder, as :data:`ENSEMBLE_PATH_KEYS`; ``weights`` may also be a name
+#: in a weights folder or one to download, which a YAML leaves as written where no such file is beside it.
+MODEL_PATH_KEYS = ("weights", "results", "images")
 
 
 def _paths_beside(data: dict[str, Any], source: Path) -> None:
@@ -414,17 +423,17 @@ def _paths_beside(data: dict[str, Any], source: Path) -> None:
             for key in HEAD_PARAMS:
                 if key in params:
                     params[key] = _head_param_beside(params[key], folder, f"fusion.params.{key}", source)
-    for key in ("dataset", "weights_dir"):
+    for key in ENSEMBLE_PATH_KEYS:
         if key in data:
             data[key] = _file_beside(data[key], folder, key, source)
     for n, model in enumerate(data.get("models") or []):
         if not isinstance(model, dict):
             continue
-        for key in ("results", "images"):
-            if key in model:
+        for key in MODEL_PATH_KEYS:
+            if key == "weights" and key in model:
+                model[key] = _weights_beside(model[key], folder)
+            elif key in model:
                 model[key] = _file_beside(model[key], folder, f"models[{n}].{key}", source)
-        if "weights" in model:
-            model["weights"] = _weights_beside(model["weights"], folder)
 
 
 def _relative(value: Any, folder: Path) -> tuple[Path, Path] | None:
@@ -555,10 +564,10 @@ def with_real_paths(data: Any) -> Any:
     def real(value: Any) -> Any:
         return os.path.realpath(value) if isinstance(value, str) and value.strip() and os.path.exists(value) else value
 
-    data = {**data, **{key: real(data[key]) for key in ("dataset", "weights_dir") if key in data}}
+    data = {**data, **{key: real(data[key]) for key in ENSEMBLE_PATH_KEYS if key in data}}
     if isinstance(data.get("models"), list):
         data["models"] = [
-            {**model, **{key: real(model[key]) for key in ("weights", "results", "images") if key in model}}
+            {**model, **{key: real(model[key]) for key in MODEL_PATH_KEYS if key in model}}
             if isinstance(model, dict) else model
             for model in data["models"]
         ]
@@ -572,19 +581,15 @@ def with_real_paths(data: Any) -> Any:
 
 def with_absolute_paths(config: EnsembleConfig | ModelConfig) -> EnsembleConfig | ModelConfig:
     """The config with every relative file it names that exists from the working directory made
-    absolute (weights, results, images, dataset, weights folder, head, the head files of
-    ``fusion.params``); other values (a download name
-    such as ``yolo11n.pt``) as they are. For workers whose working directory is not this process's (Ray
-    actors on a cluster started elsewhere)."""
+    absolute (:data:`ENSEMBLE_PATH_KEYS`, each member's :data:`MODEL_PATH_KEYS`, the head, the head files of
+    ``fusion.params``); other values (a download name such as ``yolo11n.pt``) as they are. For workers whose
+    working directory is not this process's (Ray actors on a cluster started elsewhere)."""
     if isinstance(config, ModelConfig):
-        return replace(
-            config, weights=_absolute(config.weights), results=_absolute(config.results), images=_absolute(config.images)
-        )
+        return replace(config, **{key: _absolute(getattr(config, key)) for key in MODEL_PATH_KEYS})
     params = {k: _absolute(v) if k in HEAD_PARAMS else v for k, v in config.fusion.params.items()}
     absolute = replace(
         config,
-        weights_dir=_absolute(config.weights_dir),
-        dataset=_absolute(config.dataset),
+        **{key: _absolute(getattr(config, key)) for key in ENSEMBLE_PATH_KEYS},
         models=[with_absolute_paths(model) for model in config.models],
         fusion=replace(config.fusion, head=_absolute(config.fusion.head), params=params),
     )

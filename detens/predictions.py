@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PureWindowsPath
 from typing import Any
@@ -32,7 +32,7 @@ from detens.io import read_json_file
 
 __all__ = [
     "CACHE_PARTIAL", "CACHE_SUMMARY", "EnsemblePredictions", "LeftOutImage", "NOT_RESULTS", "base_file_names",
-    "folder_models", "join_predictions", "shared_images", "shares_images_phrase",
+    "finished_image_records", "folder_models", "join_predictions", "shared_images", "shares_images_phrase",
 ]
 
 logger = logging.getLogger(__name__)
@@ -44,6 +44,12 @@ CACHE_PARTIAL = ".partial"
 
 #: JSON files of a prediction folder that are not a model's results (``detens cache``'s summary).
 NOT_RESULTS: frozenset[str] = frozenset({CACHE_SUMMARY})
+
+
+def finished_image_records(member_folder: Path) -> Iterator[Path]:
+    """The records of the images a member of a cache has finished, in its folder of :data:`CACHE_PARTIAL`
+    (``<image id>.json``), not the settings they were made with; none where there is no such folder."""
+    return member_folder.glob("[0-9]*.json")
 
 
 def folder_models(folder: str | Path) -> list[str]:
@@ -481,7 +487,7 @@ def _unfinished_members(folder: Path, summary: dict[str, Any] | None, finished: 
     partial = folder / CACHE_PARTIAL
     if partial.is_dir():
         for member in sorted(p for p in partial.iterdir() if p.is_dir() and p.name not in finished):
-            done = sum(1 for _ in member.glob("[0-9]*.json")) if member.name not in unfinished else 0
+            done = sum(1 for _ in finished_image_records(member)) if member.name not in unfinished else 0
             if done:
                 unfinished[member.name] = f"{done} images done"
     return unfinished

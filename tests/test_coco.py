@@ -583,3 +583,12 @@ def test_an_image_without_file_name_is_scored_but_cannot_be_found(tmp_path):
     assert predictions.left_out == [] and len(predictions.per_model(1)[0]) == 1
     with pytest.raises(ValueError, match="no 'file_name'"):
         EnsemblePredictions(["m"], results, gt, unreadable={"m": {"x.jpg": "corrupt"}})
+
+
+def test_files_under_several_ids_names_each_shared_file_with_its_ids_in_order():
+    from detens.coco import files_under_several_ids
+
+    assert files_under_several_ids([]) == {}
+    assert files_under_several_ids([(1, "a.jpg"), (2, "b.jpg")]) == {}
+    pairs = [(9, "b.jpg"), (1, "a.jpg"), (3, "b.jpg"), (2, "c.jpg"), (5, "a.jpg"), (4, "b.jpg")]
+    assert list(files_under_several_ids(pairs).items()) == [("b.jpg", [9, 3, 4]), ("a.jpg", [1, 5])]

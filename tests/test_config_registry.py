@@ -246,6 +246,17 @@ def test_a_set_flag_with_a_leading_zero_is_refused():
         parse_set(["seed=010"])
 
 
+def test_set_flags_of_one_head_are_read_without_its_prefix_and_named_as_given():
+    from detens.jobs._options import UsageError, parse_set
+
+    assert parse_set(["theta.lr=1e-3", "theta. epochs = 2"], prefix="theta.") == {"lr": 0.001, "epochs": 2}
+    with pytest.raises(UsageError, match=r"^--set 'theta\.epochs=2' and --set 'theta\. epochs=3' both set "
+                                         r"theta\.epochs: give one of them$"):
+        parse_set(["theta.epochs=2", "theta. epochs=3"], prefix="theta.")
+    with pytest.raises(UsageError, match=r"^--set expects key=value, got 'lr'$"):
+        parse_set(["lr"])
+
+
 def test_yaml_files_and_set_overrides_read_1e_3_as_a_number(tmp_path):
     from detens.heads import load_train_config
     from detens.jobs._options import parse_set

@@ -819,6 +819,55 @@ def test_with_absolute_paths_makes_existing_relative_files_absolute(tmp_path, mo
     assert with_absolute_paths(config.models[1]).results == str(tmp_path / "r.json")
 
 
+PATH_KEYS = [("config", key) for key in ("dataset", "weights_dir")] + [
+    ("member", key) for key in ("weights", "results", "images")
+]
+
+
+@pytest.mark.parametrize("where, key", PATH_KEYS, ids=[f"{w}.{k}" for w, k in PATH_KEYS])
+def test_each_path_key_is_read_beside_the_yaml_made_absolute_and_compared_by_its_real_path(
+    tmp_path, monkeypatch, where, key
+):
+    """Each key that names a file or folder is found beside the YAML, saved absolute and compared through
+    links alike: a key one of them left out would be read from the working directory, or refuse a resume."""
+    from detens.ensemble_config import (
+        ENSEMBLE_PATH_KEYS,
+        MODEL_PATH_KEYS,
+        with_absolute_paths,
+        with_real_paths,
+    )
+
+    # a key added to either is added here too, and so checked by each of the three
+    assert [("config", k) for k in ENSEMBLE_PATH_KEYS] + [("member", k) for k in MODEL_PATH_KEYS] == PATH_KEYS
+    folder = tmp_path / "cfg"
+    folder.mkdir()
+    if key == "weights_dir":
+        (folder / "target").mkdir()
+    else:
+        (folder / "target").write_text("{}")
+    (folder / "link").symlink_to(folder / "target")
+    member = {"weights": "yolo11n.pt"} if key == "weights" else {"type": "precomputed", "results": "r.json", "images": "i.json"}
+    data = {"models": [{**member, key: "target"} if where == "member" else member], "fusion": {"method": "wbf"}}
+    if where == "config":
+        data[key] = "target"
+    (folder / "e.yaml").write_text(yaml.safe_dump(data))
+    monkeypatch.chdir(tmp_path)
+    config = load_ensemble_config(folder / "e.yaml")
+    holder = config.models[0] if where == "member" else config
+    assert getattr(holder, key) == str(folder / "target")  # beside the YAML, not in the working directory
+
+    monkeypatch.chdir(folder)
+    if where == "member":
+        relative = ModelConfig(**{**member, key: "target"})
+    else:
+        relative = EnsembleConfig(models=[ModelConfig(**member)], **{key: "target"})
+    assert getattr(with_absolute_paths(relative), key) == str(folder / "target")
+
+    linked = {**data, key: "link"} if where == "config" else {**data, "models": [{**member, key: "link"}]}
+    assert with_real_paths(linked) == with_real_paths(data)
+    assert with_real_paths(linked) != linked
+
+
 def test_ray_engines_hand_the_actors_absolute_paths(tmp_path, monkeypatch):
     """Actors of a cluster started elsewhere do not share this process's working directory."""
     from detens.engines import ray_cache, ray_fuse

@@ -360,6 +360,9 @@ def test_each_kind_of_option_is_checked_as_its_flag_is(tmp_path):
     assert (fuse.config, fuse.engine, fuse.actors, fuse.weights_dir) == ("coco_yolo3", "local", None, str(tmp_path))  # None: 1 actor
     with pytest.raises(ValueError, match=r"weights_dir: no such folder: .*missing"):
         FuseOptions.from_python({"source": "images", "out": tmp_path / "f", "weights_dir": tmp_path / "missing"})
+    # empty: refused as --images and --out refuse it, not looked up as a folder named ''
+    with pytest.raises(ValueError, match=r"^weights_dir: expected a folder, got an empty path \(write \. for the working"):
+        FuseOptions.from_python({"source": "images", "out": tmp_path / "f", "weights_dir": ""})
     with pytest.raises(ValueError, match=r"engine must be one of 'local', 'ray', got 'rayy'"):
         FuseOptions.from_python({"source": "images", "out": tmp_path / "f", "engine": "rayy"})
     assert FuseOptions.from_python({"source": "images", "out": tmp_path / "f", "conf": np.float32(0.5)}).conf == 0.5

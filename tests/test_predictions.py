@@ -191,3 +191,16 @@ def test_train_says_why_a_member_without_detections_cannot_be_fitted_as_evaluate
     assert code == 2 and err.count("error:") == 1 and not out.exists(), err
     assert ("error: deep calibrates every member's scores before it is fitted (calibrate: true; false fits it on "
             "the raw scores): model 'b' has no detection") in err
+
+
+def test_a_cache_members_finished_images_are_its_numbered_records_not_its_settings(tmp_path):
+    from detens.predictions import CACHE_PARTIAL, finished_image_records
+
+    member = tmp_path / CACHE_PARTIAL / "a"
+    assert list(finished_image_records(member)) == []  # no folder yet: nothing finished
+    member.mkdir(parents=True)
+    (member / "_settings.json").write_text("{}")
+    assert list(finished_image_records(member)) == []
+    for name in ("7.json", "12.json"):
+        (member / name).write_text("{}")
+    assert sorted(p.name for p in finished_image_records(member)) == ["12.json", "7.json"]

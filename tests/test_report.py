@@ -82,6 +82,20 @@ def test_a_size_range_with_no_object_prints_as_a_dash_not_as_an_ap_below_zero():
     assert "-1" not in html and html.count("<td>-</td>") == 6 and ">0.300</td>" in html
 
 
+def test_a_nan_figure_prints_as_a_dash_as_it_never_wins_its_column():
+    """A record refuses NaN metrics, but the table's functions take any table from Python: a NaN printed as
+    "nan" while its column's best skipped it, the two deciding apart what a figure is."""
+    from detens.report import markdown_table
+    from detens.report.table import cell_text
+
+    nan = float("nan")
+    table = {"a": {"map": nan, "ece": nan}, "b": {"map": 0.3, "ece": 0.05}}
+    assert markdown_table(table).splitlines()[2].startswith("| a | - | - | - | - | - | - | - | - |")
+    assert best_per_column(table) == {"map": ["b"], "ece": ["b"]}
+    for value in (nan, np.float32("nan"), -1.0, -1, None, 0.0, 0, 0.25, np.float64(0.5)):
+        assert (cell_text(value, "{}") != "-") == ("map" in best_per_column({"m": {"map": value}})), value
+
+
 def test_a_bidirectional_control_in_a_name_is_shown_not_obeyed_and_a_figure_keeps_its_file_name():
     """A right-to-left override (U+202E) in a model name reversed the text after it on its line of the page."""
     from detens.report.page import _e, _figure
@@ -426,6 +440,32 @@ def test_an_image_whose_header_is_sound_and_pixels_are_not_is_unreadable(tmp_pat
     (tmp_path / "1.jpg").write_bytes(encoded.tobytes()[: encoded.size // 2])  # the header whole, half the pixels
     with pytest.raises(FileNotFoundError, match=r"1 of the 1 images to draw are not usable in .* \(unreadable 1\.jpg\)"):
         read_images(truth, tmp_path, [1], pixels=pixels)
+
+
+#: file names that lead outside the images folder, joined to it
+ESCAPING_FILE_NAMES = ["../outside.jpg", "sub/../../outside.jpg", "..\\outside.jpg", "ABSOLUTE", "C:\\outside.jpg"]
+
+
+@pytest.mark.parametrize("pixels", [True, False])
+@pytest.mark.parametrize("file_name", ESCAPING_FILE_NAMES)
+def test_an_image_outside_the_images_folder_is_never_read(tmp_path, pixels, file_name):
+    """A ground truth's file_name is joined to the images folder: '../x.jpg', or an absolute one, drew a
+    file from elsewhere onto the page."""
+    import cv2
+
+    from detens.coco import CocoGroundTruth
+    from detens.report.examples import read_images
+
+    images = tmp_path / "images"
+    images.mkdir()
+    assert cv2.imwrite(str(tmp_path / "outside.jpg"), np.zeros((80, 100, 3), np.uint8))  # 1.jpg's size
+    file_name = str(tmp_path / "outside.jpg") if file_name == "ABSOLUTE" else file_name
+    gt = tiny_record().gt
+    truth = CocoGroundTruth({**gt, "images": [{**gt["images"][0], "file_name": file_name}]})
+    with pytest.raises(ValueError) as error:
+        read_images(truth, images, [1], pixels=pixels)
+    assert str(error.value) == (f"image 1 of the ground truth has file_name {file_name!r}, which leads outside the "
+                                "images folder: expected a path inside it (relative to it, without '..')")
 
 
 @pytest.mark.parametrize("pixels", [True, False])
@@ -964,6 +1004,42 @@ class TestReportFolder:
         assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err, err
         assert f"--report draws the scored images from --images: {problem}" in err, err
         assert sorted(p.name for p in tmp_path.iterdir()) == ["images"]  # nothing written: no table, no page
+
+    def test_an_image_file_outside_the_images_folder_is_refused_by_report_and_by_evaluate(
+        self, quick, tmp_path, capsys, monkeypatch
+    ):
+        from detens.cli import main
+        from detens.jobs import evaluate
+
+        images = tmp_path / "images"
+        shutil.copytree(quick / "images", images)
+        gt = json.loads((quick / "instances.json").read_text())
+        moved = gt["images"][0]
+        shutil.move(images / moved["file_name"], tmp_path / moved["file_name"])  # beside the folder, not in it
+        outside = f"../{moved['file_name']}"
+        record = tmp_path / "results.evaluation.json.gz"
+        document = json.loads(gzip.decompress((quick / "results.evaluation.json.gz").read_bytes()))
+        next(im for im in document["gt"]["images"] if im["id"] == moved["id"])["file_name"] = outside
+        record.write_bytes(gzip.compress(json.dumps(document).encode()))
+        expected = (f"image {moved['id']} of the ground truth has file_name {outside!r}, which "
+                    "leads outside the images folder: expected a path inside it (relative to it, without '..')")
+        capsys.readouterr()
+        assert main(["report", str(record), "--out", str(tmp_path / "page"), "--images", str(images), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert err == f"error: {expected}\n", err  # the record loads: its tables need no image
+        assert not (tmp_path / "page").exists()
+
+        moved["file_name"] = outside
+        (tmp_path / "instances.json").write_text(json.dumps(gt))
+        monkeypatch.setattr(evaluate, "cross_validate", lambda *a, **k: pytest.fail("the evaluation ran"))
+        assert main(["evaluate", "--gt", str(tmp_path / "instances.json"), "--predictions", str(quick / "predictions"),
+                     "--methods", "wbf", "--out", str(tmp_path / "r.json"), "--report", str(tmp_path / "page"),
+                     "--images", str(images), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        assert (f"--report draws the scored images from --images: image {moved['id']} of the ground truth has file_name "
+                f"{outside!r}, which leads outside the images folder") in err, err
+        assert not (tmp_path / "page").exists() and not (tmp_path / "r.json").exists()
 
     def test_a_table_that_its_record_did_not_write_is_refused(self, quick, tmp_path, capsys):
         from detens.cli import main

@@ -33,7 +33,12 @@ from detens.adapters._labels import (
     id_ranges,
 )
 from detens.checks import check_integer, check_max_det, check_real
-from detens.coco import coco_to_detections, group_results_by_image, validate_coco_results
+from detens.coco import (
+    coco_to_detections,
+    files_under_several_ids,
+    group_results_by_image,
+    validate_coco_results,
+)
 from detens.detections import Detections
 from detens.io import read_json_file
 from detens.sources import read_image
@@ -173,23 +178,15 @@ class PrecomputedDetector(BaseDetector):
         if isinstance(images, Mapping) and "images" in images:
             images = images["images"]
         records: dict[int, dict[str, Any]] = {}
-        ids_by_file: dict[Any, int] = {}
 
         def add(image_id: Any, record: dict[str, Any], name: str) -> None:
             # an id read as another (1.5 as 1, "1" as 1), or given to two files, would send one image's
-            # saved boxes to another, or leave an image without them; a file under two ids, the boxes of
-            # one of them
+            # saved boxes to another, or leave an image without them
             image_id = check_integer(image_id, name)
             if image_id in records:
                 raise ValueError(
                     f"{source}: image id {image_id} is given to both {records[image_id].get('file_name')!r} and "
                     f"{record.get('file_name')!r}; each image needs an id of its own"
-                )
-            file_name = record.get("file_name")
-            if isinstance(file_name, str) and (other := ids_by_file.setdefault(file_name, image_id)) != image_id:
-                raise ValueError(
-                    f"{source}: {file_name!r} is listed under both image id {other} and {image_id}; each image file "
-                    "needs one record"
                 )
             records[image_id] = {**record, "id": image_id}
 
@@ -197,18 +194,27 @@ class PrecomputedDetector(BaseDetector):
             for file_name, image_id in images.items():
                 add(image_id, {"file_name": str(file_name)},
                     f"the image id of {str(file_name)!r} in {source} ({{file_name: image_id}})")
-            return records
-        if isinstance(images, Sequence) and not isinstance(images, str):
+        elif isinstance(images, Sequence) and not isinstance(images, str):
             for i, rec in enumerate(images):
                 if not isinstance(rec, Mapping) or "id" not in rec:
                     raise ValueError(
                         f"images[{i}] must be a COCO image record with 'id' and 'file_name', got {rec!r}"
                     )
                 add(rec["id"], dict(rec), f"images[{i}].id" if source == "images" else f"{source}: images[{i}].id")
-            return records
-        raise TypeError(
-            f"images must be a COCO annotation file/dict or a {{file_name: image_id}} mapping, got {type(images).__name__}"
-        )
+        else:
+            raise TypeError(
+                f"images must be a COCO annotation file/dict or a {{file_name: image_id}} mapping, got "
+                f"{type(images).__name__}"
+            )
+        # a file under two ids: its saved boxes would be found under one of them only
+        named = ((image_id, rec["file_name"]) for image_id, rec in records.items() if isinstance(rec.get("file_name"), str))
+        if shared := files_under_several_ids(named):
+            file_name, (first, second, *_) = next(iter(shared.items()))
+            raise ValueError(
+                f"{source}: {file_name!r} is listed under both image id {first} and {second}; each image file needs "
+                "one record"
+            )
+        return records
 
     # --------------------------------------------------------------------------------------------- labels
     def check_categories(self, category_ids: Iterable[int], label_space: str = "the label space") -> None:

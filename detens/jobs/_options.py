@@ -91,26 +91,28 @@ def check_file_or_folder(value: str) -> str:
 
 
 def check_existing_folder(value: str) -> str:
-    """The path of a folder that exists, kept as written.
+    """The path of a folder that exists, kept as written. An empty one is refused as :func:`check_folder`
+    refuses it, not read as the working directory.
 
     Raises:
-        ValueError: no folder is at ``value``.
+        ValueError: ``value`` is empty, or no folder is at it.
     """
+    if not value:
+        raise ValueError("expected a folder, got an empty path (write . for the working directory)")
     if not os.path.isdir(value):
         raise ValueError(not_a_folder(value, repr(value)))
     return value
 
 
 def check_given_folder(flag: str, value: str | None) -> None:
-    """Raise ``UsageError`` unless ``value`` of ``flag`` (None: the option left out) is a folder that exists.
-    An empty one is refused as :func:`check_folder` refuses it, not read as the working directory.
-    """
+    """Raise ``UsageError`` unless ``value`` of ``flag`` (None: the option left out) is a folder that exists
+    (:func:`check_existing_folder`)."""
     if value is None:
         return
-    if not value:
-        raise UsageError(f"{flag}: expected a folder, got an empty path (write . for the working directory)")
-    if not os.path.isdir(value):
-        raise UsageError(f"{flag}: {not_a_folder(value)}")
+    try:
+        check_existing_folder(value)
+    except ValueError as err:
+        raise UsageError(f"{flag}: {err}") from None
 
 
 def not_a_folder(path: str | os.PathLike[str], shown: str | None = None) -> str:
@@ -216,13 +218,15 @@ def check_text_pair(
     return os.fspath(value[0]), os.fspath(value[1])
 
 
-def parse_set(items: Sequence[str]) -> dict[str, Any]:
+def parse_set(items: Sequence[str], prefix: str = "") -> dict[str, Any]:
     """``--set key=value`` flags as ``{key: value}``, each value read as YAML (``1e-3`` a number, ``[1, 2]``
-    a list).
+    a list). ``prefix``: what every key starts with, left out of the keys (``theta.`` of ``--set
+    theta.epochs=2``, whose key is ``epochs``); messages name each flag as given.
 
     Raises:
-        ValueError: an item without ``=``, a value that is not valid YAML, or a key given twice (one of the
-            values would be dropped unseen), naming it.
+        UsageError: an item without ``=``, or a key given twice (one of the values would be dropped unseen),
+            naming it.
+        ValueError: a value that is not valid YAML, naming it.
     """
     import yaml
 
@@ -232,13 +236,14 @@ def parse_set(items: Sequence[str]) -> dict[str, Any]:
     given: dict[str, str] = {}
     for item in items:
         if "=" not in item:
-            raise ValueError(f"--set expects key=value, got {item!r}")
-        key, value = item.split("=", 1)
-        if key.strip() in given:
-            raise ValueError(f"--set {given[key.strip()]!r} and --set {item!r} both set {key.strip()}: give one of them")
-        given[key.strip()] = item
+            raise UsageError(f"--set expects key=value, got {item!r}")
+        target, value = item.split("=", 1)
+        key = target.removeprefix(prefix).strip()
+        if key in given:
+            raise UsageError(f"--set {given[key]!r} and --set {item!r} both set {prefix}{key}: give one of them")
+        given[key] = item
         try:
-            overrides[key.strip()] = parse_yaml(value)
+            overrides[key] = parse_yaml(value)
         except yaml.YAMLError as err:
             problem = getattr(err, "problem", None) or type(err).__name__
             raise ValueError(f"--set {item!r}: the value is not valid YAML ({problem})") from None

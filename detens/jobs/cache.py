@@ -36,9 +36,16 @@ from detens.adapters import (
 from detens.adapters.weights import ResolvedWeights, resolve_model_weights
 from detens.catalogue import DEFAULT_ENSEMBLE
 from detens.checks import first_few
-from detens.coco import CocoGroundTruth, detections_to_coco, load_coco_gt, save_coco_results
+from detens.coco import (
+    CocoGroundTruth,
+    detections_to_coco,
+    files_under_several_ids,
+    load_coco_gt,
+    save_coco_results,
+)
 from detens.config import parse_yaml
 from detens.ensemble_config import (
+    MODEL_PATH_KEYS,
     NOT_READ_BY_TYPE,
     EnsembleConfig,
     ModelConfig,
@@ -82,7 +89,7 @@ from detens.jobs._options import (
 from detens.jobs._options import path as file_path  # ``path`` is a local name of the code below
 from detens.jobs._software import software_versions
 from detens.labels import COCO_ID_TO_NAME
-from detens.predictions import CACHE_PARTIAL, CACHE_SUMMARY
+from detens.predictions import CACHE_PARTIAL, CACHE_SUMMARY, finished_image_records
 from detens.sources import ImageReadError, read_image
 
 __all__ = ["CacheOptions", "MergeError", "run"]
@@ -101,8 +108,6 @@ ANNOTATIONS = ".annotations"
 _SHARD_FILE = re.compile(r"^(?P<member>.+)\.shard-(?P<index>\d+)-of-(?P<count>\d+)\.json$")
 # ModelConfig keys that change a member's detections (device and batch do not; name and weight neither).
 _RESULT_KEYS = ("type", "weights", "arch", "results", "images", "half", "class_map", "options")
-# The keys that name the files whose digests a member's settings record (``inputs``).
-_FILE_KEYS = ("weights", "results", "images")
 _SETTING_KEYS = ("conf", "iou", "imgsz", "max_det")
 # onnx-only keys, recorded only when set so that the settings of other members (and old caches) stay as they were
 _ONNX_KEYS = ("decoder", "input_size", "letterbox", "pad_value", "bgr_to_rgb", "mean", "std")
@@ -463,10 +468,7 @@ def load_dataset(gt_path: Path, images: Path, shard: tuple[int, int] | None) -> 
     all_ids = gt.image_ids
     if not all_ids:
         raise ValueError(f"{gt_path} has no images")
-    by_file: dict[str, list[int]] = {}
-    for image_id in all_ids:
-        by_file.setdefault(gt.file_name(image_id), []).append(image_id)
-    if shared := {name: ids for name, ids in by_file.items() if len(ids) > 1}:
+    if shared := files_under_several_ids((image_id, gt.file_name(image_id)) for image_id in all_ids):
         # each record's predictions would be scored against its own share of the file's objects
         name, ids = next(iter(shared.items()))
         raise ValueError(
@@ -607,7 +609,7 @@ def check_settings(
 
 def _holds_results(out: Path, member: str) -> bool:
     """Whether ``out`` keeps any finished image of ``member`` (its records stay after the cache completes)."""
-    return any(partial_dir(out, member).glob("[0-9]*.json"))
+    return any(finished_image_records(partial_dir(out, member)))
 
 
 def recorded_difference(out: Path, member: str, settings: dict[str, Any]) -> str | None:
@@ -648,7 +650,7 @@ def settings_difference(saved: Any, settings: dict[str, Any]) -> str | None:
     shown = {k: f"{k}: {saved.get(k)!r} -> {settings.get(k)!r}" for k in changed}
     before, after = saved.get("inputs"), settings.get("inputs") or {}
     if "inputs" in changed and isinstance(before, dict) and isinstance(after, dict):
-        if set(changed) & set(_FILE_KEYS) and all(before.get(name) == digest for name, digest in after.items()):
+        if set(changed) & set(MODEL_PATH_KEYS) and all(before.get(name) == digest for name, digest in after.items()):
             # only files no longer read: another file is named instead, as its key says
             del shown["inputs"]
         else:  # file by file: a whole dict's repr read as if the new files had no digest
@@ -1546,7 +1548,7 @@ def _by_content(settings: Any) -> Any:
     if not isinstance(settings, dict) or not isinstance(settings.get("inputs"), dict):
         return settings
     inputs = settings["inputs"]
-    named = {key: {"sha256": inputs[settings[key]]} for key in _FILE_KEYS
+    named = {key: {"sha256": inputs[settings[key]]} for key in MODEL_PATH_KEYS
              if isinstance(settings.get(key), str) and settings[key] in inputs}
     return {**settings, **named, "inputs": sorted(map(str, inputs.values()))}
 

@@ -458,29 +458,23 @@ def _takers(kind: str, methods: Sequence[str], given: str) -> list[str]:
 
 
 def _sets_by_head(items: Sequence[str], methods: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """``--set HEAD.KEY=VALUE`` flags as ``{head type: {key: value}}`` (values read as YAML).
+    """``--set HEAD.KEY=VALUE`` flags as ``{head type: {key: value}}``, each head's read by :func:`parse_set`.
 
     Raises:
         UsageError: an item not of that form, an unknown head type, one no method of ``methods`` fits, or
             a key given twice (one of the values would be dropped unseen).
         ValueError: a value that is not valid YAML.
     """
-    by_head: dict[str, dict[str, Any]] = {}
-    given: dict[tuple[str, str], str] = {}
+    by_head: dict[str, list[str]] = {}
     for item in items:
         target, equals, _ = item.partition("=")
         kind, dot, key = target.partition(".")
         if not equals or not dot or not key.strip() or kind not in TRAINERS:
             raise UsageError(f"--set takes HEAD.KEY=VALUE with HEAD one of {', '.join(sorted(TRAINERS))} "
                              f"(deep.epochs=5), got {item!r}")
-        if (kind, key.strip()) in given:
-            raise UsageError(f"--set {given[kind, key.strip()]!r} and --set {item!r} both set {kind}.{key.strip()}: "
-                             "give one of them")
-        given[kind, key.strip()] = item
         _takers(kind, methods, f"--set {item}")
-        (value,) = parse_set([item]).values()  # a refusal names the flag as given
-        by_head.setdefault(kind, {})[key.strip()] = value
-    return by_head
+        by_head.setdefault(kind, []).append(item)
+    return {kind: parse_set(given, prefix=f"{kind}.") for kind, given in by_head.items()}
 
 
 def _run_key(

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from detens.coco import CocoGroundTruth, coco_to_detections, group_results_by_image
+from detens.coco import CocoGroundTruth, check_file_name_inside, coco_to_detections, group_results_by_image
 from detens.coco_match import iter_matches, precision_at_recalls
 
 __all__ = ["per_image_ap", "pick_examples", "draw_side_by_side", "read_images", "write_examples"]
@@ -146,8 +146,11 @@ def read_images(
         FileNotFoundError: images missing or unreadable, every one named (up to 5 per kind), at once.
         ValueError: files whose size is not the ground truth's ``width`` x ``height`` (another copy of the
             image, resized: the boxes would be drawn at the wrong scale), each named with both sizes (up
-            to 5), at once.
+            to 5), at once; or, before any file is read, a ``file_name`` that leads outside ``images_dir``
+            (:func:`~detens.coco.check_file_name_inside`).
     """
+    for image_id in image_ids:
+        check_file_name_inside(truth.file_name(image_id), image_id)
     read, missing, unreadable, resized = {}, [], [], []
     for image_id in image_ids:
         path = Path(images_dir) / truth.file_name(image_id)

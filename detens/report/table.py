@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 __all__ = [
-    "TABLE_COLUMNS", "REPEATED_COLUMNS", "LOWER_IS_BETTER", "CEILINGS", "cell_text", "markdown_table", "best_per_column",
+    "TABLE_COLUMNS", "REPEATED_COLUMNS", "LOWER_IS_BETTER", "CEILINGS", "is_measured", "cell_text", "markdown_table",
+    "best_per_column",
 ]
 
 #: (metric key, column title, format) of the results table.
@@ -26,10 +28,17 @@ REPEATED_COLUMNS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+def is_measured(value: float | None) -> bool:
+    """Whether a table's ``value`` is a figure: not ``None`` (not measured), not below zero (pycocotools'
+    ``-1`` for a size range with no object in it, which would read as an AP below zero) and not NaN (no
+    figure either, and neither better nor worse than any). An evaluation record refuses NaN; a table given
+    from Python may hold one."""
+    return value is not None and not math.isnan(value) and float(value) >= 0
+
+
 def cell_text(value: float | None, fmt: str) -> str:
-    """A table cell: ``-`` where nothing was measured (``None``, or pycocotools' ``-1`` for a size range
-    with no object in it, which would read as an AP below zero), else ``fmt``."""
-    return "-" if value is None or float(value) < 0 else fmt.format(value)
+    """A table cell: ``fmt`` of a value :func:`is_measured`, else ``-``."""
+    return fmt.format(value) if is_measured(value) else "-"
 
 
 def markdown_table(
@@ -60,17 +69,15 @@ CEILINGS: frozenset[str] = frozenset({"oracle"})
 def best_per_column(report: Mapping[str, Mapping[str, float]]) -> dict[str, list[str]]:
     """``{metric key: [methods holding the best value]}`` for each of :data:`TABLE_COLUMNS`.
 
-    Values of ``-1`` (pycocotools: nothing to measure) or ``None`` (not measured) and the :data:`CEILINGS`
-    never win; ``fusion_ms`` is compared among fusion methods only, since a single model fuses nothing.
-    Ties all win; a column no method reports is absent.
+    Values not :func:`is_measured` and the :data:`CEILINGS` never win; ``fusion_ms`` is compared among fusion
+    methods only, since a single model fuses nothing. Ties all win; a column no method reports is absent.
     """
     best: dict[str, list[str]] = {}
     for key, _, _ in TABLE_COLUMNS:
         candidates = {
             method: float(metrics[key])
             for method, metrics in report.items()
-            if metrics.get(key) is not None
-            and float(metrics[key]) >= 0
+            if is_measured(metrics.get(key))
             and method not in CEILINGS
             and not (key == "fusion_ms" and method.startswith("single:"))
         }
