@@ -1194,7 +1194,7 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any) -> int
     if ray is not None and plans:
         from detens.engines.ray_cache import ray_session
 
-        session = stack.enter_context(ray_session(ray, quiet=options.quiet))
+        session = stack.enter_context(ray_session(ray, quiet=options.quiet, address_name="--ray-address"))
     try:
         for k, (entry, runs) in enumerate(plans):
             timing.update(load_s=0.0, read_s=0.0, wall_s=0.0)

@@ -1017,7 +1017,7 @@ def _run(options: FuseOptions) -> int:
             from detens.engines.ray_cache import ray_session
             from detens.engines.ray_fuse import fuse_on_ray
 
-            with ray_session(engine, quiet=options.quiet):
+            with ray_session(engine, quiet=options.quiet, address_name="--ray-address"):
                 items = [(name, stems[name], str(path)) for path, name in todo]
                 for row in fuse_on_ray(items, config, categories, yolo_ids, engine):
                     if row["error"]:
