@@ -309,3 +309,24 @@ def test_ray_address_from_the_environment_is_checked_as_an_address_is(monkeypatc
         pass
     assert fake.calls[0] == ("init", {"include_dashboard": False, "log_to_driver": False, "address": "local",
                                       "num_cpus": 2})
+
+
+def test_a_ray_client_session_is_named_by_its_servers_address(monkeypatch):
+    """A process joined through Ray Client (``ray.init("ray://head:10001")``) has no GCS address of its own to
+    compare: the server it joined is the one a ``ray://`` address must name. (``ray[client]`` is no
+    dependency of the engine; its session stands in here.)"""
+    from types import SimpleNamespace
+
+    from ray.util.client import ray as client
+
+    from detens.engines.ray_address import check_running_session
+
+    monkeypatch.setattr(client, "is_connected", lambda: True)
+    monkeypatch.setattr(client, "get_context", lambda: SimpleNamespace(client_worker=SimpleNamespace(
+        _conn_str="127.0.0.1:10001")))
+    for same in (None, "ray://127.0.0.1:10001", "ray://localhost:10001"):
+        check_running_session(same, None)
+    for other in ("ray://127.0.0.1:10002", "127.0.0.1:10001", "ray://10.0.0.5:10001"):
+        with pytest.raises(ValueError, match=rf"joined to the cluster at 'ray://127\.0\.0\.1:10001', which the "
+                                             rf"address {re.escape(repr(other))} does not name"):
+            check_running_session(other, None)
