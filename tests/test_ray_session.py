@@ -330,3 +330,6 @@ def test_a_ray_client_session_is_named_by_its_servers_address(monkeypatch):
         with pytest.raises(ValueError, match=rf"joined to the cluster at 'ray://127\.0\.0\.1:10001', which the "
                                              rf"address {re.escape(repr(other))} does not name"):
             check_running_session(other, None)
+    monkeypatch.setattr(client, "get_context", lambda: SimpleNamespace(client_worker=SimpleNamespace()))
+    for any_address in ("ray://127.0.0.1:10001", "ray://10.0.0.5:10001", "127.0.0.1:6379"):
+        check_running_session(any_address, None)  # a server the session does not name cannot be told apart

@@ -115,10 +115,10 @@ def check_running_session(address: str | None, num_cpus: int | None, name: str =
     import ray
 
     running = _session_address()
-    if address is not None and not _names_session(address, running):
-        shown = "a Ray Client server" if running is None else repr(running)
+    # a Ray Client session that does not say which server it joined cannot be told apart: it is taken
+    if address is not None and running is not None and not _names_session(address, running):
         raise ValueError(
-            f"Ray already runs in this process, joined to the cluster at {shown}, which the {name} {address!r} "
+            f"Ray already runs in this process, joined to the cluster at {running!r}, which the {name} {address!r} "
             "does not name: give no address to use that session, or call ray.shutdown() first to join another"
         )
     if num_cpus is not None:
@@ -143,10 +143,10 @@ def _session_address() -> str | None:
     return str(ray.get_runtime_context().gcs_address)
 
 
-def _names_session(address: str, running: str | None) -> bool:
+def _names_session(address: str, running: str) -> bool:
     """Whether ``address`` (:func:`check_address`'s forms) names the cluster at ``running``."""
     joined = cluster_to_join(address)
-    if running is None or joined is None:  # None: local, a new cluster
+    if joined is None:  # local: a new cluster
         return False
     target = joined[0]
     if target == "auto":
