@@ -48,7 +48,9 @@ def engines(tmp_path, monkeypatch):
                     extra={RESUME_ADVICE: True})
             raise state.error
         Path(out).mkdir(parents=True, exist_ok=True)
-        (Path(out) / "summary.json").write_text(json.dumps({"done": state.done}))
+        unreadable = {} if state.done else {
+            name: f"cannot read image '{Path(source) / name}': OpenCV could not decode it" for name in ("a.jpg", "b.jpg")}
+        (Path(out) / "summary.json").write_text(json.dumps({"done": state.done, "unreadable": unreadable}))
         if state.done == 0:  # as the real run ends when it reads none of its images
             raise ValueError(f"no image of --source {source} could be read (2 unreadable, listed in "
                              f"{Path(out) / 'summary.json'})")
@@ -129,12 +131,16 @@ def test_engines_without_images_is_refused(engines, tmp_path, capsys):
 
 
 def test_engines_over_files_that_are_no_images_is_refused_before_ray_starts(engines, capsys):
-    """A listed file that no decoder reads is skipped by fuse in no time: no rate to report."""
+    """A listed file that no decoder reads is skipped by fuse in no time: no rate to report. The error names
+    the files, where fuse's named its summary in bench's temporary folder, gone with it."""
     engines.done = 0
     assert main(["bench", "--engines", str(engines.images)]) == 2
     err = capsys.readouterr().err
-    assert err.endswith(f"error: no image of --source {engines.images} could be read (2 unreadable, listed in "
-                        f"{engines.calls[0]['out'] / 'summary.json'})\n"), err
+    images = engines.images
+    assert err.endswith(f"error: no image of --engines {images} could be read; unreadable: a.jpg: cannot read image "
+                        f"'{images / 'a.jpg'}': OpenCV could not decode it; unreadable: b.jpg: cannot read image "
+                        f"'{images / 'b.jpg'}': OpenCV could not decode it\n"), err
+    assert "summary.json" not in err and not engines.calls[0]["out"].exists()
     assert len(engines.calls) == 1 and engines.ray.started == 0
 
 

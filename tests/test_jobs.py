@@ -295,6 +295,14 @@ def test_a_python_call_names_its_keyword_options_where_the_command_names_flags(s
     assert "--ray-address, --actors and --gpus-per-actor go with --engine ray" in capsys.readouterr().err
 
 
+def test_a_python_call_names_its_keyword_options_in_a_connection_error_too(stand_in, tmp_path):
+    """Where nothing answers at --ray-address, the job's ConnectionError named the flag to a Python caller."""
+    stand_in.error = ConnectionError("no Ray cluster answers at the --ray-address 'head:6379' (Connection refused)")
+    with pytest.raises(ConnectionError) as raised:
+        detens.cache(out=tmp_path / "o", merge=True)
+    assert str(raised.value) == "no Ray cluster answers at the ray_address 'head:6379' (Connection refused)"
+
+
 def test_in_python_words_rewrites_whole_flags_of_the_job_only():
     from detens.jobs.calls import in_python_words
 

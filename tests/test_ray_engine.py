@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -356,6 +357,69 @@ def test_an_empty_ray_address_is_refused_not_taken_for_a_local_cluster(capsys, t
     assert main(["fuse", "--source", str(tmp_path), "--out", str(tmp_path / "o"), "--engine", "ray",
                  "--ray-address", ""]) == 2
     assert "--ray-address is empty: give a cluster's address" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("address", ["not an address", "http://head:8265", "ray://head"])
+def test_a_ray_address_of_no_form_ray_takes_is_one_error_line_naming_the_flag(capsys, tmp_path, address):
+    """Ray's own words were `Invalid address format: not an address`; a dashboard's address was looked up as
+    the host `http://head`, and a Ray Client address without its port went to Ray as it was."""
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "a.jpg").write_bytes(b"not a jpeg")  # refused before any image is read
+    assert main(["fuse", "--source", str(tmp_path / "images"), "--out", str(tmp_path / "o"), "--engine", "ray",
+                 "--ray-address", address]) == 2
+    assert capsys.readouterr().err == (
+        f"error: detens fuse: --ray-address {address!r} is not a Ray cluster's address: give host:port (a cluster's "
+        "GCS, port 6379 by default), ray://host:port (its Ray Client server, port 10001 by default) or auto (the "
+        "cluster started on this machine by ray start) (see detens fuse --help)\n"
+    )
+
+
+def test_a_running_session_is_used_where_the_address_names_it_and_refused_where_it_names_another(cluster,
+                                                                                                 monkeypatch):
+    """The engine used the session of a process where Ray already ran whatever address it was given: a Python
+    caller's local session stood in for the cluster asked for, without a word."""
+    from ray._private import services
+
+    from detens.engines.ray_cache import RayOptions, ray_session
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(services, "find_bootstrap_address", lambda temp_dir: None)  # no `ray start` recorded
+    running = ray.get_runtime_context().gcs_address
+    host, port = running.rsplit(":", 1)
+    for same in ({}, {"address": running}, {"address": f"localhost:{port}"}, {"address": f"127.0.0.1:{port}"},
+                 {"address": "auto"}, {"num_cpus": 2}):
+        with ray_session(RayOptions(**same)):
+            assert ray.get_runtime_context().gcs_address == running
+        assert ray.is_initialized()  # not the session's to shut down
+    for other in (f"{host}:{int(port) % 65535 + 1}", "10.0.0.5:6379", "ray://10.0.0.5:10001", "local"):
+        with pytest.raises(ValueError, match=rf"^Ray already runs in this process, joined to the cluster at "
+                                             rf"{re.escape(repr(running))}, which the address {re.escape(repr(other))} "
+                                             r"does not name: give no address to use that session, or call "
+                                             r"ray\.shutdown\(\) first to join another$"):
+            with ray_session(RayOptions(address=other)):
+                pytest.fail("the block ran on another cluster than the one asked for")
+    # auto joins the cluster of this machine's last `ray start` where one is recorded, whatever else runs
+    monkeypatch.setattr(services, "find_bootstrap_address", lambda temp_dir: "10.0.0.5:6379")
+    with pytest.raises(ValueError, match="which the address 'auto' does not name"):
+        with ray_session(RayOptions(address="auto")):
+            pass
+    with pytest.raises(ValueError, match=rf"^num_cpus=3 sizes a local cluster to start, but Ray already runs in this "
+                                         rf"process, on a cluster of 2 CPUs at {re.escape(repr(running))}: leave "
+                                         r"num_cpus out to use that session"):
+        with ray_session(RayOptions(num_cpus=3)):
+            pass
+    assert ray.is_initialized() and ray.get_runtime_context().gcs_address == running
+
+
+def test_a_python_call_given_another_clusters_address_than_its_sessions_names_its_keyword_option(cluster, small,
+                                                                                                 tmp_path):
+    import detens
+
+    root, source, _ = small
+    with pytest.raises(ValueError, match=r"which the ray_address '10\.0\.0\.5:6379' does not name"):
+        detens.fuse_images(root / "one.yaml", source, tmp_path / "o", engine="ray", ray_address="10.0.0.5:6379",
+                           quiet=True)
+    assert not (tmp_path / "o").exists()
 
 
 def test_unreadable_images_are_named_as_given_on_both_engines(cluster, small, tmp_path, monkeypatch):

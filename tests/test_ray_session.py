@@ -150,12 +150,28 @@ def test_quiet_must_be_a_bool(quiet):
         ({"num_gpus": float("nan")}, ValueError, r"num_gpus must be"),
         ({"address": 10001}, TypeError, r"address must be a str, got int"),
         ({"address": " "}, ValueError, r"address is empty: give a cluster's \(auto, host:port, ray://host:10001\)"),
+        *(({"address": address}, ValueError, rf"^address {re.escape(repr(address))} is not a Ray cluster's address: "
+           r"give host:port \(a cluster's GCS, port 6379 by default\), ray://host:port \(its Ray Client server, port "
+           r"10001 by default\) or auto \(the cluster started on this machine by ray start\)$")
+          for address in ("not an address", "host:port", "head", "ray://head", "http://head:8265", "head:0",
+                          "head:65536", " head:6379", "AUTO")),
+        ({"address": "auto", "num_cpus": 2}, ValueError,
+         r"^num_cpus=2 sizes a local cluster to start, but address 'auto' names an existing one, which has its own "
+         r"CPUs: give one or the other$"),
+        ({"address": "ray://head:10001", "num_cpus": 2}, ValueError, r"address 'ray://head:10001' names an existing"),
     ],
 )
 def test_ray_options_of_another_kind_or_out_of_range_are_named(options, error, message):
     """A count is never truncated (2.5 actors are not 2) nor read from a string."""
     with pytest.raises(error, match=message):
         RayOptions(**options)
+
+
+@pytest.mark.parametrize("address", ["auto", "local", "head:6379", "10.0.0.5:1", "[::1]:6379", "ray://head:10001",
+                                     "ray://10.0.0.5:65535", "head-node.example.com:6379"])
+def test_ray_options_take_each_form_of_address_ray_init_takes(address):
+    assert RayOptions(address=address).address == address
+    assert RayOptions(address="local", num_cpus=2).num_cpus == 2  # a new local cluster, sized
 
 
 def test_ray_options_keep_numpy_numbers_as_the_python_numbers_they_hold():
@@ -192,7 +208,7 @@ def test_an_address_where_no_cluster_answers_is_refused_before_ray_waits_for_it(
 def test_an_address_that_answers_or_that_ray_resolves_itself_goes_to_ray(monkeypatch):
     import socket
 
-    from detens.engines.ray_cache import check_cluster_answers
+    from detens.engines.ray_address import check_cluster_answers
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     with socket.socket() as listener:
@@ -244,3 +260,76 @@ def test_the_commands_sigterm_handler_stands_during_the_session_and_the_one_befo
                 assert fail is not None
             assert signal.getsignal(signal.SIGTERM) is outer
         assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.fixture
+def clusters_on_this_machine(monkeypatch):
+    """What ``auto`` finds, in place of Ray's own look (its temporary folder's record of the last ``ray
+    start``, then the processes of this machine, where another user's cluster may run): set ``recorded``
+    and ``running``."""
+    from ray._private import services
+
+    found = type("Found", (), {"recorded": None, "running": frozenset()})()
+    monkeypatch.setattr(services, "find_bootstrap_address", lambda temp_dir: found.recorded)
+    monkeypatch.setattr(services, "find_gcs_addresses", lambda: found.running)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    return found
+
+
+def test_auto_that_finds_no_cluster_is_refused_in_the_engines_words(monkeypatch, clusters_on_this_machine):
+    """Ray's ConnectionError named a `--address` flag that is none of the engine's."""
+    fake = FakeRay(monkeypatch)
+    for name in ("address", "--ray-address"):
+        with pytest.raises(ConnectionError, match=rf"^{name} 'auto' finds no Ray cluster running on this machine: "
+                                                  r"start one \(ray start --head\), give a cluster's host:port or "
+                                                  r"ray://host:port, or give no address to start a local cluster$"):
+            with ray_session(RayOptions(address="auto"), address_name=name):
+                pass
+    assert fake.calls == [] and state() == BEFORE
+    clusters_on_this_machine.running = frozenset({"10.0.0.5:6379"})
+    with ray_session(RayOptions(address="auto")):
+        pass
+    assert fake.calls[0] == ("init", {"include_dashboard": False, "log_to_driver": False, "address": "auto"})
+
+
+def test_ray_address_from_the_environment_is_checked_as_an_address_is(monkeypatch):
+    fake = FakeRay(monkeypatch)
+    monkeypatch.setenv("RAY_ADDRESS", "http://head:8265")  # a dashboard's, where Ray Jobs were meant
+    with pytest.raises(ValueError, match=r"^\$RAY_ADDRESS 'http://head:8265' is not a Ray cluster's address: give "
+                                         r"host:port"):
+        with ray_session(RayOptions(address="auto")):  # which the environment's stands for, as for None
+            pass
+    monkeypatch.setenv("RAY_ADDRESS", "head:6379")
+    with pytest.raises(ValueError, match=r"^num_cpus=2 sizes a local cluster to start, but \$RAY_ADDRESS "
+                                         r"'head:6379' names an existing one"):
+        with ray_session(RayOptions(num_cpus=2)):
+            pass
+    assert fake.calls == []
+    with ray_session(RayOptions(address="local", num_cpus=2)):  # a new local cluster, the environment's or not
+        pass
+    assert fake.calls[0] == ("init", {"include_dashboard": False, "log_to_driver": False, "address": "local",
+                                      "num_cpus": 2})
+
+
+def test_a_ray_client_session_is_named_by_its_servers_address(monkeypatch):
+    """A process joined through Ray Client (``ray.init("ray://head:10001")``) has no GCS address of its own to
+    compare: the server it joined is the one a ``ray://`` address must name. (``ray[client]`` is no
+    dependency of the engine; its session stands in here.)"""
+    from types import SimpleNamespace
+
+    from ray.util.client import ray as client
+
+    from detens.engines.ray_address import check_running_session
+
+    monkeypatch.setattr(client, "is_connected", lambda: True)
+    monkeypatch.setattr(client, "get_context", lambda: SimpleNamespace(client_worker=SimpleNamespace(
+        _conn_str="127.0.0.1:10001")))
+    for same in (None, "ray://127.0.0.1:10001", "ray://localhost:10001"):
+        check_running_session(same, None)
+    for other in ("ray://127.0.0.1:10002", "127.0.0.1:10001", "ray://10.0.0.5:10001"):
+        with pytest.raises(ValueError, match=rf"joined to the cluster at 'ray://127\.0\.0\.1:10001', which the "
+                                             rf"address {re.escape(repr(other))} does not name"):
+            check_running_session(other, None)
+    monkeypatch.setattr(client, "get_context", lambda: SimpleNamespace(client_worker=SimpleNamespace()))
+    for any_address in ("ray://127.0.0.1:10001", "ray://10.0.0.5:10001", "127.0.0.1:6379"):
+        check_running_session(any_address, None)  # a server the session does not name cannot be told apart

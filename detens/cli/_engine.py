@@ -17,7 +17,7 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     defaults = {field.name: field.default for field in dataclasses.fields(EngineOptions)}
     p.add_argument("--engine", choices=ENGINES, default=defaults["engine"],
                    help="local: this process (default: %(default)s); ray: Ray Data actors (pip install 'detens[ray]')")
-    p.add_argument("--ray-address", help="with --engine ray: an existing cluster (auto, ray://host:10001); "
+    p.add_argument("--ray-address", help="with --engine ray: an existing cluster (host:port, ray://host:port, auto); "
                    "default: start a local one (or use $RAY_ADDRESS's, as Ray does)")
     p.add_argument("--actors", type=integer, default=defaults["actors"],
                    help="with --engine ray: predictor actors per model (default 1)")

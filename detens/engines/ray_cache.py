@@ -18,7 +18,6 @@ import base64
 import builtins
 import json
 import logging
-import os
 import pickle
 import re
 import signal
@@ -35,6 +34,14 @@ import numpy as np
 from detens._termination import raise_terminated
 from detens.adapters.weights import resolve_model_weights
 from detens.checks import check_flag, check_integer, check_real
+from detens.engines.ray_address import (
+    check_address,
+    check_auto_finds_a_cluster,
+    check_cluster_answers,
+    check_num_cpus_with,
+    check_running_session,
+    cluster_to_join,
+)
 from detens.ensemble_config import EnsembleConfig, ModelConfig, with_absolute_paths
 
 __all__ = [
@@ -49,12 +56,17 @@ logger = logging.getLogger("detens.ray")
 class RayOptions:
     """How the Ray engine runs.
 
+    In a process where Ray already runs, the engine uses that session: an ``address`` or ``num_cpus`` that
+    it does not match is a ValueError when the session starts (see :class:`ray_session`).
+
     Args:
-        address (str | None): an existing cluster (``auto``, ``ray://host:10001``); None starts a local one
+        address (str | None): an existing cluster (``host:port``, ``ray://host:port``, ``auto``: see
+            :mod:`detens.engines.ray_address`), or ``local`` (a new local cluster); None starts a local one
             (unless ``$RAY_ADDRESS`` names one, which ``ray.init`` reads).
         actors (int): predictor actors per ensemble entry (model).
         num_gpus (float | None): GPUs per actor; None: 1 when the driver sees CUDA, else 0.
-        num_cpus (int | None): CPUs of a local cluster (None: all); ignored with ``address``.
+        num_cpus (int | None): CPUs of the local cluster to start (None: all); not given with the ``address``
+            of an existing cluster, which has its own.
     """
 
     address: str | None = None
@@ -71,11 +83,14 @@ class RayOptions:
             # Ray would start a local cluster: most often an unset shell variable, where a cluster was meant
             raise ValueError("address is empty: give a cluster's (auto, host:port, ray://host:10001), or None to start "
                              "a local one")
+        if self.address is not None:
+            check_address(self.address)
         object.__setattr__(self, "actors", check_integer(self.actors, "actors", 1))
         if self.num_gpus is not None:
             object.__setattr__(self, "num_gpus", check_real(self.num_gpus, "num_gpus", 0.0))
         if self.num_cpus is not None:
             object.__setattr__(self, "num_cpus", check_integer(self.num_cpus, "num_cpus", 1))
+        check_num_cpus_with(self.address, self.num_cpus)
 
     def gpus_per_actor(self) -> float:
         if self.num_gpus is not None:
@@ -257,29 +272,6 @@ def import_ray() -> Any:
     return import_extra("ray", "the Ray engine needs ray: pip install 'detens[ray]' (or pip install 'ray[data]')")
 
 
-#: Seconds to wait for a cluster's address to accept a connection (Ray itself retries without end).
-CLUSTER_CONNECT_TIMEOUT_S = 10.0
-
-
-def check_cluster_answers(address: str, what: str = "address") -> None:
-    """Raise ``ConnectionError`` unless something accepts a connection at ``address`` (``host:port`` or
-    ``ray://host:port``; ``auto`` and other forms are left to Ray) within
-    :data:`CLUSTER_CONNECT_TIMEOUT_S`: ``ray.init`` given an address where no cluster runs waits for it
-    without end, logging a timeout every 30 seconds. ``what`` names the address in the message."""
-    import socket
-
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit():
-        return
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=CLUSTER_CONNECT_TIMEOUT_S).close()
-    except OSError as err:
-        raise ConnectionError(
-            f"no Ray cluster answers at the {what} {address!r} ({err.strerror or err}): start one there (ray start "
-            "--head), or give no address to start a local cluster"
-        ) from None
-
-
 def named_as_given(message: str, absolute: str, given: str) -> str:
     """An actor's message about the file ``absolute`` (the path the driver sent, from its working directory)
     with the file named as the user gave it, as the local engine names it."""
@@ -301,15 +293,26 @@ class ray_session:  # noqa: N801 - used as a context manager, like open()
     (``ray.init`` sets the ``ray`` logger's level; ``quiet`` sets more) is put back on exit, returned or
     raised, as it was before the session.
 
+    Where Ray already runs in this process, its session is used as it is, and left running; an
+    ``options.address`` that names another cluster, or ``options.num_cpus`` other than its CPUs, is a
+    ValueError (:func:`~detens.engines.ray_address.check_running_session`).
+
     Args:
         options (RayOptions): the cluster to use or start.
         quiet (bool): warnings and errors only, for the session (the commands' ``--quiet``): the ``ray`` and
             ``ray.data`` loggers at ERROR and no Ray Data progress bars.
+        address_name (str): how messages name ``options.address`` (the commands' ``--ray-address``).
+
+    Raises:
+        ValueError: an address or ``num_cpus`` that the running session does not match; ``$RAY_ADDRESS``
+            that is no address.
+        ConnectionError: nothing answers at the address, or ``auto`` finds no cluster on this machine.
     """
 
-    def __init__(self, options: RayOptions, *, quiet: bool = False) -> None:
+    def __init__(self, options: RayOptions, *, quiet: bool = False, address_name: str = "address") -> None:
         self.options = options
         self.quiet = check_flag(quiet, "quiet")
+        self.address_name = address_name
         self.started = False
         self._levels: dict[str, int] = {}  # logger name -> its level before the session
         self._progress_bars: tuple[Any, bool] | None = None  # (Ray Data's context, its setting before)
@@ -326,16 +329,22 @@ class ray_session:  # noqa: N801 - used as a context manager, like open()
                 context = ray.data.DataContext.get_current()
                 self._progress_bars = (context, context.enable_progress_bars)
                 context.enable_progress_bars = False
-            if not ray.is_initialized():
+            if ray.is_initialized():
+                check_running_session(self.options.address, self.options.num_cpus, self.address_name)
+            else:
                 kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
                 if self.quiet:
                     kwargs["logging_level"] = logging.ERROR
-                address = self.options.address or os.environ.get("RAY_ADDRESS") or None  # ray.init reads both
-                if address is not None:
-                    check_cluster_answers(address, "address" if self.options.address else "$RAY_ADDRESS")
-                if self.options.address:
+                joined = cluster_to_join(self.options.address, self.address_name)
+                if joined is not None:
+                    address, what = joined
+                    check_num_cpus_with(address, self.options.num_cpus, what)  # $RAY_ADDRESS's: read here
+                    if address == "auto":
+                        check_auto_finds_a_cluster(what)
+                    check_cluster_answers(address, what)
+                if self.options.address is not None:
                     kwargs["address"] = self.options.address
-                elif self.options.num_cpus is not None:
+                if self.options.num_cpus is not None:
                     kwargs["num_cpus"] = int(self.options.num_cpus)
                 self._levels.setdefault("ray", logging.getLogger("ray").level)  # ray.init sets it
                 start = time.perf_counter()

@@ -17,8 +17,8 @@ class EngineOptions(JobOptions):
 
     Attributes:
         engine (str): ``local`` (this process) or ``ray`` (Ray Data actors).
-        ray_address (str | None): with ``ray``: an existing cluster (``auto``, ``ray://host:10001``); None
-            starts a local one.
+        ray_address (str | None): with ``ray``: an existing cluster (``host:port``, ``ray://host:port``,
+            ``auto``); None starts a local one.
         actors (int | None): with ``ray``: predictor actors per model (None: 1).
         gpus_per_actor (float | None): with ``ray``: GPUs per actor (None: 1 when CUDA is present, else 0).
     """
@@ -45,6 +45,13 @@ def ray_options(options: EngineOptions) -> Any:
         # Ray would start a local cluster: most often an unset shell variable, where a cluster was meant
         raise UsageError("--ray-address is empty: give a cluster's address (auto, host:port, ray://host:10001), "
                          "or leave the option out to start a local cluster")
+    from detens.engines.ray_address import check_address
+
+    if options.ray_address is not None:
+        try:
+            check_address(options.ray_address, "--ray-address")
+        except ValueError as err:
+            raise UsageError(str(err)) from None
     actors = 1 if options.actors is None else options.actors
     if actors < 1:
         raise UsageError(f"--actors must be >= 1, got {actors}")

@@ -1,7 +1,7 @@
 """Checks of a command's input files shared by ``detens fuse`` and ``detens cache``: the saved predictions of
 ``precomputed`` members (checked before any detector loads) and the digests that make a resumed run
-refuse input files rewritten at the same path; the lines that name the images read with a warning at the
-end of a run; and the comma-separated lists of names that several commands take (``--models``,
+refuse input files rewritten at the same path; the lines that name the images unreadable or read with a
+warning at the end of a run; and the comma-separated lists of names that several commands take (``--models``,
 ``--methods``), read alike by each."""
 
 from __future__ import annotations
@@ -19,6 +19,12 @@ from detens.ensemble_config import HEAD_PARAMS, EnsembleConfig, ModelConfig
 
 #: The images read with a warning that the end of a run names (its summary lists them all).
 WARNINGS_SHOWN = 10
+
+
+def unreadable_lines(unreadable: dict[str, str]) -> list[str]:
+    """The lines that name each image of ``unreadable`` (``{file name: why it could not be read}``) at the
+    end of a run."""
+    return [f"unreadable: {name}: {why}" for name, why in unreadable.items()]
 
 
 def read_warning_lines(read_warnings: dict[str, list[str]], listed_in: str) -> list[str]:

@@ -446,7 +446,11 @@ def bench_engines(images: str, config: str, work: Path) -> list[dict[str, Any]]:
         out = work / label.replace(" ", "_")
         start = time.perf_counter()
         with _warnings_only(), _timed_run_not_resumable():  # a Ctrl-C raises KeyboardInterrupt: bench stops
-            code = fuse_images(config, images, out, overwrite=True, quiet=True, no_vis=True, **engine)
+            try:
+                code = fuse_images(config, images, out, overwrite=True, quiet=True, no_vis=True, **engine)
+            except ValueError:
+                refuse_unreadable_images(images, out)
+                raise
         seconds = time.perf_counter() - start
         if code != 0:
             raise RuntimeError(f"detens fuse ({label}) failed with exit status {code}")
@@ -466,6 +470,25 @@ def bench_engines(images: str, config: str, work: Path) -> list[dict[str, Any]]:
         for actors in (1, 2):
             timed(f"ray {actors} actor{'s' if actors > 1 else ''}", engine="ray", actors=actors)
     return rows
+
+
+def refuse_unreadable_images(images: str, out: Path) -> None:
+    """Raise, naming them, where the fuse run into ``out`` (bench's temporary folder) read none of ``images``:
+    its own error names its summary, which goes with the folder.
+
+    Raises:
+        ValueError: the run's summary says it fused no image and could not read some.
+    """
+    from detens.checks import first_few
+    from detens.jobs._inputs import unreadable_lines
+
+    summary_path = out / "summary.json"
+    if not summary_path.is_file():  # a run stopped before its summary: its error says why
+        return
+    summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    if summary["done"] == 0 and summary.get("unreadable"):
+        lines = unreadable_lines(summary["unreadable"])
+        raise ValueError(f"no image of --engines {images} could be read; {first_few(lines, 3, '; ')}") from None
 
 
 def replicate_coco(gt: dict[str, Any], results: list[dict[str, Any]], images: int) -> tuple[dict, list]:

@@ -72,6 +72,7 @@ from detens.jobs._inputs import (
     file_digests,
     read_warning_lines,
     saved_prediction_files,
+    unreadable_lines,
     weights_inputs,
 )
 from detens.jobs._interrupts import is_interruption, raise_interruption
@@ -1196,7 +1197,7 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any) -> int
     if ray is not None and plans:
         from detens.engines.ray_cache import ray_session
 
-        session = stack.enter_context(ray_session(ray, quiet=options.quiet))
+        session = stack.enter_context(ray_session(ray, quiet=options.quiet, address_name="--ray-address"))
     try:
         for k, (entry, runs) in enumerate(plans):
             timing.update(load_s=0.0, read_s=0.0, wall_s=0.0)
@@ -1262,8 +1263,7 @@ def print_summary(
         lines.append(
             f"  {name:<{width}}  {m['images']:>7}  {m['boxes']:>8}  {m['seconds']:>8.1f}  {rate:>7}  {status}"
         )
-    for file_name, err in summary["unreadable"].items():
-        lines.append(f"unreadable: {file_name}: {err}")
+    lines += unreadable_lines(summary["unreadable"])
     lines += read_warning_lines(summary["read_warnings"], summary_path.name)
     if any(summary["models"][n]["status"] != "complete" for n in names):
         lines.append(f"not finished: {options.run_again} to resume")

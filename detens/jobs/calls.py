@@ -79,7 +79,9 @@ def _run(command: str, options: dict[str, Any]) -> int:
             return int(module.run(checked))
     except UsageError as err:
         raise ValueError(in_python_words(str(err), names, flags)) from None
-    except ValueError as err:  # the job's other refusals of an option's value, in the caller's words too
+    except (ValueError, ConnectionError) as err:
+        # the job's other refusals of an option's value (a Ray address where no cluster answers too), in the
+        # caller's words too
         reworded = in_python_words(str(err), names, flags)
         if reworded != str(err) and len(err.args) == 1:
             err.args = (reworded,)

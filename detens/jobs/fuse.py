@@ -64,6 +64,7 @@ from detens.jobs._inputs import (
     input_fingerprints,
     read_warning_lines,
     saved_prediction_members,
+    unreadable_lines,
 )
 from detens.jobs._interrupts import RESUME_ADVICE, ctrl_c_held, is_interruption, raise_interruption
 from detens.jobs._options import existing_folder, file_or_shipped_name, flag, folder, integer, number, text
@@ -1017,7 +1018,7 @@ def _run(options: FuseOptions) -> int:
             from detens.engines.ray_cache import ray_session
             from detens.engines.ray_fuse import fuse_on_ray
 
-            with ray_session(engine, quiet=options.quiet):
+            with ray_session(engine, quiet=options.quiet, address_name="--ray-address"):
                 items = [(name, stems[name], str(path)) for path, name in todo]
                 for row in fuse_on_ray(items, config, categories, yolo_ids, engine):
                     if row["error"]:
@@ -1139,8 +1140,7 @@ def print_summary(out: Path, config: EnsembleConfig, summary: dict[str, Any], ru
         + (f" (first fusion call, compiling included: {summary['fuse_first_call_ms']:.0f} ms)"
            if summary.get("fuse_first_call_ms") is not None else ""),
     ]
-    for name, err in summary["unreadable"].items():
-        lines.append(f"unreadable: {name}: {err}")
+    lines += unreadable_lines(summary["unreadable"])
     lines += read_warning_lines(summary["read_warnings"], "summary.json")
     # labels/ and vis/ hold a file per image done: a run whose every image was unreadable writes neither
     folders = {"labels": config.output.labels, "vis": config.output.vis, "per_model": config.output.save_per_model}
