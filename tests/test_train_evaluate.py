@@ -244,6 +244,16 @@ class TestTraining:
             load_train_config(kind, str(tmp_path / "train.yaml"))
         assert config_for(kind, epochs=1).epochs == 1
 
+    @pytest.mark.parametrize("kind", ["theta", "theta_seed"])
+    def test_theta_without_any_loss_term_is_refused_and_each_term_alone_may_be_left_out(self, kind):
+        from detens.heads import config_for
+
+        with pytest.raises(ValueError, match=r"^lambda_reg, lambda_cls and lambda_cons are all 0: the loss would be 0"):
+            config_for(kind, lambda_reg=0, lambda_cls=0, lambda_cons=0)
+        for kept in ("lambda_reg", "lambda_cls", "lambda_cons"):
+            zeros = {name: 0.0 for name in ("lambda_reg", "lambda_cls", "lambda_cons") if name != kept}
+            assert getattr(config_for(kind, **zeros), kept) > 0
+
     @pytest.mark.parametrize("changes, message", [
         ({"epochs": "5"}, "epochs must be an integer, got str: '5'"),
         ({"epochs": 2.5}, "epochs must be an integer, got float: 2.5"),

@@ -150,6 +150,9 @@ class ThetaTrainConfig:
             check_flag(getattr(self, name), name)
         for name in ("shrinkage", "lambda_reg", "lambda_cls", "lambda_cons"):
             check_real(getattr(self, name), name, 0.0)
+        if self.lambda_reg == self.lambda_cls == self.lambda_cons == 0:  # each alone at 0 is an ablation
+            raise ValueError("lambda_reg, lambda_cls and lambda_cons are all 0: the loss would be 0 and Θ saved as "
+                             "initialized, as if fitted; give one of them above 0")
         check_real(self.eps, "eps", 0.0, 0.5, low_open=True, high_open=True)  # ThetaHead's own bounds
         check_choice(self.optimizer, "optimizer", ("gd", "adam"))
         check_real(self.lr, "lr", 0.0, low_open=True)
