@@ -56,6 +56,7 @@ __all__ = [
     "group_results_by_image",
     "with_annotation_ids",
     "files_under_several_ids",
+    "check_one_id_per_file",
     "check_file_name_inside",
 ]
 
@@ -326,6 +327,17 @@ def files_under_several_ids(images: Iterable[tuple[int, str]]) -> dict[str, list
     for image_id, file_name in images:
         ids_by_file.setdefault(file_name, []).append(image_id)
     return {name: ids for name, ids in ids_by_file.items() if len(ids) > 1}
+
+
+def check_one_id_per_file(images: Iterable[tuple[int, str]], source: str | Path) -> None:
+    """Raise ``ValueError`` where the ``(image id, file_name)`` pairs of the annotation file ``source`` list
+    a file under more than one id (:func:`files_under_several_ids`), naming how many and the first."""
+    if shared := files_under_several_ids(images):
+        name, ids = next(iter(shared.items()))
+        raise ValueError(
+            f"{source} lists {len(shared)} file{'s' if len(shared) > 1 else ''} under more than one image id, e.g. "
+            f"{name!r} under {ids}: each image file needs one record, holding all its annotations"
+        )
 
 
 def check_file_name_inside(file_name: str, image_id: int, whose: str = "the ground truth") -> str:

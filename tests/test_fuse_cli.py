@@ -1649,6 +1649,23 @@ def test_files_that_share_a_dataset_base_name_are_refused_before_any_result(work
     assert not (tmp_path / "o").exists()
 
 
+def test_a_dataset_that_lists_a_file_under_two_ids_is_refused_before_any_result(workspace, tmp_path, capsys):
+    """The file's results took the last of its ids, unsaid."""
+    source = one_image_source(workspace, tmp_path / "src", "a.jpg")
+    dataset = one_image_dataset(tmp_path)
+    gt = json.loads(dataset.read_text())
+    gt["images"].append({**gt["images"][0], "id": 7})
+    dataset.write_text(json.dumps(gt))
+    config = saved_config(tmp_path, [saved_result(1, 2)], {"a.jpg": 1}, dataset)
+    code = fuse_cli.main(["--config", str(config), "--source", str(source), "--out", str(tmp_path / "o"),
+                           "--method", "wbf", "--quiet"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "Traceback" not in err, err
+    assert "lists 1 file under more than one image id, e.g. 'a.jpg' under [1, 7]: each image file needs one record" in err
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("name", ["v8/x", "../../escaped"])
 def test_a_member_name_that_is_no_file_name_is_refused_before_any_result(workspace, tmp_path, capsys, name):
     source = one_image_source(workspace, tmp_path / "src", "a.jpg")

@@ -38,8 +38,8 @@ from detens.catalogue import DEFAULT_ENSEMBLE
 from detens.checks import first_few
 from detens.coco import (
     CocoGroundTruth,
+    check_one_id_per_file,
     detections_to_coco,
-    files_under_several_ids,
     load_coco_gt,
     save_coco_results,
 )
@@ -469,13 +469,8 @@ def load_dataset(gt_path: Path, images: Path, shard: tuple[int, int] | None) -> 
     all_ids = gt.image_ids
     if not all_ids:
         raise ValueError(f"{gt_path} has no images")
-    if shared := files_under_several_ids((image_id, gt.file_name(image_id)) for image_id in all_ids):
-        # each record's predictions would be scored against its own share of the file's objects
-        name, ids = next(iter(shared.items()))
-        raise ValueError(
-            f"{gt_path} lists {len(shared)} file{'s' if len(shared) > 1 else ''} under more than one image id, e.g. "
-            f"{name!r} under {ids}: each image file needs one record, holding all its annotations"
-        )
+    # each record's predictions would be scored against its own share of the file's objects
+    check_one_id_per_file(((image_id, gt.file_name(image_id)) for image_id in all_ids), gt_path)
     if not any(gt.image_path(i).is_file() for i in all_ids):
         raise FileNotFoundError(
             f"none of the {len(all_ids)} images of {gt_path} is under {images} "

@@ -28,7 +28,7 @@ from detens.adapters import (
 )
 from detens.catalogue import ASSETS_SOURCE, DEFAULT_ENSEMBLE
 from detens.checks import first_few
-from detens.coco import load_coco_gt
+from detens.coco import check_one_id_per_file, load_coco_gt
 from detens.config import config_differences, dump_yaml, parse_yaml, read_yaml_file
 from detens.engines.fusing import (
     FuseSettings,
@@ -673,8 +673,14 @@ def _read_dataset_images(path: str, mtime_ns: int, size: int) -> dict[int, tuple
 
 
 def dataset_files(dataset: str) -> dict[str, int]:
-    """``{file_name: image id}`` of the dataset's images."""
-    return {file_name: image_id for image_id, (file_name, _, _) in dataset_images(dataset).items()}
+    """``{file_name: image id}`` of the dataset's images.
+
+    Raises:
+        ValueError: the dataset lists a file under more than one id: which id its results take cannot be told.
+    """
+    images = dataset_images(dataset)
+    check_one_id_per_file(((image_id, file_name) for image_id, (file_name, _, _) in images.items()), dataset)
+    return {file_name: image_id for image_id, (file_name, _, _) in images.items()}
 
 
 def dataset_ids(names: list[str], files: dict[str, int], taken: set[int], dataset: str) -> dict[str, int]:
