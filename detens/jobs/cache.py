@@ -82,6 +82,7 @@ from detens.jobs._options import (
     file_or_shipped_name,
     flag,
     folder,
+    input_path,
     integer,
     number,
     text,
@@ -149,7 +150,7 @@ class CacheOptions(EngineOptions):
     job = "cache"
 
     action: str | None = text(choices=("merge",))
-    config: str = text(DEFAULT_ENSEMBLE)
+    config: str = input_path(DEFAULT_ENSEMBLE)
     images: Path | None = folder()
     gt: Path | None = file_path()
     out: Path = folder(required=True)

@@ -40,6 +40,7 @@ from detens.jobs._options import (
     check_text_pair,
     file_or_shipped_name,
     flag,
+    input_path,
     integer,
     listed,
     number,
@@ -94,12 +95,12 @@ class TrainOptions(JobOptions):
 
     job = "train"
 
-    gt: str = text(required=True)
-    predictions: str = text(required=True)
+    gt: str = input_path(required=True)
+    predictions: str = input_path(required=True)
     out: str = output_file(required=True)
     head: str = text("theta", choices=HEAD_TYPES)
-    config: str | None = text()
-    images_from: str | None = text()
+    config: str | None = input_path()
+    images_from: str | None = input_path()
     all_images: bool = flag()
     models: str | None = text()
     also_fit_on: tuple[str, str] | None = listed()
