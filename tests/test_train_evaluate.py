@@ -924,6 +924,26 @@ class TestTools:
         assert (outs[0].parent / "head.json.loss.png").stat().st_size > 1000
         assert "normalize_box: true" in (outs[0].parent / "head.json.config.yaml").read_text()
 
+    def test_train_cli_writes_the_head_where_out_names_it_with_or_without_a_tilde(self, dataset, tmp_path,
+                                                                                   monkeypatch):
+        """``--out=~/...`` is under the home folder (the shell leaves ``~`` after ``=``); ``./~/...`` is a folder
+        named ``~``, where the run reads back the head it staged there, never the home folder's file."""
+        gt_path, predictions = dataset
+        home, work = tmp_path / "home", tmp_path / "work"
+        home.mkdir()
+        work.mkdir()
+        monkeypatch.setenv("HOME", str(home))
+        monkeypatch.chdir(work)
+        base = ["--gt", str(gt_path), "--predictions", str(predictions), "--epochs", "2", "--set", "match_iou_grid=[]",
+                "--quiet"]
+        assert train_cli.main([*base, "--out=~/heads/head.json"]) == 0
+        assert load_head(home / "heads" / "head.json").model_names == sorted(MODELS)
+        assert not (work / "~").exists()
+        assert train_cli.main([*base, "--out", "./~/heads/head.json"]) == 0
+        assert load_head(work / "~" / "heads" / "head.json").model_names == sorted(MODELS)
+        assert sorted(p.name for p in (work / "~" / "heads").iterdir()) == sorted(
+            p.name for p in (home / "heads").iterdir())
+
     def test_train_cli_calibration_has_no_loss_curve(self, dataset, tmp_path):
         gt_path, predictions = dataset
         out = tmp_path / "calibration.json"

@@ -22,7 +22,7 @@ from detens.heads._io import (
     TRAINING_LOG_SUFFIX,
     beside_head,
     head_digest,
-    read_head_file,
+    read_head_file_at,
 )
 from detens.io import (
     atomic_write_bytes,
@@ -326,7 +326,7 @@ def run(options: TrainOptions) -> int:
         config_path, loss_plot, epoch_log, training_log = (staged(beside_head(out, s).name) for s in _SIDE_FILES)
         head_file = staged(out.name)  # moved into place last: a later --head reads it once its files describe it
         head.save(head_file)
-        log[HEAD_DIGEST] = head_digest(read_head_file(head_file))  # of the file as written, as a reader sees it
+        log[HEAD_DIGEST] = head_digest(read_head_file_at(head_file))  # of the file as written, as a reader sees it
         save_yaml_config(config, config_path)
         if curve is not None:  # else the set has none, and an earlier head's goes
             atomic_write_bytes(loss_plot, curve)
