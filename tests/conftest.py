@@ -40,6 +40,39 @@ def lock_in_another_process():
         process.wait()
 
 
+@pytest.fixture
+def named_pipe():
+    """``make(path)``: a named pipe (FIFO) at ``path``, returned. Opening it to read waits for a writer: should
+    the code under test do so, the pipe is opened for writing and closed at once, so that the read ends (with
+    no data) and the test fails on what it finds instead of hanging."""
+    import threading
+
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("no named pipes here")
+    stop = threading.Event()
+    pipes = []
+
+    def unblock_readers():
+        while not stop.wait(0.05):
+            for path in pipes:
+                try:  # succeeds only while a reader has the pipe open
+                    os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+                except OSError:
+                    pass
+
+    watcher = threading.Thread(target=unblock_readers, daemon=True)
+    watcher.start()
+
+    def make(path):
+        os.mkfifo(path)
+        pipes.append(path)
+        return path
+
+    yield make
+    stop.set()
+    watcher.join()
+
+
 @pytest.fixture(autouse=True)
 def _no_weights_folders_of_the_environment(monkeypatch):
     """Weights are looked up in ``$DETENS_WEIGHTS`` before ``--weights-dir`` and a config's folder: a value

@@ -635,6 +635,20 @@ def test_a_run_that_reads_no_image_ends_with_an_error_after_its_summary(slice_, 
     assert len(summary_of(out)["unreadable"]) == NUM_IMAGES - 1
 
 
+def test_an_image_that_is_a_pipe_is_skipped_and_reported_not_waited_on(slice_, tmp_path, named_pipe):
+    images = tmp_path / "images"
+    shutil.copytree(slice_ / "images", images)
+    bad_name = load_coco_gt(slice_ / "gt.json").file_name(gt_ids(slice_)[0])
+    (images / bad_name).unlink()
+    named_pipe(images / bad_name)
+    out = tmp_path / "out"
+    assert run(slice_, out, images=images) == 0
+    summary = summary_of(out)
+    assert summary["unreadable"] == {bad_name: f"cannot read image '{images / bad_name}': it is not a regular file "
+                                               "(a pipe)"}
+    assert summary["models"]["a"]["status"] == "complete" and summary["models"]["a"]["images"] == NUM_IMAGES - 1
+
+
 def test_unreadable_images_stay_listed_and_are_left_out_of_evaluation(slice_, replay_run, tmp_path):
     """An image one member could not read is left out for every member, until a run reads it."""
     ids = gt_ids(slice_)

@@ -944,6 +944,27 @@ class TestTools:
         assert sorted(p.name for p in (work / "~" / "heads").iterdir()) == sorted(
             p.name for p in (home / "heads").iterdir())
 
+    @pytest.mark.parametrize("given", ["--gt", "--config", "--images-from", "a prediction file"])
+    def test_train_cli_names_a_pipe_given_for_an_input_as_no_regular_file(self, dataset, tmp_path, capsys, named_pipe,
+                                                                           given):
+        """``--gt <(cat gt.json)`` is a pipe, which the run would read more than once: it is there, and the
+        message says what it is instead of 'not found'."""
+        gt_path, predictions = dataset
+        pipe = named_pipe(tmp_path / "pipe")
+        args = {"--gt": str(gt_path), "--predictions": str(predictions), "--out": str(tmp_path / "head.json")}
+        what = {"--gt": "COCO annotation file", "--config": "training config", "--images-from": "--images-from",
+                "a prediction file": "COCO results file"}[given]
+        if given == "a prediction file":
+            shutil.copytree(predictions, tmp_path / "predictions")
+            pipe = named_pipe(tmp_path / "predictions" / "piped.json")
+            args["--predictions"] = str(tmp_path / "predictions")
+        else:
+            args[given] = str(pipe)
+        assert train_cli.main([*(word for pair in args.items() for word in pair), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert err == (f"error: {what} {pipe} is not a regular file (a pipe); save its content to a file and give "
+                       "that file's path\n"), err
+
     def test_train_cli_calibration_has_no_loss_curve(self, dataset, tmp_path):
         gt_path, predictions = dataset
         out = tmp_path / "calibration.json"

@@ -28,6 +28,7 @@ from detens.io import (
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_text,
+    check_not_special_file,
     check_writable_file,
     files_written_together,
 )
@@ -222,6 +223,8 @@ def run(options: TrainOptions) -> int:
 
     if options.images_from and options.all_images:
         raise UsageError("--images-from lists the images to train on and --all-images takes every image: give one")
+    if options.images_from:
+        check_not_special_file(options.images_from, "--images-from")
     if options.images_from and not Path(options.images_from).is_file():
         raise UsageError(f"--images-from: no such file: {options.images_from} (one image id per line)")
     listed = read_image_ids(Path(options.images_from)) if options.images_from else None
