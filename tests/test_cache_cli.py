@@ -957,6 +957,35 @@ def test_a_crash_in_a_later_member_keeps_the_summary_of_the_earlier_ones(slice_,
     assert summary["models"]["b"]["status"] == "incomplete"
 
 
+def test_a_member_whose_results_file_cannot_be_written_is_summarized_as_not_finished(slice_, tmp_path, monkeypatch,
+                                                                                     capsys):
+    """The summary of the stopped run is written still, with the earlier member finished: writing the failed
+    member's file again for the summary failed again, and lost it for every member."""
+    import errno
+
+    save = cache_tool.save_coco_results
+
+    def full_disk_for_b(results, path):
+        if Path(path).name == "b.json":
+            raise OSError(errno.EFBIG, "File too large", str(path))
+        return save(results, path)
+
+    monkeypatch.setattr(cache_tool, "save_coco_results", full_disk_for_b)
+    out = tmp_path / "out"
+    refused(capsys, run(slice_, out), rf"^error: \[Errno 27\] File too large: '?{re.escape(str(out / 'b.json'))}'?\n$")
+    summary = summary_of(out)
+    assert summary["stopped_by"] == f"error: OSError: [Errno 27] File too large: '{out / 'b.json'}'"
+    assert summary["models"]["a"]["status"] == "complete" and (out / "a.json").is_file()
+    b = summary["models"]["b"]
+    assert (b["status"], b["output"], b["images"], b["images_left"]) == ("incomplete", None, NUM_IMAGES, 0)
+    assert not (out / "b.json").exists()
+    monkeypatch.undo()
+    assert run(slice_, out) == 0  # resumed, and finished
+    summary = summary_of(out)
+    assert summary["stopped_by"] is None and summary["models"]["b"]["status"] == "complete"
+    assert summary["models"]["b"]["resumed"] == NUM_IMAGES and (out / "b.json").is_file()
+
+
 @pytest.mark.parametrize("model, named", [
     ({"name": ".hidden"}, "model name '.hidden'"),
     ({"name": "up\\escaped"}, r"model name 'up\\\\escaped'"),

@@ -952,13 +952,16 @@ def collect(
 
 
 def finish_member(
-    out: Path, run: MemberRun, data: Dataset, shard: tuple[int, int] | None, timing: dict[str, float]
+    out: Path, run: MemberRun, data: Dataset, shard: tuple[int, int] | None, timing: dict[str, float],
+    write_output: bool = True,
 ) -> dict[str, Any]:
-    """Assemble the member's output when all its images are done (or unreadable); returns its summary."""
+    """Assemble the member's output when all its images are done (or unreadable); returns its summary.
+    ``write_output=False``: its output is not written (the write just failed), and the member is summarized
+    as not finished, whatever images are done."""
     done, results, ms, warned = collect(out, run.name, data)
     finished = set(done)
     left = [i for i in data.ids if i not in finished and i not in run.unreadable]
-    complete = not left
+    complete = not left and write_output
     output = None
     if complete:
         output = member_output(run.name, shard)
@@ -1180,16 +1183,19 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any) -> int
     }
 
     timing = {"load_s": 0.0, "read_s": 0.0, "wall_s": 0.0}  # of the model running now
+    unwritten: str | None = None  # the member whose output was being written when the run stopped (a full disk)
 
     def summarize_stopped_run(reason: str) -> dict[str, Any] | None:
         """The summary of a run that stopped early, with every member it wrote for (the ones it stopped
-        in with the time their model ran); None (nothing written) when it stopped before writing anything."""
+        in with the time their model ran); None (nothing written) when it stopped before writing anything.
+        The member whose output failed to be written is summarized as not finished, without trying again:
+        the same error would lose the summary of every member."""
         if not config_saved:
             return None
         for _, runs in plans:
             for run in runs:
                 if run.name not in members and run.claimed:
-                    members[run.name] = finish_member(out, run, data, shard, timing)
+                    members[run.name] = finish_member(out, run, data, shard, timing, write_output=run.name != unwritten)
         return write_summary(summary_path, {**header, "stopped_by": reason}, members)
 
     session = None
@@ -1213,7 +1219,9 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any) -> int
             if k + 1 < len(plans):
                 release(entry)  # before the next model is loaded
             for run in runs:
+                unwritten = run.name
                 members[run.name] = finish_member(out, run, data, shard, timing)
+                unwritten = None
     except BaseException as err:
         if is_interruption(err):
             logger.warning("interrupted: the finished images are saved; %s to resume", options.run_again)
