@@ -839,6 +839,29 @@ def test_changed_settings_are_refused_unless_overwrite(slice_, replay_run, capsy
     assert yaml.safe_load((out / "config.yaml").read_text())["conf"] == 0.4
 
 
+def test_results_without_their_recorded_settings_are_not_resumed_under_any(slice_, replay_run, tmp_path, capsys):
+    """A member's partial folder without its settings file (removed, or rebuilt by a run that went on writing
+    after its --out was deleted) holds results of settings nothing records: resumed, they were taken for
+    results of any settings given."""
+    out = tmp_path / "out"
+    shutil.copytree(replay_run, out)
+    (out / ".partial" / "b" / "_settings.json").unlink()
+    before = (out / "b.json").read_bytes()
+    for extra in ((), ("--conf", "0.4")):  # the run's own settings may or may not be the lost ones
+        refused(capsys, run(slice_, out, "--models", "b", *extra),
+                rf"^error: {re.escape(str(out / '.partial' / 'b'))} holds results of 'b' made with other settings "
+                r"\(unknown: its _settings\.json is missing\); use another --out, or --overwrite to discard them\n$")
+    assert (out / "b.json").read_bytes() == before and not (out / ".partial" / "b" / "_settings.json").exists()
+    assert run(slice_, out, "--models", "b", "--conf", "0.4", "--overwrite") == 0
+    assert summary_of(out)["models"]["b"]["processed_this_run"] == NUM_IMAGES
+    assert all(r["score"] >= 0.4 for r in json.loads((out / "b.json").read_text()))
+    # a member folder left empty holds nothing to resume: a fresh start
+    shutil.rmtree(out / ".partial" / "a")
+    (out / ".partial" / "a").mkdir()
+    assert run(slice_, out, "--models", "a") == 0
+    assert summary_of(out)["models"]["a"]["processed_this_run"] == NUM_IMAGES
+
+
 def test_settings_a_member_never_reads_do_not_refuse_a_resume(slice_, tmp_path):
     """Saved predictions are not made again at another --imgsz or --iou: those settings are not theirs."""
     out = tmp_path / "unread"

@@ -101,6 +101,8 @@ PARTIAL = CACHE_PARTIAL
 SHARDS = "shards"
 SUMMARY = CACHE_SUMMARY
 SETTINGS = "_settings.json"
+#: How a member's results kept without their :data:`SETTINGS` differ from a run's settings, in messages
+UNRECORDED = f"unknown: its {SETTINGS} is missing"
 SHARD_FORMAT = "detens.cache.shard/1"
 # A shard's annotation file, recorded in OUT/shards as the shard claims its first member: the shards of one
 # split run at once, and one started on another file than the others must be refused as it starts, not at
@@ -586,15 +588,24 @@ def check_settings(
     class map) keep nothing from being lost: this run records its own over them, unless another shard
     runs on ``out``, which may be about to write results of those settings.
 
+    Results without recorded settings (their file removed, or the folder rebuilt by a run that went on
+    writing after its ``--out`` was deleted) were made with settings nothing records: refused as results of
+    other settings are, and all discarded by ``overwrite``.
+
     Returns:
         str | None: how the settings recorded in ``out`` for ``member`` differ from ``settings``
-        (``"conf: 0.001 -> 0.4"``), which ``overwrite`` discards all the results of (those of other shards
-        and other images included: the member's settings are recorded once for all its partial results);
-        None when none are recorded or they are the same.
+        (``"conf: 0.001 -> 0.4"``, or :data:`UNRECORDED` for results without settings), which ``overwrite``
+        discards all the results of (those of other shards and other images included: the member's settings
+        are recorded once for all its partial results); None when none are recorded (and no result is kept)
+        or they are the same.
     """
     saved_path = partial_dir(out, member) / SETTINGS
     if not saved_path.is_file():
-        return None
+        if not _holds_results(out, member):
+            return None  # a member not started, or a folder left empty: a fresh start
+        if not overwrite:
+            raise other_settings_error(out, member, UNRECORDED, shard)
+        return UNRECORDED
     saved = _read_settings(saved_path)
     if not overwrite and not _holds_results(out, member) and not running_shards(out, shard):
         return settings_difference(saved, settings)
@@ -614,10 +625,12 @@ def _holds_results(out: Path, member: str) -> bool:
 
 
 def recorded_difference(out: Path, member: str, settings: dict[str, Any]) -> str | None:
-    """How the settings recorded in ``out`` for ``member`` differ from ``settings``; None where they agree
-    or none are recorded."""
+    """How the settings recorded in ``out`` for ``member`` differ from ``settings`` (:data:`UNRECORDED`: it
+    keeps results without settings); None where they agree, or none are recorded and no result is kept."""
     saved_path = partial_dir(out, member) / SETTINGS
-    return settings_difference(_read_settings(saved_path), settings) if saved_path.is_file() else None
+    if not saved_path.is_file():
+        return UNRECORDED if _holds_results(out, member) else None
+    return settings_difference(_read_settings(saved_path), settings)
 
 
 def _read_settings(path: Path) -> Any:
