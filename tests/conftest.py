@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 _HOLD = """
 import sys
 from detens.io import output_lock
-with output_lock(sys.argv[1], "detens fuse", sys.argv[2]):
+with output_lock(sys.argv[1], sys.argv[3], sys.argv[2]):
     print("held", flush=True)
     sys.stdin.read()
 """
@@ -22,13 +22,13 @@ with output_lock(sys.argv[1], "detens fuse", sys.argv[2]):
 
 @pytest.fixture
 def lock_in_another_process():
-    """``lock(folder, name=".detens.lock")``: another process holding the output lock of ``folder`` until the
-    test ends (or the test kills it: ``.kill()`` on the returned process)."""
+    """``lock(folder, name=".detens.lock", command="detens fuse")``: another process holding the output lock of
+    ``folder`` as ``command`` until the test ends (or the test kills it: ``.kill()`` on the returned process)."""
     started = []
 
-    def lock(folder, name=".detens.lock"):
+    def lock(folder, name=".detens.lock", command="detens fuse"):
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-        process = subprocess.Popen([sys.executable, "-c", _HOLD, str(folder), name], stdin=subprocess.PIPE,
+        process = subprocess.Popen([sys.executable, "-c", _HOLD, str(folder), name, command], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, text=True, env=env)
         started.append(process)
         assert process.stdout.readline().strip() == "held"

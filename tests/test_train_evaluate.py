@@ -965,6 +965,27 @@ class TestTools:
         assert err == (f"error: {what} {pipe} is not a regular file (a pipe); save its content to a file and give "
                        "that file's path\n"), err
 
+    def test_train_cli_refuses_an_out_that_another_train_is_writing(self, dataset, tmp_path, capsys,
+                                                                     lock_in_another_process):
+        """Both would fit, and the last to finish would replace the other's head without a word; another --out
+        in the same folder is another run's."""
+        gt_path, predictions = dataset
+        out = tmp_path / "head.json"
+        holder = lock_in_another_process(tmp_path, ".head.json.detens.lock", "detens train")
+        base = ["--gt", str(gt_path), "--predictions", str(predictions), "--epochs", "2", "--set", "match_iou_grid=[]",
+                "--quiet"]
+        assert train_cli.main([*base, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert re.fullmatch(rf"error: --out {re.escape(str(out))} is being written by detens train \(pid "
+                            rf"{holder.pid} on .*\); two runs writing one output would spoil each other's "
+                            r"results: wait for it to end, or give another output\n", err), err
+        assert not out.exists()
+        assert train_cli.main([*base, "--out", str(tmp_path / "other.json")]) == 0
+        holder.kill()
+        holder.wait()
+        assert train_cli.main([*base, "--out", str(out)]) == 0
+        assert sorted(p.name for p in tmp_path.glob(".*lock")) == []  # let go of at the end
+
     def test_train_cli_calibration_has_no_loss_curve(self, dataset, tmp_path):
         gt_path, predictions = dataset
         out = tmp_path / "calibration.json"

@@ -32,7 +32,7 @@ from detens.evaluation import (
 from detens.folds import kfold_image_splits
 from detens.fusers import highest_scoring
 from detens.heads import TRAINERS, load_train_config
-from detens.io import atomic_write_json, check_writable_file, check_writable_folder, output_lock
+from detens.io import atomic_write_json, check_writable_file, check_writable_folder
 from detens.jobs._inputs import comma_separated, file_digests, model_names
 from detens.jobs._options import (
     JobOptions,
@@ -52,7 +52,11 @@ from detens.jobs._options import (
     text,
 )
 from detens.jobs._options import flag as flag_option  # flag names a command-line flag in the code below
-from detens.jobs._outputs import refuse_outputs_over_inputs, refuse_results_in_prediction_folders
+from detens.jobs._outputs import (
+    output_file_lock,
+    refuse_outputs_over_inputs,
+    refuse_results_in_prediction_folders,
+)
 from detens.jobs._software import software_versions
 from detens.jobs._unfinished import UnfinishedRun, discard_unfinished, run_key, unfinished_folder
 from detens.predictions import CACHE_SUMMARY, EnsemblePredictions
@@ -189,7 +193,7 @@ def run(options: EvaluateOptions) -> int:
     """
     out = Path(options.out)
     check_writable_file(out, "--out")
-    with output_lock(out.parent, "detens evaluate", f".{out.name}.detens.lock", output=f"--out {out}"):
+    with output_file_lock(out, "detens evaluate"):
         return _run(options)
 
 

@@ -49,7 +49,7 @@ from detens.jobs._options import (
     parse_set,
     text,
 )
-from detens.jobs._outputs import refuse_outputs_over_inputs
+from detens.jobs._outputs import output_file_lock, refuse_outputs_over_inputs
 from detens.predictions import (
     EnsemblePredictions,
     base_file_names,
@@ -199,16 +199,25 @@ def loss_plot_png(losses: list[float], title: str) -> bytes:
 def run(options: TrainOptions) -> int:
     """Fit the head and write it with its config, loss curve and logs; returns 0.
 
+    Holds a lock on ``--out`` (``.<name>.detens.lock`` beside it) while it runs: of two runs on the same
+    ``--out``, the last to finish would replace the other's head without a word.
+
     Raises:
         KeyboardInterrupt: a Ctrl-C: during the fit, with nothing written; while the files are written, once
             every one of them is (the run is finished).
         UsageError: a bad option, or an output on an input (found before the fit).
+        ValueError: among others, another run holds ``--out``, naming it.
     """
-    torch.set_num_threads(options.threads)
     out = Path(options.out)
     if out.suffix.lower() not in (".json", ".safetensors"):
         raise UsageError(f"--out must end in .json or .safetensors, got {out}")
     check_writable_file(out, "--out")
+    with output_file_lock(out, "detens train"):
+        return _run(options, out)
+
+
+def _run(options: TrainOptions, out: Path) -> int:
+    torch.set_num_threads(options.threads)
     _refuse_outputs_over_inputs(options)
     overrides = parse_set(options.set)
     flags = {k: v for k, v in (("epochs", options.epochs), ("lr", options.lr), ("seed", options.seed)) if v is not None}
