@@ -15,6 +15,8 @@ from typing import Any, TypeVar
 
 import yaml
 
+from detens.io import check_not_special_file
+
 __all__ = [
     "ConfigError",
     "config_differences",
@@ -131,10 +133,12 @@ def read_yaml_file(path: str | Path, what: str = "config file") -> Any:
 
     Raises:
         FileNotFoundError: no such file, naming ``what`` and the path.
+        ValueError: a pipe or a device there (:func:`detens.io.check_not_special_file`).
         ConfigError: not UTF-8, or not valid YAML (truncated, a tab in the indentation, a Python tag, a key
             given twice in one mapping), naming the file, the line and the column.
     """
     path = Path(path)
+    check_not_special_file(path, what)
     if not path.is_file():
         raise FileNotFoundError(f"{what} not found: {path}")
     try:

@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import sys
 import tempfile
 import time
@@ -33,6 +34,7 @@ __all__ = [
     "atomic_writer", "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_json_list", "json_list_items", "check_writable_file", "check_writable_folder",
     "read_json_file", "output_stems", "output_lock", "LOCK_NAME", "remove_stale_temporaries", "lock_descriptor",
     "lock_holder_text", "run_folder", "names_a_folder", "check_file_path", "files_written_together",
+    "special_file_kind", "check_not_special_file",
 ]
 
 logger = logging.getLogger("detens.io")
@@ -525,18 +527,52 @@ def _check_writable_from(folder: Path, path: Path, what: str) -> None:
                          f"({err.strerror or err})") from None
 
 
+#: What each kind of file that holds no data of its own is, by its ``stat`` mode.
+_SPECIAL_FILES = ((stat.S_ISFIFO, "a pipe"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                  (stat.S_ISSOCK, "a socket"))
+
+
+def special_file_kind(path: str | os.PathLike[str]) -> str | None:
+    """What ``path`` is where it is neither a regular file nor a folder, following links: ``"a pipe"`` (a
+    FIFO, or what a shell's ``<(...)`` gives), ``"a character device"`` (``/dev/zero``), ``"a block device"``
+    or ``"a socket"``; None otherwise (a regular file, a folder, nothing there). Reading such a file blocks
+    until another process writes to it, or never ends, and a pipe can be read only once."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):  # nothing there, a link to nothing, a path the system cannot take
+        return None
+    return next((kind for is_kind, kind in _SPECIAL_FILES if is_kind(mode)), None)
+
+
+def check_not_special_file(path: str | os.PathLike[str], what: str) -> None:
+    """Raise ``ValueError`` if the input ``path`` is a pipe or a device (:func:`special_file_kind`), naming
+    ``what`` (``"COCO annotation file"``) and the path: detens reads an input file again where it checks
+    or records it, which a pipe does not allow, and a device has no end.
+
+    Raises:
+        ValueError: a pipe, a device or a socket at ``path``.
+    """
+    kind = special_file_kind(path)
+    if kind is not None:
+        raise ValueError(
+            f"{what} {path} is not a regular file ({kind}); save its content to a file and give that file's path"
+        )
+
+
 def read_json_file(path: str | Path, what: str) -> Any:
     """The JSON content of ``path``.
 
     Raises:
         FileNotFoundError: no such file, naming ``what`` (e.g. "COCO results file") and the path.
         IsADirectoryError: a folder there, named so.
-        ValueError: the file is not valid JSON, or not UTF-8 text (as JSON files must be), naming the path
-            and the position; an object gives one key twice.
+        ValueError: a pipe or a device there (:func:`check_not_special_file`); the file is not valid JSON, or
+            not UTF-8 text (as JSON files must be), naming the path and the position; an object gives one key
+            twice.
     """
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(f"{what} expected, got a folder: {path}")
+    check_not_special_file(path, what)
     if not path.is_file():
         raise FileNotFoundError(f"{what} not found: {path}")
     try:

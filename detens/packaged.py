@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 from typing import Literal
 
+from detens.io import check_not_special_file
+
 __all__ = ["CONFIG_ROOT", "KINDS", "packaged_names", "find_packaged", "shipped_file", "describe_shipped"]
 
 CONFIG_ROOT = Path(__file__).resolve().parent / "configs"
@@ -54,7 +56,7 @@ def find_packaged(value: str | Path, kind: Kind, folder: str | Path | None = Non
     Raises:
         FileNotFoundError: neither; the message names the path tried and lists the shipped names.
         ValueError: an empty ``value``, which as a path is the working directory (most often an unset
-            variable), not a file.
+            variable), not a file; a pipe or a device at ``value`` (:func:`detens.io.check_not_special_file`).
     """
     if kind not in _SUFFIXES:
         raise ValueError(f"kind must be one of {', '.join(_SUFFIXES)}, got {kind!r}")
@@ -67,6 +69,7 @@ def find_packaged(value: str | Path, kind: Kind, folder: str | Path | None = Non
     path = Path(folder) / given if folder is not None and not given.is_absolute() else given
     if path.is_file():
         return path
+    check_not_special_file(path, _WHAT[kind])  # a pipe (--config <(...)) is there, but can be read only once
     name = str(value)
     if given.parent == Path(".") and name:
         # a bare name takes the first of the kind's suffixes shipped; a file name, that file

@@ -21,6 +21,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from detens.io import special_file_kind
+
 __all__ = ["IMAGE_EXTENSIONS", "ImageReadError", "ImageSizeError", "list_images", "read_image", "as_bgr", "is_image_file"]
 
 logger = logging.getLogger(__name__)
@@ -84,8 +86,10 @@ def _is_glob(pattern: str) -> bool:
 
 def _is_file_or_broken_link(path: Path) -> bool:
     """A file, or a link to nothing: listed, so that reading it reports the missing target (a folder of
-    links into storage that is not mounted would otherwise give no images, and a run over none)."""
-    return path.is_file() or (path.is_symlink() and not path.exists())
+    links into storage that is not mounted would otherwise give no images, and a run over none). A file
+    includes a pipe or a device named like an image: listed, reading it reports it as no regular file,
+    where leaving it out would lose it without a word."""
+    return path.is_file() or special_file_kind(path) is not None or (path.is_symlink() and not path.exists())
 
 
 def _folder_images(root: Path, recursive: bool) -> Iterator[Path]:
@@ -144,7 +148,8 @@ def list_images(source: str | Path | Iterable[str | Path], recursive: bool = Tru
     """The image files of ``source``, sorted.
 
     Args:
-        source: an image file (kept whatever its extension, so a bad file is reported when read), a folder
+        source: an image file (kept whatever its extension, so a bad file is reported when read; a pipe or a
+            device too, reported as no regular file), a folder
             (searched recursively for files with an :data:`IMAGE_EXTENSIONS` extension, linked folders
             followed; hidden files and folders are skipped), a glob pattern (``"data/**/*.jpg"``), or a list of these.
         recursive (bool): search folders recursively and let ``**`` in a glob match any depth.
@@ -171,7 +176,7 @@ def list_images(source: str | Path | Iterable[str | Path], recursive: bool = Tru
             # Path("") is the current folder: an unset variable in `--source "$IMAGES"` would run on it
             raise ValueError("image source is an empty string; give a file, a folder or a glob pattern")
         path = Path(item).expanduser()
-        if path.is_file():
+        if path.is_file() or special_file_kind(path) is not None:  # reading a pipe or a device reports it
             found.add(path)
         elif path.is_dir():
             found.update(_folder_images(path, recursive))
@@ -313,11 +318,15 @@ def read_image(
             pages, with an orientation tag not applied) are appended here too, for a run's summary.
 
     Raises:
-        ImageReadError: the file is missing, unreadable, empty, a truncated or corrupt PNG (told apart before
-            libpng, which would print its own line on stderr), or not a decodable image.
+        ImageReadError: the file is missing, unreadable, not a regular file (a pipe, a device), empty, a
+            truncated or corrupt PNG (told apart before libpng, which would print its own line on stderr), or
+            not a decodable image.
         ImageSizeError: its pixels are not ``expected_size``.
     """
     path = Path(path)
+    special = special_file_kind(path)
+    if special is not None:  # reading would wait for a writer (a pipe) or never end (/dev/zero)
+        raise ImageReadError(f"cannot read image {str(path)!r}: it is not a regular file ({special})")
     try:
         raw = path.read_bytes()
     except OSError as err:

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 _HOLD = """
 import sys
 from detens.io import output_lock
-with output_lock(sys.argv[1], "detens fuse", sys.argv[2]):
+with output_lock(sys.argv[1], sys.argv[3], sys.argv[2]):
     print("held", flush=True)
     sys.stdin.read()
 """
@@ -22,13 +22,13 @@ with output_lock(sys.argv[1], "detens fuse", sys.argv[2]):
 
 @pytest.fixture
 def lock_in_another_process():
-    """``lock(folder, name=".detens.lock")``: another process holding the output lock of ``folder`` until the
-    test ends (or the test kills it: ``.kill()`` on the returned process)."""
+    """``lock(folder, name=".detens.lock", command="detens fuse")``: another process holding the output lock of
+    ``folder`` as ``command`` until the test ends (or the test kills it: ``.kill()`` on the returned process)."""
     started = []
 
-    def lock(folder, name=".detens.lock"):
+    def lock(folder, name=".detens.lock", command="detens fuse"):
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-        process = subprocess.Popen([sys.executable, "-c", _HOLD, str(folder), name], stdin=subprocess.PIPE,
+        process = subprocess.Popen([sys.executable, "-c", _HOLD, str(folder), name, command], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, text=True, env=env)
         started.append(process)
         assert process.stdout.readline().strip() == "held"
@@ -38,6 +38,39 @@ def lock_in_another_process():
     for process in started:
         process.kill()
         process.wait()
+
+
+@pytest.fixture
+def named_pipe():
+    """``make(path)``: a named pipe (FIFO) at ``path``, returned. Opening it to read waits for a writer: should
+    the code under test do so, the pipe is opened for writing and closed at once, so that the read ends (with
+    no data) and the test fails on what it finds instead of hanging."""
+    import threading
+
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("no named pipes here")
+    stop = threading.Event()
+    pipes = []
+
+    def unblock_readers():
+        while not stop.wait(0.05):
+            for path in pipes:
+                try:  # succeeds only while a reader has the pipe open
+                    os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+                except OSError:
+                    pass
+
+    watcher = threading.Thread(target=unblock_readers, daemon=True)
+    watcher.start()
+
+    def make(path):
+        os.mkfifo(path)
+        pipes.append(path)
+        return path
+
+    yield make
+    stop.set()
+    watcher.join()
 
 
 @pytest.fixture(autouse=True)

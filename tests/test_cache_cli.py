@@ -635,6 +635,20 @@ def test_a_run_that_reads_no_image_ends_with_an_error_after_its_summary(slice_, 
     assert len(summary_of(out)["unreadable"]) == NUM_IMAGES - 1
 
 
+def test_an_image_that_is_a_pipe_is_skipped_and_reported_not_waited_on(slice_, tmp_path, named_pipe):
+    images = tmp_path / "images"
+    shutil.copytree(slice_ / "images", images)
+    bad_name = load_coco_gt(slice_ / "gt.json").file_name(gt_ids(slice_)[0])
+    (images / bad_name).unlink()
+    named_pipe(images / bad_name)
+    out = tmp_path / "out"
+    assert run(slice_, out, images=images) == 0
+    summary = summary_of(out)
+    assert summary["unreadable"] == {bad_name: f"cannot read image '{images / bad_name}': it is not a regular file "
+                                               "(a pipe)"}
+    assert summary["models"]["a"]["status"] == "complete" and summary["models"]["a"]["images"] == NUM_IMAGES - 1
+
+
 def test_unreadable_images_stay_listed_and_are_left_out_of_evaluation(slice_, replay_run, tmp_path):
     """An image one member could not read is left out for every member, until a run reads it."""
     ids = gt_ids(slice_)
@@ -825,6 +839,29 @@ def test_changed_settings_are_refused_unless_overwrite(slice_, replay_run, capsy
     assert yaml.safe_load((out / "config.yaml").read_text())["conf"] == 0.4
 
 
+def test_results_without_their_recorded_settings_are_not_resumed_under_any(slice_, replay_run, tmp_path, capsys):
+    """A member's partial folder without its settings file (removed, or rebuilt by a run that went on writing
+    after its --out was deleted) holds results of settings nothing records: resumed, they were taken for
+    results of any settings given."""
+    out = tmp_path / "out"
+    shutil.copytree(replay_run, out)
+    (out / ".partial" / "b" / "_settings.json").unlink()
+    before = (out / "b.json").read_bytes()
+    for extra in ((), ("--conf", "0.4")):  # the run's own settings may or may not be the lost ones
+        refused(capsys, run(slice_, out, "--models", "b", *extra),
+                rf"^error: {re.escape(str(out / '.partial' / 'b'))} holds results of 'b' made with other settings "
+                r"\(unknown: its _settings\.json is missing\); use another --out, or --overwrite to discard them\n$")
+    assert (out / "b.json").read_bytes() == before and not (out / ".partial" / "b" / "_settings.json").exists()
+    assert run(slice_, out, "--models", "b", "--conf", "0.4", "--overwrite") == 0
+    assert summary_of(out)["models"]["b"]["processed_this_run"] == NUM_IMAGES
+    assert all(r["score"] >= 0.4 for r in json.loads((out / "b.json").read_text()))
+    # a member folder left empty holds nothing to resume: a fresh start
+    shutil.rmtree(out / ".partial" / "a")
+    (out / ".partial" / "a").mkdir()
+    assert run(slice_, out, "--models", "a") == 0
+    assert summary_of(out)["models"]["a"]["processed_this_run"] == NUM_IMAGES
+
+
 def test_settings_a_member_never_reads_do_not_refuse_a_resume(slice_, tmp_path):
     """Saved predictions are not made again at another --imgsz or --iou: those settings are not theirs."""
     out = tmp_path / "unread"
@@ -941,6 +978,35 @@ def test_a_crash_in_a_later_member_keeps_the_summary_of_the_earlier_ones(slice_,
     assert summary["stopped_by"] == "error: RuntimeError: out of memory"
     assert summary["models"]["a"]["status"] == "complete" and list(summary["unreadable"]) == [bad_name]
     assert summary["models"]["b"]["status"] == "incomplete"
+
+
+def test_a_member_whose_results_file_cannot_be_written_is_summarized_as_not_finished(slice_, tmp_path, monkeypatch,
+                                                                                     capsys):
+    """The summary of the stopped run is written still, with the earlier member finished: writing the failed
+    member's file again for the summary failed again, and lost it for every member."""
+    import errno
+
+    save = cache_tool.save_coco_results
+
+    def full_disk_for_b(results, path):
+        if Path(path).name == "b.json":
+            raise OSError(errno.EFBIG, "File too large", str(path))
+        return save(results, path)
+
+    monkeypatch.setattr(cache_tool, "save_coco_results", full_disk_for_b)
+    out = tmp_path / "out"
+    refused(capsys, run(slice_, out), rf"^error: \[Errno 27\] File too large: '?{re.escape(str(out / 'b.json'))}'?\n$")
+    summary = summary_of(out)
+    assert summary["stopped_by"] == f"error: OSError: [Errno 27] File too large: '{out / 'b.json'}'"
+    assert summary["models"]["a"]["status"] == "complete" and (out / "a.json").is_file()
+    b = summary["models"]["b"]
+    assert (b["status"], b["output"], b["images"], b["images_left"]) == ("incomplete", None, NUM_IMAGES, 0)
+    assert not (out / "b.json").exists()
+    monkeypatch.undo()
+    assert run(slice_, out) == 0  # resumed, and finished
+    summary = summary_of(out)
+    assert summary["stopped_by"] is None and summary["models"]["b"]["status"] == "complete"
+    assert summary["models"]["b"]["resumed"] == NUM_IMAGES and (out / "b.json").is_file()
 
 
 @pytest.mark.parametrize("model, named", [

@@ -526,6 +526,21 @@ def test_shipped_names_leave_out_the_side_files_of_a_training_run(tmp_path, monk
         packaged.find_packaged(heads, "heads")
 
 
+@pytest.mark.parametrize("kind, what", [("ensembles", "ensemble config"), ("train", "training config"),
+                                        ("heads", "head file")])
+def test_a_pipe_given_for_a_config_or_a_head_is_named_as_no_regular_file(tmp_path, named_pipe, kind, what):
+    """``--config <(...)`` is a pipe: there, but read once only (the YAML reader is refused it too)."""
+    from detens import packaged
+    from detens.config import read_yaml_file
+
+    pipe = named_pipe(tmp_path / "given.yaml")
+    refusal = rf"^{what} {pipe} is not a regular file \(a pipe\); save its content to a file and give that file's path$"
+    with pytest.raises(ValueError, match=refusal):
+        packaged.find_packaged(str(pipe), kind)
+    with pytest.raises(ValueError, match=refusal):
+        read_yaml_file(pipe, what)
+
+
 def test_a_yaml_head_is_the_file_beside_it_else_a_shipped_head(tmp_path, monkeypatch):
     from detens.packaged import CONFIG_ROOT
 

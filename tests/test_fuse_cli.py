@@ -584,6 +584,17 @@ def test_a_run_that_read_no_image_names_no_members_and_does_not_stop_the_next(wo
     assert summary["weights"]["yolo26n_int8"].endswith("yolo26n_int8.tflite")
 
 
+def test_a_pipe_named_like_an_image_is_reported_as_unreadable_not_left_out(workspace, tmp_path, named_pipe):
+    """os.walk lists a pipe among the files; leaving it out would lose it without a word, and reading it
+    would wait for a writer."""
+    source, out = one_image_source(workspace, tmp_path / "src", "bus.jpg"), tmp_path / "o"
+    named_pipe(source / "pipe.jpg")
+    assert fuse_into(workspace, source, out, "--no-vis") == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["done"] == 1 and summary["unreadable"] == {
+        "pipe.jpg": f"cannot read image '{source / 'pipe.jpg'}': it is not a regular file (a pipe)"}
+
+
 def test_a_run_with_nothing_left_to_do_says_its_timings_are_the_earlier_runs(workspace, tmp_path, capsys):
     source, out = one_image_source(workspace, tmp_path / "src", "a.jpg"), tmp_path / "o"
     assert fuse_into(workspace, source, out, "--no-vis") == 0

@@ -47,6 +47,16 @@ class TestReadJsonFile:
         with pytest.raises(FileNotFoundError, match=r"^annotation file not found: "):
             read_json_file(tmp_path / "none.json", "annotation file")
 
+    def test_a_pipe_or_a_device_is_named_as_no_regular_file_not_as_missing(self, tmp_path, named_pipe):
+        """A shell's ``<(cat gt.json)`` is a pipe, which the run would read more than once."""
+        pipe = named_pipe(tmp_path / "gt.json")
+        with pytest.raises(ValueError, match=rf"^annotation file {pipe} is not a regular file \(a pipe\); save its "
+                                             "content to a file and give that file's path$"):
+            read_json_file(pipe, "annotation file")
+        if os.path.exists("/dev/null"):
+            with pytest.raises(ValueError, match=r"^results file /dev/null is not a regular file \(a character device\)"):
+                read_json_file("/dev/null", "results file")
+
 
 class TestAtomicWrite:
     @pytest.mark.parametrize("stem", ["x" * 240, "画" * 80])  # 249 and 249 bytes with ".jpg.json"

@@ -189,6 +189,56 @@ def test_each_flag_of_a_command_is_an_option_of_its_job_with_the_same_default(co
     assert required == {f.name for f in dataclasses.fields(options_class) if f.metadata.get("required")}
 
 
+#: every option that names a file or a folder, per command (a positional one by its name); the pairs take two paths
+PATH_OPTIONS = {
+    "fuse": ["--config", "--source", "--out", "--head", "--weights-dir"],
+    "cache": ["--config", "--images", "--gt", "--out", "--weights-dir"],
+    "train": ["--gt", "--predictions", "--out", "--config", "--images-from", "--also-fit-on"],
+    "evaluate": ["--gt", "--predictions", "--also-fit-on", "--fit-on", "--out", "--plot", "--reliability", "--report",
+                 "--images"],
+    "bench": ["--out", "--engines", "--config", "--coco"],
+    "report": ["evaluation", "--out", "--images"],
+    "configs": ["--out"],
+}
+_PAIRS = ("--also-fit-on", "--fit-on", "--coco")
+
+
+@pytest.mark.parametrize("command, left_out", [
+    *((command, None) for command in sorted(PATH_OPTIONS) if command != "evaluate"),
+    ("evaluate", "--fit-on"), ("evaluate", "--also-fit-on"),  # they exclude each other
+])
+def test_every_path_option_reads_a_leading_tilde_as_the_home_folder(command, left_out, tmp_path, monkeypatch):
+    """A shell leaves ``~`` as written after ``--out=`` and in quotes: the job expands it, as it does in a
+    Python call, and never creates a folder named ``~`` in the working directory."""
+    home = tmp_path / "home"
+    (home / "weights_dir").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    _, options_class = detens.jobs.job(command)
+    path_kinds = ("path", "input_path", "folder", "existing_folder", "output_file", "file_or_folder")
+    listed = {flag.removeprefix("--").replace("-", "_") for flag in PATH_OPTIONS[command]}
+    assert {f.name for f in dataclasses.fields(options_class) if f.metadata.get("kind") in path_kinds} <= listed
+    argv, expected = [], {}
+    for flag in PATH_OPTIONS[command]:
+        name = flag.removeprefix("--").replace("-", "_")
+        if flag == left_out:
+            continue
+        if flag in _PAIRS:
+            argv += [flag, f"~/{name}_1", f"~/{name}_2"]
+            expected[name] = (str(home / f"{name}_1"), str(home / f"{name}_2"))
+        else:
+            argv.append(f"{flag}=~/{name}" if flag.startswith("--") else f"~/{name}")
+            expected[name] = str(home / name)
+    if command == "evaluate":
+        argv += ["--train-config", "deep=~/deep.yaml", *(["--cv", "0"] if left_out == "--also-fit-on" else [])]
+    options = options_class.from_namespace(command_parser(command).parse_args(argv))
+    given = {name: getattr(options, name) for name in expected}
+    assert {name: tuple(map(str, v)) if isinstance(v, (tuple, list)) else str(v) for name, v in given.items()} == expected
+    if command == "evaluate":
+        assert options.train_config == (f"deep={home / 'deep.yaml'}",)
+    assert not (tmp_path / "~").exists()
+
+
 def test_options_are_checked_as_they_are_made(tmp_path):
     from detens.jobs.report import ReportOptions
 

@@ -973,8 +973,9 @@ class TestReportFolder:
         assert drawn["metrics"] == json.loads(out.read_text()) and set(drawn["curves"]) == set(drawn["metrics"])
         assert main(["report", str(out), "--out", str(tmp_path / "again"), "--examples", "0", "--quiet"]) == 0
 
-    @pytest.mark.parametrize("fault", ["missing", "corrupt", "resized"])
-    def test_evaluate_checks_the_report_images_before_it_runs(self, quick, tmp_path, capsys, monkeypatch, fault):
+    @pytest.mark.parametrize("fault", ["missing", "corrupt", "pipe", "resized"])
+    def test_evaluate_checks_the_report_images_before_it_runs(self, quick, tmp_path, capsys, monkeypatch, fault,
+                                                              named_pipe):
         import cv2
 
         from detens.cli import main
@@ -988,6 +989,10 @@ class TestReportFolder:
             problem = f"1 of the 8 images to draw are not usable in {images} (missing {bad.name})"
         elif fault == "corrupt":
             bad.write_bytes(bad.read_bytes()[:100])  # a copy cut short, its header incomplete
+            problem = f"1 of the 8 images to draw are not usable in {images} (unreadable {bad.name})"
+        elif fault == "pipe":  # there, but no file to read: reading it would wait for a writer
+            bad.unlink()
+            named_pipe(bad)
             problem = f"1 of the 8 images to draw are not usable in {images} (unreadable {bad.name})"
         else:
             pixels = cv2.imread(str(bad))

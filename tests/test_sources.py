@@ -96,6 +96,16 @@ class TestListImages:
         with pytest.raises(ImageReadError, match="a.jpg"):
             read_image(tmp_path / "a.jpg")
 
+    def test_a_pipe_named_like_an_image_is_listed_and_its_read_says_what_it_is(self, tmp_path, named_pipe):
+        """Left out, it would be missing from the run without a word; read, it would wait for a writer."""
+        (tmp_path / "b.jpg").write_bytes(b"")
+        pipe = named_pipe(tmp_path / "a.jpg")
+        assert list_images(tmp_path) == [pipe, tmp_path / "b.jpg"]
+        assert list_images(str(tmp_path / "*.jpg")) == [pipe, tmp_path / "b.jpg"]
+        assert list_images(pipe) == [pipe]  # given by name: no "image source not found"
+        with pytest.raises(ImageReadError, match=r"^cannot read image '.*a\.jpg': it is not a regular file \(a pipe\)$"):
+            read_image(pipe)
+
     def test_a_folder_that_cannot_be_listed_is_a_warning(self, tree, monkeypatch, caplog):
         locked = tree / "sub" / "deeper"
         scandir = os.scandir
@@ -152,6 +162,13 @@ class TestReadImage:
         with pytest.raises(ImageReadError, match=fragment) as info:
             read_image(path)
         assert "broken file.jpg" in str(info.value)
+
+    def test_a_device_is_not_read_to_its_end(self):
+        """/dev/zero has no end: read whole, it took memory until a MemoryError."""
+        if not os.path.exists("/dev/zero"):
+            pytest.skip("no /dev/zero here")
+        with pytest.raises(ImageReadError, match=r"^cannot read image '/dev/zero': it is not a regular file \(a character device\)$"):
+            read_image("/dev/zero")
 
     @staticmethod
     def _tagged_jpeg(path, orientation: int, with_orientation_tag) -> np.ndarray:

@@ -934,6 +934,68 @@ class TestTools:
         assert (outs[0].parent / "head.json.loss.png").stat().st_size > 1000
         assert "normalize_box: true" in (outs[0].parent / "head.json.config.yaml").read_text()
 
+    def test_train_cli_writes_the_head_where_out_names_it_with_or_without_a_tilde(self, dataset, tmp_path,
+                                                                                   monkeypatch):
+        """``--out=~/...`` is under the home folder (the shell leaves ``~`` after ``=``); ``./~/...`` is a folder
+        named ``~``, where the run reads back the head it staged there, never the home folder's file."""
+        gt_path, predictions = dataset
+        home, work = tmp_path / "home", tmp_path / "work"
+        home.mkdir()
+        work.mkdir()
+        monkeypatch.setenv("HOME", str(home))
+        monkeypatch.chdir(work)
+        base = ["--gt", str(gt_path), "--predictions", str(predictions), "--epochs", "2", "--set", "match_iou_grid=[]",
+                "--quiet"]
+        assert train_cli.main([*base, "--out=~/heads/head.json"]) == 0
+        assert load_head(home / "heads" / "head.json").model_names == sorted(MODELS)
+        assert not (work / "~").exists()
+        assert train_cli.main([*base, "--out", "./~/heads/head.json"]) == 0
+        assert load_head(work / "~" / "heads" / "head.json").model_names == sorted(MODELS)
+        assert sorted(p.name for p in (work / "~" / "heads").iterdir()) == sorted(
+            p.name for p in (home / "heads").iterdir())
+
+    @pytest.mark.parametrize("given", ["--gt", "--config", "--images-from", "a prediction file"])
+    def test_train_cli_names_a_pipe_given_for_an_input_as_no_regular_file(self, dataset, tmp_path, capsys, named_pipe,
+                                                                           given):
+        """``--gt <(cat gt.json)`` is a pipe, which the run would read more than once: it is there, and the
+        message says what it is instead of 'not found'."""
+        gt_path, predictions = dataset
+        pipe = named_pipe(tmp_path / "pipe")
+        args = {"--gt": str(gt_path), "--predictions": str(predictions), "--out": str(tmp_path / "head.json")}
+        what = {"--gt": "COCO annotation file", "--config": "training config", "--images-from": "--images-from",
+                "a prediction file": "COCO results file"}[given]
+        if given == "a prediction file":
+            shutil.copytree(predictions, tmp_path / "predictions")
+            pipe = named_pipe(tmp_path / "predictions" / "piped.json")
+            args["--predictions"] = str(tmp_path / "predictions")
+        else:
+            args[given] = str(pipe)
+        assert train_cli.main([*(word for pair in args.items() for word in pair), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert err == (f"error: {what} {pipe} is not a regular file (a pipe); save its content to a file and give "
+                       "that file's path\n"), err
+
+    def test_train_cli_refuses_an_out_that_another_train_is_writing(self, dataset, tmp_path, capsys,
+                                                                     lock_in_another_process):
+        """Both would fit, and the last to finish would replace the other's head without a word; another --out
+        in the same folder is another run's."""
+        gt_path, predictions = dataset
+        out = tmp_path / "head.json"
+        holder = lock_in_another_process(tmp_path, ".head.json.detens.lock", "detens train")
+        base = ["--gt", str(gt_path), "--predictions", str(predictions), "--epochs", "2", "--set", "match_iou_grid=[]",
+                "--quiet"]
+        assert train_cli.main([*base, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert re.fullmatch(rf"error: --out {re.escape(str(out))} is being written by detens train \(pid "
+                            rf"{holder.pid} on .*\); two runs writing one output would spoil each other's "
+                            r"results: wait for it to end, or give another output\n", err), err
+        assert not out.exists()
+        assert train_cli.main([*base, "--out", str(tmp_path / "other.json")]) == 0
+        holder.kill()
+        holder.wait()
+        assert train_cli.main([*base, "--out", str(out)]) == 0
+        assert sorted(p.name for p in tmp_path.glob(".*lock")) == []  # let go of at the end
+
     def test_train_cli_calibration_has_no_loss_curve(self, dataset, tmp_path):
         gt_path, predictions = dataset
         out = tmp_path / "calibration.json"

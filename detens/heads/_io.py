@@ -61,6 +61,7 @@ __all__ = [
     "head_label_space",
     "named_categories",
     "read_head_file",
+    "read_head_file_at",
     "read_trained_on",
     "training_log_path",
     "TRAINED_ON",
@@ -370,7 +371,13 @@ def read_trained_on(head_path: str | Path) -> list[str] | None:
 def read_head_file(path: str | Path) -> HeadFile:
     """Read a ``.json`` or ``.safetensors`` head file, or a shipped head by name (:func:`find_head_file`);
     corrupt or foreign files raise :class:`HeadFileError`, a missing one ``FileNotFoundError``."""
-    path = find_head_file(path)  # a missing file is named as such, whatever its suffix
+    return read_head_file_at(find_head_file(path))  # a missing file is named as such, whatever its suffix
+
+
+def read_head_file_at(path: Path) -> HeadFile:
+    """:func:`read_head_file` of the file at ``path`` as it is written: never looked up as a shipped head's
+    name, nor a leading ``~`` read as the home folder. A file that a run wrote at a path of its own (a staged
+    copy, in a folder that may be named ``~``) is read there and nowhere else."""
     suffix = _suffix(path)
     if suffix == ".json":
         try:

@@ -4,7 +4,8 @@ started from Python (``detens.cache(...)``) gets the values the command line giv
 A job's options are a keyword-only dataclass deriving from :class:`JobOptions`, each field made by one of
 the kinds below; the command's flags are the fields' names (``max_det`` is ``--max-det``). A value of the
 wrong type is a TypeError naming the option, a bad value a ValueError: a string is never read as a number,
-nor a number or a string as a bool (``overwrite="no"`` would otherwise discard finished work).
+nor a number or a string as a bool (``overwrite="no"`` would otherwise discard finished work). Every path
+option, to read or to write, takes a leading ``~`` as the home folder (:func:`home_expanded`).
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from detens.io import check_file_path
 
 __all__ = [
     "JobOptions", "UsageError", "check_existing_folder", "check_file_or_folder", "check_folder", "check_given_folder",
-    "check_int", "check_output_file", "check_positive_int", "check_text_list", "check_text_pair", "command_line_flag",
-    "existing_folder", "file_or_folder", "file_or_shipped_name", "flag", "folder", "integer", "internal",
-    "listed", "not_a_folder", "number", "output_file", "parse_set", "path", "python_keyword", "text",
+    "check_int", "check_output_file", "check_positive_int", "check_text_list", "check_text_pair",
+    "command_line_flag", "existing_folder", "file_or_folder", "file_or_shipped_name", "flag", "folder", "home_expanded",
+    "input_path", "integer", "internal", "listed", "not_a_folder", "number", "output_file", "parse_set", "path",
+    "python_keyword", "text",
 ]
 
 
@@ -35,17 +37,27 @@ class UsageError(ValueError):
 
 
 # --------------------------------------------------------------------------------------- the checks of values
+def home_expanded(value: str | os.PathLike[str]) -> str:
+    """The path ``value`` with a leading ``~`` (or ``~user``) read as the home folder (``os.path.expanduser``):
+    every path a job takes is read so, whatever wrote it. A shell expands ``~`` only at the start of an
+    unquoted word, so ``--out=~/runs``, a quoted ``'~/runs'`` and a Python call's ``out="~/runs"`` reach the
+    job as written, and taken as they are they would create a folder named ``~`` in the working directory."""
+    return os.path.expanduser(os.fspath(value))
+
+
 def check_folder(value: str) -> Path:
-    """The path of a folder, which may not exist yet. An empty one is refused rather than read as the working
-    directory (``Path("")`` is ``.``): it is most often an unset shell variable (``--out "$OUT"``), and the
-    job would write its outputs among the user's own files. So is a path that is a file, before anything is
-    done (creating the folder would fail only then, as "File exists").
+    """The path of a folder, which may not exist yet (a leading ``~`` expanded: :func:`home_expanded`). An
+    empty one is refused rather than read as the working directory (``Path("")`` is ``.``): it is most often
+    an unset shell variable (``--out "$OUT"``), and the job would write its outputs among the user's own
+    files. So is a path that is a file, before anything is done (creating the folder would fail only then,
+    as "File exists").
 
     Raises:
         ValueError: ``value`` is empty or a file.
     """
     if not value:
         raise ValueError("expected a folder, got an empty path (write . for the working directory)")
+    value = home_expanded(value)
     if os.path.exists(value) and not os.path.isdir(value):
         raise ValueError(f"expected a folder, got {value!r}, which is a file")
     return Path(value)
@@ -63,42 +75,44 @@ def python_keyword(name: str, is_flag: bool) -> str:
 
 
 def check_output_file(value: str) -> str:
-    """The path of a file to write, kept as written. A path ending in a separator names a folder: read as a
-    ``Path`` it loses the separator, and the file would be written at the folder's name (``--out runs/x/``
-    writing the file ``runs/x``). An empty one is refused as :func:`check_folder` refuses it (``Path("")`` is
-    the working directory).
+    """The path of a file to write, kept as written but for a leading ``~`` (:func:`home_expanded`). A path
+    ending in a separator names a folder: read as a ``Path`` it loses the separator, and the file would be
+    written at the folder's name (``--out runs/x/`` writing the file ``runs/x``). An empty one is refused as
+    :func:`check_folder` refuses it (``Path("")`` is the working directory).
 
     Raises:
         ValueError: ``value`` is empty or ends in a separator.
     """
     if not value:
         raise ValueError("expected a file path, got an empty path")
+    value = home_expanded(value)
     check_file_path(value, None)
     return value
 
 
 def check_file_or_folder(value: str) -> str:
-    """The path of a file to write or of a folder to write it in, kept as written: a trailing separator
-    (:func:`detens.io.names_a_folder`) makes it a folder, created if need be. An empty one is refused as
-    :func:`check_folder` refuses it.
+    """The path of a file to write or of a folder to write it in, kept as written but for a leading ``~``
+    (:func:`home_expanded`): a trailing separator (:func:`detens.io.names_a_folder`) makes it a folder,
+    created if need be. An empty one is refused as :func:`check_folder` refuses it.
 
     Raises:
         ValueError: ``value`` is empty.
     """
     if not value:
         raise ValueError("expected a file or a folder, got an empty path (write . for the working directory)")
-    return value
+    return home_expanded(value)
 
 
 def check_existing_folder(value: str) -> str:
-    """The path of a folder that exists, kept as written. An empty one is refused as :func:`check_folder`
-    refuses it, not read as the working directory.
+    """The path of a folder that exists, kept as written but for a leading ``~`` (:func:`home_expanded`). An
+    empty one is refused as :func:`check_folder` refuses it, not read as the working directory.
 
     Raises:
         ValueError: ``value`` is empty, or no folder is at it.
     """
     if not value:
         raise ValueError("expected a folder, got an empty path (write . for the working directory)")
+    value = home_expanded(value)
     if not os.path.isdir(value):
         raise ValueError(not_a_folder(value, repr(value)))
     return value
@@ -202,8 +216,8 @@ def check_text_pair(
     key: str, value: Any, pair: str = "(annotation file, prediction folder)"
 ) -> tuple[str, str] | None:
     """``value`` of the option ``key`` that takes two paths, by default an annotation file and a
-    prediction folder (``GT PREDICTIONS``; ``pair`` names them in the error), as a pair of strings (None:
-    the option left out).
+    prediction folder (``GT PREDICTIONS``; ``pair`` names them in the error), as a pair of strings, a leading
+    ``~`` of each expanded (:func:`home_expanded`; None: the option left out).
 
     Raises:
         TypeError: ``value`` is no sequence of two strings or ``os.PathLike``.
@@ -215,7 +229,7 @@ def check_text_pair(
         or not all(isinstance(v, (str, os.PathLike)) for v in value)
     ):
         raise TypeError(f"{key} must be a pair {pair} of str or os.PathLike, got {type(value).__name__}: {value!r}")
-    return os.fspath(value[0]), os.fspath(value[1])
+    return home_expanded(value[0]), home_expanded(value[1])
 
 
 def parse_set(items: Sequence[str], prefix: str = "") -> dict[str, Any]:
@@ -278,6 +292,12 @@ def path(default: Path | None = None, *, required: bool = False) -> Any:
     return _field(default, "path", required=required)
 
 
+def input_path(default: str | None = None, *, required: bool = False) -> Any:
+    """A file or folder to read, or a name that stands for files (a shipped config's, a glob), stored as the
+    ``str`` given (an ``os.PathLike`` as its path) with a leading ``~`` expanded (:func:`home_expanded`)."""
+    return _field(default, "input_path", required=required)
+
+
 def output_file(*, required: bool = False) -> Any:
     """A file to write (:func:`check_output_file`: not a path ending in a separator), stored as the ``str``
     given (an ``os.PathLike`` as its path)."""
@@ -330,10 +350,14 @@ def check_int(key: str, value: Any) -> int:
     return int(value)
 
 
-#: the check of each kind of path option (None: any path, stored as a ``Path``)
+def _path_to_read(value: str) -> Path:
+    return Path(home_expanded(value))
+
+
+#: the check of each kind of path option; each reads a leading ``~`` as the home folder (:func:`home_expanded`)
 _PATH_CHECKS = {
-    "path": None, "folder": check_folder, "existing_folder": check_existing_folder, "output_file": check_output_file,
-    "file_or_folder": check_file_or_folder,
+    "path": _path_to_read, "input_path": home_expanded, "folder": check_folder,
+    "existing_folder": check_existing_folder, "output_file": check_output_file, "file_or_folder": check_file_or_folder,
 }
 
 
@@ -355,8 +379,6 @@ def _checked(kind: str, key: str, value: Any) -> Any:
     if kind in _PATH_CHECKS:
         if not isinstance(value, (str, os.PathLike)):
             raise TypeError(f"{key} must be a path (str or os.PathLike), got {type(value).__name__}: {value!r}")
-        if kind == "path":
-            return Path(value)
         try:
             return _PATH_CHECKS[kind](os.fspath(value))
         except ValueError as err:
@@ -373,10 +395,10 @@ def _checked(kind: str, key: str, value: Any) -> Any:
 @dataclasses.dataclass(kw_only=True)
 class JobOptions:
     """The options of a job. Subclasses are keyword-only dataclasses whose fields come from :func:`flag`,
-    :func:`integer`, :func:`number`, :func:`path`, :func:`output_file`, :func:`file_or_folder`, :func:`folder`,
-    :func:`existing_folder`, :func:`text`, :func:`listed` and :func:`internal`; each value is checked and
-    converted when the options are made (None: the option left out, its default kept; a required one left out
-    is a TypeError).
+    :func:`integer`, :func:`number`, :func:`path`, :func:`input_path`, :func:`output_file`, :func:`file_or_folder`,
+    :func:`folder`, :func:`existing_folder`, :func:`text`, :func:`listed` and :func:`internal`; each value is
+    checked and converted when the options are made (None: the option left out, its default kept; a required
+    one left out is a TypeError).
 
     Attributes:
         quiet (bool): warnings and results only: no progress bars or lines, no library chatter, no run

@@ -1,18 +1,33 @@
 """Checks of where ``detens evaluate`` and ``detens train`` write, made before the run: an output on one of
 the run's own input files would destroy it, and a JSON output in a prediction folder would break the
-folder for every later run.
+folder for every later run; and the lock each holds on its ``--out`` while it runs.
 
 Paths come as ``(what, path)`` pairs, ``what`` naming the path in a message (``"--out"``, ``"--gt"``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from detens.io import output_lock
 from detens.jobs._options import UsageError
 
-__all__ = ["refuse_outputs_over_inputs", "refuse_results_in_prediction_folders"]
+__all__ = ["output_file_lock", "refuse_outputs_over_inputs", "refuse_results_in_prediction_folders"]
+
+
+@contextlib.contextmanager
+def output_file_lock(out: Path, command: str) -> Iterator[None]:
+    """Hold the lock of the output file ``out`` (``.<name>.detens.lock`` beside it, :func:`detens.io.output_lock`)
+    while ``command`` writes it: a second run on the same ``--out`` is refused, naming the first, where both
+    would write it and the last would win without a word. Another file in the same folder is another run's.
+
+    Raises:
+        ValueError: another process holds the lock, naming it.
+    """
+    with output_lock(out.parent, command, f".{out.name}.detens.lock", output=f"--out {out}"):
+        yield
 
 
 def refuse_outputs_over_inputs(

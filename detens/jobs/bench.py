@@ -33,6 +33,7 @@ from detens.jobs._options import (
     check_text_pair,
     command_line_flag,
     file_or_shipped_name,
+    input_path,
     integer,
     listed,
     output_file,
@@ -333,8 +334,8 @@ class BenchOptions(JobOptions):
     threads: int | None = integer(positive=True)
     seed: int | None = integer()
     out: str | None = output_file()
-    engines: str | None = text()
-    config: str | None = text()
+    engines: str | None = input_path()
+    config: str | None = input_path()
     coco: list[str] | None = listed()
     coco_sizes: list[int] | None = listed()
 

@@ -83,6 +83,7 @@ from detens.jobs._options import (
     file_or_shipped_name,
     flag,
     folder,
+    input_path,
     integer,
     number,
     text,
@@ -101,6 +102,8 @@ PARTIAL = CACHE_PARTIAL
 SHARDS = "shards"
 SUMMARY = CACHE_SUMMARY
 SETTINGS = "_settings.json"
+#: How a member's results kept without their :data:`SETTINGS` differ from a run's settings, in messages
+UNRECORDED = f"unknown: its {SETTINGS} is missing"
 SHARD_FORMAT = "detens.cache.shard/1"
 # A shard's annotation file, recorded in OUT/shards as the shard claims its first member: the shards of one
 # split run at once, and one started on another file than the others must be refused as it starts, not at
@@ -150,7 +153,7 @@ class CacheOptions(EngineOptions):
     job = "cache"
 
     action: str | None = text(choices=("merge",))
-    config: str = text(DEFAULT_ENSEMBLE)
+    config: str = input_path(DEFAULT_ENSEMBLE)
     images: Path | None = folder()
     gt: Path | None = file_path()
     out: Path = folder(required=True)
@@ -581,15 +584,24 @@ def check_settings(
     class map) keep nothing from being lost: this run records its own over them, unless another shard
     runs on ``out``, which may be about to write results of those settings.
 
+    Results without recorded settings (their file removed, or the folder rebuilt by a run that went on
+    writing after its ``--out`` was deleted) were made with settings nothing records: refused as results of
+    other settings are, and all discarded by ``overwrite``.
+
     Returns:
         str | None: how the settings recorded in ``out`` for ``member`` differ from ``settings``
-        (``"conf: 0.001 -> 0.4"``), which ``overwrite`` discards all the results of (those of other shards
-        and other images included: the member's settings are recorded once for all its partial results);
-        None when none are recorded or they are the same.
+        (``"conf: 0.001 -> 0.4"``, or :data:`UNRECORDED` for results without settings), which ``overwrite``
+        discards all the results of (those of other shards and other images included: the member's settings
+        are recorded once for all its partial results); None when none are recorded (and no result is kept)
+        or they are the same.
     """
     saved_path = partial_dir(out, member) / SETTINGS
     if not saved_path.is_file():
-        return None
+        if not _holds_results(out, member):
+            return None  # a member not started, or a folder left empty: a fresh start
+        if not overwrite:
+            raise other_settings_error(out, member, UNRECORDED, shard)
+        return UNRECORDED
     saved = _read_settings(saved_path)
     if not overwrite and not _holds_results(out, member) and not running_shards(out, shard):
         return settings_difference(saved, settings)
@@ -609,10 +621,12 @@ def _holds_results(out: Path, member: str) -> bool:
 
 
 def recorded_difference(out: Path, member: str, settings: dict[str, Any]) -> str | None:
-    """How the settings recorded in ``out`` for ``member`` differ from ``settings``; None where they agree
-    or none are recorded."""
+    """How the settings recorded in ``out`` for ``member`` differ from ``settings`` (:data:`UNRECORDED`: it
+    keeps results without settings); None where they agree, or none are recorded and no result is kept."""
     saved_path = partial_dir(out, member) / SETTINGS
-    return settings_difference(_read_settings(saved_path), settings) if saved_path.is_file() else None
+    if not saved_path.is_file():
+        return UNRECORDED if _holds_results(out, member) else None
+    return settings_difference(_read_settings(saved_path), settings)
 
 
 def _read_settings(path: Path) -> Any:
@@ -947,13 +961,16 @@ def collect(
 
 
 def finish_member(
-    out: Path, run: MemberRun, data: Dataset, shard: tuple[int, int] | None, timing: dict[str, float]
+    out: Path, run: MemberRun, data: Dataset, shard: tuple[int, int] | None, timing: dict[str, float],
+    write_output: bool = True,
 ) -> dict[str, Any]:
-    """Assemble the member's output when all its images are done (or unreadable); returns its summary."""
+    """Assemble the member's output when all its images are done (or unreadable); returns its summary.
+    ``write_output=False``: its output is not written (the write just failed), and the member is summarized
+    as not finished, whatever images are done."""
     done, results, ms, warned = collect(out, run.name, data)
     finished = set(done)
     left = [i for i in data.ids if i not in finished and i not in run.unreadable]
-    complete = not left
+    complete = not left and write_output
     output = None
     if complete:
         output = member_output(run.name, shard)
@@ -1175,16 +1192,19 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any) -> int
     }
 
     timing = {"load_s": 0.0, "read_s": 0.0, "wall_s": 0.0}  # of the model running now
+    unwritten: str | None = None  # the member whose output was being written when the run stopped (a full disk)
 
     def summarize_stopped_run(reason: str) -> dict[str, Any] | None:
         """The summary of a run that stopped early, with every member it wrote for (the ones it stopped
-        in with the time their model ran); None (nothing written) when it stopped before writing anything."""
+        in with the time their model ran); None (nothing written) when it stopped before writing anything.
+        The member whose output failed to be written is summarized as not finished, without trying again:
+        the same error would lose the summary of every member."""
         if not config_saved:
             return None
         for _, runs in plans:
             for run in runs:
                 if run.name not in members and run.claimed:
-                    members[run.name] = finish_member(out, run, data, shard, timing)
+                    members[run.name] = finish_member(out, run, data, shard, timing, write_output=run.name != unwritten)
         return write_summary(summary_path, {**header, "stopped_by": reason}, members)
 
     session = None
@@ -1208,7 +1228,9 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any) -> int
             if k + 1 < len(plans):
                 release(entry)  # before the next model is loaded
             for run in runs:
+                unwritten = run.name
                 members[run.name] = finish_member(out, run, data, shard, timing)
+                unwritten = None
     except BaseException as err:
         if is_interruption(err):
             logger.warning("interrupted: the finished images are saved; %s to resume", options.run_again)

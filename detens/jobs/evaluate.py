@@ -32,7 +32,7 @@ from detens.evaluation import (
 from detens.folds import kfold_image_splits
 from detens.fusers import highest_scoring
 from detens.heads import TRAINERS, load_train_config
-from detens.io import atomic_write_json, check_writable_file, check_writable_folder, output_lock
+from detens.io import atomic_write_json, check_writable_file, check_writable_folder
 from detens.jobs._inputs import comma_separated, file_digests, model_names
 from detens.jobs._options import (
     JobOptions,
@@ -43,6 +43,8 @@ from detens.jobs._options import (
     check_text_pair,
     file_or_shipped_name,
     folder,
+    home_expanded,
+    input_path,
     integer,
     listed,
     output_file,
@@ -50,7 +52,11 @@ from detens.jobs._options import (
     text,
 )
 from detens.jobs._options import flag as flag_option  # flag names a command-line flag in the code below
-from detens.jobs._outputs import refuse_outputs_over_inputs, refuse_results_in_prediction_folders
+from detens.jobs._outputs import (
+    output_file_lock,
+    refuse_outputs_over_inputs,
+    refuse_results_in_prediction_folders,
+)
 from detens.jobs._software import software_versions
 from detens.jobs._unfinished import UnfinishedRun, discard_unfinished, run_key, unfinished_folder
 from detens.predictions import CACHE_SUMMARY, EnsemblePredictions
@@ -139,8 +145,8 @@ class EvaluateOptions(JobOptions):
 
     job = "evaluate"
 
-    gt: str = text(required=True)
-    predictions: str = text(required=True)
+    gt: str = input_path(required=True)
+    predictions: str = input_path(required=True)
     methods: str = text(DEFAULT_EVALUATION_METHODS)
     models: str | None = text()
     cv: int = integer(2)
@@ -155,7 +161,7 @@ class EvaluateOptions(JobOptions):
     plot: str | None = output_file()
     reliability: str | None = output_file()
     report: Path | None = folder()
-    images: str | None = text()
+    images: str | None = input_path()
     bootstrap: int = integer(0)
     bootstrap_against: str | None = text()
     threads: int = integer(1, positive=True)
@@ -169,7 +175,7 @@ class EvaluateOptions(JobOptions):
         if self.also_fit_on is not None and self.fit_on is not None:
             raise ValueError("also_fit_on and fit_on exclude each other: give one")
         self.seed = _check_seeds(self.seed)
-        self.train_config = check_text_list("train_config", self.train_config)
+        self.train_config = tuple(map(_yaml_home_expanded, check_text_list("train_config", self.train_config)))
         self.set = check_text_list("set", self.set)
 
 
@@ -187,7 +193,7 @@ def run(options: EvaluateOptions) -> int:
     """
     out = Path(options.out)
     check_writable_file(out, "--out")
-    with output_lock(out.parent, "detens evaluate", f".{out.name}.detens.lock", output=f"--out {out}"):
+    with output_file_lock(out, "detens evaluate"):
         return _run(options)
 
 
@@ -493,7 +499,7 @@ def _run_key(
     if (fitting := _fitting_data(options)) is not None:
         files.append(fitting[1])
     files += [Path(item.partition("=")[2]) for item in options.train_config]
-    files += [Path(m.split(":", 1)[1]) for m in methods if m.startswith("head:")]  # a head file trained again
+    files += [_head_file(m) for m in methods if m.startswith("head:")]  # a head file trained again
     return run_key({
         "files": file_digests(str(path) for path in files),
         "models": predictions.model_names,
@@ -504,13 +510,25 @@ def _run_key(
     })
 
 
+def _yaml_home_expanded(item: str) -> str:
+    """A ``HEAD=YAML`` training config with a leading ``~`` of its file expanded, as every path option's."""
+    kind, given, path = item.partition("=")
+    return f"{kind}={home_expanded(path)}" if given else item
+
+
+def _head_file(method: str) -> Path:
+    """The file of a ``head:PATH`` method, as loading it reads the path (a leading ``~`` expanded); the method
+    keeps its name as given, which names its row."""
+    return Path(home_expanded(method.split(":", 1)[1]))
+
+
 def _inputs(options: EvaluateOptions, methods: list[str]) -> list[tuple[str, Path]]:
     """The files this run reads besides its prediction folders, each with what names it in a message."""
     inputs = [("--gt", Path(options.gt))]
     if (fitting := _fitting_data(options)) is not None:
         flag, fit_gt, _ = fitting
         inputs.append((f"{flag}'s annotation file", fit_gt))
-    inputs += [(f"the head file of --methods {m}", Path(m.split(":", 1)[1])) for m in methods if m.startswith("head:")]
+    inputs += [(f"the head file of --methods {m}", _head_file(m)) for m in methods if m.startswith("head:")]
     inputs += [(f"--train-config {item}", Path(item.partition("=")[2])) for item in options.train_config]
     return inputs
 

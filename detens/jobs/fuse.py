@@ -67,7 +67,16 @@ from detens.jobs._inputs import (
     unreadable_lines,
 )
 from detens.jobs._interrupts import RESUME_ADVICE, ctrl_c_held, is_interruption, raise_interruption
-from detens.jobs._options import existing_folder, file_or_shipped_name, flag, folder, integer, number, text
+from detens.jobs._options import (
+    existing_folder,
+    file_or_shipped_name,
+    flag,
+    folder,
+    input_path,
+    integer,
+    number,
+    text,
+)
 from detens.labels import COCO_CATEGORY_IDS, COCO_ID_TO_NAME
 from detens.sources import ImageReadError, list_images, read_image
 
@@ -135,11 +144,11 @@ class FuseOptions(EngineOptions):
     job = "fuse"
     call = "fuse_images"
 
-    config: str = text(DEFAULT_ENSEMBLE)
-    source: str = text(required=True)
+    config: str = input_path(DEFAULT_ENSEMBLE)
+    source: str = input_path(required=True)
     out: Path = folder(required=True)
     method: str | None = text()
-    head: str | None = text()
+    head: str | None = input_path()
     save_per_model: bool = flag()
     conf: float | None = number()
     imgsz: int | None = integer()

@@ -8,7 +8,15 @@ import shlex
 from pathlib import Path
 
 from detens.io import check_writable_folder
-from detens.jobs._options import JobOptions, UsageError, check_given_folder, folder, integer, number, text
+from detens.jobs._options import (
+    JobOptions,
+    UsageError,
+    check_given_folder,
+    folder,
+    input_path,
+    integer,
+    number,
+)
 from detens.jobs._outputs import refuse_results_in_prediction_folders
 from detens.report.record import EvaluationRecord, record_path
 
@@ -29,9 +37,9 @@ class ReportOptions(JobOptions):
 
     job = "report"
 
-    evaluation: str = text(required=True)
+    evaluation: str = input_path(required=True)
     out: Path = folder(required=True)
-    images: str | None = text()
+    images: str | None = input_path()
     examples: int = integer(3)
     conf: float = number(0.3)
 

@@ -22,12 +22,13 @@ from detens.heads._io import (
     TRAINING_LOG_SUFFIX,
     beside_head,
     head_digest,
-    read_head_file,
+    read_head_file_at,
 )
 from detens.io import (
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_text,
+    check_not_special_file,
     check_writable_file,
     files_written_together,
 )
@@ -40,6 +41,7 @@ from detens.jobs._options import (
     check_text_pair,
     file_or_shipped_name,
     flag,
+    input_path,
     integer,
     listed,
     number,
@@ -47,7 +49,7 @@ from detens.jobs._options import (
     parse_set,
     text,
 )
-from detens.jobs._outputs import refuse_outputs_over_inputs
+from detens.jobs._outputs import output_file_lock, refuse_outputs_over_inputs
 from detens.predictions import (
     EnsemblePredictions,
     base_file_names,
@@ -94,12 +96,12 @@ class TrainOptions(JobOptions):
 
     job = "train"
 
-    gt: str = text(required=True)
-    predictions: str = text(required=True)
+    gt: str = input_path(required=True)
+    predictions: str = input_path(required=True)
     out: str = output_file(required=True)
     head: str = text("theta", choices=HEAD_TYPES)
-    config: str | None = text()
-    images_from: str | None = text()
+    config: str | None = input_path()
+    images_from: str | None = input_path()
     all_images: bool = flag()
     models: str | None = text()
     also_fit_on: tuple[str, str] | None = listed()
@@ -197,16 +199,25 @@ def loss_plot_png(losses: list[float], title: str) -> bytes:
 def run(options: TrainOptions) -> int:
     """Fit the head and write it with its config, loss curve and logs; returns 0.
 
+    Holds a lock on ``--out`` (``.<name>.detens.lock`` beside it) while it runs: of two runs on the same
+    ``--out``, the last to finish would replace the other's head without a word.
+
     Raises:
         KeyboardInterrupt: a Ctrl-C: during the fit, with nothing written; while the files are written, once
             every one of them is (the run is finished).
         UsageError: a bad option, or an output on an input (found before the fit).
+        ValueError: among others, another run holds ``--out``, naming it.
     """
-    torch.set_num_threads(options.threads)
     out = Path(options.out)
     if out.suffix.lower() not in (".json", ".safetensors"):
         raise UsageError(f"--out must end in .json or .safetensors, got {out}")
     check_writable_file(out, "--out")
+    with output_file_lock(out, "detens train"):
+        return _run(options, out)
+
+
+def _run(options: TrainOptions, out: Path) -> int:
+    torch.set_num_threads(options.threads)
     _refuse_outputs_over_inputs(options)
     overrides = parse_set(options.set)
     flags = {k: v for k, v in (("epochs", options.epochs), ("lr", options.lr), ("seed", options.seed)) if v is not None}
@@ -221,6 +232,8 @@ def run(options: TrainOptions) -> int:
 
     if options.images_from and options.all_images:
         raise UsageError("--images-from lists the images to train on and --all-images takes every image: give one")
+    if options.images_from:
+        check_not_special_file(options.images_from, "--images-from")
     if options.images_from and not Path(options.images_from).is_file():
         raise UsageError(f"--images-from: no such file: {options.images_from} (one image id per line)")
     listed = read_image_ids(Path(options.images_from)) if options.images_from else None
@@ -325,7 +338,7 @@ def run(options: TrainOptions) -> int:
         config_path, loss_plot, epoch_log, training_log = (staged(beside_head(out, s).name) for s in _SIDE_FILES)
         head_file = staged(out.name)  # moved into place last: a later --head reads it once its files describe it
         head.save(head_file)
-        log[HEAD_DIGEST] = head_digest(read_head_file(head_file))  # of the file as written, as a reader sees it
+        log[HEAD_DIGEST] = head_digest(read_head_file_at(head_file))  # of the file as written, as a reader sees it
         save_yaml_config(config, config_path)
         if curve is not None:  # else the set has none, and an earlier head's goes
             atomic_write_bytes(loss_plot, curve)

@@ -154,7 +154,7 @@ def read_images(
     read, missing, unreadable, resized = {}, [], [], []
     for image_id in image_ids:
         path = Path(images_dir) / truth.file_name(image_id)
-        if not path.is_file():
+        if not path.exists():  # a pipe or a folder of its name is there, and unreadable (read_image says why)
             missing.append(truth.file_name(image_id))
             continue
         image = _decode(path)
