@@ -97,7 +97,10 @@ def atomic_writer(path: str | Path) -> Iterator[BinaryIO]:
     if path.is_dir():
         raise IsADirectoryError(errno.EISDIR, "is a folder; give the path of a file to write", str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(**_temporary_name(path), dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(**_temporary_name(path), dir=path.parent)
+    except OSError as err:  # a folder this process may not write in: said of the file, not of its temporary
+        raise _said_of(err, path) from err
     try:
         with os.fdopen(fd, "wb") as f:  # first, so that the descriptor is closed whatever fails next
             os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the file the usual permissions
@@ -107,12 +110,18 @@ def atomic_writer(path: str | Path) -> Iterator[BinaryIO]:
         os.replace(tmp, path)
     except OSError as err:
         Path(tmp).unlink(missing_ok=True)
-        if err.filename is None and err.errno is not None:  # a full disk: say which file was not written
-            raise type(err)(err.errno, f"{err.strerror}, writing", str(path)) from err
+        # a full disk names no file, a refused rename the temporary one: say which file was not written
+        if err.errno is not None and err.filename in (None, tmp):
+            raise _said_of(err, path) from err
         raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _said_of(err: OSError, path: Path, doing: str = "writing") -> OSError:
+    """``err`` (of its type and errno) said of ``path``: ``[Errno 28] No space left on device, writing: 'path'``."""
+    return type(err)(err.errno, f"{err.strerror}, {doing}", str(path))
 
 
 def _temporary_name(path: Path) -> dict[str, str]:
@@ -223,7 +232,10 @@ def files_written_together(folder: str | Path) -> Iterator[Callable[[str], Path]
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(folder)
-    stage = Path(tempfile.mkdtemp(**_temporary_name(folder / "files"), dir=folder))
+    try:
+        stage = Path(tempfile.mkdtemp(**_temporary_name(folder / "files"), dir=folder))
+    except OSError as err:  # said of the folder written in, not of the temporary one
+        raise _said_of(err, folder, "writing in") from err
     names: list[str] = []
 
     def staged(name: str) -> Path:
@@ -235,7 +247,8 @@ def files_written_together(folder: str | Path) -> Iterator[Callable[[str], Path]
     try:
         try:
             yield staged
-        except OSError as err:  # name the file of the set, not its staged copy
+            _move_into_place(stage, folder, list(dict.fromkeys(names)))
+        except OSError as err:  # name the file of the set, not its staged copy (a refused rename's too)
             if err.filename is None or Path(err.filename).parent != stage or err.errno is None:
                 raise
             raise type(err)(err.errno, err.strerror, str(folder / Path(err.filename).name)) from err
@@ -243,7 +256,6 @@ def files_written_together(folder: str | Path) -> Iterator[Callable[[str], Path]
             if len(err.args) == 1 and isinstance(err.args[0], str):
                 err.args = (err.args[0].replace(str(stage), str(folder)),)
             raise
-        _move_into_place(stage, folder, list(dict.fromkeys(names)))
     finally:
         shutil.rmtree(stage, ignore_errors=True)
 

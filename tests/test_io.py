@@ -87,6 +87,59 @@ class TestAtomicWrite:
         assert len(os.listdir("/proc/self/fd")) == before
         assert list(tmp_path.iterdir()) == []
 
+    def test_a_folder_that_refuses_the_temporary_file_names_the_file_written(self, tmp_path, monkeypatch):
+        """mkstemp's own error names the hidden temporary file, which the user never asked for."""
+        path = tmp_path / "labels" / "a.txt"
+        real_open = os.open
+
+        def refused(file, *args, **kwargs):  # a folder of mode 555, with root's permission checks
+            if os.path.dirname(file) == str(path.parent):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), file)
+            return real_open(file, *args, **kwargs)
+
+        monkeypatch.setattr(os, "open", refused)
+        with pytest.raises(PermissionError) as raised:
+            atomic_write_text(path, "x")
+        assert str(raised.value) == f"[Errno {errno.EACCES}] Permission denied, writing: '{path}'"
+        assert list(path.parent.iterdir()) == []
+
+    def test_a_refused_rename_names_the_file_written(self, tmp_path, monkeypatch):
+        """os.replace's error names both paths, the temporary file first (an immutable target)."""
+        path = tmp_path / "r.json"
+        atomic_write_json(path, {"old": 1})
+
+        def immutable(src, dst):
+            raise PermissionError(errno.EPERM, os.strerror(errno.EPERM), src, None, dst)
+
+        monkeypatch.setattr(os, "replace", immutable)
+        with pytest.raises(PermissionError) as raised:
+            atomic_write_json(path, {"new": 2})
+        assert str(raised.value) == f"[Errno {errno.EPERM}] Operation not permitted, writing: '{path}'"
+        assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+    def test_a_folder_that_refuses_a_set_of_files_is_named_and_so_is_a_file_it_refuses(self, tmp_path, monkeypatch):
+        import tempfile
+
+        from detens.io import files_written_together
+
+        def immutable(src, dst):
+            raise PermissionError(errno.EPERM, os.strerror(errno.EPERM), src, None, dst)
+
+        with monkeypatch.context() as patched:
+            patched.setattr(os, "replace", immutable)
+            with pytest.raises(PermissionError) as raised, files_written_together(tmp_path) as staged:
+                staged("h.json").write_text("{}")
+        assert str(raised.value) == f"[Errno {errno.EPERM}] Operation not permitted: '{tmp_path / 'h.json'}'"
+
+        def refused(*args, **kwargs):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(tmp_path / ".files.abcdefgh.tmp"))
+
+        monkeypatch.setattr(tempfile, "mkdtemp", refused)
+        with pytest.raises(PermissionError) as raised, files_written_together(tmp_path):
+            pytest.fail("nothing can be staged")
+        assert str(raised.value) == f"[Errno {errno.EACCES}] Permission denied, writing in: '{tmp_path}'"
+        assert list(tmp_path.iterdir()) == []
+
 
 def test_every_library_writer_refuses_a_path_written_as_a_folder(tmp_path, monkeypatch):
     """``Path("out/")`` is ``out``: each writer would write the file ``out`` where a folder was meant."""
