@@ -376,6 +376,7 @@ def output_lock(
 
     Raises:
         ValueError: another process holds the lock, naming it.
+        OSError: the lock file cannot be written (a full disk), naming it; the folder is left as it was.
     """
     folder = Path(folder)
     with run_folder(folder) as usable:
@@ -419,7 +420,12 @@ def run_folder(folder: Path) -> Iterator[bool]:
 
 
 def _acquire(path: Path, command: str, output: str | None = None) -> int | None:
-    """The descriptor of ``path`` locked by this process, or None where locks are not available."""
+    """The descriptor of ``path`` locked by this process, or None where locks are not available.
+
+    Raises:
+        ValueError: another process holds it.
+        OSError: its holder's text cannot be written (a full disk), naming ``path``, which is removed.
+    """
     try:
         fd = lock_descriptor(path, wait=False)
     except BlockingIOError:
@@ -428,8 +434,16 @@ def _acquire(path: Path, command: str, output: str | None = None) -> int | None:
         return None
     holder = {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
               "argv": sys.argv, "started": time.strftime("%Y-%m-%d %H:%M:%S %z")}
-    os.ftruncate(fd, 0)
-    os.write(fd, json.dumps(holder).encode("utf-8"))
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps(holder).encode("utf-8"))
+    except OSError as err:
+        # removed while held, as a release does: the run fails before its first result, and a folder it
+        # created goes again (run_folder) only once empty
+        with contextlib.suppress(OSError):
+            path.unlink()
+        os.close(fd)
+        raise _said_of(err, path, "writing the lock file") from err
     return fd
 
 

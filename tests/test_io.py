@@ -207,6 +207,29 @@ class TestOutputLock:
                     pytest.fail("a folder under a file")
         assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
+    @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open descriptors in /proc")
+    def test_a_lock_file_that_cannot_be_written_is_named_and_removed_with_the_folder_it_made(self, tmp_path,
+                                                                                           monkeypatch):
+        from detens.io import LOCK_NAME, output_lock
+
+        real_write = os.write
+
+        def disk_full(fd, data):  # the holder's text only: the test's own output still goes out
+            if data.startswith(b'{"pid"'):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return real_write(fd, data)
+
+        monkeypatch.setattr(os, "write", disk_full)
+        (tmp_path / "kept").mkdir()
+        before = len(os.listdir("/proc/self/fd"))
+        for out in (tmp_path / "new" / "g", tmp_path / "kept"):
+            with pytest.raises(OSError) as raised, output_lock(out, "detens fuse"):
+                pytest.fail("the lock is not held")
+            assert str(raised.value) == (f"[Errno {errno.ENOSPC}] No space left on device, writing the lock file: "
+                                         f"'{out / LOCK_NAME}'")
+        assert len(os.listdir("/proc/self/fd")) == before
+        assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")] == ["kept"]
+
 
 _KILLED_MID_WRITE = """
 import os, sys
