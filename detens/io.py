@@ -402,10 +402,14 @@ def run_folder(folder: Path) -> Iterator[bool]:
 
     Raises:
         NotADirectoryError: a folder above ``folder`` is a file, naming it.
+        FileNotFoundError: ``folder``, or a folder above it, is a symbolic link that leads nowhere, naming it
+            and where it leads.
     """
     if folder.exists() and not folder.is_dir():
         yield False
         return
+    if (broken := _broken_link(folder)) is not None:  # mkdir's own error says only "File exists"
+        raise FileNotFoundError(f"{folder} cannot be created: {broken}")
     created = [p for p in (folder, *folder.parents) if not p.exists()]
     above = next((p for p in folder.parents if p not in created), None)
     if above is not None and not above.is_dir():  # mkdir's own error names the folder, not the file in its way
@@ -417,6 +421,23 @@ def run_folder(folder: Path) -> Iterator[bool]:
         for path in created:  # innermost first
             with contextlib.suppress(OSError):  # not empty: the command wrote there
                 path.rmdir()
+
+
+def _broken_link(path: Path) -> str | None:
+    """What is wrong where ``path``, or one of the folders above it that do not exist, is a symbolic link that
+    leads nowhere (to a path that does not exist, such as a storage not mounted, or round a loop of links);
+    None where none is."""
+    for link in (path, *path.parents):
+        if link.exists():
+            return None
+        if link.is_symlink():
+            try:
+                os.stat(link)
+            except OSError as err:
+                leads = ("which leads round a loop of links: fix the link" if err.errno == errno.ELOOP
+                         else "which does not exist: create it")
+                return f"{link} is a symbolic link to {os.readlink(link)}, {leads}, or give another path"
+    return None
 
 
 def _acquire(path: Path, command: str, output: str | None = None) -> int | None:
@@ -507,8 +528,8 @@ def check_writable_file(path: str | Path, what: str) -> None:
         what (str): names ``path`` in the message (``"--out"``).
 
     Raises:
-        ValueError: ``path`` is a folder, a part of its folder is a file, or its nearest existing folder
-            is not writable.
+        ValueError: ``path`` is a folder, a part of its folder is a file or a broken symbolic link, or its
+            nearest existing folder is not writable.
     """
     path = Path(path)
     if path.is_dir():
@@ -536,6 +557,8 @@ def check_writable_folder(path: str | Path, what: str) -> None:
 def _check_writable_from(folder: Path, path: Path, what: str) -> None:
     """Raise unless ``folder``, or its nearest existing parent where it does not exist yet (it would be
     created), is a folder this process may write in."""
+    if (broken := _broken_link(folder)) is not None:
+        raise ValueError(f"{what} {path} cannot be written: {broken}")
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     if not folder.is_dir():

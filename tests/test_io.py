@@ -230,6 +230,29 @@ class TestOutputLock:
         assert len(os.listdir("/proc/self/fd")) == before
         assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")] == ["kept"]
 
+    @pytest.mark.parametrize("under", ["", "sub/deeper"])
+    def test_a_symbolic_link_that_leads_nowhere_is_named_with_its_target(self, tmp_path, under):
+        """Storage not mounted: the folder is not there, the link is, and mkdir said only "File exists"."""
+        from detens.io import check_writable_file, check_writable_folder, output_lock
+
+        try:
+            os.symlink(tmp_path / "unmounted", tmp_path / "dang")
+            os.symlink("loop", tmp_path / "loop")
+        except (OSError, NotImplementedError):
+            pytest.skip("no symbolic links here")
+        for link, fault in (("dang", f"{tmp_path / 'unmounted'}, which does not exist: create it"),
+                            ("loop", "loop, which leads round a loop of links: fix the link")):
+            out = tmp_path / link / under if under else tmp_path / link
+            said = f"{tmp_path / link} is a symbolic link to {fault}, or give another path"
+            with pytest.raises(FileNotFoundError, match=f"^{re.escape(f'{out} cannot be created: {said}')}$"):
+                with output_lock(out, "detens fuse"):
+                    pytest.fail("a folder behind a broken link")
+            with pytest.raises(ValueError, match=f"^{re.escape(f'--out {out} cannot be written: {said}')}$"):
+                check_writable_folder(out, "--out")
+            with pytest.raises(ValueError, match=f"^{re.escape(f'--out {out}/r.json cannot be written: {said}')}$"):
+                check_writable_file(out / "r.json", "--out")
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["dang", "loop"]
+
 
 _KILLED_MID_WRITE = """
 import os, sys
