@@ -33,6 +33,7 @@ __all__ = [
     "atomic_writer", "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_json_list", "json_list_items", "check_writable_file", "check_writable_folder",
     "read_json_file", "output_stems", "output_lock", "LOCK_NAME", "remove_stale_temporaries", "lock_descriptor",
     "lock_holder_text", "run_folder", "names_a_folder", "check_file_path", "files_written_together",
+    "NAME_MAX_BYTES", "check_name_length", "name_bytes", "name_within_limit",
 ]
 
 logger = logging.getLogger("detens.io")
@@ -50,6 +51,36 @@ _TEMPORARY = re.compile(r"^\..+\.[a-z0-9_]{8}\.(?P<host>[0-9a-f]{8})-(?P<pid>[1-
 _TEMPORARY_UNNAMED = re.compile(r"^\..+\.(?:json|yaml|txt|jpg)\.[a-z0-9_]{8}\.tmp$", re.DOTALL)
 #: A temporary file untouched this long is left over whoever wrote it: a write takes seconds.
 STALE_TEMPORARY_S = 24 * 3600
+#: The longest name of one file or folder, in bytes (UTF-8), that file systems take: ext4, XFS, Btrfs and APFS
+#: refuse a longer one, and a name within it has at most the 255 UTF-16 units that NTFS takes.
+NAME_MAX_BYTES = 255
+
+
+def name_bytes(name: str) -> int:
+    """The length of the file name ``name`` as the file system stores it (UTF-8: a CJK character is 3 bytes)."""
+    return len(os.fsencode(name))
+
+
+def name_within_limit(name: str, suffix: str = "", prefix: str = "") -> str:
+    """``prefix + name + suffix``, or, where that is longer than :data:`NAME_MAX_BYTES`, ``prefix``, the start of
+    ``name``, ``~`` and 12 hex digits of a digest of ``name``, then ``suffix``, at most that long: a name the
+    file system takes, always the same for ``name``, and another for another ``name``."""
+    whole = f"{prefix}{name}{suffix}"
+    if name_bytes(whole) <= NAME_MAX_BYTES:
+        return whole
+    digest = hashlib.sha256(os.fsencode(name)).hexdigest()[:12]
+    room = NAME_MAX_BYTES - name_bytes(f"{prefix}~{digest}{suffix}")
+    return f"{prefix}{_start_within(name, room)}~{digest}{suffix}"
+
+
+def _start_within(text: str, size: int) -> str:
+    """The longest start of ``text`` that is at most ``size`` bytes as a file name, cut between characters."""
+    used = 0
+    for at, character in enumerate(text):
+        used += name_bytes(character)
+        if used > size:
+            return text[:at]
+    return text
 
 
 def names_a_folder(value: str | os.PathLike[str]) -> bool:
@@ -128,7 +159,7 @@ def _temporary_name(path: Path) -> dict[str, str]:
     """The ``prefix`` and ``suffix`` of a temporary file or folder for ``path`` (see the module)."""
     # the temporary name holds only the start of the file's: the whole, plus the random part, the writer's
     # tag and ".tmp", would pass the file system's limit on a name (255 bytes) for a name that itself fits
-    hint = os.fsencode(path.name)[:64].decode("utf-8", "ignore")
+    hint = _start_within(path.name, 64)
     return {"prefix": f".{hint}.", "suffix": f".{_host_tag()}-{os.getpid()}.tmp"}
 
 
@@ -528,13 +559,34 @@ def check_writable_file(path: str | Path, what: str) -> None:
         what (str): names ``path`` in the message (``"--out"``).
 
     Raises:
-        ValueError: ``path`` is a folder, a part of its folder is a file or a broken symbolic link, or its
+        ValueError: ``path`` is a folder, its name is longer than a file system takes
+            (:data:`NAME_MAX_BYTES`), a part of its folder is a file or a broken symbolic link, or its
             nearest existing folder is not writable.
     """
     path = Path(path)
+    check_name_length(path, what)
     if path.is_dir():
         raise ValueError(f"{what} {path} is a folder; give the path of a file")
     _check_writable_from(path.parent, path, what)
+
+
+def check_name_length(path: Path, what: str, shorten: str | None = None) -> None:
+    """Raise now, before the work whose result goes to ``path``, when its name is longer than a file system
+    takes (:data:`NAME_MAX_BYTES`): only the rename that ends its writing would find it.
+
+    Args:
+        what (str): names ``path`` in the message (``"--out"``, ``"the record"``).
+        shorten (str | None): what to give a shorter name, where ``path`` is named after it (``"--out"``);
+            None: ``path`` itself.
+
+    Raises:
+        ValueError: naming ``what``, the path and the length of its name.
+    """
+    size = name_bytes(path.name)
+    if size > NAME_MAX_BYTES:
+        advice = f"give {shorten}, which it is named after, a shorter name" if shorten else "give a shorter name"
+        raise ValueError(f"{what} {path} cannot be written: its name is {size} bytes long, and a file system "
+                         f"takes at most {NAME_MAX_BYTES}; {advice}")
 
 
 def check_writable_folder(path: str | Path, what: str) -> None:
@@ -638,7 +690,10 @@ def output_stems(
     ``a_jpg``, ``a_png``; ``x.png`` beside the folder ``x.jpg/`` → ``x_png``), then a counter where that is
     still not enough (``a.jpg`` and ``a.JPG`` → ``a_jpg``, ``a_jpg_2``, in sorted name order). Stems, and
     files against folders, are compared ignoring case, so the outputs stay apart on case-insensitive file
-    systems too. The stems do not depend on the order of ``names``.
+    systems too. The stems do not depend on the order of ``names``. A stem whose files' names would be
+    longer than a file system takes (:data:`NAME_MAX_BYTES`: a name of about 250 bytes given ``_jpg``, or
+    without an extension) is cut short, ending in ``~`` and a digest of what it cuts short
+    (:func:`name_within_limit`).
 
     Raises:
         ValueError: a name given twice; a stem of ``fixed`` whose file would be the folder of another
@@ -668,7 +723,15 @@ def output_stems(
             )
     taken = {stem.casefold() for stem in stems.values()}
     new = [n for n in names if n not in stems]
-    base = {n: str(PurePosixPath(n).with_suffix("")) if PurePosixPath(n).suffix else n for n in new}
+    longest_suffix = max(suffixes, key=name_bytes, default="")
+
+    def within_limit(stem: str) -> str:
+        """``stem``, its last part cut short where a file of it would have too long a name."""
+        folder, slash, last = stem.rpartition("/")
+        return folder + slash + name_within_limit(last, longest_suffix).removesuffix(longest_suffix)
+
+    whole = {n: str(PurePosixPath(n).with_suffix("")) if PurePosixPath(n).suffix else n for n in new}
+    base = {n: within_limit(stem) for n, stem in whole.items()}
     counts = Counter(stem.casefold() for stem in base.values())
     for name, stem in base.items():
         if counts[stem.casefold()] == 1 and stem.casefold() not in taken and in_a_folder(stem) is None:
@@ -676,10 +739,10 @@ def output_stems(
     taken |= {stems[n].casefold() for n in new if n in stems}
     for name in sorted(n for n in new if n not in stems):
         suffix = PurePosixPath(name).suffix.lstrip(".").lower()
-        candidate = stem = f"{base[name]}_{suffix}" if suffix else base[name]
-        copy = 2
+        candidate = f"{whole[name]}_{suffix}" if suffix else whole[name]
+        stem, copy = within_limit(candidate), 2
         while stem.casefold() in taken or in_a_folder(stem) is not None:
-            stem, copy = f"{candidate}_{copy}", copy + 1
+            stem, copy = within_limit(f"{candidate}_{copy}"), copy + 1
         stems[name] = stem
         taken.add(stem.casefold())
     return {n: stems[n] for n in names}

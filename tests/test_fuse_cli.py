@@ -1191,6 +1191,43 @@ def test_a_second_run_on_the_same_out_is_refused(workspace, tmp_path, capsys, lo
     assert [p.name for p in out.iterdir()] == [".detens.lock"]  # nothing written beside the other run's
 
 
+def test_images_whose_names_are_near_the_limit_on_a_name_are_fused_resumed_and_added_to(workspace, tmp_path,
+                                                                                          monkeypatch):
+    """A file system takes a name of at most 255 bytes (UTF-8: a CJK character is 3): partial/<name>.json of
+    a name of 251 bytes or more, and labels/<stem>.txt of a stem told apart by _jpg, could not be written,
+    and the run failed there each time it was run again, never fusing the other images."""
+    long = "b" * 250
+    names = [f"{long}.jpg", f"{long}.png", "画" * 83 + ".jpg"]  # 254, 254 and 253 bytes
+    source = one_image_source(workspace, tmp_path / "src", *names)
+    assert fuse_into(workspace, source, tmp_path / "whole") == 0
+    whole = run_outputs(tmp_path / "whole")
+    stems = {im["file_name"]: im["output_stem"] for im in whole[0]["images"]}
+    assert stems[names[2]] == "画" * 83  # its files' names fit: as before
+    for name, extension in zip(names[:2], ("jpg", "png"), strict=True):  # b…b_jpg.txt would be 258 bytes
+        assert stems[name].startswith(long[:200]) and re.fullmatch(r"b+~[0-9a-f]{12}", stems[name])
+        assert stems[name] != stems[names[0] if extension == "png" else names[1]]
+    assert sorted(whole[3]) == sorted(f"{folder}/{stem}.{kind}" for stem in stems.values()
+                                      for folder, kind in (("labels", "txt"), ("vis", "jpg")))
+
+    out = tmp_path / "o"
+    undo = interrupt_on_image(monkeypatch, 3)
+    assert fuse_into(workspace, source, out) == 130
+    records = {json.loads(p.read_text())["file_name"]: p.name for p in (out / "partial").iterdir()}
+    assert len(records) == 2 and all(len(os.fsencode(name)) <= 255 for name in records.values())
+    undo()
+    assert fuse_into(workspace, source, out) == 0  # resumed: the records are found by the names they hold
+    assert json.loads((out / "summary.json").read_text())["resumed"] == 2
+    assert run_outputs(out) == whole
+
+    # a complete run given one more image: its images are unpacked into records under the same names
+    one_image_source(workspace, source, "short.jpg")
+    assert fuse_into(workspace, source, out) == 0
+    images, _ = read_outputs(out)
+    assert [(im["file_name"], im["id"], im["output_stem"]) for im in images["images"]] == [
+        *((im["file_name"], im["id"], im["output_stem"]) for im in whole[0]["images"]), ("short.jpg", 4, "short")]
+    assert json.loads((out / "summary.json").read_text())["processed_this_run"] == 1
+
+
 def test_a_rerun_keeps_earlier_images_with_their_ids_and_files(workspace, tmp_path):
     source, out = one_image_source(workspace, tmp_path / "src", "x.jpg", "y.jpg"), tmp_path / "o"
     assert fuse_into(workspace, source, out, "--no-vis") == 0

@@ -141,6 +141,31 @@ class TestAtomicWrite:
         assert list(tmp_path.iterdir()) == []
 
 
+class TestNamesWithinTheLimit:
+    """A name of up to 255 bytes (UTF-8, as Linux counts them) is all a file system takes."""
+
+    @pytest.mark.parametrize("name, suffix, prefix", [("a.jpg", ".json", ""), ("x" * 250, ".json", ""),
+                                                       ("画" * 80, ".json", ""), ("r.json", ".detens.lock", ".")])
+    def test_a_name_that_fits_is_kept(self, name, suffix, prefix):
+        from detens.io import name_within_limit
+
+        assert name_within_limit(name, suffix, prefix) == f"{prefix}{name}{suffix}"
+
+    @pytest.mark.parametrize("stem", ["b" * 251, "b" * 255, "画" * 84, "é" * 127 + "x", "\udcff" * 255],
+                             ids=["251 bytes", "255 bytes", "84 CJK characters", "é", "bytes not UTF-8"])
+    def test_a_longer_one_is_cut_short_and_told_apart_by_a_digest(self, tmp_path, stem):
+        from detens.io import NAME_MAX_BYTES, name_within_limit
+
+        fitted = name_within_limit(stem, ".json")
+        assert len(os.fsencode(fitted)) <= NAME_MAX_BYTES and fitted.endswith(".json")
+        assert re.fullmatch(r".+~[0-9a-f]{12}\.json", fitted, re.DOTALL) and stem.startswith(fitted.split("~")[0])
+        assert name_within_limit(stem, ".json") == fitted  # the same name each run: a resumed run finds it
+        assert name_within_limit(stem[:-1] + "c", ".json") != fitted
+        (tmp_path / fitted).write_text("the file system takes it")
+        with pytest.raises(OSError, match="File name too long"):
+            (tmp_path / f"{stem}.json").write_text("x")  # the name it stands for
+
+
 def test_every_library_writer_refuses_a_path_written_as_a_folder(tmp_path, monkeypatch):
     """``Path("out/")`` is ``out``: each writer would write the file ``out`` where a folder was meant."""
     import torch

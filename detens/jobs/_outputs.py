@@ -10,9 +10,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from detens.io import check_name_length
 from detens.jobs._options import UsageError
 
-__all__ = ["refuse_outputs_over_inputs", "refuse_results_in_prediction_folders"]
+__all__ = ["refuse_names_too_long", "refuse_outputs_over_inputs", "refuse_results_in_prediction_folders"]
+
+
+def refuse_names_too_long(outputs: Sequence[tuple[str, Path]]) -> None:
+    """Raise if an output's name is longer than a file system takes (:func:`detens.io.check_name_length`):
+    only the rename that ends its writing, after the work, would find it. An output that no flag names
+    (``"the record"``) is named after ``--out``, which the message says to shorten."""
+    for what, path in outputs:
+        check_name_length(path, what, None if what.startswith("--") else "--out")
 
 
 def refuse_outputs_over_inputs(

@@ -32,7 +32,13 @@ from detens.evaluation import (
 from detens.folds import kfold_image_splits
 from detens.fusers import highest_scoring
 from detens.heads import TRAINERS, load_train_config
-from detens.io import atomic_write_json, check_writable_file, check_writable_folder, output_lock
+from detens.io import (
+    atomic_write_json,
+    check_writable_file,
+    check_writable_folder,
+    name_within_limit,
+    output_lock,
+)
 from detens.jobs._inputs import comma_separated, file_digests, model_names
 from detens.jobs._options import (
     JobOptions,
@@ -50,7 +56,11 @@ from detens.jobs._options import (
     text,
 )
 from detens.jobs._options import flag as flag_option  # flag names a command-line flag in the code below
-from detens.jobs._outputs import refuse_outputs_over_inputs, refuse_results_in_prediction_folders
+from detens.jobs._outputs import (
+    refuse_names_too_long,
+    refuse_outputs_over_inputs,
+    refuse_results_in_prediction_folders,
+)
 from detens.jobs._software import software_versions
 from detens.jobs._unfinished import UnfinishedRun, discard_unfinished, run_key, unfinished_folder
 from detens.predictions import CACHE_SUMMARY, EnsemblePredictions
@@ -176,9 +186,9 @@ class EvaluateOptions(JobOptions):
 def run(options: EvaluateOptions) -> int:
     """Fit and score every method, print the table and write the run's files; returns 0.
 
-    Holds a lock on ``--out`` (``.<name>.detens.lock`` beside it) while it runs: a second run on the same
-    ``--out`` would take the first one's rows for an interrupted run's, or start its folder of finished
-    methods over under it.
+    Holds a lock on ``--out`` (``.<name>.detens.lock`` beside it, cut short where that name would be too
+    long: :func:`~detens.io.name_within_limit`) while it runs: a second run on the same ``--out`` would take
+    the first one's rows for an interrupted run's, or start its folder of finished methods over under it.
 
     Raises:
         UsageError: a bad option, or an output on an input or on another output (found before any method
@@ -187,7 +197,8 @@ def run(options: EvaluateOptions) -> int:
     """
     out = Path(options.out)
     check_writable_file(out, "--out")
-    with output_lock(out.parent, "detens evaluate", f".{out.name}.detens.lock", output=f"--out {out}"):
+    lock_name = name_within_limit(out.name, ".detens.lock", prefix=".")
+    with output_lock(out.parent, "detens evaluate", lock_name, output=f"--out {out}"):
         return _run(options)
 
 
@@ -220,6 +231,7 @@ def _run(options: EvaluateOptions) -> int:
         if value is not None:
             check_writable_file(Path(value), flag)
     outputs, folders = _outputs(options), _prediction_folders(options)
+    refuse_names_too_long(outputs)
     _refuse_outputs_on_one_file(outputs)
     refuse_outputs_over_inputs(outputs, _inputs(options, methods), folders)
     if options.report is not None:

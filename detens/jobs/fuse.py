@@ -54,6 +54,7 @@ from detens.io import (
     atomic_write_json,
     check_writable_folder,
     json_list_items,
+    name_within_limit,
     output_lock,
     output_stems,
 )
@@ -264,15 +265,18 @@ def relative_name(path: Path, root: Path) -> str:
 def partial_path(out: Path, name: str) -> Path:
     """Where the partial record of the image ``name`` goes: ``partial/<name>.json``, with a ``_`` appended to
     each folder of ``name`` whose own name ends as a record's does (``.json``, then any ``_``): the record of
-    ``x.png`` and the folder ``x.png.json/`` of other images would otherwise share a path."""
+    ``x.png`` and the folder ``x.png.json/`` of other images would otherwise share a path. A name that the
+    added ``.json`` (or ``_``) makes longer than a file system takes is cut short, ending in ``~`` and a
+    digest of the whole (:func:`~detens.io.name_within_limit`); the record names its image itself
+    (``file_name``), which is how a run finds its images' records (:func:`finished_records`)."""
     return _record_path(out / "partial", name)
 
 
 def _record_path(folder: Path, name: str) -> Path:
     *parents, last = name.split("/")
     # an appended "_" is undone by no other folder's: one that already ends in ".json_" gets one more too
-    parents = [f"{part}_" if _RECORD_LIKE.fullmatch(part) else part for part in parents]
-    return folder.joinpath(*parents, f"{last}.json")
+    parents = [name_within_limit(part, "_") if _RECORD_LIKE.fullmatch(part) else part for part in parents]
+    return folder.joinpath(*parents, name_within_limit(last, ".json"))
 
 
 def _partial_paths(out: Path, name: str) -> tuple[Path, ...]:
