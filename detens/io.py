@@ -32,7 +32,7 @@ from typing import Any, BinaryIO
 __all__ = [
     "atomic_writer", "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_json_list", "json_list_items", "check_writable_file", "check_writable_folder",
     "read_json_file", "output_stems", "output_lock", "LOCK_NAME", "remove_stale_temporaries", "lock_descriptor",
-    "lock_holder_text", "run_folder", "names_a_folder", "check_file_path", "files_written_together",
+    "lock_holder_text", "run_folder", "names_a_folder", "check_file_path", "files_written_together", "HeldLock",
     "NAME_MAX_BYTES", "check_name_length", "name_bytes", "name_within_limit",
 ]
 
@@ -384,10 +384,47 @@ def atomic_json_list(path: str | Path) -> Iterator[Callable[[Sequence[Any]], Non
         file.write(b"]" if opened else b"[]")
 
 
+class HeldLock:
+    """The lock :func:`output_lock` holds, at ``path``: ``fd`` is its descriptor, None where nothing is held
+    (no locks on the platform or the file system, or an output folder that is a file)."""
+
+    def __init__(self, path: Path, fd: int | None) -> None:
+        self.path, self.fd = path, fd
+
+    def held(self) -> bool:
+        """Whether ``path`` is still the file this process locked (True where nothing is held). It is not when
+        the folder was moved or deleted, or the file removed, while the run wrote there: another run may
+        have locked a new file there since."""
+        return self.fd is None or _is_locked_file(self.path, self.fd)
+
+    def check(self) -> None:
+        """Raise unless :meth:`held`: a run that goes on would write its outputs where they are lost (a
+        folder of that name made anew) or mixed with another run's.
+
+        Raises:
+            ValueError: naming the lock file and the folder.
+        """
+        if not self.held():
+            raise ValueError(
+                f"the lock file {self.path} of this run is gone: {self.path.parent} was moved or deleted, or the "
+                "file removed, while the run wrote there; the run stops rather than write outputs where they "
+                "would be lost or mixed with another run's"
+            )
+
+
+def _is_locked_file(path: Path, fd: int) -> bool:
+    """Whether the file at ``path`` is the one open as ``fd``."""
+    try:
+        found, held = os.stat(path), os.fstat(fd)
+    except OSError:  # gone, or its folder
+        return False
+    return (found.st_dev, found.st_ino) == (held.st_dev, held.st_ino)
+
+
 @contextlib.contextmanager
 def output_lock(
     folder: str | Path, command: str, name: str = LOCK_NAME, outputs: Iterable[str] = (), output: str | None = None
-) -> Iterator[None]:
+) -> Iterator[HeldLock]:
     """Hold ``folder/<name>`` (``.detens.lock``) while ``command`` reads and writes the folder's outputs.
 
     Two runs on one output folder would each rebuild the outputs from their own view of the finished
@@ -405,6 +442,10 @@ def output_lock(
     ``output``: the one output file the lock (a ``name`` of its own) guards, named in the refusal, where
     the command writes one file of the folder (a report beside others) rather than the folder.
 
+    Yields:
+        HeldLock: the lock, which a long run checks (:meth:`HeldLock.check`) before it writes: its folder may
+        be moved or deleted while it runs.
+
     Raises:
         ValueError: another process holds the lock, naming it.
         OSError: the lock file cannot be written (a full disk), naming it; the folder is left as it was.
@@ -412,16 +453,18 @@ def output_lock(
     folder = Path(folder)
     with run_folder(folder) as usable:
         if not usable:
-            yield
+            yield HeldLock(folder / name, None)
             return
         fd = _acquire(folder / name, command, output)
         try:
             remove_stale_temporaries(folder, outputs)
-            yield
+            yield HeldLock(folder / name, fd)
         finally:
             if fd is not None:
-                # removed while still held: a process waiting on this file sees it is gone and retries
-                (folder / name).unlink(missing_ok=True)
+                # removed while still held: a process waiting on this file sees it is gone and retries; not
+                # a file that is no longer this one (another run's, when this one's was removed)
+                if _is_locked_file(folder / name, fd):
+                    (folder / name).unlink(missing_ok=True)
                 os.close(fd)
 
 

@@ -1191,6 +1191,59 @@ def test_a_second_run_on_the_same_out_is_refused(workspace, tmp_path, capsys, lo
     assert [p.name for p in out.iterdir()] == [".detens.lock"]  # nothing written beside the other run's
 
 
+def test_a_run_whose_out_is_moved_stops_before_it_writes_there_again(workspace, tmp_path, monkeypatch, capsys):
+    """It went on, made --out anew for the images left (with no config.yaml nor run record: a folder no
+    rerun takes for a run's) and ended with status 0; the moved folder resumes."""
+    source, out, moved = one_image_source(workspace, tmp_path / "src", "x.jpg", "y.jpg", "z.jpg"), tmp_path / "o", \
+        tmp_path / "moved"
+    real_process_image = fuse_tool.process_image
+
+    def moving_out_after_the_first(*args, **kwargs):
+        record = real_process_image(*args, **kwargs)
+        if not moved.exists():
+            out.rename(moved)  # as `mv` in another shell
+        return record
+
+    monkeypatch.setattr(fuse_tool, "process_image", moving_out_after_the_first)
+    assert fuse_into(workspace, source, out) == 2
+    assert capsys.readouterr().err == (
+        f"error: the lock file {out / '.detens.lock'} of this run is gone: {out} was moved or deleted, or the file "
+        "removed, while the run wrote there; the run stops rather than write outputs where they would be lost or "
+        "mixed with another run's\n")
+    assert not out.exists()
+    assert [json.loads(p.read_text())["file_name"] for p in (moved / "partial").iterdir()] == ["x.jpg"]
+    monkeypatch.undo()
+    assert fuse_into(workspace, source, moved) == 0
+    summary = json.loads((moved / "summary.json").read_text())
+    assert (summary["complete"], summary["resumed"], summary["processed_this_run"]) == (True, 1, 2)
+
+
+def test_a_run_whose_outputs_lack_images_it_fused_ends_with_an_error(workspace, tmp_path, monkeypatch, capsys):
+    """Its summary said complete: false, and it ended with status 0. A run whose only missing images are
+    unreadable ones, reported and skipped, is complete (test_unreadable_files_are_reported_and_skipped)."""
+    source, out = one_image_source(workspace, tmp_path / "src", "x.jpg", "y.jpg"), tmp_path / "o"
+    real_process_image = fuse_tool.process_image
+
+    def losing_the_first_record(*args, **kwargs):
+        record = real_process_image(*args, **kwargs)
+        if args[1] == "y.jpg":
+            (out / "partial" / "x.jpg.json").unlink()  # as a hand cleaning the folder up meanwhile
+        return record
+
+    monkeypatch.setattr(fuse_tool, "process_image", losing_the_first_record)
+    assert fuse_into(workspace, source, out) == 2
+    assert capsys.readouterr().err == (
+        f"error: {out} lacks the results of 1 of the run's 2 images, whose records went from {out / 'partial'} "
+        "while the run wrote there (its summary.json says complete: false); run the same command again to fuse "
+        "them\n")
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["complete"], summary["done"], summary["unreadable"]) == (False, 1, {})
+    monkeypatch.undo()
+    assert fuse_into(workspace, source, out) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["complete"], summary["done"], summary["processed_this_run"]) == (True, 2, 1)
+
+
 def test_images_whose_names_are_near_the_limit_on_a_name_are_fused_resumed_and_added_to(workspace, tmp_path,
                                                                                           monkeypatch):
     """A file system takes a name of at most 255 bytes (UTF-8: a CJK character is 3): partial/<name>.json of

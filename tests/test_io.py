@@ -278,6 +278,34 @@ class TestOutputLock:
                 check_writable_file(out / "r.json", "--out")
         assert sorted(p.name for p in tmp_path.iterdir()) == ["dang", "loop"]
 
+    def test_a_lock_whose_folder_moved_or_whose_file_went_is_no_longer_held(self, tmp_path):
+        from detens.io import LOCK_NAME, output_lock
+
+        out = tmp_path / "out"
+        with output_lock(out, "detens fuse") as lock:
+            lock.check()
+            out.rename(tmp_path / "moved")
+            assert not lock.held()
+            message = (f"the lock file {out / LOCK_NAME} of this run is gone: {out} was moved or deleted, or the file "
+                       "removed, while the run wrote there; the run stops rather than write outputs where they "
+                       "would be lost or mixed with another run's")
+            with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+                lock.check()
+
+    def test_the_end_of_a_run_whose_lock_file_went_leaves_the_lock_another_run_holds(self, tmp_path):
+        from detens.io import LOCK_NAME, output_lock
+
+        out = tmp_path / "out"
+        first = output_lock(out, "detens fuse")
+        first.__enter__()
+        (out / LOCK_NAME).unlink()
+        with output_lock(out, "detens fuse") as second:
+            first.__exit__(None, None, None)
+            assert second.held() and (out / LOCK_NAME).is_file()
+            with pytest.raises(ValueError, match="is in use by detens fuse"):
+                with output_lock(out, "detens fuse"):
+                    pytest.fail("a third run beside the second")
+
 
 _KILLED_MID_WRITE = """
 import os, sys

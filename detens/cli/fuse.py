@@ -70,7 +70,10 @@ Writes into ``--out``:
 An ``--out`` holding outputs (``labels/``, ``vis/``, ...) that no run wrote is refused; an ``--out`` inside
 the ``--source`` folder is not read back as input.
 A second run on an ``--out`` that a running one uses is refused, naming it (``--out/.detens.lock``, held
-until the run ends, however it ends).
+until the run ends, however it ends). A run whose ``--out`` is moved or deleted, or its lock file removed,
+while it runs stops with an error before it writes there again (its finished images stay where the
+folder went); a run whose outputs lack images it fused (their records removed meanwhile: ``summary.json``
+says ``complete: false``) ends with an error (exit status 2) once they are written.
 
 Unreadable or corrupt images are reported and skipped; a run that can read none of its images writes
 its summary and ends with an error (exit status 2). Sub-folders are kept under ``labels/`` and ``vis/``.
