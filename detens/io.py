@@ -33,8 +33,9 @@ from typing import Any, BinaryIO
 __all__ = [
     "atomic_writer", "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_json_list", "json_list_items", "check_writable_file", "check_writable_folder",
     "read_json_file", "output_stems", "output_lock", "LOCK_NAME", "remove_stale_temporaries", "lock_descriptor",
-    "lock_holder_text", "run_folder", "names_a_folder", "check_file_path", "files_written_together",
-    "special_file_kind", "check_not_special_file",
+    "lock_holder_text", "run_folder", "names_a_folder", "check_file_path", "files_written_together", "HeldLock",
+    "NAME_MAX_BYTES", "check_name_length", "name_bytes", "name_within_limit", "special_file_kind",
+    "check_not_special_file",
 ]
 
 logger = logging.getLogger("detens.io")
@@ -52,6 +53,36 @@ _TEMPORARY = re.compile(r"^\..+\.[a-z0-9_]{8}\.(?P<host>[0-9a-f]{8})-(?P<pid>[1-
 _TEMPORARY_UNNAMED = re.compile(r"^\..+\.(?:json|yaml|txt|jpg)\.[a-z0-9_]{8}\.tmp$", re.DOTALL)
 #: A temporary file untouched this long is left over whoever wrote it: a write takes seconds.
 STALE_TEMPORARY_S = 24 * 3600
+#: The longest name of one file or folder, in bytes (UTF-8), that file systems take: ext4, XFS, Btrfs and APFS
+#: refuse a longer one, and a name within it has at most the 255 UTF-16 units that NTFS takes.
+NAME_MAX_BYTES = 255
+
+
+def name_bytes(name: str) -> int:
+    """The length of the file name ``name`` as the file system stores it (UTF-8: a CJK character is 3 bytes)."""
+    return len(os.fsencode(name))
+
+
+def name_within_limit(name: str, suffix: str = "", prefix: str = "") -> str:
+    """``prefix + name + suffix``, or, where that is longer than :data:`NAME_MAX_BYTES`, ``prefix``, the start of
+    ``name``, ``~`` and 12 hex digits of a digest of ``name``, then ``suffix``, at most that long: a name the
+    file system takes, always the same for ``name``, and another for another ``name``."""
+    whole = f"{prefix}{name}{suffix}"
+    if name_bytes(whole) <= NAME_MAX_BYTES:
+        return whole
+    digest = hashlib.sha256(os.fsencode(name)).hexdigest()[:12]
+    room = NAME_MAX_BYTES - name_bytes(f"{prefix}~{digest}{suffix}")
+    return f"{prefix}{_start_within(name, room)}~{digest}{suffix}"
+
+
+def _start_within(text: str, size: int) -> str:
+    """The longest start of ``text`` that is at most ``size`` bytes as a file name, cut between characters."""
+    used = 0
+    for at, character in enumerate(text):
+        used += name_bytes(character)
+        if used > size:
+            return text[:at]
+    return text
 
 
 def names_a_folder(value: str | os.PathLike[str]) -> bool:
@@ -99,7 +130,10 @@ def atomic_writer(path: str | Path) -> Iterator[BinaryIO]:
     if path.is_dir():
         raise IsADirectoryError(errno.EISDIR, "is a folder; give the path of a file to write", str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(**_temporary_name(path), dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(**_temporary_name(path), dir=path.parent)
+    except OSError as err:  # a folder this process may not write in: said of the file, not of its temporary
+        raise _said_of(err, path) from err
     try:
         with os.fdopen(fd, "wb") as f:  # first, so that the descriptor is closed whatever fails next
             os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the file the usual permissions
@@ -109,19 +143,25 @@ def atomic_writer(path: str | Path) -> Iterator[BinaryIO]:
         os.replace(tmp, path)
     except OSError as err:
         Path(tmp).unlink(missing_ok=True)
-        if err.filename is None and err.errno is not None:  # a full disk: say which file was not written
-            raise type(err)(err.errno, f"{err.strerror}, writing", str(path)) from err
+        # a full disk names no file, a refused rename the temporary one: say which file was not written
+        if err.errno is not None and err.filename in (None, tmp):
+            raise _said_of(err, path) from err
         raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
+def _said_of(err: OSError, path: Path, doing: str = "writing") -> OSError:
+    """``err`` (of its type and errno) said of ``path``: ``[Errno 28] No space left on device, writing: 'path'``."""
+    return type(err)(err.errno, f"{err.strerror}, {doing}", str(path))
+
+
 def _temporary_name(path: Path) -> dict[str, str]:
     """The ``prefix`` and ``suffix`` of a temporary file or folder for ``path`` (see the module)."""
     # the temporary name holds only the start of the file's: the whole, plus the random part, the writer's
     # tag and ".tmp", would pass the file system's limit on a name (255 bytes) for a name that itself fits
-    hint = os.fsencode(path.name)[:64].decode("utf-8", "ignore")
+    hint = _start_within(path.name, 64)
     return {"prefix": f".{hint}.", "suffix": f".{_host_tag()}-{os.getpid()}.tmp"}
 
 
@@ -225,7 +265,10 @@ def files_written_together(folder: str | Path) -> Iterator[Callable[[str], Path]
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(folder)
-    stage = Path(tempfile.mkdtemp(**_temporary_name(folder / "files"), dir=folder))
+    try:
+        stage = Path(tempfile.mkdtemp(**_temporary_name(folder / "files"), dir=folder))
+    except OSError as err:  # said of the folder written in, not of the temporary one
+        raise _said_of(err, folder, "writing in") from err
     names: list[str] = []
 
     def staged(name: str) -> Path:
@@ -237,7 +280,8 @@ def files_written_together(folder: str | Path) -> Iterator[Callable[[str], Path]
     try:
         try:
             yield staged
-        except OSError as err:  # name the file of the set, not its staged copy
+            _move_into_place(stage, folder, list(dict.fromkeys(names)))
+        except OSError as err:  # name the file of the set, not its staged copy (a refused rename's too)
             if err.filename is None or Path(err.filename).parent != stage or err.errno is None:
                 raise
             raise type(err)(err.errno, err.strerror, str(folder / Path(err.filename).name)) from err
@@ -245,7 +289,6 @@ def files_written_together(folder: str | Path) -> Iterator[Callable[[str], Path]
             if len(err.args) == 1 and isinstance(err.args[0], str):
                 err.args = (err.args[0].replace(str(stage), str(folder)),)
             raise
-        _move_into_place(stage, folder, list(dict.fromkeys(names)))
     finally:
         shutil.rmtree(stage, ignore_errors=True)
 
@@ -343,10 +386,47 @@ def atomic_json_list(path: str | Path) -> Iterator[Callable[[Sequence[Any]], Non
         file.write(b"]" if opened else b"[]")
 
 
+class HeldLock:
+    """The lock :func:`output_lock` holds, at ``path``: ``fd`` is its descriptor, None where nothing is held
+    (no locks on the platform or the file system, or an output folder that is a file)."""
+
+    def __init__(self, path: Path, fd: int | None) -> None:
+        self.path, self.fd = path, fd
+
+    def held(self) -> bool:
+        """Whether ``path`` is still the file this process locked (True where nothing is held). It is not when
+        the folder was moved or deleted, or the file removed, while the run wrote there: another run may
+        have locked a new file there since."""
+        return self.fd is None or _is_locked_file(self.path, self.fd)
+
+    def check(self) -> None:
+        """Raise unless :meth:`held`: a run that goes on would write its outputs where they are lost (a
+        folder of that name made anew) or mixed with another run's.
+
+        Raises:
+            ValueError: naming the lock file and the folder.
+        """
+        if not self.held():
+            raise ValueError(
+                f"the lock file {self.path} of this run is gone: {self.path.parent} was moved or deleted, or the "
+                "file removed, while the run wrote there; the run stops rather than write outputs where they "
+                "would be lost or mixed with another run's"
+            )
+
+
+def _is_locked_file(path: Path, fd: int) -> bool:
+    """Whether the file at ``path`` is the one open as ``fd``."""
+    try:
+        found, held = os.stat(path), os.fstat(fd)
+    except OSError:  # gone, or its folder
+        return False
+    return (found.st_dev, found.st_ino) == (held.st_dev, held.st_ino)
+
+
 @contextlib.contextmanager
 def output_lock(
     folder: str | Path, command: str, name: str = LOCK_NAME, outputs: Iterable[str] = (), output: str | None = None
-) -> Iterator[None]:
+) -> Iterator[HeldLock]:
     """Hold ``folder/<name>`` (``.detens.lock``) while ``command`` reads and writes the folder's outputs.
 
     Two runs on one output folder would each rebuild the outputs from their own view of the finished
@@ -364,22 +444,29 @@ def output_lock(
     ``output``: the one output file the lock (a ``name`` of its own) guards, named in the refusal, where
     the command writes one file of the folder (a report beside others) rather than the folder.
 
+    Yields:
+        HeldLock: the lock, which a long run checks (:meth:`HeldLock.check`) before it writes: its folder may
+        be moved or deleted while it runs.
+
     Raises:
         ValueError: another process holds the lock, naming it.
+        OSError: the lock file cannot be written (a full disk), naming it; the folder is left as it was.
     """
     folder = Path(folder)
     with run_folder(folder) as usable:
         if not usable:
-            yield
+            yield HeldLock(folder / name, None)
             return
         fd = _acquire(folder / name, command, output)
         try:
             remove_stale_temporaries(folder, outputs)
-            yield
+            yield HeldLock(folder / name, fd)
         finally:
             if fd is not None:
-                # removed while still held: a process waiting on this file sees it is gone and retries
-                (folder / name).unlink(missing_ok=True)
+                # removed while still held: a process waiting on this file sees it is gone and retries; not
+                # a file that is no longer this one (another run's, when this one's was removed)
+                if _is_locked_file(folder / name, fd):
+                    (folder / name).unlink(missing_ok=True)
                 os.close(fd)
 
 
@@ -391,10 +478,14 @@ def run_folder(folder: Path) -> Iterator[bool]:
 
     Raises:
         NotADirectoryError: a folder above ``folder`` is a file, naming it.
+        FileNotFoundError: ``folder``, or a folder above it, is a symbolic link that leads nowhere, naming it
+            and where it leads.
     """
     if folder.exists() and not folder.is_dir():
         yield False
         return
+    if (broken := _broken_link(folder)) is not None:  # mkdir's own error says only "File exists"
+        raise FileNotFoundError(f"{folder} cannot be created: {broken}")
     created = [p for p in (folder, *folder.parents) if not p.exists()]
     above = next((p for p in folder.parents if p not in created), None)
     if above is not None and not above.is_dir():  # mkdir's own error names the folder, not the file in its way
@@ -408,8 +499,30 @@ def run_folder(folder: Path) -> Iterator[bool]:
                 path.rmdir()
 
 
+def _broken_link(path: Path) -> str | None:
+    """What is wrong where ``path``, or one of the folders above it that do not exist, is a symbolic link that
+    leads nowhere (to a path that does not exist, such as a storage not mounted, or round a loop of links);
+    None where none is."""
+    for link in (path, *path.parents):
+        if link.exists():
+            return None
+        if link.is_symlink():
+            try:
+                os.stat(link)
+            except OSError as err:
+                leads = ("which leads round a loop of links: fix the link" if err.errno == errno.ELOOP
+                         else "which does not exist: create it")
+                return f"{link} is a symbolic link to {os.readlink(link)}, {leads}, or give another path"
+    return None
+
+
 def _acquire(path: Path, command: str, output: str | None = None) -> int | None:
-    """The descriptor of ``path`` locked by this process, or None where locks are not available."""
+    """The descriptor of ``path`` locked by this process, or None where locks are not available.
+
+    Raises:
+        ValueError: another process holds it.
+        OSError: its holder's text cannot be written (a full disk), naming ``path``, which is removed.
+    """
     try:
         fd = lock_descriptor(path, wait=False)
     except BlockingIOError:
@@ -418,8 +531,16 @@ def _acquire(path: Path, command: str, output: str | None = None) -> int | None:
         return None
     holder = {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
               "argv": sys.argv, "started": time.strftime("%Y-%m-%d %H:%M:%S %z")}
-    os.ftruncate(fd, 0)
-    os.write(fd, json.dumps(holder).encode("utf-8"))
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps(holder).encode("utf-8"))
+    except OSError as err:
+        # removed while held, as a release does: the run fails before its first result, and a folder it
+        # created goes again (run_folder) only once empty
+        with contextlib.suppress(OSError):
+            path.unlink()
+        os.close(fd)
+        raise _said_of(err, path, "writing the lock file") from err
     return fd
 
 
@@ -483,13 +604,34 @@ def check_writable_file(path: str | Path, what: str) -> None:
         what (str): names ``path`` in the message (``"--out"``).
 
     Raises:
-        ValueError: ``path`` is a folder, a part of its folder is a file, or its nearest existing folder
-            is not writable.
+        ValueError: ``path`` is a folder, its name is longer than a file system takes
+            (:data:`NAME_MAX_BYTES`), a part of its folder is a file or a broken symbolic link, or its
+            nearest existing folder is not writable.
     """
     path = Path(path)
+    check_name_length(path, what)
     if path.is_dir():
         raise ValueError(f"{what} {path} is a folder; give the path of a file")
     _check_writable_from(path.parent, path, what)
+
+
+def check_name_length(path: Path, what: str, shorten: str | None = None) -> None:
+    """Raise now, before the work whose result goes to ``path``, when its name is longer than a file system
+    takes (:data:`NAME_MAX_BYTES`): only the rename that ends its writing would find it.
+
+    Args:
+        what (str): names ``path`` in the message (``"--out"``, ``"the record"``).
+        shorten (str | None): what to give a shorter name, where ``path`` is named after it (``"--out"``);
+            None: ``path`` itself.
+
+    Raises:
+        ValueError: naming ``what``, the path and the length of its name.
+    """
+    size = name_bytes(path.name)
+    if size > NAME_MAX_BYTES:
+        advice = f"give {shorten}, which it is named after, a shorter name" if shorten else "give a shorter name"
+        raise ValueError(f"{what} {path} cannot be written: its name is {size} bytes long, and a file system "
+                         f"takes at most {NAME_MAX_BYTES}; {advice}")
 
 
 def check_writable_folder(path: str | Path, what: str) -> None:
@@ -512,6 +654,8 @@ def check_writable_folder(path: str | Path, what: str) -> None:
 def _check_writable_from(folder: Path, path: Path, what: str) -> None:
     """Raise unless ``folder``, or its nearest existing parent where it does not exist yet (it would be
     created), is a folder this process may write in."""
+    if (broken := _broken_link(folder)) is not None:
+        raise ValueError(f"{what} {path} cannot be written: {broken}")
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     if not folder.is_dir():
@@ -625,7 +769,10 @@ def output_stems(
     ``a_jpg``, ``a_png``; ``x.png`` beside the folder ``x.jpg/`` → ``x_png``), then a counter where that is
     still not enough (``a.jpg`` and ``a.JPG`` → ``a_jpg``, ``a_jpg_2``, in sorted name order). Stems, and
     files against folders, are compared ignoring case, so the outputs stay apart on case-insensitive file
-    systems too. The stems do not depend on the order of ``names``.
+    systems too. The stems do not depend on the order of ``names``. A stem whose files' names would be
+    longer than a file system takes (:data:`NAME_MAX_BYTES`: a name of about 250 bytes given ``_jpg``, or
+    without an extension) is cut short, ending in ``~`` and a digest of what it cuts short
+    (:func:`name_within_limit`).
 
     Raises:
         ValueError: a name given twice; a stem of ``fixed`` whose file would be the folder of another
@@ -655,7 +802,15 @@ def output_stems(
             )
     taken = {stem.casefold() for stem in stems.values()}
     new = [n for n in names if n not in stems]
-    base = {n: str(PurePosixPath(n).with_suffix("")) if PurePosixPath(n).suffix else n for n in new}
+    longest_suffix = max(suffixes, key=name_bytes, default="")
+
+    def within_limit(stem: str) -> str:
+        """``stem``, its last part cut short where a file of it would have too long a name."""
+        folder, slash, last = stem.rpartition("/")
+        return folder + slash + name_within_limit(last, longest_suffix).removesuffix(longest_suffix)
+
+    whole = {n: str(PurePosixPath(n).with_suffix("")) if PurePosixPath(n).suffix else n for n in new}
+    base = {n: within_limit(stem) for n, stem in whole.items()}
     counts = Counter(stem.casefold() for stem in base.values())
     for name, stem in base.items():
         if counts[stem.casefold()] == 1 and stem.casefold() not in taken and in_a_folder(stem) is None:
@@ -663,10 +818,10 @@ def output_stems(
     taken |= {stems[n].casefold() for n in new if n in stems}
     for name in sorted(n for n in new if n not in stems):
         suffix = PurePosixPath(name).suffix.lstrip(".").lower()
-        candidate = stem = f"{base[name]}_{suffix}" if suffix else base[name]
-        copy = 2
+        candidate = f"{whole[name]}_{suffix}" if suffix else whole[name]
+        stem, copy = within_limit(candidate), 2
         while stem.casefold() in taken or in_a_folder(stem) is not None:
-            stem, copy = f"{candidate}_{copy}", copy + 1
+            stem, copy = within_limit(f"{candidate}_{copy}"), copy + 1
         stems[name] = stem
         taken.add(stem.casefold())
     return {n: stems[n] for n in names}

@@ -221,6 +221,20 @@ def test_an_output_nothing_can_be_created_in_is_refused_before_the_work(workspac
     assert err.startswith(f"error: {named} cannot be written: {why}") and err.count("\n") == 1, err
 
 
+@pytest.mark.parametrize("case, argv, named", UNWRITABLE_OUTPUTS, ids=[m[0] for m in UNWRITABLE_OUTPUTS])
+def test_an_output_behind_a_link_that_leads_nowhere_is_refused_naming_its_target(workspace, capsys, case, argv,
+                                                                                   named):
+    """Storage not mounted: the link is there, its folder is not, and mkdir said only "File exists"."""
+    try:
+        os.symlink("unmounted", "dang")
+    except (OSError, NotImplementedError):
+        pytest.skip("no symbolic links here")
+    code, err = exit_code_and_stderr([a.replace("/proc/detens_out", "dang") for a in argv], capsys)
+    assert code == 2, err
+    assert err == (f"error: {named.replace('/proc/detens_out', 'dang')} cannot be written: dang is a symbolic link "
+                   "to unmounted, which does not exist: create it, or give another path\n")
+
+
 @pytest.mark.parametrize("value", ["", ",", " , "])
 def test_an_empty_methods_value_lists_every_method_name(workspace, capsys, value):
     """An unset shell variable leaves --methods empty: the error says what could have been given."""

@@ -1202,6 +1202,96 @@ def test_a_second_run_on_the_same_out_is_refused(workspace, tmp_path, capsys, lo
     assert [p.name for p in out.iterdir()] == [".detens.lock"]  # nothing written beside the other run's
 
 
+def test_a_run_whose_out_is_moved_stops_before_it_writes_there_again(workspace, tmp_path, monkeypatch, capsys):
+    """It went on, made --out anew for the images left (with no config.yaml nor run record: a folder no
+    rerun takes for a run's) and ended with status 0; the moved folder resumes."""
+    source, out, moved = one_image_source(workspace, tmp_path / "src", "x.jpg", "y.jpg", "z.jpg"), tmp_path / "o", \
+        tmp_path / "moved"
+    real_process_image = fuse_tool.process_image
+
+    def moving_out_after_the_first(*args, **kwargs):
+        record = real_process_image(*args, **kwargs)
+        if not moved.exists():
+            out.rename(moved)  # as `mv` in another shell
+        return record
+
+    monkeypatch.setattr(fuse_tool, "process_image", moving_out_after_the_first)
+    assert fuse_into(workspace, source, out) == 2
+    assert capsys.readouterr().err == (
+        f"error: the lock file {out / '.detens.lock'} of this run is gone: {out} was moved or deleted, or the file "
+        "removed, while the run wrote there; the run stops rather than write outputs where they would be lost or "
+        "mixed with another run's\n")
+    assert not out.exists()
+    assert [json.loads(p.read_text())["file_name"] for p in (moved / "partial").iterdir()] == ["x.jpg"]
+    monkeypatch.undo()
+    assert fuse_into(workspace, source, moved) == 0
+    summary = json.loads((moved / "summary.json").read_text())
+    assert (summary["complete"], summary["resumed"], summary["processed_this_run"]) == (True, 1, 2)
+
+
+def test_a_run_whose_outputs_lack_images_it_fused_ends_with_an_error(workspace, tmp_path, monkeypatch, capsys):
+    """Its summary said complete: false, and it ended with status 0. A run whose only missing images are
+    unreadable ones, reported and skipped, is complete (test_unreadable_files_are_reported_and_skipped)."""
+    source, out = one_image_source(workspace, tmp_path / "src", "x.jpg", "y.jpg"), tmp_path / "o"
+    real_process_image = fuse_tool.process_image
+
+    def losing_the_first_record(*args, **kwargs):
+        record = real_process_image(*args, **kwargs)
+        if args[1] == "y.jpg":
+            (out / "partial" / "x.jpg.json").unlink()  # as a hand cleaning the folder up meanwhile
+        return record
+
+    monkeypatch.setattr(fuse_tool, "process_image", losing_the_first_record)
+    assert fuse_into(workspace, source, out) == 2
+    assert capsys.readouterr().err == (
+        f"error: {out} lacks the results of 1 of the run's 2 images, whose records went from {out / 'partial'} "
+        "while the run wrote there (its summary.json says complete: false); run the same command again to fuse "
+        "them\n")
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["complete"], summary["done"], summary["unreadable"]) == (False, 1, {})
+    monkeypatch.undo()
+    assert fuse_into(workspace, source, out) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["complete"], summary["done"], summary["processed_this_run"]) == (True, 2, 1)
+
+
+def test_images_whose_names_are_near_the_limit_on_a_name_are_fused_resumed_and_added_to(workspace, tmp_path,
+                                                                                          monkeypatch):
+    """A file system takes a name of at most 255 bytes (UTF-8: a CJK character is 3): partial/<name>.json of
+    a name of 251 bytes or more, and labels/<stem>.txt of a stem told apart by _jpg, could not be written,
+    and the run failed there each time it was run again, never fusing the other images."""
+    long = "b" * 250
+    names = [f"{long}.jpg", f"{long}.png", "画" * 83 + ".jpg"]  # 254, 254 and 253 bytes
+    source = one_image_source(workspace, tmp_path / "src", *names)
+    assert fuse_into(workspace, source, tmp_path / "whole") == 0
+    whole = run_outputs(tmp_path / "whole")
+    stems = {im["file_name"]: im["output_stem"] for im in whole[0]["images"]}
+    assert stems[names[2]] == "画" * 83  # its files' names fit: as before
+    for name, extension in zip(names[:2], ("jpg", "png"), strict=True):  # b…b_jpg.txt would be 258 bytes
+        assert stems[name].startswith(long[:200]) and re.fullmatch(r"b+~[0-9a-f]{12}", stems[name])
+        assert stems[name] != stems[names[0] if extension == "png" else names[1]]
+    assert sorted(whole[3]) == sorted(f"{folder}/{stem}.{kind}" for stem in stems.values()
+                                      for folder, kind in (("labels", "txt"), ("vis", "jpg")))
+
+    out = tmp_path / "o"
+    undo = interrupt_on_image(monkeypatch, 3)
+    assert fuse_into(workspace, source, out) == 130
+    records = {json.loads(p.read_text())["file_name"]: p.name for p in (out / "partial").iterdir()}
+    assert len(records) == 2 and all(len(os.fsencode(name)) <= 255 for name in records.values())
+    undo()
+    assert fuse_into(workspace, source, out) == 0  # resumed: the records are found by the names they hold
+    assert json.loads((out / "summary.json").read_text())["resumed"] == 2
+    assert run_outputs(out) == whole
+
+    # a complete run given one more image: its images are unpacked into records under the same names
+    one_image_source(workspace, source, "short.jpg")
+    assert fuse_into(workspace, source, out) == 0
+    images, _ = read_outputs(out)
+    assert [(im["file_name"], im["id"], im["output_stem"]) for im in images["images"]] == [
+        *((im["file_name"], im["id"], im["output_stem"]) for im in whole[0]["images"]), ("short.jpg", 4, "short")]
+    assert json.loads((out / "summary.json").read_text())["processed_this_run"] == 1
+
+
 def test_a_rerun_keeps_earlier_images_with_their_ids_and_files(workspace, tmp_path):
     source, out = one_image_source(workspace, tmp_path / "src", "x.jpg", "y.jpg"), tmp_path / "o"
     assert fuse_into(workspace, source, out, "--no-vis") == 0

@@ -97,6 +97,84 @@ class TestAtomicWrite:
         assert len(os.listdir("/proc/self/fd")) == before
         assert list(tmp_path.iterdir()) == []
 
+    def test_a_folder_that_refuses_the_temporary_file_names_the_file_written(self, tmp_path, monkeypatch):
+        """mkstemp's own error names the hidden temporary file, which the user never asked for."""
+        path = tmp_path / "labels" / "a.txt"
+        real_open = os.open
+
+        def refused(file, *args, **kwargs):  # a folder of mode 555, with root's permission checks
+            if os.path.dirname(file) == str(path.parent):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), file)
+            return real_open(file, *args, **kwargs)
+
+        monkeypatch.setattr(os, "open", refused)
+        with pytest.raises(PermissionError) as raised:
+            atomic_write_text(path, "x")
+        assert str(raised.value) == f"[Errno {errno.EACCES}] Permission denied, writing: '{path}'"
+        assert list(path.parent.iterdir()) == []
+
+    def test_a_refused_rename_names_the_file_written(self, tmp_path, monkeypatch):
+        """os.replace's error names both paths, the temporary file first (an immutable target)."""
+        path = tmp_path / "r.json"
+        atomic_write_json(path, {"old": 1})
+
+        def immutable(src, dst):
+            raise PermissionError(errno.EPERM, os.strerror(errno.EPERM), src, None, dst)
+
+        monkeypatch.setattr(os, "replace", immutable)
+        with pytest.raises(PermissionError) as raised:
+            atomic_write_json(path, {"new": 2})
+        assert str(raised.value) == f"[Errno {errno.EPERM}] Operation not permitted, writing: '{path}'"
+        assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+    def test_a_folder_that_refuses_a_set_of_files_is_named_and_so_is_a_file_it_refuses(self, tmp_path, monkeypatch):
+        import tempfile
+
+        from detens.io import files_written_together
+
+        def immutable(src, dst):
+            raise PermissionError(errno.EPERM, os.strerror(errno.EPERM), src, None, dst)
+
+        with monkeypatch.context() as patched:
+            patched.setattr(os, "replace", immutable)
+            with pytest.raises(PermissionError) as raised, files_written_together(tmp_path) as staged:
+                staged("h.json").write_text("{}")
+        assert str(raised.value) == f"[Errno {errno.EPERM}] Operation not permitted: '{tmp_path / 'h.json'}'"
+
+        def refused(*args, **kwargs):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(tmp_path / ".files.abcdefgh.tmp"))
+
+        monkeypatch.setattr(tempfile, "mkdtemp", refused)
+        with pytest.raises(PermissionError) as raised, files_written_together(tmp_path):
+            pytest.fail("nothing can be staged")
+        assert str(raised.value) == f"[Errno {errno.EACCES}] Permission denied, writing in: '{tmp_path}'"
+        assert list(tmp_path.iterdir()) == []
+
+
+class TestNamesWithinTheLimit:
+    """A name of up to 255 bytes (UTF-8, as Linux counts them) is all a file system takes."""
+
+    @pytest.mark.parametrize("name, suffix, prefix", [("a.jpg", ".json", ""), ("x" * 250, ".json", ""),
+                                                       ("画" * 80, ".json", ""), ("r.json", ".detens.lock", ".")])
+    def test_a_name_that_fits_is_kept(self, name, suffix, prefix):
+        from detens.io import name_within_limit
+
+        assert name_within_limit(name, suffix, prefix) == f"{prefix}{name}{suffix}"
+
+    @pytest.mark.parametrize("stem", ["b" * 251, "b" * 255, "画" * 84, "é" * 127 + "x", "\udcff" * 255],
+                             ids=["251 bytes", "255 bytes", "84 CJK characters", "é", "bytes not UTF-8"])
+    def test_a_longer_one_is_cut_short_and_told_apart_by_a_digest(self, tmp_path, stem):
+        from detens.io import NAME_MAX_BYTES, name_within_limit
+
+        fitted = name_within_limit(stem, ".json")
+        assert len(os.fsencode(fitted)) <= NAME_MAX_BYTES and fitted.endswith(".json")
+        assert re.fullmatch(r".+~[0-9a-f]{12}\.json", fitted, re.DOTALL) and stem.startswith(fitted.split("~")[0])
+        assert name_within_limit(stem, ".json") == fitted  # the same name each run: a resumed run finds it
+        assert name_within_limit(stem[:-1] + "c", ".json") != fitted
+        (tmp_path / fitted).write_text("the file system takes it")
+        with pytest.raises(OSError, match="File name too long"):
+            (tmp_path / f"{stem}.json").write_text("x")  # the name it stands for
+
 
 def test_every_library_writer_refuses_a_path_written_as_a_folder(tmp_path, monkeypatch):
     """``Path("out/")`` is ``out``: each writer would write the file ``out`` where a folder was meant."""
@@ -163,6 +241,80 @@ class TestOutputLock:
                 with output_lock(out, "detens fuse"):
                     pytest.fail("a folder under a file")
         assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+    @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open descriptors in /proc")
+    def test_a_lock_file_that_cannot_be_written_is_named_and_removed_with_the_folder_it_made(self, tmp_path,
+                                                                                           monkeypatch):
+        from detens.io import LOCK_NAME, output_lock
+
+        real_write = os.write
+
+        def disk_full(fd, data):  # the holder's text only: the test's own output still goes out
+            if data.startswith(b'{"pid"'):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return real_write(fd, data)
+
+        monkeypatch.setattr(os, "write", disk_full)
+        (tmp_path / "kept").mkdir()
+        before = len(os.listdir("/proc/self/fd"))
+        for out in (tmp_path / "new" / "g", tmp_path / "kept"):
+            with pytest.raises(OSError) as raised, output_lock(out, "detens fuse"):
+                pytest.fail("the lock is not held")
+            assert str(raised.value) == (f"[Errno {errno.ENOSPC}] No space left on device, writing the lock file: "
+                                         f"'{out / LOCK_NAME}'")
+        assert len(os.listdir("/proc/self/fd")) == before
+        assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")] == ["kept"]
+
+    @pytest.mark.parametrize("under", ["", "sub/deeper"])
+    def test_a_symbolic_link_that_leads_nowhere_is_named_with_its_target(self, tmp_path, under):
+        """Storage not mounted: the folder is not there, the link is, and mkdir said only "File exists"."""
+        from detens.io import check_writable_file, check_writable_folder, output_lock
+
+        try:
+            os.symlink(tmp_path / "unmounted", tmp_path / "dang")
+            os.symlink("loop", tmp_path / "loop")
+        except (OSError, NotImplementedError):
+            pytest.skip("no symbolic links here")
+        for link, fault in (("dang", f"{tmp_path / 'unmounted'}, which does not exist: create it"),
+                            ("loop", "loop, which leads round a loop of links: fix the link")):
+            out = tmp_path / link / under if under else tmp_path / link
+            said = f"{tmp_path / link} is a symbolic link to {fault}, or give another path"
+            with pytest.raises(FileNotFoundError, match=f"^{re.escape(f'{out} cannot be created: {said}')}$"):
+                with output_lock(out, "detens fuse"):
+                    pytest.fail("a folder behind a broken link")
+            with pytest.raises(ValueError, match=f"^{re.escape(f'--out {out} cannot be written: {said}')}$"):
+                check_writable_folder(out, "--out")
+            with pytest.raises(ValueError, match=f"^{re.escape(f'--out {out}/r.json cannot be written: {said}')}$"):
+                check_writable_file(out / "r.json", "--out")
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["dang", "loop"]
+
+    def test_a_lock_whose_folder_moved_or_whose_file_went_is_no_longer_held(self, tmp_path):
+        from detens.io import LOCK_NAME, output_lock
+
+        out = tmp_path / "out"
+        with output_lock(out, "detens fuse") as lock:
+            lock.check()
+            out.rename(tmp_path / "moved")
+            assert not lock.held()
+            message = (f"the lock file {out / LOCK_NAME} of this run is gone: {out} was moved or deleted, or the file "
+                       "removed, while the run wrote there; the run stops rather than write outputs where they "
+                       "would be lost or mixed with another run's")
+            with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+                lock.check()
+
+    def test_the_end_of_a_run_whose_lock_file_went_leaves_the_lock_another_run_holds(self, tmp_path):
+        from detens.io import LOCK_NAME, output_lock
+
+        out = tmp_path / "out"
+        first = output_lock(out, "detens fuse")
+        first.__enter__()
+        (out / LOCK_NAME).unlink()
+        with output_lock(out, "detens fuse") as second:
+            first.__exit__(None, None, None)
+            assert second.held() and (out / LOCK_NAME).is_file()
+            with pytest.raises(ValueError, match="is in use by detens fuse"):
+                with output_lock(out, "detens fuse"):
+                    pytest.fail("a third run beside the second")
 
 
 _KILLED_MID_WRITE = """

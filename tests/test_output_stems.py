@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import PurePosixPath
 
 import pytest
@@ -101,3 +102,30 @@ def test_output_files_and_folders_never_share_a_path(names):
         files = [f"{stem}{suffix}".casefold() for stem in stems.values()]
         folders = {str(p).casefold() for stem in stems.values() for p in PurePosixPath(stem).parents}
         assert len(set(files)) == len(files) and not set(files) & folders
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        ["b" * 250 + ".jpg", "b" * 250 + ".png", "short.jpg"],  # b…b_jpg.txt: 258 bytes
+        ["c" * 255, "sub/" + "c" * 255],  # no extension: c…c.txt, 259 bytes
+        ["画" * 83 + ".jpg", "画" * 83 + ".png"],  # 253 bytes; 83 characters, 257 bytes with _jpg.txt
+        ["d" * 250 + ".jpg", "D" * 250 + ".JPG", "d" * 250 + ".Jpg"],  # told apart ignoring case, then cut
+    ],
+)
+def test_a_stem_whose_files_would_have_too_long_a_name_is_cut_short_the_same_each_time(tmp_path, names):
+    """Linux takes a name of at most 255 bytes: a run could write no file of such an image."""
+    suffixes = (".txt", ".jpg")
+    stems = output_stems(names, suffixes=suffixes)
+    assert stems == output_stems(names[::-1], suffixes=suffixes)
+    assert len({stem.casefold() for stem in stems.values()}) == len(names)
+    for name, stem in stems.items():
+        if name == "short.jpg":
+            assert stem == "short"  # it fits: as before
+            continue
+        assert PurePosixPath(stem).parent == PurePosixPath(name).parent
+        start, digest = PurePosixPath(stem).name.split("~")
+        assert PurePosixPath(name).name.startswith(start) and re.fullmatch("[0-9a-f]{12}", digest)
+        for suffix in suffixes:  # the file system takes every file of it
+            (tmp_path / f"{stem}{suffix}").parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / f"{stem}{suffix}").write_text("x")

@@ -1527,6 +1527,37 @@ class TestTools:
         assert evaluate_cli.main(base + ["--out", str(out)]) == 0
         assert sorted(p.name for p in tmp_path.glob(".*lock")) == []  # let go of at the end
 
+    def test_evaluate_cli_runs_on_an_out_whose_lock_file_name_would_be_too_long(self, dataset, tmp_path):
+        """.<name>.detens.lock is 13 bytes longer than --out's name: 256 bytes here, which Linux refuses."""
+        gt_path, predictions = dataset
+        out = tmp_path / ("e" * 235 + ".results")  # its files beside it fit: e…e.evaluation.json.gz is 254 bytes
+        assert evaluate_cli.main(["--gt", str(gt_path), "--predictions", str(predictions), "--methods", "mean",
+                                  "--cv", "2", "--backend", "faster", "--quiet", "--out", str(out)]) == 0
+        assert "mean" in json.loads(out.read_text())
+        assert sorted(p.name for p in tmp_path.glob(".*lock")) == []
+
+    @pytest.mark.parametrize("command", ["evaluate", "train"])
+    def test_an_out_whose_files_would_have_too_long_names_is_refused_before_any_work(self, dataset, tmp_path,
+                                                                                       capsys, command):
+        """Only the rename that ends a file's writing finds its name too long: after the fits."""
+        gt_path, predictions = dataset
+        main = {"evaluate": evaluate_cli.main, "train": train_cli.main}[command]
+        args = ["--gt", str(gt_path), "--predictions", str(predictions), "--quiet"]
+        if command == "evaluate":
+            args += ["--methods", "mean", "--cv", "2", "--backend", "faster"]
+        beside = {"evaluate": ("the record", ".evaluation.json.gz"), "train": ("the .config.yaml file", ".json.config.yaml")}
+        for name, what, path, advice in (
+            ("e" * 250 + ".json", beside[command][0], "e" * 250 + beside[command][1],
+             "give --out, which it is named after, a shorter name"),
+            ("e" * 251 + ".json", "--out", "e" * 251 + ".json", "give a shorter name"),
+        ):
+            assert main([*args, "--out", str(tmp_path / name)]) == 2
+            size = len(path)
+            assert capsys.readouterr().err == (
+                f"error: {what} {tmp_path / path} cannot be written: its name is {size} bytes long, and a file "
+                f"system takes at most 255; {advice}\n")
+        assert list(tmp_path.iterdir()) == []
+
     def test_evaluate_cli_set_overrides_a_key_of_a_head_types_training_config(self, dataset, tmp_path, capsys):
         gt_path, predictions = dataset
         config = tmp_path / "selection.yaml"

@@ -21,7 +21,10 @@ Writes into ``--out``:
   ``images`` with ``id``, ``file_name`` (relative to the source folder), ``height``, ``width``,
   ``output_stem`` (the stem of its ``labels/`` and ``vis/`` files, unique per image: ``a.jpg`` and ``a.JPG``
   do not share one, and no image's file is at the path of a folder of others': ``x.png`` beside a folder
-  ``x.jpg/`` of images gets ``x_png``, not ``x``, whose ``vis/x.jpg`` would be that folder), ``categories``,
+  ``x.jpg/`` of images gets ``x_png``, not ``x``, whose ``vis/x.jpg`` would be that folder; a stem whose
+  files' names would be longer than the 255 bytes a file system takes for a name, such as that of a
+  250-byte name given ``_png``, is cut short and ends in ``~`` and 12 hex digits of a digest of the
+  whole, so such an image is fused and written like any other), ``categories``,
   ``annotations: []``), so COCO tools and FiftyOne can open the results; the images are listed by id, and
   each image has its own id: with a ``dataset`` in the config, the id of the dataset's image whose
   ``file_name`` is the image's relative path, else of its one image with the same base name (a base name
@@ -47,9 +50,11 @@ Writes into ``--out``:
   the same; ``config.yaml``: the resolved config;
 - ``partial/`` while a run is unfinished: one small file per finished image, ``partial/<name>.json``
   (``<name>``: the image's path relative to the source folder, where a folder named like a record,
-  ``x.png.json/``, gets a ``_`` appended), and beside it ``unfinished_run.json``, the run's members, their
-  weights, the digests of its inputs, which a resumed run checks, and the id of every image. An interrupted
-  run (Ctrl-C, a crash) leaves every file valid (all writes are atomic); running the same command again
+  ``x.png.json/``, gets a ``_`` appended, and a name that ``.json`` makes longer than 255 bytes is cut
+  short as a stem is; each record names its image), and beside it ``unfinished_run.json``, the run's
+  members, their weights, the digests of its inputs, which a resumed run checks, and the id of every
+  image. An interrupted run (Ctrl-C, a crash) leaves every file valid (all writes are atomic); running
+  the same command again
   (without ``--overwrite``) skips the finished images, which keep the ids its outputs gave them (those of a run left unfinished by
   an earlier version, which numbered images as they finished, are renumbered, with a warning). A
   complete run removes both;
@@ -65,7 +70,10 @@ Writes into ``--out``:
 An ``--out`` holding outputs (``labels/``, ``vis/``, ...) that no run wrote is refused; an ``--out`` inside
 the ``--source`` folder is not read back as input.
 A second run on an ``--out`` that a running one uses is refused, naming it (``--out/.detens.lock``, held
-until the run ends, however it ends).
+until the run ends, however it ends). A run whose ``--out`` is moved or deleted, or its lock file removed,
+while it runs stops with an error before it writes there again (its finished images stay where the
+folder went); a run whose outputs lack images it fused (their records removed meanwhile: ``summary.json``
+says ``complete: false``) ends with an error (exit status 2) once they are written.
 
 Unreadable or corrupt images are reported and skipped; a run that can read none of its images writes
 its summary and ends with an error (exit status 2). Sub-folders are kept under ``labels/`` and ``vis/``.

@@ -11,23 +11,33 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from detens.io import output_lock
+from detens.io import check_name_length, name_within_limit, output_lock
 from detens.jobs._options import UsageError
 
-__all__ = ["output_file_lock", "refuse_outputs_over_inputs", "refuse_results_in_prediction_folders"]
+__all__ = ["output_file_lock", "refuse_names_too_long", "refuse_outputs_over_inputs", "refuse_results_in_prediction_folders"]
 
 
 @contextlib.contextmanager
 def output_file_lock(out: Path, command: str) -> Iterator[None]:
-    """Hold the lock of the output file ``out`` (``.<name>.detens.lock`` beside it, :func:`detens.io.output_lock`)
+    """Hold the lock of the output file ``out`` (``.<name>.detens.lock`` beside it, cut short with a digest
+    where that name would be too long: :func:`detens.io.name_within_limit`; :func:`detens.io.output_lock`)
     while ``command`` writes it: a second run on the same ``--out`` is refused, naming the first, where both
     would write it and the last would win without a word. Another file in the same folder is another run's.
 
     Raises:
         ValueError: another process holds the lock, naming it.
     """
-    with output_lock(out.parent, command, f".{out.name}.detens.lock", output=f"--out {out}"):
+    lock_name = name_within_limit(out.name, ".detens.lock", prefix=".")
+    with output_lock(out.parent, command, lock_name, output=f"--out {out}"):
         yield
+
+
+def refuse_names_too_long(outputs: Sequence[tuple[str, Path]]) -> None:
+    """Raise if an output's name is longer than a file system takes (:func:`detens.io.check_name_length`):
+    only the rename that ends its writing, after the work, would find it. An output that no flag names
+    (``"the record"``) is named after ``--out``, which the message says to shorten."""
+    for what, path in outputs:
+        check_name_length(path, what, None if what.startswith("--") else "--out")
 
 
 def refuse_outputs_over_inputs(

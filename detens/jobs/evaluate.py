@@ -54,6 +54,7 @@ from detens.jobs._options import (
 from detens.jobs._options import flag as flag_option  # flag names a command-line flag in the code below
 from detens.jobs._outputs import (
     output_file_lock,
+    refuse_names_too_long,
     refuse_outputs_over_inputs,
     refuse_results_in_prediction_folders,
 )
@@ -182,9 +183,9 @@ class EvaluateOptions(JobOptions):
 def run(options: EvaluateOptions) -> int:
     """Fit and score every method, print the table and write the run's files; returns 0.
 
-    Holds a lock on ``--out`` (``.<name>.detens.lock`` beside it) while it runs: a second run on the same
-    ``--out`` would take the first one's rows for an interrupted run's, or start its folder of finished
-    methods over under it.
+    Holds a lock on ``--out`` (``.<name>.detens.lock`` beside it, cut short where that name would be too
+    long: :func:`~detens.io.name_within_limit`) while it runs: a second run on the same ``--out`` would take
+    the first one's rows for an interrupted run's, or start its folder of finished methods over under it.
 
     Raises:
         UsageError: a bad option, or an output on an input or on another output (found before any method
@@ -226,6 +227,7 @@ def _run(options: EvaluateOptions) -> int:
         if value is not None:
             check_writable_file(Path(value), flag)
     outputs, folders = _outputs(options), _prediction_folders(options)
+    refuse_names_too_long(outputs)
     _refuse_outputs_on_one_file(outputs)
     refuse_outputs_over_inputs(outputs, _inputs(options, methods), folders)
     if options.report is not None:

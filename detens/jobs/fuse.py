@@ -49,11 +49,13 @@ from detens.ensemble_config import (
 from detens.fusers import check_method, head_methods
 from detens.heads._io import find_head_file
 from detens.io import (
+    HeldLock,
     atomic_json_list,
     atomic_write_bytes,
     atomic_write_json,
     check_writable_folder,
     json_list_items,
+    name_within_limit,
     output_lock,
     output_stems,
 )
@@ -274,15 +276,18 @@ def relative_name(path: Path, root: Path) -> str:
 def partial_path(out: Path, name: str) -> Path:
     """Where the partial record of the image ``name`` goes: ``partial/<name>.json``, with a ``_`` appended to
     each folder of ``name`` whose own name ends as a record's does (``.json``, then any ``_``): the record of
-    ``x.png`` and the folder ``x.png.json/`` of other images would otherwise share a path."""
+    ``x.png`` and the folder ``x.png.json/`` of other images would otherwise share a path. A name that the
+    added ``.json`` (or ``_``) makes longer than a file system takes is cut short, ending in ``~`` and a
+    digest of the whole (:func:`~detens.io.name_within_limit`); the record names its image itself
+    (``file_name``), which is how a run finds its images' records (:func:`finished_records`)."""
     return _record_path(out / "partial", name)
 
 
 def _record_path(folder: Path, name: str) -> Path:
     *parents, last = name.split("/")
     # an appended "_" is undone by no other folder's: one that already ends in ".json_" gets one more too
-    parents = [f"{part}_" if _RECORD_LIKE.fullmatch(part) else part for part in parents]
-    return folder.joinpath(*parents, f"{last}.json")
+    parents = [name_within_limit(part, "_") if _RECORD_LIKE.fullmatch(part) else part for part in parents]
+    return folder.joinpath(*parents, name_within_limit(last, ".json"))
 
 
 def _partial_paths(out: Path, name: str) -> tuple[Path, ...]:
@@ -894,16 +899,18 @@ def run(options: FuseOptions) -> int:
             run again resumes), or before the first result, with ``options.out`` as it was.
         UsageError: Ray options without ``engine="ray"``, or bad ones.
         ValueError: anything refused before (or while) the images are fused, as the command reports it;
-            a run that could read none of its images (after writing its summary, which lists them).
+            a run that could read none of its images (after writing its summary, which lists them); a run
+            whose lock file went while it wrote (its folder moved or deleted), before it writes again; a
+            run whose outputs lack images it fused (after writing them: its summary says it is not complete).
     """
     check_writable_folder(options.out, "--out")
-    with output_lock(options.out, "detens fuse", outputs=(*OUTPUT_NAMES, *WORK_FOLDERS)):
+    with output_lock(options.out, "detens fuse", outputs=(*OUTPUT_NAMES, *WORK_FOLDERS)) as lock:
         if options.out.is_dir():
             recover_replaced(options.out)
-        return _run(options)
+        return _run(options, lock)
 
 
-def _run(options: FuseOptions) -> int:
+def _run(options: FuseOptions, lock: HeldLock) -> int:
     engine = ray_options(options)
     config = resolve_config(options)
     out: Path = options.out
@@ -945,8 +952,10 @@ def _run(options: FuseOptions) -> int:
 
     def claim_output(record: dict[str, Any] | None = None) -> None:
         """Everything is checked: only now does the run change --out. The run record goes first: a run
-        killed before its config is written leaves a folder that is told to be its own (is_run_folder)."""
+        killed before its config is written leaves a folder that is told to be its own (is_run_folder). Each
+        call first checks that --out is still the folder the run locked."""
         nonlocal claimed
+        lock.check()
         if not claimed:
             if options.overwrite:
                 set_aside_outputs(out)
@@ -1046,6 +1055,7 @@ def _run(options: FuseOptions) -> int:
                             members = list(row["members"])
                             check_members(list(row["members"]), dict(row["members"]))
                             first_call_ms = row["first_call_ms"]
+                        lock.check()
                         write_image(out, row["record"], row["files"])
                         processed += 1
                     bar.update(1)
@@ -1073,11 +1083,13 @@ def _run(options: FuseOptions) -> int:
             settings = FuseSettings(config, params, categories, yolo_ids)  # params: of the loaded members
             for i, name in enumerate(loaded_names):
                 times = {"read": read_ms[i], **detect_ms}
+                lock.check()
                 process_image(out, name, stems[name], arrays[i], per_image[i], settings, times, read_notes[i])
                 processed += 1
                 bar.update(1)
     except BaseException as err:
-        if processed == 0:
+        # a folder whose lock went is no longer this run's to put back: it may be another run's by now
+        if processed == 0 and lock.held():
             release_output()
             pack_finished_run()
         if not is_interruption(err):
@@ -1120,6 +1132,15 @@ def _run(options: FuseOptions) -> int:
         raise ValueError(
             f"no image of --source {options.source} could be read ({len(unreadable)} unreadable, "
             f"listed in {out / 'summary.json'})"
+        )
+    if not summary["complete"]:
+        # images fused (or finished earlier) whose records went from partial/ while the run wrote: the
+        # outputs lack them, and a script must not take them for the run's results
+        missing = summary["images"] - summary["done"] - len(unreadable)
+        raise ValueError(
+            f"{out} lacks the results of {missing} of the run's {summary['images']} images, whose records went "
+            f"from {out / 'partial'} while the run wrote there (its summary.json says complete: false); run the "
+            "same command again to fuse them"
         )
     return 0
 
