@@ -66,6 +66,20 @@ def renamed_ids(ids: Iterable[int], ours: Mapping[int, str], theirs: Mapping[int
     ]
 
 
+def label_space_differences(
+    ours: Mapping[int, str], theirs: Mapping[int, str]
+) -> list[tuple[int, str | None, str | None]]:
+    """``(id, our name, their name)`` of each category id, sorted, that the two label spaces do not share
+    (the side that lacks it gives None) or that they name as different classes (:func:`renamed_ids`; a
+    category without a name, which a ground truth gives its id as name, is compared by id alone).
+    """
+    from detens.heads._io import named_categories
+
+    missing = [(c, ours.get(c), theirs.get(c)) for c in set(ours) ^ set(theirs)]
+    shared = sorted(set(ours) & set(theirs))
+    return sorted([*missing, *renamed_ids(shared, named_categories(ours), named_categories(theirs))])
+
+
 def as_categories(categories: Any) -> dict[int, str]:
     """``{category_id: name}`` from a mapping, a COCO ``categories`` list, or a COCO annotation dict.
 
