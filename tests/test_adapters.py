@@ -498,6 +498,8 @@ def test_torchvision_built_model_classes(arch, kwargs, num_classes):
         detector = TorchvisionDetector(model)
         assert detector.lookup.numel() == num_classes
         assert detector.lookup[1] == 1 and detector.lookup[0] == -1 and detector.lookup[12] == -1
+        # by index, as a class_map's index keys are read when class_maps are compared by class
+        assert (detector.model_names[1], detector.model_names[12], len(detector.model_names)) == ("person", "N/A", 91)
         return
     # its own classes: its labels are no COCO ids, so the dataset's categories are needed to read them
     with pytest.raises(ValueError, match=rf"has {num_classes} classes \(background included\), not the 91 of "

@@ -1024,6 +1024,23 @@ def test_a_dataset_in_another_label_space_than_the_gt_is_refused_before_any_mode
     assert summary_of(out)["models"]["a"]["status"] == "complete"
 
 
+def test_class_maps_that_disagree_are_warned_of_before_any_model_loads(slice_, tmp_path, capfd, monkeypatch):
+    def not_loaded(*args, **kwargs):
+        raise ValueError("no model loads in this test")
+
+    monkeypatch.setattr(cache_tool, "build_detector", not_loaded)
+    config = {"name": "apart", "models": [
+        {"weights": str(YOLO26N), "name": "v26", "class_map": {"person": 1, "car": 3}},
+        {"weights": str(YOLO26N), "name": "v26b", "class_map": {"person": 1, "car": 8}},
+    ]}
+    (tmp_path / "apart.yaml").write_text(yaml.safe_dump(config))
+    capfd.readouterr()
+    assert run(slice_, tmp_path / "out", config=str(tmp_path / "apart.yaml")) == 2
+    err = capfd.readouterr().err
+    assert "the members' class_maps map a class onto different ids: 'car' onto 3 (v26) and 8 (v26b)" in err, err
+    assert err.index("onto different ids") < err.index("no model loads in this test")
+
+
 # ---------------------------------------------------------------------------------------- weights digests
 def weights_config(root: Path, *models: dict) -> str:
     """An ensemble YAML of ``models`` (``type: ultralytics`` unless given) in ``root``; returns its path."""

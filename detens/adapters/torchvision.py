@@ -403,6 +403,7 @@ class TorchvisionDetector(BaseDetector):
                 transform.max_size = imgsz
         custom = num_classes not in (None, len(class_names))
         model_names = class_names if not custom else [str(i) for i in range(num_classes)]
+        self.model_names: dict[int, str] = dict(enumerate(model_names))
         if custom and class_map is None:
             class_map = self._labels_as_category_ids(num_classes, categories)
         self.lookup = build_label_lookup(

@@ -32,6 +32,7 @@ from detens.adapters import (
     detect_loaded,
     label_space_name,
     view_names,
+    warn_of_class_map_slips,
 )
 from detens.adapters._labels import label_space_differences
 from detens.adapters.weights import ResolvedWeights, resolve_model_weights
@@ -1127,6 +1128,7 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any) -> int
     categories = dataset_categories(config)
     check_dataset_label_space(config, categories, data)
     check_class_maps(config, categories)
+    warn_of_class_map_slips(config, categories)
     entries = plan_entries(config, categories)
     select_members(entries, options.models)
     check_saved_members(entries, data, config, categories)
