@@ -16,7 +16,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from detens.checks import check_integer, first_few
+from detens.checks import check_integer, did_you_mean, first_few
 from detens.detections import MAX_LABEL
 from detens.labels import COCO_CATEGORY_IDS, COCO_ID_TO_NAME, COCO_NAMES
 
@@ -298,7 +298,8 @@ def build_label_lookup(
                 index = by_name.get(normalize_class_name(key))
                 if index is None:
                     raise ValueError(
-                        f"{where}: class_map names class {key!r}, which the model does not have ({names[:10]}...)"
+                        f"{where}: class_map names class {key!r}, which the model does not have ({names[:10]}...)."
+                        + did_you_mean(key, names, key=normalize_class_name)
                     )
             else:
                 index = _integer_key(key, f"{where}: class_map key")
