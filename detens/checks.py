@@ -4,7 +4,8 @@ A wrong type is a ``TypeError``, a value outside the allowed range a ``ValueErro
 what it must be and what it got. Strings are never parsed into numbers and bools are not numbers: an
 option written ``"0.5"`` or ``True`` in a config is a mistake worth reporting, not a value to guess.
 
-:func:`first_few` is how every message lists the first few of many items (ids, images, keys).
+:func:`first_few` is how every message lists the first few of many items (ids, images, keys), and
+:func:`did_you_mean` how one suggests the valid name closest to a misspelt one.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 
 __all__ = [
     "check_real", "check_reals", "check_integer", "check_integers", "check_seed", "check_distinct_integers", "check_flag", "check_choice", "check_device",
-    "check_whole", "check_max_det", "first_few", "torch_ready_array",
+    "check_whole", "check_max_det", "first_few", "did_you_mean", "torch_ready_array",
 ]
 
 
@@ -270,3 +271,16 @@ def first_few(
         return shown
     count = len(items) if total is None else total
     return f"{shown}{sep}... ({count} {f'{noun} ' if noun else ''}in all)"
+
+
+def did_you_mean(name: str, valid: Iterable[str], key: Callable[[str], str] | None = None) -> str:
+    """`` Did you mean 'x'?`` with ``x`` the one of ``valid`` closest to ``name`` (difflib's
+    ``get_close_matches``), to end a message that lists the valid names; ``""`` when none is close.
+    ``key`` compares the names as it spells them (``str.lower``), while ``x`` is shown as ``valid`` gives it."""
+    import difflib
+
+    valid = list(valid)
+    spell = key or (lambda text: text)
+    spelled = {spell(v): v for v in reversed(valid)}  # the first of the names spelled alike is shown
+    close = difflib.get_close_matches(spell(name), list(spelled), n=1)
+    return f" Did you mean {spelled[close[0]]!r}?" if close else ""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
-import difflib
 import math
 import numbers
 import re
@@ -154,10 +153,10 @@ def read_yaml_file(path: str | Path, what: str = "config file") -> Any:
 
 
 def _unknown_key_error(cls: type, key: str, where: str) -> ValueError:
+    from detens.checks import did_you_mean
+
     valid = [f.name for f in dataclasses.fields(cls)]
-    close = difflib.get_close_matches(key, valid, n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    return ValueError(f"unknown key {key!r} in {where}; valid keys: {', '.join(valid)}.{hint}")
+    return ValueError(f"unknown key {key!r} in {where}; valid keys: {', '.join(valid)}.{did_you_mean(key, valid)}")
 
 
 #: Said where a string was expected and a bool was read: YAML 1.1, which PyYAML follows, reads an unquoted

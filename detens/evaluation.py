@@ -662,11 +662,12 @@ def cross_validate(
     negative_ids = predictions.gt.unannotated_image_ids if all_images else []
     scored_ids = sorted(annotated_ids + negative_ids)
     extra_ids: list[int] = []
+    fitting = "the fitting data" if k == 0 else "the extra fitting data"  # without folds, fit_on is all of it
     if fit_on is not None:
-        _check_fitting_images_unscored(predictions, fit_on, all_images)
+        _check_fitting_images_unscored(predictions, fit_on, all_images, fitting)
         if not fit_on.gt.annotated_image_ids:
-            raise ValueError("the extra fitting data has no annotated image")
-        predictions, extra_ids = join_predictions(predictions, fit_on, all_images=all_images)
+            raise ValueError(f"{fitting} has no annotated image")
+        predictions, extra_ids = join_predictions(predictions, fit_on, all_images=all_images, what=fitting)
     names = expand_methods(methods, predictions.model_names)
     folds = [(extra_ids, scored_ids)] if k == 0 else [
         (train + extra_ids, test) for train, test in kfold_image_splits(annotated_ids, k, seed, negative_ids)
@@ -695,7 +696,7 @@ def cross_validate(
                     method.fit(data, train_ids)
                 except ValueError as err:
                     # a fit names its images by their number only: which method and fold failed is said here
-                    where = f"fitted on the {len(train_ids)} images of the extra fitting data" if k == 0 else (
+                    where = f"fitted on the {len(train_ids)} images of {fitting}" if k == 0 else (
                         f"fold {fold} of {k}, fitted on its {len(train_ids)} training images ({len(test_ids)} held out)"
                     )
                     raise ValueError(f"{name}, {where}: {err}") from None
@@ -737,12 +738,13 @@ def _predict_images(
 
 
 def _check_fitting_images_unscored(
-    predictions: EnsemblePredictions, fit_on: EnsemblePredictions, all_images: bool = False
+    predictions: EnsemblePredictions, fit_on: EnsemblePredictions, all_images: bool = False,
+    what: str = "the extra fitting data",
 ) -> None:
-    """Raise ``ValueError`` if the extra fitting data holds an image that ``predictions`` scores: a method
-    fitted on it would be scored on it too, and its figure would not be held out. The annotated images of
-    either side are compared; every image with ``all_images`` (where those without annotations are scored
-    and fitted on too)."""
+    """Raise ``ValueError`` if the fitting data ``fit_on`` (``what``, for the message) holds an image that
+    ``predictions`` scores: a method fitted on it would be scored on it too, and its figure would not be
+    held out. The annotated images of either side are compared; every image with ``all_images`` (where
+    those without annotations are scored and fitted on too)."""
     if all_images:
         shared = shared_images(predictions, fit_on, predictions.gt.image_ids, fit_on.gt.image_ids)
     else:
@@ -750,7 +752,7 @@ def _check_fitting_images_unscored(
     if shared:
         phrase = shares_images_phrase(shared, "the scored data", annotated=not all_images)
         raise ValueError(
-            f"the extra fitting data {phrase}; the fitting data "
+            f"{what} {phrase}; the fitting data "
             "must not contain scored images, or methods are scored on images they were fitted on: remove them from "
             "the fitting data (or, if they are different images, give them different file names)"
         )

@@ -14,7 +14,11 @@ Label spaces:
   class names are COCO's 80 classes in COCO order (so heads trained on detens' COCO predictions apply),
   else the first model's class index. Other models' classes are matched to the first model's *by name*,
   so models whose names are the same set in another order fuse correctly; different name sets are an error.
-- ``TorchvisionFusion``: torchvision's labels (category ids) are kept as they are.
+- ``TorchvisionFusion``: torchvision's labels (category ids) are kept as they are, COCO's unless its
+  ``label_space=`` names their classes.
+
+Each refuses a head whose per-class parameters were trained on other classes than that label space's
+(:func:`detens.heads.check_head_label_space`), as ``detens fuse`` does.
 """
 
 from __future__ import annotations
@@ -173,16 +177,19 @@ def _check_one_label_space(detectors: Sequence[Any], names: Sequence[str]) -> tu
     return {c: class_name for c, (class_name, _) in seen.items()}, declared
 
 
-def _check_heads_label_space(params: dict[str, Any], label_space: dict[int, str], complete: bool) -> None:
+def _check_heads_label_space(
+    params: dict[str, Any], label_space: Mapping[int, str], complete: bool, whose: str = "the detectors' label space"
+) -> None:
     """Refuse a head (or calibration) of ``params`` whose per-class parameters belong to another label space
-    than the detectors' (:func:`detens.heads.check_head_label_space`), as ``detens fuse`` refuses it."""
+    than the models' (:func:`detens.heads.check_head_label_space`), as ``detens fuse`` refuses it; ``whose``
+    names the label space in the message."""
     if not label_space:
         return
     from detens.heads import check_head_label_space
 
     for key, head in _heads_of(params).items():
         if head is not None and not isinstance(head, (str, Path)):
-            check_head_label_space(head, label_space, f"the {key}", "the detectors' label space", complete=complete)
+            check_head_label_space(head, label_space, f"the {key}", whose, complete=complete)
 
 
 class Ensemble:
@@ -510,6 +517,10 @@ def fuse_results(
                     f"per_model_results[{n}][{b}] is not an Ultralytics detection Results: {type(r).__name__}{why}"
                 )
     class_maps = _class_maps([results[0].names for results in per_model])
+    _check_heads_label_space(
+        params, {class_maps[0][int(index)]: str(name) for index, name in per_model[0][0].names.items()},
+        complete=True, whose="the label space of the models' Results.names (COCO's ids for COCO's 80 classes)",
+    )
 
     fused_results = []
     for b in range(counts[0]):
@@ -580,6 +591,11 @@ class TorchvisionFusion(nn.Module):
             so ``.to(device)`` moves it), the path of a saved one, or a shipped head's name.
         model_names (list[str] | None): names of the models (a head is checked against them). Default:
             unnamed, a head then takes the models in its own order.
+        label_space (Mapping[int, str] | None): the category names of the models' labels, ``{id: name}``
+            (or a COCO ``categories`` list), against which a head's (or a calibration's) per-class parameters are checked here
+            (:func:`detens.heads.check_head_label_space`): one trained on other classes is refused. Default:
+            COCO's category ids, which torchvision's COCO models predict; give yours for models trained on
+            other classes.
         **params: the method's parameters (``iou_thr``, ``weights``, ...). Their names are checked here;
             their values too (an ``iou_thr`` of 5, weights of another length, a head of other models) when
             the number of models is known here: from ``model_names``, else from the head's models, else
@@ -595,12 +611,25 @@ class TorchvisionFusion(nn.Module):
     """
 
     def __init__(
-        self, method: str | None = None, head: Any = None, model_names: Sequence[str] | None = None, **params: Any
+        self,
+        method: str | None = None,
+        head: Any = None,
+        model_names: Sequence[str] | None = None,
+        label_space: Mapping[int, str] | None = None,
+        **params: Any,
     ) -> None:
         super().__init__()
         self.method = method = default_method(method, head, params)
         self.model_names = check_name_list(model_names)
         params = _fusion_params(method, head, params, self.model_names)
+        from detens.heads._io import check_label_space
+        from detens.labels import COCO_ID_TO_NAME
+
+        if label_space is None:
+            whose = "COCO's category ids (what torchvision's COCO models predict; label_space= gives others)"
+            _check_heads_label_space(params, COCO_ID_TO_NAME, complete=True, whose=whose)
+        else:
+            _check_heads_label_space(params, check_label_space(label_space), complete=True, whose="label_space")
         if self.model_names is None:
             check_members_named(_heads_of(params), "torchvision's output dicts")
         members = _declared_members(self.model_names, params.get("head"), params.get("weights"))

@@ -323,7 +323,10 @@ def _check_model_names(names: Any, what: str) -> list[str]:
 
 
 def join_predictions(
-    evaluated: EnsemblePredictions, extra: EnsemblePredictions, all_images: bool = False
+    evaluated: EnsemblePredictions,
+    extra: EnsemblePredictions,
+    all_images: bool = False,
+    what: str = "the extra fitting data",
 ) -> tuple[EnsemblePredictions, list[int]]:
     """One set of predictions holding the images of both, for fitting on ``extra`` besides ``evaluated``.
 
@@ -341,33 +344,35 @@ def join_predictions(
     Args:
         all_images (bool): return the joined ids of every image of ``extra``, those without annotations
             too (to fit on as negative images), not only of its annotated images.
+        what (str): what ``extra`` is, for messages (``"the fitting data"`` where it is the only one).
 
     Returns:
         (EnsemblePredictions, list[int]): the joined predictions (models in ``evaluated``'s order, the
         ground truth of both) and the joined ids of ``extra``'s annotated images (every image of ``extra``
         with ``all_images``).
     """
+    from detens.adapters._labels import renamed_ids
     from detens.coco import CocoGroundTruth
 
     ours, theirs = evaluated.gt.category_ids, extra.gt.category_ids
     if ours != theirs:
         only_extra, only_ours = sorted(set(theirs) - set(ours)), sorted(set(ours) - set(theirs))
         raise ValueError(
-            f"the extra fitting data has other categories than the evaluated data: category ids only in the extra "
-            f"data {only_extra[:10]}, only in the evaluated data {only_ours[:10]}; fit and score in one label space"
+            f"{what} has other categories than the evaluated data: category ids only in {what} "
+            f"{only_extra[:10]}, only in the evaluated data {only_ours[:10]}; fit and score in one label space"
         )
-    ours_names, theirs_names = evaluated.gt.category_names, extra.gt.category_names
-    renamed = [(c, ours_names[c], theirs_names[c]) for c in ours if ours_names.get(c) != theirs_names.get(c)]
+    # names compared as the class maps and the cache's summary compare them: "Traffic_Light" is "traffic light"
+    renamed = renamed_ids(ours, evaluated.gt.category_names, extra.gt.category_names)
     if renamed:
-        shown = ", ".join(f"{c}: {a!r} here, {b!r} in the extra data" for c, a, b in renamed[:5])
+        shown = ", ".join(f"{c}: {a!r} here, {b!r} in {what}" for c, a, b in renamed[:5])
         raise ValueError(
-            f"the extra fitting data names {len(renamed)} category ids otherwise than the evaluated data ({shown}); "
+            f"{what} names {len(renamed)} category ids otherwise than the evaluated data ({shown}); "
             "its ids would mean other classes: fit and score in one label space"
         )
     missing = [m for m in evaluated.model_names if m not in extra.model_names]
     if missing:
         raise ValueError(
-            f"the extra fitting data has no predictions of {missing}; it has {extra.model_names}, the evaluated "
+            f"{what} has no predictions of {missing}; it has {extra.model_names}, the evaluated "
             f"data {evaluated.model_names}"
         )
     extra = extra.select(evaluated.model_names)

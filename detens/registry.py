@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar
+
+from detens.checks import did_you_mean
 
 __all__ = ["Registry"]
 
@@ -60,6 +61,4 @@ class Registry(Generic[T]):
 def unknown_name_error(kind: str, name: str, valid: Iterable[str]) -> ValueError:
     """``unknown <kind> 'x'; valid names: a, b, c. Did you mean 'a'?``"""
     valid = sorted(valid)
-    close = difflib.get_close_matches(name, valid, n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    return ValueError(f"unknown {kind} {name!r}; valid names: {', '.join(valid)}.{hint}")
+    return ValueError(f"unknown {kind} {name!r}; valid names: {', '.join(valid)}.{did_you_mean(name, valid)}")

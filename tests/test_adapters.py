@@ -194,6 +194,19 @@ class TestUltralyticsOptions:
         with pytest.raises(ValueError, match=fragment):
             build_label_lookup(names, default="coco80", class_map=class_map, where="v8")
 
+    @pytest.mark.parametrize("given, suggested", [("persn", " Did you mean 'person'?"),
+                                                  ("Trafic_Light", " Did you mean 'traffic light'?"),
+                                                  ("zebra crossing", "")])
+    def test_a_class_name_the_model_lacks_is_refused_with_the_closest_name(self, given, suggested):
+        """Names are compared as the class map reads them (case and ``_`` aside), and shown as the model has them."""
+        from detens.adapters._labels import build_label_lookup
+        from detens.labels import COCO_NAMES
+
+        with pytest.raises(ValueError) as refused:
+            build_label_lookup(COCO_NAMES, default="coco80", class_map={given: 1}, where="v8")
+        assert str(refused.value) == (f"v8: class_map names class {given!r}, which the model does not have "
+                                      f"({list(COCO_NAMES[:10])}...).{suggested}")
+
     def test_a_saved_category_id_mapped_twice_is_refused(self):
         from detens.adapters._labels import check_category_id_map
 
@@ -498,6 +511,8 @@ def test_torchvision_built_model_classes(arch, kwargs, num_classes):
         detector = TorchvisionDetector(model)
         assert detector.lookup.numel() == num_classes
         assert detector.lookup[1] == 1 and detector.lookup[0] == -1 and detector.lookup[12] == -1
+        # by index, as a class_map's index keys are read when class_maps are compared by class
+        assert (detector.model_names[1], detector.model_names[12], len(detector.model_names)) == ("person", "N/A", 91)
         return
     # its own classes: its labels are no COCO ids, so the dataset's categories are needed to read them
     with pytest.raises(ValueError, match=rf"has {num_classes} classes \(background included\), not the 91 of "

@@ -1056,6 +1056,57 @@ def test_a_class_map_outside_the_label_space_is_refused_before_any_model_loads(s
     assert not out.exists() or not any(out.rglob("*.json"))
 
 
+def test_a_dataset_in_another_label_space_than_the_gt_is_refused_before_any_model_loads(slice_, tmp_path, capsys,
+                                                                                        monkeypatch):
+    """The members' labels are mapped onto the config's dataset, the summary records --gt's categories: a
+    --gt whose ids name other classes would have the members' boxes scored as those, unsaid."""
+    full = json.loads((slice_ / "gt.json").read_text())
+    swapped = {1: "car", 3: "person"}
+    datasets = {
+        "swapped": [{**c, "name": swapped.get(c["id"], c["name"])} for c in full["categories"]],
+        "fewer": [c for c in full["categories"] if c["id"] != 90],
+        "more": [*full["categories"], {"id": 91, "name": "pedestrian"}],
+        "respelled": [{**c, "name": c["name"].upper().replace(" ", "_")} for c in full["categories"]],
+    }
+    for name, categories in datasets.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps({**full, "categories": categories}))
+        replay = yaml.safe_load((slice_ / "replay.yaml").read_text())
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump({**replay, "dataset": str(tmp_path / f"{name}.json")}))
+    out = tmp_path / "out"
+    with monkeypatch.context() as patched:
+        patched.setattr(cache_tool, "build_detector", lambda *a, **k: pytest.fail("a model loaded for nothing"))
+        refused(capsys, run(slice_, out, config=str(tmp_path / "swapped.yaml")),
+                r"--gt .*gt\.json is in another label space than the config's dataset .*swapped\.json: category id "
+                r"1 is 'car' in the dataset but 'person' in --gt; 3 is 'person' in the dataset but 'car' in --gt; "
+                r"the members' labels are mapped onto the dataset's ids .*: give --gt an annotation file of the "
+                r"dataset's categories, or set the config's dataset: to --gt's")
+        refused(capsys, run(slice_, out, config=str(tmp_path / "fewer.yaml")),
+                r"category id 90 \('toothbrush' in --gt\) is not in the dataset;")
+        refused(capsys, run(slice_, out, config=str(tmp_path / "more.yaml")),
+                r"category id 91 \('pedestrian' in the dataset\) is not in --gt;")
+    assert not out.exists() or not any(out.rglob("*.json"))
+    # names spelled otherwise are the same classes, as the class maps read them
+    assert run(slice_, out, config=str(tmp_path / "respelled.yaml")) == 0
+    assert summary_of(out)["models"]["a"]["status"] == "complete"
+
+
+def test_class_maps_that_disagree_are_warned_of_before_any_model_loads(slice_, tmp_path, capfd, monkeypatch):
+    def not_loaded(*args, **kwargs):
+        raise ValueError("no model loads in this test")
+
+    monkeypatch.setattr(cache_tool, "build_detector", not_loaded)
+    config = {"name": "apart", "models": [
+        {"weights": str(YOLO26N), "name": "v26", "class_map": {"person": 1, "car": 3}},
+        {"weights": str(YOLO26N), "name": "v26b", "class_map": {"person": 1, "car": 8}},
+    ]}
+    (tmp_path / "apart.yaml").write_text(yaml.safe_dump(config))
+    capfd.readouterr()
+    assert run(slice_, tmp_path / "out", config=str(tmp_path / "apart.yaml")) == 2
+    err = capfd.readouterr().err
+    assert "the members' class_maps map a class onto different ids: 'car' onto 3 (v26) and 8 (v26b)" in err, err
+    assert err.index("onto different ids") < err.index("no model loads in this test")
+
+
 # ---------------------------------------------------------------------------------------- weights digests
 def weights_config(root: Path, *models: dict) -> str:
     """An ensemble YAML of ``models`` (``type: ultralytics`` unless given) in ``root``; returns its path."""

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from detens.adapters import ADAPTERS, build_detector, build_ensemble, declared_member_names, member_weights
+from detens.coco import load_coco_gt
 from detens.ensemble_config import (
     EnsembleConfig,
     FusionConfig,
@@ -407,6 +408,111 @@ def test_class_names_mapped_onto_other_coco_classes_without_a_dataset_are_warned
         build_ensemble({**config, "dataset": str(dataset), "models": [{**config["models"][0], "class_map": {"car": 2}}]},
                        built={0: member})
     assert [r for r in caplog.records if r.name == "detens.adapters"] == []
+
+
+class LoadedYolo:
+    """A stand-in for a loaded COCO YOLO member: its name and its 80 class names by index."""
+
+    def __init__(self, name: str) -> None:
+        from detens.labels import COCO_NAMES
+
+        self.name = name
+        self.model_names = dict(enumerate(COCO_NAMES))
+
+    def __call__(self, images):  # pragma: no cover - never run
+        raise AssertionError("not run")
+
+
+def dataset_of(path: Path, names: dict[int, str]) -> str:
+    path.write_text(json.dumps({"images": [], "annotations": [], "categories": [
+        {"id": c, "name": n} for c, n in names.items()]}))
+    return str(path)
+
+
+def class_map_warnings(caplog, config: dict, loaded: bool = True) -> list[str]:
+    """The warnings of building ``config`` (its members stood in for by loaded YOLOs, or not loaded)."""
+    from detens.adapters import warn_of_class_map_slips
+
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="detens.adapters"):
+        if loaded:
+            build_ensemble(config, built={i: LoadedYolo(m["name"]) for i, m in enumerate(config["models"])})
+        else:
+            config = ensemble_config_from_dict(config)
+            warn_of_class_map_slips(config, load_coco_gt(config.dataset).category_names)
+    return [r.getMessage() for r in caplog.records if r.name == "detens.adapters"]
+
+
+def members(*class_maps: dict) -> list[dict]:
+    return [{"weights": f"{name}.pt", "name": name, "class_map": class_map}
+            for name, class_map in zip(("v8", "v11", "v26"), class_maps, strict=False)]
+
+
+@pytest.mark.parametrize("loaded", [True, False], ids=["built", "before-loading"])
+def test_members_that_map_one_class_onto_different_ids_are_warned_of_once(tmp_path, caplog, loaded):
+    """A class_map copied to every member and edited in one: each member's boxes of one class are fused and
+    scored as different classes (halving the mAP), whatever the members' own names of the ids."""
+    dataset = dataset_of(tmp_path / "gt.json", {10: "pedestrian", 20: "vehicle", 30: "hound"})
+    right = {"person": 10, "car": 20, "truck": 20, "dog": 30}
+    slipped = {"person": 10, "car": 30, "truck": 30, "dog": 20}
+    config = {"dataset": dataset, "models": members(slipped, right, {**right, "Car": 20})}
+    assert class_map_warnings(caplog, config, loaded) == [
+        "the members' class_maps map a class onto different ids: 'car' onto 30 (v8) and 20 (v11, v26); 'truck' onto "
+        "30 (v8) and 20 (v11, v26); 'dog' onto 20 (v8) and 30 (v11, v26); their boxes of one class would be fused and "
+        "scored as different classes: map it onto one id in every member"]
+    # one class under another spelling or by its index is the same class; the index is read once loaded
+    by_index = {0: 10, 2: 20, 7: 20, 16: 30}
+    config["models"] = members(right, by_index, {"Person": 10, "CAR": 20, "dog": 30})
+    assert class_map_warnings(caplog, config, loaded) == []
+    config["models"] = members(right, {**by_index, 2: 30})
+    expected = ["the members' class_maps map a class onto different ids: 'car' onto 20 (v8) and 30 (v11); their "
+                "boxes of one class would be fused and scored as different classes: map it onto one id in every member"]
+    assert class_map_warnings(caplog, config, loaded) == (expected if loaded else [])
+    # different classes onto one id are a merge, and a class one member alone maps is no disagreement
+    config["models"] = members({"car": 20, "truck": 20, "person": 10, "dog": 30}, {"car": 20, "bus": 20, "person": 10})
+    assert class_map_warnings(caplog, config, loaded) == []
+
+
+@pytest.mark.parametrize("loaded", [True, False], ids=["built", "before-loading"])
+def test_a_class_mapped_onto_the_dataset_id_of_another_of_its_classes_is_warned_of(tmp_path, caplog, loaded):
+    """With ``dataset:`` a class_map renames (car onto "vehicle"); mapping a class onto the id the dataset names
+    after another class of the model (person onto "dog") is the slip that the COCO label space is checked for."""
+    swapped = dataset_of(tmp_path / "swapped.json", {10: "dog", 20: "person", 30: "car"})
+    config = {"dataset": swapped, "models": members({"person": 10, "car": 20, "dog": 30})}
+    assert class_map_warnings(caplog, config, loaded) == [
+        "model 'v8': its class_map maps 'person' onto 10 ('dog' in the dataset), 'car' onto 20 ('person' in the "
+        "dataset), 'dog' onto 30 ('car' in the dataset): the dataset names those ids after other classes of the "
+        "model, so its boxes of one class would be written as another; map each class onto the id of its own"]
+    trucks = dataset_of(tmp_path / "trucks.json", {10: "pedestrian", 20: "truck"})
+    config = {"dataset": trucks, "models": members({"person": 10, "car": 20})}
+    # "truck" is a class of the model once it is loaded: its cars written as trucks
+    assert class_map_warnings(caplog, config, loaded) == ([
+        "model 'v8': its class_map maps 'car' onto 20 ('truck' in the dataset): the dataset names those ids after "
+        "other classes of the model, so its boxes of one class would be written as another; map each class onto "
+        "the id of its own"] if loaded else [])
+    # renamed, or merged with the class the id is named after: what a class_map is for
+    config["models"] = members({"person": 10, "car": 20, "truck": 20})
+    assert class_map_warnings(caplog, config, loaded) == []
+    renamed = dataset_of(tmp_path / "renamed.json", {10: "pedestrian", 20: "vehicle"})
+    assert class_map_warnings(caplog, {"dataset": renamed, "models": members({"person": 10, "car": 20})}, loaded) == []
+
+
+@pytest.mark.parametrize("loaded", [True, False], ids=["built", "before-loading"])
+def test_a_category_that_no_members_class_map_gives_is_warned_of(tmp_path, caplog, loaded):
+    """Mapping by name warns of a category no class of the model is named after; explicit class_maps that all
+    leave a category out give it no box either, said in the same words."""
+    dataset = dataset_of(tmp_path / "gt.json", {10: "pedestrian", 20: "vehicle", 30: "hound", 40: "cat"})
+    config = {"dataset": dataset, "models": members({"person": 10, "car": 20}, {0: 10})}
+    assert class_map_warnings(caplog, config, loaded) == [
+        "no member's class_map maps a class onto the categories ['hound', 'cat'] of the label space, so no member "
+        "gives them a box; if a model has them, map them in its class_map"]
+    config["models"][1]["class_map"] = {0: 10, "dog": 30, "cat": 40}
+    assert class_map_warnings(caplog, config, loaded) == []
+    # a member matched to the dataset by name says which categories it gives no box
+    config["models"] = [*members({"person": 10}), {"weights": "v26.pt", "name": "v26"}]
+    assert class_map_warnings(caplog, config, loaded) == []
+    # COCO's label space is not expected to be covered whole
+    assert class_map_warnings(caplog, {"models": members({"person": 1})}) == []
 
 
 def test_a_class_name_the_model_lacks_is_refused_without_the_coco_warning_first(caplog):

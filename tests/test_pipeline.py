@@ -494,6 +494,40 @@ class TestFuseResultsSynthetic:
         with pytest.raises(error, match=message):
             detens.fuse([det, det], method=METHOD, model_names=names)
 
+    def test_a_head_trained_on_another_label_space_is_refused_as_ensemble_refuses_it(self):
+        """COCO models' Results are fused in COCO's ids: a per-class head fitted on a dataset's 0, 1, 2
+        (pedestrian, vehicle, dog) would fuse COCO's person with its vehicle row; a custom model's class indices
+        are its label space, named by its Results.names."""
+        from detens.heads import CalibrationHead
+
+        r1, r2 = make_results(*random_boxes(0, 5)), make_results(*random_boxes(1, 5))
+        own_classes = {1: "vehicle", 2: "dog"}
+        head = detens.ThetaHead(["a", "b"], per_class=True, class_ids=[1, 2])
+        head.label_space = own_classes
+        with pytest.raises(ValueError, match=r"^the head was trained on a label space whose category ids name other "
+                                             r"classes than in the label space of the models' Results.names \(COCO's "
+                                             r"ids for COCO's 80 classes\): 1 is 'vehicle' in the head but 'person' "
+                                             r"there, 2 is 'dog' in the head but 'bicycle' there"):
+            fuse_results([[r1], [r2]], method="theta", head=head, model_names=["a", "b"])
+        curve = (torch.tensor([0.0, 1.0]), torch.tensor([0.0, 1.0]))
+        calibration = CalibrationHead(["a", "b"], {"a": curve, "b": curve}, class_curves={"b": {2: curve}},
+                                      per_class=True)
+        calibration.label_space = own_classes
+        with pytest.raises(ValueError, match=r"^the calibration was trained on a label space .* 2 is 'dog'"):
+            fuse_results([[r1], [r2]], method="wbf", calibration=calibration, model_names=["a", "b"])
+        unnamed = detens.ThetaHead(["a", "b"], per_class=True, class_ids=[0, 1, 2])  # no names: ids alone
+        with pytest.raises(ValueError, match=r"^the head has per-class parameters for category ids 0, which are not "
+                                             r"among the 80 category ids of the label space of the models' "):
+            fuse_results([[r1], [r2]], method="theta", head=unnamed, model_names=["a", "b"])
+        # models of those classes, by index: their own label space
+        names = {0: "pedestrian", 1: "Vehicle", 2: "dog"}
+        c1, c2 = (make_results([[0.0, 0.0, 50.0, 50.0]], [0.9], [1], names=names) for _ in range(2))
+        assert fuse_results([[c1], [c2]], method="theta", head=head, model_names=["a", "b"])[0].boxes.cls.tolist() == [1.0]
+        with pytest.raises(ValueError, match=r"1 is 'person' in the head but 'Vehicle' there"):
+            coco_head = detens.ThetaHead(["a", "b"], per_class=True, class_ids=[1])
+            coco_head.label_space = {1: "person"}
+            fuse_results([[c1], [c2]], method="theta", head=coco_head, model_names=["a", "b"])
+
     def test_custom_class_names_use_indices(self):
         names = {0: "cat", 1: "dog"}
         r1 = make_results([[0.0, 0.0, 50.0, 50.0]], [0.9], [1], names=names)
@@ -531,6 +565,32 @@ def torchvision_outputs(torchvision_models):
 
 
 class TestTorchvisionFusion:
+    def test_a_head_trained_on_another_label_space_is_refused_unless_label_space_gives_it(self):
+        """torchvision's COCO models predict COCO's ids: a per-class head fitted on a dataset's 1, 2 (vehicle,
+        dog) would fuse COCO's person and bicycle with those rows; models trained on those classes say so."""
+        own_classes = {1: "vehicle", 2: "dog"}
+        head = detens.ThetaHead(["a", "b"], per_class=True, class_ids=[1, 2])
+        head.label_space = own_classes
+        with pytest.raises(ValueError, match=r"^the head was trained on a label space whose category ids name other "
+                                             r"classes than in COCO's category ids \(what torchvision's COCO models "
+                                             r"predict; label_space= gives others\): 1 is 'vehicle' in the head but "
+                                             r"'person' there"):
+            TorchvisionFusion(method="theta", head=head, model_names=["a", "b"])
+        with pytest.raises(ValueError, match=r"^the head has per-class parameters for category ids 2, which are not "
+                                             r"among the 2 category ids of label_space: 1, 3"):
+            TorchvisionFusion(method="theta", head=head, model_names=["a", "b"], label_space={1: "vehicle", 3: "dog"})
+        with pytest.raises(TypeError, match=r"^label_space must map category ids to names, got str"):
+            TorchvisionFusion(method="wbf", label_space="coco")
+        fusion = TorchvisionFusion(method="theta", head=head, model_names=["a", "b"], label_space=own_classes)
+        output = {"boxes": torch.tensor([[0.0, 0.0, 50.0, 50.0]]), "scores": torch.tensor([0.9]),
+                  "labels": torch.tensor([2])}
+        assert fusion([[output], [output]], [(100, 100)])[0]["labels"].tolist() == [2]
+        # COCO's classes, or a head without per-class parameters, in any label space
+        coco_head = detens.ThetaHead(["a", "b"], per_class=True, class_ids=[1, 2])
+        coco_head.label_space = {1: "person", 2: "bicycle"}
+        assert TorchvisionFusion(method="theta", head=coco_head, model_names=["a", "b"]).head is coco_head
+        assert TorchvisionFusion(method="theta", head=detens.ThetaHead(["a"]), label_space={7: "x"}).head is not None
+
     def test_real_architectures(self, torchvision_outputs):
         outputs, images = torchvision_outputs
         assert all(len(o["boxes"]) for model in outputs for o in model), "both models output boxes"

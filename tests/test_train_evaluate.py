@@ -680,6 +680,13 @@ class TestExtraFittingData:
         other = EnsemblePredictions.from_folder(tmp_path / "b" / "extra" / "predictions", load_coco_gt(renamed))
         with pytest.raises(ValueError, match=rf"names 1 category ids otherwise than the evaluated data \({first['id']}: "):
             join_predictions(evaluated, other)
+        with pytest.raises(ValueError, match=r"^the fitting data names 1 category ids otherwise .* in the fitting data\)"):
+            join_predictions(evaluated, other, what="the fitting data")
+        # names spelled otherwise are the same classes, as the class maps and the cache's summary read them
+        for category in renamed["categories"]:
+            category["name"] = category["name"].removeprefix("not_").upper().replace(" ", "_")
+        respelled = EnsemblePredictions.from_folder(tmp_path / "b" / "extra" / "predictions", load_coco_gt(renamed))
+        assert join_predictions(evaluated, respelled)[1]
 
     def test_extra_images_join_every_fold_and_are_never_scored(self, dataset, tmp_path, monkeypatch):
         evaluated, extra = _split_dataset(*dataset, tmp_path)
@@ -1413,7 +1420,8 @@ class TestTools:
                                   *fitting, str(gt_path), str(predictions)])
         err = capsys.readouterr().err
         assert code == 2 and not out.exists()
-        assert err.startswith("error: the extra fitting data shares 12 annotated images with the scored data")
+        fitting_data = "the extra fitting data" if fitting == ["--also-fit-on"] else "the fitting data"  # all of it
+        assert err.startswith(f"error: {fitting_data} shares 12 annotated images with the scored data"), err
         assert err.count("\n") == 1 and "must not contain scored images" in err
 
     @pytest.mark.parametrize("fitting", [["--also-fit-on"], ["--cv", "0", "--fit-on"]])

@@ -21,6 +21,7 @@ a whole config into its members.
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,7 +56,10 @@ __all__ = [
     "dataset_categories",
     "label_space_name",
     "check_class_maps",
+    "warn_of_class_map_slips",
 ]
+
+logger = logging.getLogger(__name__)
 
 _LAZY = {
     "UltralyticsDetector": "detens.adapters.ultralytics",
@@ -269,28 +273,139 @@ def check_class_maps(
             check_class_map_categories(model.class_map, ids, config.member_label(model), label_space_name(config))
 
 
-def _warn_of_names_mapped_onto_other_coco_classes(config: EnsembleConfig) -> None:
-    """Warn of a ``class_map`` that maps a class name onto a COCO category of another name in a config
-    without a ``dataset``, whose label space is then COCO's: most often the dataset was left out, and its
-    ids would be written as COCO's classes ("car" onto a dataset's 2 becomes COCO's "bicycle")."""
-    import logging
+def warn_of_class_map_slips(
+    config: EnsembleConfig | str | Path | Mapping[str, Any],
+    categories: Mapping[int, str] | None = None,
+    class_names: Mapping[int, Mapping[int, str]] | None = None,
+) -> None:
+    """Warn of the members' ``class_map`` entries that most often are slips, which no check can refuse
+    since each id is one of the label space's (:func:`check_class_maps` checks that first):
 
+    - a class mapped onto a category of another name: in COCO's label space (a config without
+      ``dataset``) any other name, as a dataset's own ids would be written as COCO's classes ("car"
+      onto a dataset's 2 is COCO's "bicycle"); in a dataset's, where renaming is what a class_map is
+      for, the name of another class of the model ("person" onto the id the dataset names "dog");
+    - a class that members map onto different ids (a class_map copied and edited in one member only):
+      their boxes of one class would be fused and scored as different classes;
+    - a category of the dataset that no member maps a class onto, when every member has a class_map (a
+      member matched to the dataset by name warns of its own).
+
+    Classes are compared by name (case, ``_`` and known aliases ignored): a class_map key that names a
+    class is that class; an index key is the class of that index in the model's ``class_names``, and is
+    left out where those are not known (a model not loaded yet). A ``precomputed`` member's keys are
+    saved category ids, no classes of a model.
+
+    Args:
+        config: the ensemble config (an :class:`EnsembleConfig`, a YAML path or a dict).
+        categories (Mapping[int, str] | None): the label space (the ``dataset``'s categories, as
+            :func:`dataset_categories` gives them); None: COCO's.
+        class_names (Mapping[int, Mapping[int, str]] | None): the class names by index of each loaded
+            model, by its position in ``config.models``.
+    """
+    config = _as_config(config)
+    mapped = [_mapped_classes(model, (class_names or {}).get(i)) for i, model in enumerate(config.models)]
+    _warn_of_classes_mapped_onto_other_names(config, categories, mapped, class_names or {})
+    _warn_of_classes_mapped_apart(config, mapped)
+    if categories is not None:
+        _warn_of_categories_no_class_map_gives(config, categories)
+
+
+def _mapped_classes(model: ModelConfig, class_names: Mapping[int, str] | None) -> list[tuple[str, int]]:
+    """``(class name, category id)`` of each entry of ``model.class_map`` whose class is known by name
+    (:func:`warn_of_class_map_slips`)."""
+    class_map = model.class_map
+    if class_map is None or model.type == "precomputed":
+        return []
+    items = class_map.items() if isinstance(class_map, Mapping) else enumerate(class_map)
+    mapped = []
+    for key, category in items:
+        if isinstance(key, str) and not key.lstrip("-").isdigit():
+            mapped.append((key, int(category)))
+        elif class_names is not None and int(key) in class_names:
+            mapped.append((str(class_names[int(key)]), int(category)))
+    return mapped
+
+
+def _warn_of_classes_mapped_onto_other_names(
+    config: EnsembleConfig,
+    categories: Mapping[int, str] | None,
+    mapped: list[list[tuple[str, int]]],
+    class_names: Mapping[int, Mapping[int, str]],
+) -> None:
+    """The first point of :func:`warn_of_class_map_slips`, one warning per member."""
     from detens.adapters._labels import normalize_class_name
     from detens.labels import COCO_ID_TO_NAME
 
-    for model in config.models:
-        if not isinstance(model.class_map, Mapping):
+    names = COCO_ID_TO_NAME if categories is None else categories
+    for i, (model, pairs) in enumerate(zip(config.models, mapped, strict=True)):
+        # the model's classes: all of them once it is loaded, before that those its class_map names
+        own = {normalize_class_name(n) for n in (class_names[i].values() if i in class_names else dict(pairs))}
+        onto = {(normalize_class_name(n), c) for n, c in pairs}
+        renamed = []
+        for name, category in pairs:
+            theirs = normalize_class_name(names[category]) if category in names else None
+            if theirs is None or theirs == normalize_class_name(name):
+                continue
+            # a class of the model that is mapped onto the id named after it too is merged there on purpose
+            if categories is None or (theirs in own and (theirs, category) not in onto):
+                renamed.append((name, category))
+        if not renamed:
             continue
-        renamed = [(name, c) for name, c in model.class_map.items()
-                   if isinstance(name, str) and isinstance(c, int) and c in COCO_ID_TO_NAME
-                   and normalize_class_name(name) != normalize_class_name(COCO_ID_TO_NAME[c])]
-        if renamed:
-            logging.getLogger("detens.adapters").warning(
+        shown = ", ".join(f"{name!r} onto {c} ({names[c]!r} in {'COCO' if categories is None else 'the dataset'})"
+                          for name, c in renamed[:5])
+        if categories is None:
+            logger.warning(
                 "%s: its class_map maps %s, and the config gives no dataset, so the label space is COCO's and "
                 "those are the names written; if the ids are a dataset's own, give its annotation file as "
-                "dataset:", model.label,
-                ", ".join(f"{name!r} onto {c} ({COCO_ID_TO_NAME[c]!r} in COCO)" for name, c in renamed[:5]),
+                "dataset:", model.label, shown,
             )
+        else:
+            logger.warning(
+                "%s: its class_map maps %s: the dataset names those ids after other classes of the model, so its "
+                "boxes of one class would be written as another; map each class onto the id of its own",
+                model.label, shown,
+            )
+
+
+def _warn_of_classes_mapped_apart(config: EnsembleConfig, mapped: list[list[tuple[str, int]]]) -> None:
+    """The second point of :func:`warn_of_class_map_slips`, one warning for the ensemble."""
+    from detens.adapters._labels import normalize_class_name
+    from detens.checks import first_few
+
+    members_of: dict[str, dict[int, list[str]]] = {}  # class -> {category id: the members mapping it there}
+    spelled: dict[str, str] = {}
+    for model, pairs in zip(config.models, mapped, strict=True):
+        for name, category in pairs:
+            members = members_of.setdefault(normalize_class_name(name), {}).setdefault(category, [])
+            spelled.setdefault(normalize_class_name(name), name)
+            if model.shown_as not in members:
+                members.append(model.shown_as)
+    apart = [(spelled[key], onto) for key, onto in members_of.items() if len(onto) > 1]
+    if apart:
+        logger.warning(
+            "the members' class_maps map a class onto different ids: %s; their boxes of one class would be fused "
+            "and scored as different classes: map it onto one id in every member",
+            first_few(apart, 5, "; ", show=lambda entry: f"{entry[0]!r} onto " + " and ".join(
+                f"{c} ({', '.join(members)})" for c, members in entry[1].items())),
+        )
+
+
+def _warn_of_categories_no_class_map_gives(config: EnsembleConfig, categories: Mapping[int, str]) -> None:
+    """The third point of :func:`warn_of_class_map_slips`, in the words of a member matched by name."""
+    from detens.checks import first_few
+
+    if any(model.class_map is None for model in config.models):
+        return
+    given = {
+        int(c) for model in config.models
+        for c in (model.class_map.values() if isinstance(model.class_map, Mapping) else model.class_map)
+    }
+    unseen = [name for c, name in categories.items() if int(c) not in given]
+    if unseen:
+        logger.warning(
+            "no member's class_map maps a class onto the categories [%s] of the label space, so no member gives "
+            "them a box; if a model has them, map them in its class_map", first_few(unseen, 10, show=repr),
+        )
 
 
 def _as_config(config: EnsembleConfig | str | Path | Mapping[str, Any]) -> EnsembleConfig:
@@ -376,10 +491,14 @@ def build_ensemble(
     categories = dataset_categories(config)
     check_class_maps(config, categories)
     members: list[Detector] = []
+    class_names: dict[int, Mapping[int, str]] = {}
     for i, model in enumerate(config.models):
         member = built.get(i) if built else None
         if member is None:
             member = build_detector(model, config, categories)
+        names = getattr(getattr(member, "detector", member), "model_names", None)  # a view's: its detector's
+        if isinstance(names, Mapping):
+            class_names[i] = names
         members.extend(member.members if hasattr(member, "members") else [member])  # type: ignore[union-attr]
     names = [m.name for m in members]
     duplicates = sorted({n for n in names if names.count(n) > 1})
@@ -387,8 +506,8 @@ def build_ensemble(
         raise ValueError(
             f"ensemble members must have different names, got {duplicates} twice; set 'name' in the config"
         )
-    if categories is None:  # once the members are built: a name no model has is refused there, not warned of
-        _warn_of_names_mapped_onto_other_coco_classes(config)
+    # once the members are built: a name no model has is refused there, not warned of
+    warn_of_class_map_slips(config, categories, class_names)
     return members
 
 

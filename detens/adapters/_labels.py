@@ -16,7 +16,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from detens.checks import check_integer, first_few
+from detens.checks import check_integer, did_you_mean, first_few
 from detens.detections import MAX_LABEL
 from detens.labels import COCO_CATEGORY_IDS, COCO_ID_TO_NAME, COCO_NAMES
 
@@ -64,6 +64,20 @@ def renamed_ids(ids: Iterable[int], ours: Mapping[int, str], theirs: Mapping[int
         if c in ours and c in theirs and ours[c] != theirs[c]
         and normalize_class_name(ours[c]) != normalize_class_name(theirs[c])
     ]
+
+
+def label_space_differences(
+    ours: Mapping[int, str], theirs: Mapping[int, str]
+) -> list[tuple[int, str | None, str | None]]:
+    """``(id, our name, their name)`` of each category id, sorted, that the two label spaces do not share
+    (the side that lacks it gives None) or that they name as different classes (:func:`renamed_ids`; a
+    category without a name, which a ground truth gives its id as name, is compared by id alone).
+    """
+    from detens.heads._io import named_categories
+
+    missing = [(c, ours.get(c), theirs.get(c)) for c in set(ours) ^ set(theirs)]
+    shared = sorted(set(ours) & set(theirs))
+    return sorted([*missing, *renamed_ids(shared, named_categories(ours), named_categories(theirs))])
 
 
 def as_categories(categories: Any) -> dict[int, str]:
@@ -284,7 +298,8 @@ def build_label_lookup(
                 index = by_name.get(normalize_class_name(key))
                 if index is None:
                     raise ValueError(
-                        f"{where}: class_map names class {key!r}, which the model does not have ({names[:10]}...)"
+                        f"{where}: class_map names class {key!r}, which the model does not have ({names[:10]}...)."
+                        + did_you_mean(key, names, key=normalize_class_name)
                     )
             else:
                 index = _integer_key(key, f"{where}: class_map key")

@@ -18,7 +18,6 @@ model it builds.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import logging
 import os
 import sys
@@ -37,7 +36,7 @@ from detens.adapters._labels import (
     is_background_class,
 )
 from detens.adapters.weights import resolve_weights, upstream_failure
-from detens.checks import check_device, check_integer, first_few
+from detens.checks import check_device, check_integer, did_you_mean, first_few
 from detens.detections import Detections
 
 __all__ = [
@@ -61,10 +60,8 @@ def list_torchvision_detectors() -> list[str]:
 def _check_arch(arch: str) -> None:
     valid = list_torchvision_detectors()
     if arch not in valid:
-        close = difflib.get_close_matches(arch, valid, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ValueError(
-            f"unknown torchvision detection architecture {arch!r}; valid: {', '.join(valid)}.{hint}"
+            f"unknown torchvision detection architecture {arch!r}; valid: {', '.join(valid)}.{did_you_mean(arch, valid)}"
         )
 
 
@@ -99,11 +96,10 @@ def _check_builder_arguments(arch: str, builder_kwargs: Mapping[str, Any], where
     unknown = [key for key in builder_kwargs if key not in valid]
     if not unknown:
         return
-    close = difflib.get_close_matches(unknown[0], valid, n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
     raise TypeError(
         f"{where}: {', '.join(map(repr, unknown))} {'is no argument' if len(unknown) == 1 else 'are no arguments'} "
-        f"of torchvision's {arch!r} (its builder, model and transform); valid: {', '.join(valid)}.{hint}"
+        f"of torchvision's {arch!r} (its builder, model and transform); valid: {', '.join(valid)}."
+        + did_you_mean(unknown[0], valid)
     )
 
 
@@ -403,6 +399,7 @@ class TorchvisionDetector(BaseDetector):
                 transform.max_size = imgsz
         custom = num_classes not in (None, len(class_names))
         model_names = class_names if not custom else [str(i) for i in range(num_classes)]
+        self.model_names: dict[int, str] = dict(enumerate(model_names))
         if custom and class_map is None:
             class_map = self._labels_as_category_ids(num_classes, categories)
         self.lookup = build_label_lookup(

@@ -10,7 +10,9 @@ The images are the ground truth's (``--gt``): their ids and file names come from
 view) writes ``--out/<member>.json``: a plain COCO results list (``image_id``, ``category_id``, ``bbox``
 ``[x, y, w, h]`` pixels, ``score``), sorted by image id, in the label space of the ground truth. Scores
 and counts follow the config (``conf`` 0.001 and ``max_det`` 300 by default); flags override it. The
-config's ``dataset`` defaults to ``--gt``, so model classes are mapped onto the ground truth's categories.
+config's ``dataset`` defaults to ``--gt``, so model classes are mapped onto the ground truth's categories;
+a ``dataset`` of other categories than ``--gt``'s (an id that one of them lacks, or that they name as
+different classes) is refused before any model loads: the members' labels would be recorded as ``--gt``'s.
 
 Order of work: the models in turn. Each model of the config is loaded once and run over all images
 before the next one is loaded (one model in memory at a time); the views of a test-time-augmented model

@@ -32,7 +32,9 @@ from detens.adapters import (
     detect_loaded,
     label_space_name,
     view_names,
+    warn_of_class_map_slips,
 )
+from detens.adapters._labels import label_space_differences
 from detens.adapters.weights import ResolvedWeights, resolve_model_weights
 from detens.catalogue import DEFAULT_ENSEMBLE
 from detens.checks import first_few
@@ -463,6 +465,36 @@ def recorded_categories(gt: CocoGroundTruth) -> list[dict[str, Any]]:
     """The ground truth's categories as the cache's summary records them (COCO's ``[{"id", "name"}]``):
     ``train`` and ``evaluate`` refuse ground truth whose ids name other classes."""
     return [{"id": c, "name": name} for c, name in sorted(gt.category_names.items())]
+
+
+def check_dataset_label_space(config: EnsembleConfig, categories: dict[int, str] | None, data: Dataset) -> None:
+    """Refuse a ``--gt`` in another label space than the config's ``dataset``: the members' labels are
+    mapped onto the dataset's ids, while the summary records ``--gt``'s categories, as which ``train`` and
+    ``evaluate`` score them (a dataset's 0 = pedestrian scored as a ``--gt``'s 0 = vehicle gives a wrong
+    mAP, unsaid). Names are compared as class maps compare them (case ignored, ``_`` read as a space).
+
+    Raises:
+        ValueError: naming both files and the first ids that differ.
+    """
+    dataset = COCO_ID_TO_NAME if categories is None else categories
+    differences = label_space_differences(dataset, data.gt.category_names)
+    if not differences:
+        return
+
+    def show(difference: tuple[int, str | None, str | None]) -> str:
+        category, ours, theirs = difference
+        if theirs is None:
+            return f"{category} ({ours!r} in the dataset) is not in --gt"
+        if ours is None:
+            return f"{category} ({theirs!r} in --gt) is not in the dataset"
+        return f"{category} is {ours!r} in the dataset but {theirs!r} in --gt"
+
+    raise ValueError(
+        f"--gt {data.gt_path} is in another label space than the config's dataset {config.dataset}: category id "
+        f"{first_few(differences, 3, '; ', show=show)}; the members' labels are mapped onto the dataset's ids and "
+        "would be recorded and scored as --gt's classes: give --gt an annotation file of the dataset's categories, "
+        "or set the config's dataset: to --gt's (leave it out to map onto --gt's categories)"
+    )
 
 
 def load_dataset(gt_path: Path, images: Path, shard: tuple[int, int] | None) -> Dataset:
@@ -1111,7 +1143,9 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any) -> int
 
     summary_path = out / (f"{SHARDS}/cache_summary{tag}.json" if shard else SUMMARY)
     categories = dataset_categories(config)
+    check_dataset_label_space(config, categories, data)
     check_class_maps(config, categories)
+    warn_of_class_map_slips(config, categories)
     entries = plan_entries(config, categories)
     select_members(entries, options.models)
     check_saved_members(entries, data, config, categories)
