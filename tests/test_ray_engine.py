@@ -179,8 +179,8 @@ def test_an_error_on_an_actor_is_the_local_engines_error(cluster, dataset, tmp_p
         assert code == 2 and err.count("error:") == 1 and "Traceback" not in err, err
         assert "not a valid Flatbuffer" in err and str(weights) in err, err
         stopped_by = json.loads((out / "cache_summary.json").read_text())["stopped_by"]
-        assert stopped_by == (f"error: ValueError: ultralytics could not load {str(weights)!r}: "
-                              "ValueError: The model is not a valid Flatbuffer buffer")
+        assert stopped_by == (f"error: ValueError: {tmp_path / 'one.yaml'}: model 'yolo26n': ultralytics could not "
+                              f"load {str(weights)!r}: ValueError: The model is not a valid Flatbuffer buffer")
     code = main(["fuse", "--config", str(tmp_path / "one.yaml"), "--source", str(root / "images"), "--out",
                  str(tmp_path / "fused"), "--quiet", "--engine", "ray"])
     err = capsys.readouterr().err

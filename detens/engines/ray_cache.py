@@ -117,7 +117,9 @@ def ready_for_actors(
     # the actors look weights up again where they run: a name found through this process's working
     # directory (a shared/models above it) or environment ($DETENS_WEIGHTS) is not found there
     members = [found.get(id(given), model) for given, model in zip(ensemble.models, absolute.models, strict=True)]
-    return replace(absolute, models=members), ready
+    sent = replace(absolute, models=members)
+    sent.source = ensemble.source  # an actor's refusal of a member names the file, as the driver's does
+    return sent, ready
 
 
 def _with_found_weights(model: ModelConfig, weights_dir: str | None, beside: Path | None) -> ModelConfig:
