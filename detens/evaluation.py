@@ -393,12 +393,14 @@ class PretrainedHead(EvalMethod):
         self.trained_on = read_trained_on(file)
 
     def check_data(self, data: EvaluationData) -> None:
-        """Check the head's label space against the ground truth's, and warn where its training log says it
-        was fitted on images scored here (by file name, folders aside): its row is then no held-out figure."""
-        from detens.heads import check_head_label_space
+        """Check the head's label space against the ground truth's (warning where a head without per-class
+        parameters was fitted on another), and warn where its training log says it was fitted on images
+        scored here (by file name, folders aside): its row is then no held-out figure."""
+        from detens.heads import check_head_label_space, warn_of_class_agnostic_head_label_space
         from detens.predictions import base_file_names, shares_images_phrase
 
         check_head_label_space(self.head, data.gt.category_names, f"head {self.path!r}", "the ground truth")
+        warn_of_class_agnostic_head_label_space(self.head, data.gt.category_names, f"head {self.path!r}", "the ground truth")
         if self.trained_on is None:
             return
         shared = sorted(set(base_file_names(data.gt, data.image_ids)) & set(self.trained_on))

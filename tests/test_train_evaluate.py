@@ -542,6 +542,34 @@ class TestCrossValidation:
         report = cross_validate(ensemble, [f"head:{tmp_path / 'spelled.json'}"], k=2, backend="faster")
         assert report[f"head:{tmp_path / 'spelled.json'}"].metrics["map"] > 0
 
+    def test_a_pretrained_head_without_per_class_parameters_of_another_label_space_is_warned_of_once(
+        self, ensemble, tmp_path, caplog
+    ):
+        """A deep head fitted on a custom dataset's classes applies to any label space, and was scored on
+        another one's without a word."""
+        from detens.heads.deep import DeepEnsembleHead
+
+        names = ensemble.gt.category_names
+        first, second = ensemble.gt.category_ids[:2]
+        foreign = max(names) + 1
+        head = DeepEnsembleHead(ensemble.model_names, hidden=4, depth=1)
+        head.label_space = {first: names[first], second: "pedestrian", foreign: "vehicle"}
+        head.save(tmp_path / "custom.json")
+        listed = ", ".join(f"{c} {n!r}" for c, n in sorted(names.items())[:5])
+        caplog.set_level(logging.WARNING, logger="detens")
+        cross_validate(ensemble, [f"head:{tmp_path / 'custom.json'}"], k=2, backend="faster")
+        assert [r.getMessage() for r in caplog.records if r.name == "detens.heads"] == [  # once, not per fold
+            f"head '{tmp_path / 'custom.json'}' was fitted on another label space than the ground truth, whose "
+            f"categories are {listed}, ... ({len(names)} in all): {second} is 'pedestrian' in the head but "
+            f"{names[second]!r} there, {foreign} is 'vehicle' in the head and no category there; it has no "
+            "per-class parameters, so it applies as it is, every class alike: fine if it was meant to carry over "
+            "to these classes, else fit one on this label space (detens cache, detens train)"]
+        caplog.clear()
+        head.label_space = dict(names)
+        head.save(tmp_path / "own.json")
+        cross_validate(ensemble, [f"head:{tmp_path / 'own.json'}"], k=2, backend="faster")
+        assert [r for r in caplog.records if r.name == "detens.heads"] == []
+
     def test_fit_head_records_the_ground_truths_label_space(self, ensemble, tmp_path):
         config = ThetaTrainConfig(epochs=1, per_class=True, match_iou_grid=[])
         head, _, _ = fit_head("theta", ensemble, ensemble.gt.annotated_image_ids, config)
