@@ -778,9 +778,9 @@ class TestExtraFittingData:
             assert shared_images(evaluated, unnamed) == []
         assert "6 annotated images without a file_name: whether the two datasets share them cannot be checked" in caplog.text
 
-    def test_no_cross_validation_needs_fitting_data(self, ensemble):
+    def test_no_cross_validation_needs_fitting_data_for_a_method_that_fits(self, ensemble):
         with pytest.raises(ValueError, match="k=0 .* needs fit_on"):
-            cross_validate(ensemble, ["mean"], k=0)
+            cross_validate(ensemble, ["mean", "theta"], k=0)
 
 
 def _cache_folder(predictions, folder, unreadable, summary=None):
@@ -1433,11 +1433,35 @@ class TestTools:
 
     def test_evaluate_cli_fit_on_needs_no_cross_validation(self, dataset, tmp_path, capsys):
         gt_path, predictions = dataset
-        base = ["--gt", str(gt_path), "--predictions", str(predictions), "--methods", "mean", "--out",
-                str(tmp_path / "r.json"), "--quiet"]
-        for extra in (["--cv", "0"], ["--fit-on", str(gt_path), str(predictions)]):
+        base = ["--gt", str(gt_path), "--predictions", str(predictions), "--out", str(tmp_path / "r.json"), "--quiet"]
+        for extra in (["--methods", "mean,theta", "--cv", "0"], ["--methods", "wbf_tuned", "--cv", "0"],
+                      ["--methods", "mean", "--cv", "0", "--also-fit-on", str(gt_path), str(predictions)],
+                      ["--methods", "mean", "--fit-on", str(gt_path), str(predictions)]):
             assert evaluate_cli.main(base + extra) == 2
             assert "--cv 0 and --fit-on go together" in capsys.readouterr().err
+        assert not (tmp_path / "r.json").exists()
+
+    def test_fixed_methods_alone_are_scored_once_without_folds_or_fitting_data(self, dataset, ensemble, tmp_path):
+        """A test split scored by fixed methods needs no fitting data: --cv 0 without --fit-on was refused,
+        and --cv 2 scored the same figures under a page that called them 2-fold CV."""
+        gt_path, predictions = dataset
+        base = ["--gt", str(gt_path), "--predictions", str(predictions), "--methods", "single,wbf,nms", "--quiet"]
+        assert evaluate_cli.main([*base, "--cv", "0", "--out", str(tmp_path / "once.json"),
+                                  "--report", str(tmp_path / "page")]) == 0
+        assert evaluate_cli.main([*base, "--cv", "2", "--out", str(tmp_path / "folds.json")]) == 0
+
+        def figures(table):  # the timings aside
+            return {method: {k: v for k, v in row.items() if k != "fusion_ms"} for method, row in table.items()}
+
+        once, folds = (figures(json.loads((tmp_path / name).read_text())) for name in ("once.json", "folds.json"))
+        assert once == folds and len(once) == len(ensemble.model_names) + 2
+        meta = EvaluationRecord.load(tmp_path / "once.json").meta
+        assert (meta["cv"], meta["folds"], meta["fit_on"]) == (0, [], None)
+        assert meta["protocol"] == "no CV, no method fitted: every image scored once"
+        html = (tmp_path / "page" / "index.html").read_text()
+        assert "none: no method fitted, every image scored once" in html and "fold CV" not in html
+        assert figures({"wbf": cross_validate(ensemble, ["wbf"], k=0, backend="faster")["wbf"].metrics}) == {
+            "wbf": once["wbf"]}
 
     @pytest.mark.parametrize("fitting", [["--also-fit-on"], ["--cv", "0", "--fit-on"]])
     def test_evaluate_cli_refuses_fitting_data_that_holds_scored_images(self, dataset, tmp_path, capsys, fitting):
