@@ -180,6 +180,10 @@ class ModelConfig:
                 raise ValueError(
                     f"{label}: type 'precomputed' needs class_map as {{saved category_id: category_id}}"
                 )
+            if self.class_map:  # at load: the label-space check would come first and blame a name key's id
+                from detens.adapters._labels import check_category_id_map
+
+                check_category_id_map(self.class_map, label)
         if self.class_map is not None and not self.class_map:
             # a map drops the classes it does not list: an empty one would drop every box of the member
             raise ValueError(f"{label}: class_map is empty, so every box would be dropped; leave class_map out")

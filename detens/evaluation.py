@@ -5,8 +5,9 @@ K−1 folds of images and predict the held-out fold; fixed methods predict every
 predictions are pooled into ONE COCO evaluation, so no method is ever scored on an image it was fitted
 on, and the folds (by image, fixed by the seed) are identical for every method. More fitting images
 (``fit_on``) join the fitting side of every fold and are never scored; with ``k = 0`` methods fit on them
-alone and score every image (fit on one dataset, score another). Either way the fitting data must not
-hold a scored image (identified by its base file name), or that image would be fitted on and scored.
+alone and score every image (fit on one dataset, score another), and fixed methods alone need none.
+Either way the fitting data must not hold a scored image (identified by its base file name), or that
+image would be fitted on and scored.
 
 The methods (:data:`METHODS`):
 
@@ -393,12 +394,14 @@ class PretrainedHead(EvalMethod):
         self.trained_on = read_trained_on(file)
 
     def check_data(self, data: EvaluationData) -> None:
-        """Check the head's label space against the ground truth's, and warn where its training log says it
-        was fitted on images scored here (by file name, folders aside): its row is then no held-out figure."""
-        from detens.heads import check_head_label_space
+        """Check the head's label space against the ground truth's (warning where a head without per-class
+        parameters was fitted on another), and warn where its training log says it was fitted on images
+        scored here (by file name, folders aside): its row is then no held-out figure."""
+        from detens.heads import check_head_label_space, warn_of_class_agnostic_head_label_space
         from detens.predictions import base_file_names, shares_images_phrase
 
         check_head_label_space(self.head, data.gt.category_names, f"head {self.path!r}", "the ground truth")
+        warn_of_class_agnostic_head_label_space(self.head, data.gt.category_names, f"head {self.path!r}", "the ground truth")
         if self.trained_on is None:
             return
         shared = sorted(set(base_file_names(data.gt, data.image_ids)) & set(self.trained_on))
@@ -562,6 +565,12 @@ def check_method_names(names: Sequence[str]) -> None:
         raise ValueError(f"methods name {repeated} twice")
 
 
+def fitted_method_names(names: Sequence[str]) -> list[str]:
+    """The methods of ``names`` that are fitted or tuned on data, told by name before any data loads: the
+    head types (:data:`_HEAD_KINDS`) and the method classes whose ``learned`` is set (``wbf_tuned``)."""
+    return [n for n in names if n != "single" and (n in _HEAD_KINDS or getattr(_lookup(n)[0], "learned", False))]
+
+
 def _lookup(name: str) -> tuple[Callable[..., EvalMethod], dict[str, Any]]:
     if ":" in name:
         prefix, suffix = name.split(":", 1)
@@ -612,13 +621,14 @@ def cross_validate(
             not read, are neither scored nor fitted on), every image with ``all_images``.
         methods (list[str]): method names (``single`` expands to every model).
         k (int): folds (>= 2); 0: no cross-validation, learned and tuned methods are fitted on
-            ``fit_on`` alone and score every image of ``predictions`` (fit on one dataset, score on another).
+            ``fit_on`` alone and score every image of ``predictions`` (fit on one dataset, score on another);
+            without ``fit_on``, fixed methods only, each scoring every image once.
         seed (int): fixes the folds.
         backend (str): COCO evaluator for the reported figures (tuning always uses the fast one).
         method_options (dict[str, dict]): extra constructor options per method name.
         fit_on (EnsemblePredictions | None): more fitting images (same categories, the same models in any
             order, none of the scored images): joined to the fitting side of every fold, never scored.
-            Required when ``k`` is 0.
+            Required when ``k`` is 0 and a method is learned or tuned.
         clock (Callable[[], float]): the timer of ``fusion_ms``, in seconds.
         all_images (bool): score and fit on the images without annotations too, of ``predictions`` and of
             ``fit_on``, as negative images (their detections are false positives), as a COCOeval over
@@ -644,16 +654,14 @@ def cross_validate(
         for learned methods what each fold's fit chose, and the pooled predictions that were scored.
 
     Raises:
-        ValueError: ``k`` is 0 without ``fit_on``; an unknown ``backend``; no annotated image in
-            ``predictions``; ``fit_on`` holds a scored image
+        ValueError: ``k`` is 0 without ``fit_on`` and a method is learned or tuned; an unknown
+            ``backend``; no annotated image in ``predictions``; ``fit_on`` holds a scored image
             (the same base file name: :func:`~detens.predictions.shared_images`), other categories or not
             every model; a head to fit that calibrates every member's scores (``calibration``, ``deep``) and
             a member without detections (on a ground-truth object) on the fitting images
             (:func:`~detens.heads.check_fit_data`): all before any method runs. A fit's own error names the
             method and the fold it was fitting.
     """
-    if k == 0 and fit_on is None:
-        raise ValueError("k=0 (no cross-validation) needs fit_on: the dataset that learned and tuned methods fit on")
     if backend not in BACKENDS:  # evaluate_coco would say so only after the first method's work
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     annotated_ids = predictions.gt.annotated_image_ids
@@ -678,6 +686,8 @@ def cross_validate(
     method_options = method_options or {}
     # Every method is built before any runs, so a bad option or head file fails before hours of work.
     built = {name: build_method(name, data.model_names, **method_options.get(name, {})) for name in names}
+    if k == 0 and fit_on is None and any(method.learned for method in built.values()):
+        raise ValueError("k=0 (no cross-validation) needs fit_on: the dataset that learned and tuned methods fit on")
     for method in built.values():
         method.check_data(data)
     report: dict[str, MethodResult] = {}

@@ -1087,7 +1087,10 @@ class TestPrecomputed:
         ({"class_map": {1: -7}}, ValueError, r"v8: class_map\[1\] must be an integer in \[0, 2147483647\]"),
         ({"class_map": {1: 2**40}}, ValueError, r"v8: class_map\[1\] must be an integer in"),
         ({"class_map": {0.7: 5}}, TypeError, r"v8: class_map key 0.7 must be an integer, got float"),
-        ({"class_map": {"person": 5}}, TypeError, r"v8: class_map key 'person' must be an integer, got str"),
+        ({"class_map": {"person": 5}}, TypeError,
+         r"v8: class_map key 'person' is a class name, but saved predictions have no class names: their class_map "
+         r"is keyed by the category_id values of the results file, \{saved category_id: category id\} such as"),
+        ({"class_map": {"1.5": 5}}, TypeError, r"v8: class_map key '1.5' must be an integer, got str"),
         ({"class_map": [1, 2]}, TypeError, r"v8: class_map must be \{saved category_id: category_id\}, got list"),
     ])
     def test_bad_options_are_named(self, options, error, fragment):

@@ -152,6 +152,19 @@ def test_invalid_configs(data, fragment):
         ensemble_config_from_dict(data)
 
 
+def test_a_saved_predictions_class_map_keyed_by_class_names_is_refused_at_load():
+    """A model's class_map may name its classes; a results file has category ids only. Checked when the
+    config is read, where the label-space check of the ids said only that a class name's id was misplaced."""
+    member = {"type": "precomputed", "results": "r.json", "name": "saved", "class_map": {"1": 0, "person": 0}}
+    with pytest.raises(ValueError, match=re.escape(
+            "ensemble config: model 'saved': class_map key 'person' is a class name, but saved predictions have "
+            "no class names: their class_map is keyed by the category_id values of the results file")):
+        ensemble_config_from_dict({"models": [member]})
+    # saved ids as JSON and YAML give them are the map's keys
+    member["class_map"] = {"1": 0, 3: 1}
+    assert ensemble_config_from_dict({"models": [member]}).models[0].class_map == {"1": 0, 3: 1}
+
+
 def test_member_names_of_views_are_file_names():
     config = ensemble_config_from_dict({"models": [
         {"weights": "a.pt", "name": "yolo11n", "tta": ["identity", "hflip", "scale=0.83", "tiles=2x2+overlap=0.3"]},

@@ -1899,6 +1899,43 @@ def test_a_head_whose_ids_name_other_classes_is_refused_by_name(workspace, tmp_p
                            "--out", str(tmp_path / "o3"), "--head", str(tmp_path / "custom.safetensors")]) == 0
 
 
+def test_a_head_without_per_class_parameters_fitted_on_another_label_space_is_warned_of_once(
+    workspace, tmp_path, capfd
+):
+    """Such a head applies in any label space, but one fitted on a custom dataset fused COCO's 80 classes
+    without a word, so a user could not tell it from the head they meant."""
+    from detens.heads.theta import ThetaHead
+
+    source = one_image_source(workspace, tmp_path / "src", "a.jpg", "b.jpg")
+    config = saved_config(tmp_path, [saved_result(1, 1), saved_result(2, 5)], {"a.jpg": 1, "b.jpg": 2})
+    args = ["--config", str(config), "--source", str(source), "--quiet", "--no-vis"]
+    custom = ThetaHead(["saved", "twin"])
+    custom.label_space = {1: "Person", 10: "pedestrian", 20: "vehicle", 30: "dog", 91: "kite surfer", 92: "cone"}
+    custom.save(tmp_path / "custom.json")
+
+    def warned(out, head):
+        capfd.readouterr()  # --quiet: sys.stderr is a copy of fd 2
+        assert fuse_cli.main([*args, "--out", str(tmp_path / out), "--head", str(tmp_path / head)]) == 0
+        return [line.removeprefix("WARNING detens.heads: ") for line in capfd.readouterr().err.splitlines()
+                if line.startswith("WARNING")]
+
+    assert warned("o", "custom.json") == [  # once for the run, not per image
+        f"head '{tmp_path / 'custom.json'}' was fitted on another label space than COCO (the config names no "
+        "dataset), whose categories are 1 'person', 2 'bicycle', 3 'car', 4 'motorcycle', 5 'airplane', ... "
+        "(80 in all): 10 is 'pedestrian' in the head but 'traffic light' there, 20 is 'vehicle' in the head but "
+        "'sheep' there, 30 is 'dog' in the head and no category there, 91 is 'kite surfer' in the head and no "
+        "category there, 92 is 'cone' in the head and no category there; it has no per-class parameters, so it "
+        "applies as it is, every class alike: fine if it was meant to carry over to these classes, else fit one "
+        "on this label space (detens cache, detens train)"]
+    # COCO's own names in other spellings, a subset of its classes, or no recorded label space: nothing to say
+    coco = ThetaHead(["saved", "twin"])
+    coco.label_space = {1: "PERSON", 4: "motorbike", 5: " Aeroplane "}
+    coco.save(tmp_path / "coco.json")
+    assert warned("o2", "coco.json") == []
+    ThetaHead(["saved", "twin"]).save(tmp_path / "unrecorded.json")
+    assert warned("o3", "unrecorded.json") == []
+
+
 def torch_tensor(values):
     import torch
 

@@ -542,6 +542,34 @@ class TestCrossValidation:
         report = cross_validate(ensemble, [f"head:{tmp_path / 'spelled.json'}"], k=2, backend="faster")
         assert report[f"head:{tmp_path / 'spelled.json'}"].metrics["map"] > 0
 
+    def test_a_pretrained_head_without_per_class_parameters_of_another_label_space_is_warned_of_once(
+        self, ensemble, tmp_path, caplog
+    ):
+        """A deep head fitted on a custom dataset's classes applies to any label space, and was scored on
+        another one's without a word."""
+        from detens.heads.deep import DeepEnsembleHead
+
+        names = ensemble.gt.category_names
+        first, second = ensemble.gt.category_ids[:2]
+        foreign = max(names) + 1
+        head = DeepEnsembleHead(ensemble.model_names, hidden=4, depth=1)
+        head.label_space = {first: names[first], second: "pedestrian", foreign: "vehicle"}
+        head.save(tmp_path / "custom.json")
+        listed = ", ".join(f"{c} {n!r}" for c, n in sorted(names.items())[:5])
+        caplog.set_level(logging.WARNING, logger="detens")
+        cross_validate(ensemble, [f"head:{tmp_path / 'custom.json'}"], k=2, backend="faster")
+        assert [r.getMessage() for r in caplog.records if r.name == "detens.heads"] == [  # once, not per fold
+            f"head '{tmp_path / 'custom.json'}' was fitted on another label space than the ground truth, whose "
+            f"categories are {listed}, ... ({len(names)} in all): {second} is 'pedestrian' in the head but "
+            f"{names[second]!r} there, {foreign} is 'vehicle' in the head and no category there; it has no "
+            "per-class parameters, so it applies as it is, every class alike: fine if it was meant to carry over "
+            "to these classes, else fit one on this label space (detens cache, detens train)"]
+        caplog.clear()
+        head.label_space = dict(names)
+        head.save(tmp_path / "own.json")
+        cross_validate(ensemble, [f"head:{tmp_path / 'own.json'}"], k=2, backend="faster")
+        assert [r for r in caplog.records if r.name == "detens.heads"] == []
+
     def test_fit_head_records_the_ground_truths_label_space(self, ensemble, tmp_path):
         config = ThetaTrainConfig(epochs=1, per_class=True, match_iou_grid=[])
         head, _, _ = fit_head("theta", ensemble, ensemble.gt.annotated_image_ids, config)
@@ -750,9 +778,9 @@ class TestExtraFittingData:
             assert shared_images(evaluated, unnamed) == []
         assert "6 annotated images without a file_name: whether the two datasets share them cannot be checked" in caplog.text
 
-    def test_no_cross_validation_needs_fitting_data(self, ensemble):
+    def test_no_cross_validation_needs_fitting_data_for_a_method_that_fits(self, ensemble):
         with pytest.raises(ValueError, match="k=0 .* needs fit_on"):
-            cross_validate(ensemble, ["mean"], k=0)
+            cross_validate(ensemble, ["mean", "theta"], k=0)
 
 
 def _cache_folder(predictions, folder, unreadable, summary=None):
@@ -1405,11 +1433,35 @@ class TestTools:
 
     def test_evaluate_cli_fit_on_needs_no_cross_validation(self, dataset, tmp_path, capsys):
         gt_path, predictions = dataset
-        base = ["--gt", str(gt_path), "--predictions", str(predictions), "--methods", "mean", "--out",
-                str(tmp_path / "r.json"), "--quiet"]
-        for extra in (["--cv", "0"], ["--fit-on", str(gt_path), str(predictions)]):
+        base = ["--gt", str(gt_path), "--predictions", str(predictions), "--out", str(tmp_path / "r.json"), "--quiet"]
+        for extra in (["--methods", "mean,theta", "--cv", "0"], ["--methods", "wbf_tuned", "--cv", "0"],
+                      ["--methods", "mean", "--cv", "0", "--also-fit-on", str(gt_path), str(predictions)],
+                      ["--methods", "mean", "--fit-on", str(gt_path), str(predictions)]):
             assert evaluate_cli.main(base + extra) == 2
             assert "--cv 0 and --fit-on go together" in capsys.readouterr().err
+        assert not (tmp_path / "r.json").exists()
+
+    def test_fixed_methods_alone_are_scored_once_without_folds_or_fitting_data(self, dataset, ensemble, tmp_path):
+        """A test split scored by fixed methods needs no fitting data: --cv 0 without --fit-on was refused,
+        and --cv 2 scored the same figures under a page that called them 2-fold CV."""
+        gt_path, predictions = dataset
+        base = ["--gt", str(gt_path), "--predictions", str(predictions), "--methods", "single,wbf,nms", "--quiet"]
+        assert evaluate_cli.main([*base, "--cv", "0", "--out", str(tmp_path / "once.json"),
+                                  "--report", str(tmp_path / "page")]) == 0
+        assert evaluate_cli.main([*base, "--cv", "2", "--out", str(tmp_path / "folds.json")]) == 0
+
+        def figures(table):  # the timings aside
+            return {method: {k: v for k, v in row.items() if k != "fusion_ms"} for method, row in table.items()}
+
+        once, folds = (figures(json.loads((tmp_path / name).read_text())) for name in ("once.json", "folds.json"))
+        assert once == folds and len(once) == len(ensemble.model_names) + 2
+        meta = EvaluationRecord.load(tmp_path / "once.json").meta
+        assert (meta["cv"], meta["folds"], meta["fit_on"]) == (0, [], None)
+        assert meta["protocol"] == "no CV, no method fitted: every image scored once"
+        html = (tmp_path / "page" / "index.html").read_text()
+        assert "none: no method fitted, every image scored once" in html and "fold CV" not in html
+        assert figures({"wbf": cross_validate(ensemble, ["wbf"], k=0, backend="faster")["wbf"].metrics}) == {
+            "wbf": once["wbf"]}
 
     @pytest.mark.parametrize("fitting", [["--also-fit-on"], ["--cv", "0", "--fit-on"]])
     def test_evaluate_cli_refuses_fitting_data_that_holds_scored_images(self, dataset, tmp_path, capsys, fitting):

@@ -156,7 +156,8 @@ def check_category_id_map(class_map: Mapping[Any, Any], where: str) -> dict[int,
     integer (keys may be digit strings, as JSON and YAML give them), each id in ``[0, MAX_LABEL]``.
 
     Raises:
-        TypeError: not a mapping, or a key or id that is not an integer (naming it).
+        TypeError: not a mapping, or a key or id that is not an integer (naming it; a class name as key is
+            told apart, since saved predictions have no class names to look it up in).
         ValueError: an id out of range.
     """
     if not isinstance(class_map, Mapping):
@@ -166,6 +167,13 @@ def check_category_id_map(class_map: Mapping[Any, Any], where: str) -> dict[int,
     checked: dict[int, int] = {}
     given: dict[int, Any] = {}
     for key, cat in class_map.items():
+        if isinstance(key, str) and any(c.isalpha() for c in key):
+            # a model's class_map may be keyed by class names; a results file holds category ids only
+            raise TypeError(
+                f"{where}: class_map key {key!r} is a class name, but saved predictions have no class names: "
+                "their class_map is keyed by the category_id values of the results file, "
+                "{saved category_id: category id} such as {1: 0, 3: 1}"
+            )
         saved = _category_id(_integer_key(key, f"{where}: class_map key"), f"{where}: class_map key")
         if saved in given:  # 1 and "1" are one saved id: which category it means would be the later key's
             raise ValueError(f"{where}: class_map gives saved category id {saved} twice ({given[saved]!r} and {key!r})")

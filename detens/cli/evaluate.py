@@ -16,6 +16,9 @@ More fitting data, for every learned and tuned method alike (``wbf_tuned`` inclu
                                    annotated image of --gt (a validation split to fit on, a test split
                                    to report)
 
+Methods that fit nothing (single, nms, wbf, mean, head:PATH, ...) need no fitting data: alone, with
+``--cv 0`` and no ``--fit-on``, each scores every image once, without folds.
+
 Only images with at least one annotation are scored and fitted on (crowd regions count): an image of
 ``--gt`` without annotations is left out, so its false positives cost nothing, and the table can be
 higher than a COCOeval over every image of the file. The log says how many images that leaves out.
@@ -117,7 +120,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"(known: {', '.join(EVALUATION_METHODS)}; default: {DEFAULT_EVALUATION_METHODS})",
     )
     parser.add_argument("--models", help="comma-separated model names (default: every file, sorted)")
-    parser.add_argument("--cv", type=integer, default=2, help="number of folds (K >= 2), or 0 with --fit-on (default: 2)")
+    parser.add_argument("--cv", type=integer, default=2, help="number of folds (K >= 2), or 0 for none: with --fit-on, or "
+                        "without it for fixed methods only, each scoring every image once (default: 2)")
     extra = parser.add_mutually_exclusive_group()
     extra.add_argument(
         "--also-fit-on", nargs=2, metavar=("GT", "PREDICTIONS"),

@@ -26,12 +26,15 @@ calibration=head)`` does the same with any fuser). The calibrated head also fuse
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from detens.heads._io import HeadFileError, find_head_file, read_head_file
 from detens.heads._registry import HEADS
+
+logger = logging.getLogger(__name__)
 
 # Importing the modules registers their head types.
 from detens.heads import theta  # noqa: E402,F401  isort: skip
@@ -76,6 +79,7 @@ __all__ = [
     "fit_head",
     "head_class_ids",
     "check_head_label_space",
+    "warn_of_class_agnostic_head_label_space",
     "list_heads",
     "load_head",
     "load_train_config",
@@ -165,6 +169,41 @@ def check_head_label_space(
             f"{len(ids)} category ids of {label_space}: {id_ranges(sorted(ids))}; it was trained on another "
             "label space: train one on this dataset (detens cache, detens train)"
         )
+
+
+def warn_of_class_agnostic_head_label_space(head: Any, categories: Mapping[int, str], what: str, label_space: str) -> None:
+    """Warn where ``head`` has no per-class parameters (:func:`head_class_ids`) but records a label space
+    whose ids ``categories`` lacks or names otherwise: it treats every class alike, so it is accepted in
+    any label space (:func:`check_head_label_space`), yet a head fitted on a custom dataset's pedestrian,
+    vehicle and dog used on COCO's 80 classes may not be what was meant. Meant to be called once per run
+    (a command's check of its heads), not per image.
+
+    Args:
+        head: a loaded head (or calibration).
+        categories (dict[int, str]): the run's label space, ``{category id: name}``.
+        what (str): the head, for the message (``"head 'deep.json'"``).
+        label_space (str): whose ``categories`` they are, for the message.
+    """
+    from detens.adapters._labels import label_space_differences
+    from detens.checks import first_few
+    from detens.heads._io import head_label_space
+
+    recorded = head_label_space(head)
+    if recorded is None or head_class_ids(head):  # per-class ids are check_head_label_space's to judge
+        return
+    # the run's ids that the head never saw are no sign of another label space: it may be fitted on a subset
+    differing = [d for d in label_space_differences(recorded, categories) if d[1] is not None]
+    if not differing:
+        return
+    shown = first_few(differing, 5, show=lambda d: f"{d[0]} is {d[1]!r} in the head " + (
+        "and no category there" if d[2] is None else f"but {d[2]!r} there"))
+    listed = first_few(sorted(categories.items()), 5, show=lambda c: f"{c[0]} {c[1]!r}")
+    logger.warning(
+        "%s was fitted on another label space than %s, whose categories are %s: %s; it has no per-class "
+        "parameters, so it applies as it is, every class alike: fine if it was meant to carry over to these "
+        "classes, else fit one on this label space (detens cache, detens train)",
+        what, label_space, listed or "none", shown,
+    )
 
 
 def load_head(path: str | Path, model_names: Sequence[str] | None = None) -> Any:

@@ -25,6 +25,7 @@ from detens.evaluation import (
     check_method_names,
     cross_validate,
     expand_methods,
+    fitted_method_names,
     head_kind,
     method_names,
     summarize_repeats,
@@ -117,7 +118,8 @@ class EvaluateOptions(JobOptions):
         methods (str): comma-separated methods; ``single`` expands to every model, ``head:PATH`` scores a
             head file trained elsewhere.
         models (str | None): comma-separated model names (None: every file, sorted).
-        cv (int): the number of folds (>= 2), or 0 with ``fit_on``.
+        cv (int): the number of folds (>= 2), or 0 with ``fit_on``, or 0 without it when every method is
+            fixed (each scores every image once, nothing is fitted).
         also_fit_on (tuple[str, str] | None): the annotation file and prediction folder of more fitting
             images, joined to every fold's fitting side.
         fit_on (tuple[str, str] | None): with ``cv=0``: the annotation file and prediction folder that
@@ -201,11 +203,15 @@ def run(options: EvaluateOptions) -> int:
 def _run(options: EvaluateOptions) -> int:
     torch.set_num_threads(options.threads)
     if options.cv < 0 or options.cv == 1:
-        raise UsageError(f"--cv must be the number of folds (>= 2), or 0 with --fit-on; got {options.cv}")
-    if (options.cv == 0) != (options.fit_on is not None):
-        raise UsageError("--cv 0 and --fit-on go together: without cross-validation the fitting data is --fit-on's")
+        raise UsageError(
+            f"--cv must be the number of folds (>= 2), or 0 (with --fit-on, or fixed methods only); got {options.cv}"
+        )
     methods = comma_separated("--methods", options.methods, "method", "method names", valid=method_names())
     check_method_names(methods)
+    # fixed methods alone need no fitting data: --cv 0 then scores every image once, with no folds
+    needs_fit_on = options.also_fit_on is not None or bool(fitted_method_names(methods))
+    if (options.cv == 0 and options.fit_on is None and needs_fit_on) or (options.cv != 0 and options.fit_on is not None):
+        raise UsageError("--cv 0 and --fit-on go together: without cross-validation the fitting data is --fit-on's")
     for method in methods:
         if method.startswith("head:"):
             file_or_shipped_name(f"--methods {method!r}", method.removeprefix("head:"))
@@ -291,6 +297,8 @@ def _run(options: EvaluateOptions) -> int:
 
     seeds = ", ".join(map(str, options.seed))
     protocol = f"{options.cv}-fold CV (seed{'s' if len(options.seed) > 1 else ''} {seeds})" if options.cv else "no CV"
+    if not options.cv and fit_on is None:
+        protocol += ", no method fitted: every image scored once"
     if fit_on is not None:
         protocol += f", fitting on {len(_scored_ids(fit_on, options.all_images))} images of {Path(fit_gt).resolve().parent.name}" + (
             " too" if options.cv else ""

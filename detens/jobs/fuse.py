@@ -222,12 +222,14 @@ def check_heads_label_space(
     """Refuse a head (or ``calibration``) with per-class parameters for a category id the run's label space
     lacks or names otherwise than the label space the head records: it was trained on another label space,
     whose ids mean other classes (a COCO head's 5, airplane, would fuse a dataset's 5, vehicle, with
-    airplane's weights). See :func:`detens.heads.check_head_label_space`.
+    airplane's weights). See :func:`detens.heads.check_head_label_space`. One without per-class parameters
+    is accepted, with a warning where the label space it records differs
+    (:func:`detens.heads.warn_of_class_agnostic_head_label_space`).
 
     Raises:
         ValueError: naming the head, the offending ids and the label space.
     """
-    from detens.heads import check_head_label_space, load_head
+    from detens.heads import check_head_label_space, load_head, warn_of_class_agnostic_head_label_space
 
     names = categories if categories is not None else COCO_ID_TO_NAME
     for key, where in (("head", config.fusion.head), ("calibration", params.get("calibration"))):
@@ -236,6 +238,7 @@ def check_heads_label_space(
             head = load_head(head)
         if head is not None:
             check_head_label_space(head, names, f"{key} {str(where)!r}", label_space_name(config))
+            warn_of_class_agnostic_head_label_space(head, names, f"{key} {str(where)!r}", label_space_name(config))
 
 
 def method_label(config: EnsembleConfig, params: dict[str, Any]) -> str:

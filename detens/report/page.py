@@ -378,7 +378,8 @@ def _page(
     facts += [
         ("protocol", meta.get("protocol", "?")),
         ("folds", f"{len(folds)} held-out folds of {', '.join(str(f) for f in folds)} images, seed {meta.get('seed')}"
-                  if folds else "none: fitted on other data, every image scored"),
+                  if folds else "none: fitted on other data, every image scored" if fit_on
+                  else "none: no method fitted, every image scored once"),
     ]
     if fit_on:
         facts.append(("fitting data", f"{fit_on.get('gt')} with {fit_on.get('predictions')} "
