@@ -1784,3 +1784,93 @@ def test_a_ground_truth_that_lists_one_file_under_two_ids_is_refused(slice_, tmp
             f"under {sorted([first['id'], second['id']])}: each image file needs one record, holding all its "
             "annotations") in err
     assert not out.exists()
+
+
+def test_a_run_whose_out_is_moved_stops_before_it_writes_there_again(slice_, replay_run, tmp_path, monkeypatch,
+                                                                     capsys):
+    """It went on, made --out anew for the images left and ended with status 0; the moved folder resumes."""
+    out, moved = tmp_path / "out", tmp_path / "moved"
+    real_detect = cache_tool.detect_loaded
+
+    def moving_out_after_the_first(*args, **kwargs):
+        dets = real_detect(*args, **kwargs)
+        if any(out.glob(".partial/a/[0-9]*.json")) and not moved.exists():
+            out.rename(moved)  # as `mv` in another shell, once the first image is saved
+        return dets
+
+    monkeypatch.setattr(cache_tool, "detect_loaded", moving_out_after_the_first)
+    assert run(slice_, out) == 2
+    assert capsys.readouterr().err == (
+        f"error: the lock file {out / '.detens.lock'} of this run is gone: {out} was moved or deleted, or the file "
+        "removed, while the run wrote there; the run stops rather than write outputs where they would be lost or "
+        "mixed with another run's\n")
+    assert not out.exists()
+    assert len(list((moved / ".partial" / "a").glob("[0-9]*.json"))) == 1
+    monkeypatch.undo()
+    assert run(slice_, moved) == 0
+    summary = summary_of(moved)
+    assert (summary["models"]["a"]["resumed"], summary["models"]["a"]["processed_this_run"]) == (1, NUM_IMAGES - 1)
+    for member in ("a", "b"):
+        assert (moved / f"{member}.json").read_bytes() == (replay_run / f"{member}.json").read_bytes()
+
+
+def test_a_ray_run_whose_out_is_moved_stops_before_it_writes_the_next_row(slice_, tmp_path, monkeypatch, capsys):
+    """The driver writes the actors' rows as they arrive: it went on writing them into --out made anew."""
+    import contextlib
+
+    import detens.engines.ray_cache as ray_cache
+
+    out, moved = tmp_path / "out", tmp_path / "moved"
+
+    def rows_moving_out_after_the_first(model, ensemble, categories, todo, *args, **kwargs):
+        for member, ids in todo.items():
+            for image_id in ids:
+                yield {"member": member, "image_id": image_id, "results": [], "ms": 1.0, "error": None,
+                       "read_warnings": [], "load_s": 0.0}
+                if not moved.exists():
+                    out.rename(moved)
+
+    monkeypatch.setattr(ray_cache, "ray_session", lambda *args, **kwargs: contextlib.nullcontext("a session"))
+    monkeypatch.setattr(ray_cache, "detect_on_ray", rows_moving_out_after_the_first)
+    assert run(slice_, out, "--engine", "ray") == 2
+    assert capsys.readouterr().err.startswith(f"error: the lock file {out / '.detens.lock'} of this run is gone: ")
+    assert not out.exists() and len(list((moved / ".partial" / "a").glob("[0-9]*.json"))) == 1
+
+
+def test_a_shard_whose_out_is_moved_names_its_own_lock_file(slice_, tmp_path, monkeypatch, capsys):
+    out, moved = tmp_path / "out", tmp_path / "moved"
+    real_detect = cache_tool.detect_loaded
+
+    def moving_out_after_the_first(*args, **kwargs):
+        dets = real_detect(*args, **kwargs)
+        if any(out.glob(".partial/a/[0-9]*.json")) and not moved.exists():
+            out.rename(moved)
+        return dets
+
+    monkeypatch.setattr(cache_tool, "detect_loaded", moving_out_after_the_first)
+    assert run(slice_, out, "--shard", "0/2") == 2
+    lock = out / ".detens.shard-0-of-2.lock"
+    assert capsys.readouterr().err.startswith(f"error: the lock file {lock} of this run is gone: {out} was moved ")
+    assert not out.exists() and len(list((moved / ".partial" / "a").glob("[0-9]*.json"))) == 1
+
+
+def test_a_run_whose_out_is_moved_after_its_last_image_writes_no_output_there(slice_, replay_run, tmp_path,
+                                                                              monkeypatch, capsys):
+    """It wrote the members' outputs and its summary into --out made anew, the outputs empty."""
+    out, moved = tmp_path / "out", tmp_path / "moved"
+    real_save = cache_tool.save_finished_image
+
+    def moving_out_after_the_last(*args, **kwargs):
+        real_save(*args, **kwargs)
+        if all(len(list(out.glob(f".partial/{m}/[0-9]*.json"))) == NUM_IMAGES for m in ("a", "b")):
+            out.rename(moved)
+
+    monkeypatch.setattr(cache_tool, "save_finished_image", moving_out_after_the_last)
+    assert run(slice_, out) == 2
+    assert capsys.readouterr().err.startswith(f"error: the lock file {out / '.detens.lock'} of this run is gone: ")
+    assert not out.exists()
+    monkeypatch.undo()
+    assert run(slice_, moved) == 0
+    for member in ("a", "b"):
+        assert summary_of(moved)["models"][member]["resumed"] == NUM_IMAGES
+        assert (moved / f"{member}.json").read_bytes() == (replay_run / f"{member}.json").read_bytes()

@@ -66,6 +66,9 @@ differ, also when the two start at the same moment (the settings are compared an
 ``--out/.detens.cache.lock`` for that moment); its ``--overwrite`` is refused too while another shard
 runs, which may be writing results with the recorded settings, and when another shard recorded its own
 settings after this one started (run it again once that shard has ended).
+A run whose ``--out`` is moved or deleted, or its lock file removed, while it runs stops with an error
+(exit status 2) before it writes there again; its finished images stay where the folder went, and a run
+on that folder resumes them.
 
 Sharding: ``--shard i/n`` (``0 <= i < n``) takes the images at positions ``i, i + n, i + 2n, ...`` of the
 ground truth's images sorted by id, and writes ``--out/shards/<member>.shard-<i>-of-<n>.json`` (the

@@ -57,6 +57,7 @@ from detens.ensemble_config import (
 )
 from detens.io import (
     LOCK_NAME,
+    HeldLock,
     atomic_write_json,
     atomic_write_text,
     check_writable_folder,
@@ -796,6 +797,7 @@ class MemberRun:
 
 def save_finished_image(
     out: Path,
+    lock: HeldLock,
     run: MemberRun,
     data: Dataset,
     image_id: int,
@@ -805,7 +807,9 @@ def save_finished_image(
 ) -> None:
     """Write the partial record of one image that ``run``'s member has detected (atomically: with it, the
     image is done). ``read_warnings``: what reading the image warned of (:func:`~detens.sources.read_image`'s
-    ``notes``), kept for the summary."""
+    ``notes``), kept for the summary. It first checks that ``out`` is still the folder the run locked
+    (:meth:`~detens.io.HeldLock.check`)."""
+    lock.check()
     record: dict[str, Any] = {
         "image_id": image_id,
         "file_name": data.gt.file_name(image_id),
@@ -824,6 +828,7 @@ def run_entry(
     runs: list[MemberRun],
     data: Dataset,
     out: Path,
+    lock: HeldLock,
     config: EnsembleConfig,
     categories: dict[int, str] | None,
     max_images: int | None,
@@ -837,6 +842,7 @@ def run_entry(
     part-way still records what it took. ``claim(run)`` is called once per member before its first result
     is written (and at the end for a member that got none): with ``--overwrite`` it removes the member's
     earlier results, which a run that fails to load or run the model before then thus leaves in place.
+    ``lock``: the run's, checked before each result is written (see :func:`save_finished_image`).
     """
     needed_all = sorted({i for run in runs for i in run.todo})
     needed = needed_all if max_images is None else needed_all[:max_images]
@@ -890,7 +896,8 @@ def run_entry(
                 ms = (time.perf_counter() - t) * 1000 / len(picked)
                 claim(run)
                 for k, det in zip(picked, dets, strict=True):
-                    save_finished_image(out, run, data, ids[k], detections_to_coco(det, ids[k]), ms, warned[ids[k]])
+                    results = detections_to_coco(det, ids[k])
+                    save_finished_image(out, lock, run, data, ids[k], results, ms, warned[ids[k]])
             bar.update(len(chunk))
         for run in runs:
             claim(run)
@@ -904,6 +911,7 @@ def run_entry_ray(
     runs: list[MemberRun],
     data: Dataset,
     out: Path,
+    lock: HeldLock,
     config: EnsembleConfig,
     categories: dict[int, str] | None,
     max_images: int | None,
@@ -947,7 +955,7 @@ def run_entry_ray(
                 run.unreadable[image_id] = row["error"]
             else:
                 claim(run)
-                save_finished_image(out, run, data, image_id, row["results"], row["ms"], row["read_warnings"])
+                save_finished_image(out, lock, run, data, image_id, row["results"], row["ms"], row["read_warnings"])
             bar.update(1)
         for run in runs:
             claim(run)
@@ -1130,10 +1138,11 @@ def write_summary(path: Path, header: dict[str, Any], members: dict[str, dict[st
     return summary
 
 
-def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any) -> int:
+def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any, lock: HeldLock) -> int:
     """A detection run: ``shard`` the run's shard (None: every image), ``ray`` the
     :class:`~detens.engines.ray_cache.RayOptions` of ``engine="ray"`` (None: the local engine), both as
-    :func:`check_args` reads them from ``options``."""
+    :func:`check_args` reads them from ``options``; ``lock`` the run's on ``options.out`` (:func:`cache_lock`),
+    checked before each write: the folder may be moved or deleted while the run goes on."""
     config = resolve_config(options)
     data = load_dataset(options.gt, options.images, shard)
     out: Path = options.out
@@ -1188,6 +1197,7 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any) -> int
 
     def claim(run: MemberRun) -> None:
         if not run.claimed:
+            lock.check()
             with brief_lock(out):
                 claim_held(run)
 
@@ -1233,7 +1243,7 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any) -> int
         in with the time their model ran); None (nothing written) when it stopped before writing anything.
         The member whose output failed to be written is summarized as not finished, without trying again:
         the same error would lose the summary of every member."""
-        if not config_saved:
+        if not config_saved or not lock.held():  # a folder whose lock went is no longer this run's to write in
             return None
         for _, runs in plans:
             for run in runs:
@@ -1252,16 +1262,17 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any) -> int
             timing.update(load_s=0.0, read_s=0.0, wall_s=0.0)
             if session is None:
                 run_entry(
-                    entry, runs, data, out, config, categories, options.max_images, options.quiet, timing, claim
+                    entry, runs, data, out, lock, config, categories, options.max_images, options.quiet, timing, claim
                 )
             else:
                 run_entry_ray(
-                    entry, runs, data, out, config, categories, options.max_images, options.quiet, ray, timing,
+                    entry, runs, data, out, lock, config, categories, options.max_images, options.quiet, ray, timing,
                     claim,
                 )
             if k + 1 < len(plans):
                 release(entry)  # before the next model is loaded
             for run in runs:
+                lock.check()
                 unwritten = run.name
                 members[run.name] = finish_member(out, run, data, shard, timing)
                 unwritten = None
@@ -1284,6 +1295,7 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any) -> int
         stack.close()
     if options.max_images is not None and any(m["status"] != "complete" for m in members.values()):
         header = {**header, "stopped_by": "max_images"}
+    lock.check()
     summary = write_summary(summary_path, header, members)
     if not options.quiet:
         print_summary(out, summary, list(members), summary_path, options)
@@ -1347,29 +1359,32 @@ def shard_lock_name(shard: tuple[int, int]) -> str:
 
 
 @contextlib.contextmanager
-def cache_lock(out: Path, shard: tuple[int, int] | None, merging: bool) -> Iterator[None]:
+def cache_lock(out: Path, shard: tuple[int, int] | None, merging: bool) -> Iterator[HeldLock]:
     """Hold ``out`` for one ``detens cache`` run (see :data:`BRIEF_LOCK`): shard ``shard``, or, for None, an
     unsharded run or (``merging``) a merge.
+
+    Yields:
+        HeldLock: the run's own lock, which a long run checks before it writes (:meth:`HeldLock.check`).
 
     Raises:
         ValueError: a run holds the same lock, or a run of the other kind holds ``out``, naming it.
     """
     with run_folder(out) as usable, contextlib.ExitStack() as held:
         if not usable:
-            yield
+            yield HeldLock(out / (LOCK_NAME if shard is None else shard_lock_name(shard)), None)
             return
         with brief_lock(out):
             if shard is None:
-                held.enter_context(output_lock(out, "detens cache merge" if merging else "detens cache"))
+                lock = held.enter_context(output_lock(out, "detens cache merge" if merging else "detens cache"))
                 for path in sorted(out.glob(".detens.shard-*.lock")):
                     _refuse_if_held(path, out)
             else:
-                held.enter_context(output_lock(out, f"detens cache --shard {shard[0]}/{shard[1]}",
-                                               shard_lock_name(shard)))
+                lock = held.enter_context(output_lock(out, f"detens cache --shard {shard[0]}/{shard[1]}",
+                                                      shard_lock_name(shard)))
                 _refuse_if_held(out / LOCK_NAME, out)
         # once the gate is open again: other runs need not wait for the look through the folders
         remove_stale_temporaries(out, (PARTIAL, SHARDS))
-        yield
+        yield lock
 
 
 @contextlib.contextmanager
@@ -1712,11 +1727,12 @@ def run(options: CacheOptions) -> int:
             (the same run again resumes).
         UsageError: options that do not go together (see :func:`check_args`).
         ValueError: among others, a run that could read none of its images (after its summary, which lists
-            them, is written).
+            them, is written); a run whose lock file went while it wrote (its folder moved or deleted), before
+            it writes again.
     """
     merging, shard, ray = check_args(options)
     check_writable_folder(options.out, "--out")
-    with cache_lock(options.out, shard, merging):
+    with cache_lock(options.out, shard, merging) as lock:
         if merging:
             return merge(options)
-        return cache(options, shard, ray)
+        return cache(options, shard, ray, lock)
