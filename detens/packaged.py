@@ -94,7 +94,7 @@ def shipped_file(name: str, kind: Kind | None = None) -> tuple[Kind, Path]:
         ValueError: an unknown kind; a name no kind ships (listing the shipped names and suggesting the nearest),
             or several do (naming them, to choose by ``kind``).
     """
-    import difflib
+    from detens.checks import did_you_mean
 
     if kind is not None and kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
@@ -105,10 +105,10 @@ def shipped_file(name: str, kind: Kind | None = None) -> tuple[Kind, Path]:
                          f"({', '.join(k for k, _ in found)})")
     if not found:
         names = sorted({p.stem for k in kinds for p in _shipped_files(k)})
-        close = difflib.get_close_matches(name, names, n=1)
         what = " or ".join(_WHAT[k] for k in kinds)
+        hint = did_you_mean(name, names)
         raise ValueError(f"no shipped {what} is called {name!r}; shipped: {', '.join(names) or 'none'}"
-                         + (f". Did you mean {close[0]!r}?" if close else ""))
+                         + (f".{hint}" if hint else ""))
     return found[0]
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
 import fnmatch
 import gc
 import hashlib
@@ -37,7 +36,7 @@ from detens.adapters import (
 from detens.adapters._labels import label_space_differences
 from detens.adapters.weights import ResolvedWeights, resolve_model_weights
 from detens.catalogue import DEFAULT_ENSEMBLE
-from detens.checks import first_few
+from detens.checks import did_you_mean, first_few
 from detens.coco import (
     CocoGroundTruth,
     check_one_id_per_file,
@@ -347,10 +346,9 @@ def select_members(entries: list[Entry], patterns: str | None) -> None:
     wanted = model_patterns(patterns, names)
     for pattern in wanted:
         if not any(fnmatch.fnmatchcase(n, pattern) for n in names):
-            close = difflib.get_close_matches(pattern, names, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ValueError(
-                f"--models {pattern!r} matches no member; the members are {', '.join(names)}.{hint}"
+                f"--models {pattern!r} matches no member; the members are {', '.join(names)}."
+                + did_you_mean(pattern, names)
             )
     for entry in entries:
         entry.selected = [n for n in entry.names if any(fnmatch.fnmatchcase(n, p) for p in wanted)]
