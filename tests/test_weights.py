@@ -297,3 +297,23 @@ def test_every_import_of_ultralytics_goes_through_import_ultralytics():
             if id(node) not in typing_only and any(n.split(".")[0] == "ultralytics" for n in names):
                 found.append(f"{path.name}:{node.lineno}")
     assert found == []
+
+
+def test_a_folder_named_tilde_written_from_the_working_directory_is_not_the_home_folder(tmp_path, monkeypatch):
+    """Weights at ``./~/m.onnx`` and a weights folder ``./~/w`` are in a folder named ``~`` of the working
+    directory, not the home folder's (``Path`` drops the ``./``); ``~/m.onnx`` is still the home folder's."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    for folder in (home / "w", work / "~" / "w"):
+        folder.mkdir(parents=True)
+        (folder.parent / "m.onnx").write_text(str(folder.parent))
+        (folder / "n.onnx").write_text(str(folder))
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    assert resolve_weights("./~/m.onnx").value == str(work / "~" / "m.onnx")
+    assert resolve_weights("~/m.onnx").value == str(home / "m.onnx")
+    assert [folder.absolute() for folder in weights_dirs("./~/w")][0] == work / "~" / "w"
+    assert os.path.abspath(resolve_weights("n.onnx", weights_dir="./~/w").value) == str(work / "~" / "w" / "n.onnx")
+    assert resolve_weights("n.onnx", weights_dir="~/w").value == str(home / "w" / "n.onnx")
+    monkeypatch.setenv(ENV_VAR, "./~/w")
+    assert [folder.absolute() for folder in weights_dirs()][0] == work / "~" / "w"

@@ -27,6 +27,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
 
+from detens.io import home_expanded
+
 __all__ = [
     "ENV_VAR",
     "WeightsNotFoundError",
@@ -92,9 +94,9 @@ def shared_models_above(start: str | Path | None = None) -> Path | None:
 def weights_dirs(default: str | Path | None = None) -> list[Path]:
     """The folders that weight names are relative to, in search order (see the module docstring)."""
     env = os.environ.get(ENV_VAR, "").strip()
-    dirs = [Path(p).expanduser() for p in env.split(os.pathsep) if p.strip()] if env else []
+    dirs = [Path(home_expanded(p)) for p in env.split(os.pathsep) if p.strip()] if env else []
     if default is not None:
-        dirs.append(Path(default).expanduser())
+        dirs.append(Path(home_expanded(default)))
     for found in (shared_models_above(), repository_weights_dir()):
         if found is not None and found.is_dir():
             dirs.append(found)
@@ -176,7 +178,7 @@ def resolve_weights(
     if not text.strip():
         raise ValueError("weights must not be empty")
     tried: list[str] = []
-    as_path = Path(text).expanduser()
+    as_path = Path(home_expanded(text))
     if beside is None or as_path.is_absolute():
         paths = [(as_path, "as a path")]
     else:
