@@ -1115,6 +1115,12 @@ def weights_config(root: Path, *models: dict) -> str:
     return str(root / "weights.yaml")
 
 
+def test_weights_found_nowhere_are_refused_naming_the_yaml_and_the_member(slice_, tmp_path, capsys):
+    config = weights_config(tmp_path, {"weights": "nope/yolov8n.pt", "name": "a"})
+    code = run(slice_, tmp_path / "out", config=config)
+    refused(capsys, code, rf"^error: {re.escape(config)}: model 'a': weights 'nope/yolov8n.pt' not found \(looked at: ")
+
+
 def saved_settings(out: Path, member: str) -> dict:
     return json.loads((out / ".partial" / member / "_settings.json").read_text())
 

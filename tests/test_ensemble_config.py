@@ -1043,6 +1043,9 @@ def test_ray_engines_name_missing_weights_before_starting_actors(tmp_path, monke
         list(ray_cache.detect_on_ray(typo, config, None, {"typo": [1]}, lambda i: "1.jpg", 1, None))
     with pytest.raises(WeightsNotFoundError, match=r"model 'typo'"):
         list(ray_fuse.fuse_on_ray([("1.jpg", "1", "1.jpg")], config, {1: "x"}, [1], None))
+    config.source = Path("e.yaml")  # read from a YAML: the refusal leads with it, as the member's others do
+    with pytest.raises(WeightsNotFoundError, match=r"^e.yaml: model 'typo': weights 'yolo11n_TYPO.tflite' not found"):
+        list(ray_cache.detect_on_ray(typo, config, None, {"typo": [1]}, lambda i: "1.jpg", 1, None))
     assert started == []
 
 

@@ -226,12 +226,13 @@ def resolve_weights(
 
 
 def resolve_model_weights(
-    model: Any, weights_dir: str | Path | None = None, beside: str | Path | None = None
+    model: Any, weights_dir: str | Path | None = None, beside: str | Path | None = None, *, label: str | None = None
 ) -> ResolvedWeights | None:
     """Where the weights of a model config (a ``ModelConfig``) are, or None for a member that reads no
     weights: one of another type than :data:`WEIGHTS_TYPES` (saved predictions), or without ``weights``
     (a torchvision architecture left untrained). ``beside``: the folder of the YAML the model comes from
-    (``EnsembleConfig.folder``), as :func:`resolve_weights` takes it.
+    (``EnsembleConfig.folder``), as :func:`resolve_weights` takes it. ``label``: the model in messages
+    (``EnsembleConfig.member_label``, which leads with the YAML file); None: ``model 'yolov8n'``.
 
     Raises:
         WeightsNotFoundError: its weights are found nowhere (naming the model).
@@ -241,7 +242,7 @@ def resolve_model_weights(
     try:
         return resolve_weights(model.weights, model.type, weights_dir, beside)
     except WeightsNotFoundError as err:
-        raise WeightsNotFoundError(f"model {model.name or model.weights!r}: {err}") from None
+        raise WeightsNotFoundError(f"{model.label if label is None else label}: {err}") from None
 
 
 def upstream_failure(

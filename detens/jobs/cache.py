@@ -1161,7 +1161,8 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any, lock: 
     for entry in entries:
         if not entry.selected:  # its weights need not be found
             continue
-        weights = resolve_model_weights(entry.model, config.weights_dir, config.folder)
+        weights = resolve_model_weights(
+            entry.model, config.weights_dir, config.folder, label=config.member_label(entry.model))
         runs = []
         for name in entry.selected:
             settings = member_settings(config, entry, name, categories, weights, digests)
