@@ -923,6 +923,19 @@ class TestUnreadableImages:
         with pytest.raises(ValueError, match=message):
             EnsemblePredictions.from_folder(folder, load_coco_gt(gt_path))
 
+    def test_a_summary_that_is_a_pipe_is_refused_not_taken_for_none(self, dataset, tmp_path, capsys, named_pipe):
+        """Taken for no summary, the images it lists as unreadable would be scored as found by no model."""
+        gt_path, predictions = dataset
+        folder = tmp_path / "cache"
+        shutil.copytree(predictions, folder)
+        pipe = named_pipe(folder / "cache_summary.json")
+        message = f"cache summary {pipe} is not a regular file (a pipe); save its content to a file and give that file's path"
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            EnsemblePredictions.from_folder(folder, load_coco_gt(gt_path))
+        assert evaluate_cli.main(["--gt", str(gt_path), "--predictions", str(folder), "--methods", "mean", "--backend",
+                                  "faster", "--out", str(tmp_path / "report.json"), "--quiet"]) == 2
+        assert capsys.readouterr().err == f"error: {message}\n"
+
     def test_every_annotated_image_left_out_is_an_error(self, dataset, tmp_path):
         gt_path, predictions = dataset
         gt = load_coco_gt(gt_path)
