@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "check_real", "check_reals", "check_integer", "check_integers", "check_seed", "check_distinct_integers", "check_flag", "check_choice", "check_device",
+    "check_real", "check_reals", "check_integer", "check_integers", "check_seed", "check_distinct_integers", "check_flag", "check_choice", "check_choices", "check_device",
     "check_whole", "check_max_det", "first_few", "did_you_mean", "torch_ready_array",
 ]
 
@@ -201,6 +201,15 @@ def check_choice(value: Any, name: str, choices: Collection[str]) -> str:
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
     return value
+
+
+def check_choices(values: Any, name: str, choices: Collection[str]) -> list[str]:
+    """``values`` (a list or tuple of strings, each one of ``choices`` as :func:`check_choice` takes it) as a
+    list. A single string is refused, not iterated: ``"avg"`` is not the choices ``a``, ``v`` and ``g``."""
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
+        raise TypeError(f"{name} must be a list of names among {', '.join(choices)}, got {type(values).__name__}: "
+                        f"{values!r}")
+    return [check_choice(v, f"{name}[{i}]", choices) for i, v in enumerate(values)]
 
 
 def check_device(value: Any, name: str = "device") -> str:

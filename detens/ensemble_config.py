@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Literal
 
 from detens.checks import check_integer, check_real
 from detens.config import from_dict, read_yaml_file, save_yaml_config
+from detens.io import home_expanded
 from detens.packaged import find_packaged
 
 logger = logging.getLogger(__name__)
@@ -445,7 +446,7 @@ def _relative(value: Any, folder: Path) -> tuple[Path, Path] | None:
     absolute path, ``~/...``, an empty value, a value that is not a string: each left as it is)."""
     if not isinstance(value, str) or not value.strip():
         return None
-    given = Path(value).expanduser()
+    given = Path(home_expanded(value))
     return None if given.is_absolute() else (folder / given, given)
 
 
@@ -548,13 +549,13 @@ def _head_beside(value: str, folder: Path) -> str:
         return str(find_packaged(value, "heads", folder).resolve())
     except FileNotFoundError:
         # not refused here: a --method or --head flag may replace it; loading it names what is missing
-        return str((folder / Path(value).expanduser()).resolve())
+        return str((folder / home_expanded(value)).resolve())
 
 
 def _absolute(value: str | None) -> str | None:
     if not isinstance(value, str) or not value.strip():
         return value
-    path = Path(value).expanduser()
+    path = Path(home_expanded(value))
     return str(path.absolute()) if not path.is_absolute() and path.exists() else value
 
 

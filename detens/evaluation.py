@@ -41,12 +41,13 @@ from torchvision.ops import box_iou
 
 from detens.calibration_metrics import detection_calibration
 from detens.catalogue import MAX_K
-from detens.checks import check_max_det
+from detens.checks import check_choices, check_integer, check_max_det, check_reals
 from detens.coco import BACKENDS, detections_to_array, detections_to_coco, evaluate_coco, fastest_backend
 from detens.detections import Detections
 from detens.folds import kfold_image_splits
 from detens.fusers import fuse, highest_scoring
 from detens.fusers.consensus import average_clusters
+from detens.fusers.wbf import CONF_TYPES
 from detens.heads import TRAINERS
 from detens.matching import Clusters, match
 from detens.predictions import EnsemblePredictions, join_predictions, shared_images, shares_images_phrase
@@ -198,6 +199,13 @@ class TunedWBF(EvalMethod):
     WBF then fuses only near-identical boxes). The ascent goes on from there, at most ``max_widenings``
     times. Each setting is scored once. :meth:`describe` reports the choice, the final grids and whether
     each coordinate ended inside its grid.
+
+    Raises:
+        TypeError: a grid that is no list (a single number or name), or a value in it of another type,
+            naming the option and the value.
+        ValueError: an empty grid; an IoU outside (0, 1), a weight <= 0 or a conf_type WBF lacks
+            (:data:`detens.fusers.wbf.CONF_TYPES`), naming the option, its position and the value;
+            ``max_rounds`` < 1 or ``max_widenings`` < 0.
     """
 
     learned = True
@@ -211,14 +219,23 @@ class TunedWBF(EvalMethod):
         max_rounds: int = 4,
         max_widenings: int = 3,
     ) -> None:
-        if not iou_grid or not conf_types or not weight_values:
-            raise ValueError("wbf_tuned needs a non-empty iou_grid, conf_types and weight_values")
+        # checked here, when cross_validate builds every method, not by the first fuse of the search
+        grids = {
+            # 0 fuses any two boxes that touch, 1 none
+            "iou_grid": check_reals(iou_grid, "iou_grid", 0.0, 1.0, low_open=True, high_open=True),
+            "conf_types": check_choices(conf_types, "conf_types", CONF_TYPES),
+            # only the ratios count, and widening halves the smallest: a 0 would stay 0, and all 0 is no weighting
+            "weight_values": check_reals(weight_values, "weight_values", 0.0, low_open=True),
+        }
+        for name, grid in grids.items():
+            if not grid:
+                raise ValueError(f"wbf_tuned needs a non-empty {name}, got {grid}")
         self.model_names = list(model_names)
-        self.iou_grid = tuple(sorted(float(t) for t in iou_grid))
-        self.conf_types = tuple(conf_types)
-        self.weight_values = tuple(sorted(float(w) for w in weight_values))
-        self.max_rounds = max_rounds
-        self.max_widenings = max_widenings
+        self.iou_grid = tuple(sorted(grids["iou_grid"]))
+        self.conf_types = tuple(grids["conf_types"])
+        self.weight_values = tuple(sorted(grids["weight_values"]))
+        self.max_rounds = check_integer(max_rounds, "max_rounds", 1)
+        self.max_widenings = check_integer(max_widenings, "max_widenings", 0)
         self.weight_grid, self.searched_iou_grid = self.weight_values, self.iou_grid
         self.best: dict[str, Any] = {"iou_thr": 0.55, "conf_type": "avg", "weights": [1.0] * len(self.model_names)}
         self._scores: dict[tuple, float] = {}

@@ -35,7 +35,7 @@ __all__ = [
     "read_json_file", "output_stems", "output_lock", "LOCK_NAME", "remove_stale_temporaries", "lock_descriptor",
     "lock_holder_text", "run_folder", "names_a_folder", "check_file_path", "files_written_together", "HeldLock",
     "NAME_MAX_BYTES", "check_name_length", "name_bytes", "name_within_limit", "special_file_kind",
-    "check_not_special_file",
+    "check_not_special_file", "home_expanded",
 ]
 
 logger = logging.getLogger("detens.io")
@@ -83,6 +83,19 @@ def _start_within(text: str, size: int) -> str:
         if used > size:
             return text[:at]
     return text
+
+
+def home_expanded(value: str | os.PathLike[str]) -> str:
+    """The path ``value`` with a leading ``~`` (or ``~user``) read as the home folder (``os.path.expanduser``):
+    every path detens takes is read so, whatever wrote it. A shell expands ``~`` only at the start of an
+    unquoted word, so ``--out=~/runs``, a quoted ``'~/runs'`` and a Python call's ``out="~/runs"`` reach
+    detens as written, and taken as they are they would create a folder named ``~`` in the working directory.
+
+    Only the text's first character counts: ``./~/h.json`` is the file in a folder named ``~`` in the working
+    directory, which ``Path(value).expanduser()`` would read from the home folder (``Path`` drops the ``./``).
+    A ``Path`` given has lost its ``./`` already (``Path("./~/h.json")`` is ``Path("~/h.json")``), so a leading
+    ``~`` in it is the home folder too."""
+    return os.path.expanduser(os.fspath(value))
 
 
 def names_a_folder(value: str | os.PathLike[str]) -> bool:

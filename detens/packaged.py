@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from detens.io import check_not_special_file
+from detens.io import check_not_special_file, home_expanded
 
 __all__ = ["CONFIG_ROOT", "KINDS", "packaged_names", "find_packaged", "shipped_file", "describe_shipped"]
 
@@ -65,7 +65,7 @@ def find_packaged(value: str | Path, kind: Kind, folder: str | Path | None = Non
                         f"{value!r}")
     if isinstance(value, str) and value == "":
         raise ValueError(f"{_WHAT[kind]}: expected a file or a shipped name, got {value!r}")
-    given = Path(value).expanduser()
+    given = Path(home_expanded(value))
     path = Path(folder) / given if folder is not None and not given.is_absolute() else given
     if path.is_file():
         return path

@@ -28,7 +28,7 @@ from detens.coco import (
     with_annotation_ids,
 )
 from detens.detections import Detections
-from detens.io import read_json_file
+from detens.io import check_not_special_file, read_json_file
 
 __all__ = [
     "CACHE_PARTIAL", "CACHE_SUMMARY", "EnsemblePredictions", "LeftOutImage", "NOT_RESULTS", "base_file_names",
@@ -499,7 +499,13 @@ def _unfinished_members(folder: Path, summary: dict[str, Any] | None, finished: 
 
 
 def _read_summary(path: Path) -> dict[str, Any] | None:
-    """``detens cache``'s summary at ``path``; None where there is none (results written by other tools)."""
+    """``detens cache``'s summary at ``path``; None where there is none (results written by other tools).
+
+    Raises:
+        ValueError: a pipe or a device at ``path`` (:func:`detens.io.check_not_special_file`), which is not
+            taken for no summary: the images it lists as unreadable would be scored as found by no model.
+    """
+    check_not_special_file(path, "cache summary")
     if not path.is_file():
         return None
     summary: Any = read_json_file(path, "cache summary")

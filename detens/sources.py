@@ -21,7 +21,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from detens.io import special_file_kind
+from detens.io import home_expanded, special_file_kind
 
 __all__ = ["IMAGE_EXTENSIONS", "ImageReadError", "ImageSizeError", "list_images", "read_image", "as_bgr", "is_image_file"]
 
@@ -175,13 +175,13 @@ def list_images(source: str | Path | Iterable[str | Path], recursive: bool = Tru
         if isinstance(item, str) and not item:
             # Path("") is the current folder: an unset variable in `--source "$IMAGES"` would run on it
             raise ValueError("image source is an empty string; give a file, a folder or a glob pattern")
-        path = Path(item).expanduser()
+        path = Path(home_expanded(item))
         if path.is_file() or special_file_kind(path) is not None:  # reading a pipe or a device reports it
             found.add(path)
         elif path.is_dir():
             found.update(_folder_images(path, recursive))
         elif _is_glob(str(item)):
-            pattern = os.path.expanduser(str(item))
+            pattern = home_expanded(item)
             fixed = next((n for n, part in enumerate(Path(pattern).parts) if _is_glob(part)), 0)
             real_folders: dict[str, str] = {}
             for match in glob.glob(pattern, recursive=recursive):

@@ -423,6 +423,23 @@ def test_merge_with_a_missing_shard_fails_clearly(slice_, capsys):
     assert "a: shards of different splits (n=2, n=3)" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("merge", [False, True])
+def test_a_summary_that_is_a_pipe_is_refused_before_any_work_not_waited_on(slice_, tmp_path, capsys, named_pipe,
+                                                                           merge):
+    """The run reads the summary back for its other members' entries: a pipe would be waited on (or read
+    as no summary, their entries dropped), and is refused like any other input that is one."""
+    out = tmp_path / "o"
+    if merge:
+        assert run(slice_, out, "--shard", "0/1") == 0
+    else:
+        out.mkdir()
+    pipe = named_pipe(out / "cache_summary.json")
+    capsys.readouterr()
+    code = cache_cli.main(["merge", "--out", str(out), "--quiet"]) if merge else run(slice_, out)
+    refused(capsys, code, rf"^error: cache summary {re.escape(str(pipe))} is not a regular file \(a pipe\); ")
+    assert not (out / "a.json").exists() and not (out / "b.json").exists() and (merge or not (out / ".partial").exists())
+
+
 def test_merge_names_a_shard_that_a_run_stopped_before_its_file_incomplete(slice_, tmp_path, capsys):
     out = tmp_path / "o"
     assert run(slice_, out, "--shard", "1/2") == 0
@@ -1113,6 +1130,12 @@ def weights_config(root: Path, *models: dict) -> str:
     config = {"name": "weights", "models": [{"type": "ultralytics", **model} for model in models]}
     (root / "weights.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     return str(root / "weights.yaml")
+
+
+def test_weights_found_nowhere_are_refused_naming_the_yaml_and_the_member(slice_, tmp_path, capsys):
+    config = weights_config(tmp_path, {"weights": "nope/yolov8n.pt", "name": "a"})
+    code = run(slice_, tmp_path / "out", config=config)
+    refused(capsys, code, rf"^error: {re.escape(config)}: model 'a': weights 'nope/yolov8n.pt' not found \(looked at: ")
 
 
 def saved_settings(out: Path, member: str) -> dict:

@@ -11,6 +11,7 @@ import torch
 
 from detens.checks import (
     check_choice,
+    check_choices,
     check_device,
     check_flag,
     check_integer,
@@ -147,6 +148,15 @@ def test_check_choice_lists_the_choices():
     for bad, shown in ((None, "NoneType None"), (["a"], "list ['a']"), (1, "int 1")):
         with pytest.raises(TypeError, match=f"^c must be one of a, b, got {re.escape(shown)}$"):
             check_choice(bad, "c", ("a", "b"))
+
+
+def test_check_choices_names_the_position_of_a_bad_one():
+    assert check_choices(("b", "a"), "c", ("a", "b")) == ["b", "a"] and check_choices([], "c", ("a",)) == []
+    with pytest.raises(ValueError, match=r"^c\[1\] must be one of a, b, got 'z'$"):
+        check_choices(["a", "z"], "c", ("a", "b"))
+    for bad, shown in (("ab", "str: 'ab'"), (None, "NoneType: None"), ({"a": 1}, "dict: {'a': 1}")):
+        with pytest.raises(TypeError, match=f"^c must be a list of names among a, b, got {re.escape(shown)}$"):
+            check_choices(bad, "c", ("a", "b"))
 
 
 @pytest.mark.parametrize(

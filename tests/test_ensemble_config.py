@@ -22,6 +22,7 @@ from detens.ensemble_config import (
     ensemble_config_from_dict,
     load_ensemble_config,
     save_ensemble_config,
+    with_absolute_paths,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -1042,6 +1043,9 @@ def test_ray_engines_name_missing_weights_before_starting_actors(tmp_path, monke
         list(ray_cache.detect_on_ray(typo, config, None, {"typo": [1]}, lambda i: "1.jpg", 1, None))
     with pytest.raises(WeightsNotFoundError, match=r"model 'typo'"):
         list(ray_fuse.fuse_on_ray([("1.jpg", "1", "1.jpg")], config, {1: "x"}, [1], None))
+    config.source = Path("e.yaml")  # read from a YAML: the refusal leads with it, as the member's others do
+    with pytest.raises(WeightsNotFoundError, match=r"^e.yaml: model 'typo': weights 'yolo11n_TYPO.tflite' not found"):
+        list(ray_cache.detect_on_ray(typo, config, None, {"typo": [1]}, lambda i: "1.jpg", 1, None))
     assert started == []
 
 
@@ -1115,3 +1119,31 @@ def test_fuse_and_cache_resume_a_yaml_run_from_another_working_directory(tmp_pat
             assert main([*command, "--config", config]) == 0, capsys.readouterr().err
     assert json.loads((tmp_path / "fused" / "summary.json").read_text())["resumed"] == 1
     assert json.loads((tmp_path / "cache" / "saved.json").read_text()) == [box]
+
+
+def test_a_folder_named_tilde_written_from_its_parent_is_not_the_home_folder(tmp_path, monkeypatch):
+    """``./~/c.yaml`` is the config in a folder named ``~`` of the working directory, and a YAML's ``./~/gt.json``
+    the file in a folder named ``~`` beside the YAML: ``Path`` drops the ``./``, and read so they were the home
+    folder's. ``~/c.yaml`` is still the home folder's."""
+    home, work, cfg = tmp_path / "home", tmp_path / "work", tmp_path / "cfg"
+    for folder in (home, work / "~", cfg / "~"):
+        folder.mkdir(parents=True)
+        (folder / "r.json").write_text("[]")
+        (folder / "gt.json").write_text("{}")
+        (folder / "cal.json").write_text("{}")
+        (folder / "c.yaml").write_text(yaml.safe_dump({"models": [{"type": "precomputed", "results": "r.json"}]}))
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    assert load_ensemble_config("./~/c.yaml").models[0].results == str(work / "~" / "r.json")
+    assert load_ensemble_config("~/c.yaml").models[0].results == str(home / "r.json")
+    # what a worker elsewhere is sent: the working directory's ./~/r.json made absolute, ~/r.json left to it
+    for results, sent in (("./~/r.json", str(work / "~" / "r.json")), ("~/r.json", "~/r.json")):
+        assert with_absolute_paths(ModelConfig(type="precomputed", results=results)).results == sent
+    (cfg / "e.yaml").write_text(yaml.safe_dump({
+        "dataset": "./~/gt.json", "models": [{"type": "precomputed", "results": "./~/r.json"}],
+        "fusion": {"head": "./~/h.json", "params": {"calibration": "./~/cal.json"}},
+    }))
+    (home / "h.json").write_text("{}")  # not beside the YAML either: named where it was looked for
+    config = load_ensemble_config(cfg / "e.yaml")
+    assert (config.dataset, config.models[0].results, config.fusion.params["calibration"], config.fusion.head) == (
+        str(cfg / "~" / "gt.json"), str(cfg / "~" / "r.json"), str(cfg / "~" / "cal.json"), str(cfg / "~" / "h.json"))

@@ -2161,3 +2161,18 @@ def test_the_end_of_a_run_names_the_first_images_read_with_a_warning_and_counts_
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("read with a warning")]
     assert printed == [f"read with a warning: {name}: holds 2 pages" for name in names[:10]] + [
         "read with a warning: 3 more images, listed in summary.json"]
+
+
+def test_a_source_folder_named_tilde_written_from_the_working_directory_is_not_the_home_folder(tmp_path, monkeypatch):
+    """``--source ./~/images`` is a folder named ``~`` of the working directory, whose images are named
+    relative to it; ``~/images`` is the home folder's."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    for folder in (home / "images" / "a", work / "~" / "images" / "a"):
+        folder.mkdir(parents=True)
+        shutil.copy(Path(ASSETS) / "bus.jpg", folder / "bus.jpg")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    for source, where in (("./~/images", work / "~"), ("~/images", home)):
+        images, root = fuse_tool.resolve_source(source)
+        assert [p.absolute() for p in images] == [where / "images" / "a" / "bus.jpg"] and root.absolute() == where / "images"
+        assert [fuse_tool.relative_name(p, root) for p in images] == ["a/bus.jpg"]

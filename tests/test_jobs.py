@@ -207,11 +207,17 @@ _PAIRS = ("--also-fit-on", "--fit-on", "--coco")
     *((command, None) for command in sorted(PATH_OPTIONS) if command != "evaluate"),
     ("evaluate", "--fit-on"), ("evaluate", "--also-fit-on"),  # they exclude each other
 ])
-def test_every_path_option_reads_a_leading_tilde_as_the_home_folder(command, left_out, tmp_path, monkeypatch):
+@pytest.mark.parametrize("prefix", ["~/", "./~/"])
+def test_every_path_option_reads_a_leading_tilde_as_the_home_folder_and_one_after_dot_slash_as_a_folder(
+    command, left_out, prefix, tmp_path, monkeypatch
+):
     """A shell leaves ``~`` as written after ``--out=`` and in quotes: the job expands it, as it does in a
-    Python call, and never creates a folder named ``~`` in the working directory."""
+    Python call, and never creates a folder named ``~`` in the working directory. ``./~/`` is that folder,
+    never the home folder, though ``Path`` drops the ``./`` (``Path("./~/x")`` is ``Path("~/x")``)."""
     home = tmp_path / "home"
+    folder = home if prefix == "~/" else tmp_path / "~"
     (home / "weights_dir").mkdir(parents=True)
+    (tmp_path / "~" / "weights_dir").mkdir(parents=True)
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.chdir(tmp_path)
     _, options_class = detens.jobs.job(command)
@@ -224,19 +230,20 @@ def test_every_path_option_reads_a_leading_tilde_as_the_home_folder(command, lef
         if flag == left_out:
             continue
         if flag in _PAIRS:
-            argv += [flag, f"~/{name}_1", f"~/{name}_2"]
-            expected[name] = (str(home / f"{name}_1"), str(home / f"{name}_2"))
+            argv += [flag, f"{prefix}{name}_1", f"{prefix}{name}_2"]
+            expected[name] = (str(folder / f"{name}_1"), str(folder / f"{name}_2"))
         else:
-            argv.append(f"{flag}=~/{name}" if flag.startswith("--") else f"~/{name}")
-            expected[name] = str(home / name)
+            argv.append(f"{flag}={prefix}{name}" if flag.startswith("--") else f"{prefix}{name}")
+            expected[name] = str(folder / name)
     if command == "evaluate":
-        argv += ["--train-config", "deep=~/deep.yaml", *(["--cv", "0"] if left_out == "--also-fit-on" else [])]
+        argv += ["--train-config", f"deep={prefix}deep.yaml", *(["--cv", "0"] if left_out == "--also-fit-on" else [])]
     options = options_class.from_namespace(command_parser(command).parse_args(argv))
     given = {name: getattr(options, name) for name in expected}
-    assert {name: tuple(map(str, v)) if isinstance(v, (tuple, list)) else str(v) for name, v in given.items()} == expected
+    assert {name: tuple(map(os.path.abspath, v)) if isinstance(v, (tuple, list)) else os.path.abspath(v)
+            for name, v in given.items()} == expected
     if command == "evaluate":
-        assert options.train_config == (f"deep={home / 'deep.yaml'}",)
-    assert not (tmp_path / "~").exists()
+        assert os.path.abspath(options.train_config[0].removeprefix("deep=")) == str(folder / "deep.yaml")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home", "~"] and [p.name for p in (tmp_path / "~").iterdir()] == ["weights_dir"]
 
 
 def test_options_are_checked_as_they_are_made(tmp_path):

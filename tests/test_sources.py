@@ -381,3 +381,18 @@ def test_a_jfif_file_is_listed_and_read_as_the_jpeg_it_is(tmp_path):
     (tmp_path / "photo.jpg").rename(tmp_path / "photo.jfif")
     assert list_images(tmp_path) == [tmp_path / "photo.jfif"]
     assert read_image(tmp_path / "photo.jfif").shape == (8, 12, 3)
+
+
+def test_a_folder_named_tilde_written_from_the_working_directory_is_not_the_home_folder(tmp_path, monkeypatch):
+    """``./~/a.png`` is an image in a folder named ``~`` (``Path`` drops the ``./``, and read so it was the home
+    folder's); ``~/b.png`` is still the home folder's."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    _write_png(work / "~" / "a.png")
+    _write_png(home / "b.png")
+    _write_png(home / "a.png")  # what the home folder has under the name: never listed for ./~/
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    for source in ("./~", "./~/a.png", "./~/*.png", ["./~/a.png", "./~"]):
+        assert [p.absolute() for p in list_images(source)] == [work / "~" / "a.png"], source
+    assert [p.absolute() for p in list_images("~")] == [home / "a.png", home / "b.png"]
+    assert [p.absolute() for p in list_images("~/b.png")] == [home / "b.png"]

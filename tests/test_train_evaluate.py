@@ -475,9 +475,39 @@ class TestCrossValidation:
         assert set(described["weights"]) <= set(described["weight_grid"])
         assert described["train_map"] >= narrow.best["train_map"]
 
-    def test_wbf_tuned_rejects_an_empty_grid(self, ensemble):
-        with pytest.raises(ValueError, match="non-empty iou_grid"):
-            TunedWBF(ensemble.model_names, iou_grid=[])
+    @pytest.mark.parametrize("options, error, message", [
+        ({"iou_grid": []}, ValueError, r"wbf_tuned needs a non-empty iou_grid, got \[\]"),
+        ({"conf_types": ()}, ValueError, r"wbf_tuned needs a non-empty conf_types, got \[\]"),
+        ({"weight_values": []}, ValueError, r"wbf_tuned needs a non-empty weight_values, got \[\]"),
+        ({"iou_grid": [0.5, 1.0]}, ValueError, r"iou_grid\[1\] must be in \(0, 1\), got 1.0"),
+        ({"iou_grid": [0]}, ValueError, r"iou_grid\[0\] must be in \(0, 1\), got 0"),
+        ({"iou_grid": [1.5]}, ValueError, r"iou_grid\[0\] must be in \(0, 1\), got 1.5"),
+        ({"iou_grid": [math.nan]}, ValueError, r"iou_grid\[0\] must be in \(0, 1\), got nan"),
+        ({"iou_grid": 0.5}, TypeError, r"iou_grid must be a list of numbers, got float: 0.5"),
+        ({"iou_grid": ["0.5"]}, TypeError, r"iou_grid\[0\] must be a number, got str: '0.5'"),
+        ({"weight_values": [1.0, -1.0]}, ValueError, r"weight_values\[1\] must be a positive number, got -1.0"),
+        ({"weight_values": [0.0]}, ValueError, r"weight_values\[0\] must be a positive number, got 0.0"),
+        ({"weight_values": [math.inf]}, ValueError, r"weight_values\[0\] must be a positive number, got inf"),
+        ({"weight_values": [1, True]}, TypeError, r"weight_values\[1\] must be a number, got bool: True"),
+        ({"conf_types": ["avg", "mean"]}, ValueError,
+         r"conf_types\[1\] must be one of avg, max, box_and_model_avg, absent_model_aware_avg, got 'mean'"),
+        ({"conf_types": "avg"}, TypeError, r"conf_types must be a list of names among avg, .*, got str: 'avg'"),
+        ({"conf_types": [None]}, TypeError, r"conf_types\[0\] must be one of avg, .*, got NoneType None"),
+        ({"max_rounds": 0}, ValueError, r"max_rounds must be an integer >= 1, got 0"),
+        ({"max_rounds": 2.0}, TypeError, r"max_rounds must be an integer, got float: 2.0"),
+        ({"max_widenings": -1}, ValueError, r"max_widenings must be an integer >= 0, got -1"),
+    ])
+    def test_wbf_tuned_refuses_a_bad_search_option_naming_it_and_the_value(self, options, error, message):
+        with pytest.raises(error, match=f"^{message}$"):
+            TunedWBF(["a", "b"], **options)
+
+    def test_a_bad_wbf_tuned_grid_is_refused_before_any_method_runs(self, ensemble):
+        """WBF itself took an IoU of 1.5 only in the search, after the methods before it had run."""
+        ran = []
+        with pytest.raises(ValueError, match=r"^iou_grid\[1\] must be in \(0, 1\), got 1.5$"):
+            cross_validate(ensemble, ["wbf", "wbf_tuned"], k=2, backend="faster",
+                           method_options={"wbf_tuned": {"iou_grid": [0.5, 1.5]}}, on_method=lambda name, _: ran.append(name))
+        assert ran == []
 
     def test_pretrained_head_is_scored_as_a_fixed_method(self, dataset, ensemble, tmp_path):
         samples = build_samples(ensemble, ensemble.gt.annotated_image_ids[:8], 0.55)
@@ -892,6 +922,19 @@ class TestUnreadableImages:
         folder = _cache_folder(predictions, tmp_path / "cache", {}, summary=summary)
         with pytest.raises(ValueError, match=message):
             EnsemblePredictions.from_folder(folder, load_coco_gt(gt_path))
+
+    def test_a_summary_that_is_a_pipe_is_refused_not_taken_for_none(self, dataset, tmp_path, capsys, named_pipe):
+        """Taken for no summary, the images it lists as unreadable would be scored as found by no model."""
+        gt_path, predictions = dataset
+        folder = tmp_path / "cache"
+        shutil.copytree(predictions, folder)
+        pipe = named_pipe(folder / "cache_summary.json")
+        message = f"cache summary {pipe} is not a regular file (a pipe); save its content to a file and give that file's path"
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            EnsemblePredictions.from_folder(folder, load_coco_gt(gt_path))
+        assert evaluate_cli.main(["--gt", str(gt_path), "--predictions", str(folder), "--methods", "mean", "--backend",
+                                  "faster", "--out", str(tmp_path / "report.json"), "--quiet"]) == 2
+        assert capsys.readouterr().err == f"error: {message}\n"
 
     def test_every_annotated_image_left_out_is_an_error(self, dataset, tmp_path):
         gt_path, predictions = dataset

@@ -181,7 +181,7 @@ class TestMissing:
         with pytest.raises(WeightsNotFoundError) as info:
             input_fingerprints(config)
         message = str(info.value)
-        assert message.startswith("model 'm': weights 'w/m.tflite' not found (looked at: ")
+        assert message.startswith(f"{config_folder / 'e.yaml'}: model 'm': weights 'w/m.tflite' not found (looked at: ")
         assert "\n" not in message  # the CLI prints one error line
         assert f"{config_folder / 'w' / 'm.tflite'} (as a path beside the config file)" in message
         assert str(dirs[2] / "w") not in message  # the working directory is not looked at for a YAML's weights
@@ -219,12 +219,14 @@ class TestMissing:
 
 
 @pytest.mark.parametrize("member, name", [
-    ({"type": "ultralytics", "weights": "yolo11n.pt"}, "yolo11n.pt"),
-    ({"type": "torchvision", "arch": "fasterrcnn_mobilenet_v3_large_320_fpn", "weights": "DEFAULT"}, "DEFAULT"),
+    ({"type": "ultralytics", "weights": "yolo11n.pt", "name": "a"}, "yolo11n.pt"),
+    ({"type": "torchvision", "arch": "fasterrcnn_mobilenet_v3_large_320_fpn", "weights": "DEFAULT", "name": "a"},
+     "DEFAULT"),
 ])
 def test_an_upstream_name_of_a_yaml_that_fails_to_download_lists_the_yaml_folder(tmp_path, monkeypatch, member, name):
     """The YAML's folder is where its relative weights are looked for first: the refusal names it, and says
-    the working directory is the working directory (not the YAML's relative path read from there)."""
+    the working directory is the working directory (not the YAML's relative path read from there). It leads
+    with the YAML and the member, as the refusal of weights found nowhere does."""
     pytest.importorskip("ultralytics")
     import torchvision.models
     import ultralytics
@@ -247,10 +249,30 @@ def test_an_upstream_name_of_a_yaml_that_fails_to_download_lists_the_yaml_folder
     with pytest.raises(WeightsNotFoundError, match="upstream download failed") as caught:
         build_ensemble(config_folder / "ensemble.yaml")
     message = str(caught.value)
+    assert message.startswith(f"{config_folder / 'ensemble.yaml'}: model 'a': ")
     assert f"{config_folder / name} (as a path beside the config file)" in message
     assert f"{cwd / name} (in the working directory" in message
     assert f"{cwd / name} (as a path)" not in message
 
+
+def test_fuse_names_the_yaml_and_the_member_whose_upstream_weights_failed_to_download(tmp_path, monkeypatch, capsys):
+    """One ``error:`` line, status 2, led by the YAML and the member as a member's other refusals are."""
+    pytest.importorskip("ultralytics")
+    import ultralytics
+
+    from detens.cli import main
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Download failure. Environment may be offline.")
+
+    monkeypatch.setattr(ultralytics, "YOLO", offline)
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "that.yaml").write_text("models: [{name: a, type: ultralytics, weights: yolov8n.pt}]\n")
+    assert main(["fuse", "--config", "that.yaml", "--source", "ultralytics-assets", "--out", "out", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: that.yaml: model 'a': weights 'yolov8n.pt' are not on disk and the upstream "
+                          "download failed (ConnectionError: Download failure.") and err.count("\n") == 1
 
 _AUTOINSTALL_AFTER_AN_UPSTREAM_CHECK = """
 import sys
@@ -297,3 +319,23 @@ def test_every_import_of_ultralytics_goes_through_import_ultralytics():
             if id(node) not in typing_only and any(n.split(".")[0] == "ultralytics" for n in names):
                 found.append(f"{path.name}:{node.lineno}")
     assert found == []
+
+
+def test_a_folder_named_tilde_written_from_the_working_directory_is_not_the_home_folder(tmp_path, monkeypatch):
+    """Weights at ``./~/m.onnx`` and a weights folder ``./~/w`` are in a folder named ``~`` of the working
+    directory, not the home folder's (``Path`` drops the ``./``); ``~/m.onnx`` is still the home folder's."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    for folder in (home / "w", work / "~" / "w"):
+        folder.mkdir(parents=True)
+        (folder.parent / "m.onnx").write_text(str(folder.parent))
+        (folder / "n.onnx").write_text(str(folder))
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    assert resolve_weights("./~/m.onnx").value == str(work / "~" / "m.onnx")
+    assert resolve_weights("~/m.onnx").value == str(home / "m.onnx")
+    assert [folder.absolute() for folder in weights_dirs("./~/w")][0] == work / "~" / "w"
+    assert os.path.abspath(resolve_weights("n.onnx", weights_dir="./~/w").value) == str(work / "~" / "w" / "n.onnx")
+    assert resolve_weights("n.onnx", weights_dir="~/w").value == str(home / "w" / "n.onnx")
+    monkeypatch.setenv(ENV_VAR, "./~/w")
+    assert [folder.absolute() for folder in weights_dirs()][0] == work / "~" / "w"

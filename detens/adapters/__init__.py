@@ -438,6 +438,8 @@ def build_detector(
             :class:`~detens.adapters.precomputed.UnknownImageError` included), its message led by the member
             (``model 'yolox_nano'``) and the YAML file the ensemble was read from, as a refusal of the file's
             values is.
+        WeightsNotFoundError: its weights are not on disk and not an upstream name, or their download
+            failed, its message led in the same way.
     """
     from detens.config import from_dict
     from detens.ensemble_config import EnsembleConfig, ModelConfig
@@ -461,7 +463,7 @@ def build_detector(
                 max_det=ensemble.setting(model, "max_det"),
             )
         return detector
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, WeightsNotFoundError) as err:
         # an adapter names the option it refuses, not which of the ensemble's members has it (some lead with
         # their own name, which the label repeats). The error itself is kept, its type and traceback with it,
         # for the callers that catch it.

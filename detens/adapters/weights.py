@@ -27,6 +27,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
 
+from detens.io import home_expanded
+
 __all__ = [
     "ENV_VAR",
     "WeightsNotFoundError",
@@ -92,9 +94,9 @@ def shared_models_above(start: str | Path | None = None) -> Path | None:
 def weights_dirs(default: str | Path | None = None) -> list[Path]:
     """The folders that weight names are relative to, in search order (see the module docstring)."""
     env = os.environ.get(ENV_VAR, "").strip()
-    dirs = [Path(p).expanduser() for p in env.split(os.pathsep) if p.strip()] if env else []
+    dirs = [Path(home_expanded(p)) for p in env.split(os.pathsep) if p.strip()] if env else []
     if default is not None:
-        dirs.append(Path(default).expanduser())
+        dirs.append(Path(home_expanded(default)))
     for found in (shared_models_above(), repository_weights_dir()):
         if found is not None and found.is_dir():
             dirs.append(found)
@@ -176,7 +178,7 @@ def resolve_weights(
     if not text.strip():
         raise ValueError("weights must not be empty")
     tried: list[str] = []
-    as_path = Path(text).expanduser()
+    as_path = Path(home_expanded(text))
     if beside is None or as_path.is_absolute():
         paths = [(as_path, "as a path")]
     else:
@@ -224,12 +226,13 @@ def resolve_weights(
 
 
 def resolve_model_weights(
-    model: Any, weights_dir: str | Path | None = None, beside: str | Path | None = None
+    model: Any, weights_dir: str | Path | None = None, beside: str | Path | None = None, *, label: str | None = None
 ) -> ResolvedWeights | None:
     """Where the weights of a model config (a ``ModelConfig``) are, or None for a member that reads no
     weights: one of another type than :data:`WEIGHTS_TYPES` (saved predictions), or without ``weights``
     (a torchvision architecture left untrained). ``beside``: the folder of the YAML the model comes from
-    (``EnsembleConfig.folder``), as :func:`resolve_weights` takes it.
+    (``EnsembleConfig.folder``), as :func:`resolve_weights` takes it. ``label``: the model in messages
+    (``EnsembleConfig.member_label``, which leads with the YAML file); None: ``model 'yolov8n'``.
 
     Raises:
         WeightsNotFoundError: its weights are found nowhere (naming the model).
@@ -239,7 +242,7 @@ def resolve_model_weights(
     try:
         return resolve_weights(model.weights, model.type, weights_dir, beside)
     except WeightsNotFoundError as err:
-        raise WeightsNotFoundError(f"model {model.name or model.weights!r}: {err}") from None
+        raise WeightsNotFoundError(f"{model.label if label is None else label}: {err}") from None
 
 
 def upstream_failure(

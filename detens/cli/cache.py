@@ -96,7 +96,6 @@ read none of its images writes its summary and ends with an error (exit status 2
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from detens.catalogue import DEFAULT_ENSEMBLE
 from detens.cli import add_weights_dir_argument, finite_number, folder_path, integer, run_command
@@ -116,7 +115,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=folder_path,
         help="folder holding the images (the ground truth's file_name is relative to it)",
     )
-    p.add_argument("--gt", type=Path, help="COCO annotation file: the images' ids, file names and categories")
+    p.add_argument("--gt", help="COCO annotation file: the images' ids, file names and categories")
     p.add_argument("--out", type=folder_path, required=True, help="output folder (created; a re-run resumes)")
     p.add_argument(
         "--models",

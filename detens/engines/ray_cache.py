@@ -111,7 +111,7 @@ def ready_for_actors(
     Raises:
         WeightsNotFoundError: the first of ``models`` whose weights are found nowhere.
     """
-    ready = [_with_found_weights(model, ensemble.weights_dir, ensemble.folder) for model in models]
+    ready = [_with_found_weights(model, ensemble) for model in models]
     found = {id(model): done for model, done in zip(models, ready, strict=True)}
     absolute = with_absolute_paths(ensemble)
     # the actors look weights up again where they run: a name found through this process's working
@@ -122,14 +122,14 @@ def ready_for_actors(
     return sent, ready
 
 
-def _with_found_weights(model: ModelConfig, weights_dir: str | None, beside: Path | None) -> ModelConfig:
-    """``model`` with its files made absolute, and its weights, when they are on disk, the path this process
-    found them at (``beside``: the folder of the model's YAML).
+def _with_found_weights(model: ModelConfig, ensemble: EnsembleConfig) -> ModelConfig:
+    """``model`` of ``ensemble`` with its files made absolute, and its weights, when they are on disk, the
+    path this process found them at (beside the ensemble's YAML first).
 
     Raises:
-        WeightsNotFoundError: its weights are found nowhere (naming the model).
+        WeightsNotFoundError: its weights are found nowhere (naming the model and the YAML).
     """
-    resolved = resolve_model_weights(model, weights_dir, beside)
+    resolved = resolve_model_weights(model, ensemble.weights_dir, ensemble.folder, label=ensemble.member_label(model))
     model = with_absolute_paths(model)
     if resolved is not None and resolved.local:
         model = replace(model, weights=str(Path(resolved.value).absolute()))

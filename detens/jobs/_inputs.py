@@ -161,7 +161,8 @@ def input_fingerprints(config: EnsembleConfig) -> dict[str, str]:
     fingerprints = file_digests([*heads, *saved])
     digests: dict[str, str] = {}
     for model in config.models:
-        fingerprints.update(weights_inputs(model, resolve_model_weights(model, config.weights_dir, config.folder), digests))
+        weights = resolve_model_weights(model, config.weights_dir, config.folder, label=config.member_label(model))
+        fingerprints.update(weights_inputs(model, weights, digests))
     return fingerprints
 
 

@@ -5,7 +5,7 @@ A job's options are a keyword-only dataclass deriving from :class:`JobOptions`, 
 the kinds below; the command's flags are the fields' names (``max_det`` is ``--max-det``). A value of the
 wrong type is a TypeError naming the option, a bad value a ValueError: a string is never read as a number,
 nor a number or a string as a bool (``overwrite="no"`` would otherwise discard finished work). Every path
-option, to read or to write, takes a leading ``~`` as the home folder (:func:`home_expanded`).
+option, to read or to write, takes a leading ``~`` as the home folder (:func:`detens.io.home_expanded`).
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from detens.checks import check_flag
-from detens.io import check_file_path
+from detens.io import check_file_path, home_expanded
 
 __all__ = [
     "JobOptions", "UsageError", "check_existing_folder", "check_file_or_folder", "check_folder", "check_given_folder",
     "check_int", "check_output_file", "check_positive_int", "check_text_list", "check_text_pair",
-    "command_line_flag", "existing_folder", "file_or_folder", "file_or_shipped_name", "flag", "folder", "home_expanded",
+    "command_line_flag", "existing_folder", "file_or_folder", "file_or_shipped_name", "flag", "folder",
     "input_path", "integer", "internal", "listed", "not_a_folder", "number", "output_file", "parse_set", "path",
     "python_keyword", "text",
 ]
@@ -37,20 +37,13 @@ class UsageError(ValueError):
 
 
 # --------------------------------------------------------------------------------------- the checks of values
-def home_expanded(value: str | os.PathLike[str]) -> str:
-    """The path ``value`` with a leading ``~`` (or ``~user``) read as the home folder (``os.path.expanduser``):
-    every path a job takes is read so, whatever wrote it. A shell expands ``~`` only at the start of an
-    unquoted word, so ``--out=~/runs``, a quoted ``'~/runs'`` and a Python call's ``out="~/runs"`` reach the
-    job as written, and taken as they are they would create a folder named ``~`` in the working directory."""
-    return os.path.expanduser(os.fspath(value))
-
-
-def check_folder(value: str) -> Path:
-    """The path of a folder, which may not exist yet (a leading ``~`` expanded: :func:`home_expanded`). An
-    empty one is refused rather than read as the working directory (``Path("")`` is ``.``): it is most often
-    an unset shell variable (``--out "$OUT"``), and the job would write its outputs among the user's own
-    files. So is a path that is a file, before anything is done (creating the folder would fail only then,
-    as "File exists").
+def check_folder(value: str) -> str:
+    """The path of a folder, which may not exist yet, kept as written but for a leading ``~``
+    (:func:`detens.io.home_expanded`): a ``Path`` would drop the ``./`` of ``./~/runs``, which read again would
+    be the home folder's ``runs``. An empty one is refused rather than read as the working directory
+    (``Path("")`` is ``.``): it is most often an unset shell variable (``--out "$OUT"``), and the job would
+    write its outputs among the user's own files. So is a path that is a file, before anything is done
+    (creating the folder would fail only then, as "File exists").
 
     Raises:
         ValueError: ``value`` is empty or a file.
@@ -60,7 +53,7 @@ def check_folder(value: str) -> Path:
     value = home_expanded(value)
     if os.path.exists(value) and not os.path.isdir(value):
         raise ValueError(f"expected a folder, got {value!r}, which is a file")
-    return Path(value)
+    return value
 
 
 def command_line_flag(name: str) -> str:
@@ -75,7 +68,7 @@ def python_keyword(name: str, is_flag: bool) -> str:
 
 
 def check_output_file(value: str) -> str:
-    """The path of a file to write, kept as written but for a leading ``~`` (:func:`home_expanded`). A path
+    """The path of a file to write, kept as written but for a leading ``~`` (:func:`detens.io.home_expanded`). A path
     ending in a separator names a folder: read as a ``Path`` it loses the separator, and the file would be
     written at the folder's name (``--out runs/x/`` writing the file ``runs/x``). An empty one is refused as
     :func:`check_folder` refuses it (``Path("")`` is the working directory).
@@ -92,7 +85,7 @@ def check_output_file(value: str) -> str:
 
 def check_file_or_folder(value: str) -> str:
     """The path of a file to write or of a folder to write it in, kept as written but for a leading ``~``
-    (:func:`home_expanded`): a trailing separator (:func:`detens.io.names_a_folder`) makes it a folder,
+    (:func:`detens.io.home_expanded`): a trailing separator (:func:`detens.io.names_a_folder`) makes it a folder,
     created if need be. An empty one is refused as :func:`check_folder` refuses it.
 
     Raises:
@@ -104,7 +97,7 @@ def check_file_or_folder(value: str) -> str:
 
 
 def check_existing_folder(value: str) -> str:
-    """The path of a folder that exists, kept as written but for a leading ``~`` (:func:`home_expanded`). An
+    """The path of a folder that exists, kept as written but for a leading ``~`` (:func:`detens.io.home_expanded`). An
     empty one is refused as :func:`check_folder` refuses it, not read as the working directory.
 
     Raises:
@@ -217,7 +210,7 @@ def check_text_pair(
 ) -> tuple[str, str] | None:
     """``value`` of the option ``key`` that takes two paths, by default an annotation file and a
     prediction folder (``GT PREDICTIONS``; ``pair`` names them in the error), as a pair of strings, a leading
-    ``~`` of each expanded (:func:`home_expanded`; None: the option left out).
+    ``~`` of each expanded (:func:`detens.io.home_expanded`; None: the option left out).
 
     Raises:
         TypeError: ``value`` is no sequence of two strings or ``os.PathLike``.
@@ -294,7 +287,7 @@ def path(default: Path | None = None, *, required: bool = False) -> Any:
 
 def input_path(default: str | None = None, *, required: bool = False) -> Any:
     """A file or folder to read, or a name that stands for files (a shipped config's, a glob), stored as the
-    ``str`` given (an ``os.PathLike`` as its path) with a leading ``~`` expanded (:func:`home_expanded`)."""
+    ``str`` given (an ``os.PathLike`` as its path) with a leading ``~`` expanded (:func:`detens.io.home_expanded`)."""
     return _field(default, "input_path", required=required)
 
 
@@ -354,9 +347,13 @@ def _path_to_read(value: str) -> Path:
     return Path(home_expanded(value))
 
 
-#: the check of each kind of path option; each reads a leading ``~`` as the home folder (:func:`home_expanded`)
+def _folder_to_write(value: str) -> Path:
+    return Path(check_folder(value))
+
+
+#: the check of each kind of path option; each reads a leading ``~`` as the home folder (:func:`detens.io.home_expanded`)
 _PATH_CHECKS = {
-    "path": _path_to_read, "input_path": home_expanded, "folder": check_folder,
+    "path": _path_to_read, "input_path": home_expanded, "folder": _folder_to_write,
     "existing_folder": check_existing_folder, "output_file": check_output_file, "file_or_folder": check_file_or_folder,
 }
 

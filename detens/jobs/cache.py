@@ -59,6 +59,7 @@ from detens.io import (
     HeldLock,
     atomic_write_json,
     atomic_write_text,
+    check_not_special_file,
     check_writable_folder,
     lock_descriptor,
     lock_holder_text,
@@ -1149,6 +1150,8 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any, lock: 
     config_path = out / (f"{SHARDS}/config{tag}.yaml" if shard else "config.yaml")
 
     summary_path = out / (f"{SHARDS}/cache_summary{tag}.json" if shard else SUMMARY)
+    # read back for its other members' entries, before any work: reading a pipe would wait for ever
+    check_not_special_file(summary_path, "cache summary")
     categories = dataset_categories(config)
     check_dataset_label_space(config, categories, data)
     check_class_maps(config, categories)
@@ -1161,7 +1164,8 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any, lock: 
     for entry in entries:
         if not entry.selected:  # its weights need not be found
             continue
-        weights = resolve_model_weights(entry.model, config.weights_dir, config.folder)
+        weights = resolve_model_weights(
+            entry.model, config.weights_dir, config.folder, label=config.member_label(entry.model))
         runs = []
         for name in entry.selected:
             settings = member_settings(config, entry, name, categories, weights, digests)
@@ -1626,6 +1630,7 @@ def _compared_settings(settings: Any) -> Any:
 
 def merge(options: CacheOptions) -> int:
     out: Path = options.out
+    check_not_special_file(out / SUMMARY, "cache summary")  # read back for its other members' entries
     folder = out / SHARDS
     found: dict[str, dict[int, dict[int, Path]]] = {}  # member → count → index → file
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:

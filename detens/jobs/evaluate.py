@@ -33,7 +33,7 @@ from detens.evaluation import (
 from detens.folds import kfold_image_splits
 from detens.fusers import highest_scoring
 from detens.heads import TRAINERS, load_train_config
-from detens.io import atomic_write_json, check_writable_file, check_writable_folder
+from detens.io import atomic_write_json, check_writable_file, check_writable_folder, home_expanded
 from detens.jobs._inputs import comma_separated, file_digests, model_names
 from detens.jobs._options import (
     JobOptions,
@@ -44,7 +44,6 @@ from detens.jobs._options import (
     check_text_pair,
     file_or_shipped_name,
     folder,
-    home_expanded,
     input_path,
     integer,
     listed,

@@ -54,6 +54,7 @@ from detens.io import (
     atomic_write_bytes,
     atomic_write_json,
     check_writable_folder,
+    home_expanded,
     json_list_items,
     name_within_limit,
     output_lock,
@@ -257,7 +258,7 @@ def resolve_source(source: str) -> tuple[list[Path], Path]:
         if spec is None or not spec.submodule_search_locations:
             raise FileNotFoundError("--source ultralytics-assets needs the ultralytics package")
         source = str(Path(next(iter(spec.submodule_search_locations))) / "assets")
-    path = Path(source).expanduser()
+    path = Path(home_expanded(source))
     images = list_images(source)
     if path.is_dir():
         root = path
