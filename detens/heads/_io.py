@@ -259,7 +259,18 @@ def write_head_file(
         }
         if categories is not None:
             metadata["label_space"] = json.dumps(categories)
-        atomic_write_bytes(path, save(cpu, metadata=metadata))
+        atomic_write_bytes(path, _sorted_safetensors_header(save(cpu, metadata=metadata)))
+
+
+def _sorted_safetensors_header(blob: bytes) -> bytes:
+    """``blob``, a safetensors file, with the keys of its JSON header sorted. safetensors writes the metadata
+    from a hash map, whose order changes from one save to the next: the same head would be saved as
+    other bytes by each run. The tensors' bytes are left as they are; their offsets are from the end of
+    the header, which is padded with spaces to a multiple of 8 bytes as safetensors pads it."""
+    size = int.from_bytes(blob[:8], "little")
+    header = json.dumps(json.loads(blob[8 : 8 + size]), sort_keys=True, separators=(",", ":")).encode("utf-8")
+    header += b" " * (-len(header) % 8)
+    return len(header).to_bytes(8, "little") + header + blob[8 + size :]
 
 
 def _bad(path: Path, why: str) -> HeadFileError:

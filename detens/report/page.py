@@ -11,6 +11,9 @@ folder may write or remove, so that a command can refuse to put its page over it
 Pages written before the numbers file was ``page.json`` named it ``report.json``, the name the docs give
 the table of ``detens evaluate``: such a file is removed as an earlier page's only when its content is a
 page's numbers (a table beside the page stays).
+
+A page is drawn from its record and the options alone: written again from the same record it is the same
+bytes (it shows when the evaluation ran, the record's ``created``, and not when the page was written).
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ import os
 import shutil
 import tempfile
 from collections.abc import Sequence
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -387,8 +389,7 @@ def _page(
         fit_left_out = _left_out_text(fit_on.get("left_out"), "not fitted on")
         if fit_left_out:
             facts.append(("left out of the fitting data", fit_left_out))
-    facts += [("COCO evaluator", meta.get("backend", "pycocotools")), ("evaluated", meta.get("created", "?")),
-              ("page written", datetime.now(timezone.utc).isoformat(timespec="seconds"))]
+    facts += [("COCO evaluator", meta.get("backend", "pycocotools")), ("evaluated", meta.get("created", "?"))]
     meta_html = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in facts)
     commands = f"<pre>{_e(meta.get('command', '?'))}</pre>"
     if command:
