@@ -32,6 +32,11 @@ def _as_tensor(value: Any, name: str, dtype: torch.dtype | None, device: torch.d
     """``value`` as a tensor of ``dtype`` (None: its own dtype) on ``device`` (None: its own device)."""
     if isinstance(value, Tensor):
         tensor = value
+        if tensor.is_meta:  # torch's own errors would come later, from a check or a copy, naming no field
+            raise ValueError(
+                f"Detections.{name} is on the meta device, which holds shapes but no values; pass a tensor on the "
+                "CPU or a GPU"
+            )
     elif isinstance(value, (np.ndarray, list, tuple)):
         try:
             tensor = torch.as_tensor(torch_ready_array(np.asarray(value)))
@@ -191,7 +196,8 @@ class Detections:
     type) naming the field, the index and the value; nothing is silently clipped or converted.
 
     Numpy arrays and lists are accepted and converted (boxes and scores to float32, labels to int64);
-    tensors keep their device. detens never writes into its inputs. An input already of that dtype (a
+    tensors keep their device, but for scores and labels on another device than the boxes, which move to
+    the boxes' device. detens never writes into its inputs. An input already of that dtype (a
     float32 tensor or numpy array of boxes or scores, an int64 one of labels) is not copied: the Detections
     shares its memory, as ``torch.as_tensor`` does, so writing into one changes the other; pass a copy to
     keep them apart. Other inputs are converted into fresh tensors, numpy arrays in another byte order than

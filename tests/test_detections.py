@@ -76,6 +76,16 @@ class TestConstruction:
         with pytest.raises(ValueError, match=r"scores\[0\] = -1e\+40 is beyond float32's range"):
             make(scores=torch.tensor([-1e40, 0.5], dtype=torch.float64))
 
+    @pytest.mark.parametrize("field", ["boxes", "scores", "labels"])
+    @pytest.mark.parametrize("num_boxes", [0, 2])
+    def test_a_field_on_the_meta_device_is_named(self, field, num_boxes):
+        """A meta tensor holds no values: the other fields would be moved onto it, or a torch copy or check
+        would fail naming no field."""
+        given = {name: torch.as_tensor(GOOD[name])[:num_boxes] for name in ("boxes", "scores", "labels")}
+        given[field] = given[field].to("meta")
+        with pytest.raises(ValueError, match=f"Detections.{field} is on the meta device, which holds shapes but no"):
+            make(**given)
+
     def test_bad_values_in_the_other_byte_order_are_named(self):
         with pytest.raises(ValueError, match=r"labels\[1\] = 1.5 is not an integer class id"):
             make(labels=np.array([1.0, 1.5], dtype=">f8"))
