@@ -201,7 +201,7 @@ class Detections:
     float32 tensor or numpy array of boxes or scores, an int64 one of labels) is not copied: the Detections
     shares its memory, as ``torch.as_tensor`` does, so writing into one changes the other; pass a copy to
     keep them apart. Other inputs are converted into fresh tensors, numpy arrays in another byte order than
-    the machine's (``dtype('>f4')``) included: they hold the same values.
+    the machine's (``dtype('>f4')``) and read-only ones (``np.frombuffer``) included: they hold the same values.
     """
 
     boxes: Tensor

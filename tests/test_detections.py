@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -42,6 +44,19 @@ class TestConstruction:
         det = make(**copied)
         for name, given in copied.items():
             assert not np.shares_memory(getattr(det, name).numpy(), np.asarray(given)), name
+
+    @pytest.mark.parametrize("field", ["boxes", "scores", "labels"])
+    def test_read_only_arrays_are_copied_without_a_warning(self, field):
+        """``np.frombuffer`` (as inference servers' clients return outputs) and read-only memory maps: torch
+        would wrap such an array in a writable tensor, warning that writing into it is undefined."""
+        dtype = np.int64 if field == "labels" else np.float32  # the dtype an array is shared in
+        given = np.frombuffer(np.array(GOOD[field], dtype=dtype).tobytes(), dtype=dtype).reshape(np.shape(GOOD[field]))
+        assert not given.flags.writeable
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            det = make(**{field: given})
+        assert getattr(det, field).tolist() == getattr(make(), field).tolist()
+        assert not np.shares_memory(getattr(det, field).numpy(), given)
 
     @pytest.mark.parametrize("field, dtype", [
         ("boxes", ">f4"), ("boxes", ">f8"), ("scores", ">f4"), ("scores", ">f8"), ("labels", ">i8"),
