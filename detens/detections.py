@@ -47,7 +47,8 @@ def _as_tensor(value: Any, name: str, dtype: torch.dtype | None, device: torch.d
             f"Detections.{name} must be a torch.Tensor, numpy array or list, got {type(value).__name__}"
         )
     if tensor.dtype == torch.bool or tensor.is_complex():
-        raise TypeError(f"Detections.{name} must be real-valued, got dtype {tensor.dtype}")
+        held = "integer class ids" if name == "labels" else "real numbers"
+        raise TypeError(f"Detections.{name} must hold {held} (an integer or floating-point dtype), got dtype {tensor.dtype}")
     converted = tensor.to(device=device if device is not None else tensor.device, dtype=dtype or tensor.dtype)
     if tensor.dtype == torch.float64 and converted.dtype == torch.float32:
         # a finite float64 beyond float32's range would become inf and be reported as a value never passed
