@@ -253,6 +253,8 @@ class Detections:
         except (RuntimeError, AssertionError):
             _raise_for_device(device, "Detections.empty: device")
             raise
+        if boxes.is_meta:  # torch places tensors there, without values
+            _raise_for_device(device, "Detections.empty: device")
         return cls(
             boxes,
             torch.zeros((0,), device=device),
@@ -356,6 +358,8 @@ class Detections:
         except (RuntimeError, AssertionError):
             _raise_for_device(device, "Detections.to: device")
             raise
+        if boxes.is_meta:  # torch places tensors there, without values
+            _raise_for_device(device, "Detections.to: device")
         return self._derived(boxes, self.scores.to(device), self.labels.to(device))
 
     def with_source(self, source: str | None) -> Detections:

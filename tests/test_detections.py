@@ -259,6 +259,7 @@ class TestProtocol:
                 np.int64(0), "is 'cuda:0' but no CUDA device is available",
                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA"),
             ),
+            ("meta", "is 'meta' but this machine has no meta device"),  # torch places tensors there, without values
         ],
     )
     def test_a_device_this_machine_lacks_is_named(self, device, message):
