@@ -251,11 +251,15 @@ def torch_ready_array(array: np.ndarray) -> np.ndarray:
 
     Two layouts of valid NumPy arrays are refused by ``torch.as_tensor`` and ``torch.from_numpy``: another
     byte order (``dtype('>f4')``, as some file formats store numbers) and negative strides (``a[::-1]``,
-    ``np.flip``, ``np.argsort(s)[::-1]``).
+    ``np.flip``, ``np.argsort(s)[::-1]``). A read-only array (``np.frombuffer``, as inference servers'
+    clients return outputs; a read-only memory map; ``np.broadcast_to``) is copied too: torch would wrap it
+    in a writable tensor and warn that writing into it is undefined.
     """
     if not array.dtype.isnative:
         array = array.astype(array.dtype.newbyteorder("="))
-    return np.ascontiguousarray(array) if any(stride < 0 for stride in array.strides) else array
+    if any(stride < 0 for stride in array.strides) or not array.flags.writeable:
+        return array.copy()  # C order: positive strides, writable
+    return array
 
 
 def first_few(

@@ -32,6 +32,11 @@ def _as_tensor(value: Any, name: str, dtype: torch.dtype | None, device: torch.d
     """``value`` as a tensor of ``dtype`` (None: its own dtype) on ``device`` (None: its own device)."""
     if isinstance(value, Tensor):
         tensor = value
+        if tensor.is_meta:  # torch's own errors would come later, from a check or a copy, naming no field
+            raise ValueError(
+                f"Detections.{name} is on the meta device, which holds shapes but no values; pass a tensor on the "
+                "CPU or a GPU"
+            )
     elif isinstance(value, (np.ndarray, list, tuple)):
         try:
             tensor = torch.as_tensor(torch_ready_array(np.asarray(value)))
@@ -42,7 +47,8 @@ def _as_tensor(value: Any, name: str, dtype: torch.dtype | None, device: torch.d
             f"Detections.{name} must be a torch.Tensor, numpy array or list, got {type(value).__name__}"
         )
     if tensor.dtype == torch.bool or tensor.is_complex():
-        raise TypeError(f"Detections.{name} must be real-valued, got dtype {tensor.dtype}")
+        held = "integer class ids" if name == "labels" else "real numbers"
+        raise TypeError(f"Detections.{name} must hold {held} (an integer or floating-point dtype), got dtype {tensor.dtype}")
     converted = tensor.to(device=device if device is not None else tensor.device, dtype=dtype or tensor.dtype)
     if tensor.dtype == torch.float64 and converted.dtype == torch.float32:
         # a finite float64 beyond float32's range would become inf and be reported as a value never passed
@@ -191,11 +197,12 @@ class Detections:
     type) naming the field, the index and the value; nothing is silently clipped or converted.
 
     Numpy arrays and lists are accepted and converted (boxes and scores to float32, labels to int64);
-    tensors keep their device. detens never writes into its inputs. An input already of that dtype (a
+    tensors keep their device, but for scores and labels on another device than the boxes, which move to
+    the boxes' device. detens never writes into its inputs. An input already of that dtype (a
     float32 tensor or numpy array of boxes or scores, an int64 one of labels) is not copied: the Detections
     shares its memory, as ``torch.as_tensor`` does, so writing into one changes the other; pass a copy to
     keep them apart. Other inputs are converted into fresh tensors, numpy arrays in another byte order than
-    the machine's (``dtype('>f4')``) included: they hold the same values.
+    the machine's (``dtype('>f4')``) and read-only ones (``np.frombuffer``) included: they hold the same values.
     """
 
     boxes: Tensor
@@ -246,6 +253,8 @@ class Detections:
         except (RuntimeError, AssertionError):
             _raise_for_device(device, "Detections.empty: device")
             raise
+        if boxes.is_meta:  # torch places tensors there, without values
+            _raise_for_device(device, "Detections.empty: device")
         return cls(
             boxes,
             torch.zeros((0,), device=device),
@@ -349,6 +358,8 @@ class Detections:
         except (RuntimeError, AssertionError):
             _raise_for_device(device, "Detections.to: device")
             raise
+        if boxes.is_meta:  # torch places tensors there, without values
+            _raise_for_device(device, "Detections.to: device")
         return self._derived(boxes, self.scores.to(device), self.labels.to(device))
 
     def with_source(self, source: str | None) -> Detections:

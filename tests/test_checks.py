@@ -132,6 +132,19 @@ def test_torch_ready_array_takes_every_layout(make):
     assert torch.as_tensor(ready).tolist() == array.tolist()
 
 
+@pytest.mark.parametrize(
+    "make",
+    [lambda a: np.frombuffer(a.tobytes(), a.dtype).reshape(a.shape), lambda a: np.broadcast_to(a[:1], a.shape),
+     lambda a: a.astype(">f8")],
+    ids=["from_buffer", "broadcast", "big_endian"],
+)
+def test_torch_ready_array_of_a_read_only_array_is_a_writable_copy(make):
+    array = make(np.arange(12, dtype=np.float64).reshape(4, 3))
+    array.setflags(write=False)
+    ready = torch_ready_array(array)
+    assert ready.flags.writeable and not np.shares_memory(ready, array) and np.array_equal(ready, array)
+
+
 @pytest.mark.parametrize("value, ok", [(True, True), (False, True), (np.bool_(True), True), (1, False), ("yes", False), (None, False)])
 def test_check_flag(value, ok):
     if ok:

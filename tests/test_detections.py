@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -43,6 +45,19 @@ class TestConstruction:
         for name, given in copied.items():
             assert not np.shares_memory(getattr(det, name).numpy(), np.asarray(given)), name
 
+    @pytest.mark.parametrize("field", ["boxes", "scores", "labels"])
+    def test_read_only_arrays_are_copied_without_a_warning(self, field):
+        """``np.frombuffer`` (as inference servers' clients return outputs) and read-only memory maps: torch
+        would wrap such an array in a writable tensor, warning that writing into it is undefined."""
+        dtype = np.int64 if field == "labels" else np.float32  # the dtype an array is shared in
+        given = np.frombuffer(np.array(GOOD[field], dtype=dtype).tobytes(), dtype=dtype).reshape(np.shape(GOOD[field]))
+        assert not given.flags.writeable
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            det = make(**{field: given})
+        assert getattr(det, field).tolist() == getattr(make(), field).tolist()
+        assert not np.shares_memory(getattr(det, field).numpy(), given)
+
     @pytest.mark.parametrize("field, dtype", [
         ("boxes", ">f4"), ("boxes", ">f8"), ("scores", ">f4"), ("scores", ">f8"), ("labels", ">i8"),
         ("labels", ">i4"), ("labels", ">u2"), ("labels", ">f4"),
@@ -75,6 +90,16 @@ class TestConstruction:
             make(boxes=np.array([[0, 0, 10, 10], [5, 5, 1e39, 9]]))
         with pytest.raises(ValueError, match=r"scores\[0\] = -1e\+40 is beyond float32's range"):
             make(scores=torch.tensor([-1e40, 0.5], dtype=torch.float64))
+
+    @pytest.mark.parametrize("field", ["boxes", "scores", "labels"])
+    @pytest.mark.parametrize("num_boxes", [0, 2])
+    def test_a_field_on_the_meta_device_is_named(self, field, num_boxes):
+        """A meta tensor holds no values: the other fields would be moved onto it, or a torch copy or check
+        would fail naming no field."""
+        given = {name: torch.as_tensor(GOOD[name])[:num_boxes] for name in ("boxes", "scores", "labels")}
+        given[field] = given[field].to("meta")
+        with pytest.raises(ValueError, match=f"Detections.{field} is on the meta device, which holds shapes but no"):
+            make(**given)
 
     def test_bad_values_in_the_other_byte_order_are_named(self):
         with pytest.raises(ValueError, match=r"labels\[1\] = 1.5 is not an integer class id"):
@@ -113,7 +138,13 @@ class TestConstruction:
             (dict(image_size=(True, 30)), TypeError, "image_size must hold integers"),
             (dict(image_size=(20.5, 30)), TypeError, "image_size must hold integers"),
             (dict(boxes="abc"), TypeError, "boxes must be"),
-            (dict(labels=[True, False]), TypeError, "labels must be real-valued"),
+            (dict(labels=[True, False]), TypeError,
+             "labels must hold integer class ids (an integer or floating-point dtype), got dtype torch.bool"),
+            (dict(labels=torch.tensor([True, False])), TypeError, "labels must hold integer class ids"),
+            (dict(boxes=torch.ones(2, 4, dtype=torch.bool)), TypeError,
+             "boxes must hold real numbers (an integer or floating-point dtype), got dtype torch.bool"),
+            (dict(scores=np.array([0.5, 0.5], dtype=np.complex64)), TypeError,
+             "scores must hold real numbers (an integer or floating-point dtype), got dtype torch.complex64"),
             (dict(source=3), TypeError, "source must be a string or None, got int: 3"),
         ],
     )
@@ -228,6 +259,7 @@ class TestProtocol:
                 np.int64(0), "is 'cuda:0' but no CUDA device is available",
                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA"),
             ),
+            ("meta", "is 'meta' but this machine has no meta device"),  # torch places tensors there, without values
         ],
     )
     def test_a_device_this_machine_lacks_is_named(self, device, message):

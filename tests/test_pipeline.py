@@ -591,6 +591,23 @@ class TestTorchvisionFusion:
         assert TorchvisionFusion(method="theta", head=coco_head, model_names=["a", "b"]).head is coco_head
         assert TorchvisionFusion(method="theta", head=detens.ThetaHead(["a"]), label_space={7: "x"}).head is not None
 
+    @pytest.mark.parametrize("head", ["coco_yolo3_deep", "coco_yolo3_theta"])
+    def test_a_shipped_head_fuses_inside_autocast_as_outside(self, head):
+        # detectors run under autocast, and their outputs fused in the same region, as a pipeline writes it
+        generator = torch.Generator().manual_seed(0)
+        centers = torch.rand(40, 2, generator=generator) * 500
+        outputs = []
+        for _ in range(3):
+            corners = centers + torch.randn(40, 2, generator=generator) * 4
+            boxes = torch.cat([corners, corners + 20 + torch.rand(40, 2, generator=generator) * 80], 1)
+            outputs.append([{"boxes": boxes, "scores": torch.rand(40, generator=generator),
+                             "labels": torch.randint(1, 6, (40,), generator=generator)}])
+        fusion = TorchvisionFusion(head=head, model_names=["yolov8n", "yolo11n", "yolo26n"])
+        expected = fusion(outputs, [(640, 640)])[0]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = fusion(outputs, [(640, 640)])[0]
+        assert all(torch.equal(got[key], expected[key]) for key in ("boxes", "scores", "labels"))
+
     def test_real_architectures(self, torchvision_outputs):
         outputs, images = torchvision_outputs
         assert all(len(o["boxes"]) for model in outputs for o in model), "both models output boxes"

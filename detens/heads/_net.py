@@ -50,6 +50,7 @@ from detens.heads._io import (
     read_head_for,
     write_head_file,
 )
+from detens.heads._precision import without_autocast
 from detens.matching import Clusters
 from detens.targets import Targets
 
@@ -394,7 +395,8 @@ def fuse_with(head: nn.Module, clusters: Clusters) -> Detections:
     was_training = head.training
     head.eval()
     try:
-        boxes, scores = head(clusters)
+        with without_autocast(head, clusters.device):
+            boxes, scores = head(clusters)
     finally:
         head.train(was_training)
     device = clusters.device

@@ -78,6 +78,7 @@ from detens.heads._io import (
     read_head_for,
     write_head_file,
 )
+from detens.heads._precision import without_autocast
 from detens.heads._registry import HEADS
 from detens.matching import Clusters
 from detens.targets import Targets
@@ -453,7 +454,8 @@ class ThetaHead(nn.Module):
     @torch.no_grad()
     def fuse(self, clusters: Clusters) -> Detections:
         """Fused pixel Detections (clipped to the image, sorted by score), source ``"fused:theta"``."""
-        boxes, scores = self(clusters)
+        with without_autocast(self, clusters.device):
+            boxes, scores = self(clusters)
         return clusters.to_detections(boxes, scores, source=f"fused:{self.type_name}")
 
     # ----------------------------------------------------------------------------------------- training
