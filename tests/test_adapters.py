@@ -166,6 +166,22 @@ class TestUltralyticsOptions:
         plain = v8([BUS])[0]
         assert len(det) == int(((plain.labels == PERSON) | (plain.labels == BUS_ID)).sum())
 
+    def test_classes_mapped_onto_one_id_keep_every_box(self):
+        from detens.adapters.ultralytics import UltralyticsDetector
+
+        merged = UltralyticsDetector(
+            "yolov8n_int8_tflite/yolov8n_int8.tflite", conf=0.001, class_map={"car": 1, "truck": 1, "bus": 1}
+        )
+        plain = UltralyticsDetector("yolov8n_int8_tflite/yolov8n_int8.tflite", conf=0.001)
+        det, reference = merged([BUS])[0], plain([BUS])[0]
+        vehicles = reference[torch.isin(reference.labels, torch.tensor([3, 6, 8]))]
+        assert set(vehicles.labels.tolist()) == {3, 6, 8}  # boxes of the three classes, some of them overlapping
+        assert set(det.labels.tolist()) == {1}
+        # relabelled, not suppressed again: the boxes of every merged class, as the detector gave them
+        expected = sorted(zip(vehicles.scores.tolist(), vehicles.boxes.tolist(), strict=True))
+        assert sorted(zip(det.scores.tolist(), det.boxes.tolist(), strict=True)) == expected
+        assert float(box_iou(det.boxes, det.boxes).fill_diagonal_(0).max()) > 0.5
+
     @pytest.mark.parametrize("class_map, error, fragment", [
         ({"bus": 1.9}, TypeError, r"class_map\['bus'\] must be an integer, got float"),
         ({5: -1}, ValueError, r"class_map\[5\] must be an integer in \[0, 2147483647\], got -1"),
