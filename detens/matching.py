@@ -123,7 +123,15 @@ class Clusters:
         """Fused normalized ``boxes (Tensor[C, 4])`` and ``scores (Tensor[C])`` → pixel Detections.
 
         Boxes are clipped to the image, scores to [0, 1], and the result sorted by score.
+
+        Raises:
+            ValueError: ``boxes`` or ``scores`` not of one row per cluster (the clusters give the labels).
         """
+        num_clusters = len(self)
+        if boxes.shape != (num_clusters, 4):
+            raise ValueError(f"boxes must have shape [C, 4] = [{num_clusters}, 4], got {list(boxes.shape)}")
+        if scores.shape != (num_clusters,):
+            raise ValueError(f"scores must have shape [C] = [{num_clusters}], got {list(scores.shape)}")
         pixel = boxes.detach() * self.scale()
         # A fused box is a combination of valid boxes, but make the ordering robust to rounding.
         x1 = torch.minimum(pixel[:, 0], pixel[:, 2])
