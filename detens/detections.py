@@ -322,20 +322,24 @@ class Detections:
 
     @property
     def device(self) -> torch.device:
+        """The device of the tensors."""
         return self.boxes.device
 
     @property
     def height(self) -> int:
+        """The image's height in pixels."""
         return self.image_size[0]
 
     @property
     def width(self) -> int:
+        """The image's width in pixels."""
         return self.image_size[1]
 
     def to(self, device: torch.device | str) -> Detections:
         """The same detections on ``device`` (boxes and scores stay float32, labels int64).
 
         Raises:
+            TypeError: ``device`` is no device (a dtype, a float): boxes and scores stay float32.
             ValueError: ``device`` is not a device name, or one this machine lacks (``"cuda"`` without a GPU).
         """
         if not isinstance(device, (torch.device, str, numbers.Integral)) or isinstance(device, (bool, np.bool_)):
@@ -352,6 +356,11 @@ class Detections:
         return self._derived(boxes, self.scores.to(device), self.labels.to(device))
 
     def with_source(self, source: str | None) -> Detections:
+        """The same detections (sharing their tensors) with ``source`` as their source.
+
+        Raises:
+            TypeError: ``source`` is neither a string nor None.
+        """
         _check_source(source)
         renamed = self._derived(self.boxes, self.scores, self.labels)
         renamed.source = source
@@ -380,6 +389,7 @@ class Detections:
         return (self.boxes[:, 2] - self.boxes[:, 0]) * (self.boxes[:, 3] - self.boxes[:, 1])
 
     def sort_by_score(self) -> Detections:
+        """The detections sorted by score, highest first; equal scores keep their order (a stable sort)."""
         order = torch.argsort(self.scores, descending=True, stable=True)
         return self[order]
 
@@ -393,7 +403,8 @@ class Detections:
     def to_supervision(self, class_names: Mapping[int, str] | None = None) -> Any:
         """A ``supervision.Detections`` of these boxes: ``xyxy``, ``confidence``, ``class_id`` = ``labels``.
 
-        ``class_names`` (``{label: name}``) fills ``data["class_name"]``. Needs ``detens[supervision]``;
+        ``class_names`` (``{label: name}``, or a list whose positions are the labels) fills
+        ``data["class_name"]``. Needs ``detens[supervision]``;
         see :func:`detens.interop.supervision.to_supervision`.
         """
         from detens.interop.supervision import to_supervision
@@ -414,6 +425,8 @@ class Detections:
         return from_supervision(sv_detections, image_size, source)
 
     def numpy(self) -> dict[str, np.ndarray]:
+        """``{"boxes": [K, 4] float32, "scores": [K] float32, "labels": [K] int64}`` as numpy arrays on the CPU
+        (detached; on the CPU they share memory with the tensors)."""
         return {
             "boxes": self.boxes.detach().cpu().numpy(),
             "scores": self.scores.detach().cpu().numpy(),
