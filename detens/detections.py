@@ -425,8 +425,8 @@ class Detections:
         return from_supervision(sv_detections, image_size, source)
 
     def numpy(self) -> dict[str, np.ndarray]:
-        """``{"boxes": [K, 4] float32, "scores": [K] float32, "labels": [K] int64}`` as numpy arrays on the CPU
-        (detached; on the CPU they share memory with the tensors)."""
+        """``{"boxes": [K, 4] float32, "scores": [K] float32, "labels": [K] int64}``: numpy arrays on the
+        CPU (detached; on the CPU they share memory with the tensors)."""
         return {
             "boxes": self.boxes.detach().cpu().numpy(),
             "scores": self.scores.detach().cpu().numpy(),

@@ -195,12 +195,15 @@ class EnsemblePredictions:
 
     @classmethod
     def from_folder(
-        cls, folder: str | Path, gt: CocoGroundTruth | str | Path | Mapping[str, Any], models: Sequence[str] | None = None
+        cls,
+        folder: str | Path,
+        gt: CocoGroundTruth | str | Path | Mapping[str, Any],
+        models: Sequence[str] | None = None,
     ) -> EnsemblePredictions:
         """Load ``folder/<name>.json`` for each model (all ``*.json`` files, sorted by name, by default).
 
-        ``gt`` is the dataset, as the constructor takes it (a :class:`~detens.coco.CocoGroundTruth`, or anything
-        :func:`~detens.coco.load_coco_gt` takes).
+        ``gt`` is the dataset, as the constructor takes it (a :class:`~detens.coco.CocoGroundTruth`, or
+        anything :func:`~detens.coco.load_coco_gt` takes).
 
         The images that ``folder/cache_summary.json`` lists as unreadable for one of ``models`` are left
         out (see the class docstring), with a warning that names them. A folder without the summary, or

@@ -176,7 +176,9 @@ def list_images(source: str | Path | Iterable[str | Path], recursive: bool = Tru
     found: set[Path] = set()
     for i, item in enumerate(sources):
         if not isinstance(item, (str, os.PathLike)):
-            raise TypeError(f"image source[{i}] must be a path or a glob pattern, got {type(item).__name__}: {item!r}")
+            raise TypeError(
+                f"image source[{i}] must be a path or a glob pattern, got {type(item).__name__}: {item!r}"
+            )
         if isinstance(item, str) and not item:
             # Path("") is the current folder: an unset variable in `--source "$IMAGES"` would run on it
             raise ValueError("image source is an empty string; give a file, a folder or a glob pattern")

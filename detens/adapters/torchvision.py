@@ -452,7 +452,8 @@ class TorchvisionDetector(BaseDetector):
         kwargs = dict(builder_kwargs)
         if num_classes is not None:
             kwargs["num_classes"] = num_classes
-        # without the model's weights no backbone is downloaded either, unless the caller's weights_backbone asks
+        # without the model's weights no backbone is downloaded either, unless the caller's
+        # weights_backbone asks for one
         unweighted = {"weights_backbone": None, **kwargs}
         if weights is None:
             logger.warning("%s: no weights given, the model is UNTRAINED (random initialization)", self.name)
