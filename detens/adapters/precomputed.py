@@ -312,6 +312,14 @@ class PrecomputedDetector(BaseDetector):
 
     # --------------------------------------------------------------------------------------------- calls
     def __call__(self, images: ImageInput | int | Sequence[ImageInput | int]) -> list[Detections]:
+        """The saved detections of ``images``: paths, or image ids (one is accepted too).
+
+        Returns:
+            list[Detections]: one per image, in order; empty for an image without results.
+
+        Raises:
+            UnknownImageError: an image the image map does not know (a ``KeyError`` and a ``ValueError``).
+        """
         items = [images] if isinstance(images, (int, np.integer)) else as_image_list(images)  # type: ignore[arg-type]
         out = []
         for item in items:
