@@ -830,7 +830,10 @@ def evaluate_coco(
 
     Raises:
         ValueError: a prediction's ``category_id`` is not a category of the ground truth (the error lists
-            the unknown ids), an ``image_ids`` entry is not in the ground truth, or the schema is wrong.
+            the unknown ids), an ``image_ids`` entry is not in the ground truth, the schema is wrong, or an
+            unknown ``backend``.
+        TypeError: ``gt`` or ``predictions`` of none of these types, ``image_ids`` not integers.
+        FileNotFoundError: a path of ``gt`` or ``predictions`` that is not there.
     """
     return evaluate_checked(check_coco_input(gt, predictions, image_ids), backend)
 
