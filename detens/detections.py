@@ -110,6 +110,11 @@ def compute_device(device: torch.device) -> torch.device:
     return device if device.type in ("cpu", "cuda") else torch.device("cpu")
 
 
+def _is_device(device: Any) -> bool:
+    """Whether ``device`` is of a type that names a device (a torch.device, a name, a CUDA index)."""
+    return isinstance(device, (torch.device, str, numbers.Integral)) and not isinstance(device, (bool, np.bool_))
+
+
 def _as_torch_device(device: Any) -> Any:
     """``device`` as torch takes it: a NumPy integer (a CUDA index) as a Python int, which torch wants."""
     return int(device) if isinstance(device, numbers.Integral) and not isinstance(device, (bool, np.bool_)) else device
@@ -239,7 +244,16 @@ class Detections:
     def empty(
         cls, image_size: tuple[int, int], source: str | None = None, device: torch.device | str | None = None
     ) -> Detections:
-        """No detections: the normal answer for an image where nothing was found."""
+        """No detections: the normal answer for an image where nothing was found.
+
+        Raises:
+            TypeError: ``device`` is neither None nor a device. ValueError: ``image_size`` is not a valid
+                ``(height, width)``, or ``device`` is no device of this machine.
+        """
+        if device is not None and not _is_device(device):
+            raise TypeError(
+                f"Detections.empty: device must be a device (torch.device, 'cuda:0', ...) or None, got {device!r}"
+            )
         device = _as_torch_device(device)
         try:
             boxes = torch.zeros((0, 4), device=device)
@@ -256,7 +270,12 @@ class Detections:
 
     @classmethod
     def concat(cls, items: Iterable[Detections], source: str | None = None) -> Detections:
-        """Stack detections of the SAME image (e.g. several models) into one."""
+        """Stack detections of the SAME image (e.g. several models) into one, with ``source`` as its source.
+
+        Raises:
+            TypeError: ``items`` is no list of Detections. ValueError: no item, or items of different image
+                sizes.
+        """
         if isinstance(items, Detections) or not isinstance(items, Iterable):
             raise TypeError(f"Detections.concat takes a list of Detections, got {type(items).__name__}")
         items = list(items)  # a generator is read once, by the checks below and by the stacking alike
@@ -342,7 +361,7 @@ class Detections:
             TypeError: ``device`` is no device (a dtype, a float): boxes and scores stay float32.
             ValueError: ``device`` is not a device name, or one this machine lacks (``"cuda"`` without a GPU).
         """
-        if not isinstance(device, (torch.device, str, numbers.Integral)) or isinstance(device, (bool, np.bool_)):
+        if not _is_device(device):
             raise TypeError(
                 f"Detections.to takes a device (torch.device, 'cuda:0', ...), got {device!r}: boxes and scores "
                 "are always float32 and labels int64"
