@@ -120,7 +120,8 @@ class EnsemblePredictions:
             no COCO result (naming the model and the result); results of images that are not in
             ``gt`` or of categories it does not define; ``unreadable`` naming another model; every annotated
             image of ``gt`` left out.
-        TypeError: ``unreadable`` not a mapping of model names to ``{file_name: error}`` mappings.
+        TypeError: ``unreadable`` not a mapping of model names to ``{file_name: error}`` mappings; ``results``
+            not one list of result dicts per model; ``gt`` of none of the types above.
     """
 
     def __init__(
