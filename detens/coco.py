@@ -298,6 +298,13 @@ def coco_to_detections(
 def load_coco_results(path: str | Path) -> list[dict[str, Any]]:
     """Read a COCO results JSON file (a list of result dicts), checking its schema.
 
+    Args:
+        path (str | Path): the file.
+
+    Returns:
+        list[dict]: the result dicts (``image_id``, ``category_id``, ``bbox`` xywh pixels, ``score``), in the
+        file's order.
+
     Raises:
         FileNotFoundError: no such file.
         ValueError, TypeError: invalid JSON or schema, naming the file, the entry and the field.
@@ -307,7 +314,20 @@ def load_coco_results(path: str | Path) -> list[dict[str, Any]]:
 
 
 def save_coco_results(results: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
-    """Write COCO results JSON atomically (a killed run never leaves half a file); returns the path."""
+    """Write COCO results JSON atomically (a killed run never leaves half a file).
+
+    Args:
+        results (list[dict]): COCO result dicts (``image_id``, ``category_id``, ``bbox`` xywh pixels,
+            ``score`` in [0, 1]); checked before anything is written. An empty list writes ``[]``.
+        path (str | Path): the file to write; missing parent folders are created.
+
+    Returns:
+        Path: ``path``.
+
+    Raises:
+        TypeError, ValueError: ``results`` is no list of valid result dicts (naming the entry and the
+            field), or ``path`` is written as a folder (``"runs/"``).
+    """
     path = check_file_path(path)
     clean = validate_coco_results(results, "results")
     atomic_write_json(path, clean)
@@ -511,6 +531,7 @@ class CocoGroundTruth:
 
     @property
     def category_ids(self) -> list[int]:
+        """The ids of the ``categories``, sorted."""
         return sorted(int(c["id"]) for c in self.dataset["categories"])
 
     @property
@@ -620,8 +641,17 @@ def load_coco_gt(
     """Load a COCO annotation file (path), dict, or ``pycocotools.coco.COCO`` as :class:`CocoGroundTruth`.
 
     Args:
-        source: the annotations.
+        source: the annotations (a :class:`CocoGroundTruth` is returned as it is when ``images_dir`` is None).
         images_dir: folder holding the images (``file_name`` is relative to it), for ``image_path()``.
+
+    Returns:
+        CocoGroundTruth: boxes as xyxy absolute pixels, labels as category ids.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: invalid JSON, a results list given for annotations, or annotations that break the input
+            contract (repeated ids, a box without area, ...), naming the file and the entry.
+        TypeError: ``source`` of none of these types.
     """
     if isinstance(source, CocoGroundTruth):
         if images_dir is None:
@@ -800,7 +830,10 @@ def evaluate_coco(
 
     Raises:
         ValueError: a prediction's ``category_id`` is not a category of the ground truth (the error lists
-            the unknown ids), an ``image_ids`` entry is not in the ground truth, or the schema is wrong.
+            the unknown ids), an ``image_ids`` entry is not in the ground truth, the schema is wrong, or an
+            unknown ``backend``.
+        TypeError: ``gt`` or ``predictions`` of none of these types, ``image_ids`` not integers.
+        FileNotFoundError: a path of ``gt`` or ``predictions`` that is not there.
     """
     return evaluate_checked(check_coco_input(gt, predictions, image_ids), backend)
 

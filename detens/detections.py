@@ -116,6 +116,11 @@ def compute_device(device: torch.device) -> torch.device:
     return device if device.type in ("cpu", "cuda") else torch.device("cpu")
 
 
+def _is_device(device: Any) -> bool:
+    """Whether ``device`` is of a type that names a device (a torch.device, a name, a CUDA index)."""
+    return isinstance(device, (torch.device, str, numbers.Integral)) and not isinstance(device, (bool, np.bool_))
+
+
 def _as_torch_device(device: Any) -> Any:
     """``device`` as torch takes it: a NumPy integer (a CUDA index) as a Python int, which torch wants."""
     return int(device) if isinstance(device, numbers.Integral) and not isinstance(device, (bool, np.bool_)) else device
@@ -246,7 +251,16 @@ class Detections:
     def empty(
         cls, image_size: tuple[int, int], source: str | None = None, device: torch.device | str | None = None
     ) -> Detections:
-        """No detections: the normal answer for an image where nothing was found."""
+        """No detections: the normal answer for an image where nothing was found.
+
+        Raises:
+            TypeError: ``device`` is neither None nor a device. ValueError: ``image_size`` is not a valid
+                ``(height, width)``, or ``device`` is no device of this machine.
+        """
+        if device is not None and not _is_device(device):
+            raise TypeError(
+                f"Detections.empty: device must be a device (torch.device, 'cuda:0', ...) or None, got {device!r}"
+            )
         device = _as_torch_device(device)
         try:
             boxes = torch.zeros((0, 4), device=device)
@@ -265,7 +279,12 @@ class Detections:
 
     @classmethod
     def concat(cls, items: Iterable[Detections], source: str | None = None) -> Detections:
-        """Stack detections of the SAME image (e.g. several models) into one."""
+        """Stack detections of the SAME image (e.g. several models) into one, with ``source`` as its source.
+
+        Raises:
+            TypeError: ``items`` is no list of Detections. ValueError: no item, or items of different image
+                sizes.
+        """
         if isinstance(items, Detections) or not isinstance(items, Iterable):
             raise TypeError(f"Detections.concat takes a list of Detections, got {type(items).__name__}")
         items = list(items)  # a generator is read once, by the checks below and by the stacking alike
@@ -331,23 +350,27 @@ class Detections:
 
     @property
     def device(self) -> torch.device:
+        """The device of the tensors."""
         return self.boxes.device
 
     @property
     def height(self) -> int:
+        """The image's height in pixels."""
         return self.image_size[0]
 
     @property
     def width(self) -> int:
+        """The image's width in pixels."""
         return self.image_size[1]
 
     def to(self, device: torch.device | str) -> Detections:
         """The same detections on ``device`` (boxes and scores stay float32, labels int64).
 
         Raises:
+            TypeError: ``device`` is no device (a dtype, a float): boxes and scores stay float32.
             ValueError: ``device`` is not a device name, or one this machine lacks (``"cuda"`` without a GPU).
         """
-        if not isinstance(device, (torch.device, str, numbers.Integral)) or isinstance(device, (bool, np.bool_)):
+        if not _is_device(device):
             raise TypeError(
                 f"Detections.to takes a device (torch.device, 'cuda:0', ...), got {device!r}: boxes and scores "
                 "are always float32 and labels int64"
@@ -363,6 +386,11 @@ class Detections:
         return self._derived(boxes, self.scores.to(device), self.labels.to(device))
 
     def with_source(self, source: str | None) -> Detections:
+        """The same detections (sharing their tensors) with ``source`` as their source.
+
+        Raises:
+            TypeError: ``source`` is neither a string nor None.
+        """
         _check_source(source)
         renamed = self._derived(self.boxes, self.scores, self.labels)
         renamed.source = source
@@ -391,6 +419,7 @@ class Detections:
         return (self.boxes[:, 2] - self.boxes[:, 0]) * (self.boxes[:, 3] - self.boxes[:, 1])
 
     def sort_by_score(self) -> Detections:
+        """The detections sorted by score, highest first; equal scores keep their order (a stable sort)."""
         order = torch.argsort(self.scores, descending=True, stable=True)
         return self[order]
 
@@ -404,7 +433,8 @@ class Detections:
     def to_supervision(self, class_names: Mapping[int, str] | None = None) -> Any:
         """A ``supervision.Detections`` of these boxes: ``xyxy``, ``confidence``, ``class_id`` = ``labels``.
 
-        ``class_names`` (``{label: name}``) fills ``data["class_name"]``. Needs ``detens[supervision]``;
+        ``class_names`` (``{label: name}``, or a list whose positions are the labels) fills
+        ``data["class_name"]``. Needs ``detens[supervision]``;
         see :func:`detens.interop.supervision.to_supervision`.
         """
         from detens.interop.supervision import to_supervision
@@ -425,6 +455,8 @@ class Detections:
         return from_supervision(sv_detections, image_size, source)
 
     def numpy(self) -> dict[str, np.ndarray]:
+        """``{"boxes": [K, 4] float32, "scores": [K] float32, "labels": [K] int64}``: numpy arrays on the
+        CPU (detached; on the CPU they share memory with the tensors)."""
         return {
             "boxes": self.boxes.detach().cpu().numpy(),
             "scores": self.scores.detach().cpu().numpy(),

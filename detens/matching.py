@@ -79,10 +79,12 @@ class Clusters:
 
     @property
     def num_models(self) -> int:
+        """N, the number of models."""
         return int(self.preds.shape[1])
 
     @property
     def device(self) -> torch.device:
+        """The device of the tensors."""
         return self.preds.device
 
     def __getitem__(self, index: Tensor | slice) -> Clusters:
@@ -93,6 +95,7 @@ class Clusters:
         )
 
     def to(self, device: torch.device | str) -> Clusters:
+        """The same clusters with every tensor on ``device``."""
         return Clusters(
             self.preds.to(device),
             self.present.to(device),
@@ -123,7 +126,15 @@ class Clusters:
         """Fused normalized ``boxes (Tensor[C, 4])`` and ``scores (Tensor[C])`` → pixel Detections.
 
         Boxes are clipped to the image, scores to [0, 1], and the result sorted by score.
+
+        Raises:
+            ValueError: ``boxes`` or ``scores`` not of one row per cluster (the clusters give the labels).
         """
+        num_clusters = len(self)
+        if boxes.shape != (num_clusters, 4):
+            raise ValueError(f"boxes must have shape [C, 4] = [{num_clusters}, 4], got {list(boxes.shape)}")
+        if scores.shape != (num_clusters,):
+            raise ValueError(f"scores must have shape [C] = [{num_clusters}], got {list(scores.shape)}")
         pixel = boxes.detach() * self.scale()
         # A fused box is a combination of valid boxes, but make the ordering robust to rounding.
         x1 = torch.minimum(pixel[:, 0], pixel[:, 2])
@@ -142,6 +153,13 @@ class Clusters:
         device: torch.device | None = None,
         sources: Sequence[str | None] | None = None,
     ) -> Clusters:
+        """No clusters (C = 0) of ``num_models`` models, for an image where no model found anything.
+
+        Args:
+            num_models (int): N. image_size (tuple[int, int]): ``(height, width)``.
+            device (torch.device | None): where the tensors go (None: the default device).
+            sources (list[str | None] | None): as for the constructor.
+        """
         return cls(
             torch.zeros((0, num_models, 5), device=device),
             torch.zeros((0, num_models), dtype=torch.bool, device=device),
@@ -271,7 +289,7 @@ def match(per_model: Sequence[Detections], iou_thr: float = 0.55, *, backend: st
     Args:
         per_model (list[Detections]): one Detections per model, all of the same image and device.
             A model with no boxes is a normal case; so is every model being empty (C = 0).
-        iou_thr (float): boxes of one class overlapping by IoU > ``iou_thr`` describe one object.
+        iou_thr (float): boxes of one class overlapping by IoU > ``iou_thr`` describe one object; in [0, 1).
         backend (str): ``"compiled"`` runs the rounds as a compiled loop (numba, CPU: the fast path there),
             ``"tensor"`` as tensor operations on the detections' device (the path for GPUs), ``"auto"``
             the first on the CPU and the second elsewhere. Both give the same clusters.
@@ -284,6 +302,11 @@ def match(per_model: Sequence[Detections], iou_thr: float = 0.55, *, backend: st
     Equal scores (frequent with quantized detectors) are ordered by model, then box index. Boxes are
     clipped to the image first; boxes of zero area after clipping (entirely outside the image, or
     degenerate) match nothing and are dropped, as ``source_index`` shows.
+
+    Raises:
+        TypeError: ``per_model`` is no list of Detections.
+        ValueError: an empty ``per_model``, Detections of different image sizes or devices, ``iou_thr``
+            outside [0, 1), an unknown ``backend``.
     """
     check_per_model(per_model)
     iou_thr = check_real(iou_thr, "iou_thr", 0.0, 1.0, high_open=True)

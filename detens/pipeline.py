@@ -467,8 +467,9 @@ def fuse_results(
         head: for ``method="theta"`` or a head type (``"deep"``, ...): a head, the path of a saved one, or
             a shipped head's name (``"coco_yolo3_deep"``).
         model_names (list[str] | None): names of the models (stored as ``Detections.source``; a head
-            given as a path is checked against them). Default: unnamed, a head then takes the models in its
-            own order.
+            given as a path is checked against them). Default: unnamed, which a head of several models
+            refuses (``Results`` carry no model name: taken in the head's order, each model's weights could go
+            to another model's boxes).
         **params: the method's parameters (``iou_thr``, ``weights``, ...).
 
     Returns:
@@ -590,7 +591,8 @@ class TorchvisionFusion(nn.Module):
         head: for ``method="theta"`` or a head type (``"deep"``, ...): a head (registered as a submodule,
             so ``.to(device)`` moves it), the path of a saved one, or a shipped head's name.
         model_names (list[str] | None): names of the models (a head is checked against them). Default:
-            unnamed, a head then takes the models in its own order.
+            unnamed, which a head of several models refuses (the output dicts carry no model name: taken in
+            the head's order, each model's weights could go to another model's boxes).
         label_space (Mapping[int, str] | None): the category names of the models' labels, ``{id: name}``
             (or a COCO ``categories`` list), against which a head's (or a calibration's) per-class parameters are checked here
             (:func:`detens.heads.check_head_label_space`): one trained on other classes is refused. Default:
@@ -601,6 +603,12 @@ class TorchvisionFusion(nn.Module):
             the number of models is known here: from ``model_names``, else from the head's models, else
             from ``weights``. Without any of them, the values that hold for any number of models are checked
             here, ``min_votes`` (at most one per model) on the first call.
+
+    Raises:
+        ValueError: an unknown method, a parameter out of its range, a head of other models than
+            ``model_names``, a head of several models without ``model_names``, a head trained on other classes
+            than ``label_space``'s.
+        TypeError: a parameter the method does not take (listing those it takes), or of the wrong type.
 
     Example::
 

@@ -120,14 +120,15 @@ class EnsemblePredictions:
             no COCO result (naming the model and the result); results of images that are not in
             ``gt`` or of categories it does not define; ``unreadable`` naming another model; every annotated
             image of ``gt`` left out.
-        TypeError: ``unreadable`` not a mapping of model names to ``{file_name: error}`` mappings.
+        TypeError: ``unreadable`` not a mapping of model names to ``{file_name: error}`` mappings; ``results``
+            not one list of result dicts per model; ``gt`` of none of the types above.
     """
 
     def __init__(
         self,
         model_names: Sequence[str],
         results: Sequence[Sequence[dict]],
-        gt: CocoGroundTruth,
+        gt: CocoGroundTruth | str | Path | Mapping[str, Any],
         validated: bool = False,
         unreadable: Mapping[str, Mapping[str, str]] | None = None,
         folder: str | Path | None = None,
@@ -195,9 +196,15 @@ class EnsemblePredictions:
 
     @classmethod
     def from_folder(
-        cls, folder: str | Path, gt: CocoGroundTruth, models: Sequence[str] | None = None
+        cls,
+        folder: str | Path,
+        gt: CocoGroundTruth | str | Path | Mapping[str, Any],
+        models: Sequence[str] | None = None,
     ) -> EnsemblePredictions:
         """Load ``folder/<name>.json`` for each model (all ``*.json`` files, sorted by name, by default).
+
+        ``gt`` is the dataset, as the constructor takes it (a :class:`~detens.coco.CocoGroundTruth`, or
+        anything :func:`~detens.coco.load_coco_gt` takes).
 
         The images that ``folder/cache_summary.json`` lists as unreadable for one of ``models`` are left
         out (see the class docstring), with a warning that names them. A folder without the summary, or
@@ -216,6 +223,8 @@ class EnsemblePredictions:
         """
         if models is not None:
             models = _check_model_names(models, "models")
+        if not isinstance(gt, CocoGroundTruth):
+            gt = load_coco_gt(gt)
         folder = Path(folder)
         if folder.is_file():  # most often one member's results file, given for the folder that holds it
             raise NotADirectoryError(f"prediction folder expected, got a file: {folder} (give the folder that holds it)")

@@ -21,6 +21,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from detens.checks import check_flag
 from detens.io import home_expanded, special_file_kind
 
 __all__ = ["IMAGE_EXTENSIONS", "ImageReadError", "ImageSizeError", "list_images", "read_image", "as_bgr", "is_image_file"]
@@ -160,8 +161,10 @@ def list_images(source: str | Path | Iterable[str | Path], recursive: bool = Tru
     Raises:
         FileNotFoundError: ``source`` is neither an existing file, a folder nor a glob.
         ValueError: ``source`` is an empty string.
-        TypeError: ``source`` is none of these (None, a number).
+        TypeError: ``source`` or an entry of its list is none of these (None, a number), or ``recursive`` is
+            no bool.
     """
+    recursive = check_flag(recursive, "recursive")
     if isinstance(source, (str, Path)):
         sources = [source]
     elif isinstance(source, Iterable) and not isinstance(source, bytes):
@@ -171,7 +174,11 @@ def list_images(source: str | Path | Iterable[str | Path], recursive: bool = Tru
             f"image source must be a path, a glob pattern or a list of them, got {type(source).__name__}: {source!r}"
         )
     found: set[Path] = set()
-    for item in sources:
+    for i, item in enumerate(sources):
+        if not isinstance(item, (str, os.PathLike)):
+            raise TypeError(
+                f"image source[{i}] must be a path or a glob pattern, got {type(item).__name__}: {item!r}"
+            )
         if isinstance(item, str) and not item:
             # Path("") is the current folder: an unset variable in `--source "$IMAGES"` would run on it
             raise ValueError("image source is an empty string; give a file, a folder or a glob pattern")

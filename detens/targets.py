@@ -80,18 +80,21 @@ class Targets:
 
     @property
     def device(self) -> torch.device:
+        """The device of the tensors."""
         return self.boxes.device
 
     def __getitem__(self, index: Tensor | slice) -> Targets:
         return Targets(self.boxes[index], self.matched[index], self.ignore[index], self.gt_index[index])
 
     def to(self, device: torch.device | str) -> Targets:
+        """The same targets with every tensor on ``device``."""
         return Targets(
             self.boxes.to(device), self.matched.to(device), self.ignore.to(device), self.gt_index.to(device)
         )
 
     @classmethod
     def empty(cls, device: torch.device | str | None = None) -> Targets:
+        """The targets of no cluster (C = 0), on ``device`` (None: the default device)."""
         return cls(
             torch.zeros((0, 4), device=device),
             torch.zeros((0,), dtype=torch.bool, device=device),
@@ -183,6 +186,12 @@ def assign_targets(
 
     Returns:
         Targets with ``boxes`` normalized by ``clusters.image_size``, on the clusters' device.
+
+    Raises:
+        TypeError: ``clusters`` not Clusters, or an input that holds no numbers.
+        ValueError: an input of the wrong shape (naming it and the shape it needs), fused boxes or scores that
+            are not finite, a negative ``gt_labels`` entry, ``gt_iscrowd`` flags other than 0/1, ``iou_thr``
+            outside (0, 1].
     """
     iou_thr = check_real(iou_thr, "iou_thr", 0.0, 1.0, low_open=True)
     if not isinstance(clusters, Clusters):

@@ -633,6 +633,21 @@ def test_torchvision_builder_arguments_are_checked_before_building(monkeypatch):
     assert (transform.min_size, transform.size_divisible, detector.model.rpn._pre_nms_top_n["testing"]) == ((300,), 16, 100)
 
 
+def test_torchvision_weights_backbone_is_passed_to_the_builder(tmp_path):
+    """A builder argument like any other: with weights=None or a state-dict file it stopped at torchvision's
+    "get_model() got multiple values for keyword argument 'weights_backbone'"."""
+    from detens.adapters.torchvision import TorchvisionDetector
+
+    arch = "ssdlite320_mobilenet_v3_large"
+    untrained = TorchvisionDetector(arch, weights=None, weights_backbone=None, device="cpu")
+    path = tmp_path / "ssd.pt"
+    torch.save(untrained.model.state_dict(), path)
+    loaded = TorchvisionDetector(arch, weights=path, weights_backbone=None, device="cpu")
+    assert loaded.weights_source == str(path)
+    for key, value in untrained.model.state_dict().items():
+        assert torch.equal(loaded.model.state_dict()[key], value), key
+
+
 @pytest.mark.parametrize("built", [False, True], ids=["by name", "built"])
 def test_torchvision_keypoint_rcnn_predicts_persons(built):
     """torchvision's Keypoint R-CNN weights have two classes, "no person" (the background) and person: a

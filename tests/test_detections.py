@@ -243,6 +243,13 @@ class TestProtocol:
         with pytest.raises(TypeError, match="Detections.to takes a device.*got torch.float16"):
             det.to(torch.float16)
 
+    @pytest.mark.parametrize("device", [3.5, torch.float32, True])
+    def test_empty_refuses_what_is_no_device_naming_it(self, device):
+        """torch's own error ("zeros(): argument 'device' must be torch.device, not float") named no call."""
+        with pytest.raises(TypeError, match=r"^Detections.empty: device must be a device .* or None, got "):
+            Detections.empty((4, 5), device=device)
+        assert Detections.empty((4, 5), device=None).device.type == "cpu"
+
     @pytest.mark.parametrize(
         "device, message",
         [

@@ -298,6 +298,21 @@ class TestMatchEdgeCases:
         with pytest.raises(ValueError, match="iou_thr"):
             match([Detections.empty((5, 5))], iou_thr=1.5)
 
+    def test_to_detections_refuses_fused_rows_of_another_count_naming_them(self):
+        """Boxes of another count were reported as Detections.labels of the wrong shape, which the caller never
+        passed; boxes of 5 columns stopped at a broadcasting error."""
+        a = Detections([[0, 0, 10, 10], [20, 20, 30, 30]], [0.9, 0.5], [1, 1], (40, 40), source="a")
+        clusters = match([a, a.with_source("b")])
+        assert len(clusters) == 2
+        with pytest.raises(ValueError, match=r"^boxes must have shape \[C, 4\] = \[2, 4\], got \[3, 4\]$"):
+            clusters.to_detections(torch.zeros(3, 4), torch.zeros(2))
+        with pytest.raises(ValueError, match=r"^boxes must have shape \[C, 4\] = \[2, 4\], got \[2, 5\]$"):
+            clusters.to_detections(torch.zeros(2, 5), torch.zeros(2))
+        with pytest.raises(ValueError, match=r"^scores must have shape \[C\] = \[2\], got \[2, 1\]$"):
+            clusters.to_detections(torch.zeros(2, 4), torch.zeros(2, 1))
+        fused = clusters.to_detections(clusters.preds[:, 0, :4], clusters.preds[:, 0, 4])
+        assert fused.scores.tolist() == pytest.approx([0.9, 0.5])
+
     def test_inputs_not_mutated(self):
         per_model = random_per_model(random.Random(1), num_models=2)
         before = [(d.boxes.clone(), d.scores.clone(), d.labels.clone()) for d in per_model]

@@ -59,6 +59,21 @@ def test_the_ground_truth_may_be_given_as_evaluate_coco_takes_it(tmp_path):
         EnsemblePredictions(["a"], [RESULTS], 5)
 
 
+def test_from_folder_takes_the_ground_truth_as_the_constructor_does(tmp_path):
+    """Given a path or a dict, it stopped at an AttributeError ('str' object has no attribute 'image_ids')."""
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    (folder / "a.json").write_text(json.dumps(RESULTS), encoding="utf-8")
+    path = tmp_path / "gt.json"
+    path.write_text(json.dumps(GT), encoding="utf-8")
+    for gt in (GT, path, str(path), CocoGroundTruth(GT)):
+        predictions = EnsemblePredictions.from_folder(folder, gt)
+        assert isinstance(predictions.gt, CocoGroundTruth) and predictions.gt.image_ids == [1]
+        assert len(predictions.per_model(1)[0]) == 1
+    with pytest.raises(TypeError, match=r"ground truth must be a COCO annotation file path, a dict, .* got int"):
+        EnsemblePredictions.from_folder(folder, 5)
+
+
 @pytest.mark.parametrize("names, error, message", [
     ([], ValueError, r"^model_names must name at least one model, got \[\]$"),
     (["", "b"], ValueError, r"^model_names\[0\] is empty: a model's name must be a non-empty string$"),

@@ -51,6 +51,16 @@ class TestListImages:
         found = list_images([tree / "b.png", tree, str(tree / "*.png")])
         assert len(found) == 3
 
+    def test_a_source_entry_or_recursive_of_the_wrong_type_is_refused_naming_it(self, tree):
+        """A string for recursive was taken as True; an entry of no path type met pathlib's TypeError, which
+        named neither the argument nor the entry."""
+        with pytest.raises(TypeError, match=r"^recursive must be True or False, got str: 'no'$"):
+            list_images(tree, recursive="no")
+        with pytest.raises(TypeError, match=r"^image source\[1\] must be a path or a glob pattern, got int: 5$"):
+            list_images([tree, 5])
+        with pytest.raises(TypeError, match=r"^image source\[0\] must be a path or a glob pattern, got NoneType"):
+            list_images([None])
+
     def test_missing_source_is_an_error(self, tmp_path):
         with pytest.raises(FileNotFoundError, match="nope"):
             list_images(tmp_path / "nope")

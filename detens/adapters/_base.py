@@ -80,6 +80,18 @@ class BaseDetector:
         self.categories = category_names(categories)
 
     def __call__(self, images: ImageInput | Sequence[ImageInput]) -> list[Detections]:
+        """Detect on ``images``, in batches of ``batch``.
+
+        Args:
+            images: image paths or BGR ``uint8`` arrays ``[H, W, 3]`` (one path or array is accepted too).
+
+        Returns:
+            list[Detections]: one per image, in order, in the image's own pixels.
+
+        Raises:
+            TypeError: ``images`` or an entry of it neither a path nor an array.
+            ImageReadError: a file that cannot be read as an image (naming it and why).
+        """
         items = as_image_list(images)
         out: list[Detections] = []
         for start in range(0, len(items), self.batch):

@@ -347,11 +347,17 @@ class AugmentedDetector:
     Args:
         detector: the detector to augment.
         views: the views (strings such as ``"identity"``, ``"hflip"``, ``"scale=0.83"``, ``"tiles=2x2"``, or
-            :class:`View`). ``identity`` is the detector itself (its name unchanged).
+            :class:`View`; one view alone is taken as a list of one). ``identity`` is the detector itself (its
+            name unchanged).
         merge_iou (float), max_det (int | None): how tiled views merge their tiles' boxes (:class:`AugmentedView`).
 
     ``members`` holds one detector per view (for an ensemble). Calling it returns, for each image, the
     list of the views' ``Detections`` (ready for ``detens.fuse``); images are read once.
+
+    Raises:
+        TypeError: ``detector`` is no detector, or one of saved predictions (which cannot see augmented
+            images); ``views`` is neither a view nor a list of them.
+        ValueError: no view, or a view that is none of the forms above (listing them).
     """
 
     def __init__(
@@ -385,6 +391,15 @@ class AugmentedDetector:
         return len(self.members)
 
     def __call__(self, images: ImageInput | Sequence[ImageInput]) -> list[list[Detections]]:
+        """Every view on ``images``, each image read once.
+
+        Args:
+            images: image paths or BGR ``uint8`` arrays ``[H, W, 3]`` (one path or array is accepted too).
+
+        Returns:
+            list[list[Detections]]: per image, one Detections per view (in the order of ``members``), in the
+            image's own pixels.
+        """
         items = as_image_list(images)
         arrays = [load_image(image, i) for i, image in enumerate(items)]
         paths = [image if isinstance(image, (str, os.PathLike)) else None for image in items]

@@ -79,7 +79,8 @@ class PrecomputedDetector(BaseDetector):
             else ``default_images``.
         default_images: the images to match against when neither ``images`` nor the results name theirs
             (an ensemble's dataset): the results' own images come first, as their ids are ids of those.
-        name (str | None): display name; default: the results file's stem.
+        name (str | None): display name; default: the results file's stem (``"precomputed"`` for results
+            given as a list or dict).
         conf (float): keep the results scored ``conf`` or more. The adapters that run a model keep the scores
             above ``conf``, as Ultralytics' and torchvision's own post-processing do, but saved scores are
             rounded (``detens cache`` and ``detens fuse`` write 5 decimals): a score just above ``conf`` is saved
@@ -311,6 +312,14 @@ class PrecomputedDetector(BaseDetector):
 
     # --------------------------------------------------------------------------------------------- calls
     def __call__(self, images: ImageInput | int | Sequence[ImageInput | int]) -> list[Detections]:
+        """The saved detections of ``images``: paths, or image ids (one is accepted too).
+
+        Returns:
+            list[Detections]: one per image, in order; empty for an image without results.
+
+        Raises:
+            UnknownImageError: an image the image map does not know (a ``KeyError`` and a ``ValueError``).
+        """
         items = [images] if isinstance(images, (int, np.integer)) else as_image_list(images)  # type: ignore[arg-type]
         out = []
         for item in items:

@@ -452,13 +452,16 @@ class TorchvisionDetector(BaseDetector):
         kwargs = dict(builder_kwargs)
         if num_classes is not None:
             kwargs["num_classes"] = num_classes
+        # without the model's weights no backbone is downloaded either, unless the caller's
+        # weights_backbone asks for one
+        unweighted = {"weights_backbone": None, **kwargs}
         if weights is None:
             logger.warning("%s: no weights given, the model is UNTRAINED (random initialization)", self.name)
-            return get_model(arch, weights=None, weights_backbone=None, **kwargs)
+            return get_model(arch, weights=None, **unweighted)
         resolved = resolve_weights(weights, "torchvision", weights_dir, config_folder)
         self.weights_source = resolved.value
         if resolved.local:
-            model = get_model(arch, weights=None, weights_backbone=None, **kwargs)
+            model = get_model(arch, weights=None, **unweighted)
             state = load_state_dict_file(resolved.value)
             try:
                 model.load_state_dict(state)

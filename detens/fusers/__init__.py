@@ -37,6 +37,8 @@ __all__ = [
 
 
 def list_fusers() -> list[str]:
+    """The registered fusers' names, sorted: the fixed methods of ``fuse(method=...)`` (``theta`` runs a
+    trained head); :func:`list_methods` adds the head types."""
     return FUSERS.names()
 
 
@@ -136,7 +138,11 @@ def fuse(
         ``supervision.Detections`` when every input was one.
 
     Raises:
-        ValueError: among others, a head trained on other classes than ``label_space``'s, naming the ids.
+        ValueError: among others, an unknown ``method`` (listing the valid names), a head type without
+            ``head=``, a parameter out of its range, an empty ``per_model``, Detections of different images,
+            and a head trained on other classes than ``label_space``'s, naming the ids.
+        TypeError: ``per_model`` is no list of Detections, a parameter the method does not take (listing
+            those it takes), or a parameter of the wrong type.
     """
     given_head = params.get("head")  # for messages: a path that resolve_method may load
     method = default_method(method, given_head)

@@ -218,6 +218,12 @@ def load_head(path: str | Path, model_names: Sequence[str] | None = None) -> Any
 
     Returns:
         the head (an ``nn.Module`` on the CPU).
+
+    Raises:
+        FileNotFoundError: neither a file nor a shipped head's name (listing the shipped ones).
+        ValueError: a suffix other than ``.json`` or ``.safetensors``; a head of other models than
+            ``model_names``.
+        HeadFileError: a file that is no valid head (naming the file and the field).
     """
     path = find_head_file(path)  # a shipped name: its file, which the head type reads again
     header = read_head_file(path)

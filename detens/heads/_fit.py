@@ -1023,8 +1023,10 @@ def fit_head(
         (:func:`detens.heads.check_head_label_space`).
 
     Raises:
-        ValueError: no image id, an image id given more than once (it would weigh twice in the fit), or one
-            that is not in the ground truth.
+        ValueError: an unknown ``kind`` (listing the valid ones), no image id, an image id given more than
+            once (it would weigh twice in the fit), or one that is not in the ground truth.
+        TypeError: ``predictions`` not of :class:`~detens.predictions.EnsemblePredictions`, ``image_ids`` not
+            integers, or ``config`` of another kind's dataclass.
     """
     trainer = _trainer(kind)
     if not all(hasattr(predictions, name) for name in ("gt", "model_names", "per_model")):  # as CalibratedPredictions

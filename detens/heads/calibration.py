@@ -442,8 +442,9 @@ class CalibrationHead(nn.Module):
             Tensor[K] in [0, 1], float32, on the scores' device.
 
         Raises:
-            TypeError: ``scores`` or ``labels`` not a tensor. ValueError: not one score per detection, or a
-                score outside [0, 1] (a curve maps probabilities: one beyond them would be clamped unseen).
+            TypeError: ``scores`` or ``labels`` not a tensor. ValueError: a ``model_name`` the head lacks
+                (naming its models), not one score per detection, or a score outside [0, 1] (a curve maps
+                probabilities: one beyond them would be clamped unseen).
         """
         index = self._index(model_name)
         if not isinstance(scores, Tensor) or (labels is not None and not isinstance(labels, Tensor)):

@@ -520,6 +520,15 @@ class ThetaHead(nn.Module):
         return self.shrinkage * ((self.class_theta - self.theta[None, :]) ** 2).sum()
 
     def loss_on_batch(self, preds: Tensor, present: Tensor, labels: Tensor, targets: Targets) -> Tensor:
+        """:meth:`loss` of a batch that :meth:`stack_batch` made.
+
+        Args:
+            preds (Tensor[C, N, 5]), present (Tensor[C, N]), labels (Tensor[C]), targets (Targets of C
+                clusters): the stacked clusters and their targets.
+
+        Returns:
+            Tensor[]: the objective, as :meth:`loss` returns it.
+        """
         thetas = self._objective_thetas(preds, labels)
         loss = self._objective(thetas[0], preds, present, targets)
         for theta in thetas[1:]:
