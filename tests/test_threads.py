@@ -136,3 +136,22 @@ def test_an_ultralytics_pytorch_model_first_called_from_threads():
         for b, image in enumerate(inputs):
             assert_same(got[b], detector([image])[0], f"image {b}")
 
+
+# ---------------------------------------------------------------------------------------------- Ensemble
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "config, fusion",
+    [
+        ("coco_yolo3", {"head": "coco_yolo3_deep"}),  # TFLite and OpenVINO YOLOs, the shipped deep head
+        ("coco_diverse", {"method": "wbf", "iou_thr": 0.55}),  # a TFLite YOLO, YOLOX and NanoDet in onnxruntime
+    ],
+)
+def test_a_shipped_ensemble_from_threads(config, fusion):
+    """One Ensemble of the shipped members, built once and called from several threads (as a threaded web
+    server calls it), fuses every image as a call on it alone does; each member alone does as well."""
+    import detens
+
+    members = detens.build_ensemble(config)
+    ensemble = detens.Ensemble(members, **fusion)
+    calls = {"ensemble": on_one_image(ensemble)} | {member.name: on_one_image(member) for member in members}
+    assert_threads_agree(calls, images(2), rounds=2)
