@@ -210,6 +210,12 @@ class Ensemble:
             (an ``iou_thr`` of 5, weights of another length, a head of other models): a mistake is reported
             before any detector runs.
 
+    An Ensemble may be called from several threads at once (the workers of a threaded server sharing one) and
+    gives each what a call alone gives: detens' adapters run one call at a time of each loaded Ultralytics or
+    torchvision model, which keep a call's settings in the model (detectors sharing a model share its turn),
+    while ONNX Runtime sessions, the other members and the fusion run side by side. A detector of your own is
+    called from those threads as it is, and a model given to detens must not be called by your code meanwhile.
+
     Example::
 
         ens = Ensemble([YOLO("a.tflite"), UltralyticsDetector("b.onnx")], method="wbf", iou_thr=0.55)

@@ -9,6 +9,7 @@ import json
 import math
 import re
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -422,6 +423,36 @@ class TestOnnxDetector:
         assert det.labels.tolist() == [5]  # by name; person and dog have no category and are dropped
         with pytest.raises(ValueError, match="model has 3 classes .*not the 80 COCO classes"):
             OnnxDetector(path, "yolox")
+
+    def test_a_dynamic_class_count_first_run_from_threads(self, fake_model, monkeypatch):
+        """A model whose outputs leave the class count dynamic gets its label lookup at its first run; a run in
+        another thread that saw the count there went on to a lookup not yet made (AttributeError on None)."""
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+
+        path = fake_model([1, 3, 32, 32], [yolox_rows()])
+        session = fake_model.made["session"]
+        session.get_outputs = lambda: [SimpleNamespace(name="out0", shape=["batch", 21, "attributes"])]
+        build_lookup = OnnxDetector._build_lookup
+
+        def slow_build_lookup(*args):  # long enough for another run to start meanwhile
+            time.sleep(0.2)
+            return build_lookup(*args)
+
+        monkeypatch.setattr(OnnxDetector, "_build_lookup", slow_build_lookup)
+        image = np.zeros((64, 128, 3), np.uint8)
+        expected = OnnxDetector(path, "yolox", conf=0.3)([image])[0]
+        detector = OnnxDetector(path, "yolox", conf=0.3)
+        assert detector.num_classes == -1 and detector.lookup is None
+        together = threading.Barrier(4)
+
+        def first_run(_: int):
+            together.wait(timeout=60)
+            return detector([image])[0]
+
+        with ThreadPoolExecutor(4) as pool:
+            for det in pool.map(first_run, range(4), timeout=60):
+                assert torch.equal(det.boxes, expected.boxes) and det.labels.tolist() == expected.labels.tolist()
 
     def test_classes_outside_the_label_space_go_before_nms_and_max_det(self, fake_model):
         rows = yolox_rows(3)  # persons 0.4 at [4, 14, 20, 22] and 0.36, a car 0.9 over the whole input

@@ -9,6 +9,8 @@ label space of the dataset (COCO category ids by default) and tensors on the CPU
 from __future__ import annotations
 
 import os
+import threading
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -29,6 +31,7 @@ __all__ = [
     "detect_loaded",
     "check_detection_options",
     "type_name",
+    "model_lock",
 ]
 
 ImageInput = str | os.PathLike | np.ndarray
@@ -158,3 +161,24 @@ def type_name(obj: Any) -> str:
     """``obj``'s type for error messages: ``int``, ``torchvision.models.resnet.ResNet``."""
     cls = type(obj)
     return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+#: one lock per loaded model object, for as long as the model lives
+_MODEL_LOCKS: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
+_MODEL_LOCKS_GUARD = threading.Lock()
+
+
+def model_lock(model: Any) -> threading.Lock:
+    """The lock of a loaded ``model``, the same for every detector that calls that model object.
+
+    Held around the part of a prediction that changes the model's own state for the length of a call
+    (Ultralytics' predictor takes each call's options into the model; the torchvision adapter swaps the
+    model's post-processing in and out): several threads calling one detector, or detectors that share one
+    model, would otherwise run with one another's settings. Reading images and making Detections stay
+    outside it, so threads overlap there and in other members.
+    """
+    with _MODEL_LOCKS_GUARD:
+        lock = _MODEL_LOCKS.get(model)
+        if lock is None:
+            lock = _MODEL_LOCKS[model] = threading.Lock()
+        return lock

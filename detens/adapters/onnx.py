@@ -304,7 +304,7 @@ class OnnxDetector(BaseDetector):
         self.num_classes = self.decoder.check_outputs(self.output_shapes, where=self.resolved.value)
         self.conf, self.iou, self.max_det, self.agnostic_nms = conf, float(iou), max_det, agnostic_nms
         self._label_args = {"categories": categories, "class_map": class_map}
-        self.lookup = self._build_lookup() if self.num_classes > 0 else None  # dynamic: at the first run
+        self.lookup = self._build_lookup(self.num_classes) if self.num_classes > 0 else None  # dynamic: at the first run
         if self.lookup is None and categories is not None and class_map is not None:
             # the lookup waits for the first run to know the classes; the map's ids can be checked now
             check_class_map_categories(class_map, categories, self.name)
@@ -374,14 +374,14 @@ class OnnxDetector(BaseDetector):
             )
         return inputs[0].name, size, shape[0] if isinstance(shape[0], int) else None
 
-    def _build_lookup(self) -> torch.Tensor:
+    def _build_lookup(self, num_classes: int) -> torch.Tensor:
         names = _class_names_from_metadata(self.session)
-        if names is None or len(names) != self.num_classes:
+        if names is None or len(names) != num_classes:
             # no names in the file: 80 classes are COCO's in the standard order (both shipped models)
             names = (
                 list(COCO_NAMES)
-                if self.num_classes == len(COCO_NAMES)
-                else [str(i) for i in range(self.num_classes)]
+                if num_classes == len(COCO_NAMES)
+                else [str(i) for i in range(num_classes)]
             )
         return build_label_lookup(
             names, default="coco80", where=f"{self.name} ({self.resolved.value})", **self._label_args
@@ -408,10 +408,10 @@ class OnnxDetector(BaseDetector):
                 f"({len(inputs)} image(s)): {type(err).__name__}: {err}"
             ) from err
         if self.num_classes <= 0:  # dynamic shapes: check the real ones once
-            self.num_classes = self.decoder.check_outputs(
-                [o.shape for o in outputs], where=self.resolved.value
-            )
-            self.lookup = self._build_lookup()
+            num_classes = self.decoder.check_outputs([o.shape for o in outputs], where=self.resolved.value)
+            # the lookup first: a call in another thread that sees the count goes on to use the lookup
+            self.lookup = self._build_lookup(num_classes)
+            self.num_classes = num_classes
         return [[o[i] for o in outputs] for i in range(len(inputs))]
 
     def _postprocess(

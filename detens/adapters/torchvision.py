@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from detens.adapters._base import BaseDetector, check_detection_options, type_name
+from detens.adapters._base import BaseDetector, check_detection_options, model_lock, type_name
 from detens.adapters._labels import (
     apply_label_lookup,
     build_label_lookup,
@@ -223,7 +223,8 @@ def _label_space_before_max_det(model: torch.nn.Module, lookup: torch.Tensor, ma
     category; its own cut, after its NMS and before any lookup, would count the other classes' boxes too.
 
     For that time its ``postprocess_detections`` is asked for every box that its NMS keeps (by decreasing score)
-    and returns the first ``max_det`` of mapped classes: mask and keypoint heads run on those boxes only.
+    and returns the first ``max_det`` of mapped classes: mask and keypoint heads run on those boxes only. The
+    model is changed for that time, so the caller holds its :func:`~detens.adapters._base.model_lock`.
     """
     holder = _postprocessor(model)
     own = holder.__dict__.get("postprocess_detections")  # an override on the instance, put back after
@@ -490,7 +491,8 @@ class TorchvisionDetector(BaseDetector):
             tensors.append(
                 torch.from_numpy(rgb).to(self.device).permute(2, 0, 1).float().div_(255.0).to(self.input_dtype)
             )  # [3, H, W]
-        with _label_space_before_max_det(self.model, self.lookup, self.max_det):
+        # the model runs with its post-processing swapped for this detector's: one call of it at a time
+        with model_lock(self.model), _label_space_before_max_det(self.model, self.lookup, self.max_det):
             outputs = self.model(tensors)
         out = []
         for output, image in zip(outputs, images, strict=True):

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from detens.adapters._base import BaseDetector, check_detection_options, type_name
+from detens.adapters._base import BaseDetector, check_detection_options, model_lock, type_name
 from detens.adapters._labels import apply_label_lookup, build_label_lookup, check_categories
 from detens.adapters._signal_stack import install_lasting_signal_stack, is_openvino_export
 from detens.adapters.weights import ResolvedWeights, import_ultralytics, resolve_weights, upstream_failure
@@ -239,7 +239,7 @@ class UltralyticsDetector(BaseDetector):
         # (warm-up) prediction sets up the real predictor once, with our arguments, and gives the names.
         # It is also where an export is first read, so a damaged one fails here.
         try:
-            self.model.predict(np.zeros((64, 64, 3), dtype=np.uint8), **self.predict_args)
+            self._run_model([np.zeros((64, 64, 3), dtype=np.uint8)])
         except Exception as err:
             predictor = getattr(self.model, "predictor", None)
             if self.resolved.local and getattr(predictor, "model", None) is None:  # the file was never read
@@ -260,10 +260,19 @@ class UltralyticsDetector(BaseDetector):
                 self.name, height, width, imgsz,
             )
 
+    def _run_model(self, images: list[np.ndarray]) -> list[Any]:
+        """The model's ``Results`` of ``images``, one call at a time per model (:func:`model_lock`): ``predict``
+        makes the model's predictor on its first call and hands it each call's options while another call may be
+        running, so calls from several threads could meet a predictor not set up yet, or run with the options
+        of another detector that shares the loaded model. Ultralytics runs one prediction of a predictor at a
+        time in any case."""
+        with model_lock(self.model):
+            return self.model.predict(images, **self.predict_args)
+
     def _predict(self, images: list[np.ndarray]) -> list[Detections]:
         if self.openvino:  # another thread than the one that loaded the model may run it
             install_lasting_signal_stack()
-        results = self.model.predict(images, **self.predict_args)
+        results = self._run_model(images)
         out = []
         for result, image in zip(results, images, strict=True):
             boxes = result.boxes
