@@ -141,6 +141,27 @@ def lopsided_theta_head(tmp_path):
     return make
 
 
+@pytest.fixture(scope="session")
+def assert_fuses_alike_inside_autocast():
+    """``(head, per_model, dtype)``: check that ``head`` fuses ``per_model`` (directly after matching, and
+    through ``detens.fuse``) to the same boxes, scores and labels inside a ``torch.autocast`` region of
+    ``dtype`` as outside it. A pipeline that runs its detectors under autocast often fuses in that region."""
+
+    def check(head, per_model, dtype):
+        import torch
+
+        from detens import fuse, match
+
+        clusters = match(per_model, 0.55)
+        expected, expected_via_fuse = head.fuse(clusters), fuse(per_model, "theta", head=head)
+        with torch.autocast("cpu", dtype=dtype):
+            got, got_via_fuse = head.fuse(clusters), fuse(per_model, "theta", head=head)
+        for a, b in ((got, expected), (got_via_fuse, expected_via_fuse)):
+            assert torch.equal(a.boxes, b.boxes) and torch.equal(a.scores, b.scores) and torch.equal(a.labels, b.labels)
+
+    return check
+
+
 def _with_orientation_tag(data: bytes, orientation: int) -> bytes:
     # APP1 Exif: a big-endian TIFF header and one IFD entry, Orientation (0x0112), a SHORT
     exif = (b"Exif\x00\x00MM\x00\x2a\x00\x00\x00\x08\x00\x01\x01\x12\x00\x03\x00\x00\x00\x01\x00"

@@ -597,16 +597,9 @@ class TestHeadContract:
             fuse(per_model[:2], "theta", head=head)
 
     @pytest.mark.parametrize("autocast_dtype", [torch.bfloat16, torch.float16])
-    def test_fuses_in_its_own_dtype_inside_autocast(self, kind, autocast_dtype):
-        # a pipeline that runs its detectors under autocast often fuses their outputs in the same region
-        head = trained(kind)
+    def test_fuses_in_its_own_dtype_inside_autocast(self, kind, autocast_dtype, assert_fuses_alike_inside_autocast):
         per_model, _, _ = scene(13)
-        clusters = match(per_model, 0.55)
-        expected, expected_via_fuse = head.fuse(clusters), fuse(per_model, "theta", head=head)
-        with torch.autocast("cpu", dtype=autocast_dtype):
-            got, got_via_fuse = head.fuse(clusters), fuse(per_model, "theta", head=head)
-        for a, b in ((got, expected), (got_via_fuse, expected_via_fuse)):
-            assert torch.equal(a.boxes, b.boxes) and torch.equal(a.scores, b.scores) and torch.equal(a.labels, b.labels)
+        assert_fuses_alike_inside_autocast(trained(kind), per_model, autocast_dtype)
 
     def test_remembers_its_matching_iou(self, kind, tmp_path):
         head = trained(kind, match_iou=0.8)
@@ -1038,13 +1031,9 @@ class TestBagged:
         again, _ = self.fit(kind, 3)
         assert_close(again(clusters)[1], scores)  # deterministic for the seed
 
-    def test_fuses_in_its_own_dtype_inside_autocast(self):
+    def test_fuses_in_its_own_dtype_inside_autocast(self, assert_fuses_alike_inside_autocast):
         head, _ = self.fit("deep", 2)
-        clusters = match(scene(9)[0], iou_thr=0.55)
-        expected = head.fuse(clusters)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            got = head.fuse(clusters)
-        assert torch.equal(got.boxes, expected.boxes) and torch.equal(got.scores, expected.scores)
+        assert_fuses_alike_inside_autocast(head, scene(9)[0], torch.bfloat16)
 
     def test_one_bag_is_the_plain_head(self):
         head, _ = self.fit("deep", 1)

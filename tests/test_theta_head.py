@@ -209,17 +209,11 @@ class TestDeviceAndDtype:
         assert head.theta.grad.device.type == "cpu" and head.theta.grad.dtype == head_dtype
 
     @pytest.mark.parametrize("autocast_dtype", [torch.bfloat16, torch.float16])
-    def test_fuses_in_its_own_dtype_inside_autocast(self, autocast_dtype):
-        # a pipeline that runs its detectors under autocast often fuses their outputs in the same region
+    def test_fuses_in_its_own_dtype_inside_autocast(self, autocast_dtype, assert_fuses_alike_inside_autocast):
         head = ThetaHead(["a", "b", "c"], per_class=True, class_ids=[0, 1])
         set_theta(head, 3)
         per_model = [d.with_source(name) for d, name in zip(random_detections(3), "abc", strict=True)]
-        clusters = match(per_model, 0.55)
-        expected, expected_via_fuse = head.fuse(clusters), fuse(per_model, "theta", head=head)
-        with torch.autocast("cpu", dtype=autocast_dtype):
-            got, got_via_fuse = head.fuse(clusters), fuse(per_model, "theta", head=head)
-        for a, b in ((got, expected), (got_via_fuse, expected_via_fuse)):
-            assert torch.equal(a.boxes, b.boxes) and torch.equal(a.scores, b.scores) and torch.equal(a.labels, b.labels)
+        assert_fuses_alike_inside_autocast(head, per_model, autocast_dtype)
 
     @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
     def test_cuda_matches_cpu(self):
