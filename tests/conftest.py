@@ -162,6 +162,22 @@ def assert_fuses_alike_inside_autocast():
     return check
 
 
+@pytest.fixture
+def jittered():
+    """``jittered(model)``: ``model`` with its weights jittered in place, so that an untrained detection model's
+    scores differ from box to box (as initialized, every box scores about 1/91)."""
+
+    def jitter(model):
+        import torch
+
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(0.05 * torch.randn_like(parameter))
+        return model
+
+    return jitter
+
+
 def _with_orientation_tag(data: bytes, orientation: int) -> bytes:
     # APP1 Exif: a big-endian TIFF header and one IFD entry, Orientation (0x0112), a SHORT
     exif = (b"Exif\x00\x00MM\x00\x2a\x00\x00\x00\x08\x00\x01\x01\x12\x00\x03\x00\x00\x00\x01\x00"

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -456,6 +457,12 @@ def run_torchvision(model: torch.nn.Module) -> Detections:
     return Detections(output["boxes"], output["scores"], output["labels"], (1080, 810))
 
 
+def assert_close_detections(got: Detections, expected: Detections, where: str = "") -> None:
+    for field in ("boxes", "scores", "labels"):
+        torch.testing.assert_close(getattr(got, field), getattr(expected, field),
+                                   msg=lambda message, field=field: f"{where} {field}: {message}")
+
+
 def assert_same_as_reference(bus: Detections, reference: torch.nn.Module, max_det: int) -> None:
     """``bus`` (a detector's Detections of bus.jpg) is what the torchvision model ``reference`` outputs (built with
     ``UNCUT`` max detections): its boxes of COCO categories, the first ``max_det`` (an untrained model's "N/A" ids
@@ -463,9 +470,7 @@ def assert_same_as_reference(bus: Detections, reference: torch.nn.Module, max_de
     expected = run_torchvision(reference)
     expected = expected[torch.isin(expected.labels, torch.tensor(COCO_CATEGORY_IDS))][:max_det]
     assert len(expected) > 0
-    torch.testing.assert_close(bus.boxes, expected.boxes)
-    torch.testing.assert_close(bus.scores, expected.scores)
-    torch.testing.assert_close(bus.labels, expected.labels)
+    assert_close_detections(bus, expected)
 
 
 @pytest.mark.parametrize(
@@ -473,25 +478,93 @@ def assert_same_as_reference(bus: Detections, reference: torch.nn.Module, max_de
     [("fasterrcnn_mobilenet_v3_large_320_fpn", "FasterRCNN"), ("ssdlite320_mobilenet_v3_large", "SSD")],
 )
 def test_torchvision_built_model(arch, class_name):
-    """A model built by the caller gives the model's own output, and is taken over (eval, thresholds)."""
+    """A model built by the caller gives the model's own output with the detector's options; it is put in
+    eval() mode and keeps its own thresholds."""
     from torchvision.models import get_model
 
     from detens.adapters.torchvision import TorchvisionDetector
 
     torch.manual_seed(0)
     reference = _reference_model(arch, conf=0.001, max_det=UNCUT)
-    model = get_model(arch, weights=None, weights_backbone=None)  # its own thresholds: 0.05 / 0.01 and 100 / 300
+    model = get_model(arch, weights=None, weights_backbone=None)  # its own thresholds: 0.05 / 0.001 and 100 / 300
     model.load_state_dict(reference.state_dict())
+    holder = model.roi_heads if hasattr(model, "roi_heads") else model
+    own = (holder.score_thresh, holder.detections_per_img)
     detector = TorchvisionDetector(model, conf=0.001, max_det=100)
     assert detector.name == class_name and detector.arch == class_name and detector.model is model
     assert detector.device == torch.device("cpu") and detector.weights_source is None
-    assert not model.training
-    holder = model.roi_heads if hasattr(model, "roi_heads") else model
-    assert (holder.score_thresh, holder.detections_per_img) == (0.001, 100)
+    assert not model.training and (holder.score_thresh, holder.detections_per_img) == own
     bus = detector([BUS])[0]
+    assert (holder.score_thresh, holder.detections_per_img) == own
     assert_valid(bus, (1080, 810))
     assert_same_as_reference(bus, reference, max_det=100)
     assert TorchvisionDetector(model, name="mine").name == "mine"
+
+
+LOOSE = {"conf": 0.001, "max_det": 100}
+STRICT = {"conf": 0.2, "iou": 0.3, "max_det": 50, "imgsz": 256}
+
+
+def test_torchvision_detectors_that_share_one_model_each_run_with_their_own_options(jittered):
+    """The options were set on the model when a detector was built: the detector built first then ran with
+    those of the one built last."""
+    import copy
+
+    from torchvision.models.detection import fasterrcnn_mobilenet_v3_large_320_fpn
+
+    from detens.adapters.torchvision import TorchvisionDetector
+
+    torch.manual_seed(0)
+    model = jittered(fasterrcnn_mobilenet_v3_large_320_fpn(weights=None, weights_backbone=None))
+    loose_alone = TorchvisionDetector(copy.deepcopy(model), **LOOSE)([BUS])[0]
+    strict_alone = TorchvisionDetector(copy.deepcopy(model), **STRICT)([BUS])[0]
+    assert len(strict_alone) < len(loose_alone) == LOOSE["max_det"]  # the options make a difference here
+
+    loose = TorchvisionDetector(model, **LOOSE, name="loose")
+    strict = TorchvisionDetector(model, **STRICT, name="strict")
+    for detector, alone in ((loose, loose_alone), (strict, strict_alone), (loose, loose_alone)):
+        det = detector([BUS])[0]
+        assert_valid(det, (1080, 810))
+        assert_close_detections(det, alone, detector.name)
+
+
+def test_torchvision_detector_leaves_the_models_own_settings(jittered):
+    """A model the caller still calls directly behaves as before it was given to a detector: the detector's
+    options are the model's during its calls only, a call that raises included."""
+    from torchvision.models.detection import fasterrcnn_mobilenet_v3_large_320_fpn
+
+    from detens.adapters.torchvision import TorchvisionDetector
+
+    torch.manual_seed(0)
+    model = jittered(fasterrcnn_mobilenet_v3_large_320_fpn(weights=None, weights_backbone=None)).eval()
+    holder, transform = model.roi_heads, model.transform
+
+    def settings() -> tuple[Any, ...]:
+        return (holder.score_thresh, holder.nms_thresh, holder.detections_per_img, transform.min_size,
+                transform.max_size)
+
+    own = settings()
+    direct = run_torchvision(model)
+    detector = TorchvisionDetector(model, **STRICT)
+    assert settings() == own
+
+    during_calls = []
+    recording = model.backbone.register_forward_pre_hook(lambda *_: during_calls.append(settings()))
+    detector([BUS])
+    recording.remove()
+    assert [(s[0], s[1], s[3], s[4]) for s in during_calls] == [(0.2, 0.3, (256,), 256)]
+    assert settings() == own and "postprocess_detections" not in vars(holder)
+
+    def fail(*_: Any) -> None:
+        raise RuntimeError("the forward pass failed")
+
+    failing = model.backbone.register_forward_pre_hook(fail)
+    with pytest.raises(RuntimeError, match="the forward pass failed"):
+        detector([BUS])
+    failing.remove()
+    assert settings() == own and "postprocess_detections" not in vars(holder)
+
+    assert_close_detections(run_torchvision(model), direct)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -685,9 +758,12 @@ def test_torchvision_numpy_integer_options_are_the_python_ints_they_hold():
         **{k: v if k == "class_map" else np.int64(v) for k, v in options.items()}
     )
     transform = detector.model.transform
-    assert transform.min_size == (320,) and transform.max_size == 320 and type(transform.max_size) is int
-    assert (detector.batch, detector.max_det, detector.model.roi_heads.detections_per_img) == (2, 50, 50)
-    assert all(type(v) is int for v in (detector.batch, detector.max_det, detector.model.roi_heads.detections_per_img))
+    seen = []  # the input size the model runs at, set for the length of a call
+    transform.register_forward_pre_hook(lambda *_: seen.append((transform.min_size, transform.max_size)))
+    detector([np.zeros((64, 64, 3), np.uint8)])
+    assert seen == [((320,), 320)] and type(seen[0][1]) is int
+    assert (detector.batch, detector.max_det, detector.imgsz) == (2, 50, 320)
+    assert all(type(v) is int for v in (detector.batch, detector.max_det, detector.imgsz))
     assert detector.lookup.tolist() == expected.lookup.tolist() == [-1, 1, 2, 3, 4]
 
 
@@ -891,25 +967,23 @@ def test_onnx_max_det_counts_the_label_space_only():
 
 
 @pytest.mark.parametrize("arch", ["fasterrcnn_mobilenet_v3_large_320_fpn", "ssdlite320_mobilenet_v3_large"])
-def test_torchvision_max_det_counts_the_label_space_only(arch):
+def test_torchvision_max_det_counts_the_label_space_only(arch, jittered):
     """An untrained R-CNN (its boxes come from its RoI heads) and SSD (from the model itself), their weights
-    jittered so that scores differ from box to box (as initialized, every box scores about 1/91)."""
+    jittered."""
     from torchvision.models import get_model
 
     from detens.adapters.torchvision import TorchvisionDetector
 
     torch.manual_seed(0)
-    reference = _reference_model(arch, conf=0.001, max_det=UNCUT)
-    with torch.no_grad():
-        for parameter in reference.parameters():
-            parameter.add_(0.05 * torch.randn_like(parameter))
+    reference = jittered(_reference_model(arch, conf=0.001, max_det=UNCUT))
     model = get_model(arch, weights=None, weights_backbone=None)
     model.load_state_dict(reference.state_dict())
+    own_max_det = (model.roi_heads if hasattr(model, "roi_heads") else model).detections_per_img
     categories = {1: "person", 3: "car", 62: "chair"}
     restricted = TorchvisionDetector(model, conf=0.001, max_det=K, categories=categories)([BUS])[0]
     assert_best_of_kept(restricted, run_torchvision(reference), categories)
     holder = model.roi_heads if hasattr(model, "roi_heads") else model
-    assert holder.detections_per_img == K and "postprocess_detections" not in vars(holder)  # the model as it was
+    assert holder.detections_per_img == own_max_det and "postprocess_detections" not in vars(holder)  # as it was
 
 
 # ------------------------------------------------------------------------------------------- precomputed

@@ -54,7 +54,7 @@ def on_one_image(detector: Any) -> Callable[[np.ndarray], Detections]:
 
 
 # ------------------------------------------------------------------------------------------- torchvision
-def test_a_torchvision_detector_from_threads():
+def test_a_torchvision_detector_from_threads(jittered):
     """The adapter swaps the model's post-processing for its own while the model runs (its max_det counts
     the label space's boxes only). Two calls at once: the call that ended first took the swap away from the
     other, still running, which cut its boxes before the label space, and the model was left with the
@@ -65,10 +65,8 @@ def test_a_torchvision_detector_from_threads():
     from detens.adapters.torchvision import TorchvisionDetector
 
     torch.manual_seed(0)
-    model = ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None)
-    with torch.no_grad():  # as initialized, every box scores about 1/91
-        for parameter in model.parameters():
-            parameter.add_(0.05 * torch.randn_like(parameter))
+    model = jittered(ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None))
+    own_max_det = model.detections_per_img
     detector = TorchvisionDetector(model, conf=0.001, max_det=5, categories={1: "person", 3: "car", 62: "chair"})
     image = images(1)[0]
     expected = detector([image])[0]
@@ -93,7 +91,33 @@ def test_a_torchvision_detector_from_threads():
         futures.append(pool.submit(detector, [image]))  # begins while the first call runs
         for n, future in enumerate(futures):
             assert_same(future.result(timeout=TIMEOUT_S)[0], expected, f"call {n}")
-    assert model.detections_per_img == 5 and "postprocess_detections" not in vars(model)  # the model as it was
+    assert model.detections_per_img == own_max_det and "postprocess_detections" not in vars(model)  # as it was
+
+
+def test_torchvision_detectors_that_share_one_model_from_threads(jittered):
+    """Each detector sets its options on the model for the length of its call, under the model's lock: two
+    detectors of one model, called from several threads, each give what a detector of its own copy gives."""
+    import copy
+
+    from torchvision.models.detection import fasterrcnn_mobilenet_v3_large_320_fpn
+
+    from detens.adapters.torchvision import TorchvisionDetector
+
+    torch.manual_seed(0)
+    model = jittered(fasterrcnn_mobilenet_v3_large_320_fpn(weights=None, weights_backbone=None))
+    options = {
+        "loose": {"conf": 0.001, "max_det": 100},
+        "strict": {"conf": 0.2, "iou": 0.3, "max_det": 50, "imgsz": 256},
+    }
+    inputs = images(2)
+    calls = {name: on_one_image(TorchvisionDetector(model, **kwargs, name=name)) for name, kwargs in options.items()}
+    copies = {name: TorchvisionDetector(copy.deepcopy(model), **kwargs) for name, kwargs in options.items()}
+    for b, image in enumerate(inputs):
+        alone = {name: detector([image])[0] for name, detector in copies.items()}
+        assert 0 < len(alone["strict"]) < len(alone["loose"])  # the options make a difference here
+        for name, call in calls.items():
+            assert_same(call(image), alone[name], f"{name} on image {b}")
+    assert_threads_agree(calls, inputs, rounds=2)
 
 
 # ------------------------------------------------------------------------------------------- Ultralytics

@@ -173,9 +173,9 @@ def model_lock(model: Any) -> threading.Lock:
 
     Held around the part of a prediction that changes the model's own state for the length of a call
     (Ultralytics' predictor takes each call's options into the model; the torchvision adapter swaps the
-    model's post-processing in and out): several threads calling one detector, or detectors that share one
-    model, would otherwise run with one another's settings. Reading images and making Detections stay
-    outside it, so threads overlap there and in other members.
+    model's thresholds, input size and post-processing in and out): several threads calling one detector,
+    or detectors that share one model, would otherwise run with one another's settings. Reading images and
+    making Detections stay outside it, so threads overlap there and in other members.
     """
     with _MODEL_LOCKS_GUARD:
         lock = _MODEL_LOCKS.get(model)

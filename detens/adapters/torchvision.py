@@ -10,9 +10,11 @@ training checkpoint holding it under ``"model"``/``"state_dict"``, or ``.safeten
 the model untrained (random initialization, for tests).
 
 A model already built (an ``nn.Module`` of one of torchvision's detection classes, weights loaded by its
-owner) is used as it is, not copied: the detector puts it in ``eval()`` mode and sets its score threshold,
-NMS threshold, maximum detections and (with ``imgsz``) input size to the detector's, as it does for a
-model it builds.
+owner) is used as it is, not copied: the detector puts it in ``eval()`` mode (and on ``device`` when one is
+given). Its score threshold, NMS threshold, maximum detections and input size stay its own: the detector
+runs it with the detector's ``conf``, ``iou``, ``max_det`` and ``imgsz`` for the length of each of its calls
+and puts the model's back after, so that several detectors of one model each run with their own options and
+the model, called directly, behaves as it did.
 """
 
 from __future__ import annotations
@@ -208,13 +210,31 @@ def _postprocessor(model: torch.nn.Module) -> torch.nn.Module:
     return model  # RetinaNet, FCOS, SSD, SSDlite
 
 
-def _set_thresholds(model: torch.nn.Module, conf: float, iou: float | None, max_det: int) -> None:
-    """Set the score/NMS/max-detection settings where this architecture keeps them."""
+@contextlib.contextmanager
+def _detector_settings(
+    model: torch.nn.Module, conf: float, iou: float | None, imgsz: int | None
+) -> Iterator[None]:
+    """While it runs, ``model`` has a detector's score threshold ``conf``, NMS threshold ``iou`` and input size
+    ``imgsz`` (None: the model's own), set where its architecture keeps them; its own are put back after.
+
+    Several detectors may share one model object (the caller's, which it may still call itself), so none of
+    them keeps its settings in the model beyond its own call; the caller holds the
+    :func:`~detens.adapters._base.model_lock`.
+    """
     holder = _postprocessor(model)
-    holder.score_thresh = conf
+    settings: list[tuple[Any, str, Any]] = [(holder, "score_thresh", conf)]
     if iou is not None:
-        holder.nms_thresh = iou
-    holder.detections_per_img = max_det
+        settings.append((holder, "nms_thresh", iou))
+    if imgsz is not None:
+        settings += [(model.transform, "min_size", (imgsz,)), (model.transform, "max_size", imgsz)]
+    own = [(obj, attribute, getattr(obj, attribute)) for obj, attribute, _ in settings]
+    for obj, attribute, value in settings:
+        setattr(obj, attribute, value)
+    try:
+        yield
+    finally:
+        for obj, attribute, value in own:
+            setattr(obj, attribute, value)
 
 
 @contextlib.contextmanager
@@ -296,10 +316,12 @@ class TorchvisionDetector(BaseDetector):
             torchvision's pretrained weights (downloaded when online), a state-dict file (path, or a name
             relative to the weights folder), or None for an untrained model. A built model keeps its own
             weights: leave ``weights`` as it is (or None).
-        conf (float): minimum score kept (set as the model's own score threshold).
-        iou (float | None): the model's NMS IoU threshold; None keeps the architecture's default.
+        conf (float): minimum score kept (the model's score threshold during the detector's calls).
+        iou (float | None): the model's NMS IoU threshold during the detector's calls; None keeps the model's
+            own (the architecture's default for a builder name).
         imgsz (int | None): resize so that the longer side is ``imgsz`` (R-CNN, RetinaNet, FCOS); None keeps the
-            architecture's default (800-1333 for R-CNNs). SSD models always use their fixed size.
+            model's own (the architecture's default for a builder name: 800-1333 for R-CNNs). SSD models always
+            use their fixed size.
         max_det (int): maximum boxes per image.
         device (str | None): ``"cpu"``, ``"cuda"``, ...; None: CUDA when available (a built model: the device
             it is on).
@@ -383,21 +405,15 @@ class TorchvisionDetector(BaseDetector):
                 "detection ops (NMS, RoI pooling) do not run on the CPU: give device='cuda' for a GPU, or the model "
                 "in float32 (model.float())"
             )
-        _set_thresholds(self.model, float(conf), None if iou is None else float(iou), max_det)
-        self.max_det = max_det
-        transform = getattr(self.model, "transform", None)
-        if imgsz is not None and transform is not None:
-            if getattr(transform, "fixed_size", None):
-                logger.warning(
-                    "%s: %s has a fixed input size %s; imgsz=%d is ignored",
-                    self.name,
-                    self.arch,
-                    transform.fixed_size,
-                    imgsz,
-                )
-            else:
-                transform.min_size = (imgsz,)
-                transform.max_size = imgsz
+        # the model runs with these for the length of each call only: it may be shared, and it may be the caller's
+        self.conf, self.iou, self.max_det = conf, iou, max_det
+        fixed_size = getattr(self.model.transform, "fixed_size", None)
+        if imgsz is not None and fixed_size:
+            logger.warning(
+                "%s: %s has a fixed input size %s; imgsz=%d is ignored", self.name, self.arch, fixed_size, imgsz
+            )
+            imgsz = None
+        self.imgsz = imgsz
         custom = num_classes not in (None, len(class_names))
         model_names = class_names if not custom else [str(i) for i in range(num_classes)]
         self.model_names: dict[int, str] = dict(enumerate(model_names))
@@ -491,9 +507,10 @@ class TorchvisionDetector(BaseDetector):
             tensors.append(
                 torch.from_numpy(rgb).to(self.device).permute(2, 0, 1).float().div_(255.0).to(self.input_dtype)
             )  # [3, H, W]
-        # the model runs with its post-processing swapped for this detector's: one call of it at a time
-        with model_lock(self.model), _label_space_before_max_det(self.model, self.lookup, self.max_det):
-            outputs = self.model(tensors)
+        # the model runs with its settings and post-processing swapped for this detector's: one call of it at a time
+        with model_lock(self.model), _detector_settings(self.model, self.conf, self.iou, self.imgsz):
+            with _label_space_before_max_det(self.model, self.lookup, self.max_det):
+                outputs = self.model(tensors)
         out = []
         for output, image in zip(outputs, images, strict=True):
             boxes = output["boxes"].detach().to("cpu", torch.float32)  # [K, 4]
