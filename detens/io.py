@@ -35,7 +35,7 @@ __all__ = [
     "read_json_file", "output_stems", "output_lock", "LOCK_NAME", "remove_stale_temporaries", "lock_descriptor",
     "lock_holder_text", "run_folder", "names_a_folder", "check_file_path", "files_written_together", "HeldLock",
     "NAME_MAX_BYTES", "check_name_length", "name_bytes", "name_within_limit", "special_file_kind",
-    "check_not_special_file", "home_expanded",
+    "check_not_special_file", "home_expanded", "path_to_give_again",
 ]
 
 logger = logging.getLogger("detens.io")
@@ -96,6 +96,14 @@ def home_expanded(value: str | os.PathLike[str]) -> str:
     A ``Path`` given has lost its ``./`` already (``Path("./~/h.json")`` is ``Path("~/h.json")``), so a leading
     ``~`` in it is the home folder too."""
     return os.path.expanduser(os.fspath(value))
+
+
+def path_to_give_again(path: str | os.PathLike[str]) -> str:
+    """``path`` written so that detens reads it back as the same path (:func:`home_expanded`), for a command or
+    a call a message tells the user to run: a relative path whose first part is a folder named ``~`` gets a
+    leading ``./``, which ``Path`` had dropped."""
+    text = os.fspath(path)
+    return os.path.join(".", text) if text.startswith("~") else text
 
 
 def names_a_folder(value: str | os.PathLike[str]) -> bool:

@@ -12,6 +12,7 @@ import importlib.metadata
 import json
 import logging
 import re
+import shlex
 import shutil
 import time
 from pathlib import Path
@@ -475,6 +476,20 @@ def test_a_shard_run_points_to_the_shards_folder_and_the_merge(slice_, tmp_path,
     assert capsys.readouterr().out.splitlines()[-1] == (
         f"once every shard is done, join them: detens cache merge --out '{spaced}' --gt {gt}")
     assert cache_cli.main(["merge", "--out", str(spaced), "--gt", str(gt), "--quiet"]) == 0
+
+
+def test_the_merge_it_points_to_reads_a_folder_named_tilde_as_that_folder(slice_, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    gt = slice_ / "gt.json"
+    args = ["--config", str(slice_ / "replay.yaml"), "--images", str(slice_ / "images"), "--gt", str(gt)]
+    for shard in ("0/2", "1/2"):
+        assert cache_cli.main([*args, "--out", "./~/o", "--shard", shard]) == 0
+    merge = capsys.readouterr().out.splitlines()[-1]
+    # given again as printed, not read as the home folder's o
+    assert merge == f"once every shard is done, join them: detens cache merge --out './~/o' --gt {gt}"
+    assert cache_cli.main(shlex.split(merge.split(": ", 1)[1])[2:] + ["--quiet"]) == 0
+    assert (tmp_path / "~" / "o" / "a.json").is_file() and not (tmp_path / "home").exists()
 
 
 def shard_gt(root: Path, folder: Path, count: int) -> Path:
