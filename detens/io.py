@@ -35,7 +35,7 @@ __all__ = [
     "read_json_file", "output_stems", "output_lock", "LOCK_NAME", "remove_stale_temporaries", "lock_descriptor",
     "lock_holder_text", "run_folder", "names_a_folder", "check_file_path", "files_written_together", "HeldLock",
     "NAME_MAX_BYTES", "check_name_length", "name_bytes", "name_within_limit", "special_file_kind",
-    "check_not_special_file", "home_expanded", "path_to_give_again",
+    "check_not_special_file", "home_expanded", "path_as_written",
 ]
 
 logger = logging.getLogger("detens.io")
@@ -98,12 +98,13 @@ def home_expanded(value: str | os.PathLike[str]) -> str:
     return os.path.expanduser(os.fspath(value))
 
 
-def path_to_give_again(path: str | os.PathLike[str]) -> str:
-    """``path`` written so that detens reads it back as the same path (:func:`home_expanded`), for a command or
-    a call a message tells the user to run: a relative path whose first part is a folder named ``~`` gets a
-    leading ``./``, which ``Path`` had dropped."""
-    text = os.fspath(path)
-    return os.path.join(".", text) if text.startswith("~") else text
+def path_as_written(value: str | os.PathLike[str]) -> Path:
+    """The path ``value`` (a leading ``~`` read as :func:`home_expanded` reads it) as a ``Path`` that names the
+    same file wherever it is shown or given again. ``Path`` drops the ``./`` of ``./~/runs``, a folder named
+    ``~`` in the working directory, and ``~/runs`` read again is the home folder's: such a path is made
+    absolute. Every other path is kept as written."""
+    path = Path(home_expanded(value))
+    return path.absolute() if path.parts and path.parts[0].startswith("~") else path
 
 
 def names_a_folder(value: str | os.PathLike[str]) -> bool:

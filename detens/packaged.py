@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from detens.io import check_not_special_file, home_expanded
+from detens.io import check_not_special_file, home_expanded, path_as_written
 
 __all__ = ["CONFIG_ROOT", "KINDS", "packaged_names", "find_packaged", "shipped_file", "describe_shipped"]
 
@@ -66,7 +66,8 @@ def find_packaged(value: str | Path, kind: Kind, folder: str | Path | None = Non
     if isinstance(value, str) and value == "":
         raise ValueError(f"{_WHAT[kind]}: expected a file or a shipped name, got {value!r}")
     given = Path(home_expanded(value))
-    path = Path(folder) / given if folder is not None and not given.is_absolute() else given
+    # a path of the working directory is found again where it was, not under the home folder (./~/h.json)
+    path = Path(folder) / given if folder is not None and not given.is_absolute() else path_as_written(value)
     if path.is_file():
         return path
     check_not_special_file(path, _WHAT[kind])  # a pipe (--config <(...)) is there, but can be read only once

@@ -487,7 +487,7 @@ def test_the_merge_it_points_to_reads_a_folder_named_tilde_as_that_folder(slice_
         assert cache_cli.main([*args, "--out", "./~/o", "--shard", shard]) == 0
     merge = capsys.readouterr().out.splitlines()[-1]
     # given again as printed, not read as the home folder's o
-    assert merge == f"once every shard is done, join them: detens cache merge --out './~/o' --gt {gt}"
+    assert merge == f"once every shard is done, join them: detens cache merge --out '{tmp_path / '~' / 'o'}' --gt {gt}"
     assert cache_cli.main(shlex.split(merge.split(": ", 1)[1])[2:] + ["--quiet"]) == 0
     assert (tmp_path / "~" / "o" / "a.json").is_file() and not (tmp_path / "home").exists()
 

@@ -589,3 +589,23 @@ def test_a_training_log_written_for_another_head_is_not_read(tmp_path, caplog):
     log.write_text(json.dumps({"trained_on": ["a.jpg"], HEAD_DIGEST: 1}))
     with pytest.raises(HeadFileError, match=f"^'{log}': head_sha256 must be the head's digest as a string, got 1$"):
         read_trained_on(head)
+
+
+def test_a_head_in_a_folder_named_tilde_is_loaded_from_there(tmp_path, monkeypatch):
+    from detens import TorchvisionFusion
+    from detens.packaged import find_packaged
+
+    shipped = find_packaged("coco_yolo3_theta", "heads")
+    (tmp_path / "~").mkdir()
+    (tmp_path / "~" / "h.json").write_bytes(shipped.read_bytes())
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "h.json").write_text("not a head")  # what the home folder's h.json would give
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    head = load_head("./~/h.json")
+    assert head.model_names == load_head(shipped).model_names
+    assert find_packaged("./~/h.json", "heads") == tmp_path / "~" / "h.json"
+    TorchvisionFusion(method="theta", head="./~/h.json", model_names=head.model_names)
+    with pytest.raises(HeadFileError):
+        load_head("~/h.json")

@@ -94,6 +94,32 @@ def test_a_torchvision_detector_from_threads(jittered):
     assert model.detections_per_img == own_max_det and "postprocess_detections" not in vars(model)  # as it was
 
 
+def test_a_model_lock_is_one_per_model_object_hashable_or_not_and_goes_with_it():
+    import gc
+
+    from torchvision.models.detection import ssdlite320_mobilenet_v3_large
+
+    from detens.adapters import _base
+    from detens.adapters.torchvision import TorchvisionDetector
+
+    class EqualByContent(type(ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None, num_classes=3))):
+        def __eq__(self, other):  # __eq__ without __hash__: instances cannot be dict keys
+            return self is other
+
+    model = ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None, num_classes=3)
+    model.__class__ = EqualByContent
+    with pytest.raises(TypeError):
+        hash(model)
+    assert _base.model_lock(model) is _base.model_lock(model)
+    assert _base.model_lock(model) is not _base.model_lock(torch.nn.Linear(1, 1))
+    key = id(model)
+    del model
+    gc.collect()
+    assert key not in _base._MODEL_LOCKS  # not kept for another object that takes the id
+    detector = TorchvisionDetector(ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None), conf=0.5)
+    assert len(detector(images(1))) == 1 and id(detector.model) in _base._MODEL_LOCKS  # a call takes its lock
+
+
 def test_torchvision_detectors_that_share_one_model_from_threads(jittered):
     """Each detector sets its options on the model for the length of its call, under the model's lock: two
     detectors of one model, called from several threads, each give what a detector of its own copy gives."""

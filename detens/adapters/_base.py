@@ -163,8 +163,8 @@ def type_name(obj: Any) -> str:
     return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
 
 
-#: one lock per loaded model object, for as long as the model lives
-_MODEL_LOCKS: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
+#: one lock per loaded model object, by its id (a model need not be hashable), for as long as the model lives
+_MODEL_LOCKS: dict[int, threading.Lock] = {}
 _MODEL_LOCKS_GUARD = threading.Lock()
 
 
@@ -177,8 +177,12 @@ def model_lock(model: Any) -> threading.Lock:
     or detectors that share one model, would otherwise run with one another's settings. Reading images and
     making Detections stay outside it, so threads overlap there and in other members.
     """
+    key = id(model)
     with _MODEL_LOCKS_GUARD:
-        lock = _MODEL_LOCKS.get(model)
+        lock = _MODEL_LOCKS.get(key)
         if lock is None:
-            lock = _MODEL_LOCKS[model] = threading.Lock()
+            lock = _MODEL_LOCKS[key] = threading.Lock()
+            # gone with the model, whose id another object may take then; dict.pop needs no guard, which
+            # the collection that runs this may interrupt a holder of
+            weakref.finalize(model, _MODEL_LOCKS.pop, key, None)
         return lock

@@ -355,9 +355,10 @@ class AugmentedDetector:
     list of the views' ``Detections`` (ready for ``detens.fuse``); images are read once.
 
     Raises:
-        TypeError: ``detector`` is no detector, or one of saved predictions (which cannot see augmented
-            images); ``views`` is neither a view nor a list of them.
-        ValueError: no view, or a view that is none of the forms above (listing them).
+        TypeError: ``detector`` is no detector, or one of saved predictions given a view other than
+            ``identity`` (saved predictions cannot see augmented images); ``views`` is neither a view nor a
+            list of them.
+        ValueError: no view, a view that is none of the forms above (listing them), or one given twice.
     """
 
     def __init__(

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from detens.checks import check_flag
-from detens.io import check_file_path, home_expanded
+from detens.io import check_file_path, home_expanded, path_as_written
 
 __all__ = [
     "JobOptions", "UsageError", "check_existing_folder", "check_file_or_folder", "check_folder", "check_given_folder",
@@ -344,11 +344,11 @@ def check_int(key: str, value: Any) -> int:
 
 
 def _path_to_read(value: str) -> Path:
-    return Path(home_expanded(value))
+    return path_as_written(value)
 
 
 def _folder_to_write(value: str) -> Path:
-    return Path(check_folder(value))
+    return path_as_written(check_folder(value))
 
 
 #: the check of each kind of path option; each reads a leading ``~`` as the home folder (:func:`detens.io.home_expanded`)

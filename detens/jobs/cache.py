@@ -64,7 +64,6 @@ from detens.io import (
     lock_descriptor,
     lock_holder_text,
     output_lock,
-    path_to_give_again,
     remove_stale_temporaries,
     run_folder,
 )
@@ -1335,11 +1334,10 @@ def print_summary(
         lines.append(f"not finished: {options.run_again} to resume")
     if summary.get("shard"):  # a shard's files are no member's results until every shard is joined
         lines.append(f"results in {out / SHARDS}/, summary {summary_path}")
-        given_out, given_gt = path_to_give_again(out), path_to_give_again(summary["gt"])
         if options.command_line is None:
-            merge = f"detens.cache(out={given_out!r}, gt={given_gt!r}, merge=True)"
+            merge = f"detens.cache(out={str(out)!r}, gt={summary['gt']!r}, merge=True)"
         else:
-            merge = shlex.join(["detens", "cache", "merge", "--out", given_out, "--gt", given_gt])
+            merge = shlex.join(["detens", "cache", "merge", "--out", str(out), "--gt", str(summary["gt"])])
         lines.append(f"once every shard is done, join them: {merge}")
     else:
         lines.append(f"results in {out}/, summary {summary_path}")
