@@ -22,7 +22,7 @@ import cv2
 import numpy as np
 
 from detens.checks import check_flag
-from detens.io import home_expanded, special_file_kind
+from detens.io import home_expanded, path_as_written, special_file_kind
 
 __all__ = ["IMAGE_EXTENSIONS", "ImageReadError", "ImageSizeError", "list_images", "read_image", "as_bgr", "is_image_file"]
 
@@ -182,7 +182,7 @@ def list_images(source: str | Path | Iterable[str | Path], recursive: bool = Tru
         if isinstance(item, str) and not item:
             # Path("") is the current folder: an unset variable in `--source "$IMAGES"` would run on it
             raise ValueError("image source is an empty string; give a file, a folder or a glob pattern")
-        path = Path(home_expanded(item))
+        path = path_as_written(item)
         if path.is_file() or special_file_kind(path) is not None:  # reading a pipe or a device reports it
             found.add(path)
         elif path.is_dir():

@@ -343,17 +343,13 @@ def check_int(key: str, value: Any) -> int:
     return int(value)
 
 
-def _path_to_read(value: str) -> Path:
-    return path_as_written(value)
-
-
 def _folder_to_write(value: str) -> Path:
     return path_as_written(check_folder(value))
 
 
 #: the check of each kind of path option; each reads a leading ``~`` as the home folder (:func:`detens.io.home_expanded`)
 _PATH_CHECKS = {
-    "path": _path_to_read, "input_path": home_expanded, "folder": _folder_to_write,
+    "path": path_as_written, "input_path": home_expanded, "folder": _folder_to_write,
     "existing_folder": check_existing_folder, "output_file": check_output_file, "file_or_folder": check_file_or_folder,
 }
 

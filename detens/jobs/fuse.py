@@ -54,11 +54,11 @@ from detens.io import (
     atomic_write_bytes,
     atomic_write_json,
     check_writable_folder,
-    home_expanded,
     json_list_items,
     name_within_limit,
     output_lock,
     output_stems,
+    path_as_written,
 )
 from detens.jobs._engine import EngineOptions, ray_options
 from detens.jobs._inputs import (
@@ -258,7 +258,7 @@ def resolve_source(source: str) -> tuple[list[Path], Path]:
         if spec is None or not spec.submodule_search_locations:
             raise FileNotFoundError("--source ultralytics-assets needs the ultralytics package")
         source = str(Path(next(iter(spec.submodule_search_locations))) / "assets")
-    path = Path(home_expanded(source))
+    path = path_as_written(source)
     images = list_images(source)
     if path.is_dir():
         root = path
