@@ -324,6 +324,17 @@ class TestUltralyticsOptions:
         with pytest.raises(TypeError, match=message):
             UltralyticsDetector("yolov8n_int8_tflite/yolov8n_int8.tflite", **kwargs)
 
+    def test_iou_none_is_refused_before_the_model_loads(self, monkeypatch):
+        # None is torchvision's "the model's own"; Ultralytics' NMS takes a number, and float(None) failed
+        # after the model was read, naming no option
+        from detens.adapters import ultralytics
+        from detens.adapters.ultralytics import UltralyticsDetector
+
+        monkeypatch.setattr(ultralytics, "load_yolo", lambda resolved: pytest.fail("the model was loaded"))
+        with pytest.raises(TypeError, match=r"^iou must be a number in \(0, 1\], the IoU threshold of Ultralytics' "
+                                            r"NMS, got None$"):
+            UltralyticsDetector("yolov8n_int8_tflite/yolov8n_int8.tflite", iou=None)
+
     def test_numpy_integer_options_detect_as_python_ints(self, v8):
         from detens.adapters.ultralytics import UltralyticsDetector
 

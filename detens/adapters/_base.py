@@ -157,6 +157,15 @@ def check_detection_options(conf: float, iou: float | None, max_det: int) -> tup
     return conf, iou, check_integer(max_det, "max_det", 1)
 
 
+def require_nms_iou(iou: float | None, nms: str) -> float:
+    """``iou`` as :func:`check_detection_options` returns it, for an adapter whose model has no IoU threshold
+    of its own to fall back on (``nms`` names the NMS that runs with it): None is a ``TypeError`` naming the
+    option, where passed on it would fail inside the library with a message that names none."""
+    if iou is None:
+        raise TypeError(f"iou must be a number in (0, 1], the IoU threshold of {nms}, got None")
+    return iou
+
+
 def type_name(obj: Any) -> str:
     """``obj``'s type for error messages: ``int``, ``torchvision.models.resnet.ResNet``."""
     cls = type(obj)

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torchvision.ops import batched_nms, clip_boxes_to_image
 
-from detens.adapters._base import BaseDetector, check_detection_options
+from detens.adapters._base import BaseDetector, check_detection_options, require_nms_iou
 from detens.adapters._labels import (
     apply_label_lookup,
     build_label_lookup,
@@ -258,11 +258,7 @@ class OnnxDetector(BaseDetector):
     ) -> None:
         # every argument is checked before the model is loaded
         conf, iou, max_det = check_detection_options(conf, iou, max_det)
-        if iou is None:  # torchvision and Ultralytics models have an NMS threshold of their own to keep
-            raise TypeError(
-                "iou must be a number in (0, 1], the IoU threshold of the NMS after the decoder (an ONNX network "
-                "has none of its own), got None"
-            )
+        iou = require_nms_iou(iou, "the NMS after the decoder (an ONNX network has none of its own)")
         if input_size is not None:
             input_size = check_input_size(input_size)
         decoder_cls = DECODERS.get(decoder)  # unknown name: the error lists the valid ones

@@ -26,7 +26,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from detens.adapters._base import BaseDetector, check_detection_options, model_lock, type_name
+from detens.adapters._base import (
+    BaseDetector,
+    check_detection_options,
+    model_lock,
+    require_nms_iou,
+    type_name,
+)
 from detens.adapters._labels import apply_label_lookup, build_label_lookup, check_categories
 from detens.adapters._signal_stack import install_lasting_signal_stack, is_openvino_export
 from detens.adapters.weights import ResolvedWeights, import_ultralytics, resolve_weights, upstream_failure
@@ -179,6 +185,7 @@ class UltralyticsDetector(BaseDetector):
         config_folder: str | Path | None = None,
     ) -> None:
         conf, iou, max_det = check_detection_options(conf, iou, max_det)
+        iou = require_nms_iou(iou, "Ultralytics' NMS")
         categories = check_categories(categories)
         imgsz = check_integer(imgsz, "imgsz", 32)
         if isinstance(weights, (str, os.PathLike)):
