@@ -20,6 +20,7 @@ Public API (imported lazily, so ``import detens`` stays light and never imports 
 
 # private aliases: a plain ``import importlib`` would be listed as ``detens.importlib``
 import importlib as _importlib
+import typing as _typing
 
 __version__ = "0.1.0"
 
@@ -61,6 +62,39 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
+
+if _typing.TYPE_CHECKING:
+    # the names as type checkers and editors see them; at run time __getattr__ imports each on first use
+    from detens.adapters import (  # noqa: F401
+        AugmentedDetector,
+        PrecomputedDetector,
+        TorchvisionDetector,
+        UltralyticsDetector,
+        build_ensemble,
+    )
+    from detens.calibration_metrics import detection_calibration  # noqa: F401
+    from detens.coco import (  # noqa: F401
+        CocoGroundTruth,
+        evaluate_coco,
+        load_coco_gt,
+        load_coco_results,
+        save_coco_results,
+    )
+    from detens.detections import Detections  # noqa: F401
+    from detens.fusers import fuse, list_fusers, list_methods  # noqa: F401
+    from detens.heads import fit_head, load_head  # noqa: F401
+    from detens.heads.bagged import BaggedHead  # noqa: F401
+    from detens.heads.calibration import CalibrationHead  # noqa: F401
+    from detens.heads.deep import DeepEnsembleHead  # noqa: F401
+    from detens.heads.selection import SelectionHead  # noqa: F401
+    from detens.heads.superlearner import SuperLearnerHead  # noqa: F401
+    from detens.heads.theta import ThetaHead  # noqa: F401
+    from detens.jobs.calls import cache, fuse_images  # noqa: F401
+    from detens.matching import Clusters, match  # noqa: F401
+    from detens.pipeline import Ensemble, TorchvisionFusion, fuse_results  # noqa: F401
+    from detens.predictions import EnsemblePredictions  # noqa: F401
+    from detens.sources import list_images  # noqa: F401
+    from detens.targets import Targets, assign_targets  # noqa: F401
 
 
 def __getattr__(name: str) -> object:

@@ -175,6 +175,26 @@ def test_every_public_name_of_detens_resolves():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def _imported_for_type_checkers(module) -> dict[str, str]:
+    """``{name: module}`` of the imports under ``if TYPE_CHECKING:`` in ``module``'s source."""
+    tree = ast.parse(Path(module.__file__).read_text(encoding="utf-8"))
+    blocks = [node for node in tree.body if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)]
+    return {alias.asname or alias.name: node.module for block in blocks for node in block.body
+            if isinstance(node, ast.ImportFrom) for alias in node.names}
+
+
+def test_type_checkers_see_each_lazily_imported_name_as_what_it_is():
+    """Names imported on first use come from a module ``__getattr__``, which type checkers and editors read
+    as its return type (``object``: every public name of detens was neither callable nor a type to them)."""
+    import detens
+    import detens.adapters
+
+    assert _imported_for_type_checkers(detens) == detens._EXPORTS
+    lazy = detens.adapters._LAZY
+    typed = _imported_for_type_checkers(detens.adapters)
+    assert {name: typed.get(name) for name in lazy} == lazy
+
+
 def test_the_functions_the_shipped_configs_point_to_exist():
     import re
 

@@ -31,7 +31,12 @@ from detens.adapters.weights import WeightsNotFoundError, resolve_weights, weigh
 from detens.registry import Registry
 
 if TYPE_CHECKING:
-    from detens.adapters.augmented import AugmentedDetector
+    # the adapters as type checkers and editors see them; at run time __getattr__ imports each on first use
+    from detens.adapters.augmented import AugmentedDetector, View
+    from detens.adapters.onnx import OnnxDetector
+    from detens.adapters.precomputed import PrecomputedDetector
+    from detens.adapters.torchvision import TorchvisionDetector
+    from detens.adapters.ultralytics import UltralyticsDetector
     from detens.ensemble_config import EnsembleConfig, ModelConfig
 
 __all__ = [
