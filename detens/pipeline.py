@@ -667,7 +667,7 @@ class TorchvisionFusion(nn.Module):
         )
 
     def forward(
-        self, per_model_outputs: Sequence[Sequence[Mapping[str, Tensor]]], image_sizes: Sequence[Any]
+        self, per_model_outputs: Sequence[Sequence[Mapping[str, Tensor]]], image_sizes: Sequence[Any] | Tensor
     ) -> list[dict[str, Tensor]]:
         """Fuse image by image.
 
@@ -676,7 +676,8 @@ class TorchvisionFusion(nn.Module):
                 (``boxes (Tensor[K, 4])`` xyxy pixels of the original image, ``scores (Tensor[K])``,
                 ``labels (Tensor[K])``), what a torchvision detection model returns in ``eval()``.
             image_sizes: per image, ``(height, width)`` of the ORIGINAL image (torchvision's outputs
-                do not carry it): tuples, ``torch.Size``, or the image tensors ``[C, H, W]`` themselves.
+                do not carry it): tuples, ``torch.Size``, or the image tensors ``[C, H, W]`` themselves; or
+                one ``Tensor[B, 2]`` of the sizes.
 
         Returns:
             list[dict[str, Tensor]]: one ``{"boxes", "scores", "labels"}`` per image, on the input device,

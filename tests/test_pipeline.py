@@ -758,7 +758,9 @@ class TestTorchvisionFusion:
         fusion = TorchvisionFusion(method=METHOD)
         by_size = fusion([[one], [one]], [(480, 640)])
         by_array = fusion([[one], [one]], [np.zeros((480, 640, 3), np.uint8)])  # OpenCV's [H, W, C]
+        by_tensor = fusion([[one], [one]], torch.tensor([[480, 640]]))  # one Tensor[B, 2] of the sizes
         assert len(by_size[0]["boxes"]) == 1 and torch.equal(by_size[0]["boxes"], by_array[0]["boxes"])
+        assert torch.equal(by_size[0]["boxes"], by_tensor[0]["boxes"])
         with pytest.raises(ValueError, match=r"image_sizes\[0\]: a numpy image must be \[H, W\] or \[H, W, C\]"):
             fusion([[one], [one]], [np.zeros((3, 480, 640), np.uint8)])
         # an image's whole shape is no size: the message says what to pass instead
