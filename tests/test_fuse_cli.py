@@ -734,6 +734,36 @@ def test_shipped_config_head_follows_its_method(tmp_path):
         fuse_tool.fusion_params(config, ["a", "b", "c"])
 
 
+@pytest.mark.parametrize(
+    "flags, yaml_key, yaml_value",
+    [
+        (["--weights-dir", "."], None, None),  # relative weights that only the flag's folder holds
+        (["--vis-conf", "0.5"], "vis_conf", 2.0),  # a YAML value that only the flag replaces
+    ],
+)
+def test_another_method_drops_the_yamls_head_with_the_flags_applied(tmp_path, monkeypatch, flags, yaml_key, yaml_value):
+    """Whether the YAML's head belongs to the method run is read from the YAML with the other flags applied,
+    as the run's config is: read without them, a YAML that they make whole would be refused."""
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "run" / "mine").mkdir(parents=True)
+    (tmp_path / "run" / "mine" / "v8.tflite").write_bytes(b"not read here")
+    config = {"models": [{"weights": "mine/v8.tflite", "name": "v8"}],
+              "fusion": {"method": "deep", "head": "coco_yolo3_deep"}}
+    if yaml_key is not None:
+        config["models"][0]["weights"] = str(tmp_path / "run" / "mine" / "v8.tflite")
+        config["output"] = {yaml_key: yaml_value}
+    (tmp_path / "cfg" / "e.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.delenv("DETENS_WEIGHTS", raising=False)
+    monkeypatch.chdir(tmp_path / "run")
+    base = ["--config", "../cfg/e.yaml", "--source", "x", "--out", str(tmp_path / "o"), *flags]
+
+    assert fuse_tool.resolve_config(parse(base)).fusion.method == "deep"
+    config = fuse_tool.resolve_config(parse([*base, "--method", "wbf"]))
+    assert (config.fusion.method, config.fusion.head) == ("wbf", None)
+    config = fuse_tool.resolve_config(parse([*base, "--method", "theta"]))  # theta runs the YAML's head
+    assert config.fusion.method == "theta" and config.fusion.head.endswith("coco_yolo3_deep.json")
+
+
 def test_a_shipped_head_named_in_a_yaml_runs(tmp_path):
     config = yaml.safe_load((REPO / "detens" / "configs" / "ensembles" / "coco_yolo3.yaml").read_text())
     config["fusion"] = {"method": "deep", "head": "coco_yolo3_deep"}  # "a path, or a shipped name"

@@ -40,6 +40,7 @@ from detens.engines.fusing import (
 )
 from detens.ensemble_config import (
     EnsembleConfig,
+    FusionConfig,
     check_member_name,
     load_ensemble_config,
     save_ensemble_config,
@@ -188,7 +189,7 @@ def resolve_config(options: FuseOptions) -> EnsembleConfig:
         check_method(options.method)
     config = load_ensemble_config(file_or_shipped_name("--config", options.config), overrides, per_model)
     if head is None and options.method is not None and config.fusion.head is not None:
-        if options.method not in (load_ensemble_config(options.config).fusion.method, "theta"):
+        if options.method not in (_method_in_file(config), "theta"):
             # The YAML's head belongs to the YAML's method; another --method does not use it.
             logger.info("--method %s: not using the config's head %s", options.method, config.fusion.head)
             config.fusion.head = None
@@ -203,6 +204,14 @@ def resolve_config(options: FuseOptions) -> EnsembleConfig:
         # the method that runs it, as the config names it: a calibrated deep head runs as deep
         config.fusion.method = head_methods(load_cached_head(head))[-1]
     return config
+
+
+def _method_in_file(config: EnsembleConfig) -> Any:
+    """The ``fusion.method`` that ``config``'s YAML gives, which ``--method`` replaced in ``config`` (the
+    default method where the YAML gives none). Only the key is read: loading the YAML again without the flags
+    would refuse what they make whole, such as relative weights that only ``--weights-dir`` finds."""
+    fusion = read_yaml_file(config.source, "ensemble config").get("fusion") or {}
+    return fusion.get("method", FusionConfig.method)
 
 
 def _only_here(config: EnsembleConfig) -> str:
