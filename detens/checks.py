@@ -20,7 +20,7 @@ import numpy as np
 
 __all__ = [
     "check_real", "check_reals", "check_integer", "check_integers", "check_seed", "check_distinct_integers", "check_flag", "check_choice", "check_choices", "check_device",
-    "check_whole", "check_max_det", "first_few", "did_you_mean", "torch_ready_array",
+    "check_whole", "check_max_det", "first_few", "did_you_mean", "real_as_float", "torch_ready_array",
 ]
 
 
@@ -43,6 +43,16 @@ def _interval(low: float, high: float, low_open: bool, high_open: bool) -> str:
     return f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
 
 
+def real_as_float(value: numbers.Real) -> float:
+    """``value`` as a float, an integer beyond the float range (``10**400``, which YAML and JSON read as
+    Python ints) as the infinity of its sign: ``float`` raises OverflowError for it, naming no option, where
+    a check of finite numbers refuses an infinity with its own message."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
 def check_real(
     value: Any,
     name: str,
@@ -59,10 +69,7 @@ def check_real(
     scalar = _scalar(value)
     if isinstance(scalar, bool) or not isinstance(scalar, numbers.Real):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}: {value!r}")
-    try:
-        number = float(scalar)
-    except OverflowError:  # an integer beyond the float range
-        number = math.inf if scalar > 0 else -math.inf
+    number = real_as_float(scalar)
     below = number <= low if low_open else number < low
     above = number >= high if high_open else number > high
     if not math.isfinite(number) or below or above:

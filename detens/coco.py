@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from detens.catalogue import COCO_BACKENDS as BACKENDS
-from detens.checks import check_integer, check_integers, check_whole
+from detens.checks import check_integer, check_integers, check_whole, real_as_float
 from detens.detections import MAX_IMAGE_SIDE, MAX_LABEL, Detections
 from detens.io import atomic_write_json, check_file_path, read_json_file
 
@@ -109,12 +109,7 @@ def _is_number(value: Any) -> bool:
 
 def _is_finite_number(value: Any) -> bool:
     """A number (not a bool or string) that a float holds finitely (an integer of 400 digits does not)."""
-    if not _is_number(value):
-        return False
-    try:
-        return math.isfinite(float(value))
-    except OverflowError:
-        return False
+    return _is_number(value) and math.isfinite(real_as_float(value))
 
 
 def validate_coco_results(results: Any, where: str = "COCO results") -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from detens.checks import real_as_float
 from detens.io import check_not_special_file
 
 __all__ = [
@@ -206,10 +207,7 @@ def _convert(value: Any, annotation: Any, where: str) -> Any:
     if annotation is float:  # NumPy numbers too (a dict built in Python); bools are no numbers
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(f"{where}: expected a number, got {type(value).__name__} {value!r}")
-        try:
-            number = float(value)
-        except OverflowError:  # an integer beyond the float range
-            number = math.inf
+        number = real_as_float(value)
         if not math.isfinite(number):  # .nan and .inf are YAML floats; no setting means either
             raise ValueError(f"{where}: expected a finite number, got {value!r}")
         return number

@@ -38,6 +38,8 @@ from detens.fusers import check_weights
         (-0.1, {"low": 0.0}, None, ValueError, "x must be a number >= 0, got -0.1"),
         (math.nan, {}, None, ValueError, "x must be a finite number, got nan"),
         (math.inf, {"low": 0.0}, None, ValueError, "x must be a number >= 0, got inf"),
+        (10**400, {}, None, ValueError, "x must be a finite number, got 1000"),  # beyond the float range
+        (-(10**400), {"high": 0.0}, None, ValueError, "x must be <= 0, got -1000"),
         (None, {}, None, TypeError, "x must be a number, got NoneType: None"),
         ("0.5", {}, None, TypeError, "x must be a number, got str: '0.5'"),
         (True, {}, None, TypeError, "x must be a number, got bool: True"),

@@ -22,7 +22,7 @@ import detens
 import detens.jobs
 import detens.jobs.calls
 from detens.cli import command_parser, run_command
-from detens.jobs._options import UsageError
+from detens.jobs._options import UsageError, check_finite_number
 
 REPO = Path(__file__).resolve().parents[1]
 LOGGERS = ("ultralytics", "openvino", "onnxruntime")
@@ -435,9 +435,11 @@ def test_each_kind_of_option_is_checked_as_its_flag_is(tmp_path):
     with pytest.raises(ValueError, match=r"engine must be one of 'local', 'ray', got 'rayy'"):
         FuseOptions.from_python({"source": "images", "out": tmp_path / "f", "engine": "rayy"})
     assert FuseOptions.from_python({"source": "images", "out": tmp_path / "f", "conf": np.float32(0.5)}).conf == 0.5
-    for bad in (math.nan, math.inf, np.float64("-inf")):
-        with pytest.raises(ValueError, match=r"^conf must be a finite number, got"):
-            FuseOptions.from_python({"source": "images", "out": tmp_path / "f", "conf": bad})
+    # an int beyond the float range too, which float() refuses with an OverflowError naming no option
+    for bad in (math.nan, math.inf, np.float64("-inf"), 10**400, -(10**400)):
+        for key in ("conf", "vis_conf"):
+            with pytest.raises(ValueError, match=rf"^{key} must be a finite number, got"):
+                FuseOptions.from_python({"source": "images", "out": tmp_path / "f", key: bad})
 
 
 @pytest.mark.parametrize(
@@ -451,6 +453,13 @@ def test_a_number_flag_that_is_not_finite_is_named(command, flag, value, capsys)
         command_parser(command).parse_args([f"{flag}={value}"])  # "-inf" alone would read as a flag
     assert stop.value.code == 2
     assert f"argument {flag}: expected a finite number, got '{value}'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", [10**400, -(10**400), "1" + "0" * 400], ids=["10**400", "-10**400", "text"])
+def test_a_number_beyond_the_float_range_is_not_finite(value):
+    """An int that no float holds is refused as an infinity is, not with float()'s OverflowError."""
+    with pytest.raises(ValueError, match=r"^expected a finite number, got "):
+        check_finite_number(value)
 
 
 def test_a_refused_value_names_the_keyword_option_in_a_python_call(tmp_path, capsys):

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from detens.checks import check_flag
+from detens.checks import check_flag, real_as_float
 from detens.io import check_file_path, home_expanded, path_as_written
 
 __all__ = [
@@ -157,9 +157,10 @@ def check_finite_number(value: str | float) -> float:
             number = float(value)
         except ValueError:
             raise ValueError(f"expected a number, got {value!r}") from None
+    number = real_as_float(number)
     if not math.isfinite(number):
         raise ValueError(f"expected a finite number, got {value!r}")
-    return float(number)
+    return number
 
 
 def check_positive_int(value: str | int) -> int:
@@ -366,9 +367,10 @@ def _checked(kind: str, key: str, value: Any) -> Any:
     if kind == "float":
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(f"{key} must be a number, got {type(value).__name__}: {value!r}")
-        if not math.isfinite(value):
+        number = real_as_float(value)
+        if not math.isfinite(number):
             raise ValueError(f"{key} must be a finite number, got {value}")
-        return float(value)
+        return number
     if kind in _PATH_CHECKS:
         if not isinstance(value, (str, os.PathLike)):
             raise TypeError(f"{key} must be a path (str or os.PathLike), got {type(value).__name__}: {value!r}")
