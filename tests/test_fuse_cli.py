@@ -835,7 +835,7 @@ def pair_config(workspace, tmp_path, fusion, named=True):
     ({"method": "wbf", "params": {"iou_th": 0.5}},
      "fusion method 'wbf' takes no parameter ['iou_th']; its parameters: ['weights', 'iou_thr', "),
     ({"method": "soft_nms", "params": {"bogus": 1}}, "fusion method 'soft_nms' takes no parameter ['bogus']"),
-    ({"method": "wbf", "params": {"iou_thr": 5}}, "iou_thr must be in [0, 1], got 5"),
+    ({"method": "wbf", "params": {"iou_thr": 5}}, "iou_thr must be in [0, 1), got 5"),
     ({"method": "wbf", "params": {"weights": [1, 2, 3]}}, "weights must hold one number per model (2), got 3"),
     ({"method": "deep", "head": "coco_yolo3_deep.json"}, "was trained for"),
 ])

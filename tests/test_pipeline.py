@@ -327,7 +327,7 @@ class TestFuseResults:
             fuse_results([a, b], method=METHOD, model_names=["x"])
         assert fuse_results([[], []], method=METHOD) == []
         # no image to fuse checks the values as a call with images does: a mistake is not found later
-        for options, message in (({"iou_thr": 5}, r"iou_thr must be in \[0, 1\], got 5"),
+        for options, message in (({"iou_thr": 5}, r"iou_thr must be in \[0, 1\), got 5"),
                                  ({"max_det": 0}, "max_det must be an integer >= 1, got 0")):
             with pytest.raises(ValueError, match=message):
                 fuse_results([[], []], method=METHOD, **options)
@@ -718,7 +718,7 @@ class TestTorchvisionFusion:
             fusion(outputs, None)
 
     @pytest.mark.parametrize("options, error, message", [
-        ({"model_names": ["a", "b"], "iou_thr": 5}, ValueError, r"iou_thr must be in \[0, 1\], got 5"),
+        ({"model_names": ["a", "b"], "iou_thr": 5}, ValueError, r"iou_thr must be in \[0, 1\), got 5"),
         ({"model_names": ["a", "b"], "weights": [1, 2, 3]}, ValueError,
          r"weights must hold one number per model \(2\), got 3"),
         ({"model_names": ["a", "b"], "method": "soft_nms", "sigma": "0.5"}, TypeError, "sigma must be a number"),
@@ -726,7 +726,7 @@ class TestTorchvisionFusion:
          r"their sources are \['a', 'b'\] but this head is for models \['a', 'c'\]"),
         ({"method": "theta", "head": detens.ThetaHead(["a"]), "iou_thr": -1}, ValueError,
          r"iou_thr must be in \[0, 1\), got -1"),  # the head tells the number of models
-        ({"weights": [1, 2], "iou_thr": 5}, ValueError, r"iou_thr must be in \[0, 1\], got 5"),  # so do the weights
+        ({"weights": [1, 2], "iou_thr": 5}, ValueError, r"iou_thr must be in \[0, 1\), got 5"),  # so do the weights
         ({"method": "vote", "weights": [1, 2], "min_votes": 3}, ValueError, r"min_votes"),
     ], ids=["iou_thr", "weights", "sigma", "head", "head models", "weights tell", "votes of the weights' models"])
     def test_parameter_values_are_checked_when_the_models_are_known(self, options, error, message):
@@ -734,7 +734,7 @@ class TestTorchvisionFusion:
             TorchvisionFusion(**{"method": "wbf", **options})
 
     @pytest.mark.parametrize("options, error, message", [
-        ({"iou_thr": 5}, ValueError, r"iou_thr must be in \[0, 1\], got 5"),
+        ({"iou_thr": 5}, ValueError, r"iou_thr must be in \[0, 1\), got 5"),
         ({"method": "vote", "iou_thr": 1}, ValueError, r"iou_thr must be in \[0, 1\), got 1"),
         ({"conf_type": "mean"}, ValueError, r"conf_type must be one of avg, max"),
         ({"method": "soft_nms", "sigma": "0.5"}, TypeError, "sigma must be a number"),
@@ -963,7 +963,7 @@ class TestEnsemble:
         assert len(ens([image])[0]) == 2  # the box and its mirror image do not overlap
 
     @pytest.mark.parametrize("options, error, message", [
-        ({"iou_thr": 5}, ValueError, r"iou_thr must be in \[0, 1\], got 5"),
+        ({"iou_thr": 5}, ValueError, r"iou_thr must be in \[0, 1\), got 5"),
         ({"weights": [1, 2, 3]}, ValueError, r"weights must hold one number per model \(2\), got 3"),
         ({"method": "soft_nms", "sigma": "0.5"}, TypeError, "sigma must be a number, got str"),
         ({"method": "theta", "head": detens.ThetaHead(["a", "c"])}, ValueError,
