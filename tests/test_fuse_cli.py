@@ -879,6 +879,27 @@ def folder_state(out):
     return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.parametrize("extra", [(), ("--overwrite",)], ids=["adding an image", "--overwrite"])
+def test_an_earlier_output_that_may_not_be_replaced_is_refused_before_any_model_loads(workspace, tmp_path, monkeypatch,
+                                                                                      capsys, immutable, extra):
+    """The run would find it only when it sets the file aside (--overwrite) or writes it, once every image is
+    fused."""
+    source, out = one_image_source(workspace, tmp_path / "src", "x.jpg"), tmp_path / "o"
+    assert fuse_into(workspace, source, out, "--no-vis") == 0
+    before = folder_state(out)
+    one_image_source(workspace, source, "y.jpg")
+    immutable(out / "predictions.json")
+    loads = []
+    monkeypatch.setattr(fuse_tool, "build_ensemble", lambda *args, **kwargs: loads.append(args))
+    capsys.readouterr()
+    assert fuse_into(workspace, source, out, "--no-vis", *extra) == 2
+    assert capsys.readouterr().err == (
+        f"error: the output {out / 'predictions.json'} cannot be written: the file there may be neither replaced, "
+        "moved nor removed (Operation not permitted: it is marked immutable or append-only, as lsattr shows); lift "
+        "that mark, or give another --out\n")
+    assert loads == [] and folder_state(out) == before
+
+
 @pytest.mark.parametrize("failure", [RuntimeError("the detector broke"), KeyboardInterrupt()])
 def test_overwrite_that_fails_before_its_first_result_leaves_the_folder_as_it_was(workspace, tmp_path, monkeypatch,
                                                                                   failure):

@@ -60,6 +60,7 @@ from detens.io import (
     atomic_write_json,
     atomic_write_text,
     check_not_special_file,
+    check_replaceable,
     check_writable_folder,
     lock_descriptor,
     lock_holder_text,
@@ -1158,6 +1159,10 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any, lock: 
     warn_of_class_map_slips(config, categories)
     entries = plan_entries(config, categories)
     select_members(entries, options.models)
+    # written once the members have run: a file there that may not be replaced is refused before any model loads
+    selected = [name for entry in entries for name in entry.selected]
+    for path in (summary_path, config_path, *(out / member_output(name, shard) for name in selected)):
+        check_replaceable(path, "the output", "another --out")
     check_saved_members(entries, data, config, categories)
     plans: list[tuple[Entry, list[MemberRun]]] = []
     digests: dict[str, str] = {}
