@@ -33,7 +33,7 @@ from detens.adapters import (
     view_names,
     warn_of_class_map_slips,
 )
-from detens.adapters._labels import label_space_differences
+from detens.adapters._labels import describe_label_space_difference, label_space_differences
 from detens.adapters.weights import ResolvedWeights, resolve_model_weights
 from detens.catalogue import DEFAULT_ENSEMBLE
 from detens.checks import did_you_mean, first_few
@@ -482,17 +482,10 @@ def check_dataset_label_space(config: EnsembleConfig, categories: dict[int, str]
     if not differences:
         return
 
-    def show(difference: tuple[int, str | None, str | None]) -> str:
-        category, ours, theirs = difference
-        if theirs is None:
-            return f"{category} ({ours!r} in the dataset) is not in --gt"
-        if ours is None:
-            return f"{category} ({theirs!r} in --gt) is not in the dataset"
-        return f"{category} is {ours!r} in the dataset but {theirs!r} in --gt"
-
+    shown = first_few(differences, 3, "; ", show=lambda d: describe_label_space_difference(d, "in the dataset", "in --gt"))
     raise ValueError(
         f"--gt {data.gt_path} is in another label space than the config's dataset {config.dataset}: category id "
-        f"{first_few(differences, 3, '; ', show=show)}; the members' labels are mapped onto the dataset's ids and "
+        f"{shown}; the members' labels are mapped onto the dataset's ids and "
         "would be recorded and scored as --gt's classes: give --gt an annotation file of the dataset's categories, "
         "or set the config's dataset: to --gt's (leave it out to map onto --gt's categories)"
     )
