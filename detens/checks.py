@@ -20,7 +20,7 @@ import numpy as np
 
 __all__ = [
     "check_real", "check_reals", "check_integer", "check_integers", "check_seed", "check_distinct_integers", "check_flag", "check_choice", "check_choices", "check_device",
-    "check_whole", "check_max_det", "first_few", "did_you_mean", "real_as_float", "torch_ready_array",
+    "check_whole", "check_max_det", "check_iou_thr", "first_few", "did_you_mean", "real_as_float", "torch_ready_array",
 ]
 
 
@@ -142,6 +142,16 @@ def _in_range(number: int, value: Any, name: str, low: int | None, high: int | N
 def check_max_det(value: Any, name: str = "max_det") -> int | None:
     """A cap on the boxes of an image: None (no cap), or an integer >= 1."""
     return None if value is None else check_integer(value, name, 1)
+
+
+def check_iou_thr(value: Any, name: str = "iou_thr") -> float:
+    """``value`` as an IoU threshold in ``[0, 1)``: boxes overlapping by more than it are taken as one
+    object (matched, fused, suppressed, decayed, voting).
+
+    1 is refused: no IoU exceeds it, not even that of two identical boxes, so a fuser given it would
+    return the models' boxes as they are, which no one asking for fusion means.
+    """
+    return check_real(value, name, 0.0, 1.0, high_open=True)
 
 
 def check_seed(value: Any, name: str = "seed") -> int:

@@ -193,6 +193,11 @@ class ModelConfig:
             seen: dict[int, int | str] = {}
             for key in self.class_map:
                 if isinstance(key, int) or key.lstrip("-").isdigit():
+                    if int(key) < 0:  # what the YAML alone shows wrong is refused before the model loads
+                        raise ValueError(
+                            f"{label}: class_map key {key!r} is a negative class index; a model's classes are "
+                            "numbered from 0"
+                        )
                     if int(key) in seen:
                         raise ValueError(
                             f"{label}: class_map gives class {int(key)} twice, as {seen[int(key)]!r} and {key!r}"

@@ -31,7 +31,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
 __all__ = [
-    "atomic_writer", "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_json_list", "json_list_items", "check_writable_file", "check_writable_folder",
+    "atomic_writer", "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_json_list", "json_list_items", "check_writable_file", "check_writable_folder", "check_replaceable",
     "read_json_file", "output_stems", "output_lock", "LOCK_NAME", "remove_stale_temporaries", "lock_descriptor",
     "lock_holder_text", "run_folder", "names_a_folder", "check_file_path", "files_written_together", "HeldLock",
     "NAME_MAX_BYTES", "check_name_length", "name_bytes", "name_within_limit", "special_file_kind",
@@ -627,14 +627,46 @@ def check_writable_file(path: str | Path, what: str) -> None:
 
     Raises:
         ValueError: ``path`` is a folder, its name is longer than a file system takes
-            (:data:`NAME_MAX_BYTES`), a part of its folder is a file or a broken symbolic link, or its
-            nearest existing folder is not writable.
+            (:data:`NAME_MAX_BYTES`), a part of its folder is a file or a broken symbolic link, its
+            nearest existing folder is not writable, or the file there may not be replaced
+            (:func:`check_replaceable`).
     """
     path = Path(path)
     check_name_length(path, what)
     if path.is_dir():
         raise ValueError(f"{what} {path} is a folder; give the path of a file")
     _check_writable_from(path.parent, path, what)
+    check_replaceable(path, what)
+
+
+def check_replaceable(path: Path, what: str, instead: str = "another path") -> None:
+    """Raise now, before the work whose result goes to ``path``, when the file already there may be neither
+    replaced, moved nor removed: marked immutable or append-only (``chattr +i`` / ``+a``, ``chflags uchg``),
+    which the permission bits do not show and which holds for root too. Only the rename that ends the
+    writing would find it, after the work, with the run's other files already written beside the old one.
+
+    Args:
+        what (str): names ``path`` in the message (``"--out"``, ``"the record"``).
+        instead (str): what the message says to give instead (``"another --out"``).
+
+    Raises:
+        ValueError: naming ``what``, the path and why.
+    """
+    try:
+        mode = os.lstat(path).st_mode
+    except (OSError, ValueError):  # nothing there yet, or a path no file can have: the writing names it
+        return
+    if not stat.S_ISREG(mode):  # a symbolic link is replaced itself, whatever it leads to
+        return
+    try:
+        # opened for writing, not truncated: the file stays as it was. A read-only file refuses this with
+        # EACCES and is replaced all the same (a rename asks its folder); only these marks give EPERM.
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError as err:
+        if err.errno == errno.EPERM:
+            raise ValueError(f"{what} {path} cannot be written: the file there may be neither replaced, moved nor "
+                             f"removed ({err.strerror}: it is marked immutable or append-only, as lsattr shows); "
+                             f"lift that mark, or give {instead}") from None
 
 
 def check_name_length(path: Path, what: str, shorten: str | None = None) -> None:

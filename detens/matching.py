@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 from torchvision.ops import batched_nms, nms
 
-from detens.checks import check_choice, check_real
+from detens.checks import check_choice, check_iou_thr
 from detens.detections import Detections, compute_device
 
 __all__ = ["Clusters", "MATCH_BACKENDS", "match", "check_per_model", "impute_absent_boxes", "weighted_mean_box"]
@@ -309,7 +309,7 @@ def match(per_model: Sequence[Detections], iou_thr: float = 0.55, *, backend: st
             outside [0, 1), an unknown ``backend``.
     """
     check_per_model(per_model)
-    iou_thr = check_real(iou_thr, "iou_thr", 0.0, 1.0, high_open=True)
+    iou_thr = check_iou_thr(iou_thr)
     check_choice(backend, "backend", MATCH_BACKENDS)
     num_models = len(per_model)
     image_size = per_model[0].image_size

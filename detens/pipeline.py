@@ -155,20 +155,21 @@ def _check_one_label_space(detectors: Sequence[Any], names: Sequence[str]) -> tu
     Raises:
         ValueError: naming both detectors and the first ids that differ.
     """
-    from detens.adapters._labels import normalize_class_name
+    from detens.adapters._labels import describe_label_space_difference, normalize_class_name
+    from detens.checks import first_few
 
     seen: dict[int, tuple[str, str]] = {}  # category id -> (its name, the first detector that names it)
     for detector, name in zip(detectors, names, strict=True):
         categories = getattr(detector, "categories", None)
         if not isinstance(categories, Mapping):
             continue
-        differ = [(c, *seen[c]) for c in sorted(categories)
+        # each as describe_label_space_difference takes it: (id, both names), where each name comes from
+        differ = [((c, seen[c][0], categories[c]), f"in {seen[c][1]!r}", f"in {name!r}") for c in sorted(categories)
                   if c in seen and normalize_class_name(categories[c]) != normalize_class_name(seen[c][0])]
         if differ:
-            shown = ", ".join(f"{c} is {class_name!r} in {first!r} but {categories[c]!r} in {name!r}"
-                              for c, class_name, first in differ[:3])
+            shown = first_few(differ, 3, show=lambda d: describe_label_space_difference(*d))
             raise ValueError(
-                f"the detectors are in different label spaces: {shown}{', ...' if len(differ) > 3 else ''}; give "
+                f"the detectors are in different label spaces: {shown}; give "
                 "them one (the same categories=, with a class_map where a model names its classes otherwise)"
             )
         for c, class_name in categories.items():

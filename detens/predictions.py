@@ -360,7 +360,7 @@ def join_predictions(
         ground truth of both) and the joined ids of ``extra``'s annotated images (every image of ``extra``
         with ``all_images``).
     """
-    from detens.adapters._labels import renamed_ids
+    from detens.adapters._labels import describe_label_space_difference, renamed_ids
     from detens.coco import CocoGroundTruth
 
     ours, theirs = evaluated.gt.category_ids, extra.gt.category_ids
@@ -373,7 +373,7 @@ def join_predictions(
     # names compared as the class maps and the cache's summary compare them: "Traffic_Light" is "traffic light"
     renamed = renamed_ids(ours, evaluated.gt.category_names, extra.gt.category_names)
     if renamed:
-        shown = ", ".join(f"{c}: {a!r} here, {b!r} in {what}" for c, a, b in renamed[:5])
+        shown = first_few(renamed, 5, show=lambda r: describe_label_space_difference(r, "here", f"in {what}"))
         raise ValueError(
             f"{what} names {len(renamed)} category ids otherwise than the evaluated data ({shown}); "
             "its ids would mean other classes: fit and score in one label space"
@@ -558,7 +558,7 @@ def _check_cached_categories(summary: dict[str, Any] | None, path: Path, gt: Coc
     recorded = None if summary is None else summary.get("categories")
     if recorded is None:
         return
-    from detens.adapters._labels import renamed_ids
+    from detens.adapters._labels import describe_label_space_difference, renamed_ids
     from detens.heads._io import check_label_space
 
     try:
@@ -568,7 +568,7 @@ def _check_cached_categories(summary: dict[str, Any] | None, path: Path, gt: Coc
     given = gt.category_names
     renamed = renamed_ids(sorted(given), given, cached)
     if renamed:
-        shown = first_few(renamed, 5, show=lambda r: f"{r[0]} is {r[1]!r} there but {r[2]!r} in the cache")
+        shown = first_few(renamed, 5, show=lambda r: describe_label_space_difference(r, "there", "in the cache"))
         raise ValueError(
             f"the ground truth's category ids name other classes than those of the annotation file the cache in "
             f"{path.parent} ran on ({summary.get('gt') or 'see its ' + path.name}): {shown}; the members' labels were "

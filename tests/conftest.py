@@ -41,6 +41,43 @@ def lock_in_another_process():
 
 
 @pytest.fixture
+def immutable(monkeypatch):
+    """``mark(*paths)``: the files at ``paths`` behave as ``chattr +i`` makes them, in this process: opening one
+    for writing, and replacing, renaming or removing it, fail with EPERM, whoever runs the tests (root too,
+    whom no permission bit stops; ``chattr`` itself needs root and a file system that keeps the mark)."""
+    import errno
+
+    marked: set[str] = set()
+    real_open, real_replace, real_rename, real_unlink = os.open, os.replace, os.rename, os.unlink
+
+    def check(*paths):
+        for path in paths:
+            if isinstance(path, (str, os.PathLike)) and os.path.abspath(path) in marked:
+                raise PermissionError(errno.EPERM, os.strerror(errno.EPERM), os.fspath(path))
+
+    def opened(path, flags, *args, **kwargs):
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC):
+            check(path)
+        return real_open(path, flags, *args, **kwargs)
+
+    def replaced(src, dst, *args, **kwargs):
+        check(src, dst)
+        return real_replace(src, dst, *args, **kwargs)
+
+    def renamed(src, dst, *args, **kwargs):
+        check(src, dst)
+        return real_rename(src, dst, *args, **kwargs)
+
+    def unlinked(path, *args, **kwargs):
+        check(path)
+        return real_unlink(path, *args, **kwargs)
+
+    for name, fake in (("open", opened), ("replace", replaced), ("rename", renamed), ("unlink", unlinked)):
+        monkeypatch.setattr(os, name, fake)
+    return lambda *paths: marked.update(os.path.abspath(path) for path in paths)
+
+
+@pytest.fixture
 def named_pipe():
     """``make(path)``: a named pipe (FIFO) at ``path``, returned. Opening it to read waits for a writer: should
     the code under test do so, the pipe is opened for writing and closed at once, so that the read ends (with

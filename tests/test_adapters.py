@@ -231,6 +231,15 @@ class TestUltralyticsOptions:
         with pytest.raises(ValueError, match=r"^saved: class_map gives saved category id 1 twice \(1 and '1'\)"):
             check_category_id_map({1: 2, "1": 3}, "saved")
 
+    def test_a_label_space_difference_is_worded_alike_whichever_side_lacks_the_id(self):
+        """Every refusal and warning of two label spaces names each differing id in these words."""
+        from detens.adapters._labels import describe_label_space_difference, label_space_differences
+
+        differences = label_space_differences({1: "person", 2: "car", 3: "dog"}, {1: "Person", 2: "truck", 4: "cat"})
+        assert [describe_label_space_difference(d, "in the head", "there") for d in differences] == [
+            "2 is 'car' in the head but 'truck' there", "3 is 'dog' in the head and no category there",
+            "4 is no category in the head but 'cat' there"]
+
     def test_a_label_space_naming_two_categories_alike_is_not_matched_by_name(self):
         from detens.adapters._labels import build_label_lookup
 

@@ -441,6 +441,26 @@ def test_a_summary_that_is_a_pipe_is_refused_before_any_work_not_waited_on(slice
     assert not (out / "a.json").exists() and not (out / "b.json").exists() and (merge or not (out / ".partial").exists())
 
 
+@pytest.mark.parametrize("name", ["a.json", "cache_summary.json"])
+def test_an_output_that_may_not_be_replaced_is_refused_before_any_model_loads(slice_, replay_run, tmp_path, capsys,
+                                                                              monkeypatch, immutable, name):
+    """A member's results and the summary are written once the members have run: only then would the run find
+    the file it may not replace."""
+    out = tmp_path / "o"
+    shutil.copytree(replay_run, out)
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    immutable(out / name)
+    loads = []
+    monkeypatch.setattr(cache_tool, "build_detector", lambda *args, **kwargs: loads.append(args))
+    capsys.readouterr()
+    assert run(slice_, out, "--overwrite") == 2
+    assert capsys.readouterr().err == (
+        f"error: the output {out / name} cannot be written: the file there may be neither replaced, moved nor "
+        "removed (Operation not permitted: it is marked immutable or append-only, as lsattr shows); lift that mark, "
+        "or give another --out\n")
+    assert loads == [] and {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
 def test_merge_names_a_shard_that_a_run_stopped_before_its_file_incomplete(slice_, tmp_path, capsys):
     out = tmp_path / "o"
     assert run(slice_, out, "--shard", "1/2") == 0
@@ -1113,9 +1133,9 @@ def test_a_dataset_in_another_label_space_than_the_gt_is_refused_before_any_mode
                 r"the members' labels are mapped onto the dataset's ids .*: give --gt an annotation file of the "
                 r"dataset's categories, or set the config's dataset: to --gt's")
         refused(capsys, run(slice_, out, config=str(tmp_path / "fewer.yaml")),
-                r"category id 90 \('toothbrush' in --gt\) is not in the dataset;")
+                r"category id 90 is no category in the dataset but 'toothbrush' in --gt;")
         refused(capsys, run(slice_, out, config=str(tmp_path / "more.yaml")),
-                r"category id 91 \('pedestrian' in the dataset\) is not in --gt;")
+                r"category id 91 is 'pedestrian' in the dataset and no category in --gt;")
     assert not out.exists() or not any(out.rglob("*.json"))
     # names spelled otherwise are the same classes, as the class maps read them
     assert run(slice_, out, config=str(tmp_path / "respelled.yaml")) == 0

@@ -153,6 +153,16 @@ def test_invalid_configs(data, fragment):
         ensemble_config_from_dict(data)
 
 
+@pytest.mark.parametrize("key", [-1, "-3"])
+def test_a_negative_class_index_in_a_class_map_is_refused_with_the_yaml_before_any_model_loads(tmp_path, key):
+    """No model has it, which the YAML alone shows: the model need not load (seconds) to find it."""
+    path = tmp_path / "e.yaml"
+    path.write_text(yaml.safe_dump({"models": [{"weights": "nowhere.pt", "name": "v8", "class_map": {key: 1, 0: 1}}]}))
+    with pytest.raises(ValueError, match=f"^{re.escape(str(path))}: model 'v8': class_map key {re.escape(repr(key))} is "
+                                         "a negative class index; a model's classes are numbered from 0$"):
+        load_ensemble_config(path)
+
+
 def test_a_saved_predictions_class_map_keyed_by_class_names_is_refused_at_load():
     """A model's class_map may name its classes; a results file has category ids only. Checked when the
     config is read, where the label-space check of the ids said only that a class name's id was misplaced."""

@@ -188,6 +188,31 @@ def interrupt_on_image(monkeypatch, number, press_ctrl_c=None):
     return lambda: monkeypatch.setattr(fuse_tool, "process_image", original)
 
 
+def images_fused(monkeypatch, after=None) -> list[str]:
+    """The names of the images ``detens fuse`` fuses from now on, in order (the list returned grows as it
+    runs); ``after(name)``, when given, runs once each image's record is made, as another shell or a hand
+    acting on the folder while the run goes on."""
+    names: list[str] = []
+    original = fuse_tool.process_image
+
+    def processing(*args, **kwargs):
+        names.append(args[1])
+        record = original(*args, **kwargs)
+        if after is not None:
+            after(args[1])
+        return record
+
+    monkeypatch.setattr(fuse_tool, "process_image", processing)
+    return names
+
+
+def summary_of_a_rerun(workspace, source, out, monkeypatch) -> dict:
+    """The summary of the same command run again on ``out`` with the real ``detens fuse``, which ends well."""
+    monkeypatch.undo()
+    assert fuse_into(workspace, source, out) == 0
+    return json.loads((out / "summary.json").read_text())
+
+
 def test_resume_after_interruption(workspace, full_run, monkeypatch, capsys, press_ctrl_c):
     out = workspace / f"out interrupted {press_ctrl_c.__name__}"
     undo = interrupt_on_image(monkeypatch, 2, press_ctrl_c)
@@ -347,9 +372,7 @@ def test_complete_run_grows_with_new_images(workspace, tmp_path, monkeypatch):
     assert fuse_cli.main([*args, "--source", str(source)]) == 0
     first_images, first = read_outputs(tmp_path / "o")
     shutil.copy(workspace / "images" / "zidane copy.jpg", source / "zidane.jpg")
-    calls = []
-    original = fuse_tool.process_image
-    monkeypatch.setattr(fuse_tool, "process_image", lambda *a, **k: calls.append(a[1]) or original(*a, **k))
+    calls = images_fused(monkeypatch)
     assert fuse_cli.main([*args, "--source", str(source)]) == 0
     images, results = read_outputs(tmp_path / "o")
     assert calls == ["zidane.jpg"]  # bus.jpg came from the complete run's outputs
@@ -518,9 +541,7 @@ def test_no_output_file_is_at_the_path_of_a_folder_of_others(workspace, tmp_path
     assert sorted(p.relative_to(out / "partial").as_posix() for p in (out / "partial").rglob("*.json")) == [
         "x.jpg/a.jpg.json", "x.png.json"]
     undo()
-    calls = []
-    original = fuse_tool.process_image
-    monkeypatch.setattr(fuse_tool, "process_image", lambda *a, **k: calls.append(a[1]) or original(*a, **k))
+    calls = images_fused(monkeypatch)
     assert fuse_into(workspace, source, out) == 0
     assert calls == ["x.png.json/b.jpg"] and run_outputs(out) == whole
 
@@ -533,9 +554,7 @@ def test_a_record_of_an_earlier_version_in_a_folder_named_as_a_record_is_found(w
     assert fuse_into(workspace, source, out, "--no-vis") == 130
     undo()
     (out / "partial" / "d.json_").rename(out / "partial" / "d.json")
-    calls = []
-    original = fuse_tool.process_image
-    monkeypatch.setattr(fuse_tool, "process_image", lambda *a, **k: calls.append(a[1]) or original(*a, **k))
+    calls = images_fused(monkeypatch)
     assert fuse_into(workspace, source, out, "--no-vis") == 0
     images, _ = read_outputs(out)
     assert calls == ["d.json/c.jpg"]
@@ -865,7 +884,7 @@ def pair_config(workspace, tmp_path, fusion, named=True):
     ({"method": "wbf", "params": {"iou_th": 0.5}},
      "fusion method 'wbf' takes no parameter ['iou_th']; its parameters: ['weights', 'iou_thr', "),
     ({"method": "soft_nms", "params": {"bogus": 1}}, "fusion method 'soft_nms' takes no parameter ['bogus']"),
-    ({"method": "wbf", "params": {"iou_thr": 5}}, "iou_thr must be in [0, 1], got 5"),
+    ({"method": "wbf", "params": {"iou_thr": 5}}, "iou_thr must be in [0, 1), got 5"),
     ({"method": "wbf", "params": {"weights": [1, 2, 3]}}, "weights must hold one number per model (2), got 3"),
     ({"method": "deep", "head": "coco_yolo3_deep.json"}, "was trained for"),
 ])
@@ -907,6 +926,27 @@ def fuse_into(workspace, source, out, *extra):
 
 def folder_state(out):
     return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("extra", [(), ("--overwrite",)], ids=["adding an image", "--overwrite"])
+def test_an_earlier_output_that_may_not_be_replaced_is_refused_before_any_model_loads(workspace, tmp_path, monkeypatch,
+                                                                                      capsys, immutable, extra):
+    """The run would find it only when it sets the file aside (--overwrite) or writes it, once every image is
+    fused."""
+    source, out = one_image_source(workspace, tmp_path / "src", "x.jpg"), tmp_path / "o"
+    assert fuse_into(workspace, source, out, "--no-vis") == 0
+    before = folder_state(out)
+    one_image_source(workspace, source, "y.jpg")
+    immutable(out / "predictions.json")
+    loads = []
+    monkeypatch.setattr(fuse_tool, "build_ensemble", lambda *args, **kwargs: loads.append(args))
+    capsys.readouterr()
+    assert fuse_into(workspace, source, out, "--no-vis", *extra) == 2
+    assert capsys.readouterr().err == (
+        f"error: the output {out / 'predictions.json'} cannot be written: the file there may be neither replaced, "
+        "moved nor removed (Operation not permitted: it is marked immutable or append-only, as lsattr shows); lift "
+        "that mark, or give another --out\n")
+    assert loads == [] and folder_state(out) == before
 
 
 @pytest.mark.parametrize("failure", [RuntimeError("the detector broke"), KeyboardInterrupt()])
@@ -1237,15 +1277,12 @@ def test_a_run_whose_out_is_moved_stops_before_it_writes_there_again(workspace, 
     rerun takes for a run's) and ended with status 0; the moved folder resumes."""
     source, out, moved = one_image_source(workspace, tmp_path / "src", "x.jpg", "y.jpg", "z.jpg"), tmp_path / "o", \
         tmp_path / "moved"
-    real_process_image = fuse_tool.process_image
 
-    def moving_out_after_the_first(*args, **kwargs):
-        record = real_process_image(*args, **kwargs)
+    def moving_out_after_the_first(name):
         if not moved.exists():
             out.rename(moved)  # as `mv` in another shell
-        return record
 
-    monkeypatch.setattr(fuse_tool, "process_image", moving_out_after_the_first)
+    images_fused(monkeypatch, after=moving_out_after_the_first)
     assert fuse_into(workspace, source, out) == 2
     assert capsys.readouterr().err == (
         f"error: the lock file {out / '.detens.lock'} of this run is gone: {out} was moved or deleted, or the file "
@@ -1253,9 +1290,7 @@ def test_a_run_whose_out_is_moved_stops_before_it_writes_there_again(workspace, 
         "mixed with another run's\n")
     assert not out.exists()
     assert [json.loads(p.read_text())["file_name"] for p in (moved / "partial").iterdir()] == ["x.jpg"]
-    monkeypatch.undo()
-    assert fuse_into(workspace, source, moved) == 0
-    summary = json.loads((moved / "summary.json").read_text())
+    summary = summary_of_a_rerun(workspace, source, moved, monkeypatch)
     assert (summary["complete"], summary["resumed"], summary["processed_this_run"]) == (True, 1, 2)
 
 
@@ -1263,15 +1298,12 @@ def test_a_run_whose_outputs_lack_images_it_fused_ends_with_an_error(workspace, 
     """Its summary said complete: false, and it ended with status 0. A run whose only missing images are
     unreadable ones, reported and skipped, is complete (test_unreadable_files_are_reported_and_skipped)."""
     source, out = one_image_source(workspace, tmp_path / "src", "x.jpg", "y.jpg"), tmp_path / "o"
-    real_process_image = fuse_tool.process_image
 
-    def losing_the_first_record(*args, **kwargs):
-        record = real_process_image(*args, **kwargs)
-        if args[1] == "y.jpg":
+    def losing_the_first_record(name):
+        if name == "y.jpg":
             (out / "partial" / "x.jpg.json").unlink()  # as a hand cleaning the folder up meanwhile
-        return record
 
-    monkeypatch.setattr(fuse_tool, "process_image", losing_the_first_record)
+    images_fused(monkeypatch, after=losing_the_first_record)
     assert fuse_into(workspace, source, out) == 2
     assert capsys.readouterr().err == (
         f"error: {out} lacks the results of 1 of the run's 2 images, whose records went from {out / 'partial'} "
@@ -1279,9 +1311,7 @@ def test_a_run_whose_outputs_lack_images_it_fused_ends_with_an_error(workspace, 
         "them\n")
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["complete"], summary["done"], summary["unreadable"]) == (False, 1, {})
-    monkeypatch.undo()
-    assert fuse_into(workspace, source, out) == 0
-    summary = json.loads((out / "summary.json").read_text())
+    summary = summary_of_a_rerun(workspace, source, out, monkeypatch)
     assert (summary["complete"], summary["done"], summary["processed_this_run"]) == (True, 2, 1)
 
 
@@ -1380,9 +1410,7 @@ def test_an_image_named_like_the_run_record_is_kept_and_not_redone(workspace, tm
     """A file given directly keeps its name whatever its extension: one named ``_run`` has the partial
     record ``partial/_run.json``, where earlier versions kept the run's own record."""
     source, out = one_image_source(workspace, tmp_path / "src", "_run", "x.jpg", "y.jpg"), tmp_path / "o"
-    calls = []
-    original = fuse_tool.process_image
-    monkeypatch.setattr(fuse_tool, "process_image", lambda *a, **k: calls.append(a[1]) or original(*a, **k))
+    calls = images_fused(monkeypatch)
     assert fuse_into(workspace, source / "_run", out, "--no-vis") == 0
     assert fuse_into(workspace, source / "_run", out, "--no-vis") == 0
     assert calls == ["_run"]  # the rerun found it finished

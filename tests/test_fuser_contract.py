@@ -114,6 +114,18 @@ class TestFuserContract:
         assert set(out.labels.tolist()) <= input_labels
         assert out.source == f"fused:{name}"
 
+    def test_iou_thr_is_in_0_to_1_excluded_as_documented(self, name):
+        """No IoU exceeds 1, not even that of identical boxes: at 1 a fuser would return its input unfused,
+        so every fuser taking ``iou_thr`` refuses it, and says so where it documents the option."""
+        if "iou_thr" not in inspect.signature(FUSERS.get(name)).parameters:
+            pytest.skip(f"{name} takes no iou_thr")
+        assert "in [0, 1)" in inspect.getdoc(FUSERS.get(name))
+        per_model = random_models(0)
+        with pytest.raises(ValueError, match=r"^iou_thr must be in \[0, 1\), got 1.0$"):
+            fuse(per_model, name, **params_for(name, 3), iou_thr=1.0)
+        for accepted in (0.0, 0.999):
+            assert isinstance(fuse(per_model, name, **params_for(name, 3), iou_thr=accepted), Detections)
+
     def test_inputs_are_not_modified(self, name):
         per_model = random_models(3)
         before = [(d.boxes.clone(), d.scores.clone(), d.labels.clone()) for d in per_model]

@@ -86,7 +86,7 @@ BAD_FIELDS = [
     ("deep", ("tensors", "class_ids"), {"dtype": "int64", "shape": [1], "data": [10**400]}, "out of the int64 range"),
     ("selection", ("config", "k"), 0, "k must be an integer >= 1, got 0"),
     ("selection", ("config", "class_embed"), 10**6, "config class_embed = 1000000 is larger than"),
-    ("calibration", ("config", "fuser_params"), {"iou_thr": 5}, "do not fit the 'wbf' fuser: iou_thr must be in [0, 1]"),
+    ("calibration", ("config", "fuser_params"), {"iou_thr": 5}, "do not fit the 'wbf' fuser: iou_thr must be in [0, 1)"),
     ("calibration", ("config", "fuser_params"), {"bogus": 1}, "takes no parameter ['bogus']"),
     ("calibration", ("config", "fuser_params"), {"weights": [1.0]}, "one number per model (2)"),
     ("calibration", ("config", "tie_break"), -math.inf, "tie_break must be a number >= 0, got -inf"),

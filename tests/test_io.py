@@ -540,6 +540,32 @@ class TestCheckWritable:
         with pytest.raises(ValueError, match=r"^--plot .*p\.png cannot be written: nothing can be created in"):
             check_writable_file(tmp_path / "p.png", "--plot")
 
+    def test_a_file_that_may_not_be_replaced_is_refused_and_a_read_only_one_is_not(self, tmp_path, immutable,
+                                                                                  monkeypatch):
+        """An immutable file refuses the rename that ends a write whatever the permission bits say; a file that
+        is only read-only (a write refused with EACCES) is replaced all the same."""
+        from detens.io import check_writable_file
+
+        (tmp_path / "r.json").write_text("{}")
+        immutable(tmp_path / "r.json")
+        with pytest.raises(ValueError, match=f"^{re.escape(f'--out {tmp_path}/r.json cannot be written: the file there')} "
+                                             r"may be neither replaced, moved nor removed \(Operation not permitted: it "
+                                             r"is marked immutable or append-only, as lsattr shows\); lift that mark, or "
+                                             r"give another path$"):
+            check_writable_file(tmp_path / "r.json", "--out")
+        (tmp_path / "read_only.json").write_text("{}")
+        marked_open = os.open
+
+        def read_only(path, flags, *args, **kwargs):
+            if os.fspath(path).endswith("read_only.json") and flags & os.O_WRONLY:
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+            return marked_open(path, flags, *args, **kwargs)
+
+        monkeypatch.setattr(os, "open", read_only)
+        check_writable_file(tmp_path / "read_only.json", "--out")
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "read_only.json"]
+        assert (tmp_path / "r.json").read_text() == "{}"
+
 
 @pytest.mark.parametrize("seed", range(5))
 def test_a_json_list_written_in_parts_is_the_bytes_of_the_whole_list_written_at_once(tmp_path, seed):

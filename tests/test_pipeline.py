@@ -59,6 +59,25 @@ def random_boxes(seed, k, shape=(480, 640)):
     return torch.cat([xy, xy + wh], 1), torch.rand(k, generator=g), torch.randint(0, 80, (k,), generator=g)
 
 
+#: A dataset's own classes, whose ids are COCO's person and bicycle.
+OWN_CLASSES = {1: "vehicle", 2: "dog"}
+
+
+def per_class_head(label_space: dict[int, str]) -> detens.ThetaHead:
+    """A Θ head of models a and b with per-class parameters for the ids of ``label_space``, which it records
+    as the label space it was trained on."""
+    head = detens.ThetaHead(["a", "b"], per_class=True, class_ids=sorted(label_space))
+    head.label_space = dict(label_space)
+    return head
+
+
+def trained_on_other_classes(label_space: str) -> str:
+    """The start of the refusal of a head of :data:`OWN_CLASSES` in COCO's ids, which ``label_space`` (a
+    regular expression) names."""
+    return (r"^the head was trained on a label space whose category ids name other classes than in "
+            rf"{label_space}: 1 is 'vehicle' in the head but 'person' there")
+
+
 # ------------------------------------------------------------------------------------------ conversions
 class TestConversions:
     @pytest.mark.parametrize("seed", range(4))
@@ -327,7 +346,7 @@ class TestFuseResults:
             fuse_results([a, b], method=METHOD, model_names=["x"])
         assert fuse_results([[], []], method=METHOD) == []
         # no image to fuse checks the values as a call with images does: a mistake is not found later
-        for options, message in (({"iou_thr": 5}, r"iou_thr must be in \[0, 1\], got 5"),
+        for options, message in (({"iou_thr": 5}, r"iou_thr must be in \[0, 1\), got 5"),
                                  ({"max_det": 0}, "max_det must be an integer >= 1, got 0")):
             with pytest.raises(ValueError, match=message):
                 fuse_results([[], []], method=METHOD, **options)
@@ -501,18 +520,15 @@ class TestFuseResultsSynthetic:
         from detens.heads import CalibrationHead
 
         r1, r2 = make_results(*random_boxes(0, 5)), make_results(*random_boxes(1, 5))
-        own_classes = {1: "vehicle", 2: "dog"}
-        head = detens.ThetaHead(["a", "b"], per_class=True, class_ids=[1, 2])
-        head.label_space = own_classes
-        with pytest.raises(ValueError, match=r"^the head was trained on a label space whose category ids name other "
-                                             r"classes than in the label space of the models' Results.names \(COCO's "
-                                             r"ids for COCO's 80 classes\): 1 is 'vehicle' in the head but 'person' "
-                                             r"there, 2 is 'dog' in the head but 'bicycle' there"):
+        head = per_class_head(OWN_CLASSES)
+        with pytest.raises(ValueError, match=trained_on_other_classes(
+                r"the label space of the models' Results.names \(COCO's ids for COCO's 80 classes\)")
+                + r", 2 is 'dog' in the head but 'bicycle' there"):
             fuse_results([[r1], [r2]], method="theta", head=head, model_names=["a", "b"])
         curve = (torch.tensor([0.0, 1.0]), torch.tensor([0.0, 1.0]))
         calibration = CalibrationHead(["a", "b"], {"a": curve, "b": curve}, class_curves={"b": {2: curve}},
                                       per_class=True)
-        calibration.label_space = own_classes
+        calibration.label_space = OWN_CLASSES
         with pytest.raises(ValueError, match=r"^the calibration was trained on a label space .* 2 is 'dog'"):
             fuse_results([[r1], [r2]], method="wbf", calibration=calibration, model_names=["a", "b"])
         unnamed = detens.ThetaHead(["a", "b"], per_class=True, class_ids=[0, 1, 2])  # no names: ids alone
@@ -524,9 +540,7 @@ class TestFuseResultsSynthetic:
         c1, c2 = (make_results([[0.0, 0.0, 50.0, 50.0]], [0.9], [1], names=names) for _ in range(2))
         assert fuse_results([[c1], [c2]], method="theta", head=head, model_names=["a", "b"])[0].boxes.cls.tolist() == [1.0]
         with pytest.raises(ValueError, match=r"1 is 'person' in the head but 'Vehicle' there"):
-            coco_head = detens.ThetaHead(["a", "b"], per_class=True, class_ids=[1])
-            coco_head.label_space = {1: "person"}
-            fuse_results([[c1], [c2]], method="theta", head=coco_head, model_names=["a", "b"])
+            fuse_results([[c1], [c2]], method="theta", head=per_class_head({1: "person"}), model_names=["a", "b"])
 
     def test_custom_class_names_use_indices(self):
         names = {0: "cat", 1: "dog"}
@@ -568,26 +582,21 @@ class TestTorchvisionFusion:
     def test_a_head_trained_on_another_label_space_is_refused_unless_label_space_gives_it(self):
         """torchvision's COCO models predict COCO's ids: a per-class head fitted on a dataset's 1, 2 (vehicle,
         dog) would fuse COCO's person and bicycle with those rows; models trained on those classes say so."""
-        own_classes = {1: "vehicle", 2: "dog"}
-        head = detens.ThetaHead(["a", "b"], per_class=True, class_ids=[1, 2])
-        head.label_space = own_classes
-        with pytest.raises(ValueError, match=r"^the head was trained on a label space whose category ids name other "
-                                             r"classes than in COCO's category ids \(what torchvision's COCO models "
-                                             r"predict; label_space= gives others\): 1 is 'vehicle' in the head but "
-                                             r"'person' there"):
+        head = per_class_head(OWN_CLASSES)
+        with pytest.raises(ValueError, match=trained_on_other_classes(
+                r"COCO's category ids \(what torchvision's COCO models predict; label_space= gives others\)")):
             TorchvisionFusion(method="theta", head=head, model_names=["a", "b"])
         with pytest.raises(ValueError, match=r"^the head has per-class parameters for category ids 2, which are not "
                                              r"among the 2 category ids of label_space: 1, 3"):
             TorchvisionFusion(method="theta", head=head, model_names=["a", "b"], label_space={1: "vehicle", 3: "dog"})
         with pytest.raises(TypeError, match=r"^label_space must map category ids to names, got str"):
             TorchvisionFusion(method="wbf", label_space="coco")
-        fusion = TorchvisionFusion(method="theta", head=head, model_names=["a", "b"], label_space=own_classes)
+        fusion = TorchvisionFusion(method="theta", head=head, model_names=["a", "b"], label_space=OWN_CLASSES)
         output = {"boxes": torch.tensor([[0.0, 0.0, 50.0, 50.0]]), "scores": torch.tensor([0.9]),
                   "labels": torch.tensor([2])}
         assert fusion([[output], [output]], [(100, 100)])[0]["labels"].tolist() == [2]
         # COCO's classes, or a head without per-class parameters, in any label space
-        coco_head = detens.ThetaHead(["a", "b"], per_class=True, class_ids=[1, 2])
-        coco_head.label_space = {1: "person", 2: "bicycle"}
+        coco_head = per_class_head({1: "person", 2: "bicycle"})
         assert TorchvisionFusion(method="theta", head=coco_head, model_names=["a", "b"]).head is coco_head
         assert TorchvisionFusion(method="theta", head=detens.ThetaHead(["a"]), label_space={7: "x"}).head is not None
 
@@ -718,7 +727,7 @@ class TestTorchvisionFusion:
             fusion(outputs, None)
 
     @pytest.mark.parametrize("options, error, message", [
-        ({"model_names": ["a", "b"], "iou_thr": 5}, ValueError, r"iou_thr must be in \[0, 1\], got 5"),
+        ({"model_names": ["a", "b"], "iou_thr": 5}, ValueError, r"iou_thr must be in \[0, 1\), got 5"),
         ({"model_names": ["a", "b"], "weights": [1, 2, 3]}, ValueError,
          r"weights must hold one number per model \(2\), got 3"),
         ({"model_names": ["a", "b"], "method": "soft_nms", "sigma": "0.5"}, TypeError, "sigma must be a number"),
@@ -726,7 +735,7 @@ class TestTorchvisionFusion:
          r"their sources are \['a', 'b'\] but this head is for models \['a', 'c'\]"),
         ({"method": "theta", "head": detens.ThetaHead(["a"]), "iou_thr": -1}, ValueError,
          r"iou_thr must be in \[0, 1\), got -1"),  # the head tells the number of models
-        ({"weights": [1, 2], "iou_thr": 5}, ValueError, r"iou_thr must be in \[0, 1\], got 5"),  # so do the weights
+        ({"weights": [1, 2], "iou_thr": 5}, ValueError, r"iou_thr must be in \[0, 1\), got 5"),  # so do the weights
         ({"method": "vote", "weights": [1, 2], "min_votes": 3}, ValueError, r"min_votes"),
     ], ids=["iou_thr", "weights", "sigma", "head", "head models", "weights tell", "votes of the weights' models"])
     def test_parameter_values_are_checked_when_the_models_are_known(self, options, error, message):
@@ -734,7 +743,7 @@ class TestTorchvisionFusion:
             TorchvisionFusion(**{"method": "wbf", **options})
 
     @pytest.mark.parametrize("options, error, message", [
-        ({"iou_thr": 5}, ValueError, r"iou_thr must be in \[0, 1\], got 5"),
+        ({"iou_thr": 5}, ValueError, r"iou_thr must be in \[0, 1\), got 5"),
         ({"method": "vote", "iou_thr": 1}, ValueError, r"iou_thr must be in \[0, 1\), got 1"),
         ({"conf_type": "mean"}, ValueError, r"conf_type must be one of avg, max"),
         ({"method": "soft_nms", "sigma": "0.5"}, TypeError, "sigma must be a number"),
@@ -965,7 +974,7 @@ class TestEnsemble:
         assert len(ens([image])[0]) == 2  # the box and its mirror image do not overlap
 
     @pytest.mark.parametrize("options, error, message", [
-        ({"iou_thr": 5}, ValueError, r"iou_thr must be in \[0, 1\], got 5"),
+        ({"iou_thr": 5}, ValueError, r"iou_thr must be in \[0, 1\), got 5"),
         ({"weights": [1, 2, 3]}, ValueError, r"weights must hold one number per model \(2\), got 3"),
         ({"method": "soft_nms", "sigma": "0.5"}, TypeError, "sigma must be a number, got str"),
         ({"method": "theta", "head": detens.ThetaHead(["a", "c"])}, ValueError,

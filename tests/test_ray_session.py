@@ -149,7 +149,8 @@ def test_quiet_must_be_a_bool(quiet):
         ({"num_gpus": -1}, ValueError, r"num_gpus must be .*0.*, got -1"),
         ({"num_gpus": float("nan")}, ValueError, r"num_gpus must be"),
         ({"address": 10001}, TypeError, r"address must be a str, got int"),
-        ({"address": " "}, ValueError, r"address is empty: give a cluster's \(auto, host:port, ray://host:10001\)"),
+        ({"address": " "}, ValueError, r"^address is empty: give a cluster's address \(auto, host:port, ray://host:10001\), "
+                                       r"or None to start a local cluster$"),
         *(({"address": address}, ValueError, rf"^address {re.escape(repr(address))} is not a Ray cluster's address: "
            r"give host:port \(a cluster's GCS, port 6379 by default\), ray://host:port \(its Ray Client server, port "
            r"10001 by default\) or auto \(the cluster started on this machine by ray start\)$")
@@ -303,6 +304,11 @@ def test_ray_address_from_the_environment_is_checked_as_an_address_is(monkeypatc
     with pytest.raises(ValueError, match=r"^num_cpus=2 sizes a local cluster to start, but \$RAY_ADDRESS "
                                          r"'head:6379' names an existing one"):
         with ray_session(RayOptions(num_cpus=2)):
+            pass
+    monkeypatch.setenv("RAY_ADDRESS", " ")  # said as an empty option is, in the words of an environment variable
+    with pytest.raises(ValueError, match=r"^\$RAY_ADDRESS is empty: give a cluster's address \(auto, host:port, "
+                                         r"ray://host:10001\), or unset it to start a local cluster$"):
+        with ray_session(RayOptions()):
             pass
     assert fake.calls == []
     with ray_session(RayOptions(address="local", num_cpus=2)):  # a new local cluster, the environment's or not

@@ -729,6 +729,27 @@ class TestReportFolder:
             assert code == 2 and err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err
             assert f"missing {drawn[-1]}" in err and f"unreadable {drawn[0]}" in err, err
 
+    def test_a_page_file_that_may_not_be_replaced_is_refused_before_any_method_is_analyzed(self, quick, tmp_path,
+                                                                                           capsys, monkeypatch,
+                                                                                           immutable):
+        """The new page would find it only when it moves into place, once drawn."""
+        import detens.report.page as page_module
+        from detens.cli import main
+
+        page = tmp_path / "page"
+        assert main(["report", str(quick / "results.json"), "--out", str(page), "--examples", "0", "--quiet"]) == 0
+        earlier = folder_bytes(page)
+        immutable(page / "map.png")
+        analyzed = []
+        monkeypatch.setattr(page_module, "analyze_record", lambda *a, **k: analyzed.append(1))
+        capsys.readouterr()
+        assert main(["report", str(quick / "results.json"), "--out", str(page), "--examples", "0", "--quiet"]) == 2
+        assert capsys.readouterr().err == (
+            f"error: the page's file {page / 'map.png'} cannot be written: the file there may be neither replaced, "
+            "moved nor removed (Operation not permitted: it is marked immutable or append-only, as lsattr shows); "
+            "lift that mark, or give another --out\n")
+        assert analyzed == [] and folder_bytes(page) == earlier
+
     @pytest.mark.parametrize("problem", ["missing", "unreadable", "resized"])
     def test_an_unusable_image_ends_the_page_before_any_method_is_analyzed(self, quick, tmp_path, capsys, monkeypatch,
                                                                            problem):

@@ -736,7 +736,8 @@ class TestExtraFittingData:
         first = renamed["categories"][0]
         first["name"] = "not_" + first["name"]
         other = EnsemblePredictions.from_folder(tmp_path / "b" / "extra" / "predictions", load_coco_gt(renamed))
-        with pytest.raises(ValueError, match=rf"names 1 category ids otherwise than the evaluated data \({first['id']}: "):
+        shown = f"{first['id']} is {first['name'].removeprefix('not_')!r} here but {first['name']!r} in the extra fitting data"
+        with pytest.raises(ValueError, match=rf"names 1 category ids otherwise than the evaluated data \({re.escape(shown)}\)"):
             join_predictions(evaluated, other)
         with pytest.raises(ValueError, match=r"^the fitting data names 1 category ids otherwise .* in the fitting data\)"):
             join_predictions(evaluated, other, what="the fitting data")
@@ -1660,6 +1661,32 @@ class TestTools:
                 f"error: {what} {tmp_path / path} cannot be written: its name is {size} bytes long, and a file "
                 f"system takes at most 255; {advice}\n")
         assert list(tmp_path.iterdir()) == []
+
+    @pytest.mark.parametrize("command", ["evaluate", "train"])
+    @pytest.mark.parametrize("which", ["--out", "a file beside it"])
+    def test_an_out_whose_files_may_not_be_replaced_is_refused_before_any_work(self, dataset, tmp_path, capsys,
+                                                                               immutable, command, which):
+        """An immutable ``--out``, or file beside it, refuses only the rename that ends its writing: after the
+        fits, with the run's other files written beside the old ones."""
+        gt_path, predictions = dataset
+        main = {"evaluate": evaluate_cli.main, "train": train_cli.main}[command]
+        args = ["--gt", str(gt_path), "--predictions", str(predictions), "--out", str(tmp_path / "r.json"), "--quiet"]
+        if command == "evaluate":
+            args += ["--methods", "mean", "--cv", "2", "--backend", "faster"]
+        what, name, advice = {
+            "--out": ("--out", "r.json", "another path"),
+            "evaluate": ("the record", "r.evaluation.json.gz", "--out another name"),
+            "train": ("the .config.yaml file", "r.json.config.yaml", "--out another name"),
+        }[which if which == "--out" else command]
+        (tmp_path / name).write_text("earlier")
+        immutable(tmp_path / name)
+        assert main(args) == 2
+        assert capsys.readouterr().err == (
+            f"error: {what} {tmp_path / name} cannot be written: the file there may be neither replaced, moved nor "
+            "removed (Operation not permitted: it is marked immutable or append-only, as lsattr shows); lift that "
+            f"mark, or give {advice}\n")
+        assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+        assert (tmp_path / name).read_text() == "earlier"
 
     def test_evaluate_cli_set_overrides_a_key_of_a_head_types_training_config(self, dataset, tmp_path, capsys):
         gt_path, predictions = dataset

@@ -29,6 +29,7 @@ __all__ = [
     "apply_label_lookup",
     "check_category_id_map",
     "check_class_map_categories",
+    "describe_label_space_difference",
     "id_ranges",
 ]
 
@@ -78,6 +79,24 @@ def label_space_differences(
     missing = [(c, ours.get(c), theirs.get(c)) for c in set(ours) ^ set(theirs)]
     shared = sorted(set(ours) & set(theirs))
     return sorted([*missing, *renamed_ids(shared, named_categories(ours), named_categories(theirs))])
+
+
+def describe_label_space_difference(difference: tuple[int, str | None, str | None], in_ours: str, in_theirs: str) -> str:
+    """One category id on which two label spaces differ, for a message, from ``(id, our name, their name)``
+    as :func:`label_space_differences` and :func:`renamed_ids` give it: ``1 is 'person' in the head but 'cat'
+    there``; a side without the id (None) says ``no category``: ``30 is 'dog' in the head and no category
+    there``.
+
+    Args:
+        in_ours (str): where our names come from (``"in the head"``).
+        in_theirs (str): where theirs come from (``"there"``, ``"in --gt"``).
+    """
+    category, ours, theirs = difference
+    if theirs is None:
+        return f"{category} is {ours!r} {in_ours} and no category {in_theirs}"
+    if ours is None:
+        return f"{category} is no category {in_ours} but {theirs!r} {in_theirs}"
+    return f"{category} is {ours!r} {in_ours} but {theirs!r} {in_theirs}"
 
 
 def as_categories(categories: Any) -> dict[int, str]:

@@ -34,9 +34,15 @@ _HOST_PORT = re.compile(r"(?:ray://)?(?:[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]):([0-
 CLUSTER_CONNECT_TIMEOUT_S = 10.0
 
 
-def check_address(address: str, name: str = "address") -> None:
+def check_address(address: str, name: str = "address", no_address: str = "None") -> None:
     """Raise ``ValueError`` unless ``address`` is one of :data:`ADDRESS_FORMS` or ``local``, with a port in
-    [1, 65535]; ``name`` names it in the message (``--ray-address``, ``$RAY_ADDRESS``)."""
+    [1, 65535]; ``name`` names it in the message (``--ray-address``, ``$RAY_ADDRESS``), and ``no_address``
+    says how the caller gives no address, which starts a local cluster (``None``, ``leave the option out``).
+    An empty one is named as such: Ray would start a local cluster, and it is most often an unset shell
+    variable where a cluster was meant."""
+    if not address.strip():
+        raise ValueError(f"{name} is empty: give a cluster's address (auto, host:port, ray://host:10001), or "
+                         f"{no_address} to start a local cluster")
     if address in ("auto", "local"):
         return
     form = _HOST_PORT.fullmatch(address)
@@ -54,7 +60,7 @@ def cluster_to_join(address: str | None, name: str = "address") -> tuple[str, st
     """
     from_environment = os.environ.get("RAY_ADDRESS") or None
     if from_environment is not None and address in (None, "auto"):
-        check_address(from_environment, "$RAY_ADDRESS")
+        check_address(from_environment, "$RAY_ADDRESS", "unset it")
         address, name = from_environment, "$RAY_ADDRESS"
     return None if address is None or address == "local" else (address, name)
 

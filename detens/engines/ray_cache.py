@@ -79,10 +79,6 @@ class RayOptions:
         ValueError out of range) and keeps NumPy numbers as the Python numbers Ray takes."""
         if self.address is not None and not isinstance(self.address, str):
             raise TypeError(f"address must be a str, got {type(self.address).__name__}: {self.address!r}")
-        if self.address is not None and not self.address.strip():
-            # Ray would start a local cluster: most often an unset shell variable, where a cluster was meant
-            raise ValueError("address is empty: give a cluster's (auto, host:port, ray://host:10001), or None to start "
-                             "a local one")
         if self.address is not None:
             check_address(self.address)
         object.__setattr__(self, "actors", check_integer(self.actors, "actors", 1))

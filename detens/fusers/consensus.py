@@ -32,7 +32,10 @@ def average_clusters(clusters: Clusters, weights: torch.Tensor) -> tuple[torch.T
 def mean_fusion(
     per_model: Sequence[Detections], iou_thr: float = 0.55, weights: Sequence[float] | None = None
 ) -> Detections:
-    """Unweighted (or ``weights``-weighted) average of each matched object's boxes and scores."""
+    """Unweighted (or ``weights``-weighted) average of each matched object's boxes and scores.
+
+    The models' boxes are matched into objects by :func:`detens.match` at ``iou_thr``, in [0, 1).
+    """
     clusters = match(per_model, iou_thr=iou_thr)
     w = check_weights(weights, len(per_model), clusters.device)
     boxes, scores = average_clusters(clusters, w)
@@ -48,7 +51,7 @@ def vote_fusion(
 ) -> Detections:
     """Consensus voting: keep the objects found by at least ``min_votes`` models (default: a majority).
 
-    Kept objects are averaged as in ``mean``.
+    Objects are matched (``iou_thr``, in [0, 1)) and kept ones averaged as in ``mean``.
     """
     check_per_model(per_model)
     num_models = len(per_model)

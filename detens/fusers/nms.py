@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 from torchvision.ops import batched_nms
 
-from detens.checks import check_choice, check_real
+from detens.checks import check_choice, check_iou_thr, check_real
 from detens.detections import Detections, compute_device
 from detens.fusers._lockstep import disjoint_groups, lockstep_layout
 from detens.fusers._order import lexicographic_order
@@ -85,13 +85,14 @@ def nms_fusion(
         per_model (list[Detections]): one per model, same image and device.
         weights (Sequence[float] | Tensor[N] | None): model n's scores are multiplied by ``w_n / Σw``
             (as ensemble_boxes does); None leaves the scores as they are.
-        iou_thr (float): a box is suppressed by a higher-scoring box of its class at IoU > ``iou_thr``.
+        iou_thr (float): in [0, 1); a box is suppressed by a higher-scoring box of its class at IoU >
+            ``iou_thr``.
 
     Returns:
         Detections: the kept boxes, clipped to the image, sorted by score, source ``"fused:nms"``.
     """
     check_per_model(per_model)
-    iou_thr = check_real(iou_thr, "iou_thr", 0.0, 1.0)
+    iou_thr = check_iou_thr(iou_thr)
     image_size, device = per_model[0].image_size, per_model[0].device
     prepared = _weighted_boxes(per_model, weights, compute_device(device))
     if prepared is None:
@@ -223,7 +224,7 @@ def soft_nms_pass(
     """
     check_per_model(per_model)
     check_choice(decay, "decay", ("gaussian", "linear"))
-    iou_thr = check_real(iou_thr, "iou_thr", 0.0, 1.0)
+    iou_thr = check_iou_thr(iou_thr)
     sigma = check_real(sigma, "sigma", 0.0, low_open=True)
     thresh = check_real(thresh, "thresh", 0.0, 1.0, high_open=True)
     # Sequential within a group, like WBF: numpy on the CPU, then back to the input device.
@@ -257,8 +258,8 @@ def soft_nms_fusion(
         per_model (list[Detections]): one per model, same image and device.
         weights (Sequence[float] | Tensor[N] | None): model n's scores are multiplied by ``w_n / Σw``
             (as ensemble_boxes does); None leaves the scores as they are.
-        iou_thr (float): the linear method's overlap threshold (default 0.3, the Soft-NMS paper's N_t;
-            ensemble_boxes' default is 0.5).
+        iou_thr (float): the linear method's overlap threshold, in [0, 1) (default 0.3, the Soft-NMS paper's
+            N_t; ensemble_boxes' default is 0.5).
         sigma (float): the Gaussian method's width.
         thresh (float): minimum decayed score to keep a box.
         decay (str): ``"gaussian"`` or ``"linear"``.

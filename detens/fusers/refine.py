@@ -29,7 +29,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from detens.checks import check_real
+from detens.checks import check_iou_thr, check_real
 from detens.detections import Detections
 from detens.fusers._lockstep import disjoint_groups
 from detens.fusers._registry import FUSERS
@@ -118,14 +118,14 @@ def refine_fusion(
         vote_iou (float): in [0, 1); only candidates at IoU > ``vote_iou`` with a kept box vote for it.
         vote_sigma (float): σ_v of the voting weights sⱼ · exp(−(1 − uⱼ)² / σ_v).
         decay (str): ``"gaussian"`` or ``"linear"`` (the Soft-NMS decay, see :func:`soft_nms_fusion`).
-        iou_thr (float): the linear decay's overlap threshold.
+        iou_thr (float): the linear decay's overlap threshold, in [0, 1).
 
     Returns:
         Detections: the kept boxes, voted, with their decayed scores, clipped to the image, sorted by
         score, source ``"fused:refine"``.
     """
     vote_sigma = check_real(vote_sigma, "vote_sigma", 0.0, low_open=True)
-    vote_iou = check_real(vote_iou, "vote_iou", 0.0, 1.0, high_open=True)
+    vote_iou = check_iou_thr(vote_iou, "vote_iou")
     passed = soft_nms_pass(per_model, weights, sigma, thresh, decay, iou_thr)
     image_size, device = per_model[0].image_size, per_model[0].device
     if passed is None:

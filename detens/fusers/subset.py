@@ -71,7 +71,7 @@ def random_k_fusion(
         per_model (list[Detections]): one per model.
         k (int): models drawn per object (``k >= N``: all present, i.e. ``mean``).
         seed (int): seeds the draw (a fresh generator per call, so one image always fuses the same way).
-        iou_thr (float): the matching IoU threshold.
+        iou_thr (float): the matching IoU threshold (see :func:`detens.match`), in [0, 1).
     """
     from detens.heads.selection import combine_selected
 

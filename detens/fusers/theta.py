@@ -91,7 +91,7 @@ def theta_fusion(per_model: Sequence[Detections], head: Any = None, iou_thr: flo
             :func:`detens.heads.load_head`), or a shipped head's name (``"coco_yolo3_deep"``). Required: an untrained ``ThetaHead(model_names)`` fuses like
             ``mean``. A head with ``.fuse_detections(per_model)`` (the ``calibration`` head) is given the
             models' detections instead of clusters and fuses them with its own fuser.
-        iou_thr (float | None): the matching IoU threshold (see :func:`detens.match`); ``None``: the one the
+        iou_thr (float | None): the matching IoU threshold (see :func:`detens.match`), in [0, 1); ``None``: the one the
             head was trained with (its ``match_iou``), else 0.55. For a ``fuse_detections`` head, passed
             to its fuser as ``iou_thr`` when given.
 

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from detens.checks import check_choice, check_flag, check_real
+from detens.checks import check_choice, check_flag, check_iou_thr, check_real
 from detens.detections import Detections
 from detens.fusers._lockstep import LockstepLayout, disjoint_groups, lockstep_layout
 from detens.fusers._registry import FUSERS, check_weights
@@ -297,7 +297,7 @@ def wbf_fusion(
         per_model (list[Detections]): one per model (N), same image and device; empty ones are fine.
         weights (Sequence[float] | Tensor[N] | None): per-model weights, multiplied into the scores
             (default: all 1); only their ratios matter (they are divided by the largest).
-        iou_thr (float): a box joins a fused box of its class when their IoU is greater than this.
+        iou_thr (float): a box joins a fused box of its class when their IoU is greater than this; in [0, 1).
         skip_box_thr (float): boxes scoring below this (before weighting) are ignored; in [0, 1], as scores are.
         conf_type (str): the fused confidence, as in ensemble_boxes: ``"avg"`` (mean weighted score,
             times min(N, boxes)/Σweights), ``"max"`` (max weighted score / max weight),
@@ -312,7 +312,7 @@ def wbf_fusion(
         sorted by score (descending).
     """
     check_per_model(per_model)
-    iou_thr = check_real(iou_thr, "iou_thr", 0.0, 1.0)
+    iou_thr = check_iou_thr(iou_thr)
     skip_box_thr = check_real(skip_box_thr, "skip_box_thr", 0.0, 1.0)
     check_choice(conf_type, "conf_type", CONF_TYPES)
     allows_overflow = check_flag(allows_overflow, "allows_overflow")

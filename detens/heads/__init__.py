@@ -139,7 +139,7 @@ def check_head_label_space(
     Raises:
         ValueError: naming the head (``what``), a few offending ids (with both names) and the label space.
     """
-    from detens.adapters._labels import id_ranges, renamed_ids
+    from detens.adapters._labels import describe_label_space_difference, id_ranges, renamed_ids
     from detens.checks import first_few
     from detens.heads._io import head_label_space, named_categories
 
@@ -151,7 +151,7 @@ def check_head_label_space(
         theirs, ours = named_categories(categories), named_categories(recorded)
         renamed = renamed_ids(own, ours, theirs)
         if renamed:
-            shown = first_few(renamed, 5, show=lambda r: f"{r[0]} is {r[1]!r} in the head but {r[2]!r} there")
+            shown = first_few(renamed, 5, show=lambda r: describe_label_space_difference(r, "in the head", "there"))
             raise ValueError(
                 f"{what} was trained on a label space whose category ids name other classes than in "
                 f"{label_space}: {shown}; its per-class parameters would fuse the wrong classes: if the "
@@ -184,7 +184,7 @@ def warn_of_class_agnostic_head_label_space(head: Any, categories: Mapping[int, 
         what (str): the head, for the message (``"head 'deep.json'"``).
         label_space (str): whose ``categories`` they are, for the message.
     """
-    from detens.adapters._labels import label_space_differences
+    from detens.adapters._labels import describe_label_space_difference, label_space_differences
     from detens.checks import first_few
     from detens.heads._io import head_label_space
 
@@ -195,8 +195,7 @@ def warn_of_class_agnostic_head_label_space(head: Any, categories: Mapping[int, 
     differing = [d for d in label_space_differences(recorded, categories) if d[1] is not None]
     if not differing:
         return
-    shown = first_few(differing, 5, show=lambda d: f"{d[0]} is {d[1]!r} in the head " + (
-        "and no category there" if d[2] is None else f"but {d[2]!r} there"))
+    shown = first_few(differing, 5, show=lambda d: describe_label_space_difference(d, "in the head", "there"))
     listed = first_few(sorted(categories.items()), 5, show=lambda c: f"{c[0]} {c[1]!r}")
     logger.warning(
         "%s was fitted on another label space than %s, whose categories are %s: %s; it has no per-class "

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from detens.checks import check_integer, check_integers, check_real
+from detens.checks import check_integer, check_integers, check_iou_thr, check_real
 from detens.detections import MAX_LABEL
 from detens.io import atomic_write_bytes, atomic_write_text, check_file_path
 
@@ -129,7 +129,7 @@ def check_int(value: Any, name: str, minimum: int = 0) -> int:
 
 def check_match_iou(value: Any) -> float:
     """``value`` as a float if it is a number in [0, 1): the matching IoU a head was trained with."""
-    return check_real(value, "match_iou", 0.0, 1.0, high_open=True)
+    return check_iou_thr(value, "match_iou")
 
 
 def check_class_ids(class_ids: Sequence[int] | Tensor | None) -> list[int]:

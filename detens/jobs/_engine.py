@@ -41,15 +41,11 @@ def ray_options(options: EngineOptions) -> Any:
         if options.ray_address is not None or options.actors is not None or options.gpus_per_actor is not None:
             raise UsageError("--ray-address, --actors and --gpus-per-actor go with --engine ray")
         return None
-    if options.ray_address is not None and not options.ray_address.strip():
-        # Ray would start a local cluster: most often an unset shell variable, where a cluster was meant
-        raise UsageError("--ray-address is empty: give a cluster's address (auto, host:port, ray://host:10001), "
-                         "or leave the option out to start a local cluster")
     from detens.engines.ray_address import check_address
 
     if options.ray_address is not None:
         try:
-            check_address(options.ray_address, "--ray-address")
+            check_address(options.ray_address, "--ray-address", "leave the option out")
         except ValueError as err:
             raise UsageError(str(err)) from None
     actors = 1 if options.actors is None else options.actors

@@ -11,10 +11,10 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from detens.io import check_name_length, name_within_limit, output_lock
+from detens.io import check_name_length, check_replaceable, name_within_limit, output_lock
 from detens.jobs._options import UsageError
 
-__all__ = ["output_file_lock", "refuse_names_too_long", "refuse_outputs_over_inputs", "refuse_results_in_prediction_folders"]
+__all__ = ["output_file_lock", "refuse_unwritable_outputs", "refuse_outputs_over_inputs", "refuse_results_in_prediction_folders"]
 
 
 @contextlib.contextmanager
@@ -32,12 +32,15 @@ def output_file_lock(out: Path, command: str) -> Iterator[None]:
         yield
 
 
-def refuse_names_too_long(outputs: Sequence[tuple[str, Path]]) -> None:
-    """Raise if an output's name is longer than a file system takes (:func:`detens.io.check_name_length`):
-    only the rename that ends its writing, after the work, would find it. An output that no flag names
-    (``"the record"``) is named after ``--out``, which the message says to shorten."""
+def refuse_unwritable_outputs(outputs: Sequence[tuple[str, Path]]) -> None:
+    """Raise if an output's name is longer than a file system takes (:func:`detens.io.check_name_length`) or
+    the file already there may not be replaced (:func:`detens.io.check_replaceable`): only the rename that
+    ends its writing, after the work, would find it. An output that no flag names (``"the record"``) is
+    named after ``--out``, which the message says to change."""
     for what, path in outputs:
-        check_name_length(path, what, None if what.startswith("--") else "--out")
+        named_after_out = not what.startswith("--")
+        check_name_length(path, what, "--out" if named_after_out else None)
+        check_replaceable(path, what, "--out another name" if named_after_out else "another path")
 
 
 def refuse_outputs_over_inputs(

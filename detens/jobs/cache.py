@@ -33,7 +33,7 @@ from detens.adapters import (
     view_names,
     warn_of_class_map_slips,
 )
-from detens.adapters._labels import label_space_differences
+from detens.adapters._labels import describe_label_space_difference, label_space_differences
 from detens.adapters.weights import ResolvedWeights, resolve_model_weights
 from detens.catalogue import DEFAULT_ENSEMBLE
 from detens.checks import did_you_mean, first_few
@@ -60,6 +60,7 @@ from detens.io import (
     atomic_write_json,
     atomic_write_text,
     check_not_special_file,
+    check_replaceable,
     check_writable_folder,
     lock_descriptor,
     lock_holder_text,
@@ -481,17 +482,10 @@ def check_dataset_label_space(config: EnsembleConfig, categories: dict[int, str]
     if not differences:
         return
 
-    def show(difference: tuple[int, str | None, str | None]) -> str:
-        category, ours, theirs = difference
-        if theirs is None:
-            return f"{category} ({ours!r} in the dataset) is not in --gt"
-        if ours is None:
-            return f"{category} ({theirs!r} in --gt) is not in the dataset"
-        return f"{category} is {ours!r} in the dataset but {theirs!r} in --gt"
-
+    shown = first_few(differences, 3, "; ", show=lambda d: describe_label_space_difference(d, "in the dataset", "in --gt"))
     raise ValueError(
         f"--gt {data.gt_path} is in another label space than the config's dataset {config.dataset}: category id "
-        f"{first_few(differences, 3, '; ', show=show)}; the members' labels are mapped onto the dataset's ids and "
+        f"{shown}; the members' labels are mapped onto the dataset's ids and "
         "would be recorded and scored as --gt's classes: give --gt an annotation file of the dataset's categories, "
         "or set the config's dataset: to --gt's (leave it out to map onto --gt's categories)"
     )
@@ -1158,6 +1152,10 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any, lock: 
     warn_of_class_map_slips(config, categories)
     entries = plan_entries(config, categories)
     select_members(entries, options.models)
+    # written once the members have run: a file there that may not be replaced is refused before any model loads
+    selected = [name for entry in entries for name in entry.selected]
+    for path in (summary_path, config_path, *(out / member_output(name, shard) for name in selected)):
+        check_replaceable(path, "the output", "another --out")
     check_saved_members(entries, data, config, categories)
     plans: list[tuple[Entry, list[MemberRun]]] = []
     digests: dict[str, str] = {}

@@ -54,9 +54,9 @@ from detens.jobs._options import (
 from detens.jobs._options import flag as flag_option  # flag names a command-line flag in the code below
 from detens.jobs._outputs import (
     output_file_lock,
-    refuse_names_too_long,
     refuse_outputs_over_inputs,
     refuse_results_in_prediction_folders,
+    refuse_unwritable_outputs,
 )
 from detens.jobs._software import software_versions
 from detens.jobs._unfinished import UnfinishedRun, discard_unfinished, run_key, unfinished_folder
@@ -232,12 +232,15 @@ def _run(options: EvaluateOptions) -> int:
         if value is not None:
             check_writable_file(Path(value), flag)
     outputs, folders = _outputs(options), _prediction_folders(options)
-    refuse_names_too_long(outputs)
+    refuse_unwritable_outputs(outputs)
     _refuse_outputs_on_one_file(outputs)
     refuse_outputs_over_inputs(outputs, _inputs(options, methods), folders)
     if options.report is not None:
+        from detens.report.page import check_page_replaceable
+
         check_writable_folder(options.report, "--report")
         _refuse_a_page_over_outputs(options.report, outputs)
+        check_page_replaceable(options.report, "--report")
         refuse_results_in_prediction_folders([("the report page's numbers", Path(options.report) / "page.json")], folders)
     check_given_folder("--images", options.images)
     if options.bootstrap < 0:

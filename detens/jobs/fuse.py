@@ -54,6 +54,7 @@ from detens.io import (
     atomic_json_list,
     atomic_write_bytes,
     atomic_write_json,
+    check_replaceable,
     check_writable_folder,
     json_list_items,
     name_within_limit,
@@ -352,16 +353,21 @@ def is_run_folder(out: Path) -> bool:
 
 def check_output_folder(out: Path) -> None:
     """Refuse an ``out`` whose ``labels/``, ``vis/``, ... no detens run wrote: a run would write over them
-    (and ``--overwrite`` delete them). An ``out`` that is a file is refused earlier, by ``--out``'s type
-    (:func:`~detens.jobs._options.check_folder`)."""
-    if not out.is_dir() or is_run_folder(out):
+    (and ``--overwrite`` delete them); and an earlier run's output file that may not be replaced
+    (:func:`~detens.io.check_replaceable`), which the run would find only when it sets the file aside
+    (``--overwrite``) or writes it, once every image is fused. An ``out`` that is a file is refused earlier,
+    by ``--out``'s type (:func:`~detens.jobs._options.check_folder`)."""
+    if not out.is_dir():
         return
-    foreign = [name for name in OUTPUT_NAMES if (out / name).exists()]
-    if foreign:
-        raise ValueError(
-            f"--out {out} already holds {', '.join(foreign)}, which no detens fuse run wrote there (it has no "
-            f"{RUN_RECORD}, nor config.yaml with summary.json or partial/); choose another --out"
-        )
+    if not is_run_folder(out):
+        foreign = [name for name in OUTPUT_NAMES if (out / name).exists()]
+        if foreign:
+            raise ValueError(
+                f"--out {out} already holds {', '.join(foreign)}, which no detens fuse run wrote there (it has no "
+                f"{RUN_RECORD}, nor config.yaml with summary.json or partial/); choose another --out"
+            )
+    for name in OUTPUT_NAMES:
+        check_replaceable(out / name, "the output", "another --out")
 
 
 def _remove(target: Path) -> None:

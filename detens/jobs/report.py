@@ -50,13 +50,14 @@ def run(options: ReportOptions) -> int:
     Raises:
         UsageError: a bad option, or a page that would write over the evaluation it is drawn from.
     """
-    from detens.report.page import page_writes, write_report
+    from detens.report.page import check_page_replaceable, page_writes, write_report
 
     if options.examples < 0:
         raise UsageError(f"--examples must be >= 0, got {options.examples}")
     if not 0.0 <= options.conf <= 1.0:
         raise UsageError(f"--conf must be in [0, 1], got {options.conf}")
     check_writable_folder(options.out, "--out")
+    check_page_replaceable(options.out, "--out")
     # the table and its record stay what the page was drawn from, never a file of the page
     for what, path in (("EVALUATION", Path(options.evaluation)), ("its record", record_path(options.evaluation))):
         if page_writes(options.out, path):

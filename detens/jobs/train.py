@@ -49,7 +49,7 @@ from detens.jobs._options import (
     parse_set,
     text,
 )
-from detens.jobs._outputs import output_file_lock, refuse_names_too_long, refuse_outputs_over_inputs
+from detens.jobs._outputs import output_file_lock, refuse_outputs_over_inputs, refuse_unwritable_outputs
 from detens.predictions import (
     EnsemblePredictions,
     base_file_names,
@@ -361,7 +361,7 @@ def _refuse_outputs_over_inputs(options: TrainOptions) -> None:
     a prediction folder (:func:`detens.jobs._outputs.refuse_outputs_over_inputs`)."""
     out = Path(options.out)
     outputs = [("--out", out), *((f"the {suffix} file", beside_head(out, suffix)) for suffix in _SIDE_FILES)]
-    refuse_names_too_long(outputs)
+    refuse_unwritable_outputs(outputs)
     inputs = [("--gt", Path(options.gt))]
     if options.images_from:
         inputs.append(("--images-from", Path(options.images_from)))

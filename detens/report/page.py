@@ -32,7 +32,7 @@ from typing import Any
 from detens.checks import check_integer, check_real
 from detens.coco import CocoGroundTruth
 from detens.error_breakdown import ERROR_TYPES, SPECIAL_ERRORS
-from detens.io import atomic_write_json, atomic_write_text
+from detens.io import atomic_write_json, atomic_write_text, check_replaceable
 from detens.report.analysis import analyze_record, best_methods
 from detens.report.examples import write_examples
 from detens.report.plots import (
@@ -46,7 +46,7 @@ from detens.report.plots import (
 from detens.report.record import EvaluationRecord
 from detens.report.table import TABLE_COLUMNS, best_per_column, cell_text
 
-__all__ = ["page_writes", "write_report"]
+__all__ = ["check_page_replaceable", "page_writes", "write_report"]
 
 logger = logging.getLogger(__name__)
 
@@ -188,6 +188,20 @@ def page_writes(out_dir: str | Path, path: str | Path) -> bool:
     return relative in _PAGE_FILES or (
         relative.count("/") == 1 and any(fnmatch.fnmatchcase(relative, pattern) for pattern in examples)
     )
+
+
+def check_page_replaceable(out_dir: str | Path, flag: str) -> None:
+    """Raise if a file of the page already in ``out_dir`` (the folder of ``flag``, ``"--report"``), which the
+    new page replaces or removes, may not be (:func:`detens.io.check_replaceable`): the page would find it
+    only when it moves into place, once it is drawn (and, for ``detens evaluate``, the evaluation done).
+
+    Raises:
+        ValueError: naming the file.
+    """
+    out_dir = Path(out_dir)
+    if out_dir.is_dir():
+        for name in _page_files(out_dir):
+            check_replaceable(out_dir / name, "the page's file", f"another {flag}")
 
 
 def _is_old_numbers(path: Path) -> bool:
