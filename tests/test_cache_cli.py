@@ -336,6 +336,41 @@ def test_interrupted_run_resumes(slice_, replay_run, monkeypatch, capsys, press_
         assert (out / f"{member}.json").read_bytes() == (replay_run / f"{member}.json").read_bytes()
 
 
+#: damaged records of finished images: what each is made of (from the good record) and a fragment of its warning
+DAMAGED_RECORDS = {
+    "cut short": (lambda record: json.dumps(record)[:20], "is not valid JSON"),
+    "a list": (lambda record: json.dumps([record]), "a JSON object expected, got list"),
+    "a NaN box": (lambda record: json.dumps({**record, "results": [{**record["results"][0], "bbox": [1, float("nan"), 3, 4]}]}),
+                  "results[0].bbox must be 4 finite numbers"),
+    "a box of 3 numbers": (lambda record: json.dumps({**record, "results": [{**record["results"][0], "bbox": [1, 2, 3]}]}),
+                           "results[0].bbox must be 4 finite numbers"),
+    "a score of 1.5": (lambda record: json.dumps({**record, "results": [{**record["results"][0], "score": 1.5}]}),
+                       "results[0].score must be in [0, 1]"),
+    "another image's results": (lambda record: json.dumps({**record, "results": [{**record["results"][0], "image_id": 7}]}),
+                                "results of other images 7"),
+    "another image's id": (lambda record: json.dumps({**record, "image_id": 7}), "image_id is 7, not the"),
+    "ms as text": (lambda record: json.dumps({**record, "ms": "fast"}), "ms must be the milliseconds"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGED_RECORDS))
+def test_a_damaged_record_of_a_finished_image_is_named_and_the_image_detected_again(slice_, replay_run, tmp_path,
+                                                                                    capfd, case):
+    """A record that cannot be used is named with what is wrong, not taken into the member's results (which
+    train and evaluate would refuse as a whole) nor passed over without a word."""
+    out = tmp_path / "damaged"
+    shutil.copytree(replay_run, out)
+    damage, message = DAMAGED_RECORDS[case]
+    path = out / ".partial" / "a" / f"{gt_ids(slice_)[0]}.json"
+    path.write_text(damage(json.loads(path.read_text())))
+    capfd.readouterr()
+    assert run(slice_, out) == 0
+    warned = [line for line in capfd.readouterr().err.splitlines() if line.startswith(f"WARNING detens.cache: {path}: ")]
+    assert len(warned) == 1 and message in warned[0] and warned[0].endswith("the image is detected again")
+    assert [summary_of(out)["models"][m]["processed_this_run"] for m in ("a", "b")] == [1, 0]
+    assert (out / "a.json").read_bytes() == (replay_run / "a.json").read_bytes()
+
+
 def test_a_python_call_raises_the_interrupt_once_the_finished_images_are_saved(slice_, replay_run, monkeypatch,
                                                                               capsys, caplog, press_ctrl_c):
     """``detens.cache`` stops its caller on a Ctrl-C (a script's loop over calls too), after saving what the

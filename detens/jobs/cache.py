@@ -11,6 +11,7 @@ import gc
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import shlex
@@ -43,6 +44,7 @@ from detens.coco import (
     detections_to_coco,
     load_coco_gt,
     save_coco_results,
+    validate_coco_results,
 )
 from detens.config import parse_yaml
 from detens.ensemble_config import (
@@ -64,6 +66,7 @@ from detens.io import (
     lock_descriptor,
     lock_holder_text,
     output_lock,
+    read_json_file,
     remove_stale_temporaries,
     run_folder,
 )
@@ -584,20 +587,50 @@ def partial_path(out: Path, member: str, image_id: int) -> Path:
     return partial_dir(out, member) / f"{image_id}.json"
 
 
-def read_partial(out: Path, member: str, image_id: int, file_name: str) -> dict[str, Any] | None:
-    """A finished image's record, or None (missing, unreadable, or of another image)."""
+def read_partial(
+    out: Path, member: str, image_id: int, file_name: str, report: bool = False
+) -> dict[str, Any] | None:
+    """A finished image's record, or None: none there, a record of another file name (made on another
+    ``--gt`` that numbers its images otherwise), or a damaged one, which ``report`` names in a warning with
+    what is wrong (the image is then detected again, and its record written anew).
+
+    A record is damaged when it cannot be read as JSON (cut short by a full disk, edited by hand), is not
+    of the form :func:`save_finished_image` writes, or holds results that are no COCO results of its
+    image (a box of NaN or of 3 numbers, a score beyond [0, 1], another image's id): taken as it is, it
+    would go into the member's results file, which ``train`` and ``evaluate`` then refuse as a whole.
+    """
+    path = partial_path(out, member, image_id)
     try:
-        record = json.loads(partial_path(out, member, image_id).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        record = read_json_file(path, "finished image record")
+    except FileNotFoundError:
         return None
-    if (
-        not isinstance(record, dict)
-        or record.get("image_id") != image_id
-        or record.get("file_name") != file_name
-        or not isinstance(record.get("results"), list)
-    ):
+    except (OSError, ValueError) as err:
+        return _damaged_record(path, str(err), report)
+    if not isinstance(record, dict):
+        return _damaged_record(path, f"a JSON object expected, got {type(record).__name__}", report)
+    if record.get("file_name") != file_name and record.get("image_id") == image_id:
         return None
-    return record
+    if record.get("image_id") != image_id:
+        return _damaged_record(path, f"image_id is {record.get('image_id')!r}, not the {image_id} of its name", report)
+    ms, warnings = record.get("ms", 0.0), record.get("read_warnings", [])
+    if not (isinstance(ms, (int, float)) and not isinstance(ms, bool) and math.isfinite(ms) and ms >= 0):
+        return _damaged_record(path, f"ms must be the milliseconds the image took, got {ms!r}", report)
+    if not isinstance(warnings, list) or not all(isinstance(w, str) for w in warnings):
+        return _damaged_record(path, f"read_warnings must be a list of messages, got {warnings!r}", report)
+    try:
+        results = validate_coco_results(record.get("results"), "results")
+    except (TypeError, ValueError) as err:
+        return _damaged_record(path, str(err), report)
+    if others := sorted({r["image_id"] for r in results} - {image_id}):
+        return _damaged_record(path, f"results of other images {first_few(others)}", report)
+    return {**record, "results": results}
+
+
+def _damaged_record(path: Path, why: str, report: bool) -> None:
+    if report:
+        logger.warning("%s: the record of an image finished by an earlier run is damaged (%s); the image is "
+                       "detected again", path, why)
+    return None
 
 
 def check_settings(
@@ -1172,7 +1205,7 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any, lock: 
             if options.overwrite:
                 todo = list(data.ids)
             else:
-                todo = [i for i in data.ids if read_partial(out, name, i, data.gt.file_name(i)) is None]
+                todo = [i for i in data.ids if read_partial(out, name, i, data.gt.file_name(i), report=True) is None]
             earlier = {} if options.overwrite else earlier_unreadable(summary_path, name, data)
             unreadable = {i: earlier[i] for i in todo if i in earlier}
             runs.append(
