@@ -593,8 +593,11 @@ def test_the_training_images_of_a_head_are_read_from_its_training_log(tmp_path):
     assert read_trained_on(head) is None  # a log of an earlier version
     training_log_path(head).write_text(json.dumps({"trained_on": ["a.jpg", "b.jpg"]}))
     assert read_trained_on(head) == ["a.jpg", "b.jpg"]
-    for bad, message in [('{"trained_on": ', "the head's training log cannot be read: Expecting value"),
-                         ('{"trained_on": [1]}', "trained_on must be a list of image file names")]:
+    for bad, message in [('{"trained_on": ', "the head's training log cannot be read: .*is not valid JSON: Expecting value"),
+                         ('{"trained_on": [1]}', "trained_on must be a list of image file names"),
+                         ("[" * 100_000, "the head's training log cannot be read: .*nests arrays or objects too deeply"),
+                         # the images named last would be taken for all those the head was fitted on
+                         ('{"trained_on": ["a.jpg"], "trained_on": ["b.jpg"]}', ".*has the key 'trained_on' twice")]:
         training_log_path(head).write_text(bad)
         with pytest.raises(HeadFileError, match=f"^'{training_log_path(head)}': {message}"):
             read_trained_on(head)

@@ -44,7 +44,7 @@ from torch import Tensor
 
 from detens.checks import check_integer, check_integers, check_real
 from detens.detections import MAX_LABEL
-from detens.io import atomic_write_bytes, atomic_write_text, check_file_path, parse_json
+from detens.io import atomic_write_bytes, atomic_write_text, check_file_path, parse_json, read_json_file
 
 __all__ = [
     "HeadFile",
@@ -402,8 +402,8 @@ def read_trained_on(head_path: str | Path) -> list[str] | None:
     if not log.is_file():
         return None
     try:
-        record = json.loads(log.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as err:
+        record = read_json_file(log, "training log")
+    except (OSError, ValueError) as err:
         raise HeadFileError(f"{str(log)!r}: the head's training log cannot be read: {err}") from None
     names = record.get(TRAINED_ON) if isinstance(record, dict) else None
     if names is None:
