@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import logging
+import math
 import re
 import shlex
 import shutil
@@ -611,6 +612,33 @@ def test_merge_lists_the_first_images_of_a_missing_shard_then_their_count(tmp_pa
         cache_tool.merge_member("a", {0: tmp_path / "a.json"}, 2, None)
     assert str(refused.value) == ("a: shard 1/2 is missing (12 images: 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, ... "
                                   "(12 in all)); run --shard 1/2")
+
+
+DAMAGED_SHARD_FILES = {
+    "a key lost": (lambda shard: {k: v for k, v in shard.items() if k != "gt_fingerprint"},
+                   "it lacks 'gt_fingerprint' (a string)"),
+    "ids as text": (lambda shard: {**shard, "image_ids": ["1", "3"]}, "image_ids must be a list of image ids, got ['1', '3']"),
+    "unreadable as names": (lambda shard: {**shard, "unreadable": ["a.jpg"]}, "unreadable must be a list of"),
+    "a NaN box": (lambda shard: {**shard, "results": [{"image_id": 1, "category_id": 1, "bbox": [1, math.nan, 2, 2],
+                                                       "score": 0.5}]}, "results[0].bbox must be 4 finite numbers"),
+    "seconds as text": (lambda shard: {**shard, "seconds": "1.5"}, "seconds must be a number of seconds >= 0"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGED_SHARD_FILES))
+def test_a_damaged_shard_file_is_named_with_what_is_wrong(tmp_path, case):
+    """A merge names the file and the key, where a key lost was a KeyError and a NaN box went into the results."""
+    ids = [1, 2, 3]
+    shard = {"format": cache_tool.SHARD_FORMAT, "member": "a", "shard": [0, 1], "gt_fingerprint": "f",
+             "dataset_image_ids": ids, "image_ids": ids, "unreadable": [], "settings": {}, "seconds": 0.0,
+             "results": []}
+    damage, message = DAMAGED_SHARD_FILES[case]
+    path = tmp_path / "a.json"
+    path.write_text(json.dumps(damage(shard)))
+    with pytest.raises(cache_tool.MergeError) as refused:
+        cache_tool.merge_member("a", {0: path}, 1, None)
+    assert str(refused.value).startswith(f"a: {path} is a damaged shard file of `detens cache --shard`: {message}")
+    assert str(refused.value).endswith("run --shard 0/1 again")
 
 
 def test_merge_with_nothing_to_merge(slice_, capsys):

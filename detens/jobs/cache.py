@@ -1484,6 +1484,44 @@ class MergeError(ValueError):
     """The shards cannot be joined; the message says what is missing or inconsistent."""
 
 
+def _shard_file_damage(record: dict[str, Any]) -> str | None:
+    """What is wrong with the shard file ``record`` (of :data:`SHARD_FORMAT`), as :func:`finish_member` writes
+    one: a key it lacks or a value not of its kind; None when nothing is."""
+    def ids(value: Any) -> bool:
+        return isinstance(value, list) and all(type(i) is int for i in value)
+
+    def text(value: Any) -> bool:
+        return isinstance(value, str)
+
+    kinds = {
+        "shard": (lambda v: ids(v) and len(v) == 2, "[index, count]"),
+        "gt_fingerprint": (text, "a string"),
+        "settings": (lambda v: isinstance(v, dict), "an object"),
+        "dataset_image_ids": (ids, "a list of image ids"),
+        "image_ids": (ids, "a list of image ids"),
+        "unreadable": (lambda v: isinstance(v, list) and all(
+            isinstance(u, dict) and type(u.get("image_id")) is int and text(u.get("file_name")) and text(u.get("error"))
+            for u in v), 'a list of {"image_id", "file_name", "error"}'),
+        "seconds": (lambda v: type(v) in (int, float) and math.isfinite(v) and v >= 0, "a number of seconds >= 0"),
+        "results": (lambda v: isinstance(v, list), "a list of COCO results"),
+    }
+    for key, (valid, expected) in kinds.items():
+        if key not in record:
+            return f"it lacks {key!r} ({expected})"
+        if not valid(value := record[key]):
+            return f"{key} must be {expected}, got {f'[{first_few(value, show=repr)}]' if isinstance(value, list) else repr(value)}"
+    read_warnings = record.get("read_warnings") or {}  # none in the shard files of earlier versions
+    if not isinstance(read_warnings, dict) or not all(
+        isinstance(w, list) and all(text(line) for line in w) for w in read_warnings.values()
+    ):
+        return f"read_warnings must map file names to lists of messages, got {read_warnings!r}"
+    try:
+        validate_coco_results(record["results"], "results")
+    except (TypeError, ValueError) as err:
+        return str(err)
+    return None
+
+
 def merge_member(
     member: str,
     files: dict[int, Path],
@@ -1499,11 +1537,14 @@ def merge_member(
     records = {}
     for index, path in sorted(files.items()):
         try:
-            record = json.loads(path.read_text(encoding="utf-8"))
+            record = read_json_file(path, "shard file")
         except (OSError, ValueError) as err:
             raise MergeError(f"{member}: cannot read {path}: {err}") from err
         if not isinstance(record, dict) or record.get("format") != SHARD_FORMAT:
             raise MergeError(f"{member}: {path} is not a shard file of `detens cache --shard`")
+        if (damaged := _shard_file_damage(record)) is not None:
+            raise MergeError(f"{member}: {path} is a damaged shard file of `detens cache --shard`: {damaged}; run "
+                             f"--shard {index}/{count} again")
         if record.get("member") != member or record.get("shard") != [index, count]:
             raise MergeError(
                 f"{member}: {path} holds member {record.get('member')!r} shard {record.get('shard')}, "
