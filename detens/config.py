@@ -56,6 +56,12 @@ class _Loader(yaml.SafeLoader):
                 first_line[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep=deep)
 
+    def get_single_node(self) -> yaml.Node | None:
+        node = super().get_single_node()
+        if node is not None:
+            _check_expanded_size(node)
+        return node
+
     def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
         # YAML 1.1 reads 0640 as octal (416) and 1:30 as base 60 (90), where YAML 1.2 and a reader see 640
         # and a string: refused rather than guessed
@@ -70,7 +76,49 @@ class _Loader(yaml.SafeLoader):
                 f"{fix} for a string",
                 node.start_mark,
             )
-        return super().construct_yaml_int(node)
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError as err:  # more digits than Python converts
+            raise yaml.constructor.ConstructorError(None, None, f"cannot read {text[:20]}... as a number: {err}",
+                                                    node.start_mark) from None
+
+
+#: The most values (scalars, lists and mappings) a YAML document may hold with its aliases read in full. A
+#: config holds hundreds; aliases of aliases (a "billion laughs") cost little to parse but expand to
+#: billions, which reading the config (checking its keys, comparing it with a run's, writing it) walks.
+MAX_YAML_VALUES = 100_000
+
+
+def _check_expanded_size(root: yaml.Node) -> None:
+    """Raise ``yaml.composer.ComposerError`` where the document ``root`` would hold more than
+    :data:`MAX_YAML_VALUES` values with its aliases expanded, or an alias inside the value it names (a
+    value that holds itself, which no config is). Each node is counted once, however many aliases name it."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()  # expanded, their own size not known yet: the ancestors of the nodes on top
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_counted = stack.pop()
+        children = [part for pair in node.value for part in pair] if isinstance(node, yaml.MappingNode) else (
+            node.value if isinstance(node, yaml.SequenceNode) else [])
+        if children_counted:
+            open_nodes.discard(id(node))
+            sizes[id(node)] = 1 + sum(sizes[id(child)] for child in children)
+            if sizes[id(node)] > MAX_YAML_VALUES:
+                raise yaml.composer.ComposerError(
+                    None, None, f"this value holds more than {MAX_YAML_VALUES} values once its aliases (*name) are "
+                    "read in full; a config holds far fewer: write it without aliases of aliases", node.start_mark,
+                )
+            continue
+        if id(node) in sizes:
+            continue
+        if id(node) in open_nodes:
+            raise yaml.composer.ComposerError(
+                None, None, "an alias (*name) refers to a value that holds it: the value would hold itself",
+                node.start_mark,
+            )
+        open_nodes.add(id(node))
+        stack.append((node, True))
+        stack.extend((child, False) for child in children if id(child) not in sizes)
 
 
 # YAML 1.1 reads an exponent as a number only with a dot and a signed exponent (1.0e-3); 1e-3, 1.5e3 and
@@ -92,9 +140,14 @@ def parse_yaml(text: str) -> Any:
     """``text`` read as YAML the safe way (no Python tags), every exponent (``1e-3``, ``1.5e3``) as a number.
 
     Raises:
-        yaml.YAMLError: not valid YAML, or a key given twice in one mapping.
+        yaml.YAMLError: not valid YAML, a key given twice in one mapping, lists or mappings nested too deeply,
+            aliases that expand to more than :data:`MAX_YAML_VALUES` values, an integer of more digits than
+            Python converts.
     """
-    return yaml.load(text, Loader=_Loader)
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except RecursionError:
+        raise yaml.YAMLError("lists or mappings nested too deeply to be read") from None
 
 
 def dump_yaml(data: Any) -> str:

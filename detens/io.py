@@ -32,7 +32,7 @@ from typing import Any, BinaryIO
 
 __all__ = [
     "atomic_writer", "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_json_list", "json_list_items", "check_writable_file", "check_writable_folder", "check_replaceable",
-    "read_json_file", "output_stems", "output_lock", "LOCK_NAME", "remove_stale_temporaries", "lock_descriptor",
+    "read_json_file", "parse_json", "output_stems", "output_lock", "LOCK_NAME", "remove_stale_temporaries", "lock_descriptor",
     "lock_holder_text", "run_folder", "names_a_folder", "check_file_path", "files_written_together", "HeldLock",
     "NAME_MAX_BYTES", "check_name_length", "name_bytes", "name_within_limit", "special_file_kind",
     "check_not_special_file", "home_expanded", "path_as_written",
@@ -763,9 +763,8 @@ def read_json_file(path: str | Path, what: str) -> Any:
     Raises:
         FileNotFoundError: no such file, naming ``what`` (e.g. "COCO results file") and the path.
         IsADirectoryError: a folder there, named so.
-        ValueError: a pipe or a device there (:func:`check_not_special_file`); the file is not valid JSON, or
-            not UTF-8 text (as JSON files must be), naming the path and the position; an object gives one key
-            twice.
+        ValueError: a pipe or a device there (:func:`check_not_special_file`); the content cannot be read
+            as JSON (:func:`parse_json`).
     """
     path = Path(path)
     if path.is_dir():
@@ -773,8 +772,22 @@ def read_json_file(path: str | Path, what: str) -> Any:
     check_not_special_file(path, what)
     if not path.is_file():
         raise FileNotFoundError(f"{what} not found: {path}")
+    return parse_json(path.read_bytes(), what, path)
+
+
+def parse_json(data: str | bytes, what: str, path: str | Path) -> Any:
+    """The JSON value of ``data``, the content of the file ``path`` (a ``what``, as in ``"evaluation
+    record"``), or of a part of it that holds JSON of its own (a safetensors header).
+
+    Raises:
+        ValueError: naming ``what``, the path and the position where it can: ``data`` is not valid JSON or not
+            UTF-8 text (as JSON files must be); an object gives one key twice (a JSON reader keeps the last
+            value); an integer of more digits than Python converts; arrays or objects nested too deeply to
+            be read.
+    """
     try:
-        return json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_object_without_repeated_keys)
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+        return json.loads(text, object_pairs_hook=_object_without_repeated_keys)
     except UnicodeDecodeError as err:
         raise ValueError(
             f"{what} {path} is not UTF-8 text, as a JSON file must be: byte {err.object[err.start]:#04x} at "

@@ -533,7 +533,8 @@ def _check_cached_images(summary: dict[str, Any] | None, path: Path, gt: CocoGro
     if cached is None:
         return
     if not isinstance(cached, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in cached):
-        raise ValueError(f"{path}: image_ids must be a list of image ids, got {first_few(cached) if isinstance(cached, list) else cached!r}")
+        shown = f"[{first_few(cached, show=repr)}]" if isinstance(cached, list) else repr(cached)
+        raise ValueError(f"{path}: image_ids must be a list of image ids, got {shown}")
     never = sorted(set(gt.image_ids) - set(cached))
     if never:
         raise ValueError(

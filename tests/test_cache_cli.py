@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import logging
+import math
 import re
 import shlex
 import shutil
@@ -336,6 +337,41 @@ def test_interrupted_run_resumes(slice_, replay_run, monkeypatch, capsys, press_
         assert (out / f"{member}.json").read_bytes() == (replay_run / f"{member}.json").read_bytes()
 
 
+#: damaged records of finished images: what each is made of (from the good record) and a fragment of its warning
+DAMAGED_RECORDS = {
+    "cut short": (lambda record: json.dumps(record)[:20], "is not valid JSON"),
+    "a list": (lambda record: json.dumps([record]), "a JSON object expected, got list"),
+    "a NaN box": (lambda record: json.dumps({**record, "results": [{**record["results"][0], "bbox": [1, float("nan"), 3, 4]}]}),
+                  "results[0].bbox must be 4 finite numbers"),
+    "a box of 3 numbers": (lambda record: json.dumps({**record, "results": [{**record["results"][0], "bbox": [1, 2, 3]}]}),
+                           "results[0].bbox must be 4 finite numbers"),
+    "a score of 1.5": (lambda record: json.dumps({**record, "results": [{**record["results"][0], "score": 1.5}]}),
+                       "results[0].score must be in [0, 1]"),
+    "another image's results": (lambda record: json.dumps({**record, "results": [{**record["results"][0], "image_id": 7}]}),
+                                "results of other images 7"),
+    "another image's id": (lambda record: json.dumps({**record, "image_id": 7}), "image_id is 7, not the"),
+    "ms as text": (lambda record: json.dumps({**record, "ms": "fast"}), "ms must be the milliseconds"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGED_RECORDS))
+def test_a_damaged_record_of_a_finished_image_is_named_and_the_image_detected_again(slice_, replay_run, tmp_path,
+                                                                                    capfd, case):
+    """A record that cannot be used is named with what is wrong, not taken into the member's results (which
+    train and evaluate would refuse as a whole) nor passed over without a word."""
+    out = tmp_path / "damaged"
+    shutil.copytree(replay_run, out)
+    damage, message = DAMAGED_RECORDS[case]
+    path = out / ".partial" / "a" / f"{gt_ids(slice_)[0]}.json"
+    path.write_text(damage(json.loads(path.read_text())))
+    capfd.readouterr()
+    assert run(slice_, out) == 0
+    warned = [line for line in capfd.readouterr().err.splitlines() if line.startswith(f"WARNING detens.cache: {path}: ")]
+    assert len(warned) == 1 and message in warned[0] and warned[0].endswith("the image is detected again")
+    assert [summary_of(out)["models"][m]["processed_this_run"] for m in ("a", "b")] == [1, 0]
+    assert (out / "a.json").read_bytes() == (replay_run / "a.json").read_bytes()
+
+
 def test_a_python_call_raises_the_interrupt_once_the_finished_images_are_saved(slice_, replay_run, monkeypatch,
                                                                               capsys, caplog, press_ctrl_c):
     """``detens.cache`` stops its caller on a Ctrl-C (a script's loop over calls too), after saving what the
@@ -596,6 +632,33 @@ def test_merge_lists_the_first_images_of_a_missing_shard_then_their_count(tmp_pa
         cache_tool.merge_member("a", {0: tmp_path / "a.json"}, 2, None)
     assert str(refused.value) == ("a: shard 1/2 is missing (12 images: 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, ... "
                                   "(12 in all)); run --shard 1/2")
+
+
+DAMAGED_SHARD_FILES = {
+    "a key lost": (lambda shard: {k: v for k, v in shard.items() if k != "gt_fingerprint"},
+                   "it lacks 'gt_fingerprint' (a string)"),
+    "ids as text": (lambda shard: {**shard, "image_ids": ["1", "3"]}, "image_ids must be a list of image ids, got ['1', '3']"),
+    "unreadable as names": (lambda shard: {**shard, "unreadable": ["a.jpg"]}, "unreadable must be a list of"),
+    "a NaN box": (lambda shard: {**shard, "results": [{"image_id": 1, "category_id": 1, "bbox": [1, math.nan, 2, 2],
+                                                       "score": 0.5}]}, "results[0].bbox must be 4 finite numbers"),
+    "seconds as text": (lambda shard: {**shard, "seconds": "1.5"}, "seconds must be a number of seconds >= 0"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGED_SHARD_FILES))
+def test_a_damaged_shard_file_is_named_with_what_is_wrong(tmp_path, case):
+    """A merge names the file and the key, where a key lost was a KeyError and a NaN box went into the results."""
+    ids = [1, 2, 3]
+    shard = {"format": cache_tool.SHARD_FORMAT, "member": "a", "shard": [0, 1], "gt_fingerprint": "f",
+             "dataset_image_ids": ids, "image_ids": ids, "unreadable": [], "settings": {}, "seconds": 0.0,
+             "results": []}
+    damage, message = DAMAGED_SHARD_FILES[case]
+    path = tmp_path / "a.json"
+    path.write_text(json.dumps(damage(shard)))
+    with pytest.raises(cache_tool.MergeError) as refused:
+        cache_tool.merge_member("a", {0: path}, 1, None)
+    assert str(refused.value).startswith(f"a: {path} is a damaged shard file of `detens cache --shard`: {message}")
+    assert str(refused.value).endswith("run --shard 0/1 again")
 
 
 def test_merge_with_nothing_to_merge(slice_, capsys):

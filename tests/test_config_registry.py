@@ -125,6 +125,13 @@ class TestFromDict:
             # YAML 1.1 would read these as 416 and 90, where the writer meant 640 and a reader sees a time
             (b"epochs: 0640\n", ":1:9:", "found '0640', which YAML 1.1 reads as an octal number (416)"),
             (b"name: 1:30\n", ":1:7:", "found '1:30', which YAML 1.1 reads as a base-60 number (90); quote it"),
+            # aliases of aliases: a few hundred bytes that any walk of the config would expand to 10**9 values
+            (b"name: [&a0 [x, x, x, x, x, x, x, x, x, x], " + b", ".join(
+                b"&a%d [" % i + b", ".join([b"*a%d" % (i - 1)] * 10) + b"]" for i in range(1, 9)) + b"]\n",
+             ":1:", "holds more than 100000 values once its aliases (*name) are read in full"),
+            (b"name: &a [1, *a]\n", ":1:7:", "an alias (*name) refers to a value that holds it"),
+            (b"name: " + b"[" * 5000 + b"]" * 5000 + b"\n", "", "nested too deeply to be read"),
+            (b"epochs: 1" + b"0" * 5000 + b"\n", ":1:9:", "as a number: Exceeds the limit (4300 digits)"),
         ],
     )
     def test_unreadable_yaml_is_a_config_error_naming_file_and_line(self, tmp_path, content, where, fragment):

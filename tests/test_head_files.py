@@ -181,6 +181,92 @@ def test_safetensors_metadata_and_dtypes_are_checked(tmp_path):
     assert load_head(path).theta.tolist() == [0.5, 0.5]
 
 
+@pytest.mark.parametrize("text, message", [
+    ('{"format": "detens-head", "format_version": 1, "type": "theta", "type": "deep"}', "has the key 'type' twice"),
+    ('{"format_version": ' + "1" * 5000 + "}", "cannot be read as JSON: Exceeds the limit"),
+])
+def test_json_that_python_would_read_otherwise_is_refused_naming_the_file(tmp_path, text, message):
+    """A key given twice would be read as its last value (a second 'theta' tensor taking the place of the
+    first), and an integer of 5000 digits is a ValueError of Python's naming no file."""
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(HeadFileError) as info:
+        load_head(path)
+    assert str(path) in str(info.value) and message in str(info.value)
+
+
+def test_a_tensor_given_twice_in_a_json_head_is_refused(tmp_path):
+    path = tmp_path / "head.json"
+    ThetaHead(NAMES).save(path)
+    text = path.read_text().replace('"tensors": {', '"tensors": {"theta": {"dtype": "float32", "shape": [2], "data": [0.9, 0.1]},')
+    path.write_text(text)
+    with pytest.raises(HeadFileError, match="has the key 'theta' twice"):
+        load_head(path)
+
+
+def safetensors_parts(path: Path) -> tuple[dict, bytes]:
+    """The JSON header and the data of the safetensors file ``path``."""
+    blob = path.read_bytes()
+    length = int.from_bytes(blob[:8], "little")
+    return json.loads(blob[8 : 8 + length]), blob[8 + length :]
+
+
+def safetensors_blob(header: bytes, data: bytes, length: int | None = None) -> bytes:
+    return (len(header) if length is None else length).to_bytes(8, "little") + header + data
+
+
+def crafted_safetensors(header: dict, data: bytes) -> dict[str, bytes]:
+    """Damaged or crafted versions of a saved Θ head (two weights, 8 bytes of data)."""
+    theta = header["theta"]
+    text = json.dumps(header).encode()
+    twice_tensor = json.dumps(header).replace('"theta":', '"theta": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "theta":', 1)
+    config = header["__metadata__"]["config"]
+    return {
+        "no length": b"\x01\x02",
+        "a length of 2**62": safetensors_blob(text, data, 2**62),
+        "a length beyond the file": safetensors_blob(text, data, len(text) + len(data) + 1),
+        "a header that is no JSON": safetensors_blob(b"not json", data),
+        "a header that is a list": safetensors_blob(b"[1, 2]", data),
+        "a tensor twice": safetensors_blob(twice_tensor.encode(), data),
+        "a metadata key twice": safetensors_blob(json.dumps({**header, "__metadata__": {
+            **header["__metadata__"], "config": config.replace('"eps":', '"eps": 0.5, "eps":')}}).encode(), data),
+        "a shape of other bytes": safetensors_blob(json.dumps({**header, "theta": {**theta, "shape": [3]}}).encode(), data),
+        "a shape whose size overflows": safetensors_blob(
+            json.dumps({**header, "theta": {**theta, "shape": [2**40, 2**40, 2**40]}}).encode(), data),
+        "offsets beyond the data": safetensors_blob(
+            json.dumps({**header, "theta": {**theta, "data_offsets": [8, 16]}}).encode(), data),
+    }
+
+
+CRAFTED_SAFETENSORS = {
+    "no length": "gives no length",
+    "a length of 2**62": "gives 4611686018427387904 (truncated, or not safetensors)",
+    "a length beyond the file": "a header within the file",
+    "a header that is no JSON": "is not valid JSON",
+    "a header that is a list": "the safetensors header must be a JSON object, got list",
+    "a tensor twice": "has the key 'theta' twice",
+    "a metadata key twice": "config in",
+    "a shape of other bytes": "tensor 'theta' (F32, shape [3]) needs 12 bytes, but its data_offsets [0, 8] give 8",
+    "a shape whose size overflows": "tensor 'theta' (F32, shape [1099511627776, 1099511627776, 1099511627776]) needs",
+    "offsets beyond the data": "its data_offsets [8, 16] give 8 of the 8 bytes of data the file holds",
+}
+
+
+@pytest.mark.parametrize("case", sorted(CRAFTED_SAFETENSORS))
+def test_a_crafted_safetensors_header_is_a_head_file_error_naming_the_file_and_the_entry(tmp_path, case):
+    """safetensors keeps one of two entries of a name without a word, and names no tensor in its own errors."""
+    good = tmp_path / "good.safetensors"
+    ThetaHead(NAMES).save(good)
+    path = tmp_path / "crafted.safetensors"
+    path.write_bytes(crafted_safetensors(*safetensors_parts(good))[case])
+    with pytest.raises(HeadFileError) as info, allocation_cap() as asked:
+        load_head(path)
+    assert asked[0] <= ALLOCATION_CAP
+    assert str(path) in str(info.value) and CRAFTED_SAFETENSORS[case] in str(info.value)
+    if case == "a metadata key twice":
+        assert "has the key 'eps' twice" in str(info.value)
+
+
 # ------------------------------------------------------------------------------------------ missing keys
 def small(cls):
     return cls(NAMES, hidden=4, depth=1)
@@ -507,8 +593,11 @@ def test_the_training_images_of_a_head_are_read_from_its_training_log(tmp_path):
     assert read_trained_on(head) is None  # a log of an earlier version
     training_log_path(head).write_text(json.dumps({"trained_on": ["a.jpg", "b.jpg"]}))
     assert read_trained_on(head) == ["a.jpg", "b.jpg"]
-    for bad, message in [('{"trained_on": ', "the head's training log cannot be read: Expecting value"),
-                         ('{"trained_on": [1]}', "trained_on must be a list of image file names")]:
+    for bad, message in [('{"trained_on": ', "the head's training log cannot be read: .*is not valid JSON: Expecting value"),
+                         ('{"trained_on": [1]}', "trained_on must be a list of image file names"),
+                         ("[" * 100_000, "the head's training log cannot be read: .*nests arrays or objects too deeply"),
+                         # the images named last would be taken for all those the head was fitted on
+                         ('{"trained_on": ["a.jpg"], "trained_on": ["b.jpg"]}', ".*has the key 'trained_on' twice")]:
         training_log_path(head).write_text(bad)
         with pytest.raises(HeadFileError, match=f"^'{training_log_path(head)}': {message}"):
             read_trained_on(head)

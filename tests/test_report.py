@@ -188,6 +188,13 @@ RECORD_MISTAKES = [
     ("missing", None, r"evaluation record not found: .*missing\.evaluation\.json\.gz.*detens evaluate"),
     ("not gzip", b"{}", r"not a gzip-compressed JSON evaluation record"),
     ("other format", gzip.compress(b'{"format": "x"}'), r"not a detens evaluation record .*'x'"),
+    ("truncated", gzip.compress(b'{"format": "x"}' * 100, mtime=0)[:30], r"truncated\.evaluation\.json\.gz is not a gzip"),
+    # bytes overwritten inside a deflate block: zlib's own error, not gzip's
+    ("damaged", (lambda data: data[:200] + b"\xff" * 50 + data[250:])(
+        gzip.compress(json.dumps({"x": list(range(20_000))}).encode(), mtime=0)), r"damaged\.evaluation\.json\.gz is not a gzip"),
+    ("nested", gzip.compress(b"[" * 100_000 + b"]" * 100_000), r"nested\.evaluation\.json\.gz nests arrays or objects too deeply"),
+    ("long integer", gzip.compress(b'{"format": ' + b"1" * 5000 + b"}"), r"long_integer\.evaluation\.json\.gz cannot be read as JSON"),
+    ("key twice", gzip.compress(b'{"format": "x", "format": "y"}'), r"key_twice\.evaluation\.json\.gz has the key 'format' twice"),
     ("columns differ", None, r"results\['single:a'\]: its columns differ in length"),
 ]
 

@@ -917,6 +917,9 @@ class TestUnreadableImages:
         ([1, 2], r"cache_summary.json is not a summary of detens cache"),
         ({"models": {"sharp": "done"}}, r"models\['sharp'\] must be an object"),
         ({"models": {"sharp": {"unreadable": ["a.jpg"]}}}, r"models\['sharp'\].unreadable must map file names"),
+        # ids as text, shown as text: "got 1, 2" would not say what is wrong
+        ({"models": {}, "image_ids": [1, "2"]}, r"image_ids must be a list of image ids, got \[1, '2'\]$"),
+        ('{"models": {}, "models": {"sharp": {"unreadable": {"a.jpg": "corrupt"}}}}', r"has the key 'models' twice"),
     ])
     def test_a_broken_summary_is_named(self, dataset, tmp_path, summary, message):
         gt_path, predictions = dataset

@@ -44,7 +44,7 @@ from torch import Tensor
 
 from detens.checks import check_integer, check_integers, check_iou_thr, check_real
 from detens.detections import MAX_LABEL
-from detens.io import atomic_write_bytes, atomic_write_text, check_file_path
+from detens.io import atomic_write_bytes, atomic_write_text, check_file_path, parse_json, read_json_file
 
 __all__ = [
     "HeadFile",
@@ -277,6 +277,52 @@ def _bad(path: Path, why: str) -> HeadFileError:
     return HeadFileError(f"{str(path)!r} is not a valid detens head file: {why}")
 
 
+#: The largest safetensors header that safetensors reads (it refuses a larger one).
+_MAX_SAFETENSORS_HEADER = 100_000_000
+#: Bytes per value of the safetensors dtypes a head file may hold (others are refused after reading).
+_SAFETENSORS_ITEM_SIZES = {"F32": 4, "F64": 8, "I64": 8}
+
+
+def _check_safetensors_header(path: Path) -> None:
+    """Raise :class:`HeadFileError` naming the file and the entry where the header of the safetensors file
+    ``path`` gives a key twice (safetensors keeps one of them without a word: one of two tensors of a name,
+    one of two values of a metadata field) or a tensor whose shape and dtype need other bytes than its
+    offsets give, or bytes beyond the file. The rest is left to safetensors, which reads the header again."""
+    size = path.stat().st_size
+    with path.open("rb") as file:
+        length = int.from_bytes(file.read(8), "little")
+        if size < 8 or not 0 < length <= min(size - 8, _MAX_SAFETENSORS_HEADER):
+            raise _bad(
+                path, f"a safetensors file begins with the length of its header (8 bytes), a header within the "
+                f"file and at most {_MAX_SAFETENSORS_HEADER} bytes; this one of {size} bytes gives "
+                f"{length if size >= 8 else 'no length'} (truncated, or not safetensors)"
+            )
+        text = file.read(length)
+    try:
+        header = parse_json(text, "the safetensors header of", path)
+    except ValueError as err:
+        raise _bad(path, f"cannot read safetensors ({err})") from None
+    if not isinstance(header, dict):
+        raise _bad(path, f"the safetensors header must be a JSON object, got {type(header).__name__}")
+    stored = size - 8 - length
+    for name, entry in header.items():
+        if name == "__metadata__" or not isinstance(entry, dict):
+            continue
+        shape, offsets, dtype = entry.get("shape"), entry.get("data_offsets"), entry.get("dtype")
+        if (
+            isinstance(shape, list) and all(type(n) is int and n >= 0 for n in shape)
+            and isinstance(offsets, list) and len(offsets) == 2 and all(type(n) is int for n in offsets)
+            and dtype in _SAFETENSORS_ITEM_SIZES
+        ):
+            needed = math.prod(shape) * _SAFETENSORS_ITEM_SIZES[dtype]
+            begin, end = offsets
+            if not 0 <= begin <= end <= stored or end - begin != needed:
+                raise _bad(
+                    path, f"tensor {name!r} ({dtype}, shape {shape}) needs {needed} bytes, but its data_offsets "
+                    f"{offsets} give {end - begin} of the {stored} bytes of data the file holds"
+                )
+
+
 def _tensor_from_json(path: Path, name: str, entry: Any) -> Tensor:
     if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data"}:
         raise _bad(path, f"tensor {name!r} must be an object with keys dtype, shape, data")
@@ -356,8 +402,8 @@ def read_trained_on(head_path: str | Path) -> list[str] | None:
     if not log.is_file():
         return None
     try:
-        record = json.loads(log.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as err:
+        record = read_json_file(log, "training log")
+    except (OSError, ValueError) as err:
         raise HeadFileError(f"{str(log)!r}: the head's training log cannot be read: {err}") from None
     names = record.get(TRAINED_ON) if isinstance(record, dict) else None
     if names is None:
@@ -392,9 +438,9 @@ def read_head_file_at(path: Path) -> HeadFile:
     suffix = _suffix(path)
     if suffix == ".json":
         try:
-            document = json.loads(path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
-            raise _bad(path, f"cannot parse JSON ({type(err).__name__}: {err})") from None
+            document = parse_json(path.read_bytes(), "head file", path)
+        except ValueError as err:
+            raise _bad(path, f"cannot parse JSON ({err})") from None
         if not isinstance(document, dict):
             raise _bad(path, "the top level must be a JSON object")
         unknown = sorted(set(document) - {*_FIELDS, "tensors"})
@@ -410,6 +456,7 @@ def read_head_file_at(path: Path) -> HeadFile:
     else:
         from safetensors import SafetensorError, safe_open
 
+        _check_safetensors_header(path)
         try:
             with safe_open(str(path), framework="pt") as f:
                 fields = dict(f.metadata() or {})
@@ -420,11 +467,12 @@ def read_head_file_at(path: Path) -> HeadFile:
         if unknown:
             raise _bad(path, f"unknown metadata fields {unknown}; a head file holds {', '.join(_FIELDS)}")
         try:
-            model_names = json.loads(fields.get("model_names", "null"))
-            config = json.loads(fields.get("config", "null"))
-            label_space = json.loads(fields["label_space"]) if "label_space" in fields else None
-        except (json.JSONDecodeError, RecursionError) as err:
-            raise _bad(path, f"metadata is not valid JSON ({type(err).__name__}: {err})") from None
+            model_names = parse_json(fields.get("model_names", "null"), "the metadata's model_names in", path)
+            config = parse_json(fields.get("config", "null"), "the metadata's config in", path)
+            label_space = (parse_json(fields["label_space"], "the metadata's label_space in", path)
+                           if "label_space" in fields else None)
+        except ValueError as err:
+            raise _bad(path, f"metadata is not valid JSON ({err})") from None
         if fields.get("format_version") == str(FORMAT_VERSION):
             fields["format_version"] = FORMAT_VERSION
 

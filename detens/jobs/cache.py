@@ -11,6 +11,7 @@ import gc
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import shlex
@@ -43,6 +44,7 @@ from detens.coco import (
     detections_to_coco,
     load_coco_gt,
     save_coco_results,
+    validate_coco_results,
 )
 from detens.config import parse_yaml
 from detens.ensemble_config import (
@@ -65,6 +67,7 @@ from detens.io import (
     lock_descriptor,
     lock_holder_text,
     output_lock,
+    read_json_file,
     remove_stale_temporaries,
     run_folder,
 )
@@ -578,20 +581,50 @@ def partial_path(out: Path, member: str, image_id: int) -> Path:
     return partial_dir(out, member) / f"{image_id}.json"
 
 
-def read_partial(out: Path, member: str, image_id: int, file_name: str) -> dict[str, Any] | None:
-    """A finished image's record, or None (missing, unreadable, or of another image)."""
+def read_partial(
+    out: Path, member: str, image_id: int, file_name: str, report: bool = False
+) -> dict[str, Any] | None:
+    """A finished image's record, or None: none there, a record of another file name (made on another
+    ``--gt`` that numbers its images otherwise), or a damaged one, which ``report`` names in a warning with
+    what is wrong (the image is then detected again, and its record written anew).
+
+    A record is damaged when it cannot be read as JSON (cut short by a full disk, edited by hand), is not
+    of the form :func:`save_finished_image` writes, or holds results that are no COCO results of its
+    image (a box of NaN or of 3 numbers, a score beyond [0, 1], another image's id): taken as it is, it
+    would go into the member's results file, which ``train`` and ``evaluate`` then refuse as a whole.
+    """
+    path = partial_path(out, member, image_id)
     try:
-        record = json.loads(partial_path(out, member, image_id).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        record = read_json_file(path, "finished image record")
+    except FileNotFoundError:
         return None
-    if (
-        not isinstance(record, dict)
-        or record.get("image_id") != image_id
-        or record.get("file_name") != file_name
-        or not isinstance(record.get("results"), list)
-    ):
+    except (OSError, ValueError) as err:
+        return _damaged_record(path, str(err), report)
+    if not isinstance(record, dict):
+        return _damaged_record(path, f"a JSON object expected, got {type(record).__name__}", report)
+    if record.get("file_name") != file_name and record.get("image_id") == image_id:
         return None
-    return record
+    if record.get("image_id") != image_id:
+        return _damaged_record(path, f"image_id is {record.get('image_id')!r}, not the {image_id} of its name", report)
+    ms, warnings = record.get("ms", 0.0), record.get("read_warnings", [])
+    if not (isinstance(ms, (int, float)) and not isinstance(ms, bool) and math.isfinite(ms) and ms >= 0):
+        return _damaged_record(path, f"ms must be the milliseconds the image took, got {ms!r}", report)
+    if not isinstance(warnings, list) or not all(isinstance(w, str) for w in warnings):
+        return _damaged_record(path, f"read_warnings must be a list of messages, got {warnings!r}", report)
+    try:
+        results = validate_coco_results(record.get("results"), "results")
+    except (TypeError, ValueError) as err:
+        return _damaged_record(path, str(err), report)
+    if others := sorted({r["image_id"] for r in results} - {image_id}):
+        return _damaged_record(path, f"results of other images {first_few(others)}", report)
+    return {**record, "results": results}
+
+
+def _damaged_record(path: Path, why: str, report: bool) -> None:
+    if report:
+        logger.warning("%s: the record of an image finished by an earlier run is damaged (%s); the image is "
+                       "detected again", path, why)
+    return None
 
 
 def check_settings(
@@ -1170,7 +1203,7 @@ def cache(options: CacheOptions, shard: tuple[int, int] | None, ray: Any, lock: 
             if options.overwrite:
                 todo = list(data.ids)
             else:
-                todo = [i for i in data.ids if read_partial(out, name, i, data.gt.file_name(i)) is None]
+                todo = [i for i in data.ids if read_partial(out, name, i, data.gt.file_name(i), report=True) is None]
             earlier = {} if options.overwrite else earlier_unreadable(summary_path, name, data)
             unreadable = {i: earlier[i] for i in todo if i in earlier}
             runs.append(
@@ -1449,6 +1482,44 @@ class MergeError(ValueError):
     """The shards cannot be joined; the message says what is missing or inconsistent."""
 
 
+def _shard_file_damage(record: dict[str, Any]) -> str | None:
+    """What is wrong with the shard file ``record`` (of :data:`SHARD_FORMAT`), as :func:`finish_member` writes
+    one: a key it lacks or a value not of its kind; None when nothing is."""
+    def ids(value: Any) -> bool:
+        return isinstance(value, list) and all(type(i) is int for i in value)
+
+    def text(value: Any) -> bool:
+        return isinstance(value, str)
+
+    kinds = {
+        "shard": (lambda v: ids(v) and len(v) == 2, "[index, count]"),
+        "gt_fingerprint": (text, "a string"),
+        "settings": (lambda v: isinstance(v, dict), "an object"),
+        "dataset_image_ids": (ids, "a list of image ids"),
+        "image_ids": (ids, "a list of image ids"),
+        "unreadable": (lambda v: isinstance(v, list) and all(
+            isinstance(u, dict) and type(u.get("image_id")) is int and text(u.get("file_name")) and text(u.get("error"))
+            for u in v), 'a list of {"image_id", "file_name", "error"}'),
+        "seconds": (lambda v: type(v) in (int, float) and math.isfinite(v) and v >= 0, "a number of seconds >= 0"),
+        "results": (lambda v: isinstance(v, list), "a list of COCO results"),
+    }
+    for key, (valid, expected) in kinds.items():
+        if key not in record:
+            return f"it lacks {key!r} ({expected})"
+        if not valid(value := record[key]):
+            return f"{key} must be {expected}, got {f'[{first_few(value, show=repr)}]' if isinstance(value, list) else repr(value)}"
+    read_warnings = record.get("read_warnings") or {}  # none in the shard files of earlier versions
+    if not isinstance(read_warnings, dict) or not all(
+        isinstance(w, list) and all(text(line) for line in w) for w in read_warnings.values()
+    ):
+        return f"read_warnings must map file names to lists of messages, got {read_warnings!r}"
+    try:
+        validate_coco_results(record["results"], "results")
+    except (TypeError, ValueError) as err:
+        return str(err)
+    return None
+
+
 def merge_member(
     member: str,
     files: dict[int, Path],
@@ -1464,11 +1535,14 @@ def merge_member(
     records = {}
     for index, path in sorted(files.items()):
         try:
-            record = json.loads(path.read_text(encoding="utf-8"))
+            record = read_json_file(path, "shard file")
         except (OSError, ValueError) as err:
             raise MergeError(f"{member}: cannot read {path}: {err}") from err
         if not isinstance(record, dict) or record.get("format") != SHARD_FORMAT:
             raise MergeError(f"{member}: {path} is not a shard file of `detens cache --shard`")
+        if (damaged := _shard_file_damage(record)) is not None:
+            raise MergeError(f"{member}: {path} is a damaged shard file of `detens cache --shard`: {damaged}; run "
+                             f"--shard {index}/{count} again")
         if record.get("member") != member or record.get("shard") != [index, count]:
             raise MergeError(
                 f"{member}: {path} holds member {record.get('member')!r} shard {record.get('shard')}, "

@@ -33,6 +33,7 @@ import gzip
 import json
 import logging
 import math
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
@@ -44,7 +45,7 @@ import numpy as np
 from detens.checks import check_real
 from detens.coco import validate_coco_results
 from detens.detections import MAX_LABEL
-from detens.io import atomic_write_bytes, check_file_path
+from detens.io import atomic_write_bytes, check_file_path, parse_json
 
 __all__ = ["PARTIAL_SUFFIX", "RECORD_FORMAT", "RECORD_SUFFIX", "EvaluationRecord", "partial_path", "record_path"]
 
@@ -162,9 +163,10 @@ class EvaluationRecord:
                    "report page") if run.is_file() else "detens evaluate writes it beside its --out"
             raise FileNotFoundError(f"evaluation record not found: {path} ({why})")
         try:
-            document = json.loads(gzip.decompress(path.read_bytes()).decode("utf-8"))
-        except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            text = gzip.decompress(path.read_bytes())
+        except (OSError, EOFError, zlib.error) as err:  # zlib.error: compressed data damaged inside a block
             raise ValueError(f"{path} is not a gzip-compressed JSON evaluation record: {err}") from err
+        document = parse_json(text, "evaluation record", path)
         if not isinstance(document, dict) or document.get("format") != RECORD_FORMAT:
             found = document.get("format") if isinstance(document, dict) else type(document).__name__
             raise ValueError(f"{path} is not a detens evaluation record ({RECORD_FORMAT}); its format is {found!r}")
@@ -291,10 +293,7 @@ def _check_figure(value: Any, name: str, low: float = -math.inf, high: float = m
 
 def _check_table(table: Path, metrics: Any, record: Path) -> None:
     """Raise ``ValueError`` unless ``table`` holds exactly ``metrics``, the table of ``record``'s run."""
-    try:
-        found = json.loads(table.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{table} is not a JSON table of detens evaluate: {err}") from err
+    found = parse_json(table.read_bytes(), "detens evaluate table", table)
     if _canonical(found) == _canonical(metrics):
         return
     if isinstance(found, dict) and isinstance(metrics, dict):
