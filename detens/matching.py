@@ -23,7 +23,7 @@ there (5 models × 1000 boxes: ~10 ms instead of ~60 ms).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +36,7 @@ from detens.detections import Detections, compute_device
 
 __all__ = ["Clusters", "MATCH_BACKENDS", "match", "check_per_model", "impute_absent_boxes", "weighted_mean_box"]
 
-# Upper bound on elements of the [chunk, S_max] IoU block computed at once, to bound memory.
+# Upper bound on the box pairs whose IoUs are computed at once (range_pairs_in_blocks), to bound memory.
 _IOU_BLOCK_ELEMENTS = 1 << 22
 # Below this many boxes one offset NMS call is faster than torchvision's per-class loop (measured on CPU).
 _ONE_CALL_NMS_BOXES = 2000
@@ -212,6 +212,35 @@ def _class_nms(boxes: Tensor, scores: Tensor, labels: Tensor, iou_thr: float) ->
     return nms(boxes + offset, scores, iou_thr)
 
 
+def range_pairs_in_blocks(lo: Tensor, hi: Tensor) -> Iterator[tuple[int, int, Tensor, Tensor]]:
+    """The pairs (query q, position p) with ``lo[q] <= p < hi[q]``, in blocks of consecutive queries that
+    hold at most ``_IOU_BLOCK_ELEMENTS`` pairs together (a query with more is a block of its own), so that
+    what is computed per pair never takes memory in proportion to all the pairs at once.
+
+    Args:
+        lo, hi (Tensor[Q] int64): each query's range of positions in a sorted sequence (empty where
+            ``hi <= lo``).
+
+    Yields:
+        begin, end (int): the block's queries ``[begin, end)``; pair_query (Tensor[P] int64): the query of
+        each pair, query by query; pair_position (Tensor[P] int64): its position, increasing within a query.
+    """
+    device = lo.device
+    pairs_per_query = (hi - lo).clamp(min=0)  # [Q]
+    ends = torch.cumsum(pairs_per_query, 0)
+    num_queries, begin = lo.numel(), 0
+    while begin < num_queries:
+        offset = int(ends[begin - 1]) if begin else 0
+        end = int(torch.searchsorted(ends, offset + _IOU_BLOCK_ELEMENTS, right=True))
+        end = min(max(end, begin + 1), num_queries)
+        counts = pairs_per_query[begin:end]  # [q]
+        pair_query = torch.repeat_interleave(torch.arange(begin, end, device=device), counts)  # [P]
+        first_pair = torch.cumsum(counts, 0) - counts  # [q]
+        rank = torch.arange(pair_query.numel(), device=device) - first_pair.repeat_interleave(counts)  # [P]
+        yield begin, end, pair_query, lo[pair_query] + rank
+        begin = end
+
+
 def _grouped_best_seed(
     boxes: Tensor, labels: Tensor, seed_boxes: Tensor, seed_labels: Tensor, iou_thr: float
 ) -> Tensor:
@@ -249,20 +278,10 @@ def _grouped_best_seed(
     base = box_group.to(boxes.dtype) * 4  # [K]
     lo = torch.searchsorted(sorted_key, base + boxes[:, 0] - reach - slack, right=False)  # [K]
     hi = torch.searchsorted(sorted_key, base + boxes[:, 2] - iou_thr * width + slack, right=True)  # [K]
-    pairs_per_box = (hi - lo).clamp(min=0)  # [K]
 
     best = torch.empty(num_boxes, dtype=torch.int64, device=device)
-    ends = torch.cumsum(pairs_per_box, 0)
-    begin = 0
-    while begin < num_boxes:  # chunks of boxes keep one block of pairs under the memory bound
-        offset = int(ends[begin - 1]) if begin else 0
-        end = int(torch.searchsorted(ends, offset + _IOU_BLOCK_ELEMENTS, right=True))
-        end = min(max(end, begin + 1), num_boxes)
-        counts = pairs_per_box[begin:end]  # [k]
-        pair_box = torch.repeat_interleave(torch.arange(begin, end, device=device), counts)  # [P]
-        first_pair = torch.cumsum(counts, 0) - counts  # [k]
-        rank = torch.arange(pair_box.numel(), device=device) - first_pair.repeat_interleave(counts)  # [P]
-        pair_seed = seed_order[lo[pair_box] + rank]  # [P]
+    for begin, end, pair_box, position in range_pairs_in_blocks(lo, hi):
+        pair_seed = seed_order[position]  # [P]
         a, b = boxes[pair_box], seed_boxes[pair_seed]  # [P, 4]
         wh = (torch.minimum(a[:, 2:], b[:, 2:]) - torch.maximum(a[:, :2], b[:, :2])).clamp(min=0)
         inter = wh[:, 0] * wh[:, 1]
@@ -276,7 +295,6 @@ def _grouped_best_seed(
         candidate = torch.where(iou == best_iou[local], pair_seed, num_seeds)
         chosen = torch.full((end - begin,), num_seeds, dtype=torch.int64, device=device)
         best[begin:end] = chosen.scatter_reduce(0, local, candidate, reduce="amin")
-        begin = end
     return best
 
 

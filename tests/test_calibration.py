@@ -583,6 +583,37 @@ class TestRefine:
         c = Detections(torch.tensor([[14.0, 10.0, 54.0, 50.0]]), [0.6], [2], SIZE, "c")
         assert refine_fusion([a, c]).boxes[0].tolist() == [10.0, 10.0, 50.0, 50.0]
 
+    @staticmethod
+    def _chain(num_boxes: int) -> list[Detections]:
+        """One class of boxes in a row, each overlapping the next: a crowd no gap splits into groups."""
+        x1 = torch.arange(num_boxes, dtype=torch.float32) * 6
+        boxes = torch.stack([x1, torch.full_like(x1, 10), x1 + 10, torch.full_like(x1, 30)], 1)
+        scores = torch.linspace(0.9, 0.3, num_boxes)
+        return [Detections(boxes, scores, torch.zeros(num_boxes, dtype=torch.int64), (40, 6 * num_boxes + 10), "a")]
+
+    def test_votes_pair_kept_boxes_with_the_boxes_they_overlap_not_with_their_whole_class(self, monkeypatch):
+        # Pairing each kept box with every box of its class takes kept × boxes pairs at once (26 GB for
+        # 100,000 boxes of 3 classes): here 300 boxes, each overlapping two neighbours on either side.
+        import detens.fusers.refine
+
+        pairs = []
+        pair_iou = detens.fusers.refine._pair_iou
+        monkeypatch.setattr(detens.fusers.refine, "_pair_iou", lambda a, b: pairs.append(len(a)) or pair_iou(a, b))
+        per_model = self._chain(300)
+        fused = refine_fusion(per_model, sigma=0.01, thresh=0.5)
+        assert len(fused) > 30 and max(pairs) <= 5 * 300
+
+    @pytest.mark.parametrize("seed", range(6))
+    def test_same_boxes_when_the_votes_are_counted_in_blocks(self, seed, monkeypatch):
+        import detens.matching
+
+        per_model = random_models(700 + seed, num_objects=12, num_classes=2)
+        whole = refine_fusion(per_model, vote_iou=0.0, vote_sigma=0.3)
+        monkeypatch.setattr(detens.matching, "_IOU_BLOCK_ELEMENTS", 5)
+        blocks = refine_fusion(per_model, vote_iou=0.0, vote_sigma=0.3)
+        assert len(whole) > 10
+        assert torch.equal(blocks.boxes, whole.boxes) and torch.equal(blocks.scores, whole.scores)
+
     def test_bad_parameters(self):
         per_model = random_models(0)
         for params, message in [

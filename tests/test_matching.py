@@ -144,6 +144,26 @@ class TestMatchAgainstReference:
             assert as_reference_form(match(per_model, backend=backend)) == expected, backend
 
 
+    @pytest.mark.parametrize("seed", range(4))
+    def test_small_boxes_across_a_wide_image_give_the_reference_clusters(self, seed):
+        # The compiled rounds file seeds in cells of x1 as wide as the widest box: here hundreds of cells,
+        # boxes piled on objects that straddle their edges, and (seed 1 and 3) one box as wide as the image.
+        rng = random.Random(1200 + seed)
+        width = 4000
+        per_model = []
+        for name in ("a", "b", "c"):
+            rows = []
+            for k in range(120):
+                x = k * 33.0 + rng.choice([0.0, 0.5, rng.uniform(-3, 3)])
+                rows.append([x, 5.0 + rng.uniform(-1, 1), x + 8 + rng.uniform(-1, 1), 13.0, round(rng.random(), 1), k % 2])
+            if seed % 2:
+                rows.append([0.0, 0.0, float(width), 40.0, 0.5, 0])
+            table = torch.tensor(rows)
+            per_model.append(Detections(table[:, :4], table[:, 4], table[:, 5].long(), (40, width), name))
+        expected = reference_match(per_model, 0.3)
+        for backend in BACKENDS:
+            assert as_reference_form(match(per_model, iou_thr=0.3, backend=backend)) == expected, backend
+
     @pytest.mark.parametrize("seed", range(10))
     def test_same_clusters_when_the_pair_search_is_chunked(self, seed, monkeypatch):
         import detens.matching

@@ -11,6 +11,10 @@ modified. Boxes of equal score are taken by label, then coordinates (the referen
 unspecified order of ties), so that the result does not depend on the order of the models: where scores
 tie the two may keep different boxes. The linear Soft-NMS's ``iou_thr`` defaults to 0.3, the Soft-NMS
 paper's N_t (ensemble_boxes' default is 0.5).
+
+Soft-NMS visits a group's boxes one at a time against all the others of the group, so its time grows with
+the square of the largest group: on a crowded image no gap splits a class, and one model's 100,000 boxes
+spread evenly over a 100,000 px square image take 52 s in three classes, more than 400 s in one.
 """
 
 from __future__ import annotations

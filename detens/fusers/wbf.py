@@ -35,7 +35,9 @@ Speed: the classes, and within a class the spatially separated groups of boxes, 
 they advance in lockstep (see ``_lockstep.py``): one vectorized step handles the next box of every
 group, and the last few groups, which hold the long tails, finish box by box. The loop is sequential
 by nature, so it runs in numpy on the CPU, whatever the input device; the result is returned on the
-input device.
+input device. The compiled loop (the default) compares each box with every fused box of its class, so
+the time grows with the square of a class's boxes on a crowded image: one model's 100,000 boxes spread
+evenly over a 100,000 px square image take 9.5 s in three classes, 40 s in one.
 """
 
 from __future__ import annotations

@@ -108,9 +108,12 @@ def context_terms(
             i = by_class[a]
             confident += scores[i] > confident_thr
             top = max(top, scores[i])
-            for b in range(start, stop):
-                j = by_class[b]
-                rank[i] += scores[j] > scores[i] or (scores[j] == scores[i] and j < i)
+        # The class by descending score, equal scores by index (by_class keeps the indices in order and the
+        # sort is stable): a cluster's position is the number ranked before it, in n log n where comparing
+        # every pair took n² (6.7 s for one class of 30,000 clusters).
+        by_score = np.argsort(-scores[by_class[start:stop]], kind="mergesort")
+        for position in range(stop - start):
+            rank[by_class[start + by_score[position]]] = position
         for a in range(start, stop):
             best[by_class[a]] = top
             class_confident[by_class[a]] = confident
