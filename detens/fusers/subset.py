@@ -10,7 +10,9 @@ differ only in *how* the sub-ensemble is chosen. With k ≥ N it is the ``mean``
 The draw is seeded and independent of the order in which the models are passed: the present models of
 a cluster are first put in a canonical order (by score, then by box), the clusters too (by their
 models' scores and boxes in that order, then by label), and the random draw picks positions in those
-orders.
+orders. That holds for the objects :func:`detens.match` finds; where two models give one object equal
+scores, which box seeds it follows the order of the models (as ``match`` documents), and so may the
+object's boxes and the draw.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ __all__ = ["random_k_fusion", "random_subset"]
 def random_subset(clusters: Clusters, k: int, generator: torch.Generator) -> torch.Tensor:
     """Tensor[C, N] bool: k present models per cluster drawn uniformly (all present ones if fewer).
 
-    Invariant to the order of the models: the draw picks positions in the present models' canonical
-    order (score descending, ties by box coordinates).
+    Invariant to the order of the models' columns in ``clusters``: the draw picks positions in the present
+    models' canonical order (score descending, ties by box coordinates).
     """
     from detens.heads.knapsack import top_k_mask
 
