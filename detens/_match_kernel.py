@@ -72,6 +72,7 @@ def cluster_segments(
     round_seeds = np.empty(num_boxes, np.int64)
     seed_slot = np.empty(num_boxes, np.int64)  # per pending box: its seed's rank in the round
     seed_next = np.empty(num_boxes, np.int64)  # per seed: the seed filed before it in its cell, or -1
+    cell_first = np.empty(num_boxes, np.int64)  # per cell: its last filed seed, or -1 (num_cells <= num_pending)
     taken = np.empty(num_boxes * num_models, np.bool_)
     num_clusters = 0
     for group in range(segment_starts.shape[0] - 1):
@@ -90,7 +91,7 @@ def cluster_segments(
             for t in range(num_pending):
                 widest = max(widest, boxes[pending[t], 2] - boxes[pending[t], 0])
             num_cells = num_pending if widest * num_pending <= 1.0 else max(1, int(1.0 / widest))
-            cell_first = np.full(num_cells, -1, np.int64)  # per cell: its last filed seed
+            cell_first[:num_cells] = -1
             # 1. Greedy NMS over the pending boxes: the survivors seed this round's clusters.
             num_seeds = 0
             for t in range(num_pending):
