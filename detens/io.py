@@ -644,6 +644,8 @@ def check_replaceable(path: Path, what: str, instead: str = "another path") -> N
     replaced, moved nor removed: marked immutable or append-only (``chattr +i`` / ``+a``, ``chflags uchg``),
     which the permission bits do not show and which holds for root too. Only the rename that ends the
     writing would find it, after the work, with the run's other files already written beside the old one.
+    A file the user may not write is not told apart: the system answers that first, and then an
+    append-only mark shows only at the rename.
 
     Args:
         what (str): names ``path`` in the message (``"--out"``, ``"the record"``).
@@ -661,7 +663,7 @@ def check_replaceable(path: Path, what: str, instead: str = "another path") -> N
     try:
         # opened for writing, not truncated: the file stays as it was. A read-only file refuses this with
         # EACCES and is replaced all the same (a rename asks its folder); only these marks give EPERM.
-        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        os.close(os.open(path, os.O_WRONLY | getattr(os, "O_NONBLOCK", 0)))  # Windows has no O_NONBLOCK
     except OSError as err:
         if err.errno == errno.EPERM:
             raise ValueError(f"{what} {path} cannot be written: the file there may be neither replaced, moved nor "
@@ -798,7 +800,7 @@ def parse_json(data: str | bytes, what: str, path: str | Path) -> Any:
     except _RepeatedKeyError as err:
         raise ValueError(
             f"{what} {path} has the key {err.args[0]!r} twice in one object; a JSON reader keeps only the last "
-            "value, so the others would be lost without a word (two 'annotations' lists, say): merge them"
+            "value, so the others would be lost without a word: keep one, or merge them"
         ) from None
     except ValueError as err:  # e.g. an integer of more digits than Python converts
         raise ValueError(f"{what} {path} cannot be read as JSON: {err}") from err

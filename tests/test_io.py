@@ -566,6 +566,15 @@ class TestCheckWritable:
         assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "read_only.json"]
         assert (tmp_path / "r.json").read_text() == "{}"
 
+    def test_an_existing_file_is_probed_where_os_has_no_nonblocking_flag(self, tmp_path, monkeypatch):
+        """Windows' os module has no O_NONBLOCK: the probe of a file already there must not need it."""
+        from detens.io import check_writable_file
+
+        (tmp_path / "r.json").write_text("{}")
+        monkeypatch.delattr(os, "O_NONBLOCK")
+        check_writable_file(tmp_path / "r.json", "--out")
+        assert (tmp_path / "r.json").read_text() == "{}"
+
 
 @pytest.mark.parametrize("seed", range(5))
 def test_a_json_list_written_in_parts_is_the_bytes_of_the_whole_list_written_at_once(tmp_path, seed):
