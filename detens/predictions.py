@@ -373,7 +373,7 @@ def join_predictions(
     # names compared as the class maps and the cache's summary compare them: "Traffic_Light" is "traffic light"
     renamed = renamed_ids(ours, evaluated.gt.category_names, extra.gt.category_names)
     if renamed:
-        shown = first_few(renamed, 5, show=lambda r: describe_label_space_difference(r, "here", f"in {what}"))
+        shown = first_few(renamed, 5, show=lambda r: describe_label_space_difference(r, "in the evaluated data", f"in {what}"))
         raise ValueError(
             f"{what} names {len(renamed)} category ids otherwise than the evaluated data ({shown}); "
             "its ids would mean other classes: fit and score in one label space"
@@ -569,7 +569,7 @@ def _check_cached_categories(summary: dict[str, Any] | None, path: Path, gt: Coc
     given = gt.category_names
     renamed = renamed_ids(sorted(given), given, cached)
     if renamed:
-        shown = first_few(renamed, 5, show=lambda r: describe_label_space_difference(r, "there", "in the cache"))
+        shown = first_few(renamed, 5, show=lambda r: describe_label_space_difference(r, "in the ground truth", "in the cache"))
         raise ValueError(
             f"the ground truth's category ids name other classes than those of the annotation file the cache in "
             f"{path.parent} ran on ({summary.get('gt') or 'see its ' + path.name}): {shown}; the members' labels were "

@@ -871,7 +871,7 @@ def test_ground_truth_whose_ids_name_other_classes_than_the_cache_is_refused(sli
     (tmp_path / "renamed.json").write_text(json.dumps(renamed))
     with pytest.raises(ValueError, match=r"^the ground truth's category ids name other classes than those of the "
                                          r"annotation file the cache in .* ran on \(.*gt\.json\): 1 is 'pedestrian' "
-                                         r"there but 'person' in the cache, 3 is 'automobile' there but 'car' in the "
+                                         r"in the ground truth but 'person' in the cache, 3 is 'automobile' in the ground truth but 'car' in the "
                                          r"cache; the members' labels were mapped onto that file's ids"):
         EnsemblePredictions.from_folder(replay_run, load_coco_gt(tmp_path / "renamed.json"))
 
@@ -880,10 +880,10 @@ def test_ground_truth_whose_ids_name_other_classes_than_the_cache_is_refused(sli
 
     code = evaluate_cli.main(["--gt", str(tmp_path / "renamed.json"), "--predictions", str(replay_run), "--methods",
                               "mean", "--cv", "2", "--out", str(tmp_path / "r.json"), "--quiet"])
-    refused(capsys, code, "1 is 'pedestrian' there but 'person' in the cache")
+    refused(capsys, code, "1 is 'pedestrian' in the ground truth but 'person' in the cache")
     code = train_cli.main(["--gt", str(tmp_path / "renamed.json"), "--predictions", str(replay_run), "--head", "theta",
                            "--out", str(tmp_path / "h.json"), "--quiet"])
-    refused(capsys, code, "1 is 'pedestrian' there but 'person' in the cache")
+    refused(capsys, code, "1 is 'pedestrian' in the ground truth but 'person' in the cache")
     # names spelled otherwise are one class; a summary of an older version, without them, is not checked
     respelled = {**full, "categories": [{**c, "name": c["name"].upper().replace(" ", "_")} for c in full["categories"]]}
     (tmp_path / "respelled.json").write_text(json.dumps(respelled))

@@ -736,7 +736,7 @@ class TestExtraFittingData:
         first = renamed["categories"][0]
         first["name"] = "not_" + first["name"]
         other = EnsemblePredictions.from_folder(tmp_path / "b" / "extra" / "predictions", load_coco_gt(renamed))
-        shown = f"{first['id']} is {first['name'].removeprefix('not_')!r} here but {first['name']!r} in the extra fitting data"
+        shown = f"{first['id']} is {first['name'].removeprefix('not_')!r} in the evaluated data but {first['name']!r} in the extra fitting data"
         with pytest.raises(ValueError, match=rf"names 1 category ids otherwise than the evaluated data \({re.escape(shown)}\)"):
             join_predictions(evaluated, other)
         with pytest.raises(ValueError, match=r"^the fitting data names 1 category ids otherwise .* in the fitting data\)"):
