@@ -96,6 +96,14 @@ from detens.jobs._options import (
     text,
 )
 from detens.jobs._options import path as file_path  # ``path`` is a local name of the code below
+from detens.jobs._records import (
+    DamagedRecord,
+    check_milliseconds,
+    check_read_warnings,
+    checked_results,
+    read_record,
+    warn_of_damaged_record,
+)
 from detens.jobs._software import software_versions
 from detens.labels import COCO_ID_TO_NAME
 from detens.predictions import CACHE_PARTIAL, CACHE_SUMMARY, finished_image_records
@@ -595,36 +603,21 @@ def read_partial(
     """
     path = partial_path(out, member, image_id)
     try:
-        record = read_json_file(path, "finished image record")
-    except FileNotFoundError:
+        record = read_record(path)
+        if record is None or (record.get("file_name") != file_name and record.get("image_id") == image_id):
+            return None
+        if record.get("image_id") != image_id:
+            raise DamagedRecord(f"image_id is {record.get('image_id')!r}, not the {image_id} of its name")
+        check_milliseconds(record.get("ms", 0.0), "ms")
+        check_read_warnings(record.get("read_warnings", []))
+        results = checked_results(record.get("results"), "results")
+        if others := sorted({r["image_id"] for r in results} - {image_id}):
+            raise DamagedRecord(f"results of other images {first_few(others)}")
+    except DamagedRecord as damage:
+        if report:
+            warn_of_damaged_record(logger, path, damage, "the image is detected again")
         return None
-    except (OSError, ValueError) as err:
-        return _damaged_record(path, str(err), report)
-    if not isinstance(record, dict):
-        return _damaged_record(path, f"a JSON object expected, got {type(record).__name__}", report)
-    if record.get("file_name") != file_name and record.get("image_id") == image_id:
-        return None
-    if record.get("image_id") != image_id:
-        return _damaged_record(path, f"image_id is {record.get('image_id')!r}, not the {image_id} of its name", report)
-    ms, warnings = record.get("ms", 0.0), record.get("read_warnings", [])
-    if not (isinstance(ms, (int, float)) and not isinstance(ms, bool) and math.isfinite(ms) and ms >= 0):
-        return _damaged_record(path, f"ms must be the milliseconds the image took, got {ms!r}", report)
-    if not isinstance(warnings, list) or not all(isinstance(w, str) for w in warnings):
-        return _damaged_record(path, f"read_warnings must be a list of messages, got {warnings!r}", report)
-    try:
-        results = validate_coco_results(record.get("results"), "results")
-    except (TypeError, ValueError) as err:
-        return _damaged_record(path, str(err), report)
-    if others := sorted({r["image_id"] for r in results} - {image_id}):
-        return _damaged_record(path, f"results of other images {first_few(others)}", report)
     return {**record, "results": results}
-
-
-def _damaged_record(path: Path, why: str, report: bool) -> None:
-    if report:
-        logger.warning("%s: the record of an image finished by an earlier run is damaged (%s); the image is "
-                       "detected again", path, why)
-    return None
 
 
 def check_settings(
