@@ -543,7 +543,7 @@ def check_shard_annotations(out: Path, shard: tuple[int, int], data: Dataset, ov
     files: dict[str, str] = {}
     for other in range(count):
         try:
-            record = json.loads(annotations_path(out, (other, count)).read_text(encoding="utf-8"))
+            record = read_json_file(annotations_path(out, (other, count)), "shard's record of its annotation file")
         except (OSError, ValueError):
             continue  # not started, or by a version that did not record it: the merge compares its file
         fingerprint = record.get("gt_fingerprint") if isinstance(record, dict) else None
@@ -683,7 +683,7 @@ def recorded_difference(out: Path, member: str, settings: dict[str, Any]) -> str
 
 def _read_settings(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return read_json_file(path, "member's settings")
     except (OSError, ValueError):
         return None  # unreadable: other settings than any run's
 
@@ -1083,7 +1083,7 @@ def earlier_unreadable(path: Path, member: str, data: Dataset) -> dict[int, str]
     ``detens evaluate`` would score them as images where every model found nothing.
     """
     try:
-        previous = json.loads(path.read_text(encoding="utf-8"))
+        previous = read_json_file(path, "cache summary")
     except (OSError, ValueError):
         return {}
     if not isinstance(previous, dict) or previous.get("gt_fingerprint") != data.fingerprint:
@@ -1107,14 +1107,14 @@ def check_no_results_lost(out: Path, member: str, data: Dataset, summary_path: P
         ValueError: naming the file, how many results would be lost, and the ways out.
     """
     try:
-        previous = json.loads(summary_path.read_text(encoding="utf-8"))
+        previous = read_json_file(summary_path, "cache summary")
     except (OSError, ValueError):
         return
     if not isinstance(previous, dict) or previous.get("gt_fingerprint") in (None, data.fingerprint):
         return
     output = out / member_output(member, None)
     try:
-        results = json.loads(output.read_text(encoding="utf-8"))
+        results = read_json_file(output, "member's results")
     except (OSError, ValueError):
         return
     listed = set(data.all_ids)
@@ -1137,7 +1137,7 @@ def check_no_results_lost(out: Path, member: str, data: Dataset, summary_path: P
 def write_summary(path: Path, header: dict[str, Any], members: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Update the summary file: this run's members replace their earlier entries, the others stay."""
     try:
-        previous = json.loads(path.read_text(encoding="utf-8"))
+        previous = read_json_file(path, "cache summary")
     except (OSError, ValueError):
         previous = {}
     models = dict(previous.get("models") or {}) if isinstance(previous, dict) else {}

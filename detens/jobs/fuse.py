@@ -61,6 +61,7 @@ from detens.io import (
     output_lock,
     output_stems,
     path_as_written,
+    read_json_file,
 )
 from detens.jobs._engine import EngineOptions, ray_options
 from detens.jobs._inputs import (
@@ -979,9 +980,11 @@ def _written_by_a_run(path: Path, out: Path) -> bool:
 
 
 def _read_json(path: Path) -> Any:
+    """The JSON content of the run's own file at ``path``; None where it is missing or cannot be read
+    (:func:`~detens.io.read_json_file`: cut short, nested too deeply, ...), as if the run had not written it."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+        return read_json_file(path, "run file")
+    except (OSError, ValueError):
         return None
 
 
