@@ -366,7 +366,8 @@ def json_list_items(text: str) -> Iterator[tuple[Any, int, int]]:
 
     Raises:
         ValueError: ``text`` is not one JSON list (``json.JSONDecodeError`` where an item does not parse), as
-            ``json.loads`` refuses it; raised when the reading reaches the fault.
+            ``json.loads`` refuses it, or an item nests arrays or objects too deeply to be read; raised when the
+            reading reaches the fault.
     """
     decoder = json.JSONDecoder()
     at = _JSON_SPACE.match(text).end()
@@ -375,7 +376,10 @@ def json_list_items(text: str) -> Iterator[tuple[Any, int, int]]:
     at = _JSON_SPACE.match(text, at + 1).end()
     if not text.startswith("]", at):
         while True:
-            item, end = decoder.raw_decode(text, at)
+            try:
+                item, end = decoder.raw_decode(text, at)
+            except RecursionError:
+                raise ValueError(f"the item at character {at} nests arrays or objects too deeply to be read") from None
             yield item, at, end
             at = _JSON_SPACE.match(text, end).end()
             if text.startswith(",", at):

@@ -372,6 +372,28 @@ def test_a_damaged_record_of_a_finished_image_is_named_and_the_image_detected_ag
     assert (out / "a.json").read_bytes() == (replay_run / "a.json").read_bytes()
 
 
+#: JSON too deeply nested to be read
+TOO_DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def test_a_summary_too_deeply_nested_to_be_read_is_taken_for_none_as_an_unreadable_one_is(slice_, replay_run, tmp_path):
+    out = tmp_path / "deep"
+    shutil.copytree(replay_run, out)
+    (out / "cache_summary.json").write_text(TOO_DEEP)
+    assert run(slice_, out) == 0  # read nowhere as a summary: every image resumed from its record
+    models = summary_of(out)["models"]
+    assert sorted(models) == ["a", "b"] and [models[m]["resumed"] for m in ("a", "b")] == [NUM_IMAGES] * 2
+    assert (out / "a.json").read_bytes() == (replay_run / "a.json").read_bytes()
+
+
+def test_settings_too_deeply_nested_to_be_read_are_refused_as_unreadable_ones_are(slice_, replay_run, tmp_path,
+                                                                                    capsys):
+    out = tmp_path / "deep"
+    shutil.copytree(replay_run, out)
+    (out / ".partial" / "b" / "_settings.json").write_text(TOO_DEEP)
+    refused(capsys, run(slice_, out, "--models", "b"), r"^error: .* holds results of 'b' made with other settings")
+
+
 def test_a_python_call_raises_the_interrupt_once_the_finished_images_are_saved(slice_, replay_run, monkeypatch,
                                                                               capsys, caplog, press_ctrl_c):
     """``detens.cache`` stops its caller on a Ctrl-C (a script's loop over calls too), after saving what the

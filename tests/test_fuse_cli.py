@@ -1492,6 +1492,80 @@ def test_only_an_image_record_at_the_earlier_run_record_path_is_a_finished_image
     assert fuse_tool.earlier_run_record(out) is None
 
 
+@pytest.fixture(scope="module")
+def one_of_two_fused(workspace, tmp_path_factory):
+    """The source x.jpg, y.jpg; a run of it interrupted once x.jpg was fused; and the outputs of a run of it
+    that was not interrupted."""
+    root = tmp_path_factory.mktemp("one of two")
+    source = one_image_source(workspace, root / "src", "x.jpg", "y.jpg")
+    with pytest.MonkeyPatch.context() as patched:
+        interrupt_on_image(patched, 2)
+        assert fuse_into(workspace, source, root / "interrupted", "--no-vis") == 130
+    assert fuse_into(workspace, source, root / "whole", "--no-vis") == 0
+    return source, root / "interrupted", read_outputs(root / "whole")
+
+
+def _with_first_box(record, **changed):
+    return json.dumps({**record, "fused": [{**record["fused"][0], **changed}, *record["fused"][1:]]})
+
+
+#: damaged records of a finished image: what each is made of (from the sound record) and a fragment of its warning
+DAMAGED_FUSE_RECORDS = {
+    "cut short": (lambda record: json.dumps(record)[:20], "is not valid JSON"),
+    "not JSON": (lambda record: "<html>not found</html>", "is not valid JSON"),
+    "a list": (lambda record: json.dumps([record]), "a JSON object expected, got list"),
+    "nested too deeply": (lambda record: json.dumps(record)[:-1] + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}",
+                          "nests arrays or objects too deeply to be read"),
+    "a key twice": (lambda record: json.dumps(record)[:-1] + ', "height": 1}', "has the key 'height' twice"),
+    "a 5000-digit height": (lambda record: json.dumps({**record, "height": 0}).replace('"height": 0', '"height": 1' + "0" * 5000),
+                            "cannot be read as JSON"),
+    "no height": (lambda record: json.dumps({k: v for k, v in record.items() if k != "height"}), "height is missing"),
+    "a box of 3 numbers": (lambda record: _with_first_box(record, bbox=[1, 2, 3]), "fused[0].bbox must be 4 finite numbers"),
+    "a NaN box": (lambda record: _with_first_box(record, bbox=[1, float("nan"), 3, 4]),
+                  "fused[0].bbox must be 4 finite numbers"),
+    "a score of 1.5": (lambda record: _with_first_box(record, score=1.5), "fused[0].score must be in [0, 1]"),
+    "another image's record": (lambda record: json.dumps({**record, "file_name": "y.jpg"}),
+                               "file_name is 'y.jpg', not the image whose record is at this path"),
+    "times as text": (lambda record: json.dumps({**record, "times_ms": {"fuse": "fast"}}),
+                      "times_ms['fuse'] must be the milliseconds it took"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGED_FUSE_RECORDS))
+def test_a_damaged_record_of_a_finished_image_is_named_and_the_image_fused_again(workspace, one_of_two_fused, tmp_path,
+                                                                                monkeypatch, capfd, case):
+    """A record that cannot be used is named with what is wrong, neither passed over without a word nor taken
+    into the outputs (a box of 3 numbers in predictions.json) nor the end of the run (a KeyError)."""
+    source, interrupted, whole = one_of_two_fused
+    out = tmp_path / "o"
+    shutil.copytree(interrupted, out)
+    damage, message = DAMAGED_FUSE_RECORDS[case]
+    path = out / "partial" / "x.jpg.json"
+    path.write_text(damage(json.loads(path.read_text())))
+    fused = images_fused(monkeypatch)
+    capfd.readouterr()
+    assert fuse_into(workspace, source, out, "--no-vis") == 0
+    warned = [line for line in capfd.readouterr().err.splitlines() if line.startswith(f"WARNING detens.fuse: {path}: ")]
+    assert len(warned) == 1 and message in warned[0] and warned[0].endswith("; the image is fused again"), warned
+    assert fused == ["x.jpg", "y.jpg"] and read_outputs(out) == whole
+
+
+def test_a_damaged_record_of_an_image_not_in_the_source_is_named_as_left_out(workspace, one_of_two_fused, tmp_path,
+                                                                            capfd):
+    source, interrupted, _ = one_of_two_fused
+    out = tmp_path / "o"
+    shutil.copytree(interrupted, out)
+    path = out / "partial" / "x.jpg.json"
+    path.write_text(path.read_text()[:20])
+    capfd.readouterr()
+    assert fuse_into(workspace, source / "y.jpg", out, "--no-vis") == 0
+    warned = [line for line in capfd.readouterr().err.splitlines() if line.startswith(f"WARNING detens.fuse: {path}: ")]
+    assert len(warned) == 1 and warned[0].endswith(
+        "its image, not in --source, is left out of the outputs: fuse it again from a --source that has it"), warned
+    images, _ = read_outputs(out)
+    assert [im["file_name"] for im in images["images"]] == ["y.jpg"]
+
+
 def test_a_head_rewritten_at_the_same_path_is_not_resumed_over(workspace, tmp_path, capsys):
     from detens import ThetaHead
 

@@ -619,7 +619,9 @@ def test_the_items_of_a_json_list_are_json_loads_own_each_with_the_text_it_was_r
         assert all(json.loads(text[start:end]) == item for item, start, end in read)
 
 
-@pytest.mark.parametrize("text", ["", "{}", "[1,]", "[1 2]", "[1] x", "[", "[1,", "[,1]", "]", "[1]]", "[tru]"])
+@pytest.mark.parametrize("text", ["", "{}", "[1,]", "[1 2]", "[1] x", "[", "[1,", "[,1]", "]", "[1]]", "[tru]",
+                                  "[1, " + "[" * 100_000 + "]" * 100_000 + "]"])
 def test_what_is_not_one_json_list_is_refused(text):
+    """An item nested too deeply to be read too: a ValueError, not the RecursionError of the reader."""
     with pytest.raises(ValueError):
         list(json_list_items(text))

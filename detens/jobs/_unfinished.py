@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from detens.evaluation import MethodResult
-from detens.io import atomic_write_bytes, atomic_write_json
+from detens.io import atomic_write_bytes, atomic_write_json, parse_json, read_json_file
 
 __all__ = ["UnfinishedRun", "discard_unfinished", "run_key", "unfinished_folder"]
 
@@ -52,7 +52,7 @@ class UnfinishedRun:
         self.folder = unfinished_folder(out)
         self.key = key
         try:
-            self._ours = json.loads((self.folder / "run.json").read_text(encoding="utf-8")).get("key") == key
+            self._ours = read_json_file(self.folder / "run.json", "unfinished run's key").get("key") == key
         except (OSError, ValueError, AttributeError):
             self._ours = False
         others = 0 if self._ours else len(list(self.folder.glob("*.json.gz")))
@@ -82,7 +82,7 @@ class UnfinishedRun:
             if not path.is_file():
                 continue
             try:
-                stored = json.loads(gzip.decompress(path.read_bytes()).decode("utf-8"))
+                stored = parse_json(gzip.decompress(path.read_bytes()), "finished method", path)
                 if stored["name"] != name:
                     raise ValueError(f"holds {stored['name']!r}")
                 found[name] = MethodResult(stored["metrics"], stored["fitted"], stored["calibration"], stored["results"])

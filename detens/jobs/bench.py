@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import platform
@@ -24,7 +23,7 @@ from detens import Detections, match
 from detens.catalogue import DEFAULT_BENCH_SIZES, MAX_BENCH_BOXES
 from detens.extras import import_extra
 from detens.fusers import fuse
-from detens.io import atomic_write_json, check_writable_file
+from detens.io import atomic_write_json, check_writable_file, read_json_file
 from detens.jobs._interrupts import RESUME_ADVICE
 from detens.jobs._options import (
     JobOptions,
@@ -457,7 +456,7 @@ def bench_engines(images: str, config: str, work: Path) -> list[dict[str, Any]]:
             raise RuntimeError(f"detens fuse ({label}) failed with exit status {code}")
         # the images fused, not the files listed: an unreadable one is skipped in no time (fuse refuses a run
         # that reads none, so the rate is never over zero images)
-        done = json.loads((out / "summary.json").read_text(encoding="utf-8"))["done"]
+        done = read_json_file(out / "summary.json", "fuse summary")["done"]
         rows.append({"engine": label, "images": done, "seconds": round(seconds, 2),
                      "images_per_s": round(done / seconds, 2)})
         logger.info("%s: %d images in %.1f s", label, done, seconds)
@@ -486,7 +485,7 @@ def refuse_unreadable_images(images: str, out: Path) -> None:
     summary_path = out / "summary.json"
     if not summary_path.is_file():  # a run stopped before its summary: its error says why
         return
-    summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    summary = read_json_file(summary_path, "fuse summary")
     if summary["done"] == 0 and summary.get("unreadable"):
         lines = unreadable_lines(summary["unreadable"])
         raise ValueError(f"no image of --engines {images} could be read; {first_few(lines, 3, '; ')}") from None

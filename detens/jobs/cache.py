@@ -96,6 +96,14 @@ from detens.jobs._options import (
     text,
 )
 from detens.jobs._options import path as file_path  # ``path`` is a local name of the code below
+from detens.jobs._records import (
+    DamagedRecord,
+    check_milliseconds,
+    check_read_warnings,
+    checked_results,
+    read_record,
+    warn_of_damaged_record,
+)
 from detens.jobs._software import software_versions
 from detens.labels import COCO_ID_TO_NAME
 from detens.predictions import CACHE_PARTIAL, CACHE_SUMMARY, finished_image_records
@@ -535,7 +543,7 @@ def check_shard_annotations(out: Path, shard: tuple[int, int], data: Dataset, ov
     files: dict[str, str] = {}
     for other in range(count):
         try:
-            record = json.loads(annotations_path(out, (other, count)).read_text(encoding="utf-8"))
+            record = read_json_file(annotations_path(out, (other, count)), "shard's record of its annotation file")
         except (OSError, ValueError):
             continue  # not started, or by a version that did not record it: the merge compares its file
         fingerprint = record.get("gt_fingerprint") if isinstance(record, dict) else None
@@ -595,36 +603,21 @@ def read_partial(
     """
     path = partial_path(out, member, image_id)
     try:
-        record = read_json_file(path, "finished image record")
-    except FileNotFoundError:
+        record = read_record(path)
+        if record is None or (record.get("file_name") != file_name and record.get("image_id") == image_id):
+            return None
+        if record.get("image_id") != image_id:
+            raise DamagedRecord(f"image_id is {record.get('image_id')!r}, not the {image_id} of its name")
+        check_milliseconds(record.get("ms", 0.0), "ms")
+        check_read_warnings(record.get("read_warnings", []))
+        results = checked_results(record.get("results"), "results")
+        if others := sorted({r["image_id"] for r in results} - {image_id}):
+            raise DamagedRecord(f"results of other images {first_few(others)}")
+    except DamagedRecord as damage:
+        if report:
+            warn_of_damaged_record(logger, path, damage, "the image is detected again")
         return None
-    except (OSError, ValueError) as err:
-        return _damaged_record(path, str(err), report)
-    if not isinstance(record, dict):
-        return _damaged_record(path, f"a JSON object expected, got {type(record).__name__}", report)
-    if record.get("file_name") != file_name and record.get("image_id") == image_id:
-        return None
-    if record.get("image_id") != image_id:
-        return _damaged_record(path, f"image_id is {record.get('image_id')!r}, not the {image_id} of its name", report)
-    ms, warnings = record.get("ms", 0.0), record.get("read_warnings", [])
-    if not (isinstance(ms, (int, float)) and not isinstance(ms, bool) and math.isfinite(ms) and ms >= 0):
-        return _damaged_record(path, f"ms must be the milliseconds the image took, got {ms!r}", report)
-    if not isinstance(warnings, list) or not all(isinstance(w, str) for w in warnings):
-        return _damaged_record(path, f"read_warnings must be a list of messages, got {warnings!r}", report)
-    try:
-        results = validate_coco_results(record.get("results"), "results")
-    except (TypeError, ValueError) as err:
-        return _damaged_record(path, str(err), report)
-    if others := sorted({r["image_id"] for r in results} - {image_id}):
-        return _damaged_record(path, f"results of other images {first_few(others)}", report)
     return {**record, "results": results}
-
-
-def _damaged_record(path: Path, why: str, report: bool) -> None:
-    if report:
-        logger.warning("%s: the record of an image finished by an earlier run is damaged (%s); the image is "
-                       "detected again", path, why)
-    return None
 
 
 def check_settings(
@@ -690,7 +683,7 @@ def recorded_difference(out: Path, member: str, settings: dict[str, Any]) -> str
 
 def _read_settings(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return read_json_file(path, "member's settings")
     except (OSError, ValueError):
         return None  # unreadable: other settings than any run's
 
@@ -1090,7 +1083,7 @@ def earlier_unreadable(path: Path, member: str, data: Dataset) -> dict[int, str]
     ``detens evaluate`` would score them as images where every model found nothing.
     """
     try:
-        previous = json.loads(path.read_text(encoding="utf-8"))
+        previous = read_json_file(path, "cache summary")
     except (OSError, ValueError):
         return {}
     if not isinstance(previous, dict) or previous.get("gt_fingerprint") != data.fingerprint:
@@ -1114,14 +1107,14 @@ def check_no_results_lost(out: Path, member: str, data: Dataset, summary_path: P
         ValueError: naming the file, how many results would be lost, and the ways out.
     """
     try:
-        previous = json.loads(summary_path.read_text(encoding="utf-8"))
+        previous = read_json_file(summary_path, "cache summary")
     except (OSError, ValueError):
         return
     if not isinstance(previous, dict) or previous.get("gt_fingerprint") in (None, data.fingerprint):
         return
     output = out / member_output(member, None)
     try:
-        results = json.loads(output.read_text(encoding="utf-8"))
+        results = read_json_file(output, "member's results")
     except (OSError, ValueError):
         return
     listed = set(data.all_ids)
@@ -1144,7 +1137,7 @@ def check_no_results_lost(out: Path, member: str, data: Dataset, summary_path: P
 def write_summary(path: Path, header: dict[str, Any], members: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Update the summary file: this run's members replace their earlier entries, the others stay."""
     try:
-        previous = json.loads(path.read_text(encoding="utf-8"))
+        previous = read_json_file(path, "cache summary")
     except (OSError, ValueError):
         previous = {}
     models = dict(previous.get("models") or {}) if isinstance(previous, dict) else {}

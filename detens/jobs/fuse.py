@@ -13,7 +13,7 @@ import re
 import shutil
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -61,6 +61,7 @@ from detens.io import (
     output_lock,
     output_stems,
     path_as_written,
+    read_json_file,
 )
 from detens.jobs._engine import EngineOptions, ray_options
 from detens.jobs._inputs import (
@@ -81,6 +82,14 @@ from detens.jobs._options import (
     integer,
     number,
     text,
+)
+from detens.jobs._records import (
+    DamagedRecord,
+    check_milliseconds,
+    check_read_warnings,
+    checked_results,
+    read_record,
+    warn_of_damaged_record,
 )
 from detens.labels import COCO_CATEGORY_IDS, COCO_ID_TO_NAME
 from detens.sources import ImageReadError, list_images, read_image
@@ -311,11 +320,67 @@ def _partial_paths(out: Path, name: str) -> tuple[Path, ...]:
 
 
 def read_partial(out: Path, name: str) -> dict[str, Any] | None:
+    """The partial record of the image ``name``: the first of :func:`_partial_paths` that holds a sound record
+    of it (:func:`checked_record`); None where none does."""
     for path in _partial_paths(out, name):
-        record = _read_json(path)
-        if isinstance(record, dict) and record.get("file_name") == name:
-            return record
+        with contextlib.suppress(DamagedRecord):  # named as the run started (finished_records)
+            record = checked_record(path, out)
+            if record is not None and record["file_name"] == name:
+                return record
     return None
+
+
+def checked_record(path: Path, out: Path) -> dict[str, Any] | None:
+    """The partial record at ``path`` in ``out``, as :func:`~detens.engines.fusing.fuse_image` (or
+    :func:`unpack_finished_run`) wrote it; None where there is none.
+
+    Raises:
+        DamagedRecord: it cannot be read as JSON, is not of that form (a key missing or of another type, the
+            record of another image than the one whose record ``path`` is), or holds boxes that are no COCO
+            results (a NaN box, a box of 3 numbers, a score beyond [0, 1]), saying which.
+    """
+    record = read_record(path)
+    if record is None:
+        return None
+    name = record.get("file_name")
+    if not isinstance(name, str) or path not in _partial_paths(out, name):
+        raise DamagedRecord(f"file_name is {name!r}, not the image whose record is at this path")
+    for key in ("height", "width"):
+        if key not in record:
+            raise DamagedRecord(f"{key} is missing")
+        if type(record[key]) is not int or record[key] < 1:
+            raise DamagedRecord(f"{key} must be the image's {key} in pixels, got {record[key]!r}")
+    if "image_id" in record and type(record["image_id"]) is not int:
+        raise DamagedRecord(f"image_id must be a whole number, got {record['image_id']!r}")
+    if "output_stem" in record and not _stays_in_its_folder(record["output_stem"]):
+        # its files go to labels/<stem>.txt and vis/<stem>.jpg: a stem that leaves those folders writes elsewhere
+        raise DamagedRecord(f"output_stem must be a path within the output folders, got {record['output_stem']!r}")
+    _check_boxes(record.get("fused"), "fused")
+    per_model = record.get("per_model", {})
+    if not isinstance(per_model, dict):
+        raise DamagedRecord(f"per_model must map each member to its results, got {type(per_model).__name__}")
+    for member, found in per_model.items():
+        _check_boxes(found, f"per_model[{member!r}]")
+    times = record.get("times_ms", {})
+    if not isinstance(times, dict):
+        raise DamagedRecord(f"times_ms must map each stage to its milliseconds, got {type(times).__name__}")
+    for stage, ms in times.items():
+        check_milliseconds(ms, f"times_ms[{stage!r}]")
+    check_read_warnings(record.get("read_warnings", []))
+    return record
+
+
+def _stays_in_its_folder(stem: Any) -> bool:
+    path = PurePosixPath(stem) if isinstance(stem, str) and stem else None
+    return path is not None and not path.is_absolute() and ".." not in path.parts
+
+
+def _check_boxes(results: Any, where: str) -> None:
+    """Raise :class:`DamagedRecord` unless ``results`` are COCO results without their ``image_id`` (a record
+    holds one image's, whose id the run gives it when it writes them)."""
+    if not isinstance(results, list):
+        raise DamagedRecord(f"{where} must be a list of results, got {type(results).__name__}")
+    checked_results([{**r, "image_id": 0} if isinstance(r, dict) else r for r in results], where)
 
 
 def check_resume(out: Path, config: EnsembleConfig, overwrite: bool) -> None:
@@ -514,18 +579,31 @@ def recover_replaced(out: Path) -> None:
 _RESULT_KEYS = ("fused", "per_model")
 
 
-def finished_records(out: Path) -> dict[str, dict[str, Any]]:
+def finished_records(out: Path, listed: Collection[str] = ()) -> dict[str, dict[str, Any]]:
     """The partial record of every finished image in ``out``, by file name (images of earlier runs on
     other sources included), without its boxes (:data:`_RESULT_KEYS`): a run holds these while it runs, and
-    a folder's worth of boxes would take gigabytes."""
+    a folder's worth of boxes would take gigabytes.
+
+    A damaged record (:func:`checked_record`) is named in a warning with what is wrong, and left out: its
+    image is fused again where it is one of ``listed`` (the run's images), and is otherwise missing from
+    the outputs, as the warning says."""
     records = {}
     folder = out / "partial"
-    # an earlier version's run record (EARLIER_RUN_RECORD) names no image: the check below passes it over
+    image_at = {path: name for name in listed for path in _partial_paths(out, name)}
     for path in sorted(folder.rglob("*.json")) if folder.is_dir() else []:
-        record = _read_json(path)
-        name = _recorded_image(record, path, out)
-        if name is not None:
-            records[name] = {k: v for k, v in record.items() if k not in _RESULT_KEYS}
+        if not path.is_file():  # a folder of images (an earlier version's partial/<folder>.json/)
+            continue
+        if path == out / EARLIER_RUN_RECORD and not is_image_record(path, out):
+            continue  # an earlier version's run record, which names no image
+        try:
+            record = checked_record(path, out)
+        except DamagedRecord as damage:
+            then = ("the image is fused again" if path in image_at else
+                    "its image, not in --source, is left out of the outputs: fuse it again from a --source that has it")
+            warn_of_damaged_record(logger, path, damage, then)
+            continue
+        if record is not None:
+            records[record["file_name"]] = {k: v for k, v in record.items() if k not in _RESULT_KEYS}
     return records
 
 
@@ -902,9 +980,11 @@ def _written_by_a_run(path: Path, out: Path) -> bool:
 
 
 def _read_json(path: Path) -> Any:
+    """The JSON content of the run's own file at ``path``; None where it is missing or cannot be read
+    (:func:`~detens.io.read_json_file`: cut short, nested too deeply, ...), as if the run had not written it."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+        return read_json_file(path, "run file")
+    except (OSError, ValueError):
         return None
 
 
@@ -1027,7 +1107,7 @@ def _run(options: FuseOptions, lock: HeldLock) -> int:
     bar: Any = None
     try:  # from here on, a run that ends before its first new result leaves --out as it was
         # images finished earlier (also those of other sources) keep their results, ids and file stems
-        earlier = {} if options.overwrite else finished_records(out)
+        earlier = {} if options.overwrite else finished_records(out, names)
         done = set(earlier)
         todo = [(p, n) for p, n in zip(images, names, strict=True) if n not in done]
         listed = set(names)
