@@ -351,6 +351,7 @@ DAMAGED_RECORDS = {
                                 "results of other images 7"),
     "another image's id": (lambda record: json.dumps({**record, "image_id": 7}), "image_id is 7, not the"),
     "ms as text": (lambda record: json.dumps({**record, "ms": "fast"}), "ms must be the milliseconds"),
+    "ms beyond the float range": (lambda record: json.dumps({**record, "ms": 10**400}), "ms must be the milliseconds"),
 }
 
 
@@ -664,6 +665,8 @@ DAMAGED_SHARD_FILES = {
     "a NaN box": (lambda shard: {**shard, "results": [{"image_id": 1, "category_id": 1, "bbox": [1, math.nan, 2, 2],
                                                        "score": 0.5}]}, "results[0].bbox must be 4 finite numbers"),
     "seconds as text": (lambda shard: {**shard, "seconds": "1.5"}, "seconds must be a number of seconds >= 0"),
+    "seconds beyond the float range": (lambda shard: {**shard, "seconds": 10**400},
+                                       "seconds must be a number of seconds >= 0"),
 }
 
 

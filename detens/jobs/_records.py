@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from detens.checks import real_as_float
 from detens.coco import validate_coco_results
 from detens.io import read_json_file
 
@@ -48,7 +49,7 @@ def read_record(path: Path) -> dict[str, Any] | None:
 def check_milliseconds(value: Any, where: str) -> None:
     """Raise :class:`DamagedRecord` naming ``where`` unless ``value`` is a time in milliseconds (a finite
     number, at least 0)."""
-    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0):
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(real_as_float(value)) and value >= 0):
         raise DamagedRecord(f"{where} must be the milliseconds it took, got {value!r}")
 
 

@@ -37,7 +37,7 @@ from detens.adapters import (
 from detens.adapters._labels import describe_label_space_difference, label_space_differences
 from detens.adapters.weights import ResolvedWeights, resolve_model_weights
 from detens.catalogue import DEFAULT_ENSEMBLE
-from detens.checks import did_you_mean, first_few
+from detens.checks import did_you_mean, first_few, real_as_float
 from detens.coco import (
     CocoGroundTruth,
     check_one_id_per_file,
@@ -1493,7 +1493,7 @@ def _shard_file_damage(record: dict[str, Any]) -> str | None:
         "unreadable": (lambda v: isinstance(v, list) and all(
             isinstance(u, dict) and type(u.get("image_id")) is int and text(u.get("file_name")) and text(u.get("error"))
             for u in v), 'a list of {"image_id", "file_name", "error"}'),
-        "seconds": (lambda v: type(v) in (int, float) and math.isfinite(v) and v >= 0, "a number of seconds >= 0"),
+        "seconds": (lambda v: type(v) in (int, float) and math.isfinite(real_as_float(v)) and v >= 0, "a number of seconds >= 0"),
         "results": (lambda v: isinstance(v, list), "a list of COCO results"),
     }
     for key, (valid, expected) in kinds.items():
