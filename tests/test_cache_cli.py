@@ -283,6 +283,22 @@ def test_another_image_set_never_drops_finished_results_for_good(slice_, tmp_pat
     assert cache_with(tmp_path / "fewer.json", out, "--quiet", "--overwrite") == 0
 
 
+@pytest.mark.parametrize("content", ["7", '"results"', '{"image_id": 5}', '[{"image_id": [5]}, {"image_id": "6"}, 3]'])
+def test_a_results_file_holding_no_results_has_none_to_lose(tmp_path, content):
+    """A member's results file that is a JSON number, text or object, or whose entries name no image by a
+    whole-number id, is taken as an unreadable one is: it holds no result a run could lose."""
+    from types import SimpleNamespace
+
+    (tmp_path / "cache_summary.json").write_text(json.dumps({"gt_fingerprint": "earlier"}))
+    (tmp_path / cache_tool.member_output("a", None)).write_text(content)
+    data = SimpleNamespace(fingerprint="now", all_ids=[1])
+    cache_tool.check_no_results_lost(tmp_path, "a", data, tmp_path / "cache_summary.json", tmp_path / "gt.json")
+    # beside such entries, a result of an image the new ground truth lacks still counts
+    (tmp_path / cache_tool.member_output("a", None)).write_text('[{"image_id": [5]}, {"image_id": "6"}, 3, {"image_id": 9}]')
+    with pytest.raises(ValueError, match=r"holds results of 1 images that --gt .* \(image ids 9\)"):
+        cache_tool.check_no_results_lost(tmp_path, "a", data, tmp_path / "cache_summary.json", tmp_path / "gt.json")
+
+
 def test_quiet_prints_no_summary_and_loud_prints_the_member_table(slice_, capsys):
     out = slice_ / "replay_quiet"
     capsys.readouterr()

@@ -1117,8 +1117,12 @@ def check_no_results_lost(out: Path, member: str, data: Dataset, summary_path: P
         results = read_json_file(output, "member's results")
     except (OSError, ValueError):
         return
+    if not isinstance(results, list):  # a number, a text, an object: no result in it to lose, as in an unreadable file
+        return
     listed = set(data.all_ids)
-    dropped = sorted({r["image_id"] for r in results if isinstance(r, dict) and r.get("image_id") not in listed})
+    # only a whole-number id names an image whose results could be lost (a list as id would stop the set)
+    dropped = sorted({r["image_id"] for r in results
+                      if isinstance(r, dict) and type(r.get("image_id")) is int and r["image_id"] not in listed})
     lost = [i for i in dropped if not partial_path(out, member, i).is_file()]
     if lost:
         raise ValueError(
