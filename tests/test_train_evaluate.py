@@ -2869,3 +2869,23 @@ class TestMaxDetInTheHeadsChoices:
                                method_options={"deep": {"score_max_det": 50}}, max_det=max_det)
         # the same cut is no conflict
         build_method("deep", ensemble.model_names, score_max_det=50).check_data(EvaluationData(ensemble, max_det=50))
+
+
+@pytest.mark.parametrize("damage", ["cut short", "damaged within"])
+def test_an_unreadable_finished_method_of_an_unfinished_run_runs_again(tmp_path, caplog, damage):
+    """A finished method's .json.gz cut short (a full disk) or damaged within is named in a warning and left
+    out, as a file that is not JSON is, where gzip's EOFError or zlib's error stopped the run."""
+    from detens.evaluation import MethodResult
+    from detens.jobs._unfinished import UnfinishedRun
+
+    out = tmp_path / "report.json"
+    UnfinishedRun(out, "key").save(0, "mean", MethodResult({"map": 0.5}, {}, {}, []))
+    UnfinishedRun(out, "key").save(0, "wbf", MethodResult({"map": 0.6}, {}, {}, []))
+    assert sorted(UnfinishedRun(out, "key").finished(0, ["mean", "wbf"])) == ["mean", "wbf"]
+    path = UnfinishedRun(out, "key")._path(0, "mean")
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2] if damage == "cut short" else data[:10] + b"\xff" * (len(data) - 18) + data[-8:])
+    with caplog.at_level(logging.WARNING, logger="detens.jobs._unfinished"):
+        assert list(UnfinishedRun(out, "key").finished(0, ["mean", "wbf"])) == ["wbf"]
+    assert [r.getMessage().startswith(f"{path}: cannot read the finished mean (") and r.getMessage().endswith("); it runs again")
+            for r in caplog.records] == [True], caplog.records

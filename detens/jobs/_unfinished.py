@@ -16,6 +16,7 @@ import hashlib
 import json
 import logging
 import shutil
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -86,7 +87,8 @@ class UnfinishedRun:
                 if stored["name"] != name:
                     raise ValueError(f"holds {stored['name']!r}")
                 found[name] = MethodResult(stored["metrics"], stored["fitted"], stored["calibration"], stored["results"])
-            except (OSError, ValueError, KeyError, TypeError) as err:
+            # EOFError: cut short (a full disk); zlib.error: damaged within
+            except (OSError, EOFError, zlib.error, ValueError, KeyError, TypeError) as err:
                 logger.warning("%s: cannot read the finished %s (%s); it runs again", path, name, err)
         return found
 
