@@ -411,6 +411,18 @@ def test_page_writes_names_the_files_of_a_page(tmp_path):
     assert not page_writes(page, tmp_path / "index.html")  # beside the folder, not in it
 
 
+@pytest.mark.parametrize("content", ["[" * 100_000 + "]" * 100_000, "1" * 5000, '{"meta": 1, "meta": 2}', "\xff"])
+def test_a_report_json_in_the_page_folder_that_cannot_be_read_is_no_page_file(tmp_path, content):
+    """A report.json beside the page that is nested too deeply, an integer of 5000 digits, gives a key twice
+    or is no UTF-8 is not the numbers file of an earlier page: it stays, as a file that is not JSON does,
+    where nesting raised a RecursionError and the integer a ValueError."""
+    from detens.report.page import _page_files, check_page_replaceable
+
+    (tmp_path / "report.json").write_bytes(content.encode("latin-1"))
+    check_page_replaceable(tmp_path, "--report")
+    assert _page_files(tmp_path) == []
+
+
 @pytest.mark.parametrize("pixels", [True, False])
 def test_a_resized_image_file_is_refused_naming_it_and_both_sizes(tmp_path, pixels):
     import cv2

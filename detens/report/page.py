@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import fnmatch
 import html
-import json
 import logging
 import os
 import shutil
@@ -32,7 +31,7 @@ from typing import Any
 from detens.checks import check_integer, check_real
 from detens.coco import CocoGroundTruth
 from detens.error_breakdown import ERROR_TYPES, SPECIAL_ERRORS
-from detens.io import atomic_write_json, atomic_write_text, check_replaceable
+from detens.io import atomic_write_json, atomic_write_text, check_replaceable, read_json_file
 from detens.report.analysis import analyze_record, best_methods
 from detens.report.examples import write_examples
 from detens.report.plots import (
@@ -209,8 +208,8 @@ def _is_old_numbers(path: Path) -> bool:
     object with the page's sections. A table of ``detens evaluate`` (``{method: {metric: value}}``) never
     is: its ``"methods"``, if a method had that name, would be an object, not a list."""
     try:
-        numbers = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        numbers = read_json_file(path, "page numbers file")
+    except (OSError, ValueError):  # cut short, nested too deeply, a key twice, ...: no page wrote it
         return False
     return (isinstance(numbers, dict) and isinstance(numbers.get("methods"), list)
             and {"meta", "metrics", "examples"} <= set(numbers))
