@@ -394,13 +394,12 @@ def test_a_complete_run_unpacks_each_images_results_as_a_grouping_of_the_whole_l
     files = {"predictions.json": None, "per_model/a.json": None, "per_model/b.json": None}
     for name in files:
         results = [{"image_id": i, "bbox": [rng.random(), 1, 2, 3], "score": rng.random(), "category_id": 1}
-                   for i in (1, 1, 3, 7, 7, 7, 9) if rng.random() < 0.8]
+                   for i in (1, 1, 3, 7, 7, 7) if rng.random() < 0.8]
         if order == "shuffled":
             rng.shuffle(results)
         files[name] = results
         (out / name).parent.mkdir(exist_ok=True)
         (out / name).write_text(json.dumps(results, indent=rng.choice([None, 2])))
-    (out / "per_model" / "broken.json").write_text("[{")  # unreadable: the member's images get none
     assert fuse_tool.unpack_finished_run(out) == 4
 
     def grouped(results, image_id):
@@ -410,7 +409,68 @@ def test_a_complete_run_unpacks_each_images_results_as_a_grouping_of_the_whole_l
         record = fuse_tool.read_partial(out, image["file_name"])
         assert record["fused"] == grouped(files["predictions.json"], image["id"])
         assert record["per_model"] == {"a": grouped(files["per_model/a.json"], image["id"]),
-                                       "b": grouped(files["per_model/b.json"], image["id"]), "broken": []}
+                                       "b": grouped(files["per_model/b.json"], image["id"])}
+
+
+_IMAGE = {"id": 1, "file_name": "a.jpg", "height": 8, "width": 9}
+_RESULT = {"image_id": 1, "bbox": [0, 1, 2, 3], "score": 0.5, "category_id": 1}
+
+
+@pytest.mark.parametrize("file_name, content, problem", [
+    ("predictions.json", "[{", r"predictions\.json cannot be read as a JSON list \(Expecting"),
+    ("predictions.json", None, r"predictions\.json is missing"),
+    ("predictions.json", "7", r"predictions\.json cannot be read as a JSON list \(expected a JSON list"),
+    ("predictions.json", json.dumps([_RESULT, {k: v for k, v in _RESULT.items() if k != "image_id"}]),
+     r"predictions\.json: result 1 names no image of images\.json by its image_id: \{'bbox'"),
+    ("predictions.json", json.dumps([3]), r"predictions\.json: result 0 names no image of images\.json by its image_id: 3"),
+    ("predictions.json", json.dumps([{**_RESULT, "image_id": [1]}]), r"result 0 names no image .*'image_id': \[1\]"),
+    ("predictions.json", json.dumps([{**_RESULT, "image_id": 2}]), r"result 0 names no image .*'image_id': 2"),
+    ("per_model/a.json", "[{", r"per_model/a\.json cannot be read as a JSON list"),
+    ("images.json", "{", r"images\.json is not valid JSON"),
+    ("images.json", None, r"image list not found: .*images\.json"),
+    ("images.json", '{"images": 3}', r"images\.json is no object with a list of images"),
+    ("images.json", json.dumps({"images": [{k: v for k, v in _IMAGE.items() if k != "id"}]}),
+     r"images\.json: image 0 lacks 'id'"),
+    ("images.json", json.dumps({"images": [{k: v for k, v in _IMAGE.items() if k != "height"}]}),
+     r"images\.json: image 0 lacks 'height'"),
+    ("images.json", json.dumps({"images": [{**_IMAGE, "id": "1"}]}), r"image 0 must have a whole-number id and a"),
+])
+def test_a_complete_run_whose_files_cannot_be_unpacked_is_refused_naming_the_file(tmp_path, file_name, content,
+                                                                                  problem):
+    """Taken as absent, a complete run's damaged images.json, predictions.json or per_model/ file would leave
+    its images that --source does not give out of the outputs, for good: refused before a record is written,
+    where it was a KeyError or TypeError, or (an unreadable file) unpacked as nothing."""
+    out = tmp_path / "o"
+    (out / "per_model").mkdir(parents=True)
+    (out / "images.json").write_text(json.dumps({"images": [_IMAGE], "categories": [], "annotations": []}))
+    for name in ("predictions.json", "per_model/a.json"):
+        (out / name).write_text(json.dumps([_RESULT]))
+    assert fuse_tool.unpack_finished_run(out) == 1  # as written, the files unpack
+    shutil.rmtree(out / "partial")
+    if content is None:
+        (out / file_name).unlink()
+    else:
+        (out / file_name).write_text(content)
+    with pytest.raises(ValueError, match=rf"^cannot build on the complete run in {re.escape(str(out))}: .*{problem}.*"
+                                         "; taken as absent, the outputs this run writes would lose that run's images "
+                                         "that --source does not give. Restore the file, or use another --out, or "
+                                         "--overwrite"):
+        fuse_tool.unpack_finished_run(out)
+    assert not (out / "partial").exists() and not (out / fuse_tool.UNPACKING).exists()
+
+
+def test_a_rerun_on_a_complete_run_whose_results_cannot_be_read_changes_nothing(workspace, tmp_path, capfd):
+    source, out = one_image_source(workspace, tmp_path / "src", "a.jpg"), tmp_path / "o"
+    assert fuse_into(workspace, source, out, "--no-vis") == 0
+    (out / "predictions.json").write_bytes((out / "predictions.json").read_bytes()[:-5])  # cut short
+    before = folder_state(out)
+    capfd.readouterr()
+    assert fuse_into(workspace, one_image_source(workspace, tmp_path / "other", "b.jpg"), out, "--no-vis") == 2
+    err = capfd.readouterr().err
+    assert err.count("error:") == 1 and "Traceback" not in err, err
+    assert f"error: cannot build on the complete run in {out}: {out / 'predictions.json'} cannot be read" in err
+    assert folder_state(out) == before
+    assert fuse_into(workspace, source, out, "--no-vis", "--overwrite") == 0
 
 
 def test_a_rerun_with_nothing_to_do_keeps_the_timings(workspace, tmp_path):

@@ -59,7 +59,9 @@ Writes into ``--out``:
   an earlier version, which numbered images as they finished, are renumbered, with a warning). A
   complete run removes both;
   running it again on more images adds them, and images finished earlier keep their results, ids and
-  output stems whatever the new ``--source``. A run left unfinished by an earlier version, which kept its
+  output stems whatever the new ``--source`` (a complete run whose ``images.json``, ``predictions.json`` or
+  ``per_model/`` file cannot be read, or is not as a run writes it, is refused, naming the file: taken as
+  absent, its images outside the new ``--source`` would be lost). A run left unfinished by an earlier version, which kept its
   record as ``partial/_run.json``, resumes too.
   A resumed run refuses a changed config, head file, ``precomputed`` results file or weights file (the
   members' weights on disk are recorded by sha256, as `detens cache` does).

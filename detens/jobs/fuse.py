@@ -54,6 +54,7 @@ from detens.io import (
     atomic_json_list,
     atomic_write_bytes,
     atomic_write_json,
+    check_not_special_file,
     check_replaceable,
     check_writable_folder,
     json_list_items,
@@ -610,22 +611,31 @@ def finished_records(out: Path, listed: Collection[str] = ()) -> dict[str, dict[
 def unpack_finished_run(out: Path) -> int:
     """A complete run has no ``partial/``: write its images back as partial records from
     ``images.json``, ``predictions.json`` (and ``per_model/``), so that a rerun adds new images only.
-    Returns the number of images unpacked."""
+    Returns the number of images unpacked. Reads and checks every file before it writes a record.
+
+    Raises:
+        ValueError: naming the file and what is wrong with it: one of ``images.json`` and ``predictions.json``
+            is there without the other, or one of these or of ``per_model/`` cannot be read (cut short, not
+            JSON, ...) or is not as a run writes it (an image without its id, file name or size, a result without
+            a whole-number ``image_id``, or of an image ``images.json`` does not list). Taken as absent, the
+            run's images that ``--source`` does not give would be gone from the outputs the rerun writes.
+    """
     if (out / "partial").is_dir():
         return 0
     staging = out / UNPACKING
     _remove(staging)  # what a run killed while unpacking left
-    images = _read_json(out / "images.json")
+    if not any((out / name).exists() for name in ("images.json", "predictions.json")):
+        return 0
+    images = _listed_images(out)
+    listed = {image["id"] for image in images}
     # the results are read an image at a time from their text, as write_outputs wrote them: as objects all
     # at once, a large run's boxes would take gigabytes
-    results = _results_by_image(out / "predictions.json")
-    if not isinstance(images, dict) or results is None:
-        return 0
+    results = _results_by_image(out, out / "predictions.json", listed)
+    per_model = {path.stem: _results_by_image(out, path, listed) for path in sorted((out / "per_model").glob("*.json"))}
     summary = _read_json(out / "summary.json")
     read_warnings = (summary.get("read_warnings") or {}) if isinstance(summary, dict) else {}
-    per_model = {path.stem: _results_by_image(path) for path in sorted((out / "per_model").glob("*.json"))}
-    for image in images.get("images", []):
-        image_id = int(image["id"])
+    for image in images:
+        image_id = image["id"]
         record: dict[str, Any] = {
             "file_name": image["file_name"],
             "height": image["height"],
@@ -636,13 +646,47 @@ def unpack_finished_run(out: Path) -> int:
         if "output_stem" in image:
             record["output_stem"] = image["output_stem"]
         if per_model:
-            record["per_model"] = {m: found.of(image_id) if found is not None else [] for m, found in per_model.items()}
+            record["per_model"] = {m: found.of(image_id) for m, found in per_model.items()}
         if read_warnings.get(image["file_name"]):
             record["read_warnings"] = read_warnings[image["file_name"]]
         atomic_write_json(_record_path(staging, image["file_name"]), record)
     if staging.is_dir():
         staging.rename(out / "partial")
-    return len(images.get("images", []))
+    return len(images)
+
+
+def _unpacking_refused(out: Path, problem: str) -> ValueError:
+    """The error of a complete run in ``out`` whose files cannot be unpacked; ``problem`` names the file."""
+    return ValueError(
+        f"cannot build on the complete run in {out}: {problem}; taken as absent, the outputs this run writes "
+        "would lose that run's images that --source does not give. Restore the file, or use another --out, or "
+        "--overwrite to discard that run's outputs"
+    )
+
+
+def _listed_images(out: Path) -> list[dict[str, Any]]:
+    """The entries of the complete run's ``images.json`` in ``out``, each checked to hold what a record takes.
+
+    Raises:
+        ValueError: see :func:`unpack_finished_run`.
+    """
+    path = out / "images.json"
+    try:
+        content = read_json_file(path, "image list")
+    except (OSError, ValueError) as err:
+        raise _unpacking_refused(out, str(err)) from None
+    images = content.get("images") if isinstance(content, dict) else None
+    if not isinstance(images, list):
+        raise _unpacking_refused(out, f"{path} is no object with a list of images")
+    for i, image in enumerate(images):
+        missing = [key for key in ("id", "file_name", "height", "width") if not isinstance(image, dict) or key not in image]
+        if missing:
+            raise _unpacking_refused(out, f"{path}: image {i} lacks {', '.join(map(repr, missing))}")
+        if type(image["id"]) is not int or not isinstance(image["file_name"], str):
+            raise _unpacking_refused(
+                out, f"{path}: image {i} must have a whole-number id and a file name, got {image['id']!r} and "
+                     f"{image['file_name']!r}")
+    return images
 
 
 class _ResultsText:
@@ -657,22 +701,37 @@ class _ResultsText:
         return [{k: v for k, v in r.items() if k != "image_id"} for r in json.loads(f"[{items}]")]
 
 
-def _results_by_image(path: Path) -> _ResultsText | None:
-    """The results file ``path`` with where each image's results stand in it; None where it is missing or
-    not a JSON list."""
+def _results_by_image(out: Path, path: Path, listed: Collection[int]) -> _ResultsText:
+    """The results file ``path`` of the complete run in ``out`` with where each image's results stand in it;
+    each result names one of the images ``listed`` by its id.
+
+    Raises:
+        ValueError: see :func:`unpack_finished_run`.
+    """
+    runs: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    unlisted = None
     try:
+        check_not_special_file(path, "run file")
         text = path.read_text(encoding="utf-8")
-        runs: dict[int, list[tuple[int, int]]] = defaultdict(list)
         previous = None
-        for result, start, end in json_list_items(text):
-            image_id = int(result["image_id"])
+        for i, (result, start, end) in enumerate(json_list_items(text)):
+            image_id = result.get("image_id") if isinstance(result, dict) else None
+            if type(image_id) is not int or image_id not in listed:
+                unlisted = f"result {i} names no image of images.json by its image_id: {result!r}"[:300]
+                break
             if image_id == previous:  # the run of this image's results goes on
                 runs[image_id][-1] = (runs[image_id][-1][0], end)
             else:
                 runs[image_id].append((start, end))
             previous = image_id
-    except (OSError, ValueError):
-        return None
+    except FileNotFoundError:
+        raise _unpacking_refused(out, f"{path} is missing") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise _unpacking_refused(out, f"{path} cannot be read ({err})") from None
+    except ValueError as err:
+        raise _unpacking_refused(out, f"{path} cannot be read as a JSON list ({err})") from None
+    if unlisted is not None:
+        raise _unpacking_refused(out, f"{path}: {unlisted}")
     return _ResultsText(text, runs)
 
 
