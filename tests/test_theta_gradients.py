@@ -49,7 +49,10 @@ def reference_objective(
         j_cls = theta.new_zeros(())
         for i in range(t.shape[0]):
             if bool(present[c, i]):
-                q = torch.clamp(t[i] * yhat[i, 4], eps, 1 - eps)
+                scaled = t[i] * yhat[i, 4]
+                # Zero gradient at the bounds too, written out: torch.clamp before 2.14 passes it there.
+                inside = bool(eps < scaled < 1 - eps)
+                q = scaled if inside else scaled.detach().clamp(eps, 1 - eps)
                 j_cls = j_cls - (y[c, 4] * torch.log(q) + (1 - y[c, 4]) * torch.log(1 - q))
         j_cons = 0.5 * (1 - t.sum()) ** 2
         total = total + lambda_reg * j_reg + lambda_cls * j_cls + lambda_cons * j_cons

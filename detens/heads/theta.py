@@ -19,8 +19,8 @@ with the analytic gradients
     ∇J_cons = −(1 − Σᵢ θᵢ) · 1
 
 (``∇J_cls`` is computed in the equivalent form ``pᵢ (qᵢ − y₅) / (qᵢ (1 − qᵢ))``, which needs no division
-by θᵢ.) The clamp follows ``torch.clamp``'s convention (scalar bounds): the gradient is zero where θᵢpᵢ
-lies outside the open interval (ε, 1 − ε), the bounds themselves included.
+by θᵢ.) The gradient is zero where θᵢpᵢ lies outside the open interval (ε, 1 − ε), the bounds
+themselves included (``torch.clamp``'s convention from torch 2.14; earlier versions pass it at the bounds).
 
 **Normalized box variant** (``normalize_box=True``): A_box = Ŷ_boxᵀΘ / s with s = 1ᵀΘ (the score stays
 A₅ = Ŷ₅ᵀΘ). Then ∂A_box,j/∂θᵢ = (Ŷᵢⱼ − A_box,j) / s, so
@@ -201,7 +201,7 @@ class ThetaLossFunction(torch.autograd.Function):
 
         scores = preds[..., 4]  # [C, N]
         scaled = theta * scores
-        inside = (scaled > eps) & (scaled < 1.0 - eps)  # as torch.clamp: no gradient at the bounds either
+        inside = (scaled > eps) & (scaled < 1.0 - eps)  # no gradient at the bounds either
         q = scaled.clamp(eps, 1.0 - eps)
         grad_cls = present_f * inside * scores * (q - y[:, 4:5]) / (q * (1.0 - q))  # [C, N]
 
