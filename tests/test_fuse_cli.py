@@ -434,6 +434,10 @@ _RESULT = {"image_id": 1, "bbox": [0, 1, 2, 3], "score": 0.5, "category_id": 1}
     ("images.json", json.dumps({"images": [{k: v for k, v in _IMAGE.items() if k != "height"}]}),
      r"images\.json: image 0 lacks 'height'"),
     ("images.json", json.dumps({"images": [{**_IMAGE, "id": "1"}]}), r"image 0 must have a whole-number id and a"),
+    ("images.json", json.dumps({"images": [{**_IMAGE, "height": 0}]}),
+     r"give the image 'a\.jpg' a record that is not as a run writes it \(height must be"),
+    ("predictions.json", json.dumps([{**_RESULT, "bbox": [0, 1, 2]}]), r"'a\.jpg' a record .*\(fused\[0\]"),
+    ("per_model/a.json", json.dumps([{**_RESULT, "score": 1.5}]), r"'a\.jpg' a record .*\(per_model\['a'\]\[0\]"),
 ])
 def test_a_complete_run_whose_files_cannot_be_unpacked_is_refused_naming_the_file(tmp_path, file_name, content,
                                                                                   problem):
@@ -1608,6 +1612,20 @@ def test_a_damaged_record_of_a_finished_image_is_named_and_the_image_fused_again
     warned = [line for line in capfd.readouterr().err.splitlines() if line.startswith(f"WARNING detens.fuse: {path}: ")]
     assert len(warned) == 1 and message in warned[0] and warned[0].endswith("; the image is fused again"), warned
     assert fused == ["x.jpg", "y.jpg"] and read_outputs(out) == whole
+
+
+def test_each_record_is_checked_once_per_run(workspace, one_of_two_fused, tmp_path, monkeypatch):
+    """A record found sound as the run starts is not checked again when the outputs are written: checking its
+    boxes costs several times reading it. The record of the image fused in this run is checked as it is read."""
+    source, interrupted, whole = one_of_two_fused
+    out = tmp_path / "o"
+    shutil.copytree(interrupted, out)
+    checked = []
+    check = fuse_tool.check_record_content
+    monkeypatch.setattr(fuse_tool, "check_record_content", lambda record: checked.append(record["file_name"]) or
+                        check(record))
+    assert fuse_into(workspace, source, out, "--no-vis") == 0
+    assert sorted(checked) == ["x.jpg", "y.jpg"] and read_outputs(out) == whole
 
 
 def test_a_damaged_record_of_an_image_not_in_the_source_is_named_as_left_out(workspace, one_of_two_fused, tmp_path,

@@ -320,15 +320,28 @@ def _partial_paths(out: Path, name: str) -> tuple[Path, ...]:
     return tuple(dict.fromkeys((partial_path(out, name), out / "partial" / f"{name}.json")))
 
 
-def read_partial(out: Path, name: str) -> dict[str, Any] | None:
+def read_partial(out: Path, name: str, checked: bool = False) -> dict[str, Any] | None:
     """The partial record of the image ``name``: the first of :func:`_partial_paths` that holds a sound record
-    of it (:func:`checked_record`); None where none does."""
+    of it (:func:`checked_record`); None where none does. ``checked``: the record was found sound as the run
+    started (:func:`finished_records`), and is read back without checking its boxes once more, which would
+    cost as much as reading it again several times over."""
     for path in _partial_paths(out, name):
         with contextlib.suppress(DamagedRecord):  # named as the run started (finished_records)
-            record = checked_record(path, out)
+            record = _read_own_record(path, out) if checked else checked_record(path, out)
             if record is not None and record["file_name"] == name:
                 return record
     return None
+
+
+def _read_own_record(path: Path, out: Path) -> dict[str, Any] | None:
+    """The record at ``path`` with the file name of the image whose record that path is; None where there
+    is none (:func:`checked_record` without its checks of the record's content)."""
+    record = read_record(path)
+    if record is not None:
+        name = record.get("file_name")
+        if not isinstance(name, str) or path not in _partial_paths(out, name):
+            raise DamagedRecord(f"file_name is {name!r}, not the image whose record is at this path")
+    return record
 
 
 def checked_record(path: Path, out: Path) -> dict[str, Any] | None:
@@ -340,12 +353,15 @@ def checked_record(path: Path, out: Path) -> dict[str, Any] | None:
             record of another image than the one whose record ``path`` is), or holds boxes that are no COCO
             results (a NaN box, a box of 3 numbers, a score beyond [0, 1]), saying which.
     """
-    record = read_record(path)
-    if record is None:
-        return None
-    name = record.get("file_name")
-    if not isinstance(name, str) or path not in _partial_paths(out, name):
-        raise DamagedRecord(f"file_name is {name!r}, not the image whose record is at this path")
+    record = _read_own_record(path, out)
+    if record is not None:
+        check_record_content(record)
+    return record
+
+
+def check_record_content(record: dict[str, Any]) -> None:
+    """Raise :class:`DamagedRecord` unless ``record`` holds what a partial record holds (see
+    :func:`checked_record`), its file name aside."""
     for key in ("height", "width"):
         if key not in record:
             raise DamagedRecord(f"{key} is missing")
@@ -368,7 +384,6 @@ def checked_record(path: Path, out: Path) -> dict[str, Any] | None:
     for stage, ms in times.items():
         check_milliseconds(ms, f"times_ms[{stage!r}]")
     check_read_warnings(record.get("read_warnings", []))
-    return record
 
 
 def _stays_in_its_folder(stem: Any) -> bool:
@@ -617,8 +632,9 @@ def unpack_finished_run(out: Path) -> int:
         ValueError: naming the file and what is wrong with it: one of ``images.json`` and ``predictions.json``
             is there without the other, or one of these or of ``per_model/`` cannot be read (cut short, not
             JSON, ...) or is not as a run writes it (an image without its id, file name or size, a result without
-            a whole-number ``image_id``, or of an image ``images.json`` does not list). Taken as absent, the
-            run's images that ``--source`` does not give would be gone from the outputs the rerun writes.
+            a whole-number ``image_id``, or of an image ``images.json`` does not list, an image whose record
+            would be damaged: :func:`check_record_content`). Taken as absent, or as damaged records, the run's
+            images that ``--source`` does not give would be gone from the outputs the rerun writes.
     """
     if (out / "partial").is_dir():
         return 0
@@ -649,6 +665,13 @@ def unpack_finished_run(out: Path) -> int:
             record["per_model"] = {m: found.of(image_id) for m, found in per_model.items()}
         if read_warnings.get(image["file_name"]):
             record["read_warnings"] = read_warnings[image["file_name"]]
+        try:
+            check_record_content(record)
+        except DamagedRecord as damage:
+            _remove(staging)
+            raise _unpacking_refused(
+                out, f"images.json, predictions.json, per_model/ and summary.json give the image "
+                     f"{image['file_name']!r} a record that is not as a run writes it ({damage})") from None
         atomic_write_json(_record_path(staging, image["file_name"]), record)
     if staging.is_dir():
         staging.rename(out / "partial")
@@ -915,11 +938,12 @@ def write_outputs(
     categories: dict[int, str],
     unreadable: dict[str, str],
     run: dict[str, Any],
+    sound: Collection[str] = (),
 ) -> dict[str, Any]:
     """Assemble predictions.json, images.json, per_model/*.json and summary.json from the partial
     records of ``names`` (the run's images, with their ``ids``: :func:`plan_image_ids`, and the ``stems``
     of their files: :func:`output_stems`), images in the order of their ids; a complete run then removes
-    ``partial/``."""
+    ``partial/``. ``sound``: the images whose records :func:`finished_records` checked as the run started."""
     # Each image's record is read once and its boxes streamed to the files: a folder's worth of boxes is
     # never in memory at once (about a kilobyte a box, as dicts and as the JSON text).
     done: list[str] = []
@@ -940,7 +964,7 @@ def write_outputs(
         for member in member_names if config.output.save_per_model else ():
             member_results(member)  # a member with no box still gets its file
         for name in sorted(names, key=ids.__getitem__):
-            record, image_id = read_partial(out, name), ids[name]
+            record, image_id = read_partial(out, name, checked=name in sound), ids[name]
             if record is None:
                 continue
             done.append(name)
@@ -1276,7 +1300,8 @@ def _run(options: FuseOptions, lock: HeldLock) -> int:
             "inputs": fingerprints,
             "first_call_ms": first_call_ms,
         }
-        summary = write_outputs(out, config, names, ids, stems, member_names, categories, unreadable, run_info)
+        summary = write_outputs(out, config, names, ids, stems, member_names, categories, unreadable, run_info,
+                                sound=earlier.keys())
     if not options.quiet:
         print_summary(out, config, summary, options.run_again)
     if ctrl_c.pressed and interrupted is None:
