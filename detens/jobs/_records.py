@@ -19,7 +19,7 @@ from detens.coco import validate_coco_results
 from detens.io import read_json_file
 
 __all__ = [
-    "DamagedRecord", "check_milliseconds", "check_read_warnings", "checked_results", "read_record",
+    "DamagedRecord", "check_milliseconds", "is_duration", "check_read_warnings", "checked_results", "read_record",
     "warn_of_damaged_record",
 ]
 
@@ -46,10 +46,15 @@ def read_record(path: Path) -> dict[str, Any] | None:
     return record
 
 
+def is_duration(value: Any) -> bool:
+    """Whether ``value``, read from a run's file, is a time it took: a finite number (no bool), at least 0."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(real_as_float(value)) and value >= 0
+
+
 def check_milliseconds(value: Any, where: str) -> None:
-    """Raise :class:`DamagedRecord` naming ``where`` unless ``value`` is a time in milliseconds (a finite
-    number, at least 0)."""
-    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(real_as_float(value)) and value >= 0):
+    """Raise :class:`DamagedRecord` naming ``where`` unless ``value`` is a time in milliseconds
+    (:func:`is_duration`)."""
+    if not is_duration(value):
         raise DamagedRecord(f"{where} must be the milliseconds it took, got {value!r}")
 
 

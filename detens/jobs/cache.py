@@ -11,7 +11,6 @@ import gc
 import hashlib
 import json
 import logging
-import math
 import os
 import re
 import shlex
@@ -37,7 +36,7 @@ from detens.adapters import (
 from detens.adapters._labels import describe_label_space_difference, label_space_differences
 from detens.adapters.weights import ResolvedWeights, resolve_model_weights
 from detens.catalogue import DEFAULT_ENSEMBLE
-from detens.checks import did_you_mean, first_few, real_as_float
+from detens.checks import did_you_mean, first_few
 from detens.coco import (
     CocoGroundTruth,
     check_one_id_per_file,
@@ -101,6 +100,7 @@ from detens.jobs._records import (
     check_milliseconds,
     check_read_warnings,
     checked_results,
+    is_duration,
     read_record,
     warn_of_damaged_record,
 )
@@ -1497,7 +1497,7 @@ def _shard_file_damage(record: dict[str, Any]) -> str | None:
         "unreadable": (lambda v: isinstance(v, list) and all(
             isinstance(u, dict) and type(u.get("image_id")) is int and text(u.get("file_name")) and text(u.get("error"))
             for u in v), 'a list of {"image_id", "file_name", "error"}'),
-        "seconds": (lambda v: type(v) in (int, float) and math.isfinite(real_as_float(v)) and v >= 0, "a number of seconds >= 0"),
+        "seconds": (is_duration, "a number of seconds >= 0"),
         "results": (lambda v: isinstance(v, list), "a list of COCO results"),
     }
     for key, (valid, expected) in kinds.items():

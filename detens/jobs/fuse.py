@@ -337,10 +337,8 @@ def _read_own_record(path: Path, out: Path) -> dict[str, Any] | None:
     """The record at ``path`` with the file name of the image whose record that path is; None where there
     is none (:func:`checked_record` without its checks of the record's content)."""
     record = read_record(path)
-    if record is not None:
-        name = record.get("file_name")
-        if not isinstance(name, str) or path not in _partial_paths(out, name):
-            raise DamagedRecord(f"file_name is {name!r}, not the image whose record is at this path")
+    if record is not None and _recorded_image(record, path, out) is None:
+        raise DamagedRecord(f"file_name is {record.get('file_name')!r}, not the image whose record is at this path")
     return record
 
 
@@ -605,7 +603,7 @@ def finished_records(out: Path, listed: Collection[str] = ()) -> dict[str, dict[
     the outputs, as the warning says."""
     records = {}
     folder = out / "partial"
-    image_at = {path: name for name in listed for path in _partial_paths(out, name)}
+    listed_paths = {path for name in listed for path in _partial_paths(out, name)}
     for path in sorted(folder.rglob("*.json")) if folder.is_dir() else []:
         if not path.is_file():  # a folder of images (an earlier version's partial/<folder>.json/)
             continue
@@ -614,7 +612,7 @@ def finished_records(out: Path, listed: Collection[str] = ()) -> dict[str, dict[
         try:
             record = checked_record(path, out)
         except DamagedRecord as damage:
-            then = ("the image is fused again" if path in image_at else
+            then = ("the image is fused again" if path in listed_paths else
                     "its image, not in --source, is left out of the outputs: fuse it again from a --source that has it")
             warn_of_damaged_record(logger, path, damage, then)
             continue
@@ -626,7 +624,8 @@ def finished_records(out: Path, listed: Collection[str] = ()) -> dict[str, dict[
 def unpack_finished_run(out: Path) -> int:
     """A complete run has no ``partial/``: write its images back as partial records from
     ``images.json``, ``predictions.json`` (and ``per_model/``), so that a rerun adds new images only.
-    Returns the number of images unpacked. Reads and checks every file before it writes a record.
+    Returns the number of images unpacked. The records go to a staging folder, renamed into place once every
+    file is read and every record checked: a refused run leaves no ``partial/``.
 
     Raises:
         ValueError: naming the file and what is wrong with it: one of ``images.json`` and ``predictions.json``
